@@ -1,0 +1,48 @@
+# The README's commands. CMake does the building; this file only strings the steps together.
+#   make        install missing dependencies, build the library, CLI, Python extension, C tests
+#   make test   every test: C tests (plain and under ASan+UBSan) and the Python tests
+#   make demo   the main job on a generated dataset
+PY      := .venv/bin/python
+JOBS    ?= $(shell nproc)
+CMAKE_FLAGS ?=
+ifeq ($(CI),true)
+  CMAKE_FLAGS += -DZB_WERROR=ON
+endif
+
+.PHONY: all deps build asan test test-c test-asan test-python demo format clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B build -G Ninja -DPython3_EXECUTABLE=$(abspath $(PY)) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build -j $(JOBS)
+	@$(PY) scripts/dev-install.py build
+
+asan: deps
+	@cmake -S . -B build-asan -G Ninja -DZB_SANITIZE=ON -DZB_BUILD_PYTHON=OFF \
+	    -DCMAKE_BUILD_TYPE=Debug $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+
+test-c: build
+	@cd build && ctest --output-on-failure -j $(JOBS)
+
+test-asan: asan
+	@cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
+
+test-python: build
+	@$(PY) -m pytest -q tests/python
+
+test: test-c test-asan test-python
+
+demo: build
+	@$(PY) scripts/demo.py
+
+format:
+	@clang-format -i include/*.h $$(find src cli tests/c python -name '*.[ch]')
+
+clean:
+	rm -rf build build-asan

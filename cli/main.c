@@ -1,0 +1,43 @@
+/* The zbatch command: dispatches to one file per subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "zbatch.h"
+
+static void
+usage(FILE *f)
+{
+    fprintf(f,
+            "zbatch %s — feed training loops from Zarr stores\n"
+            "\n"
+            "usage: zbatch <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  info PATH [--json]   the tree of groups and arrays, codecs, sizes and layout\n"
+            "\n"
+            "Run 'zbatch <command> --help' for a command's options.\n",
+            ZB_VERSION_STRING);
+}
+
+int
+main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("zbatch %s\n", ZB_VERSION_STRING);
+        return 0;
+    }
+    if (!strcmp(cmd, "info")) return zb_cli_info(argc - 1, argv + 1);
+    fprintf(stderr, "zbatch: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,277 @@
+/*
+ * zbatch.h — the public C API of libzbatch, and its manual.
+ *
+ * zbatch reads Zarr v2 and v3 stores (sharding included) with every common codec and feeds
+ * training loops from them. This header is the contract: every exported function is declared
+ * and documented here, with its ownership rules, thread-safety and errors.
+ *
+ * Conventions
+ * -----------
+ * - Every fallible function returns a zb_status: ZB_OK (0) on success, a negative code on
+ *   failure. Results come back through out-parameters; on failure an out-handle is set to NULL
+ *   and nothing leaks.
+ * - Every *_close / *_free accepts NULL and then does nothing.
+ * - A failing call records a detail message (naming the key, codec and byte offset of what went
+ *   wrong) for the calling thread; zb_last_error() returns it. The message is per thread, not
+ *   per handle, because the handles that fail most (arrays, stores) are shared by threads.
+ * - Sizes are size_t / uint64_t; counts of elements are uint64_t.
+ *
+ * Thread-safety
+ * -------------
+ * - A zb_store may be shared by threads: every backend's get/size/list is thread-safe.
+ * - A zb_array is immutable after open and may be shared by threads.
+ * - A zb_ctx (codec contexts and scratch buffers) is used by one thread at a time.
+ *
+ * Caveats
+ * -------
+ * - The library reads no environment variables; the CLI and the Python package may, and pass
+ *   options down.
+ * - Handles must not be used across fork() in the child.
+ */
+#ifndef ZBATCH_H
+#define ZBATCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZB_VERSION_MAJOR 0
+#define ZB_VERSION_MINOR 1
+#define ZB_VERSION_PATCH 0
+#define ZB_VERSION_STRING "0.1.0"
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes. One X-macro list produces the enum and zb_strerror. Codes are only ever added;
+ * a retired code keeps its number as a placeholder.
+ * ------------------------------------------------------------------------------------------- */
+#define ZB_STATUS_LIST(X)                                                                        \
+    X(ZB_OK, 0, "success")                                                                       \
+    X(ZB_E_INVALID, -1, "invalid argument")                                                      \
+    X(ZB_E_NOMEM, -2, "out of memory")                                                           \
+    X(ZB_E_IO, -3, "I/O error")                                                                  \
+    X(ZB_E_NOTFOUND, -4, "key not found")                                                        \
+    X(ZB_E_BADKEY, -5, "key is malformed or escapes the store root")                             \
+    X(ZB_E_JSON, -6, "malformed JSON")                                                           \
+    X(ZB_E_METADATA, -7, "invalid Zarr metadata")                                                \
+    X(ZB_E_UNSUPPORTED, -8, "unsupported feature")                                               \
+    X(ZB_E_OVERFLOW, -9, "size or element count overflows")                                      \
+    X(ZB_E_CORRUPT, -10, "corrupt data")                                                         \
+    X(ZB_E_TRUNCATED, -11, "data is truncated")                                                  \
+    X(ZB_E_CHECKSUM, -12, "checksum mismatch")                                                   \
+    X(ZB_E_SHARD_RANGE, -13, "shard index entry out of range")                                   \
+    X(ZB_E_RANGE, -14, "index out of range")                                                     \
+    X(ZB_E_TYPE, -15, "wrong data type for this operation")                                      \
+    X(ZB_E_INCOMPLETE, -16, "store is incomplete (a write was not committed)")
+
+typedef enum zb_status {
+#define ZB_STATUS_ENUM_(name, value, text) name = value,
+    ZB_STATUS_LIST(ZB_STATUS_ENUM_)
+#undef ZB_STATUS_ENUM_
+} zb_status;
+
+/* A static description of a status code; never NULL (unknown codes give "unknown status"). */
+const char *zb_strerror(zb_status status);
+
+/* The symbolic name of a status code ("ZB_E_CORRUPT"); never NULL. */
+const char *zb_status_name(zb_status status);
+
+/* The detail message of the last failing call on this thread ("" if none). The pointer stays
+ * valid until the next zbatch call on this thread. */
+const char *zb_last_error(void);
+
+/* Clears this thread's detail message. */
+void zb_clear_error(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Stores: bytes under keys.
+ *
+ * A store is a methods table plus the backend's state. Keys are '/'-separated paths relative to
+ * the store root; zb_store_* normalise them ('\' to '/', leading, trailing and repeated '/'
+ * dropped) and refuse "." and ".." segments with ZB_E_BADKEY before any backend sees them.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct zb_store zb_store;
+
+/* Called once per child name by list(); return non-zero to stop early. `name` lives for the
+ * duration of the call. */
+typedef int (*zb_list_fn)(void *ctx, const char *name, bool is_dir);
+
+/* The methods a backend implements. `self` is the backend's state. get/size/list must be
+ * thread-safe. put/erase/rename may be NULL for read-only backends (ZB_E_UNSUPPORTED). */
+typedef struct zb_store_methods {
+    const char *scheme; /* "file", "memory", ... */
+    /* Reads up to `length` bytes at `offset` of `key` into dst; *nread is what was read (short
+     * only at the end of the object). A missing key is ZB_E_NOTFOUND. */
+    zb_status (*get)(void *self, const char *key, uint64_t offset, uint64_t length, void *dst,
+                     uint64_t *nread);
+    /* The size of `key` in bytes; ZB_E_NOTFOUND if absent. */
+    zb_status (*size)(void *self, const char *key, uint64_t *size);
+    /* Lists the immediate children of `prefix` ("" is the root), in no particular order. */
+    zb_status (*list)(void *self, const char *prefix, zb_list_fn fn, void *ctx);
+    zb_status (*put)(void *self, const char *key, const void *data, uint64_t length);
+    zb_status (*erase)(void *self, const char *key);
+    zb_status (*rename)(void *self, const char *from, const char *to);
+    void (*close)(void *self);
+} zb_store_methods;
+
+/* Wraps a custom backend. On success the store owns `self` and calls methods->close(self) when
+ * it closes; on failure `self` is left to the caller. */
+zb_status zb_store_new(const zb_store_methods *methods, void *self, zb_store **out);
+
+/* Opens a store by URL: a file path or file:// URL (a directory). Other schemes
+ * (http, https, s3) return ZB_E_UNSUPPORTED until their backends land. */
+zb_status zb_store_open(const char *url, zb_store **out);
+
+/* A store over a directory. Reads use pread on a fresh descriptor per call (thread-safe). */
+zb_status zb_store_open_file(const char *root, zb_store **out);
+
+/* An empty in-memory store (thread-safe: a mutex guards the key table). */
+zb_status zb_store_open_memory(zb_store **out);
+
+void zb_store_close(zb_store *store);
+
+/* The backend's scheme ("file", "memory"). */
+const char *zb_store_scheme(const zb_store *store);
+
+zb_status zb_store_get(zb_store *store, const char *key, uint64_t offset, uint64_t length,
+                       void *dst, uint64_t *nread);
+zb_status zb_store_size(zb_store *store, const char *key, uint64_t *size);
+zb_status zb_store_list(zb_store *store, const char *prefix, zb_list_fn fn, void *ctx);
+zb_status zb_store_put(zb_store *store, const char *key, const void *data, uint64_t length);
+zb_status zb_store_erase(zb_store *store, const char *key);
+zb_status zb_store_rename(zb_store *store, const char *from, const char *to);
+
+/* Reads a whole object into a new buffer (malloc'd; free with free()). A NUL byte is appended
+ * after the data (not counted in *length), so JSON documents can be parsed in place. */
+zb_status zb_store_read_all(zb_store *store, const char *key, uint8_t **data, uint64_t *length);
+
+/* Normalises `key` into `out` (size `cap`, NUL-terminated); ZB_E_BADKEY on "." / ".." segments,
+ * ZB_E_INVALID if it does not fit. */
+zb_status zb_key_normalize(const char *key, char *out, size_t cap);
+
+/* ---------------------------------------------------------------------------------------------
+ * Data types.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum zb_dtype {
+    ZB_DT_BOOL,
+    ZB_DT_INT8,
+    ZB_DT_INT16,
+    ZB_DT_INT32,
+    ZB_DT_INT64,
+    ZB_DT_UINT8,
+    ZB_DT_UINT16,
+    ZB_DT_UINT32,
+    ZB_DT_UINT64,
+    ZB_DT_FLOAT16,
+    ZB_DT_FLOAT32,
+    ZB_DT_FLOAT64,
+    ZB_DT_STRING, /* variable-length UTF-8 (v2 "|O" + vlen-utf8, v3 "string") */
+    ZB_DT_COUNT_
+} zb_dtype;
+
+/* Bytes per element (0 for strings). */
+size_t zb_dtype_size(zb_dtype dtype);
+/* The v3 name ("float32", "string", ...). */
+const char *zb_dtype_name(zb_dtype dtype);
+/* The NumPy typestr of the in-memory form ("<f4", "|b1", "|O" for strings). */
+const char *zb_dtype_typestr(zb_dtype dtype);
+
+#define ZB_MAX_DIMS 32
+
+/* ---------------------------------------------------------------------------------------------
+ * Codec contexts. One per thread: decompression contexts of every codec and scratch buffers,
+ * grown on demand and reused.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct zb_ctx zb_ctx;
+
+zb_status zb_ctx_new(zb_ctx **out);
+void zb_ctx_free(zb_ctx *ctx);
+
+/* ---------------------------------------------------------------------------------------------
+ * Arrays. A zb_array is opened from metadata (v2 .zarray or v3 zarr.json) and is immutable
+ * afterwards: it may be shared by threads.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct zb_array zb_array;
+
+/* Opens the array at `path` in `store` (v2 or v3, detected from the keys present). The array
+ * keeps a reference to `store`, which must outlive it. */
+zb_status zb_array_open(zb_store *store, const char *path, zb_array **out);
+
+/* Opens an array from an already parsed metadata document (e.g. from consolidated metadata);
+ * `json` is the text of .zarray (zarr_format 2, with `attrs_json` the .zattrs text or NULL) or
+ * of zarr.json (zarr_format 3, attrs_json ignored). */
+zb_status zb_array_open_json(zb_store *store, const char *path, int zarr_format,
+                             const char *json, const char *attrs_json, zb_array **out);
+
+void zb_array_close(zb_array *array);
+
+/* Facts about an opened array. The returned pointers live as long as the array. */
+typedef struct zb_array_info {
+    int zarr_format;              /* 2 or 3 */
+    zb_dtype dtype;
+    size_t itemsize;              /* bytes per element; 0 for strings */
+    int ndim;
+    const uint64_t *shape;        /* [ndim] */
+    const uint64_t *chunk_shape;  /* [ndim]: the read unit (the inner chunk when sharded) */
+    const uint64_t *shard_shape;  /* [ndim], or NULL when not sharded */
+    const char *codecs;           /* human-readable chain, e.g. "bytes(little) | blosc(lz4,5,shuffle)" */
+    const char *attributes_json;  /* the array's attributes as JSON text ("{}" if none) */
+    const uint8_t *fill_value;    /* itemsize bytes, native byte order (NULL for strings) */
+} zb_array_info;
+
+zb_status zb_array_get_info(const zb_array *array, zb_array_info *info);
+
+/* Elements per row: the product of shape[1:] (1 for 1-d arrays, 1 for 0-d). */
+uint64_t zb_array_row_elems(const zb_array *array);
+
+/* Reads rows [start, stop) along axis 0 (all of the other axes) into dst, C order, native byte
+ * order. dst must hold (stop-start) * row_elems * itemsize bytes (`dst_size`). For a 0-d array
+ * use start=0, stop=1. Chunks that map onto one contiguous run of dst are decoded straight into
+ * it. Missing chunks and empty shard entries read as the fill value.
+ * `ctx` may be NULL (a temporary one is made). Thread-safe for distinct ctx. */
+zb_status zb_array_read_rows(const zb_array *array, uint64_t start, uint64_t stop, void *dst,
+                             size_t dst_size, zb_ctx *ctx);
+
+/* Strings read from a string array: item i is data[offsets[i] .. offsets[i+1]) (not
+ * NUL-terminated). Free with zb_strings_free. */
+typedef struct zb_strings {
+    uint64_t n;
+    uint64_t *offsets; /* [n+1] */
+    char *data;
+} zb_strings;
+
+/* Reads rows [start, stop) of a string array (every element of those rows, C order). */
+zb_status zb_array_read_strings(const zb_array *array, uint64_t start, uint64_t stop,
+                                zb_strings *out, zb_ctx *ctx);
+void zb_strings_free(zb_strings *strings);
+
+/* Statistics of a zb_ctx since it was made (or last reset), for tests and benchmarks. */
+typedef struct zb_ctx_stats {
+    uint64_t chunks_decoded; /* chunks (or inner chunks) run through the codec chain */
+    uint64_t chunks_filled;  /* missing chunks / empty entries served as fill */
+    uint64_t range_reads;    /* store get() calls */
+    uint64_t bytes_fetched;  /* bytes returned by those calls */
+    uint64_t bytes_decoded;  /* decoded bytes produced */
+} zb_ctx_stats;
+
+void zb_ctx_get_stats(const zb_ctx *ctx, zb_ctx_stats *stats);
+void zb_ctx_reset_stats(zb_ctx *ctx);
+
+/* ---------------------------------------------------------------------------------------------
+ * Store inspection (what `zbatch info` prints).
+ * ------------------------------------------------------------------------------------------- */
+
+/* Describes the tree of groups and arrays under `path` of `store` as a JSON document (malloc'd,
+ * free with free()): {"path", "zarr_format", "layout", "consolidated", "nodes": [...]}; each node
+ * has "path", "type" ("group"/"array"), "attributes", and arrays also "shape", "dtype",
+ * "chunks", "shards", "codecs", "stored_bytes", "logical_bytes". `layout` is "anndata",
+ * "atomic", "annbatch-collection" or "plain". */
+zb_status zb_info_json(zb_store *store, const char *path, char **json_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ZBATCH_H */

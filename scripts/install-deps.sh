@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what zbatch needs to build and test: the Debian -dev libraries and the project's
+# virtual environment (.venv) from the pinned requirements files. Idempotent; quiet when all is
+# present. Run by `make` when something is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+debs=(build-essential cmake pkg-config libblosc-dev libzstd-dev liblz4-dev libdeflate-dev
+      libjson-c-dev libisal-dev libcmocka-dev libcurl4-openssl-dev libhdf5-dev clang-format ninja-build)
+
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing Debian packages: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+# The venv is rebuilt when a requirements file changed since it was made.
+stamp=.venv/.zbatch-reqs
+want=$(cat requirements.txt constraints.txt | sha256sum | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "install-deps: creating .venv from requirements.txt"
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -c constraints.txt -r requirements.txt
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,41 @@
+/* Growable byte buffers. */
+#include "util/buf.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/status.h"
+
+zb_status
+zb_buf_reserve(zb_buf *b, size_t n)
+{
+    if (n <= b->cap) return ZB_OK;
+    if (n > ZB_BUF_MAX) return zb_err(ZB_E_OVERFLOW, "buffer of %zu bytes exceeds the cap", n);
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < n) cap = cap > ZB_BUF_MAX / 2 ? ZB_BUF_MAX : cap * 2;
+    uint8_t *p = realloc(b->data, cap);
+    if (!p) return zb_err(ZB_E_NOMEM, "cannot allocate %zu bytes", cap);
+    b->data = p;
+    b->cap = cap;
+    return ZB_OK;
+}
+
+zb_status
+zb_buf_append(zb_buf *b, const void *src, size_t n)
+{
+    if (n == 0) return ZB_OK;
+    if (b->len > SIZE_MAX - n) return zb_err(ZB_E_OVERFLOW, "buffer length overflows");
+    ZB_TRY(zb_buf_reserve(b, b->len + n));
+    memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return ZB_OK;
+}
+
+void
+zb_buf_free(zb_buf *b)
+{
+    if (!b) return;
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}

@@ -1,0 +1,37 @@
+/* A growable byte buffer with a hard cap. */
+#ifndef ZB_UTIL_BUF_H
+#define ZB_UTIL_BUF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "zbatch.h"
+
+/* Upper bound for any buffer grown from storage-controlled sizes (16 GiB). */
+#define ZB_BUF_MAX ((size_t)1 << 34)
+
+typedef struct zb_buf {
+    uint8_t *data;
+    size_t len;
+    size_t cap;
+} zb_buf;
+
+/* Ensures cap >= n (contents kept); ZB_E_NOMEM on failure, ZB_E_OVERFLOW above ZB_BUF_MAX. */
+zb_status zb_buf_reserve(zb_buf *b, size_t n);
+/* Appends `n` bytes. */
+zb_status zb_buf_append(zb_buf *b, const void *src, size_t n);
+void zb_buf_free(zb_buf *b);
+
+/* Overflow-checked arithmetic: return false on overflow. */
+static inline int
+zb_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline int
+zb_add_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+
+#endif

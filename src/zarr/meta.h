@@ -1,0 +1,80 @@
+/* Array metadata: v2 .zarray/.zattrs and v3 zarr.json parsed into one model.
+ * Format facts: shared FORMATS.md §1 (v2), §3 (v3), §4 (sharding), §5 (JSON). */
+#ifndef ZB_ZARR_META_H
+#define ZB_ZARR_META_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "zarr/codec.h"
+#include "zbatch.h"
+
+#define ZB_MAX_BB 8 /* bytes->bytes codecs per chain */
+
+typedef enum zb_ab_kind {
+    ZB_AB_BYTES,     /* fixed-size elements, C order, endian below */
+    ZB_AB_VLEN_UTF8, /* FORMATS.md §1.6 */
+    ZB_AB_SHARDING   /* sharding_indexed: FORMATS.md §4 */
+} zb_ab_kind;
+
+typedef struct zb_chain zb_chain;
+
+typedef struct zb_shard_spec {
+    uint64_t inner[ZB_MAX_DIMS]; /* inner chunk shape (ndim of the array) */
+    zb_chain *inner_chain;       /* owned; never itself sharded */
+    bool index_at_start;         /* index_location "start" */
+    bool index_big_endian;       /* index bytes codec endian "big" */
+    bool index_crc;              /* index_codecs has crc32c */
+} zb_shard_spec;
+
+/* A codec chain: array->array (transpose, composed into one permutation), one array->bytes,
+ * then bytes->bytes in encode order (decode runs them last to first). */
+struct zb_chain {
+    bool has_transpose;
+    int perm[ZB_MAX_DIMS]; /* v3 transpose semantics: encoded shape B[i] = A[perm[i]] */
+    zb_ab_kind ab;
+    bool big_endian;       /* ZB_AB_BYTES: stored big-endian (swap on LE hosts) */
+    zb_shard_spec *shard;  /* ZB_AB_SHARDING only; owned */
+    int nbb;
+    zb_codec bb[ZB_MAX_BB];
+};
+
+typedef struct zb_array_meta {
+    int zarr_format;
+    int ndim;
+    uint64_t shape[ZB_MAX_DIMS];
+    uint64_t chunks[ZB_MAX_DIMS]; /* the chunk grid: the shard shape when sharded */
+    zb_dtype dtype;
+    size_t itemsize; /* 0 for strings */
+    uint8_t fill[16]; /* fill value, itemsize bytes, native (little-endian) order; zeros if null */
+    bool fill_null;   /* fill_value was JSON null (reads as zeros, FORMATS.md §1.3) */
+    /* chunk keys: key = prefix + (ndim ? sep-joined indices : zero_dim_key) */
+    char key_prefix[4]; /* "c/" or "c." for v3 default encoding (prefix incl. separator), "" for v2 */
+    char sep;           /* '.' or '/' */
+    char zero_dim_key[4]; /* "c" (v3 default) or "0" (v2, v3 "v2" encoding) */
+    zb_chain chain;
+    char *attrs_json;   /* attributes as compact JSON text ("{}" when none); owned */
+    char *codecs_desc;  /* human-readable chain, e.g. "bytes(little) | zstd(0)"; owned */
+} zb_array_meta;
+
+/* Parses a v2 .zarray document (and optional .zattrs text, may be NULL). `where` names the
+ * array path for messages. On failure *out is left zeroed and owns nothing. */
+zb_status zb_meta_parse_v2(const char *zarray, size_t zarray_len, const char *zattrs,
+                           size_t zattrs_len, const char *where, zb_array_meta *out);
+
+/* Parses a v3 array zarr.json document. ZB_E_METADATA if it is a group. */
+zb_status zb_meta_parse_v3(const char *json, size_t len, const char *where, zb_array_meta *out);
+
+/* Same, from already-parsed json-c objects (consolidated metadata entries). */
+zb_status zb_meta_from_v2_obj(void *zarray_obj, void *zattrs_obj, const char *where,
+                              zb_array_meta *out);
+zb_status zb_meta_from_v3_obj(void *obj, const char *where, zb_array_meta *out);
+
+void zb_meta_free(zb_array_meta *m);
+
+/* Builds the store key of chunk grid coordinates `idx` (ndim of them) under array path `path`
+ * ("" for a root array) into buf. */
+zb_status zb_meta_chunk_key(const zb_array_meta *m, const char *path, const uint64_t *idx,
+                            char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,37 @@
+/* The tree of groups and arrays of a store: from consolidated metadata when present (v2
+ * .zmetadata, v3 inline consolidated_metadata), else by reading node documents and listing. */
+#ifndef ZB_ZARR_TREE_H
+#define ZB_ZARR_TREE_H
+
+#include <json-c/json.h>
+#include <stdbool.h>
+
+#include "zbatch.h"
+
+typedef struct zb_tree_node {
+    char *path;          /* relative to the store root, "" for the root */
+    bool is_array;
+    int zarr_format;     /* 2 or 3 */
+    json_object *doc;    /* .zarray / .zgroup (v2) or zarr.json (v3) document; owned ref */
+    json_object *attrs;  /* attributes object (v2 .zattrs, v3 "attributes"); owned ref, never NULL */
+} zb_tree_node;
+
+typedef struct zb_tree {
+    int zarr_format;
+    bool consolidated;   /* nodes came from consolidated metadata */
+    size_t n;
+    zb_tree_node *nodes; /* sorted by path; nodes[0] is `root` itself */
+} zb_tree;
+
+/* Loads the tree below `root` ("" = store root). `use_consolidated` false ignores consolidated
+ * metadata. ZB_E_NOTFOUND if `root` is neither a group nor an array. */
+zb_status zb_tree_load(zb_store *store, const char *root, bool use_consolidated, zb_tree **out);
+void zb_tree_free(zb_tree *tree);
+
+/* The node with this exact path, or NULL. */
+const zb_tree_node *zb_tree_find(const zb_tree *tree, const char *path);
+
+/* Detected layout of the tree: "anndata", "atomic", "annbatch-collection" or "plain". */
+const char *zb_tree_layout(const zb_tree *tree);
+
+#endif
