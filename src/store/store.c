@@ -1,0 +1,172 @@
+/* The store layer: key normalisation and the dispatch onto a backend's methods table. */
+#include "store/store.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/status.h"
+
+#define ZB_KEY_MAX 4096
+
+zb_status
+zb_key_normalize(const char *key, char *out, size_t cap)
+{
+    if (!key || !out || cap == 0) return zb_err(ZB_E_INVALID, "null key");
+    size_t o = 0;
+    const char *p = key;
+    for (;;) {
+        while (*p == '/' || *p == '\\') p++;
+        if (!*p) break;
+        const char *s = p;
+        while (*p && *p != '/' && *p != '\\') p++;
+        size_t n = (size_t)(p - s);
+        if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
+            return zb_err(ZB_E_BADKEY, "key '%s': '%.*s' segments are not allowed", key, (int)n, s);
+        if (o + n + 2 > cap) return zb_err(ZB_E_INVALID, "key '%.64s...' is too long", key);
+        if (o) out[o++] = '/';
+        memcpy(out + o, s, n);
+        o += n;
+    }
+    out[o] = '\0';
+    return ZB_OK;
+}
+
+zb_status
+zb_store_new(const zb_store_methods *methods, void *self, zb_store **out)
+{
+    if (!out) return zb_err(ZB_E_INVALID, "zb_store_new: null out");
+    *out = NULL;
+    if (!methods || !methods->get || !methods->size)
+        return zb_err(ZB_E_INVALID, "zb_store_new: a backend needs get and size");
+    zb_store *s = calloc(1, sizeof *s);
+    if (!s) return zb_err(ZB_E_NOMEM, "zb_store_new: out of memory");
+    s->m = methods;
+    s->self = self;
+    *out = s;
+    return ZB_OK;
+}
+
+void
+zb_store_close(zb_store *store)
+{
+    if (!store) return;
+    if (store->m->close) store->m->close(store->self);
+    free(store);
+}
+
+const char *
+zb_store_scheme(const zb_store *store)
+{
+    return store && store->m->scheme ? store->m->scheme : "";
+}
+
+zb_status
+zb_store_open(const char *url, zb_store **out)
+{
+    if (!out) return zb_err(ZB_E_INVALID, "zb_store_open: null out");
+    *out = NULL;
+    if (!url || !*url) return zb_err(ZB_E_INVALID, "zb_store_open: empty URL");
+    if (!strncmp(url, "file://", 7)) return zb_store_open_file(url + 7, out);
+    if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8) || !strncmp(url, "s3://", 5))
+        return zb_err(ZB_E_UNSUPPORTED, "%s: remote stores are not supported yet", url);
+    if (!strncmp(url, "memory://", 9)) return zb_store_open_memory(out);
+    return zb_store_open_file(url, out);
+}
+
+/* Normalises `key` into a stack buffer named `var`, returning on error. */
+#define NORMALIZE(var, key)                                                                      \
+    char var[ZB_KEY_MAX];                                                                        \
+    ZB_TRY(zb_key_normalize((key), var, sizeof var))
+
+zb_status
+zb_store_get(zb_store *store, const char *key, uint64_t offset, uint64_t length, void *dst,
+             uint64_t *nread)
+{
+    if (!store || !dst || !nread) return zb_err(ZB_E_INVALID, "zb_store_get: null argument");
+    *nread = 0;
+    NORMALIZE(k, key);
+    return store->m->get(store->self, k, offset, length, dst, nread);
+}
+
+zb_status
+zb_store_size(zb_store *store, const char *key, uint64_t *size)
+{
+    if (!store || !size) return zb_err(ZB_E_INVALID, "zb_store_size: null argument");
+    NORMALIZE(k, key);
+    return store->m->size(store->self, k, size);
+}
+
+zb_status
+zb_store_list(zb_store *store, const char *prefix, zb_list_fn fn, void *ctx)
+{
+    if (!store || !fn) return zb_err(ZB_E_INVALID, "zb_store_list: null argument");
+    if (!store->m->list)
+        return zb_err(ZB_E_UNSUPPORTED, "%s store cannot list", zb_store_scheme(store));
+    NORMALIZE(k, prefix ? prefix : "");
+    return store->m->list(store->self, k, fn, ctx);
+}
+
+zb_status
+zb_store_put(zb_store *store, const char *key, const void *data, uint64_t length)
+{
+    if (!store || (!data && length)) return zb_err(ZB_E_INVALID, "zb_store_put: null argument");
+    if (!store->m->put)
+        return zb_err(ZB_E_UNSUPPORTED, "%s store is read-only", zb_store_scheme(store));
+    NORMALIZE(k, key);
+    if (!k[0]) return zb_err(ZB_E_BADKEY, "zb_store_put: empty key");
+    return store->m->put(store->self, k, data, length);
+}
+
+zb_status
+zb_store_erase(zb_store *store, const char *key)
+{
+    if (!store) return zb_err(ZB_E_INVALID, "zb_store_erase: null store");
+    if (!store->m->erase)
+        return zb_err(ZB_E_UNSUPPORTED, "%s store is read-only", zb_store_scheme(store));
+    NORMALIZE(k, key);
+    if (!k[0]) return zb_err(ZB_E_BADKEY, "zb_store_erase: empty key");
+    return store->m->erase(store->self, k);
+}
+
+zb_status
+zb_store_rename(zb_store *store, const char *from, const char *to)
+{
+    if (!store) return zb_err(ZB_E_INVALID, "zb_store_rename: null store");
+    if (!store->m->rename)
+        return zb_err(ZB_E_UNSUPPORTED, "%s store cannot rename", zb_store_scheme(store));
+    NORMALIZE(a, from);
+    NORMALIZE(b, to);
+    if (!a[0] || !b[0]) return zb_err(ZB_E_BADKEY, "zb_store_rename: empty key");
+    return store->m->rename(store->self, a, b);
+}
+
+zb_status
+zb_store_read_all(zb_store *store, const char *key, uint8_t **data, uint64_t *length)
+{
+    if (!data || !length) return zb_err(ZB_E_INVALID, "zb_store_read_all: null argument");
+    *data = NULL;
+    *length = 0;
+    uint64_t size = 0;
+    ZB_TRY(zb_store_size(store, key, &size));
+    if (size >= (uint64_t)1 << 34)
+        return zb_err(ZB_E_OVERFLOW, "%s: object of %llu bytes is too large to read whole", key,
+                      (unsigned long long)size);
+    uint8_t *buf = malloc((size_t)size + 1);
+    if (!buf) return zb_err(ZB_E_NOMEM, "%s: cannot allocate %llu bytes", key,
+                            (unsigned long long)size);
+    uint64_t got = 0;
+    zb_status st = zb_store_get(store, key, 0, size, buf, &got);
+    if (st != ZB_OK) {
+        free(buf);
+        return st;
+    }
+    if (got != size) {
+        free(buf);
+        return zb_err(ZB_E_IO, "%s: read %llu of %llu bytes (changed while reading?)", key,
+                      (unsigned long long)got, (unsigned long long)size);
+    }
+    buf[size] = '\0';
+    *data = buf;
+    *length = size;
+    return ZB_OK;
+}
