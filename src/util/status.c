@@ -67,9 +67,16 @@ zb_err_context(zb_status status, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, detail, sizeof old);
-    if (old[0])
-        snprintf(detail, sizeof detail, "%s: %s", prefix, old);
-    else
-        snprintf(detail, sizeof detail, "%s: %s", prefix, zb_strerror(status));
+    const char *rest = old[0] ? old : zb_strerror(status);
+    size_t n = strlen(prefix);
+    memcpy(detail, prefix, n + 1);
+    if (n + 2 < sizeof detail) {
+        memcpy(detail + n, ": ", 3);
+        n += 2;
+        size_t m = strlen(rest);
+        if (m > sizeof detail - 1 - n) m = sizeof detail - 1 - n;
+        memcpy(detail + n, rest, m);
+        detail[n + m] = '\0';
+    }
     return status;
 }
