@@ -260,6 +260,70 @@ typedef struct zb_ctx_stats {
 void zb_ctx_get_stats(const zb_ctx *ctx, zb_ctx_stats *stats);
 void zb_ctx_reset_stats(zb_ctx *ctx);
 
+
+/* ---------------------------------------------------------------------------------------------
+ * Writing arrays.
+ *
+ * Arrays are written row by row along axis 0 (chunks and shards span every other axis). Rows are
+ * appended in any number of calls; the final length need not be known in advance: the shape is
+ * settled at commit. Chunks are compressed on a thread pool and written with put (temporary key
+ * + rename). The metadata document is written last, at commit, so a writer killed earlier leaves
+ * either no array (a new one) or the array as it was at its last commit (an append).
+ *
+ * Codec strings (also the CLI's --codec): "none", "zstd[:LEVEL[:checksum]]", "lz4[:ACCEL]",
+ * "gzip[:LEVEL]", "zlib[:LEVEL]", "blosc[:CNAME[:CLEVEL[:SHUFFLE]]]" with CNAME one of lz4
+ * lz4hc blosclz zstd zlib snappy and SHUFFLE one of noshuffle shuffle bitshuffle
+ * (e.g. "blosc:lz4:5:shuffle"). zlib and lz4 are v2-only ids; in v3 they are written as
+ * numcodecs.zlib / numcodecs.lz4.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct zb_array_write_opts {
+    int zarr_format;             /* 3 (default) or 2 */
+    const char *codec;           /* codec string, NULL = "zstd:3" */
+    uint64_t chunk_rows;         /* rows per chunk; 0 = about 1 MiB of uncompressed rows */
+    uint64_t shard_rows;         /* v3 only: rows per shard, a multiple of chunk_rows; 0 = none */
+    bool write_empty_chunks;     /* false: chunks equal to the fill value are not written */
+    bool shard_index_at_start;   /* v3 sharding: index_location "start" */
+    int num_threads;             /* compression threads; 0 or 1 = the calling thread */
+    const char *attributes_json; /* the array's attributes (a JSON object), NULL = {} */
+    const void *fill_value;      /* itemsize bytes, native order; NULL = zeros */
+} zb_array_write_opts;
+
+#define ZB_ARRAY_WRITE_OPTS_DEFAULT {3, NULL, 0, 0, true, false, 1, NULL, NULL}
+
+typedef struct zb_array_writer zb_array_writer;
+
+/* Starts a new array at `path` (which must not hold an array yet: ZB_E_INVALID) with elements
+ * of `dtype` and rows of shape row_shape[0..ndim-2] (ndim >= 1; row_shape may be NULL for
+ * ndim 1). The store must outlive the writer. Not thread-safe: one thread drives a writer. */
+zb_status zb_array_writer_open(zb_store *store, const char *path, zb_dtype dtype, int ndim,
+                               const uint64_t *row_shape, const zb_array_write_opts *opts,
+                               zb_array_writer **out);
+
+/* Reopens an existing array (written by zbatch or anyone else, v2 or v3, chunked along axis 0
+ * only) to append rows to it. Its codec, chunking and format are kept; opts may be NULL (only
+ * num_threads is read from it). The last partial chunk (or shard) is rewritten with the new
+ * rows. */
+zb_status zb_array_writer_open_append(zb_store *store, const char *path,
+                                      const zb_array_write_opts *opts, zb_array_writer **out);
+
+/* Appends `nrows` rows (C order, native byte order) of fixed-size elements. */
+zb_status zb_array_writer_append(zb_array_writer *w, const void *rows, uint64_t nrows);
+
+/* Appends `n` strings to a string array (1-d): string i is data[offsets[i] .. offsets[i+1]). */
+zb_status zb_array_writer_append_strings(zb_array_writer *w, const char *data,
+                                         const uint64_t *offsets, uint64_t n);
+
+/* Rows appended so far plus the rows the array had when opened. */
+uint64_t zb_array_writer_rows(const zb_array_writer *w);
+
+/* Flushes every pending chunk and writes the metadata (the commit point). The writer can take
+ * more rows after a commit and commit again. */
+zb_status zb_array_writer_commit(zb_array_writer *w);
+
+/* Frees the writer. Rows appended since the last commit are discarded (their chunks may remain
+ * as unreferenced objects that readers never see). */
+void zb_array_writer_close(zb_array_writer *w);
+
 /* ---------------------------------------------------------------------------------------------
  * Store inspection (what `zbatch info` prints).
  * ------------------------------------------------------------------------------------------- */

@@ -26,8 +26,18 @@ stamp=.venv/.zbatch-reqs
 want=$(cat requirements.txt constraints.txt | sha256sum | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "install-deps: creating .venv from requirements.txt"
+  rm -rf .venv
   python3 -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -c constraints.txt -r requirements.txt
+  log=$(mktemp)
+  # pip's notes about this machine's local index folders are noise; show the log on failure.
+  if ! { .venv/bin/python -m pip install -q --upgrade pip &&
+         .venv/bin/python -m pip install -q -c constraints.txt -r requirements.txt; } >"$log" 2>&1
+  then
+    grep -v "WARNING: Location" "$log" >&2 || true
+    rm -f "$log"
+    echo "install-deps: pip install failed" >&2
+    exit 1
+  fi
+  rm -f "$log"
   echo "$want" > "$stamp"
 fi

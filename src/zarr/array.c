@@ -541,7 +541,7 @@ read_plain(read_req *r, uint64_t u0, uint64_t u1)
     const zb_array *a = r->a;
     const zb_array_meta *m = &a->meta;
     int nd = m->ndim;
-    uint64_t lo[ZB_MAX_DIMS] = {0}, hi[ZB_MAX_DIMS], g[ZB_MAX_DIMS];
+    uint64_t lo[ZB_MAX_DIMS] = {0}, hi[ZB_MAX_DIMS] = {0}, g[ZB_MAX_DIMS];
     for (int d = 1; d < nd; d++) hi[d] = (m->shape[d] + a->inner[d] - 1) / a->inner[d];
     char key[4600];
     for (uint64_t u = u0; u <= u1; u++) {
@@ -602,7 +602,7 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
     ZB_TRY(zb_meta_chunk_key(m, a->path, s, key, sizeof key));
 
     /* The units of this shard inside the request, in C order of local coordinates. */
-    uint64_t lo[ZB_MAX_DIMS], hi[ZB_MAX_DIMS];
+    uint64_t lo[ZB_MAX_DIMS] = {0}, hi[ZB_MAX_DIMS] = {0};
     for (int d = 0; d < nd; d++) {
         lo[d] = s[d] * cps[d];
         hi[d] = lo[d] + cps[d];
@@ -728,7 +728,7 @@ read_sharded(read_req *r, uint64_t u0, uint64_t u1)
     const zb_array_meta *m = &a->meta;
     int nd = m->ndim;
     uint64_t cps0 = m->chunks[0] / a->inner[0];
-    uint64_t lo[ZB_MAX_DIMS] = {0}, hi[ZB_MAX_DIMS], s[ZB_MAX_DIMS];
+    uint64_t lo[ZB_MAX_DIMS] = {0}, hi[ZB_MAX_DIMS] = {0}, s[ZB_MAX_DIMS];
     for (int d = 1; d < nd; d++) {
         hi[d] = (m->shape[d] + m->chunks[d] - 1) / m->chunks[d];
         if (hi[d] == 0) return ZB_OK;
