@@ -15,6 +15,8 @@ usage(FILE *f)
             "\n"
             "commands:\n"
             "  info PATH [--json]   the tree of groups and arrays, codecs, sizes and layout\n"
+            "  synth --kind K ...   generate a realistic synthetic store (cells or atoms)\n"
+            "  verify PATH          check a store: metadata, chunks, pointers, masks\n"
             "\n"
             "Run 'zbatch <command> --help' for a command's options.\n",
             ZB_VERSION_STRING);
@@ -37,6 +39,8 @@ main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(cmd, "info")) return zb_cli_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "synth")) return zb_cli_synth(argc - 1, argv + 1);
+    if (!strcmp(cmd, "verify")) return zb_cli_verify(argc - 1, argv + 1);
     fprintf(stderr, "zbatch: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

@@ -338,4 +338,9 @@ zb_status zb_info_json(zb_store *store, const char *path, char **json_out);
 #ifdef __cplusplus
 }
 #endif
+
+/* The layout writers. */
+#include "zbatch_anndata.h"
+#include "zbatch_atomic.h"
+
 #endif /* ZBATCH_H */

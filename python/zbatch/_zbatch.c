@@ -1,13 +1,10 @@
 /* The C extension behind the zbatch Python package: a thin layer over libzbatch. The logic
  * lives in the library; this file converts arguments, releases the GIL while C works, and turns
  * zb_status codes into zbatch.ZbatchError with the detail message. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
 #include <stdlib.h>
 #include <string.h>
 
-#include "zbatch.h"
+#include "ext.h"
 
 static PyObject *ZbatchError;
 
@@ -40,6 +37,12 @@ static PyObject *
 raise_status(zb_status st)
 {
     return raise_detail(st, NULL);
+}
+
+PyObject *
+zbpy_raise(zb_status st, const char *detail)
+{
+    return raise_detail(st, detail);
 }
 
 static PyObject *
@@ -215,7 +218,9 @@ PyInit__zbatch(void)
         Py_DECREF(m);
         return NULL;
     }
-    if (PyModule_AddStringConstant(m, "__version__", ZB_VERSION_STRING) < 0) {
+    if (zbpy_register_write(m) < 0 || zbpy_register_anndata(m) < 0 ||
+        zbpy_register_atomic(m) < 0 ||
+        PyModule_AddStringConstant(m, "__version__", ZB_VERSION_STRING) < 0) {
         Py_DECREF(m);
         return NULL;
     }
