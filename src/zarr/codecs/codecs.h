@@ -1,0 +1,23 @@
+/* Per-codec entry points behind zb_codec_*; one shape for every codec. */
+#ifndef ZB_ZARR_CODECS_CODECS_H
+#define ZB_ZARR_CODECS_CODECS_H
+
+#include "zarr/codec.h"
+
+#define ZB_CODEC_PROTOS_(name)                                                                   \
+    zb_status zb_##name##_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src,         \
+                                 size_t src_len, uint8_t *dst, size_t cap, size_t expected,      \
+                                 size_t *out_len, const char *where);                            \
+    zb_status zb_##name##_decoded_size(const uint8_t *src, size_t src_len, size_t *size,         \
+                                       const char *where);                                       \
+    zb_status zb_##name##_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src,         \
+                                 size_t src_len, size_t itemsize, zb_buf *out);
+ZB_CODEC_PROTOS_(blosc)
+ZB_CODEC_PROTOS_(zstd)
+ZB_CODEC_PROTOS_(lz4)
+ZB_CODEC_PROTOS_(gzip)
+ZB_CODEC_PROTOS_(zlib)
+ZB_CODEC_PROTOS_(crc32c)
+#undef ZB_CODEC_PROTOS_
+
+#endif
