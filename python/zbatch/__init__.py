@@ -18,7 +18,7 @@ from . import _zbatch
 from ._zbatch import ZbatchError
 
 __version__ = _zbatch.__version__
-__all__ = ["read_array", "info", "ZbatchError", "STATUS"]
+__all__ = ["read_array", "write_array", "info", "ZbatchError", "STATUS"]
 
 #: Status names of libzbatch mapped to their codes (ZbatchError.status / .code).
 STATUS: dict[str, int] = _zbatch.status_names()
@@ -56,3 +56,69 @@ def info(path: str) -> dict[str, Any]:
     ``"annbatch-collection"`` or ``"plain"``), ``consolidated`` and ``nodes``.
     """
     return _json.loads(_zbatch.info_json(str(path)))
+
+
+_ZB_DTYPES = {
+    "b": {1: "bool"},
+    "i": {1: "int8", 2: "int16", 4: "int32", 8: "int64"},
+    "u": {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"},
+    "f": {2: "float16", 4: "float32", 8: "float64"},
+}
+
+
+def _rows_of(value, shape, what):
+    """Rows along axis 0 from an int or a chunk-shape tuple (other axes must be whole)."""
+    if value is None:
+        return 0
+    if isinstance(value, (int, _np.integer)):
+        return int(value)
+    value = tuple(int(v) for v in value)
+    if len(value) != len(shape) or tuple(value[1:]) != tuple(shape[1:]):
+        raise ValueError(f"{what}={value}: zbatch chunks along axis 0 only; the other axes "
+                         f"must be whole ({tuple(shape[1:])})")
+    return value[0]
+
+
+def write_array(store: str, path: str, data, chunks=None, shards=None, codec: Optional[str] = None,
+                zarr_format: int = 3, *, fill_value=None, write_empty_chunks: bool = True,
+                num_threads: int = 1, attributes: Optional[dict] = None,
+                shard_index_location: str = "end") -> None:
+    """Writes ``data`` (a numpy array, or a sequence of ``str``) as a Zarr array at ``path`` in
+    the store directory ``store``.
+
+    ``chunks`` / ``shards`` are rows along axis 0 (an int, or a shape whose other axes are
+    whole); ``shards`` needs ``zarr_format=3``. ``codec`` is a codec string such as
+    ``"zstd:3"``, ``"blosc:lz4:5:shuffle"``, ``"lz4"``, ``"gzip:1"``, ``"zlib:1"`` or ``"none"``.
+
+    Example::
+
+        >>> zbatch.write_array("out.zarr", "x", np.arange(10.0), chunks=4, codec="zstd:3")
+    """
+    arr = data if isinstance(data, _np.ndarray) else _np.asarray(data)
+    if arr.ndim == 0:
+        raise ValueError("write_array needs at least one dimension")
+    offsets = None
+    if arr.dtype.kind in "UOS":
+        if arr.ndim != 1:
+            raise ValueError("string arrays must be 1-d")
+        encoded = [str(v).encode("utf-8", "surrogateescape") for v in arr.tolist()]
+        lens = _np.fromiter((len(b) for b in encoded), dtype=_np.uint64, count=len(encoded))
+        offsets = _np.zeros(len(encoded) + 1, dtype=_np.uint64)
+        _np.cumsum(lens, out=offsets[1:])
+        buf = b"".join(encoded)
+        dtype_name = "string"
+    else:
+        names = _ZB_DTYPES.get(arr.dtype.kind, {})
+        if arr.dtype.itemsize not in names:
+            raise TypeError(f"write_array: unsupported dtype {arr.dtype}")
+        dtype_name = names[arr.dtype.itemsize]
+        native = arr.dtype.newbyteorder("=")
+        buf = _np.ascontiguousarray(arr, dtype=native)
+    fill = None
+    if fill_value is not None and dtype_name != "string":
+        fill = _np.array(fill_value, dtype=arr.dtype.newbyteorder("=")).tobytes()
+    _zbatch.write_array(str(store), str(path), dtype_name, tuple(arr.shape), buf,
+                        _rows_of(chunks, arr.shape, "chunks"),
+                        _rows_of(shards, arr.shape, "shards"), codec, int(zarr_format),
+                        int(num_threads), None if attributes is None else _json.dumps(attributes),
+                        bool(write_empty_chunks), fill, shard_index_location == "start", offsets)

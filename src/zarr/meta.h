@@ -77,4 +77,27 @@ void zb_meta_free(zb_array_meta *m);
 zb_status zb_meta_chunk_key(const zb_array_meta *m, const char *path, const uint64_t *idx,
                             char *buf, size_t cap);
 
+/* Data types and fill values (dtype.c), shared by the v2 and v3 parsers. */
+struct json_object;
+
+/* A v2 NumPy typestr ("<f4", ">i8", "|b1", "|O"). *big_endian is set for '>' on a multi-byte
+ * type. "|O" gives ZB_DT_STRING (the caller requires the vlen-utf8 filter). ZB_E_UNSUPPORTED
+ * names other kinds (complex, datetime, S, U, V); ZB_E_METADATA for a malformed typestr. */
+zb_status zb_dtype_parse_v2(const char *typestr, const char *where, zb_dtype *dtype,
+                            bool *big_endian);
+
+/* A v3 data_type name ("bool", "int8".."uint64", "float16/32/64", "string");
+ * ZB_E_UNSUPPORTED naming anything else. */
+zb_status zb_dtype_parse_v3(const char *name, const char *where, zb_dtype *dtype);
+
+/* Parses a fill_value (`v` NULL for JSON null) for `dtype` into fill: itemsize bytes,
+ * little-endian, the rest zero. Null gives zeros and *fill_null. Strings take no fill bytes
+ * (the v2 |O fill is meaningless, FORMATS.md §1.3). Forms: FORMATS.md §1.3 (zarr_format 2) and
+ * §3.2 (3, which adds "0x..." bit patterns for floats). ZB_E_METADATA naming `where`. */
+zb_status zb_fill_parse(struct json_object *v, zb_dtype dtype, int zarr_format,
+                        const char *where, uint8_t fill[16], bool *fill_null);
+
+/* IEEE half-precision bits to double (exact). */
+double zb_half_to_double(uint16_t bits);
+
 #endif

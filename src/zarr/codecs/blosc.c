@@ -9,7 +9,6 @@
 #include "util/status.h"
 #include "zarr/codec.h"
 
-/* The entry points codec.c dispatches to; codec.c declares the same prototypes. */
 
 /* Header offsets (FORMATS §2.2). */
 enum { OFF_VERSION = 0, OFF_FLAGS = 2, OFF_TYPESIZE = 3, OFF_NBYTES = 4, OFF_CBYTES = 12 };

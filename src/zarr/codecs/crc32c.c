@@ -7,7 +7,6 @@
 #include "util/status.h"
 #include "zarr/codec.h"
 
-/* The entry points codec.c dispatches to; codec.c declares the same prototypes. */
 
 #define CRC_BYTES 4
 

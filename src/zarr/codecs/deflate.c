@@ -13,7 +13,6 @@
 #include "util/status.h"
 #include "zarr/codec.h"
 
-/* The entry points codec.c dispatches to; codec.c declares the same prototypes. */
 
 /* RFC 1952 FLG bits. */
 enum { FHCRC = 0x02, FEXTRA = 0x04, FNAME = 0x08, FCOMMENT = 0x10, FRESERVED = 0xE0 };

@@ -7,7 +7,6 @@
 #include "util/status.h"
 #include "zarr/codec.h"
 
-/* The entry points codec.c dispatches to; codec.c declares the same prototypes. */
 
 #define PREFIX_BYTES 4
 /* The LZ4 frame magic 04 22 4D 18, read as the u32le prefix. */

@@ -12,7 +12,6 @@
 #include "util/status.h"
 #include "zarr/codec.h"
 
-/* The entry points codec.c dispatches to; codec.c declares the same prototypes. */
 
 #define ZSTD_MAGIC 0xFD2FB528u
 /* Skippable frames: magic 0x184D2A50..0x184D2A5F; they carry no content. */
