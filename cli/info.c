@@ -53,7 +53,8 @@ print_dims(json_object *dims)
     putchar('[');
     size_t n = json_object_array_length(dims);
     for (size_t i = 0; i < n; i++)
-        printf("%s%s", i ? ", " : "", json_object_to_json_string(json_object_array_get_idx(dims, i)));
+        printf("%s%s", i ? ", " : "",
+               json_object_to_json_string(json_object_array_get_idx(dims, i)));
     putchar(']');
 }
 
@@ -92,8 +93,7 @@ print_node(json_object *node, const char *root)
     json_object *attrs = zb_json_get(node, "attributes");
     json_object *et = zb_json_get(attrs, "encoding-type");
     if (!is_array) {
-        if (json_object_is_type(et, json_type_string))
-            printf("  (%s)", json_object_get_string(et));
+        if (json_object_is_type(et, json_type_string)) printf("  (%s)", json_object_get_string(et));
         putchar('\n');
         return;
     }
@@ -129,7 +129,7 @@ print_tree(const char *store_path, const char *text)
            json_object_get_int(zb_json_get(doc, "zarr_format")),
            json_object_get_string(zb_json_get(doc, "layout")),
            json_object_get_boolean(zb_json_get(doc, "consolidated")) ? ", consolidated metadata"
-                                                                      : "");
+                                                                     : "");
     json_object *nodes = zb_json_get(doc, "nodes");
     size_t n = json_object_array_length(nodes);
     for (size_t i = 0; i < n; i++) print_node(json_object_array_get_idx(nodes, i), root);

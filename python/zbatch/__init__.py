@@ -24,6 +24,13 @@ __all__ = ["read_array", "write_array", "info", "ZbatchError", "STATUS"]
 STATUS: dict[str, int] = _zbatch.status_names()
 
 
+def _error(status: str, message: str) -> ZbatchError:
+    e = ZbatchError(message)
+    e.status = status
+    e.code = STATUS[status]
+    return e
+
+
 def read_array(store_path: str, array_path: str = "", start: int = 0,
                stop: Optional[int] = None) -> _np.ndarray:
     """Rows ``[start, stop)`` along axis 0 of the Zarr array at ``array_path`` in ``store_path``.
@@ -39,9 +46,11 @@ def read_array(store_path: str, array_path: str = "", start: int = 0,
         >>> zbatch.read_array("store.zarr", "obs/cell_type/codes", 10, 20).shape
         (10,)
     """
+    start = int(start)
     stop_arg = -1 if stop is None else int(stop)
-    if stop is not None and stop_arg < 0:
-        stop_arg = -2 ** 62  # a negative stop is out of range; the library says so
+    if start < 0 or (stop is not None and stop_arg < 0):
+        raise _error("ZB_E_RANGE", f"index out of range: {array_path or '/'}: rows [{start}, "
+                     f"{stop}): negative bounds are not supported")
     data, typestr, shape = _zbatch.read_array(str(store_path), str(array_path), int(start),
                                               stop_arg)
     if isinstance(data, list):

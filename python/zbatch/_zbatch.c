@@ -1,6 +1,7 @@
 /* The C extension behind the zbatch Python package: a thin layer over libzbatch. The logic
  * lives in the library; this file converts arguments, releases the GIL while C works, and turns
  * zb_status codes into zbatch.ZbatchError with the detail message. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,12 +87,14 @@ py_read_array(PyObject *self, PyObject *args)
     zb_array_info info;
     zb_array_get_info(array, &info);
     uint64_t rows = info.ndim == 0 ? 1 : info.shape[0];
-    /* A negative start is out of range: UINT64_MAX makes the library say so. */
-    uint64_t start = start_ll < 0 ? UINT64_MAX : (uint64_t)start_ll;
-    if (stop_ll < -1) {
+    uint64_t start = (uint64_t)start_ll;
+    if (start_ll < 0 || stop_ll < -1) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s: rows [%lld, %lld): negative %s", array_path, start_ll,
+                 stop_ll, start_ll < 0 ? "start" : "stop");
         zb_array_close(array);
         zb_store_close(store);
-        return raise_detail(ZB_E_RANGE, "negative stop");
+        return raise_detail(ZB_E_RANGE, msg);
     }
     uint64_t stop = stop_ll == -1 ? rows : (uint64_t)stop_ll;
     if (info.ndim == 0) {

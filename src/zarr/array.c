@@ -68,6 +68,11 @@ zb_array_open_meta(zb_store *store, const char *path, zb_array_meta *meta, zb_ar
         st = zb_err(ZB_E_OVERFLOW, "%s: array or chunk byte size overflows", path);
         goto fail;
     }
+    if (m->chain.ab == ZB_AB_SHARDING && m->chain.has_transpose) {
+        /* the shard would hold the permuted array; inner-chunk addressing assumes it does not */
+        st = zb_err(ZB_E_UNSUPPORTED, "%s: transpose before sharding_indexed", path);
+        goto fail;
+    }
     if (m->chain.ab == ZB_AB_SHARDING) {
         uint64_t n = 1;
         for (int d = 0; d < m->ndim; d++) n *= m->chunks[d] / a->inner[d];
@@ -120,7 +125,7 @@ zb_array_open(zb_store *store, const char *path, zb_array **out)
     ZB_TRY(join_key(key, sizeof key, norm, "zarr.json"));
     zb_status st = zb_store_read_all(store, key, &doc, &doc_len);
     if (st == ZB_OK) {
-        st = zb_meta_parse_v3((const char *)doc, (size_t)doc_len, key, &meta);
+        st = zb_meta_parse_v3((const char *)doc, (size_t)doc_len, norm, &meta);
         free(doc);
         if (st != ZB_OK) return st;
         return zb_array_open_meta(store, norm, &meta, out);
@@ -139,9 +144,8 @@ zb_array_open(zb_store *store, const char *path, zb_array **out)
         free(doc);
         return st;
     }
-    ZB_TRY(join_key(key, sizeof key, norm, ".zarray"));
     st = zb_meta_parse_v2((const char *)doc, (size_t)doc_len, (const char *)attrs,
-                          (size_t)attrs_len, key, &meta);
+                          (size_t)attrs_len, norm, &meta);
     free(doc);
     free(attrs);
     if (st != ZB_OK) return st;
@@ -618,7 +622,10 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
     want_entry *want = NULL;
     uint64_t *entries = NULL;
     uint8_t *raw = NULL;
+    const uint8_t *mem = NULL; /* the decoded shard, when codecs follow sharding_indexed */
+    zb_buf whole = {0};
     size_t nwant = 0;
+    uint64_t got = 0;
     if (st == ZB_E_NOTFOUND) {
         /* a missing shard reads as fill */
         zb_clear_error();
@@ -633,11 +640,33 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
     }
     if (st != ZB_OK) return st;
 
+    if (m->chain.nbb > 0) {
+        /* Whole-shard codecs: fetch and decode the shard, then address it in memory. */
+        zb_buf enc0 = {0};
+        st = zb_buf_reserve(&enc0, shard_size ? (size_t)shard_size : 1);
+        if (st == ZB_OK) st = zb_store_get(a->store, key, 0, shard_size, enc0.data, &got);
+        if (st == ZB_OK) {
+            ctx->stats.range_reads++;
+            ctx->stats.bytes_fetched += got;
+            const uint8_t *res;
+            size_t res_len;
+            st = run_bb(&m->chain, ctx, enc0.data, (size_t)got, NULL, 0, SIZE_MAX, key, &res,
+                        &res_len);
+            if (st == ZB_OK) st = zb_buf_append(&whole, res, res_len);
+        }
+        zb_buf_free(&enc0);
+        if (st != ZB_OK) goto done;
+        mem = whole.data;
+        shard_size = whole.len;
+    }
+
     uint64_t idx_bytes = zb_shard_index_nbytes(spec, n);
-    if (shard_size < idx_bytes)
-        return zb_err(ZB_E_TRUNCATED, "%s: shard of %llu bytes is shorter than its %llu-byte "
-                      "index", key, (unsigned long long)shard_size,
-                      (unsigned long long)idx_bytes);
+    if (shard_size < idx_bytes) {
+        st = zb_err(ZB_E_TRUNCATED, "%s: shard of %llu bytes is shorter than its %llu-byte "
+                    "index", key, (unsigned long long)shard_size,
+                    (unsigned long long)idx_bytes);
+        goto done;
+    }
     raw = malloc((size_t)idx_bytes);
     entries = malloc((size_t)(2 * n * sizeof(uint64_t)));
     size_t cap_want = 1;
@@ -647,12 +676,16 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
         st = zb_err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
         goto done;
     }
-    uint64_t got = 0;
     uint64_t ioff = spec->index_at_start ? 0 : shard_size - idx_bytes;
-    st = zb_store_get(a->store, key, ioff, idx_bytes, raw, &got);
-    if (st != ZB_OK) goto done;
-    ctx->stats.range_reads++;
-    ctx->stats.bytes_fetched += got;
+    if (mem) {
+        memcpy(raw, mem + ioff, (size_t)idx_bytes);
+        got = idx_bytes;
+    } else {
+        st = zb_store_get(a->store, key, ioff, idx_bytes, raw, &got);
+        if (st != ZB_OK) goto done;
+        ctx->stats.range_reads++;
+        ctx->stats.bytes_fetched += got;
+    }
     if (got != idx_bytes) {
         st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
                     (unsigned long long)got, (unsigned long long)idx_bytes);
@@ -690,21 +723,27 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
             mend = ne;
             k++;
         }
-        zb_buf *enc = &ctx->scratch[SCR_ENC];
-        st = zb_buf_reserve(enc, (size_t)(mend - mstart) ? (size_t)(mend - mstart) : 1);
-        if (st != ZB_OK) goto done;
-        st = zb_store_get(a->store, key, mstart, mend - mstart, enc->data, &got);
-        if (st != ZB_OK) goto done;
-        ctx->stats.range_reads++;
-        ctx->stats.bytes_fetched += got;
-        if (got != mend - mstart) {
-            st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", key,
-                        (unsigned long long)got, (unsigned long long)(mend - mstart),
-                        (unsigned long long)mstart);
-            goto done;
+        const uint8_t *base;
+        if (mem) {
+            base = mem + mstart;
+        } else {
+            zb_buf *enc = &ctx->scratch[SCR_ENC];
+            st = zb_buf_reserve(enc, (size_t)(mend - mstart) ? (size_t)(mend - mstart) : 1);
+            if (st != ZB_OK) goto done;
+            st = zb_store_get(a->store, key, mstart, mend - mstart, enc->data, &got);
+            if (st != ZB_OK) goto done;
+            ctx->stats.range_reads++;
+            ctx->stats.bytes_fetched += got;
+            if (got != mend - mstart) {
+                st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", key,
+                            (unsigned long long)got, (unsigned long long)(mend - mstart),
+                            (unsigned long long)mstart);
+                goto done;
+            }
+            base = enc->data;
         }
         for (; i < k; i++) {
-            st = deliver_unit(r, want[i].g, enc->data + (want[i].off - mstart),
+            st = deliver_unit(r, want[i].g, base + (want[i].off - mstart),
                               (size_t)want[i].len, key);
             if (st != ZB_OK) {
                 zb_err_context(st, "%s: inner chunk at [%llu, %llu)", key,
@@ -718,6 +757,7 @@ done:
     free(raw);
     free(entries);
     free(want);
+    zb_buf_free(&whole);
     return st;
 }
 
