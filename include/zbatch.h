@@ -324,6 +324,121 @@ zb_status zb_array_writer_commit(zb_array_writer *w);
  * as unreferenced objects that readers never see). */
 void zb_array_writer_close(zb_array_writer *w);
 
+
+/* ---------------------------------------------------------------------------------------------
+ * Datasets: N logical samples and named fields (DESIGN.md §2).
+ *
+ * A field is per-sample (an array [N, ...]), ragged (an array [total, ...] split into samples by
+ * a segment: a pointer array ptr[N+1]) or index (a ragged field whose values point into another
+ * segment and are re-based to the batch). The layout is detected from the store's attributes:
+ * "anndata", "atomic", "collection" (annbatch's pre-shuffled collections and zbatch
+ * collections) or "generic" (a `zbatch` attribute, docs/FORMATS-zbatch.md).
+ *
+ * Opening reads metadata only. Pointer arrays are read lazily by chunk and cached; a
+ * soft-delete mask (atomic `meta/samples_mask`) is read once, on the first call that needs it.
+ * A zb_dataset may be shared by threads (its caches are locked).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct zb_dataset zb_dataset;
+
+typedef enum zb_field_kind {
+    ZB_FIELD_PER_SAMPLE, /* row i of an [N, ...] array */
+    ZB_FIELD_RAGGED,     /* rows [ptr[i], ptr[i+1]) of an array, ptr from the field's segment */
+    ZB_FIELD_INDEX       /* ragged, and its values index rows of `target` segment */
+} zb_field_kind;
+
+typedef struct zb_dataset_opts {
+    bool load_layers;           /* anndata: also expose layers/NAME as fields */
+    bool load_obsm;             /* anndata: expose obsm/NAME (default true) */
+    bool use_consolidated;      /* use consolidated metadata when present (default true) */
+    size_t cache_bytes;         /* decoded-chunk cache (LRU); 0 = off */
+    int num_threads;            /* decode threads for read_many; 0 or 1 = the calling thread */
+} zb_dataset_opts;
+
+#define ZB_DATASET_OPTS_DEFAULT {false, true, true, 0, 1}
+
+typedef struct zb_field_info {
+    const char *name;          /* "X/data", "obs/cell_line", "positions", ... */
+    zb_field_kind kind;
+    zb_dtype dtype;
+    int ndim;                  /* of one sample's rows: 0 for a scalar per sample */
+    const uint64_t *row_shape; /* [ndim]: shape of one row (array shape[1:]) */
+    const char *segment;       /* ragged/index: the segment's name ("X", "atoms", "edges") */
+    const char *target;        /* index: the segment its values point into, else NULL */
+    bool categorical;          /* codes with a category table (zb_dataset_categories) */
+} zb_field_info;
+
+zb_status zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts,
+                          zb_dataset **out);
+void zb_dataset_close(zb_dataset *ds);
+
+/* The layout name ("anndata", "atomic", "collection", "generic"); lives as long as ds. */
+const char *zb_dataset_layout(const zb_dataset *ds);
+
+/* Logical samples (soft-deleted samples excluded). May read the mask on first call. */
+zb_status zb_dataset_len(zb_dataset *ds, uint64_t *n);
+
+size_t zb_dataset_nfields(const zb_dataset *ds);
+zb_status zb_dataset_field(const zb_dataset *ds, size_t i, zb_field_info *info);
+/* The index of the field named `name`; ZB_E_NOTFOUND. */
+zb_status zb_dataset_find_field(const zb_dataset *ds, const char *name, size_t *index);
+
+/* Number of columns of an anndata X (n_vars); 0 for other layouts. */
+uint64_t zb_dataset_n_vars(const zb_dataset *ds);
+
+/* The category labels of a categorical field (a string table owned by ds). */
+zb_status zb_dataset_categories(zb_dataset *ds, const char *field, const zb_strings **out);
+
+/* Number of child datasets (collections), else 1. */
+size_t zb_dataset_nchildren(const zb_dataset *ds);
+
+/* ---------------------------------------------------------------------------------------------
+ * Batches and the coalesced reader.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct zb_batch zb_batch;
+
+/* A field's data inside a batch. Pointers live until zb_batch_free. */
+typedef struct zb_batch_view {
+    const char *name;
+    zb_field_kind kind;
+    zb_dtype dtype;
+    void *data;             /* contiguous, batch order, native byte order */
+    uint64_t nrows;         /* rows in the batch (B for per-sample, the element total else) */
+    int ndim;               /* of one row */
+    const uint64_t *row_shape;
+    const int64_t *ptr;     /* ragged/index: the batch pointer array [B+1] of its segment */
+} zb_batch_view;
+
+typedef struct zb_read_stats {
+    uint64_t chunks_decoded;  /* units (chunks or inner chunks) run through codecs */
+    uint64_t chunks_cached;   /* units served from the decoded-chunk cache */
+    uint64_t chunks_filled;   /* missing units served as fill */
+    uint64_t bytes_fetched;   /* bytes read from the store */
+    uint64_t bytes_decoded;   /* decoded bytes produced */
+    uint64_t bytes_delivered; /* bytes copied into the batch */
+    uint64_t range_reads;     /* store reads */
+} zb_read_stats;
+
+/* Reads the samples `ids` (logical, any order, duplicates allowed) as one batch in the
+ * requested order. Every chunk (or shard inner chunk) the request touches is decoded at most
+ * once, in parallel on the dataset's threads. Out-of-range ids: ZB_E_RANGE naming the id.
+ * Thread-safe: any number of threads may read one dataset at once. */
+zb_status zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **out);
+
+void zb_batch_free(zb_batch *batch);
+size_t zb_batch_size(const zb_batch *batch);          /* B */
+size_t zb_batch_nfields(const zb_batch *batch);
+zb_status zb_batch_field(const zb_batch *batch, size_t i, zb_batch_view *view);
+zb_status zb_batch_find(const zb_batch *batch, const char *name, zb_batch_view *view);
+/* The logical ids [B], and for collections the child index of each sample [B] (else NULL). */
+const uint64_t *zb_batch_index(const zb_batch *batch);
+const int32_t *zb_batch_dataset(const zb_batch *batch);
+/* A segment's batch pointer array [B+1] ("X", "atoms", "edges"), or NULL. */
+const int64_t *zb_batch_segment(const zb_batch *batch, const char *segment);
+/* The segments of a batch by position: name and pointer array [B+1]; NULL past the end. */
+size_t zb_batch_nsegments(const zb_batch *batch);
+const char *zb_batch_segment_at(const zb_batch *batch, size_t i, const int64_t **ptr);
+void zb_batch_stats(const zb_batch *batch, zb_read_stats *stats);
+
 /* ---------------------------------------------------------------------------------------------
  * Store inspection (what `zbatch info` prints).
  * ------------------------------------------------------------------------------------------- */

@@ -18,7 +18,8 @@ from . import _zbatch
 from ._zbatch import ZbatchError
 
 __version__ = _zbatch.__version__
-__all__ = ["read_array", "write_array", "info", "ZbatchError", "STATUS"]
+__all__ = ["open", "Dataset", "Batch", "read_array", "write_array", "info", "ZbatchError",
+           "STATUS"]
 
 #: Status names of libzbatch mapped to their codes (ZbatchError.status / .code).
 STATUS: dict[str, int] = _zbatch.status_names()
@@ -131,3 +132,6 @@ def write_array(store: str, path: str, data, chunks=None, shards=None, codec: Op
                         _rows_of(shards, arr.shape, "shards"), codec, int(zarr_format),
                         int(num_threads), None if attributes is None else _json.dumps(attributes),
                         bool(write_empty_chunks), fill, shard_index_location == "start", offsets)
+
+
+from .dataset import Batch, Dataset, open  # noqa: E402  (needs _error above)

@@ -16,5 +16,6 @@ PyObject *zbpy_raise(zb_status st, const char *detail);
 int zbpy_register_write(PyObject *module);
 int zbpy_register_anndata(PyObject *module);
 int zbpy_register_atomic(PyObject *module);
+int zbpy_register_dataset(PyObject *module);
 
 #endif

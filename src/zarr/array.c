@@ -917,3 +917,154 @@ zb_strings_free(zb_strings *strings)
     free(strings->data);
     memset(strings, 0, sizeof *strings);
 }
+
+/* ------------------------------------------------------------------------------------------- */
+/* Unit-level access for the coalesced reader                                                   */
+/* ------------------------------------------------------------------------------------------- */
+
+uint64_t
+zb_array_unit_bytes(const zb_array *a)
+{
+    uint64_t n = a->meta.itemsize;
+    for (int d = 0; d < a->meta.ndim; d++) n *= a->inner[d];
+    return n;
+}
+
+bool
+zb_array_whole_shard(const zb_array *a)
+{
+    return a->meta.chain.ab == ZB_AB_SHARDING && a->meta.chain.nbb > 0;
+}
+
+zb_status
+zb_array_unit_object(const zb_array *a, const uint64_t *g, char *key, size_t cap, uint64_t *shard,
+                     uint64_t *entry)
+{
+    const zb_array_meta *m = &a->meta;
+    if (m->chain.ab != ZB_AB_SHARDING) {
+        if (entry) *entry = 0;
+        if (shard) memcpy(shard, g, sizeof(uint64_t) * (size_t)m->ndim);
+        return zb_meta_chunk_key(m, a->path, g, key, cap);
+    }
+    uint64_t s[ZB_MAX_DIMS], j = 0;
+    for (int d = 0; d < m->ndim; d++) {
+        uint64_t cps = m->chunks[d] / a->inner[d];
+        s[d] = g[d] / cps;
+        j = j * cps + g[d] % cps;
+    }
+    if (shard) memcpy(shard, s, sizeof(uint64_t) * (size_t)m->ndim);
+    if (entry) *entry = j;
+    return zb_meta_chunk_key(m, a->path, s, key, cap);
+}
+
+zb_status
+zb_array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uint64_t **entries,
+                     uint64_t *n_out, bool *missing)
+{
+    const zb_array_meta *m = &a->meta;
+    *entries = NULL;
+    *missing = false;
+    uint64_t n = 1;
+    for (int d = 0; d < m->ndim; d++) n *= m->chunks[d] / a->inner[d];
+    *n_out = n;
+    char key[4600];
+    ZB_TRY(zb_meta_chunk_key(m, a->path, shard, key, sizeof key));
+    uint64_t size = 0;
+    zb_status st = zb_store_size(a->store, key, &size);
+    if (st == ZB_E_NOTFOUND) {
+        zb_clear_error();
+        *missing = true;
+        return ZB_OK;
+    }
+    if (st != ZB_OK) return st;
+    const zb_shard_spec *spec = m->chain.shard;
+    uint64_t idx_bytes = zb_shard_index_nbytes(spec, n);
+    if (size < idx_bytes)
+        return zb_err(ZB_E_TRUNCATED, "%s: shard of %llu bytes is shorter than its %llu-byte "
+                      "index", key, (unsigned long long)size, (unsigned long long)idx_bytes);
+    uint8_t *raw = malloc((size_t)idx_bytes);
+    uint64_t *e = malloc((size_t)(2 * n * sizeof(uint64_t)));
+    if (!raw || !e) {
+        free(raw);
+        free(e);
+        return zb_err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
+    }
+    uint64_t got = 0;
+    st = zb_store_get(a->store, key, spec->index_at_start ? 0 : size - idx_bytes, idx_bytes, raw,
+                      &got);
+    if (st == ZB_OK) {
+        ctx->stats.range_reads++;
+        ctx->stats.bytes_fetched += got;
+        if (got != idx_bytes)
+            st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
+                        (unsigned long long)got, (unsigned long long)idx_bytes);
+    }
+    if (st == ZB_OK) st = zb_shard_index_decode(spec, n, raw, (size_t)got, size, key, e);
+    free(raw);
+    if (st != ZB_OK) {
+        free(e);
+        return st;
+    }
+    *entries = e;
+    return ZB_OK;
+}
+
+zb_status
+zb_array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
+                     uint8_t *dst, const char *key)
+{
+    const zb_array_meta *m = &a->meta;
+    const zb_chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
+    if (c->ab != ZB_AB_BYTES)
+        return zb_err(ZB_E_TYPE, "%s: not a fixed-size array", key);
+    size_t isz = m->itemsize;
+    uint64_t elems = 1;
+    for (int d = 0; d < m->ndim; d++) elems *= a->inner[d];
+    size_t unit_bytes = (size_t)(elems * isz);
+    uint8_t *target = dst;
+    if (c->has_transpose) {
+        ZB_TRY(zb_buf_reserve(&ctx->scratch[SCR_OUT], unit_bytes ? unit_bytes : 1));
+        target = ctx->scratch[SCR_OUT].data;
+    }
+    const uint8_t *res = enc;
+    size_t res_len = enc_len;
+    if (c->nbb > 0)
+        ZB_TRY(run_bb(c, ctx, enc, enc_len, target, unit_bytes, unit_bytes, key, &res, &res_len));
+    if (res_len != unit_bytes)
+        return zb_err(res_len < unit_bytes ? ZB_E_TRUNCATED : ZB_E_CORRUPT,
+                      "%s: chunk holds %zu bytes, expected %zu", key, res_len, unit_bytes);
+    if (res != target) memcpy(target, res, unit_bytes);
+    if (c->big_endian && isz > 1) swap_bytes(target, elems, isz);
+    ctx->stats.chunks_decoded++;
+    ctx->stats.bytes_decoded += unit_bytes;
+    if (c->has_transpose) {
+        /* gather into logical C order */
+        uint64_t us[ZB_MAX_DIMS], idx[ZB_MAX_DIMS] = {0};
+        unit_strides(a, us);
+        for (uint64_t i = 0; i < elems; i++) {
+            uint64_t src = 0;
+            for (int d = 0; d < m->ndim; d++) src += idx[d] * us[d];
+            memcpy(dst + i * isz, target + src * isz, isz);
+            for (int d = m->ndim - 1; d >= 0; d--) {
+                if (++idx[d] < a->inner[d]) break;
+                idx[d] = 0;
+            }
+        }
+    }
+    return ZB_OK;
+}
+
+void
+zb_array_fill_unit(const zb_array *a, uint8_t *dst)
+{
+    size_t isz = a->meta.itemsize;
+    uint64_t elems = 1;
+    for (int d = 0; d < a->meta.ndim; d++) elems *= a->inner[d];
+    bool zero = true;
+    for (size_t k = 0; k < isz; k++) zero = zero && a->meta.fill[k] == 0;
+    if (zero) {
+        memset(dst, 0, (size_t)(elems * isz));
+        return;
+    }
+    for (uint64_t i = 0; i < elems; i++) memcpy(dst + i * isz, a->meta.fill, isz);
+}

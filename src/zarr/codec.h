@@ -38,7 +38,7 @@ struct zb_ctx {
     void *zstd_dctx;    /* ZSTD_DCtx */
     void *zstd_cctx;    /* ZSTD_CCtx */
     void *deflate_d;    /* struct libdeflate_decompressor */
-    zb_buf scratch[4];  /* reused intermediate buffers for the array layer */
+    zb_buf scratch[6];  /* reused buffers: 0-3 the array layer, 4-5 the coalesced reader */
     zb_ctx_stats stats;
 };
 

@@ -1,0 +1,163 @@
+"""Datasets and batches: the coalesced reader seen from Python.
+
+    >>> ds = zbatch.open("atlas.zarr")
+    >>> len(ds), ds.layout
+    (100000, 'anndata')
+    >>> b = ds.read_many([5, 2, 9])
+    >>> b["X"]                      # scipy.sparse.csr_matrix, 3 x n_vars
+    >>> b["obs/cell_line"]          # int codes; ds.categories("obs/cell_line") gives labels
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+
+from . import _zbatch
+
+_KINDS = ("per_sample", "ragged", "index")
+
+#: Segment names of the atomic layout and the batch keys their pointer arrays get.
+_SEGMENT_KEYS = {"atoms": "atoms_ptr", "edges": "edges_ptr"}
+
+
+class Batch(Mapping):
+    """One batch: a mapping of field name to array, in the requested sample order.
+
+    Arrays share memory with the C batch (no copies) and keep it alive while referenced.
+    ``b.stats`` holds the read statistics (chunks decoded, bytes fetched / decoded /
+    delivered) and ``b.amplification`` the bytes decoded per byte delivered.
+    """
+
+    def __init__(self, raw: dict, layout: str, n_vars: int, output: str):
+        self._raw = raw
+        self._layout = layout
+        self._n_vars = n_vars
+        self._output = output
+        self._items: dict[str, Any] = {}
+        self.stats: dict[str, int] = raw["stats"]
+        self._build()
+
+    @property
+    def amplification(self) -> float:
+        d = self.stats["bytes_delivered"]
+        return self.stats["bytes_decoded"] / d if d else 0.0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{k}: {getattr(v, 'shape', '?')}" for k, v in self._items.items())
+        return f"Batch({self.size} samples; {parts})"
+
+    @property
+    def size(self) -> int:
+        return len(self._items["index"])
+
+    def _array(self, entry) -> np.ndarray:
+        buf, typestr, shape, _kind, _seg = entry
+        return np.frombuffer(buf, dtype=np.dtype(typestr)).reshape(shape)
+
+    def _build(self) -> None:
+        raw = self._raw
+        items = self._items
+        segs = {name: np.frombuffer(buf, dtype=np.int64) for name, buf in raw["segments"].items()}
+        fields = {name: self._array(e) for name, e in raw["fields"].items()}
+        items["index"] = np.frombuffer(raw["index"], dtype=np.uint64)
+        if "dataset" in raw:
+            items["dataset"] = np.frombuffer(raw["dataset"], dtype=np.int32)
+        torch_out = self._output == "torch"
+        if torch_out:
+            import torch
+        if "X/data" in fields and "X" in segs:
+            shape = (len(items["index"]), self._n_vars)
+            data, indices, indptr = fields.pop("X/data"), fields.pop("X/indices"), segs["X"]
+            if torch_out:
+                items["X"] = torch.sparse_csr_tensor(
+                    torch.from_numpy(indptr), torch.from_numpy(indices.astype(np.int64, copy=False)),
+                    torch.from_numpy(data), size=shape)
+            else:
+                import scipy.sparse as sp
+                items["X"] = sp.csr_matrix((data, indices, indptr), shape=shape, copy=False)
+        for name, ptr in segs.items():
+            if name in _SEGMENT_KEYS:
+                items[_SEGMENT_KEYS[name]] = ptr
+            elif name != "X":
+                items[f"{name}_ptr"] = ptr
+        if self._layout == "atomic" and "atoms" in segs:
+            ptr = segs["atoms"]
+            items["batch_idx"] = np.repeat(np.arange(len(ptr) - 1, dtype=np.int64), np.diff(ptr))
+        for name, arr in fields.items():
+            items[name] = arr
+        if torch_out:
+            for k, v in list(items.items()):
+                if isinstance(v, np.ndarray):
+                    items[k] = torch.from_numpy(v) if v.dtype != np.uint64 else \
+                        torch.from_numpy(v.astype(np.int64))
+
+
+class Dataset:
+    """A dataset opened by :func:`zbatch.open`: ``len(ds)`` samples, named ``ds.fields``.
+
+    Parameters:
+        path: the store directory (a local path).
+        group: the dataset's group inside the store ("" = the root).
+        cache_bytes: size of the decoded-chunk cache (LRU, 0 = off).
+        num_threads: decode threads used by :meth:`read_many`.
+        load_layers: anndata only: also expose ``layers/NAME`` fields.
+    """
+
+    def __init__(self, path: str, group: str = "", *, cache_bytes: int = 0, num_threads: int = 1,
+                 load_layers: bool = False, use_consolidated: bool = True):
+        self._c = _zbatch._Dataset(str(path), group, int(cache_bytes), int(num_threads),
+                                   bool(load_layers), bool(use_consolidated))
+        self.path = str(path)
+        info = self._c.info()
+        self.layout: str = info["layout"]
+        self.n_vars: int = info["n_vars"]
+        self.num_children: int = info["nchildren"]
+        #: field name -> dict(kind, dtype, row_shape, segment, target, categorical)
+        self.fields: dict[str, dict] = {f["name"]: {k: v for k, v in f.items() if k != "name"}
+                                        for f in info["fields"]}
+
+    def __len__(self) -> int:
+        return self._c.length()
+
+    def __repr__(self) -> str:
+        return f"zbatch.Dataset({self.path!r}, layout={self.layout!r}, n={len(self)})"
+
+    def categories(self, name: str) -> list[str]:
+        """The category labels of a categorical field (codes index into this list)."""
+        return self._c.categories(name)
+
+    def read_many(self, ids: Sequence[int], output: str = "numpy") -> Batch:
+        """Reads the samples ``ids`` (any order, duplicates allowed) as one :class:`Batch`.
+
+        Every chunk the request touches is decoded once. ``output`` is ``"numpy"`` or
+        ``"scipy"`` (X as ``scipy.sparse.csr_matrix``) or ``"torch"`` (tensors, X as
+        ``torch.sparse_csr_tensor``).
+        """
+        if output not in ("numpy", "scipy", "torch"):
+            raise ValueError(f"output must be 'numpy', 'scipy' or 'torch', not {output!r}")
+        arr = np.asarray(ids)
+        if arr.size and (arr.dtype.kind not in "iu" or (arr.dtype.kind == "i" and arr.min() < 0)):
+            from . import _error
+            bad = arr.min() if arr.dtype.kind == "i" else arr.flat[0]
+            raise _error("ZB_E_RANGE", f"index out of range: sample id {bad} is not a "
+                         "non-negative integer")
+        arr = np.ascontiguousarray(arr, dtype=np.uint64).ravel()
+        raw = self._c.read_many(arr)
+        return Batch(raw, self.layout, self.n_vars, output)
+
+
+def open(path: str, group: str = "", **kwargs) -> Dataset:  # noqa: A001 - the product's name
+    """Opens the dataset in the store at ``path``; the layout (anndata, atomic, collection,
+    generic) is detected from the store's attributes. See :class:`Dataset` for options."""
+    return Dataset(path, group, **kwargs)

@@ -1,0 +1,342 @@
+/* Python bindings: datasets and batches (zb_dataset_*, zb_batch_*).
+ *
+ * Batch memory crosses into numpy without copies: a _Buffer exports one field's bytes through
+ * the buffer protocol and holds a reference to its _Batch, so the C batch lives as long as any
+ * array made from it. */
+#include <string.h>
+
+#include "ext.h"
+
+/* ---- _Batch ------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD zb_batch *batch;
+} BatchObject;
+
+static void
+batch_dealloc(BatchObject *self)
+{
+    zb_batch_free(self->batch);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject BatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zbatch._zbatch._Batch",
+    .tp_basicsize = sizeof(BatchObject),
+    .tp_dealloc = (destructor)batch_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "owner of one C batch",
+};
+
+typedef struct {
+    PyObject_HEAD PyObject *owner;
+    void *ptr;
+    Py_ssize_t len;
+} BufferObject;
+
+static void
+buffer_dealloc(BufferObject *self)
+{
+    Py_XDECREF(self->owner);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+buffer_get(BufferObject *self, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->ptr, self->len, 0, flags);
+}
+
+static PyBufferProcs buffer_procs = {(getbufferproc)buffer_get, NULL};
+
+static PyTypeObject BufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zbatch._zbatch._Buffer",
+    .tp_basicsize = sizeof(BufferObject),
+    .tp_dealloc = (destructor)buffer_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_as_buffer = &buffer_procs,
+    .tp_doc = "bytes of one batch field, kept alive with their batch",
+};
+
+static PyObject *
+make_buffer(PyObject *owner, const void *ptr, size_t len)
+{
+    BufferObject *b = PyObject_New(BufferObject, &BufferType);
+    if (!b) return NULL;
+    Py_INCREF(owner);
+    b->owner = owner;
+    b->ptr = (void *)ptr;
+    b->len = (Py_ssize_t)len;
+    return (PyObject *)b;
+}
+
+static PyObject *
+shape_of(uint64_t rows, int ndim, const uint64_t *row_shape)
+{
+    PyObject *t = PyTuple_New(ndim + 1);
+    if (!t) return NULL;
+    PyTuple_SET_ITEM(t, 0, PyLong_FromUnsignedLongLong(rows));
+    for (int d = 0; d < ndim; d++)
+        PyTuple_SET_ITEM(t, d + 1, PyLong_FromUnsignedLongLong(row_shape[d]));
+    return t;
+}
+
+/* Converts a batch into a dict: name -> (buffer, typestr, shape); plus "index", "dataset",
+ * "segments" {name: buffer of int64 [B+1]} and "stats". */
+static PyObject *
+batch_to_dict(zb_batch *cb)
+{
+    BatchObject *owner = PyObject_New(BatchObject, &BatchType);
+    if (!owner) {
+        zb_batch_free(cb);
+        return NULL;
+    }
+    owner->batch = cb;
+    PyObject *d = PyDict_New(), *fields = PyDict_New(), *segs = PyDict_New();
+    if (!d || !fields || !segs) goto fail;
+    size_t B = zb_batch_size(cb);
+    for (size_t i = 0; i < zb_batch_nfields(cb); i++) {
+        zb_batch_view v;
+        zb_batch_field(cb, i, &v);
+        uint64_t elems = v.nrows;
+        for (int k = 0; k < v.ndim; k++) elems *= v.row_shape[k];
+        PyObject *buf = make_buffer((PyObject *)owner, v.data, (size_t)(elems * zb_dtype_size(v.dtype)));
+        PyObject *shape = shape_of(v.nrows, v.ndim, v.row_shape);
+        /* the segment a ragged field is split by: found by its pointer array */
+        const char *seg = NULL;
+        for (size_t k = 0; v.ptr && k < zb_batch_nsegments(cb); k++) {
+            const int64_t *ptr = NULL;
+            const char *name = zb_batch_segment_at(cb, k, &ptr);
+            if (ptr == v.ptr) seg = name;
+        }
+        PyObject *tup = buf && shape
+                            ? Py_BuildValue("(OsOiz)", buf, zb_dtype_typestr(v.dtype), shape,
+                                            (int)v.kind, seg)
+                            : NULL;
+        Py_XDECREF(buf);
+        Py_XDECREF(shape);
+        if (!tup || PyDict_SetItemString(fields, v.name, tup) < 0) {
+            Py_XDECREF(tup);
+            goto fail;
+        }
+        Py_DECREF(tup);
+    }
+    for (size_t i = 0; i < zb_batch_nsegments(cb); i++) {
+        const int64_t *ptr = NULL;
+        const char *name = zb_batch_segment_at(cb, i, &ptr);
+        PyObject *sb = make_buffer((PyObject *)owner, ptr, (B + 1) * sizeof(int64_t));
+        if (!sb || PyDict_SetItemString(segs, name, sb) < 0) {
+            Py_XDECREF(sb);
+            goto fail;
+        }
+        Py_DECREF(sb);
+    }
+    PyObject *idx = make_buffer((PyObject *)owner, zb_batch_index(cb), B * sizeof(uint64_t));
+    if (!idx || PyDict_SetItemString(d, "index", idx) < 0) {
+        Py_XDECREF(idx);
+        goto fail;
+    }
+    Py_DECREF(idx);
+    if (zb_batch_dataset(cb)) {
+        PyObject *ds = make_buffer((PyObject *)owner, zb_batch_dataset(cb), B * sizeof(int32_t));
+        if (!ds || PyDict_SetItemString(d, "dataset", ds) < 0) {
+            Py_XDECREF(ds);
+            goto fail;
+        }
+        Py_DECREF(ds);
+    }
+    zb_read_stats st;
+    zb_batch_stats(cb, &st);
+    PyObject *stats = Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "chunks_decoded", (unsigned long long)st.chunks_decoded,
+        "chunks_cached", (unsigned long long)st.chunks_cached, "chunks_filled",
+        (unsigned long long)st.chunks_filled, "bytes_fetched", (unsigned long long)st.bytes_fetched,
+        "bytes_decoded", (unsigned long long)st.bytes_decoded, "bytes_delivered",
+        (unsigned long long)st.bytes_delivered, "range_reads", (unsigned long long)st.range_reads);
+    if (!stats || PyDict_SetItemString(d, "stats", stats) < 0) {
+        Py_XDECREF(stats);
+        goto fail;
+    }
+    Py_DECREF(stats);
+    PyDict_SetItemString(d, "fields", fields);
+    PyDict_SetItemString(d, "segments", segs);
+    Py_DECREF(fields);
+    Py_DECREF(segs);
+    Py_DECREF(owner);
+    return d;
+fail:
+    Py_XDECREF(d);
+    Py_XDECREF(fields);
+    Py_XDECREF(segs);
+    Py_DECREF(owner);
+    return NULL;
+}
+
+/* ---- _Dataset ----------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD zb_store *store;
+    zb_dataset *ds;
+} DatasetObject;
+
+static void
+dataset_dealloc(DatasetObject *self)
+{
+    zb_dataset_close(self->ds);
+    zb_store_close(self->store);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", "group", "cache_bytes", "num_threads", "load_layers",
+                             "use_consolidated", NULL};
+    const char *path, *group = "";
+    unsigned long long cache = 0;
+    int threads = 1, layers = 0, consolidated = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sKipp", kwlist, &path, &group, &cache,
+                                     &threads, &layers, &consolidated))
+        return -1;
+    zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+    o.cache_bytes = (size_t)cache;
+    o.num_threads = threads;
+    o.load_layers = layers != 0;
+    o.use_consolidated = consolidated != 0;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_store_open(path, &self->store);
+    if (st == ZB_OK) st = zb_dataset_open(self->store, group, &o, &self->ds);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
+        zbpy_raise(st, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+dataset_len(DatasetObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    uint64_t n = 0;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_dataset_len(self->ds, &n);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    return PyLong_FromUnsignedLongLong(n);
+}
+
+static PyObject *
+dataset_info(DatasetObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    PyObject *fields = PyList_New(0);
+    if (!fields) return NULL;
+    static const char *const kinds[] = {"per_sample", "ragged", "index"};
+    for (size_t i = 0; i < zb_dataset_nfields(self->ds); i++) {
+        zb_field_info fi;
+        zb_dataset_field(self->ds, i, &fi);
+        PyObject *rs = PyTuple_New(fi.ndim);
+        for (int d = 0; rs && d < fi.ndim; d++)
+            PyTuple_SET_ITEM(rs, d, PyLong_FromUnsignedLongLong(fi.row_shape[d]));
+        PyObject *o = rs ? Py_BuildValue("{s:s,s:s,s:s,s:O,s:z,s:z,s:O}", "name", fi.name,
+                                         "kind", kinds[fi.kind], "dtype",
+                                         zb_dtype_name(fi.dtype), "row_shape", rs, "segment",
+                                         fi.segment, "target", fi.target, "categorical",
+                                         fi.categorical ? Py_True : Py_False)
+                         : NULL;
+        Py_XDECREF(rs);
+        if (!o || PyList_Append(fields, o) < 0) {
+            Py_XDECREF(o);
+            Py_DECREF(fields);
+            return NULL;
+        }
+        Py_DECREF(o);
+    }
+    PyObject *r = Py_BuildValue("{s:s,s:O,s:K,s:n}", "layout", zb_dataset_layout(self->ds),
+                                "fields", fields, "n_vars",
+                                (unsigned long long)zb_dataset_n_vars(self->ds), "nchildren",
+                                (Py_ssize_t)zb_dataset_nchildren(self->ds));
+    Py_DECREF(fields);
+    return r;
+}
+
+static PyObject *
+dataset_categories(DatasetObject *self, PyObject *args)
+{
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    const zb_strings *s = NULL;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_dataset_categories(self->ds, name, &s);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    PyObject *l = PyList_New((Py_ssize_t)s->n);
+    for (uint64_t i = 0; l && i < s->n; i++) {
+        PyObject *o = PyUnicode_DecodeUTF8(s->data + s->offsets[i],
+                                           (Py_ssize_t)(s->offsets[i + 1] - s->offsets[i]),
+                                           "surrogateescape");
+        if (!o) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, o);
+    }
+    return l;
+}
+
+/* read_many(ids: a buffer of uint64) -> dict (see batch_to_dict) */
+static PyObject *
+dataset_read_many(DatasetObject *self, PyObject *args)
+{
+    Py_buffer ids;
+    if (!PyArg_ParseTuple(args, "y*", &ids)) return NULL;
+    if (ids.len % (Py_ssize_t)sizeof(uint64_t)) {
+        PyBuffer_Release(&ids);
+        return zbpy_raise(ZB_E_INVALID, "ids must be a uint64 buffer");
+    }
+    zb_batch *b = NULL;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_dataset_read_many(self->ds, ids.buf, (size_t)ids.len / sizeof(uint64_t), &b);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&ids);
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    return batch_to_dict(b);
+}
+
+static PyMethodDef dataset_methods[] = {
+    {"length", (PyCFunction)dataset_len, METH_NOARGS, "number of logical samples"},
+    {"info", (PyCFunction)dataset_info, METH_NOARGS, "layout, fields, n_vars"},
+    {"categories", (PyCFunction)dataset_categories, METH_VARARGS, "category labels"},
+    {"read_many", (PyCFunction)dataset_read_many, METH_VARARGS, "one coalesced read"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject DatasetType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zbatch._zbatch._Dataset",
+    .tp_basicsize = sizeof(DatasetObject),
+    .tp_dealloc = (destructor)dataset_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "a libzbatch dataset",
+    .tp_methods = dataset_methods,
+    .tp_init = (initproc)dataset_init,
+    .tp_new = PyType_GenericNew,
+};
+
+int
+zbpy_register_dataset(PyObject *module)
+{
+    if (PyType_Ready(&BatchType) < 0 || PyType_Ready(&BufferType) < 0 ||
+        PyType_Ready(&DatasetType) < 0)
+        return -1;
+    Py_INCREF(&DatasetType);
+    if (PyModule_AddObject(module, "_Dataset", (PyObject *)&DatasetType) < 0) {
+        Py_DECREF(&DatasetType);
+        return -1;
+    }
+    return 0;
+}

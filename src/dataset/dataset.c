@@ -1,0 +1,346 @@
+/* Datasets: open (layout detection, collections), fields, length, categories. */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataset/dataset.h"
+#include "util/json.h"
+#include "util/status.h"
+#include "zarr/tree.h"
+
+static void
+field_free(zb_field *f)
+{
+    free(f->name);
+    free(f->cats_path);
+    zb_strings_free(&f->cats);
+    zb_array_close(f->arr);
+}
+
+void
+zb_dataset_close(zb_dataset *ds)
+{
+    if (!ds) return;
+    for (size_t i = 0; i < ds->nfields; i++) field_free(&ds->fields[i]);
+    for (size_t i = 0; i < ds->nsegs; i++) {
+        zb_segment *s = &ds->segs[i];
+        for (uint64_t b = 0; s->blocks && b < s->nblocks; b++) free(s->blocks[b]);
+        free(s->blocks);
+        zb_array_close(s->ptr);
+        pthread_mutex_destroy(&s->mu);
+    }
+    for (size_t i = 0; i < ds->nchildren; i++) zb_dataset_close(ds->children[i]);
+    free(ds->children);
+    free(ds->child_start);
+    zb_array_close(ds->mask.arr);
+    free(ds->mask.bits);
+    free(ds->mask.rank);
+    pthread_mutex_destroy(&ds->mask.mu);
+    zb_pool_free(ds->pool);
+    zb_cache_free(ds->cache);
+    pthread_mutex_destroy(&ds->pool_mu);
+    free(ds->path);
+    free(ds);
+}
+
+static const char *
+root_encoding(const zb_tree *tree, const char *base)
+{
+    const zb_tree_node *root = zb_tree_find(tree, base);
+    json_object *v = root ? zb_json_get(root->attrs, "encoding-type") : NULL;
+    return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : "";
+}
+
+static zb_dataset *
+dataset_alloc(zb_store *store, const char *path, const zb_dataset_opts *opts)
+{
+    zb_dataset *ds = calloc(1, sizeof *ds);
+    if (!ds) return NULL;
+    ds->store = store;
+    ds->path = strdup(path);
+    zb_dataset_opts d = ZB_DATASET_OPTS_DEFAULT;
+    ds->opts = opts ? *opts : d;
+    pthread_mutex_init(&ds->mask.mu, NULL);
+    pthread_mutex_init(&ds->pool_mu, NULL);
+    if (!ds->path) {
+        free(ds);
+        return NULL;
+    }
+    return ds;
+}
+
+/* Orders dataset_<k> children numerically (FORMATS.md §7.1). */
+typedef struct child_name {
+    unsigned long long k;
+    const char *path;
+} child_name;
+
+static int
+cmp_child(const void *a, const void *b)
+{
+    const child_name *x = a, *y = b;
+    return x->k < y->k ? -1 : x->k > y->k;
+}
+
+static zb_status open_layout(zb_dataset *ds, const zb_tree *tree, const char *base);
+
+static zb_status
+open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
+{
+    size_t plen = strlen(base);
+    child_name *names = calloc(tree->n + 1, sizeof *names);
+    if (!names) return zb_err(ZB_E_NOMEM, "out of memory");
+    size_t n = 0;
+    for (size_t i = 0; i < tree->n; i++) {
+        const zb_tree_node *nd = &tree->nodes[i];
+        const char *rel = nd->path + plen + (plen ? 1 : 0);
+        if (nd->is_array || (plen && (strncmp(nd->path, base, plen) || nd->path[plen] != '/')) ||
+            strchr(rel, '/') || strncmp(rel, "dataset_", 8) || !rel[8])
+            continue;
+        bool digits = true;
+        for (const char *p = rel + 8; *p; p++) digits = digits && isdigit((unsigned char)*p);
+        if (!digits) continue;
+        names[n].k = strtoull(rel + 8, NULL, 10);
+        names[n].path = nd->path;
+        n++;
+    }
+    zb_status st = ZB_OK;
+    if (n == 0) {
+        st = zb_err(ZB_E_CORRUPT, "%s: a collection without dataset_<k> children", ds->path);
+        goto done;
+    }
+    qsort(names, n, sizeof *names, cmp_child);
+    ds->children = calloc(n, sizeof *ds->children);
+    ds->child_start = calloc(n + 1, sizeof *ds->child_start);
+    if (!ds->children || !ds->child_start) {
+        st = zb_err(ZB_E_NOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t c = 0; c < n; c++) {
+        zb_dataset *ch = dataset_alloc(ds->store, names[c].path, &ds->opts);
+        if (!ch) {
+            st = zb_err(ZB_E_NOMEM, "out of memory");
+            goto done;
+        }
+        ch->is_child = true;
+        ds->children[ds->nchildren++] = ch;
+        st = open_layout(ch, tree, names[c].path);
+        if (st != ZB_OK) goto done;
+        if (ch->nchildren) {
+            st = zb_err(ZB_E_UNSUPPORTED, "%s: nested collections", names[c].path);
+            goto done;
+        }
+    }
+    /* every child must offer the same fields with the same dtypes and row shapes */
+    zb_dataset *c0 = ds->children[0];
+    for (size_t c = 1; c < n; c++) {
+        zb_dataset *ch = ds->children[c];
+        bool same = ch->nfields == c0->nfields && ch->n_vars == c0->n_vars;
+        for (size_t f = 0; same && f < c0->nfields; f++) {
+            const zb_field *a = &c0->fields[f], *b = &ch->fields[f];
+            same = !strcmp(a->name, b->name) && a->kind == b->kind && a->dtype == b->dtype &&
+                   a->ndim == b->ndim &&
+                   !memcmp(a->row_shape, b->row_shape, sizeof(uint64_t) * (size_t)a->ndim);
+        }
+        if (!same) {
+            st = zb_err(ZB_E_CORRUPT, "%s: its fields or n_vars differ from %s", ch->path,
+                        c0->path);
+            goto done;
+        }
+    }
+    snprintf(ds->layout, sizeof ds->layout, "collection");
+    ds->n_vars = c0->n_vars;
+done:
+    free(names);
+    return st;
+}
+
+static zb_status
+open_layout(zb_dataset *ds, const zb_tree *tree, const char *base)
+{
+    const char *enc = root_encoding(tree, base);
+    const zb_tree_node *root = zb_tree_find(tree, base);
+    char p[4200];
+    snprintf(p, sizeof p, "%s%smeta/atoms_ptr", base, base[0] ? "/" : "");
+    if (!strcmp(enc, "anndata")) {
+        snprintf(ds->layout, sizeof ds->layout, "anndata");
+        return zb_layout_anndata(ds, tree, base);
+    }
+    if (!strcmp(enc, "annbatch-preshuffled") || !strcmp(enc, "zbatch-collection"))
+        return open_collection(ds, tree, base);
+    if (zb_tree_find(tree, p)) {
+        snprintf(ds->layout, sizeof ds->layout, "atomic");
+        return zb_layout_atomic(ds, tree, base);
+    }
+    if (root && zb_json_get(root->attrs, "zbatch")) {
+        snprintf(ds->layout, sizeof ds->layout, "generic");
+        return zb_layout_generic(ds, tree, base);
+    }
+    return zb_err(ZB_E_UNSUPPORTED, "%s: no dataset layout recognised (anndata, atomic, "
+                  "collection, or a 'zbatch' attribute)", ds->path[0] ? ds->path : "/");
+}
+
+zb_status
+zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts, zb_dataset **out)
+{
+    if (!out) return zb_err(ZB_E_INVALID, "zb_dataset_open: null out");
+    *out = NULL;
+    if (!store) return zb_err(ZB_E_INVALID, "zb_dataset_open: null store");
+    char norm[4096];
+    ZB_TRY(zb_key_normalize(path ? path : "", norm, sizeof norm));
+    zb_dataset *ds = dataset_alloc(store, norm, opts);
+    if (!ds) return zb_err(ZB_E_NOMEM, "zb_dataset_open: out of memory");
+    zb_tree *tree = NULL;
+    zb_status st = zb_tree_load(store, norm, ds->opts.use_consolidated, &tree);
+    if (st == ZB_OK) st = open_layout(ds, tree, tree->nodes[0].path);
+    zb_tree_free(tree);
+    if (st == ZB_OK && ds->opts.cache_bytes) st = zb_cache_new(ds->opts.cache_bytes, &ds->cache);
+    if (st == ZB_OK) st = zb_pool_new(ds->opts.num_threads, &ds->pool);
+    if (st == ZB_OK && ds->nchildren) {
+        uint64_t total = 0;
+        for (size_t c = 0; c < ds->nchildren && st == ZB_OK; c++) {
+            uint64_t n = 0;
+            st = zb_dataset_len(ds->children[c], &n);
+            ds->child_start[c] = total;
+            total += n;
+        }
+        ds->child_start[ds->nchildren] = total;
+        ds->nphys = total;
+    }
+    if (st != ZB_OK) {
+        zb_dataset_close(ds);
+        return st;
+    }
+    *out = ds;
+    return ZB_OK;
+}
+
+const char *
+zb_dataset_layout(const zb_dataset *ds)
+{
+    return ds ? ds->layout : "";
+}
+
+/* The dataset whose fields describe every sample (the first child of a collection). */
+static const zb_dataset *
+proto(const zb_dataset *ds)
+{
+    return ds->nchildren ? ds->children[0] : ds;
+}
+
+zb_status
+zb_dataset_len(zb_dataset *ds, uint64_t *n)
+{
+    if (!ds || !n) return zb_err(ZB_E_INVALID, "zb_dataset_len: null argument");
+    if (ds->nchildren) {
+        *n = ds->child_start[ds->nchildren];
+        return ZB_OK;
+    }
+    if (ds->mask.arr) {
+        ZB_TRY(zb_mask_load(ds));
+        *n = ds->mask.nlogical;
+        return ZB_OK;
+    }
+    *n = ds->nphys;
+    return ZB_OK;
+}
+
+size_t
+zb_dataset_nfields(const zb_dataset *ds)
+{
+    return ds ? proto(ds)->nfields : 0;
+}
+
+uint64_t
+zb_dataset_n_vars(const zb_dataset *ds)
+{
+    return ds ? ds->n_vars : 0;
+}
+
+size_t
+zb_dataset_nchildren(const zb_dataset *ds)
+{
+    return ds && ds->nchildren ? ds->nchildren : 1;
+}
+
+zb_status
+zb_dataset_field(const zb_dataset *ds, size_t i, zb_field_info *info)
+{
+    if (!ds || !info) return zb_err(ZB_E_INVALID, "zb_dataset_field: null argument");
+    const zb_dataset *p = proto(ds);
+    if (i >= p->nfields)
+        return zb_err(ZB_E_RANGE, "field %zu of %zu", i, p->nfields);
+    const zb_field *f = &p->fields[i];
+    info->name = f->name;
+    info->kind = f->kind;
+    info->dtype = f->dtype;
+    info->ndim = f->ndim;
+    info->row_shape = f->row_shape;
+    info->segment = f->seg >= 0 ? p->segs[f->seg].name : NULL;
+    info->target = f->target >= 0 ? p->segs[f->target].name : NULL;
+    info->categorical = f->categorical;
+    return ZB_OK;
+}
+
+zb_status
+zb_dataset_find_field(const zb_dataset *ds, const char *name, size_t *index)
+{
+    if (!ds || !name || !index) return zb_err(ZB_E_INVALID, "zb_dataset_find_field: null");
+    const zb_dataset *p = proto(ds);
+    for (size_t i = 0; i < p->nfields; i++)
+        if (!strcmp(p->fields[i].name, name)) {
+            *index = i;
+            return ZB_OK;
+        }
+    return zb_err(ZB_E_NOTFOUND, "%s: no field '%s'", ds->path[0] ? ds->path : "/", name);
+}
+
+static zb_status
+load_categories(zb_dataset *p, zb_field *f)
+{
+    zb_status st = ZB_OK;
+    pthread_mutex_lock(&p->mask.mu);
+    if (!f->cats_loaded) {
+        zb_array *a = NULL;
+        st = zb_array_open(p->store, f->cats_path, &a);
+        if (st == ZB_OK && a->meta.dtype != ZB_DT_STRING)
+            st = zb_err(ZB_E_UNSUPPORTED, "%s: non-string categories", f->cats_path);
+        if (st == ZB_OK) st = zb_array_read_strings(a, 0, a->meta.shape[0], &f->cats, NULL);
+        zb_array_close(a);
+        f->cats_loaded = st == ZB_OK;
+    }
+    pthread_mutex_unlock(&p->mask.mu);
+    return st;
+}
+
+static bool
+strings_equal(const zb_strings *a, const zb_strings *b)
+{
+    return a->n == b->n && !memcmp(a->offsets, b->offsets, (size_t)(a->n + 1) * sizeof(uint64_t)) &&
+           !memcmp(a->data, b->data, (size_t)a->offsets[a->n]);
+}
+
+zb_status
+zb_dataset_categories(zb_dataset *ds, const char *field, const zb_strings **out)
+{
+    if (!ds || !field || !out) return zb_err(ZB_E_INVALID, "zb_dataset_categories: null");
+    *out = NULL;
+    size_t i;
+    ZB_TRY(zb_dataset_find_field(ds, field, &i));
+    zb_dataset *p = ds->nchildren ? ds->children[0] : ds;
+    zb_field *f = &p->fields[i];
+    if (!f->categorical) return zb_err(ZB_E_TYPE, "%s is not categorical", field);
+    ZB_TRY(load_categories(p, f));
+    /* Codes mean something only with their own table: a collection whose children disagree
+     * would hand out codes that point at the wrong labels, so it is refused. */
+    for (size_t c = 1; c < ds->nchildren; c++) {
+        zb_field *fc = &ds->children[c]->fields[i];
+        ZB_TRY(load_categories(ds->children[c], fc));
+        if (!strings_equal(&f->cats, &fc->cats))
+            return zb_err(ZB_E_UNSUPPORTED, "%s: the categories of %s differ between %s and %s",
+                          ds->path[0] ? ds->path : "/", field, p->path, ds->children[c]->path);
+    }
+    *out = &f->cats;
+    return ZB_OK;
+}

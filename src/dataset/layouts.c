@@ -1,0 +1,468 @@
+/* Layouts: how a store's conventions map onto fields and segments (DESIGN.md §2).
+ * anndata: shared FORMATS.md §6; atomic: §8; generic: docs/FORMATS-zbatch.md. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataset/dataset.h"
+#include "util/json.h"
+#include "util/status.h"
+#include "zarr/tree.h"
+
+static const char *
+attr_str(json_object *attrs, const char *key)
+{
+    json_object *v = zb_json_get(attrs, key);
+    return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
+}
+
+/* Joins two path parts; paths are bounded by the store layer's key limit, so a cut here would
+ * only shorten an already invalid key. */
+static void
+join(char *buf, size_t cap, const char *a, const char *b)
+{
+    int n = a[0] && b[0] ? snprintf(buf, cap, "%s/%s", a, b)
+                         : snprintf(buf, cap, "%s", a[0] ? a : b);
+    if (n < 0 || (size_t)n >= cap) buf[cap - 1] = '\0';
+}
+
+/* Opens the array node at `path` of the tree. */
+static zb_status
+open_node(zb_dataset *ds, const zb_tree *tree, const char *path, zb_array **out)
+{
+    *out = NULL;
+    const zb_tree_node *nd = zb_tree_find(tree, path);
+    if (!nd || !nd->is_array) return zb_err(ZB_E_NOTFOUND, "%s: no array '%s'", ds->path, path);
+    zb_array_meta m;
+    zb_status st = nd->zarr_format == 2 ? zb_meta_from_v2_obj(nd->doc, nd->attrs, path, &m)
+                                        : zb_meta_from_v3_obj(nd->doc, path, &m);
+    if (st != ZB_OK) return st;
+    return zb_array_open_meta(ds->store, path, &m, out);
+}
+
+static zb_status
+add_segment(zb_dataset *ds, const zb_tree *tree, const char *name, const char *ptr_path,
+            int *index)
+{
+    if (ds->nsegs == ZB_MAX_SEGMENTS) return zb_err(ZB_E_UNSUPPORTED, "too many segments");
+    zb_segment *seg = &ds->segs[ds->nsegs];
+    memset(seg, 0, sizeof *seg);
+    snprintf(seg->name, sizeof seg->name, "%s", name);
+    ZB_TRY(open_node(ds, tree, ptr_path, &seg->ptr));
+    if (seg->ptr->meta.ndim != 1) {
+        zb_array_close(seg->ptr);
+        seg->ptr = NULL;
+        return zb_err(ZB_E_CORRUPT, "%s: a pointer array must be 1-d", ptr_path);
+    }
+    uint64_t rows = seg->ptr->inner[0];
+    /* cache blocks of at least 64k pointers, whatever the chunking */
+    seg->chunk_rows = rows < 65536 ? ((65536 + rows - 1) / rows) * rows : rows;
+    uint64_t total = seg->ptr->meta.shape[0];
+    seg->nblocks = (total + seg->chunk_rows - 1) / seg->chunk_rows;
+    seg->blocks = calloc((size_t)seg->nblocks + 1, sizeof *seg->blocks);
+    if (!seg->blocks) {
+        zb_array_close(seg->ptr);
+        seg->ptr = NULL;
+        return zb_err(ZB_E_NOMEM, "segment %s: out of memory", name);
+    }
+    pthread_mutex_init(&seg->mu, NULL);
+    *index = (int)ds->nsegs++;
+    return ZB_OK;
+}
+
+/* Adds a field backed by the array at `path`. Takes the name as given. */
+static zb_status
+add_field(zb_dataset *ds, const zb_tree *tree, const char *name, const char *path,
+          zb_field_kind kind, int seg, int target, zb_field **out)
+{
+    if (ds->nfields == ZB_MAX_FIELDS) return zb_err(ZB_E_UNSUPPORTED, "%s: too many fields", path);
+    zb_field *f = &ds->fields[ds->nfields];
+    memset(f, 0, sizeof *f);
+    ZB_TRY(open_node(ds, tree, path, &f->arr));
+    const zb_array_meta *m = &f->arr->meta;
+    if (m->dtype == ZB_DT_STRING || m->ndim == 0) {
+        zb_array_close(f->arr);
+        f->arr = NULL;
+        return ZB_E_TYPE; /* silently skipped by callers: strings are not batch fields */
+    }
+    f->name = strdup(name);
+    if (!f->name) {
+        zb_array_close(f->arr);
+        return zb_err(ZB_E_NOMEM, "out of memory");
+    }
+    f->kind = kind;
+    f->dtype = m->dtype;
+    f->itemsize = m->itemsize;
+    f->ndim = m->ndim - 1;
+    f->row_elems = 1;
+    for (int d = 1; d < m->ndim; d++) {
+        f->row_shape[d - 1] = m->shape[d];
+        f->row_elems *= m->shape[d];
+    }
+    f->seg = seg;
+    f->target = target;
+    ds->nfields++;
+    if (out) *out = f;
+    return ZB_OK;
+}
+
+static zb_status
+check_rows(const zb_field *f, uint64_t want, const char *what)
+{
+    if (f->arr->meta.shape[0] != want)
+        return zb_err(ZB_E_CORRUPT, "%s: %llu rows, %s says %llu", f->arr->path,
+                      (unsigned long long)f->arr->meta.shape[0], what, (unsigned long long)want);
+    return ZB_OK;
+}
+
+/* ---- anndata ------------------------------------------------------------------------------ */
+
+/* Adds X-like element `path` (CSR group or dense array) as fields named `name`... */
+static zb_status
+add_matrix(zb_dataset *ds, const zb_tree *tree, const char *name, const char *path, bool is_x)
+{
+    const zb_tree_node *nd = zb_tree_find(tree, path);
+    if (!nd) return ZB_OK;
+    const char *enc = attr_str(nd->attrs, "encoding-type");
+    char sub[4200], fname[300];
+    if (!nd->is_array && enc && !strcmp(enc, "csr_matrix")) {
+        json_object *shape = zb_json_get(nd->attrs, "shape");
+        uint64_t rows = 0, cols = 0;
+        if (!shape || json_object_array_length(shape) != 2 ||
+            zb_json_u64(json_object_array_get_idx(shape, 0), "shape", &rows) != ZB_OK ||
+            zb_json_u64(json_object_array_get_idx(shape, 1), "shape", &cols) != ZB_OK)
+            return zb_err(ZB_E_METADATA, "%s: csr_matrix attributes lack a [rows, cols] shape",
+                          path);
+        int seg;
+        join(sub, sizeof sub, path, "indptr");
+        ZB_TRY(add_segment(ds, tree, name, sub, &seg));
+        if (ds->segs[seg].ptr->meta.shape[0] != rows + 1)
+            return zb_err(ZB_E_CORRUPT, "%s: %llu pointers for %llu rows", sub,
+                          (unsigned long long)ds->segs[seg].ptr->meta.shape[0],
+                          (unsigned long long)rows);
+        if (is_x) {
+            ds->nphys = rows;
+            ds->n_vars = cols;
+        } else if (rows != ds->nphys) {
+            return zb_err(ZB_E_CORRUPT, "%s: %llu rows, X has %llu", path,
+                          (unsigned long long)rows, (unsigned long long)ds->nphys);
+        }
+        zb_field *fd, *fi;
+        join(sub, sizeof sub, path, "data");
+        snprintf(fname, sizeof fname, "%s/data", name);
+        ZB_TRY(add_field(ds, tree, fname, sub, ZB_FIELD_RAGGED, seg, -1, &fd));
+        join(sub, sizeof sub, path, "indices");
+        snprintf(fname, sizeof fname, "%s/indices", name);
+        ZB_TRY(add_field(ds, tree, fname, sub, ZB_FIELD_RAGGED, seg, -1, &fi));
+        if (fd->arr->meta.shape[0] != fi->arr->meta.shape[0])
+            return zb_err(ZB_E_CORRUPT, "%s: data has %llu values, indices %llu", path,
+                          (unsigned long long)fd->arr->meta.shape[0],
+                          (unsigned long long)fi->arr->meta.shape[0]);
+        return ZB_OK;
+    }
+    if (!nd->is_array && enc && !strcmp(enc, "csc_matrix"))
+        return is_x ? zb_err(ZB_E_UNSUPPORTED, "%s: a CSC X cannot be read by rows; convert it "
+                             "to CSR", path)
+                    : ZB_OK;
+    if (nd->is_array) {
+        zb_field *f;
+        zb_status st = add_field(ds, tree, name, path, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
+        if (st == ZB_E_TYPE) return ZB_OK;
+        if (st != ZB_OK) return st;
+        if (is_x) {
+            ds->nphys = f->arr->meta.shape[0];
+            ds->n_vars = f->ndim >= 1 ? f->row_shape[0] : 1;
+        }
+        return ZB_OK;
+    }
+    return ZB_OK;
+}
+
+static zb_status
+add_dataframe_columns(zb_dataset *ds, const zb_tree *tree, const char *df, const char *prefix)
+{
+    const zb_tree_node *nd = zb_tree_find(tree, df);
+    if (!nd || nd->is_array) return ZB_OK;
+    json_object *order = zb_json_get(nd->attrs, "column-order");
+    size_t n = order && json_object_is_type(order, json_type_array)
+                   ? json_object_array_length(order)
+                   : 0;
+    char path[4200], name[600];
+    for (size_t i = 0; i < n; i++) {
+        json_object *c = json_object_array_get_idx(order, i);
+        if (!json_object_is_type(c, json_type_string)) continue;
+        const char *col = json_object_get_string(c);
+        join(path, sizeof path, df, col);
+        snprintf(name, sizeof name, "%s/%s", prefix, col);
+        const zb_tree_node *cn = zb_tree_find(tree, path);
+        if (!cn) return zb_err(ZB_E_CORRUPT, "%s: column '%s' is listed but missing", df, col);
+        zb_status st;
+        zb_field *f = NULL;
+        const char *enc = attr_str(cn->attrs, "encoding-type");
+        if (cn->is_array) {
+            st = add_field(ds, tree, name, path, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
+        } else if (enc && !strcmp(enc, "categorical")) {
+            char codes[4300];
+            join(codes, sizeof codes, path, "codes");
+            st = add_field(ds, tree, name, codes, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
+            if (st == ZB_OK) {
+                f->categorical = true;
+                char cats[4300];
+                join(cats, sizeof cats, path, "categories");
+                f->cats_path = strdup(cats);
+                if (!f->cats_path) return zb_err(ZB_E_NOMEM, "out of memory");
+            }
+        } else if (enc && (!strcmp(enc, "nullable-integer") || !strcmp(enc, "nullable-boolean"))) {
+            char values[4300];
+            join(values, sizeof values, path, "values");
+            st = add_field(ds, tree, name, values, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
+        } else {
+            continue; /* strings and other encodings are not batch fields */
+        }
+        if (st == ZB_E_TYPE) continue;
+        if (st != ZB_OK) return st;
+        if (!strcmp(prefix, "obs")) ZB_TRY(check_rows(f, ds->nphys, "X"));
+    }
+    return ZB_OK;
+}
+
+zb_status
+zb_layout_anndata(zb_dataset *ds, const zb_tree *tree, const char *base)
+{
+    char path[4200];
+    join(path, sizeof path, base, "X");
+    if (!zb_tree_find(tree, path))
+        return zb_err(ZB_E_UNSUPPORTED, "%s: an anndata store without X", ds->path);
+    ZB_TRY(add_matrix(ds, tree, "X", path, true));
+    join(path, sizeof path, base, "obs");
+    ZB_TRY(add_dataframe_columns(ds, tree, path, "obs"));
+    char name[600];
+    if (ds->opts.load_obsm) {
+        join(path, sizeof path, base, "obsm");
+        size_t plen = strlen(path);
+        for (size_t i = 0; i < tree->n; i++) {
+            const zb_tree_node *nd = &tree->nodes[i];
+            if (!nd->is_array || strncmp(nd->path, path, plen) || nd->path[plen] != '/' ||
+                strchr(nd->path + plen + 1, '/'))
+                continue;
+            snprintf(name, sizeof name, "obsm/%s", nd->path + plen + 1);
+            zb_field *f;
+            zb_status st = add_field(ds, tree, name, nd->path, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
+            if (st == ZB_E_TYPE) continue;
+            if (st != ZB_OK) return st;
+            ZB_TRY(check_rows(f, ds->nphys, "X"));
+        }
+    }
+    if (ds->opts.load_layers) {
+        join(path, sizeof path, base, "layers");
+        size_t plen = strlen(path);
+        for (size_t i = 0; i < tree->n; i++) {
+            const zb_tree_node *nd = &tree->nodes[i];
+            if (strncmp(nd->path, path, plen) || nd->path[plen] != '/' ||
+                strchr(nd->path + plen + 1, '/'))
+                continue;
+            snprintf(name, sizeof name, "layers/%s", nd->path + plen + 1);
+            ZB_TRY(add_matrix(ds, tree, name, nd->path, false));
+        }
+    }
+    return ZB_OK;
+}
+
+/* ---- atomic (nvalchemi) ------------------------------------------------------------------- */
+
+static const char *const ATOM_KEYS[] = {
+    "atomic_masses", "positions", "forces", "charges", "node_embeddings", "atomic_numbers",
+    "node_attrs", "node_alpha_spins", "node_beta_spins", "atom_categories", "velocities",
+    "momenta", "kinetic_energies", "neighbor_matrix", "neighbor_matrix_shifts", "num_neighbors",
+    NULL};
+static const char *const EDGE_KEYS[] = {"shifts", "neighbor_list_shifts", "neighbor_list",
+                                        "edge_embeddings", NULL};
+
+static bool
+in_set(const char *const *set, const char *name)
+{
+    for (; *set; set++)
+        if (!strcmp(*set, name)) return true;
+    return false;
+}
+
+/* The level of `name` in `group` per FORMATS.md §8.1: the fields attribute, then the key sets,
+ * then "atom" (core) or "system" (custom). */
+static const char *
+atomic_level(json_object *fields, const char *group, const char *name)
+{
+    const char *lv = attr_str(zb_json_get(fields, group), name);
+    if (lv) return !strcmp(lv, "node") ? "atom" : lv;
+    if (!strcmp(group, "custom")) return "system";
+    if (in_set(EDGE_KEYS, name)) return "edge";
+    if (in_set(ATOM_KEYS, name)) return "atom";
+    return "system";
+}
+
+zb_status
+zb_layout_atomic(zb_dataset *ds, const zb_tree *tree, const char *base)
+{
+    const zb_tree_node *root = zb_tree_find(tree, base);
+    json_object *fields = root ? zb_json_get(root->attrs, "fields") : NULL;
+    char path[4200];
+    int atoms, edges;
+    join(path, sizeof path, base, "meta/atoms_ptr");
+    ZB_TRY(add_segment(ds, tree, "atoms", path, &atoms));
+    join(path, sizeof path, base, "meta/edges_ptr");
+    ZB_TRY(add_segment(ds, tree, "edges", path, &edges));
+    uint64_t n = ds->segs[atoms].ptr->meta.shape[0];
+    if (n == 0) return zb_err(ZB_E_CORRUPT, "%s: meta/atoms_ptr is empty", ds->path);
+    ds->nphys = n - 1;
+    if (ds->segs[edges].ptr->meta.shape[0] != n)
+        return zb_err(ZB_E_CORRUPT, "%s: meta/edges_ptr has %llu entries, atoms_ptr %llu",
+                      ds->path, (unsigned long long)ds->segs[edges].ptr->meta.shape[0],
+                      (unsigned long long)n);
+    json_object *ns = root ? zb_json_get(root->attrs, "num_samples") : NULL;
+    uint64_t num_samples;
+    if (ns && zb_json_u64(ns, "num_samples", &num_samples) == ZB_OK && num_samples != ds->nphys)
+        return zb_err(ZB_E_CORRUPT, "%s: num_samples is %llu, meta/atoms_ptr holds %llu",
+                      ds->path, (unsigned long long)num_samples,
+                      (unsigned long long)ds->nphys);
+    join(path, sizeof path, base, "meta/samples_mask");
+    if (zb_tree_find(tree, path)) {
+        ZB_TRY(open_node(ds, tree, path, &ds->mask.arr));
+        if (ds->mask.arr->meta.shape[0] != ds->nphys)
+            return zb_err(ZB_E_CORRUPT, "%s: %llu entries for %llu samples", path,
+                          (unsigned long long)ds->mask.arr->meta.shape[0],
+                          (unsigned long long)ds->nphys);
+    }
+    /* the ends of the pointer arrays bound the atom- and edge-level arrays */
+    int64_t v_total = 0, e_total = 0, first = 0;
+    zb_ctx *ctx = NULL;
+    ZB_TRY(zb_ctx_new(&ctx));
+    zb_status st = zb_segment_get(&ds->segs[atoms], ctx, n - 1, &v_total);
+    if (st == ZB_OK) st = zb_segment_get(&ds->segs[edges], ctx, n - 1, &e_total);
+    if (st == ZB_OK) st = zb_segment_get(&ds->segs[atoms], ctx, 0, &first);
+    if (st == ZB_OK && first != 0)
+        st = zb_err(ZB_E_CORRUPT, "%s: meta/atoms_ptr starts at %lld, not 0", ds->path,
+                    (long long)first);
+    zb_ctx_free(ctx);
+    if (st != ZB_OK) return st;
+
+    static const char *const groups[] = {"core", "custom"};
+    for (int gi = 0; gi < 2; gi++) {
+        char gpath[4200];
+        join(gpath, sizeof gpath, base, groups[gi]);
+        size_t plen = strlen(gpath);
+        for (size_t i = 0; i < tree->n; i++) {
+            const zb_tree_node *nd = &tree->nodes[i];
+            if (!nd->is_array || strncmp(nd->path, gpath, plen) || nd->path[plen] != '/' ||
+                strchr(nd->path + plen + 1, '/'))
+                continue;
+            const char *name = nd->path + plen + 1;
+            const char *lv = atomic_level(fields, groups[gi], name);
+            char fname[600];
+            bool clash = false;
+            for (size_t k = 0; k < ds->nfields; k++) clash = clash || !strcmp(ds->fields[k].name, name);
+            snprintf(fname, sizeof fname, "%s%s", clash ? "custom/" : "", name);
+            zb_field *f = NULL;
+            if (!strcmp(lv, "atom")) {
+                st = add_field(ds, tree, fname, nd->path, ZB_FIELD_RAGGED, atoms, -1, &f);
+                if (st == ZB_OK) st = check_rows(f, (uint64_t)v_total, "meta/atoms_ptr");
+            } else if (!strcmp(lv, "edge")) {
+                bool idx = !strcmp(name, "neighbor_list");
+                st = add_field(ds, tree, fname, nd->path, idx ? ZB_FIELD_INDEX : ZB_FIELD_RAGGED,
+                               edges, idx ? atoms : -1, &f);
+                if (st == ZB_OK) {
+                    f->global_index = idx; /* nvalchemi stores store-global atom indices */
+                    st = check_rows(f, (uint64_t)e_total, "meta/edges_ptr");
+                }
+            } else {
+                st = add_field(ds, tree, fname, nd->path, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
+                if (st == ZB_OK) st = check_rows(f, ds->nphys, "meta/atoms_ptr");
+            }
+            if (st == ZB_E_TYPE) continue;
+            if (st != ZB_OK) return st;
+        }
+    }
+    return ZB_OK;
+}
+
+/* ---- generic ------------------------------------------------------------------------------ */
+
+zb_status
+zb_layout_generic(zb_dataset *ds, const zb_tree *tree, const char *base)
+{
+    const zb_tree_node *root = zb_tree_find(tree, base);
+    json_object *spec = root ? zb_json_get(root->attrs, "zbatch") : NULL;
+    if (!spec || !json_object_is_type(spec, json_type_object))
+        return zb_err(ZB_E_UNSUPPORTED,
+                      "%s: not a dataset: no anndata, atomic or 'zbatch' attributes", ds->path);
+    char path[4200];
+    json_object *segs = zb_json_get(spec, "segments");
+    if (segs && json_object_is_type(segs, json_type_object)) {
+        json_object_object_foreach(segs, sname, sval) {
+            if (!json_object_is_type(sval, json_type_string))
+                return zb_err(ZB_E_METADATA, "%s: zbatch.segments.%s must be an array path",
+                              ds->path, sname);
+            int idx;
+            join(path, sizeof path, base, json_object_get_string(sval));
+            ZB_TRY(add_segment(ds, tree, sname, path, &idx));
+        }
+    }
+    json_object *n = zb_json_get(spec, "num_samples");
+    bool have_n = n && zb_json_u64(n, "zbatch.num_samples", &ds->nphys) == ZB_OK;
+    if (!have_n && ds->nsegs) ds->nphys = ds->segs[0].ptr->meta.shape[0] - 1;
+    json_object *flds = zb_json_get(spec, "fields");
+    if (!flds || !json_object_is_type(flds, json_type_object))
+        return zb_err(ZB_E_METADATA, "%s: zbatch.fields must be an object", ds->path);
+    json_object_object_foreach(flds, fname, fval) {
+        const char *arr = attr_str(fval, "array");
+        const char *kind = attr_str(fval, "kind");
+        const char *segname = attr_str(fval, "segment");
+        const char *target = attr_str(fval, "target");
+        if (!arr || !kind)
+            return zb_err(ZB_E_METADATA, "%s: zbatch.fields.%s needs 'array' and 'kind'",
+                          ds->path, fname);
+        int seg = -1, tgt = -1;
+        for (size_t i = 0; i < ds->nsegs; i++) {
+            if (segname && !strcmp(ds->segs[i].name, segname)) seg = (int)i;
+            if (target && !strcmp(ds->segs[i].name, target)) tgt = (int)i;
+        }
+        zb_field_kind k;
+        if (!strcmp(kind, "per_sample")) {
+            k = ZB_FIELD_PER_SAMPLE;
+        } else if (!strcmp(kind, "ragged") || !strcmp(kind, "index")) {
+            k = !strcmp(kind, "index") ? ZB_FIELD_INDEX : ZB_FIELD_RAGGED;
+            if (seg < 0 || (k == ZB_FIELD_INDEX && tgt < 0))
+                return zb_err(ZB_E_METADATA, "%s: zbatch.fields.%s names an unknown segment",
+                              ds->path, fname);
+        } else {
+            return zb_err(ZB_E_METADATA, "%s: zbatch.fields.%s: kind '%s' is not per_sample, "
+                          "ragged or index", ds->path, fname, kind);
+        }
+        join(path, sizeof path, base, arr);
+        zb_field *f;
+        zb_status st = add_field(ds, tree, fname, path, k, seg, tgt, &f);
+        if (st == ZB_E_TYPE)
+            return zb_err(ZB_E_TYPE, "%s: field %s: strings and 0-d arrays are not fields",
+                          ds->path, fname);
+        if (st != ZB_OK) return st;
+        json_object *gi = zb_json_get(fval, "global");
+        f->global_index = gi && json_object_get_boolean(gi);
+        if (k == ZB_FIELD_PER_SAMPLE) {
+            if (!have_n && !ds->nsegs && ds->nfields == 1) ds->nphys = f->arr->meta.shape[0];
+            ZB_TRY(check_rows(f, ds->nphys, "the dataset"));
+        } else {
+            int64_t end = 0;
+            zb_ctx *ctx = NULL;
+            ZB_TRY(zb_ctx_new(&ctx));
+            st = zb_segment_get(&ds->segs[seg], ctx, ds->segs[seg].ptr->meta.shape[0] - 1, &end);
+            zb_ctx_free(ctx);
+            if (st != ZB_OK) return st;
+            ZB_TRY(check_rows(f, (uint64_t)end, ds->segs[seg].name));
+        }
+    }
+    for (size_t i = 0; i < ds->nsegs; i++)
+        if (ds->segs[i].ptr->meta.shape[0] != ds->nphys + 1)
+            return zb_err(ZB_E_CORRUPT, "%s: segment %s has %llu pointers for %llu samples",
+                          ds->path, ds->segs[i].name,
+                          (unsigned long long)ds->segs[i].ptr->meta.shape[0],
+                          (unsigned long long)ds->nphys);
+    return ZB_OK;
+}

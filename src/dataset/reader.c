@@ -1,0 +1,906 @@
+/* The coalesced reader: one call turns a list of sample ids into one batch (DESIGN.md §3).
+ *
+ * Plan (caller thread): logical -> (child, physical) ids; per segment the element range of
+ * every sample and the batch pointer arrays; per field the runs of source rows and their
+ * destination rows, split at read-unit boundaries into copies, sorted by unit so that every
+ * unit (chunk, or shard inner chunk) the request touches appears once with all the copies it
+ * serves. Execute (pool): one task per unit row ("slab"), or per shard for sharded arrays so
+ * neighbouring inner chunks are fetched with merged range reads; each unit is fetched, decoded
+ * once (straight into the batch when it maps onto one contiguous run of it, else into per-thread
+ * scratch) and copied out. Finish (caller): index fields re-based to the batch. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataset/dataset.h"
+#include "store/store.h"
+#include "util/status.h"
+#include "zarr/codec.h"
+#include "zarr/shard.h"
+
+#define MERGE_GAP ((uint64_t)1 << 20)
+#define MERGE_MAX ((uint64_t)16 << 20)
+enum { SCR_UNIT = 4, SCR_FETCH = 5 };
+
+typedef struct bfield {
+    char *name;
+    zb_field_kind kind;
+    zb_dtype dtype;
+    size_t itemsize;
+    int ndim;
+    uint64_t row_shape[ZB_MAX_DIMS];
+    uint64_t row_elems;
+    uint64_t nrows;
+    uint8_t *data;
+    int seg;
+} bfield;
+
+typedef struct bseg {
+    char name[32];
+    int64_t *ptr; /* [B+1] */
+} bseg;
+
+struct zb_batch {
+    size_t B;
+    uint64_t *index;
+    int32_t *dataset;
+    size_t nfields;
+    bfield *fields;
+    size_t nsegs;
+    bseg *segs;
+    zb_read_stats stats;
+};
+
+/* A run of rows of one unit that lands at dst_row of the field's batch buffer. */
+typedef struct copy {
+    uint32_t field, child;
+    uint64_t unit;    /* unit index along axis 0 */
+    uint64_t src_row; /* first row inside the unit */
+    uint64_t dst_row;
+    uint64_t nrows;
+} copy;
+
+/* One task: the copies [c0, c1) of one unit row (or of every unit row of one shard row). */
+typedef struct task {
+    size_t c0, c1;
+    zb_status st;
+    char msg[512];
+    zb_read_stats stats;
+} task;
+
+typedef struct plan {
+    zb_dataset *ds;
+    zb_batch *b;
+    copy *copies;
+    size_t ncopies, cap;
+    task *tasks;
+    size_t ntasks;
+} plan;
+
+/* ------------------------------------------------------------------------------------------- */
+
+void
+zb_batch_free(zb_batch *b)
+{
+    if (!b) return;
+    for (size_t i = 0; i < b->nfields; i++) {
+        free(b->fields[i].name);
+        free(b->fields[i].data);
+    }
+    for (size_t i = 0; i < b->nsegs; i++) free(b->segs[i].ptr);
+    free(b->fields);
+    free(b->segs);
+    free(b->index);
+    free(b->dataset);
+    free(b);
+}
+
+size_t
+zb_batch_size(const zb_batch *b)
+{
+    return b ? b->B : 0;
+}
+
+size_t
+zb_batch_nfields(const zb_batch *b)
+{
+    return b ? b->nfields : 0;
+}
+
+zb_status
+zb_batch_field(const zb_batch *b, size_t i, zb_batch_view *v)
+{
+    if (!b || !v || i >= b->nfields) return zb_err(ZB_E_RANGE, "batch field %zu", i);
+    const bfield *f = &b->fields[i];
+    v->name = f->name;
+    v->kind = f->kind;
+    v->dtype = f->dtype;
+    v->data = f->data;
+    v->nrows = f->nrows;
+    v->ndim = f->ndim;
+    v->row_shape = f->row_shape;
+    v->ptr = f->seg >= 0 ? b->segs[f->seg].ptr : NULL;
+    return ZB_OK;
+}
+
+zb_status
+zb_batch_find(const zb_batch *b, const char *name, zb_batch_view *v)
+{
+    if (!b || !name) return zb_err(ZB_E_INVALID, "zb_batch_find: null argument");
+    for (size_t i = 0; i < b->nfields; i++)
+        if (!strcmp(b->fields[i].name, name)) return zb_batch_field(b, i, v);
+    return zb_err(ZB_E_NOTFOUND, "batch has no field '%s'", name);
+}
+
+const uint64_t *
+zb_batch_index(const zb_batch *b)
+{
+    return b ? b->index : NULL;
+}
+
+const int32_t *
+zb_batch_dataset(const zb_batch *b)
+{
+    return b ? b->dataset : NULL;
+}
+
+const int64_t *
+zb_batch_segment(const zb_batch *b, const char *name)
+{
+    if (!b || !name) return NULL;
+    for (size_t i = 0; i < b->nsegs; i++)
+        if (!strcmp(b->segs[i].name, name)) return b->segs[i].ptr;
+    return NULL;
+}
+
+size_t
+zb_batch_nsegments(const zb_batch *b)
+{
+    return b ? b->nsegs : 0;
+}
+
+const char *
+zb_batch_segment_at(const zb_batch *b, size_t i, const int64_t **ptr)
+{
+    if (!b || i >= b->nsegs) return NULL;
+    if (ptr) *ptr = b->segs[i].ptr;
+    return b->segs[i].name;
+}
+
+void
+zb_batch_stats(const zb_batch *b, zb_read_stats *s)
+{
+    if (b && s) *s = b->stats;
+}
+
+/* ---- planning ----------------------------------------------------------------------------- */
+
+static const zb_dataset *
+child_of(const zb_dataset *ds, uint32_t c)
+{
+    return ds->nchildren ? ds->children[c] : ds;
+}
+
+static zb_status
+push_copy(plan *p, copy c)
+{
+    if (p->ncopies == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 1024;
+        copy *n = realloc(p->copies, cap * sizeof *n);
+        if (!n) return zb_err(ZB_E_NOMEM, "read_many: out of memory for the plan");
+        p->copies = n;
+        p->cap = cap;
+    }
+    p->copies[p->ncopies++] = c;
+    return ZB_OK;
+}
+
+/* Splits source rows [src, src+n) of field f of child c, landing at dst_row, at unit bounds. */
+static zb_status
+add_run(plan *p, uint32_t f, uint32_t c, uint64_t src, uint64_t n, uint64_t dst_row)
+{
+    const zb_array *a = child_of(p->ds, c)->fields[f].arr;
+    uint64_t U = a->inner[0];
+    while (n > 0) {
+        uint64_t u = src / U, off = src % U;
+        uint64_t take = U - off < n ? U - off : n;
+        ZB_TRY(push_copy(p, (copy){f, c, u, off, dst_row, take}));
+        src += take;
+        dst_row += take;
+        n -= take;
+    }
+    return ZB_OK;
+}
+
+static int
+cmp_copy(const void *x, const void *y)
+{
+    const copy *a = x, *b = y;
+    if (a->field != b->field) return a->field < b->field ? -1 : 1;
+    if (a->child != b->child) return a->child < b->child ? -1 : 1;
+    if (a->unit != b->unit) return a->unit < b->unit ? -1 : 1;
+    return a->dst_row < b->dst_row ? -1 : a->dst_row > b->dst_row;
+}
+
+/* ---- execution ---------------------------------------------------------------------------- */
+
+typedef struct exec {
+    plan *p;
+    task *t;
+    zb_ctx *ctx;
+} exec;
+
+static zb_status
+task_fail(task *t, zb_status st)
+{
+    t->st = st;
+    snprintf(t->msg, sizeof t->msg, "%s", zb_last_error());
+    return st;
+}
+
+/* Copies rows [src_row, src_row+n) of a decoded unit at unit coordinates g (logical C order,
+ * shape a->inner) into the batch rows starting at dst_row. */
+static void
+copy_rows(const zb_array *a, const bfield *bf, const uint8_t *unit, const uint64_t *g,
+          uint64_t src_row, uint64_t dst_row, uint64_t n)
+{
+    int nd = a->meta.ndim;
+    size_t isz = bf->itemsize;
+    uint64_t unit_row = 1;
+    for (int d = 1; d < nd; d++) unit_row *= a->inner[d];
+    bool whole = true; /* the unit spans every other axis exactly */
+    for (int d = 1; d < nd; d++) whole = whole && a->inner[d] == a->meta.shape[d] && g[d] == 0;
+    if (whole) {
+        memcpy(bf->data + dst_row * bf->row_elems * isz, unit + src_row * unit_row * isz,
+               (size_t)(n * unit_row * isz));
+        return;
+    }
+    /* general: the unit covers a box of the other axes; copy it line by line (last axis) */
+    uint64_t lo[ZB_MAX_DIMS], ext[ZB_MAX_DIMS], ostride[ZB_MAX_DIMS], ustride[ZB_MAX_DIMS];
+    uint64_t s = 1, us = 1;
+    for (int d = nd - 1; d >= 1; d--) {
+        ostride[d] = s;
+        s *= a->meta.shape[d];
+        ustride[d] = us;
+        us *= a->inner[d];
+        lo[d] = g[d] * a->inner[d];
+        uint64_t hi = lo[d] + a->inner[d];
+        if (hi > a->meta.shape[d]) hi = a->meta.shape[d];
+        ext[d] = hi - lo[d];
+    }
+    for (uint64_t r = 0; r < n; r++) {
+        const uint8_t *urow = unit + (src_row + r) * unit_row * isz;
+        uint8_t *orow = bf->data + (dst_row + r) * bf->row_elems * isz;
+        uint64_t idx[ZB_MAX_DIMS] = {0};
+        for (;;) {
+            uint64_t ui = 0, oi = 0;
+            for (int d = 1; d < nd - 1; d++) {
+                ui += idx[d] * ustride[d];
+                oi += (lo[d] + idx[d]) * ostride[d];
+            }
+            oi += lo[nd - 1];
+            memcpy(orow + oi * isz, urow + ui * isz, (size_t)(ext[nd - 1] * isz));
+            int d = nd - 2;
+            for (; d >= 1; d--) {
+                if (++idx[d] < ext[d]) break;
+                idx[d] = 0;
+            }
+            if (d < 1) break;
+        }
+    }
+}
+
+static zb_status fetch_whole(exec *x, const zb_array *a, const char *key, const uint8_t **data,
+                             size_t *len, bool *missing);
+
+/* The unit's number in C order over the whole grid (the cache key). */
+static uint64_t
+unit_linear(const zb_array *a, const uint64_t *g)
+{
+    uint64_t lin = 0;
+    for (int d = 0; d < a->meta.ndim; d++)
+        lin = lin * ((a->meta.shape[d] + a->inner[d] - 1) / a->inner[d]) + g[d];
+    return lin;
+}
+
+/* Serves the copies [c0, c1) — all of one unit row u of one field and child — from the unit at
+ * coordinates g (g[0] = u). `enc` holds its encoded bytes, or NULL when the unit is missing
+ * (fill) or already in `unit` (cache). */
+static zb_status
+serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc, size_t enc_len,
+           bool missing, const char *key)
+{
+    plan *p = x->p;
+    const copy *cp = &p->copies[c0];
+    const zb_dataset *ch = child_of(p->ds, cp->child);
+    const zb_field *f = &ch->fields[cp->field];
+    const zb_array *a = f->arr;
+    bfield *bf = &p->b->fields[cp->field];
+    int nd = a->meta.ndim;
+    size_t unit_bytes = (size_t)zb_array_unit_bytes(a);
+    uint64_t grid_lin = unit_linear(a, g);
+
+    /* straight into the batch: one copy covering the whole, unpadded unit */
+    bool direct = c1 - c0 == 1 && cp->src_row == 0 && cp->nrows == a->inner[0];
+    for (int d = 1; d < nd && direct; d++) direct = a->inner[d] == a->meta.shape[d];
+    uint8_t *target;
+    if (direct) {
+        target = bf->data + cp->dst_row * bf->row_elems * bf->itemsize;
+    } else {
+        ZB_TRY(zb_buf_reserve(&x->ctx->scratch[SCR_UNIT], unit_bytes ? unit_bytes : 1));
+        target = x->ctx->scratch[SCR_UNIT].data;
+    }
+    zb_cache *cache = p->ds->cache;
+    bool hit = cache && zb_cache_get(cache, a, grid_lin, target, unit_bytes);
+    if (!hit && !enc && !missing) /* evicted since unit_cached() said yes: fetch after all */
+        ZB_TRY(fetch_whole(x, a, key, &enc, &enc_len, &missing));
+    if (hit) {
+        x->t->stats.chunks_cached++;
+    } else if (missing) {
+        zb_array_fill_unit(a, target);
+        x->t->stats.chunks_filled++;
+    } else {
+        uint64_t before = x->ctx->stats.bytes_decoded;
+        ZB_TRY(zb_array_decode_unit(a, x->ctx, enc, enc_len, target, key));
+        x->t->stats.chunks_decoded++;
+        x->t->stats.bytes_decoded += x->ctx->stats.bytes_decoded - before;
+        if (cache) zb_cache_put(cache, a, grid_lin, target, unit_bytes);
+    }
+    for (size_t i = c0; i < c1; i++) {
+        const copy *c = &p->copies[i];
+        uint64_t row_bytes = 1;
+        for (int d = 1; d < nd; d++) {
+            uint64_t lo = g[d] * a->inner[d], hi = lo + a->inner[d];
+            row_bytes *= (hi > a->meta.shape[d] ? a->meta.shape[d] : hi) - lo;
+        }
+        x->t->stats.bytes_delivered += c->nrows * row_bytes * bf->itemsize;
+        if (!direct) copy_rows(a, bf, target, g, c->src_row, c->dst_row, c->nrows);
+    }
+    return ZB_OK;
+}
+
+/* Odometer over the unit coordinates of axes 1..nd-1. */
+static bool
+next_other(uint64_t *g, const uint64_t *grid, int nd)
+{
+    for (int d = nd - 1; d >= 1; d--) {
+        if (++g[d] < grid[d]) return true;
+        g[d] = 0;
+    }
+    return false;
+}
+
+static zb_status
+fetch_whole(exec *x, const zb_array *a, const char *key, const uint8_t **data, size_t *len,
+            bool *missing)
+{
+    uint64_t size = 0;
+    *missing = false;
+    zb_status st = zb_store_size(a->store, key, &size);
+    if (st == ZB_E_NOTFOUND) {
+        zb_clear_error();
+        *missing = true;
+        return ZB_OK;
+    }
+    if (st != ZB_OK) return st;
+    zb_buf *buf = &x->ctx->scratch[SCR_FETCH];
+    ZB_TRY(zb_buf_reserve(buf, size ? (size_t)size : 1));
+    uint64_t got = 0;
+    ZB_TRY(zb_store_get(a->store, key, 0, size, buf->data, &got));
+    x->t->stats.range_reads++;
+    x->t->stats.bytes_fetched += got;
+    *data = buf->data;
+    *len = (size_t)got;
+    return ZB_OK;
+}
+
+/* A unit already in the decoded-chunk cache needs no fetch (serve_unit copies it out). */
+static bool
+unit_cached(exec *x, const zb_array *a, const uint64_t *g)
+{
+    return x->p->ds->cache && zb_cache_contains(x->p->ds->cache, a, unit_linear(a, g));
+}
+
+/* A plain (unsharded) unit row: each unit along the other axes is one object. */
+static zb_status
+run_plain(exec *x, size_t c0, size_t c1)
+{
+    const copy *cp = &x->p->copies[c0];
+    const zb_array *a = child_of(x->p->ds, cp->child)->fields[cp->field].arr;
+    int nd = a->meta.ndim;
+    uint64_t grid[ZB_MAX_DIMS], g[ZB_MAX_DIMS] = {0};
+    for (int d = 0; d < nd; d++) grid[d] = (a->meta.shape[d] + a->inner[d] - 1) / a->inner[d];
+    g[0] = cp->unit;
+    char key[4600];
+    do {
+        ZB_TRY(zb_array_unit_object(a, g, key, sizeof key, NULL, NULL));
+        const uint8_t *data = NULL;
+        size_t len = 0;
+        bool missing = false;
+        if (!unit_cached(x, a, g)) ZB_TRY(fetch_whole(x, a, key, &data, &len, &missing));
+        ZB_TRY(serve_unit(x, c0, c1, g, data, len, missing, key));
+    } while (nd > 1 && next_other(g, grid, nd));
+    return ZB_OK;
+}
+
+typedef struct want {
+    uint64_t off, len;
+    size_t c0, c1;
+    uint64_t g[ZB_MAX_DIMS];
+} want;
+
+static int
+cmp_want(const void *x, const void *y)
+{
+    const want *a = x, *b = y;
+    return a->off < b->off ? -1 : a->off > b->off;
+}
+
+/* Loads the index of the shard holding unit g: from the cache, else from the store. */
+static zb_status
+shard_entries(exec *x, const zb_array *a, const uint64_t *g, uint64_t *entries, size_t ibytes,
+              uint64_t n)
+{
+    uint64_t s[ZB_MAX_DIMS], slin = 0;
+    char key[4600];
+    ZB_TRY(zb_array_unit_object(a, g, key, sizeof key, s, NULL));
+    for (int d = 0; d < a->meta.ndim; d++) {
+        uint64_t ns = (a->meta.shape[d] + a->meta.chunks[d] - 1) / a->meta.chunks[d];
+        slin = slin * ns + s[d];
+    }
+    /* shard indexes are cached under the array's address + 1, apart from its units */
+    const void *owner = (const uint8_t *)a + 1;
+    zb_cache *cache = x->p->ds->cache;
+    if (cache && zb_cache_get(cache, owner, slin, entries, ibytes)) return ZB_OK;
+    uint64_t *fresh = NULL, nn = 0;
+    bool missing = false;
+    uint64_t r0 = x->ctx->stats.range_reads, b0 = x->ctx->stats.bytes_fetched;
+    zb_status st = zb_array_shard_index(a, x->ctx, s, &fresh, &nn, &missing);
+    x->t->stats.range_reads += x->ctx->stats.range_reads - r0;
+    x->t->stats.bytes_fetched += x->ctx->stats.bytes_fetched - b0;
+    if (st != ZB_OK) return st;
+    if (missing) {
+        for (uint64_t k = 0; k < 2 * n; k++) entries[k] = ZB_SHARD_EMPTY;
+    } else {
+        memcpy(entries, fresh, ibytes);
+        free(fresh);
+    }
+    if (cache) zb_cache_put(cache, owner, slin, entries, ibytes);
+    return ZB_OK;
+}
+
+/* The unit rows [c0, c1) of one shard of a sharded array whose shards span every other axis:
+ * one index lookup (cached), then the inner chunks it needs with merged range reads. */
+static zb_status
+run_shard(exec *x, size_t c0, size_t c1)
+{
+    plan *p = x->p;
+    const copy *cp = &p->copies[c0];
+    const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
+    int nd = a->meta.ndim;
+    uint64_t grid[ZB_MAX_DIMS], n = 1, n_other = 1;
+    for (int d = 0; d < nd; d++) {
+        grid[d] = (a->meta.shape[d] + a->inner[d] - 1) / a->inner[d];
+        n *= a->meta.chunks[d] / a->inner[d];
+        if (d > 0) n_other *= grid[d];
+    }
+    size_t rows_u = 0;
+    for (size_t i = c0; i < c1; i++)
+        if (i == c0 || p->copies[i].unit != p->copies[i - 1].unit) rows_u++;
+    size_t ibytes = (size_t)(2 * n * sizeof(uint64_t));
+    uint64_t *entries = malloc(ibytes);
+    want *w = malloc(rows_u * (size_t)n_other * sizeof *w + 1);
+    zb_status st = ZB_OK;
+    char key[4600];
+    size_t nw = 0;
+    if (!entries || !w) {
+        st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        goto done;
+    }
+    uint64_t g[ZB_MAX_DIMS] = {0};
+    g[0] = cp->unit;
+    st = zb_array_unit_object(a, g, key, sizeof key, NULL, NULL);
+    if (st == ZB_OK) st = shard_entries(x, a, g, entries, ibytes, n);
+    for (size_t i = c0; i < c1 && st == ZB_OK;) {
+        size_t j = i + 1;
+        while (j < c1 && p->copies[j].unit == p->copies[i].unit) j++;
+        memset(g, 0, sizeof g);
+        g[0] = p->copies[i].unit;
+        do {
+            uint64_t e;
+            st = zb_array_unit_object(a, g, key, sizeof key, NULL, &e);
+            if (st != ZB_OK) break;
+            if (entries[2 * e] == ZB_SHARD_EMPTY) {
+                st = serve_unit(x, i, j, g, NULL, 0, true, key);
+                continue;
+            }
+            w[nw].off = entries[2 * e];
+            w[nw].len = entries[2 * e + 1];
+            w[nw].c0 = i;
+            w[nw].c1 = j;
+            memcpy(w[nw].g, g, sizeof g);
+            nw++;
+        } while (st == ZB_OK && nd > 1 && next_other(g, grid, nd));
+        i = j;
+    }
+    if (st != ZB_OK) goto done;
+    qsort(w, nw, sizeof *w, cmp_want);
+    for (size_t i = 0; i < nw && st == ZB_OK;) {
+        uint64_t ms = w[i].off, me = w[i].off + w[i].len;
+        size_t k = i + 1;
+        while (k < nw) {
+            uint64_t e = w[k].off + w[k].len, ne = e > me ? e : me;
+            if (w[k].off > me + MERGE_GAP || ne - ms > MERGE_MAX) break;
+            me = ne;
+            k++;
+        }
+        zb_buf *buf = &x->ctx->scratch[SCR_FETCH];
+        st = zb_buf_reserve(buf, (size_t)(me - ms) ? (size_t)(me - ms) : 1);
+        uint64_t got = 0;
+        if (st == ZB_OK) st = zb_store_get(a->store, key, ms, me - ms, buf->data, &got);
+        if (st == ZB_OK) {
+            x->t->stats.range_reads++;
+            x->t->stats.bytes_fetched += got;
+            if (got != me - ms)
+                st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", key,
+                            (unsigned long long)got, (unsigned long long)(me - ms),
+                            (unsigned long long)ms);
+        }
+        for (; st == ZB_OK && i < k; i++)
+            st = serve_unit(x, w[i].c0, w[i].c1, w[i].g, buf->data + (w[i].off - ms),
+                            (size_t)w[i].len, false, key);
+    }
+done:
+    free(entries);
+    free(w);
+    return st;
+}
+
+/* Arrays the unit path does not cover (whole-shard codecs, shards split along other axes):
+ * each copy is a plain row-range read straight into the batch. */
+static zb_status
+run_rows(exec *x, size_t c0, size_t c1)
+{
+    plan *p = x->p;
+    for (size_t i = c0; i < c1; i++) {
+        const copy *c = &p->copies[i];
+        const zb_array *a = child_of(p->ds, c->child)->fields[c->field].arr;
+        bfield *bf = &p->b->fields[c->field];
+        uint64_t r0 = c->unit * a->inner[0] + c->src_row;
+        size_t bytes = (size_t)(c->nrows * bf->row_elems * bf->itemsize);
+        zb_ctx_stats before = x->ctx->stats;
+        ZB_TRY(zb_array_read_rows(a, r0, r0 + c->nrows,
+                                  bf->data + c->dst_row * bf->row_elems * bf->itemsize, bytes,
+                                  x->ctx));
+        x->t->stats.chunks_decoded += x->ctx->stats.chunks_decoded - before.chunks_decoded;
+        x->t->stats.chunks_filled += x->ctx->stats.chunks_filled - before.chunks_filled;
+        x->t->stats.bytes_decoded += x->ctx->stats.bytes_decoded - before.bytes_decoded;
+        x->t->stats.bytes_fetched += x->ctx->stats.bytes_fetched - before.bytes_fetched;
+        x->t->stats.range_reads += x->ctx->stats.range_reads - before.range_reads;
+        x->t->stats.bytes_delivered += bytes;
+    }
+    return ZB_OK;
+}
+
+typedef enum path_kind { PATH_PLAIN, PATH_SHARD, PATH_ROWS } path_kind;
+
+static path_kind
+path_of(const zb_array *a)
+{
+    if (a->meta.chain.ab != ZB_AB_SHARDING) return PATH_PLAIN;
+    if (zb_array_whole_shard(a)) return PATH_ROWS;
+    for (int d = 1; d < a->meta.ndim; d++)
+        if (a->meta.chunks[d] < a->meta.shape[d]) return PATH_ROWS;
+    return PATH_SHARD;
+}
+
+static void
+run_task(void *arg, zb_ctx *ctx)
+{
+    exec *x = arg;
+    plan *p = x->p;
+    x->ctx = ctx;
+    const copy *cp = &p->copies[x->t->c0];
+    const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
+    zb_status st;
+    switch (path_of(a)) {
+    case PATH_PLAIN: {
+        /* a plain task may hold several unit rows: serve each */
+        st = ZB_OK;
+        for (size_t i = x->t->c0; i < x->t->c1 && st == ZB_OK;) {
+            size_t j = i + 1;
+            while (j < x->t->c1 && p->copies[j].unit == p->copies[i].unit) j++;
+            st = run_plain(x, i, j);
+            i = j;
+        }
+    } break;
+    case PATH_SHARD: st = run_shard(x, x->t->c0, x->t->c1); break;
+    default: st = run_rows(x, x->t->c0, x->t->c1); break;
+    }
+    if (st != ZB_OK) task_fail(x->t, st);
+}
+
+/* Groups the sorted copies into tasks: one per unit row (plain), one per shard (sharded). */
+static zb_status
+make_tasks(plan *p)
+{
+    p->tasks = calloc(p->ncopies + 1, sizeof *p->tasks);
+    if (!p->tasks) return zb_err(ZB_E_NOMEM, "read_many: out of memory for tasks");
+    size_t i = 0;
+    while (i < p->ncopies) {
+        const copy *c = &p->copies[i];
+        const zb_array *a = child_of(p->ds, c->child)->fields[c->field].arr;
+        path_kind pk = path_of(a);
+        uint64_t cps0 = a->meta.chunks[0] / a->inner[0];
+        size_t j = i + 1;
+        while (j < p->ncopies) {
+            const copy *d = &p->copies[j];
+            if (d->field != c->field || d->child != c->child) break;
+            if (pk == PATH_SHARD ? d->unit / cps0 != c->unit / cps0 : d->unit != c->unit) break;
+            j++;
+        }
+        p->tasks[p->ntasks++] = (task){.c0 = i, .c1 = j};
+        i = j;
+    }
+    return ZB_OK;
+}
+
+/* ---- read_many ---------------------------------------------------------------------------- */
+
+static zb_status
+locate(zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child, uint64_t *phys)
+{
+    if (id >= nlogical)
+        return zb_err(ZB_E_RANGE, "%s: sample id %llu outside [0, %llu)",
+                      ds->path[0] ? ds->path : "/", (unsigned long long)id,
+                      (unsigned long long)nlogical);
+    if (ds->nchildren) {
+        size_t lo = 0, hi = ds->nchildren;
+        while (hi - lo > 1) {
+            size_t mid = (lo + hi) / 2;
+            if (ds->child_start[mid] <= id)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        *child = (uint32_t)lo;
+        zb_dataset *ch = ds->children[lo];
+        *phys = zb_mask_select(&ch->mask, id - ds->child_start[lo]);
+        return ZB_OK;
+    }
+    *child = 0;
+    *phys = zb_mask_select(&ds->mask, id);
+    return ZB_OK;
+}
+
+/* Converts index values of sample i from the target segment's store convention to batch rows:
+ * local = stored - ptr[p] when store-global; then + the sample's offset in the batch. */
+static zb_status
+rebase_index(const zb_dataset *ch, const zb_field *f, bfield *bf, const zb_batch *b, size_t i,
+             int64_t tgt_start, int64_t tgt_len, int64_t batch_off, const int64_t *segptr)
+{
+    uint64_t r0 = (uint64_t)segptr[i], r1 = (uint64_t)segptr[i + 1];
+    uint64_t n = (r1 - r0) * bf->row_elems;
+    int64_t sub = f->global_index ? tgt_start : 0;
+    (void)b;
+    if (bf->dtype == ZB_DT_INT64) {
+        int64_t *v = (int64_t *)(void *)(bf->data) + r0 * bf->row_elems;
+        for (uint64_t k = 0; k < n; k++) {
+            int64_t local = v[k] - sub;
+            if (local < 0 || local >= tgt_len)
+                return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: %s value %lld is outside its %lld "
+                              "atoms (stored %s)", ch->path[0] ? ch->path : "/", i, f->name,
+                              (long long)local, (long long)tgt_len,
+                              f->global_index ? "store-global" : "local");
+            v[k] = local + batch_off;
+        }
+    } else if (bf->dtype == ZB_DT_INT32) {
+        int32_t *v = (int32_t *)(void *)(bf->data) + r0 * bf->row_elems;
+        for (uint64_t k = 0; k < n; k++) {
+            int64_t local = (int64_t)v[k] - sub;
+            if (local < 0 || local >= tgt_len)
+                return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: %s value %lld is outside its %lld "
+                              "atoms", ch->path[0] ? ch->path : "/", i, f->name,
+                              (long long)local, (long long)tgt_len);
+            int64_t out = local + batch_off;
+            if (out > INT32_MAX)
+                return zb_err(ZB_E_OVERFLOW, "%s: batch index %lld does not fit int32", f->name,
+                              (long long)out);
+            v[k] = (int32_t)out;
+        }
+    } else {
+        return zb_err(ZB_E_TYPE, "%s: index fields must be int32 or int64", f->name);
+    }
+    return ZB_OK;
+}
+
+zb_status
+zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **out)
+{
+    if (!out) return zb_err(ZB_E_INVALID, "zb_dataset_read_many: null out");
+    *out = NULL;
+    if (!ds || (!ids && n)) return zb_err(ZB_E_INVALID, "zb_dataset_read_many: null argument");
+    uint64_t nlogical;
+    ZB_TRY(zb_dataset_len(ds, &nlogical));
+    for (size_t c = 0; c < ds->nchildren; c++) ZB_TRY(zb_mask_load(ds->children[c]));
+
+    const zb_dataset *pr = child_of(ds, 0);
+    zb_status st = ZB_OK;
+    plan p = {.ds = ds};
+    uint32_t *child = NULL;
+    uint64_t *phys = NULL;
+    int64_t *seg_start = NULL; /* [nsegs][n] */
+    zb_ctx *ctx = NULL;
+    exec *xs = NULL;
+    zb_batch *b = calloc(1, sizeof *b);
+    if (!b) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+    p.b = b;
+    b->B = n;
+    b->nfields = pr->nfields;
+    b->nsegs = pr->nsegs;
+    b->fields = calloc(pr->nfields + 1, sizeof *b->fields);
+    b->segs = calloc(pr->nsegs + 1, sizeof *b->segs);
+    b->index = malloc((n + 1) * sizeof *b->index);
+    child = malloc((n + 1) * sizeof *child);
+    phys = malloc((n + 1) * sizeof *phys);
+    seg_start = malloc((pr->nsegs * n + 1) * sizeof *seg_start);
+    if (ds->nchildren) b->dataset = malloc((n + 1) * sizeof *b->dataset);
+    if (!b->fields || !b->segs || !b->index || !child || !phys || !seg_start ||
+        (ds->nchildren && !b->dataset)) {
+        st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        goto fail;
+    }
+    st = zb_ctx_new(&ctx);
+    if (st != ZB_OK) goto fail;
+
+    /* 1. ids -> (child, physical) */
+    for (size_t i = 0; i < n; i++) {
+        st = locate(ds, ids[i], nlogical, &child[i], &phys[i]);
+        if (st != ZB_OK) goto fail;
+        b->index[i] = ids[i];
+        if (b->dataset) b->dataset[i] = (int32_t)child[i];
+    }
+    /* 2. segments: element ranges per sample and the batch pointer arrays */
+    for (size_t s = 0; s < pr->nsegs; s++) {
+        bseg *bs = &b->segs[s];
+        snprintf(bs->name, sizeof bs->name, "%s", pr->segs[s].name);
+        bs->ptr = malloc((n + 1) * sizeof *bs->ptr);
+        if (!bs->ptr) {
+            st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
+            goto fail;
+        }
+        bs->ptr[0] = 0;
+        for (size_t i = 0; i < n; i++) {
+            zb_segment *seg = &((zb_dataset *)child_of(ds, child[i]))->segs[s];
+            int64_t a0, a1;
+            st = zb_segment_get(seg, ctx, phys[i], &a0);
+            if (st == ZB_OK) st = zb_segment_get(seg, ctx, phys[i] + 1, &a1);
+            if (st != ZB_OK) goto fail;
+            if (a1 < a0 || a0 < 0)
+                st = zb_err(ZB_E_CORRUPT, "%s: pointers [%lld, %lld] at sample %llu are not "
+                            "monotone", seg->ptr->path, (long long)a0, (long long)a1,
+                            (unsigned long long)phys[i]);
+            if (st != ZB_OK) goto fail;
+            seg_start[s * n + i] = a0;
+            bs->ptr[i + 1] = bs->ptr[i] + (a1 - a0);
+        }
+    }
+    /* 3. batch buffers and copies */
+    for (size_t f = 0; f < pr->nfields; f++) {
+        const zb_field *fd = &pr->fields[f];
+        bfield *bf = &b->fields[f];
+        bf->name = strdup(fd->name);
+        bf->kind = fd->kind;
+        bf->dtype = fd->dtype;
+        bf->itemsize = fd->itemsize;
+        bf->ndim = fd->ndim;
+        memcpy(bf->row_shape, fd->row_shape, sizeof bf->row_shape);
+        bf->row_elems = fd->row_elems;
+        bf->seg = fd->seg;
+        bf->nrows = fd->seg >= 0 ? (uint64_t)b->segs[fd->seg].ptr[n] : n;
+        uint64_t bytes = bf->nrows * bf->row_elems * bf->itemsize;
+        bf->data = malloc((size_t)bytes + 1);
+        if (!bf->name || !bf->data) {
+            st = zb_err(ZB_E_NOMEM, "read_many: out of memory for %s (%llu bytes)", fd->name,
+                        (unsigned long long)bytes);
+            goto fail;
+        }
+        /* runs of consecutive source rows from one child coalesce into one run */
+        uint64_t run_src = 0, run_n = 0, run_dst = 0;
+        uint32_t run_child = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t src, len, dst;
+            if (fd->seg >= 0) {
+                src = (uint64_t)seg_start[(size_t)fd->seg * n + i];
+                len = (uint64_t)(b->segs[fd->seg].ptr[i + 1] - b->segs[fd->seg].ptr[i]);
+                dst = (uint64_t)b->segs[fd->seg].ptr[i];
+            } else {
+                src = phys[i];
+                len = 1;
+                dst = i;
+            }
+            if (run_n && child[i] == run_child && src == run_src + run_n &&
+                dst == run_dst + run_n) {
+                run_n += len;
+                continue;
+            }
+            if (run_n) {
+                st = add_run(&p, (uint32_t)f, run_child, run_src, run_n, run_dst);
+                if (st != ZB_OK) goto fail;
+            }
+            run_src = src;
+            run_n = len;
+            run_dst = dst;
+            run_child = child[i];
+        }
+        if (run_n) {
+            st = add_run(&p, (uint32_t)f, run_child, run_src, run_n, run_dst);
+            if (st != ZB_OK) goto fail;
+        }
+    }
+    qsort(p.copies, p.ncopies, sizeof *p.copies, cmp_copy);
+    st = make_tasks(&p);
+    if (st != ZB_OK) goto fail;
+
+    /* 4. execute on the pool (one read_many drives it at a time) */
+    xs = calloc(p.ntasks + 1, sizeof *xs);
+    if (!xs) {
+        st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        goto fail;
+    }
+    pthread_mutex_lock(&ds->pool_mu);
+    for (size_t t = 0; t < p.ntasks; t++) {
+        xs[t] = (exec){&p, &p.tasks[t], NULL};
+        zb_pool_submit(ds->pool, run_task, &xs[t]);
+    }
+    zb_pool_wait(ds->pool);
+    pthread_mutex_unlock(&ds->pool_mu);
+    for (size_t t = 0; t < p.ntasks; t++) {
+        task *tk = &p.tasks[t];
+        b->stats.chunks_decoded += tk->stats.chunks_decoded;
+        b->stats.chunks_cached += tk->stats.chunks_cached;
+        b->stats.chunks_filled += tk->stats.chunks_filled;
+        b->stats.bytes_fetched += tk->stats.bytes_fetched;
+        b->stats.bytes_decoded += tk->stats.bytes_decoded;
+        b->stats.bytes_delivered += tk->stats.bytes_delivered;
+        b->stats.range_reads += tk->stats.range_reads;
+    }
+    for (size_t t = 0; t < p.ntasks; t++)
+        if (p.tasks[t].st != ZB_OK) {
+            st = zb_err(p.tasks[t].st, "%s", p.tasks[t].msg);
+            goto fail;
+        }
+
+    /* 5. index fields re-based to the batch */
+    for (size_t f = 0; f < pr->nfields; f++) {
+        const zb_field *fd = &pr->fields[f];
+        if (fd->kind != ZB_FIELD_INDEX) continue;
+        for (size_t i = 0; i < n; i++) {
+            const zb_dataset *ch = child_of(ds, child[i]);
+            const int64_t *tp = b->segs[fd->target].ptr;
+            st = rebase_index(ch, &ch->fields[f], &b->fields[f], b, i,
+                              seg_start[(size_t)fd->target * n + i], tp[i + 1] - tp[i], tp[i],
+                              b->segs[fd->seg].ptr);
+            if (st != ZB_OK) goto fail;
+        }
+    }
+    free(xs);
+    free(p.copies);
+    free(p.tasks);
+    free(child);
+    free(phys);
+    free(seg_start);
+    zb_ctx_free(ctx);
+    *out = b;
+    return ZB_OK;
+fail:
+    free(xs);
+    free(p.copies);
+    free(p.tasks);
+    free(child);
+    free(phys);
+    free(seg_start);
+    zb_ctx_free(ctx);
+    zb_batch_free(b);
+    return st;
+}

@@ -1,0 +1,37 @@
+/* Internal helpers shared by the writers (arrays, groups, layouts). */
+#ifndef ZB_WRITE_WRITE_H
+#define ZB_WRITE_WRITE_H
+
+#include <json-c/json.h>
+#include <stddef.h>
+
+#include "zbatch.h"
+
+/* Writes a group node at `path` ("" = the store root): v2 writes `.zattrs` (only when
+ * attributes_json is not NULL) and then `.zgroup` {"zarr_format": 2}; v3 writes one zarr.json
+ * {"zarr_format": 3, "node_type": "group", "attributes": {...}}. Each key is put atomically and
+ * the node's marker (.zgroup / zarr.json) comes last, so a reader never sees a group without its
+ * attributes. attributes_json must be a JSON object (bare NaN/Infinity allowed) or NULL (= {}).
+ * An existing group is overwritten. ZB_E_INVALID for a bad format or attributes document. */
+zb_status zb_write_group(zb_store *store, const char *path, int zarr_format,
+                         const char *attributes_json);
+
+/* Parses attributes_json (NULL gives a new empty object) and requires a JSON object; `what`
+ * names the option in messages. Release *out with json_object_put. */
+zb_status zb_write_parse_attrs(const char *attributes_json, const char *what, json_object **out);
+
+/* Serialises `doc` (2-space indent, '/' unescaped, integers exact) and puts it under `key`. */
+zb_status zb_write_json(zb_store *store, const char *key, json_object *doc);
+
+/* "path/name", or "name" when path is "" (path already normalised). ZB_E_INVALID if it does
+ * not fit in cap. */
+zb_status zb_write_join_key(char *buf, size_t cap, const char *path, const char *name);
+
+/* json-c constructors report allocation failure by returning NULL (and object_add by -1); these
+ * record the first failure in *ok, so a document is built first and checked once. */
+json_object *zb_jw_add(json_object *obj, const char *key, json_object *val, int *ok);
+json_object *zb_jw_push(json_object *arr, json_object *val, int *ok);
+/* An exact integer: int64 when it fits, else uint64. */
+json_object *zb_jw_u64(uint64_t v);
+
+#endif
