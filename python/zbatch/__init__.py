@@ -18,8 +18,8 @@ from . import _zbatch
 from ._zbatch import ZbatchError
 
 __version__ = _zbatch.__version__
-__all__ = ["open", "Dataset", "Batch", "read_array", "write_array", "info", "ZbatchError",
-           "STATUS"]
+__all__ = ["open", "Dataset", "Batch", "read_array", "write_array", "write_anndata", "info",
+           "ZbatchError", "STATUS"]
 
 #: Status names of libzbatch mapped to their codes (ZbatchError.status / .code).
 STATUS: dict[str, int] = _zbatch.status_names()
@@ -135,3 +135,4 @@ def write_array(store: str, path: str, data, chunks=None, shards=None, codec: Op
 
 
 from .dataset import Batch, Dataset, open  # noqa: E402  (needs _error above)
+from ._write_anndata import write_anndata  # noqa: E402

@@ -483,6 +483,15 @@ zb_tree_load(zb_store *store, const char *root, bool use_consolidated, zb_tree *
     *out = NULL;
     if (!store) return zb_err(ZB_E_INVALID, "zb_tree_load: null store");
     ZB_TRY(zb_key_normalize(root ? root : "", rk, sizeof rk));
+    /* A writer's marker (include/zbatch_anndata.h) means a write began and never committed:
+     * whatever documents are there may describe a half-written store. */
+    uint64_t marker_size;
+    ZB_TRY(join_key(key, sizeof key, rk, ZB_INCOMPLETE_MARKER));
+    st = zb_store_size(store, key, &marker_size);
+    if (st == ZB_OK)
+        return zb_err(ZB_E_INCOMPLETE, "%s%s%s: incomplete: a write was not committed (%s)",
+                      rk[0] ? "\"" : "the store root", rk, rk[0] ? "\"" : "", key);
+    if (st != ZB_E_NOTFOUND) return st;
     tree_build b = {calloc(1, sizeof(zb_tree)), 0};
     if (!b.t) return zb_err(ZB_E_NOMEM, "tree: out of memory");
 

@@ -1,0 +1,435 @@
+"""zbatch's anndata writer against anndata 0.12 as the oracle.
+
+Stores written by ``write_anndata`` (v2 and v3, CSR and dense, several codecs, sharded) must open
+in ``anndata.read_zarr`` with X, obs (categoricals included), var and the names equal to the
+source objects; the incomplete marker must be gone after a write and present after a write that
+was not committed. ``zbatch synth --kind cells`` must be reproducible by seed and look like
+Tahoe-100M (FORMATS.md §7.3).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+from conftest import CLI, expect_error, info, read, run_cli, zbatch_api
+
+from zbatch._write_anndata import write_anndata
+
+MARKER = ".zbatch-incomplete"
+
+
+# ------------------------------------------------------------------------------------------------
+# Source objects
+# ------------------------------------------------------------------------------------------------
+def make_obs(n, seed=0):
+    rng = np.random.default_rng(seed)
+    ct = pd.Categorical.from_codes(rng.integers(-1, 4, n), categories=["B", "NK", "T", "mono"])
+    many = pd.Categorical.from_codes(rng.integers(0, 200, n),
+                                     categories=[f"drug_{i:03d}" for i in range(200)])
+    return pd.DataFrame({
+        "cell_type": ct,                                   # int8 codes, with -1 (missing)
+        "drug": many,                                      # 200 categories: int16 codes
+        "stage": pd.Categorical(rng.choice(["G1", "S", "G2M"], n),
+                                categories=["G1", "S", "G2M"], ordered=True),
+        "n_genes": rng.integers(0, 5000, n).astype(np.int32),
+        "total": rng.integers(0, 2**40, n).astype(np.int64),
+        "frac": rng.random(n),
+        "frac32": rng.random(n).astype(np.float32),
+        "small": rng.integers(0, 200, n).astype(np.uint8),
+        "is_doublet": rng.random(n) < 0.3,
+        "barcode": [f"AC{i:06d}-é" for i in range(n)],      # a str column: string-array
+    }, index=[f"cell_{i}" for i in range(n)])
+
+
+def make_var(n, seed=1):
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({
+        "gene_type": pd.Categorical(rng.choice(["protein_coding", "lncRNA"], n)),
+        "mean": rng.random(n).astype(np.float32),
+        "highly_variable": rng.random(n) < 0.1,
+    }, index=[f"ENSG{j:011d}" for j in range(n)])
+
+
+def make_csr(n_obs, n_vars, density=0.1, dtype=np.float32, seed=2):
+    rng = np.random.default_rng(seed)
+    X = sp.random(n_obs, n_vars, density=density, format="csr", random_state=rng,
+                  data_rvs=lambda k: rng.integers(1, 50, k)).astype(dtype)
+    X.sort_indices()
+    return X
+
+
+def assert_frame_equal_anndata(got: pd.DataFrame, want: pd.DataFrame):
+    """Columns, order, dtypes and values equal; categoricals compared by codes and categories."""
+    assert list(got.columns) == list(want.columns)
+    assert list(got.index) == list(want.index)
+    for name in want.columns:
+        g, w = got[name], want[name]
+        if isinstance(w.dtype, pd.CategoricalDtype):
+            assert isinstance(g.dtype, pd.CategoricalDtype), name
+            assert list(g.cat.categories) == list(w.cat.categories), name
+            np.testing.assert_array_equal(g.cat.codes.to_numpy(), w.cat.codes.to_numpy())
+            assert g.cat.ordered == w.cat.ordered, name
+        else:
+            assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
+            np.testing.assert_array_equal(g.to_numpy(), w.to_numpy())
+    pd.testing.assert_frame_equal(got, want)
+
+
+# ------------------------------------------------------------------------------------------------
+# write_anndata -> anndata.read_zarr
+# ------------------------------------------------------------------------------------------------
+CASES = [
+    # (zarr_format, codec, chunk_size, shard_size)
+    (3, None, None, None),
+    (2, None, None, None),
+    (3, "blosc:lz4:5:shuffle", 64, 256),
+    (2, "blosc:zstd:3:bitshuffle", 100, None),
+    (3, "gzip:1", 50, None),
+    (2, "zlib:1", None, None),
+    (2, "lz4", 37, None),
+    (3, "none", 16, 64),
+]
+
+
+@pytest.mark.parametrize("fmt,codec,chunk,shard", CASES)
+def test_csr_roundtrip(tmp_path, fmt, codec, chunk, shard):
+    X = make_csr(300, 120)
+    obs, var = make_obs(300), make_var(120)
+    p = tmp_path / "a.zarr"
+    write_anndata(p, X, obs=obs, var=var, zarr_format=fmt, codec=codec, chunk_size=chunk,
+                  shard_size=shard, num_threads=2)
+    assert not (p / MARKER).exists()
+    assert (p / ("zarr.json" if fmt == 3 else ".zgroup")).is_file()
+    a = ad.read_zarr(p)
+    assert a.shape == (300, 120)
+    assert sp.issparse(a.X) and a.X.format == "csr"
+    assert a.X.dtype == np.float32
+    np.testing.assert_array_equal(a.X.indptr, X.indptr)
+    np.testing.assert_array_equal(a.X.indices, X.indices)
+    np.testing.assert_array_equal(a.X.data, X.data)
+    assert list(a.obs_names) == list(obs.index)
+    assert list(a.var_names) == list(var.index)
+    assert_frame_equal_anndata(a.obs, obs)
+    assert_frame_equal_anndata(a.var, var)
+    # the stored dtypes anndata writes: int32 indices, int64 indptr, pandas' code types
+    assert read(p, "X/indices").dtype == np.int32
+    assert read(p, "X/indptr").dtype == np.int64
+    assert read(p, "obs/cell_type/codes").dtype == np.int8
+    assert read(p, "obs/drug/codes").dtype == np.int16
+    assert info(p)["layout"] == "anndata"
+    if shard:
+        meta = json.loads((p / "X" / "data" / "zarr.json").read_text())
+        sharding = meta["codecs"][0]
+        assert sharding["name"] == "sharding_indexed"
+        assert meta["chunk_grid"]["configuration"]["chunk_shape"] == [shard]
+        assert sharding["configuration"]["chunk_shape"] == [chunk]
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint16])
+def test_dense_roundtrip(tmp_path, fmt, dtype):
+    rng = np.random.default_rng(5)
+    X = (rng.random((211, 17)) * 1000).astype(dtype)
+    obs = make_obs(211)
+    p = tmp_path / "d.zarr"
+    write_anndata(p, X, obs=obs, zarr_format=fmt, chunk_size=50)
+    a = ad.read_zarr(p)
+    assert isinstance(a.X, np.ndarray)
+    assert a.X.dtype == dtype
+    np.testing.assert_array_equal(a.X, X)
+    assert_frame_equal_anndata(a.obs, obs)
+    # var not given: anndata's default names
+    assert list(a.var_names) == [str(j) for j in range(17)]
+    attrs = (json.loads((p / "X" / "zarr.json").read_text())["attributes"] if fmt == 3
+             else json.loads((p / "X" / ".zattrs").read_text()))
+    assert attrs == {"encoding-type": "array", "encoding-version": "0.2.0"}
+
+
+def test_dense_sharded_v3(tmp_path):
+    X = np.arange(40 * 6, dtype=np.float32).reshape(40, 6)
+    p = tmp_path / "d.zarr"
+    write_anndata(p, X, chunk_size=4, shard_size=12, codec="zstd:1")
+    a = ad.read_zarr(p)
+    np.testing.assert_array_equal(a.X, X)
+    assert list(a.obs_names) == [str(i) for i in range(40)]
+    np.testing.assert_array_equal(read(p, "X", 10, 30), X[10:30])
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_attributes_match_anndata(tmp_path, fmt):
+    """Every element's attributes and the node set equal what anndata 0.12 itself writes (its
+    `raw` null element aside), and the consolidated metadata lists the same nodes."""
+    X = make_csr(20, 9).astype(np.float32)
+    X.indptr = X.indptr.astype(np.int64)
+    obs, var = make_obs(20), make_var(9)
+    ours, theirs = tmp_path / "z.zarr", tmp_path / "a.zarr"
+    write_anndata(ours, X, obs=obs, var=var, zarr_format=fmt)
+    with ad.settings.override(zarr_write_format=fmt):
+        ad.AnnData(X=X, obs=obs, var=var).write_zarr(theirs)
+
+    def nodes(root):
+        out = {}
+        for d, _, files in os.walk(root):
+            rel = os.path.relpath(d, root)
+            rel = "" if rel == "." else rel
+            if rel.split("/")[0] == "raw":
+                continue
+            if fmt == 3 and "zarr.json" in files:
+                doc = json.loads(Path(d, "zarr.json").read_text())
+                out[rel] = (doc["node_type"], doc.get("attributes", {}),
+                            doc.get("data_type"), doc.get("shape"))
+            elif fmt == 2 and (".zgroup" in files or ".zarray" in files):
+                attrs = (json.loads(Path(d, ".zattrs").read_text())
+                         if ".zattrs" in files else {})
+                arr = json.loads(Path(d, ".zarray").read_text()) if ".zarray" in files else {}
+                out[rel] = ("array" if arr else "group", attrs, arr.get("dtype"),
+                            arr.get("shape"))
+        return out
+
+    want, got = nodes(theirs), nodes(ours)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k] == want[k], k
+    if fmt == 3:
+        cm = json.loads((ours / "zarr.json").read_text())["consolidated_metadata"]
+        assert cm["kind"] == "inline"
+        assert sorted(cm["metadata"]) == sorted(k for k in want if k)
+    else:
+        zm = json.loads((ours / ".zmetadata").read_text())
+        assert zm["zarr_consolidated_format"] == 1
+        listed = {k.rsplit("/", 1)[0] if "/" in k else "" for k in zm["metadata"]}
+        assert listed == set(want)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_default_obs_names_with_given_var(tmp_path, fmt):
+    """obs names left to their default are written at commit, after var's: the consolidated
+    metadata must still list siblings together (zarr-python groups adjacent keys)."""
+    X = make_csr(12, 6)
+    var = make_var(6)
+    p = tmp_path / "a.zarr"
+    write_anndata(p, X, var=var, zarr_format=fmt)
+    a = ad.read_zarr(p)
+    assert list(a.obs_names) == [str(i) for i in range(12)]
+    assert_frame_equal_anndata(a.var, var)
+    import zarr
+    g = zarr.open_consolidated(str(p), zarr_format=fmt)
+    assert sorted(g["obs"].array_keys()) == ["_index"]
+    assert sorted(g["var"].array_keys()) == ["_index", "highly_variable", "mean"]
+
+
+def test_csr_streams_other_sparse_and_int64_indices(tmp_path):
+    X = make_csr(64, 33, density=0.3)
+    coo = X.tocoo()
+    p = tmp_path / "coo.zarr"
+    write_anndata(p, coo)
+    a = ad.read_zarr(p)
+    assert (a.X != X).nnz == 0
+    X64 = X.copy()
+    X64.indices = X64.indices.astype(np.int64)
+    X64.indptr = X64.indptr.astype(np.int64)
+    p2 = tmp_path / "i64.zarr"
+    write_anndata(p2, sp.csr_array(X64), zarr_format=2)
+    b = ad.read_zarr(p2)
+    np.testing.assert_array_equal(b.X.indices, X.indices)
+    np.testing.assert_array_equal(b.X.toarray(), X.toarray())
+
+
+def test_empty_rows_and_zero_obs(tmp_path):
+    X = sp.csr_matrix((5, 4), dtype=np.float32)
+    p = tmp_path / "e.zarr"
+    write_anndata(p, X)
+    a = ad.read_zarr(p)
+    assert a.shape == (5, 4) and a.X.nnz == 0
+    np.testing.assert_array_equal(a.X.indptr, np.zeros(6))
+    p0 = tmp_path / "z.zarr"
+    write_anndata(p0, sp.csr_matrix((0, 3), dtype=np.float32), zarr_format=2)
+    b = ad.read_zarr(p0)
+    assert b.shape == (0, 3)
+    assert list(b.var_names) == ["0", "1", "2"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Refusals and the incomplete marker
+# ------------------------------------------------------------------------------------------------
+def test_refuses_bad_inputs(tmp_path):
+    X = make_csr(10, 5)
+    with pytest.raises(ValueError, match="obs has 9 rows"):
+        write_anndata(tmp_path / "a", X, obs=make_obs(9))
+    with pytest.raises(TypeError, match="only str categories"):
+        write_anndata(tmp_path / "b", X,
+                      obs=pd.DataFrame({"c": pd.Categorical(np.arange(10) % 3)}))
+    with pytest.raises(TypeError, match="not supported"):
+        write_anndata(tmp_path / "c", X,
+                      obs=pd.DataFrame({"c": pd.array(np.arange(10), dtype="Int64")}))
+    with expect_error("ZB_E_INVALID", "codec"):
+        write_anndata(tmp_path / "d", X, codec="brotli")
+    with expect_error("ZB_E_INVALID", "multiple"):
+        write_anndata(tmp_path / "e", X, chunk_size=10, shard_size=25)
+    with expect_error("ZB_E_INVALID", "sharding needs zarr_format 3"):
+        write_anndata(tmp_path / "f", X, zarr_format=2, chunk_size=10, shard_size=20)
+    write_anndata(tmp_path / "g", X)
+    with expect_error("ZB_E_INVALID", "already holds"):
+        write_anndata(tmp_path / "g", X)
+    # the refused writes wrote no marker (they failed before it) or left it (after)
+    assert ad.read_zarr(tmp_path / "g").shape == (10, 5)
+
+
+def test_uncommitted_write_is_marked_incomplete(tmp_path):
+    zb = zbatch_api()
+    p = tmp_path / "crash.zarr"
+    p.mkdir()
+    w = zb._zbatch.AnndataWriter(str(p), 5, "csr", "<f4", x_chunk=2)
+    X = make_csr(6, 5, density=0.5)
+    w.append_csr(X.indptr.astype(np.int64), X.indices, X.data)
+    assert (p / MARKER).is_file()
+    marker = json.loads((p / MARKER).read_text())
+    assert marker["writer"].startswith("zbatch")
+    w.close()  # no commit: as if the process had died
+    assert (p / MARKER).is_file()
+    assert not (p / "zarr.json").exists()
+    with pytest.raises(Exception):
+        ad.read_zarr(p)
+
+
+def test_reader_refuses_incomplete_store(tmp_path):
+    """A committed store with a marker put back (a crash after the root, before the marker's
+    erase is impossible; this stands for any half-written store) is refused by zbatch."""
+    p = tmp_path / "a.zarr"
+    write_anndata(p, make_csr(8, 4))
+    (p / MARKER).write_text('{"writer": "zbatch"}')
+    with expect_error("ZB_E_INCOMPLETE", "incomplete"):
+        info(p)
+    (p / MARKER).unlink()
+    assert info(p)["layout"] == "anndata"
+
+
+def test_low_level_writer_columns_in_pieces(tmp_path):
+    """Streaming obs columns in pieces gives the same store as writing them whole."""
+    zb = zbatch_api()
+    X = make_csr(10, 4, density=0.5)
+    p = tmp_path / "s.zarr"
+    p.mkdir()
+    w = zb._zbatch.AnndataWriter(str(p), 4, "csr", "<f4", zarr_format=2)
+    for r0 in (0, 3, 7):
+        r1 = {0: 3, 3: 7, 7: 10}[r0]
+        ip = X.indptr[r0:r1 + 1].astype(np.int64)
+        w.append_csr(ip, X.indices[ip[0]:ip[-1]], X.data[ip[0]:ip[-1]])
+        w.append_names("obs", [f"c{i}" for i in range(r0, r1)])
+        w.append_column("obs", "v", "<i4", np.arange(r0, r1, dtype=np.int32))
+    w.define_categorical("obs", "k", ["x", "y"])
+    w.append_codes("obs", "k", "|i1", np.array([0, 1, -1, 0, 1, 0, 1, 0, 1, -1], np.int8))
+    assert w.rows == 10 and w.nnz == X.nnz
+    w.commit()
+    w.close()
+    a = ad.read_zarr(p)
+    np.testing.assert_array_equal(a.X.toarray(), X.toarray())
+    assert list(a.obs_names) == [f"c{i}" for i in range(10)]
+    np.testing.assert_array_equal(a.obs["v"].to_numpy(), np.arange(10))
+    assert a.obs["k"].isna().sum() == 2
+    assert list(a.obs["k"].cat.categories) == ["x", "y"]
+
+
+# ------------------------------------------------------------------------------------------------
+# zbatch synth --kind cells
+# ------------------------------------------------------------------------------------------------
+def synth(path, *args):
+    r = run_cli("synth", "--kind", "cells", "--n", 2000, "-o", path, *args, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def tree_bytes(root):
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            full = Path(d, f)
+            out[str(full.relative_to(root))] = full.read_bytes()
+    return out
+
+
+def test_synth_cells_reproducible_and_tahoe_like(tmp_path):
+    a, b, c = tmp_path / "a.zarr", tmp_path / "b.zarr", tmp_path / "c.zarr"
+    out = synth(a, "--seed", 1)
+    assert "2000 cells" in out and "bytes" in out
+    synth(b, "--seed", 1, "--threads", 3)
+    ta, tb = tree_bytes(a), tree_bytes(b)
+    assert sorted(ta) == sorted(tb)
+    assert all(ta[k] == tb[k] for k in ta), "same seed must give byte-identical stores"
+    assert MARKER not in ta
+
+    adata = ad.read_zarr(a)
+    assert adata.shape == (2000, 62710)
+    X = adata.X
+    assert sp.issparse(X) and X.format == "csr" and X.dtype == np.float32
+    nnz = np.diff(X.indptr)
+    assert abs(nnz.mean() - 1460) < 0.2 * 1460
+    assert nnz.min() >= 1 and nnz.std() > 100          # lognormal spread, not a constant
+    assert X.indices.dtype == np.int32
+    for r in range(0, 2000, 97):                      # sorted unique gene ids per cell
+        row = X.indices[X.indptr[r]:X.indptr[r + 1]]
+        assert (np.diff(row) > 0).all() and row.min() >= 0 and row.max() < 62710
+    d = X.data
+    assert (d >= 1).all() and (d == np.round(d)).all()  # integer counts stored as float32
+    assert {c: len(adata.obs[c].cat.categories) for c in ("cell_line", "drug", "plate")} == \
+        {"cell_line": 50, "drug": 380, "plate": 14}
+    assert adata.obs["cell_line"].nunique() == 50     # 2000 cells cover every cell line
+    np.testing.assert_array_equal(adata.obs["n_genes"].to_numpy(), nnz)
+    assert adata.obs["n_genes"].dtype == np.int32
+    assert list(adata.obs_names[:3]) == ["cell_0", "cell_1", "cell_2"]
+    assert adata.obs_names[-1] == "cell_1999"
+    assert adata.var_names[0] == "gene_0" and adata.var_names[-1] == "gene_62709"
+
+    synth(c, "--seed", 2)
+    tc = tree_bytes(c)
+    assert tc["X/indices/c/0"] != ta["X/indices/c/0"]
+    other = ad.read_zarr(c)
+    assert other.X.nnz != X.nnz or not np.array_equal(other.X.indices, X.indices)
+    assert not np.array_equal(other.obs["drug"].cat.codes, adata.obs["drug"].cat.codes)
+
+
+def test_synth_cells_v2_sharded_options(tmp_path):
+    p2 = tmp_path / "v2.zarr"
+    r = run_cli("synth", "--kind", "cells", "--n", 300, "-o", p2, "--format", "v2",
+                "--codec", "blosc:lz4:5:shuffle", "--genes", 1000, "--seed", 3)
+    assert r.returncode == 0, r.stderr
+    a = ad.read_zarr(p2)
+    assert a.shape == (300, 1000)
+    assert json.loads((p2 / "X" / "data" / ".zarray").read_text())["compressor"]["id"] == "blosc"
+    assert (np.diff(a.X.indptr) <= 1000).all()
+
+    p3 = tmp_path / "v3.zarr"
+    r = run_cli("synth", "--kind", "cells", "--n", 300, "-o", p3, "--chunk-nnz", 4096,
+                "--shard-nnz", 65536, "--seed", 3, "--genes", 1000)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((p3 / "X" / "indices" / "zarr.json").read_text())
+    assert meta["chunk_grid"]["configuration"]["chunk_shape"] == [65536]
+    assert meta["codecs"][0]["configuration"]["chunk_shape"] == [4096]
+    b = ad.read_zarr(p3)
+    # same seed and genes, other format and chunking: the same matrix
+    assert (a.X != b.X).nnz == 0
+    pd.testing.assert_frame_equal(a.obs, b.obs)
+
+
+def test_synth_cells_bad_usage(tmp_path):
+    r = run_cli("synth", "--kind", "cells", "-o", tmp_path / "x")
+    assert r.returncode == 2 and "--n" in r.stderr
+    r = run_cli("synth", "--kind", "cells", "--n", "12x", "-o", tmp_path / "x")
+    assert r.returncode == 2 and "not an integer" in r.stderr
+    r = run_cli("synth", "--kind", "cells", "--n", 5, "-o", tmp_path / "x", "--format", "v4")
+    assert r.returncode == 2
+    r = run_cli("synth", "--kind", "cells", "--n", 5, "-o", tmp_path / "y", "--bogus", 1)
+    assert r.returncode == 2 and "--bogus" in r.stderr
+    ok = tmp_path / "ok"
+    assert run_cli("synth", "--kind", "cells", "--n", 5, "-o", ok, "--genes", 10).returncode == 0
+    r = run_cli("synth", "--kind", "cells", "--n", 5, "-o", ok, "--genes", 10)
+    assert r.returncode == 1 and "already holds" in r.stderr
+    r = run_cli("synth", "--kind", "cells", "--help")
+    assert r.returncode == 0 and "--chunk-nnz" in r.stdout
