@@ -439,6 +439,27 @@ size_t zb_batch_nsegments(const zb_batch *batch);
 const char *zb_batch_segment_at(const zb_batch *batch, size_t i, const int64_t **ptr);
 void zb_batch_stats(const zb_batch *batch, zb_read_stats *stats);
 
+
+/* ---------------------------------------------------------------------------------------------
+ * Copying and converting stores.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct zb_copy_opts {
+    int zarr_format;        /* of the copy: 3 (default) or 2 */
+    const char *codec;      /* codec string of every array (NULL = the writer's default) */
+    uint64_t chunk_bytes;   /* uncompressed bytes per chunk (rows rounded down, >= 1 row) */
+    int num_threads;        /* compression threads */
+    bool skip_unsupported;  /* skip arrays zbatch cannot read (0-d, unsupported dtypes) */
+} zb_copy_opts;
+
+#define ZB_COPY_OPTS_DEFAULT {3, NULL, (uint64_t)1 << 20, 1, true}
+
+/* Copies the tree below src_path of `src` to dst_path of `dst`: every group with its
+ * attributes, every array decoded and re-encoded with the options (row blocks of 64 MiB, so
+ * memory is bounded). Arrays are committed first, groups after their contents, the root last.
+ * Consolidated metadata is not written. */
+zb_status zb_store_copy(zb_store *src, const char *src_path, zb_store *dst, const char *dst_path,
+                        const zb_copy_opts *opts);
+
 /* ---------------------------------------------------------------------------------------------
  * Store inspection (what `zbatch info` prints).
  * ------------------------------------------------------------------------------------------- */
