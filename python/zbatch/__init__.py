@@ -19,7 +19,8 @@ from ._zbatch import ZbatchError
 
 __version__ = _zbatch.__version__
 __all__ = ["open", "Dataset", "Batch", "read_array", "write_array", "write_anndata", "info",
-           "ZbatchError", "STATUS"]
+           "AtomicWriter", "ArrayConfig", "WriteConfig", "sample_from_atoms", "ZbatchError",
+           "STATUS"]
 
 #: Status names of libzbatch mapped to their codes (ZbatchError.status / .code).
 STATUS: dict[str, int] = _zbatch.status_names()
@@ -136,3 +137,4 @@ def write_array(store: str, path: str, data, chunks=None, shards=None, codec: Op
 
 from .dataset import Batch, Dataset, open  # noqa: E402  (needs _error above)
 from ._write_anndata import write_anndata  # noqa: E402
+from ._atomic import ArrayConfig, AtomicWriter, WriteConfig, sample_from_atoms  # noqa: E402

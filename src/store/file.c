@@ -158,9 +158,11 @@ static zb_status
 file_erase(void *self, const char *key)
 {
     file_store *fs = self;
-    if (unlinkat(fs->rootfd, key, 0) != 0 && errno != ENOENT)
-        return errno_status(errno, fs->root, key, "unlink");
-    return ZB_OK;
+    if (unlinkat(fs->rootfd, key, 0) == 0 || errno == ENOENT) return ZB_OK;
+    /* an empty directory left by erased keys goes too (a non-empty one is an error) */
+    if ((errno == EISDIR || errno == EPERM) && unlinkat(fs->rootfd, key, AT_REMOVEDIR) == 0)
+        return ZB_OK;
+    return errno_status(errno, fs->root, key, "unlink");
 }
 
 static zb_status

@@ -105,6 +105,12 @@ test_file_backend(void **state)
     assert_int_equal(size, 5);
     ZB_ASSERT_OK(zb_store_erase(s, "grp/k2"));
     ZB_ASSERT_ERR(zb_store_size(s, "grp/k2", &size), ZB_E_NOTFOUND, NULL);
+    /* an emptied directory can be erased; a non-empty one cannot */
+    ZB_ASSERT_OK(zb_store_erase(s, "grp/new/deep"));
+    names[0] = '\0';
+    ZB_ASSERT_OK(zb_store_list(s, "grp/new", collect, names));
+    assert_string_equal(names, "");
+    ZB_ASSERT_ERR(zb_store_erase(s, "grp"), ZB_E_IO, "grp");
     zb_store_close(s);
     zb_store_close(NULL);
 
