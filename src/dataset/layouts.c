@@ -49,10 +49,12 @@ add_segment(zb_dataset *ds, const zb_tree *tree, const char *name, const char *p
     memset(seg, 0, sizeof *seg);
     snprintf(seg->name, sizeof seg->name, "%s", name);
     ZB_TRY(open_node(ds, tree, ptr_path, &seg->ptr));
-    if (seg->ptr->meta.ndim != 1) {
+    if (seg->ptr->meta.ndim != 1 || seg->ptr->meta.shape[0] == 0) {
         zb_array_close(seg->ptr);
         seg->ptr = NULL;
-        return zb_err(ZB_E_CORRUPT, "%s: a pointer array must be 1-d", ptr_path);
+        /* ptr[N+1] has at least ptr[0]; an empty one would make N wrap around */
+        return zb_err(ZB_E_CORRUPT, "%s: a pointer array must be 1-d and hold ptr[0]",
+                      ptr_path);
     }
     uint64_t rows = seg->ptr->inner[0];
     /* cache blocks of at least 64k pointers, whatever the chunking */
@@ -158,6 +160,14 @@ add_matrix(zb_dataset *ds, const zb_tree *tree, const char *name, const char *pa
             return zb_err(ZB_E_CORRUPT, "%s: data has %llu values, indices %llu", path,
                           (unsigned long long)fd->arr->meta.shape[0],
                           (unsigned long long)fi->arr->meta.shape[0]);
+        /* indptr must start at 0 and end at len(data) (shared FORMATS.md §6) */
+        int64_t first = 0, last = 0;
+        ZB_TRY(zb_segment_get(&ds->segs[seg], NULL, 0, &first));
+        ZB_TRY(zb_segment_get(&ds->segs[seg], NULL, rows, &last));
+        if (first != 0 || last < 0 || (uint64_t)last != fd->arr->meta.shape[0])
+            return zb_err(ZB_E_CORRUPT, "%s/indptr: runs from %lld to %lld, data has %llu values",
+                          path, (long long)first, (long long)last,
+                          (unsigned long long)fd->arr->meta.shape[0]);
         return ZB_OK;
     }
     if (!nd->is_array && enc && !strcmp(enc, "csc_matrix"))
@@ -400,6 +410,11 @@ zb_layout_generic(zb_dataset *ds, const zb_tree *tree, const char *base)
             if (!json_object_is_type(sval, json_type_string))
                 return zb_err(ZB_E_METADATA, "%s: zbatch.segments.%s must be an array path",
                               ds->path, sname);
+            /* fields find their segment by name: a name cut to fit would never match */
+            if (strlen(sname) >= sizeof ds->segs[0].name)
+                return zb_err(ZB_E_UNSUPPORTED, "%s: zbatch.segments.%s: segment names are "
+                              "limited to %zu bytes", ds->path, sname,
+                              sizeof ds->segs[0].name - 1);
             int idx;
             join(path, sizeof path, base, json_object_get_string(sval));
             ZB_TRY(add_segment(ds, tree, sname, path, &idx));

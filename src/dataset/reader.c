@@ -292,6 +292,8 @@ copy_rows(const zb_array *a, const bfield *bf, const uint8_t *unit, const uint64
 
 static zb_status fetch_whole(exec *x, const zb_array *a, const char *key, const uint8_t **data,
                              size_t *len, bool *missing);
+static zb_status fetch_range(exec *x, const zb_array *a, const char *key, const uint64_t *entry,
+                             const uint8_t **data, size_t *len);
 
 /* The unit's number in C order over the whole grid (the cache key). */
 static uint64_t
@@ -305,10 +307,12 @@ unit_linear(const zb_array *a, const uint64_t *g)
 
 /* Serves the copies [c0, c1) — all of one unit row u of one field and child — from the unit at
  * coordinates g (g[0] = u). `enc` holds its encoded bytes, or NULL when the unit is missing
- * (fill) or already in `unit` (cache). */
+ * (fill) or found in the decoded-chunk cache. `entry` is the unit's (offset, nbytes) inside the
+ * shard object `key` for a sharded array, NULL when `key` is the unit's own object: it says how
+ * to fetch the unit should the cache have evicted it since unit_cached() was asked. */
 static zb_status
 serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc, size_t enc_len,
-           bool missing, const char *key)
+           bool missing, const char *key, const uint64_t *entry)
 {
     plan *p = x->p;
     const copy *cp = &p->copies[c0];
@@ -332,8 +336,12 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     }
     zb_cache *cache = p->ds->cache;
     bool hit = cache && zb_cache_get(cache, a, grid_lin, target, unit_bytes);
-    if (!hit && !enc && !missing) /* evicted since unit_cached() said yes: fetch after all */
-        ZB_TRY(fetch_whole(x, a, key, &enc, &enc_len, &missing));
+    if (!hit && !enc && !missing) { /* evicted since unit_cached() said yes: fetch after all */
+        if (entry)
+            ZB_TRY(fetch_range(x, a, key, entry, &enc, &enc_len));
+        else
+            ZB_TRY(fetch_whole(x, a, key, &enc, &enc_len, &missing));
+    }
     if (hit) {
         x->t->stats.chunks_cached++;
     } else if (missing) {
@@ -394,6 +402,26 @@ fetch_whole(exec *x, const zb_array *a, const char *key, const uint8_t **data, s
     return ZB_OK;
 }
 
+/* Bytes [entry[0], entry[0] + entry[1]) of the shard object `key` (one inner chunk). */
+static zb_status
+fetch_range(exec *x, const zb_array *a, const char *key, const uint64_t *entry,
+            const uint8_t **data, size_t *len)
+{
+    zb_buf *buf = &x->ctx->scratch[SCR_FETCH];
+    ZB_TRY(zb_buf_reserve(buf, entry[1] ? (size_t)entry[1] : 1));
+    uint64_t got = 0;
+    ZB_TRY(zb_store_get(a->store, key, entry[0], entry[1], buf->data, &got));
+    x->t->stats.range_reads++;
+    x->t->stats.bytes_fetched += got;
+    if (got != entry[1])
+        return zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", key,
+                      (unsigned long long)got, (unsigned long long)entry[1],
+                      (unsigned long long)entry[0]);
+    *data = buf->data;
+    *len = (size_t)got;
+    return ZB_OK;
+}
+
 /* A unit already in the decoded-chunk cache needs no fetch (serve_unit copies it out). */
 static bool
 unit_cached(exec *x, const zb_array *a, const uint64_t *g)
@@ -418,7 +446,7 @@ run_plain(exec *x, size_t c0, size_t c1)
         size_t len = 0;
         bool missing = false;
         if (!unit_cached(x, a, g)) ZB_TRY(fetch_whole(x, a, key, &data, &len, &missing));
-        ZB_TRY(serve_unit(x, c0, c1, g, data, len, missing, key));
+        ZB_TRY(serve_unit(x, c0, c1, g, data, len, missing, key, NULL));
     } while (nd > 1 && next_other(g, grid, nd));
     return ZB_OK;
 }
@@ -511,7 +539,12 @@ run_shard(exec *x, size_t c0, size_t c1)
             st = zb_array_unit_object(a, g, key, sizeof key, NULL, &e);
             if (st != ZB_OK) break;
             if (entries[2 * e] == ZB_SHARD_EMPTY) {
-                st = serve_unit(x, i, j, g, NULL, 0, true, key);
+                st = serve_unit(x, i, j, g, NULL, 0, true, key, NULL);
+                continue;
+            }
+            /* a cached inner chunk needs neither a range read nor a decode */
+            if (unit_cached(x, a, g)) {
+                st = serve_unit(x, i, j, g, NULL, 0, false, key, &entries[2 * e]);
                 continue;
             }
             w[nw].off = entries[2 * e];
@@ -548,7 +581,7 @@ run_shard(exec *x, size_t c0, size_t c1)
         }
         for (; st == ZB_OK && i < k; i++)
             st = serve_unit(x, w[i].c0, w[i].c1, w[i].g, buf->data + (w[i].off - ms),
-                            (size_t)w[i].len, false, key);
+                            (size_t)w[i].len, false, key, NULL);
     }
 done:
     free(entries);
@@ -556,28 +589,46 @@ done:
     return st;
 }
 
-/* Arrays the unit path does not cover (whole-shard codecs, shards split along other axes):
- * each copy is a plain row-range read straight into the batch. */
+/* Arrays the unit path does not cover (whole-shard codecs, shards split along other axes).
+ * A task holds every copy of one unit row: the rows they need are read once with a plain
+ * row-range read (straight into the batch for a single copy, else into scratch) and the copies
+ * are served from there, so duplicates and neighbours in one unit row cost one decode. */
 static zb_status
 run_rows(exec *x, size_t c0, size_t c1)
 {
     plan *p = x->p;
+    const copy *cp = &p->copies[c0];
+    const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
+    bfield *bf = &p->b->fields[cp->field];
+    size_t row_bytes = (size_t)(bf->row_elems * bf->itemsize);
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (size_t i = c0; i < c1; i++) {
+        uint64_t r0 = p->copies[i].unit * a->inner[0] + p->copies[i].src_row;
+        if (r0 < lo) lo = r0;
+        if (r0 + p->copies[i].nrows > hi) hi = r0 + p->copies[i].nrows;
+    }
+    size_t bytes = (size_t)(hi - lo) * row_bytes;
+    uint8_t *band;
+    if (c1 - c0 == 1) {
+        band = bf->data + cp->dst_row * row_bytes;
+    } else {
+        ZB_TRY(zb_buf_reserve(&x->ctx->scratch[SCR_UNIT], bytes ? bytes : 1));
+        band = x->ctx->scratch[SCR_UNIT].data;
+    }
+    zb_ctx_stats before = x->ctx->stats;
+    ZB_TRY(zb_array_read_rows(a, lo, hi, band, bytes, x->ctx));
+    x->t->stats.chunks_decoded += x->ctx->stats.chunks_decoded - before.chunks_decoded;
+    x->t->stats.chunks_filled += x->ctx->stats.chunks_filled - before.chunks_filled;
+    x->t->stats.bytes_decoded += x->ctx->stats.bytes_decoded - before.bytes_decoded;
+    x->t->stats.bytes_fetched += x->ctx->stats.bytes_fetched - before.bytes_fetched;
+    x->t->stats.range_reads += x->ctx->stats.range_reads - before.range_reads;
     for (size_t i = c0; i < c1; i++) {
         const copy *c = &p->copies[i];
-        const zb_array *a = child_of(p->ds, c->child)->fields[c->field].arr;
-        bfield *bf = &p->b->fields[c->field];
         uint64_t r0 = c->unit * a->inner[0] + c->src_row;
-        size_t bytes = (size_t)(c->nrows * bf->row_elems * bf->itemsize);
-        zb_ctx_stats before = x->ctx->stats;
-        ZB_TRY(zb_array_read_rows(a, r0, r0 + c->nrows,
-                                  bf->data + c->dst_row * bf->row_elems * bf->itemsize, bytes,
-                                  x->ctx));
-        x->t->stats.chunks_decoded += x->ctx->stats.chunks_decoded - before.chunks_decoded;
-        x->t->stats.chunks_filled += x->ctx->stats.chunks_filled - before.chunks_filled;
-        x->t->stats.bytes_decoded += x->ctx->stats.bytes_decoded - before.bytes_decoded;
-        x->t->stats.bytes_fetched += x->ctx->stats.bytes_fetched - before.bytes_fetched;
-        x->t->stats.range_reads += x->ctx->stats.range_reads - before.range_reads;
-        x->t->stats.bytes_delivered += bytes;
+        if (c1 - c0 > 1)
+            memcpy(bf->data + c->dst_row * row_bytes, band + (r0 - lo) * row_bytes,
+                   (size_t)c->nrows * row_bytes);
+        x->t->stats.bytes_delivered += c->nrows * row_bytes;
     }
     return ZB_OK;
 }
@@ -814,6 +865,17 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
                 src = (uint64_t)seg_start[(size_t)fd->seg * n + i];
                 len = (uint64_t)(b->segs[fd->seg].ptr[i + 1] - b->segs[fd->seg].ptr[i]);
                 dst = (uint64_t)b->segs[fd->seg].ptr[i];
+                /* monotone pointers can still run past the values (a pointer larger than the
+                 * last one): that is corruption, not rows to read as fill */
+                const zb_dataset *ch = child_of(ds, child[i]);
+                uint64_t rows = ch->fields[f].arr->meta.shape[0];
+                if (src + len > rows) {
+                    st = zb_err(ZB_E_CORRUPT, "%s: pointers of sample %llu end at %llu, past the "
+                                "%llu rows of %s", ch->segs[fd->seg].ptr->path,
+                                (unsigned long long)phys[i], (unsigned long long)(src + len),
+                                (unsigned long long)rows, ch->fields[f].arr->path);
+                    goto fail;
+                }
             } else {
                 src = phys[i];
                 len = 1;
@@ -838,7 +900,8 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
             if (st != ZB_OK) goto fail;
         }
     }
-    qsort(p.copies, p.ncopies, sizeof *p.copies, cmp_copy);
+    if (p.ncopies) /* an empty request has no copies (and qsort must not see NULL) */
+        qsort(p.copies, p.ncopies, sizeof *p.copies, cmp_copy);
     st = make_tasks(&p);
     if (st != ZB_OK) goto fail;
 

@@ -1,0 +1,646 @@
+/* The coalesced reader on a generic-layout dataset (docs/FORMATS-zbatch.md): a ragged field and a
+ * per-sample field over one segment, optionally an index field over a second segment. Batches
+ * are checked against a hand concatenation of the source rows; plain and sharded arrays, one and
+ * four decode threads, and a cached repeat must give the same bytes; the decode counters must
+ * equal the number of distinct chunks the request touches, counted here from the chunk sizes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/testutil.h"
+#include "write/write.h"
+
+#define N 12
+#define VW 3 /* vals row width */
+
+/* atoms per sample: empty samples at 1 and 7, a sample larger than a chunk at 4 */
+static const int64_t COUNTS[N] = {3, 0, 5, 2, 7, 1, 4, 0, 6, 2, 3, 5};
+
+enum { VALS_CHUNK = 4, LAB_CHUNK = 5, NBR_CHUNK = 3 };
+
+typedef struct source {
+    int64_t ptr[N + 1];
+    int64_t eptr[N + 1];
+    int32_t *vals; /* [total, VW] */
+    int64_t lab[N];
+    int64_t *nbr; /* [etotal, 2], store-global */
+    int64_t total, etotal;
+} source;
+
+static void
+source_make(source *s)
+{
+    s->ptr[0] = 0;
+    s->eptr[0] = 0;
+    for (int i = 0; i < N; i++) {
+        s->ptr[i + 1] = s->ptr[i] + COUNTS[i];
+        s->eptr[i + 1] = s->eptr[i] + COUNTS[i]; /* one edge per atom */
+        s->lab[i] = 1000 + 7 * i;
+    }
+    s->total = s->ptr[N];
+    s->etotal = s->eptr[N];
+    s->vals = malloc((size_t)s->total * VW * sizeof *s->vals);
+    s->nbr = malloc((size_t)s->etotal * 2 * sizeof *s->nbr);
+    assert_non_null(s->vals);
+    assert_non_null(s->nbr);
+    for (int64_t r = 0; r < s->total; r++)
+        for (int c = 0; c < VW; c++) s->vals[r * VW + c] = (int32_t)(r * 10 + c);
+    /* edge k of sample i joins atom k to atom k+1 (mod count), stored store-global */
+    for (int i = 0; i < N; i++)
+        for (int64_t k = 0; k < COUNTS[i]; k++) {
+            int64_t e = s->eptr[i] + k;
+            s->nbr[2 * e] = s->ptr[i] + k;
+            s->nbr[2 * e + 1] = s->ptr[i] + (k + 1) % COUNTS[i];
+        }
+}
+
+static void
+source_free(source *s)
+{
+    free(s->vals);
+    free(s->nbr);
+}
+
+static void
+put_array(zb_store *st, const char *path, zb_dtype dt, int ndim, const uint64_t *row_shape,
+          const void *rows, uint64_t nrows, uint64_t chunk, uint64_t shard)
+{
+    zb_array_write_opts o = ZB_ARRAY_WRITE_OPTS_DEFAULT;
+    o.chunk_rows = chunk;
+    o.shard_rows = shard;
+    o.codec = "zstd:1";
+    zb_array_writer *w = NULL;
+    ZB_ASSERT_OK(zb_array_writer_open(st, path, dt, ndim, row_shape, &o, &w));
+    ZB_ASSERT_OK(zb_array_writer_append(w, rows, nrows));
+    ZB_ASSERT_OK(zb_array_writer_commit(w));
+    zb_array_writer_close(w);
+}
+
+typedef struct build_opts {
+    bool sharded;
+    bool with_index; /* add segment "eseg" and the index field "nbr" */
+    const int64_t *ptr_override; /* [N+1] written as "ptr" instead of the true pointers */
+} build_opts;
+
+static const char *ATTRS_BASIC =
+    "{\"zbatch\": {\"segments\": {\"seg\": \"ptr\"}, \"fields\": {"
+    "\"vals\": {\"array\": \"vals\", \"kind\": \"ragged\", \"segment\": \"seg\"}, "
+    "\"lab\": {\"array\": \"lab\", \"kind\": \"per_sample\"}}}}";
+
+static const char *ATTRS_INDEX =
+    "{\"zbatch\": {\"segments\": {\"seg\": \"ptr\", \"eseg\": \"eptr\"}, \"fields\": {"
+    "\"vals\": {\"array\": \"vals\", \"kind\": \"ragged\", \"segment\": \"seg\"}, "
+    "\"lab\": {\"array\": \"lab\", \"kind\": \"per_sample\"}, "
+    "\"nbr\": {\"array\": \"nbr\", \"kind\": \"index\", \"segment\": \"eseg\", "
+    "\"target\": \"seg\", \"global\": true}}}}";
+
+static zb_store *
+build(const source *s, const build_opts *bo)
+{
+    zb_store *st = NULL;
+    ZB_ASSERT_OK(zb_store_open_memory(&st));
+    ZB_ASSERT_OK(zb_write_group(st, "", 3, bo->with_index ? ATTRS_INDEX : ATTRS_BASIC));
+    const uint64_t vw[1] = {VW}, two[1] = {2};
+    put_array(st, "ptr", ZB_DT_INT64, 1, NULL, bo->ptr_override ? bo->ptr_override : s->ptr,
+              N + 1, 4, bo->sharded ? 8 : 0);
+    put_array(st, "vals", ZB_DT_INT32, 2, vw, s->vals, (uint64_t)s->total, VALS_CHUNK,
+              bo->sharded ? 2 * VALS_CHUNK : 0);
+    put_array(st, "lab", ZB_DT_INT64, 1, NULL, s->lab, N, LAB_CHUNK,
+              bo->sharded ? 2 * LAB_CHUNK : 0);
+    if (bo->with_index) {
+        put_array(st, "eptr", ZB_DT_INT64, 1, NULL, s->eptr, N + 1, 5, 0);
+        put_array(st, "nbr", ZB_DT_INT64, 2, two, s->nbr, (uint64_t)s->etotal, NBR_CHUNK,
+                  bo->sharded ? 3 * NBR_CHUNK : 0);
+    }
+    return st;
+}
+
+static zb_dataset *
+open_ds(zb_store *st, size_t cache_bytes, int threads)
+{
+    zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+    o.cache_bytes = cache_bytes;
+    o.num_threads = threads;
+    zb_dataset *ds = NULL;
+    ZB_ASSERT_OK(zb_dataset_open(st, "", &o, &ds));
+    return ds;
+}
+
+/* Distinct chunks touched by ids: vals (rows of the samples), lab (the samples), nbr (edges). */
+static uint64_t
+count_units(const source *s, const uint64_t *ids, size_t n, bool with_index)
+{
+    bool vals_hit[64] = {false}, lab_hit[64] = {false}, nbr_hit[64] = {false};
+    uint64_t units = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t id = ids[i];
+        for (int64_t r = s->ptr[id]; r < s->ptr[id + 1]; r++)
+            if (!vals_hit[r / VALS_CHUNK]) vals_hit[r / VALS_CHUNK] = true, units++;
+        if (!lab_hit[id / LAB_CHUNK]) lab_hit[id / LAB_CHUNK] = true, units++;
+        for (int64_t e = s->eptr[id]; with_index && e < s->eptr[id + 1]; e++)
+            if (!nbr_hit[e / NBR_CHUNK]) nbr_hit[e / NBR_CHUNK] = true, units++;
+    }
+    return units;
+}
+
+/* Checks batch b against the hand concatenation of samples ids. */
+static void
+check_batch(const source *s, const zb_batch *b, const uint64_t *ids, size_t n, bool with_index)
+{
+    assert_int_equal(zb_batch_size(b), n);
+    const uint64_t *index = zb_batch_index(b);
+    for (size_t i = 0; i < n; i++) assert_int_equal(index[i], ids[i]);
+    assert_null(zb_batch_dataset(b));
+
+    int64_t want_ptr[64];
+    want_ptr[0] = 0;
+    for (size_t i = 0; i < n; i++) want_ptr[i + 1] = want_ptr[i] + COUNTS[ids[i]];
+    const int64_t *ptr = zb_batch_segment(b, "seg");
+    assert_non_null(ptr);
+    assert_memory_equal(ptr, want_ptr, (n + 1) * sizeof *ptr);
+
+    zb_batch_view v;
+    ZB_ASSERT_OK(zb_batch_find(b, "vals", &v));
+    assert_int_equal(v.kind, ZB_FIELD_RAGGED);
+    assert_int_equal(v.dtype, ZB_DT_INT32);
+    assert_int_equal(v.nrows, (uint64_t)want_ptr[n]);
+    assert_int_equal(v.ndim, 1);
+    assert_int_equal(v.row_shape[0], VW);
+    assert_ptr_equal(v.ptr, ptr);
+    const int32_t *vals = v.data;
+    for (size_t i = 0; i < n; i++)
+        for (int64_t k = 0; k < COUNTS[ids[i]]; k++)
+            for (int c = 0; c < VW; c++)
+                assert_int_equal(vals[(want_ptr[i] + k) * VW + c],
+                                 s->vals[(s->ptr[ids[i]] + k) * VW + c]);
+
+    ZB_ASSERT_OK(zb_batch_find(b, "lab", &v));
+    assert_int_equal(v.kind, ZB_FIELD_PER_SAMPLE);
+    assert_int_equal(v.dtype, ZB_DT_INT64);
+    assert_int_equal(v.nrows, n);
+    assert_int_equal(v.ndim, 0);
+    assert_null(v.ptr);
+    for (size_t i = 0; i < n; i++) assert_int_equal(((const int64_t *)v.data)[i], s->lab[ids[i]]);
+
+    if (!with_index) {
+        assert_int_equal(zb_batch_nfields(b), 2);
+        return;
+    }
+    /* nbr: local atom k -> (k+1) % count, re-based by the sample's atom offset in the batch */
+    const int64_t *eptr = zb_batch_segment(b, "eseg");
+    assert_non_null(eptr);
+    ZB_ASSERT_OK(zb_batch_find(b, "nbr", &v));
+    assert_int_equal(v.kind, ZB_FIELD_INDEX);
+    assert_ptr_equal(v.ptr, eptr);
+    const int64_t *nbr = v.data;
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(eptr[i + 1] - eptr[i], COUNTS[ids[i]]);
+        for (int64_t k = 0; k < COUNTS[ids[i]]; k++) {
+            int64_t e = eptr[i] + k;
+            assert_int_equal(nbr[2 * e], want_ptr[i] + k);
+            assert_int_equal(nbr[2 * e + 1], want_ptr[i] + (k + 1) % COUNTS[ids[i]]);
+        }
+    }
+}
+
+/* Every byte of two batches' fields and segments. */
+static void
+assert_batches_equal(const zb_batch *a, const zb_batch *b)
+{
+    assert_int_equal(zb_batch_size(a), zb_batch_size(b));
+    assert_int_equal(zb_batch_nfields(a), zb_batch_nfields(b));
+    for (size_t i = 0; i < zb_batch_nfields(a); i++) {
+        zb_batch_view va, vb;
+        ZB_ASSERT_OK(zb_batch_field(a, i, &va));
+        ZB_ASSERT_OK(zb_batch_field(b, i, &vb));
+        assert_string_equal(va.name, vb.name);
+        assert_int_equal(va.dtype, vb.dtype);
+        assert_int_equal(va.nrows, vb.nrows);
+        uint64_t elems = va.nrows;
+        for (int d = 0; d < va.ndim; d++) elems *= va.row_shape[d];
+        assert_memory_equal(va.data, vb.data, (size_t)elems * zb_dtype_size(va.dtype));
+    }
+    assert_int_equal(zb_batch_nsegments(a), zb_batch_nsegments(b));
+    for (size_t i = 0; i < zb_batch_nsegments(a); i++) {
+        const int64_t *pa = NULL, *pb = NULL;
+        assert_string_equal(zb_batch_segment_at(a, i, &pa), zb_batch_segment_at(b, i, &pb));
+        assert_memory_equal(pa, pb, (zb_batch_size(a) + 1) * sizeof *pa);
+    }
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+static const uint64_t IDS[] = {7, 2, 2, 0, 11, 4, 9, 1, 4, 5};
+#define NIDS (sizeof IDS / sizeof IDS[0])
+
+static void
+test_open_and_fields(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    build_opts bo = {.with_index = true};
+    zb_store *st = build(&s, &bo);
+    zb_dataset *ds = open_ds(st, 0, 1);
+    assert_string_equal(zb_dataset_layout(ds), "generic");
+    uint64_t n = 0;
+    ZB_ASSERT_OK(zb_dataset_len(ds, &n));
+    assert_int_equal(n, N);
+    assert_int_equal(zb_dataset_nfields(ds), 3);
+    assert_int_equal(zb_dataset_nchildren(ds), 1);
+    size_t i;
+    zb_field_info fi;
+    ZB_ASSERT_OK(zb_dataset_find_field(ds, "vals", &i));
+    ZB_ASSERT_OK(zb_dataset_field(ds, i, &fi));
+    assert_int_equal(fi.kind, ZB_FIELD_RAGGED);
+    assert_int_equal(fi.dtype, ZB_DT_INT32);
+    assert_int_equal(fi.ndim, 1);
+    assert_int_equal(fi.row_shape[0], VW);
+    assert_string_equal(fi.segment, "seg");
+    assert_null(fi.target);
+    ZB_ASSERT_OK(zb_dataset_find_field(ds, "lab", &i));
+    ZB_ASSERT_OK(zb_dataset_field(ds, i, &fi));
+    assert_int_equal(fi.kind, ZB_FIELD_PER_SAMPLE);
+    assert_int_equal(fi.ndim, 0);
+    assert_null(fi.segment);
+    ZB_ASSERT_OK(zb_dataset_find_field(ds, "nbr", &i));
+    ZB_ASSERT_OK(zb_dataset_field(ds, i, &fi));
+    assert_int_equal(fi.kind, ZB_FIELD_INDEX);
+    assert_string_equal(fi.segment, "eseg");
+    assert_string_equal(fi.target, "seg");
+    ZB_ASSERT_ERR(zb_dataset_find_field(ds, "nope", &i), ZB_E_NOTFOUND, "nope");
+    zb_dataset_close(ds);
+    zb_store_close(st);
+    source_free(&s);
+}
+
+/* Duplicates, unsorted ids and empty samples equal the hand concatenation; each touched chunk is
+ * decoded exactly once. */
+static void
+test_read_many_matches_hand(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    for (int with_index = 0; with_index < 2; with_index++) {
+        build_opts bo = {.with_index = with_index};
+        zb_store *st = build(&s, &bo);
+        zb_dataset *ds = open_ds(st, 0, 1);
+        zb_batch *b = NULL;
+        ZB_ASSERT_OK(zb_dataset_read_many(ds, IDS, NIDS, &b));
+        check_batch(&s, b, IDS, NIDS, with_index);
+        zb_read_stats rs;
+        zb_batch_stats(b, &rs);
+        assert_int_equal(rs.chunks_decoded, count_units(&s, IDS, NIDS, with_index));
+        assert_int_equal(rs.chunks_cached, 0);
+        assert_int_equal(rs.chunks_filled, 0);
+        assert_true(rs.bytes_fetched > 0);
+        assert_true(rs.range_reads >= rs.chunks_decoded);
+        zb_batch_free(b);
+
+        /* one id, every id in order, and an empty request */
+        uint64_t one[1] = {4}, all[N];
+        for (uint64_t k = 0; k < N; k++) all[k] = k;
+        ZB_ASSERT_OK(zb_dataset_read_many(ds, one, 1, &b));
+        check_batch(&s, b, one, 1, with_index);
+        zb_batch_free(b);
+        ZB_ASSERT_OK(zb_dataset_read_many(ds, all, N, &b));
+        check_batch(&s, b, all, N, with_index);
+        zb_batch_stats(b, &rs);
+        assert_int_equal(rs.chunks_decoded, count_units(&s, all, N, with_index));
+        zb_batch_free(b);
+        ZB_ASSERT_OK(zb_dataset_read_many(ds, NULL, 0, &b));
+        assert_int_equal(zb_batch_size(b), 0);
+        assert_int_equal(zb_batch_segment(b, "seg")[0], 0);
+        zb_batch_stats(b, &rs);
+        assert_int_equal(rs.chunks_decoded, 0);
+        zb_batch_free(b);
+
+        zb_dataset_close(ds);
+        zb_store_close(st);
+    }
+    source_free(&s);
+}
+
+static void
+test_plain_and_sharded_identical(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    build_opts plain = {.with_index = true}, sharded = {.with_index = true, .sharded = true};
+    zb_store *sp = build(&s, &plain), *ss = build(&s, &sharded);
+    zb_dataset *dp = open_ds(sp, 0, 1), *dsh = open_ds(ss, 0, 1);
+    zb_batch *bp = NULL, *bs = NULL;
+    ZB_ASSERT_OK(zb_dataset_read_many(dp, IDS, NIDS, &bp));
+    ZB_ASSERT_OK(zb_dataset_read_many(dsh, IDS, NIDS, &bs));
+    check_batch(&s, bs, IDS, NIDS, true);
+    assert_batches_equal(bp, bs);
+    /* inner chunks are the units of a sharded array: the same count as the plain chunks */
+    zb_read_stats a, b;
+    zb_batch_stats(bp, &a);
+    zb_batch_stats(bs, &b);
+    assert_int_equal(b.chunks_decoded, count_units(&s, IDS, NIDS, true));
+    assert_int_equal(a.chunks_decoded, b.chunks_decoded);
+    assert_int_equal(a.bytes_delivered, b.bytes_delivered);
+    zb_batch_free(bp);
+    zb_batch_free(bs);
+    zb_dataset_close(dp);
+    zb_dataset_close(dsh);
+    zb_store_close(sp);
+    zb_store_close(ss);
+    source_free(&s);
+}
+
+/* A pointer array that goes backwards is corruption, named by the array's path. */
+static void
+test_corrupt_pointers(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    int64_t bad[N + 1];
+    memcpy(bad, s.ptr, sizeof bad);
+    bad[3] = bad[2] - 1; /* sample 2 ends before it starts; the total stays right */
+    build_opts bo = {.ptr_override = bad};
+    zb_store *st = build(&s, &bo);
+    zb_dataset *ds = open_ds(st, 0, 1);
+    zb_batch *b = (zb_batch *)&bo; /* must come back NULL */
+    uint64_t id2[1] = {2};
+    ZB_ASSERT_ERR(zb_dataset_read_many(ds, id2, 1, &b), ZB_E_CORRUPT, "ptr");
+    assert_null(b);
+    /* samples whose own pointers are fine still read */
+    uint64_t ok[2] = {0, 5};
+    ZB_ASSERT_OK(zb_dataset_read_many(ds, ok, 2, &b));
+    check_batch(&s, b, ok, 2, false);
+    zb_batch_free(b);
+    zb_dataset_close(ds);
+    zb_store_close(st);
+
+    /* a pointer past the end of the values (monotone up to there) is corruption too, not a read
+     * beyond the array */
+    memcpy(bad, s.ptr, sizeof bad);
+    bad[2] = s.total + 4;
+    bo.ptr_override = bad;
+    st = build(&s, &bo);
+    ds = open_ds(st, 0, 1);
+    uint64_t id1[1] = {1};
+    ZB_ASSERT_ERR(zb_dataset_read_many(ds, id1, 1, &b), ZB_E_CORRUPT, "ptr");
+    assert_null(b);
+    zb_dataset_close(ds);
+    zb_store_close(st);
+
+    /* a pointer array whose end disagrees with the values is refused on open */
+    memcpy(bad, s.ptr, sizeof bad);
+    bad[N] = s.total - 1;
+    st = build(&s, &bo);
+    zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+    zb_dataset *none = (zb_dataset *)&o;
+    ZB_ASSERT_ERR(zb_dataset_open(st, "", &o, &none), ZB_E_CORRUPT, "vals");
+    assert_null(none);
+    zb_store_close(st);
+    source_free(&s);
+}
+
+static void
+test_ids_out_of_range(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    build_opts bo = {0};
+    zb_store *st = build(&s, &bo);
+    zb_dataset *ds = open_ds(st, 0, 1);
+    zb_batch *b = NULL;
+    uint64_t ids[3] = {0, N, 1};
+    ZB_ASSERT_ERR(zb_dataset_read_many(ds, ids, 3, &b), ZB_E_RANGE, "12");
+    assert_null(b);
+    uint64_t huge[1] = {UINT64_MAX};
+    ZB_ASSERT_ERR(zb_dataset_read_many(ds, huge, 1, &b), ZB_E_RANGE, "18446744073709551615");
+    assert_null(b);
+    ZB_ASSERT_ERR(zb_dataset_read_many(ds, NULL, 2, &b), ZB_E_INVALID, NULL);
+    zb_dataset_close(ds);
+    zb_store_close(st);
+    source_free(&s);
+}
+
+/* A repeated request is served from the decoded-chunk cache: nothing decoded, nothing fetched. */
+static void
+test_cache_serves_repeat(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    for (int sharded = 0; sharded < 2; sharded++) {
+        build_opts bo = {.with_index = true, .sharded = sharded};
+        zb_store *st = build(&s, &bo);
+        zb_dataset *ds = open_ds(st, 1 << 20, 1);
+        uint64_t units = count_units(&s, IDS, NIDS, true);
+        zb_batch *b1 = NULL, *b2 = NULL;
+        ZB_ASSERT_OK(zb_dataset_read_many(ds, IDS, NIDS, &b1));
+        zb_read_stats r1, r2;
+        zb_batch_stats(b1, &r1);
+        assert_int_equal(r1.chunks_decoded, units);
+        assert_int_equal(r1.chunks_cached, 0);
+        ZB_ASSERT_OK(zb_dataset_read_many(ds, IDS, NIDS, &b2));
+        zb_batch_stats(b2, &r2);
+        assert_int_equal(r2.chunks_decoded, 0);
+        assert_int_equal(r2.chunks_cached, units);
+        assert_int_equal(r2.bytes_fetched, 0);
+        assert_int_equal(r2.range_reads, 0);
+        assert_int_equal(r2.bytes_delivered, r1.bytes_delivered);
+        check_batch(&s, b2, IDS, NIDS, true);
+        assert_batches_equal(b1, b2);
+        zb_batch_free(b1);
+        zb_batch_free(b2);
+        zb_dataset_close(ds);
+        zb_store_close(st);
+    }
+    source_free(&s);
+}
+
+/* A cache too small to hold the request's units still gives correct batches. */
+static void
+test_tiny_cache(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    build_opts bo = {.with_index = true, .sharded = true};
+    zb_store *st = build(&s, &bo);
+    zb_dataset *ds = open_ds(st, 100, 1); /* about two vals chunks */
+    for (int k = 0; k < 3; k++) {
+        zb_batch *b = NULL;
+        ZB_ASSERT_OK(zb_dataset_read_many(ds, IDS, NIDS, &b));
+        check_batch(&s, b, IDS, NIDS, true);
+        zb_read_stats rs;
+        zb_batch_stats(b, &rs);
+        assert_int_equal(rs.chunks_decoded + rs.chunks_cached, count_units(&s, IDS, NIDS, true));
+        zb_batch_free(b);
+    }
+    zb_dataset_close(ds);
+    zb_store_close(st);
+    source_free(&s);
+}
+
+static void
+test_four_threads_same_bytes(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    for (int sharded = 0; sharded < 2; sharded++) {
+        build_opts bo = {.with_index = true, .sharded = sharded};
+        zb_store *st = build(&s, &bo);
+        zb_dataset *d1 = open_ds(st, 0, 1), *d4 = open_ds(st, 0, 4);
+        uint64_t ids[40];
+        for (size_t i = 0; i < 40; i++) ids[i] = (i * 7 + 3) % N;
+        for (int rep = 0; rep < 5; rep++) {
+            zb_batch *b1 = NULL, *b4 = NULL;
+            ZB_ASSERT_OK(zb_dataset_read_many(d1, ids, 40, &b1));
+            ZB_ASSERT_OK(zb_dataset_read_many(d4, ids, 40, &b4));
+            check_batch(&s, b4, ids, 40, true);
+            assert_batches_equal(b1, b4);
+            zb_read_stats r1, r4;
+            zb_batch_stats(b1, &r1);
+            zb_batch_stats(b4, &r4);
+            assert_int_equal(r1.chunks_decoded, r4.chunks_decoded);
+            assert_int_equal(r1.bytes_delivered, r4.bytes_delivered);
+            zb_batch_free(b1);
+            zb_batch_free(b4);
+        }
+        zb_dataset_close(d1);
+        zb_dataset_close(d4);
+        zb_store_close(st);
+    }
+    source_free(&s);
+}
+
+/* Pointer arrays are cached in blocks of at least 65,536 entries: samples whose two pointers lie
+ * in different blocks, and samples in later blocks, read right. */
+static void
+test_pointer_blocks(void **state)
+{
+    (void)state;
+    enum { NB = 140000 };
+    int64_t *ptr = malloc((NB + 1) * sizeof *ptr);
+    int32_t *lab = malloc(NB * sizeof *lab);
+    assert_non_null(ptr);
+    assert_non_null(lab);
+    ptr[0] = 0;
+    for (int64_t i = 0; i < NB; i++) {
+        ptr[i + 1] = ptr[i] + i % 3;
+        lab[i] = (int32_t)(3 * i);
+    }
+    int64_t total = ptr[NB];
+    int32_t *vals = malloc((size_t)total * sizeof *vals);
+    assert_non_null(vals);
+    for (int64_t r = 0; r < total; r++) vals[r] = (int32_t)(r ^ 0x5a5a);
+    zb_store *st = NULL;
+    ZB_ASSERT_OK(zb_store_open_memory(&st));
+    ZB_ASSERT_OK(zb_write_group(st, "", 3,
+                                "{\"zbatch\": {\"segments\": {\"seg\": \"ptr\"}, \"fields\": {"
+                                "\"vals\": {\"array\": \"vals\", \"kind\": \"ragged\", "
+                                "\"segment\": \"seg\"}, \"lab\": {\"array\": \"lab\", "
+                                "\"kind\": \"per_sample\"}}}}"));
+    put_array(st, "ptr", ZB_DT_INT64, 1, NULL, ptr, NB + 1, 1000, 0);
+    put_array(st, "vals", ZB_DT_INT32, 1, NULL, vals, (uint64_t)total, 777, 0);
+    put_array(st, "lab", ZB_DT_INT32, 1, NULL, lab, NB, 5000, 0);
+    zb_dataset *ds = open_ds(st, 0, 2);
+    uint64_t n = 0;
+    ZB_ASSERT_OK(zb_dataset_len(ds, &n));
+    assert_int_equal(n, NB);
+    const uint64_t ids[] = {65535, 65536, 65534, 131071, 131072, 139999, 0, 70000, 65536, 2};
+    const size_t nids = sizeof ids / sizeof ids[0];
+    zb_batch *b = NULL;
+    ZB_ASSERT_OK(zb_dataset_read_many(ds, ids, nids, &b));
+    const int64_t *bp = zb_batch_segment(b, "seg");
+    zb_batch_view v, l;
+    ZB_ASSERT_OK(zb_batch_find(b, "vals", &v));
+    ZB_ASSERT_OK(zb_batch_find(b, "lab", &l));
+    int64_t at = 0;
+    for (size_t i = 0; i < nids; i++) {
+        assert_int_equal(bp[i], at);
+        assert_int_equal(bp[i + 1] - bp[i], (int64_t)(ids[i] % 3));
+        for (int64_t k = 0; k < (int64_t)(ids[i] % 3); k++)
+            assert_int_equal(((const int32_t *)v.data)[at + k], vals[ptr[ids[i]] + k]);
+        at += (int64_t)(ids[i] % 3);
+        assert_int_equal(((const int32_t *)l.data)[i], 3 * (int64_t)ids[i]);
+    }
+    assert_int_equal(v.nrows, (uint64_t)at);
+    zb_batch_free(b);
+    zb_dataset_close(ds);
+    zb_store_close(st);
+    free(ptr);
+    free(lab);
+    free(vals);
+}
+
+/* Declarations the generic layout must refuse. */
+static void
+test_generic_schema_errors(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    static const struct {
+        const char *attrs;
+        zb_status want;
+        const char *needle;
+    } cases[] = {
+        {"{\"zbatch\": {\"segments\": {\"seg\": \"ptr\"}}}", ZB_E_METADATA, "fields"},
+        {"{\"zbatch\": {\"segments\": {\"seg\": \"ptr\"}, \"fields\": {\"vals\": {\"array\": "
+         "\"vals\", \"kind\": \"ragged\", \"segment\": \"other\"}}}}",
+         ZB_E_METADATA, "vals"},
+        {"{\"zbatch\": {\"segments\": {\"seg\": \"ptr\"}, \"fields\": {\"vals\": {\"array\": "
+         "\"vals\", \"kind\": \"jagged\", \"segment\": \"seg\"}}}}",
+         ZB_E_METADATA, "jagged"},
+        {"{\"zbatch\": {\"segments\": {\"seg\": \"ptr\"}, \"fields\": {\"lab\": {\"kind\": "
+         "\"per_sample\"}}}}",
+         ZB_E_METADATA, "lab"},
+        {"{\"zbatch\": {\"segments\": {\"seg\": \"ptr\"}, \"fields\": {\"x\": {\"array\": "
+         "\"missing\", \"kind\": \"per_sample\"}}}}",
+         ZB_E_NOTFOUND, "missing"},
+        {"{\"zbatch\": {\"segments\": {\"a_segment_name_longer_than_31_bytes\": \"ptr\"}, "
+         "\"fields\": {}}}",
+         ZB_E_UNSUPPORTED, "a_segment_name_longer_than_31_bytes"},
+        {"{\"zbatch\": {\"segments\": {\"seg\": \"empty\"}, \"fields\": {}}}", ZB_E_CORRUPT,
+         "empty"},
+        {"{\"zbatch\": {\"segments\": {\"seg\": \"vals\"}, \"fields\": {}}}", ZB_E_CORRUPT,
+         "vals"},
+        {"{\"something\": 1}", ZB_E_UNSUPPORTED, NULL},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        zb_store *st = NULL;
+        ZB_ASSERT_OK(zb_store_open_memory(&st));
+        ZB_ASSERT_OK(zb_write_group(st, "", 3, cases[k].attrs));
+        put_array(st, "ptr", ZB_DT_INT64, 1, NULL, s.ptr, N + 1, 4, 0);
+        const uint64_t vw[1] = {VW};
+        put_array(st, "vals", ZB_DT_INT32, 2, vw, s.vals, (uint64_t)s.total, VALS_CHUNK, 0);
+        put_array(st, "lab", ZB_DT_INT64, 1, NULL, s.lab, N, LAB_CHUNK, 0);
+        put_array(st, "empty", ZB_DT_INT64, 1, NULL, s.lab, 0, LAB_CHUNK, 0);
+        zb_dataset *ds = NULL;
+        ZB_ASSERT_ERR(zb_dataset_open(st, "", NULL, &ds), cases[k].want, cases[k].needle);
+        assert_null(ds);
+        zb_store_close(st);
+    }
+    source_free(&s);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_open_and_fields),
+        cmocka_unit_test(test_read_many_matches_hand),
+        cmocka_unit_test(test_plain_and_sharded_identical),
+        cmocka_unit_test(test_corrupt_pointers),
+        cmocka_unit_test(test_ids_out_of_range),
+        cmocka_unit_test(test_cache_serves_repeat),
+        cmocka_unit_test(test_tiny_cache),
+        cmocka_unit_test(test_four_threads_same_bytes),
+        cmocka_unit_test(test_pointer_blocks),
+        cmocka_unit_test(test_generic_schema_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
