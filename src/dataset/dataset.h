@@ -49,6 +49,7 @@ typedef struct zb_mask {
     uint8_t *bits;        /* [nphys] 0/1 */
     uint64_t *rank;       /* [nblocks+1] trues before each block of MASK_BLOCK samples */
     uint64_t nlogical;
+    uint64_t n;           /* entries used: the committed samples */
     pthread_mutex_t mu;
 } zb_mask;
 

@@ -280,13 +280,11 @@ zb_layout_anndata(zb_dataset *ds, const zb_tree *tree, const char *base)
 
 /* ---- atomic (nvalchemi) ------------------------------------------------------------------- */
 
-static const char *const ATOM_KEYS[] = {
-    "atomic_masses", "positions", "forces", "charges", "node_embeddings", "atomic_numbers",
-    "node_attrs", "node_alpha_spins", "node_beta_spins", "atom_categories", "velocities",
-    "momenta", "kinetic_energies", "neighbor_matrix", "neighbor_matrix_shifts", "num_neighbors",
-    NULL};
+/* FORMATS.md §8.2 key sets; anything else in core is atom-level. */
 static const char *const EDGE_KEYS[] = {"shifts", "neighbor_list_shifts", "neighbor_list",
                                         "edge_embeddings", NULL};
+static const char *const SYSTEM_KEYS[] = {"energy", "stress", "virial", "dipole", "charge",
+                                          "graph_embeddings", "cell", "pbc", "spin", NULL};
 
 static bool
 in_set(const char *const *set, const char *name)
@@ -296,8 +294,8 @@ in_set(const char *const *set, const char *name)
     return false;
 }
 
-/* The level of `name` in `group` per FORMATS.md §8.1: the fields attribute, then the key sets,
- * then "atom" (core) or "system" (custom). */
+/* The level of `name` in `group` per FORMATS.md §8.1: the fields attribute; else, in core, the
+ * key sets and then "atom"; in custom, "system". */
 static const char *
 atomic_level(json_object *fields, const char *group, const char *name)
 {
@@ -305,8 +303,20 @@ atomic_level(json_object *fields, const char *group, const char *name)
     if (lv) return !strcmp(lv, "node") ? "atom" : lv;
     if (!strcmp(group, "custom")) return "system";
     if (in_set(EDGE_KEYS, name)) return "edge";
-    if (in_set(ATOM_KEYS, name)) return "atom";
-    return "system";
+    if (in_set(SYSTEM_KEYS, name)) return "system";
+    return "atom";
+}
+
+/* Arrays may be longer than the committed samples need: an append writes data arrays before
+ * the pointer arrays and the root num_samples (the commit point), so an interrupted one leaves
+ * tails that readers ignore. Shorter is corruption (FORMATS.md §8.5, hazard 3). */
+static zb_status
+check_min_rows(const zb_field *f, uint64_t want, const char *what)
+{
+    if (f->arr->meta.shape[0] < want)
+        return zb_err(ZB_E_CORRUPT, "%s: %llu rows, %s needs %llu", f->arr->path,
+                      (unsigned long long)f->arr->meta.shape[0], what, (unsigned long long)want);
+    return ZB_OK;
 }
 
 zb_status
@@ -322,21 +332,26 @@ zb_layout_atomic(zb_dataset *ds, const zb_tree *tree, const char *base)
     ZB_TRY(add_segment(ds, tree, "edges", path, &edges));
     uint64_t n = ds->segs[atoms].ptr->meta.shape[0];
     if (n == 0) return zb_err(ZB_E_CORRUPT, "%s: meta/atoms_ptr is empty", ds->path);
+    /* N: the root num_samples when present (the commit point), else the pointer array */
     ds->nphys = n - 1;
-    if (ds->segs[edges].ptr->meta.shape[0] != n)
-        return zb_err(ZB_E_CORRUPT, "%s: meta/edges_ptr has %llu entries, atoms_ptr %llu",
-                      ds->path, (unsigned long long)ds->segs[edges].ptr->meta.shape[0],
-                      (unsigned long long)n);
     json_object *ns = root ? zb_json_get(root->attrs, "num_samples") : NULL;
     uint64_t num_samples;
-    if (ns && zb_json_u64(ns, "num_samples", &num_samples) == ZB_OK && num_samples != ds->nphys)
-        return zb_err(ZB_E_CORRUPT, "%s: num_samples is %llu, meta/atoms_ptr holds %llu",
-                      ds->path, (unsigned long long)num_samples,
+    if (ns && zb_json_u64(ns, "num_samples", &num_samples) == ZB_OK) {
+        if (num_samples > n - 1)
+            return zb_err(ZB_E_CORRUPT, "%s: num_samples is %llu, meta/atoms_ptr holds %llu",
+                          ds->path, (unsigned long long)num_samples,
+                          (unsigned long long)(n - 1));
+        ds->nphys = num_samples;
+    }
+    n = ds->nphys + 1;
+    if (ds->segs[edges].ptr->meta.shape[0] < n)
+        return zb_err(ZB_E_CORRUPT, "%s: meta/edges_ptr has %llu entries for %llu samples",
+                      ds->path, (unsigned long long)ds->segs[edges].ptr->meta.shape[0],
                       (unsigned long long)ds->nphys);
     join(path, sizeof path, base, "meta/samples_mask");
     if (zb_tree_find(tree, path)) {
         ZB_TRY(open_node(ds, tree, path, &ds->mask.arr));
-        if (ds->mask.arr->meta.shape[0] != ds->nphys)
+        if (ds->mask.arr->meta.shape[0] < ds->nphys)
             return zb_err(ZB_E_CORRUPT, "%s: %llu entries for %llu samples", path,
                           (unsigned long long)ds->mask.arr->meta.shape[0],
                           (unsigned long long)ds->nphys);
@@ -373,18 +388,18 @@ zb_layout_atomic(zb_dataset *ds, const zb_tree *tree, const char *base)
             zb_field *f = NULL;
             if (!strcmp(lv, "atom")) {
                 st = add_field(ds, tree, fname, nd->path, ZB_FIELD_RAGGED, atoms, -1, &f);
-                if (st == ZB_OK) st = check_rows(f, (uint64_t)v_total, "meta/atoms_ptr");
+                if (st == ZB_OK) st = check_min_rows(f, (uint64_t)v_total, "meta/atoms_ptr");
             } else if (!strcmp(lv, "edge")) {
                 bool idx = !strcmp(name, "neighbor_list");
                 st = add_field(ds, tree, fname, nd->path, idx ? ZB_FIELD_INDEX : ZB_FIELD_RAGGED,
                                edges, idx ? atoms : -1, &f);
                 if (st == ZB_OK) {
                     f->global_index = idx; /* nvalchemi stores store-global atom indices */
-                    st = check_rows(f, (uint64_t)e_total, "meta/edges_ptr");
+                    st = check_min_rows(f, (uint64_t)e_total, "meta/edges_ptr");
                 }
             } else {
                 st = add_field(ds, tree, fname, nd->path, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
-                if (st == ZB_OK) st = check_rows(f, ds->nphys, "meta/atoms_ptr");
+                if (st == ZB_OK) st = check_min_rows(f, ds->nphys, "num_samples");
             }
             if (st == ZB_E_TYPE) continue;
             if (st != ZB_OK) return st;

@@ -90,7 +90,7 @@ zb_mask_load(zb_dataset *ds)
     zb_status st = ZB_OK;
     pthread_mutex_lock(&m->mu);
     if (m->loaded) goto out;
-    uint64_t n = m->arr->meta.shape[0];
+    uint64_t n = ds->nphys; /* entries past the committed samples are ignored */
     if (m->arr->meta.itemsize != 1) {
         st = zb_err(ZB_E_TYPE, "%s: a mask must be bool", m->arr->path);
         goto out;
@@ -112,6 +112,7 @@ zb_mask_load(zb_dataset *ds)
     }
     m->rank[nblocks] = count;
     m->nlogical = count;
+    m->n = n;
     m->loaded = true;
 out:
     if (st != ZB_OK) {
@@ -129,7 +130,7 @@ zb_mask_select(const zb_mask *m, uint64_t logical)
 {
     if (!m->arr) return logical;
     /* the block holding the logical-th true: the last block whose rank is <= logical */
-    uint64_t n = m->arr->meta.shape[0];
+    uint64_t n = m->n;
     uint64_t nblocks = (n + MASK_BLOCK - 1) / MASK_BLOCK;
     uint64_t lo = 0, hi = nblocks;
     while (hi - lo > 1) {

@@ -251,3 +251,37 @@ def test_append_without_offsets_is_corrupt(structures, tmp_path):
     np.testing.assert_array_equal(b["neighbor_list"], want["neighbor_list"])
     with expect_error("ZB_E_CORRUPT", "neighbor_list"):
         ds.read_many([1, 11])
+
+
+def _tiny(n, seed):
+    rng = np.random.default_rng(seed)
+    return {"positions": rng.random((n, 3)).astype(np.float32), "atomic_numbers": np.arange(n) + 1,
+            "energy": float(seed), "neighbor_list": np.array([[0, 1], [1, 0]]),
+            "shifts": np.zeros((2, 3), dtype=np.float32)}
+
+
+@pytest.mark.parametrize("restore", ["root", "root+meta"])
+def test_interrupted_append_reads_committed_samples(tmp_path, restore):
+    import zbatch
+    """An append killed before its commit point (the root num_samples) leaves longer arrays
+    and possibly longer pointer arrays; zbatch reads exactly the committed samples."""
+    import pathlib
+    from zbatch._atomic import AtomicWriter
+    p = tmp_path / "a.zarr"
+    first = [_tiny(3, 1), _tiny(4, 2)]
+    w = AtomicWriter(str(p))
+    w.write(first)
+    docs = {q: q.read_bytes() for q in pathlib.Path(p).rglob("zarr.json")}
+    w.append([_tiny(2, 3)])
+    for q, text in docs.items():
+        if q == p / "zarr.json" or (restore == "root+meta" and q.parent.parent.name == "meta"):
+            q.write_bytes(text)
+    ds = zbatch.open(str(p))
+    assert len(ds) == 2
+    b = ds.read_many([0, 1])
+    np.testing.assert_array_equal(b["positions"], np.concatenate([s["positions"] for s in first]))
+    np.testing.assert_array_equal(b["atoms_ptr"], [0, 3, 7])
+    np.testing.assert_array_equal(b["neighbor_list"], [[0, 1], [1, 0], [3, 4], [4, 3]])
+    with pytest.raises(zbatch.ZbatchError) as e:
+        ds.read_many([2])
+    assert e.value.status == "ZB_E_RANGE"
