@@ -388,6 +388,9 @@ uint64_t zb_dataset_n_vars(const zb_dataset *ds);
 /* The category labels of a categorical field (a string table owned by ds). */
 zb_status zb_dataset_categories(zb_dataset *ds, const char *field, const zb_strings **out);
 
+/* Replaces the decode thread pool (waits for a read in progress). */
+zb_status zb_dataset_set_threads(zb_dataset *ds, int num_threads);
+
 /* Number of child datasets (collections), else 1. */
 size_t zb_dataset_nchildren(const zb_dataset *ds);
 
@@ -475,8 +478,10 @@ zb_status zb_info_json(zb_store *store, const char *path, char **json_out);
 }
 #endif
 
-/* The layout writers. */
+/* The layout writers, samplers and the loader. */
 #include "zbatch_anndata.h"
 #include "zbatch_atomic.h"
+#include "zbatch_loader.h"
+#include "zbatch_sampler.h"
 
 #endif /* ZBATCH_H */

@@ -80,9 +80,13 @@ class Batch(Mapping):
             shape = (len(items["index"]), self._n_vars)
             data, indices, indptr = fields.pop("X/data"), fields.pop("X/indices"), segs["X"]
             if torch_out:
-                items["X"] = torch.sparse_csr_tensor(
-                    torch.from_numpy(indptr), torch.from_numpy(indices.astype(np.int64, copy=False)),
-                    torch.from_numpy(data), size=shape)
+                import warnings
+                with warnings.catch_warnings():  # "sparse CSR support is in beta"
+                    warnings.simplefilter("ignore", UserWarning)
+                    items["X"] = torch.sparse_csr_tensor(
+                        torch.from_numpy(indptr),
+                        torch.from_numpy(indices.astype(np.int64, copy=False)),
+                        torch.from_numpy(data), size=shape, check_invariants=False)
             else:
                 import scipy.sparse as sp
                 items["X"] = sp.csr_matrix((data, indices, indptr), shape=shape, copy=False)
@@ -129,6 +133,10 @@ class Dataset:
 
     def __len__(self) -> int:
         return self._c.length()
+
+    def set_num_threads(self, n: int) -> None:
+        """Sets the number of decode threads used by reads and loaders."""
+        self._c.set_threads(int(n))
 
     def __repr__(self) -> str:
         return f"zbatch.Dataset({self.path!r}, layout={self.layout!r}, n={len(self)})"

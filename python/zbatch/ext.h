@@ -17,5 +17,14 @@ int zbpy_register_write(PyObject *module);
 int zbpy_register_anndata(PyObject *module);
 int zbpy_register_atomic(PyObject *module);
 int zbpy_register_dataset(PyObject *module);
+int zbpy_register_loader(PyObject *module);
+int zbpy_register_sampler(PyObject *module);
+
+/* The zb_dataset behind a zbatch._zbatch._Dataset (TypeError and NULL otherwise). */
+zb_dataset *zbpy_dataset_ptr(PyObject *obj);
+
+/* Wraps a C batch (taking ownership) into the dict zbatch.dataset.Batch reads: fields as
+ * (buffer, typestr, shape, kind, segment), "segments", "index", "dataset", "stats". */
+PyObject *zbpy_batch_to_dict(zb_batch *batch);
 
 #endif

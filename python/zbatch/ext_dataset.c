@@ -83,8 +83,8 @@ shape_of(uint64_t rows, int ndim, const uint64_t *row_shape)
 
 /* Converts a batch into a dict: name -> (buffer, typestr, shape); plus "index", "dataset",
  * "segments" {name: buffer of int64 [B+1]} and "stats". */
-static PyObject *
-batch_to_dict(zb_batch *cb)
+PyObject *
+zbpy_batch_to_dict(zb_batch *cb)
 {
     BatchObject *owner = PyObject_New(BatchObject, &BatchType);
     if (!owner) {
@@ -305,10 +305,24 @@ dataset_read_many(DatasetObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&ids);
     if (st != ZB_OK) return zbpy_raise(st, NULL);
-    return batch_to_dict(b);
+    return zbpy_batch_to_dict(b);
+}
+
+static PyObject *
+dataset_set_threads(DatasetObject *self, PyObject *args)
+{
+    int n;
+    if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_dataset_set_threads(self->ds, n);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef dataset_methods[] = {
+    {"set_threads", (PyCFunction)dataset_set_threads, METH_VARARGS, "replace the decode pool"},
     {"length", (PyCFunction)dataset_len, METH_NOARGS, "number of logical samples"},
     {"info", (PyCFunction)dataset_info, METH_NOARGS, "layout, fields, n_vars"},
     {"categories", (PyCFunction)dataset_categories, METH_VARARGS, "category labels"},
@@ -326,6 +340,16 @@ static PyTypeObject DatasetType = {
     .tp_init = (initproc)dataset_init,
     .tp_new = PyType_GenericNew,
 };
+
+zb_dataset *
+zbpy_dataset_ptr(PyObject *obj)
+{
+    if (!PyObject_TypeCheck(obj, &DatasetType)) {
+        PyErr_SetString(PyExc_TypeError, "expected a zbatch dataset (zbatch.open(...)._c)");
+        return NULL;
+    }
+    return ((DatasetObject *)obj)->ds;
+}
 
 int
 zbpy_register_dataset(PyObject *module)

@@ -344,3 +344,18 @@ zb_dataset_categories(zb_dataset *ds, const char *field, const zb_strings **out)
     *out = &f->cats;
     return ZB_OK;
 }
+
+zb_status
+zb_dataset_set_threads(zb_dataset *ds, int num_threads)
+{
+    if (!ds) return zb_err(ZB_E_INVALID, "zb_dataset_set_threads: null dataset");
+    zb_pool *p = NULL;
+    ZB_TRY(zb_pool_new(num_threads, &p));
+    pthread_mutex_lock(&ds->pool_mu);
+    zb_pool *old = ds->pool;
+    ds->pool = p;
+    ds->opts.num_threads = num_threads;
+    pthread_mutex_unlock(&ds->pool_mu);
+    zb_pool_free(old);
+    return ZB_OK;
+}

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dataset/batch.h"
 #include "dataset/dataset.h"
 #include "store/store.h"
 #include "util/status.h"
@@ -24,6 +25,7 @@ enum { SCR_UNIT = 4, SCR_FETCH = 5 };
 
 typedef struct bfield {
     char *name;
+    bool owned;         /* data is this batch's (else it lies in the parent's buffers) */
     zb_field_kind kind;
     zb_dtype dtype;
     size_t itemsize;
@@ -33,6 +35,7 @@ typedef struct bfield {
     uint64_t nrows;
     uint8_t *data;
     int seg;
+    int target; /* index fields: the segment their values point into, else -1 */
 } bfield;
 
 typedef struct bseg {
@@ -49,6 +52,11 @@ struct zb_batch {
     size_t nsegs;
     bseg *segs;
     zb_read_stats stats;
+    uint64_t n_vars;
+    /* a view (zb_batch_view) borrows index/dataset and non-owned field data from `parent` and
+     * holds one of its references; a batch is freed when its last reference goes */
+    zb_batch *parent;
+    _Atomic int refs;
 };
 
 /* A run of rows of one unit that lands at dst_row of the field's batch buffer. */
@@ -83,16 +91,144 @@ void
 zb_batch_free(zb_batch *b)
 {
     if (!b) return;
+    if (--b->refs > 0) return;
     for (size_t i = 0; i < b->nfields; i++) {
         free(b->fields[i].name);
-        free(b->fields[i].data);
+        if (b->fields[i].owned) free(b->fields[i].data);
     }
     for (size_t i = 0; i < b->nsegs; i++) free(b->segs[i].ptr);
     free(b->fields);
     free(b->segs);
-    free(b->index);
-    free(b->dataset);
+    if (!b->parent) {
+        free(b->index);
+        free(b->dataset);
+    }
+    zb_batch *parent = b->parent;
     free(b);
+    zb_batch_free(parent);
+}
+
+uint64_t
+zb_batch_n_vars(const zb_batch *b)
+{
+    return b ? b->n_vars : 0;
+}
+
+static zb_status
+grow_fields(zb_batch *b)
+{
+    bfield *n = realloc(b->fields, (b->nfields + 2) * sizeof *n);
+    if (!n) return zb_err(ZB_E_NOMEM, "batch: out of memory for a field");
+    b->fields = n;
+    return ZB_OK;
+}
+
+zb_status
+zb_batch_add_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
+                   const uint64_t *row_shape, uint64_t nrows, void *data)
+{
+    if (!b || !name || ndim < 0 || ndim >= ZB_MAX_DIMS || dtype == ZB_DT_STRING)
+        return zb_err(ZB_E_INVALID, "zb_batch_add_field: bad argument");
+    for (size_t i = 0; i < b->nfields; i++)
+        if (!strcmp(b->fields[i].name, name))
+            return zb_err(ZB_E_INVALID, "batch already has a field '%s'", name);
+    ZB_TRY(grow_fields(b));
+    bfield *f = &b->fields[b->nfields];
+    memset(f, 0, sizeof *f);
+    f->name = strdup(name);
+    if (!f->name) return zb_err(ZB_E_NOMEM, "batch: out of memory");
+    f->owned = true;
+    f->kind = ZB_FIELD_PER_SAMPLE;
+    f->dtype = dtype;
+    f->itemsize = zb_dtype_size(dtype);
+    f->ndim = ndim;
+    f->row_elems = 1;
+    for (int d = 0; d < ndim; d++) {
+        f->row_shape[d] = row_shape[d];
+        f->row_elems *= row_shape[d];
+    }
+    f->nrows = nrows;
+    f->data = data;
+    f->seg = -1;
+    b->nfields++;
+    return ZB_OK;
+}
+
+zb_status
+zb_batch_replace_field(zb_batch *b, const char *name, zb_dtype dtype, void *data)
+{
+    if (!b || !name || dtype == ZB_DT_STRING)
+        return zb_err(ZB_E_INVALID, "zb_batch_replace_field: bad argument");
+    for (size_t i = 0; i < b->nfields; i++) {
+        bfield *f = &b->fields[i];
+        if (strcmp(f->name, name)) continue;
+        if (f->owned) free(f->data);
+        f->data = data;
+        f->owned = true;
+        f->dtype = dtype;
+        f->itemsize = zb_dtype_size(dtype);
+        return ZB_OK;
+    }
+    return zb_err(ZB_E_NOTFOUND, "batch has no field '%s'", name);
+}
+
+zb_status
+zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out)
+{
+    *out = NULL;
+    if (!whole || b0 > b1 || b1 > whole->B)
+        return zb_err(ZB_E_RANGE, "batch view [%zu, %zu) of %zu", b0, b1, whole ? whole->B : 0);
+    zb_batch *v = calloc(1, sizeof *v);
+    if (!v) return zb_err(ZB_E_NOMEM, "batch view: out of memory");
+    v->refs = 1;
+    v->B = b1 - b0;
+    v->n_vars = whole->n_vars;
+    v->index = whole->index + b0;
+    v->dataset = whole->dataset ? whole->dataset + b0 : NULL;
+    v->nsegs = whole->nsegs;
+    v->nfields = 0;
+    v->segs = calloc(whole->nsegs + 1, sizeof *v->segs);
+    v->fields = calloc(whole->nfields + 1, sizeof *v->fields);
+    v->parent = whole;
+    whole->refs++;
+    if (!v->segs || !v->fields) goto oom;
+    for (size_t s = 0; s < whole->nsegs; s++) {
+        memcpy(v->segs[s].name, whole->segs[s].name, sizeof v->segs[s].name);
+        v->segs[s].ptr = malloc((v->B + 1) * sizeof(int64_t));
+        if (!v->segs[s].ptr) goto oom;
+        const int64_t *p = whole->segs[s].ptr;
+        for (size_t i = 0; i <= v->B; i++) v->segs[s].ptr[i] = p[b0 + i] - p[b0];
+    }
+    for (size_t f = 0; f < whole->nfields; f++) {
+        const bfield *wf = &whole->fields[f];
+        bfield *vf = &v->fields[f];
+        *vf = *wf;
+        vf->owned = false;
+        vf->name = strdup(wf->name);
+        if (!vf->name) goto oom;
+        v->nfields++;
+        uint64_t r0 = wf->seg >= 0 ? (uint64_t)whole->segs[wf->seg].ptr[b0] : b0;
+        uint64_t r1 = wf->seg >= 0 ? (uint64_t)whole->segs[wf->seg].ptr[b1] : b1;
+        vf->data = wf->data + r0 * wf->row_elems * wf->itemsize;
+        vf->nrows = r1 - r0;
+        if (wf->kind == ZB_FIELD_INDEX && wf->target >= 0 && b0 > 0) {
+            /* values index the whole batch's target rows; the view's start at its first */
+            int64_t shift = whole->segs[wf->target].ptr[b0];
+            uint64_t n = vf->nrows * wf->row_elems;
+            if (wf->dtype == ZB_DT_INT64) {
+                int64_t *x = (int64_t *)(void *)vf->data;
+                for (uint64_t k = 0; k < n; k++) x[k] -= shift;
+            } else if (wf->dtype == ZB_DT_INT32) {
+                int32_t *x = (int32_t *)(void *)vf->data;
+                for (uint64_t k = 0; k < n; k++) x[k] = (int32_t)(x[k] - shift);
+            }
+        }
+    }
+    *out = v;
+    return ZB_OK;
+oom:
+    zb_batch_free(v);
+    return zb_err(ZB_E_NOMEM, "batch view: out of memory");
 }
 
 size_t
@@ -787,6 +923,8 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
     if (!b) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
     p.b = b;
     b->B = n;
+    b->refs = 1;
+    b->n_vars = ds->n_vars;
     b->nfields = pr->nfields;
     b->nsegs = pr->nsegs;
     b->fields = calloc(pr->nfields + 1, sizeof *b->fields);
@@ -848,6 +986,8 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
         memcpy(bf->row_shape, fd->row_shape, sizeof bf->row_shape);
         bf->row_elems = fd->row_elems;
         bf->seg = fd->seg;
+        bf->target = fd->target;
+        bf->owned = true;
         bf->nrows = fd->seg >= 0 ? (uint64_t)b->segs[fd->seg].ptr[n] : n;
         uint64_t bytes = bf->nrows * bf->row_elems * bf->itemsize;
         bf->data = malloc((size_t)bytes + 1);

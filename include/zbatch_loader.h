@@ -1,0 +1,86 @@
+/* zbatch_loader.h — part of the public C API (included by zbatch.h): the pipelined loader.
+ *
+ * A loader pulls `prefetch_factor` batches at a time (a window) from a sampler, hands the
+ * window to the coalesced reader as one request, keeps up to `depth` windows in flight, and
+ * yields the batches strictly in sampler order, whatever the thread timing. Per-batch C
+ * transforms run on the loader's worker before a batch is handed out. Memory is bounded by the
+ * options (depth windows of prefetch_factor batches), not by the dataset.
+ *
+ * Thread-safety: one consumer thread calls zb_loader_next / zb_loader_close; the loader runs
+ * its own worker thread. Conventions, status codes and ownership rules are those of zbatch.h. */
+#ifndef ZBATCH_LOADER_H
+#define ZBATCH_LOADER_H
+
+#include "zbatch.h"
+#include "zbatch_sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A per-batch transform run on the loader's worker. It may modify the batch's buffers in place
+ * or add fields (zb_batch_add_field). A non-OK status ends the epoch: zb_loader_next returns it
+ * with the detail message the transform set (or its status' text). */
+typedef zb_status (*zb_transform_fn)(zb_batch *batch, void *user);
+
+typedef enum zb_transform_kind {
+    ZB_TRANSFORM_LOG1P,           /* X/data = log1p(X/data) in place (float32/float64) */
+    ZB_TRANSFORM_NORMALIZE_TOTAL, /* scale each row of X/data to sum to `target_sum` */
+    ZB_TRANSFORM_DENSIFY,         /* add "X_dense": float32 [B, n_cols] from the CSR X */
+    ZB_TRANSFORM_CAST,            /* replace field `field` by a copy cast to `dtype` */
+    ZB_TRANSFORM_CALLBACK         /* fn(batch, user) */
+} zb_transform_kind;
+
+typedef struct zb_transform {
+    zb_transform_kind kind;
+    double target_sum;        /* NORMALIZE_TOTAL */
+    const uint64_t *columns;  /* DENSIFY: an optional column subset (NULL = all n_vars) */
+    size_t ncolumns;
+    const char *field;        /* CAST */
+    zb_dtype dtype;           /* CAST */
+    zb_transform_fn fn;       /* CALLBACK */
+    void *user;               /* CALLBACK */
+} zb_transform;
+
+typedef struct zb_loader_opts {
+    size_t prefetch_factor;   /* batches per window (>= 1) */
+    size_t depth;             /* windows in flight (>= 1) */
+    const zb_transform *transforms; /* run in order on every batch; copied at open */
+    size_t ntransforms;
+} zb_loader_opts;
+
+#define ZB_LOADER_OPTS_DEFAULT {4, 2, NULL, 0}
+
+typedef struct zb_loader zb_loader;
+
+/* Starts a loader over `ds` drawing batches from `sampler` (positioned where it is: the loader
+ * continues from the sampler's current state). The loader borrows both: they must outlive it,
+ * and the sampler must not be used by anyone else until zb_loader_close. */
+zb_status zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts,
+                         zb_loader **out);
+
+/* The next batch in sampler order: *out is a batch to release with zb_batch_free (its memory
+ * returns to the loader's window ring), or NULL at the end of the epoch. An I/O, decode or
+ * transform error in the worker is returned here with its detail message. */
+zb_status zb_loader_next(zb_loader *ld, zb_batch **out);
+
+/* The sampler state after the last batch handed out by zb_loader_next (not the prefetched
+ * ones): restoring it into a sampler continues exactly after that batch. */
+void zb_loader_state(const zb_loader *ld, zb_sampler_state *state);
+
+/* Stops the worker, waits for it, frees every window not handed out. Batches already handed
+ * out stay valid until released. NULL is a no-op. */
+void zb_loader_close(zb_loader *ld);
+
+/* Adds a field to a batch (transforms use it): `data` (nrows * row elements * itemsize bytes,
+ * malloc'd) becomes the batch's and is freed with it. */
+zb_status zb_batch_add_field(zb_batch *batch, const char *name, zb_dtype dtype, int ndim,
+                             const uint64_t *row_shape, uint64_t nrows, void *data);
+
+/* Replaces the buffer of an existing field (CAST): same row count and shape, new dtype. */
+zb_status zb_batch_replace_field(zb_batch *batch, const char *name, zb_dtype dtype, void *data);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,207 @@
+/* Python bindings: the pipelined loader (zb_loader_*). The GIL is released while the C loader
+ * works or waits; batches cross into numpy without copies (zbpy_batch_to_dict). */
+#include <string.h>
+
+#include "ext.h"
+#include "ext_sampler.h"
+#include "zbatch_loader.h"
+
+typedef struct {
+    PyObject_HEAD zb_loader *ld;
+    PyObject *dataset; /* kept alive: the C loader borrows them */
+    PyObject *sampler;
+    zb_transform *transforms;
+    uint64_t *columns;
+    char **cast_fields;
+    size_t ntransforms;
+} LoaderObject;
+
+static void
+loader_close_c(LoaderObject *self)
+{
+    if (self->ld) {
+        zb_loader *ld = self->ld;
+        self->ld = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        zb_loader_close(ld);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static void
+loader_dealloc(LoaderObject *self)
+{
+    loader_close_c(self);
+    Py_XDECREF(self->dataset);
+    Py_XDECREF(self->sampler);
+    for (size_t i = 0; i < self->ntransforms; i++) free(self->cast_fields[i]);
+    free(self->cast_fields);
+    free(self->transforms);
+    free(self->columns);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static const char *const DTYPES[] = {"bool",    "int8",    "int16",   "int32",   "int64",
+                                     "uint8",   "uint16",  "uint32",  "uint64",  "float16",
+                                     "float32", "float64", NULL};
+
+/* _Loader(dataset, sampler, prefetch_factor, depth, transforms)
+ * transforms: a list of tuples ("log1p",), ("normalize_total", target), ("densify", cols|None),
+ * ("cast", field, dtype). */
+static int
+loader_init(LoaderObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"dataset", "sampler", "prefetch_factor", "depth", "transforms", NULL};
+    PyObject *dsobj, *smobj, *tlist = NULL;
+    unsigned long long prefetch = 4, depth = 2;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|KKO", kwlist, &dsobj, &smobj, &prefetch,
+                                     &depth, &tlist))
+        return -1;
+    zb_dataset *ds = zbpy_dataset_ptr(dsobj);
+    if (!ds) return -1;
+    zb_sampler *sm = zbpy_sampler_ptr(smobj);
+    if (!sm) return -1;
+    Py_ssize_t nt = tlist && tlist != Py_None ? PySequence_Size(tlist) : 0;
+    if (nt < 0) return -1;
+    self->transforms = calloc((size_t)nt + 1, sizeof *self->transforms);
+    self->cast_fields = calloc((size_t)nt + 1, sizeof *self->cast_fields);
+    if (!self->transforms || !self->cast_fields) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        PyObject *t = PySequence_GetItem(tlist, i);
+        if (!t) return -1;
+        const char *name = NULL;
+        PyObject *a1 = NULL, *a2 = NULL;
+        if (!PyArg_ParseTuple(t, "s|OO", &name, &a1, &a2)) {
+            Py_DECREF(t);
+            return -1;
+        }
+        zb_transform *z = &self->transforms[i];
+        int ok = 1;
+        if (!strcmp(name, "log1p")) {
+            z->kind = ZB_TRANSFORM_LOG1P;
+        } else if (!strcmp(name, "normalize_total")) {
+            z->kind = ZB_TRANSFORM_NORMALIZE_TOTAL;
+            z->target_sum = a1 && a1 != Py_None ? PyFloat_AsDouble(a1) : 1e4;
+        } else if (!strcmp(name, "densify")) {
+            z->kind = ZB_TRANSFORM_DENSIFY;
+            if (a1 && a1 != Py_None) {
+                Py_ssize_t nc = PySequence_Size(a1);
+                free(self->columns);
+                self->columns = malloc((size_t)(nc > 0 ? nc : 1) * sizeof *self->columns);
+                for (Py_ssize_t k = 0; self->columns && k < nc; k++) {
+                    PyObject *c = PySequence_GetItem(a1, k);
+                    self->columns[k] = c ? PyLong_AsUnsignedLongLong(c) : 0;
+                    Py_XDECREF(c);
+                }
+                z->columns = self->columns;
+                z->ncolumns = (size_t)nc;
+            }
+        } else if (!strcmp(name, "cast") && a1 && a2 && PyUnicode_Check(a1) &&
+                   PyUnicode_Check(a2)) {
+            z->kind = ZB_TRANSFORM_CAST;
+            self->cast_fields[i] = strdup(PyUnicode_AsUTF8(a1));
+            z->field = self->cast_fields[i];
+            const char *dt = PyUnicode_AsUTF8(a2);
+            ok = 0;
+            for (int k = 0; DTYPES[k]; k++)
+                if (!strcmp(DTYPES[k], dt)) {
+                    z->dtype = (zb_dtype)k;
+                    ok = 1;
+                }
+        } else {
+            ok = 0;
+        }
+        Py_DECREF(t);
+        if (PyErr_Occurred()) return -1;
+        if (!ok) {
+            PyErr_Format(PyExc_ValueError, "unknown transform %s", name);
+            return -1;
+        }
+        self->ntransforms = (size_t)i + 1;
+    }
+    zb_loader_opts o = ZB_LOADER_OPTS_DEFAULT;
+    o.prefetch_factor = (size_t)prefetch;
+    o.depth = (size_t)depth;
+    o.transforms = self->transforms;
+    o.ntransforms = (size_t)nt;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_loader_open(ds, sm, &o, &self->ld);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
+        zbpy_raise(st, NULL);
+        return -1;
+    }
+    Py_INCREF(dsobj);
+    Py_INCREF(smobj);
+    self->dataset = dsobj;
+    self->sampler = smobj;
+    return 0;
+}
+
+/* next() -> batch dict, or None at the end of the epoch */
+static PyObject *
+loader_next(LoaderObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (!self->ld) Py_RETURN_NONE;
+    zb_batch *b = NULL;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_loader_next(self->ld, &b);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    if (!b) Py_RETURN_NONE;
+    return zbpy_batch_to_dict(b);
+}
+
+static PyObject *
+loader_state(LoaderObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    zb_sampler_state s = {0, 0, 0};
+    if (self->ld) zb_loader_state(self->ld, &s);
+    return Py_BuildValue("{s:K,s:K,s:K}", "seed", (unsigned long long)s.seed, "epoch",
+                         (unsigned long long)s.epoch, "position", (unsigned long long)s.position);
+}
+
+static PyObject *
+loader_close(LoaderObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    loader_close_c(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef loader_methods[] = {
+    {"next", (PyCFunction)loader_next, METH_NOARGS, "next batch dict or None"},
+    {"state", (PyCFunction)loader_state, METH_NOARGS, "sampler state after the last batch"},
+    {"close", (PyCFunction)loader_close, METH_NOARGS, "stop and free the C loader"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LoaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zbatch._zbatch._Loader",
+    .tp_basicsize = sizeof(LoaderObject),
+    .tp_dealloc = (destructor)loader_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "a libzbatch loader",
+    .tp_methods = loader_methods,
+    .tp_init = (initproc)loader_init,
+    .tp_new = PyType_GenericNew,
+};
+
+int
+zbpy_register_loader(PyObject *module)
+{
+    if (PyType_Ready(&LoaderType) < 0) return -1;
+    Py_INCREF(&LoaderType);
+    if (PyModule_AddObject(module, "_Loader", (PyObject *)&LoaderType) < 0) {
+        Py_DECREF(&LoaderType);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,558 @@
+"""Samplers: which samples go in which batch, for which rank and epoch.
+
+Every sampler here is a thin wrapper over a C sampler of libzbatch (``zbatch_sampler.h``), and
+its order is a pure function of ``(seed, epoch, rank, world_size, position)``: the state a
+checkpoint needs is three numbers, and restoring it continues exactly where the run stopped,
+also on another number of ranks.
+
+Iterating a sampler yields one numpy ``int64`` array of sample ids per batch::
+
+    >>> s = zbatch.samplers.RandomSampler(10, batch_size=4, seed=0)
+    >>> [b.tolist() for b in s]            # doctest: +SKIP
+    [[7, 2, 9, 0], [4, 1, 8, 5], [3, 6]]
+    >>> s.set_epoch(1)                     # another permutation
+
+Distributed training: every epoch is one sequence of *global* batches, the same for any world
+size; rank ``r`` of ``W`` takes global batches ``r, r + W, r + 2W, ...``. All ranks get the
+same number of batches: ``pad_or_drop="pad"`` (default) repeats batches from the start of the
+epoch on the last ranks, ``"drop"`` drops the tail. ``rank`` / ``world_size`` given explicitly
+win; otherwise they come from ``torch.distributed`` when it is initialised, else from the
+``RANK`` / ``WORLD_SIZE`` environment variables, else 0 / 1.
+
+``state_dict()["position"]`` counts *global* batches consumed (the same on every rank), so a
+job stopped on 4 ranks can resume on 3 with no batch of the epoch repeated or skipped.
+
+The DataLoader takes either one of these objects or a name for :func:`make_sampler`; C code
+reaches the underlying ``zb_sampler`` through the ``_c`` attribute.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import numpy as _np
+
+from . import _zbatch
+
+__all__ = ["Sampler", "SequentialSampler", "RandomSampler", "BlockSampler", "WeightedSampler",
+           "SizeAwareSampler", "MultiDatasetSampler", "make_sampler", "resolve_rank_world"]
+
+_POLICIES = {"dataset_size": 0, "min_size": 1, "max_size": 2}
+_U64_MAX = (1 << 64) - 1
+
+
+def resolve_rank_world(rank: Optional[int] = None,
+                       world_size: Optional[int] = None) -> tuple[int, int]:
+    """The ``(rank, world_size)`` a sampler uses.
+
+    Explicit arguments win (a missing one is completed from the same source as below, or
+    0 / 1). Otherwise: ``torch.distributed`` when it is available and initialised, else the
+    ``RANK`` and ``WORLD_SIZE`` environment variables (as ``torchrun`` sets them), else
+    ``(0, 1)``.
+    """
+    if rank is None or world_size is None:
+        src_rank, src_world = _environment_rank_world()
+        if rank is None:
+            rank = src_rank if world_size is None or world_size == src_world else 0
+        if world_size is None:
+            world_size = src_world
+    rank, world_size = int(rank), int(world_size)
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    return rank, world_size
+
+
+def _environment_rank_world() -> tuple[int, int]:
+    # torch.distributed can only be initialised if torch was imported: don't import it here
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    r, w = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if r is not None and w is not None:
+        try:
+            return int(r), int(w)
+        except ValueError:
+            raise ValueError(f"RANK={r!r} / WORLD_SIZE={w!r} are not integers") from None
+    return 0, 1
+
+
+def _pad_flag(pad_or_drop: str) -> bool:
+    if pad_or_drop not in ("pad", "drop"):
+        raise ValueError(f"pad_or_drop must be 'pad' or 'drop', got {pad_or_drop!r}")
+    return pad_or_drop == "drop"
+
+
+def _u64(a, name: str) -> Optional[_np.ndarray]:
+    if a is None:
+        return None
+    arr = _np.asarray(a)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-d, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind == "i" and arr.min() < 0:
+        raise ValueError(f"{name} must be >= 0")
+    if arr.dtype.kind not in "iub":
+        raise TypeError(f"{name} must hold integers, got {arr.dtype}")
+    return _np.ascontiguousarray(arr, dtype=_np.uint64)
+
+
+def _f64(a, name: str) -> Optional[_np.ndarray]:
+    if a is None:
+        return None
+    arr = _np.ascontiguousarray(a, dtype=_np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-d, got shape {arr.shape}")
+    return arr
+
+
+class Sampler:
+    """Base class of the zbatch samplers: iteration, ``len``, epochs and exact resume.
+
+    ``iter(sampler)`` runs the current epoch from its start, except right after
+    :meth:`load_state_dict`, when it continues from the restored position. ``len(sampler)``
+    is this rank's number of batches per epoch.
+    """
+
+    kind: str = ""
+
+    def __init__(self, c: Any, *, seed: int, rank: int, world_size: int, batch_size: int):
+        self._c = c
+        self._seed = int(seed)
+        self._epoch = 0
+        self._rank = rank
+        self._world_size = world_size
+        self._batch_size = int(batch_size)
+        self._pristine = True   # at the start of the epoch, nothing taken yet
+        self._resume = False    # load_state_dict was called since the last pass
+
+    # -- iteration -------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[_np.ndarray]:
+        if not (self._pristine or self._resume):
+            self._c.set_epoch(self._epoch)
+        self._pristine = self._resume = False
+        nxt = self._c.next
+        while True:
+            buf = nxt()
+            if buf is None:
+                return
+            yield _np.frombuffer(buf, dtype=_np.int64)
+
+    def __len__(self) -> int:
+        return int(self._c.num_batches())
+
+    # -- epochs and state ------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch the next pass runs (each epoch has its own order)."""
+        epoch = int(epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._c.set_epoch(epoch)
+        self._epoch = epoch
+        self._pristine, self._resume = True, False
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"kind", "seed", "epoch", "position"}``; position counts global batches."""
+        seed, epoch, position = self._c.get_state()
+        return {"kind": self.kind, "seed": int(seed), "epoch": int(epoch),
+                "position": int(position)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from ``state`` (possibly saved with another world size): the next pass
+        starts at its position."""
+        kind = state.get("kind", self.kind)
+        if kind != self.kind:
+            raise ValueError(f"state of a {kind!r} sampler given to a {self.kind!r} sampler")
+        self._c.restore(int(state["seed"]), int(state["epoch"]), int(state["position"]))
+        self._seed = int(state["seed"])
+        self._epoch = int(state["epoch"])
+        self._pristine, self._resume = False, True
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch (the maximum, for size-aware samplers)."""
+        return self._batch_size
+
+    @property
+    def num_samples(self) -> int:
+        """The dataset length the ids index into."""
+        return int(self._c.length())
+
+    @property
+    def remaining(self) -> int:
+        """Batches this rank still yields in the current epoch."""
+        return int(self._c.remaining())
+
+    @property
+    def epoch_batches(self) -> int:
+        """Global batches of the epoch (all ranks, before padding or dropping)."""
+        return int(self._c.epoch_batches())
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(n={self.num_samples}, batch_size={self.batch_size}, "
+                f"seed={self.seed}, rank={self.rank}, world_size={self.world_size}, "
+                f"epoch={self.epoch})")
+
+
+def _base(n, batch_size, drop_last, seed, rank, world_size, pad_or_drop):
+    rank, world_size = resolve_rank_world(rank, world_size)
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if int(n) < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    kw = dict(n=int(n), batch_size=int(batch_size), drop_last=bool(drop_last),
+              seed=int(seed) & _U64_MAX, rank=rank, world_size=world_size,
+              drop=_pad_flag(pad_or_drop))
+    return kw, rank, world_size
+
+
+class SequentialSampler(Sampler):
+    """Ids ``0 .. n-1`` in order, in batches of ``batch_size``.
+
+    Example::
+
+        >>> [b.tolist() for b in SequentialSampler(5, batch_size=2)]
+        [[0, 1], [2, 3], [4]]
+    """
+
+    kind = "sequential"
+
+    def __init__(self, n: int, batch_size: int = 1, drop_last: bool = False, *,
+                 seed: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 pad_or_drop: str = "pad"):
+        kw, rank, world_size = _base(n, batch_size, drop_last, seed, rank, world_size,
+                                     pad_or_drop)
+        super().__init__(_zbatch.sampler_sequential(**kw), seed=seed, rank=rank,
+                         world_size=world_size, batch_size=batch_size)
+
+
+class RandomSampler(Sampler):
+    """A full random permutation of ``0 .. n-1`` per epoch, without replacement.
+
+    The permutation is a keyed bijection (a Feistel network with cycle walking), so memory is
+    O(1) for any ``n`` (even 10^12) and construction is instant.
+    """
+
+    kind = "random"
+
+    def __init__(self, n: int, batch_size: int = 1, drop_last: bool = False, *,
+                 seed: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 pad_or_drop: str = "pad"):
+        kw, rank, world_size = _base(n, batch_size, drop_last, seed, rank, world_size,
+                                     pad_or_drop)
+        super().__init__(_zbatch.sampler_random(**kw), seed=seed, rank=rank,
+                         world_size=world_size, batch_size=batch_size)
+
+
+class BlockSampler(Sampler):
+    """Shuffled blocks of contiguous rows, loaded and shuffled a window at a time.
+
+    Rows are cut into blocks of ``block_size``; the block order is a random permutation per
+    epoch; ``blocks_per_window`` consecutive blocks of that order form a window whose rows are
+    permuted; batches are cut in order from the window stream. Reads stay contiguous (read
+    amplification ~1) while batches mix ``blocks_per_window`` blocks.
+
+    Peers: annbatch ``Loader(chunk_size=c, preload_nchunks=p)`` is ``block_size=c,
+    blocks_per_window=p`` (:meth:`from_annbatch`); scDataset ``BlockShuffling(block_size=b)``
+    with ``fetch_factor=f`` is ``block_size=b, blocks_per_window=ceil(f * batch_size / b)``
+    (:meth:`from_scdataset`).
+    """
+
+    kind = "block"
+
+    def __init__(self, n: int, batch_size: int = 1, block_size: int = 256,
+                 blocks_per_window: int = 16, drop_last: bool = False, *, seed: int = 0,
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 pad_or_drop: str = "pad"):
+        kw, rank, world_size = _base(n, batch_size, drop_last, seed, rank, world_size,
+                                     pad_or_drop)
+        self.block_size = int(block_size)
+        self.blocks_per_window = int(blocks_per_window)
+        if self.block_size < 1 or self.blocks_per_window < 1:
+            raise ValueError("block_size and blocks_per_window must be >= 1")
+        c = _zbatch.sampler_block(block_size=self.block_size,
+                                  blocks_per_window=self.blocks_per_window, **kw)
+        super().__init__(c, seed=seed, rank=rank, world_size=world_size,
+                         batch_size=batch_size)
+
+    @classmethod
+    def from_annbatch(cls, n: int, chunk_size: int = 512, preload_nchunks: int = 32,
+                      batch_size: int = 1, **kwargs) -> "BlockSampler":
+        """annbatch's ``chunk_size`` / ``preload_nchunks`` as block size / blocks per window."""
+        return cls(n, batch_size, block_size=chunk_size, blocks_per_window=preload_nchunks,
+                   **kwargs)
+
+    @classmethod
+    def from_scdataset(cls, n: int, block_size: int = 4, fetch_factor: int = 16,
+                       batch_size: int = 1, **kwargs) -> "BlockSampler":
+        """scDataset's ``block_size`` / ``fetch_factor``: a window holds the
+        ``fetch_factor * batch_size`` rows scDataset fetches at once."""
+        bpw = max(1, -(-int(fetch_factor) * int(batch_size) // int(block_size)))
+        return cls(n, batch_size, block_size=block_size, blocks_per_window=bpw, **kwargs)
+
+
+class WeightedSampler(Sampler):
+    """``num_samples`` draws per epoch with replacement, by weight or class-balanced.
+
+    Give ``weights`` (one per sample; like ``torch.utils.data.WeightedRandomSampler``) or
+    ``class_codes`` (categorical codes per sample, e.g. ``obs["cell_type"].cat.codes``; a
+    pandas Categorical is accepted; negative codes are never drawn). With class codes each
+    class gets ``class_weights[c]`` (default 1: class-balanced) shared by its members.
+    ``block_size`` > 0 draws in runs of ``block_draws`` rows from one block of contiguous rows
+    (read locality) with the same per-draw probabilities.
+
+    Example::
+
+        >>> s = WeightedSampler([1.0, 0.0, 3.0], batch_size=4, num_samples=8, seed=1)
+        >>> len(s), 1 in _np.concatenate(list(s))   # id 1 has weight 0
+        (2, False)
+    """
+
+    kind = "weighted"
+
+    def __init__(self, weights: Optional[Sequence[float]] = None, batch_size: int = 1,
+                 num_samples: Optional[int] = None, *, class_codes=None,
+                 class_weights: Optional[Sequence[float]] = None, replacement: bool = True,
+                 block_size: int = 0, block_draws: Optional[int] = None,
+                 drop_last: bool = False, seed: int = 0, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, pad_or_drop: str = "pad"):
+        if not replacement:
+            raise ValueError("WeightedSampler draws with replacement; use RandomSampler or "
+                             "MultiDatasetSampler(replacement=False) for draws without")
+        if (weights is None) == (class_codes is None):
+            raise ValueError("give exactly one of weights and class_codes")
+        w = codes = None
+        if weights is not None:
+            w = _f64(weights, "weights")
+            n = len(w)
+        else:
+            if hasattr(class_codes, "codes"):   # pandas Categorical / Series.cat
+                class_codes = class_codes.codes
+            codes = _np.ascontiguousarray(class_codes, dtype=_np.int64)
+            if codes.ndim != 1:
+                raise ValueError("class_codes must be 1-d")
+            n = len(codes)
+        if num_samples is not None and int(num_samples) < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        kw, rank, world_size = _base(n, batch_size, drop_last, seed, rank, world_size,
+                                     pad_or_drop)
+        c = _zbatch.sampler_weighted(weights=w, class_codes=codes,
+                                     class_weights=_f64(class_weights, "class_weights"),
+                                     num_samples=int(num_samples or 0),
+                                     block_size=int(block_size),
+                                     block_draws=int(block_draws or 0), **kw)
+        super().__init__(c, seed=seed, rank=rank, world_size=world_size,
+                         batch_size=batch_size)
+        self.draws_per_epoch = int(num_samples or n)
+
+
+class SizeAwareSampler(Sampler):
+    """Bin-packed batches that never exceed ``max_atoms``, ``max_edges``, ``max_nnz`` or
+    ``max_batch_size`` (a guarantee), in a shuffled order per epoch.
+
+    ``num_atoms`` / ``num_edges`` / ``nnz`` are per-sample sizes (e.g. ``np.diff(atoms_ptr)``);
+    a limit left ``None`` is not enforced. A sample that alone exceeds a limit raises
+    :class:`zbatch.ZbatchError` naming its id. Each window of ``window_size`` samples of the
+    permuted order is packed on its own (first fit, or first-fit decreasing when that needs
+    fewer batches). Every sample appears in exactly one batch per epoch. ``drop_last`` is
+    accepted and ignored (batch sizes vary by design).
+
+    :meth:`request_replacement` serves inflight batching in dynamics loops (nvalchemi's
+    ``SizeAwareSampler``): an unused sample of this rank's epoch that fits the freed room.
+    """
+
+    kind = "size_aware"
+
+    def __init__(self, batch_size: Optional[int] = None, *, num_atoms=None, num_edges=None,
+                 nnz=None, max_atoms: Optional[int] = None, max_edges: Optional[int] = None,
+                 max_nnz: Optional[int] = None, max_batch_size: Optional[int] = None,
+                 window_size: int = 8192, shuffle: bool = True, drop_last: bool = False,
+                 seed: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 pad_or_drop: str = "pad"):
+        del drop_last   # accepted for a uniform signature; packed batches have no short tail
+        if batch_size is None:
+            batch_size = max_batch_size
+        elif max_batch_size is not None and int(max_batch_size) != int(batch_size):
+            raise ValueError("batch_size and max_batch_size disagree")
+        if batch_size is None:
+            raise ValueError("SizeAwareSampler needs max_batch_size (or batch_size)")
+        arrays = {"num_atoms": _u64(num_atoms, "num_atoms"),
+                  "num_edges": _u64(num_edges, "num_edges"), "nnz": _u64(nnz, "nnz")}
+        limits = {"num_atoms": max_atoms, "num_edges": max_edges, "nnz": max_nnz}
+        lens = {len(a) for a in arrays.values() if a is not None}
+        if not lens:
+            raise ValueError("give at least one of num_atoms, num_edges, nnz")
+        if len(lens) > 1:
+            raise ValueError(f"size arrays differ in length: {sorted(lens)}")
+        n = lens.pop()
+        for name, lim in limits.items():
+            if lim is not None and int(lim) < 1:
+                raise ValueError(f"the limit for {name} must be >= 1, got {lim}")
+            if lim is not None and arrays[name] is None:
+                raise ValueError(f"a limit for {name} needs the {name} array")
+        kw, rank, world_size = _base(n, batch_size, False, seed, rank, world_size, pad_or_drop)
+        self._arrays = arrays
+        c = _zbatch.sampler_size_aware(
+            num_atoms=arrays["num_atoms"], max_atoms=int(max_atoms or 0),
+            num_edges=arrays["num_edges"], max_edges=int(max_edges or 0),
+            nnz=arrays["nnz"], max_nnz=int(max_nnz or 0), window_size=int(window_size),
+            shuffle=bool(shuffle), **kw)
+        super().__init__(c, seed=seed, rank=rank, world_size=world_size,
+                         batch_size=batch_size)
+        self.max_atoms, self.max_edges, self.max_nnz = max_atoms, max_edges, max_nnz
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._batch_size
+
+    def request_replacement(self, num_atoms: Optional[int] = None,
+                            num_edges: Optional[int] = None) -> Optional[int]:
+        """An id of this epoch that this rank has not used yet and that has at most
+        ``num_atoms`` atoms and ``num_edges`` edges (``None``: unchecked), preferring the
+        largest; ``None`` when nothing fits. The id is then left out of the later batch it
+        belonged to. Replacements are not part of :meth:`state_dict`."""
+        ra = _U64_MAX if num_atoms is None else int(num_atoms)
+        re = _U64_MAX if num_edges is None else int(num_edges)
+        if ra < 0 or re < 0:
+            raise ValueError("room must be >= 0")
+        return self._c.request_replacement(ra, re)
+
+
+class MultiDatasetSampler(Sampler):
+    """Batches drawn from several datasets ("children") at fixed per-batch rates.
+
+    ``sizes`` are the children's lengths (or the children themselves: ``len()`` is taken);
+    ids are global, ``offset[i] + local id`` with the children concatenated in order. As in
+    nvalchemi's ``MultiDatasetBatchSampler``, every batch has the same composition:
+    ``samples_per_dataset`` integers are exact counts per batch (summing to ``batch_size``),
+    floats (or ``weights``) are relative rates turned into counts by largest remainder;
+    ``balanced=True`` gives every child the same rate; the default is proportional to sizes.
+
+    ``epoch_policy``: ``"dataset_size"`` draws ``sum(sizes)`` samples per epoch,
+    ``"min_size"`` ends when the smallest child (at its share) has been seen once (balanced:
+    ``n_children * min(sizes)``), ``"max_size"`` when the largest has (balanced:
+    ``n_children * max(sizes)``); ``num_samples`` overrides. Without replacement each child is
+    a random permutation, reshuffled and cycled when exhausted; with replacement each draw is
+    independent.
+    """
+
+    kind = "multi"
+
+    def __init__(self, sizes: Sequence[Any], batch_size: int, *,
+                 weights: Optional[Sequence[float]] = None,
+                 samples_per_dataset: Optional[Sequence[Union[int, float]]] = None,
+                 balanced: bool = False, epoch_policy: str = "dataset_size",
+                 replacement: bool = False, shuffle: bool = True,
+                 num_samples: Optional[int] = None, drop_last: bool = False, seed: int = 0,
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 pad_or_drop: str = "pad"):
+        lengths = [int(s) if isinstance(s, (int, _np.integer)) else len(s) for s in sizes]
+        if not lengths:
+            raise ValueError("MultiDatasetSampler needs at least one child")
+        if epoch_policy not in _POLICIES:
+            raise ValueError(f"epoch_policy must be one of {sorted(_POLICIES)}, "
+                             f"got {epoch_policy!r}")
+        given = (weights is not None) + (samples_per_dataset is not None) + bool(balanced)
+        if given > 1:
+            raise ValueError("weights, samples_per_dataset and balanced are mutually exclusive")
+        counts = ratios = None
+        if samples_per_dataset is not None:
+            vals = list(samples_per_dataset)
+            if any(isinstance(v, (float, _np.floating)) for v in vals):
+                ratios = vals
+            else:
+                counts = vals
+        elif weights is not None:
+            ratios = list(weights)
+        for name, v in (("samples_per_dataset", counts), ("weights", ratios)):
+            if v is not None and len(v) != len(lengths):
+                raise ValueError(f"{name}: expected {len(lengths)} values, got {len(v)}")
+        sizes_arr = _u64(lengths, "sizes")
+        kw, rank, world_size = _base(int(sizes_arr.sum()), batch_size, drop_last, seed, rank,
+                                     world_size, pad_or_drop)
+        c = _zbatch.sampler_multi(child_sizes=sizes_arr, counts=_u64(counts, "counts"),
+                                  ratios=_f64(ratios, "weights"), balanced=bool(balanced),
+                                  epoch_policy=_POLICIES[epoch_policy],
+                                  replacement=bool(replacement), shuffle=bool(shuffle),
+                                  num_samples=int(num_samples or 0), **kw)
+        super().__init__(c, seed=seed, rank=rank, world_size=world_size,
+                         batch_size=batch_size)
+        self.sizes = tuple(lengths)
+        self.offsets = tuple(int(x) for x in _np.concatenate([[0], _np.cumsum(lengths)]))
+        self.epoch_policy = epoch_policy
+        self.replacement = bool(replacement)
+
+    @property
+    def samples_per_dataset(self) -> tuple[int, ...]:
+        """Samples of each child in every (full) batch."""
+        return tuple(int(v) for v in self._c.child_counts())
+
+    def to_local(self, ids) -> tuple[_np.ndarray, _np.ndarray]:
+        """``(child index, local id)`` of global ids."""
+        ids = _np.asarray(ids, dtype=_np.int64)
+        child = _np.searchsorted(_np.asarray(self.offsets[1:]), ids, side="right")
+        return child, ids - _np.asarray(self.offsets)[child]
+
+
+_NAMES = {"sequential": SequentialSampler, "random": RandomSampler, "block": BlockSampler,
+          "weighted": WeightedSampler, "size_aware": SizeAwareSampler,
+          "multi": MultiDatasetSampler}
+_ALIASES = {"size-aware": "size_aware", "sizeaware": "size_aware", "multi_dataset": "multi",
+            "multidataset": "multi", "shuffle": "random"}
+
+
+def make_sampler(name: str, n: Optional[int], batch_size: int, **kwargs) -> Sampler:
+    """A sampler by name: ``"sequential"``, ``"random"``, ``"block"``, ``"weighted"``,
+    ``"size_aware"`` or ``"multi"``, over ``n`` samples, with the class's keyword arguments.
+
+    ``"weighted"`` without ``weights`` / ``class_codes`` draws uniformly with replacement;
+    ``"size_aware"`` takes ``batch_size`` as ``max_batch_size``; ``"multi"`` needs ``sizes``
+    (whose sum must be ``n`` when ``n`` is given).
+
+    Example::
+
+        >>> make_sampler("block", 10_000, 256, block_size=64, seed=3)   # doctest: +SKIP
+    """
+    key = _ALIASES.get(str(name).lower(), str(name).lower())
+    if key not in _NAMES:
+        raise ValueError(f"unknown sampler {name!r}; expected one of {sorted(_NAMES)}")
+    if key in ("sequential", "random", "block"):
+        if n is None:
+            raise ValueError(f"make_sampler({key!r}) needs n")
+        return _NAMES[key](n, batch_size, **kwargs)
+    if key == "weighted":
+        if kwargs.get("weights") is None and kwargs.get("class_codes") is None:
+            if n is None:
+                raise ValueError("make_sampler('weighted') needs n or weights")
+            kwargs["weights"] = _np.ones(int(n))
+        s = WeightedSampler(batch_size=batch_size, **kwargs)
+    elif key == "size_aware":
+        s = SizeAwareSampler(batch_size, **kwargs)
+    else:
+        if "sizes" not in kwargs:
+            raise ValueError("make_sampler('multi') needs sizes=[len of each child]")
+        s = MultiDatasetSampler(kwargs.pop("sizes"), batch_size, **kwargs)
+    if n is not None and s.num_samples != int(n):
+        raise ValueError(f"make_sampler({key!r}): the sampler covers {s.num_samples} samples, "
+                         f"not n={n}")
+    return s

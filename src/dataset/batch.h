@@ -1,0 +1,20 @@
+/* Batch internals shared by the reader and the loader. */
+#ifndef ZB_DATASET_BATCH_H
+#define ZB_DATASET_BATCH_H
+
+#include "zbatch.h"
+#include "zbatch_loader.h"
+
+/* A slice (view) of batches [b0, b1) of `whole` (a read_many result): its fields point into whole's
+ * buffers, its segment pointers and index fields are re-based to start at 0, and it holds a
+ * reference to whole's buffers, which live until whole and every view of it are freed. Index
+ * field values are re-based in place (views of one batch cover disjoint rows). */
+zb_status zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out);
+
+/* Columns of the anndata X behind the batch (0 if none). */
+uint64_t zb_batch_n_vars(const zb_batch *b);
+
+/* Runs one transform on a batch (transforms.c). */
+zb_status zb_transform_apply(const zb_transform *t, zb_batch *b);
+
+#endif

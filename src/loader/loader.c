@@ -1,0 +1,261 @@
+/* The pipelined loader (DESIGN.md §3): a worker thread draws windows of batches from the
+ * sampler, reads each window with one coalesced read_many, cuts it into batch views, runs the
+ * transforms, and queues the window; the consumer takes batches strictly in order. At most
+ * `depth` windows are read ahead (queued or being read), so the loader's own memory is bounded
+ * by the options; a window's memory is freed when the consumer has released all its batches
+ * (batch views hold a reference to their window's buffers). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataset/batch.h"
+#include "util/status.h"
+#include "zbatch_loader.h"
+
+typedef struct window {
+    zb_batch *whole;          /* the read_many result; released when every view is */
+    size_t nbatches;
+    zb_batch **views;         /* [nbatches], handed out in order */
+    zb_sampler_state *after;  /* sampler state after each batch */
+    size_t next;              /* next view to hand out */
+    zb_status st;             /* a failed window carries only its error */
+    char msg[1024];
+    bool end;                 /* the epoch ended before this window */
+    struct window *qnext;
+} window;
+
+struct zb_loader {
+    zb_dataset *ds;
+    zb_sampler *sampler;
+    zb_loader_opts opts;
+    zb_transform *transforms;
+    size_t max_batch;
+    pthread_t worker;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_ready; /* a window was queued */
+    pthread_cond_t cv_room;  /* a window slot was freed */
+    bool stop;
+    size_t live;             /* windows being read or queued, not yet taken by the consumer */
+    window *head, *tail;     /* queued windows, in order */
+    window *cur;             /* the window batches are being handed out from */
+    zb_sampler_state state;  /* after the last batch handed out */
+    bool finished;
+    window oom;              /* the error window used when a window cannot be allocated */
+};
+
+static void
+window_free(zb_loader *ld, window *w)
+{
+    if (!w || w == &ld->oom) return;
+    for (size_t i = w->next; i < w->nbatches; i++) zb_batch_free(w->views[i]);
+    free(w->views);
+    free(w->after);
+    free(w);
+}
+
+/* Reads one window. Returns NULL only when out of memory; a window with st != OK carries an
+ * error; end is set when the sampler had no batch left. */
+static window *
+read_window(zb_loader *ld)
+{
+    window *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    size_t P = ld->opts.prefetch_factor, cap = ld->max_batch;
+    uint64_t *ids = malloc((P * cap + 1) * sizeof *ids);
+    size_t *sizes = malloc((P + 1) * sizeof *sizes);
+    w->after = calloc(P + 1, sizeof *w->after);
+    w->views = calloc(P + 1, sizeof *w->views);
+    if (!ids || !sizes || !w->after || !w->views) {
+        w->st = zb_err(ZB_E_NOMEM, "loader: out of memory for a window");
+        goto out;
+    }
+    size_t total = 0;
+    for (size_t k = 0; k < P; k++) {
+        size_t n = 0;
+        w->st = zb_sampler_next(ld->sampler, ids + total, cap, &n);
+        if (w->st != ZB_OK) goto out;
+        if (n == 0) break;
+        sizes[w->nbatches] = n;
+        zb_sampler_get_state(ld->sampler, &w->after[w->nbatches]);
+        w->nbatches++;
+        total += n;
+    }
+    if (w->nbatches == 0) {
+        w->end = true;
+        goto out;
+    }
+    w->st = zb_dataset_read_many(ld->ds, ids, total, &w->whole);
+    if (w->st != ZB_OK) goto out;
+    size_t b0 = 0;
+    for (size_t k = 0; k < w->nbatches; k++) {
+        w->st = zb_batch_slice(w->whole, b0, b0 + sizes[k], &w->views[k]);
+        if (w->st != ZB_OK) goto out;
+        b0 += sizes[k];
+        for (size_t t = 0; t < ld->opts.ntransforms; t++) {
+            w->st = zb_transform_apply(&ld->transforms[t], w->views[k]);
+            if (w->st != ZB_OK) goto out;
+        }
+    }
+    /* the views hold the window's buffers now */
+    zb_batch_free(w->whole);
+    w->whole = NULL;
+out:
+    if (w->st != ZB_OK) {
+        snprintf(w->msg, sizeof w->msg, "%s", zb_last_error());
+        for (size_t k = 0; k < w->nbatches; k++) {
+            zb_batch_free(w->views[k]);
+            w->views[k] = NULL;
+        }
+        zb_batch_free(w->whole);
+        w->whole = NULL;
+        w->nbatches = 0;
+    }
+    free(ids);
+    free(sizes);
+    return w;
+}
+
+static void *
+worker_main(void *arg)
+{
+    zb_loader *ld = arg;
+    for (;;) {
+        pthread_mutex_lock(&ld->mu);
+        while (!ld->stop && ld->live >= ld->opts.depth) pthread_cond_wait(&ld->cv_room, &ld->mu);
+        if (ld->stop) {
+            pthread_mutex_unlock(&ld->mu);
+            return NULL;
+        }
+        ld->live++;
+        pthread_mutex_unlock(&ld->mu);
+
+        window *w = read_window(ld);
+        bool last = !w || w->end || w->st != ZB_OK;
+        if (!w) {
+            /* no memory even for the window: hand the consumer the loader's own error window */
+            w = &ld->oom;
+            w->st = ZB_E_NOMEM;
+            snprintf(w->msg, sizeof w->msg, "loader: out of memory for a window");
+        }
+        pthread_mutex_lock(&ld->mu);
+        if (w) {
+            if (ld->tail)
+                ld->tail->qnext = w;
+            else
+                ld->head = w;
+            ld->tail = w;
+        }
+        pthread_cond_signal(&ld->cv_ready);
+        pthread_mutex_unlock(&ld->mu);
+        if (last) return NULL;
+    }
+}
+
+zb_status
+zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, zb_loader **out)
+{
+    if (!out) return zb_err(ZB_E_INVALID, "zb_loader_open: null out");
+    *out = NULL;
+    if (!ds || !sampler) return zb_err(ZB_E_INVALID, "zb_loader_open: null dataset or sampler");
+    zb_loader_opts o = ZB_LOADER_OPTS_DEFAULT;
+    if (opts) o = *opts;
+    if (o.prefetch_factor == 0 || o.depth == 0)
+        return zb_err(ZB_E_INVALID, "zb_loader_open: prefetch_factor and depth must be >= 1");
+    zb_loader *ld = calloc(1, sizeof *ld);
+    if (!ld) return zb_err(ZB_E_NOMEM, "zb_loader_open: out of memory");
+    ld->ds = ds;
+    ld->sampler = sampler;
+    ld->opts = o;
+    ld->max_batch = zb_sampler_max_batch(sampler);
+    if (ld->max_batch == 0) ld->max_batch = 1;
+    if (o.ntransforms) {
+        ld->transforms = malloc(o.ntransforms * sizeof *ld->transforms);
+        if (!ld->transforms) {
+            free(ld);
+            return zb_err(ZB_E_NOMEM, "zb_loader_open: out of memory");
+        }
+        memcpy(ld->transforms, o.transforms, o.ntransforms * sizeof *ld->transforms);
+    }
+    ld->opts.transforms = ld->transforms;
+    zb_sampler_get_state(sampler, &ld->state);
+    pthread_mutex_init(&ld->mu, NULL);
+    pthread_cond_init(&ld->cv_ready, NULL);
+    pthread_cond_init(&ld->cv_room, NULL);
+    if (pthread_create(&ld->worker, NULL, worker_main, ld) != 0) {
+        zb_loader_close(ld);
+        return zb_err(ZB_E_IO, "zb_loader_open: cannot start the worker thread");
+    }
+    ld->started = true;
+    *out = ld;
+    return ZB_OK;
+}
+
+zb_status
+zb_loader_next(zb_loader *ld, zb_batch **out)
+{
+    if (!out) return zb_err(ZB_E_INVALID, "zb_loader_next: null out");
+    *out = NULL;
+    if (!ld) return zb_err(ZB_E_INVALID, "zb_loader_next: null loader");
+    if (ld->finished) return ZB_OK;
+    for (;;) {
+        window *w = ld->cur;
+        if (w && w->next < w->nbatches) {
+            *out = w->views[w->next];
+            ld->state = w->after[w->next];
+            w->views[w->next++] = NULL;
+            return ZB_OK;
+        }
+        if (w) {
+            ld->cur = NULL;
+            window_free(ld, w);
+        }
+        pthread_mutex_lock(&ld->mu);
+        while (!ld->head) pthread_cond_wait(&ld->cv_ready, &ld->mu);
+        w = ld->head;
+        ld->head = w->qnext;
+        if (!ld->head) ld->tail = NULL;
+        ld->live--;
+        pthread_cond_signal(&ld->cv_room);
+        pthread_mutex_unlock(&ld->mu);
+        if (w->st != ZB_OK || w->end) {
+            zb_status st = w->st;
+            if (st != ZB_OK) zb_err(st, "%s", w->msg);
+            window_free(ld, w);
+            ld->finished = true;
+            return st;
+        }
+        ld->cur = w;
+    }
+}
+
+void
+zb_loader_state(const zb_loader *ld, zb_sampler_state *state)
+{
+    if (ld && state) *state = ld->state;
+}
+
+void
+zb_loader_close(zb_loader *ld)
+{
+    if (!ld) return;
+    pthread_mutex_lock(&ld->mu);
+    ld->stop = true;
+    pthread_cond_broadcast(&ld->cv_room);
+    pthread_mutex_unlock(&ld->mu);
+    if (ld->started) pthread_join(ld->worker, NULL);
+    window_free(ld, ld->cur);
+    window *w = ld->head;
+    while (w) {
+        window *n = w->qnext;
+        window_free(ld, w);
+        w = n;
+    }
+    /* batches still held by the consumer keep their window's buffers alive on their own */
+    free(ld->transforms);
+    pthread_cond_destroy(&ld->cv_ready);
+    pthread_cond_destroy(&ld->cv_room);
+    pthread_mutex_destroy(&ld->mu);
+    free(ld);
+}

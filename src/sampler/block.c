@@ -1,0 +1,124 @@
+/* The block sampler (annbatch / scDataset style): shuffled blocks of contiguous rows, loaded
+ * blocks_per_window at a time, rows shuffled inside each window. Everything is computed per
+ * position from two keyed bijections (block order, rows of a window), so memory is O(1).
+ *
+ * Stream layout. Blocks are [b*bs, min((b+1)*bs, n)); only block nblocks-1 may be short (by
+ * `deficit` rows). Slot j of the epoch's block order holds block P(j). Window w holds slots
+ * [w*bpw, min((w+1)*bpw, nblocks)) and so starts at stream row w*bpw*bs, minus the deficit when
+ * the short block sits in an earlier slot. Inside window w, local row q is mapped through the
+ * window's bijection to q', which is then located among the window's blocks. */
+#include <stdlib.h>
+
+#include "sampler/sampler_int.h"
+#include "util/status.h"
+
+typedef struct block_impl {
+    uint64_t bs, bpw;
+    uint64_t nblocks, nwin;
+    uint64_t last_len, deficit; /* rows of the last block, bs - last_len */
+    uint64_t short_slot;        /* slot of the short block, UINT64_MAX when none */
+    zb_perm blocks;             /* slot -> block */
+    bool have_win;              /* win_perm is the bijection of window cached_win */
+    uint64_t cached_win;
+    zb_perm win_perm;
+} block_impl;
+
+static zb_status
+block_plan(zb_sampler *s)
+{
+    block_impl *b = s->impl;
+    b->nblocks = s->n / b->bs + (s->n % b->bs != 0);
+    b->nwin = b->nblocks / b->bpw + (b->nblocks % b->bpw != 0);
+    b->last_len = b->nblocks ? s->n - (b->nblocks - 1) * b->bs : 0;
+    b->deficit = b->nblocks ? b->bs - b->last_len : 0;
+    zb_perm_init(&b->blocks, b->nblocks, zb_stream_key(s->seed, s->epoch, ZB_TAG_BLOCKS, 0, 0));
+    b->short_slot = b->deficit ? zb_perm_invert(&b->blocks, b->nblocks - 1) : UINT64_MAX;
+    b->have_win = false;
+    return ZB_OK;
+}
+
+/* First stream row of window w (w <= nwin). */
+static uint64_t
+window_start(const zb_sampler *s, const block_impl *b, uint64_t w)
+{
+    if (w >= b->nwin) return s->n;
+    uint64_t first_slot = w * b->bpw;
+    return first_slot * b->bs - (b->short_slot < first_slot ? b->deficit : 0);
+}
+
+static uint64_t
+block_row(zb_sampler *s, block_impl *b, uint64_t p)
+{
+    uint64_t w = p / (b->bpw * b->bs);
+    /* the deficit can move the boundary at most one window back */
+    if (w + 1 < b->nwin && window_start(s, b, w + 1) <= p) w++;
+    uint64_t ws = window_start(s, b, w), m = window_start(s, b, w + 1) - ws;
+    if (!b->have_win || b->cached_win != w) {
+        zb_perm_init(&b->win_perm, m, zb_stream_key(s->seed, s->epoch, ZB_TAG_WINDOW, w, 0));
+        b->cached_win = w;
+        b->have_win = true;
+    }
+    uint64_t q = zb_perm_apply(&b->win_perm, p - ws);
+    uint64_t j0 = w * b->bpw, t, off;
+    if (b->short_slot >= j0 && b->short_slot - j0 < b->bpw) {
+        uint64_t ss = b->short_slot - j0, end_short = ss * b->bs + b->last_len;
+        if (q >= end_short) {
+            t = ss + 1 + (q - end_short) / b->bs;
+            off = (q - end_short) % b->bs;
+        } else {
+            t = q / b->bs;
+            off = q % b->bs;
+        }
+    } else {
+        t = q / b->bs;
+        off = q % b->bs;
+    }
+    return zb_perm_apply(&b->blocks, j0 + t) * b->bs + off;
+}
+
+static zb_status
+block_batch(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
+{
+    block_impl *b = s->impl;
+    uint64_t start = g * s->batch_size;
+    uint64_t stop = s->n - start < s->batch_size ? s->n : start + s->batch_size;
+    for (uint64_t i = start; i < stop; i++) ids[i - start] = block_row(s, b, i);
+    *n = (size_t)(stop - start);
+    return ZB_OK;
+}
+
+static const zb_sampler_ops block_ops = {
+    .name = "block",
+    .plan_epoch = block_plan,
+    .batch = block_batch,
+    .destroy = free,
+};
+
+zb_status
+zb_sampler_new_block(const zb_block_sampler_opts *opts, zb_sampler **out)
+{
+    if (!out) return zb_err(ZB_E_INVALID, "block sampler: NULL out");
+    *out = NULL;
+    if (!opts) return zb_err(ZB_E_INVALID, "block sampler: NULL options");
+    ZB_TRY(zb_sampler_check_stream("block", &opts->base));
+    if (opts->block_size < 1) return zb_err(ZB_E_INVALID, "block sampler: block_size must be >= 1");
+    if (opts->blocks_per_window < 1)
+        return zb_err(ZB_E_INVALID, "block sampler: blocks_per_window must be >= 1");
+    /* every window start w*bpw*bs (w < nwin) must fit: (nblocks + bpw) * bs bounds them */
+    uint64_t nblocks = opts->base.n / opts->block_size + 1, bound;
+    if (__builtin_add_overflow(nblocks, opts->blocks_per_window, &bound) ||
+        __builtin_mul_overflow(bound, opts->block_size, &bound))
+        return zb_err(ZB_E_OVERFLOW,
+                      "block sampler: n %llu with block_size %llu x "
+                      "blocks_per_window %llu overflows",
+                      (unsigned long long)opts->base.n, (unsigned long long)opts->block_size,
+                      (unsigned long long)opts->blocks_per_window);
+    block_impl *b = calloc(1, sizeof *b);
+    if (!b) return zb_err(ZB_E_NOMEM, "block sampler");
+    b->bs = opts->block_size;
+    b->bpw = opts->blocks_per_window;
+    return zb_sampler_create(
+        &opts->base, &block_ops, b,
+        zb_sampler_batches_for(opts->base.n, opts->base.batch_size, opts->base.drop_last),
+        (size_t)opts->base.batch_size, out);
+}

@@ -1,0 +1,291 @@
+"""The pipelined DataLoader: order, coverage, resumption, distributed ranks, transforms, early
+exit and errors, bounded memory. Oracles: anndata / scipy for values, numpy set algebra for
+coverage, an uninterrupted run for resumption, /proc for threads and memory."""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pytest
+
+import zbatch
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = str(ROOT / "build" / "zbatch")
+
+
+def os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.fixture(scope="module")
+def cells(tmp_path_factory):
+    p = tmp_path_factory.mktemp("loader") / "cells.zarr"
+    subprocess.run([CLI, "synth", "--kind", "cells", "--n", "3000", "-o", str(p), "--seed", "7",
+                    "--genes", "2000", "--chunk-nnz", "8192"], check=True, capture_output=True)
+    return p, ad.read_zarr(p)
+
+
+def ids_of(loader):
+    return [b["index"].astype(np.int64).copy() for b in loader]
+
+
+@pytest.mark.parametrize("sampler,kw", [("sequential", {}), ("random", {}),
+                                        ("block", {"block_size": 32, "blocks_per_window": 4})])
+def test_epoch_covers_every_sample_once_and_values_match(cells, sampler, kw):
+    p, a = cells
+    ds = zbatch.open(p, num_threads=2)
+    dl = zbatch.DataLoader(ds, batch_size=256, sampler=sampler, seed=1, prefetch_factor=3, **kw)
+    seen = []
+    for b in dl:
+        ids = b["index"].astype(np.int64)
+        assert (b["X"] != a.X[ids]).nnz == 0
+        np.testing.assert_array_equal(b["obs/cell_line"], a.obs["cell_line"].cat.codes.values[ids])
+        seen.append(ids)
+    assert len(seen) == len(dl) == 12
+    allids = np.concatenate(seen)
+    np.testing.assert_array_equal(np.sort(allids), np.arange(3000))
+    if sampler == "sequential":
+        np.testing.assert_array_equal(allids, np.arange(3000))
+
+
+def test_order_depends_on_seed_and_epoch_not_threads(cells):
+    p, _ = cells
+    runs = {}
+    for threads in (1, 2):
+        ds = zbatch.open(p, num_threads=threads)
+        dl = zbatch.DataLoader(ds, batch_size=300, sampler="random", seed=11, prefetch_factor=2)
+        e0 = np.concatenate(ids_of(dl))
+        dl.set_epoch(1)
+        e1 = np.concatenate(ids_of(dl))
+        runs[threads] = (e0, e1)
+    np.testing.assert_array_equal(runs[1][0], runs[2][0])
+    np.testing.assert_array_equal(runs[1][1], runs[2][1])
+    assert not np.array_equal(runs[1][0], runs[1][1])
+    ds = zbatch.open(p)
+    other = np.concatenate(ids_of(zbatch.DataLoader(ds, batch_size=300, sampler="random", seed=12)))
+    assert not np.array_equal(other, runs[1][0])
+
+
+@pytest.mark.parametrize("sampler,kw", [("sequential", {}), ("random", {}),
+                                        ("block", {"block_size": 16, "blocks_per_window": 8})])
+def test_resume_equals_uninterrupted_run(cells, sampler, kw):
+    p, _ = cells
+    ds = zbatch.open(p, num_threads=2)
+
+    def loader():
+        return zbatch.DataLoader(ds, batch_size=128, sampler=sampler, seed=4, prefetch_factor=4,
+                                 **kw)
+
+    full = ids_of(loader())
+    dl = loader()
+    part = []
+    for i, b in enumerate(dl):
+        part.append(b["index"].astype(np.int64).copy())
+        if i == 6:
+            break
+    state = dl.state_dict()
+    dl2 = loader()
+    dl2.load_state_dict(state)
+    rest = ids_of(dl2)
+    assert len(part) + len(rest) == len(full)
+    for x, y in zip(full, part + rest):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_resume_onto_a_different_world_size(cells):
+    """4 ranks run k steps, then 3 ranks continue: together every sample exactly once."""
+    p, _ = cells
+    ds = zbatch.open(p)
+    n = 3000
+    k = 2
+    first, states = [], []
+    for r in range(4):
+        dl = zbatch.DataLoader(ds, batch_size=100, sampler="random", seed=9, rank=r,
+                               world_size=4, drop_last=False)
+        it = iter(dl)
+        for _ in range(k):
+            first.append(next(it)["index"].astype(np.int64).copy())
+        states.append(dl.state_dict())
+        dl.close()
+    assert len({s["position"] for s in states}) == 1
+    rest = []
+    for r in range(3):
+        dl = zbatch.DataLoader(ds, batch_size=100, sampler="random", seed=9, rank=r,
+                               world_size=3, drop_last=False)
+        dl.load_state_dict(states[0])
+        rest += ids_of(dl)
+    allids = np.concatenate(first + rest)
+    # padding may repeat a few samples at the very end; nothing is dropped
+    assert set(allids.tolist()) == set(range(n))
+    assert len(allids) - n < 3 * 100
+
+
+def test_transforms_in_c_and_python(cells):
+    p, a = cells
+    ds = zbatch.open(p)
+    cols = [5, 17, 1999, 0]
+    dl = zbatch.DataLoader(ds, batch_size=200, sampler="sequential",
+                           transforms=[("normalize_total", 1e4), "log1p", ("densify", cols)],
+                           batch_transforms=[lambda b: (b, b["index"].sum())[0]])
+    b = next(iter(dl))
+    ids = b["index"].astype(np.int64)
+    x = a.X[ids].toarray().astype(np.float64)
+    x = np.log1p(x / x.sum(axis=1, keepdims=True) * 1e4)
+    np.testing.assert_allclose(b["X_dense"], x[:, cols], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(b["X"].toarray(), x, rtol=1e-5, atol=1e-5)
+    dl = zbatch.DataLoader(ds, batch_size=50, transforms=[("cast", "obs/n_genes", "float32")])
+    b = next(iter(dl))
+    assert b["obs/n_genes"].dtype == np.float32
+    np.testing.assert_array_equal(b["obs/n_genes"], a.obs["n_genes"].values[:50].astype(np.float32))
+    with pytest.raises(ValueError):
+        zbatch.DataLoader(ds, transforms=["no_such_transform"])
+
+
+def test_torch_output(cells):
+    torch = pytest.importorskip("torch")
+    p, a = cells
+    ds = zbatch.open(p)
+    b = next(iter(zbatch.DataLoader(ds, batch_size=64, output="torch")))
+    assert b["X"].layout == torch.sparse_csr
+    np.testing.assert_array_equal(b["X"].to_dense().numpy(), a.X[:64].toarray())
+    assert isinstance(b["obs/plate"], torch.Tensor)
+
+
+def test_early_break_and_close_leave_no_thread(cells):
+    p, _ = cells
+    ds = zbatch.open(p, num_threads=2)
+    base = os_threads()
+    for _ in range(5):
+        dl = zbatch.DataLoader(ds, batch_size=100, sampler="random", prefetch_factor=2, depth=3)
+        for i, b in enumerate(dl):
+            if i == 2:
+                break
+        del b
+        dl.close()
+    assert os_threads() == base
+    dl = zbatch.DataLoader(ds, batch_size=100)
+    it = iter(dl)
+    next(it)
+    dl.close()  # close during iteration
+    assert os_threads() == base
+    with zbatch.DataLoader(ds, batch_size=100) as dl:
+        next(iter(dl))
+    assert os_threads() == base
+
+
+def test_read_error_reaches_python(cells, tmp_path):
+    p, _ = cells
+    q = tmp_path / "broken.zarr"
+    shutil.copytree(p, q)
+    chunk = sorted((q / "X" / "data" / "c").iterdir())[3]
+    chunk.write_bytes(chunk.read_bytes()[:20])
+    ds = zbatch.open(q)
+    base = os_threads()
+    dl = zbatch.DataLoader(ds, batch_size=500, sampler="sequential", prefetch_factor=1)
+    with pytest.raises(zbatch.ZbatchError) as e:
+        for _ in dl:
+            pass
+    assert e.value.status in ("ZB_E_TRUNCATED", "ZB_E_CORRUPT")
+    assert "X/data/c/" in str(e.value)
+    dl.close()
+    assert os_threads() == base
+
+
+def test_batches_held_after_the_loader_is_gone(cells):
+    p, a = cells
+    ds = zbatch.open(p)
+    dl = zbatch.DataLoader(ds, batch_size=100, prefetch_factor=2)
+    held = list(dl)  # every batch kept: the loader must not stall or reuse their memory
+    del dl
+    for b in held[::7]:
+        ids = b["index"].astype(np.int64)
+        assert (b["X"] != a.X[ids]).nnz == 0
+
+
+def test_peak_memory_is_bounded_by_the_options(tmp_path):
+    """A store ~10x larger (decoded) than the loader's window bound: peak RSS stays within the
+    bound plus a constant."""
+    p = tmp_path / "big.zarr"
+    subprocess.run([CLI, "synth", "--kind", "cells", "--n", "40000", "-o", str(p), "--seed", "1"],
+                   check=True, capture_output=True)
+    code = textwrap.dedent(f"""
+        import resource, zbatch
+        ds = zbatch.open({str(p)!r}, num_threads=2)
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        dl = zbatch.DataLoader(ds, batch_size=500, sampler="random", prefetch_factor=4, depth=2)
+        n = 0
+        for b in dl:
+            n += b["X"].nnz
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(base, peak, n)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    base_kb, peak_kb, nnz = map(int, r.stdout.split())
+    decoded_mb = nnz * 8 / 1e6                       # float32 data + int32 indices
+    window_mb = 4 * 500 * 1460 * 8 / 1e6             # one window of prefetch_factor batches
+    bound_mb = (2 + 2) * window_mb                   # depth windows + the one being consumed
+    assert decoded_mb > 10 * window_mb
+    assert (peak_kb - base_kb) / 1e3 < bound_mb + 64, (peak_kb - base_kb) / 1e3
+
+
+DIST_WORKER = """
+import os, sys, numpy as np, torch, torch.distributed as dist, zbatch
+dist.init_process_group("gloo", rank=int(sys.argv[2]), world_size=2,
+                        init_method="tcp://127.0.0.1:" + sys.argv[3])
+ds = zbatch.open(sys.argv[1])
+dl = zbatch.DataLoader(ds, batch_size=128, sampler="random", seed=3)   # rank/world from torch
+assert (dl.rank, dl.world_size) == (int(sys.argv[2]), 2)
+batches = [b["index"].astype(np.int64).tolist() for b in dl]
+out = [None, None]
+dist.all_gather_object(out, batches)
+if dist.get_rank() == 0:
+    print(" ".join(str(len(o)) + ":" + ",".join(str(i) for bt in o for i in bt) for o in out))
+dist.destroy_process_group()
+"""
+
+
+def test_two_processes_with_torch_distributed(cells, tmp_path):
+    pytest.importorskip("torch")
+    import socket
+    p, _ = cells
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = tmp_path / "worker.py"
+    script.write_text(DIST_WORKER)
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    procs = [subprocess.Popen([sys.executable, str(script), str(p), str(r), port], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    outs = [pr.communicate(timeout=120) for pr in procs]
+    for pr, (o, e) in zip(procs, outs):
+        assert pr.returncode == 0, e
+    (n0, r0), (n1, r1) = (x.split(":") for x in outs[0][0].split())
+    assert n0 == n1 == "12"                       # equal batch counts per rank
+    r0, r1 = (set(map(int, r.split(","))) for r in (r0, r1))
+    assert not r0 & r1                            # disjoint
+    assert r0 | r1 == set(range(3000))            # complete
+
+
+def test_each_iteration_is_a_full_pass(cells):
+    """Iterating twice gives the same epoch twice (PyTorch's rule); a break does not shorten
+    the next pass; set_epoch changes the order."""
+    p, _ = cells
+    ds = zbatch.open(p)
+    dl = zbatch.DataLoader(ds, batch_size=500, sampler="random", seed=2)
+    a = np.concatenate(ids_of(dl))
+    for i, _ in enumerate(dl):
+        if i == 1:
+            break
+    b = np.concatenate(ids_of(dl))
+    np.testing.assert_array_equal(a, b)
+    dl.set_epoch(3)
+    c = np.concatenate(ids_of(dl))
+    assert len(c) == 3000 and not np.array_equal(a, c)
