@@ -483,5 +483,6 @@ zb_status zb_info_json(zb_store *store, const char *path, char **json_out);
 #include "zbatch_atomic.h"
 #include "zbatch_loader.h"
 #include "zbatch_sampler.h"
+#include "zbatch_verify.h"
 
 #endif /* ZBATCH_H */
