@@ -365,6 +365,7 @@ typedef struct zb_field_info {
     const char *segment;       /* ragged/index: the segment's name ("X", "atoms", "edges") */
     const char *target;        /* index: the segment its values point into, else NULL */
     bool categorical;          /* codes with a category table (zb_dataset_categories) */
+    const char *array;         /* the store path of the values array (of the first child) */
 } zb_field_info;
 
 zb_status zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts,
@@ -387,6 +388,11 @@ uint64_t zb_dataset_n_vars(const zb_dataset *ds);
 
 /* The category labels of a categorical field (a string table owned by ds). */
 zb_status zb_dataset_categories(zb_dataset *ds, const char *field, const zb_strings **out);
+
+/* The length of every logical sample in segment `segment` ("X" nonzeros, "atoms", "edges"):
+ * out[i] = ptr[p+1] - ptr[p] for the physical row p of logical sample i; `out` holds
+ * zb_dataset_len entries. Reads the pointer arrays (8 bytes per sample), not the values. */
+zb_status zb_dataset_segment_lengths(zb_dataset *ds, const char *segment, uint64_t *out);
 
 /* Replaces the decode thread pool (waits for a read in progress). */
 zb_status zb_dataset_set_threads(zb_dataset *ds, int num_threads);

@@ -134,6 +134,11 @@ class Dataset:
     def __len__(self) -> int:
         return self._c.length()
 
+    def segment_lengths(self, segment: str) -> np.ndarray:
+        """Per-sample lengths of a segment ("X" nonzeros, "atoms", "edges"), read from the
+        pointer arrays only (what size-aware sampling needs)."""
+        return np.frombuffer(self._c.segment_lengths(segment), dtype=np.uint64)
+
     def set_num_threads(self, n: int) -> None:
         """Sets the number of decode threads used by reads and loaders."""
         self._c.set_threads(int(n))

@@ -241,11 +241,11 @@ dataset_info(DatasetObject *self, PyObject *noargs)
         PyObject *rs = PyTuple_New(fi.ndim);
         for (int d = 0; rs && d < fi.ndim; d++)
             PyTuple_SET_ITEM(rs, d, PyLong_FromUnsignedLongLong(fi.row_shape[d]));
-        PyObject *o = rs ? Py_BuildValue("{s:s,s:s,s:s,s:O,s:z,s:z,s:O}", "name", fi.name,
+        PyObject *o = rs ? Py_BuildValue("{s:s,s:s,s:s,s:O,s:z,s:z,s:O,s:s}", "name", fi.name,
                                          "kind", kinds[fi.kind], "dtype",
                                          zb_dtype_name(fi.dtype), "row_shape", rs, "segment",
                                          fi.segment, "target", fi.target, "categorical",
-                                         fi.categorical ? Py_True : Py_False)
+                                         fi.categorical ? Py_True : Py_False, "array", fi.array)
                          : NULL;
         Py_XDECREF(rs);
         if (!o || PyList_Append(fields, o) < 0) {
@@ -308,6 +308,28 @@ dataset_read_many(DatasetObject *self, PyObject *args)
     return zbpy_batch_to_dict(b);
 }
 
+/* segment_lengths(name) -> bytearray of uint64 [len] */
+static PyObject *
+dataset_segment_lengths(DatasetObject *self, PyObject *args)
+{
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    uint64_t n = 0;
+    zb_status st = zb_dataset_len(self->ds, &n);
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n * sizeof(uint64_t)));
+    if (!out) return NULL;
+    uint64_t *buf = (uint64_t *)(void *)PyByteArray_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_dataset_segment_lengths(self->ds, name, buf);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
+        Py_DECREF(out);
+        return zbpy_raise(st, NULL);
+    }
+    return out;
+}
+
 static PyObject *
 dataset_set_threads(DatasetObject *self, PyObject *args)
 {
@@ -323,6 +345,8 @@ dataset_set_threads(DatasetObject *self, PyObject *args)
 
 static PyMethodDef dataset_methods[] = {
     {"set_threads", (PyCFunction)dataset_set_threads, METH_VARARGS, "replace the decode pool"},
+    {"segment_lengths", (PyCFunction)dataset_segment_lengths, METH_VARARGS,
+     "per-sample lengths of a segment"},
     {"length", (PyCFunction)dataset_len, METH_NOARGS, "number of logical samples"},
     {"info", (PyCFunction)dataset_info, METH_NOARGS, "layout, fields, n_vars"},
     {"categories", (PyCFunction)dataset_categories, METH_VARARGS, "category labels"},

@@ -96,6 +96,7 @@ class DataLoader:
         if sampler is None:
             sampler = "random" if shuffle else "sequential"
         if isinstance(sampler, str):
+            sampler_kwargs = _dataset_sampler_args(dataset, sampler, sampler_kwargs)
             sampler = _samplers.make_sampler(sampler, n=len(dataset), batch_size=self.batch_size,
                                              drop_last=drop_last, seed=seed, rank=self.rank,
                                              world_size=self.world_size,
@@ -178,6 +179,32 @@ class DataLoader:
             self.close()
         except Exception:
             pass
+
+
+_SIZE_SEGMENTS = {"num_atoms": ("max_atoms", "atoms"), "num_edges": ("max_edges", "edges"),
+                  "nnz": ("max_nnz", "X")}
+
+
+def _dataset_sampler_args(dataset: Dataset, name: str, kw: dict) -> dict:
+    """Fills sampler arguments that come from the dataset: per-sample sizes for "size_aware"
+    (from the pointer arrays, no values read) and class codes for "weighted" with
+    ``class_field``."""
+    kw = dict(kw)
+    if name in ("size_aware", "size-aware"):
+        for sizes_kw, (limit_kw, segment) in _SIZE_SEGMENTS.items():
+            if kw.get(limit_kw) is not None and kw.get(sizes_kw) is None:
+                kw[sizes_kw] = dataset.segment_lengths(segment)
+    if name == "weighted" and "class_field" in kw:
+        import numpy as np
+        from . import read_array
+        field = kw.pop("class_field")
+        info = dataset.fields.get(field)
+        if info is None or info["kind"] != "per_sample" or info["row_shape"]:
+            raise ValueError(f"class_field {field!r} must be a per-sample scalar field")
+        if dataset.num_children != 1 or dataset.layout == "atomic":
+            raise ValueError("class_field needs a single dataset without soft deletes")
+        kw["class_codes"] = np.asarray(read_array(dataset.path, info["array"]), dtype=np.int64)
+    return kw
 
 
 def _to_device(batch: Batch, device: str, pin: bool) -> Batch:

@@ -280,6 +280,7 @@ zb_dataset_field(const zb_dataset *ds, size_t i, zb_field_info *info)
     info->segment = f->seg >= 0 ? p->segs[f->seg].name : NULL;
     info->target = f->target >= 0 ? p->segs[f->target].name : NULL;
     info->categorical = f->categorical;
+    info->array = f->arr->path;
     return ZB_OK;
 }
 
@@ -357,5 +358,51 @@ zb_dataset_set_threads(zb_dataset *ds, int num_threads)
     ds->opts.num_threads = num_threads;
     pthread_mutex_unlock(&ds->pool_mu);
     zb_pool_free(old);
+    return ZB_OK;
+}
+
+static zb_status
+child_lengths(zb_dataset *ds, const char *segment, uint64_t *out)
+{
+    size_t s = 0;
+    while (s < ds->nsegs && strcmp(ds->segs[s].name, segment)) s++;
+    if (s == ds->nsegs)
+        return zb_err(ZB_E_NOTFOUND, "%s: no segment '%s'", ds->path[0] ? ds->path : "/",
+                      segment);
+    ZB_TRY(zb_mask_load(ds));
+    uint64_t n = 0;
+    ZB_TRY(zb_dataset_len(ds, &n));
+    zb_ctx *ctx = NULL;
+    ZB_TRY(zb_ctx_new(&ctx));
+    zb_status st = ZB_OK;
+    int64_t prev = 0;
+    uint64_t prev_p = UINT64_MAX;
+    for (uint64_t i = 0; i < n && st == ZB_OK; i++) {
+        uint64_t p = zb_mask_select(&ds->mask, i);
+        int64_t a0 = 0, a1 = 0;
+        if (p == prev_p + 1) {
+            a0 = prev; /* consecutive rows share a pointer */
+        } else {
+            st = zb_segment_get(&ds->segs[s], ctx, p, &a0);
+        }
+        if (st == ZB_OK) st = zb_segment_get(&ds->segs[s], ctx, p + 1, &a1);
+        if (st == ZB_OK && a1 < a0)
+            st = zb_err(ZB_E_CORRUPT, "%s: pointers decrease at row %llu",
+                        ds->segs[s].ptr->path, (unsigned long long)p);
+        out[i] = (uint64_t)(a1 - a0);
+        prev = a1;
+        prev_p = p;
+    }
+    zb_ctx_free(ctx);
+    return st;
+}
+
+zb_status
+zb_dataset_segment_lengths(zb_dataset *ds, const char *segment, uint64_t *out)
+{
+    if (!ds || !segment || !out) return zb_err(ZB_E_INVALID, "zb_dataset_segment_lengths: null");
+    if (!ds->nchildren) return child_lengths(ds, segment, out);
+    for (size_t c = 0; c < ds->nchildren; c++)
+        ZB_TRY(child_lengths(ds->children[c], segment, out + ds->child_start[c]));
     return ZB_OK;
 }

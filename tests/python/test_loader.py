@@ -289,3 +289,40 @@ def test_each_iteration_is_a_full_pass(cells):
     dl.set_epoch(3)
     c = np.concatenate(ids_of(dl))
     assert len(c) == 3000 and not np.array_equal(a, c)
+
+
+def test_size_aware_batches_respect_every_limit(tmp_path):
+    p = tmp_path / "atoms.zarr"
+    subprocess.run([CLI, "synth", "--kind", "atoms", "--n", "400", "-o", str(p), "--seed", "2"],
+                   check=True, capture_output=True)
+    ds = zbatch.open(p)
+    atoms = ds.segment_lengths("atoms")
+    assert atoms.min() >= 10 and atoms.max() <= 200
+    dl = zbatch.DataLoader(ds, sampler="size_aware", batch_size=32, max_atoms=1500,
+                           max_edges=60000, seed=4)
+    seen = []
+    for b in dl:
+        assert b["atoms_ptr"][-1] <= 1500 and b["edges_ptr"][-1] <= 60000
+        assert len(b["index"]) <= 32
+        np.testing.assert_array_equal(np.diff(b["atoms_ptr"]), atoms[b["index"].astype(np.int64)])
+        # neighbour lists stay inside their own sample's atoms, in batch numbering
+        nl, ep, ap = b["neighbor_list"], b["edges_ptr"], b["atoms_ptr"]
+        owner = np.repeat(np.arange(len(ep) - 1), np.diff(ep))
+        assert np.all(nl[:, 0] >= ap[owner]) and np.all(nl[:, 0] < ap[owner + 1])
+        seen.append(b["index"].astype(np.int64))
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(400))
+    with pytest.raises(zbatch.ZbatchError) as e:
+        zbatch.DataLoader(ds, sampler="size_aware", batch_size=32, max_atoms=100)
+    assert str(int(np.argmax(atoms > 100))) in str(e.value) or "sample" in str(e.value)
+
+
+def test_weighted_class_balanced_from_a_categorical_field(cells):
+    p, a = cells
+    ds = zbatch.open(p)
+    dl = zbatch.DataLoader(ds, sampler="weighted", batch_size=500, class_field="obs/plate",
+                           num_samples=14000, seed=8)
+    codes = np.concatenate([b["obs/plate"] for b in dl]).astype(np.int64)
+    counts = np.bincount(codes, minlength=14)
+    assert len(codes) == 14000
+    # balanced: ~1000 per class although the store's plates are uniform only by chance
+    assert np.all(np.abs(counts - 1000) < 5 * np.sqrt(1000))
