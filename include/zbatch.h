@@ -394,6 +394,12 @@ zb_status zb_dataset_categories(zb_dataset *ds, const char *field, const zb_stri
  * zb_dataset_len entries. Reads the pointer arrays (8 bytes per sample), not the values. */
 zb_status zb_dataset_segment_lengths(zb_dataset *ds, const char *segment, uint64_t *out);
 
+/* A dataset over `n` datasets in order: one index space, the child of each sample in batches
+ * ("dataset"). The children are borrowed: they must outlive the result and offer the same
+ * fields (names, kinds, dtypes, row shapes); ZB_E_INVALID otherwise, naming the difference. */
+zb_status zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *opts,
+                            zb_dataset **out);
+
 /* Replaces the decode thread pool (waits for a read in progress). */
 zb_status zb_dataset_set_threads(zb_dataset *ds, int num_threads);
 

@@ -18,7 +18,7 @@ from . import _zbatch
 from ._zbatch import ZbatchError
 
 __version__ = _zbatch.__version__
-__all__ = ["open", "Dataset", "Batch", "DataLoader", "samplers", "read_array", "write_array", "write_anndata", "info",
+__all__ = ["open", "Dataset", "MultiDataset", "InMemoryDataset", "Batch", "DataLoader", "samplers", "read_array", "write_array", "write_anndata", "info",
            "AtomicWriter", "ArrayConfig", "WriteConfig", "sample_from_atoms", "ZbatchError",
            "STATUS"]
 
@@ -135,7 +135,7 @@ def write_array(store: str, path: str, data, chunks=None, shards=None, codec: Op
                         bool(write_empty_chunks), fill, shard_index_location == "start", offsets)
 
 
-from .dataset import Batch, Dataset, open  # noqa: E402  (needs _error above)
+from .dataset import Batch, Dataset, InMemoryDataset, MultiDataset, open  # noqa: E402
 from ._write_anndata import write_anndata  # noqa: E402
 from ._atomic import ArrayConfig, AtomicWriter, WriteConfig, sample_from_atoms  # noqa: E402
 from . import samplers  # noqa: E402

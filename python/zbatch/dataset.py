@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -123,6 +123,9 @@ class Dataset:
         self._c = _zbatch._Dataset(str(path), group, int(cache_bytes), int(num_threads),
                                    bool(load_layers), bool(use_consolidated))
         self.path = str(path)
+        self._load_info()
+
+    def _load_info(self) -> None:
         info = self._c.info()
         self.layout: str = info["layout"]
         self.n_vars: int = info["n_vars"]
@@ -168,6 +171,47 @@ class Dataset:
         arr = np.ascontiguousarray(arr, dtype=np.uint64).ravel()
         raw = self._c.read_many(arr)
         return Batch(raw, self.layout, self.n_vars, output)
+
+
+class MultiDataset(Dataset):
+    """Several datasets behind one index space (samples of child k follow those of k-1);
+    batches carry ``b["dataset"]``, the child of each sample. Pair it with
+    ``DataLoader(..., sampler="multi", sizes=md.sizes, ratios=...)`` for per-child ratios.
+
+    The children must offer the same fields (e.g. anndata stores with equal ``n_vars``)."""
+
+    def __init__(self, datasets: Sequence[Dataset], *, cache_bytes: int = 0,
+                 num_threads: int = 1):
+        self.children = list(datasets)
+        if not self.children:
+            raise ValueError("MultiDataset needs at least one dataset")
+        self._c = _zbatch.concat_datasets([d._c for d in self.children], int(num_threads),
+                                          int(cache_bytes))
+        self.path = self.children[0].path
+        self._load_info()
+        #: the length of every child, in order (the "multi" sampler's ``sizes``)
+        self.sizes = [len(d) for d in self.children]
+
+    def __repr__(self) -> str:
+        return f"zbatch.MultiDataset({len(self.children)} datasets, n={len(self)})"
+
+
+class InMemoryDataset(Dataset):
+    """A dataset decoded once into memory (uncompressed, small chunks), with the same
+    interface: batches are then copies from memory, with no decoding and no I/O.
+
+        >>> mem = zbatch.InMemoryDataset(zbatch.open("small.zarr"))
+    """
+
+    def __init__(self, source: Union[Dataset, str], *, cache_bytes: int = 0,
+                 num_threads: int = 1):
+        src = source if isinstance(source, Dataset) else Dataset(str(source))
+        self._c = _zbatch.in_memory(src._c, int(num_threads), int(cache_bytes))
+        self.path = src.path
+        self._load_info()
+
+    def __repr__(self) -> str:
+        return f"zbatch.InMemoryDataset({self.path!r}, layout={self.layout!r}, n={len(self)})"
 
 
 def open(path: str, group: str = "", **kwargs) -> Dataset:  # noqa: A001 - the product's name

@@ -5,6 +5,7 @@
  * array made from it. */
 #include <string.h>
 
+#include "dataset/dataset.h"
 #include "ext.h"
 
 /* ---- _Batch ------------------------------------------------------------------------------- */
@@ -177,6 +178,7 @@ fail:
 typedef struct {
     PyObject_HEAD zb_store *store;
     zb_dataset *ds;
+    PyObject *keep; /* datasets a concatenation borrows from */
 } DatasetObject;
 
 static void
@@ -184,6 +186,7 @@ dataset_dealloc(DatasetObject *self)
 {
     zb_dataset_close(self->ds);
     zb_store_close(self->store);
+    Py_XDECREF(self->keep);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -365,6 +368,99 @@ static PyTypeObject DatasetType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* concat_datasets(list of _Dataset, num_threads, cache_bytes) -> _Dataset */
+static PyObject *
+py_concat_datasets(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *list;
+    int threads = 1;
+    unsigned long long cache = 0;
+    if (!PyArg_ParseTuple(args, "O|iK", &list, &threads, &cache)) return NULL;
+    PyObject *seq = PySequence_Tuple(list);
+    if (!seq) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    zb_dataset **kids = calloc((size_t)n + 1, sizeof *kids);
+    if (!kids) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyTuple_GET_ITEM(seq, i);
+        if (!PyObject_TypeCheck(o, &DatasetType)) {
+            free(kids);
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_TypeError, "concat_datasets takes zbatch datasets");
+            return NULL;
+        }
+        kids[i] = ((DatasetObject *)o)->ds;
+    }
+    DatasetObject *d = (DatasetObject *)DatasetType.tp_alloc(&DatasetType, 0);
+    if (!d) {
+        free(kids);
+        Py_DECREF(seq);
+        return NULL;
+    }
+    zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+    o.num_threads = threads;
+    o.cache_bytes = (size_t)cache;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_dataset_concat(kids, (size_t)n, &o, &d->ds);
+    Py_END_ALLOW_THREADS
+    free(kids);
+    if (st != ZB_OK) {
+        Py_DECREF(seq);
+        Py_DECREF(d);
+        return zbpy_raise(st, NULL);
+    }
+    d->keep = seq;
+    return (PyObject *)d;
+}
+
+/* in_memory(dataset, num_threads, cache_bytes) -> _Dataset over a decoded copy in memory */
+static PyObject *
+py_in_memory(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *src;
+    int threads = 1;
+    unsigned long long cache = 0;
+    if (!PyArg_ParseTuple(args, "O|iK", &src, &threads, &cache)) return NULL;
+    if (!PyObject_TypeCheck(src, &DatasetType)) {
+        PyErr_SetString(PyExc_TypeError, "in_memory takes a zbatch dataset");
+        return NULL;
+    }
+    zb_dataset *sd = ((DatasetObject *)src)->ds;
+    if (sd->borrowed) return zbpy_raise(ZB_E_UNSUPPORTED, "in_memory: copy each child instead");
+    DatasetObject *d = (DatasetObject *)DatasetType.tp_alloc(&DatasetType, 0);
+    if (!d) return NULL;
+    zb_copy_opts co = ZB_COPY_OPTS_DEFAULT;
+    co.codec = "none";
+    co.chunk_bytes = (uint64_t)256 << 10; /* small units: a row read copies little */
+    co.num_threads = threads;
+    zb_dataset_opts o = sd->opts;
+    o.num_threads = threads;
+    o.cache_bytes = (size_t)cache;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_store_open_memory(&d->store);
+    if (st == ZB_OK) st = zb_store_copy(sd->store, sd->path, d->store, "", &co);
+    if (st == ZB_OK) st = zb_dataset_open(d->store, "", &o, &d->ds);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
+        Py_DECREF(d);
+        return zbpy_raise(st, NULL);
+    }
+    return (PyObject *)d;
+}
+
+static PyMethodDef module_methods[] = {
+    {"in_memory", py_in_memory, METH_VARARGS, "a dataset decoded once into memory"},
+    {"concat_datasets", py_concat_datasets, METH_VARARGS, "one dataset over several"},
+    {NULL, NULL, 0, NULL},
+};
+
 zb_dataset *
 zbpy_dataset_ptr(PyObject *obj)
 {
@@ -386,5 +482,5 @@ zbpy_register_dataset(PyObject *module)
         Py_DECREF(&DatasetType);
         return -1;
     }
-    return 0;
+    return PyModule_AddFunctions(module, module_methods);
 }

@@ -30,7 +30,7 @@ zb_dataset_close(zb_dataset *ds)
         zb_array_close(s->ptr);
         pthread_mutex_destroy(&s->mu);
     }
-    for (size_t i = 0; i < ds->nchildren; i++) zb_dataset_close(ds->children[i]);
+    for (size_t i = 0; i < ds->nchildren && !ds->borrowed; i++) zb_dataset_close(ds->children[i]);
     free(ds->children);
     free(ds->child_start);
     zb_array_close(ds->mask.arr);
@@ -39,6 +39,7 @@ zb_dataset_close(zb_dataset *ds)
     pthread_mutex_destroy(&ds->mask.mu);
     zb_pool_free(ds->pool);
     zb_cache_free(ds->cache);
+    zb_arena_pool_unref(ds->arenas);
     pthread_mutex_destroy(&ds->pool_mu);
     free(ds->path);
     free(ds);
@@ -84,6 +85,28 @@ cmp_child(const void *a, const void *b)
 }
 
 static zb_status open_layout(zb_dataset *ds, const zb_tree *tree, const char *base);
+
+/* Every child must offer the same fields with the same dtypes and row shapes. */
+static zb_status
+check_same_fields(const zb_dataset *ds, zb_status code)
+{
+    const zb_dataset *c0 = ds->children[0];
+    for (size_t c = 1; c < ds->nchildren; c++) {
+        const zb_dataset *ch = ds->children[c];
+        bool same = ch->nfields == c0->nfields && ch->n_vars == c0->n_vars &&
+                    ch->nsegs == c0->nsegs;
+        for (size_t f = 0; same && f < c0->nfields; f++) {
+            const zb_field *a = &c0->fields[f], *b = &ch->fields[f];
+            same = !strcmp(a->name, b->name) && a->kind == b->kind && a->dtype == b->dtype &&
+                   a->ndim == b->ndim &&
+                   !memcmp(a->row_shape, b->row_shape, sizeof(uint64_t) * (size_t)a->ndim);
+        }
+        if (!same)
+            return zb_err(code, "%s: its fields or n_vars differ from %s",
+                          ch->path[0] ? ch->path : "/", c0->path[0] ? c0->path : "/");
+    }
+    return ZB_OK;
+}
 
 static zb_status
 open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
@@ -132,25 +155,10 @@ open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
             goto done;
         }
     }
-    /* every child must offer the same fields with the same dtypes and row shapes */
-    zb_dataset *c0 = ds->children[0];
-    for (size_t c = 1; c < n; c++) {
-        zb_dataset *ch = ds->children[c];
-        bool same = ch->nfields == c0->nfields && ch->n_vars == c0->n_vars;
-        for (size_t f = 0; same && f < c0->nfields; f++) {
-            const zb_field *a = &c0->fields[f], *b = &ch->fields[f];
-            same = !strcmp(a->name, b->name) && a->kind == b->kind && a->dtype == b->dtype &&
-                   a->ndim == b->ndim &&
-                   !memcmp(a->row_shape, b->row_shape, sizeof(uint64_t) * (size_t)a->ndim);
-        }
-        if (!same) {
-            st = zb_err(ZB_E_CORRUPT, "%s: its fields or n_vars differ from %s", ch->path,
-                        c0->path);
-            goto done;
-        }
-    }
+    st = check_same_fields(ds, ZB_E_CORRUPT);
+    if (st != ZB_OK) goto done;
     snprintf(ds->layout, sizeof ds->layout, "collection");
-    ds->n_vars = c0->n_vars;
+    ds->n_vars = ds->children[0]->n_vars;
 done:
     free(names);
     return st;
@@ -197,6 +205,7 @@ zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts, 
     zb_tree_free(tree);
     if (st == ZB_OK && ds->opts.cache_bytes) st = zb_cache_new(ds->opts.cache_bytes, &ds->cache);
     if (st == ZB_OK) st = zb_pool_new(ds->opts.num_threads, &ds->pool);
+    if (st == ZB_OK) st = zb_arena_pool_new(&ds->arenas);
     if (st == ZB_OK && ds->nchildren) {
         uint64_t total = 0;
         for (size_t c = 0; c < ds->nchildren && st == ZB_OK; c++) {
@@ -404,5 +413,53 @@ zb_dataset_segment_lengths(zb_dataset *ds, const char *segment, uint64_t *out)
     if (!ds->nchildren) return child_lengths(ds, segment, out);
     for (size_t c = 0; c < ds->nchildren; c++)
         ZB_TRY(child_lengths(ds->children[c], segment, out + ds->child_start[c]));
+    return ZB_OK;
+}
+
+zb_status
+zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *opts,
+                  zb_dataset **out)
+{
+    if (!out) return zb_err(ZB_E_INVALID, "zb_dataset_concat: null out");
+    *out = NULL;
+    if (!children || n == 0) return zb_err(ZB_E_INVALID, "zb_dataset_concat: no datasets");
+    for (size_t c = 0; c < n; c++) {
+        if (!children[c]) return zb_err(ZB_E_INVALID, "zb_dataset_concat: dataset %zu is null", c);
+        if (children[c]->nchildren)
+            return zb_err(ZB_E_UNSUPPORTED, "zb_dataset_concat: dataset %zu is a collection", c);
+    }
+    zb_dataset *ds = dataset_alloc(children[0]->store, "", opts);
+    if (!ds) return zb_err(ZB_E_NOMEM, "zb_dataset_concat: out of memory");
+    ds->borrowed = true;
+    snprintf(ds->layout, sizeof ds->layout, "%s", children[0]->layout);
+    ds->children = calloc(n, sizeof *ds->children);
+    ds->child_start = calloc(n + 1, sizeof *ds->child_start);
+    zb_status st = ds->children && ds->child_start ? ZB_OK
+                                                   : zb_err(ZB_E_NOMEM, "zb_dataset_concat: oom");
+    if (st == ZB_OK) {
+        memcpy(ds->children, children, n * sizeof *children);
+        ds->nchildren = n;
+        st = check_same_fields(ds, ZB_E_INVALID);
+    }
+    uint64_t total = 0;
+    for (size_t c = 0; c < n && st == ZB_OK; c++) {
+        uint64_t len = 0;
+        st = zb_dataset_len(children[c], &len);
+        ds->child_start[c] = total;
+        total += len;
+    }
+    if (st == ZB_OK) {
+        ds->child_start[n] = total;
+        ds->nphys = total;
+        ds->n_vars = children[0]->n_vars;
+        if (ds->opts.cache_bytes) st = zb_cache_new(ds->opts.cache_bytes, &ds->cache);
+    }
+    if (st == ZB_OK) st = zb_pool_new(ds->opts.num_threads, &ds->pool);
+    if (st == ZB_OK) st = zb_arena_pool_new(&ds->arenas);
+    if (st != ZB_OK) {
+        zb_dataset_close(ds);
+        return st;
+    }
+    *out = ds;
     return ZB_OK;
 }

@@ -54,6 +54,11 @@ typedef struct zb_mask {
 } zb_mask;
 
 typedef struct zb_cache zb_cache;
+typedef struct zb_arena_pool zb_arena_pool;
+
+/* Reused batch memory (reader.c): a pool of blocks shared by a dataset and its batches. */
+zb_status zb_arena_pool_new(zb_arena_pool **out);
+void zb_arena_pool_unref(zb_arena_pool *p);
 
 struct zb_dataset {
     zb_store *store;
@@ -75,7 +80,9 @@ struct zb_dataset {
     zb_pool *pool;
     pthread_mutex_t pool_mu; /* one read_many at a time drives the pool */
     zb_cache *cache;
+    zb_arena_pool *arenas;   /* batch memory, reused across reads */
     bool is_child;
+    bool borrowed;           /* children belong to the caller (zb_dataset_concat) */
 };
 
 /* Layout builders (layouts.c). Each fills fields/segments of ds from the tree. */

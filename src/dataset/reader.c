@@ -43,6 +43,96 @@ typedef struct bseg {
     int64_t *ptr; /* [B+1] */
 } bseg;
 
+/* Reused batch memory. Multi-megabyte batch buffers that are mapped and unmapped on every
+ * batch cost thousands of page faults each (DESIGN.md §6); a read_many takes its field
+ * buffers as one block from this pool and its last release returns the block, so a loader in
+ * steady state touches only memory it touched before. The pool is shared by the dataset and
+ * every batch still alive (refcounted), so batches may outlive their dataset. */
+#define ARENA_KEEP 6
+struct zb_arena_pool {
+    pthread_mutex_t mu;
+    int refs;
+    size_t n;
+    void *blk[ARENA_KEEP];
+    size_t cap[ARENA_KEEP];
+};
+
+zb_status
+zb_arena_pool_new(zb_arena_pool **out)
+{
+    zb_arena_pool *p = calloc(1, sizeof *p);
+    if (!p) return zb_err(ZB_E_NOMEM, "arena pool: out of memory");
+    pthread_mutex_init(&p->mu, NULL);
+    p->refs = 1;
+    *out = p;
+    return ZB_OK;
+}
+
+void
+zb_arena_pool_unref(zb_arena_pool *p)
+{
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    int left = --p->refs;
+    pthread_mutex_unlock(&p->mu);
+    if (left > 0) return;
+    for (size_t i = 0; i < p->n; i++) free(p->blk[i]);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+/* A block of at least `need` bytes: the smallest kept one that fits, else a new one. */
+static void *
+arena_take(zb_arena_pool *p, size_t need, size_t *cap)
+{
+    pthread_mutex_lock(&p->mu);
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < p->n; i++)
+        if (p->cap[i] >= need && (best == SIZE_MAX || p->cap[i] < p->cap[best])) best = i;
+    void *blk = NULL;
+    if (best != SIZE_MAX) {
+        blk = p->blk[best];
+        *cap = p->cap[best];
+        p->n--;
+        p->blk[best] = p->blk[p->n];
+        p->cap[best] = p->cap[p->n];
+    }
+    p->refs++;
+    pthread_mutex_unlock(&p->mu);
+    if (!blk) {
+        /* a little headroom, so windows of slightly varying size reuse one block */
+        size_t c = need + need / 8 + 4096;
+        blk = malloc(c);
+        *cap = c;
+    }
+    return blk;
+}
+
+/* Returns a block (the smallest goes when the pool is full) and drops the batch's reference. */
+static void
+arena_give(zb_arena_pool *p, void *blk, size_t cap)
+{
+    pthread_mutex_lock(&p->mu);
+    if (p->n == ARENA_KEEP) {
+        size_t small = 0;
+        for (size_t i = 1; i < p->n; i++)
+            if (p->cap[i] < p->cap[small]) small = i;
+        if (p->cap[small] < cap) {
+            free(p->blk[small]);
+            p->blk[small] = blk;
+            p->cap[small] = cap;
+            blk = NULL;
+        }
+    } else {
+        p->blk[p->n] = blk;
+        p->cap[p->n++] = cap;
+        blk = NULL;
+    }
+    pthread_mutex_unlock(&p->mu);
+    free(blk);
+    zb_arena_pool_unref(p);
+}
+
 struct zb_batch {
     size_t B;
     uint64_t *index;
@@ -57,6 +147,9 @@ struct zb_batch {
      * holds one of its references; a batch is freed when its last reference goes */
     zb_batch *parent;
     _Atomic int refs;
+    zb_arena_pool *arenas; /* where `arena` returns (NULL: malloc'd) */
+    void *arena;
+    size_t arena_cap;
 };
 
 /* A run of rows of one unit that lands at dst_row of the field's batch buffer. */
@@ -103,6 +196,7 @@ zb_batch_free(zb_batch *b)
         free(b->index);
         free(b->dataset);
     }
+    if (b->arena) arena_give(b->arenas, b->arena, b->arena_cap);
     zb_batch *parent = b->parent;
     free(b);
     zb_batch_free(parent);
@@ -919,6 +1013,7 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
     int64_t *seg_start = NULL; /* [nsegs][n] */
     zb_ctx *ctx = NULL;
     exec *xs = NULL;
+    size_t *arena_off = NULL;
     zb_batch *b = calloc(1, sizeof *b);
     if (!b) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
     p.b = b;
@@ -974,7 +1069,27 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
             bs->ptr[i + 1] = bs->ptr[i] + (a1 - a0);
         }
     }
-    /* 3. batch buffers and copies */
+    /* 3. batch buffers (one arena block, 64-byte aligned fields) and copies */
+    arena_off = calloc(pr->nfields + 1, sizeof *arena_off);
+    if (!arena_off) {
+        st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        goto fail;
+    }
+    size_t arena_need = 0;
+    for (size_t f = 0; f < pr->nfields; f++) {
+        const zb_field *fd = &pr->fields[f];
+        uint64_t rows = fd->seg >= 0 ? (uint64_t)b->segs[fd->seg].ptr[n] : n;
+        arena_off[f] = arena_need;
+        arena_need += ((size_t)(rows * fd->row_elems * fd->itemsize) + 63) & ~(size_t)63;
+    }
+    b->arenas = ds->arenas;
+    b->arena = arena_take(ds->arenas, arena_need + 64, &b->arena_cap);
+    if (!b->arena) {
+        zb_arena_pool_unref(ds->arenas);
+        b->arenas = NULL;
+        st = zb_err(ZB_E_NOMEM, "read_many: out of memory for a %zu-byte batch", arena_need);
+        goto fail;
+    }
     for (size_t f = 0; f < pr->nfields; f++) {
         const zb_field *fd = &pr->fields[f];
         bfield *bf = &b->fields[f];
@@ -987,10 +1102,10 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
         bf->row_elems = fd->row_elems;
         bf->seg = fd->seg;
         bf->target = fd->target;
-        bf->owned = true;
+        bf->owned = false; /* in the batch's arena */
         bf->nrows = fd->seg >= 0 ? (uint64_t)b->segs[fd->seg].ptr[n] : n;
         uint64_t bytes = bf->nrows * bf->row_elems * bf->itemsize;
-        bf->data = malloc((size_t)bytes + 1);
+        bf->data = b->arena ? (uint8_t *)b->arena + arena_off[f] : NULL;
         if (!bf->name || !bf->data) {
             st = zb_err(ZB_E_NOMEM, "read_many: out of memory for %s (%llu bytes)", fd->name,
                         (unsigned long long)bytes);
@@ -1093,6 +1208,7 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
     free(child);
     free(phys);
     free(seg_start);
+    free(arena_off);
     zb_ctx_free(ctx);
     *out = b;
     return ZB_OK;
@@ -1103,6 +1219,7 @@ fail:
     free(child);
     free(phys);
     free(seg_start);
+    free(arena_off);
     zb_ctx_free(ctx);
     zb_batch_free(b);
     return st;

@@ -326,3 +326,52 @@ def test_weighted_class_balanced_from_a_categorical_field(cells):
     assert len(codes) == 14000
     # balanced: ~1000 per class although the store's plates are uniform only by chance
     assert np.all(np.abs(counts - 1000) < 5 * np.sqrt(1000))
+
+
+def _small(tmp_path, name, n, seed):
+    p = tmp_path / name
+    subprocess.run([CLI, "synth", "--kind", "cells", "--n", str(n), "-o", str(p), "--seed",
+                    str(seed), "--genes", "800"], check=True, capture_output=True)
+    return p
+
+
+def test_multi_dataset_ratios_and_child_ids(tmp_path):
+    pa, pb = _small(tmp_path, "a.zarr", 600, 1), _small(tmp_path, "b.zarr", 200, 2)
+    A, B = ad.read_zarr(pa), ad.read_zarr(pb)
+    md = zbatch.MultiDataset([zbatch.open(pa), zbatch.open(pb)])
+    assert len(md) == 800 and md.sizes == [600, 200]
+    b = md.read_many([599, 600, 0, 799])
+    np.testing.assert_array_equal(b["dataset"], [0, 1, 0, 1])
+    np.testing.assert_array_equal(b["X"].toarray(),
+                                  np.vstack([A.X[[599]].toarray(), B.X[[0]].toarray(),
+                                             A.X[[0]].toarray(), B.X[[199]].toarray()]))
+    dl = zbatch.DataLoader(md, batch_size=100, sampler="multi", sizes=md.sizes,
+                           samples_per_dataset=[0.5, 0.5], seed=3)
+    kids = np.concatenate([x["dataset"] for x in dl])
+    np.testing.assert_array_equal(np.bincount(kids), [400, 400])  # balanced halves per batch
+    other = zbatch.open(_small(tmp_path, "c.zarr", 50, 3))
+    with pytest.raises(zbatch.ZbatchError):
+        zbatch.MultiDataset([zbatch.open(pa), zbatch.open(_atoms(tmp_path))])
+
+
+def _atoms(tmp_path):
+    p = tmp_path / "atoms_md.zarr"
+    subprocess.run([CLI, "synth", "--kind", "atoms", "--n", "20", "-o", str(p), "--seed", "1"],
+                   check=True, capture_output=True)
+    return p
+
+
+def test_in_memory_dataset_serves_the_same_batches(cells):
+    p, a = cells
+    disk = zbatch.open(p)
+    mem = zbatch.InMemoryDataset(disk)
+    assert len(mem) == len(disk) and mem.fields.keys() == disk.fields.keys()
+    assert mem.categories("obs/drug") == disk.categories("obs/drug")
+    ids = np.random.default_rng(5).integers(0, 3000, 400)
+    x, y = disk.read_many(ids), mem.read_many(ids)
+    assert (x["X"] != y["X"]).nnz == 0
+    for k in ("obs/cell_line", "obs/drug", "obs/plate", "obs/n_genes"):
+        np.testing.assert_array_equal(x[k], y[k])
+    dl = zbatch.DataLoader(mem, batch_size=500, sampler="block", block_size=20, seed=1)
+    got = np.concatenate([b["index"] for b in dl]).astype(np.int64)
+    np.testing.assert_array_equal(np.sort(got), np.arange(3000))
