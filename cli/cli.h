@@ -9,5 +9,6 @@ int zb_cli_synth_cells(int argc, char **argv);
 int zb_cli_synth_atoms(int argc, char **argv);
 int zb_cli_verify(int argc, char **argv);
 int zb_cli_convert(int argc, char **argv);
+int zb_cli_bench(int argc, char **argv);
 
 #endif

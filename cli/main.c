@@ -18,6 +18,7 @@ usage(FILE *f)
             "  synth --kind K ...   generate a realistic synthetic store (cells or atoms)\n"
             "  verify PATH          check a store: metadata, chunks, pointers, masks\n"
             "  convert SRC DST      re-encode a store (format, codec, chunk size)\n"
+            "  bench STORE ...      loader throughput next to the decode-only limit\n"
             "\n"
             "Run 'zbatch <command> --help' for a command's options.\n",
             ZB_VERSION_STRING);
@@ -43,6 +44,7 @@ main(int argc, char **argv)
     if (!strcmp(cmd, "synth")) return zb_cli_synth(argc - 1, argv + 1);
     if (!strcmp(cmd, "verify")) return zb_cli_verify(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return zb_cli_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return zb_cli_bench(argc - 1, argv + 1);
     fprintf(stderr, "zbatch: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;
