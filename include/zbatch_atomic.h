@@ -116,7 +116,7 @@ const char *zb_atomic_level_name(zb_atomic_level level);
 /* Storage of one array: like nvalchemi's ZarrArrayConfig. A zero/NULL member inherits. */
 typedef struct zb_atomic_array_config {
     const char *codec;   /* codec string ("Writing arrays" in zbatch.h), e.g. "blosc:lz4:5:shuffle";
-                            NULL = inherit ("zstd:3" at the bottom) */
+                            NULL = inherit ("blosc:lz4:5:shuffle" at the bottom) */
     uint64_t chunk_rows; /* rows per chunk along axis 0; 0 = inherit (about 1 MiB of rows) */
     uint64_t shard_rows; /* rows per shard (a multiple of chunk_rows); 0 = inherit (none);
                             ZB_ATOMIC_NO_SHARDS = none even if the group shards */

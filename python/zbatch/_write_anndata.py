@@ -140,7 +140,7 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
     zarr_format
         3 (default) or 2.
     codec
-        Codec string of every array, e.g. ``"zstd:3"`` (the default), ``"blosc:lz4:5:shuffle"``,
+        Codec string of every array, e.g. ``"blosc:lz4:5:shuffle"`` (the default), ``"zstd:3"``,
         ``"none"``.
     chunk_size
         CSR: elements per chunk of ``X/data`` and ``X/indices`` (default 32768); dense: rows per

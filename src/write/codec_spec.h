@@ -16,7 +16,7 @@
 #include "zbatch.h"
 
 /* The codec used when the option is NULL. A placeholder until measured on real data. */
-#define ZB_CODEC_SPEC_DEFAULT "zstd:3"
+#define ZB_CODEC_SPEC_DEFAULT "blosc:lz4:5:shuffle" /* chosen by measurement: docs/PERFORMANCE.md */
 
 /* Parses `spec` (NULL = ZB_CODEC_SPEC_DEFAULT) for a Zarr `zarr_format` (2 or 3) array into
  * *codec; *has_codec is false for "none". ZB_E_INVALID, naming the string and the part that is
