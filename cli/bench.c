@@ -1,13 +1,1041 @@
-/* zbatch bench — placeholder until the benchmark lands. */
+/* zbatch bench STORE [options]: runs a configured loader over a store and reports its throughput
+ * next to the decode-only limit of the same chunks (DESIGN.md §6), with read amplification, CPU,
+ * memory, page faults, latency and shuffle quality; `zbatch bench --write ...` measures writing
+ * synthetic stores instead (bench_write.c).
+ *
+ * The timed part is the loader alone: zb_loader_next on this thread, batches released at once,
+ * the sample ids copied aside. The first window (prefetch_factor batches) is a warm-up, timed
+ * only for the time to first batch; the run then stops at the first window boundary after
+ * --seconds (or after --epochs). Everything else (read accounting, decode-only loop, shuffle
+ * figures) runs after the timed part, from the recorded ids. */
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
 
+#include "bench_common.h"
+#include "bench_decode.h"
 #include "cli.h"
+#include "dataset/dataset.h"
+#include "util/status.h"
+#include "zarr/array.h"
+#include "zbatch.h"
+
+#define MAX_TRANSFORMS 16
+#define DEFAULT_OBS_COLUMN "obs/cell_line"
+#define MAX_REF_BATCHES 4096
+#define DECODE_BUDGET_MIN 0.5 /* seconds of decode-only loop, at least (when windows remain) */
+#define DECODE_BUDGET_MAX 5.0
+#define DECODE_BUDGET_SHARE 0.25 /* of the timed seconds */
+
+static void
+usage(FILE *f)
+{
+    fprintf(f,
+            "usage: zbatch bench STORE [options]\n"
+            "       zbatch bench --write --kind cells|atoms --n N [write options]\n"
+            "\n"
+            "Runs a loader over STORE and reports samples/s, decoded GB/s, read amplification,\n"
+            "CPU, peak RSS, page faults per batch, time to first batch, batch latency p50/p99 and\n"
+            "shuffle quality, next to the decode-only limit of the same chunks with the same\n"
+            "codec and threads. Prints a table and writes one JSON record to the results\n"
+            "directory (bench-<UTC time>-<sampler>.json).\n"
+            "\n"
+            "  --sampler S          sequential, random, block, weighted or size_aware (block)\n"
+            "  --block-size K       block: contiguous rows per block (256)\n"
+            "  --blocks-per-window K block: blocks shuffled together (16)\n"
+            "  --batch B            samples per batch; size_aware: at most (4096)\n"
+            "  --prefetch P         batches per window (4)\n"
+            "  --depth D            windows in flight (2)\n"
+            "  --threads T          decode threads (2)\n"
+            "  --transform X        log1p, normalize_total[:TARGET] (1e4) or densify; repeatable\n"
+            "  --seconds S          timed seconds, stopping at a window boundary (10)\n"
+            "  --epochs E           time E whole epochs instead (the first window is warm-up)\n"
+            "  --seed S             sampler seed (0)\n"
+            "  --obs-column NAME    categorical column for the shuffle entropy (obs/cell_line\n"
+            "                       when present; 'none' for none)\n"
+            "  --max-nnz K, --max-atoms K, --max-edges K\n"
+            "                       size_aware limits (default: batch x the mean nnz or atoms)\n"
+            "  --window-size K      size_aware: samples packed together (8192)\n"
+            "  --num-samples K      weighted: draws per epoch (the dataset length); weights are\n"
+            "                       class-balanced over --obs-column, uniform without one\n"
+            "  --results DIR        where the JSON record goes (results)\n"
+            "  --no-decode-only     skip the decode-only limit\n"
+            "  --json               print only the JSON record\n"
+            "  -h, --help           this text ('zbatch bench --write --help' for write mode)\n");
+}
+
+typedef struct opts {
+    const char *store;
+    const char *sampler;
+    uint64_t block_size, blocks_per_window;
+    uint64_t batch, prefetch, depth, threads;
+    zb_transform transforms[MAX_TRANSFORMS];
+    const char *transform_names[MAX_TRANSFORMS];
+    size_t ntransforms;
+    double seconds;
+    uint64_t epochs; /* 0: timed by seconds */
+    bool have_seconds;
+    uint64_t seed;
+    const char *obs_column; /* NULL: the default when present */
+    bool obs_explicit;
+    uint64_t max_nnz, max_atoms, max_edges, window_size, num_samples;
+    const char *results;
+    bool decode_only, json;
+} opts;
+
+/* The options that take a value. */
+static const char *const VALUE_FLAGS[] = {
+    "--sampler",     "--block-size",  "--blocks-per-window", "--batch",     "--prefetch",
+    "--depth",       "--threads",     "--transform",         "--seconds",   "--epochs",
+    "--seed",        "--obs-column",  "--max-nnz",           "--max-atoms", "--max-edges",
+    "--window-size", "--num-samples", "--results",           NULL};
+
+static const char *const SAMPLERS[] = {"sequential", "random", "block", "weighted", "size_aware"};
+
+static int
+parse_transform(const char *v, opts *o)
+{
+    if (o->ntransforms == MAX_TRANSFORMS) {
+        fprintf(stderr, "zbatch bench: at most %d --transform\n", MAX_TRANSFORMS);
+        return -1;
+    }
+    zb_transform t;
+    memset(&t, 0, sizeof t);
+    if (!strcmp(v, "log1p")) {
+        t.kind = ZB_TRANSFORM_LOG1P;
+    } else if (!strcmp(v, "densify")) {
+        t.kind = ZB_TRANSFORM_DENSIFY;
+    } else if (!strncmp(v, "normalize_total", 15) && (v[15] == '\0' || v[15] == ':')) {
+        t.kind = ZB_TRANSFORM_NORMALIZE_TOTAL;
+        t.target_sum = 1e4;
+        if (v[15] == ':' && zb_bench_parse_double("--transform normalize_total", v + 16, 1e-300,
+                                                  1e300, &t.target_sum) != 0)
+            return -1;
+    } else {
+        fprintf(stderr,
+                "zbatch bench: --transform: '%s' is not log1p, normalize_total[:TARGET] "
+                "or densify\n",
+                v);
+        return -1;
+    }
+    o->transform_names[o->ntransforms] = v;
+    o->transforms[o->ntransforms++] = t;
+    return 0;
+}
+
+/* Returns 0 to go on, else the exit code (-1 for --help). */
+static int
+parse_args(int argc, char **argv, opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->sampler = "block";
+    o->block_size = 256;
+    o->blocks_per_window = 16;
+    o->batch = 4096;
+    o->prefetch = 4;
+    o->depth = 2;
+    o->threads = 2;
+    o->seconds = 10;
+    o->window_size = 8192;
+    o->results = "results";
+    o->decode_only = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return -1;
+        }
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-decode-only")) {
+            o->decode_only = false;
+            continue;
+        }
+        if (strncmp(a, "-", 1) != 0) {
+            if (o->store) {
+                fprintf(stderr, "zbatch bench: one STORE only ('%s' and '%s')\n", o->store, a);
+                return 2;
+            }
+            o->store = a;
+            continue;
+        }
+        char flag[64];
+        const char *v = NULL;
+        if (zb_bench_flag_value(argc, argv, &i, VALUE_FLAGS, flag, sizeof flag, &v) != 0) return 2;
+        int bad = 0;
+        if (!strcmp(flag, "--sampler")) {
+            o->sampler = NULL;
+            for (size_t k = 0; k < sizeof SAMPLERS / sizeof *SAMPLERS; k++)
+                if (!strcmp(v, SAMPLERS[k])) o->sampler = SAMPLERS[k];
+            if (!strcmp(v, "size-aware")) o->sampler = "size_aware";
+            if (!o->sampler) {
+                fprintf(stderr,
+                        "zbatch bench: --sampler: '%s' is not sequential, random, block, "
+                        "weighted or size_aware\n",
+                        v);
+                bad = 1;
+            }
+        } else if (!strcmp(flag, "--block-size")) {
+            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->block_size);
+        } else if (!strcmp(flag, "--blocks-per-window")) {
+            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->blocks_per_window);
+        } else if (!strcmp(flag, "--batch")) {
+            bad = zb_bench_parse_u64(flag, v, 1, (uint64_t)1 << 32, &o->batch);
+        } else if (!strcmp(flag, "--prefetch")) {
+            bad = zb_bench_parse_u64(flag, v, 1, 1 << 20, &o->prefetch);
+        } else if (!strcmp(flag, "--depth")) {
+            bad = zb_bench_parse_u64(flag, v, 1, 1 << 10, &o->depth);
+        } else if (!strcmp(flag, "--threads")) {
+            bad = zb_bench_parse_u64(flag, v, 1, 256, &o->threads);
+        } else if (!strcmp(flag, "--transform")) {
+            bad = parse_transform(v, o);
+        } else if (!strcmp(flag, "--seconds")) {
+            bad = zb_bench_parse_double(flag, v, 1e-3, 1e7, &o->seconds);
+            o->have_seconds = true;
+        } else if (!strcmp(flag, "--epochs")) {
+            bad = zb_bench_parse_u64(flag, v, 1, 1 << 30, &o->epochs);
+        } else if (!strcmp(flag, "--seed")) {
+            bad = zb_bench_parse_u64(flag, v, 0, UINT64_MAX, &o->seed);
+        } else if (!strcmp(flag, "--obs-column")) {
+            o->obs_column = v;
+            o->obs_explicit = true;
+        } else if (!strcmp(flag, "--max-nnz")) {
+            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->max_nnz);
+        } else if (!strcmp(flag, "--max-atoms")) {
+            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->max_atoms);
+        } else if (!strcmp(flag, "--max-edges")) {
+            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->max_edges);
+        } else if (!strcmp(flag, "--window-size")) {
+            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->window_size);
+        } else if (!strcmp(flag, "--num-samples")) {
+            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->num_samples);
+        } else if (!strcmp(flag, "--results")) {
+            o->results = v;
+        }
+        if (bad) return 2;
+    }
+    if (!o->store) {
+        fprintf(stderr, "zbatch bench: give a STORE (or --write); see zbatch bench --help\n");
+        return 2;
+    }
+    if (o->epochs && o->have_seconds) {
+        fprintf(stderr, "zbatch bench: --seconds and --epochs exclude each other\n");
+        return 2;
+    }
+    if (!*o->results) {
+        fprintf(stderr, "zbatch bench: --results needs a directory\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- the timed run -------------------------------------------------------------------------- */
+
+/* What the timed part records: the ids of every timed batch (off[b] .. off[b+1]), the windows
+ * (batches win[w] .. win[w+1]), each batch's latency, and the summed batch statistics. */
+typedef struct run {
+    uint64_t *ids;
+    size_t nids, cap_ids;
+    size_t *off; /* [nbatches + 1] */
+    size_t nbatches, cap_off;
+    size_t *win; /* [nwin + 1] */
+    size_t nwin, cap_win;
+    double *lat; /* [nbatches] */
+    zb_read_stats stats;
+    double ttfb, wall;
+    uint64_t epochs_started;
+    uint64_t warmup_batches;
+    struct rusage r0, r1;
+} run;
+
+/* The capacity to grow `cap` to so that it holds `need` elements (doubling from 1024), or 0
+ * when it already does. */
+static size_t
+new_cap(size_t cap, size_t need)
+{
+    if (need <= cap) return 0;
+    size_t c = cap ? cap : 1024;
+    while (c < need) c *= 2;
+    return c;
+}
+
+static bool
+record_batch(run *r, const zb_batch *b, double latency)
+{
+    size_t B = zb_batch_size(b);
+    size_t c = new_cap(r->cap_ids, r->nids + B);
+    if (c) {
+        uint64_t *ids = realloc(r->ids, c * sizeof *ids);
+        if (!ids) return false;
+        r->ids = ids;
+        r->cap_ids = c;
+    }
+    c = new_cap(r->cap_off, r->nbatches + 2);
+    if (c) {
+        size_t *off = realloc(r->off, c * sizeof *off);
+        if (!off) return false;
+        r->off = off;
+        double *lat = realloc(r->lat, c * sizeof *lat);
+        if (!lat) return false;
+        r->lat = lat;
+        r->cap_off = c;
+    }
+    if (B) memcpy(r->ids + r->nids, zb_batch_index(b), B * sizeof *r->ids);
+    r->off[r->nbatches] = r->nids;
+    r->nids += B;
+    r->off[r->nbatches + 1] = r->nids;
+    r->lat[r->nbatches] = latency;
+    r->nbatches++;
+    zb_read_stats s;
+    zb_batch_stats(b, &s);
+    r->stats.chunks_decoded += s.chunks_decoded;
+    r->stats.chunks_cached += s.chunks_cached;
+    r->stats.chunks_filled += s.chunks_filled;
+    r->stats.bytes_fetched += s.bytes_fetched;
+    r->stats.bytes_decoded += s.bytes_decoded;
+    r->stats.bytes_delivered += s.bytes_delivered;
+    r->stats.range_reads += s.range_reads;
+    return true;
+}
+
+/* Closes the window that ends at the current batch count (empty windows are not kept). */
+static bool
+close_window(run *r)
+{
+    size_t c = new_cap(r->cap_win, r->nwin + 2);
+    if (c) {
+        size_t *win = realloc(r->win, c * sizeof *win);
+        if (!win) return false;
+        r->win = win;
+        r->cap_win = c;
+    }
+    if (r->nwin == 0) r->win[0] = 0;
+    if (r->win[r->nwin] == r->nbatches) return true;
+    r->win[++r->nwin] = r->nbatches;
+    return true;
+}
+
+static void
+run_free(run *r)
+{
+    free(r->ids);
+    free(r->off);
+    free(r->win);
+    free(r->lat);
+}
+
+static int
+fail_status(const char *what, zb_status st)
+{
+    fprintf(stderr, "zbatch bench: %s: %s: %s\n", what, zb_strerror(st), zb_last_error());
+    return 1;
+}
+
+/* Runs the loader; returns 0 or the exit code. */
+static int
+timed_run(zb_dataset *ds, zb_sampler *s, const opts *o, run *r)
+{
+    zb_loader_opts lo = ZB_LOADER_OPTS_DEFAULT;
+    lo.prefetch_factor = (size_t)o->prefetch;
+    lo.depth = (size_t)o->depth;
+    lo.transforms = o->transforms;
+    lo.ntransforms = o->ntransforms;
+    zb_loader *ld = NULL;
+    double t_open = zb_bench_now();
+    zb_status st = zb_loader_open(ds, s, &lo, &ld);
+    if (st != ZB_OK) return fail_status("loader", st);
+    r->epochs_started = 1;
+    bool warm = true, first = true, oom = false;
+    double t_start = 0, last = 0;
+    uint64_t k = 0, epoch = 0; /* batches of this epoch */
+    for (;;) {
+        zb_batch *b = NULL;
+        st = zb_loader_next(ld, &b);
+        double t = zb_bench_now();
+        if (st != ZB_OK) {
+            zb_loader_close(ld);
+            return fail_status("loader", st);
+        }
+        if (!b) {
+            zb_loader_close(ld);
+            ld = NULL;
+            if (k == 0) {
+                fprintf(stderr, "zbatch bench: the sampler yields no batch in epoch %" PRIu64 "\n",
+                        epoch);
+                return 1;
+            }
+            if (warm) {
+                /* an epoch shorter than one window: the warm-up ends with it */
+                warm = false;
+                t_start = last = t;
+                getrusage(RUSAGE_SELF, &r->r0);
+            } else if (!close_window(r)) {
+                oom = true;
+                break;
+            }
+            epoch++;
+            if (o->epochs ? epoch >= o->epochs : t - t_start >= o->seconds) break;
+            st = zb_sampler_set_epoch(s, epoch);
+            if (st == ZB_OK) st = zb_loader_open(ds, s, &lo, &ld);
+            if (st != ZB_OK) return fail_status("loader", st);
+            r->epochs_started++;
+            k = 0;
+            continue;
+        }
+        if (first) {
+            r->ttfb = t - t_open;
+            first = false;
+        }
+        k++;
+        if (warm) {
+            zb_batch_free(b);
+            r->warmup_batches++;
+            if (k == o->prefetch) {
+                warm = false;
+                t_start = last = zb_bench_now();
+                getrusage(RUSAGE_SELF, &r->r0);
+            }
+            continue;
+        }
+        bool ok = record_batch(r, b, t - last);
+        zb_batch_free(b);
+        last = t;
+        if (!ok) {
+            oom = true;
+            break;
+        }
+        if (k % o->prefetch == 0) {
+            if (!close_window(r)) {
+                oom = true;
+                break;
+            }
+            if (!o->epochs && t - t_start >= o->seconds) break;
+        }
+    }
+    getrusage(RUSAGE_SELF, &r->r1);
+    r->wall = last - t_start;
+    zb_loader_close(ld);
+    if (oom) {
+        fprintf(stderr, "zbatch bench: out of memory recording the batches\n");
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- samplers -------------------------------------------------------------------------------- */
+
+static bool
+has_segment(const zb_dataset *ds, const char *name)
+{
+    const zb_dataset *pr = ds->nchildren ? ds->children[0] : ds;
+    for (size_t i = 0; i < pr->nsegs; i++)
+        if (!strcmp(pr->segs[i].name, name)) return true;
+    return false;
+}
+
+/* Per-sample sizes of `segment` and, when *limit is 0, the default limit batch x mean. */
+static zb_status
+segment_sizes(zb_dataset *ds, const char *segment, uint64_t n, uint64_t batch, uint64_t *limit,
+              uint64_t **sizes)
+{
+    *sizes = malloc((size_t)n * sizeof **sizes + 1);
+    if (!*sizes) return zb_err(ZB_E_NOMEM, "bench: out of memory for %s sizes", segment);
+    zb_status st = zb_dataset_segment_lengths(ds, segment, *sizes);
+    if (st != ZB_OK) return st;
+    uint64_t total = 0, maxv = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        total += (*sizes)[i];
+        if ((*sizes)[i] > maxv) maxv = (*sizes)[i];
+    }
+    if (!*limit) {
+        double mean = n ? (double)total / (double)n : 1.0;
+        *limit = (uint64_t)ceil(mean * (double)batch);
+        if (*limit < maxv) *limit = maxv; /* every sample must fit alone */
+    }
+    return ZB_OK;
+}
+
+/* Builds the sampler. `codes` (may be NULL) are the shuffle column's, for weighted. Returns 0,
+ * or the exit code. The size_aware limits used are left in o (defaults filled in). */
+static int
+make_sampler(zb_dataset *ds, uint64_t n, opts *o, const zb_bench_codes *codes, zb_sampler **out)
+{
+    zb_sampler_opts base = ZB_SAMPLER_OPTS_DEFAULT;
+    base.n = n;
+    base.batch_size = o->batch;
+    base.seed = o->seed;
+    zb_status st = ZB_OK;
+    const char *name = o->sampler;
+    if (!strcmp(name, "sequential")) {
+        st = zb_sampler_new_sequential(&base, out);
+    } else if (!strcmp(name, "random")) {
+        st = zb_sampler_new_random(&base, out);
+    } else if (!strcmp(name, "block")) {
+        zb_block_sampler_opts bo = ZB_BLOCK_SAMPLER_OPTS_DEFAULT;
+        bo.base = base;
+        bo.block_size = o->block_size;
+        bo.blocks_per_window = o->blocks_per_window;
+        st = zb_sampler_new_block(&bo, out);
+    } else if (!strcmp(name, "weighted")) {
+        zb_weighted_sampler_opts wo = ZB_WEIGHTED_SAMPLER_OPTS_DEFAULT;
+        wo.base = base;
+        wo.num_samples = o->num_samples;
+        int64_t *cls = NULL;
+        double *w = NULL;
+        if (codes) {
+            cls = malloc((size_t)n * sizeof *cls + 1);
+            for (uint64_t i = 0; cls && i < n; i++) cls[i] = codes->code[i];
+            wo.class_codes = cls;
+        } else {
+            w = malloc((size_t)n * sizeof *w + 1);
+            for (uint64_t i = 0; w && i < n; i++) w[i] = 1.0;
+            wo.weights = w;
+        }
+        st = (cls || w) ? zb_sampler_new_weighted(&wo, out)
+                        : zb_err(ZB_E_NOMEM, "bench: out of memory for the weights");
+        free(cls);
+        free(w);
+    } else {
+        zb_size_sampler_opts so = ZB_SIZE_SAMPLER_OPTS_DEFAULT;
+        so.base = base;
+        so.window_size = o->window_size;
+        uint64_t *nnz = NULL, *atoms = NULL, *edges = NULL;
+        bool any = o->max_nnz || o->max_atoms || o->max_edges;
+        if (!any) {
+            if (has_segment(ds, "X"))
+                st = segment_sizes(ds, "X", n, o->batch, &o->max_nnz, &nnz);
+            else if (has_segment(ds, "atoms"))
+                st = segment_sizes(ds, "atoms", n, o->batch, &o->max_atoms, &atoms);
+            else {
+                fprintf(stderr, "zbatch bench: size_aware needs --max-nnz, --max-atoms or "
+                                "--max-edges for this store\n");
+                return 2;
+            }
+        } else {
+            if (o->max_nnz) st = segment_sizes(ds, "X", n, o->batch, &o->max_nnz, &nnz);
+            if (st == ZB_OK && o->max_atoms)
+                st = segment_sizes(ds, "atoms", n, o->batch, &o->max_atoms, &atoms);
+            if (st == ZB_OK && o->max_edges)
+                st = segment_sizes(ds, "edges", n, o->batch, &o->max_edges, &edges);
+        }
+        so.nnz = nnz;
+        so.max_nnz = o->max_nnz;
+        so.num_atoms = atoms;
+        so.max_atoms = o->max_atoms;
+        so.num_edges = edges;
+        so.max_edges = o->max_edges;
+        if (st == ZB_OK) st = zb_sampler_new_size_aware(&so, out);
+        free(nnz);
+        free(atoms);
+        free(edges);
+    }
+    if (st != ZB_OK) {
+        fprintf(stderr, "zbatch bench: --sampler %s: %s: %s\n", name, zb_strerror(st),
+                zb_last_error());
+        return st == ZB_E_INVALID ? 2 : 1;
+    }
+    return 0;
+}
+
+/* ---- figures after the run ------------------------------------------------------------------ */
+
+typedef struct figures {
+    uint64_t samples, decoded, delivered;
+    const char *bytes_source;
+    /* decode-only */
+    bool dec_done;
+    uint64_t dec_windows, dec_units, dec_bytes, dec_encoded, dec_samples, dec_skipped;
+    double dec_seconds;
+    /* latency */
+    double p50, p99, lat_mean;
+    zb_bench_shuffle shuffle;
+    const char *shuffle_column;
+    uint32_t shuffle_codes;
+} figures;
+
+static int
+cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Nearest-rank percentile of sorted values. */
+static double
+percentile(const double *v, size_t n, double p)
+{
+    if (!n) return NAN;
+    size_t k = (size_t)ceil(p * (double)n);
+    if (k < 1) k = 1;
+    return v[k - 1];
+}
+
+/* Read accounting of every timed window and the decode-only loop over them (in order, until
+ * its budget is spent). */
+static zb_status
+measure_reads(zb_dataset *ds, const opts *o, const run *r, figures *fg)
+{
+    zb_ctx *ctx = NULL;
+    zb_bench_decoder *dec = NULL;
+    zb_bench_units u = {0};
+    ZB_TRY(zb_ctx_new(&ctx));
+    zb_status st = ZB_OK;
+    if (o->decode_only) st = zb_bench_decoder_new(ds, (int)o->threads, &dec);
+    double budget = DECODE_BUDGET_SHARE * r->wall;
+    if (budget < DECODE_BUDGET_MIN) budget = DECODE_BUDGET_MIN;
+    if (budget > DECODE_BUDGET_MAX) budget = DECODE_BUDGET_MAX;
+    uint64_t plan_decoded = 0, plan_delivered = 0;
+    for (size_t w = 0; w < r->nwin && st == ZB_OK; w++) {
+        size_t i0 = r->off[r->win[w]], i1 = r->off[r->win[w + 1]];
+        zb_bench_units_clear(&u);
+        st = zb_bench_units_add(ds, r->ids + i0, i1 - i0, ctx, &u);
+        bool decode = dec && (fg->dec_seconds < budget || fg->dec_windows == 0);
+        if (st == ZB_OK) st = zb_bench_units_resolve(&u, ctx);
+        if (st != ZB_OK) break;
+        plan_decoded += u.bytes_decoded;
+        plan_delivered += u.bytes_delivered;
+        if (!decode) continue;
+        st = zb_bench_units_fetch(&u);
+        double secs = 0;
+        uint64_t bytes = 0;
+        /* the first window once untimed: codec contexts and scratch warm up */
+        if (st == ZB_OK && w == 0) st = zb_bench_decoder_run(dec, &u, &secs, &bytes);
+        if (st == ZB_OK) st = zb_bench_decoder_run(dec, &u, &secs, &bytes);
+        if (st != ZB_OK) break;
+        fg->dec_done = true;
+        fg->dec_windows++;
+        fg->dec_seconds += secs;
+        fg->dec_bytes += bytes;
+        fg->dec_encoded += u.bytes_encoded;
+        fg->dec_units += u.ndecoded;
+        fg->dec_skipped += u.skipped;
+        fg->dec_samples += i1 - i0;
+    }
+    if (r->stats.bytes_decoded > 0) {
+        fg->decoded = r->stats.bytes_decoded;
+        fg->delivered = r->stats.bytes_delivered;
+        fg->bytes_source = "batch_stats";
+    } else {
+        /* batch views that carry no read statistics: the same units, counted from the plan */
+        fg->decoded = plan_decoded;
+        fg->delivered = plan_delivered;
+        fg->bytes_source = "plan";
+    }
+    zb_bench_units_free(&u);
+    zb_bench_decoder_free(dec);
+    zb_ctx_free(ctx);
+    return st;
+}
+
+/* ---- output -------------------------------------------------------------------------------------
+ */
+
+static double
+tv_seconds(const struct timeval *t)
+{
+    return (double)t->tv_sec + (double)t->tv_usec * 1e-6;
+}
+
+static double
+ratio(double a, double b)
+{
+    return b > 0 ? a / b : NAN;
+}
+
+static json_object *
+store_json(zb_dataset *ds, const char *path, uint64_t n)
+{
+    json_object *s = json_object_new_object();
+    zb_bench_put_str(s, "path", path);
+    zb_bench_put_str(s, "layout", zb_dataset_layout(ds));
+    zb_bench_put_u64(s, "n_samples", n);
+    zb_bench_put_u64(s, "n_vars", zb_dataset_n_vars(ds));
+    zb_bench_put_u64(s, "children", zb_dataset_nchildren(ds));
+    json_object *fields = json_object_new_array();
+    const zb_dataset *pr = ds->nchildren ? ds->children[0] : ds;
+    static const char *const kinds[] = {"per_sample", "ragged", "index"};
+    for (size_t i = 0; i < pr->nfields; i++) {
+        const zb_field *fd = &pr->fields[i];
+        zb_array_info ai;
+        json_object *f = json_object_new_object();
+        zb_bench_put_str(f, "name", fd->name);
+        zb_bench_put_str(f, "kind", kinds[fd->kind]);
+        zb_bench_put_str(f, "dtype", zb_dtype_name(fd->dtype));
+        zb_bench_put_str(f, "array", fd->arr->path);
+        if (zb_array_get_info(fd->arr, &ai) == ZB_OK) {
+            zb_bench_put_str(f, "codecs", ai.codecs);
+            json_object *ch = json_object_new_array();
+            for (int d = 0; d < ai.ndim; d++)
+                json_object_array_add(ch, json_object_new_uint64(ai.chunk_shape[d]));
+            zb_bench_put(f, "chunks", ch);
+            if (ai.shard_shape) {
+                json_object *sh = json_object_new_array();
+                for (int d = 0; d < ai.ndim; d++)
+                    json_object_array_add(sh, json_object_new_uint64(ai.shard_shape[d]));
+                zb_bench_put(f, "shards", sh);
+            } else {
+                zb_bench_put(f, "shards", NULL);
+            }
+        }
+        json_object_array_add(fields, f);
+    }
+    zb_bench_put(s, "fields", fields);
+    return s;
+}
+
+static json_object *
+params_json(const opts *o)
+{
+    json_object *p = json_object_new_object();
+    bool block = !strcmp(o->sampler, "block"), size = !strcmp(o->sampler, "size_aware");
+    zb_bench_put_str(p, "store", o->store);
+    zb_bench_put_str(p, "sampler", o->sampler);
+    zb_bench_put_u64(p, "batch_size", o->batch);
+    zb_bench_put_u64(p, "prefetch_factor", o->prefetch);
+    zb_bench_put_u64(p, "depth", o->depth);
+    zb_bench_put_u64(p, "threads", o->threads);
+    json_object *t = json_object_new_array();
+    for (size_t i = 0; i < o->ntransforms; i++)
+        json_object_array_add(t, json_object_new_string(o->transform_names[i]));
+    zb_bench_put(p, "transforms", t);
+    if (o->epochs) {
+        zb_bench_put(p, "seconds", NULL);
+        zb_bench_put_u64(p, "epochs", o->epochs);
+    } else {
+        zb_bench_put_double(p, "seconds", o->seconds);
+        zb_bench_put(p, "epochs", NULL);
+    }
+    zb_bench_put_u64(p, "seed", o->seed);
+    zb_bench_put_str(p, "obs_column", o->obs_column);
+    zb_bench_put(p, "block_size", block ? json_object_new_uint64(o->block_size) : NULL);
+    zb_bench_put(p, "blocks_per_window",
+                 block ? json_object_new_uint64(o->blocks_per_window) : NULL);
+    zb_bench_put(p, "max_nnz", size && o->max_nnz ? json_object_new_uint64(o->max_nnz) : NULL);
+    zb_bench_put(p, "max_atoms",
+                 size && o->max_atoms ? json_object_new_uint64(o->max_atoms) : NULL);
+    zb_bench_put(p, "max_edges",
+                 size && o->max_edges ? json_object_new_uint64(o->max_edges) : NULL);
+    zb_bench_put(p, "window_size", size ? json_object_new_uint64(o->window_size) : NULL);
+    zb_bench_put(p, "num_samples",
+                 !strcmp(o->sampler, "weighted") && o->num_samples
+                     ? json_object_new_uint64(o->num_samples)
+                     : NULL);
+    zb_bench_put(p, "decode_only", json_object_new_boolean(o->decode_only));
+    zb_bench_put_str(p, "results", o->results);
+    return p;
+}
+
+/* Every figure, in the JSON record's units (seconds, bytes, GB = 1e9 bytes). */
+typedef struct derived {
+    double samples_per_s, decoded_gb_s, delivered_gb_s, amplification;
+    double cpu_s, cpu_util, cpu_core_pct;
+    uint64_t peak_rss, minflt, majflt;
+    double faults_per_batch, major_per_batch;
+    double dec_gb_s, dec_samples_per_s, dec_ratio;
+} derived;
+
+static void
+derive(const opts *o, const run *r, const figures *fg, derived *d)
+{
+    d->samples_per_s = ratio((double)fg->samples, r->wall);
+    d->decoded_gb_s = ratio((double)fg->decoded, r->wall) / 1e9;
+    d->delivered_gb_s = ratio((double)fg->delivered, r->wall) / 1e9;
+    d->amplification = ratio((double)fg->decoded, (double)fg->delivered);
+    d->cpu_s = tv_seconds(&r->r1.ru_utime) - tv_seconds(&r->r0.ru_utime) +
+               tv_seconds(&r->r1.ru_stime) - tv_seconds(&r->r0.ru_stime);
+    d->cpu_util = ratio(d->cpu_s, r->wall * (double)o->threads);
+    d->cpu_core_pct = 100.0 * ratio(d->cpu_s, r->wall);
+    d->peak_rss = (uint64_t)r->r1.ru_maxrss * 1024u; /* Linux: KiB */
+    d->minflt = (uint64_t)(r->r1.ru_minflt - r->r0.ru_minflt);
+    d->majflt = (uint64_t)(r->r1.ru_majflt - r->r0.ru_majflt);
+    d->faults_per_batch = ratio((double)d->minflt, (double)r->nbatches);
+    d->major_per_batch = ratio((double)d->majflt, (double)r->nbatches);
+    d->dec_gb_s = fg->dec_done ? ratio((double)fg->dec_bytes, fg->dec_seconds) / 1e9 : NAN;
+    d->dec_samples_per_s = fg->dec_done ? ratio((double)fg->dec_samples, fg->dec_seconds) : NAN;
+    d->dec_ratio = ratio(d->decoded_gb_s, d->dec_gb_s);
+}
+
+static json_object *
+figures_json(const run *r, const figures *fg, const derived *d)
+{
+    json_object *f = json_object_new_object();
+    zb_bench_put_u64(f, "timed_batches", r->nbatches);
+    zb_bench_put_u64(f, "timed_samples", fg->samples);
+    zb_bench_put_u64(f, "timed_windows", r->nwin);
+    zb_bench_put_double(f, "timed_seconds", r->wall);
+    zb_bench_put_u64(f, "warmup_batches", r->warmup_batches);
+    zb_bench_put_u64(f, "epochs_started", r->epochs_started);
+    zb_bench_put_double(f, "samples_per_s", d->samples_per_s);
+    zb_bench_put_u64(f, "bytes_decoded", fg->decoded);
+    zb_bench_put_u64(f, "bytes_delivered", fg->delivered);
+    zb_bench_put_str(f, "bytes_source", fg->bytes_source);
+    zb_bench_put_double(f, "decoded_gb_s", d->decoded_gb_s);
+    zb_bench_put_double(f, "delivered_gb_s", d->delivered_gb_s);
+    zb_bench_put_double(f, "amplification", d->amplification);
+    zb_bench_put_double(f, "cpu_seconds", d->cpu_s);
+    zb_bench_put_double(f, "cpu_utilisation", d->cpu_util);
+    zb_bench_put_double(f, "cpu_percent_of_one_core", d->cpu_core_pct);
+    zb_bench_put_u64(f, "peak_rss_bytes", d->peak_rss);
+    zb_bench_put_double(f, "page_faults_per_batch", d->faults_per_batch);
+    zb_bench_put_double(f, "major_faults_per_batch", d->major_per_batch);
+    zb_bench_put_double(f, "time_to_first_batch_s", r->ttfb);
+    zb_bench_put_double(f, "batch_latency_p50_s", fg->p50);
+    zb_bench_put_double(f, "batch_latency_p99_s", fg->p99);
+    zb_bench_put_double(f, "batch_latency_mean_s", fg->lat_mean);
+
+    json_object *sh = json_object_new_object();
+    zb_bench_put_str(sh, "column", fg->shuffle_column);
+    zb_bench_put(sh, "codes",
+                 fg->shuffle_column ? json_object_new_uint64(fg->shuffle_codes) : NULL);
+    zb_bench_put_double(sh, "entropy_bits", fg->shuffle.entropy);
+    zb_bench_put_double(sh, "random_entropy_bits", fg->shuffle.random_entropy);
+    zb_bench_put_double(sh, "entropy_ratio",
+                        ratio(fg->shuffle.entropy, fg->shuffle.random_entropy));
+    zb_bench_put_double(sh, "index_gap_score", fg->shuffle.gap_score);
+    zb_bench_put_double(sh, "random_index_gap_score", fg->shuffle.random_gap_score);
+    zb_bench_put_u64(sh, "random_batches", fg->shuffle.random_batches);
+    zb_bench_put(f, "shuffle", sh);
+
+    if (fg->dec_done) {
+        json_object *dj = json_object_new_object();
+        zb_bench_put_u64(dj, "windows", fg->dec_windows);
+        zb_bench_put_u64(dj, "samples", fg->dec_samples);
+        zb_bench_put_u64(dj, "units", fg->dec_units);
+        zb_bench_put_u64(dj, "units_skipped", fg->dec_skipped);
+        zb_bench_put_u64(dj, "bytes_decoded", fg->dec_bytes);
+        zb_bench_put_u64(dj, "bytes_encoded", fg->dec_encoded);
+        zb_bench_put_double(dj, "seconds", fg->dec_seconds);
+        zb_bench_put_double(dj, "gb_s", d->dec_gb_s);
+        zb_bench_put_double(dj, "samples_per_s", d->dec_samples_per_s);
+        zb_bench_put_double(dj, "ratio", d->dec_ratio);
+        zb_bench_put(f, "decode_only", dj);
+    } else {
+        zb_bench_put(f, "decode_only", NULL);
+    }
+    return f;
+}
+
+static void
+print_table(const opts *o, zb_dataset *ds, uint64_t n, const run *r, const figures *fg,
+            const derived *d, const char *file)
+{
+    char b1[32];
+    printf("zbatch bench %s (%s, %" PRIu64 " samples)\n", o->store, zb_dataset_layout(ds), n);
+    printf("  sampler %s", o->sampler);
+    if (!strcmp(o->sampler, "block"))
+        printf(" (block %" PRIu64 ", %" PRIu64 " blocks/window)", o->block_size,
+               o->blocks_per_window);
+    printf(", batch %" PRIu64 ", prefetch %" PRIu64 ", depth %" PRIu64 ", threads %" PRIu64,
+           o->batch, o->prefetch, o->depth, o->threads);
+    for (size_t i = 0; i < o->ntransforms; i++)
+        printf("%s%s", i ? ", " : ", transforms ", o->transform_names[i]);
+    printf("\n  timed %.2f s: %zu batches, %" PRIu64 " samples, %" PRIu64 " epoch(s) started\n\n",
+           r->wall, r->nbatches, fg->samples, r->epochs_started);
+    printf("  %-24s %12.0f\n", "samples/s", d->samples_per_s);
+    printf("  %-24s %12.3f GB/s  (delivered %.3f GB/s)\n", "decoded", d->decoded_gb_s,
+           d->delivered_gb_s);
+    if (fg->dec_done)
+        printf("  %-24s %12.3f GB/s  (%.0f samples/s, %" PRIu64 " windows) -> ratio %.2f\n",
+               "decode-only limit", d->dec_gb_s, d->dec_samples_per_s, fg->dec_windows,
+               d->dec_ratio);
+    printf("  %-24s %12.3f  (%s)\n", "read amplification", d->amplification, fg->bytes_source);
+    printf("  %-24s %12.2f  (%.0f%% of one core, %.2f s CPU)\n", "CPU utilisation / thread",
+           d->cpu_util, d->cpu_core_pct, d->cpu_s);
+    zb_bench_human_bytes((double)d->peak_rss, b1, sizeof b1);
+    printf("  %-24s %12s\n", "peak RSS", b1);
+    printf("  %-24s %12.1f  (major %.2f)\n", "page faults / batch", d->faults_per_batch,
+           d->major_per_batch);
+    printf("  %-24s %12.2f ms\n", "time to first batch", r->ttfb * 1e3);
+    printf("  %-24s %12.3f ms  (p99 %.3f ms, mean %.3f ms)\n", "batch latency p50", fg->p50 * 1e3,
+           fg->p99 * 1e3, fg->lat_mean * 1e3);
+    if (fg->shuffle_column)
+        printf("  %-24s %12.3f bits (random %.3f, %.1f%%; %s, %u codes)\n", "shuffle entropy",
+               fg->shuffle.entropy, fg->shuffle.random_entropy,
+               100.0 * ratio(fg->shuffle.entropy, fg->shuffle.random_entropy), fg->shuffle_column,
+               fg->shuffle_codes);
+    printf("  %-24s %12.4f  (random %.4f)\n", "index-gap score", fg->shuffle.gap_score,
+           fg->shuffle.random_gap_score);
+    printf("\n  record: %s\n", file);
+}
+
+/* ---- the command ---------------------------------------------------------------------------- */
+
+/* A column the shuffle entropy can use: per-sample integer scalars (categorical codes). */
+static bool
+codes_field(const zb_dataset *ds, const char *name)
+{
+    size_t idx;
+    zb_field_info fi;
+    if (zb_dataset_find_field(ds, name, &idx) != ZB_OK || zb_dataset_field(ds, idx, &fi) != ZB_OK) {
+        zb_clear_error();
+        return false;
+    }
+    switch (fi.dtype) {
+    case ZB_DT_BOOL:
+    case ZB_DT_INT8:
+    case ZB_DT_INT16:
+    case ZB_DT_INT32:
+    case ZB_DT_INT64:
+    case ZB_DT_UINT8:
+    case ZB_DT_UINT16:
+    case ZB_DT_UINT32:
+    case ZB_DT_UINT64:
+        return fi.kind == ZB_FIELD_PER_SAMPLE && fi.ndim == 0;
+    default:
+        return false;
+    }
+}
+
+/* The shuffle column: --obs-column NAME (or obs/NAME), else the default when present. Returns
+ * 0 (with field "" when there is none), or 2 when an explicit column does not exist or holds
+ * no codes. */
+static int
+shuffle_field(const zb_dataset *ds, const opts *o, char *field, size_t cap)
+{
+    size_t idx;
+    field[0] = '\0';
+    if (!o->obs_explicit) {
+        if (codes_field(ds, DEFAULT_OBS_COLUMN)) snprintf(field, cap, "%s", DEFAULT_OBS_COLUMN);
+        return 0;
+    }
+    if (!*o->obs_column || !strcmp(o->obs_column, "none")) return 0;
+    char alt[512];
+    snprintf(alt, sizeof alt, "obs/%s", o->obs_column);
+    const char *name = NULL;
+    if (zb_dataset_find_field(ds, o->obs_column, &idx) == ZB_OK)
+        name = o->obs_column;
+    else if (zb_dataset_find_field(ds, alt, &idx) == ZB_OK)
+        name = alt;
+    zb_clear_error();
+    if (!name) {
+        fprintf(stderr, "zbatch bench: --obs-column: the store has no field '%s'\n", o->obs_column);
+        return 2;
+    }
+    if (!codes_field(ds, name)) {
+        fprintf(stderr,
+                "zbatch bench: --obs-column: %s is not a per-sample integer column "
+                "(categorical codes)\n",
+                name);
+        return 2;
+    }
+    snprintf(field, cap, "%s", name);
+    return 0;
+}
+
+/* Reads the shuffle column's codes; 0, or the exit code (2 for a column of the wrong kind). */
+static int
+read_codes(zb_dataset *ds, const char *field, zb_bench_codes *codes)
+{
+    zb_status st = zb_bench_codes_read(ds, field, codes);
+    if (st == ZB_OK) return 0;
+    int rc = fail_status(field, st);
+    return st == ZB_E_TYPE ? 2 : rc;
+}
 
 int
 zb_cli_bench(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "zbatch bench: not built yet\n");
-    return 1;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--write")) return zb_bench_write_main(argc, argv);
+    opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+
+    zb_store *store = NULL;
+    zb_dataset *ds = NULL;
+    zb_sampler *sampler = NULL;
+    zb_bench_codes codes = {0};
+    json_object *rec = NULL;
+    run r;
+    memset(&r, 0, sizeof r);
+    figures fg;
+    memset(&fg, 0, sizeof fg);
+    char field[512], stamp[32], file[4200];
+    uint64_t n = 0;
+
+    zb_dataset_opts dopts = ZB_DATASET_OPTS_DEFAULT;
+    dopts.num_threads = (int)o.threads;
+    zb_status st = zb_store_open(o.store, &store);
+    if (st == ZB_OK) st = zb_dataset_open(store, "", &dopts, &ds);
+    if (st == ZB_OK) st = zb_dataset_len(ds, &n);
+    if (st != ZB_OK) {
+        rc = fail_status(o.store, st);
+        goto done;
+    }
+    if (n == 0) {
+        fprintf(stderr, "zbatch bench: %s has no samples\n", o.store);
+        rc = 1;
+        goto done;
+    }
+    rc = shuffle_field(ds, &o, field, sizeof field);
+    if (rc) goto done;
+    o.obs_column = field[0] ? field : NULL;
+    /* the codes (4 bytes per sample) are read after the timed run, out of its peak RSS, unless
+     * the weighted sampler needs them first */
+    bool weighted = !strcmp(o.sampler, "weighted");
+    if (o.obs_column && weighted && (rc = read_codes(ds, field, &codes)) != 0) goto done;
+    rc = make_sampler(ds, n, &o, codes.code ? &codes : NULL, &sampler);
+    if (rc) goto done;
+
+    rc = timed_run(ds, sampler, &o, &r);
+    if (rc) goto done;
+    if (o.obs_column && !weighted && (rc = read_codes(ds, field, &codes)) != 0) goto done;
+    fg.samples = r.nids;
+    if (r.nbatches == 0) {
+        fprintf(stderr, "zbatch bench: no batch was timed (the run ended within its warm-up "
+                        "window); use more --epochs or a smaller --prefetch\n");
+        rc = 1;
+        goto done;
+    }
+
+    st = measure_reads(ds, &o, &r, &fg);
+    if (st != ZB_OK) {
+        rc = fail_status("decode-only", st);
+        goto done;
+    }
+    double sum = 0;
+    for (size_t i = 0; i < r.nbatches; i++) sum += r.lat[i];
+    fg.lat_mean = sum / (double)r.nbatches;
+    qsort(r.lat, r.nbatches, sizeof *r.lat, cmp_double);
+    fg.p50 = percentile(r.lat, r.nbatches, 0.50);
+    fg.p99 = percentile(r.lat, r.nbatches, 0.99);
+    fg.shuffle_column = o.obs_column;
+    fg.shuffle_codes = codes.ncodes;
+    st = zb_bench_shuffle_measure(r.ids, r.off, r.nbatches, n, codes.code ? &codes : NULL, o.seed,
+                                  MAX_REF_BATCHES, &fg.shuffle);
+    if (st != ZB_OK) {
+        rc = fail_status("shuffle", st);
+        goto done;
+    }
+
+    derived d;
+    derive(&o, &r, &fg, &d);
+    rec = zb_bench_record_new("read", stamp, sizeof stamp);
+    zb_bench_put(rec, "parameters", params_json(&o));
+    zb_bench_put(rec, "store", store_json(ds, o.store, n));
+    zb_bench_put(rec, "figures", figures_json(&r, &fg, &d));
+    if (zb_bench_record_write(rec, o.results, stamp, o.sampler, file, sizeof file) != 0) {
+        rc = 1;
+        goto done;
+    }
+    if (o.json)
+        printf("%s\n", json_object_to_json_string_ext(rec, JSON_C_TO_STRING_PRETTY |
+                                                               JSON_C_TO_STRING_NOSLASHESCAPE));
+    else
+        print_table(&o, ds, n, &r, &fg, &d, file);
+    rc = 0;
+done:
+    json_object_put(rec);
+    run_free(&r);
+    zb_bench_codes_free(&codes);
+    zb_sampler_free(sampler);
+    zb_dataset_close(ds);
+    zb_store_close(store);
+    return rc;
 }

@@ -9,6 +9,9 @@
 #include "util/status.h"
 #include "zarr/tree.h"
 
+/* Shard indexes kept decoded: 64 MiB holds ~1,000 Tahoe-sized (65,540-byte) indexes. */
+#define INDEX_CACHE_BYTES ((size_t)64 << 20)
+
 static void
 field_free(zb_field *f)
 {
@@ -39,6 +42,7 @@ zb_dataset_close(zb_dataset *ds)
     pthread_mutex_destroy(&ds->mask.mu);
     zb_pool_free(ds->pool);
     zb_cache_free(ds->cache);
+    zb_cache_free(ds->index_cache);
     zb_arena_pool_unref(ds->arenas);
     pthread_mutex_destroy(&ds->pool_mu);
     free(ds->path);
@@ -206,6 +210,7 @@ zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts, 
     if (st == ZB_OK && ds->opts.cache_bytes) st = zb_cache_new(ds->opts.cache_bytes, &ds->cache);
     if (st == ZB_OK) st = zb_pool_new(ds->opts.num_threads, &ds->pool);
     if (st == ZB_OK) st = zb_arena_pool_new(&ds->arenas);
+    if (st == ZB_OK) st = zb_cache_new(INDEX_CACHE_BYTES, &ds->index_cache);
     if (st == ZB_OK && ds->nchildren) {
         uint64_t total = 0;
         for (size_t c = 0; c < ds->nchildren && st == ZB_OK; c++) {
@@ -456,6 +461,7 @@ zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *
     }
     if (st == ZB_OK) st = zb_pool_new(ds->opts.num_threads, &ds->pool);
     if (st == ZB_OK) st = zb_arena_pool_new(&ds->arenas);
+    if (st == ZB_OK) st = zb_cache_new(INDEX_CACHE_BYTES, &ds->index_cache);
     if (st != ZB_OK) {
         zb_dataset_close(ds);
         return st;

@@ -80,6 +80,7 @@ struct zb_dataset {
     zb_pool *pool;
     pthread_mutex_t pool_mu; /* one read_many at a time drives the pool */
     zb_cache *cache;
+    zb_cache *index_cache;   /* decoded shard indexes, always on (bounded) */
     zb_arena_pool *arenas;   /* batch memory, reused across reads */
     bool is_child;
     bool borrowed;           /* children belong to the caller (zb_dataset_concat) */

@@ -19,6 +19,7 @@
 #include "zarr/codec.h"
 #include "zarr/shard.h"
 
+#define SHARD_TASK_UNITS 8
 #define MERGE_GAP ((uint64_t)1 << 20)
 #define MERGE_MAX ((uint64_t)16 << 20)
 enum { SCR_UNIT = 4, SCR_FETCH = 5 };
@@ -716,9 +717,10 @@ shard_entries(exec *x, const zb_array *a, const uint64_t *g, uint64_t *entries, 
         uint64_t ns = (a->meta.shape[d] + a->meta.chunks[d] - 1) / a->meta.chunks[d];
         slin = slin * ns + s[d];
     }
-    /* shard indexes are cached under the array's address + 1, apart from its units */
+    /* shard indexes live in the dataset's always-on index cache: a shard row is split into
+     * several tasks, and each must not re-read the index */
     const void *owner = (const uint8_t *)a + 1;
-    zb_cache *cache = x->p->ds->cache;
+    zb_cache *cache = x->p->ds->index_cache;
     if (cache && zb_cache_get(cache, owner, slin, entries, ibytes)) return ZB_OK;
     uint64_t *fresh = NULL, nn = 0;
     bool missing = false;
@@ -923,11 +925,15 @@ make_tasks(plan *p)
         const zb_array *a = child_of(p->ds, c->child)->fields[c->field].arr;
         path_kind pk = path_of(a);
         uint64_t cps0 = a->meta.chunks[0] / a->inner[0];
-        size_t j = i + 1;
+        size_t j = i + 1, units = 1;
         while (j < p->ncopies) {
             const copy *d = &p->copies[j];
             if (d->field != c->field || d->child != c->child) break;
             if (pk == PATH_SHARD ? d->unit / cps0 != c->unit / cps0 : d->unit != c->unit) break;
+            /* a shard row is cut into tasks of a few unit rows, so the threads share it; each
+             * piece still merges its neighbouring inner chunks into one range read */
+            if (pk == PATH_SHARD && d->unit != p->copies[j - 1].unit && ++units > SHARD_TASK_UNITS)
+                break;
             j++;
         }
         p->tasks[p->ntasks++] = (task){.c0 = i, .c1 = j};

@@ -22,8 +22,11 @@ typedef struct window {
     zb_status st;             /* a failed window carries only its error */
     char msg[1024];
     bool end;                 /* the epoch ended before this window */
+    uint64_t seq;             /* order in which windows were drawn from the sampler */
     struct window *qnext;
 } window;
+
+#define MAX_WORKERS 2
 
 struct zb_loader {
     zb_dataset *ds;
@@ -31,8 +34,12 @@ struct zb_loader {
     zb_loader_opts opts;
     zb_transform *transforms;
     size_t max_batch;
-    pthread_t worker;
-    bool started;
+    pthread_t workers[MAX_WORKERS];
+    int nworkers;
+    pthread_mutex_t sample_mu; /* the sampler and the draw counter */
+    uint64_t next_draw;        /* seq of the next window drawn */
+    uint64_t next_take;        /* seq the consumer takes next */
+    bool ended;                /* a worker met the end of the epoch or an error */
     pthread_mutex_t mu;
     pthread_cond_t cv_ready; /* a window was queued */
     pthread_cond_t cv_room;  /* a window slot was freed */
@@ -72,16 +79,22 @@ read_window(zb_loader *ld)
         goto out;
     }
     size_t total = 0;
+    /* Drawing is serial (one sampler) and fixes the window's place in the output; reading is
+     * not: two workers overlap one window's planning with the other's decoding. */
+    pthread_mutex_lock(&ld->sample_mu);
+    w->seq = ld->next_draw++;
     for (size_t k = 0; k < P; k++) {
         size_t n = 0;
         w->st = zb_sampler_next(ld->sampler, ids + total, cap, &n);
-        if (w->st != ZB_OK) goto out;
+        if (w->st != ZB_OK) break;
         if (n == 0) break;
         sizes[w->nbatches] = n;
         zb_sampler_get_state(ld->sampler, &w->after[w->nbatches]);
         w->nbatches++;
         total += n;
     }
+    pthread_mutex_unlock(&ld->sample_mu);
+    if (w->st != ZB_OK) goto out;
     if (w->nbatches == 0) {
         w->end = true;
         goto out;
@@ -123,8 +136,9 @@ worker_main(void *arg)
     zb_loader *ld = arg;
     for (;;) {
         pthread_mutex_lock(&ld->mu);
-        while (!ld->stop && ld->live >= ld->opts.depth) pthread_cond_wait(&ld->cv_room, &ld->mu);
-        if (ld->stop) {
+        while (!ld->stop && !ld->ended && ld->live >= ld->opts.depth)
+            pthread_cond_wait(&ld->cv_room, &ld->mu);
+        if (ld->stop || ld->ended) {
             pthread_mutex_unlock(&ld->mu);
             return NULL;
         }
@@ -132,22 +146,29 @@ worker_main(void *arg)
         pthread_mutex_unlock(&ld->mu);
 
         window *w = read_window(ld);
-        bool last = !w || w->end || w->st != ZB_OK;
         if (!w) {
-            /* no memory even for the window: hand the consumer the loader's own error window */
+            /* no memory even for the window: hand the consumer the loader's own error window
+             * (it takes it whatever its place: an error ends the epoch) */
+            pthread_mutex_lock(&ld->sample_mu);
             w = &ld->oom;
+            w->seq = ld->next_draw++;
+            pthread_mutex_unlock(&ld->sample_mu);
             w->st = ZB_E_NOMEM;
             snprintf(w->msg, sizeof w->msg, "loader: out of memory for a window");
         }
+        bool last = w->end || w->st != ZB_OK;
         pthread_mutex_lock(&ld->mu);
-        if (w) {
-            if (ld->tail)
-                ld->tail->qnext = w;
-            else
-                ld->head = w;
-            ld->tail = w;
+        /* queued in seq order */
+        window **pp = &ld->head;
+        while (*pp && (*pp)->seq < w->seq) pp = &(*pp)->qnext;
+        w->qnext = *pp;
+        *pp = w;
+        if (!w->qnext) ld->tail = w;
+        if (last) {
+            ld->ended = true;
+            pthread_cond_broadcast(&ld->cv_room);
         }
-        pthread_cond_signal(&ld->cv_ready);
+        pthread_cond_broadcast(&ld->cv_ready);
         pthread_mutex_unlock(&ld->mu);
         if (last) return NULL;
     }
@@ -181,13 +202,17 @@ zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, 
     ld->opts.transforms = ld->transforms;
     zb_sampler_get_state(sampler, &ld->state);
     pthread_mutex_init(&ld->mu, NULL);
+    pthread_mutex_init(&ld->sample_mu, NULL);
     pthread_cond_init(&ld->cv_ready, NULL);
     pthread_cond_init(&ld->cv_room, NULL);
-    if (pthread_create(&ld->worker, NULL, worker_main, ld) != 0) {
-        zb_loader_close(ld);
-        return zb_err(ZB_E_IO, "zb_loader_open: cannot start the worker thread");
+    int want = o.depth >= 2 ? MAX_WORKERS : 1;
+    for (int i = 0; i < want; i++) {
+        if (pthread_create(&ld->workers[i], NULL, worker_main, ld) != 0) {
+            zb_loader_close(ld);
+            return zb_err(ZB_E_IO, "zb_loader_open: cannot start a worker thread");
+        }
+        ld->nworkers++;
     }
-    ld->started = true;
     *out = ld;
     return ZB_OK;
 }
@@ -212,8 +237,11 @@ zb_loader_next(zb_loader *ld, zb_batch **out)
             window_free(ld, w);
         }
         pthread_mutex_lock(&ld->mu);
-        while (!ld->head) pthread_cond_wait(&ld->cv_ready, &ld->mu);
+        /* the next window in draw order; an error window ends the epoch wherever it stands */
+        while (!ld->head || (ld->head->seq != ld->next_take && ld->head->st == ZB_OK))
+            pthread_cond_wait(&ld->cv_ready, &ld->mu);
         w = ld->head;
+        ld->next_take = w->seq + 1;
         ld->head = w->qnext;
         if (!ld->head) ld->tail = NULL;
         ld->live--;
@@ -244,7 +272,7 @@ zb_loader_close(zb_loader *ld)
     ld->stop = true;
     pthread_cond_broadcast(&ld->cv_room);
     pthread_mutex_unlock(&ld->mu);
-    if (ld->started) pthread_join(ld->worker, NULL);
+    for (int i = 0; i < ld->nworkers; i++) pthread_join(ld->workers[i], NULL);
     window_free(ld, ld->cur);
     window *w = ld->head;
     while (w) {
@@ -257,5 +285,6 @@ zb_loader_close(zb_loader *ld)
     pthread_cond_destroy(&ld->cv_ready);
     pthread_cond_destroy(&ld->cv_room);
     pthread_mutex_destroy(&ld->mu);
+    pthread_mutex_destroy(&ld->sample_mu);
     free(ld);
 }
