@@ -278,6 +278,8 @@ zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out)
     v->refs = 1;
     v->B = b1 - b0;
     v->n_vars = whole->n_vars;
+    /* the window's read statistics travel with its first batch, so sums over batches add up */
+    if (b0 == 0) v->stats = whole->stats;
     v->index = whole->index + b0;
     v->dataset = whole->dataset ? whole->dataset + b0 : NULL;
     v->nsegs = whole->nsegs;
