@@ -1,65 +1,102 @@
-"""`make demo`: the main job on a generated dataset.
+"""`make demo`: the main job on a generated dataset, in about a minute.
 
-For now (the read engine milestone) it writes a small AnnData store with anndata itself (sparse
-CSR counts, categorical obs columns), reads it back through zbatch, checks the values against
-anndata, and prints `zbatch info` of it. Later milestones make this the loader benchmark.
+1. synthesises a Tahoe-like AnnData store (`zbatch synth --kind cells`, sharded like Tahoe-100M);
+2. runs the zbatch loader over it with the block sampler and with random sampling
+   (`zbatch bench`), next to the decode-only limit of the same chunks measured in the same run;
+3. runs two peers briefly on the same cells (scDataset over backed h5ad, and zarr-python with
+   the zarrs codec pipeline and a torch DataLoader);
+4. prints a short table: zbatch, the decode-only limit, the peers, the ratios.
+
+    .venv/bin/python scripts/demo.py [--cells N] [--seconds S]
 """
+import argparse
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
-import anndata as ad
-import numpy as np
-import pandas as pd
-import scipy.sparse as sp
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI = os.path.join(ROOT, "build", "zbatch")
+sys.path.insert(0, ROOT)
 
-import zbatch
 
-root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-out = os.path.join(root, "build", "demo", "cells.zarr")
-n_obs, n_vars = 20_000, 2_000
-rng = np.random.default_rng(0)
+def progress(step, total, text):
+    print(f"[{step}/{total}] {text}", flush=True)
 
-print(f"demo: synthesising {n_obs} cells x {n_vars} genes (anndata {ad.__version__}) ...",
-      flush=True)
-nnz_per_cell = rng.lognormal(mean=np.log(150), sigma=0.5, size=n_obs).astype(int).clip(1, n_vars)
-indptr = np.concatenate([[0], np.cumsum(nnz_per_cell)]).astype(np.int64)
-indices = np.concatenate([np.sort(rng.choice(n_vars, k, replace=False)) for k in nnz_per_cell])
-data = rng.poisson(2.0, size=indptr[-1]).astype(np.float32) + 1
-X = sp.csr_matrix((data, indices.astype(np.int32), indptr), shape=(n_obs, n_vars))
-obs = pd.DataFrame(
-    {
-        "cell_line": pd.Categorical(rng.choice([f"CL{i}" for i in range(50)], n_obs)),
-        "drug": pd.Categorical(rng.choice([f"drug{i}" for i in range(380)], n_obs)),
-        "n_genes": nnz_per_cell.astype(np.int32),
-    },
-    index=[f"cell{i}" for i in range(n_obs)],
-)
-var = pd.DataFrame(index=[f"gene{i}" for i in range(n_vars)])
-adata = ad.AnnData(X=X, obs=obs, var=var)
-if os.path.exists(out):
-    import shutil
-    shutil.rmtree(out)
-os.makedirs(os.path.dirname(out), exist_ok=True)
-with ad.settings.override(zarr_write_format=3):
-    adata.write_zarr(out)
 
-print("demo: reading X and obs back through zbatch ...", flush=True)
-t0 = time.perf_counter()
-got_data = zbatch.read_array(out, "X/data")
-got_indices = zbatch.read_array(out, "X/indices")
-got_indptr = zbatch.read_array(out, "X/indptr")
-codes = zbatch.read_array(out, "obs/cell_line/codes")
-cats = zbatch.read_array(out, "obs/cell_line/categories")
-dt = time.perf_counter() - t0
-ok = (np.array_equal(got_data, X.data) and np.array_equal(got_indices, X.indices)
-      and np.array_equal(got_indptr, X.indptr)
-      and list(cats[codes]) == list(obs["cell_line"].astype(str)))
-mb = (got_data.nbytes + got_indices.nbytes + got_indptr.nbytes) / 1e6
-print(f"demo: read {mb:.1f} MB of X in {dt * 1e3:.1f} ms "
-      f"({'equal to anndata' if ok else 'MISMATCH with anndata'})\n", flush=True)
+def bench(store, sampler, seconds, results):
+    r = subprocess.run([CLI, "bench", store, "--sampler", sampler, "--batch", "1024", "--prefetch",
+                        "4", "--threads", "2", "--seconds", str(seconds), "--results", results,
+                        "--json"], check=True, capture_output=True, text=True)
+    return json.loads(r.stdout)
 
-cli = os.path.join(root, "build", "zbatch")
-subprocess.run([cli, "info", out], check=True)
-sys.exit(0 if ok else 1)
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cells", type=int, default=30000)
+    ap.add_argument("--seconds", type=float, default=6)
+    args = ap.parse_args()
+    work = os.path.join(ROOT, "build", "demo")
+    results = os.path.join(ROOT, "results")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    os.makedirs(results, exist_ok=True)
+    store = os.path.join(work, "cells.zarr")
+    steps = 5
+    t0 = time.time()
+
+    progress(1, steps, f"synthesising {args.cells} Tahoe-like cells (62,710 genes) ...")
+    r = subprocess.run([CLI, "synth", "--kind", "cells", "--n", str(args.cells), "-o", store,
+                        "--seed", "0", "--shard-nnz", str(1 << 23)], check=True,
+                       capture_output=True, text=True)
+    print("      " + r.stdout.strip().splitlines()[-1], flush=True)
+
+    progress(2, steps, f"zbatch, block sampler, {args.seconds:g} s ...")
+    block = bench(store, "block", args.seconds, results)
+    progress(3, steps, f"zbatch, random sampling, {args.seconds:g} s ...")
+    rand = bench(store, "random", args.seconds, results)
+
+    rows = []
+    for name, rec in (("zbatch block", block), ("zbatch random", rand)):
+        f = rec["figures"]
+        d = f.get("decode_only") or {}
+        rows.append((name, f["samples_per_s"], f["amplification"], d.get("samples_per_s"),
+                     d.get("ratio")))
+
+    progress(4, steps, "peers on the same cells (h5ad written by anndata) ...")
+    peers = []
+    try:
+        import anndata as ad
+        h5ad = os.path.join(work, "cells.h5ad")
+        ad.read_zarr(store).write_h5ad(h5ad)
+        from bench.peers import scdataset_peer, zarrs_peer
+        for label, fn, data, kw in (
+                ("scDataset (backed h5ad, block)", scdataset_peer.run, h5ad, {}),
+                ("zarr-python + zarrs + torch (blocks)", zarrs_peer.run, store,
+                 {"pattern": "blocks"})):
+            try:
+                res = fn(data, batch_size=1024, seconds=args.seconds, num_workers=2, **kw)
+                peers.append((label, res["samples_per_s"]))
+            except Exception as e:  # a peer that cannot run is reported, not fatal
+                peers.append((label, f"skipped: {type(e).__name__}: {e}"[:80]))
+    except Exception as e:
+        peers.append(("peers", f"skipped: {type(e).__name__}: {e}"[:80]))
+
+    progress(5, steps, f"done in {time.time() - t0:.0f} s\n")
+    print(f"{'loader':40} {'samples/s':>12} {'amplif.':>8} {'decode-only':>12} {'ratio':>6}")
+    for name, sps, amp, lim, ratio in rows:
+        print(f"{name:40} {sps:12,.0f} {amp:8.2f} {lim or 0:12,.0f} {ratio or 0:6.2f}")
+    best = block["figures"]["samples_per_s"]
+    for label, sps in peers:
+        if isinstance(sps, str):
+            print(f"{label:40} {sps}")
+        else:
+            print(f"{label:40} {sps:12,.0f}  zbatch block is {best / sps:,.1f}x faster")
+    print(f"\nJSON records with every parameter: {results}/")
+
+
+if __name__ == "__main__":
+    main()
