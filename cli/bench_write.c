@@ -334,7 +334,7 @@ write_one(const wopts *o, const char *dir, const setting *s, json_object *runs, 
         av[ac++] = "--chunk-nnz";
         av[ac++] = chunk;
     }
-    if (s->shard) {
+    if (cells) { /* always explicit: 0 means unsharded, and synth's default is sharded */
         snprintf(shard, sizeof shard, "%" PRIu64, s->shard);
         av[ac++] = "--shard-nnz";
         av[ac++] = shard;

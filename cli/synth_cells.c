@@ -296,7 +296,8 @@ usage(FILE *f)
             "  --codec CODEC    e.g. zstd:3, blosc:lz4:5:shuffle, none (default: the library's)\n"
             "  --genes G        columns of X (default %d)\n"
             "  --chunk-nnz K    elements per chunk of X/data and X/indices (default 32768)\n"
-            "  --shard-nnz K    v3: elements per shard, a multiple of --chunk-nnz (default none)\n"
+            "  --shard-nnz K    v3: elements per shard, a multiple of --chunk-nnz; 0 = unsharded\n"
+            "                   (default 128 inner chunks per shard; Tahoe-100M has 4096)\n"
             "  --threads T      generation and compression threads (default 1)\n"
             "  -h, --help       this text\n",
             MEAN_NNZ, N_CELL_LINES, N_DRUGS, N_PLATES, DEFAULT_GENES);
@@ -335,6 +336,7 @@ parse_args(int argc, char **argv, opts *o)
     o->format = 3;
     o->genes = DEFAULT_GENES;
     o->threads = 1;
+    o->shard_nnz = UINT64_MAX; /* the Tahoe layout unless told otherwise */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -381,7 +383,7 @@ parse_args(int argc, char **argv, opts *o)
         } else if (!strcmp(flag, "--chunk-nnz")) {
             bad = parse_u64(flag, val, 1, (uint64_t)1 << 40, &o->chunk_nnz);
         } else if (!strcmp(flag, "--shard-nnz")) {
-            bad = parse_u64(flag, val, 1, (uint64_t)1 << 40, &o->shard_nnz);
+            bad = parse_u64(flag, val, 0, (uint64_t)1 << 40, &o->shard_nnz);
         } else if (!strcmp(flag, "--threads")) {
             bad = parse_u64(flag, val, 1, 64, &o->threads);
         } else {
@@ -480,7 +482,11 @@ zb_cli_synth_cells(int argc, char **argv)
         wo.zarr_format = o.format;
         wo.codec = o.codec;
         wo.x_chunk = o.chunk_nnz;
-        wo.x_shard = o.shard_nnz;
+        /* Sharded like Tahoe-100M (FORMATS.md §7.3), with 128 inner chunks per shard instead of
+         * 4,096: the array writer holds a whole shard while it fills, and 128 keeps that at
+         * 16 MiB per array (4,096 would be 512 MiB) */
+        uint64_t chunk = o.chunk_nnz ? o.chunk_nnz : 32768;
+        wo.x_shard = o.shard_nnz != UINT64_MAX ? o.shard_nnz : o.format == 3 ? chunk * 128 : 0;
         wo.num_threads = (int)o.threads;
         st = zb_anndata_writer_open(store, "", o.genes, ZB_ANNDATA_X_CSR, ZB_DT_FLOAT32, &wo, &w);
     }

@@ -88,7 +88,9 @@ def test_synth_cells_killed_mid_write(tmp_path):
     chunk of a complete store of the same seed (cells are generated per (seed, cell), so the
     leading chunks of X do not depend on --n)."""
     ref = tmp_path / "ref.zarr"
-    r = run_cli("synth", "--kind", "cells", "--n", "10000", "--seed", "7", "-o", ref, timeout=60)
+    # unsharded, so that every chunk is a file of its own to compare
+    r = run_cli("synth", "--kind", "cells", "--n", "10000", "--seed", "7", "--shard-nnz", "0",
+                "-o", ref, timeout=60)
     assert r.returncode == 0, r.stderr
     ref_chunks = {a: data_chunks(ref, a) for a in ("X/data", "X/indices")}
     rng = random.Random(31)
@@ -98,7 +100,7 @@ def test_synth_cells_killed_mid_write(tmp_path):
     for i, delay in enumerate(delays):
         path = tmp_path / f"killed{i}.zarr"
         rc, err = kill_after([CLI, "synth", "--kind", "cells", "--n", "200000", "--seed", "7",
-                              "-o", path], delay)
+                              "--shard-nnz", "0", "-o", path], delay)
         assert rc == -signal.SIGKILL, f"synth ended on its own (rc {rc}) after {delay:.2f} s: {err}"
         if not (path / MARKER).exists():
             # killed before the writer started: nothing that looks like a store
