@@ -2,14 +2,14 @@
 
     .venv/bin/python bench/plot.py [--results DIR] [--out DIR] [--record FILE]
 
-- ``throughput.png``: samples/s per loader and setting (the latest full record, else the latest
-  quick one, or ``--record``), one panel for cells and one for atoms, log scale, each peer bar
-  labelled with zbatch's ratio over it (a bar chart in the manner of annbatch's Figure 1);
-- ``threads.png``: samples/s against threads, for every loader/setting measured at several
+- ``peers-throughput.png``: samples/s per loader and setting (the latest full record, else the
+  latest quick one, or ``--record``), one panel for cells and one for atoms, log scale, each peer
+  bar labelled with zbatch's ratio over it (a bar chart in the manner of annbatch's Figure 1);
+- ``peers-threads.png``: samples/s against threads, for every loader/setting measured at several
   thread counts (across all records of the results directory); only when such records exist;
-- ``amplification.png``: zbatch's read amplification (bytes decoded / delivered) against block
-  size, per store and read window, random sampling as dashed lines, and zbatch's samples/s when
-  measured; only when the record has the sweep.
+- ``peers-amplification.png``: zbatch's read amplification (bytes decoded / delivered) against
+  block size, per store and read window, random sampling as dashed lines, and zbatch's samples/s
+  when measured; only when the record has the sweep.
 
 Writes into ``--out`` (default ``results/plots``) and prints the paths.
 """
@@ -90,7 +90,7 @@ def plot_throughput(rec: dict, out: Path, plt) -> Path:
                  f"{p.get('seconds')} s each\n{m.get('cpu_model', '')}, "
                  f"{m.get('usable_cores')} cores, {m.get('memory_gib')} GiB", fontsize=10)
     fig.tight_layout()
-    path = out / "throughput.png"
+    path = out / "peers-throughput.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -124,7 +124,7 @@ def plot_threads(records: list[tuple[Path, dict]], out: Path, plt):
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title("throughput against threads (solid: zbatch, dashed: peers)")
     fig.tight_layout()
-    path = out / "threads.png"
+    path = out / "peers-threads.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -170,7 +170,7 @@ def plot_amplification(rec: dict, out: Path, plt):
     fig.suptitle(f"block sampling: {p.get('cells')} cells, batch {p.get('batch_size')}",
                  fontsize=10)
     fig.tight_layout()
-    path = out / "amplification.png"
+    path = out / "peers-amplification.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -89,7 +89,8 @@ def run(data: str, batch_size: int, seconds: float, num_workers: int = 2, output
                           collate_fn=collate, generator=gen)
 
     m = measure(epoch, seconds, lambda b: len(b["atoms_ptr"]) - 1)
-    config = {"tool": "lmdb + torch DataLoader", "store": data, "layout": "one pickled dict per key",
+    config = {"tool": "lmdb + torch DataLoader", "store": data,
+              "layout": "one pickled dict per key",
               "lmdb_open": {"subdir": False, "readonly": True, "lock": False,
                             "readahead": False, "meminit": False, "max_readers": 1},
               "dataloader": {"batch_size": batch_size, "shuffle": True,

@@ -177,7 +177,7 @@ def test_plot_writes_pngs(quick):
                        timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     pngs = {p.name: p for p in out.glob("*.png")}
-    assert {"throughput.png", "amplification.png"} <= set(pngs), pngs
+    assert {"peers-throughput.png", "peers-amplification.png"} <= set(pngs), pngs
     for p in pngs.values():
         data = p.read_bytes()
         assert data[:8] == PNG and len(data) > 10_000, p
