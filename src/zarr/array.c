@@ -463,6 +463,27 @@ parse_vlen(zb_ctx *ctx, const uint8_t *p, size_t len, uint64_t n, const char *ke
     return ZB_OK;
 }
 
+/* Runs a fixed-size unit's codecs into target (exactly unit_elems * isz bytes), undoes the byte
+ * order and counts it. The one decode step shared by row reads and the coalesced reader. */
+static zb_status
+decode_fixed(const zb_chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint8_t *target,
+             uint64_t unit_elems, size_t isz, const char *key)
+{
+    size_t unit_bytes = (size_t)(unit_elems * isz);
+    const uint8_t *res = enc;
+    size_t res_len = enc_len;
+    if (c->nbb > 0)
+        ZB_TRY(run_bb(c, ctx, enc, enc_len, target, unit_bytes, unit_bytes, key, &res, &res_len));
+    if (res_len != unit_bytes)
+        return zb_err(res_len < unit_bytes ? ZB_E_TRUNCATED : ZB_E_CORRUPT,
+                      "%s: chunk holds %zu bytes, expected %zu", key, res_len, unit_bytes);
+    if (res != target) memcpy(target, res, unit_bytes);
+    if (c->big_endian && isz > 1) swap_bytes(target, unit_elems, isz);
+    ctx->stats.chunks_decoded++;
+    ctx->stats.bytes_decoded += unit_bytes;
+    return ZB_OK;
+}
+
 /* Decodes one unit at grid coordinates g from its encoded bytes and delivers it. */
 static zb_status
 deliver_unit(read_req *r, const uint64_t *g, const uint8_t *enc, size_t enc_len, const char *key)
@@ -513,17 +534,7 @@ deliver_unit(read_req *r, const uint64_t *g, const uint8_t *enc, size_t enc_len,
         ZB_TRY(zb_buf_reserve(&ctx->scratch[SCR_OUT], unit_bytes ? unit_bytes : 1));
         target = ctx->scratch[SCR_OUT].data;
     }
-    const uint8_t *res = enc;
-    size_t res_len = enc_len;
-    if (c->nbb > 0)
-        ZB_TRY(run_bb(c, ctx, enc, enc_len, target, unit_bytes, unit_bytes, key, &res, &res_len));
-    if (res_len != unit_bytes)
-        return zb_err(res_len < unit_bytes ? ZB_E_TRUNCATED : ZB_E_CORRUPT,
-                      "%s: chunk holds %zu bytes, expected %zu", key, res_len, unit_bytes);
-    if (res != target) memcpy(target, res, unit_bytes);
-    if (c->big_endian && isz > 1) swap_bytes(target, unit_elems, isz);
-    ctx->stats.chunks_decoded++;
-    ctx->stats.bytes_decoded += unit_bytes;
+    ZB_TRY(decode_fixed(c, ctx, enc, enc_len, target, unit_elems, isz, key));
     if (!direct) for_each_run(r, &b, us, target, copy_run);
     return ZB_OK;
 }
@@ -1026,17 +1037,7 @@ zb_array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t 
         ZB_TRY(zb_buf_reserve(&ctx->scratch[SCR_OUT], unit_bytes ? unit_bytes : 1));
         target = ctx->scratch[SCR_OUT].data;
     }
-    const uint8_t *res = enc;
-    size_t res_len = enc_len;
-    if (c->nbb > 0)
-        ZB_TRY(run_bb(c, ctx, enc, enc_len, target, unit_bytes, unit_bytes, key, &res, &res_len));
-    if (res_len != unit_bytes)
-        return zb_err(res_len < unit_bytes ? ZB_E_TRUNCATED : ZB_E_CORRUPT,
-                      "%s: chunk holds %zu bytes, expected %zu", key, res_len, unit_bytes);
-    if (res != target) memcpy(target, res, unit_bytes);
-    if (c->big_endian && isz > 1) swap_bytes(target, elems, isz);
-    ctx->stats.chunks_decoded++;
-    ctx->stats.bytes_decoded += unit_bytes;
+    ZB_TRY(decode_fixed(c, ctx, enc, enc_len, target, elems, isz, key));
     if (c->has_transpose) {
         /* gather into logical C order */
         uint64_t us[ZB_MAX_DIMS], idx[ZB_MAX_DIMS] = {0};
