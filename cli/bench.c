@@ -758,7 +758,9 @@ derive(const opts *o, const run *r, const figures *fg, derived *d)
     d->major_per_batch = ratio((double)d->majflt, (double)r->nbatches);
     d->dec_gb_s = fg->dec_done ? ratio((double)fg->dec_bytes, fg->dec_seconds) / 1e9 : NAN;
     d->dec_samples_per_s = fg->dec_done ? ratio((double)fg->dec_samples, fg->dec_seconds) : NAN;
-    d->dec_ratio = ratio(d->decoded_gb_s, d->dec_gb_s);
+    /* samples, not bytes: the loader reads only the rows it needs of raw (uncompressed) units,
+     * where the decode-only run copies whole units */
+    d->dec_ratio = ratio(d->samples_per_s, d->dec_samples_per_s);
 }
 
 static json_object *

@@ -452,6 +452,7 @@ cmp_copy(const void *x, const void *y)
     if (a->field != b->field) return a->field < b->field ? -1 : 1;
     if (a->child != b->child) return a->child < b->child ? -1 : 1;
     if (a->unit != b->unit) return a->unit < b->unit ? -1 : 1;
+    if (a->src_row != b->src_row) return a->src_row < b->src_row ? -1 : 1;
     return a->dst_row < b->dst_row ? -1 : a->dst_row > b->dst_row;
 }
 
@@ -622,9 +623,10 @@ fetch_whole(exec *x, const zb_array *a, const char *key, const uint8_t **data, s
     uint64_t unit = zb_array_unit_bytes(a);
     uint64_t guess = unit + unit / 64 + 4096;
     zb_buf *buf = &x->ctx->scratch[SCR_FETCH];
-    ZB_TRY(zb_buf_reserve(buf, (size_t)guess));
+    uint8_t *dst;
+    ZB_TRY(zb_buf_for_read(buf, 0, (size_t)guess, &dst));
     uint64_t got = 0;
-    zb_status st = zb_store_get(a->store, key, 0, guess, buf->data, &got);
+    zb_status st = zb_store_get(a->store, key, 0, guess, dst, &got);
     if (st == ZB_E_NOTFOUND) {
         zb_clear_error();
         *missing = true;
@@ -635,12 +637,12 @@ fetch_whole(exec *x, const zb_array *a, const char *key, const uint8_t **data, s
     if (got == guess) {
         uint64_t size = 0;
         ZB_TRY(zb_store_size(a->store, key, &size));
-        ZB_TRY(zb_buf_reserve(buf, size ? (size_t)size : 1));
-        ZB_TRY(zb_store_get(a->store, key, 0, size, buf->data, &got));
+        ZB_TRY(zb_buf_for_read(buf, 0, (size_t)size, &dst));
+        ZB_TRY(zb_store_get(a->store, key, 0, size, dst, &got));
         x->t->stats.range_reads++;
     }
     x->t->stats.bytes_fetched += got;
-    *data = buf->data;
+    *data = dst;
     *len = (size_t)got;
     return ZB_OK;
 }
@@ -651,17 +653,88 @@ fetch_range(exec *x, const zb_array *a, const char *key, const uint64_t *entry,
             const uint8_t **data, size_t *len)
 {
     zb_buf *buf = &x->ctx->scratch[SCR_FETCH];
-    ZB_TRY(zb_buf_reserve(buf, entry[1] ? (size_t)entry[1] : 1));
+    uint8_t *dst;
+    ZB_TRY(zb_buf_for_read(buf, entry[0], (size_t)entry[1], &dst));
     uint64_t got = 0;
-    ZB_TRY(zb_store_get(a->store, key, entry[0], entry[1], buf->data, &got));
+    ZB_TRY(zb_store_get(a->store, key, entry[0], entry[1], dst, &got));
     x->t->stats.range_reads++;
     x->t->stats.bytes_fetched += got;
     if (got != entry[1])
         return zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", key,
                       (unsigned long long)got, (unsigned long long)entry[1],
                       (unsigned long long)entry[0]);
-    *data = buf->data;
+    *data = dst;
     *len = (size_t)got;
+    return ZB_OK;
+}
+
+/* Rows of a raw unit (zb_array_unit_raw) that spans every other axis can be read straight
+ * into the batch: only the bytes delivered leave the page cache (or cross the network) and
+ * nothing is decoded. */
+static bool
+raw_rows(const zb_array *a)
+{
+    if (!zb_array_unit_raw(a)) return false;
+    for (int d = 1; d < a->meta.ndim; d++)
+        if (a->inner[d] != a->meta.shape[d]) return false;
+    return true;
+}
+
+/* Serves the copies [c0, c1) of one raw unit (raw_rows) that starts at byte `base` of the
+ * object `key` (0 for a chunk object, the inner chunk's offset in a shard). Copies come sorted
+ * by source row; those less than RAW_GAP apart share one range read into scratch, a lone copy
+ * is read straight into the batch. ZB_E_NOTFOUND (error cleared) when a chunk object does not
+ * exist. */
+#define RAW_GAP ((uint64_t)32 << 10)
+#define RAW_SPAN ((uint64_t)8 << 20)
+static zb_status
+serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base)
+{
+    plan *p = x->p;
+    const copy *cp = &p->copies[c0];
+    const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
+    bfield *bf = &p->b->fields[cp->field];
+    uint64_t row_bytes = bf->row_elems * bf->itemsize;
+    for (size_t i = c0; i < c1;) {
+        uint64_t s0 = p->copies[i].src_row * row_bytes;
+        uint64_t e0 = s0 + p->copies[i].nrows * row_bytes;
+        size_t k = i + 1;
+        for (; k < c1; k++) {
+            uint64_t s = p->copies[k].src_row * row_bytes, e = s + p->copies[k].nrows * row_bytes;
+            if (s > e0 + RAW_GAP || (e > e0 ? e : e0) - s0 > RAW_SPAN) break;
+            if (e > e0) e0 = e;
+        }
+        uint64_t off = base + s0, len = e0 - s0;
+        uint8_t *to = bf->data + p->copies[i].dst_row * row_bytes;
+        /* a destination a few bytes off the source modulo the page slows the kernel's copy
+         * several-fold (zb_buf_for_read): such a lone copy goes through scratch too */
+        uintptr_t skew = ((uintptr_t)to - (uintptr_t)off) & 4095;
+        bool direct = k == i + 1 && (skew == 0 || (skew >= 64 && skew <= 4096 - 64));
+        if (!direct) ZB_TRY(zb_buf_for_read(&x->ctx->scratch[SCR_FETCH], off, (size_t)len, &to));
+        uint64_t got = 0;
+        zb_status st = zb_store_get(a->store, key, off, len, to, &got);
+        if (st == ZB_E_NOTFOUND && i == c0 && base == 0) {
+            zb_clear_error();
+            return ZB_E_NOTFOUND;
+        }
+        if (st != ZB_OK) return st;
+        if (got != len)
+            return zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", key,
+                          (unsigned long long)got, (unsigned long long)len,
+                          (unsigned long long)off);
+        x->t->stats.range_reads++;
+        x->t->stats.bytes_fetched += len;
+        x->t->stats.bytes_decoded += len;
+        for (; i < k; i++) {
+            const copy *c = &p->copies[i];
+            uint64_t n = c->nrows * row_bytes;
+            if (!direct)
+                memcpy(bf->data + c->dst_row * row_bytes, to + (c->src_row * row_bytes - s0),
+                       (size_t)n);
+            x->t->stats.bytes_delivered += n;
+        }
+    }
+    x->t->stats.chunks_decoded++;
     return ZB_OK;
 }
 
@@ -683,6 +756,12 @@ run_plain(exec *x, size_t c0, size_t c1)
     for (int d = 0; d < nd; d++) grid[d] = (a->meta.shape[d] + a->inner[d] - 1) / a->inner[d];
     g[0] = cp->unit;
     char key[4600];
+    if (raw_rows(a)) {
+        ZB_TRY(zb_array_unit_object(a, g, key, sizeof key, NULL, NULL));
+        zb_status st = serve_raw(x, c0, c1, key, 0);
+        if (st != ZB_E_NOTFOUND) return st;
+        return serve_unit(x, c0, c1, g, NULL, 0, true, key, NULL);
+    }
     do {
         ZB_TRY(zb_array_unit_object(a, g, key, sizeof key, NULL, NULL));
         const uint8_t *data = NULL;
@@ -760,6 +839,8 @@ run_shard(exec *x, size_t c0, size_t c1)
     for (size_t i = c0; i < c1; i++)
         if (i == c0 || p->copies[i].unit != p->copies[i - 1].unit) rows_u++;
     size_t ibytes = (size_t)(2 * n * sizeof(uint64_t));
+    bool raw = raw_rows(a);
+    uint64_t unit_bytes = zb_array_unit_bytes(a);
     uint64_t *entries = malloc(ibytes);
     want *w = malloc(rows_u * (size_t)n_other * sizeof *w + 1);
     zb_status st = ZB_OK;
@@ -784,6 +865,17 @@ run_shard(exec *x, size_t c0, size_t c1)
             if (st != ZB_OK) break;
             if (entries[2 * e] == ZB_SHARD_EMPTY) {
                 st = serve_unit(x, i, j, g, NULL, 0, true, key, NULL);
+                continue;
+            }
+            if (raw) {
+                if (entries[2 * e + 1] != unit_bytes)
+                    st = zb_err(ZB_E_CORRUPT,
+                                "%s: inner chunk at offset %llu holds %llu bytes, expected %llu",
+                                key, (unsigned long long)entries[2 * e],
+                                (unsigned long long)entries[2 * e + 1],
+                                (unsigned long long)unit_bytes);
+                else
+                    st = serve_raw(x, i, j, key, entries[2 * e]);
                 continue;
             }
             /* a cached inner chunk needs neither a range read nor a decode */
@@ -811,10 +903,10 @@ run_shard(exec *x, size_t c0, size_t c1)
             me = ne;
             k++;
         }
-        zb_buf *buf = &x->ctx->scratch[SCR_FETCH];
-        st = zb_buf_reserve(buf, (size_t)(me - ms) ? (size_t)(me - ms) : 1);
+        uint8_t *dst = NULL;
+        st = zb_buf_for_read(&x->ctx->scratch[SCR_FETCH], ms, (size_t)(me - ms), &dst);
         uint64_t got = 0;
-        if (st == ZB_OK) st = zb_store_get(a->store, key, ms, me - ms, buf->data, &got);
+        if (st == ZB_OK) st = zb_store_get(a->store, key, ms, me - ms, dst, &got);
         if (st == ZB_OK) {
             x->t->stats.range_reads++;
             x->t->stats.bytes_fetched += got;
@@ -824,7 +916,7 @@ run_shard(exec *x, size_t c0, size_t c1)
                             (unsigned long long)ms);
         }
         for (; st == ZB_OK && i < k; i++)
-            st = serve_unit(x, w[i].c0, w[i].c1, w[i].g, buf->data + (w[i].off - ms),
+            st = serve_unit(x, w[i].c0, w[i].c1, w[i].g, dst + (w[i].off - ms),
                             (size_t)w[i].len, false, key, NULL);
     }
 done:

@@ -31,6 +31,15 @@ zb_buf_append(zb_buf *b, const void *src, size_t n)
     return ZB_OK;
 }
 
+zb_status
+zb_buf_for_read(zb_buf *b, uint64_t offset, size_t n, uint8_t **dst)
+{
+    if (n > ZB_BUF_MAX - 64) return zb_err(ZB_E_OVERFLOW, "buffer of %zu bytes exceeds the cap", n);
+    ZB_TRY(zb_buf_reserve(b, n + 63));
+    *dst = b->data + ((offset - (uintptr_t)b->data) & 63);
+    return ZB_OK;
+}
+
 void
 zb_buf_free(zb_buf *b)
 {

@@ -574,13 +574,13 @@ read_plain(read_req *r, uint64_t u0, uint64_t u1)
                 continue;
             }
             if (st != ZB_OK) return st;
-            zb_buf *enc = &r->ctx->scratch[SCR_ENC];
-            ZB_TRY(zb_buf_reserve(enc, size ? (size_t)size : 1));
+            uint8_t *enc;
+            ZB_TRY(zb_buf_for_read(&r->ctx->scratch[SCR_ENC], 0, (size_t)size, &enc));
             uint64_t got = 0;
-            ZB_TRY(zb_store_get(a->store, key, 0, size, enc->data, &got));
+            ZB_TRY(zb_store_get(a->store, key, 0, size, enc, &got));
             r->ctx->stats.range_reads++;
             r->ctx->stats.bytes_fetched += got;
-            ZB_TRY(deliver_unit(r, g, enc->data, (size_t)got, key));
+            ZB_TRY(deliver_unit(r, g, enc, (size_t)got, key));
         } while (nd > 1 && next_coord(g, lo, hi, nd));
     }
     return ZB_OK;
@@ -654,14 +654,15 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
     if (m->chain.nbb > 0) {
         /* Whole-shard codecs: fetch and decode the shard, then address it in memory. */
         zb_buf enc0 = {0};
-        st = zb_buf_reserve(&enc0, shard_size ? (size_t)shard_size : 1);
-        if (st == ZB_OK) st = zb_store_get(a->store, key, 0, shard_size, enc0.data, &got);
+        uint8_t *enc = NULL;
+        st = zb_buf_for_read(&enc0, 0, (size_t)shard_size, &enc);
+        if (st == ZB_OK) st = zb_store_get(a->store, key, 0, shard_size, enc, &got);
         if (st == ZB_OK) {
             ctx->stats.range_reads++;
             ctx->stats.bytes_fetched += got;
             const uint8_t *res;
             size_t res_len;
-            st = run_bb(&m->chain, ctx, enc0.data, (size_t)got, NULL, 0, SIZE_MAX, key, &res,
+            st = run_bb(&m->chain, ctx, enc, (size_t)got, NULL, 0, SIZE_MAX, key, &res,
                         &res_len);
             if (st == ZB_OK) st = zb_buf_append(&whole, res, res_len);
         }
@@ -738,10 +739,10 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
         if (mem) {
             base = mem + mstart;
         } else {
-            zb_buf *enc = &ctx->scratch[SCR_ENC];
-            st = zb_buf_reserve(enc, (size_t)(mend - mstart) ? (size_t)(mend - mstart) : 1);
+            uint8_t *enc;
+            st = zb_buf_for_read(&ctx->scratch[SCR_ENC], mstart, (size_t)(mend - mstart), &enc);
             if (st != ZB_OK) goto done;
-            st = zb_store_get(a->store, key, mstart, mend - mstart, enc->data, &got);
+            st = zb_store_get(a->store, key, mstart, mend - mstart, enc, &got);
             if (st != ZB_OK) goto done;
             ctx->stats.range_reads++;
             ctx->stats.bytes_fetched += got;
@@ -751,7 +752,7 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
                             (unsigned long long)mstart);
                 goto done;
             }
-            base = enc->data;
+            base = enc;
         }
         for (; i < k; i++) {
             st = deliver_unit(r, want[i].g, base + (want[i].off - mstart),
@@ -810,13 +811,13 @@ read_zero_dim(read_req *r)
         return ZB_OK;
     }
     if (st != ZB_OK) return st;
-    zb_buf *enc = &r->ctx->scratch[SCR_ENC];
-    ZB_TRY(zb_buf_reserve(enc, size ? (size_t)size : 1));
+    uint8_t *enc;
+    ZB_TRY(zb_buf_for_read(&r->ctx->scratch[SCR_ENC], 0, (size_t)size, &enc));
     uint64_t got = 0;
-    ZB_TRY(zb_store_get(a->store, key, 0, size, enc->data, &got));
+    ZB_TRY(zb_store_get(a->store, key, 0, size, enc, &got));
     r->ctx->stats.range_reads++;
     r->ctx->stats.bytes_fetched += got;
-    return deliver_unit(r, g, enc->data, (size_t)got, key);
+    return deliver_unit(r, g, enc, (size_t)got, key);
 }
 
 static zb_status
@@ -1053,6 +1054,17 @@ zb_array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t 
         }
     }
     return ZB_OK;
+}
+
+bool
+zb_array_unit_raw(const zb_array *a)
+{
+    const zb_array_meta *m = &a->meta;
+    const zb_chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
+    if (m->chain.ab == ZB_AB_SHARDING && (m->chain.nbb > 0 || m->chain.has_transpose))
+        return false;
+    return c->ab == ZB_AB_BYTES && c->nbb == 0 && !c->has_transpose &&
+           (!c->big_endian || m->itemsize == 1);
 }
 
 void

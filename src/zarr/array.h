@@ -45,6 +45,11 @@ bool zb_array_whole_shard(const zb_array *a);
 zb_status zb_array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc,
                                size_t enc_len, uint8_t *dst, const char *key);
 
+/* True when a unit's stored bytes are its decoded bytes (bytes codec in native order, no
+ * transpose, no bytes->bytes codec): any row range of a unit can then be read straight from
+ * the object at its byte offset. */
+bool zb_array_unit_raw(const zb_array *a);
+
 /* Writes the fill value over one unit's bytes. */
 void zb_array_fill_unit(const zb_array *a, uint8_t *dst);
 
