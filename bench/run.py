@@ -66,6 +66,10 @@ CORES_NOTE = ("Two cores per tool: zbatch num_threads; scDataset, zarrs, LMDB: t
               "num_workers=0).")
 BLOCK_SIZE = 16     # scDataset's recommended block_size = fetch_factor = 16
 FETCH_FACTOR = 16
+# scDataset's settings swept for its best (block_size, fetch_factor), each next to zbatch with
+# the same sampling (block size and window) on the same bytes; (16, 16) is the main run's
+SCD_SWEEP = [(64, 16), (256, 16), (16, 64), (64, 64), (256, 64)]
+DEFAULT_LABEL = "blosc lz4, default"  # the codec `zbatch synth` writes without --codec
 NV_PREFETCH = 16    # nvalchemi's DataLoader recipe
 
 
@@ -208,17 +212,17 @@ def plan(data: dict, args) -> list[dict]:
     for t in threads:
         full = (t == threads[0])  # the other thread counts run the main settings only
         # zbatch, cells
-        zb = [("zb-c-def-block-csr", "cells_zarr", "block", "csr", "zstd:3, default"),
+        zb = [("zb-c-def-block-csr", "cells_zarr", "block", "csr", DEFAULT_LABEL),
               ("zb-c-none-block-csr", "cells_none", "block", "csr", "none"),
-              ("zb-c-def-random-csr", "cells_zarr", "random", "csr", "zstd:3, default"),
+              ("zb-c-def-random-csr", "cells_zarr", "random", "csr", DEFAULT_LABEL),
               ("zb-c-none-random-csr", "cells_none", "random", "csr", "none")]
         if full:
-            zb += [("zb-c-def-block-dense", "cells_zarr", "block", "dense", "zstd:3, default"),
+            zb += [("zb-c-def-block-dense", "cells_zarr", "block", "dense", DEFAULT_LABEL),
                    ("zb-c-none-block-dense", "cells_none", "block", "dense", "none"),
                    ("zb-c-none-random-dense", "cells_none", "random", "dense", "none")]
             if not quick:
                 zb += [("zb-c-def-random-dense", "cells_zarr", "random", "dense",
-                        "zstd:3, default")]
+                        DEFAULT_LABEL)]
         for rid, store, sampler, out, label in zb:
             add("cells-zbatch", rid, "zbatch_peer", store, t, sampler=sampler, output=out,
                 label=label, batch_size=B, block_size=BLOCK_SIZE, fetch_factor=FETCH_FACTOR,
@@ -233,6 +237,18 @@ def plan(data: dict, args) -> list[dict]:
             batch_size=B)
         add("cells-peers", "zarrs-random-csr", "zarrs_peer", "cells_zarr", t,
             "zb-c-def-random-csr", pattern="random", output="csr", batch_size=B)
+        if full and not quick:
+            for bs, ff in SCD_SWEEP:
+                tag = f"bs{bs}-ff{ff}"
+                for rid, store, label in ((f"zb-c-none-block-csr-{tag}", "cells_none", "none"),
+                                          (f"zb-c-def-block-csr-{tag}", "cells_zarr",
+                                           DEFAULT_LABEL)):
+                    add("cells-zbatch", rid, "zbatch_peer", store, t, sampler="block",
+                        output="csr", label=label, batch_size=B, block_size=bs,
+                        fetch_factor=ff, prefetch_factor=ff)
+                add("cells-peers", f"scdataset-h5ad-csr-{tag}", "scdataset_peer", "cells_h5ad",
+                    t, f"zb-c-none-block-csr-{tag}", output="csr", batch_size=B, block_size=bs,
+                    fetch_factor=ff)
         if full:
             add("cells-peers", "scdataset-h5ad-dense", "scdataset_peer", "cells_h5ad", t,
                 "zb-c-none-block-dense", output="dense", batch_size=B)
@@ -258,7 +274,7 @@ def plan(data: dict, args) -> list[dict]:
                     "data": data["cells_zarr"], "store": "cells_zarr", "threads": t,
                     "match": f"zb-c-def-block-csr@t{t}", "kwargs": dict(e, num_workers=0)})
         # zbatch, atoms
-        za = [("zb-a-def", "atoms_zarr", "zstd:3, default", 0),
+        za = [("zb-a-def", "atoms_zarr", DEFAULT_LABEL, 0),
               ("zb-a-none", "atoms_none", "none", 0),
               ("zb-a-nv", "atoms_nv", "nvalchemi's store", 0)]
         if full and not quick:
@@ -485,6 +501,61 @@ def ratios(entries: list[dict]) -> None:
             e["ratio_zbatch_over_peer"] = None
 
 
+def targets(entries: list[dict]) -> list[dict]:
+    """Issue 6's ratio targets, each from the runs of this record: the peer's figure, the zbatch
+    figure it is set against (same sampling, same output, same bytes or zbatch's default
+    codec), the ratio and whether it meets the target. scDataset is taken at its best
+    (block_size, fetch_factor) over the sweep; zbatch at that same setting."""
+    by_id = {e["id"]: e for e in entries if e.get("samples_per_s", 0) > 0}
+    t0 = min((e["threads"] for e in entries), default=2, key=lambda t: -t)
+    out = []
+
+    def add(name, goal, peer_id, zb_ids):
+        p = by_id.get(f"{peer_id}@t{t0}")
+        if not p:
+            return
+        for zid in zb_ids:
+            z = by_id.get(f"{zid}@t{t0}")
+            if not z:
+                continue
+            r = z["samples_per_s"] / p["samples_per_s"]
+            out.append({"target": name, "goal": goal, "peer": p["id"],
+                        "peer_setting": p.get("setting"), "peer_samples_per_s": p["samples_per_s"],
+                        "zbatch": z["id"], "zbatch_setting": z.get("setting"),
+                        "zbatch_samples_per_s": z["samples_per_s"], "ratio": r,
+                        "met": r >= goal})
+
+    scd = [e for e in entries if e["id"].startswith("scdataset-h5ad-csr")
+           and e.get("threads") == t0 and e.get("samples_per_s", 0) > 0]
+    if scd:
+        best = max(scd, key=lambda e: e["samples_per_s"])
+        tag = best["id"].split("@")[0][len("scdataset-h5ad-csr"):]
+        add("scDataset at its best, CSR", 10, best["id"].split("@")[0],
+            [f"zb-c-none-block-csr{tag}", f"zb-c-def-block-csr{tag}"])
+    add("scDataset, dense", 10, "scdataset-h5ad-dense", ["zb-c-none-block-dense"])
+    add("AnnLoader (backed, shuffled), CSR", 20, "annloader-csr",
+        ["zb-c-none-random-csr", "zb-c-def-random-csr"])
+    add("AnnLoader (backed, shuffled), dense", 20, "annloader-dense",
+        ["zb-c-none-random-dense", "zb-c-def-random-dense"])
+    add("zarr-python + zarrs, contiguous blocks, CSR", 10, "zarrs-blocks-csr",
+        ["zb-c-def-block-csr"])
+    add("zarr-python + zarrs, contiguous blocks, dense", 10, "zarrs-blocks-dense",
+        ["zb-c-def-block-dense"])
+    add("nvalchemi DataLoader", 20, "nvalchemi", ["zb-a-nv", "zb-a-def", "zb-a-none"])
+    add("LMDB + torch DataLoader", 10, "lmdb", ["zb-a-none", "zb-a-def"])
+    return out
+
+
+def targets_table(rows: list[dict]) -> str:
+    lines = ["targets (ratio = zbatch samples/s over the peer's, same run):"]
+    for r in rows:
+        lines.append(f"  {r['target']:46} {r['ratio']:6.1f}x  (goal {r['goal']}x: "
+                     f"{'met' if r['met'] else 'NOT met'})  zbatch {r['zbatch_setting']} "
+                     f"{r['zbatch_samples_per_s']:,.0f} vs {r['peer_setting']} "
+                     f"{r['peer_samples_per_s']:,.0f}")
+    return "\n".join(lines)
+
+
 def table(entries: list[dict]) -> str:
     rows = [("loader", "setting", "threads", "samples/s", "zbatch/peer", "vs zbatch run")]
     order = sorted(entries, key=lambda e: (not e["group"].startswith("cells"),
@@ -576,6 +647,8 @@ def main(argv=None) -> int:
         ratios(entries)
         print()
         print(table(entries))
+        goals = targets(entries)
+        print("\n" + targets_table(goals))
         bad = [c for c in checks if not c.get("equal")]
         print(f"\ncontent checks: {len(checks) - len(bad)}/{len(checks)} equal"
               + (": FAILED " + ", ".join(c["id"] for c in bad) if bad else ""))
@@ -604,6 +677,7 @@ def main(argv=None) -> int:
             "entries": entries,
             "checks": checks,
             "amplification_sweep": sweep,
+            "targets": goals,
             "notes": {"cores": CORES_NOTE, "annbatch": ANNBATCH_NOTE,
                       "samples_per_s": "steady state: from the first batch on; startup_s apart"},
             "total_s": time.perf_counter() - t_all,

@@ -252,7 +252,27 @@ typedef struct run {
     uint64_t epochs_started;
     uint64_t warmup_batches;
     struct rusage r0, r1;
+    uint64_t peak_rss; /* VmHWM at the end of the timed run */
 } run;
+
+/* This process's peak resident set: VmHWM of /proc/self/status, which counts from exec. (The
+ * ru_maxrss of getrusage survives exec on Linux, so a bench started by a large parent would
+ * report the parent's peak.) Falls back to ru_maxrss without /proc. */
+static uint64_t
+peak_rss_bytes(const struct rusage *ru)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %llu kB", &kib) == 1) {
+            found = true;
+            break;
+        }
+    if (f) fclose(f);
+    return found ? (uint64_t)kib * 1024u : (uint64_t)ru->ru_maxrss * 1024u;
+}
 
 /* The capacity to grow `cap` to so that it holds `need` elements (doubling from 1024), or 0
  * when it already does. */
@@ -419,6 +439,7 @@ timed_run(zb_dataset *ds, zb_sampler *s, const opts *o, run *r)
         }
     }
     getrusage(RUSAGE_SELF, &r->r1);
+    r->peak_rss = peak_rss_bytes(&r->r1);
     r->wall = last - t_start;
     zb_loader_close(ld);
     if (oom) {
@@ -751,7 +772,7 @@ derive(const opts *o, const run *r, const figures *fg, derived *d)
                tv_seconds(&r->r1.ru_stime) - tv_seconds(&r->r0.ru_stime);
     d->cpu_util = ratio(d->cpu_s, r->wall * (double)o->threads);
     d->cpu_core_pct = 100.0 * ratio(d->cpu_s, r->wall);
-    d->peak_rss = (uint64_t)r->r1.ru_maxrss * 1024u; /* Linux: KiB */
+    d->peak_rss = r->peak_rss;
     d->minflt = (uint64_t)(r->r1.ru_minflt - r->r0.ru_minflt);
     d->majflt = (uint64_t)(r->r1.ru_majflt - r->r0.ru_majflt);
     d->faults_per_batch = ratio((double)d->minflt, (double)r->nbatches);

@@ -102,7 +102,8 @@ def run(data: str, batch_size: int, seconds: float, num_workers: int = 2, output
     # the loader's batches carry no read statistics yet (all zero): said here, not hidden
     m["loader_batch_stats_zero"] = not any(stats_seen)
     kind = "atoms" if ds.layout == "atomic" else output
-    setting = f"{sampler}" + (f" bs={block_size}" if sampler == "block" else "") + f" {kind}"
+    setting = f"{sampler}" + (f" bs={block_size} ff={fetch_factor}" if sampler == "block"
+                              else "") + f" {kind}"
     if label:
         setting += f" [{label}]"
     config.update({"store": data, "batch_size": batch_size, "seed": seed})

@@ -49,7 +49,7 @@ typedef struct bseg {
  * buffers as one block from this pool and its last release returns the block, so a loader in
  * steady state touches only memory it touched before. The pool is shared by the dataset and
  * every batch still alive (refcounted), so batches may outlive their dataset. */
-#define ARENA_KEEP 6
+#define ARENA_KEEP 48
 struct zb_arena_pool {
     pthread_mutex_t mu;
     int refs;
@@ -246,6 +246,56 @@ zb_batch_add_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
     f->data = data;
     f->seg = -1;
     b->nfields++;
+    return ZB_OK;
+}
+
+zb_status
+zb_batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
+                          const uint64_t *row_shape, uint64_t nrows, void **data)
+{
+    *data = NULL;
+    if (!b || ndim < 0 || ndim >= ZB_MAX_DIMS || dtype == ZB_DT_STRING)
+        return zb_err(ZB_E_INVALID, "zb_batch_add_pooled_field: bad argument");
+    uint64_t bytes = nrows * (uint64_t)zb_dtype_size(dtype);
+    for (int d = 0; d < ndim; d++)
+        if (!zb_mul_u64(bytes, row_shape[d], &bytes) || bytes > ZB_BUF_MAX)
+            return zb_err(ZB_E_OVERFLOW, "batch field '%s' is too large", name);
+    zb_arena_pool *pool = NULL;
+    for (const zb_batch *p = b; p && !pool; p = p->parent) pool = p->arenas;
+    void *mem;
+    bool pooled = pool && !b->arena;
+    if (pooled) {
+        size_t cap = 0;
+        mem = arena_take(pool, (size_t)bytes + 64, &cap);
+        if (!mem) {
+            zb_arena_pool_unref(pool);
+            return zb_err(ZB_E_NOMEM, "batch field '%s': out of memory for %llu bytes", name,
+                          (unsigned long long)bytes);
+        }
+        uint8_t *data8 = (uint8_t *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
+        memset(data8, 0, (size_t)bytes);
+        zb_status st = zb_batch_add_field(b, name, dtype, ndim, row_shape, nrows, data8);
+        if (st != ZB_OK) {
+            arena_give(pool, mem, cap);
+            return st;
+        }
+        b->fields[b->nfields - 1].owned = false; /* in the batch's arena */
+        b->arenas = pool;
+        b->arena = mem;
+        b->arena_cap = cap;
+        *data = data8;
+        return ZB_OK;
+    }
+    mem = calloc((size_t)bytes + 1, 1);
+    if (!mem)
+        return zb_err(ZB_E_NOMEM, "batch field '%s': out of memory for %llu bytes", name,
+                      (unsigned long long)bytes);
+    zb_status st = zb_batch_add_field(b, name, dtype, ndim, row_shape, nrows, mem);
+    if (st != ZB_OK) {
+        free(mem);
+        return st;
+    }
+    *data = mem;
     return ZB_OK;
 }
 

@@ -107,17 +107,20 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
         }
     }
     size_t B = zb_batch_size(b);
-    float *out = calloc((size_t)(B * ncols) + 1, sizeof *out);
-    if (!out) {
+    /* the output joins the batch before it is filled (pooled memory, zeroed): on a corrupt
+     * index the batch, and with it the half-filled field, is dropped by the caller */
+    uint64_t shape[1] = {ncols};
+    void *mem = NULL;
+    zb_status st = zb_batch_add_pooled_field(b, "X_dense", ZB_DT_FLOAT32, 1, shape, B, &mem);
+    if (st != ZB_OK) {
         free(map);
-        return zb_err(ZB_E_NOMEM, "densify: out of memory for %zu x %llu floats", B,
-                      (unsigned long long)ncols);
+        return st;
     }
+    float *out = mem;
     for (size_t r = 0; r < B; r++) {
         for (int64_t i = d.ptr[r]; i < d.ptr[r + 1]; i++) {
             int64_t c = load_index(ix.data, ix.dtype, (uint64_t)i);
             if (c < 0 || (uint64_t)c >= n_vars) {
-                free(out);
                 free(map);
                 return zb_err(ZB_E_CORRUPT, "densify: X/indices value %lld outside [0, %llu)",
                               (long long)c, (unsigned long long)n_vars);
@@ -128,10 +131,7 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
         }
     }
     free(map);
-    uint64_t shape[1] = {ncols};
-    zb_status st = zb_batch_add_field(b, "X_dense", ZB_DT_FLOAT32, 1, shape, B, out);
-    if (st != ZB_OK) free(out);
-    return st;
+    return ZB_OK;
 }
 
 static zb_status
