@@ -115,6 +115,13 @@ typedef struct zb_store_methods {
     zb_status (*erase)(void *self, const char *key);
     zb_status (*rename)(void *self, const char *from, const char *to);
     void (*close)(void *self);
+    /* Optional (NULL: none): a read-only view of up to `length` bytes at `offset` of `key`,
+     * without copying them. *data points at the bytes, *nread says how many (short only at the
+     * end of the object), and the view stays valid until release(self, *token). A backend may
+     * decline any key with ZB_E_UNSUPPORTED; callers then read with get. */
+    zb_status (*view)(void *self, const char *key, uint64_t offset, uint64_t length,
+                      const uint8_t **data, uint64_t *nread, void **token);
+    void (*release)(void *self, void *token);
 } zb_store_methods;
 
 /* Wraps a custom backend. On success the store owns `self` and calls methods->close(self) when
@@ -139,6 +146,15 @@ const char *zb_store_scheme(const zb_store *store);
 zb_status zb_store_get(zb_store *store, const char *key, uint64_t offset, uint64_t length,
                        void *dst, uint64_t *nread);
 zb_status zb_store_size(zb_store *store, const char *key, uint64_t *size);
+/* A view of bytes of `key` (zb_store_methods.view); ZB_E_UNSUPPORTED when the backend offers
+ * none for this key. Release it with zb_store_release. The file backend maps data files
+ * (mmap) up to a per-store budget: ZBATCH_MMAP_BYTES bytes (default 1 GiB; 0 turns views
+ * off). A mapped file that another process truncates in place while it is mapped raises
+ * SIGBUS in the reader, as with any mmap reader; zbatch's writers replace files by rename,
+ * which is safe (a replaced file is noticed within a second, and its old mapping dropped). */
+zb_status zb_store_view(zb_store *store, const char *key, uint64_t offset, uint64_t length,
+                        const uint8_t **data, uint64_t *nread, void **token);
+void zb_store_release(zb_store *store, void *token);
 zb_status zb_store_list(zb_store *store, const char *prefix, zb_list_fn fn, void *ctx);
 zb_status zb_store_put(zb_store *store, const char *key, const void *data, uint64_t length);
 zb_status zb_store_erase(zb_store *store, const char *key);

@@ -4,7 +4,13 @@
  * pread, so any number of threads may read at once. Keys arrive normalised by the store layer,
  * which has already refused "." and ".." segments, so a key cannot name anything outside the
  * root lexically. Writes go to a temporary name beside the target and are renamed over it, so a
- * reader never sees a half-written object. */
+ * reader never sees a half-written object.
+ *
+ * Views (zb_store_view) map whole data files read-only and keep the mappings for the store's
+ * life, up to a budget of mapped bytes (ZBATCH_MMAP_BYTES, default 1 GiB; beyond it views
+ * are declined and callers use pread). A mapping is revalidated (device, inode, size, mtime)
+ * when it was last checked more than a second ago, and dropped when the file was replaced;
+ * this store's own put/erase/rename drop the mappings of the keys they touch. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -12,16 +18,91 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "store/store.h"
 #include "util/status.h"
 
+typedef struct fmap {
+    struct fmap *next; /* hash chain */
+    char *key;
+    const uint8_t *base; /* NULL for an empty file */
+    uint64_t size;
+    dev_t dev;
+    ino_t ino;
+    struct timespec mtime;
+    double checked; /* monotonic seconds of the last validation */
+    int refs;       /* views handed out and not yet released */
+    bool dead;      /* out of the table: unmapped at the last release */
+} fmap;
+
+#define FMAP_BUCKETS 1024
+#define FMAP_RECHECK_S 1.0
+
 typedef struct file_store {
     int rootfd;
     char *root;
+    pthread_mutex_t mu; /* guards the map table */
+    fmap *maps[FMAP_BUCKETS];
+    uint64_t mapped, map_budget; /* bytes mapped, and the most that may be */
 } file_store;
+
+static double
+mono_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static size_t
+fmap_bucket(const char *key)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const char *k = key; *k; k++) h = (h ^ (uint8_t)*k) * 1099511628211ull;
+    return (size_t)(h % FMAP_BUCKETS);
+}
+
+static void
+fmap_free(fmap *m)
+{
+    if (m->base) munmap((void *)m->base, (size_t)m->size);
+    free(m->key);
+    free(m);
+}
+
+/* Takes the mapping of `key` out of the table (caller holds mu); it is unmapped now, or at its
+ * last release when views of it are still out. */
+static void
+fmap_drop(file_store *fs, const char *key)
+{
+    fmap **pp = &fs->maps[fmap_bucket(key)];
+    while (*pp && strcmp((*pp)->key, key) != 0) pp = &(*pp)->next;
+    fmap *m = *pp;
+    if (!m) return;
+    *pp = m->next;
+    fs->mapped -= m->size;
+    m->dead = true;
+    if (m->refs == 0) fmap_free(m);
+}
+
+static void
+fmap_forget(file_store *fs, const char *key)
+{
+    pthread_mutex_lock(&fs->mu);
+    fmap_drop(fs, key);
+    pthread_mutex_unlock(&fs->mu);
+}
+
+static bool
+same_file(const fmap *m, const struct stat *sb)
+{
+    return m->dev == sb->st_dev && m->ino == sb->st_ino && m->size == (uint64_t)sb->st_size &&
+           m->mtime.tv_sec == sb->st_mtim.tv_sec && m->mtime.tv_nsec == sb->st_mtim.tv_nsec;
+}
 
 static zb_status
 errno_status(int e, const char *root, const char *key, const char *what)
@@ -53,10 +134,99 @@ file_get(void *self, const char *key, uint64_t offset, uint64_t length, void *ds
         }
         if (n == 0) break; /* end of file: a short read */
         done += (uint64_t)n;
+        if ((size_t)n < want) break; /* a regular file reads short only at its end */
     }
     close(fd);
     *nread = done;
     return st;
+}
+
+static zb_status
+file_view(void *self, const char *key, uint64_t offset, uint64_t length, const uint8_t **data,
+          uint64_t *nread, void **token)
+{
+    file_store *fs = self;
+    if (!key[0]) return zb_err(ZB_E_NOTFOUND, "%s: the root is not an object", fs->root);
+    if (fs->map_budget == 0) return zb_err(ZB_E_UNSUPPORTED, "%s: views are off", fs->root);
+    zb_status st = ZB_OK;
+    pthread_mutex_lock(&fs->mu);
+    fmap *m = fs->maps[fmap_bucket(key)];
+    while (m && strcmp(m->key, key) != 0) m = m->next;
+    double now = mono_now();
+    if (m && now - m->checked > FMAP_RECHECK_S) {
+        struct stat sb;
+        if (fstatat(fs->rootfd, key, &sb, 0) == 0 && same_file(m, &sb)) {
+            m->checked = now;
+        } else {
+            fmap_drop(fs, key);
+            m = NULL;
+        }
+    }
+    if (!m) {
+        int fd = openat(fs->rootfd, key, O_RDONLY | O_CLOEXEC);
+        struct stat sb;
+        if (fd < 0) {
+            st = errno_status(errno, fs->root, key, "open");
+        } else if (fstat(fd, &sb) != 0) {
+            st = errno_status(errno, fs->root, key, "stat");
+        } else if (!S_ISREG(sb.st_mode)) {
+            st = zb_err(ZB_E_NOTFOUND, "%s/%s: not a file", fs->root, key);
+        } else if ((uint64_t)sb.st_size > fs->map_budget - fs->mapped) {
+            st = zb_err(ZB_E_UNSUPPORTED, "%s/%s: the mapping budget is spent", fs->root, key);
+        } else {
+            m = calloc(1, sizeof *m);
+            void *base = NULL;
+            if (m && sb.st_size > 0) {
+                base = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+                if (base == MAP_FAILED) {
+                    /* no mapping (a file system without mmap, address space): use get */
+                    st =
+                        zb_err(ZB_E_UNSUPPORTED, "%s/%s: mmap: %s", fs->root, key, strerror(errno));
+                    base = NULL;
+                }
+            }
+            if (m && st == ZB_OK) m->key = strdup(key);
+            if (!m || (st == ZB_OK && !m->key)) {
+                if (base) munmap(base, (size_t)sb.st_size);
+                st = zb_err(ZB_E_NOMEM, "%s/%s: out of memory", fs->root, key);
+            }
+            if (st == ZB_OK) {
+                m->base = base;
+                m->size = (uint64_t)sb.st_size;
+                m->dev = sb.st_dev;
+                m->ino = sb.st_ino;
+                m->mtime = sb.st_mtim;
+                m->checked = now;
+                size_t h = fmap_bucket(key);
+                m->next = fs->maps[h];
+                fs->maps[h] = m;
+                fs->mapped += m->size;
+            } else if (m) {
+                free(m->key);
+                free(m);
+                m = NULL;
+            }
+        }
+        if (fd >= 0) close(fd);
+    }
+    if (m) m->refs++;
+    pthread_mutex_unlock(&fs->mu);
+    if (st != ZB_OK) return st;
+    uint64_t n = offset >= m->size ? 0 : m->size - offset;
+    *data = m->base ? m->base + (offset < m->size ? offset : m->size) : NULL;
+    *nread = n < length ? n : length;
+    *token = m;
+    return ZB_OK;
+}
+
+static void
+file_release(void *self, void *token)
+{
+    file_store *fs = self;
+    fmap *m = token;
+    pthread_mutex_lock(&fs->mu);
+    if (--m->refs == 0 && m->dead) fmap_free(m);
+    pthread_mutex_unlock(&fs->mu);
 }
 
 static zb_status
@@ -121,6 +291,7 @@ static zb_status
 file_put(void *self, const char *key, const void *data, uint64_t length)
 {
     file_store *fs = self;
+    fmap_forget(fs, key);
     ZB_TRY(make_parents(fs, key));
     static _Atomic unsigned long counter;
     char tmp[4200];
@@ -151,6 +322,7 @@ file_put(void *self, const char *key, const void *data, uint64_t length)
         unlinkat(fs->rootfd, tmp, 0);
         return errno_status(e, fs->root, key, "rename");
     }
+    fmap_forget(fs, key); /* a view taken while this put ran saw the old file */
     return ZB_OK;
 }
 
@@ -158,6 +330,7 @@ static zb_status
 file_erase(void *self, const char *key)
 {
     file_store *fs = self;
+    fmap_forget(fs, key);
     if (unlinkat(fs->rootfd, key, 0) == 0 || errno == ENOENT) return ZB_OK;
     /* an empty directory left by erased keys goes too (a non-empty one is an error) */
     if ((errno == EISDIR || errno == EPERM) && unlinkat(fs->rootfd, key, AT_REMOVEDIR) == 0)
@@ -172,6 +345,8 @@ file_rename(void *self, const char *from, const char *to)
     ZB_TRY(make_parents(fs, to));
     if (renameat(fs->rootfd, from, fs->rootfd, to) != 0)
         return errno_status(errno, fs->root, from, "rename");
+    fmap_forget(fs, from);
+    fmap_forget(fs, to);
     return ZB_OK;
 }
 
@@ -180,6 +355,13 @@ file_close(void *self)
 {
     file_store *fs = self;
     if (!fs) return;
+    /* views still out at close are the caller's bug; their mappings go with the store */
+    for (size_t h = 0; h < FMAP_BUCKETS; h++)
+        for (fmap *m = fs->maps[h], *n; m; m = n) {
+            n = m->next;
+            fmap_free(m);
+        }
+    pthread_mutex_destroy(&fs->mu);
     close(fs->rootfd);
     free(fs->root);
     free(fs);
@@ -194,7 +376,20 @@ static const zb_store_methods file_methods = {
     .erase = file_erase,
     .rename = file_rename,
     .close = file_close,
+    .view = file_view,
+    .release = file_release,
 };
+
+/* ZBATCH_MMAP_BYTES: the mapping budget of a file store (bytes; 0 = no views). */
+static uint64_t
+map_budget(void)
+{
+    const char *e = getenv("ZBATCH_MMAP_BYTES");
+    if (!e || !*e) return (uint64_t)1 << 30;
+    char *end = NULL;
+    unsigned long long v = strtoull(e, &end, 10);
+    return end && *end == '\0' ? (uint64_t)v : (uint64_t)1 << 30;
+}
 
 zb_status
 zb_store_open_file(const char *root, zb_store **out)
@@ -221,6 +416,8 @@ zb_store_open_file(const char *root, zb_store **out)
     while (n > 1 && r[n - 1] == '/') r[--n] = '\0';
     fs->rootfd = fd;
     fs->root = r;
+    pthread_mutex_init(&fs->mu, NULL);
+    fs->map_budget = map_budget();
     zb_status st = zb_store_new(&file_methods, fs, out);
     if (st != ZB_OK) file_close(fs);
     return st;

@@ -89,6 +89,27 @@ zb_store_get(zb_store *store, const char *key, uint64_t offset, uint64_t length,
 }
 
 zb_status
+zb_store_view(zb_store *store, const char *key, uint64_t offset, uint64_t length,
+              const uint8_t **data, uint64_t *nread, void **token)
+{
+    if (!store || !data || !nread || !token)
+        return zb_err(ZB_E_INVALID, "zb_store_view: null argument");
+    *data = NULL;
+    *nread = 0;
+    *token = NULL;
+    if (!store->m->view || !store->m->release)
+        return zb_err(ZB_E_UNSUPPORTED, "%s store: no views", store->m->scheme);
+    NORMALIZE(k, key);
+    return store->m->view(store->self, k, offset, length, data, nread, token);
+}
+
+void
+zb_store_release(zb_store *store, void *token)
+{
+    if (store && token && store->m->release) store->m->release(store->self, token);
+}
+
+zb_status
 zb_store_size(zb_store *store, const char *key, uint64_t *size)
 {
     if (!store || !size) return zb_err(ZB_E_INVALID, "zb_store_size: null argument");

@@ -727,8 +727,14 @@ flaky_close(void *self)
     (void)self;
 }
 
-static const zb_store_methods flaky_methods = {"flaky",   flaky_get,   flaky_size,   flaky_list,
-                                               flaky_put, flaky_erase, flaky_rename, flaky_close};
+static const zb_store_methods flaky_methods = {.scheme = "flaky",
+                                               .get = flaky_get,
+                                               .size = flaky_size,
+                                               .list = flaky_list,
+                                               .put = flaky_put,
+                                               .erase = flaky_erase,
+                                               .rename = flaky_rename,
+                                               .close = flaky_close};
 
 /* Every write failing in turn: each run either commits a complete store or fails with the
  * store's error and leaves no root document or still has its marker (nothing a reader takes

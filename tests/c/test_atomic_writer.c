@@ -384,8 +384,14 @@ c_close(void *self)
     free(self);
 }
 
-static const zb_store_methods crash_methods = {"crash", c_get,   c_size,   c_list,
-                                               c_put,   c_erase, c_rename, c_close};
+static const zb_store_methods crash_methods = {.scheme = "crash",
+                                               .get = c_get,
+                                               .size = c_size,
+                                               .list = c_list,
+                                               .put = c_put,
+                                               .erase = c_erase,
+                                               .rename = c_rename,
+                                               .close = c_close};
 
 static zb_store *
 crash_wrap(zb_store *base, int fail_at)

@@ -1,5 +1,5 @@
 /* The store layer: key normalisation, the file backend (pread, list, atomic put, refusal of
- * escaping keys) and the memory backend. */
+ * escaping keys, mapped views) and the memory backend. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -119,6 +119,99 @@ test_file_backend(void **state)
     ZB_ASSERT_ERR(zb_store_open("s3://bucket/x", &s), ZB_E_UNSUPPORTED, "s3://");
 }
 
+/* Views of the file backend: the same bytes as get, short at the end, refreshed by this
+ * store's writes, and by another writer's replacement once the recheck interval has passed;
+ * a view taken before a replacement keeps the old bytes until released; a spent budget or a
+ * zero budget declines with ZB_E_UNSUPPORTED (get still works). */
+static void
+test_file_views(void **state)
+{
+    (void)state;
+    const char *dir = zbt_tempdir("store_views");
+    uint8_t bytes[20000];
+    for (size_t i = 0; i < sizeof bytes; i++) bytes[i] = (uint8_t)(i * 13 + 1);
+    write_file(dir, "blob", bytes, sizeof bytes);
+    write_file(dir, "empty", "", 0);
+
+    unsetenv("ZBATCH_MMAP_BYTES");
+    zb_store *s = NULL;
+    ZB_ASSERT_OK(zb_store_open(dir, &s));
+    const uint8_t *v = NULL;
+    uint64_t n = 0;
+    void *tok = NULL;
+    ZB_ASSERT_OK(zb_store_view(s, "/blob", 5000, 4000, &v, &n, &tok));
+    assert_int_equal(n, 4000);
+    assert_memory_equal(v, bytes + 5000, 4000);
+    /* a second view of the same file shares the mapping */
+    const uint8_t *v2 = NULL;
+    void *tok2 = NULL;
+    ZB_ASSERT_OK(zb_store_view(s, "blob", 19000, 5000, &v2, &n, &tok2));
+    assert_int_equal(n, 1000);
+    assert_memory_equal(v2, bytes + 19000, 1000);
+    assert_ptr_equal(tok, tok2);
+    zb_store_release(s, tok2);
+    ZB_ASSERT_OK(zb_store_view(s, "blob", 30000, 10, &v2, &n, &tok2));
+    assert_int_equal(n, 0);
+    zb_store_release(s, tok2);
+    ZB_ASSERT_OK(zb_store_view(s, "empty", 0, 10, &v2, &n, &tok2));
+    assert_int_equal(n, 0);
+    zb_store_release(s, tok2);
+    ZB_ASSERT_ERR(zb_store_view(s, "missing", 0, 10, &v2, &n, &tok2), ZB_E_NOTFOUND, "missing");
+    ZB_ASSERT_ERR(zb_store_view(s, "../x", 0, 10, &v2, &n, &tok2), ZB_E_BADKEY, "..");
+
+    /* this store's put replaces the file: the old view keeps the old bytes, a new one sees the
+     * new bytes at once */
+    uint8_t fresh[20000];
+    for (size_t i = 0; i < sizeof fresh; i++) fresh[i] = (uint8_t)(i * 5 + 3);
+    ZB_ASSERT_OK(zb_store_put(s, "blob", fresh, sizeof fresh));
+    assert_memory_equal(v, bytes + 5000, 4000);
+    ZB_ASSERT_OK(zb_store_view(s, "blob", 5000, 4000, &v2, &n, &tok2));
+    assert_memory_equal(v2, fresh + 5000, 4000);
+    zb_store_release(s, tok);
+    zb_store_release(s, tok2);
+
+    /* another writer replaces the file (temp + rename): noticed after the recheck interval */
+    write_file(dir, "blob.tmp", bytes, sizeof bytes);
+    char a[2048], b[2048];
+    snprintf(a, sizeof a, "%s/blob.tmp", dir);
+    snprintf(b, sizeof b, "%s/blob", dir);
+    assert_int_equal(rename(a, b), 0);
+    usleep(1200 * 1000);
+    ZB_ASSERT_OK(zb_store_view(s, "blob", 0, 100, &v2, &n, &tok2));
+    assert_int_equal(n, 100);
+    assert_memory_equal(v2, bytes, 100);
+    zb_store_release(s, tok2);
+    /* erase drops the mapping too */
+    ZB_ASSERT_OK(zb_store_erase(s, "blob"));
+    ZB_ASSERT_ERR(zb_store_view(s, "blob", 0, 10, &v2, &n, &tok2), ZB_E_NOTFOUND, "blob");
+    zb_store_close(s);
+
+    /* budgets: 0 turns views off, a small one maps only what fits */
+    write_file(dir, "blob", bytes, sizeof bytes);
+    write_file(dir, "small", bytes, 100);
+    setenv("ZBATCH_MMAP_BYTES", "0", 1);
+    ZB_ASSERT_OK(zb_store_open(dir, &s));
+    ZB_ASSERT_ERR(zb_store_view(s, "blob", 0, 10, &v2, &n, &tok2), ZB_E_UNSUPPORTED, "off");
+    uint8_t got[10];
+    ZB_ASSERT_OK(zb_store_get(s, "blob", 0, 10, got, &n));
+    assert_memory_equal(got, bytes, 10);
+    zb_store_close(s);
+    setenv("ZBATCH_MMAP_BYTES", "1000", 1);
+    ZB_ASSERT_OK(zb_store_open(dir, &s));
+    ZB_ASSERT_ERR(zb_store_view(s, "blob", 0, 10, &v2, &n, &tok2), ZB_E_UNSUPPORTED, "budget");
+    ZB_ASSERT_OK(zb_store_view(s, "small", 10, 50, &v2, &n, &tok2));
+    assert_int_equal(n, 50);
+    assert_memory_equal(v2, bytes + 10, 50);
+    zb_store_release(s, tok2);
+    zb_store_close(s);
+    unsetenv("ZBATCH_MMAP_BYTES");
+
+    /* a backend without views declines */
+    ZB_ASSERT_OK(zb_store_open_memory(&s));
+    ZB_ASSERT_ERR(zb_store_view(s, "k", 0, 1, &v2, &n, &tok2), ZB_E_UNSUPPORTED, "memory");
+    zb_store_close(s);
+}
+
 typedef struct reader_arg {
     zb_store *s;
     const uint8_t *expect;
@@ -213,6 +306,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_normalize),   cmocka_unit_test(test_file_backend),
+        cmocka_unit_test(test_file_views),
         cmocka_unit_test(test_file_threads),    cmocka_unit_test(test_memory_backend),
         cmocka_unit_test(test_status_strings),
     };

@@ -1280,7 +1280,13 @@ fl_close(void *self)
     (void)self;
 }
 static const zb_store_methods flaky_methods = {
-    "flaky", fl_get, fl_size, fl_list, fl_put, fl_erase, NULL, fl_close,
+    .scheme = "flaky",
+    .get = fl_get,
+    .size = fl_size,
+    .list = fl_list,
+    .put = fl_put,
+    .erase = fl_erase,
+    .close = fl_close,
 };
 
 static void

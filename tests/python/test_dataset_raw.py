@@ -1,6 +1,7 @@
 """The reader's raw path: arrays stored uncompressed (bytes codec in native order, no
 bytes->bytes codec, no transpose) are read row range by row range straight from their objects,
-without reading or decoding whole chunks. Oracles: scipy/numpy arrays the stores were written
+without reading or decoding whole chunks — from mapped files (store views), or with pread when
+views are off (ZBATCH_MMAP_BYTES=0); both are run. Oracles: scipy/numpy arrays the stores were written
 from by zarr-python 3.1 and anndata; arrays that are uncompressed but not raw (big-endian,
 F order, crc32c on the inner chunks, 2-D chunks split along the columns) go through the general
 path and must agree too.
@@ -98,6 +99,17 @@ LAYOUTS = {  # name: (write arguments, whether X and obsm/emb take the raw path)
 }
 
 
+@pytest.fixture(params=["mmap", "pread"])
+def io(request, monkeypatch):
+    """The file store's read path: mapped views (default) or pread (views off). The budget is
+    read when a store opens."""
+    if request.param == "pread":
+        monkeypatch.setenv("ZBATCH_MMAP_BYTES", "0")
+    else:
+        monkeypatch.delenv("ZBATCH_MMAP_BYTES", raising=False)
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def source():
     return make_source()
@@ -139,7 +151,7 @@ def check_batch(b, X, obs, emb, ids):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_values_match_the_source(stores, source, name, threads):
+def test_values_match_the_source(stores, source, name, threads, io):
     zb = zbatch_api()
     X, obs, emb = source
     ds = zb.open(stores[name], num_threads=threads)
@@ -159,7 +171,7 @@ def delivered_bytes(X, ids):
 
 @pytest.mark.parametrize("name", [n for n, (_kw, raw) in LAYOUTS.items() if raw
                                   and n != "v3_raw_emb_cols"])
-def test_raw_reads_only_what_it_delivers(stores, source, name):
+def test_raw_reads_only_what_it_delivers(stores, source, name, io):
     """A whole, in-order request over a raw store reads exactly the bytes it delivers (one
     range per run of rows, never a whole chunk beyond the rows)."""
     zb = zbatch_api()
@@ -192,7 +204,7 @@ def _chunk_file(path, arr, k):
     return path / arr / (str(k) if fmt == 2 else f"c/{k}")
 
 
-def test_truncated_raw_chunk_is_an_error(tmp_path, source):
+def test_truncated_raw_chunk_is_an_error(tmp_path, source, io):
     zb = zbatch_api()
     X, obs, emb = source
     p = write(tmp_path / "t.zarr", X, obs, emb, fmt=3, chunks=(64,), emb_chunks=(50, 6))
@@ -210,7 +222,7 @@ def test_truncated_raw_chunk_is_an_error(tmp_path, source):
     assert "X/data/c/1" in msg and "offset" in msg
 
 
-def test_truncated_raw_shard_is_an_error(tmp_path, source):
+def test_truncated_raw_shard_is_an_error(tmp_path, source, io):
     zb = zbatch_api()
     X, obs, emb = source
     p = write(tmp_path / "s.zarr", X, obs, emb, fmt=3, chunks=(40,), shards=(160,),
@@ -226,7 +238,7 @@ def test_truncated_raw_shard_is_an_error(tmp_path, source):
     assert "X/data/c/0" in str(e.value)
 
 
-def test_wrong_inner_chunk_size_is_an_error(tmp_path, source):
+def test_wrong_inner_chunk_size_is_an_error(tmp_path, source, io):
     """An index entry whose length is not the unit's size: corrupt, named, never read as
     rows."""
     zb = zbatch_api()
