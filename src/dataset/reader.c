@@ -575,9 +575,9 @@ copy_rows(const zb_array *a, const bfield *bf, const uint8_t *unit, const uint64
 }
 
 static zb_status fetch_whole(exec *x, const zb_array *a, const char *key, const uint8_t **data,
-                             size_t *len, bool *missing);
+                             size_t *len, bool *missing, void **tok);
 static zb_status fetch_range(exec *x, const zb_array *a, const char *key, const uint64_t *entry,
-                             const uint8_t **data, size_t *len);
+                             const uint8_t **data, size_t *len, void **tok);
 
 /* The unit's number in C order over the whole grid (the cache key). */
 static uint64_t
@@ -620,11 +620,12 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     }
     zb_cache *cache = p->ds->cache;
     bool hit = cache && zb_cache_get(cache, a, grid_lin, target, unit_bytes);
+    void *tok = NULL;
     if (!hit && !enc && !missing) { /* evicted since unit_cached() said yes: fetch after all */
         if (entry)
-            ZB_TRY(fetch_range(x, a, key, entry, &enc, &enc_len));
+            ZB_TRY(fetch_range(x, a, key, entry, &enc, &enc_len, &tok));
         else
-            ZB_TRY(fetch_whole(x, a, key, &enc, &enc_len, &missing));
+            ZB_TRY(fetch_whole(x, a, key, &enc, &enc_len, &missing, &tok));
     }
     if (hit) {
         x->t->stats.chunks_cached++;
@@ -633,7 +634,9 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
         x->t->stats.chunks_filled++;
     } else {
         uint64_t before = x->ctx->stats.bytes_decoded;
-        ZB_TRY(zb_array_decode_unit(a, x->ctx, enc, enc_len, target, key));
+        zb_status st = zb_array_decode_unit(a, x->ctx, enc, enc_len, target, key);
+        zb_store_release(a->store, tok);
+        if (st != ZB_OK) return st;
         x->t->stats.chunks_decoded++;
         x->t->stats.bytes_decoded += x->ctx->stats.bytes_decoded - before;
         if (cache) zb_cache_put(cache, a, grid_lin, target, unit_bytes);
@@ -662,11 +665,42 @@ next_other(uint64_t *g, const uint64_t *grid, int nd)
     return false;
 }
 
+/* A view of bytes [off, off + len) of `key` (len UINT64_MAX: to the end): ZB_OK with *data set
+ * (release *tok), ZB_E_UNSUPPORTED (cleared) when the store offers no view of it. */
+static zb_status
+fetch_view(exec *x, const zb_array *a, const char *key, uint64_t off, uint64_t len,
+           const uint8_t **data, uint64_t *got, void **tok)
+{
+    zb_status st = zb_store_view(a->store, key, off, len, data, got, tok);
+    if (st == ZB_E_UNSUPPORTED) {
+        zb_clear_error();
+        return st;
+    }
+    if (st == ZB_OK) {
+        x->t->stats.range_reads++;
+        x->t->stats.bytes_fetched += *got;
+    }
+    return st;
+}
+
 static zb_status
 fetch_whole(exec *x, const zb_array *a, const char *key, const uint8_t **data, size_t *len,
-            bool *missing)
+            bool *missing, void **tok)
 {
     *missing = false;
+    *tok = NULL;
+    uint64_t vgot = 0;
+    zb_status vs = fetch_view(x, a, key, 0, UINT64_MAX, data, &vgot, tok);
+    if (vs == ZB_OK) {
+        *len = (size_t)vgot;
+        return ZB_OK;
+    }
+    if (vs == ZB_E_NOTFOUND) {
+        zb_clear_error();
+        *missing = true;
+        return ZB_OK;
+    }
+    if (vs != ZB_E_UNSUPPORTED) return vs;
     /* One read of up to a bound no codec's output exceeds for this unit (its decoded size plus
      * framing), so a chunk costs one get instead of a size query and a get; an object that
      * fills the bound (never seen from real codecs) is read again whole. */
@@ -700,8 +734,23 @@ fetch_whole(exec *x, const zb_array *a, const char *key, const uint8_t **data, s
 /* Bytes [entry[0], entry[0] + entry[1]) of the shard object `key` (one inner chunk). */
 static zb_status
 fetch_range(exec *x, const zb_array *a, const char *key, const uint64_t *entry,
-            const uint8_t **data, size_t *len)
+            const uint8_t **data, size_t *len, void **tok)
 {
+    *tok = NULL;
+    uint64_t vgot = 0;
+    zb_status vs = fetch_view(x, a, key, entry[0], entry[1], data, &vgot, tok);
+    if (vs == ZB_OK && vgot != entry[1]) {
+        zb_store_release(a->store, *tok);
+        *tok = NULL;
+        return zb_err(ZB_E_TRUNCATED, "%s: holds %llu of the %llu bytes at offset %llu", key,
+                      (unsigned long long)vgot, (unsigned long long)entry[1],
+                      (unsigned long long)entry[0]);
+    }
+    if (vs == ZB_OK) {
+        *len = (size_t)vgot;
+        return ZB_OK;
+    }
+    if (vs != ZB_E_UNSUPPORTED) return vs;
     zb_buf *buf = &x->ctx->scratch[SCR_FETCH];
     uint8_t *dst;
     ZB_TRY(zb_buf_for_read(buf, entry[0], (size_t)entry[1], &dst));
@@ -854,8 +903,11 @@ run_plain(exec *x, size_t c0, size_t c1)
         const uint8_t *data = NULL;
         size_t len = 0;
         bool missing = false;
-        if (!unit_cached(x, a, g)) ZB_TRY(fetch_whole(x, a, key, &data, &len, &missing));
-        ZB_TRY(serve_unit(x, c0, c1, g, data, len, missing, key, NULL));
+        void *tok = NULL;
+        if (!unit_cached(x, a, g)) ZB_TRY(fetch_whole(x, a, key, &data, &len, &missing, &tok));
+        zb_status st = serve_unit(x, c0, c1, g, data, len, missing, key, NULL);
+        zb_store_release(a->store, tok);
+        ZB_TRY(st);
     } while (nd > 1 && next_other(g, grid, nd));
     return ZB_OK;
 }
@@ -990,13 +1042,21 @@ run_shard(exec *x, size_t c0, size_t c1)
             me = ne;
             k++;
         }
-        uint8_t *dst = NULL;
-        st = zb_buf_for_read(&x->ctx->scratch[SCR_FETCH], ms, (size_t)(me - ms), &dst);
+        const uint8_t *dst = NULL;
+        void *tok = NULL;
         uint64_t got = 0;
-        if (st == ZB_OK) st = zb_store_get(a->store, key, ms, me - ms, dst, &got);
+        st = fetch_view(x, a, key, ms, me - ms, &dst, &got, &tok);
+        if (st == ZB_E_UNSUPPORTED) {
+            uint8_t *to = NULL;
+            st = zb_buf_for_read(&x->ctx->scratch[SCR_FETCH], ms, (size_t)(me - ms), &to);
+            if (st == ZB_OK) st = zb_store_get(a->store, key, ms, me - ms, to, &got);
+            if (st == ZB_OK) {
+                x->t->stats.range_reads++;
+                x->t->stats.bytes_fetched += got;
+            }
+            dst = to;
+        }
         if (st == ZB_OK) {
-            x->t->stats.range_reads++;
-            x->t->stats.bytes_fetched += got;
             if (got != me - ms)
                 st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", key,
                             (unsigned long long)got, (unsigned long long)(me - ms),
@@ -1005,6 +1065,7 @@ run_shard(exec *x, size_t c0, size_t c1)
         for (; st == ZB_OK && i < k; i++)
             st = serve_unit(x, w[i].c0, w[i].c1, w[i].g, dst + (w[i].off - ms),
                             (size_t)w[i].len, false, key, NULL);
+        zb_store_release(a->store, tok);
     }
 done:
     free(entries);
