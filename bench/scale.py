@@ -8,20 +8,20 @@ Small samples, so the 10^7 case fits this machine: a generic-layout store (FORMA
 §1) of a per-sample float32 row of 16 values (Poisson counts, compressible like expression
 data) and an int32 label, written by ``zbatch.write_array`` with 4096-row chunks in shards of
 64 chunks, once with the library's default codec and once uncompressed. Every size is read by
-``zbatch bench`` with the same sampler, batch (4096), window and threads (2), one size after the
-other; the table gives samples/s, the ratio to the smallest size, peak RSS, read amplification
+``zbatch bench`` with the same sampler, batch (1024), window (4 batches) and threads (2), one
+size after the other; the table gives samples/s, the ratio to the smallest size, peak RSS, read amplification
 and the ratio to the decode-only limit. Settings:
 
-- ``block``: block shuffling with blocks of one chunk (4096 rows), 4 blocks per window — each
-  chunk decoded once per epoch, whatever the size;
+- ``block``: block shuffling with blocks of one chunk (4096 rows), one block per window (rows
+  shuffled inside it) — each chunk decoded once per epoch, whatever the size;
 - ``sequential``: in order;
 - ``random`` over the uncompressed store: every sample from anywhere; the raw path reads only
   the rows drawn. (Random draws over a compressed store decode a whole chunk for a handful of
   rows; the fewer rows of a chunk a window draws, the more it decodes per sample, so its
   throughput falls with the size by construction — measured with ``--all`` and shown apart.)
 
-The default sizes (about 10^5, 10^6 and 10^7) are multiples of the block window (4 blocks of
-4096 rows): with a short last block, the block sampler's windows after it no longer line up
+The default sizes (about 10^5, 10^6 and 10^7) are multiples of 16384 rows: with a short last
+block, the block sampler's windows after it no longer line up
 with the loader's windows of prefetch x batch rows, and a loader window then straddles two
 sampler windows, decoding their chunks twice (amplification ~1.5 instead of 1; noted in
 docs/PERFORMANCE.md).
@@ -49,6 +49,8 @@ if str(ROOT) not in sys.path:
 
 ROW = 16
 CHUNK = 4096
+BATCH = 1024  # 4 batches per window: a 10^5 epoch is 24 windows, so the per-epoch refill of
+              # the pipeline (the first window of an epoch is not read ahead) stays small
 SHARD = 64 * CHUNK
 
 
@@ -73,7 +75,7 @@ def write_store(path: Path, n: int, codec: str | None, seed: int = 0) -> float:
 
 
 SETTINGS = [  # (name, store, sampler, extra bench arguments)
-    ("block", "default", "block", ["--block-size", str(CHUNK), "--blocks-per-window", "4"]),
+    ("block", "default", "block", ["--block-size", str(CHUNK), "--blocks-per-window", "1"]),
     ("sequential", "default", "sequential", []),
     ("random", "none", "random", []),
 ]
@@ -81,7 +83,7 @@ EXTRA = [("random-compressed", "default", "random", [])]
 
 
 def bench(path: Path, sampler: str, extra: list, seconds: float, results: Path) -> dict:
-    args = [str(CLI), "bench", str(path), "--sampler", sampler, "--batch", "4096",
+    args = [str(CLI), "bench", str(path), "--sampler", sampler, "--batch", str(BATCH),
             "--prefetch", "4", "--threads", "2", "--seconds", str(seconds), "--obs-column",
             "none", "--json", "--results", str(results), *extra]
     r = subprocess.run(args, check=True, capture_output=True, text=True)
@@ -122,13 +124,14 @@ def main(argv=None) -> int:
                 rows.append({"sampler": sampler, "store": kind, "samples": n,
                              "samples_per_s": f["samples_per_s"],
                              "peak_rss_bytes": f["peak_rss_bytes"],
+                             "peak_anon_rss_bytes": f.get("peak_anon_rss_bytes"),
                              "amplification": f["amplification"],
                              "decode_only_ratio": d.get("ratio"),
                              "page_faults_per_batch": f["page_faults_per_batch"]})
                 print(f"  {sampler:17} {n:>11,}  {f['samples_per_s']:>12,.0f} samples/s",
                       file=sys.stderr, flush=True)
         print(f"\n{'setting':17} {'samples':>11} {'samples/s':>12} {'vs smallest':>11} "
-              f"{'peak RSS':>10} {'amplif.':>8} {'vs decode-only':>14}")
+              f"{'RSS anon':>10} {'RSS all':>10} {'amplif.':>8} {'vs decode-only':>14}")
         for sampler in samplers:
             base = next(r for r in rows if r["sampler"] == sampler)
             for r in (r for r in rows if r["sampler"] == sampler):
@@ -137,6 +140,7 @@ def main(argv=None) -> int:
                 dr = r["decode_only_ratio"]
                 print(f"{sampler:17} {r['samples']:>11,} {r['samples_per_s']:>12,.0f} "
                       f"{r['ratio_to_smallest']:>11.2f} "
+                      f"{(r['peak_anon_rss_bytes'] or 0) / 2**20:>8.1f}Mi "
                       f"{r['peak_rss_bytes'] / 2**20:>8.1f}Mi {r['amplification']:>8.2f} "
                       f"{dr if dr is None else round(dr, 2):>14}")
         flat = {s: max(abs(r["ratio_to_smallest"] - 1) for r in rows if r["sampler"] == s)
@@ -152,7 +156,7 @@ def main(argv=None) -> int:
             "command": ["bench/scale.py", *(argv if argv is not None else sys.argv[1:])],
             "parameters": {"sizes": sizes, "settings": [list(x[:3]) + [x[3]] for x in settings],
                            "seconds": args.seconds, "row": ROW, "chunk_rows": CHUNK,
-                           "shard_rows": SHARD, "batch": 4096, "prefetch": 4, "threads": 2},
+                           "shard_rows": SHARD, "batch": BATCH, "prefetch": 4, "threads": 2},
             "rows": rows, "max_deviation": flat}, indent=1))
         print(f"record: {out}")
         return 0

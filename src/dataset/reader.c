@@ -8,6 +8,7 @@
  * neighbouring inner chunks are fetched with merged range reads; each unit is fetched, decoded
  * once (straight into the batch when it maps onto one contiguous run of it, else into per-thread
  * scratch) and copied out. Finish (caller): index fields re-based to the batch. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -787,7 +788,8 @@ raw_rows(const zb_array *a)
 #define RAW_GAP ((uint64_t)32 << 10)
 #define RAW_SPAN ((uint64_t)8 << 20)
 static zb_status
-serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base)
+serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const uint8_t *obj,
+          uint64_t obj_len)
 {
     plan *p = x->p;
     const copy *cp = &p->copies[c0];
@@ -803,7 +805,15 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base)
     const uint8_t *view = NULL;
     uint64_t got = 0;
     void *tok = NULL;
-    zb_status vs = zb_store_view(a->store, key, base + lo, hi - lo, &view, &got, &tok);
+    zb_status vs;
+    if (obj) { /* the caller's view of the whole object */
+        vs = ZB_OK;
+        view = obj + (base + lo < obj_len ? base + lo : obj_len);
+        got = base + lo >= obj_len ? 0 : obj_len - (base + lo) < hi - lo ? obj_len - (base + lo)
+                                                                            : hi - lo;
+    } else {
+        vs = zb_store_view(a->store, key, base + lo, hi - lo, &view, &got, &tok);
+    }
     if (vs == ZB_OK) {
         if (got != hi - lo) {
             zb_store_release(a->store, tok);
@@ -894,7 +904,7 @@ run_plain(exec *x, size_t c0, size_t c1)
     char key[4600];
     if (raw_rows(a)) {
         ZB_TRY(zb_array_unit_object(a, g, key, sizeof key, NULL, NULL));
-        zb_status st = serve_raw(x, c0, c1, key, 0);
+        zb_status st = serve_raw(x, c0, c1, key, 0, NULL, 0);
         if (st != ZB_E_NOTFOUND) return st;
         return serve_unit(x, c0, c1, g, NULL, 0, true, key, NULL);
     }
@@ -980,6 +990,9 @@ run_shard(exec *x, size_t c0, size_t c1)
     size_t ibytes = (size_t)(2 * n * sizeof(uint64_t));
     bool raw = raw_rows(a);
     uint64_t unit_bytes = zb_array_unit_bytes(a);
+    const uint8_t *obj = NULL; /* raw: a view of the whole shard */
+    uint64_t obj_len = 0;
+    void *obj_tok = NULL;
     uint64_t *entries = malloc(ibytes);
     want *w = malloc(rows_u * (size_t)n_other * sizeof *w + 1);
     zb_status st = ZB_OK;
@@ -993,6 +1006,16 @@ run_shard(exec *x, size_t c0, size_t c1)
     g[0] = cp->unit;
     st = zb_array_unit_object(a, g, key, sizeof key, NULL, NULL);
     if (st == ZB_OK) st = shard_entries(x, a, g, entries, ibytes, n);
+    /* raw inner chunks: one view of the whole shard serves every unit of the task */
+    if (st == ZB_OK && raw) {
+        zb_status vs = zb_store_view(a->store, key, 0, UINT64_MAX, &obj, &obj_len, &obj_tok);
+        if (vs == ZB_OK && !obj) obj = (const uint8_t *)""; /* an empty shard: all truncated */
+        if (vs != ZB_OK) {
+            obj = NULL;
+            if (vs == ZB_E_UNSUPPORTED || vs == ZB_E_NOTFOUND) zb_clear_error();
+            else st = vs;
+        }
+    }
     for (size_t i = c0; i < c1 && st == ZB_OK;) {
         size_t j = i + 1;
         while (j < c1 && p->copies[j].unit == p->copies[i].unit) j++;
@@ -1000,7 +1023,7 @@ run_shard(exec *x, size_t c0, size_t c1)
         g[0] = p->copies[i].unit;
         do {
             uint64_t e;
-            st = zb_array_unit_object(a, g, key, sizeof key, NULL, &e);
+            st = zb_array_unit_object(a, g, NULL, 0, NULL, &e); /* key: the task's shard */
             if (st != ZB_OK) break;
             if (entries[2 * e] == ZB_SHARD_EMPTY) {
                 st = serve_unit(x, i, j, g, NULL, 0, true, key, NULL);
@@ -1014,7 +1037,7 @@ run_shard(exec *x, size_t c0, size_t c1)
                                 (unsigned long long)entries[2 * e + 1],
                                 (unsigned long long)unit_bytes);
                 else
-                    st = serve_raw(x, i, j, key, entries[2 * e]);
+                    st = serve_raw(x, i, j, key, entries[2 * e], obj, obj_len);
                 continue;
             }
             /* a cached inner chunk needs neither a range read nor a decode */
@@ -1068,6 +1091,7 @@ run_shard(exec *x, size_t c0, size_t c1)
         zb_store_release(a->store, tok);
     }
 done:
+    zb_store_release(a->store, obj_tok);
     free(entries);
     free(w);
     return st;
@@ -1153,6 +1177,19 @@ run_task(void *arg, zb_ctx *ctx)
     default: st = run_rows(x, x->t->c0, x->t->c1); break;
     }
     if (st != ZB_OK) task_fail(x->t, st);
+}
+
+typedef struct drain {
+    exec *xs;
+    size_t n;
+    _Atomic size_t next;
+} drain;
+
+static void
+run_drain(void *arg, zb_ctx *ctx)
+{
+    drain *d = arg;
+    for (size_t t; (t = atomic_fetch_add(&d->next, 1)) < d->n;) run_task(&d->xs[t], ctx);
 }
 
 /* Groups the sorted copies into tasks: one per unit row (plain), one per shard (sharded). */
@@ -1424,11 +1461,15 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
         st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
         goto fail;
     }
+    for (size_t t = 0; t < p.ntasks; t++) xs[t] = (exec){&p, &p.tasks[t], NULL};
+    /* one drain job per worker, each taking the next task off a shared counter: a request of
+     * thousands of small tasks then costs a handful of queue hand-offs, not one (with a
+     * thread wake-up) per task */
+    drain dr = {xs, p.ntasks, 0};
     pthread_mutex_lock(&ds->pool_mu);
-    for (size_t t = 0; t < p.ntasks; t++) {
-        xs[t] = (exec){&p, &p.tasks[t], NULL};
-        zb_pool_submit(ds->pool, run_task, &xs[t]);
-    }
+    size_t jobs = (size_t)zb_pool_threads(ds->pool);
+    if (jobs > p.ntasks) jobs = p.ntasks;
+    for (size_t j = 0; j < jobs; j++) zb_pool_submit(ds->pool, run_drain, &dr);
     zb_pool_wait(ds->pool);
     pthread_mutex_unlock(&ds->pool_mu);
     for (size_t t = 0; t < p.ntasks; t++) {

@@ -966,7 +966,7 @@ zb_array_unit_object(const zb_array *a, const uint64_t *g, char *key, size_t cap
     }
     if (shard) memcpy(shard, s, sizeof(uint64_t) * (size_t)m->ndim);
     if (entry) *entry = j;
-    return zb_meta_chunk_key(m, a->path, s, key, cap);
+    return key ? zb_meta_chunk_key(m, a->path, s, key, cap) : ZB_OK;
 }
 
 zb_status

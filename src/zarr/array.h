@@ -27,7 +27,8 @@ zb_status zb_array_open_meta(zb_store *store, const char *path, zb_array_meta *m
 uint64_t zb_array_unit_bytes(const zb_array *a);
 
 /* The key of the object holding unit g (the chunk, or its shard) and, when sharded, the entry
- * number j of g inside its shard and the shard's grid coordinates. */
+ * number j of g inside its shard and the shard's grid coordinates. For a sharded array `key`
+ * may be NULL (entry and shard only, no formatting). */
 zb_status zb_array_unit_object(const zb_array *a, const uint64_t *g, char *key, size_t cap,
                                uint64_t *shard, uint64_t *entry);
 
