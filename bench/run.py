@@ -235,6 +235,10 @@ def plan(data: dict, args) -> list[dict]:
         add("cells-peers", "zarrs-blocks-csr", "zarrs_peer", "cells_zarr", t,
             "zb-c-def-block-csr", pattern="blocks", block_size=BLOCK_SIZE, output="csr",
             batch_size=B)
+        # the same reader over the uncompressed copy: zbatch on the same bytes
+        add("cells-peers", "zarrs-blocks-csr-none", "zarrs_peer", "cells_none", t,
+            "zb-c-none-block-csr", pattern="blocks", block_size=BLOCK_SIZE, output="csr",
+            batch_size=B)
         add("cells-peers", "zarrs-random-csr", "zarrs_peer", "cells_zarr", t,
             "zb-c-def-random-csr", pattern="random", output="csr", batch_size=B)
         if full and not quick:
@@ -520,8 +524,8 @@ def targets(entries: list[dict]) -> list[dict]:
                 continue
             r = z["samples_per_s"] / p["samples_per_s"]
             out.append({"target": name, "goal": goal, "peer": p["id"],
-                        "peer_setting": p.get("setting"), "peer_samples_per_s": p["samples_per_s"],
-                        "zbatch": z["id"], "zbatch_setting": z.get("setting"),
+                        "peer_setting": f"{p.get('setting')} <{p.get('store')}>", "peer_samples_per_s": p["samples_per_s"],
+                        "zbatch": z["id"], "zbatch_setting": f"{z.get('setting')} <{z.get('store')}>",
                         "zbatch_samples_per_s": z["samples_per_s"], "ratio": r,
                         "met": r >= goal})
 
@@ -539,6 +543,8 @@ def targets(entries: list[dict]) -> list[dict]:
         ["zb-c-none-random-dense", "zb-c-def-random-dense"])
     add("zarr-python + zarrs, contiguous blocks, CSR", 10, "zarrs-blocks-csr",
         ["zb-c-def-block-csr"])
+    add("zarr-python + zarrs, contiguous blocks, CSR, uncompressed store", 10,
+        "zarrs-blocks-csr-none", ["zb-c-none-block-csr"])
     add("zarr-python + zarrs, contiguous blocks, dense", 10, "zarrs-blocks-dense",
         ["zb-c-def-block-dense"])
     add("nvalchemi DataLoader", 20, "nvalchemi", ["zb-a-nv", "zb-a-def", "zb-a-none"])
