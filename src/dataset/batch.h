@@ -14,13 +14,15 @@ zb_status zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out);
 /* Columns of the anndata X behind the batch (0 if none). */
 uint64_t zb_batch_n_vars(const zb_batch *b);
 
-/* Adds a per-sample field of `nrows` rows of `row_shape` whose buffer (zeroed, 64-byte aligned)
- * comes from the batch memory pool of the dataset the batch was read from, so a transform that
+/* Adds a per-sample field of `nrows` rows of `row_shape` whose buffer (64-byte aligned; zeroed
+ * when `zero`, else left as found: the caller writes every byte) comes from the batch memory
+ * pool of the dataset the batch was read from, so a transform that
  * makes a new multi-megabyte field per batch reuses memory touched before instead of faulting
  * in fresh pages every batch (one pooled buffer per batch; later ones are calloc'd). *data is
  * the buffer, owned by the batch. */
 zb_status zb_batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
-                                    const uint64_t *row_shape, uint64_t nrows, void **data);
+                                    const uint64_t *row_shape, uint64_t nrows, bool zero,
+                                    void **data);
 
 /* Runs one transform on a batch (transforms.c). */
 zb_status zb_transform_apply(const zb_transform *t, zb_batch *b);

@@ -252,7 +252,7 @@ zb_batch_add_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
 
 zb_status
 zb_batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
-                          const uint64_t *row_shape, uint64_t nrows, void **data)
+                          const uint64_t *row_shape, uint64_t nrows, bool zero, void **data)
 {
     *data = NULL;
     if (!b || ndim < 0 || ndim >= ZB_MAX_DIMS || dtype == ZB_DT_STRING)
@@ -274,7 +274,7 @@ zb_batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int ndi
                           (unsigned long long)bytes);
         }
         uint8_t *data8 = (uint8_t *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
-        memset(data8, 0, (size_t)bytes);
+        if (zero) memset(data8, 0, (size_t)bytes);
         zb_status st = zb_batch_add_field(b, name, dtype, ndim, row_shape, nrows, data8);
         if (st != ZB_OK) {
             arena_give(pool, mem, cap);

@@ -111,16 +111,22 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
      * index the batch, and with it the half-filled field, is dropped by the caller */
     uint64_t shape[1] = {ncols};
     void *mem = NULL;
-    zb_status st = zb_batch_add_pooled_field(b, "X_dense", ZB_DT_FLOAT32, 1, shape, B, &mem);
+    zb_status st =
+        zb_batch_add_pooled_field(b, "X_dense", ZB_DT_FLOAT32, 1, shape, B, false, &mem);
     if (st != ZB_OK) {
         free(map);
         return st;
     }
     float *out = mem;
     for (size_t r = 0; r < B; r++) {
+        /* zero the row just before its values land: the row is still in cache when they do,
+         * where zeroing the whole batch first would leave every value a cache miss */
+        memset(out + r * ncols, 0, (size_t)ncols * sizeof *out);
         for (int64_t i = d.ptr[r]; i < d.ptr[r + 1]; i++) {
             int64_t c = load_index(ix.data, ix.dtype, (uint64_t)i);
             if (c < 0 || (uint64_t)c >= n_vars) {
+                /* never leave unwritten rows behind, even in a batch about to be dropped */
+                memset(out + (r + 1) * ncols, 0, (B - r - 1) * (size_t)ncols * sizeof *out);
                 free(map);
                 return zb_err(ZB_E_CORRUPT, "densify: X/indices value %lld outside [0, %llu)",
                               (long long)c, (unsigned long long)n_vars);
