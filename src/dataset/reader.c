@@ -540,6 +540,29 @@ copy_rows(const zb_array *a, const bfield *bf, const uint8_t *unit, const uint64
                (size_t)(n * unit_row * isz));
         return;
     }
+    if (nd == 2) {
+        /* a unit of some columns of each row (nvalchemi's column chunks, [rows, 1]): one short
+         * line per row, copied with a fixed-size move where the width allows */
+        uint64_t lo1 = g[1] * a->inner[1], hi1 = lo1 + a->inner[1];
+        if (hi1 > a->meta.shape[1]) hi1 = a->meta.shape[1];
+        size_t nb = (size_t)((hi1 - lo1) * isz);
+        size_t us = (size_t)(a->inner[1] * isz), os = (size_t)(bf->row_elems * isz);
+        const uint8_t *u = unit + src_row * us;
+        uint8_t *o = bf->data + dst_row * os + lo1 * isz;
+#define ZB_COPY_LINES(W)                                                                         \
+    for (uint64_t r = 0; r < n; r++, u += us, o += os) memcpy(o, u, W)
+        switch (nb) {
+        case 1: ZB_COPY_LINES(1); break;
+        case 2: ZB_COPY_LINES(2); break;
+        case 4: ZB_COPY_LINES(4); break;
+        case 8: ZB_COPY_LINES(8); break;
+        case 12: ZB_COPY_LINES(12); break;
+        case 16: ZB_COPY_LINES(16); break;
+        default: ZB_COPY_LINES(nb); break;
+        }
+#undef ZB_COPY_LINES
+        return;
+    }
     /* general: the unit covers a box of the other axes; copy it line by line (last axis) */
     uint64_t lo[ZB_MAX_DIMS], ext[ZB_MAX_DIMS], ostride[ZB_MAX_DIMS], ustride[ZB_MAX_DIMS];
     uint64_t s = 1, us = 1;
