@@ -89,7 +89,7 @@ def plot_throughput(rec: dict, out: Path, plt) -> Path:
                  f"structures, batch {p.get('batch_size')}/{p.get('atoms_batch_size')}, "
                  f"{p.get('seconds')} s each\n{m.get('cpu_model', '')}, "
                  f"{m.get('usable_cores')} cores, {m.get('memory_gib')} GiB", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))  # room for the two-line title above the panels
     path = out / "peers-throughput.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
