@@ -28,6 +28,7 @@
 #include "prng.h"
 #include "zbatch.h"
 
+#define SHARD_ELEMS ((uint64_t)4 << 20) /* default shard: 4M elements of X/data */
 #define MEAN_NNZ 1460.0
 #define NNZ_SIGMA 0.55
 #define COUNT_P 0.55
@@ -263,9 +264,9 @@ usage(FILE *f)
             "  --format v2|v3   Zarr format (default v3)\n"
             "  --codec CODEC    e.g. zstd:3, blosc:lz4:5:shuffle, none (default: the library's)\n"
             "  --genes G        columns of X (default %d)\n"
-            "  --chunk-nnz K    elements per chunk of X/data and X/indices (default 32768)\n"
+            "  --chunk-nnz K    elements per chunk of X/data and X/indices (default: the library's, 8192)\n"
             "  --shard-nnz K    v3: elements per shard, a multiple of --chunk-nnz; 0 = unsharded\n"
-            "                   (default 128 inner chunks per shard; Tahoe-100M has 4096)\n"
+            "                   (default 4194304 elements: 512 inner chunks of the default size)\n"
             "  --threads T      generation and compression threads (default 1)\n"
             "  -h, --help       this text\n",
             MEAN_NNZ, N_CELL_LINES, N_DRUGS, N_PLATES, DEFAULT_GENES);
@@ -450,11 +451,12 @@ zb_cli_synth_cells(int argc, char **argv)
         wo.zarr_format = o.format;
         wo.codec = o.codec;
         wo.x_chunk = o.chunk_nnz;
-        /* Sharded like Tahoe-100M (FORMATS.md §7.3), with 128 inner chunks per shard instead of
-         * 4,096: the array writer holds a whole shard while it fills, and 128 keeps that at
-         * 16 MiB per array (4,096 would be 512 MiB) */
-        uint64_t chunk = o.chunk_nnz ? o.chunk_nnz : 32768;
-        wo.x_shard = o.shard_nnz != UINT64_MAX ? o.shard_nnz : o.format == 3 ? chunk * 128 : 0;
+        /* Sharded like Tahoe-100M (FORMATS.md §7.3), with shards of 4M elements (16 MiB of
+         * float32) instead of Tahoe's 128M: the array writer holds a whole shard while it
+         * fills. A chunk size given on the command line keeps the shard near that size. */
+        uint64_t chunk = o.chunk_nnz ? o.chunk_nnz : 8192;
+        uint64_t per = chunk < SHARD_ELEMS ? SHARD_ELEMS / chunk : 1;
+        wo.x_shard = o.shard_nnz != UINT64_MAX ? o.shard_nnz : o.format == 3 ? chunk * per : 0;
         wo.num_threads = (int)o.threads;
         st = zb_anndata_writer_open(store, "", o.genes, ZB_ANNDATA_X_CSR, ZB_DT_FLOAT32, &wo, &w);
     }

@@ -68,7 +68,7 @@ typedef struct zb_anndata_write_opts {
     int zarr_format;       /* 3 (default) or 2 */
     const char *codec;     /* codec string of every array (see "Writing arrays" in zbatch.h);
                               NULL = "blosc:lz4:5:shuffle" */
-    uint64_t x_chunk;      /* CSR: elements per chunk of X/data and X/indices (0 = 32768);
+    uint64_t x_chunk;      /* CSR: elements per chunk of X/data and X/indices (0 = 8192);
                               dense: rows per chunk of X (0 = about 1 MiB of rows) */
     uint64_t x_shard;      /* v3 only: CSR elements, or dense rows, per shard of X; a multiple
                               of x_chunk; 0 = not sharded */
