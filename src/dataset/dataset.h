@@ -92,6 +92,12 @@ zb_status zb_layout_anndata(zb_dataset *ds, const struct zb_tree *tree, const ch
 zb_status zb_layout_atomic(zb_dataset *ds, const struct zb_tree *tree, const char *base);
 zb_status zb_layout_generic(zb_dataset *ds, const struct zb_tree *tree, const char *base);
 
+/* The level ("atom", "edge", "system" or the attribute's own word) of array `name` in group
+ * `group` ("core" or "custom") of an atomic store whose root `fields` attribute is `fields`
+ * (may be NULL), per FORMATS.md §8.1-8.2. The reader and `zbatch verify` share it. */
+struct json_object;
+const char *zb_atomic_array_level(struct json_object *fields, const char *group, const char *name);
+
 /* Segment access: ptr[i] for i in [0, N]; thread-safe. */
 zb_status zb_segment_get(zb_segment *seg, zb_ctx *ctx, uint64_t i, int64_t *value);
 

@@ -294,10 +294,10 @@ in_set(const char *const *set, const char *name)
     return false;
 }
 
-/* The level of `name` in `group` per FORMATS.md §8.1: the fields attribute; else, in core, the
- * key sets and then "atom"; in custom, "system". */
-static const char *
-atomic_level(json_object *fields, const char *group, const char *name)
+/* FORMATS.md §8.1: the fields attribute; else, in core, the key sets and then "atom"; in custom,
+ * "system". */
+const char *
+zb_atomic_array_level(json_object *fields, const char *group, const char *name)
 {
     const char *lv = attr_str(zb_json_get(fields, group), name);
     if (lv) return !strcmp(lv, "node") ? "atom" : lv;
@@ -380,7 +380,7 @@ zb_layout_atomic(zb_dataset *ds, const zb_tree *tree, const char *base)
                 strchr(nd->path + plen + 1, '/'))
                 continue;
             const char *name = nd->path + plen + 1;
-            const char *lv = atomic_level(fields, groups[gi], name);
+            const char *lv = zb_atomic_array_level(fields, groups[gi], name);
             char fname[600];
             bool clash = false;
             for (size_t k = 0; k < ds->nfields; k++) clash = clash || !strcmp(ds->fields[k].name, name);

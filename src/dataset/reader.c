@@ -600,8 +600,8 @@ copy_rows(const zb_array *a, const bfield *bf, const uint8_t *unit, const uint64
 
 static zb_status fetch_whole(exec *x, const zb_array *a, const char *key, const uint8_t **data,
                              size_t *len, bool *missing, void **tok);
-static zb_status fetch_range(exec *x, const zb_array *a, const char *key, const uint64_t *entry,
-                             const uint8_t **data, size_t *len, void **tok);
+static zb_status fetch_exact(exec *x, const zb_array *a, const char *key, uint64_t off,
+                             uint64_t len, const uint8_t **data, void **tok);
 
 /* The unit's number in C order over the whole grid (the cache key). */
 static uint64_t
@@ -646,9 +646,10 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     bool hit = cache && zb_cache_get(cache, a, grid_lin, target, unit_bytes);
     void *tok = NULL;
     if (!hit && !enc && !missing) { /* evicted since unit_cached() said yes: fetch after all */
-        if (entry)
-            ZB_TRY(fetch_range(x, a, key, entry, &enc, &enc_len, &tok));
-        else
+        if (entry) {
+            ZB_TRY(fetch_exact(x, a, key, entry[0], entry[1], &enc, &tok));
+            enc_len = (size_t)entry[1];
+        } else
             ZB_TRY(fetch_whole(x, a, key, &enc, &enc_len, &missing, &tok));
     }
     if (hit) {
@@ -755,39 +756,37 @@ fetch_whole(exec *x, const zb_array *a, const char *key, const uint8_t **data, s
     return ZB_OK;
 }
 
-/* Bytes [entry[0], entry[0] + entry[1]) of the shard object `key` (one inner chunk). */
 static zb_status
-fetch_range(exec *x, const zb_array *a, const char *key, const uint64_t *entry,
-            const uint8_t **data, size_t *len, void **tok)
+truncated(const char *key, uint64_t got, uint64_t want, uint64_t off)
+{
+    return zb_err(ZB_E_TRUNCATED, "%s: holds %llu of the %llu bytes at offset %llu", key,
+                  (unsigned long long)got, (unsigned long long)want, (unsigned long long)off);
+}
+
+/* Exactly the bytes [off, off + len) of `key`: a view when the store offers one (release *tok),
+ * else read into scratch congruent to `off`; fewer is ZB_E_TRUNCATED. */
+static zb_status
+fetch_exact(exec *x, const zb_array *a, const char *key, uint64_t off, uint64_t len,
+            const uint8_t **data, void **tok)
 {
     *tok = NULL;
-    uint64_t vgot = 0;
-    zb_status vs = fetch_view(x, a, key, entry[0], entry[1], data, &vgot, tok);
-    if (vs == ZB_OK && vgot != entry[1]) {
+    uint64_t got = 0;
+    zb_status st = fetch_view(x, a, key, off, len, data, &got, tok);
+    if (st == ZB_E_UNSUPPORTED) {
+        uint8_t *to = NULL;
+        ZB_TRY(zb_buf_for_read(&x->ctx->scratch[SCR_FETCH], off, (size_t)len, &to));
+        ZB_TRY(zb_store_get(a->store, key, off, len, to, &got));
+        x->t->stats.range_reads++;
+        x->t->stats.bytes_fetched += got;
+        *data = to;
+    } else if (st != ZB_OK) {
+        return st;
+    }
+    if (got != len) {
         zb_store_release(a->store, *tok);
         *tok = NULL;
-        return zb_err(ZB_E_TRUNCATED, "%s: holds %llu of the %llu bytes at offset %llu", key,
-                      (unsigned long long)vgot, (unsigned long long)entry[1],
-                      (unsigned long long)entry[0]);
+        return truncated(key, got, len, off);
     }
-    if (vs == ZB_OK) {
-        *len = (size_t)vgot;
-        return ZB_OK;
-    }
-    if (vs != ZB_E_UNSUPPORTED) return vs;
-    zb_buf *buf = &x->ctx->scratch[SCR_FETCH];
-    uint8_t *dst;
-    ZB_TRY(zb_buf_for_read(buf, entry[0], (size_t)entry[1], &dst));
-    uint64_t got = 0;
-    ZB_TRY(zb_store_get(a->store, key, entry[0], entry[1], dst, &got));
-    x->t->stats.range_reads++;
-    x->t->stats.bytes_fetched += got;
-    if (got != entry[1])
-        return zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", key,
-                      (unsigned long long)got, (unsigned long long)entry[1],
-                      (unsigned long long)entry[0]);
-    *data = dst;
-    *len = (size_t)got;
     return ZB_OK;
 }
 
@@ -809,6 +808,23 @@ raw_rows(const zb_array *a)
  * is read straight into the batch. ZB_E_NOTFOUND (error cleared) when a chunk object does not
  * exist. */
 #define RAW_GAP ((uint64_t)32 << 10)
+/* Copies [c0, c1) of a raw unit out of `src`, which holds the unit's bytes from byte s0 on, into
+ * the batch; returns the bytes delivered. */
+static uint64_t
+raw_copy_out(exec *x, bfield *bf, size_t c0, size_t c1, const uint8_t *src, uint64_t s0,
+             uint64_t row_bytes)
+{
+    uint64_t total = 0;
+    for (size_t i = c0; i < c1; i++) {
+        const copy *c = &x->p->copies[i];
+        uint64_t n = c->nrows * row_bytes;
+        memcpy(bf->data + c->dst_row * row_bytes, src + (c->src_row * row_bytes - s0), (size_t)n);
+        total += n;
+    }
+    x->t->stats.bytes_delivered += total;
+    return total;
+}
+
 #define RAW_SPAN ((uint64_t)8 << 20)
 static zb_status
 serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const uint8_t *obj,
@@ -830,29 +846,22 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
     void *tok = NULL;
     zb_status vs;
     if (obj) { /* the caller's view of the whole object */
+        uint64_t at = base + lo < obj_len ? base + lo : obj_len, left = obj_len - at;
         vs = ZB_OK;
-        view = obj + (base + lo < obj_len ? base + lo : obj_len);
-        got = base + lo >= obj_len ? 0 : obj_len - (base + lo) < hi - lo ? obj_len - (base + lo)
-                                                                            : hi - lo;
+        view = obj + at;
+        got = left < hi - lo ? left : hi - lo;
     } else {
         vs = zb_store_view(a->store, key, base + lo, hi - lo, &view, &got, &tok);
     }
     if (vs == ZB_OK) {
         if (got != hi - lo) {
             zb_store_release(a->store, tok);
-            return zb_err(ZB_E_TRUNCATED, "%s: holds %llu of the %llu bytes at offset %llu", key,
-                          (unsigned long long)got, (unsigned long long)(hi - lo),
-                          (unsigned long long)(base + lo));
+            return truncated(key, got, hi - lo, base + lo);
         }
-        for (size_t i = c0; i < c1; i++) {
-            const copy *c = &p->copies[i];
-            uint64_t n = c->nrows * row_bytes;
-            memcpy(bf->data + c->dst_row * row_bytes, view + (c->src_row * row_bytes - lo),
-                   (size_t)n);
-            x->t->stats.bytes_fetched += n;
-            x->t->stats.bytes_decoded += n;
-            x->t->stats.bytes_delivered += n;
-        }
+        /* only the delivered bytes of a view are touched: they are what is fetched */
+        uint64_t n = raw_copy_out(x, bf, c0, c1, view, lo, row_bytes);
+        x->t->stats.bytes_fetched += n;
+        x->t->stats.bytes_decoded += n;
         zb_store_release(a->store, tok);
         x->t->stats.range_reads++;
         x->t->stats.chunks_decoded++;
@@ -887,21 +896,15 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
             return ZB_E_NOTFOUND;
         }
         if (st != ZB_OK) return st;
-        if (got != len)
-            return zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", key,
-                          (unsigned long long)got, (unsigned long long)len,
-                          (unsigned long long)off);
+        if (got != len) return truncated(key, got, len, off);
         x->t->stats.range_reads++;
         x->t->stats.bytes_fetched += len;
         x->t->stats.bytes_decoded += len;
-        for (; i < k; i++) {
-            const copy *c = &p->copies[i];
-            uint64_t n = c->nrows * row_bytes;
-            if (!direct)
-                memcpy(bf->data + c->dst_row * row_bytes, to + (c->src_row * row_bytes - s0),
-                       (size_t)n);
-            x->t->stats.bytes_delivered += n;
-        }
+        if (direct)
+            x->t->stats.bytes_delivered += len;
+        else
+            raw_copy_out(x, bf, i, k, to, s0, row_bytes);
+        i = k;
     }
     x->t->stats.chunks_decoded++;
     return ZB_OK;
@@ -1090,24 +1093,7 @@ run_shard(exec *x, size_t c0, size_t c1)
         }
         const uint8_t *dst = NULL;
         void *tok = NULL;
-        uint64_t got = 0;
-        st = fetch_view(x, a, key, ms, me - ms, &dst, &got, &tok);
-        if (st == ZB_E_UNSUPPORTED) {
-            uint8_t *to = NULL;
-            st = zb_buf_for_read(&x->ctx->scratch[SCR_FETCH], ms, (size_t)(me - ms), &to);
-            if (st == ZB_OK) st = zb_store_get(a->store, key, ms, me - ms, to, &got);
-            if (st == ZB_OK) {
-                x->t->stats.range_reads++;
-                x->t->stats.bytes_fetched += got;
-            }
-            dst = to;
-        }
-        if (st == ZB_OK) {
-            if (got != me - ms)
-                st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", key,
-                            (unsigned long long)got, (unsigned long long)(me - ms),
-                            (unsigned long long)ms);
-        }
+        st = fetch_exact(x, a, key, ms, me - ms, &dst, &tok);
         for (; st == ZB_OK && i < k; i++)
             st = serve_unit(x, w[i].c0, w[i].c1, w[i].g, dst + (w[i].off - ms),
                             (size_t)w[i].len, false, key, NULL);

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dataset/dataset.h"
 #include "util/buf.h"
 #include "util/json.h"
 #include "util/status.h"
@@ -1093,34 +1094,6 @@ check_anndata(verifier *v, const zb_tree_node *g)
 
 /* ---- nvalchemi AtomicData (FORMATS.md §8) --------------------------------------------- */
 
-/* FORMATS.md §8.2 key sets; any other core array is atom-level (§8.1). */
-static const char *const EDGE_KEYS[] = {"shifts", "neighbor_list_shifts", "neighbor_list",
-                                        "edge_embeddings", NULL};
-static const char *const SYSTEM_KEYS[] = {
-    "energy",           "stress", "virial", "dipole", "charge",
-    "graph_embeddings", "cell",   "pbc",    "spin",   NULL};
-
-static bool
-in_set(const char *const *set, const char *name)
-{
-    for (; *set; set++)
-        if (!strcmp(*set, name)) return true;
-    return false;
-}
-
-/* The level of an array per §8.1: the fields attribute; else, in core, the key sets and then
- * "atom"; in custom, "system". */
-static const char *
-atomic_level(json_object *fields, const char *group, const char *name)
-{
-    const char *lv = attr_str(zb_json_get(fields, group), name);
-    if (lv) return !strcmp(lv, "node") ? "atom" : lv;
-    if (!strcmp(group, "custom")) return "system";
-    if (in_set(EDGE_KEYS, name)) return "edge";
-    if (in_set(SYSTEM_KEYS, name)) return "system";
-    return "atom";
-}
-
 static bool
 is_atomic_group(verifier *v, const zb_tree_node *g)
 {
@@ -1276,7 +1249,7 @@ check_atomic(verifier *v, const zb_tree_node *g)
             varr *va = &v->arrays[i];
             const char *name = child_name(va->node, gpath);
             if (!name) continue;
-            const char *lv = atomic_level(fields, groups[gi], name);
+            const char *lv = zb_atomic_array_level(fields, groups[gi], name);
             if (!strcmp(lv, "atom")) {
                 if (atoms_ok) check_rows_needed(v, va, (uint64_t)n_atoms, "atoms_ptr[N]");
             } else if (!strcmp(lv, "edge")) {
