@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "dataset/dataset.h"
+#include "util/intload.h"
 #include "util/status.h"
 
 static zb_status
@@ -30,28 +31,15 @@ load_block(zb_segment *seg, zb_ctx *ctx, uint64_t b)
     for (uint64_t i = 0; i < n; i++) {
         const uint8_t *p = raw + i * isz;
         int64_t v;
-        switch (a->meta.dtype) {
-        case ZB_DT_INT8: v = *(const int8_t *)p; break;
-        case ZB_DT_INT16: { int16_t t; memcpy(&t, p, 2); v = t; } break;
-        case ZB_DT_INT32: { int32_t t; memcpy(&t, p, 4); v = t; } break;
-        case ZB_DT_INT64: memcpy(&v, p, 8); break;
-        case ZB_DT_UINT8: v = *p; break;
-        case ZB_DT_UINT16: { uint16_t t; memcpy(&t, p, 2); v = t; } break;
-        case ZB_DT_UINT32: { uint32_t t; memcpy(&t, p, 4); v = t; } break;
-        case ZB_DT_UINT64: {
-            uint64_t t;
-            memcpy(&t, p, 8);
-            if (t > INT64_MAX) {
-                free(raw);
-                free(vals);
+        if (a->meta.dtype == ZB_DT_BOOL || !zb_load_int(p, a->meta.dtype, &v)) {
+            free(raw);
+            free(vals);
+            if (a->meta.dtype == ZB_DT_UINT64) {
+                uint64_t t;
+                memcpy(&t, p, 8);
                 return zb_err(ZB_E_CORRUPT, "%s: pointer %llu at row %llu exceeds int64", a->path,
                               (unsigned long long)t, (unsigned long long)(r0 + i));
             }
-            v = (int64_t)t;
-        } break;
-        default:
-            free(raw);
-            free(vals);
             return zb_err(ZB_E_TYPE, "%s: a pointer array must be integer, not %s", a->path,
                           zb_dtype_name(a->meta.dtype));
         }

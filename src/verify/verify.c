@@ -22,6 +22,7 @@
 
 #include "dataset/dataset.h"
 #include "util/buf.h"
+#include "util/intload.h"
 #include "util/json.h"
 #include "util/status.h"
 #include "zarr/array.h"
@@ -690,49 +691,14 @@ ival_free(ival *it)
     zb_buf_free(&it->raw);
 }
 
+/* A value of an integer array; a uint64 above INT64_MAX saturates, so every bound check on it
+ * fails (no pointer or index is that large). */
 static int64_t
 load_int(const uint8_t *p, zb_dtype dt)
 {
-    switch (dt) {
-    case ZB_DT_BOOL:
-    case ZB_DT_UINT8:
-        return *p;
-    case ZB_DT_INT8:
-        return (int8_t)*p;
-    case ZB_DT_INT16: {
-        int16_t x;
-        memcpy(&x, p, sizeof x);
-        return x;
-    }
-    case ZB_DT_UINT16: {
-        uint16_t x;
-        memcpy(&x, p, sizeof x);
-        return x;
-    }
-    case ZB_DT_INT32: {
-        int32_t x;
-        memcpy(&x, p, sizeof x);
-        return x;
-    }
-    case ZB_DT_UINT32: {
-        uint32_t x;
-        memcpy(&x, p, sizeof x);
-        return x;
-    }
-    case ZB_DT_INT64: {
-        int64_t x;
-        memcpy(&x, p, sizeof x);
-        return x;
-    }
-    case ZB_DT_UINT64: {
-        uint64_t x;
-        memcpy(&x, p, sizeof x);
-        /* no pointer or index is that large: saturating keeps every comparison failing */
-        return x > INT64_MAX ? INT64_MAX : (int64_t)x;
-    }
-    default:
-        return 0;
-    }
+    int64_t v;
+    zb_load_int(p, dt, &v);
+    return v;
 }
 
 /* Value i; false when it cannot be read (a problem is recorded once) or is past the end. */
