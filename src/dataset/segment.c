@@ -32,14 +32,13 @@ load_block(zb_segment *seg, zb_ctx *ctx, uint64_t b)
         const uint8_t *p = raw + i * isz;
         int64_t v;
         if (a->meta.dtype == ZB_DT_BOOL || !zb_load_int(p, a->meta.dtype, &v)) {
+            uint64_t t = 0;
+            if (a->meta.dtype == ZB_DT_UINT64) memcpy(&t, p, 8); /* before raw goes */
             free(raw);
             free(vals);
-            if (a->meta.dtype == ZB_DT_UINT64) {
-                uint64_t t;
-                memcpy(&t, p, 8);
+            if (a->meta.dtype == ZB_DT_UINT64)
                 return zb_err(ZB_E_CORRUPT, "%s: pointer %llu at row %llu exceeds int64", a->path,
                               (unsigned long long)t, (unsigned long long)(r0 + i));
-            }
             return zb_err(ZB_E_TYPE, "%s: a pointer array must be integer, not %s", a->path,
                           zb_dtype_name(a->meta.dtype));
         }

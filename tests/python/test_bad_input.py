@@ -458,3 +458,24 @@ def test_out_of_range_rows(tmp_path, fmt, start, stop):
     with expect_error("ZB_E_RANGE", "arr"):
         read(tmp_path, "arr", start, stop)
     assert_read_equal(read(tmp_path, "arr", 8, 9), DATA[8:9])  # the last row is in range
+
+
+@pytest.mark.parametrize("dtype,values,status,needle", [
+    # a uint64 pointer above INT64_MAX: corruption, named with its value and row
+    ("uint64", [0, 2, 2**63 + 5], "ZB_E_CORRUPT", "pointer 9223372036854775813 at row 2"),
+    # a bool array is not a pointer array
+    ("bool", [False, True, True], "ZB_E_TYPE", "must be integer, not bool"),
+])
+def test_bad_pointer_array_dtype_or_value(tmp_path, dtype, values, status, needle):
+    """Segment pointers (generic layout, FORMATS-zbatch.md §1) of a wrong dtype or out of
+    int64 range fail with the array's path, never read as pointers."""
+    import zbatch as zb
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w", zarr_format=3)
+    root.create_array("ptr", data=np.array(values, dtype=dtype), chunks=(4,))
+    root.create_array("x", data=np.arange(4, dtype=np.float32), chunks=(4,))
+    root.attrs["zbatch"] = {"segments": {"s": "ptr"},
+                            "fields": {"x": {"array": "x", "kind": "ragged", "segment": "s"}}}
+    with pytest.raises(zb.ZbatchError) as e:
+        zb.open(str(tmp_path / "g.zarr")).read_many(np.array([0, 1]))
+    assert e.value.status == status
+    assert "ptr" in str(e.value) and needle in str(e.value)
