@@ -1,6 +1,7 @@
 /* Built-in per-batch transforms: log1p, normalize_total, densify, cast, and user callbacks.
  * They run on the loader's worker, on one batch at a time, through the public batch API. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,6 +84,74 @@ load_value(const void *p, zb_dtype dt, uint64_t i)
     }
 }
 
+/* Dense batches larger than this are written with non-temporal stores: each row is assembled
+ * in a scratch row that stays in cache and then streamed out, so the destination's cache lines
+ * are never read (a plain memset + scatter reads every line before writing it, which doubles
+ * the memory traffic of a batch that cannot stay in cache anyway). Smaller batches are written
+ * in place and stay in cache for the consumer. */
+#define STREAM_MIN_BATCH_BYTES ((size_t)8 << 20)
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define HAVE_STREAM 1
+
+static void
+stream_row(float *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i < n && ((uintptr_t)(dst + i) & 15); i++) dst[i] = src[i];
+    for (; i + 16 <= n; i += 16) {
+        _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+        _mm_stream_ps(dst + i + 4, _mm_loadu_ps(src + i + 4));
+        _mm_stream_ps(dst + i + 8, _mm_loadu_ps(src + i + 8));
+        _mm_stream_ps(dst + i + 12, _mm_loadu_ps(src + i + 12));
+    }
+    for (; i < n; i++) dst[i] = src[i];
+}
+
+static void
+stream_done(void)
+{
+    _mm_sfence(); /* streamed stores are weakly ordered: make them visible before the batch is */
+}
+#else
+#define HAVE_STREAM 0
+static void stream_row(float *dst, const float *src, size_t n) { memcpy(dst, src, n * sizeof *dst); }
+static void stream_done(void) {}
+#endif
+
+/* Writes CSR entries [a, e) into the dense `row` (columns through `map` when not NULL), or
+ * writes zeros where they went when `clear`. Returns false on an index outside [0, n_vars),
+ * stored in *bad. */
+static bool
+scatter_row(float *row, const zb_batch_view *d, const zb_batch_view *ix, int64_t a, int64_t e,
+            const int64_t *map, uint64_t n_vars, bool clear, int64_t *bad)
+{
+    if (!map && ix->dtype == ZB_DT_INT32 && d->dtype == ZB_DT_FLOAT32) {
+        /* the layout writers' own dtypes, without a per-entry dtype switch */
+        const int32_t *cols = ix->data;
+        const float *vals = d->data;
+        for (int64_t i = a; i < e; i++) {
+            if (cols[i] < 0 || (uint64_t)cols[i] >= n_vars) {
+                *bad = cols[i];
+                return false;
+            }
+            row[cols[i]] = clear ? 0.0f : vals[i];
+        }
+        return true;
+    }
+    for (int64_t i = a; i < e; i++) {
+        int64_t c = load_index(ix->data, ix->dtype, (uint64_t)i);
+        if (c < 0 || (uint64_t)c >= n_vars) {
+            *bad = c;
+            return false;
+        }
+        int64_t col = map ? map[c] : c;
+        if (col >= 0) row[col] = clear ? 0.0f : (float)load_value(d->data, d->dtype, (uint64_t)i);
+    }
+    return true;
+}
+
 /* CSR -> dense float32 rows, optionally keeping only `columns` (in that order). */
 static zb_status
 do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
@@ -118,26 +187,34 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
         return st;
     }
     float *out = mem;
+    size_t row_bytes = (size_t)ncols * sizeof *out;
+    float *scratch = NULL; /* all zeros between rows */
+    if (HAVE_STREAM && ncols && B * row_bytes >= STREAM_MIN_BATCH_BYTES)
+        scratch = calloc(ncols, sizeof *scratch); /* without it: the in-place path */
+    st = ZB_OK;
     for (size_t r = 0; r < B; r++) {
-        /* zero the row just before its values land: the row is still in cache when they do,
-         * where zeroing the whole batch first would leave every value a cache miss */
-        memset(out + r * ncols, 0, (size_t)ncols * sizeof *out);
-        for (int64_t i = d.ptr[r]; i < d.ptr[r + 1]; i++) {
-            int64_t c = load_index(ix.data, ix.dtype, (uint64_t)i);
-            if (c < 0 || (uint64_t)c >= n_vars) {
-                /* never leave unwritten rows behind, even in a batch about to be dropped */
-                memset(out + (r + 1) * ncols, 0, (B - r - 1) * (size_t)ncols * sizeof *out);
-                free(map);
-                return zb_err(ZB_E_CORRUPT, "densify: X/indices value %lld outside [0, %llu)",
-                              (long long)c, (unsigned long long)n_vars);
-            }
-            int64_t col = map ? map[c] : c;
-            if (col >= 0) out[r * ncols + (uint64_t)col] = (float)load_value(d.data, d.dtype,
-                                                                              (uint64_t)i);
+        float *dst = out + r * ncols;
+        /* in place, the row is zeroed just before its values land: it is still in cache when
+         * they do, where zeroing the whole batch first would leave every value a cache miss */
+        float *row = scratch ? scratch : dst;
+        if (!scratch) memset(dst, 0, row_bytes);
+        int64_t bad = 0;
+        if (!scatter_row(row, &d, &ix, d.ptr[r], d.ptr[r + 1], map, n_vars, false, &bad)) {
+            /* never leave unwritten rows behind, even in a batch about to be dropped */
+            memset(dst, 0, (B - r) * row_bytes);
+            st = zb_err(ZB_E_CORRUPT, "densify: X/indices value %lld outside [0, %llu)",
+                        (long long)bad, (unsigned long long)n_vars);
+            break;
+        }
+        if (scratch) {
+            stream_row(dst, scratch, ncols);
+            scatter_row(scratch, &d, &ix, d.ptr[r], d.ptr[r + 1], map, n_vars, true, &bad);
         }
     }
+    if (scratch) stream_done();
+    free(scratch);
     free(map);
-    return ZB_OK;
+    return st;
 }
 
 static zb_status

@@ -159,13 +159,18 @@ def test_transforms_in_c_and_python(cells):
         zbatch.DataLoader(ds, transforms=["no_such_transform"])
 
 
+# batch 100: 0.8 MB, written in place; batch 1100 (8.8 MB, full columns) is streamed out of a
+# scratch row (transforms.c STREAM_MIN_BATCH_BYTES, 8 MiB), and its short last batch is not
+@pytest.mark.parametrize("batch_size", [100, 1100])
 @pytest.mark.parametrize("cols", [None, [3, 1999, 0, 700]])
-def test_densify_every_pooled_batch_is_exact(cells, cols):
+def test_densify_every_pooled_batch_is_exact(cells, cols, batch_size):
     """Dense batches come from the batch memory pool, whose blocks recur across batches: each
-    must be zeroed before it is filled (a stale value from an earlier batch would show here)."""
+    must be zeroed before it is filled (a stale value from an earlier batch, or from the
+    previous row's scratch, would show here)."""
     p, a = cells
     ds = zbatch.open(p, num_threads=2)
-    dl = zbatch.DataLoader(ds, batch_size=100, sampler="random", seed=4, prefetch_factor=2,
+    dl = zbatch.DataLoader(ds, batch_size=batch_size, sampler="random", seed=4,
+                           prefetch_factor=2, drop_last=False,
                            transforms=[("densify", cols)] if cols else ["densify"])
     nb = 0
     for b in dl:
@@ -178,7 +183,27 @@ def test_densify_every_pooled_batch_is_exact(cells, cols):
         np.testing.assert_array_equal(got, want)
         nb += 1
         del b, got
-    assert nb == 30
+    assert nb == -(-3000 // batch_size)
+
+
+@pytest.mark.parametrize("batch_size", [100, 1100])
+def test_densify_index_outside_n_vars_is_an_error(cells, tmp_path, batch_size):
+    """A column index >= n_vars in X/indices is corruption: densify names the value instead of
+    writing outside the row (in place and streamed alike)."""
+    import zarr
+    p, _ = cells
+    q = tmp_path / "bad.zarr"
+    shutil.copytree(p, q)
+    ix = zarr.open_array(str(q / "X" / "indices"), mode="r+")
+    ix[1500] = 2000 + 7  # n_vars is 2000; entry 1500 lies in the first rows
+    ds = zbatch.open(q, num_threads=2)
+    dl = zbatch.DataLoader(ds, batch_size=batch_size, sampler="sequential",
+                           prefetch_factor=1, transforms=["densify"])
+    with pytest.raises(zbatch.ZbatchError) as e:
+        for _ in dl:
+            pass
+    assert e.value.status == "ZB_E_CORRUPT"
+    assert "densify: X/indices value 2007 outside [0, 2000)" in str(e.value)
 
 
 def test_densify_does_not_fault_in_fresh_pages_per_batch(cells, tmp_path):
