@@ -49,14 +49,20 @@ typedef struct bseg {
  * batch cost thousands of page faults each (DESIGN.md §6); a read_many takes its field
  * buffers as one block from this pool and its last release returns the block, so a loader in
  * steady state touches only memory it touched before. The pool is shared by the dataset and
- * every batch still alive (refcounted), so batches may outlive their dataset. */
-#define ARENA_KEEP 48
+ * every batch still alive (refcounted), so batches may outlive their dataset.
+ *
+ * What it keeps is bounded by what was ever in use at once: returned blocks stay while the
+ * bytes kept do not exceed the peak of the bytes taken out together (the smallest go first),
+ * so a loader of depth windows of prefetch dense batches keeps exactly its working set however
+ * many blocks that is, and a pool never holds more than its busiest moment needed. */
+#define ARENA_MAX 1024
 struct zb_arena_pool {
     pthread_mutex_t mu;
     int refs;
     size_t n;
-    void *blk[ARENA_KEEP];
-    size_t cap[ARENA_KEEP];
+    size_t kept, out, peak; /* bytes: in the pool, taken out now, taken out at most at once */
+    void *blk[ARENA_MAX];
+    size_t cap[ARENA_MAX];
 };
 
 zb_status
@@ -95,6 +101,7 @@ arena_take(zb_arena_pool *p, size_t need, size_t *cap)
     if (best != SIZE_MAX) {
         blk = p->blk[best];
         *cap = p->cap[best];
+        p->kept -= *cap;
         p->n--;
         p->blk[best] = p->blk[p->n];
         p->cap[best] = p->cap[p->n];
@@ -107,31 +114,43 @@ arena_take(zb_arena_pool *p, size_t need, size_t *cap)
         blk = malloc(c);
         *cap = c;
     }
+    if (blk) {
+        pthread_mutex_lock(&p->mu);
+        p->out += *cap;
+        if (p->out > p->peak) p->peak = p->out;
+        pthread_mutex_unlock(&p->mu);
+    }
     return blk;
 }
 
-/* Returns a block (the smallest goes when the pool is full) and drops the batch's reference. */
+/* Returns a block (kept while the pool's bound allows, smallest freed first) and drops the
+ * batch's reference. */
 static void
 arena_give(zb_arena_pool *p, void *blk, size_t cap)
 {
+    void *drop[8];
+    size_t ndrop = 0;
     pthread_mutex_lock(&p->mu);
-    if (p->n == ARENA_KEEP) {
+    p->out -= cap;
+    if (p->n < ARENA_MAX) {
+        p->blk[p->n] = blk;
+        p->cap[p->n++] = cap;
+        p->kept += cap;
+        blk = NULL;
+    }
+    while (p->kept > p->peak && p->n > 0 && ndrop < 8) {
         size_t small = 0;
         for (size_t i = 1; i < p->n; i++)
             if (p->cap[i] < p->cap[small]) small = i;
-        if (p->cap[small] < cap) {
-            free(p->blk[small]);
-            p->blk[small] = blk;
-            p->cap[small] = cap;
-            blk = NULL;
-        }
-    } else {
-        p->blk[p->n] = blk;
-        p->cap[p->n++] = cap;
-        blk = NULL;
+        drop[ndrop++] = p->blk[small];
+        p->kept -= p->cap[small];
+        p->n--;
+        p->blk[small] = p->blk[p->n];
+        p->cap[small] = p->cap[p->n];
     }
     pthread_mutex_unlock(&p->mu);
     free(blk);
+    for (size_t i = 0; i < ndrop; i++) free(drop[i]);
     zb_arena_pool_unref(p);
 }
 
