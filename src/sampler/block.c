@@ -3,10 +3,13 @@
  * position from two keyed bijections (block order, rows of a window), so memory is O(1).
  *
  * Stream layout. Blocks are [b*bs, min((b+1)*bs, n)); only block nblocks-1 may be short (by
- * `deficit` rows). Slot j of the epoch's block order holds block P(j). Window w holds slots
- * [w*bpw, min((w+1)*bpw, nblocks)) and so starts at stream row w*bpw*bs, minus the deficit when
- * the short block sits in an earlier slot. Inside window w, local row q is mapped through the
- * window's bijection to q', which is then located among the window's blocks. */
+ * `deficit` rows). The full blocks are shuffled into slots [0, nfull) (slot j holds block
+ * P(j)); a short block always takes the last slot, so every window but the last is exactly
+ * bpw*bs rows: window w holds slots [w*bpw, min((w+1)*bpw, nblocks)) and starts at stream row
+ * w*bpw*bs. (A short block in a middle slot would shift every later window by the deficit, and
+ * a loader reading bpw*bs rows per window would then straddle two windows and decode their
+ * chunks twice.) Inside window w, local row q is mapped through the window's bijection to q',
+ * which is then located among the window's blocks. */
 #include <stdlib.h>
 
 #include "sampler/sampler_int.h"
@@ -16,8 +19,8 @@ typedef struct block_impl {
     uint64_t bs, bpw;
     uint64_t nblocks, nwin;
     uint64_t last_len, deficit; /* rows of the last block, bs - last_len */
-    uint64_t short_slot;        /* slot of the short block, UINT64_MAX when none */
-    zb_perm blocks;             /* slot -> block */
+    uint64_t short_slot;        /* nblocks - 1 with a short block, UINT64_MAX when none */
+    zb_perm blocks;             /* slot -> block, over the full blocks */
     bool have_win;              /* win_perm is the bijection of window cached_win */
     uint64_t cached_win;
     zb_perm win_perm;
@@ -31,8 +34,9 @@ block_plan(zb_sampler *s)
     b->nwin = b->nblocks / b->bpw + (b->nblocks % b->bpw != 0);
     b->last_len = b->nblocks ? s->n - (b->nblocks - 1) * b->bs : 0;
     b->deficit = b->nblocks ? b->bs - b->last_len : 0;
-    zb_perm_init(&b->blocks, b->nblocks, zb_stream_key(s->seed, s->epoch, ZB_TAG_BLOCKS, 0, 0));
-    b->short_slot = b->deficit ? zb_perm_invert(&b->blocks, b->nblocks - 1) : UINT64_MAX;
+    uint64_t nfull = b->nblocks - (b->deficit != 0);
+    zb_perm_init(&b->blocks, nfull, zb_stream_key(s->seed, s->epoch, ZB_TAG_BLOCKS, 0, 0));
+    b->short_slot = b->deficit ? b->nblocks - 1 : UINT64_MAX;
     b->have_win = false;
     return ZB_OK;
 }
@@ -41,17 +45,19 @@ block_plan(zb_sampler *s)
 static uint64_t
 window_start(const zb_sampler *s, const block_impl *b, uint64_t w)
 {
-    if (w >= b->nwin) return s->n;
-    uint64_t first_slot = w * b->bpw;
-    return first_slot * b->bs - (b->short_slot < first_slot ? b->deficit : 0);
+    return w >= b->nwin ? s->n : w * b->bpw * b->bs;
+}
+
+static uint64_t
+slot_block(const block_impl *b, uint64_t j)
+{
+    return j == b->short_slot ? j : zb_perm_apply(&b->blocks, j);
 }
 
 static uint64_t
 block_row(zb_sampler *s, block_impl *b, uint64_t p)
 {
     uint64_t w = p / (b->bpw * b->bs);
-    /* the deficit can move the boundary at most one window back */
-    if (w + 1 < b->nwin && window_start(s, b, w + 1) <= p) w++;
     uint64_t ws = window_start(s, b, w), m = window_start(s, b, w + 1) - ws;
     if (!b->have_win || b->cached_win != w) {
         zb_perm_init(&b->win_perm, m, zb_stream_key(s->seed, s->epoch, ZB_TAG_WINDOW, w, 0));
@@ -59,21 +65,8 @@ block_row(zb_sampler *s, block_impl *b, uint64_t p)
         b->have_win = true;
     }
     uint64_t q = zb_perm_apply(&b->win_perm, p - ws);
-    uint64_t j0 = w * b->bpw, t, off;
-    if (b->short_slot >= j0 && b->short_slot - j0 < b->bpw) {
-        uint64_t ss = b->short_slot - j0, end_short = ss * b->bs + b->last_len;
-        if (q >= end_short) {
-            t = ss + 1 + (q - end_short) / b->bs;
-            off = (q - end_short) % b->bs;
-        } else {
-            t = q / b->bs;
-            off = q % b->bs;
-        }
-    } else {
-        t = q / b->bs;
-        off = q % b->bs;
-    }
-    return zb_perm_apply(&b->blocks, j0 + t) * b->bs + off;
+    /* the short block, if any, is the last window's last slot: q / bs is the slot either way */
+    return slot_block(b, w * b->bpw + q / b->bs) * b->bs + q % b->bs;
 }
 
 static zb_status

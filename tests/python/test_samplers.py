@@ -361,6 +361,23 @@ def test_block_windows_are_whole_blocks_with_rows_permuted():
         assert not (np.diff(firsts) > 0).all()   # blocks are shuffled too
 
 
+def test_block_windows_stay_aligned_with_a_short_block():
+    """With n not a multiple of block_size, every window but the last still spans exactly
+    blocks_per_window * block_size stream rows (the short block is the last window's), so a
+    loader whose windows are that many rows reads each sampler window in one request."""
+    n, bs, bpw = 1037, 10, 4  # 103 full blocks and one of 7
+    s = S.BlockSampler(n, 40, block_size=bs, blocks_per_window=bpw, seed=5)
+    firsts = []
+    for e in range(4):
+        ids = np.concatenate(_epoch(s, e))
+        assert np.array_equal(np.sort(ids), np.arange(n))
+        windows = _windows_hold_whole_blocks(ids, n, bs, bpw)
+        assert [len(w) for w in windows] == [bpw * bs] * 25 + [3 * bs + 7]
+        assert set(range(1030, 1037)) <= set(windows[-1].tolist())  # the short block
+        firsts.append(frozenset((windows[0] // bs).tolist()))
+    assert len(set(firsts)) == 4  # the full blocks are shuffled anew every epoch
+
+
 def test_block_peer_mappings():
     a = S.BlockSampler.from_annbatch(10_000, chunk_size=64, preload_nchunks=8, batch_size=128)
     assert (a.block_size, a.blocks_per_window, a.batch_size) == (64, 8, 128)
