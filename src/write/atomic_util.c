@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dataset/dataset.h"
 #include "util/json.h"
 #include "util/status.h"
 #include "write/atomic_int.h"
@@ -184,55 +185,16 @@ zb_at_join3(char *buf, size_t cap, const char *path, const char *a, const char *
     return zb_write_join_key(buf, cap, mid, b);
 }
 
-/* nvalchemi's AtomicData key sets (FORMATS.md §8.2) */
-static const char *const atom_keys[] = {
-    "atomic_masses",  "positions",  "forces",           "charges",         "node_embeddings",
-    "atomic_numbers", "node_attrs", "node_alpha_spins", "node_beta_spins", "atom_categories",
-    "velocities",     "momenta",    "kinetic_energies", "neighbor_matrix", "neighbor_matrix_shifts",
-    "num_neighbors"};
-static const char *const edge_keys[] = {"shifts", "neighbor_list_shifts", "neighbor_list",
-                                        "edge_embeddings"};
-static const char *const system_keys[] = {
-    "energy", "stress", "virial", "dipole", "charge", "graph_embeddings", "cell", "pbc", "spin"};
-
-static bool
-in_set(const char *name, const char *const *set, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(set[i], name)) return true;
-    return false;
-}
-
-static bool
-level_from_string(const char *s, zb_atomic_level *out)
-{
-    /* the batch level "node" is written as "atom" (FORMATS.md §8.1); accept it on read */
-    if (!strcmp(s, "atom") || !strcmp(s, "node"))
-        *out = ZB_ATOMIC_ATOM;
-    else if (!strcmp(s, "edge"))
-        *out = ZB_ATOMIC_EDGE;
-    else if (!strcmp(s, "system"))
-        *out = ZB_ATOMIC_SYSTEM;
-    else
-        return false;
-    return true;
-}
-
+/* The reader's rule (zb_atomic_array_level: the fields attribute, else FORMATS.md §8.2's key
+ * sets in core and "system" in custom), so an append files every array where a read will look
+ * for it; a level string the reader does not know reads as per-sample, and so it is here. */
 zb_atomic_level
 zb_at_level_of(json_object *fields, const char *group, const char *name)
 {
-    json_object *g = fields ? zb_json_get(fields, group) : NULL;
-    json_object *v = g && json_object_is_type(g, json_type_object) ? zb_json_get(g, name) : NULL;
-    zb_atomic_level level;
-    if (v && json_object_is_type(v, json_type_string) &&
-        level_from_string(json_object_get_string(v), &level))
-        return level;
-    if (strcmp(group, "core") != 0) return ZB_ATOMIC_SYSTEM; /* nvalchemi reads custom so */
-    if (in_set(name, edge_keys, sizeof edge_keys / sizeof *edge_keys)) return ZB_ATOMIC_EDGE;
-    if (in_set(name, system_keys, sizeof system_keys / sizeof *system_keys))
-        return ZB_ATOMIC_SYSTEM;
-    (void)atom_keys; /* everything else in core/ is atom level, listed or not */
-    return ZB_ATOMIC_ATOM;
+    const char *lv = zb_atomic_array_level(fields, group, name);
+    if (!strcmp(lv, "atom")) return ZB_ATOMIC_ATOM;
+    if (!strcmp(lv, "edge")) return ZB_ATOMIC_EDGE;
+    return ZB_ATOMIC_SYSTEM;
 }
 
 zb_status
