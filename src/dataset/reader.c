@@ -1299,30 +1299,41 @@ run_drain(void *arg, zb_ctx *ctx)
 }
 
 /* Groups the sorted copies into tasks: one per unit row (plain), one per shard (sharded). */
+/* The end of the task that starts at copy i: the copies of one unit row, or of a few unit
+ * rows of one shard row. */
+static size_t
+task_end(const plan *p, size_t i)
+{
+    const copy *c = &p->copies[i];
+    const zb_array *a = child_of(p->ds, c->child)->fields[c->field].arr;
+    path_kind pk = path_of(a);
+    uint64_t cps0 = a->meta.chunks[0] / a->inner[0];
+    size_t j = i + 1, units = 1;
+    while (j < p->ncopies) {
+        const copy *d = &p->copies[j];
+        if (d->field != c->field || d->child != c->child) break;
+        if (pk == PATH_SHARD ? d->unit / cps0 != c->unit / cps0 : d->unit != c->unit) break;
+        /* a shard row is cut into tasks of a few unit rows, so the threads share it; each
+         * piece still merges its neighbouring inner chunks into one range read */
+        if (pk == PATH_SHARD && d->unit != p->copies[j - 1].unit && ++units > SHARD_TASK_UNITS)
+            break;
+        j++;
+    }
+    return j;
+}
+
 static zb_status
 make_tasks(plan *p)
 {
-    p->tasks = calloc(p->ncopies + 1, sizeof *p->tasks);
+    /* counted first: a task carries a message buffer, and there are far fewer tasks than
+     * copies (zeroing one per copy was 2.5% of a block read) */
+    size_t n = 0;
+    for (size_t i = 0; i < p->ncopies; i = task_end(p, i)) n++;
+    p->tasks = calloc(n + 1, sizeof *p->tasks);
     if (!p->tasks) return zb_err(ZB_E_NOMEM, "read_many: out of memory for tasks");
-    size_t i = 0;
-    while (i < p->ncopies) {
-        const copy *c = &p->copies[i];
-        const zb_array *a = child_of(p->ds, c->child)->fields[c->field].arr;
-        path_kind pk = path_of(a);
-        uint64_t cps0 = a->meta.chunks[0] / a->inner[0];
-        size_t j = i + 1, units = 1;
-        while (j < p->ncopies) {
-            const copy *d = &p->copies[j];
-            if (d->field != c->field || d->child != c->child) break;
-            if (pk == PATH_SHARD ? d->unit / cps0 != c->unit / cps0 : d->unit != c->unit) break;
-            /* a shard row is cut into tasks of a few unit rows, so the threads share it; each
-             * piece still merges its neighbouring inner chunks into one range read */
-            if (pk == PATH_SHARD && d->unit != p->copies[j - 1].unit && ++units > SHARD_TASK_UNITS)
-                break;
-            j++;
-        }
+    for (size_t i = 0, j; i < p->ncopies; i = j) {
+        j = task_end(p, i);
         p->tasks[p->ntasks++] = (task){.c0 = i, .c1 = j};
-        i = j;
     }
     return ZB_OK;
 }
