@@ -20,11 +20,9 @@ and the ratio to the decode-only limit. Settings:
   rows; the fewer rows of a chunk a window draws, the more it decodes per sample, so its
   throughput falls with the size by construction — measured with ``--all`` and shown apart.)
 
-The default sizes (about 10^5, 10^6 and 10^7) are multiples of 16384 rows: with a short last
-block, the block sampler's windows after it no longer line up
-with the loader's windows of prefetch x batch rows, and a loader window then straddles two
-sampler windows, decoding their chunks twice (amplification ~1.5 instead of 1; noted in
-docs/PERFORMANCE.md).
+The default sizes (about 10^5, 10^6 and 10^7) are multiples of 16384 rows, so every run reads
+the same shape of windows (other sizes work as well: the block sampler puts its short block in
+the epoch's last window, keeping the others aligned with the loader's).
 
 One JSON record per run of this script under --results.
 """

@@ -131,7 +131,9 @@ zb_status zb_sampler_new_random(const zb_sampler_opts *opts, zb_sampler **out);
 /* ---- block (annbatch / scDataset style) ---------------------------------------------------- */
 
 /* Rows are cut into contiguous blocks of block_size (the last one may be short); the block
- * order is a random permutation per epoch (the same Feistel bijection as the random sampler);
+ * order is a random permutation per epoch (the same Feistel bijection as the random sampler)
+ * of the full blocks, with a short block always last, so every window but the last is exactly
+ * blocks_per_window * block_size rows (aligned with a loader reading that many per window);
  * consecutive runs of blocks_per_window blocks in that order form a window, whose rows are
  * permuted (a bijection keyed by (seed, epoch, window index)); batches are cut in order from
  * the concatenated window stream (a batch may span two windows). Every window therefore holds

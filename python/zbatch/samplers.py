@@ -268,7 +268,8 @@ class BlockSampler(Sampler):
     """Shuffled blocks of contiguous rows, loaded and shuffled a window at a time.
 
     Rows are cut into blocks of ``block_size``; the block order is a random permutation per
-    epoch; ``blocks_per_window`` consecutive blocks of that order form a window whose rows are
+    epoch (a short last block, when ``n`` is not a multiple, always comes last, so every window
+    but the last has ``blocks_per_window * block_size`` rows); ``blocks_per_window`` consecutive blocks of that order form a window whose rows are
     permuted; batches are cut in order from the window stream. Reads stay contiguous (read
     amplification ~1) while batches mix ``blocks_per_window`` blocks.
 
