@@ -64,8 +64,11 @@ usage(FILE *f)
             "  --num-samples K      weighted: draws per epoch (the dataset length); weights are\n"
             "                       class-balanced over --obs-column, uniform without one\n"
             "  --results DIR        where the JSON record goes (results)\n"
+            "  --rounds R           R loader runs, each followed by its decode-only limit,\n"
+            "                       one record each, then the medians (1); on a shared machine\n"
+            "                       the neighbours then weigh on both sides alike\n"
             "  --no-decode-only     skip the decode-only limit\n"
-            "  --json               print only the JSON record\n"
+            "  --json               print only the JSON record (with --rounds: an array)\n"
             "  -h, --help           this text ('zbatch bench --write --help' for write mode)\n");
 }
 
@@ -86,6 +89,7 @@ typedef struct opts {
     uint64_t max_nnz, max_atoms, max_edges, window_size, num_samples;
     const char *results;
     bool decode_only, json;
+    uint64_t rounds; /* loader + decode-only measurements in a row */
 } opts;
 
 /* The options that take a value. */
@@ -93,7 +97,7 @@ static const char *const VALUE_FLAGS[] = {
     "--sampler",     "--block-size",  "--blocks-per-window", "--batch",     "--prefetch",
     "--depth",       "--threads",     "--transform",         "--seconds",   "--epochs",
     "--seed",        "--obs-column",  "--max-nnz",           "--max-atoms", "--max-edges",
-    "--window-size", "--num-samples", "--results",           NULL};
+    "--window-size", "--num-samples", "--results",           "--rounds",    NULL};
 
 static const char *const SAMPLERS[] = {"sequential", "random", "block", "weighted", "size_aware"};
 
@@ -144,6 +148,7 @@ parse_args(int argc, char **argv, opts *o)
     o->window_size = 8192;
     o->results = "results";
     o->decode_only = true;
+    o->rounds = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -218,6 +223,8 @@ parse_args(int argc, char **argv, opts *o)
             bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->num_samples);
         } else if (!strcmp(flag, "--results")) {
             o->results = v;
+        } else if (!strcmp(flag, "--rounds")) {
+            bad = zb_bench_parse_u64(flag, v, 1, 1000, &o->rounds);
         }
         if (bad) return 2;
     }
@@ -751,6 +758,7 @@ params_json(const opts *o)
         zb_bench_put(p, "epochs", NULL);
     }
     zb_bench_put_u64(p, "seed", o->seed);
+    zb_bench_put_u64(p, "rounds", o->rounds);
     zb_bench_put_str(p, "obs_column", o->obs_column);
     zb_bench_put(p, "block_size", block ? json_object_new_uint64(o->block_size) : NULL);
     zb_bench_put(p, "blocks_per_window",
@@ -983,54 +991,59 @@ read_codes(zb_dataset *ds, const char *field, zb_bench_codes *codes)
     return st == ZB_E_TYPE ? 2 : rc;
 }
 
-int
-zb_cli_bench(int argc, char **argv)
+/* Median of n values (sorted in place); NAN when there are none. */
+static double
+median(double *v, size_t n)
 {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--write")) return zb_bench_write_main(argc, argv);
-    opts o;
-    int rc = parse_args(argc, argv, &o);
-    if (rc) return rc < 0 ? 0 : rc;
+    if (n == 0) return NAN;
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
-    zb_store *store = NULL;
-    zb_dataset *ds = NULL;
-    zb_sampler *sampler = NULL;
-    zb_bench_codes codes = {0};
-    json_object *rec = NULL;
+/* The medians over --rounds, after every round's table. */
+static void
+print_rounds(double (*fig)[3], size_t rounds)
+{
+    double col[3][1000];
+    size_t m[3] = {0, 0, 0};
+    for (size_t k = 0; k < rounds; k++)
+        for (int j = 0; j < 3; j++)
+            if (!isnan(fig[k][j])) col[j][m[j]++] = fig[k][j];
+    if (m[2] == 0) { /* --no-decode-only */
+        printf("\n  %zu rounds: median %.0f samples/s\n", rounds, median(col[0], m[0]));
+        return;
+    }
+    printf("\n  %zu rounds, ratio to decode-only per round:", rounds);
+    for (size_t k = 0; k < rounds; k++) printf(" %.2f", fig[k][2]);
+    printf("\n  median                    %.0f samples/s, decode-only %.0f samples/s, "
+           "ratio %.2f\n",
+           median(col[0], m[0]), median(col[1], m[1]), median(col[2], m[2]));
+}
+
+/* One round: the timed loader run, its decode-only limit, the figures, the record (written,
+ * and printed as a table or kept in `all` for --json with rounds). fig: samples/s, the limit's
+ * samples/s and their ratio. Returns 0 or the exit code. */
+static int
+bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *po, const char *field,
+            bool weighted, zb_bench_codes *pcodes, uint64_t k, json_object *all, double fig[3])
+{
+    const opts o = *po;
+    zb_bench_codes codes = *pcodes;
     run r;
     memset(&r, 0, sizeof r);
     figures fg;
     memset(&fg, 0, sizeof fg);
-    char field[512], stamp[32], file[4200];
-    uint64_t n = 0;
-
-    zb_dataset_opts dopts = ZB_DATASET_OPTS_DEFAULT;
-    dopts.num_threads = (int)o.threads;
-    zb_status st = zb_store_open(o.store, &store);
-    if (st == ZB_OK) st = zb_dataset_open(store, "", &dopts, &ds);
-    if (st == ZB_OK) st = zb_dataset_len(ds, &n);
-    if (st != ZB_OK) {
-        rc = fail_status(o.store, st);
-        goto done;
-    }
-    if (n == 0) {
-        fprintf(stderr, "zbatch bench: %s has no samples\n", o.store);
-        rc = 1;
-        goto done;
-    }
-    rc = shuffle_field(ds, &o, field, sizeof field);
-    if (rc) goto done;
-    o.obs_column = field[0] ? field : NULL;
-    /* the codes (4 bytes per sample) are read after the timed run, out of its peak RSS, unless
-     * the weighted sampler needs them first */
-    bool weighted = !strcmp(o.sampler, "weighted");
-    if (o.obs_column && weighted && (rc = read_codes(ds, field, &codes)) != 0) goto done;
-    rc = make_sampler(ds, n, &o, codes.code ? &codes : NULL, &sampler);
-    if (rc) goto done;
-
+    char stamp[32], file[4200];
+    json_object *rec = NULL;
+    zb_status st;
+    int rc;
     rc = timed_run(ds, sampler, &o, &r);
     if (rc) goto done;
-    if (o.obs_column && !weighted && (rc = read_codes(ds, field, &codes)) != 0) goto done;
+    /* the codes (read once) */
+    if (o.obs_column && !weighted && !pcodes->code) {
+        if ((rc = read_codes(ds, field, pcodes)) != 0) goto done;
+        codes = *pcodes;
+    }
     fg.samples = r.nids;
     if (r.nbatches == 0) {
         fprintf(stderr, "zbatch bench: no batch was timed (the run ended within its warm-up "
@@ -1063,21 +1076,101 @@ zb_cli_bench(int argc, char **argv)
     derive(&o, &r, &fg, &d);
     rec = zb_bench_record_new("read", stamp, sizeof stamp);
     zb_bench_put(rec, "parameters", params_json(&o));
+    if (o.rounds > 1) zb_bench_put_u64(rec, "round", k + 1);
     zb_bench_put(rec, "store", store_json(ds, o.store, n));
     zb_bench_put(rec, "figures", figures_json(&r, &fg, &d));
     if (zb_bench_record_write(rec, o.results, stamp, o.sampler, file, sizeof file) != 0) {
         rc = 1;
         goto done;
     }
-    if (o.json)
+    fig[0] = d.samples_per_s;
+    fig[1] = d.dec_samples_per_s;
+    fig[2] = fg.dec_done ? d.dec_ratio : NAN;
+    if (all) {
+        json_object_array_add(all, rec);
+        rec = NULL;
+    } else if (o.json) {
         printf("%s\n", json_object_to_json_string_ext(rec, JSON_C_TO_STRING_PRETTY |
                                                                JSON_C_TO_STRING_NOSLASHESCAPE));
-    else
+    } else {
+        if (o.rounds > 1) printf("\n  round %" PRIu64 " of %" PRIu64 "\n", k + 1, o.rounds);
         print_table(&o, ds, n, &r, &fg, &d, file);
+    }
     rc = 0;
 done:
     json_object_put(rec);
     run_free(&r);
+    return rc;
+}
+
+
+int
+zb_cli_bench(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--write")) return zb_bench_write_main(argc, argv);
+    opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+
+    zb_store *store = NULL;
+    zb_dataset *ds = NULL;
+    zb_sampler *sampler = NULL;
+    zb_bench_codes codes = {0};
+    json_object *all = NULL; /* --json with --rounds: the records */
+    char field[512];
+    uint64_t n = 0;
+
+    zb_dataset_opts dopts = ZB_DATASET_OPTS_DEFAULT;
+    dopts.num_threads = (int)o.threads;
+    zb_status st = zb_store_open(o.store, &store);
+    if (st == ZB_OK) st = zb_dataset_open(store, "", &dopts, &ds);
+    if (st == ZB_OK) st = zb_dataset_len(ds, &n);
+    if (st != ZB_OK) {
+        rc = fail_status(o.store, st);
+        goto done;
+    }
+    if (n == 0) {
+        fprintf(stderr, "zbatch bench: %s has no samples\n", o.store);
+        rc = 1;
+        goto done;
+    }
+    rc = shuffle_field(ds, &o, field, sizeof field);
+    if (rc) goto done;
+    o.obs_column = field[0] ? field : NULL;
+    /* the codes (4 bytes per sample) are read after the timed run, out of its peak RSS, unless
+     * the weighted sampler needs them first */
+    bool weighted = !strcmp(o.sampler, "weighted");
+    if (o.obs_column && weighted && (rc = read_codes(ds, field, &codes)) != 0) goto done;
+    rc = make_sampler(ds, n, &o, codes.code ? &codes : NULL, &sampler);
+    if (rc) goto done;
+
+    double (*fig)[3] = calloc(o.rounds, sizeof *fig); /* samples/s, limit, ratio per round */
+    all = o.json && o.rounds > 1 ? json_object_new_array() : NULL;
+    if (!fig || (o.json && o.rounds > 1 && !all)) {
+        free(fig);
+        fprintf(stderr, "zbatch bench: out of memory\n");
+        rc = 1;
+        goto done;
+    }
+    for (uint64_t k = 0; k < o.rounds && rc == 0; k++) {
+        /* every round reads the same windows: the sampler starts over */
+        if (k > 0 && (st = zb_sampler_set_epoch(sampler, 0)) != ZB_OK) {
+            rc = fail_status("sampler", st);
+            break;
+        }
+        rc = bench_round(ds, n, sampler, &o, field, weighted, &codes, k, all, fig[k]);
+    }
+    if (rc == 0 && o.rounds > 1 && all)
+        printf("%s\n", json_object_to_json_string_ext(all, JSON_C_TO_STRING_PRETTY |
+                                                               JSON_C_TO_STRING_NOSLASHESCAPE));
+    else if (rc == 0 && o.rounds > 1)
+        print_rounds(fig, (size_t)o.rounds);
+    free(fig);
+    if (rc) goto done;
+    rc = 0;
+done:
+    json_object_put(all);
     zb_bench_codes_free(&codes);
     zb_sampler_free(sampler);
     zb_dataset_close(ds);

@@ -122,6 +122,29 @@ def test_table_is_printed_without_json(cells, tmp_path):
     assert rec["parameters"]["decode_only"] is False
 
 
+def test_rounds_repeat_the_same_windows_and_report_medians(cells, tmp_path):
+    """--rounds 3: three records (one file each, in the --json array in order), each timing the
+    same epoch from the sampler's start; the table ends with the medians of the rounds."""
+    r = bench(cells, "--sampler", "sequential", "--batch", B, "--epochs", 1, "--rounds", 3,
+              "--results", tmp_path / "J", "--json")
+    recs = json.loads(r.stdout)
+    assert [x["round"] for x in recs] == [1, 2, 3]
+    assert len(list((tmp_path / "J").glob("bench-*.json"))) == 3
+    batches = sequential_timed_batches(N, B, P)
+    for x in recs:
+        assert x["parameters"]["rounds"] == 3
+        f = x["figures"]
+        assert f["timed_batches"] == len(batches)  # the sampler started over every round
+        assert f["bytes_decoded"] == recs[0]["figures"]["bytes_decoded"]
+        assert f["decode_only"]["ratio"] > 0
+    r = bench(cells, "--sampler", "random", "--batch", B, "--seconds", 0.2, "--rounds", 3,
+              "--results", tmp_path / "T")
+    assert r.stdout.count("round ") >= 3 and "3 rounds, ratio to decode-only per round:" in r.stdout
+    per_round = [float(v) for v in r.stdout.split("per round:")[1].splitlines()[0].split()]
+    med = float(r.stdout.split("median")[-1].split("ratio")[-1].split()[0])
+    assert med == pytest.approx(sorted(per_round)[1], abs=0.006)
+
+
 def test_sequential_epoch_bytes_and_shuffle_match_the_store(cells, tmp_path):
     rec, _ = run_json(cells, tmp_path, "--sampler", "sequential", "--batch", B, "--epochs", 1)
     f = rec["figures"]
@@ -269,6 +292,7 @@ def test_write_mode_without_out_leaves_nothing(tmp_path):
     (["{store}", "--sampler", "shuffled"], "--sampler"),
     (["{store}", "--seconds", "1", "--epochs", "2"], "exclude"),
     (["{store}", "--batch", "0"], "--batch"),
+    (["{store}", "--rounds", "0"], "--rounds"),
     (["{store}", "--transform", "sqrt"], "--transform"),
     (["{store}", "--obs-column", "nope", "--seconds", "0.1"], "nope"),
     (["{store}", "--obs-column", "X/data", "--seconds", "0.1"], "not a per-sample integer"),
