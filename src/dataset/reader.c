@@ -1298,7 +1298,6 @@ run_drain(void *arg, zb_ctx *ctx)
     for (size_t t; (t = atomic_fetch_add(&d->next, 1)) < d->n;) run_task(&d->xs[t], ctx);
 }
 
-/* Groups the sorted copies into tasks: one per unit row (plain), one per shard (sharded). */
 /* The end of the task that starts at copy i: the copies of one unit row, or of a few unit
  * rows of one shard row. */
 static size_t
@@ -1322,6 +1321,8 @@ task_end(const plan *p, size_t i)
     return j;
 }
 
+/* Groups the sorted copies into tasks: one per unit row (plain), a few unit rows of one shard
+ * row (sharded). */
 static zb_status
 make_tasks(plan *p)
 {
