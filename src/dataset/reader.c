@@ -526,14 +526,24 @@ cmp_copy(const void *x, const void *y)
     return a->dst_row < b->dst_row ? -1 : a->dst_row > b->dst_row;
 }
 
+static bool raw_rows(const zb_array *a);
+
 /* Sort key of a copy inside its field: child, then the source row (unit * unit rows + row in
- * the unit). False when it does not fit 64 bits (then the comparison sort takes over). */
+ * the unit) for raw units, whose copies are served in source order (nearby rows share a read),
+ * or just the unit for decoded ones, whose copies are served in any order (fewer radix passes;
+ * equal keys keep their dst order). `raw` caches raw_rows per child. False when the key does
+ * not fit 64 bits (then the comparison sort takes over). */
 static bool
-copy_key(const plan *p, const copy *c, uint64_t *key)
+copy_key(const plan *p, const copy *c, int64_t *raw_child, bool *raw, uint64_t *key)
 {
-    uint64_t U = child_of(p->ds, c->child)->fields[c->field].arr->inner[0];
+    const zb_array *a = child_of(p->ds, c->child)->fields[c->field].arr;
+    if (*raw_child != (int64_t)c->child) {
+        *raw_child = c->child;
+        *raw = raw_rows(a);
+    }
+    uint64_t U = a->inner[0];
     if (c->child >= (1u << 23) || c->unit > ((uint64_t)1 << 40) / U) return false;
-    uint64_t row = c->unit * U + c->src_row;
+    uint64_t row = *raw ? c->unit * U + c->src_row : c->unit;
     if (row >= (uint64_t)1 << 40) return false;
     *key = (uint64_t)c->child << 40 | row;
     return true;
@@ -552,8 +562,10 @@ sort_field(plan *p, size_t c0, size_t c1, keyed *k, keyed *tmp, copy *out)
 {
     size_t n = c1 - c0;
     uint64_t all = 0;
+    int64_t raw_child = -1;
+    bool raw = false;
     for (size_t i = 0; i < n; i++) {
-        if (!copy_key(p, &p->copies[c0 + i], &k[i].key)) {
+        if (!copy_key(p, &p->copies[c0 + i], &raw_child, &raw, &k[i].key)) {
             qsort(p->copies + c0, n, sizeof *p->copies, cmp_copy);
             return ZB_OK;
         }
