@@ -99,6 +99,8 @@ static const char *const VALUE_FLAGS[] = {
     "--seed",        "--obs-column",  "--max-nnz",           "--max-atoms", "--max-edges",
     "--window-size", "--num-samples", "--results",           "--rounds",    NULL};
 
+#define MAX_ROUNDS 1000
+
 static const char *const SAMPLERS[] = {"sequential", "random", "block", "weighted", "size_aware"};
 
 static int
@@ -224,7 +226,7 @@ parse_args(int argc, char **argv, opts *o)
         } else if (!strcmp(flag, "--results")) {
             o->results = v;
         } else if (!strcmp(flag, "--rounds")) {
-            bad = zb_bench_parse_u64(flag, v, 1, 1000, &o->rounds);
+            bad = zb_bench_parse_u64(flag, v, 1, MAX_ROUNDS, &o->rounds);
         }
         if (bad) return 2;
     }
@@ -991,6 +993,13 @@ read_codes(zb_dataset *ds, const char *field, zb_bench_codes *codes)
     return st == ZB_E_TYPE ? 2 : rc;
 }
 
+static void
+print_json(json_object *obj)
+{
+    printf("%s\n", json_object_to_json_string_ext(obj, JSON_C_TO_STRING_PRETTY |
+                                                           JSON_C_TO_STRING_NOSLASHESCAPE));
+}
+
 /* Median of n values (sorted in place); NAN when there are none. */
 static double
 median(double *v, size_t n)
@@ -1004,7 +1013,7 @@ median(double *v, size_t n)
 static void
 print_rounds(double (*fig)[3], size_t rounds)
 {
-    double col[3][1000];
+    double col[3][MAX_ROUNDS];
     size_t m[3] = {0, 0, 0};
     for (size_t k = 0; k < rounds; k++)
         for (int j = 0; j < 3; j++)
@@ -1024,11 +1033,9 @@ print_rounds(double (*fig)[3], size_t rounds)
  * and printed as a table or kept in `all` for --json with rounds). fig: samples/s, the limit's
  * samples/s and their ratio. Returns 0 or the exit code. */
 static int
-bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *po, const char *field,
-            bool weighted, zb_bench_codes *pcodes, uint64_t k, json_object *all, double fig[3])
+bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *o, const char *field,
+            bool weighted, zb_bench_codes *codes, uint64_t k, json_object *all, double fig[3])
 {
-    const opts o = *po;
-    zb_bench_codes codes = *pcodes;
     run r;
     memset(&r, 0, sizeof r);
     figures fg;
@@ -1037,13 +1044,11 @@ bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *po, con
     json_object *rec = NULL;
     zb_status st;
     int rc;
-    rc = timed_run(ds, sampler, &o, &r);
+    rc = timed_run(ds, sampler, o, &r);
     if (rc) goto done;
-    /* the codes (read once) */
-    if (o.obs_column && !weighted && !pcodes->code) {
-        if ((rc = read_codes(ds, field, pcodes)) != 0) goto done;
-        codes = *pcodes;
-    }
+    /* the codes: read once, after the first timed run (out of its peak RSS) */
+    if (o->obs_column && !weighted && !codes->code && (rc = read_codes(ds, field, codes)) != 0)
+        goto done;
     fg.samples = r.nids;
     if (r.nbatches == 0) {
         fprintf(stderr, "zbatch bench: no batch was timed (the run ended within its warm-up "
@@ -1052,7 +1057,7 @@ bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *po, con
         goto done;
     }
 
-    st = measure_reads(ds, &o, &r, &fg);
+    st = measure_reads(ds, o, &r, &fg);
     if (st != ZB_OK) {
         rc = fail_status("decode-only", st);
         goto done;
@@ -1063,9 +1068,9 @@ bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *po, con
     qsort(r.lat, r.nbatches, sizeof *r.lat, cmp_double);
     fg.p50 = percentile(r.lat, r.nbatches, 0.50);
     fg.p99 = percentile(r.lat, r.nbatches, 0.99);
-    fg.shuffle_column = o.obs_column;
-    fg.shuffle_codes = codes.ncodes;
-    st = zb_bench_shuffle_measure(r.ids, r.off, r.nbatches, n, codes.code ? &codes : NULL, o.seed,
+    fg.shuffle_column = o->obs_column;
+    fg.shuffle_codes = codes->ncodes;
+    st = zb_bench_shuffle_measure(r.ids, r.off, r.nbatches, n, codes->code ? codes : NULL, o->seed,
                                   MAX_REF_BATCHES, &fg.shuffle);
     if (st != ZB_OK) {
         rc = fail_status("shuffle", st);
@@ -1073,13 +1078,13 @@ bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *po, con
     }
 
     derived d;
-    derive(&o, &r, &fg, &d);
+    derive(o, &r, &fg, &d);
     rec = zb_bench_record_new("read", stamp, sizeof stamp);
-    zb_bench_put(rec, "parameters", params_json(&o));
-    if (o.rounds > 1) zb_bench_put_u64(rec, "round", k + 1);
-    zb_bench_put(rec, "store", store_json(ds, o.store, n));
+    zb_bench_put(rec, "parameters", params_json(o));
+    if (o->rounds > 1) zb_bench_put_u64(rec, "round", k + 1);
+    zb_bench_put(rec, "store", store_json(ds, o->store, n));
     zb_bench_put(rec, "figures", figures_json(&r, &fg, &d));
-    if (zb_bench_record_write(rec, o.results, stamp, o.sampler, file, sizeof file) != 0) {
+    if (zb_bench_record_write(rec, o->results, stamp, o->sampler, file, sizeof file) != 0) {
         rc = 1;
         goto done;
     }
@@ -1089,12 +1094,11 @@ bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *po, con
     if (all) {
         json_object_array_add(all, rec);
         rec = NULL;
-    } else if (o.json) {
-        printf("%s\n", json_object_to_json_string_ext(rec, JSON_C_TO_STRING_PRETTY |
-                                                               JSON_C_TO_STRING_NOSLASHESCAPE));
+    } else if (o->json) {
+        print_json(rec);
     } else {
-        if (o.rounds > 1) printf("\n  round %" PRIu64 " of %" PRIu64 "\n", k + 1, o.rounds);
-        print_table(&o, ds, n, &r, &fg, &d, file);
+        if (o->rounds > 1) printf("\n  round %" PRIu64 " of %" PRIu64 "\n", k + 1, o->rounds);
+        print_table(o, ds, n, &r, &fg, &d, file);
     }
     rc = 0;
 done:
@@ -1102,7 +1106,6 @@ done:
     run_free(&r);
     return rc;
 }
-
 
 int
 zb_cli_bench(int argc, char **argv)
@@ -1146,8 +1149,9 @@ zb_cli_bench(int argc, char **argv)
     if (rc) goto done;
 
     double (*fig)[3] = calloc(o.rounds, sizeof *fig); /* samples/s, limit, ratio per round */
-    all = o.json && o.rounds > 1 ? json_object_new_array() : NULL;
-    if (!fig || (o.json && o.rounds > 1 && !all)) {
+    bool want_all = o.json && o.rounds > 1; /* --json with rounds prints one array */
+    all = want_all ? json_object_new_array() : NULL;
+    if (!fig || (want_all && !all)) {
         free(fig);
         fprintf(stderr, "zbatch bench: out of memory\n");
         rc = 1;
@@ -1161,14 +1165,11 @@ zb_cli_bench(int argc, char **argv)
         }
         rc = bench_round(ds, n, sampler, &o, field, weighted, &codes, k, all, fig[k]);
     }
-    if (rc == 0 && o.rounds > 1 && all)
-        printf("%s\n", json_object_to_json_string_ext(all, JSON_C_TO_STRING_PRETTY |
-                                                               JSON_C_TO_STRING_NOSLASHESCAPE));
+    if (rc == 0 && all)
+        print_json(all);
     else if (rc == 0 && o.rounds > 1)
         print_rounds(fig, (size_t)o.rounds);
     free(fig);
-    if (rc) goto done;
-    rc = 0;
 done:
     json_object_put(all);
     zb_bench_codes_free(&codes);

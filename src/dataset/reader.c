@@ -89,6 +89,14 @@ zb_arena_pool_unref(zb_arena_pool *p)
     free(p);
 }
 
+/* Counts `cap` bytes as taken out (pool lock held). */
+static void
+arena_out(zb_arena_pool *p, size_t cap)
+{
+    p->out += cap;
+    if (p->out > p->peak) p->peak = p->out;
+}
+
 /* A block of at least `need` bytes: the smallest kept one that fits, else a new one. */
 static void *
 arena_take(zb_arena_pool *p, size_t need, size_t *cap)
@@ -102,6 +110,7 @@ arena_take(zb_arena_pool *p, size_t need, size_t *cap)
         blk = p->blk[best];
         *cap = p->cap[best];
         p->kept -= *cap;
+        arena_out(p, *cap);
         p->n--;
         p->blk[best] = p->blk[p->n];
         p->cap[best] = p->cap[p->n];
@@ -113,12 +122,11 @@ arena_take(zb_arena_pool *p, size_t need, size_t *cap)
         size_t c = need + need / 8 + 4096;
         blk = malloc(c);
         *cap = c;
-    }
-    if (blk) {
-        pthread_mutex_lock(&p->mu);
-        p->out += *cap;
-        if (p->out > p->peak) p->peak = p->out;
-        pthread_mutex_unlock(&p->mu);
+        if (blk) {
+            pthread_mutex_lock(&p->mu);
+            arena_out(p, c);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
     return blk;
 }
@@ -557,7 +565,7 @@ typedef struct keyed {
 /* Orders copies [c0, c1) of one field, which arrive with dst_row ascending, by copy_key: a
  * stable LSD radix sort over the key bytes in use, so copies from one source row keep their dst
  * order (cmp_copy's order, without its calls: the plan's sort was 7% of a small-block read). */
-static zb_status
+static void
 sort_field(plan *p, size_t c0, size_t c1, keyed *k, keyed *tmp, copy *out)
 {
     size_t n = c1 - c0;
@@ -567,7 +575,7 @@ sort_field(plan *p, size_t c0, size_t c1, keyed *k, keyed *tmp, copy *out)
     for (size_t i = 0; i < n; i++) {
         if (!copy_key(p, &p->copies[c0 + i], &raw_child, &raw, &k[i].key)) {
             qsort(p->copies + c0, n, sizeof *p->copies, cmp_copy);
-            return ZB_OK;
+            return;
         }
         k[i].i = c0 + i;
         all |= k[i].key;
@@ -584,7 +592,6 @@ sort_field(plan *p, size_t c0, size_t c1, keyed *k, keyed *tmp, copy *out)
     }
     for (size_t i = 0; i < n; i++) out[i] = p->copies[k[i].i];
     memcpy(p->copies + c0, out, n * sizeof *out);
-    return ZB_OK;
 }
 
 /* Groups the plan's copies by field (they are pushed field by field), then orders each field's

@@ -1,12 +1,12 @@
 /* The block sampler (annbatch / scDataset style): shuffled blocks of contiguous rows, loaded
  * blocks_per_window at a time, rows shuffled inside each window. Everything is computed per
- * position from two keyed bijections (block order, rows of a window), so memory is O(1).
+ * position from two keyed bijections (block order, rows of a window), so memory is O(1) in n
+ * (plus the block ids of the current window).
  *
- * Stream layout. Blocks are [b*bs, min((b+1)*bs, n)); only block nblocks-1 may be short (by
- * `deficit` rows). The full blocks are shuffled into slots [0, nfull) (slot j holds block
+ * Stream layout. Blocks are [b*bs, min((b+1)*bs, n)); only block nblocks-1 may be short. The full blocks are shuffled into slots [0, nfull) (slot j holds block
  * P(j)); a short block always takes the last slot, so every window but the last is exactly
  * bpw*bs rows: window w holds slots [w*bpw, min((w+1)*bpw, nblocks)) and starts at stream row
- * w*bpw*bs. (A short block in a middle slot would shift every later window by the deficit, and
+ * w*bpw*bs. (A short block in a middle slot would shift every later window by its missing rows, and
  * a loader reading bpw*bs rows per window would then straddle two windows and decode their
  * chunks twice.) Inside window w, local row q is mapped through the window's bijection to q',
  * which is then located among the window's blocks. */
@@ -18,7 +18,6 @@
 typedef struct block_impl {
     uint64_t bs, bpw;
     uint64_t nblocks, nwin;
-    uint64_t last_len, deficit; /* rows of the last block, bs - last_len */
     uint64_t short_slot;        /* nblocks - 1 with a short block, UINT64_MAX when none */
     zb_perm blocks;             /* slot -> block, over the full blocks */
     bool have_win;              /* win_perm is the bijection of window cached_win */
@@ -43,13 +42,12 @@ static zb_status
 block_plan(zb_sampler *s)
 {
     block_impl *b = s->impl;
-    b->nblocks = s->n / b->bs + (s->n % b->bs != 0);
+    bool short_block = s->n % b->bs != 0;
+    b->nblocks = s->n / b->bs + short_block;
     b->nwin = b->nblocks / b->bpw + (b->nblocks % b->bpw != 0);
-    b->last_len = b->nblocks ? s->n - (b->nblocks - 1) * b->bs : 0;
-    b->deficit = b->nblocks ? b->bs - b->last_len : 0;
-    uint64_t nfull = b->nblocks - (b->deficit != 0);
-    zb_perm_init(&b->blocks, nfull, zb_stream_key(s->seed, s->epoch, ZB_TAG_BLOCKS, 0, 0));
-    b->short_slot = b->deficit ? b->nblocks - 1 : UINT64_MAX;
+    zb_perm_init(&b->blocks, b->nblocks - short_block,
+                 zb_stream_key(s->seed, s->epoch, ZB_TAG_BLOCKS, 0, 0));
+    b->short_slot = short_block ? b->nblocks - 1 : UINT64_MAX;
     b->have_win = false;
     return ZB_OK;
 }
@@ -128,8 +126,9 @@ zb_sampler_new_block(const zb_block_sampler_opts *opts, zb_sampler **out)
     if (!b) return zb_err(ZB_E_NOMEM, "block sampler");
     b->bs = opts->block_size;
     b->bpw = opts->blocks_per_window;
-    if (b->bpw <= WIN_BLOCKS_MAX) {
-        b->win_blocks = malloc(b->bpw * sizeof *b->win_blocks);
+    if (b->bpw <= WIN_BLOCKS_MAX) { /* (nblocks + 1 bounds a window's blocks too) */
+        uint64_t cap = b->bpw < nblocks ? b->bpw : nblocks;
+        b->win_blocks = malloc(cap * sizeof *b->win_blocks);
         if (!b->win_blocks) {
             free(b);
             return zb_err(ZB_E_NOMEM, "block sampler");
