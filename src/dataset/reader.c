@@ -512,6 +512,11 @@ add_run(plan *p, uint32_t f, uint32_t c, uint64_t src, uint64_t n, uint64_t dst_
 {
     const zb_array *a = child_of(p->ds, c)->fields[f].arr;
     uint64_t U = a->inner[0];
+    if ((U & (U - 1)) == 0) { /* power-of-two units (the writers' default): no division */
+        int sh = __builtin_ctzll(U);
+        uint64_t u = src >> sh, off = src & (U - 1);
+        if (off + n <= U) return push_copy(p, (copy){f, c, u, off, dst_row, n});
+    }
     while (n > 0) {
         uint64_t u = src / U, off = src % U;
         uint64_t take = U - off < n ? U - off : n;
@@ -539,19 +544,26 @@ static bool raw_rows(const zb_array *a);
 /* Sort key of a copy inside its field: child, then the source row (unit * unit rows + row in
  * the unit) for raw units, whose copies are served in source order (nearby rows share a read),
  * or just the unit for decoded ones, whose copies are served in any order (fewer radix passes;
- * equal keys keep their dst order). `raw` caches raw_rows per child. False when the key does
- * not fit 64 bits (then the comparison sort takes over). */
+ * equal keys keep their dst order). `kc` caches what the key needs of the copy's child. False
+ * when the key does not fit 64 bits (then the comparison sort takes over). */
+typedef struct key_child {
+    int64_t child; /* -1: nothing cached yet */
+    bool raw;
+    uint64_t U, max_unit;
+} key_child;
+
 static bool
-copy_key(const plan *p, const copy *c, int64_t *raw_child, bool *raw, uint64_t *key)
+copy_key(const plan *p, const copy *c, key_child *kc, uint64_t *key)
 {
-    const zb_array *a = child_of(p->ds, c->child)->fields[c->field].arr;
-    if (*raw_child != (int64_t)c->child) {
-        *raw_child = c->child;
-        *raw = raw_rows(a);
+    if (kc->child != (int64_t)c->child) {
+        const zb_array *a = child_of(p->ds, c->child)->fields[c->field].arr;
+        kc->child = c->child;
+        kc->raw = raw_rows(a);
+        kc->U = a->inner[0];
+        kc->max_unit = ((uint64_t)1 << 40) / kc->U;
     }
-    uint64_t U = a->inner[0];
-    if (c->child >= (1u << 23) || c->unit > ((uint64_t)1 << 40) / U) return false;
-    uint64_t row = *raw ? c->unit * U + c->src_row : c->unit;
+    if (c->child >= (1u << 23) || c->unit > kc->max_unit) return false;
+    uint64_t row = kc->raw ? c->unit * kc->U + c->src_row : c->unit;
     if (row >= (uint64_t)1 << 40) return false;
     *key = (uint64_t)c->child << 40 | row;
     return true;
@@ -569,17 +581,20 @@ static void
 sort_field(plan *p, size_t c0, size_t c1, keyed *k, keyed *tmp, copy *out)
 {
     size_t n = c1 - c0;
-    uint64_t all = 0;
-    int64_t raw_child = -1;
-    bool raw = false;
+    uint64_t all = 0, prev = 0;
+    bool sorted = true;
+    key_child kc = {.child = -1};
     for (size_t i = 0; i < n; i++) {
-        if (!copy_key(p, &p->copies[c0 + i], &raw_child, &raw, &k[i].key)) {
+        if (!copy_key(p, &p->copies[c0 + i], &kc, &k[i].key)) {
             qsort(p->copies + c0, n, sizeof *p->copies, cmp_copy);
             return;
         }
         k[i].i = c0 + i;
         all |= k[i].key;
+        sorted = sorted && k[i].key >= prev;
+        prev = k[i].key;
     }
+    if (sorted) return; /* already in key order (one unit, or rows read in order): stable */
     for (int shift = 0; shift < 64 && (all >> shift); shift += 8) {
         size_t count[257] = {0};
         for (size_t i = 0; i < n; i++) count[((k[i].key >> shift) & 255) + 1]++;
@@ -639,6 +654,35 @@ task_fail(task *t, zb_status st)
     return st;
 }
 
+/* Whether the unit at g spans every other axis exactly, so its rows are whole batch rows. */
+static bool
+unit_spans_rows(const zb_array *a, const uint64_t *g)
+{
+    for (int d = 1; d < a->meta.ndim; d++)
+        if (a->inner[d] != a->meta.shape[d] || g[d] != 0) return false;
+    return true;
+}
+
+/* memcpy of one short row with a fixed-size move for the common widths (a call into memcpy
+ * per 64-byte row was most of the copying of small samples). */
+static inline void
+copy_short(uint8_t *o, const uint8_t *u, size_t nb)
+{
+    switch (nb) {
+    case 1: memcpy(o, u, 1); break;
+    case 2: memcpy(o, u, 2); break;
+    case 4: memcpy(o, u, 4); break;
+    case 8: memcpy(o, u, 8); break;
+    case 12: memcpy(o, u, 12); break;
+    case 16: memcpy(o, u, 16); break;
+    case 24: memcpy(o, u, 24); break;
+    case 32: memcpy(o, u, 32); break;
+    case 48: memcpy(o, u, 48); break;
+    case 64: memcpy(o, u, 64); break;
+    default: memcpy(o, u, nb); break;
+    }
+}
+
 /* Copies rows [src_row, src_row+n) of a decoded unit at unit coordinates g (logical C order,
  * shape a->inner) into the batch rows starting at dst_row. */
 static void
@@ -649,9 +693,7 @@ copy_rows(const zb_array *a, const bfield *bf, const uint8_t *unit, const uint64
     size_t isz = bf->itemsize;
     uint64_t unit_row = 1;
     for (int d = 1; d < nd; d++) unit_row *= a->inner[d];
-    bool whole = true; /* the unit spans every other axis exactly */
-    for (int d = 1; d < nd; d++) whole = whole && a->inner[d] == a->meta.shape[d] && g[d] == 0;
-    if (whole) {
+    if (unit_spans_rows(a, g)) {
         memcpy(bf->data + dst_row * bf->row_elems * isz, unit + src_row * unit_row * isz,
                (size_t)(n * unit_row * isz));
         return;
@@ -782,16 +824,35 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
         x->t->stats.bytes_decoded += x->ctx->stats.bytes_decoded - before;
         if (cache) zb_cache_put(cache, a, grid_lin, target, unit_bytes);
     }
-    for (size_t i = c0; i < c1; i++) {
-        const copy *c = &p->copies[i];
-        uint64_t row_bytes = 1;
-        for (int d = 1; d < nd; d++) {
-            uint64_t lo = g[d] * a->inner[d], hi = lo + a->inner[d];
-            row_bytes *= (hi > a->meta.shape[d] ? a->meta.shape[d] : hi) - lo;
-        }
-        x->t->stats.bytes_delivered += c->nrows * row_bytes * bf->itemsize;
-        if (!direct) copy_rows(a, bf, target, g, c->src_row, c->dst_row, c->nrows);
+    uint64_t row_bytes = bf->itemsize; /* of this unit's part of a row */
+    for (int d = 1; d < nd; d++) {
+        uint64_t lo = g[d] * a->inner[d], hi = lo + a->inner[d];
+        row_bytes *= (hi > a->meta.shape[d] ? a->meta.shape[d] : hi) - lo;
     }
+    uint64_t rows = 0;
+    if (direct) {
+        rows = cp->nrows;
+    } else if (unit_spans_rows(a, g)) {
+        /* the unit holds whole batch rows: one move per copy, fixed-size for short rows */
+        size_t rb = (size_t)row_bytes;
+        for (size_t i = c0; i < c1; i++) {
+            const copy *c = &p->copies[i];
+            uint8_t *o = bf->data + c->dst_row * rb;
+            const uint8_t *u = target + c->src_row * rb;
+            if (c->nrows == 1)
+                copy_short(o, u, rb);
+            else
+                memcpy(o, u, (size_t)c->nrows * rb);
+            rows += c->nrows;
+        }
+    } else {
+        for (size_t i = c0; i < c1; i++) {
+            const copy *c = &p->copies[i];
+            copy_rows(a, bf, target, g, c->src_row, c->dst_row, c->nrows);
+            rows += c->nrows;
+        }
+    }
+    x->t->stats.bytes_delivered += rows * row_bytes;
     return ZB_OK;
 }
 
@@ -1325,12 +1386,18 @@ task_end(const plan *p, size_t i)
     const copy *c = &p->copies[i];
     const zb_array *a = child_of(p->ds, c->child)->fields[c->field].arr;
     path_kind pk = path_of(a);
-    uint64_t cps0 = a->meta.chunks[0] / a->inner[0];
+    /* the units [lo, hi) one task may span: c's unit row, or c's shard row */
+    uint64_t lo = c->unit, hi = c->unit + 1;
+    if (pk == PATH_SHARD) {
+        uint64_t cps0 = a->meta.chunks[0] / a->inner[0];
+        lo = c->unit / cps0 * cps0;
+        hi = lo + cps0;
+    }
     size_t j = i + 1, units = 1;
     while (j < p->ncopies) {
         const copy *d = &p->copies[j];
         if (d->field != c->field || d->child != c->child) break;
-        if (pk == PATH_SHARD ? d->unit / cps0 != c->unit / cps0 : d->unit != c->unit) break;
+        if (d->unit < lo || d->unit >= hi) break;
         /* a shard row is cut into tasks of a few unit rows, so the threads share it; each
          * piece still merges its neighbouring inner chunks into one range read */
         if (pk == PATH_SHARD && d->unit != p->copies[j - 1].unit && ++units > SHARD_TASK_UNITS)
@@ -1345,14 +1412,17 @@ task_end(const plan *p, size_t i)
 static zb_status
 make_tasks(plan *p)
 {
-    /* counted first: a task carries a message buffer, and there are far fewer tasks than
-     * copies (zeroing one per copy was 2.5% of a block read) */
-    size_t n = 0;
-    for (size_t i = 0; i < p->ncopies; i = task_end(p, i)) n++;
-    p->tasks = calloc(n + 1, sizeof *p->tasks);
-    if (!p->tasks) return zb_err(ZB_E_NOMEM, "read_many: out of memory for tasks");
+    /* one pass, the array grown by doubling: a task carries a message buffer, and there are
+     * far fewer tasks than copies (a record per copy was 2.5% of a block read) */
+    size_t cap = 0;
     for (size_t i = 0, j; i < p->ncopies; i = j) {
         j = task_end(p, i);
+        if (p->ntasks == cap) {
+            cap = cap ? 2 * cap : 16;
+            task *t = realloc(p->tasks, cap * sizeof *t);
+            if (!t) return zb_err(ZB_E_NOMEM, "read_many: out of memory for tasks");
+            p->tasks = t;
+        }
         p->tasks[p->ntasks++] = (task){.c0 = i, .c1 = j};
     }
     return ZB_OK;

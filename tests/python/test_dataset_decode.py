@@ -232,3 +232,38 @@ def test_two_threads_same_batches(stores, name):
         assert_same_batch(a, b)
         assert a.stats["chunks_decoded"] == b.stats["chunks_decoded"], label
         assert a.stats["bytes_delivered"] == b.stats["bytes_delivered"]
+
+
+# Rows of every width the reader copies with a fixed-size move (1 to 64 bytes) and some it
+# does not, from decoded units of a power-of-two size (shift and mask) and of other sizes
+# (division), plain and sharded; requested shuffled, with duplicates and runs that cross unit
+# bounds. Oracle: the numpy arrays the store was written from.
+ROW_FIELDS = {
+    "b1": ("uint8", ()), "b2": ("int16", ()), "b4": ("float32", ()), "b8": ("int64", ()),
+    "b12": ("float32", (3,)), "b16": ("int32", (4,)), "b20": ("float32", (5,)),
+    "b24": ("float64", (3,)), "b32": ("int16", (16,)), "b48": ("float32", (12,)),
+    "b64": ("float32", (16,)), "b72": ("float64", (9,)),
+}
+
+
+@pytest.mark.parametrize("chunks,shards", [(16, None), (7, None), (8, 32), (6, 24)])
+def test_rows_of_every_width_from_decoded_units(tmp_path, chunks, shards):
+    n = 203
+    rng = np.random.default_rng(5)
+    root = zarr.open_group(str(tmp_path / "w.zarr"), mode="w", zarr_format=3)
+    arrays = {}
+    for name, (dtype, shape) in ROW_FIELDS.items():
+        a = rng.integers(1, 120, (n, *shape)).astype(dtype)
+        arrays[name] = a
+        root.create_array(name, data=a, chunks=(chunks, *shape),
+                          shards=None if shards is None else (shards, *shape),
+                          compressors=zarr.codecs.ZstdCodec(level=1))
+    root.attrs["zbatch"] = {"fields": {k: {"array": k, "kind": "per_sample"}
+                                       for k in ROW_FIELDS}}
+    ds = zbatch_api().open(str(tmp_path / "w.zarr"))
+    requests = [rng.permutation(n), np.arange(n), np.array([5, 5, 6, 7, 8, 9, 200, 0, 1]),
+                np.concatenate([np.arange(30, 70), rng.permutation(n)[:40]])]
+    for ids in requests:
+        b = ds.read_many(ids)
+        for name, a in arrays.items():
+            np.testing.assert_array_equal(np.asarray(b[name]), a[ids], err_msg=name)
