@@ -65,33 +65,46 @@ slot_block(const block_impl *b, uint64_t j)
     return j == b->short_slot ? j : zb_perm_apply(&b->blocks, j);
 }
 
-static uint64_t
-block_row(zb_sampler *s, block_impl *b, uint64_t p)
+/* Makes window w the cached one: its row bijection and its block ids. */
+static void
+use_window(zb_sampler *s, block_impl *b, uint64_t w, uint64_t m)
 {
-    uint64_t w = p / (b->bpw * b->bs);
-    uint64_t ws = window_start(s, b, w), m = window_start(s, b, w + 1) - ws;
+    if (b->have_win && b->cached_win == w) return;
     uint64_t j0 = w * b->bpw;
-    if (!b->have_win || b->cached_win != w) {
-        zb_perm_init(&b->win_perm, m, zb_stream_key(s->seed, s->epoch, ZB_TAG_WINDOW, w, 0));
-        b->cached_win = w;
-        b->have_win = true;
-        if (b->win_blocks)
-            for (uint64_t t = 0; t < b->bpw && j0 + t < b->nblocks; t++)
-                b->win_blocks[t] = slot_block(b, j0 + t);
-    }
-    uint64_t q = zb_perm_apply(&b->win_perm, p - ws);
-    /* the short block, if any, is the last window's last slot: q / bs is the slot either way */
-    uint64_t t = q / b->bs;
-    return (b->win_blocks ? b->win_blocks[t] : slot_block(b, j0 + t)) * b->bs + q % b->bs;
+    zb_perm_init(&b->win_perm, m, zb_stream_key(s->seed, s->epoch, ZB_TAG_WINDOW, w, 0));
+    b->cached_win = w;
+    b->have_win = true;
+    if (b->win_blocks)
+        for (uint64_t t = 0; t < b->bpw && j0 + t < b->nblocks; t++)
+            b->win_blocks[t] = slot_block(b, j0 + t);
 }
 
+/* Stream rows [start, stop) of the epoch, window by window: each local row q goes through the
+ * window's bijection to q', which is row q' % bs of the window's block slot q' / bs. */
 static zb_status
 block_batch(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
 {
     block_impl *b = s->impl;
     uint64_t start = g * s->batch_size;
     uint64_t stop = s->n - start < s->batch_size ? s->n : start + s->batch_size;
-    for (uint64_t i = start; i < stop; i++) ids[i - start] = block_row(s, b, i);
+    bool pow2 = (b->bs & (b->bs - 1)) == 0;
+    int sh = pow2 ? __builtin_ctzll(b->bs) : 0;
+    for (uint64_t p = start; p < stop;) {
+        uint64_t w = p / (b->bpw * b->bs);
+        uint64_t ws = window_start(s, b, w), we = window_start(s, b, w + 1);
+        uint64_t e = stop < we ? stop : we, j0 = w * b->bpw;
+        use_window(s, b, w, we - ws);
+        uint64_t *q = ids + (p - start);
+        zb_perm_apply_run(&b->win_perm, p - ws, (size_t)(e - p), q);
+        /* the short block, if any, is the last window's last slot: q / bs is the slot either
+         * way */
+        for (uint64_t k = 0; k < e - p; k++) {
+            uint64_t t = pow2 ? q[k] >> sh : q[k] / b->bs;
+            uint64_t r = pow2 ? q[k] & (b->bs - 1) : q[k] % b->bs;
+            q[k] = (b->win_blocks ? b->win_blocks[t] : slot_block(b, j0 + t)) * b->bs + r;
+        }
+        p = e;
+    }
     *n = (size_t)(stop - start);
     return ZB_OK;
 }

@@ -23,7 +23,7 @@ random_batch(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
     random_impl *r = s->impl;
     uint64_t start = g * s->batch_size;
     uint64_t stop = s->n - start < s->batch_size ? s->n : start + s->batch_size;
-    for (uint64_t i = start; i < stop; i++) ids[i - start] = zb_perm_apply(&r->perm, i);
+    zb_perm_apply_run(&r->perm, start, (size_t)(stop - start), ids);
     *n = (size_t)(stop - start);
     return ZB_OK;
 }

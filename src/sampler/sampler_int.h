@@ -131,6 +131,8 @@ typedef struct zb_perm {
 void zb_perm_init(zb_perm *p, uint64_t n, uint64_t key);
 /* The image of x (< n). */
 uint64_t zb_perm_apply(const zb_perm *p, uint64_t x);
+/* out[i] = zb_perm_apply(p, x0 + i) for i < n, a few at a time (x0 + n <= p->n). */
+void zb_perm_apply_run(const zb_perm *p, uint64_t x0, size_t n, uint64_t *out);
 /* The preimage of y (< n): zb_perm_invert(p, zb_perm_apply(p, x)) == x. */
 uint64_t zb_perm_invert(const zb_perm *p, uint64_t y);
 

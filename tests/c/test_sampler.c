@@ -429,6 +429,28 @@ test_perm_is_bijection(void **state)
     }
 }
 
+/* The run form gives exactly the images of one call per position, from any start and for any
+ * length (the four-wide passes, the cycle walk of the lanes that leave [0, n), the tail). */
+static void
+test_perm_run_equals_single_applications(void **state)
+{
+    (void)state;
+    const uint64_t sizes[] = {1, 2, 3, 5, 16, 17, 1000, 4096, 4097};
+    for (size_t t = 0; t < sizeof sizes / sizeof *sizes; t++) {
+        uint64_t n = sizes[t];
+        zb_perm p;
+        zb_perm_init(&p, n, 0x99 + t);
+        uint64_t *out = malloc(n * sizeof *out);
+        const uint64_t starts[] = {0, 1, n / 3, n - 1};
+        for (size_t k = 0; k < 4; k++) {
+            uint64_t x0 = starts[k], len = n - x0;
+            zb_perm_apply_run(&p, x0, (size_t)len, out);
+            for (uint64_t i = 0; i < len; i++) assert_true(out[i] == zb_perm_apply(&p, x0 + i));
+        }
+        free(out);
+    }
+}
+
 static void
 test_sequential_batches(void **state)
 {
@@ -1209,6 +1231,7 @@ main(void)
     fill_sizes();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_perm_is_bijection),
+        cmocka_unit_test(test_perm_run_equals_single_applications),
         cmocka_unit_test(test_sequential_batches),
         cmocka_unit_test(test_cover_exactly_once),
         cmocka_unit_test(test_drop_is_disjoint),
