@@ -81,18 +81,19 @@ zb_perm_apply(const zb_perm *p, uint64_t x)
 static void
 feistel_forward4(const zb_perm *p, uint64_t *v)
 {
-    uint64_t l[4], r[4];
-    for (int k = 0; k < 4; k++) {
-        l[k] = v[k] >> p->half;
-        r[k] = v[k] & p->mask;
+    uint64_t l0 = v[0] >> p->half, r0 = v[0] & p->mask, l1 = v[1] >> p->half, r1 = v[1] & p->mask;
+    uint64_t l2 = v[2] >> p->half, r2 = v[2] & p->mask, l3 = v[3] >> p->half, r3 = v[3] & p->mask;
+    for (int i = 0; i < ZB_PERM_ROUNDS; i++) {
+        uint64_t key = p->keys[i], m = p->mask;
+        uint64_t t0 = l0 ^ (zb_mix64(r0 ^ key) & m), t1 = l1 ^ (zb_mix64(r1 ^ key) & m);
+        uint64_t t2 = l2 ^ (zb_mix64(r2 ^ key) & m), t3 = l3 ^ (zb_mix64(r3 ^ key) & m);
+        l0 = r0, l1 = r1, l2 = r2, l3 = r3;
+        r0 = t0, r1 = t1, r2 = t2, r3 = t3;
     }
-    for (int i = 0; i < ZB_PERM_ROUNDS; i++)
-        for (int k = 0; k < 4; k++) {
-            uint64_t t = l[k] ^ (zb_mix64(r[k] ^ p->keys[i]) & p->mask);
-            l[k] = r[k];
-            r[k] = t;
-        }
-    for (int k = 0; k < 4; k++) v[k] = (l[k] << p->half) | r[k];
+    v[0] = (l0 << p->half) | r0;
+    v[1] = (l1 << p->half) | r1;
+    v[2] = (l2 << p->half) | r2;
+    v[3] = (l3 << p->half) | r3;
 }
 
 void
