@@ -263,12 +263,23 @@ typedef struct run {
     uint64_t warmup_batches;
     struct rusage r0, r1;
     uint64_t peak_rss; /* VmHWM at the end of the timed run */
-    uint64_t peak_anon; /* the largest anonymous resident set seen at a window's end */
+    uint64_t peak_anon; /* the largest anonymous resident set seen at a window's end, less
+                         * the bench's own records (records_bytes) */
 } run;
 
+/* Bytes of the per-batch records kept so far (ids, offsets, latencies, windows): the bench's,
+ * not the loader's, and growing with the run's length and speed (8 bytes per sample). */
+static uint64_t
+records_bytes(const run *r)
+{
+    return (uint64_t)r->nids * sizeof *r->ids +
+           (uint64_t)r->nbatches * (sizeof *r->off + sizeof *r->lat) +
+           (uint64_t)r->nwin * sizeof *r->win;
+}
+
 /* Anonymous resident memory now (resident minus file-backed and shared pages, from
- * /proc/self/statm): the loader's own memory, without the page-cache pages of mapped store
- * files, which VmHWM counts too. Kept as the largest value seen. */
+ * /proc/self/statm) less the bench's records: the loader's own memory, without the page-cache
+ * pages of mapped store files, which VmHWM counts too. Kept as the largest value seen. */
 static void
 sample_anon_rss(run *r)
 {
@@ -276,6 +287,8 @@ sample_anon_rss(run *r)
     unsigned long long size = 0, res = 0, shared = 0;
     if (f && fscanf(f, "%llu %llu %llu", &size, &res, &shared) == 3 && res >= shared) {
         uint64_t b = (uint64_t)(res - shared) * (uint64_t)sysconf(_SC_PAGESIZE);
+        uint64_t rec = records_bytes(r);
+        b = b > rec ? b - rec : 0;
         if (b > r->peak_anon) r->peak_anon = b;
     }
     if (f) fclose(f);
@@ -784,7 +797,7 @@ params_json(const opts *o)
 typedef struct derived {
     double samples_per_s, decoded_gb_s, delivered_gb_s, amplification;
     double cpu_s, cpu_util, cpu_core_pct;
-    uint64_t peak_rss, peak_anon, minflt, majflt;
+    uint64_t peak_rss, peak_anon, records, minflt, majflt;
     double faults_per_batch, major_per_batch;
     double dec_gb_s, dec_samples_per_s, dec_ratio;
 } derived;
@@ -802,6 +815,7 @@ derive(const opts *o, const run *r, const figures *fg, derived *d)
     d->cpu_core_pct = 100.0 * ratio(d->cpu_s, r->wall);
     d->peak_rss = r->peak_rss;
     d->peak_anon = r->peak_anon;
+    d->records = records_bytes(r);
     d->minflt = (uint64_t)(r->r1.ru_minflt - r->r0.ru_minflt);
     d->majflt = (uint64_t)(r->r1.ru_majflt - r->r0.ru_majflt);
     d->faults_per_batch = ratio((double)d->minflt, (double)r->nbatches);
@@ -835,6 +849,7 @@ figures_json(const run *r, const figures *fg, const derived *d)
     zb_bench_put_double(f, "cpu_percent_of_one_core", d->cpu_core_pct);
     zb_bench_put_u64(f, "peak_rss_bytes", d->peak_rss);
     zb_bench_put_u64(f, "peak_anon_rss_bytes", d->peak_anon);
+    zb_bench_put_u64(f, "bench_records_bytes", d->records);
     zb_bench_put_double(f, "page_faults_per_batch", d->faults_per_batch);
     zb_bench_put_double(f, "major_faults_per_batch", d->major_per_batch);
     zb_bench_put_double(f, "time_to_first_batch_s", r->ttfb);
@@ -903,7 +918,10 @@ print_table(const opts *o, zb_dataset *ds, uint64_t n, const run *r, const figur
     zb_bench_human_bytes((double)d->peak_rss, b1, sizeof b1);
     char b2[32];
     zb_bench_human_bytes((double)d->peak_anon, b2, sizeof b2);
-    printf("  %-24s %12s  (anonymous %s; the rest is mapped store files)\n", "peak RSS", b1, b2);
+    char b3[32];
+    zb_bench_human_bytes((double)d->records, b3, sizeof b3);
+    printf("  %-24s %12s  (anonymous %s, not counting the bench's %s of batch records; the "
+           "rest is mapped store files)\n", "peak RSS", b1, b2, b3);
     printf("  %-24s %12.1f  (major %.2f)\n", "page faults / batch", d->faults_per_batch,
            d->major_per_batch);
     printf("  %-24s %12.2f ms\n", "time to first batch", r->ttfb * 1e3);

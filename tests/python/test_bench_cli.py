@@ -102,6 +102,10 @@ def test_block_run_reports_every_figure(cells, tmp_path):
     assert d["gb_s"] > 0 and d["ratio"] > 0 and math.isfinite(d["ratio"])
     assert d["ratio"] == pytest.approx(f["samples_per_s"] / d["samples_per_s"])
     assert f["peak_rss_bytes"] > 1 << 20
+    # the bench's own record of the timed batches (8 bytes per sample id and a little per
+    # batch) is not the loader's memory: counted apart, left out of the anonymous figure
+    assert f["timed_samples"] * 8 <= f["bench_records_bytes"] < f["timed_samples"] * 8 + (1 << 20)
+    assert 0 < f["peak_anon_rss_bytes"] < f["peak_rss_bytes"]
     assert f["page_faults_per_batch"] >= 0 and f["cpu_percent_of_one_core"] > 0
     assert f["cpu_utilisation"] == pytest.approx(f["cpu_percent_of_one_core"] / 100 / 2)
     assert 0 < f["time_to_first_batch_s"] < 10
