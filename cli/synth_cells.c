@@ -264,7 +264,7 @@ usage(FILE *f)
             "  --format v2|v3   Zarr format (default v3)\n"
             "  --codec CODEC    e.g. zstd:3, blosc:lz4:5:shuffle, none (default: the library's)\n"
             "  --genes G        columns of X (default %d)\n"
-            "  --chunk-nnz K    elements per chunk of X/data and X/indices (default: the library's, 8192)\n"
+            "  --chunk-nnz K    elements per chunk of X/data and X/indices (default: the library's, 4096)\n"
             "  --shard-nnz K    v3: elements per shard, a multiple of --chunk-nnz; 0 = unsharded\n"
             "                   (default 4194304 elements: 512 inner chunks of the default size)\n"
             "  --threads T      generation and compression threads (default 1)\n"
@@ -454,7 +454,7 @@ zb_cli_synth_cells(int argc, char **argv)
         /* Sharded like Tahoe-100M (FORMATS.md §7.3), with shards of 4M elements (16 MiB of
          * float32) instead of Tahoe's 128M: the array writer holds a whole shard while it
          * fills. A chunk size given on the command line keeps the shard near that size. */
-        uint64_t chunk = o.chunk_nnz ? o.chunk_nnz : 8192;
+        uint64_t chunk = o.chunk_nnz ? o.chunk_nnz : ZB_ANNDATA_DEFAULT_X_CHUNK;
         uint64_t per = chunk < SHARD_ELEMS ? SHARD_ELEMS / chunk : 1;
         wo.x_shard = o.shard_nnz != UINT64_MAX ? o.shard_nnz : o.format == 3 ? chunk * per : 0;
         wo.num_threads = (int)o.threads;

@@ -64,11 +64,17 @@ typedef enum zb_anndata_axis {
     ZB_ANNDATA_VAR = 1  /* one value per column of X (n_vars) */
 } zb_anndata_axis;
 
+/* Elements per chunk (the inner chunk when sharded) of a CSR X's data and indices when the
+ * options leave it 0: 4,096 (16 KiB of float32, ~2.8 cells of a Tahoe-like matrix), measured
+ * in docs/PERFORMANCE.md "Codec defaults". */
+#define ZB_ANNDATA_DEFAULT_X_CHUNK 4096
+
 typedef struct zb_anndata_write_opts {
     int zarr_format;       /* 3 (default) or 2 */
     const char *codec;     /* codec string of every array (see "Writing arrays" in zbatch.h);
                               NULL = "blosc:lz4:5:shuffle" */
-    uint64_t x_chunk;      /* CSR: elements per chunk of X/data and X/indices (0 = 8192);
+    uint64_t x_chunk;      /* CSR: elements per chunk of X/data and X/indices (0 =
+                              ZB_ANNDATA_DEFAULT_X_CHUNK);
                               dense: rows per chunk of X (0 = about 1 MiB of rows) */
     uint64_t x_shard;      /* v3 only: CSR elements, or dense rows, per shard of X; a multiple
                               of x_chunk; 0 = not sharded */

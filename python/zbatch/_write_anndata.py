@@ -143,7 +143,7 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
         Codec string of every array, e.g. ``"blosc:lz4:5:shuffle"`` (the default), ``"zstd:3"``,
         ``"none"``.
     chunk_size
-        CSR: elements per chunk of ``X/data`` and ``X/indices`` (default 8192); dense: rows per
+        CSR: elements per chunk of ``X/data`` and ``X/indices`` (default 4096); dense: rows per
         chunk of ``X`` (default about 1 MiB of rows).
     shard_size
         Zarr v3 only: elements (CSR) or rows (dense) per shard of X, a multiple of
@@ -188,9 +188,10 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
 
     x_chunk = int(chunk_size or 0)
     if not x_chunk and not shard_size:
-        # the C defaults (8192 elements; about 1 MiB of rows), but no chunk longer than X
+        # the C defaults (ZB_ANNDATA_DEFAULT_X_CHUNK elements; about 1 MiB of rows), but no
+        # chunk longer than X
         if csr:
-            x_chunk = min(8192, max(1, int(X.indptr[-1]) if n_obs else 1))
+            x_chunk = min(_zbatch.ANNDATA_DEFAULT_X_CHUNK, max(1, int(X.indptr[-1]) if n_obs else 1))
         else:
             x_chunk = min(max(1, (1 << 20) // max(1, n_vars * dtype.itemsize)), max(1, n_obs))
 

@@ -480,7 +480,8 @@ zbpy_register_anndata(PyObject *module)
         Py_DECREF(&AnndataWriterType);
         return -1;
     }
-    if (PyModule_AddStringConstant(module, "INCOMPLETE_MARKER", ZB_INCOMPLETE_MARKER) < 0)
+    if (PyModule_AddStringConstant(module, "INCOMPLETE_MARKER", ZB_INCOMPLETE_MARKER) < 0 ||
+        PyModule_AddIntConstant(module, "ANNDATA_DEFAULT_X_CHUNK", ZB_ANNDATA_DEFAULT_X_CHUNK) < 0)
         return -1;
     return 0;
 }

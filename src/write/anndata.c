@@ -16,7 +16,7 @@
 /* Elements converted per step when indptr or codes are rebased / narrowed (bounds scratch). */
 #define STEP 65536
 /* Default elements per chunk of X/data and X/indices (FORMATS.md §7.3: Tahoe's inner chunk). */
-#define DEFAULT_X_CHUNK 8192 /* measured: docs/PERFORMANCE.md "Chunk size" */
+#define DEFAULT_X_CHUNK ZB_ANNDATA_DEFAULT_X_CHUNK
 /* Default rows per chunk of X/indptr and of every obs/var array: one row count for all columns
  * of a dataframe, which FORMATS.md §6 recommends (columns should share chunking). */
 #define DEFAULT_COLUMN_CHUNK 65536

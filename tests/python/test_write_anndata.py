@@ -433,3 +433,23 @@ def test_synth_cells_bad_usage(tmp_path):
     assert r.returncode == 1 and "already holds" in r.stderr
     r = run_cli("synth", "--kind", "cells", "--help")
     assert r.returncode == 0 and "--chunk-nnz" in r.stdout
+
+
+def test_default_csr_chunk_is_the_library_constant(tmp_path):
+    """With no chunk_size, X/data and X/indices of a CSR matrix larger than one chunk are
+    chunked by ZB_ANNDATA_DEFAULT_X_CHUNK (4,096 elements, docs/PERFORMANCE.md "Codec
+    defaults") — from Python and from `zbatch synth`, as zarr-python reports them."""
+    import zarr
+    from zbatch import _zbatch
+    assert _zbatch.ANNDATA_DEFAULT_X_CHUNK == 4096
+    X = sp.random(300, 200, density=0.2, format="csr", dtype=np.float32, random_state=3)
+    p = tmp_path / "c.zarr"
+    write_anndata(p, X)
+    g = zarr.open_group(str(p), mode="r")
+    assert g["X/data"].chunks == (4096,) and g["X/indices"].chunks == (4096,)
+    np.testing.assert_array_equal(ad.read_zarr(p).X.toarray(), X.toarray())
+    s = tmp_path / "s.zarr"
+    r = run_cli("synth", "--kind", "cells", "--n", "20", "--genes", "3000", "-o", str(s))
+    assert r.returncode == 0, r.stderr
+    g = zarr.open_group(str(s), mode="r")
+    assert g["X/data"].chunks == (4096,) and g["X/data"].shards == (4096 * 1024,)
