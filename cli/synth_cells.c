@@ -264,12 +264,15 @@ usage(FILE *f)
             "  --format v2|v3   Zarr format (default v3)\n"
             "  --codec CODEC    e.g. zstd:3, blosc:lz4:5:shuffle, none (default: the library's)\n"
             "  --genes G        columns of X (default %d)\n"
-            "  --chunk-nnz K    elements per chunk of X/data and X/indices (default: the library's, 4096)\n"
+            "  --chunk-nnz K    elements per chunk of X/data and X/indices (default: the library's,\n"
+            "                   %d)\n"
             "  --shard-nnz K    v3: elements per shard, a multiple of --chunk-nnz; 0 = unsharded\n"
-            "                   (default 4194304 elements: 512 inner chunks of the default size)\n"
+            "                   (default %llu elements: %llu inner chunks of the default size)\n"
             "  --threads T      generation and compression threads (default 1)\n"
             "  -h, --help       this text\n",
-            MEAN_NNZ, N_CELL_LINES, N_DRUGS, N_PLATES, DEFAULT_GENES);
+            MEAN_NNZ, N_CELL_LINES, N_DRUGS, N_PLATES, DEFAULT_GENES, ZB_ANNDATA_DEFAULT_X_CHUNK,
+            (unsigned long long)SHARD_ELEMS,
+            (unsigned long long)(SHARD_ELEMS / ZB_ANNDATA_DEFAULT_X_CHUNK));
 }
 
 typedef struct opts {

@@ -191,7 +191,8 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
         # the C defaults (ZB_ANNDATA_DEFAULT_X_CHUNK elements; about 1 MiB of rows), but no
         # chunk longer than X
         if csr:
-            x_chunk = min(_zbatch.ANNDATA_DEFAULT_X_CHUNK, max(1, int(X.indptr[-1]) if n_obs else 1))
+            nnz = int(X.indptr[-1]) if n_obs else 1
+            x_chunk = min(_zbatch.ANNDATA_DEFAULT_X_CHUNK, max(1, nnz))
         else:
             x_chunk = min(max(1, (1 << 20) // max(1, n_vars * dtype.itemsize)), max(1, n_obs))
 

@@ -269,9 +269,10 @@ class BlockSampler(Sampler):
 
     Rows are cut into blocks of ``block_size``; the block order is a random permutation per
     epoch (a short last block, when ``n`` is not a multiple, always comes last, so every window
-    but the last has ``blocks_per_window * block_size`` rows); ``blocks_per_window`` consecutive blocks of that order form a window whose rows are
-    permuted; batches are cut in order from the window stream. Reads stay contiguous (read
-    amplification ~1) while batches mix ``blocks_per_window`` blocks.
+    but the last has ``blocks_per_window * block_size`` rows); ``blocks_per_window``
+    consecutive blocks of that order form a window whose rows are permuted; batches are cut in
+    order from the window stream. Reads stay contiguous (read amplification ~1) while batches
+    mix ``blocks_per_window`` blocks.
 
     Peers: annbatch ``Loader(chunk_size=c, preload_nchunks=p)`` is ``block_size=c,
     blocks_per_window=p`` (:meth:`from_annbatch`); scDataset ``BlockShuffling(block_size=b)``

@@ -512,13 +512,10 @@ add_run(plan *p, uint32_t f, uint32_t c, uint64_t src, uint64_t n, uint64_t dst_
 {
     const zb_array *a = child_of(p->ds, c)->fields[f].arr;
     uint64_t U = a->inner[0];
-    if ((U & (U - 1)) == 0) { /* power-of-two units (the writers' default): no division */
-        int sh = __builtin_ctzll(U);
-        uint64_t u = src >> sh, off = src & (U - 1);
-        if (off + n <= U) return push_copy(p, (copy){f, c, u, off, dst_row, n});
-    }
+    bool pow2 = (U & (U - 1)) == 0; /* the writers' default: shift and mask, no division */
+    int sh = pow2 ? __builtin_ctzll(U) : 0;
     while (n > 0) {
-        uint64_t u = src / U, off = src % U;
+        uint64_t u = pow2 ? src >> sh : src / U, off = pow2 ? src & (U - 1) : src % U;
         uint64_t take = U - off < n ? U - off : n;
         ZB_TRY(push_copy(p, (copy){f, c, u, off, dst_row, take}));
         src += take;
@@ -663,41 +660,40 @@ unit_spans_rows(const zb_array *a, const uint64_t *g)
     return true;
 }
 
-/* memcpy of one short row with a fixed-size move for the common widths (a call into memcpy
- * per 64-byte row was most of the copying of small samples). */
+/* n lines of nb bytes, line r from u + r*us to o + r*os, with a fixed-size move for the common
+ * widths (a call into memcpy per short line was most of the copying of small samples and of
+ * nvalchemi's column chunks). */
 static inline void
-copy_short(uint8_t *o, const uint8_t *u, size_t nb)
+copy_lines(uint8_t *o, size_t os, const uint8_t *u, size_t us, uint64_t n, size_t nb)
 {
+#define ZB_COPY_LINES(W)                                                                         \
+    for (uint64_t r = 0; r < n; r++, u += us, o += os) memcpy(o, u, W);                          \
+    break
     switch (nb) {
-    case 1: memcpy(o, u, 1); break;
-    case 2: memcpy(o, u, 2); break;
-    case 4: memcpy(o, u, 4); break;
-    case 8: memcpy(o, u, 8); break;
-    case 12: memcpy(o, u, 12); break;
-    case 16: memcpy(o, u, 16); break;
-    case 24: memcpy(o, u, 24); break;
-    case 32: memcpy(o, u, 32); break;
-    case 48: memcpy(o, u, 48); break;
-    case 64: memcpy(o, u, 64); break;
-    default: memcpy(o, u, nb); break;
+    case 1: ZB_COPY_LINES(1);
+    case 2: ZB_COPY_LINES(2);
+    case 4: ZB_COPY_LINES(4);
+    case 8: ZB_COPY_LINES(8);
+    case 12: ZB_COPY_LINES(12);
+    case 16: ZB_COPY_LINES(16);
+    case 24: ZB_COPY_LINES(24);
+    case 32: ZB_COPY_LINES(32);
+    case 48: ZB_COPY_LINES(48);
+    case 64: ZB_COPY_LINES(64);
+    default: ZB_COPY_LINES(nb);
     }
+#undef ZB_COPY_LINES
 }
 
 /* Copies rows [src_row, src_row+n) of a decoded unit at unit coordinates g (logical C order,
- * shape a->inner) into the batch rows starting at dst_row. */
+ * shape a->inner) that covers part of the other axes (serve_unit moves units holding whole
+ * rows itself) into the batch rows starting at dst_row. */
 static void
 copy_rows(const zb_array *a, const bfield *bf, const uint8_t *unit, const uint64_t *g,
           uint64_t src_row, uint64_t dst_row, uint64_t n)
 {
     int nd = a->meta.ndim;
     size_t isz = bf->itemsize;
-    uint64_t unit_row = 1;
-    for (int d = 1; d < nd; d++) unit_row *= a->inner[d];
-    if (unit_spans_rows(a, g)) {
-        memcpy(bf->data + dst_row * bf->row_elems * isz, unit + src_row * unit_row * isz,
-               (size_t)(n * unit_row * isz));
-        return;
-    }
     if (nd == 2) {
         /* a unit of some columns of each row (nvalchemi's column chunks, [rows, 1]): one short
          * line per row, copied with a fixed-size move where the width allows */
@@ -705,25 +701,12 @@ copy_rows(const zb_array *a, const bfield *bf, const uint8_t *unit, const uint64
         if (hi1 > a->meta.shape[1]) hi1 = a->meta.shape[1];
         size_t nb = (size_t)((hi1 - lo1) * isz);
         size_t us = (size_t)(a->inner[1] * isz), os = (size_t)(bf->row_elems * isz);
-        const uint8_t *u = unit + src_row * us;
-        uint8_t *o = bf->data + dst_row * os + lo1 * isz;
-#define ZB_COPY_LINES(W)                                                                         \
-    for (uint64_t r = 0; r < n; r++, u += us, o += os) memcpy(o, u, W)
-        switch (nb) {
-        case 1: ZB_COPY_LINES(1); break;
-        case 2: ZB_COPY_LINES(2); break;
-        case 4: ZB_COPY_LINES(4); break;
-        case 8: ZB_COPY_LINES(8); break;
-        case 12: ZB_COPY_LINES(12); break;
-        case 16: ZB_COPY_LINES(16); break;
-        default: ZB_COPY_LINES(nb); break;
-        }
-#undef ZB_COPY_LINES
+        copy_lines(bf->data + dst_row * os + lo1 * isz, os, unit + src_row * us, us, n, nb);
         return;
     }
     /* general: the unit covers a box of the other axes; copy it line by line (last axis) */
     uint64_t lo[ZB_MAX_DIMS], ext[ZB_MAX_DIMS], ostride[ZB_MAX_DIMS], ustride[ZB_MAX_DIMS];
-    uint64_t s = 1, us = 1;
+    uint64_t s = 1, us = 1; /* us ends as the unit's elements per row */
     for (int d = nd - 1; d >= 1; d--) {
         ostride[d] = s;
         s *= a->meta.shape[d];
@@ -735,7 +718,7 @@ copy_rows(const zb_array *a, const bfield *bf, const uint8_t *unit, const uint64
         ext[d] = hi - lo[d];
     }
     for (uint64_t r = 0; r < n; r++) {
-        const uint8_t *urow = unit + (src_row + r) * unit_row * isz;
+        const uint8_t *urow = unit + (src_row + r) * us * isz;
         uint8_t *orow = bf->data + (dst_row + r) * bf->row_elems * isz;
         uint64_t idx[ZB_MAX_DIMS] = {0};
         for (;;) {
@@ -840,7 +823,7 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
             uint8_t *o = bf->data + c->dst_row * rb;
             const uint8_t *u = target + c->src_row * rb;
             if (c->nrows == 1)
-                copy_short(o, u, rb);
+                copy_lines(o, 0, u, 0, 1, rb);
             else
                 memcpy(o, u, (size_t)c->nrows * rb);
             rows += c->nrows;

@@ -3,13 +3,14 @@
  * position from two keyed bijections (block order, rows of a window), so memory is O(1) in n
  * (plus the block ids of the current window).
  *
- * Stream layout. Blocks are [b*bs, min((b+1)*bs, n)); only block nblocks-1 may be short. The full blocks are shuffled into slots [0, nfull) (slot j holds block
- * P(j)); a short block always takes the last slot, so every window but the last is exactly
- * bpw*bs rows: window w holds slots [w*bpw, min((w+1)*bpw, nblocks)) and starts at stream row
- * w*bpw*bs. (A short block in a middle slot would shift every later window by its missing rows, and
- * a loader reading bpw*bs rows per window would then straddle two windows and decode their
- * chunks twice.) Inside window w, local row q is mapped through the window's bijection to q',
- * which is then located among the window's blocks. */
+ * Stream layout. Blocks are [b*bs, min((b+1)*bs, n)); only block nblocks-1 may be short. The
+ * full blocks are shuffled into slots [0, nfull) (slot j holds block P(j)); a short block always
+ * takes the last slot, so every window but the last is exactly bpw*bs rows: window w holds
+ * slots [w*bpw, min((w+1)*bpw, nblocks)) and starts at stream row w*bpw*bs. (A short block in a
+ * middle slot would shift every later window by its missing rows, and a loader reading bpw*bs
+ * rows per window would then straddle two windows and decode their chunks twice.) Inside
+ * window w, local row q is mapped through the window's bijection to q', which is then located
+ * among the window's blocks. */
 #include <stdlib.h>
 
 #include "sampler/sampler_int.h"

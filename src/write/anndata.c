@@ -15,8 +15,6 @@
 
 /* Elements converted per step when indptr or codes are rebased / narrowed (bounds scratch). */
 #define STEP 65536
-/* Default elements per chunk of X/data and X/indices (FORMATS.md §7.3: Tahoe's inner chunk). */
-#define DEFAULT_X_CHUNK ZB_ANNDATA_DEFAULT_X_CHUNK
 /* Default rows per chunk of X/indptr and of every obs/var array: one row count for all columns
  * of a dataframe, which FORMATS.md §6 recommends (columns should share chunking). */
 #define DEFAULT_COLUMN_CHUNK 65536
@@ -310,7 +308,7 @@ open_x(zb_anndata_writer *w)
         return open_array(w, "X", w->x_dtype, 2, row, w->x_chunk, w->x_shard, w->num_threads, attrs,
                           &w->x);
     }
-    uint64_t chunk = w->x_chunk ? w->x_chunk : DEFAULT_X_CHUNK;
+    uint64_t chunk = w->x_chunk ? w->x_chunk : ZB_ANNDATA_DEFAULT_X_CHUNK;
     /* the arrays inside a sparse group carry no encoding attributes (FORMATS.md §6) */
     ZB_TRY(open_array(w, "X/data", w->x_dtype, 1, NULL, chunk, w->x_shard, w->num_threads, NULL,
                       &w->x));
@@ -343,7 +341,8 @@ zb_anndata_writer_open(zb_store *store, const char *path, uint64_t n_vars, zb_an
     if (o.x_shard && o.zarr_format != 3)
         return zb_err(ZB_E_INVALID, "anndata writer: sharding needs zarr_format 3");
     if (o.x_shard) {
-        uint64_t chunk = o.x_chunk ? o.x_chunk : (x_kind == ZB_ANNDATA_X_CSR ? DEFAULT_X_CHUNK : 0);
+        uint64_t chunk =
+            o.x_chunk ? o.x_chunk : (x_kind == ZB_ANNDATA_X_CSR ? ZB_ANNDATA_DEFAULT_X_CHUNK : 0);
         if (!chunk)
             return zb_err(ZB_E_INVALID, "anndata writer: a dense X shard needs x_chunk set");
         if (o.x_shard % chunk)
