@@ -44,6 +44,8 @@ zb_dataset_close(zb_dataset *ds)
     zb_cache_free(ds->cache);
     zb_cache_free(ds->index_cache);
     zb_arena_pool_unref(ds->arenas);
+    zb_plan_mem_release_all(ds);
+    pthread_mutex_destroy(&ds->plan_mu);
     pthread_mutex_destroy(&ds->pool_mu);
     free(ds->path);
     free(ds);
@@ -68,6 +70,7 @@ dataset_alloc(zb_store *store, const char *path, const zb_dataset_opts *opts)
     ds->opts = opts ? *opts : d;
     pthread_mutex_init(&ds->mask.mu, NULL);
     pthread_mutex_init(&ds->pool_mu, NULL);
+    pthread_mutex_init(&ds->plan_mu, NULL);
     if (!ds->path) {
         free(ds);
         return NULL;

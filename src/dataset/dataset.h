@@ -60,6 +60,10 @@ typedef struct zb_arena_pool zb_arena_pool;
 zb_status zb_arena_pool_new(zb_arena_pool **out);
 void zb_arena_pool_unref(zb_arena_pool *p);
 
+/* read_many's plan memory kept between requests (reader.c); freed by zb_dataset_close. */
+typedef struct zb_plan_mem zb_plan_mem;
+void zb_plan_mem_release_all(zb_dataset *ds);
+
 struct zb_dataset {
     zb_store *store;
     char *path;
@@ -82,6 +86,9 @@ struct zb_dataset {
     zb_cache *cache;
     zb_cache *index_cache;   /* decoded shard indexes, always on (bounded) */
     zb_arena_pool *arenas;   /* batch memory, reused across reads */
+    pthread_mutex_t plan_mu;
+    struct zb_plan_mem *plan_free; /* read_many's plan memory, reused across reads (reader.c) */
+    size_t plan_nfree;
     bool is_child;
     bool borrowed;           /* children belong to the caller (zb_dataset_concat) */
 };

@@ -17,6 +17,7 @@
 #include "dataset/dataset.h"
 #include "store/store.h"
 #include "util/status.h"
+#include "util/stream.h"
 #include "zarr/codec.h"
 #include "zarr/shard.h"
 
@@ -194,18 +195,171 @@ typedef struct copy {
 typedef struct task {
     size_t c0, c1;
     zb_status st;
-    char msg[512];
+    char *msg; /* the error's message (malloc'd), or NULL */
     zb_read_stats stats;
 } task;
 
-typedef struct plan {
+/* A task as a worker runs it. */
+typedef struct plan plan;
+typedef struct exec {
+    plan *p;
+    task *t;
+    zb_ctx *ctx;
+} exec;
+
+/* A copy's sort key and its place in the plan (sort_field). */
+typedef struct keyed {
+    uint64_t key;
+    size_t i;
+} keyed;
+
+/* The plan's memory, kept by the dataset between requests (dataset.h plan_free). A window's
+ * plan is megabytes (copy records, sort keys, tasks, per-sample arrays) that malloc returns to
+ * the kernel when freed and faults in again for the next window: 84,000 page faults in 8 s of a
+ * block loader were all in the plan. Each kept set is as large as the largest request it
+ * served; PLAN_MEM_KEPT of them at most (one per concurrent caller is what a loader needs), and
+ * none larger than PLAN_MEM_MAX_BYTES. */
+#define PLAN_MEM_KEPT 4
+#define PLAN_MEM_MAX_BYTES ((size_t)256 << 20)
+struct zb_plan_mem {
+    copy *copies;
+    size_t copies_cap;
+    keyed *keys;
+    size_t keys_cap;
+    copy *sorted;
+    size_t sorted_cap;
+    task *tasks;
+    size_t tasks_cap;
+    exec *xs;
+    size_t xs_cap;
+    uint32_t *child;
+    size_t child_cap;
+    uint64_t *phys;
+    size_t phys_cap;
+    int64_t *seg_start;
+    size_t seg_cap;
+    size_t *arena_off;
+    size_t off_cap;
+    zb_ctx *ctx;
+    pthread_t owner; /* the thread that used it last */
+    zb_plan_mem *next;
+};
+
+/* Ensures *a holds n elements of `size` bytes (grown by doubling, contents kept). */
+static bool
+grow_array(void **a, size_t *cap, size_t n, size_t size)
+{
+    if (n <= *cap) return true;
+    size_t c = *cap ? *cap : 16;
+    while (c < n) {
+        if (c > SIZE_MAX / 2 / size) return false;
+        c *= 2;
+    }
+    void *q = realloc(*a, c * size);
+    if (!q) return false;
+    *a = q;
+    *cap = c;
+    return true;
+}
+
+static size_t
+plan_mem_bytes(const zb_plan_mem *m)
+{
+    return m->copies_cap * sizeof *m->copies + m->keys_cap * sizeof *m->keys +
+           m->sorted_cap * sizeof *m->sorted + m->tasks_cap * sizeof *m->tasks +
+           m->xs_cap * sizeof *m->xs + m->child_cap * sizeof *m->child +
+           m->phys_cap * sizeof *m->phys + m->seg_cap * sizeof *m->seg_start +
+           m->off_cap * sizeof *m->arena_off;
+}
+
+static void
+plan_mem_free(zb_plan_mem *m)
+{
+    if (!m) return;
+    free(m->copies);
+    free(m->keys);
+    free(m->sorted);
+    free(m->tasks);
+    free(m->xs);
+    free(m->child);
+    free(m->phys);
+    free(m->seg_start);
+    free(m->arena_off);
+    zb_ctx_free(m->ctx);
+    free(m);
+}
+
+/* A kept plan memory of the dataset, or a new empty one (NULL when out of memory). */
+static zb_plan_mem *
+plan_mem_take(zb_dataset *ds)
+{
+    /* the one this thread used last, if kept: its lines may still be in this core's cache */
+    pthread_t self = pthread_self();
+    pthread_mutex_lock(&ds->plan_mu);
+    zb_plan_mem **pp = &ds->plan_free;
+    while (*pp && !pthread_equal((*pp)->owner, self)) pp = &(*pp)->next;
+    if (!*pp) pp = &ds->plan_free;
+    zb_plan_mem *m = *pp;
+    if (m) {
+        *pp = m->next;
+        ds->plan_nfree--;
+    }
+    pthread_mutex_unlock(&ds->plan_mu);
+    if (m) {
+        m->next = NULL;
+        memset(&m->ctx->stats, 0, sizeof m->ctx->stats);
+    } else {
+        m = calloc(1, sizeof *m);
+        if (m && zb_ctx_new(&m->ctx) != ZB_OK) {
+            free(m);
+            return NULL;
+        }
+    }
+    if (m) m->owner = self;
+    return m;
+}
+
+/* Returns a plan memory to the dataset (kept within the bounds above, freed otherwise). */
+static void
+plan_mem_give(zb_dataset *ds, zb_plan_mem *m)
+{
+    if (!m) return;
+    if (plan_mem_bytes(m) <= PLAN_MEM_MAX_BYTES) {
+        pthread_mutex_lock(&ds->plan_mu);
+        if (ds->plan_nfree < PLAN_MEM_KEPT) {
+            m->next = ds->plan_free;
+            ds->plan_free = m;
+            ds->plan_nfree++;
+            m = NULL;
+        }
+        pthread_mutex_unlock(&ds->plan_mu);
+    }
+    plan_mem_free(m);
+}
+
+void
+zb_plan_mem_release_all(zb_dataset *ds)
+{
+    zb_plan_mem *m = ds->plan_free;
+    while (m) {
+        zb_plan_mem *n = m->next;
+        plan_mem_free(m);
+        m = n;
+    }
+    ds->plan_free = NULL;
+    ds->plan_nfree = 0;
+}
+
+struct plan {
     zb_dataset *ds;
     zb_batch *b;
+    zb_plan_mem *m; /* where copies, tasks and the sort's scratch live between requests */
     copy *copies;
     size_t ncopies, cap;
     task *tasks;
-    size_t ntasks;
-} plan;
+    size_t ntasks, tasks_cap;
+    bool stream; /* the batch outgrows the cache: long copies into it are streamed (stream.h) */
+};
 
 /* ------------------------------------------------------------------------------------------- */
 
@@ -566,11 +720,6 @@ copy_key(const plan *p, const copy *c, key_child *kc, uint64_t *key)
     return true;
 }
 
-typedef struct keyed {
-    uint64_t key;
-    size_t i;
-} keyed;
-
 /* Orders copies [c0, c1) of one field, which arrive with dst_row ascending, by copy_key: a
  * stable LSD radix sort over the key bytes in use, so copies from one source row keep their dst
  * order (cmp_copy's order, without its calls: the plan's sort was 7% of a small-block read). */
@@ -619,35 +768,25 @@ sort_copies(plan *p)
         qsort(p->copies, n, sizeof *p->copies, cmp_copy);
         return ZB_OK;
     }
-    keyed *k = malloc(2 * n * sizeof *k);
-    copy *out = malloc(n * sizeof *out);
-    if (!k || !out) {
-        free(k);
-        free(out);
+    zb_plan_mem *m = p->m;
+    if (!grow_array((void **)&m->keys, &m->keys_cap, 2 * n, sizeof *m->keys) ||
+        !grow_array((void **)&m->sorted, &m->sorted_cap, n, sizeof *m->sorted))
         return zb_err(ZB_E_NOMEM, "read_many: out of memory sorting the plan");
-    }
     for (size_t c0 = 0, c1; c0 < n; c0 = c1) {
         for (c1 = c0 + 1; c1 < n && p->copies[c1].field == p->copies[c0].field; c1++) {}
-        sort_field(p, c0, c1, k, k + n, out);
+        sort_field(p, c0, c1, m->keys, m->keys + n, m->sorted);
     }
-    free(k);
-    free(out);
     return ZB_OK;
 }
 
 /* ---- execution ---------------------------------------------------------------------------- */
 
-typedef struct exec {
-    plan *p;
-    task *t;
-    zb_ctx *ctx;
-} exec;
 
 static zb_status
 task_fail(task *t, zb_status st)
 {
     t->st = st;
-    snprintf(t->msg, sizeof t->msg, "%s", zb_last_error());
+    t->msg = strdup(zb_last_error()); /* NULL when out of memory: the status alone is told */
     return st;
 }
 
@@ -683,6 +822,16 @@ copy_lines(uint8_t *o, size_t os, const uint8_t *u, size_t us, uint64_t n, size_
     default: ZB_COPY_LINES(nb);
     }
 #undef ZB_COPY_LINES
+}
+
+/* Bytes of rows into the batch: streamed past the cache when the batch outgrows it. */
+static inline void
+put_bytes(const plan *p, uint8_t *dst, const uint8_t *src, size_t n)
+{
+    if (p->stream)
+        zb_stream_copy(dst, src, n);
+    else
+        memcpy(dst, src, n);
 }
 
 /* Copies rows [src_row, src_row+n) of a decoded unit at unit coordinates g (logical C order,
@@ -825,7 +974,7 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
             if (c->nrows == 1)
                 copy_lines(o, 0, u, 0, 1, rb);
             else
-                memcpy(o, u, (size_t)c->nrows * rb);
+                put_bytes(p, o, u, (size_t)c->nrows * rb);
             rows += c->nrows;
         }
     } else {
@@ -978,7 +1127,8 @@ raw_copy_out(exec *x, bfield *bf, size_t c0, size_t c1, const uint8_t *src, uint
     for (size_t i = c0; i < c1; i++) {
         const copy *c = &x->p->copies[i];
         uint64_t n = c->nrows * row_bytes;
-        memcpy(bf->data + c->dst_row * row_bytes, src + (c->src_row * row_bytes - s0), (size_t)n);
+        put_bytes(x->p, bf->data + c->dst_row * row_bytes, src + (c->src_row * row_bytes - s0),
+                  (size_t)n);
         total += n;
     }
     x->t->stats.bytes_delivered += total;
@@ -1359,6 +1509,7 @@ run_drain(void *arg, zb_ctx *ctx)
 {
     drain *d = arg;
     for (size_t t; (t = atomic_fetch_add(&d->next, 1)) < d->n;) run_task(&d->xs[t], ctx);
+    zb_stream_fence(); /* this worker's streamed rows before the request completes */
 }
 
 /* The end of the task that starts at copy i: the copies of one unit row, or of a few unit
@@ -1395,16 +1546,16 @@ task_end(const plan *p, size_t i)
 static zb_status
 make_tasks(plan *p)
 {
-    /* one pass, the array grown by doubling: a task carries a message buffer, and there are
-     * far fewer tasks than copies (a record per copy was 2.5% of a block read) */
-    size_t cap = 0;
+    /* one pass, the array grown by doubling: there are far fewer tasks than copies (a record
+     * per copy was 2.5% of a block read) */
     for (size_t i = 0, j; i < p->ncopies; i = j) {
         j = task_end(p, i);
-        if (p->ntasks == cap) {
-            cap = cap ? 2 * cap : 16;
+        if (p->ntasks == p->tasks_cap) {
+            size_t cap = p->tasks_cap ? 2 * p->tasks_cap : 16;
             task *t = realloc(p->tasks, cap * sizeof *t);
             if (!t) return zb_err(ZB_E_NOMEM, "read_many: out of memory for tasks");
             p->tasks = t;
+            p->tasks_cap = cap;
         }
         p->tasks[p->ntasks++] = (task){.c0 = i, .c1 = j};
     }
@@ -1412,6 +1563,19 @@ make_tasks(plan *p)
 }
 
 /* ---- read_many ---------------------------------------------------------------------------- */
+
+/* Hands the plan's memory back to the dataset (the tasks' messages freed). */
+static void
+plan_end(plan *p)
+{
+    for (size_t t = 0; t < p->ntasks; t++) free(p->tasks[t].msg);
+    zb_plan_mem *m = p->m;
+    m->copies = p->copies;
+    m->copies_cap = p->cap;
+    m->tasks = p->tasks;
+    m->tasks_cap = p->tasks_cap;
+    plan_mem_give(p->ds, m);
+}
 
 static zb_status
 locate(zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child, uint64_t *phys)
@@ -1492,16 +1656,22 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
 
     const zb_dataset *pr = child_of(ds, 0);
     zb_status st = ZB_OK;
-    plan p = {.ds = ds};
+    zb_plan_mem *m = plan_mem_take(ds);
+    zb_batch *b = m ? calloc(1, sizeof *b) : NULL;
+    if (!b) {
+        plan_mem_give(ds, m);
+        return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+    }
+    plan p = {.ds = ds, .b = b, .m = m, .copies = m->copies, .cap = m->copies_cap,
+              .tasks = m->tasks, .tasks_cap = m->tasks_cap};
+    m->copies = NULL; /* the plan owns them until the end (push_copy and make_tasks grow them) */
+    m->tasks = NULL;
     uint32_t *child = NULL;
     uint64_t *phys = NULL;
     int64_t *seg_start = NULL; /* [nsegs][n] */
-    zb_ctx *ctx = NULL;
+    zb_ctx *ctx = m->ctx;
     exec *xs = NULL;
     size_t *arena_off = NULL;
-    zb_batch *b = calloc(1, sizeof *b);
-    if (!b) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
-    p.b = b;
     b->B = n;
     b->refs = 1;
     b->n_vars = ds->n_vars;
@@ -1510,17 +1680,16 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
     b->fields = calloc(pr->nfields + 1, sizeof *b->fields);
     b->segs = calloc(pr->nsegs + 1, sizeof *b->segs);
     b->index = malloc((n + 1) * sizeof *b->index);
-    child = malloc((n + 1) * sizeof *child);
-    phys = malloc((n + 1) * sizeof *phys);
-    seg_start = malloc((pr->nsegs * n + 1) * sizeof *seg_start);
+    if (grow_array((void **)&m->child, &m->child_cap, n + 1, sizeof *m->child)) child = m->child;
+    if (grow_array((void **)&m->phys, &m->phys_cap, n + 1, sizeof *m->phys)) phys = m->phys;
+    if (grow_array((void **)&m->seg_start, &m->seg_cap, pr->nsegs * n + 1, sizeof *seg_start))
+        seg_start = m->seg_start;
     if (ds->nchildren) b->dataset = malloc((n + 1) * sizeof *b->dataset);
     if (!b->fields || !b->segs || !b->index || !child || !phys || !seg_start ||
         (ds->nchildren && !b->dataset)) {
         st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
         goto fail;
     }
-    st = zb_ctx_new(&ctx);
-    if (st != ZB_OK) goto fail;
 
     /* 1. ids -> (child, physical) */
     for (size_t i = 0; i < n; i++) {
@@ -1555,11 +1724,11 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
         }
     }
     /* 3. batch buffers (one arena block, 64-byte aligned fields) and copies */
-    arena_off = calloc(pr->nfields + 1, sizeof *arena_off);
-    if (!arena_off) {
+    if (!grow_array((void **)&m->arena_off, &m->off_cap, pr->nfields + 1, sizeof *arena_off)) {
         st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
         goto fail;
     }
+    arena_off = m->arena_off;
     size_t arena_need = 0;
     for (size_t f = 0; f < pr->nfields; f++) {
         const zb_field *fd = &pr->fields[f];
@@ -1567,6 +1736,7 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
         arena_off[f] = arena_need;
         arena_need += ((size_t)(rows * fd->row_elems * fd->itemsize) + 63) & ~(size_t)63;
     }
+    p.stream = arena_need >= ZB_STREAM_MIN_BATCH_BYTES;
     b->arenas = ds->arenas;
     b->arena = arena_take(ds->arenas, arena_need + 64, &b->arena_cap);
     if (!b->arena) {
@@ -1645,11 +1815,11 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
     if (st != ZB_OK) goto fail;
 
     /* 4. execute on the pool (one read_many drives it at a time) */
-    xs = calloc(p.ntasks + 1, sizeof *xs);
-    if (!xs) {
+    if (!grow_array((void **)&m->xs, &m->xs_cap, p.ntasks + 1, sizeof *xs)) {
         st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
         goto fail;
     }
+    xs = m->xs;
     for (size_t t = 0; t < p.ntasks; t++) xs[t] = (exec){&p, &p.tasks[t], NULL};
     /* one drain job per worker, each taking the next task off a shared counter: a request of
      * thousands of small tasks then costs a handful of queue hand-offs, not one (with a
@@ -1673,7 +1843,8 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
     }
     for (size_t t = 0; t < p.ntasks; t++)
         if (p.tasks[t].st != ZB_OK) {
-            st = zb_err(p.tasks[t].st, "%s", p.tasks[t].msg);
+            const char *msg = p.tasks[t].msg;
+            st = zb_err(p.tasks[t].st, "%s", msg ? msg : "read_many: a read failed");
             goto fail;
         }
 
@@ -1690,25 +1861,11 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
             if (st != ZB_OK) goto fail;
         }
     }
-    free(xs);
-    free(p.copies);
-    free(p.tasks);
-    free(child);
-    free(phys);
-    free(seg_start);
-    free(arena_off);
-    zb_ctx_free(ctx);
+    plan_end(&p);
     *out = b;
     return ZB_OK;
 fail:
-    free(xs);
-    free(p.copies);
-    free(p.tasks);
-    free(child);
-    free(phys);
-    free(seg_start);
-    free(arena_off);
-    zb_ctx_free(ctx);
+    plan_end(&p);
     zb_batch_free(b);
     return st;
 }

@@ -7,6 +7,7 @@
 
 #include "dataset/batch.h"
 #include "util/status.h"
+#include "util/stream.h"
 
 static zb_status
 x_data(zb_batch *b, zb_batch_view *v, const char *what)
@@ -84,42 +85,6 @@ load_value(const void *p, zb_dtype dt, uint64_t i)
     }
 }
 
-/* Dense batches larger than this are written with non-temporal stores: each row is assembled
- * in a scratch row that stays in cache and then streamed out, so the destination's cache lines
- * are never read (a plain memset + scatter reads every line before writing it, which doubles
- * the memory traffic of a batch that cannot stay in cache anyway). Smaller batches are written
- * in place and stay in cache for the consumer. */
-#define STREAM_MIN_BATCH_BYTES ((size_t)8 << 20)
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#define HAVE_STREAM 1
-
-static void
-stream_row(float *dst, const float *src, size_t n)
-{
-    size_t i = 0;
-    for (; i < n && ((uintptr_t)(dst + i) & 15); i++) dst[i] = src[i];
-    for (; i + 16 <= n; i += 16) {
-        _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
-        _mm_stream_ps(dst + i + 4, _mm_loadu_ps(src + i + 4));
-        _mm_stream_ps(dst + i + 8, _mm_loadu_ps(src + i + 8));
-        _mm_stream_ps(dst + i + 12, _mm_loadu_ps(src + i + 12));
-    }
-    for (; i < n; i++) dst[i] = src[i];
-}
-
-static void
-stream_done(void)
-{
-    _mm_sfence(); /* streamed stores are weakly ordered: make them visible before the batch is */
-}
-#else
-#define HAVE_STREAM 0
-static void stream_row(float *dst, const float *src, size_t n) { memcpy(dst, src, n * sizeof *dst); }
-static void stream_done(void) {}
-#endif
-
 /* Writes CSR entries [a, e) into the dense `row` (columns through `map` when not NULL), or
  * writes zeros where they went when `clear`. Returns false on an index outside [0, n_vars),
  * stored in *bad. */
@@ -188,8 +153,12 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
     }
     float *out = mem;
     size_t row_bytes = (size_t)ncols * sizeof *out;
+    /* A batch that outgrows the cache is assembled row by row in a scratch row that stays in
+     * cache and then streamed out (util/stream.h), so its lines are never read before being
+     * written (a memset + scatter in place reads every one of them). Smaller batches are
+     * written in place and stay in cache for the consumer. */
     float *scratch = NULL; /* all zeros between rows */
-    if (HAVE_STREAM && ncols && B * row_bytes >= STREAM_MIN_BATCH_BYTES)
+    if (ZB_HAVE_STREAM && ncols && B * row_bytes >= ZB_STREAM_MIN_BATCH_BYTES)
         scratch = calloc(ncols, sizeof *scratch); /* without it: the in-place path */
     st = ZB_OK;
     for (size_t r = 0; r < B; r++) {
@@ -207,11 +176,11 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
             break;
         }
         if (scratch) {
-            stream_row(dst, scratch, ncols);
+            zb_stream_copy(dst, scratch, row_bytes);
             scatter_row(scratch, &d, &ix, d.ptr[r], d.ptr[r + 1], map, n_vars, true, &bad);
         }
     }
-    if (scratch) stream_done();
+    if (scratch) zb_stream_fence();
     free(scratch);
     free(map);
     return st;

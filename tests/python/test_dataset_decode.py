@@ -267,3 +267,43 @@ def test_rows_of_every_width_from_decoded_units(tmp_path, chunks, shards):
         b = ds.read_many(ids)
         for name, a in arrays.items():
             np.testing.assert_array_equal(np.asarray(b[name]), a[ids], err_msg=name)
+
+
+# A request whose batch outgrows the cache (util/stream.h ZB_STREAM_MIN_BATCH_BYTES, 8 MiB) has
+# its row copies streamed past the cache: lines start at every offset modulo 64 and have every
+# length around the streamed minimum (256 bytes) and the 64-byte line, from decoded units
+# (plain, sharded, units of a size that is not a power of two) and from uncompressed chunks
+# read in place. Oracle: scipy's rows of the matrix the store was written from.
+@pytest.mark.parametrize("chunks,shards,codec", [(4096, None, "zstd"), (1000, 8000, "zstd"),
+                                                 (65536, None, None)])
+def test_large_csr_batches_are_exact(tmp_path, chunks, shards, codec):
+    n_obs, n_vars = 1600, 50000
+    rng = np.random.default_rng(11)
+    # lengths 0..4000 with many just around 16, 64 and 256 bytes' worth of float32
+    counts = np.concatenate([rng.integers(0, 4000, n_obs - 400),
+                             rng.integers(60, 70, 200), rng.integers(0, 20, 200)])
+    rng.shuffle(counts)
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    nnz = int(indptr[-1])
+    assert nnz * 8 > 2 * (8 << 20)  # data + indices of one request of all cells: streamed
+    indices = rng.integers(0, n_vars, nnz).astype(np.int32)
+    data = (rng.random(nnz, dtype=np.float32) + 1.0).astype(np.float32)
+    X = sp.csr_matrix((data, indices, indptr), shape=(n_obs, n_vars))
+    root = zarr.open_group(str(tmp_path / "big.zarr"), mode="w", zarr_format=3)
+    root.attrs.update({"encoding-type": "anndata", "encoding-version": "0.1.0"})
+    g = root.create_group("X", attributes={"encoding-type": "csr_matrix",
+                                           "encoding-version": "0.1.0", "shape": [n_obs, n_vars]})
+    comp = zarr.codecs.ZstdCodec(level=1) if codec else None
+    for name, arr in (("data", data), ("indices", indices)):
+        g.create_array(name, data=arr, chunks=(chunks,), shards=None if shards is None else
+                       (shards,), compressors=comp)
+    g.create_array("indptr", data=indptr, chunks=(4096,))
+    ad.io.write_elem(root, "obs", pd.DataFrame(index=[f"c{k}" for k in range(n_obs)]))
+    ad.io.write_elem(root, "var", pd.DataFrame(index=[f"g{j}" for j in range(n_vars)]))
+    ds = zbatch_api().open(str(tmp_path / "big.zarr"), num_threads=2)
+    for ids in (rng.permutation(n_obs), np.arange(n_obs)[::-1], rng.permutation(n_obs)[:900]):
+        got = ds.read_many(ids)["X"]
+        want = X[ids]
+        np.testing.assert_array_equal(got.indptr, want.indptr)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.data, want.data)
