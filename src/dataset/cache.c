@@ -101,21 +101,28 @@ evict(zb_cache *c, entry *e)
 }
 
 bool
-zb_cache_get(zb_cache *c, const void *owner, uint64_t unit, void *dst, size_t dst_len)
+zb_cache_get_part(zb_cache *c, const void *owner, uint64_t unit, size_t whole_len, size_t off,
+                  void *dst, size_t len)
 {
-    if (!c) return false;
+    if (!c || off > whole_len || len > whole_len - off) return false;
     bool hit = false;
     pthread_mutex_lock(&c->mu);
     entry *e = c->buckets[hash(owner, unit, c->nbuckets)];
     while (e && !(e->owner == owner && e->unit == unit)) e = e->hnext;
-    if (e && e->len == dst_len) {
-        memcpy(dst, e->data, dst_len);
+    if (e && e->len == whole_len) {
+        memcpy(dst, e->data + off, len);
         lru_unlink(c, e);
         lru_push(c, e);
         hit = true;
     }
     pthread_mutex_unlock(&c->mu);
     return hit;
+}
+
+bool
+zb_cache_get(zb_cache *c, const void *owner, uint64_t unit, void *dst, size_t dst_len)
+{
+    return zb_cache_get_part(c, owner, unit, dst_len, 0, dst, dst_len);
 }
 
 void
