@@ -368,9 +368,13 @@ typedef struct zb_dataset_opts {
     bool use_consolidated;      /* use consolidated metadata when present (default true) */
     size_t cache_bytes;         /* decoded-chunk cache (LRU); 0 = off */
     int num_threads;            /* decode threads for read_many; 0 or 1 = the calling thread */
+    size_t inline_work_bytes;   /* a read_many whose chunks decode to at most this many bytes
+                                   runs on the calling thread, not the decode threads (the
+                                   hand-off costs more than a second thread saves); default
+                                   512 KiB, 0 = always the decode threads */
 } zb_dataset_opts;
 
-#define ZB_DATASET_OPTS_DEFAULT {false, true, true, 0, 1}
+#define ZB_DATASET_OPTS_DEFAULT {false, true, true, 0, 1, (size_t)512 << 10}
 
 typedef struct zb_field_info {
     const char *name;          /* "X/data", "obs/cell_line", "positions", ... */
@@ -451,7 +455,8 @@ typedef struct zb_read_stats {
 
 /* Reads the samples `ids` (logical, any order, duplicates allowed) as one batch in the
  * requested order. Every chunk (or shard inner chunk) the request touches is decoded at most
- * once, in parallel on the dataset's threads. Out-of-range ids: ZB_E_RANGE naming the id.
+ * once, in parallel on the dataset's threads (on the calling thread when the chunks decode to
+ * no more than zb_dataset_opts.inline_work_bytes). Out-of-range ids: ZB_E_RANGE naming the id.
  * Thread-safe: any number of threads may read one dataset at once. */
 zb_status zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **out);
 

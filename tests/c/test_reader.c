@@ -492,15 +492,23 @@ test_four_threads_same_bytes(void **state)
     for (int sharded = 0; sharded < 2; sharded++) {
         build_opts bo = {.with_index = true, .sharded = sharded};
         zb_store *st = build(&s, &bo);
-        zb_dataset *d1 = open_ds(st, 0, 1), *d4 = open_ds(st, 0, 4);
+        /* d4 sends even this small request to its four threads (inline_work_bytes 0); d4i
+         * reads it on the calling thread, as the default does for little work */
+        zb_dataset *d1 = open_ds(st, 0, 1), *d4 = NULL, *d4i = open_ds(st, 0, 4);
+        zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+        o.num_threads = 4;
+        o.inline_work_bytes = 0;
+        ZB_ASSERT_OK(zb_dataset_open(st, "", &o, &d4));
         uint64_t ids[40];
         for (size_t i = 0; i < 40; i++) ids[i] = (i * 7 + 3) % N;
         for (int rep = 0; rep < 5; rep++) {
-            zb_batch *b1 = NULL, *b4 = NULL;
+            zb_batch *b1 = NULL, *b4 = NULL, *b4i = NULL;
             ZB_ASSERT_OK(zb_dataset_read_many(d1, ids, 40, &b1));
             ZB_ASSERT_OK(zb_dataset_read_many(d4, ids, 40, &b4));
+            ZB_ASSERT_OK(zb_dataset_read_many(d4i, ids, 40, &b4i));
             check_batch(&s, b4, ids, 40, true);
             assert_batches_equal(b1, b4);
+            assert_batches_equal(b1, b4i);
             zb_read_stats r1, r4;
             zb_batch_stats(b1, &r1);
             zb_batch_stats(b4, &r4);
@@ -508,9 +516,11 @@ test_four_threads_same_bytes(void **state)
             assert_int_equal(r1.bytes_delivered, r4.bytes_delivered);
             zb_batch_free(b1);
             zb_batch_free(b4);
+            zb_batch_free(b4i);
         }
         zb_dataset_close(d1);
         zb_dataset_close(d4);
+        zb_dataset_close(d4i);
         zb_store_close(st);
     }
     source_free(&s);
