@@ -650,13 +650,9 @@ child_of(const zb_dataset *ds, uint32_t c)
 static zb_status
 push_copy(plan *p, copy c)
 {
-    if (p->ncopies == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 1024;
-        copy *n = realloc(p->copies, cap * sizeof *n);
-        if (!n) return zb_err(ZB_E_NOMEM, "read_many: out of memory for the plan");
-        p->copies = n;
-        p->cap = cap;
-    }
+    if (p->ncopies == p->cap &&
+        !grow_array((void **)&p->copies, &p->cap, p->ncopies + 1, sizeof *p->copies))
+        return zb_err(ZB_E_NOMEM, "read_many: out of memory for the plan");
     p->copies[p->ncopies++] = c;
     return ZB_OK;
 }
@@ -1574,13 +1570,9 @@ make_tasks(plan *p)
         for (int d = 1; d < a->meta.ndim; d++)
             row_bytes *= (a->meta.shape[d] + a->inner[d] - 1) / a->inner[d];
         p->work += rows * row_bytes;
-        if (p->ntasks == p->tasks_cap) {
-            size_t cap = p->tasks_cap ? 2 * p->tasks_cap : 16;
-            task *t = realloc(p->tasks, cap * sizeof *t);
-            if (!t) return zb_err(ZB_E_NOMEM, "read_many: out of memory for tasks");
-            p->tasks = t;
-            p->tasks_cap = cap;
-        }
+        if (p->ntasks == p->tasks_cap &&
+            !grow_array((void **)&p->tasks, &p->tasks_cap, p->ntasks + 1, sizeof *p->tasks))
+            return zb_err(ZB_E_NOMEM, "read_many: out of memory for tasks");
         p->tasks[p->ntasks++] = (task){.c0 = i, .c1 = j};
     }
     return ZB_OK;
