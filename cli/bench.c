@@ -405,6 +405,8 @@ timed_run(zb_dataset *ds, zb_sampler *s, const opts *o, run *r)
     lo.depth = (size_t)o->depth;
     lo.transforms = o->transforms;
     lo.ntransforms = o->ntransforms;
+    /* one loader for the whole run: it reads on across epoch ends, as a training loop's does */
+    lo.more_epochs = o->epochs ? (size_t)o->epochs - 1 : SIZE_MAX;
     zb_loader *ld = NULL;
     double t_open = zb_bench_now();
     zb_status st = zb_loader_open(ds, s, &lo, &ld);
@@ -422,9 +424,8 @@ timed_run(zb_dataset *ds, zb_sampler *s, const opts *o, run *r)
             return fail_status("loader", st);
         }
         if (!b) {
-            zb_loader_close(ld);
-            ld = NULL;
             if (k == 0) {
+                zb_loader_close(ld);
                 fprintf(stderr, "zbatch bench: the sampler yields no batch in epoch %" PRIu64 "\n",
                         epoch);
                 return 1;
@@ -440,9 +441,6 @@ timed_run(zb_dataset *ds, zb_sampler *s, const opts *o, run *r)
             }
             epoch++;
             if (o->epochs ? epoch >= o->epochs : t - t_start >= o->seconds) break;
-            st = zb_sampler_set_epoch(s, epoch);
-            if (st == ZB_OK) st = zb_loader_open(ds, s, &lo, &ld);
-            if (st != ZB_OK) return fail_status("loader", st);
             r->epochs_started++;
             k = 0;
             continue;

@@ -47,9 +47,18 @@ typedef struct zb_loader_opts {
     size_t depth;             /* windows in flight (>= 1) */
     const zb_transform *transforms; /* run in order on every batch; copied at open */
     size_t ntransforms;
+    /* Epochs read on past the sampler's current one (0: the loader ends with it; SIZE_MAX: no
+     * end). When an epoch ends, the worker moves the sampler to the next epoch (epoch + 1, or
+     * the same epoch again with `same_epoch`, as a loop without set_epoch does) and keeps
+     * reading, so the pipeline does not drain and refill at every epoch boundary: a small
+     * dataset trained for many epochs keeps both cores busy. zb_loader_next still returns
+     * NULL at each epoch end; the call after it returns the next epoch's first batch. An
+     * epoch that yields no batch ends the loader. */
+    size_t more_epochs;
+    bool same_epoch;
 } zb_loader_opts;
 
-#define ZB_LOADER_OPTS_DEFAULT {4, 2, NULL, 0}
+#define ZB_LOADER_OPTS_DEFAULT {4, 2, NULL, 0, 0, false}
 
 typedef struct zb_loader zb_loader;
 
@@ -60,12 +69,14 @@ zb_status zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_op
                          zb_loader **out);
 
 /* The next batch in sampler order: *out is a batch to release with zb_batch_free (its memory
- * returns to the loader's window ring), or NULL at the end of the epoch. An I/O, decode or
- * transform error in the worker is returned here with its detail message. */
+ * returns to the loader's window ring), or NULL at the end of the epoch (with more_epochs, the
+ * next call goes on with the following epoch; NULL again once none is left). An I/O, decode
+ * or transform error in the worker is returned here with its detail message. */
 zb_status zb_loader_next(zb_loader *ld, zb_batch **out);
 
 /* The sampler state after the last batch handed out by zb_loader_next (not the prefetched
- * ones): restoring it into a sampler continues exactly after that batch. */
+ * ones): restoring it into a sampler continues exactly after that batch. At an epoch end
+ * (zb_loader_next gave NULL) it is that epoch's end, even while the worker reads the next. */
 void zb_loader_state(const zb_loader *ld, zb_sampler_state *state);
 
 /* Stops the worker, waits for it, frees every window not handed out. Batches already handed

@@ -45,17 +45,21 @@ static const char *const DTYPES[] = {"bool",    "int8",    "int16",   "int32",  
                                      "uint8",   "uint16",  "uint32",  "uint64",  "float16",
                                      "float32", "float64", NULL};
 
-/* _Loader(dataset, sampler, prefetch_factor, depth, transforms)
+/* _Loader(dataset, sampler, prefetch_factor, depth, transforms, more_epochs=0,
+ *         same_epoch=False)
  * transforms: a list of tuples ("log1p",), ("normalize_total", target), ("densify", cols|None),
- * ("cast", field, dtype). */
+ * ("cast", field, dtype). more_epochs < 0: no end (zb_loader_opts.more_epochs = SIZE_MAX). */
 static int
 loader_init(LoaderObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"dataset", "sampler", "prefetch_factor", "depth", "transforms", NULL};
+    static char *kwlist[] = {"dataset",     "sampler",    "prefetch_factor", "depth",
+                             "transforms",  "more_epochs", "same_epoch",     NULL};
     PyObject *dsobj, *smobj, *tlist = NULL;
     unsigned long long prefetch = 4, depth = 2;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|KKO", kwlist, &dsobj, &smobj, &prefetch,
-                                     &depth, &tlist))
+    long long more_epochs = 0;
+    int same_epoch = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|KKOLp", kwlist, &dsobj, &smobj, &prefetch,
+                                     &depth, &tlist, &more_epochs, &same_epoch))
         return -1;
     zb_dataset *ds = zbpy_dataset_ptr(dsobj);
     if (!ds) return -1;
@@ -127,6 +131,8 @@ loader_init(LoaderObject *self, PyObject *args, PyObject *kw)
     o.depth = (size_t)depth;
     o.transforms = self->transforms;
     o.ntransforms = (size_t)nt;
+    o.more_epochs = more_epochs < 0 ? SIZE_MAX : (size_t)more_epochs;
+    o.same_epoch = same_epoch != 0;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
     st = zb_loader_open(ds, sm, &o, &self->ld);

@@ -12,6 +12,7 @@ in sampler order, exact resumption.
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from . import _zbatch
@@ -104,47 +105,81 @@ class DataLoader:
         elif sampler_kwargs:
             raise TypeError(f"sampler options {sorted(sampler_kwargs)} need a sampler name")
         self.sampler = sampler
+        self._epoch = int(sampler._state_dict().get("epoch", 0))
+        # the sampler's set_epoch / state_dict / load_state_dict are this loader's from now on
+        # (its C state belongs to the worker threads while a C loader is alive)
+        sampler._owner = weakref.ref(self)
         self._live: Optional[Any] = None
-        self._epoch = int(sampler.state_dict().get("epoch", 0))
+        # After a pass that ran to its end the C loader stays alive and reads on into the
+        # epoch the next pass will most likely ask for (``_parked``): epoch + 1 once
+        # set_epoch has been called, the same epoch again before that (PyTorch's loop without
+        # set_epoch repeats the order). A pass over another epoch, a rewind or a loaded state
+        # closes it and starts afresh, so the guess only decides how fast the next pass
+        # starts, never what it yields. Reading on is bounded like any pass: at most `depth`
+        # windows, whose memory the dataset's batch pool would keep anyway.
+        self._parked: Optional[int] = None
+        self._live_same = False
+        self._epoch_set = False
         self._resume = False  # a loaded state: the next iteration continues from it
 
     def __len__(self) -> int:
         return len(self.sampler)
 
     def set_epoch(self, epoch: int) -> None:
-        """Starts epoch ``epoch`` (also rewinds a partly consumed epoch)."""
+        """Starts epoch ``epoch`` (also rewinds a partly consumed epoch). ``loader.sampler.
+        set_epoch(epoch)`` does the same."""
+        epoch = int(epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._epoch_set = True
+        if self._live is not None and self._parked == epoch:
+            # the loader is already reading this epoch: keep what it has read
+            self._epoch = epoch
+            self._resume = False
+            self.sampler._epoch = epoch
+            return
         self.close()
-        self._epoch = int(epoch)
+        self._epoch = epoch
         self._resume = False
-        self.sampler.set_epoch(epoch)
+        self.sampler._set_epoch(epoch)
 
     def state_dict(self) -> dict:
         """The exact position: restoring it continues after the last batch handed out."""
         if self._live is not None:
-            return dict(self._live.state())
-        return dict(self.sampler.state_dict())
+            return {"kind": self.sampler.kind, **self._live.state()}
+        return dict(self.sampler._state_dict())
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a position: the next iteration continues right after it."""
         self.close()
-        self.sampler.load_state_dict(state)
+        self.sampler._load_state_dict(state)
         self._epoch = int(state.get("epoch", self._epoch))
         self._resume = True
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass over the current epoch, from its start (PyTorch's rule), or from the state
         given to :meth:`load_state_dict` just before."""
-        self.close()
-        if not self._resume:
-            self.sampler.set_epoch(self._epoch)
+        if (self._live is not None and self._parked is not None and not self._resume
+                and self._parked == self._epoch):
+            loader = self._live  # read on from the pass before (see __init__)
+            self.sampler._epoch = self._epoch
+        else:
+            self.close()
+            if not self._resume:
+                self.sampler._set_epoch(self._epoch)
+            self._live_same = not self._epoch_set
+            loader = _zbatch._Loader(self.dataset._c, self.sampler._c, self.prefetch_factor,
+                                     self.depth, self._transforms, more_epochs=-1,
+                                     same_epoch=self._live_same)
+            self._live = loader
+        self._parked = None
         self._resume = False
-        loader = _zbatch._Loader(self.dataset._c, self.sampler._c, self.prefetch_factor,
-                                 self.depth, self._transforms)
-        self._live = loader
+        ended = False
         try:
             while True:
                 raw = loader.next()
                 if raw is None:
+                    ended = True
                     break
                 batch = Batch(raw, self.dataset.layout, self.dataset.n_vars, self.output)
                 if self.output == "torch" and (self.device != "cpu" or self.pin_memory):
@@ -153,20 +188,23 @@ class DataLoader:
                     batch = fn(batch)
                 yield batch
         finally:
-            # keep the final position for state_dict, then free the C loader and its thread
-            if self._live is loader:
-                state = loader.state()
-                self.sampler.load_state_dict(state)
-                self._live = None
-            loader.close()
+            if self._live is loader and ended:
+                # the pass ran to its end: the loader reads on into the likely next epoch
+                self._parked = self._epoch if self._live_same else self._epoch + 1
+            elif self._live is loader:
+                self.close()  # keeps the final position for state_dict
+            else:
+                loader.close()
 
     def close(self) -> None:
-        """Stops the worker thread of an iteration in progress (also on garbage collection)."""
+        """Stops the worker threads of an iteration in progress or of a loader reading on
+        past the last pass (also on garbage collection); the position stays."""
         live, self._live = self._live, None
+        self._parked = None
         if live is not None:
             state = live.state()
             live.close()
-            self.sampler.load_state_dict(state)
+            self.sampler._load_state_dict(state)
 
     def __enter__(self) -> "DataLoader":
         return self

@@ -128,6 +128,9 @@ class Sampler:
         self._batch_size = int(batch_size)
         self._pristine = True   # at the start of the epoch, nothing taken yet
         self._resume = False    # load_state_dict was called since the last pass
+        # The DataLoader that drives this sampler (a weak reference, set by the loader): its
+        # worker threads draw from the C sampler, so epochs and states go through it
+        self._owner: Optional[Any] = None
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[_np.ndarray]:
@@ -145,24 +148,50 @@ class Sampler:
         return int(self._c.num_batches())
 
     # -- epochs and state ------------------------------------------------------------------
+    def _driver(self) -> Optional[Any]:
+        return self._owner() if self._owner is not None else None
+
     def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch the next pass runs (each epoch has its own order)."""
+        """Selects the epoch the next pass runs (each epoch has its own order). On the
+        sampler of a :class:`zbatch.DataLoader` this is the loader's ``set_epoch`` (PyTorch's
+        ``loader.sampler.set_epoch(epoch)`` idiom)."""
         epoch = int(epoch)
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
+        loader = self._driver()
+        if loader is not None:
+            loader.set_epoch(epoch)
+        else:
+            self._set_epoch(epoch)
+
+    def _set_epoch(self, epoch: int) -> None:
         self._c.set_epoch(epoch)
         self._epoch = epoch
         self._pristine, self._resume = True, False
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"kind", "seed", "epoch", "position"}``; position counts global batches."""
+        """``{"kind", "seed", "epoch", "position"}``; position counts global batches. On the
+        sampler of a :class:`zbatch.DataLoader`: the loader's position (after the last batch
+        it handed out, not the ones it read ahead)."""
+        loader = self._driver()
+        return loader.state_dict() if loader is not None else self._state_dict()
+
+    def _state_dict(self) -> dict[str, Any]:
         seed, epoch, position = self._c.get_state()
         return {"kind": self.kind, "seed": int(seed), "epoch": int(epoch),
                 "position": int(position)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state`` (possibly saved with another world size): the next pass
-        starts at its position."""
+        starts at its position. On the sampler of a :class:`zbatch.DataLoader` this is the
+        loader's ``load_state_dict``."""
+        loader = self._driver()
+        if loader is not None:
+            loader.load_state_dict(state)
+        else:
+            self._load_state_dict(state)
+
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
         kind = state.get("kind", self.kind)
         if kind != self.kind:
             raise ValueError(f"state of a {kind!r} sampler given to a {self.kind!r} sampler")

@@ -3,7 +3,9 @@
  * transforms, and queues the window; the consumer takes batches strictly in order. At most
  * `depth` windows are read ahead (queued or being read), so the loader's own memory is bounded
  * by the options; a window's memory is freed when the consumer has released all its batches
- * (batch views hold a reference to their window's buffers). */
+ * (batch views hold a reference to their window's buffers). With more_epochs the workers read
+ * on into the next epochs; a window that opens one carries epoch_start, and the consumer
+ * reports the epoch end (one NULL) before handing out its batches. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +24,7 @@ typedef struct window {
     zb_status st;             /* a failed window carries only its error */
     char msg[1024];
     bool end;                 /* the epoch ended before this window */
+    bool epoch_start;         /* an epoch ended before this window, which begins the next */
     uint64_t seq;             /* order in which windows were drawn from the sampler */
     struct window *qnext;
 } window;
@@ -38,6 +41,7 @@ struct zb_loader {
     int nworkers;
     pthread_mutex_t sample_mu; /* the sampler and the draw counter */
     uint64_t next_draw;        /* seq of the next window drawn */
+    size_t epochs_left;        /* epochs still to be read past the current one (more_epochs) */
     uint64_t next_take;        /* seq the consumer takes next */
     bool ended;                /* a worker met the end of the epoch or an error */
     pthread_mutex_t mu;
@@ -83,10 +87,22 @@ read_window(zb_loader *ld)
      * not: two workers overlap one window's planning with the other's decoding. */
     pthread_mutex_lock(&ld->sample_mu);
     w->seq = ld->next_draw++;
-    for (size_t k = 0; k < P; k++) {
+    while (w->nbatches < P) {
         size_t n = 0;
         w->st = zb_sampler_next(ld->sampler, ids + total, cap, &n);
         if (w->st != ZB_OK) break;
+        if (n == 0 && w->nbatches == 0 && !w->epoch_start && ld->epochs_left > 0) {
+            /* the epoch ended with the window before: this one opens the next (a window
+             * never spans two epochs, so the consumer sees the boundary between windows) */
+            zb_sampler_state ss;
+            zb_sampler_get_state(ld->sampler, &ss);
+            w->st = zb_sampler_set_epoch(ld->sampler, ld->opts.same_epoch ? ss.epoch
+                                                                          : ss.epoch + 1);
+            if (w->st != ZB_OK) break;
+            if (ld->epochs_left != SIZE_MAX) ld->epochs_left--;
+            w->epoch_start = true;
+            continue;
+        }
         if (n == 0) break;
         sizes[w->nbatches] = n;
         zb_sampler_get_state(ld->sampler, &w->after[w->nbatches]);
@@ -200,6 +216,7 @@ zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, 
         memcpy(ld->transforms, o.transforms, o.ntransforms * sizeof *ld->transforms);
     }
     ld->opts.transforms = ld->transforms;
+    ld->epochs_left = o.more_epochs;
     zb_sampler_get_state(sampler, &ld->state);
     pthread_mutex_init(&ld->mu, NULL);
     pthread_mutex_init(&ld->sample_mu, NULL);
@@ -226,6 +243,19 @@ zb_loader_next(zb_loader *ld, zb_batch **out)
     if (ld->finished) return ZB_OK;
     for (;;) {
         window *w = ld->cur;
+        if (w && w->epoch_start) {
+            /* the end of the epoch before this window */
+            w->epoch_start = false;
+            return ZB_OK;
+        }
+        if (w && (w->st != ZB_OK || w->end)) {
+            zb_status st = w->st;
+            if (st != ZB_OK) zb_err(st, "%s", w->msg);
+            ld->cur = NULL;
+            window_free(ld, w);
+            ld->finished = true;
+            return st;
+        }
         if (w && w->next < w->nbatches) {
             *out = w->views[w->next];
             ld->state = w->after[w->next];
@@ -247,13 +277,6 @@ zb_loader_next(zb_loader *ld, zb_batch **out)
         ld->live--;
         pthread_cond_signal(&ld->cv_room);
         pthread_mutex_unlock(&ld->mu);
-        if (w->st != ZB_OK || w->end) {
-            zb_status st = w->st;
-            if (st != ZB_OK) zb_err(st, "%s", w->msg);
-            window_free(ld, w);
-            ld->finished = true;
-            return st;
-        }
         ld->cur = w;
     }
 }

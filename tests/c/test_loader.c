@@ -2,7 +2,8 @@
  * equal read_many of the same ids (views re-based to start at 0, index fields re-based per
  * batch); batches outlive the loader; an injected decode error reaches zb_loader_next with its
  * message; transforms run and their errors propagate; the state after k batches resumes
- * exactly. Under ASan these also prove no leak on early close. */
+ * exactly; with more_epochs the loader reads on across epoch ends and each epoch still comes
+ * out whole and in order. Under ASan these also prove no leak on early close. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -330,6 +331,115 @@ test_transforms(void **state)
     zb_store_close(st);
 }
 
+/* Takes one epoch from the loader and checks it against `ref` (already at that epoch):
+ * the same batches, then the NULL that ends the epoch, with the state at the epoch's end
+ * (its 13th batch). */
+static void
+check_epoch(zb_loader *ld, zb_sampler *ref, uint64_t epoch, size_t nbatches)
+{
+    uint64_t want[64];
+    for (size_t k = 0;; k++) {
+        zb_batch *b = NULL;
+        ZB_ASSERT_OK(zb_loader_next(ld, &b));
+        size_t n = 0;
+        ZB_ASSERT_OK(zb_sampler_next(ref, want, 64, &n));
+        if (!b) {
+            assert_int_equal(n, 0);
+            assert_int_equal(k, nbatches);
+            break;
+        }
+        assert_int_equal(zb_batch_size(b), n);
+        assert_memory_equal(zb_batch_index(b), want, n * sizeof *want);
+        check_batch(b);
+        zb_batch_free(b);
+    }
+    zb_sampler_state ss;
+    zb_loader_state(ld, &ss);
+    assert_int_equal(ss.epoch, epoch);
+    assert_int_equal(ss.position, 13);
+}
+
+/* more_epochs: the workers roll the sampler over at each epoch's end and read on; the
+ * consumer still sees every epoch's batches in order and one NULL between epochs, whatever
+ * the window size (1: many windows; 13: the epoch is one window; 20: one window, short). */
+static void
+test_reads_on_across_epochs(void **state)
+{
+    (void)state;
+    zb_store *st = build();
+    zb_dataset *ds = open_ds(st, 2);
+    size_t prefetch[] = {1, 3, 13, 20};
+    for (size_t k = 0; k < sizeof prefetch / sizeof *prefetch; k++) {
+        zb_sampler *s = sampler("random", 16, 5), *ref = sampler("random", 16, 5);
+        zb_loader_opts lo = ZB_LOADER_OPTS_DEFAULT;
+        lo.prefetch_factor = prefetch[k];
+        lo.more_epochs = 2;
+        zb_loader *ld = NULL;
+        ZB_ASSERT_OK(zb_loader_open(ds, s, &lo, &ld));
+        for (uint64_t e = 0; e < 3; e++) {
+            ZB_ASSERT_OK(zb_sampler_set_epoch(ref, e));
+            check_epoch(ld, ref, e, 13);
+        }
+        zb_batch *b = (zb_batch *)1;
+        ZB_ASSERT_OK(zb_loader_next(ld, &b)); /* no epoch left */
+        assert_null(b);
+        ZB_ASSERT_OK(zb_loader_next(ld, &b));
+        assert_null(b);
+        zb_loader_close(ld);
+
+        /* same_epoch: the epoch again (a loop without set_epoch), from the sampler's start
+         * state after a restore to the middle of epoch 4 */
+        zb_sampler_state mid = {5, 4, 6};
+        ZB_ASSERT_OK(zb_sampler_restore(s, &mid));
+        lo.more_epochs = 1;
+        lo.same_epoch = true;
+        ZB_ASSERT_OK(zb_loader_open(ds, s, &lo, &ld));
+        ZB_ASSERT_OK(zb_sampler_restore(ref, &mid));
+        check_epoch(ld, ref, 4, 13 - 6);
+        ZB_ASSERT_OK(zb_sampler_set_epoch(ref, 4));
+        check_epoch(ld, ref, 4, 13);
+        ZB_ASSERT_OK(zb_loader_next(ld, &b));
+        assert_null(b);
+        zb_loader_close(ld);
+
+        /* no end: closed in the middle of the eighth epoch, windows in flight (ASan: no leak) */
+        ZB_ASSERT_OK(zb_sampler_set_epoch(s, 0));
+        lo.more_epochs = SIZE_MAX;
+        lo.same_epoch = false;
+        ZB_ASSERT_OK(zb_loader_open(ds, s, &lo, &ld));
+        for (uint64_t e = 0; e < 7; e++) {
+            ZB_ASSERT_OK(zb_sampler_set_epoch(ref, e));
+            check_epoch(ld, ref, e, 13);
+        }
+        ZB_ASSERT_OK(zb_loader_next(ld, &b));
+        assert_non_null(b);
+        zb_batch_free(b);
+        zb_loader_close(ld);
+        zb_sampler_free(s);
+        zb_sampler_free(ref);
+    }
+    /* a sampler whose epochs are empty: NULL, and the loader is over */
+    zb_sampler_opts so = ZB_SAMPLER_OPTS_DEFAULT;
+    so.n = N;
+    so.batch_size = N + 1;
+    so.drop_last = true;
+    zb_sampler *empty = NULL;
+    ZB_ASSERT_OK(zb_sampler_new_sequential(&so, &empty));
+    zb_loader_opts lo = ZB_LOADER_OPTS_DEFAULT;
+    lo.more_epochs = SIZE_MAX;
+    zb_loader *ld = NULL;
+    ZB_ASSERT_OK(zb_loader_open(ds, empty, &lo, &ld));
+    for (int i = 0; i < 3; i++) {
+        zb_batch *b = (zb_batch *)1;
+        ZB_ASSERT_OK(zb_loader_next(ld, &b));
+        assert_null(b);
+    }
+    zb_loader_close(ld);
+    zb_sampler_free(empty);
+    zb_dataset_close(ds);
+    zb_store_close(st);
+}
+
 int
 main(void)
 {
@@ -339,6 +449,7 @@ main(void)
         cmocka_unit_test(test_resume_from_loader_state),
         cmocka_unit_test(test_decode_error_reaches_next),
         cmocka_unit_test(test_transforms),
+        cmocka_unit_test(test_reads_on_across_epochs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

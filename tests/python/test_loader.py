@@ -222,8 +222,10 @@ def test_densify_does_not_fault_in_fresh_pages_per_batch(cells, tmp_path, genes,
         subprocess.run([CLI, "synth", "--kind", "cells", "--n", "6000", "--genes", str(genes),
                         "-o", str(p), "--seed", "3"], check=True, capture_output=True)
     pages = batch * genes * 4 / 4096
+    # 20 epochs: the pool grows to its working set during the first windows, and with the
+    # loader reading on across epochs that growth would weigh on a run of only a few batches
     r = subprocess.run([CLI, "bench", str(p), "--sampler", "random", "--batch", str(batch),
-                        "--prefetch", str(prefetch), "--threads", "2", "--epochs", "4",
+                        "--prefetch", str(prefetch), "--threads", "2", "--epochs", "20",
                         "--transform", "densify", "--no-decode-only", "--json", "--results",
                         str(tmp_path)], check=True, capture_output=True, text=True,
                        # malloc maps and unmaps every block past 1 MiB itself (no adaptive
@@ -377,6 +379,92 @@ def test_each_iteration_is_a_full_pass(cells):
     dl.set_epoch(3)
     c = np.concatenate(ids_of(dl))
     assert len(c) == 3000 and not np.array_equal(a, c)
+
+
+def sampler_epochs(epochs, **kw):
+    """The ids of each epoch straight from a fresh sampler (the oracle of the loader's order)."""
+    from zbatch.samplers import make_sampler
+    sm = make_sampler(n=3000, **kw)
+    out = []
+    for e in epochs:
+        sm.set_epoch(e)
+        out.append(np.concatenate([np.asarray(x, dtype=np.int64).copy() for x in sm]))
+    return out
+
+
+@pytest.mark.parametrize("sampler,kw,prefetch", [
+    ("random", {}, 3),           # 6 batches per epoch: windows of 3, the epoch ends on one
+    ("random", {}, 4),           # windows of 4 and 2
+    ("block", {"block_size": 64, "blocks_per_window": 2}, 1),
+    ("sequential", {}, 16)])     # one window holds the whole epoch
+def test_reading_on_across_epochs_keeps_every_epochs_order(cells, sampler, kw, prefetch):
+    """After a whole pass the C loader reads on into the next epoch (set_epoch(e + 1)) or the
+    same one again (no set_epoch, PyTorch's repeat); every pass still yields exactly the
+    sampler's order of its epoch, a guess that misses (set_epoch(7)) starts afresh, and the
+    sampler's own set_epoch is the loader's."""
+    p, a = cells
+    ds = zbatch.open(p, num_threads=2)
+    dl = zbatch.DataLoader(ds, batch_size=500, sampler=sampler, seed=3,
+                           prefetch_factor=prefetch, **kw)
+    want = dict(zip([0, 1, 2, 7, 8], sampler_epochs([0, 1, 2, 7, 8], name=sampler,
+                                                    batch_size=500, seed=3, **kw)))
+    got0 = np.concatenate(ids_of(dl))
+    np.testing.assert_array_equal(got0, want[0])
+    live = dl._live
+    assert live is not None  # parked: reading epoch 0 again
+    np.testing.assert_array_equal(np.concatenate(ids_of(dl)), want[0])
+    assert dl._live is live
+    for e in (1, 2):
+        dl.set_epoch(e)
+        bs = list(dl)
+        np.testing.assert_array_equal(np.concatenate([b["index"] for b in bs]), want[e])
+        for b in bs[:2]:
+            ids = b["index"].astype(np.int64)
+            assert (b["X"] != a.X[ids]).nnz == 0
+        assert dl.state_dict() == {"kind": dl.sampler.kind, "seed": 3, "epoch": e,
+                                   "position": len(dl)}
+    dl.sampler.set_epoch(7)  # not the epoch read ahead: a fresh start
+    np.testing.assert_array_equal(np.concatenate(ids_of(dl)), want[7])
+    dl.sampler.set_epoch(8)  # the epoch read ahead, through the sampler
+    assert dl._live is not None
+    np.testing.assert_array_equal(np.concatenate(ids_of(dl)), want[8])
+    assert dl.sampler.state_dict() == dl.state_dict()
+    dl.close()
+    assert dl.sampler.state_dict()["epoch"] == 8
+
+
+def test_state_and_resume_after_a_pass_that_read_on(cells):
+    """A checkpoint taken after a whole pass (while the loader reads the next epoch) is the
+    end of that pass: restored into a new loader, set_epoch(e + 1) continues as uninterrupted;
+    a state loaded into the same loader replaces what it read ahead."""
+    p, _ = cells
+    ds = zbatch.open(p, num_threads=2)
+
+    def loader():
+        return zbatch.DataLoader(ds, batch_size=400, sampler="random", seed=5,
+                                 prefetch_factor=2)
+
+    want = sampler_epochs([0, 1], name="random", batch_size=400, seed=5)
+    dl = loader()
+    np.testing.assert_array_equal(np.concatenate(ids_of(dl)), want[0])
+    state = dl.state_dict()
+    assert state["epoch"] == 0 and state["position"] == len(dl)
+    dl2 = loader()
+    dl2.load_state_dict(state)
+    assert ids_of(dl2) == []  # the epoch is over
+    dl2.set_epoch(1)
+    np.testing.assert_array_equal(np.concatenate(ids_of(dl2)), want[1])
+    # mid-epoch state of epoch 1 loaded into the loader that read epoch 1 ahead
+    dl.set_epoch(1)
+    it = iter(dl)
+    first = [next(it)["index"].astype(np.int64).copy() for _ in range(3)]
+    mid = dl.state_dict()
+    dl.close()
+    dl.load_state_dict(mid)
+    rest = ids_of(dl)
+    np.testing.assert_array_equal(np.concatenate(first + rest), want[1])
+    dl.sampler.load_state_dict({**mid, "position": 0})  # the sampler's is the loader's
+    np.testing.assert_array_equal(np.concatenate(ids_of(dl)), want[1])
 
 
 def test_size_aware_batches_respect_every_limit(tmp_path):
