@@ -247,6 +247,7 @@ def _dataset_sampler_args(dataset: Dataset, name: str, kw: dict) -> dict:
 
 def _to_device(batch: Batch, device: str, pin: bool) -> Batch:
     import torch
+    batch._materialize()
     for k, v in list(batch._items.items()):
         if isinstance(v, torch.Tensor):
             if pin and not v.is_sparse and v.layout == torch.strided:

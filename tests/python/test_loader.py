@@ -235,6 +235,33 @@ def test_densify_does_not_fault_in_fresh_pages_per_batch(cells, tmp_path, genes,
     assert f["page_faults_per_batch"] < pages / 8, (f["page_faults_per_batch"], pages)
 
 
+@pytest.mark.parametrize("output", ["scipy", "torch"])
+def test_x_is_built_when_read(cells, output):
+    """A batch's CSR X is made on first access (a dense consumer never pays for it): keys,
+    membership and order are those of a built batch, and X equals anndata's rows."""
+    if output == "torch":
+        pytest.importorskip("torch")
+    p, a = cells
+    ds = zbatch.open(p)
+    dl = zbatch.DataLoader(ds, batch_size=128, sampler="random", seed=4, output=output,
+                           transforms=[("densify", None)])
+    b = next(iter(dl))
+    keys = list(b)
+    assert keys[:2] == ["index", "X"] and "X" in b and "X_dense" in keys and len(b) == len(keys)
+    ids = np.asarray(b["index"]).astype(np.int64)
+    want = a.X[ids].toarray()
+    np.testing.assert_array_equal(np.asarray(b["X_dense"]), want)
+    assert b._items["X"] is zbatch.dataset._LAZY  # not built by reading X_dense
+    x = b["X"]
+    assert b["X"] is x  # built once
+    got = x.to_dense().numpy() if output == "torch" else x.toarray()
+    np.testing.assert_array_equal(got, want)
+    assert list(b) == keys
+    assert "X: " in repr(next(iter(dl))) and "2000" in repr(b)
+    with pytest.raises(KeyError):
+        b["no_such_field"]
+
+
 def test_torch_output(cells):
     torch = pytest.importorskip("torch")
     p, a = cells
