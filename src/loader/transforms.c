@@ -85,12 +85,11 @@ load_value(const void *p, zb_dtype dt, uint64_t i)
     }
 }
 
-/* Writes CSR entries [a, e) into the dense `row` (columns through `map` when not NULL), or
- * writes zeros where they went when `clear`. Returns false on an index outside [0, n_vars),
- * stored in *bad. */
+/* Writes CSR entries [a, e) into the dense `row` (columns through `map` when not NULL).
+ * Returns false on an index outside [0, n_vars), stored in *bad. */
 static bool
 scatter_row(float *row, const zb_batch_view *d, const zb_batch_view *ix, int64_t a, int64_t e,
-            const int64_t *map, uint64_t n_vars, bool clear, int64_t *bad)
+            const int64_t *map, uint64_t n_vars, int64_t *bad)
 {
     if (!map && ix->dtype == ZB_DT_INT32 && d->dtype == ZB_DT_FLOAT32) {
         /* the layout writers' own dtypes, without a per-entry dtype switch */
@@ -101,7 +100,7 @@ scatter_row(float *row, const zb_batch_view *d, const zb_batch_view *ix, int64_t
                 *bad = cols[i];
                 return false;
             }
-            row[cols[i]] = clear ? 0.0f : vals[i];
+            row[cols[i]] = vals[i];
         }
         return true;
     }
@@ -112,9 +111,25 @@ scatter_row(float *row, const zb_batch_view *d, const zb_batch_view *ix, int64_t
             return false;
         }
         int64_t col = map ? map[c] : c;
-        if (col >= 0) row[col] = clear ? 0.0f : (float)load_value(d->data, d->dtype, (uint64_t)i);
+        if (col >= 0) row[col] = (float)load_value(d->data, d->dtype, (uint64_t)i);
     }
     return true;
+}
+
+/* Zeros again what scatter_row wrote for entries [a, e) (their indices were checked then). */
+static void
+clear_row(float *row, const zb_batch_view *ix, int64_t a, int64_t e, const int64_t *map)
+{
+    if (!map && ix->dtype == ZB_DT_INT32) {
+        const int32_t *cols = ix->data;
+        for (int64_t i = a; i < e; i++) row[cols[i]] = 0.0f;
+        return;
+    }
+    for (int64_t i = a; i < e; i++) {
+        int64_t c = load_index(ix->data, ix->dtype, (uint64_t)i);
+        int64_t col = map ? map[c] : c;
+        if (col >= 0) row[col] = 0.0f;
+    }
 }
 
 /* CSR -> dense float32 rows, optionally keeping only `columns` (in that order). */
@@ -168,7 +183,7 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
         float *row = scratch ? scratch : dst;
         if (!scratch) memset(dst, 0, row_bytes);
         int64_t bad = 0;
-        if (!scatter_row(row, &d, &ix, d.ptr[r], d.ptr[r + 1], map, n_vars, false, &bad)) {
+        if (!scatter_row(row, &d, &ix, d.ptr[r], d.ptr[r + 1], map, n_vars, &bad)) {
             /* never leave unwritten rows behind, even in a batch about to be dropped */
             memset(dst, 0, (B - r) * row_bytes);
             st = zb_err(ZB_E_CORRUPT, "densify: X/indices value %lld outside [0, %llu)",
@@ -177,7 +192,7 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
         }
         if (scratch) {
             zb_stream_copy(dst, scratch, row_bytes);
-            scatter_row(scratch, &d, &ix, d.ptr[r], d.ptr[r + 1], map, n_vars, true, &bad);
+            clear_row(scratch, &ix, d.ptr[r], d.ptr[r + 1], map);
         }
     }
     if (scratch) zb_stream_fence();
