@@ -209,9 +209,10 @@ def test_densify_index_outside_n_vars_is_an_error(cells, tmp_path, batch_size):
 # (genes, batch, prefetch): few batches in flight; and ~190 pooled blocks in flight at once
 # (3 windows of 64 dense batches), which a pool keeping a fixed number of blocks (48 before)
 # kept unmapping and mapping again (136 faults per batch of 312 pages)
-@pytest.mark.parametrize("genes,batch,prefetch", [(2000, 1000, 2), (20000, 16, 64)])
+@pytest.mark.parametrize("genes,batch,prefetch,epochs", [(2000, 1000, 2, 100),
+                                                         (20000, 16, 64, 20)])
 def test_densify_does_not_fault_in_fresh_pages_per_batch(cells, tmp_path, genes, batch,
-                                                         prefetch):
+                                                         prefetch, epochs):
     """Page faults per batch (zbatch bench, /proc accounting) with densify stay far below the
     pages of one dense batch (batch x genes float32), each faulted in anew when a batch's
     output is a fresh allocation."""
@@ -222,10 +223,11 @@ def test_densify_does_not_fault_in_fresh_pages_per_batch(cells, tmp_path, genes,
         subprocess.run([CLI, "synth", "--kind", "cells", "--n", "6000", "--genes", str(genes),
                         "-o", str(p), "--seed", "3"], check=True, capture_output=True)
     pages = batch * genes * 4 / 4096
-    # 20 epochs: the pool grows to its working set during the first windows, and with the
-    # loader reading on across epochs that growth would weigh on a run of only a few batches
+    # enough batches that the pool's growth to its working set (the first few windows: ~20k
+    # faults for 3,000 cells of 8 MB batches) does not decide the figure; the loader reads on
+    # across epochs, so a run of only a few batches would mostly measure that growth
     r = subprocess.run([CLI, "bench", str(p), "--sampler", "random", "--batch", str(batch),
-                        "--prefetch", str(prefetch), "--threads", "2", "--epochs", "20",
+                        "--prefetch", str(prefetch), "--threads", "2", "--epochs", str(epochs),
                         "--transform", "densify", "--no-decode-only", "--json", "--results",
                         str(tmp_path)], check=True, capture_output=True, text=True,
                        # malloc maps and unmaps every block past 1 MiB itself (no adaptive
