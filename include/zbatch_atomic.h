@@ -113,12 +113,27 @@ const char *zb_atomic_level_name(zb_atomic_level level);
 /* A shard_rows value that turns sharding off explicitly (0 means "inherit"). */
 #define ZB_ATOMIC_NO_SHARDS UINT64_MAX
 
-/* Storage of one array: like nvalchemi's ZarrArrayConfig. A zero/NULL member inherits. */
+/* The storage a data array (core/ or custom/) gets when neither chunk_rows nor shard_rows is
+ * set anywhere in its chain: inner chunks of about ZB_ATOMIC_DEFAULT_CHUNK_BYTES of rows, in
+ * shards of ZB_ATOMIC_DEFAULT_SHARD_CHUNKS inner chunks (32 MiB of rows). A structure's edges
+ * (~4,000 of them, 64 KiB of neighbor_list) then span two or three inner chunks, so a random
+ * structure decodes about 1.5x what it delivers, where 1 MiB chunks decode 16x (4x on a store
+ * of 2,000 structures, whose windows touch every chunk); the shards keep the file count that
+ * of 32 MiB objects. Measured in docs/PERFORMANCE.md ("What moved the numbers" 26). */
+#define ZB_ATOMIC_DEFAULT_CHUNK_BYTES ((uint64_t)32 << 10)
+#define ZB_ATOMIC_DEFAULT_SHARD_CHUNKS 1024
+
+/* Storage of one array: like nvalchemi's ZarrArrayConfig. A zero/NULL member inherits. At the
+ * bottom of the chain: the codec "blosc:lz4:5:shuffle"; for data arrays with neither rows set,
+ * the default inner chunks and shards above; otherwise (meta arrays, a chunk_rows without a
+ * shard_rows, ZB_ATOMIC_NO_SHARDS) chunks of about 1 MiB of rows, unsharded, and with only
+ * shard_rows set, inner chunks of about 1 MiB lowered to a divisor of it. */
 typedef struct zb_atomic_array_config {
     const char *codec;   /* codec string ("Writing arrays" in zbatch.h), e.g. "blosc:lz4:5:shuffle";
-                            NULL = inherit ("blosc:lz4:5:shuffle" at the bottom) */
-    uint64_t chunk_rows; /* rows per chunk along axis 0; 0 = inherit (about 1 MiB of rows) */
-    uint64_t shard_rows; /* rows per shard (a multiple of chunk_rows); 0 = inherit (none);
+                            NULL = inherit */
+    uint64_t chunk_rows; /* rows per chunk (the inner chunk when sharded) along axis 0;
+                            0 = inherit */
+    uint64_t shard_rows; /* rows per shard (a multiple of chunk_rows); 0 = inherit;
                             ZB_ATOMIC_NO_SHARDS = none even if the group shards */
 } zb_atomic_array_config;
 

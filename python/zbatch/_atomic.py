@@ -70,6 +70,9 @@ class ArrayConfig:
     ``codec`` is a zbatch codec string (``"zstd:3"``, ``"blosc:lz4:5:shuffle"``, ``"none"``);
     ``chunk_rows`` counts rows per chunk along axis 0 (0 = automatic, about 1 MiB);
     ``shard_rows`` rows per shard, a multiple of chunk_rows (0 = not sharded).
+    A core or custom array with neither set anywhere gets inner chunks of about 32 KiB in
+    shards of 1,024 of them (random structures then decode little more than they deliver);
+    the pointer and mask arrays ``meta`` get chunks of about 1 MiB, unsharded.
     """
     codec: Optional[str] = None
     chunk_rows: Optional[int] = None

@@ -92,8 +92,8 @@ open_meta_new(zb_atomic_writer *w)
         char apath[ZB_AT_KEY_CAP];
         ZB_TRY(zb_at_join3(apath, sizeof apath, w->path, "meta", zb_at_meta_names[m]));
         zb_array_write_opts o;
-        zb_at_cfg_resolve(&w->cfg, "meta", zb_at_meta_names[m], &o);
         zb_dtype dt = m < ZB_AT_SAMPLES_MASK ? ZB_DT_INT64 : ZB_DT_BOOL;
+        zb_at_cfg_resolve(&w->cfg, "meta", zb_at_meta_names[m], zb_dtype_size(dt), &o);
         ZB_TRY(zb_array_writer_open(w->store, apath, dt, 1, NULL, &o, &w->meta[m]));
     }
     static const int64_t zero = 0;
@@ -410,7 +410,7 @@ fix_columns(zb_atomic_writer *w, size_t n_fields, const zb_atomic_field *fields)
     for (i = 0; i < n_fields && st == ZB_OK; i++) {
         char apath[ZB_AT_KEY_CAP];
         zb_array_write_opts o;
-        zb_at_cfg_resolve(&w->cfg, cols[i].group, cols[i].name, &o);
+        zb_at_cfg_resolve(&w->cfg, cols[i].group, cols[i].name, cols[i].row_bytes, &o);
         st = zb_at_join3(apath, sizeof apath, w->path, cols[i].group, cols[i].name);
         if (st == ZB_OK)
             st = zb_array_writer_open(w->store, apath, cols[i].dtype, cols[i].ndim + 1,

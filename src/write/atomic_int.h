@@ -40,10 +40,10 @@ zb_status zb_at_cfg_copy(const zb_atomic_write_config *src, zb_at_cfg *dst);
 void zb_at_cfg_free(zb_at_cfg *cfg);
 /* Appends an override (copied). */
 zb_status zb_at_cfg_add_override(zb_at_cfg *cfg, const char *name, const zb_atomic_array_config *c);
-/* Resolves the storage of array `group`/`name` into array-writer options (codec points into
- * cfg). */
+/* Resolves the storage of array `group`/`name`, whose rows are `row_bytes` bytes, into
+ * array-writer options (codec points into cfg). */
 void zb_at_cfg_resolve(const zb_at_cfg *cfg, const char *group, const char *name,
-                       zb_array_write_opts *opts);
+                       size_t row_bytes, zb_array_write_opts *opts);
 
 /* One data array (core/ or custom/) of an existing dataset. */
 typedef struct zb_at_array {

@@ -875,9 +875,15 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
     st = zb_at_remove_tree(store, apath);
     if (st != ZB_OK) goto done;
     zb_array_write_opts o;
-    zb_at_cfg_resolve(&c, "custom", field->name, &o);
     uint64_t shape[ZB_MAX_DIMS];
-    for (int d = 0; d < field->ndim; d++) shape[d] = field->shape[d];
+    uint64_t row_bytes = zb_dtype_size(field->dtype);
+    for (int d = 0; d < field->ndim; d++) {
+        shape[d] = field->shape[d];
+        if (!zb_mul_u64(row_bytes, shape[d], &row_bytes)) row_bytes = UINT64_MAX;
+    }
+    /* (an overflowing row is refused by the array writer below) */
+    zb_at_cfg_resolve(&c, "custom", field->name,
+                      row_bytes > SIZE_MAX ? SIZE_MAX : (size_t)row_bytes, &o);
     st = zb_array_writer_open(store, apath, field->dtype, field->ndim + 1, shape, &o, &aw);
     if (st != ZB_OK) goto done;
     /* the level first: a crash then leaves a named array that does not exist yet (ignored),

@@ -128,7 +128,8 @@ zb_at_cfg_free(zb_at_cfg *cfg)
 }
 
 void
-zb_at_cfg_resolve(const zb_at_cfg *cfg, const char *group, const char *name, zb_array_write_opts *o)
+zb_at_cfg_resolve(const zb_at_cfg *cfg, const char *group, const char *name, size_t row_bytes,
+                  zb_array_write_opts *o)
 {
     static const zb_array_write_opts defaults = ZB_ARRAY_WRITE_OPTS_DEFAULT;
     *o = defaults;
@@ -146,6 +147,12 @@ zb_at_cfg_resolve(const zb_at_cfg *cfg, const char *group, const char *name, zb_
     o->chunk_rows = ov && ov->chunk_rows ? ov->chunk_rows : grp->chunk_rows;
     uint64_t shard = ov && ov->shard_rows ? ov->shard_rows : grp->shard_rows;
     o->shard_rows = shard == ZB_ATOMIC_NO_SHARDS ? 0 : shard;
+    if (g != 0 && o->chunk_rows == 0 && shard == 0) {
+        /* a data array configured nowhere: small inner chunks in shards (zbatch_atomic.h) */
+        uint64_t rows = row_bytes ? ZB_ATOMIC_DEFAULT_CHUNK_BYTES / row_bytes : 0;
+        o->chunk_rows = rows ? rows : 1;
+        o->shard_rows = o->chunk_rows * ZB_ATOMIC_DEFAULT_SHARD_CHUNKS;
+    }
     /* nvalchemi's ZarrArrayConfig default (write_empty_chunks=True), FORMATS.md §8.4 */
     o->write_empty_chunks = true;
     o->num_threads = cfg->num_threads;

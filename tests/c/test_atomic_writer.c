@@ -521,6 +521,70 @@ test_threads_and_shards(void **state)
     zb_store_close(s);
 }
 
+/* Chunk and shard rows of array `path`, (0 shard rows when unsharded). */
+static void
+storage_of(zb_store *s, const char *path, uint64_t *chunk, uint64_t *shard)
+{
+    zb_array *a = NULL;
+    zb_array_info info;
+    ZB_ASSERT_OK(zb_array_open(s, path, &a));
+    zb_array_get_info(a, &info);
+    *chunk = info.chunk_shape[0];
+    *shard = info.shard_shape ? info.shard_shape[0] : 0;
+    zb_array_close(a);
+}
+
+/* The bottom of the storage chain: data arrays configured nowhere get inner chunks of about
+ * ZB_ATOMIC_DEFAULT_CHUNK_BYTES in shards of ZB_ATOMIC_DEFAULT_SHARD_CHUNKS; meta arrays,
+ * arrays with chunk_rows but no shard_rows, and ZB_ATOMIC_NO_SHARDS stay unsharded with
+ * ~1 MiB chunks; shard_rows alone gets an automatic inner chunk dividing it. The values read
+ * back are the samples written in every case. */
+static void
+test_default_storage(void **state)
+{
+    (void)state;
+    zb_store *s = NULL;
+    ZB_ASSERT_OK(zb_store_open_memory(&s));
+    zb_atomic_write_config cfg = ZB_ATOMIC_WRITE_CONFIG_DEFAULT;
+    zb_atomic_override ov[3] = {{"forces", {NULL, 100, 0}},
+                                {"energy", {NULL, 0, ZB_ATOMIC_NO_SHARDS}},
+                                {"cell", {NULL, 0, 4096}}};
+    cfg.overrides = ov;
+    cfg.n_overrides = 3;
+    zb_atomic_writer *w = NULL;
+    ZB_ASSERT_OK(zb_atomic_writer_open(s, "d", &cfg, &w));
+    add_ids(w, 0, 40, true);
+    ZB_ASSERT_OK(zb_atomic_writer_commit(w));
+    zb_atomic_writer_close(w);
+    uint64_t chunk, shard;
+    /* positions: float32 x 3 = 12-byte rows; neighbor_list: int64 x 2 = 16 bytes */
+    storage_of(s, "d/core/positions", &chunk, &shard);
+    assert_int_equal(chunk, 32768 / 12);
+    assert_int_equal(shard, (32768 / 12) * 1024);
+    storage_of(s, "d/core/neighbor_list", &chunk, &shard);
+    assert_int_equal(chunk, 2048);
+    assert_int_equal(shard, 2048 * 1024);
+    storage_of(s, "d/custom/charges", &chunk, &shard);
+    assert_int_equal(chunk, 32768 / 4);
+    assert_int_equal(shard, 8192 * 1024);
+    storage_of(s, "d/meta/atoms_ptr", &chunk, &shard);
+    assert_int_equal(chunk, (1 << 20) / 8);
+    assert_int_equal(shard, 0);
+    storage_of(s, "d/core/forces", &chunk, &shard);
+    assert_int_equal(chunk, 100);
+    assert_int_equal(shard, 0);
+    storage_of(s, "d/core/energy", &chunk, &shard);
+    assert_int_equal(chunk, (1 << 20) / 4);
+    assert_int_equal(shard, 0);
+    storage_of(s, "d/core/cell", &chunk, &shard); /* 36-byte rows: 29,127 lowered to 4,096 */
+    assert_int_equal(chunk, 4096);
+    assert_int_equal(shard, 4096);
+    uint64_t ids[40];
+    for (uint64_t i = 0; i < 40; i++) ids[i] = i;
+    verify_samples(s, "d", ids, 40);
+    zb_store_close(s);
+}
+
 static void
 test_append_offsets_and_all_or_nothing(void **state)
 {
@@ -1016,6 +1080,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_write_layout),
         cmocka_unit_test(test_threads_and_shards),
+        cmocka_unit_test(test_default_storage),
         cmocka_unit_test(test_append_offsets_and_all_or_nothing),
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_delete_and_defragment),

@@ -150,6 +150,13 @@ def test_round_trip_write_append_delete_defragment(tmp_path, sources):
     w.append(structs[5:9])
     w.append(structs[9:])
     _assert_store_equals(path, srcs)
+    # the default storage of data arrays: ~32 KiB inner chunks, 1,024 per shard (the
+    # store nvalchemi just read is sharded); pointer arrays unsharded
+    nlm = meta_of(path, "core/neighbor_list")
+    assert nlm["codecs"][0]["name"] == "sharding_indexed"
+    assert nlm["codecs"][0]["configuration"]["chunk_shape"] == [2048, 2]
+    assert nlm["chunk_grid"]["configuration"]["chunk_shape"] == [2048 * 1024, 2]
+    assert meta_of(path, "meta/atoms_ptr")["codecs"][0]["name"] == "bytes"
     n, _ = _invariants_by_hand(path)
     assert n == len(srcs)
     with pytest.raises(FileExistsError):
