@@ -11,6 +11,13 @@
  * field values are re-based in place (views of one batch cover disjoint rows). */
 zb_status zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out);
 
+/* zb_dataset_read_many of ids[0..n), read as `nbatches` consecutive batches of sizes[k]
+ * samples (adding up to n; nbatches 0 = one batch): index fields are re-based to each batch,
+ * so zb_batch_slice of exactly those batches leaves their values as they are (the loader's
+ * windows: one pass over the index values instead of two). */
+zb_status zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n,
+                                  const size_t *sizes, size_t nbatches, zb_batch **out);
+
 /* Columns of the anndata X behind the batch (0 if none). */
 uint64_t zb_batch_n_vars(const zb_batch *b);
 

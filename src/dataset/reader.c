@@ -180,6 +180,10 @@ struct zb_batch {
     zb_arena_pool *arenas; /* where `arena` returns (NULL: malloc'd) */
     void *arena;
     size_t arena_cap;
+    /* zb_dataset_read_batches: index fields are re-based to each of these batches,
+     * [groups[k], groups[k+1]) for k < ngroups; NULL: to the whole batch */
+    size_t *groups;
+    size_t ngroups;
 };
 
 /* A run of rows of one unit that lands at dst_row of the field's batch buffer. */
@@ -380,6 +384,7 @@ zb_batch_free(zb_batch *b)
         free(b->index);
         free(b->dataset);
     }
+    free(b->groups);
     if (b->arena) arena_give(b->arenas, b->arena, b->arena_cap);
     zb_batch *parent = b->parent;
     free(b);
@@ -500,6 +505,32 @@ zb_batch_replace_field(zb_batch *b, const char *name, zb_dtype dtype, void *data
     return zb_err(ZB_E_NOTFOUND, "batch has no field '%s'", name);
 }
 
+/* Makes index field `wf`'s values for samples [b0, b1) of `whole` count from the target rows
+ * of sample b0. They count from the start of their re-basing group (the whole batch, or each
+ * batch of zb_dataset_read_batches), so a view that is one such batch needs nothing, and the
+ * loader's views never do: only a view starting inside a group is shifted. */
+static void
+rebase_view(zb_batch *whole, const bfield *wf, size_t b0, size_t b1)
+{
+    const int64_t *tp = whole->segs[wf->target].ptr, *sp = whole->segs[wf->seg].ptr;
+    size_t whole_group[2] = {0, whole->B};
+    const size_t *g = whole->groups ? whole->groups : whole_group;
+    size_t ng = whole->groups ? whole->ngroups : 1;
+    for (size_t k = 0; k < ng; k++) {
+        size_t s0 = g[k] > b0 ? g[k] : b0, s1 = g[k + 1] < b1 ? g[k + 1] : b1;
+        int64_t delta = tp[g[k]] - tp[b0];
+        if (s0 >= s1 || delta == 0) continue;
+        uint64_t r0 = (uint64_t)sp[s0] * wf->row_elems, r1 = (uint64_t)sp[s1] * wf->row_elems;
+        if (wf->dtype == ZB_DT_INT64) {
+            int64_t *x = (int64_t *)(void *)wf->data;
+            for (uint64_t r = r0; r < r1; r++) x[r] += delta;
+        } else if (wf->dtype == ZB_DT_INT32) {
+            int32_t *x = (int32_t *)(void *)wf->data;
+            for (uint64_t r = r0; r < r1; r++) x[r] = (int32_t)(x[r] + delta);
+        }
+    }
+}
+
 zb_status
 zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out)
 {
@@ -541,18 +572,8 @@ zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out)
         uint64_t r1 = wf->seg >= 0 ? (uint64_t)whole->segs[wf->seg].ptr[b1] : b1;
         vf->data = wf->data + r0 * wf->row_elems * wf->itemsize;
         vf->nrows = r1 - r0;
-        if (wf->kind == ZB_FIELD_INDEX && wf->target >= 0 && b0 > 0) {
-            /* values index the whole batch's target rows; the view's start at its first */
-            int64_t shift = whole->segs[wf->target].ptr[b0];
-            uint64_t n = vf->nrows * wf->row_elems;
-            if (wf->dtype == ZB_DT_INT64) {
-                int64_t *x = (int64_t *)(void *)vf->data;
-                for (uint64_t k = 0; k < n; k++) x[k] -= shift;
-            } else if (wf->dtype == ZB_DT_INT32) {
-                int32_t *x = (int32_t *)(void *)vf->data;
-                for (uint64_t k = 0; k < n; k++) x[k] = (int32_t)(x[k] - shift);
-            }
-        }
+        if (wf->kind == ZB_FIELD_INDEX && wf->target >= 0 && wf->seg >= 0)
+            rebase_view(whole, wf, b0, b1);
     }
     *out = v;
     return ZB_OK;
@@ -1663,9 +1684,22 @@ rebase_index(const zb_dataset *ch, const zb_field *f, bfield *bf, const zb_batch
 zb_status
 zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **out)
 {
+    return zb_dataset_read_batches(ds, ids, n, NULL, 0, out);
+}
+
+zb_status
+zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
+                        size_t nbatches, zb_batch **out)
+{
     if (!out) return zb_err(ZB_E_INVALID, "zb_dataset_read_many: null out");
     *out = NULL;
-    if (!ds || (!ids && n)) return zb_err(ZB_E_INVALID, "zb_dataset_read_many: null argument");
+    if (!ds || (!ids && n) || (nbatches && !sizes))
+        return zb_err(ZB_E_INVALID, "zb_dataset_read_many: null argument");
+    size_t total = 0;
+    for (size_t k = 0; k < nbatches; k++) total += sizes[k];
+    if (nbatches && total != n)
+        return zb_err(ZB_E_INVALID, "zb_dataset_read_batches: batch sizes add up to %zu, not %zu",
+                      total, n);
     uint64_t nlogical;
     ZB_TRY(zb_dataset_len(ds, &nlogical));
     for (size_t c = 0; c < ds->nchildren; c++) ZB_TRY(zb_mask_load(ds->children[c]));
@@ -1872,16 +1906,28 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
             goto fail;
         }
 
-    /* 5. index fields re-based to the batch */
+    /* 5. index fields re-based to the batch (to each of the caller's batches) */
+    if (nbatches) {
+        b->groups = malloc((nbatches + 1) * sizeof *b->groups);
+        if (!b->groups) {
+            st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
+            goto fail;
+        }
+        b->groups[0] = 0;
+        for (size_t k = 0; k < nbatches; k++) b->groups[k + 1] = b->groups[k] + sizes[k];
+        b->ngroups = nbatches;
+    }
     for (size_t f = 0; f < pr->nfields; f++) {
         const zb_field *fd = &pr->fields[f];
         if (fd->kind != ZB_FIELD_INDEX) continue;
+        const int64_t *tp = b->segs[fd->target].ptr;
+        size_t g = 0, g0 = 0; /* the group of sample i and its first sample */
         for (size_t i = 0; i < n; i++) {
+            while (b->groups && i >= b->groups[g + 1]) g0 = b->groups[++g];
             const zb_dataset *ch = child_of(ds, child[i]);
-            const int64_t *tp = b->segs[fd->target].ptr;
             st = rebase_index(ch, &ch->fields[f], &b->fields[f], b, i,
-                              seg_start[(size_t)fd->target * n + i], tp[i + 1] - tp[i], tp[i],
-                              b->segs[fd->seg].ptr);
+                              seg_start[(size_t)fd->target * n + i], tp[i + 1] - tp[i],
+                              tp[i] - tp[g0], b->segs[fd->seg].ptr);
             if (st != ZB_OK) goto fail;
         }
     }

@@ -115,7 +115,7 @@ read_window(zb_loader *ld)
         w->end = true;
         goto out;
     }
-    w->st = zb_dataset_read_many(ld->ds, ids, total, &w->whole);
+    w->st = zb_dataset_read_batches(ld->ds, ids, total, sizes, w->nbatches, &w->whole);
     if (w->st != ZB_OK) goto out;
     size_t b0 = 0;
     for (size_t k = 0; k < w->nbatches; k++) {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dataset/batch.h"
 #include "support/testutil.h"
 #include "write/write.h"
 
@@ -331,6 +332,51 @@ test_transforms(void **state)
     zb_store_close(st);
 }
 
+/* Slices of a read_batches result (index fields re-based per batch, the loader's windows)
+ * and of a read_many result, on and off the batch boundaries: every view numbers its index
+ * values from its own first sample (check_batch), however the whole was re-based. */
+static void
+test_views_of_batches(void **state)
+{
+    (void)state;
+    zb_store *st = build();
+    zb_dataset *ds = open_ds(st, 2);
+    uint64_t ids[16] = {7, 150, 3, 3, 99, 0, 199, 42, 43, 44, 120, 8, 61, 17, 180, 5};
+    size_t sizes[3] = {5, 7, 4};
+    size_t cuts[][2] = {{0, 5}, {5, 12}, {12, 16}, {2, 9}, {9, 16}, {0, 16}, {3, 4}};
+    for (int whole_kind = 0; whole_kind < 2; whole_kind++)
+        for (size_t c = 0; c < sizeof cuts / sizeof *cuts; c++) {
+            zb_batch *whole = NULL, *v = NULL;
+            if (whole_kind == 0)
+                ZB_ASSERT_OK(zb_dataset_read_batches(ds, ids, 16, sizes, 3, &whole));
+            else
+                ZB_ASSERT_OK(zb_dataset_read_many(ds, ids, 16, &whole));
+            ZB_ASSERT_OK(zb_batch_slice(whole, cuts[c][0], cuts[c][1], &v));
+            assert_int_equal(zb_batch_size(v), cuts[c][1] - cuts[c][0]);
+            assert_memory_equal(zb_batch_index(v), ids + cuts[c][0],
+                                zb_batch_size(v) * sizeof *ids);
+            check_batch(v);
+            zb_batch_free(v);
+            zb_batch_free(whole);
+        }
+    /* every batch of one window, as the loader cuts it */
+    zb_batch *whole = NULL;
+    ZB_ASSERT_OK(zb_dataset_read_batches(ds, ids, 16, sizes, 3, &whole));
+    for (size_t k = 0, b0 = 0; k < 3; b0 += sizes[k++]) {
+        zb_batch *v = NULL;
+        ZB_ASSERT_OK(zb_batch_slice(whole, b0, b0 + sizes[k], &v));
+        check_batch(v);
+        zb_batch_free(v);
+    }
+    zb_batch_free(whole);
+    size_t bad[2] = {5, 7};
+    ZB_ASSERT_ERR(zb_dataset_read_batches(ds, ids, 16, bad, 2, &whole), ZB_E_INVALID,
+                  "add up to 12, not 16");
+    assert_null(whole);
+    zb_dataset_close(ds);
+    zb_store_close(st);
+}
+
 /* Takes one epoch from the loader and checks it against `ref` (already at that epoch):
  * the same batches, then the NULL that ends the epoch, with the state at the epoch's end
  * (its 13th batch). */
@@ -450,6 +496,7 @@ main(void)
         cmocka_unit_test(test_decode_error_reaches_next),
         cmocka_unit_test(test_transforms),
         cmocka_unit_test(test_reads_on_across_epochs),
+        cmocka_unit_test(test_views_of_batches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
