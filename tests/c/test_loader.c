@@ -119,6 +119,34 @@ check_batch(const zb_batch *b)
     }
 }
 
+/* Takes one epoch from the loader and checks it against `ref` (already at that epoch):
+ * the same batches, then the NULL that ends the epoch, with the state at the epoch's end
+ * (its 13th batch). */
+static void
+check_epoch(zb_loader *ld, zb_sampler *ref, uint64_t epoch, size_t nbatches)
+{
+    uint64_t want[64];
+    for (size_t k = 0;; k++) {
+        zb_batch *b = NULL;
+        ZB_ASSERT_OK(zb_loader_next(ld, &b));
+        size_t n = 0;
+        ZB_ASSERT_OK(zb_sampler_next(ref, want, 64, &n));
+        if (!b) {
+            assert_int_equal(n, 0);
+            assert_int_equal(k, nbatches);
+            break;
+        }
+        assert_int_equal(zb_batch_size(b), n);
+        assert_memory_equal(zb_batch_index(b), want, n * sizeof *want);
+        check_batch(b);
+        zb_batch_free(b);
+    }
+    zb_sampler_state ss;
+    zb_loader_state(ld, &ss);
+    assert_int_equal(ss.epoch, epoch);
+    assert_int_equal(ss.position, 13);
+}
+
 static void
 test_order_and_values(void **state)
 {
@@ -131,26 +159,7 @@ test_order_and_values(void **state)
     lo.depth = 2;
     zb_loader *ld = NULL;
     ZB_ASSERT_OK(zb_loader_open(ds, s, &lo, &ld));
-    uint64_t want[64];
-    size_t nb = 0, total = 0;
-    for (;;) {
-        zb_batch *b = NULL;
-        ZB_ASSERT_OK(zb_loader_next(ld, &b));
-        size_t n = 0;
-        ZB_ASSERT_OK(zb_sampler_next(ref, want, 64, &n));
-        if (!b) {
-            assert_int_equal(n, 0);
-            break;
-        }
-        assert_int_equal(zb_batch_size(b), n);
-        assert_memory_equal(zb_batch_index(b), want, n * sizeof *want);
-        check_batch(b);
-        total += n;
-        nb++;
-        zb_batch_free(b);
-    }
-    assert_int_equal(total, N);
-    assert_int_equal(nb, 13);
+    check_epoch(ld, ref, 0, 13); /* 13 batches: all N samples, as the sampler orders them */
     zb_batch *b = (zb_batch *)1;
     ZB_ASSERT_OK(zb_loader_next(ld, &b)); /* past the end stays at the end */
     assert_null(b);
@@ -375,34 +384,6 @@ test_views_of_batches(void **state)
     assert_null(whole);
     zb_dataset_close(ds);
     zb_store_close(st);
-}
-
-/* Takes one epoch from the loader and checks it against `ref` (already at that epoch):
- * the same batches, then the NULL that ends the epoch, with the state at the epoch's end
- * (its 13th batch). */
-static void
-check_epoch(zb_loader *ld, zb_sampler *ref, uint64_t epoch, size_t nbatches)
-{
-    uint64_t want[64];
-    for (size_t k = 0;; k++) {
-        zb_batch *b = NULL;
-        ZB_ASSERT_OK(zb_loader_next(ld, &b));
-        size_t n = 0;
-        ZB_ASSERT_OK(zb_sampler_next(ref, want, 64, &n));
-        if (!b) {
-            assert_int_equal(n, 0);
-            assert_int_equal(k, nbatches);
-            break;
-        }
-        assert_int_equal(zb_batch_size(b), n);
-        assert_memory_equal(zb_batch_index(b), want, n * sizeof *want);
-        check_batch(b);
-        zb_batch_free(b);
-    }
-    zb_sampler_state ss;
-    zb_loader_state(ld, &ss);
-    assert_int_equal(ss.epoch, epoch);
-    assert_int_equal(ss.position, 13);
 }
 
 /* more_epochs: the workers roll the sampler over at each epoch's end and read on; the
