@@ -440,7 +440,9 @@ timed_run(zb_dataset *ds, zb_sampler *s, const opts *o, run *r)
                 break;
             }
             epoch++;
-            if (o->epochs ? epoch >= o->epochs : t - t_start >= o->seconds) break;
+            /* on the clock of the last timed batch, which ends the timed wall: the loader
+             * reads on, so this NULL may come a window's read after that batch */
+            if (o->epochs ? epoch >= o->epochs : last - t_start >= o->seconds) break;
             r->epochs_started++;
             k = 0;
             continue;
