@@ -116,7 +116,8 @@ class DataLoader:
         # set_epoch repeats the order). A pass over another epoch, a rewind or a loaded state
         # closes it and starts afresh, so the guess only decides how fast the next pass
         # starts, never what it yields. Reading on is bounded like any pass: at most `depth`
-        # windows, whose memory the dataset's batch pool would keep anyway.
+        # windows, whose memory the dataset's batch pool would keep anyway. Only a live C
+        # loader is parked (close() and load_state_dict() clear _parked).
         self._parked: Optional[int] = None
         self._live_same = False
         self._epoch_set = False
@@ -129,10 +130,10 @@ class DataLoader:
         """Starts epoch ``epoch`` (also rewinds a partly consumed epoch). ``loader.sampler.
         set_epoch(epoch)`` does the same."""
         epoch = int(epoch)
-        if epoch < 0:
+        if epoch < 0:  # (checked before anything changes; the sampler checks it again)
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         self._epoch_set = True
-        if self._live is not None and self._parked == epoch:
+        if self._parked == epoch:
             # the loader is already reading this epoch: keep what it has read
             self._epoch = epoch
             self._resume = False
@@ -159,10 +160,8 @@ class DataLoader:
     def __iter__(self) -> Iterator[Batch]:
         """One pass over the current epoch, from its start (PyTorch's rule), or from the state
         given to :meth:`load_state_dict` just before."""
-        if (self._live is not None and self._parked is not None and not self._resume
-                and self._parked == self._epoch):
+        if self._parked == self._epoch:
             loader = self._live  # read on from the pass before (see __init__)
-            self.sampler._epoch = self._epoch
         else:
             self.close()
             if not self._resume:

@@ -155,9 +155,6 @@ class Sampler:
         """Selects the epoch the next pass runs (each epoch has its own order). On the
         sampler of a :class:`zbatch.DataLoader` this is the loader's ``set_epoch`` (PyTorch's
         ``loader.sampler.set_epoch(epoch)`` idiom)."""
-        epoch = int(epoch)
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
         loader = self._driver()
         if loader is not None:
             loader.set_epoch(epoch)
@@ -165,6 +162,9 @@ class Sampler:
             self._set_epoch(epoch)
 
     def _set_epoch(self, epoch: int) -> None:
+        epoch = int(epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
         self._c.set_epoch(epoch)
         self._epoch = epoch
         self._pristine, self._resume = True, False

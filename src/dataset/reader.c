@@ -1691,10 +1691,10 @@ zb_status
 zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
                         size_t nbatches, zb_batch **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_dataset_read_many: null out");
+    if (!out) return zb_err(ZB_E_INVALID, "read_many: null out");
     *out = NULL;
     if (!ds || (!ids && n) || (nbatches && !sizes))
-        return zb_err(ZB_E_INVALID, "zb_dataset_read_many: null argument");
+        return zb_err(ZB_E_INVALID, "read_many: null argument");
     size_t total = 0;
     for (size_t k = 0; k < nbatches; k++) total += sizes[k];
     if (nbatches && total != n)

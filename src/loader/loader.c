@@ -91,9 +91,11 @@ read_window(zb_loader *ld)
         size_t n = 0;
         w->st = zb_sampler_next(ld->sampler, ids + total, cap, &n);
         if (w->st != ZB_OK) break;
-        if (n == 0 && w->nbatches == 0 && !w->epoch_start && ld->epochs_left > 0) {
-            /* the epoch ended with the window before: this one opens the next (a window
-             * never spans two epochs, so the consumer sees the boundary between windows) */
+        if (n == 0) {
+            /* the epoch ended; if it did with the window before, this one opens the next (a
+             * window never spans two epochs, so the consumer sees the boundary between
+             * windows) */
+            if (w->nbatches || w->epoch_start || ld->epochs_left == 0) break;
             zb_sampler_state ss;
             zb_sampler_get_state(ld->sampler, &ss);
             w->st = zb_sampler_set_epoch(ld->sampler, ld->opts.same_epoch ? ss.epoch
@@ -103,7 +105,6 @@ read_window(zb_loader *ld)
             w->epoch_start = true;
             continue;
         }
-        if (n == 0) break;
         sizes[w->nbatches] = n;
         zb_sampler_get_state(ld->sampler, &w->after[w->nbatches]);
         w->nbatches++;
