@@ -10,6 +10,9 @@
  * figures) runs after the timed part, from the recorded ids. */
 #include <inttypes.h>
 #include <json-c/json.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -294,9 +297,9 @@ sample_anon_rss(run *r)
     if (f) fclose(f);
 }
 
-/* This process's peak resident set: VmHWM of /proc/self/status, which counts from exec. (The
- * ru_maxrss of getrusage survives exec on Linux, so a bench started by a large parent would
- * report the parent's peak.) Falls back to ru_maxrss without /proc. */
+/* This process's peak resident set: VmHWM of /proc/self/status, which counts from exec or from
+ * reset_peak_rss(). (The ru_maxrss of getrusage survives exec on Linux, so a bench started by a
+ * large parent would report the parent's peak.) Falls back to ru_maxrss without /proc. */
 static uint64_t
 peak_rss_bytes(const struct rusage *ru)
 {
@@ -311,6 +314,18 @@ peak_rss_bytes(const struct rusage *ru)
         }
     if (f) fclose(f);
     return found ? (uint64_t)kib * 1024u : (uint64_t)ru->ru_maxrss * 1024u;
+}
+
+/* Restarts VmHWM from the present resident set, so that a round's peak leaves out the memory
+ * of the rounds before it (their decode-only buffers). Where /proc/self/clear_refs cannot be
+ * written the peak keeps counting from exec. */
+static void
+reset_peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return;
+    fputs("5", f);
+    fclose(f);
 }
 
 /* The capacity to grow `cap` to so that it holds `need` elements (doubling from 1024), or 0
@@ -408,6 +423,7 @@ timed_run(zb_dataset *ds, zb_sampler *s, const opts *o, run *r)
     /* one loader for the whole run: it reads on across epoch ends, as a training loop's does */
     lo.more_epochs = o->epochs ? (size_t)o->epochs - 1 : SIZE_MAX;
     zb_loader *ld = NULL;
+    reset_peak_rss();
     double t_open = zb_bench_now();
     zb_status st = zb_loader_open(ds, s, &lo, &ld);
     if (st != ZB_OK) return fail_status("loader", st);
@@ -613,6 +629,10 @@ typedef struct figures {
     bool dec_done;
     uint64_t dec_windows, dec_units, dec_bytes, dec_encoded, dec_samples, dec_skipped;
     double dec_seconds;
+    /* decode + write: the same windows, the delivered bytes then written once */
+    uint64_t dw_bytes, dw_written;
+    double dw_seconds;
+    bool dw_streamed; /* some window was written with streamed stores */
     /* latency */
     double p50, p99, lat_mean;
     zb_bench_shuffle shuffle;
@@ -663,16 +683,21 @@ measure_reads(zb_dataset *ds, const opts *o, const run *r, figures *fg)
         plan_delivered += u.bytes_delivered;
         if (!decode) continue;
         st = zb_bench_units_fetch(&u);
-        double secs = 0;
-        uint64_t bytes = 0;
-        /* the first window once untimed: codec contexts and scratch warm up */
-        if (st == ZB_OK && w == 0) st = zb_bench_decoder_run(dec, &u, &secs, &bytes);
-        if (st == ZB_OK) st = zb_bench_decoder_run(dec, &u, &secs, &bytes);
+        zb_bench_decode_result dr, wr;
+        /* the first window once untimed each way: codec contexts and scratch warm up */
+        if (st == ZB_OK && w == 0) st = zb_bench_decoder_run(dec, &u, false, &dr);
+        if (st == ZB_OK && w == 0) st = zb_bench_decoder_run(dec, &u, true, &wr);
+        if (st == ZB_OK) st = zb_bench_decoder_run(dec, &u, false, &dr);
+        if (st == ZB_OK) st = zb_bench_decoder_run(dec, &u, true, &wr);
         if (st != ZB_OK) break;
+        fg->dw_seconds += wr.seconds;
+        fg->dw_bytes += wr.bytes_decoded;
+        fg->dw_written += wr.bytes_written;
+        fg->dw_streamed |= wr.streamed;
         fg->dec_done = true;
         fg->dec_windows++;
-        fg->dec_seconds += secs;
-        fg->dec_bytes += bytes;
+        fg->dec_seconds += dr.seconds;
+        fg->dec_bytes += dr.bytes_decoded;
         fg->dec_encoded += u.bytes_encoded;
         fg->dec_units += u.ndecoded;
         fg->dec_skipped += u.skipped;
@@ -691,6 +716,10 @@ measure_reads(zb_dataset *ds, const opts *o, const run *r, figures *fg)
     zb_bench_units_free(&u);
     zb_bench_decoder_free(dec);
     zb_ctx_free(ctx);
+#if defined(__GLIBC__)
+    malloc_trim(0); /* the fetched units and decode buffers: back to the system before the
+                       next round's peak is measured */
+#endif
     return st;
 }
 
@@ -800,6 +829,7 @@ typedef struct derived {
     uint64_t peak_rss, peak_anon, records, minflt, majflt;
     double faults_per_batch, major_per_batch;
     double dec_gb_s, dec_samples_per_s, dec_ratio;
+    double dw_gb_s, dw_samples_per_s, dw_ratio;
 } derived;
 
 static void
@@ -825,6 +855,9 @@ derive(const opts *o, const run *r, const figures *fg, derived *d)
     /* samples, not bytes: the loader reads only the rows it needs of raw (uncompressed) units,
      * where the decode-only run copies whole units */
     d->dec_ratio = ratio(d->samples_per_s, d->dec_samples_per_s);
+    d->dw_gb_s = fg->dec_done ? ratio((double)fg->dw_bytes, fg->dw_seconds) / 1e9 : NAN;
+    d->dw_samples_per_s = fg->dec_done ? ratio((double)fg->dec_samples, fg->dw_seconds) : NAN;
+    d->dw_ratio = ratio(d->samples_per_s, d->dw_samples_per_s);
 }
 
 static json_object *
@@ -883,8 +916,18 @@ figures_json(const run *r, const figures *fg, const derived *d)
         zb_bench_put_double(dj, "samples_per_s", d->dec_samples_per_s);
         zb_bench_put_double(dj, "ratio", d->dec_ratio);
         zb_bench_put(f, "decode_only", dj);
+        json_object *wj = json_object_new_object();
+        zb_bench_put_u64(wj, "bytes_decoded", fg->dw_bytes);
+        zb_bench_put_u64(wj, "bytes_written", fg->dw_written);
+        zb_bench_put_double(wj, "seconds", fg->dw_seconds);
+        zb_bench_put_double(wj, "gb_s", d->dw_gb_s);
+        zb_bench_put_double(wj, "samples_per_s", d->dw_samples_per_s);
+        zb_bench_put_double(wj, "ratio", d->dw_ratio);
+        zb_bench_put(wj, "streamed", json_object_new_boolean(fg->dw_streamed));
+        zb_bench_put(f, "decode_write", wj);
     } else {
         zb_bench_put(f, "decode_only", NULL);
+        zb_bench_put(f, "decode_write", NULL);
     }
     return f;
 }
@@ -912,6 +955,10 @@ print_table(const opts *o, zb_dataset *ds, uint64_t n, const run *r, const figur
         printf("  %-24s %12.3f GB/s  (%.0f samples/s, %" PRIu64 " windows) -> ratio %.2f\n",
                "decode-only limit", d->dec_gb_s, d->dec_samples_per_s, fg->dec_windows,
                d->dec_ratio);
+    if (fg->dec_done)
+        printf("  %-24s %12.3f GB/s  (%.0f samples/s, output %s to memory) -> ratio %.2f\n",
+               "decode + write limit", d->dw_gb_s, d->dw_samples_per_s,
+               fg->dw_streamed ? "streamed" : "copied", d->dw_ratio);
     printf("  %-24s %12.3f  (%s)\n", "read amplification", d->amplification, fg->bytes_source);
     printf("  %-24s %12.2f  (%.0f%% of one core, %.2f s CPU)\n", "CPU utilisation / thread",
            d->cpu_util, d->cpu_core_pct, d->cpu_s);
@@ -1027,24 +1074,33 @@ median(double *v, size_t n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* Per round: samples/s, the decode-only limit's samples/s and the ratio, the decode + write
+ * limit's samples/s and the ratio. */
+enum { FIG_RATE, FIG_DEC, FIG_DEC_RATIO, FIG_DW, FIG_DW_RATIO, NFIG };
+
 /* The medians over --rounds, after every round's table. */
 static void
-print_rounds(double (*fig)[3], size_t rounds)
+print_rounds(double (*fig)[NFIG], size_t rounds)
 {
-    double col[3][MAX_ROUNDS];
-    size_t m[3] = {0, 0, 0};
+    double col[NFIG][MAX_ROUNDS];
+    size_t m[NFIG] = {0};
     for (size_t k = 0; k < rounds; k++)
-        for (int j = 0; j < 3; j++)
+        for (int j = 0; j < NFIG; j++)
             if (!isnan(fig[k][j])) col[j][m[j]++] = fig[k][j];
-    if (m[2] == 0) { /* --no-decode-only */
-        printf("\n  %zu rounds: median %.0f samples/s\n", rounds, median(col[0], m[0]));
+    if (m[FIG_DEC_RATIO] == 0) { /* --no-decode-only */
+        printf("\n  %zu rounds: median %.0f samples/s\n", rounds,
+               median(col[FIG_RATE], m[FIG_RATE]));
         return;
     }
     printf("\n  %zu rounds, ratio to decode-only per round:", rounds);
-    for (size_t k = 0; k < rounds; k++) printf(" %.2f", fig[k][2]);
+    for (size_t k = 0; k < rounds; k++) printf(" %.2f", fig[k][FIG_DEC_RATIO]);
+    printf("\n  %zu rounds, ratio to decode + write per round:", rounds);
+    for (size_t k = 0; k < rounds; k++) printf(" %.2f", fig[k][FIG_DW_RATIO]);
     printf("\n  median                    %.0f samples/s, decode-only %.0f samples/s, "
-           "ratio %.2f\n",
-           median(col[0], m[0]), median(col[1], m[1]), median(col[2], m[2]));
+           "ratio %.2f; decode + write %.0f samples/s, ratio %.2f\n",
+           median(col[FIG_RATE], m[FIG_RATE]), median(col[FIG_DEC], m[FIG_DEC]),
+           median(col[FIG_DEC_RATIO], m[FIG_DEC_RATIO]), median(col[FIG_DW], m[FIG_DW]),
+           median(col[FIG_DW_RATIO], m[FIG_DW_RATIO]));
 }
 
 /* One round: the timed loader run, its decode-only limit, the figures, the record (written,
@@ -1052,7 +1108,7 @@ print_rounds(double (*fig)[3], size_t rounds)
  * samples/s and their ratio. Returns 0 or the exit code. */
 static int
 bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *o, const char *field,
-            bool weighted, zb_bench_codes *codes, uint64_t k, json_object *all, double fig[3])
+            bool weighted, zb_bench_codes *codes, uint64_t k, json_object *all, double fig[NFIG])
 {
     run r;
     memset(&r, 0, sizeof r);
@@ -1106,9 +1162,11 @@ bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *o, cons
         rc = 1;
         goto done;
     }
-    fig[0] = d.samples_per_s;
-    fig[1] = d.dec_samples_per_s;
-    fig[2] = fg.dec_done ? d.dec_ratio : NAN;
+    fig[FIG_RATE] = d.samples_per_s;
+    fig[FIG_DEC] = d.dec_samples_per_s;
+    fig[FIG_DEC_RATIO] = fg.dec_done ? d.dec_ratio : NAN;
+    fig[FIG_DW] = d.dw_samples_per_s;
+    fig[FIG_DW_RATIO] = fg.dec_done ? d.dw_ratio : NAN;
     if (all) {
         json_object_array_add(all, rec);
         rec = NULL;
@@ -1166,7 +1224,7 @@ zb_cli_bench(int argc, char **argv)
     rc = make_sampler(ds, n, &o, codes.code ? &codes : NULL, &sampler);
     if (rc) goto done;
 
-    double (*fig)[3] = calloc(o.rounds, sizeof *fig); /* samples/s, limit, ratio per round */
+    double (*fig)[NFIG] = calloc(o.rounds, sizeof *fig);
     bool want_all = o.json && o.rounds > 1; /* --json with rounds prints one array */
     all = want_all ? json_object_new_array() : NULL;
     if (!fig || (want_all && !all)) {

@@ -9,6 +9,7 @@
 #include "bench_decode.h"
 #include "dataset/dataset.h"
 #include "util/pool.h"
+#include "util/stream.h"
 #include "util/status.h"
 #include "zarr/array.h"
 #include "zarr/shard.h"
@@ -310,7 +311,10 @@ typedef struct dec_task {
     const zb_bench_unit *u;
     size_t n;
     uint8_t *out; /* one unit's decoded bytes, reused across the task's units */
-    uint64_t bytes;
+    uint8_t *dst; /* decode + write: where the task's first share goes in the arena, or NULL */
+    double share; /* decode + write: the part of each unit's bytes written (delivered/decoded) */
+    bool stream;  /* decode + write: with streamed stores (the reader's rule, util/stream.h) */
+    uint64_t bytes, written;
     zb_status st;
     char msg[512];
 } dec_task;
@@ -319,7 +323,18 @@ struct zb_bench_decoder {
     zb_pool *pool;
     size_t ntasks;
     dec_task *tasks;
+    uint8_t *arena; /* decode + write: every unit's share in its own place, request-sized */
+    size_t arena_cap;
 };
+
+/* The bytes of a decoded unit of `ub` bytes that decode + write stores: its share of the
+ * request's delivered bytes. */
+static size_t
+unit_share(size_t ub, double share)
+{
+    size_t n = (size_t)((double)ub * share);
+    return n < ub ? n : ub;
+}
 
 static void
 decode_task(void *arg, zb_ctx *ctx)
@@ -329,11 +344,23 @@ decode_task(void *arg, zb_ctx *ctx)
         const zb_bench_unit *u = &t->u[i];
         if (!u->enc) continue;
         t->st = zb_array_decode_unit(u->arr, ctx, u->enc, (size_t)u->len, t->out, "bench");
-        if (t->st != ZB_OK)
+        if (t->st != ZB_OK) {
             snprintf(t->msg, sizeof t->msg, "%s", zb_last_error());
-        else
-            t->bytes += zb_array_unit_bytes(u->arr);
+            break;
+        }
+        size_t ub = (size_t)zb_array_unit_bytes(u->arr);
+        if (t->dst) {
+            size_t w = unit_share(ub, t->share);
+            if (t->stream)
+                zb_stream_copy(t->dst, t->out, w);
+            else
+                memcpy(t->dst, t->out, w);
+            t->dst += w;
+            t->written += w;
+        }
+        t->bytes += ub;
     }
+    if (t->dst && t->stream) zb_stream_fence();
 }
 
 static uint64_t
@@ -381,30 +408,57 @@ zb_bench_decoder_new(zb_dataset *ds, int threads, zb_bench_decoder **out)
     return ZB_OK;
 }
 
-zb_status
-zb_bench_decoder_run(zb_bench_decoder *d, const zb_bench_units *s, double *seconds, uint64_t *bytes)
+/* Makes the arena hold `need` bytes, every page touched (page faults stay out of the loop). */
+static zb_status
+arena_reserve(zb_bench_decoder *d, size_t need)
 {
-    *seconds = 0;
-    *bytes = 0;
+    if (need <= d->arena_cap) return ZB_OK;
+    free(d->arena);
+    d->arena_cap = 0;
+    d->arena = malloc(need);
+    if (!d->arena) return zb_err(ZB_E_NOMEM, "bench: out of memory for %zu decoded bytes", need);
+    memset(d->arena, 0, need);
+    d->arena_cap = need;
+    return ZB_OK;
+}
+
+zb_status
+zb_bench_decoder_run(zb_bench_decoder *d, const zb_bench_units *s, bool write,
+                     zb_bench_decode_result *res)
+{
+    memset(res, 0, sizeof *res);
     if (!s->n) return ZB_OK;
     size_t nt = d->ntasks < s->n ? d->ntasks : s->n;
     size_t per = (s->n + nt - 1) / nt;
+    double share = s->bytes_decoded ? (double)s->bytes_delivered / (double)s->bytes_decoded : 0;
+    size_t total = 0; /* decode + write: the bytes stored, every unit's share at its place */
+    for (size_t i = 0; write && i < s->n; i++)
+        if (s->u[i].enc) total += unit_share((size_t)zb_array_unit_bytes(s->u[i].arr), share);
+    if (write) ZB_TRY(arena_reserve(d, total ? total : 1));
+    res->streamed = write && total >= ZB_STREAM_MIN_BATCH_BYTES;
+    size_t at = 0;
     for (size_t k = 0; k < nt; k++) {
         size_t lo = k * per, hi = lo + per > s->n ? s->n : lo + per;
         dec_task *t = &d->tasks[k];
         t->u = s->u + (lo < s->n ? lo : s->n);
         t->n = hi > lo ? hi - lo : 0;
-        t->bytes = 0;
+        t->dst = write ? d->arena + at : NULL;
+        t->share = share;
+        t->stream = res->streamed;
+        for (size_t i = 0; write && i < t->n; i++)
+            if (t->u[i].enc) at += unit_share((size_t)zb_array_unit_bytes(t->u[i].arr), share);
+        t->bytes = t->written = 0;
         t->st = ZB_OK;
         t->msg[0] = '\0';
     }
     double t0 = zb_bench_now();
     for (size_t k = 0; k < nt; k++) zb_pool_submit(d->pool, decode_task, &d->tasks[k]);
     zb_pool_wait(d->pool);
-    *seconds = zb_bench_now() - t0;
+    res->seconds = zb_bench_now() - t0;
     for (size_t k = 0; k < nt; k++) {
         if (d->tasks[k].st != ZB_OK) return zb_err(d->tasks[k].st, "%s", d->tasks[k].msg);
-        *bytes += d->tasks[k].bytes;
+        res->bytes_decoded += d->tasks[k].bytes;
+        res->bytes_written += d->tasks[k].written;
     }
     return ZB_OK;
 }
@@ -416,5 +470,6 @@ zb_bench_decoder_free(zb_bench_decoder *d)
     zb_pool_free(d->pool);
     for (size_t k = 0; d->tasks && k < d->ntasks; k++) free(d->tasks[k].out);
     free(d->tasks);
+    free(d->arena);
     free(d);
 }

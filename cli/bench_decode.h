@@ -8,7 +8,14 @@
  *   - the bytes the request decodes (the decoded size of every unit that exists) and delivers
  *     (the rows it copies into the batch), i.e. its read amplification; and
  *   - the decode-only limit: the same units' encoded bytes fetched into memory beforehand, then
- *     decoded in a tight loop with zb_array_decode_unit on a zb_pool of the same thread count.
+ *     decoded in a tight loop with zb_array_decode_unit on a zb_pool of the same thread count,
+ *     each unit into a buffer of its task that stays in cache; and
+ *   - the decode + write limit: the same loop, each decoded unit then followed by a store of its
+ *     share of the request's delivered bytes to its own place in a request-sized buffer, with
+ *     the stores the reader uses for a batch (streamed past the cache from
+ *     ZB_STREAM_MIN_BATCH_BYTES on, util/stream.h): the request writes as many bytes as the
+ *     reader delivers. A loader must leave its output in memory; for a request larger than the
+ *     cache that costs memory bandwidth, which the decode-only loop never spends.
  *
  * Arrays the reader does not serve by unit (whole-shard bytes->bytes codecs, shards split along
  * other axes: it reads row bands of them instead) are counted by unit as an estimate and left
@@ -64,15 +71,26 @@ void zb_bench_units_clear(zb_bench_units *s);
 void zb_bench_units_free(zb_bench_units *s);
 
 /* A decode-only loop: a pool of `threads` workers and per-task output buffers sized for the
- * largest unit of `ds`, allocated once. */
+ * largest unit of `ds`, allocated once (and for decode + write, an arena grown to the largest
+ * request, allocated and touched before the loop is timed). */
 typedef struct zb_bench_decoder zb_bench_decoder;
 
 zb_status zb_bench_decoder_new(zb_dataset *ds, int threads, zb_bench_decoder **out);
 
-/* Decodes every fetched unit of `s` once, spread over the pool; *seconds is the wall time of
- * the loop alone (CLOCK_MONOTONIC), *bytes the decoded bytes. */
-zb_status zb_bench_decoder_run(zb_bench_decoder *d, const zb_bench_units *s, double *seconds,
-                               uint64_t *bytes);
+/* What one run of the loop measured. */
+typedef struct zb_bench_decode_result {
+    double seconds;         /* wall time of the loop alone (CLOCK_MONOTONIC) */
+    uint64_t bytes_decoded; /* decoded bytes */
+    uint64_t bytes_written; /* decode + write: bytes stored into the arena */
+    bool streamed;          /* decode + write: with streamed stores */
+} zb_bench_decode_result;
+
+/* Decodes every fetched unit of `s` once, spread over the pool; with `write` (decode + write),
+ * also stores each unit's share of the request's delivered bytes (bytes_delivered /
+ * bytes_decoded of its decoded bytes, so that the request writes what the reader would) to its
+ * own place in the arena. */
+zb_status zb_bench_decoder_run(zb_bench_decoder *d, const zb_bench_units *s, bool write,
+                               zb_bench_decode_result *res);
 
 void zb_bench_decoder_free(zb_bench_decoder *d);
 

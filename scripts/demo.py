@@ -63,8 +63,9 @@ def main():
     for name, rec in (("zbatch block", block), ("zbatch random", rand)):
         f = rec["figures"]
         d = f.get("decode_only") or {}
+        w = f.get("decode_write") or {}
         rows.append((name, f["samples_per_s"], f["amplification"], d.get("samples_per_s"),
-                     d.get("ratio")))
+                     d.get("ratio"), w.get("ratio")))
 
     progress(4, steps, "peers on the same cells (h5ad written by anndata) ...")
     peers = []
@@ -86,9 +87,11 @@ def main():
         peers.append(("peers", f"skipped: {type(e).__name__}: {e}"[:80]))
 
     progress(5, steps, f"done in {time.time() - t0:.0f} s\n")
-    print(f"{'loader':40} {'samples/s':>12} {'amplif.':>8} {'decode-only':>12} {'ratio':>6}")
-    for name, sps, amp, lim, ratio in rows:
-        print(f"{name:40} {sps:12,.0f} {amp:8.2f} {lim or 0:12,.0f} {ratio or 0:6.2f}")
+    print(f"{'loader':40} {'samples/s':>12} {'amplif.':>8} {'decode-only':>12} {'ratio':>6}"
+          f" {'ratio to decode + write':>24}")
+    for name, sps, amp, lim, ratio, wratio in rows:
+        print(f"{name:40} {sps:12,.0f} {amp:8.2f} {lim or 0:12,.0f} {ratio or 0:6.2f}"
+              f" {wratio or 0:24.2f}")
     best = block["figures"]["samples_per_s"]
     for label, sps in peers:
         if isinstance(sps, str):

@@ -101,6 +101,14 @@ def test_block_run_reports_every_figure(cells, tmp_path):
     d = f["decode_only"]
     assert d["gb_s"] > 0 and d["ratio"] > 0 and math.isfinite(d["ratio"])
     assert d["ratio"] == pytest.approx(f["samples_per_s"] / d["samples_per_s"])
+    # decode + write: the same windows' units, then their delivered bytes written once (the
+    # delivered share of each unit: amplification 1.02 or so here)
+    w = f["decode_write"]
+    assert w["bytes_decoded"] == d["bytes_decoded"] and w["seconds"] > 0
+    assert w["bytes_decoded"] / f["amplification"] == pytest.approx(w["bytes_written"], rel=0.05)
+    assert w["gb_s"] == pytest.approx(w["bytes_decoded"] / w["seconds"] / 1e9)
+    assert w["samples_per_s"] == pytest.approx(d["samples"] / w["seconds"])
+    assert w["ratio"] == pytest.approx(f["samples_per_s"] / w["samples_per_s"])
     assert f["peak_rss_bytes"] > 1 << 20
     # the bench's own record of the timed batches (8 bytes per sample id and a little per
     # batch) is not the loader's memory: counted apart, left out of the anonymous figure
@@ -122,7 +130,7 @@ def test_table_is_printed_without_json(cells, tmp_path):
     assert "samples/s" in r.stdout and "read amplification" in r.stdout
     assert "decode-only" not in r.stdout
     rec = json.loads(next(tmp_path.glob("bench-*-random.json")).read_text())
-    assert rec["figures"]["decode_only"] is None
+    assert rec["figures"]["decode_only"] is None and rec["figures"]["decode_write"] is None
     assert rec["parameters"]["decode_only"] is False
 
 
@@ -144,9 +152,37 @@ def test_rounds_repeat_the_same_windows_and_report_medians(cells, tmp_path):
     r = bench(cells, "--sampler", "random", "--batch", B, "--seconds", 0.2, "--rounds", 3,
               "--results", tmp_path / "T")
     assert r.stdout.count("round ") >= 3 and "3 rounds, ratio to decode-only per round:" in r.stdout
-    per_round = [float(v) for v in r.stdout.split("per round:")[1].splitlines()[0].split()]
-    med = float(r.stdout.split("median")[-1].split("ratio")[-1].split()[0])
-    assert med == pytest.approx(sorted(per_round)[1], abs=0.006)
+    # the medians line: "... ratio R1; decode + write ... ratio R2"
+    med = r.stdout.split("median")[-1].splitlines()[0].split("ratio")
+    for k, head in ((1, "decode-only per round:"), (2, "decode + write per round:")):
+        per_round = [float(v) for v in r.stdout.split(head)[1].splitlines()[0].split()]
+        assert len(per_round) == 3
+        assert float(med[k].strip(" ;").split(";")[0]) == pytest.approx(sorted(per_round)[1],
+                                                                        abs=0.006)
+
+
+def sequential_window_bytes(cells, batches):
+    """The bytes each loader window of these sequential batches decodes (every chunk its rows
+    touch, once) and delivers (its rows), from the store's pointers and chunk shapes."""
+    g = zarr.open_group(str(cells), mode="r")
+    indptr = g["X/indptr"][:]
+    cx = g["X/data"].chunks[0]
+    obs = [g[k] for k in ("obs/cell_line/codes", "obs/drug/codes", "obs/plate/codes",
+                          "obs/n_genes")]
+    decoded, delivered = [], []
+    for w in range(0, len(batches), P):
+        lo, hi = batches[w][0], batches[min(w + P, len(batches)) - 1][-1] + 1
+        e0, e1 = indptr[lo], indptr[hi]
+        units = (e1 - 1) // cx - e0 // cx + 1
+        dec = units * cx * (4 + 4)  # float32 data + int32 indices
+        dlv = (e1 - e0) * 8
+        for a in obs:
+            c = a.chunks[0]
+            dec += ((hi - 1) // c - lo // c + 1) * c * a.dtype.itemsize
+            dlv += (hi - lo) * a.dtype.itemsize
+        decoded.append(int(dec))
+        delivered.append(int(dlv))
+    return decoded, delivered
 
 
 def test_sequential_epoch_bytes_and_shuffle_match_the_store(cells, tmp_path):
@@ -158,25 +194,27 @@ def test_sequential_epoch_bytes_and_shuffle_match_the_store(cells, tmp_path):
     assert rec["parameters"]["epochs"] == 1 and rec["parameters"]["seconds"] is None
 
     # bytes: each window decodes every chunk its rows touch once, and delivers its rows
-    g = zarr.open_group(str(cells), mode="r")
-    indptr = g["X/indptr"][:]
-    cx = g["X/data"].chunks[0]
-    obs = [g[k] for k in ("obs/cell_line/codes", "obs/drug/codes", "obs/plate/codes",
-                          "obs/n_genes")]
-    decoded = delivered = 0
-    for w in range(0, len(batches), P):
-        lo, hi = batches[w][0], batches[min(w + P, len(batches)) - 1][-1] + 1
-        e0, e1 = indptr[lo], indptr[hi]
-        units = (e1 - 1) // cx - e0 // cx + 1
-        decoded += units * cx * (4 + 4)  # float32 data + int32 indices
-        delivered += (e1 - e0) * 8
-        for a in obs:
-            c = a.chunks[0]
-            decoded += ((hi - 1) // c - lo // c + 1) * c * a.dtype.itemsize
-            delivered += (hi - lo) * a.dtype.itemsize
-    assert f["bytes_decoded"] == decoded
-    assert f["bytes_delivered"] == delivered
+    decoded, delivered = sequential_window_bytes(cells, batches)
+    assert f["bytes_decoded"] == sum(decoded)
+    assert f["bytes_delivered"] == sum(delivered)
     assert f["amplification"] >= 1
+    # the decode-only and decode + write loops ran over every window (a short epoch, and at
+    # least 0.5 s of budget) and decoded the same units; decode + write stored what the loader
+    # delivers (each unit its share, rounded down: within a byte per unit), a window of 8 MiB
+    # or more with streamed stores, as the reader writes a batch that size, a smaller one with
+    # memcpy
+    for batch, streamed in ((B, True), (32, False)):
+        if batch != B:
+            rec, _ = run_json(cells, tmp_path, "--sampler", "sequential", "--batch", batch,
+                              "--epochs", 1)
+            decoded, delivered = sequential_window_bytes(cells,
+                                                         sequential_timed_batches(N, batch, P))
+        fb = rec["figures"]
+        d, dw = fb["decode_only"], fb["decode_write"]
+        assert d["windows"] == fb["timed_windows"] == len(decoded)
+        assert d["bytes_decoded"] == dw["bytes_decoded"] == fb["bytes_decoded"] == sum(decoded)
+        assert sum(delivered) - d["units"] <= dw["bytes_written"] <= sum(delivered)
+        assert (max(delivered) >= 8 << 20) is streamed and dw["streamed"] is streamed
 
     # the synthetic cell lines are drawn independently per cell: sequential batches mix them as
     # well as random ones, but their ids are neighbours
