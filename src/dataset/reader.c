@@ -1640,40 +1640,68 @@ locate(zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child, uint64_t
     return ZB_OK;
 }
 
-/* Converts index values of sample i from the target segment's store convention to batch rows:
- * local = stored - ptr[p] when store-global; then + the sample's offset in the batch. */
+/* The error for the first of sample i's n index values (int64 or int32, at v) outside
+ * [sub, sub + tgt_len), or whose batch row (local + batch_off) does not fit an int32 field. */
 static zb_status
-rebase_index(const zb_dataset *ch, const zb_field *f, bfield *bf, const zb_batch *b, size_t i,
-             int64_t tgt_start, int64_t tgt_len, int64_t batch_off, const int64_t *segptr)
+rebase_error(const zb_dataset *ch, const zb_field *f, const void *v, bool wide, uint64_t n,
+             size_t i, int64_t sub, int64_t tgt_len, int64_t batch_off)
+{
+    for (uint64_t k = 0; k < n; k++) {
+        int64_t x = wide ? ((const int64_t *)v)[k] : ((const int32_t *)v)[k];
+        if (x < sub || x - sub >= tgt_len) {
+            /* x - sub as the store meant it; reported, never used */
+            long long local = (long long)((uint64_t)x - (uint64_t)sub);
+            return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: %s value %lld is outside its %lld "
+                          "atoms (stored %s)", ch->path[0] ? ch->path : "/", i, f->name, local,
+                          (long long)tgt_len, f->global_index ? "store-global" : "local");
+        }
+        if (!wide && x - sub + batch_off > INT32_MAX)
+            return zb_err(ZB_E_OVERFLOW, "%s: batch index %lld does not fit int32", f->name,
+                          (long long)(x - sub + batch_off));
+    }
+    return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: bad index values", f->name, i);
+}
+
+/* Converts index values of sample i from the target segment's store convention to batch rows:
+ * local = stored - ptr[p] when store-global; then + the sample's offset in the batch. One pass
+ * shifts every value and keeps their range; a value out of range is found after the pass (the
+ * shift undone first), so the loop has no branch per value. */
+static zb_status
+rebase_index(const zb_dataset *ch, const zb_field *f, bfield *bf, size_t i, int64_t tgt_start,
+             int64_t tgt_len, int64_t batch_off, const int64_t *segptr)
 {
     uint64_t r0 = (uint64_t)segptr[i], r1 = (uint64_t)segptr[i + 1];
     uint64_t n = (r1 - r0) * bf->row_elems;
-    int64_t sub = f->global_index ? tgt_start : 0;
-    (void)b;
+    if (n == 0) return ZB_OK;
+    int64_t sub = f->global_index ? tgt_start : 0; /* >= 0 */
     if (bf->dtype == ZB_DT_INT64) {
         int64_t *v = (int64_t *)(void *)(bf->data) + r0 * bf->row_elems;
+        uint64_t d = (uint64_t)batch_off - (uint64_t)sub; /* the shift, wrapping */
+        int64_t lo = v[0], hi = v[0];
         for (uint64_t k = 0; k < n; k++) {
-            int64_t local = v[k] - sub;
-            if (local < 0 || local >= tgt_len)
-                return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: %s value %lld is outside its %lld "
-                              "atoms (stored %s)", ch->path[0] ? ch->path : "/", i, f->name,
-                              (long long)local, (long long)tgt_len,
-                              f->global_index ? "store-global" : "local");
-            v[k] = local + batch_off;
+            int64_t x = v[k];
+            lo = x < lo ? x : lo;
+            hi = x > hi ? x : hi;
+            v[k] = (int64_t)((uint64_t)x + d);
+        }
+        /* lo >= sub >= 0 first: then hi - sub cannot overflow */
+        if (lo < sub || hi - sub >= tgt_len) {
+            for (uint64_t k = 0; k < n; k++) v[k] = (int64_t)((uint64_t)v[k] - d);
+            return rebase_error(ch, f, v, true, n, i, sub, tgt_len, batch_off);
         }
     } else if (bf->dtype == ZB_DT_INT32) {
         int32_t *v = (int32_t *)(void *)(bf->data) + r0 * bf->row_elems;
+        uint32_t d = (uint32_t)(uint64_t)(batch_off - sub);
+        int32_t lo = v[0], hi = v[0];
         for (uint64_t k = 0; k < n; k++) {
-            int64_t local = (int64_t)v[k] - sub;
-            if (local < 0 || local >= tgt_len)
-                return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: %s value %lld is outside its %lld "
-                              "atoms", ch->path[0] ? ch->path : "/", i, f->name,
-                              (long long)local, (long long)tgt_len);
-            int64_t out = local + batch_off;
-            if (out > INT32_MAX)
-                return zb_err(ZB_E_OVERFLOW, "%s: batch index %lld does not fit int32", f->name,
-                              (long long)out);
-            v[k] = (int32_t)out;
+            int32_t x = v[k];
+            lo = x < lo ? x : lo;
+            hi = x > hi ? x : hi;
+            v[k] = (int32_t)((uint32_t)x + d);
+        }
+        if (lo < sub || hi - sub >= tgt_len || (int64_t)hi - sub + batch_off > INT32_MAX) {
+            for (uint64_t k = 0; k < n; k++) v[k] = (int32_t)((uint32_t)v[k] - d);
+            return rebase_error(ch, f, v, false, n, i, sub, tgt_len, batch_off);
         }
     } else {
         return zb_err(ZB_E_TYPE, "%s: index fields must be int32 or int64", f->name);
@@ -1925,7 +1953,7 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
         for (size_t i = 0; i < n; i++) {
             while (b->groups && i >= b->groups[g + 1]) g0 = b->groups[++g];
             const zb_dataset *ch = child_of(ds, child[i]);
-            st = rebase_index(ch, &ch->fields[f], &b->fields[f], b, i,
+            st = rebase_index(ch, &ch->fields[f], &b->fields[f], i,
                               seg_start[(size_t)fd->target * n + i], tp[i + 1] - tp[i],
                               tp[i] - tp[g0], b->segs[fd->seg].ptr);
             if (st != ZB_OK) goto fail;

@@ -67,7 +67,9 @@ zb_segment_get(zb_segment *seg, zb_ctx *ctx, uint64_t i, int64_t *value)
 
 /* ---- masks -------------------------------------------------------------------------------- */
 
-#define MASK_BLOCK 4096
+/* Samples per rank entry: a select scans at most this many mask bytes (8 bytes of rank per
+ * 256 samples). A block with every sample kept is not scanned at all. */
+#define MASK_BLOCK 256
 
 zb_status
 zb_mask_load(zb_dataset *ds)
@@ -128,7 +130,9 @@ zb_mask_select(const zb_mask *m, uint64_t logical)
             hi = mid;
     }
     uint64_t need = logical - m->rank[lo];
-    for (uint64_t i = lo * MASK_BLOCK; i < n; i++) {
+    uint64_t start = lo * MASK_BLOCK, len = n - start < MASK_BLOCK ? n - start : MASK_BLOCK;
+    if (m->rank[lo + 1] - m->rank[lo] == len) return start + need; /* nothing deleted here */
+    for (uint64_t i = start; i < n; i++) {
         if (m->bits[i]) {
             if (need == 0) return i;
             need--;

@@ -80,6 +80,9 @@ typedef struct build_opts {
     bool sharded;
     bool with_index; /* add segment "eseg" and the index field "nbr" */
     const int64_t *ptr_override; /* [N+1] written as "ptr" instead of the true pointers */
+    bool nbr_int32;              /* "nbr" stored as int32 instead of int64 */
+    bool nbr_local;              /* "nbr" stored sample-local ("global": false) */
+    const int64_t *nbr_override; /* [etotal, 2] written as "nbr" (in its convention) */
 } build_opts;
 
 static const char *ATTRS_BASIC =
@@ -94,12 +97,22 @@ static const char *ATTRS_INDEX =
     "\"nbr\": {\"array\": \"nbr\", \"kind\": \"index\", \"segment\": \"eseg\", "
     "\"target\": \"seg\", \"global\": true}}}}";
 
+static const char *ATTRS_INDEX_LOCAL =
+    "{\"zbatch\": {\"segments\": {\"seg\": \"ptr\", \"eseg\": \"eptr\"}, \"fields\": {"
+    "\"vals\": {\"array\": \"vals\", \"kind\": \"ragged\", \"segment\": \"seg\"}, "
+    "\"lab\": {\"array\": \"lab\", \"kind\": \"per_sample\"}, "
+    "\"nbr\": {\"array\": \"nbr\", \"kind\": \"index\", \"segment\": \"eseg\", "
+    "\"target\": \"seg\", \"global\": false}}}}";
+
 static zb_store *
 build(const source *s, const build_opts *bo)
 {
     zb_store *st = NULL;
     ZB_ASSERT_OK(zb_store_open_memory(&st));
-    ZB_ASSERT_OK(zb_write_group(st, "", 3, bo->with_index ? ATTRS_INDEX : ATTRS_BASIC));
+    ZB_ASSERT_OK(zb_write_group(st, "", 3,
+                                !bo->with_index ? ATTRS_BASIC
+                                : bo->nbr_local ? ATTRS_INDEX_LOCAL
+                                                : ATTRS_INDEX));
     const uint64_t vw[1] = {VW}, two[1] = {2};
     put_array(st, "ptr", ZB_DT_INT64, 1, NULL, bo->ptr_override ? bo->ptr_override : s->ptr,
               N + 1, 4, bo->sharded ? 8 : 0);
@@ -109,8 +122,24 @@ build(const source *s, const build_opts *bo)
               bo->sharded ? 2 * LAB_CHUNK : 0);
     if (bo->with_index) {
         put_array(st, "eptr", ZB_DT_INT64, 1, NULL, s->eptr, N + 1, 5, 0);
-        put_array(st, "nbr", ZB_DT_INT64, 2, two, s->nbr, (uint64_t)s->etotal, NBR_CHUNK,
-                  bo->sharded ? 3 * NBR_CHUNK : 0);
+        /* the source's store-global values, or the override, in the asked convention and type */
+        size_t ne = (size_t)s->etotal * 2;
+        int64_t *v64 = malloc(ne * sizeof *v64);
+        int32_t *v32 = malloc(ne * sizeof *v32);
+        assert_non_null(v64);
+        assert_non_null(v32);
+        for (int i = 0; i < N; i++)
+            for (int64_t e = 2 * s->eptr[i]; e < 2 * s->eptr[i + 1]; e++) {
+                v64[e] = bo->nbr_override ? bo->nbr_override[e]
+                         : bo->nbr_local  ? s->nbr[e] - s->ptr[i]
+                                          : s->nbr[e];
+                v32[e] = (int32_t)v64[e];
+            }
+        put_array(st, "nbr", bo->nbr_int32 ? ZB_DT_INT32 : ZB_DT_INT64, 2, two,
+                  bo->nbr_int32 ? (const void *)v32 : (const void *)v64, (uint64_t)s->etotal,
+                  NBR_CHUNK, bo->sharded ? 3 * NBR_CHUNK : 0);
+        free(v64);
+        free(v32);
     }
     return st;
 }
@@ -271,6 +300,77 @@ test_open_and_fields(void **state)
     ZB_ASSERT_ERR(zb_dataset_find_field(ds, "nope", &i), ZB_E_NOTFOUND, "nope");
     zb_dataset_close(ds);
     zb_store_close(st);
+    source_free(&s);
+}
+
+/* Index values in all four conventions (int64 / int32, store-global / sample-local) come out as
+ * batch rows, and a value outside its sample (one atom past its end, one before its start) is
+ * an error naming the field, the sample and the value, only when that sample is read. */
+static void
+test_index_conventions_and_bad_values(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    const uint64_t ids[] = {11, 4, 0, 4, 9, 2};
+    const size_t n = sizeof ids / sizeof *ids;
+    int64_t *bad = malloc((size_t)s.etotal * 2 * sizeof *bad);
+    assert_non_null(bad);
+    for (int conv = 0; conv < 4; conv++) {
+        bool i32 = conv & 1, local = conv & 2;
+        build_opts bo = {.with_index = true, .nbr_int32 = i32, .nbr_local = local};
+        zb_store *st = build(&s, &bo);
+        zb_dataset *ds = open_ds(st, 0, 2);
+        zb_batch *b = NULL;
+        ZB_ASSERT_OK(zb_dataset_read_many(ds, ids, n, &b));
+        /* edge k of sample i: local atom k -> (k+1) % count, plus the sample's first batch row */
+        zb_batch_view v;
+        ZB_ASSERT_OK(zb_batch_find(b, "nbr", &v));
+        assert_int_equal(v.dtype, i32 ? ZB_DT_INT32 : ZB_DT_INT64);
+        const int64_t *eptr = zb_batch_segment(b, "eseg");
+        int64_t row0 = 0;
+        for (size_t i = 0; i < n; i++) {
+            int64_t c = COUNTS[ids[i]];
+            assert_int_equal(eptr[i + 1] - eptr[i], c);
+            for (int64_t k = 0; k < c; k++)
+                for (int j = 0; j < 2; j++) {
+                    size_t at = (size_t)(2 * (eptr[i] + k) + j);
+                    int64_t got = i32 ? ((const int32_t *)v.data)[at]
+                                      : ((const int64_t *)v.data)[at];
+                    assert_int_equal(got, row0 + (k + j) % c);
+                }
+            row0 += c;
+        }
+        zb_batch_free(b);
+        zb_dataset_close(ds);
+        zb_store_close(st);
+
+        /* sample 4 (7 atoms, rows 10..16 of the store): its second edge's target one past its
+         * last atom, then its fourth edge's source one before its first */
+        for (int which = 0; which < 2; which++) {
+            for (int i = 0; i < N; i++)
+                for (int64_t e = 2 * s.eptr[i]; e < 2 * s.eptr[i + 1]; e++)
+                    bad[e] = local ? s.nbr[e] - s.ptr[i] : s.nbr[e];
+            int64_t at = which ? 2 * (s.eptr[4] + 3) : 2 * (s.eptr[4] + 1) + 1;
+            int64_t wrong = which ? (local ? -1 : s.ptr[4] - 1) : (local ? 7 : s.ptr[5]);
+            bad[at] = wrong;
+            build_opts bb = {.with_index = true, .nbr_int32 = i32, .nbr_local = local,
+                             .nbr_override = bad};
+            st = build(&s, &bb);
+            ds = open_ds(st, 0, 2);
+            char want[128];
+            snprintf(want, sizeof want, "sample row 1: nbr value %d is outside its 7 atoms",
+                     which ? -1 : 7);
+            ZB_ASSERT_ERR(zb_dataset_read_many(ds, ids, n, &b), ZB_E_CORRUPT, want);
+            assert_null(b);
+            const uint64_t fine[] = {3, 5, 2};
+            ZB_ASSERT_OK(zb_dataset_read_many(ds, fine, 3, &b));
+            zb_batch_free(b);
+            zb_dataset_close(ds);
+            zb_store_close(st);
+        }
+    }
+    free(bad);
     source_free(&s);
 }
 
@@ -651,6 +751,7 @@ main(void)
         cmocka_unit_test(test_four_threads_same_bytes),
         cmocka_unit_test(test_pointer_blocks),
         cmocka_unit_test(test_generic_schema_errors),
+        cmocka_unit_test(test_index_conventions_and_bad_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -437,3 +437,44 @@ def test_synth_atoms_reproducible_and_readable(tmp_path):
         # float32 positions can move a pair across the cutoff; allow a hair of disagreement
         assert len(set(got) ^ set(want)) <= max(2, len(want) // 5000), (i, len(got), len(want))
     r.close()
+
+
+def test_reads_through_a_mask_of_many_blocks(tmp_path):
+    """Soft deletes over 3,000 samples, across many of the mask's rank blocks (one rank entry
+    per 256 samples): blocks with every sample kept, a block wholly deleted, blocks with one or
+    a few deletions, the last (short) block. Every logical id reads the physical sample that
+    numpy's flatnonzero(mask) names, neighbour lists re-based to the batch."""
+    import zbatch
+    n = 3000
+    rng = np.random.default_rng(11)
+    srcs = []
+    for k in range(n):
+        m = 1 + k % 3
+        srcs.append({"positions": np.full((m, 3), k, np.float64),
+                     "atomic_numbers": np.full(m, 1 + k % 80),
+                     "forces": np.zeros((m, 3)), "energy": float(k),
+                     "cell": np.eye(3), "pbc": np.array([True, True, True]),
+                     "neighbor_list": np.array([[j, (j + 1) % m] for j in range(m)]),
+                     "shifts": np.zeros((m, 3))})
+    path = tmp_path / "many.zarr"
+    w = AtomicWriter(path, cutoff=CUTOFF)
+    w.write(srcs)
+    doomed = set(range(512, 768))                      # the third block, whole
+    doomed |= {1000, 1300, 1301, 1302, 2999}           # one; a run of three; the very last
+    doomed |= set(rng.choice(np.arange(1800, 2300), 40, replace=False).tolist())
+    alive = [k for k in range(n) if k not in doomed]
+    w.delete(sorted(doomed))  # logical ids of the store as it is: every sample still live
+    mask = read(path, "meta/samples_mask")
+    assert np.flatnonzero(mask).tolist() == alive
+    ds = zbatch.open(str(path))
+    assert len(ds) == len(alive)
+    ids = np.concatenate([np.arange(len(alive)), rng.permutation(len(alive))[:500]])
+    b = ds.read_many(ids.tolist())
+    phys = np.flatnonzero(mask)[ids]
+    np.testing.assert_array_equal(b["energy"].reshape(-1), phys.astype(np.float32))
+    counts = 1 + phys % 3
+    np.testing.assert_array_equal(b["positions"][:, 0], np.repeat(phys, counts).astype(np.float32))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    want_nl = np.concatenate([np.stack([np.arange(c), (np.arange(c) + 1) % c], 1) + s
+                              for c, s in zip(counts, starts)])
+    np.testing.assert_array_equal(b["neighbor_list"], want_nl)
