@@ -217,6 +217,15 @@ typedef struct keyed {
     size_t i;
 } keyed;
 
+/* An index field re-based by the tasks, each copy's rows as they land in the batch
+ * (rebase_rows): sample i's stored values lie in [lo[i], lo[i] + len[i]) and become value +
+ * shift[i] (its first target row in its batch, less lo[i] when stored store-global). */
+typedef struct rebase {
+    bool on;             /* else not an index field, or re-based after the tasks (rebase_index) */
+    const int64_t *rows; /* [n+1] the field's batch pointer (its own segment) */
+    int64_t *shift, *lo, *len; /* [n] each */
+} rebase;
+
 /* The plan's memory, kept by the dataset between requests (dataset.h plan_free). A window's
  * plan is megabytes (copy records, sort keys, tasks, per-sample arrays) that malloc returns to
  * the kernel when freed and faults in again for the next window: 84,000 page faults in 8 s of a
@@ -244,6 +253,10 @@ struct zb_plan_mem {
     size_t seg_cap;
     size_t *arena_off;
     size_t off_cap;
+    rebase *rb;
+    size_t rb_cap;
+    int64_t *rb_vals;
+    size_t rb_vals_cap;
     zb_ctx *ctx;
     pthread_t owner; /* the thread that used it last */
     zb_plan_mem *next;
@@ -273,7 +286,8 @@ plan_mem_bytes(const zb_plan_mem *m)
            m->sorted_cap * sizeof *m->sorted + m->tasks_cap * sizeof *m->tasks +
            m->xs_cap * sizeof *m->xs + m->child_cap * sizeof *m->child +
            m->phys_cap * sizeof *m->phys + m->seg_cap * sizeof *m->seg_start +
-           m->off_cap * sizeof *m->arena_off;
+           m->off_cap * sizeof *m->arena_off + m->rb_cap * sizeof *m->rb +
+           m->rb_vals_cap * sizeof *m->rb_vals;
 }
 
 static void
@@ -289,6 +303,8 @@ plan_mem_free(zb_plan_mem *m)
     free(m->phys);
     free(m->seg_start);
     free(m->arena_off);
+    free(m->rb);
+    free(m->rb_vals);
     zb_ctx_free(m->ctx);
     free(m);
 }
@@ -364,6 +380,9 @@ struct plan {
     size_t ntasks, tasks_cap;
     uint64_t work; /* decoded bytes of the units the tasks serve (make_tasks) */
     bool stream; /* the batch outgrows the cache: long copies into it are streamed (stream.h) */
+    size_t n;              /* samples of the request */
+    const uint32_t *child; /* [n] each sample's child */
+    rebase *rb;            /* [nfields], or NULL when no field is re-based by the tasks */
 };
 
 /* ------------------------------------------------------------------------------------------- */
@@ -841,11 +860,19 @@ copy_lines(uint8_t *o, size_t os, const uint8_t *u, size_t us, uint64_t n, size_
 #undef ZB_COPY_LINES
 }
 
-/* Bytes of rows into the batch: streamed past the cache when the batch outgrows it. */
-static inline void
-put_bytes(const plan *p, uint8_t *dst, const uint8_t *src, size_t n)
+/* Whether the tasks re-base field f's rows as they land. */
+static inline bool
+rebased_here(const plan *p, uint32_t f)
 {
-    if (p->stream)
+    return p->rb && p->rb[f].on;
+}
+
+/* Bytes of rows of field f into the batch: streamed past the cache when the batch outgrows it,
+ * unless the task re-bases them next (they are read again at once). */
+static inline void
+put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
+{
+    if (p->stream && !rebased_here(p, f))
         zb_stream_copy(dst, src, n);
     else
         memcpy(dst, src, n);
@@ -903,6 +930,102 @@ copy_rows(const zb_array *a, const bfield *bf, const uint8_t *unit, const uint64
             if (d < 1) break;
         }
     }
+}
+
+/* The largest sample i with rows[i] <= row (rows: a batch pointer of n samples, row < rows[n]):
+ * the sample holding batch row `row` (empty samples are skipped over). */
+static size_t
+sample_of(const int64_t *rows, size_t n, uint64_t row)
+{
+    size_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)rows[mid] <= row)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Re-bases rows [r0, r1) x columns [c0, c1) of an index field's batch buffer, all of sample i:
+ * v + d in one branch-free pass that keeps the range of v; a range outside [lo, lo + len), or
+ * a result past INT32_MAX for int32, undoes the shift and returns false. */
+#define ZB_SHIFT_SPAN(T, UT)                                                                     \
+    static bool shift_span_##T(T *base, uint64_t re, uint64_t r0, uint64_t r1, uint64_t c0,     \
+                               uint64_t c1, int64_t d, int64_t lo, int64_t len)                 \
+    {                                                                                            \
+        uint64_t rows = r1 - r0, w = c1 - c0;                                                    \
+        if (c0 == 0 && c1 == re) { /* whole rows: one run */                                     \
+            w *= rows;                                                                           \
+            rows = 1;                                                                            \
+        }                                                                                        \
+        T mn = base[r0 * re + c0], mx = mn;                                                      \
+        for (uint64_t r = 0; r < rows; r++) {                                                    \
+            T *v = base + (r0 + r) * re + c0;                                                    \
+            for (uint64_t k = 0; k < w; k++) {                                                   \
+                T x = v[k];                                                                      \
+                mn = x < mn ? x : mn;                                                            \
+                mx = x > mx ? x : mx;                                                            \
+                v[k] = (T)((UT)x + (UT)d);                                                       \
+            }                                                                                    \
+        }                                                                                        \
+        /* mn >= lo >= 0 first: then mx - lo and mx + d cannot overflow int64 */                \
+        if (mn >= lo && mx - lo < len && (sizeof(T) == 8 || (int64_t)mx + d <= INT32_MAX))      \
+            return true;                                                                         \
+        for (uint64_t r = 0; r < rows; r++) {                                                    \
+            T *v = base + (r0 + r) * re + c0;                                                    \
+            for (uint64_t k = 0; k < w; k++) v[k] = (T)((UT)v[k] - (UT)d);                       \
+        }                                                                                        \
+        return false;                                                                            \
+    }
+ZB_SHIFT_SPAN(int64_t, uint64_t)
+ZB_SHIFT_SPAN(int32_t, uint32_t)
+#undef ZB_SHIFT_SPAN
+
+static zb_status rebase_error(const zb_dataset *ch, const zb_field *f, const void *v, bool wide,
+                              uint64_t n, size_t i, int64_t sub, int64_t tgt_len,
+                              int64_t batch_off);
+
+/* Re-bases the rows [row0, row0 + nrows) x columns [c0, c1) that one copy of index field f has
+ * just written to the batch (still in cache), sample by sample (a copy may span several). */
+static zb_status
+rebase_rows(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0, uint64_t c1)
+{
+    const rebase *r = &p->rb[f];
+    bfield *bf = &p->b->fields[f];
+    uint64_t re = bf->row_elems, end = row0 + nrows;
+    for (size_t i = nrows ? sample_of(r->rows, p->n, row0) : p->n; i < p->n; i++) {
+        uint64_t a = (uint64_t)r->rows[i] > row0 ? (uint64_t)r->rows[i] : row0;
+        uint64_t e = (uint64_t)r->rows[i + 1] < end ? (uint64_t)r->rows[i + 1] : end;
+        if (a >= end) break;
+        if (a >= e) continue;
+        bool ok = bf->dtype == ZB_DT_INT64
+                      ? shift_span_int64_t((int64_t *)(void *)bf->data, re, a, e, c0, c1,
+                                           r->shift[i], r->lo[i], r->len[i])
+                      : shift_span_int32_t((int32_t *)(void *)bf->data, re, a, e, c0, c1,
+                                           r->shift[i], r->lo[i], r->len[i]);
+        if (ok) continue;
+        /* the culprit among the span's values, in the message rebase_index gives */
+        const zb_dataset *ch = child_of(p->ds, p->child[i]);
+        bool wide = bf->dtype == ZB_DT_INT64;
+        int64_t batch_off = r->shift[i] + (ch->fields[f].global_index ? r->lo[i] : 0);
+        for (uint64_t row = a; row < e; row++) {
+            const uint8_t *v = bf->data + (row * re + c0) * bf->itemsize;
+            zb_status st = ZB_OK;
+            int64_t sub = ch->fields[f].global_index ? r->lo[i] : 0;
+            for (uint64_t k = 0; k < c1 - c0 && st == ZB_OK; k++) {
+                int64_t x = wide ? ((const int64_t *)(const void *)v)[k]
+                                 : ((const int32_t *)(const void *)v)[k];
+                if (x < sub || x - sub >= r->len[i] || (!wide && x - sub + batch_off > INT32_MAX))
+                    st = rebase_error(ch, &ch->fields[f], v + k * bf->itemsize, wide, 1, i, sub,
+                                      r->len[i], batch_off);
+            }
+            if (st != ZB_OK) return st;
+        }
+        return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: bad index values", bf->name, i);
+    }
+    return ZB_OK;
 }
 
 static zb_status fetch_whole(exec *x, const zb_array *a, const char *key, const uint8_t **data,
@@ -979,8 +1102,10 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
         row_bytes *= (hi > a->meta.shape[d] ? a->meta.shape[d] : hi) - lo;
     }
     uint64_t rows = 0;
+    bool reb = rebased_here(p, cp->field);
     if (direct) {
         rows = cp->nrows;
+        if (reb) ZB_TRY(rebase_rows(p, cp->field, cp->dst_row, cp->nrows, 0, bf->row_elems));
     } else if (unit_spans_rows(a, g)) {
         /* the unit holds whole batch rows: one move per copy, fixed-size for short rows */
         size_t rb = (size_t)row_bytes;
@@ -991,14 +1116,19 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
             if (c->nrows == 1)
                 copy_lines(o, 0, u, 0, 1, rb);
             else
-                put_bytes(p, o, u, (size_t)c->nrows * rb);
+                put_bytes(p, c->field, o, u, (size_t)c->nrows * rb);
             rows += c->nrows;
+            if (reb) ZB_TRY(rebase_rows(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
         }
     } else {
+        /* re-based here only when 2-d (plan_rebase): the unit's columns of each row */
+        uint64_t lo1 = nd == 2 ? g[1] * a->inner[1] : 0, hi1 = lo1 + (nd == 2 ? a->inner[1] : 0);
+        if (hi1 > bf->row_elems) hi1 = bf->row_elems;
         for (size_t i = c0; i < c1; i++) {
             const copy *c = &p->copies[i];
             copy_rows(a, bf, target, g, c->src_row, c->dst_row, c->nrows);
             rows += c->nrows;
+            if (reb) ZB_TRY(rebase_rows(p, c->field, c->dst_row, c->nrows, lo1, hi1));
         }
     }
     x->t->stats.bytes_delivered += rows * row_bytes;
@@ -1135,21 +1265,24 @@ raw_rows(const zb_array *a)
  * exist. */
 #define RAW_GAP ((uint64_t)32 << 10)
 /* Copies [c0, c1) of a raw unit out of `src`, which holds the unit's bytes from byte s0 on, into
- * the batch; returns the bytes delivered. */
-static uint64_t
+ * the batch; *delivered: the bytes delivered. */
+static zb_status
 raw_copy_out(exec *x, bfield *bf, size_t c0, size_t c1, const uint8_t *src, uint64_t s0,
-             uint64_t row_bytes)
+             uint64_t row_bytes, uint64_t *delivered)
 {
     uint64_t total = 0;
     for (size_t i = c0; i < c1; i++) {
         const copy *c = &x->p->copies[i];
         uint64_t n = c->nrows * row_bytes;
-        put_bytes(x->p, bf->data + c->dst_row * row_bytes, src + (c->src_row * row_bytes - s0),
-                  (size_t)n);
+        put_bytes(x->p, c->field, bf->data + c->dst_row * row_bytes,
+                  src + (c->src_row * row_bytes - s0), (size_t)n);
         total += n;
+        if (rebased_here(x->p, c->field))
+            ZB_TRY(rebase_rows(x->p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
     }
     x->t->stats.bytes_delivered += total;
-    return total;
+    if (delivered) *delivered = total;
+    return ZB_OK;
 }
 
 #define RAW_SPAN ((uint64_t)8 << 20)
@@ -1186,10 +1319,12 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
             return truncated(key, got, hi - lo, base + lo);
         }
         /* only the delivered bytes of a view are touched: they are what is fetched */
-        uint64_t n = raw_copy_out(x, bf, c0, c1, view, lo, row_bytes);
+        uint64_t n = 0;
+        zb_status st = raw_copy_out(x, bf, c0, c1, view, lo, row_bytes, &n);
+        zb_store_release(a->store, tok);
+        if (st != ZB_OK) return st;
         x->t->stats.bytes_fetched += n;
         x->t->stats.bytes_decoded += n;
-        zb_store_release(a->store, tok);
         x->t->stats.range_reads++;
         x->t->stats.chunks_decoded++;
         return ZB_OK;
@@ -1227,10 +1362,14 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
         x->t->stats.range_reads++;
         x->t->stats.bytes_fetched += len;
         x->t->stats.bytes_decoded += len;
-        if (direct)
+        if (!direct) {
+            ZB_TRY(raw_copy_out(x, bf, i, k, to, s0, row_bytes, NULL));
+        } else {
             x->t->stats.bytes_delivered += len;
-        else
-            raw_copy_out(x, bf, i, k, to, s0, row_bytes);
+            const copy *c = &p->copies[i];
+            if (rebased_here(p, c->field))
+                ZB_TRY(rebase_rows(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+        }
         i = k;
     }
     x->t->stats.chunks_decoded++;
@@ -1489,6 +1628,8 @@ run_rows(exec *x, size_t c0, size_t c1)
             memcpy(bf->data + c->dst_row * row_bytes, band + (r0 - lo) * row_bytes,
                    (size_t)c->nrows * row_bytes);
         x->t->stats.bytes_delivered += c->nrows * row_bytes;
+        if (rebased_here(p, c->field))
+            ZB_TRY(rebase_rows(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
     }
     return ZB_OK;
 }
@@ -1709,6 +1850,64 @@ rebase_index(const zb_dataset *ch, const zb_field *f, bfield *bf, size_t i, int6
     return ZB_OK;
 }
 
+/* Whether the tasks can re-base index field f as its rows land: every child's array is 1-d or
+ * 2-d (a unit covers whole rows or some columns of each) or its units span whole rows. */
+static bool
+can_rebase_in_tasks(const zb_dataset *ds, size_t f)
+{
+    size_t nc = ds->nchildren ? ds->nchildren : 1;
+    for (size_t c = 0; c < nc; c++) {
+        const zb_array *a = child_of(ds, (uint32_t)c)->fields[f].arr;
+        if (a->meta.ndim <= 2) continue;
+        for (int d = 1; d < a->meta.ndim; d++)
+            if (a->inner[d] != a->meta.shape[d]) return false;
+    }
+    return true;
+}
+
+/* Fills p->rb for the index fields the tasks re-base: each sample's stored range and shift,
+ * re-based to its group of b->groups (the whole batch without groups). */
+static zb_status
+plan_rebase(plan *p, const int64_t *seg_start)
+{
+    const zb_dataset *pr = child_of(p->ds, 0);
+    zb_batch *b = p->b;
+    zb_plan_mem *m = p->m;
+    size_t n = p->n, nidx = 0;
+    for (size_t f = 0; f < pr->nfields; f++)
+        nidx += pr->fields[f].kind == ZB_FIELD_INDEX && can_rebase_in_tasks(p->ds, f);
+    if (!nidx) return ZB_OK;
+    if (!grow_array((void **)&m->rb, &m->rb_cap, pr->nfields, sizeof *m->rb) ||
+        !grow_array((void **)&m->rb_vals, &m->rb_vals_cap, 3 * nidx * n + 1,
+                    sizeof *m->rb_vals))
+        return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+    p->rb = m->rb;
+    int64_t *vals = m->rb_vals;
+    for (size_t f = 0; f < pr->nfields; f++) {
+        const zb_field *fd = &pr->fields[f];
+        rebase *r = &p->rb[f];
+        memset(r, 0, sizeof *r);
+        if (fd->kind != ZB_FIELD_INDEX || !can_rebase_in_tasks(p->ds, f)) continue;
+        r->on = true;
+        r->rows = b->segs[fd->seg].ptr;
+        r->shift = vals;
+        r->lo = vals + n;
+        r->len = vals + 2 * n;
+        vals += 3 * n;
+        const int64_t *tp = b->segs[fd->target].ptr;
+        size_t g = 0, g0 = 0; /* the group of sample i and its first sample */
+        for (size_t i = 0; i < n; i++) {
+            while (b->groups && i >= b->groups[g + 1]) g0 = b->groups[++g];
+            const zb_dataset *ch = child_of(p->ds, p->child[i]);
+            int64_t sub = ch->fields[f].global_index ? seg_start[(size_t)fd->target * n + i] : 0;
+            r->lo[i] = sub;
+            r->len[i] = tp[i + 1] - tp[i];
+            r->shift[i] = (tp[i] - tp[g0]) - sub;
+        }
+    }
+    return ZB_OK;
+}
+
 zb_status
 zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **out)
 {
@@ -1776,6 +1975,8 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
         b->index[i] = ids[i];
         if (b->dataset) b->dataset[i] = (int32_t)child[i];
     }
+    p.n = n;
+    p.child = child;
     /* 2. segments: element ranges per sample and the batch pointer arrays */
     for (size_t s = 0; s < pr->nsegs; s++) {
         bseg *bs = &b->segs[s];
@@ -1892,6 +2093,20 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
     if (st == ZB_OK) st = make_tasks(&p);
     if (st != ZB_OK) goto fail;
 
+    /* the caller's batches, which index fields are re-based to */
+    if (nbatches) {
+        b->groups = malloc((nbatches + 1) * sizeof *b->groups);
+        if (!b->groups) {
+            st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
+            goto fail;
+        }
+        b->groups[0] = 0;
+        for (size_t k = 0; k < nbatches; k++) b->groups[k + 1] = b->groups[k] + sizes[k];
+        b->ngroups = nbatches;
+    }
+    st = plan_rebase(&p, seg_start);
+    if (st != ZB_OK) goto fail;
+
     /* 4. execute on the pool (one read_many drives it at a time) */
     if (!grow_array((void **)&m->xs, &m->xs_cap, p.ntasks + 1, sizeof *xs)) {
         st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
@@ -1934,20 +2149,10 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
             goto fail;
         }
 
-    /* 5. index fields re-based to the batch (to each of the caller's batches) */
-    if (nbatches) {
-        b->groups = malloc((nbatches + 1) * sizeof *b->groups);
-        if (!b->groups) {
-            st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
-            goto fail;
-        }
-        b->groups[0] = 0;
-        for (size_t k = 0; k < nbatches; k++) b->groups[k + 1] = b->groups[k] + sizes[k];
-        b->ngroups = nbatches;
-    }
+    /* 5. index fields the tasks did not re-base (plan_rebase), re-based here */
     for (size_t f = 0; f < pr->nfields; f++) {
         const zb_field *fd = &pr->fields[f];
-        if (fd->kind != ZB_FIELD_INDEX) continue;
+        if (fd->kind != ZB_FIELD_INDEX || rebased_here(&p, (uint32_t)f)) continue;
         const int64_t *tp = b->segs[fd->target].ptr;
         size_t g = 0, g0 = 0; /* the group of sample i and its first sample */
         for (size_t i = 0; i < n; i++) {

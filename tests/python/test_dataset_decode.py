@@ -307,3 +307,99 @@ def test_large_csr_batches_are_exact(tmp_path, chunks, shards, codec):
         np.testing.assert_array_equal(got.indptr, want.indptr)
         np.testing.assert_array_equal(got.indices, want.indices)
         np.testing.assert_array_equal(got.data, want.data)
+
+
+# Index fields (neighbour lists) are re-based by the read tasks as their rows land in the batch,
+# on every reader path: units of whole rows (plain, sharded), column units of a [E, 2] array
+# (each task shifts its column), uncompressed units read in place (mapped views and pread), and
+# shards split along the columns (read by row bands). Stored store-global and sample-local,
+# int64 and int32; and a [E, 2, 1] field in units of one column (re-based after the tasks, by
+# the serial pass). Oracle: the batch computed here from the numpy source (local atom k ->
+# batch row of the sample's first atom + k); and one value outside its sample is an error
+# naming the sample and the value.
+INDEX_LAYOUTS = {
+    "rows": dict(chunks=(6, 2), shards=None, zstd=True),
+    "rows_sharded": dict(chunks=(4, 2), shards=(16, 2), zstd=True),
+    "columns": dict(chunks=(5, 1), shards=None, zstd=True),
+    "columns_sharded": dict(chunks=(4, 1), shards=(16, 1), zstd=True),
+    "raw": dict(chunks=(7, 2), shards=None, zstd=False),
+    "raw_sharded": dict(chunks=(4, 2), shards=(12, 2), zstd=False),
+    "3d_columns": dict(chunks=(5, 1, 1), shards=None, zstd=True),
+}
+
+
+def write_index_store(path, atoms, nbr_local, *, chunks, shards, zstd, dtype, glob,
+                      corrupt=None):
+    aptr = np.concatenate([[0], np.cumsum(atoms)]).astype(np.int64)
+    eptr = aptr.copy()  # one edge per atom: k -> (k + 1) % count
+    nbr = nbr_local.copy()
+    if glob:
+        nbr += np.repeat(aptr[:-1], atoms)[:, None]
+    if corrupt is not None:
+        at, value = corrupt
+        nbr[at] = value
+    root = zarr.open_group(str(path), mode="w", zarr_format=3)
+    comp = zarr.codecs.ZstdCodec(level=1) if zstd else None
+    root.create_array("aptr", data=aptr, chunks=(8,))
+    root.create_array("eptr", data=eptr, chunks=(8,))
+    root.create_array("pos", data=np.arange(aptr[-1], dtype=np.float32), chunks=(16,))
+    if len(chunks) == 3:
+        nbr = nbr[:, :, None]
+    root.create_array("nbr", data=nbr.astype(dtype), chunks=chunks, shards=shards,
+                      compressors=comp)
+    root.attrs["zbatch"] = {
+        "segments": {"atoms": "aptr", "edges": "eptr"},
+        "fields": {"pos": {"array": "pos", "kind": "ragged", "segment": "atoms"},
+                   "nbr": {"array": "nbr", "kind": "index", "segment": "edges",
+                           "target": "atoms", "global": glob}}}
+    return aptr
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+@pytest.mark.parametrize("layout", list(INDEX_LAYOUTS))
+def test_index_fields_rebased_on_every_path(tmp_path, monkeypatch, layout, mmap):
+    if not mmap:
+        monkeypatch.setenv("ZBATCH_MMAP_BYTES", "0")
+    rng = np.random.default_rng(3)
+    n = 40
+    atoms = rng.integers(0, 6, n)
+    atoms[[0, 17, n - 1]] = 0  # empty samples
+    atoms[9] = 4  # the sample corrupted below
+    nbr_local = np.concatenate([np.stack([np.arange(c), (np.arange(c) + 1) % c], 1)
+                                for c in atoms if c] or [np.zeros((0, 2))]).astype(np.int64)
+    ids = np.concatenate([rng.permutation(n), [5, 5, 6, 7, 8, 9, 3]])
+    counts = atoms[ids]
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    want = np.concatenate([np.stack([np.arange(c), (np.arange(c) + 1) % c], 1) + f
+                           for c, f in zip(counts, first) if c])
+    zb = zbatch_api()
+    for dtype in ("int64", "int32"):
+        for glob in (True, False):
+            p = tmp_path / f"{layout}-{dtype}-{glob}.zarr"
+            aptr = write_index_store(p, atoms, nbr_local, dtype=dtype, glob=glob,
+                                     **INDEX_LAYOUTS[layout])
+            b = zb.open(str(p)).read_many(ids)
+            got = np.asarray(b["nbr"])
+            assert got.dtype == np.dtype(dtype)
+            if layout.startswith("3d"):
+                assert got.shape[2:] == (1,)
+                got = got[:, :, 0]
+            np.testing.assert_array_equal(got, want, err_msg=f"{dtype} global={glob}")
+            np.testing.assert_array_equal(
+                np.asarray(b["pos"]), np.concatenate([np.arange(aptr[i], aptr[i + 1])
+                                                      for i in ids]).astype(np.float32))
+            # sample 9's second edge points one atom past its last (column 1), then its
+            # first edge one atom before its first (column 0)
+            k9 = int(aptr[9])
+            for at, local in (((k9 + 1, 1), int(atoms[9])), ((k9, 0), -1)):
+                q = tmp_path / f"bad-{layout}-{dtype}-{glob}-{local}.zarr"
+                write_index_store(q, atoms, nbr_local, dtype=dtype, glob=glob,
+                                  corrupt=(at, local + (k9 if glob else 0)),
+                                  **INDEX_LAYOUTS[layout])
+                ds = zb.open(str(q))
+                pos9 = "|".join(str(k) for k in np.flatnonzero(ids == 9))  # 9 is there twice
+                with pytest.raises(zb.ZbatchError,
+                                   match=rf"sample row ({pos9}): nbr value {local} is outside "
+                                         rf"its {atoms[9]} atoms"):
+                    ds.read_many(ids)
+                ds.read_many([i for i in range(n) if i != 9])  # the rest reads
