@@ -1,13 +1,14 @@
 /* zbatch bench STORE [options]: runs a configured loader over a store and reports its throughput
- * next to the decode-only limit of the same chunks (DESIGN.md §6), with read amplification, CPU,
+ * next to the decode-only limit of the same chunks (DESIGN.md §6) and the decode + write limit
+ * (the same decode, the delivered bytes then stored to memory), with read amplification, CPU,
  * memory, page faults, latency and shuffle quality; `zbatch bench --write ...` measures writing
  * synthetic stores instead (bench_write.c).
  *
  * The timed part is the loader alone: zb_loader_next on this thread, batches released at once,
  * the sample ids copied aside. The first window (prefetch_factor batches) is a warm-up, timed
  * only for the time to first batch; the run then stops at the first window boundary after
- * --seconds (or after --epochs). Everything else (read accounting, decode-only loop, shuffle
- * figures) runs after the timed part, from the recorded ids. */
+ * --seconds (or after --epochs). Everything else (read accounting, the decode-only and decode +
+ * write loops, shuffle figures) runs after the timed part, from the recorded ids. */
 #include <inttypes.h>
 #include <json-c/json.h>
 #if defined(__GLIBC__)
@@ -45,8 +46,10 @@ usage(FILE *f)
             "Runs a loader over STORE and reports samples/s, decoded GB/s, read amplification,\n"
             "CPU, peak RSS, page faults per batch, time to first batch, batch latency p50/p99 and\n"
             "shuffle quality, next to the decode-only limit of the same chunks with the same\n"
-            "codec and threads. Prints a table and writes one JSON record to the results\n"
-            "directory (bench-<UTC time>-<sampler>.json).\n"
+            "codec and threads, and the decode + write limit (the same decode, then the bytes\n"
+            "the loader delivers stored to memory as the reader stores a batch). Prints a\n"
+            "table and writes one JSON record to the results directory\n"
+            "(bench-<UTC time>-<sampler>.json).\n"
             "\n"
             "  --sampler S          sequential, random, block, weighted or size_aware (block)\n"
             "  --block-size K       block: contiguous rows per block (256)\n"
@@ -67,10 +70,10 @@ usage(FILE *f)
             "  --num-samples K      weighted: draws per epoch (the dataset length); weights are\n"
             "                       class-balanced over --obs-column, uniform without one\n"
             "  --results DIR        where the JSON record goes (results)\n"
-            "  --rounds R           R loader runs, each followed by its decode-only limit,\n"
+            "  --rounds R           R loader runs, each followed by its decode-only limits,\n"
             "                       one record each, then the medians (1); on a shared machine\n"
             "                       the neighbours then weigh on both sides alike\n"
-            "  --no-decode-only     skip the decode-only limit\n"
+            "  --no-decode-only     skip the decode-only and decode + write limits\n"
             "  --json               print only the JSON record (with --rounds: an array)\n"
             "  -h, --help           this text ('zbatch bench --write --help' for write mode)\n");
 }
