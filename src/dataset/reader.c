@@ -1858,11 +1858,14 @@ rebase_index(const zb_dataset *ch, const zb_field *f, bfield *bf, size_t i, int6
     return ZB_OK;
 }
 
-/* Whether the tasks can re-base index field f as its rows land: every child's array is 1-d or
- * 2-d (a unit covers whole rows or some columns of each) or its units span whole rows. */
+/* Whether the tasks can re-base index field f as its rows land: int32 or int64 values (the
+ * serial pass reports any other type), and every child's array 1-d or 2-d (a unit covers whole
+ * rows or some columns of each) or in units spanning whole rows. */
 static bool
 can_rebase_in_tasks(const zb_dataset *ds, size_t f)
 {
+    zb_dtype dt = child_of(ds, 0)->fields[f].dtype;
+    if (dt != ZB_DT_INT32 && dt != ZB_DT_INT64) return false;
     size_t nc = ds->nchildren ? ds->nchildren : 1;
     for (size_t c = 0; c < nc; c++) {
         const zb_array *a = child_of(ds, (uint32_t)c)->fields[f].arr;

@@ -403,3 +403,16 @@ def test_index_fields_rebased_on_every_path(tmp_path, monkeypatch, layout, mmap)
                                          rf"its {atoms[9]} atoms"):
                     ds.read_many(ids)
                 ds.read_many([i for i in range(n) if i != 9])  # the rest reads
+
+
+def test_index_field_of_another_type_is_an_error(tmp_path):
+    """Index values must be int32 or int64: an int16 neighbour list is refused with an error
+    naming the field, never read as 4-byte values."""
+    atoms = np.array([2, 3, 1])
+    nbr_local = np.concatenate([np.stack([np.arange(c), (np.arange(c) + 1) % c], 1)
+                                for c in atoms]).astype(np.int64)
+    p = tmp_path / "i16.zarr"
+    write_index_store(p, atoms, nbr_local, dtype="int16", glob=True, **INDEX_LAYOUTS["rows"])
+    zb = zbatch_api()
+    with pytest.raises(zb.ZbatchError, match="nbr: index fields must be int32 or int64"):
+        zb.open(str(p)).read_many([0, 1, 2])
