@@ -311,7 +311,8 @@ typedef struct dec_task {
     const zb_bench_unit *u;
     size_t n;
     uint8_t *out; /* one unit's decoded bytes, reused across the task's units */
-    uint8_t *dst; /* decode + write: where the task's first share goes in the arena, or NULL */
+    size_t off;   /* decode + write: the task's first byte in the arena */
+    uint8_t *dst; /* ... and its address (NULL: decode only) */
     double share; /* decode + write: the part of each unit's bytes written (delivered/decoded) */
     bool stream;  /* decode + write: with streamed stores (the reader's rule, util/stream.h) */
     uint64_t bytes, written;
@@ -431,25 +432,25 @@ zb_bench_decoder_run(zb_bench_decoder *d, const zb_bench_units *s, bool write,
     size_t nt = d->ntasks < s->n ? d->ntasks : s->n;
     size_t per = (s->n + nt - 1) / nt;
     double share = s->bytes_decoded ? (double)s->bytes_delivered / (double)s->bytes_decoded : 0;
-    size_t total = 0; /* decode + write: the bytes stored, every unit's share at its place */
-    for (size_t i = 0; write && i < s->n; i++)
-        if (s->u[i].enc) total += unit_share((size_t)zb_array_unit_bytes(s->u[i].arr), share);
-    if (write) ZB_TRY(arena_reserve(d, total ? total : 1));
-    res->streamed = write && total >= ZB_STREAM_MIN_BATCH_BYTES;
     size_t at = 0;
     for (size_t k = 0; k < nt; k++) {
         size_t lo = k * per, hi = lo + per > s->n ? s->n : lo + per;
         dec_task *t = &d->tasks[k];
         t->u = s->u + (lo < s->n ? lo : s->n);
         t->n = hi > lo ? hi - lo : 0;
-        t->dst = write ? d->arena + at : NULL;
         t->share = share;
-        t->stream = res->streamed;
-        for (size_t i = 0; write && i < t->n; i++)
-            if (t->u[i].enc) at += unit_share((size_t)zb_array_unit_bytes(t->u[i].arr), share);
         t->bytes = t->written = 0;
         t->st = ZB_OK;
         t->msg[0] = '\0';
+        t->off = at;
+        for (size_t i = 0; write && i < t->n; i++)
+            if (t->u[i].enc) at += unit_share((size_t)zb_array_unit_bytes(t->u[i].arr), share);
+    }
+    if (write) ZB_TRY(arena_reserve(d, at ? at : 1)); /* every unit's share, at its place */
+    res->streamed = write && at >= ZB_STREAM_MIN_BATCH_BYTES;
+    for (size_t k = 0; k < nt; k++) {
+        d->tasks[k].dst = write ? d->arena + d->tasks[k].off : NULL;
+        d->tasks[k].stream = res->streamed;
     }
     double t0 = zb_bench_now();
     for (size_t k = 0; k < nt; k++) zb_pool_submit(d->pool, decode_task, &d->tasks[k]);

@@ -92,6 +92,14 @@ add_field(zb_dataset *ds, const zb_tree *tree, const char *name, const char *pat
         zb_array_close(f->arr);
         return zb_err(ZB_E_NOMEM, "out of memory");
     }
+    if (kind == ZB_FIELD_INDEX && m->dtype != ZB_DT_INT32 && m->dtype != ZB_DT_INT64) {
+        zb_status st = zb_err(ZB_E_METADATA, "%s: index fields must be int32 or int64 (%s is %s)",
+                              name, path, zb_dtype_name(m->dtype));
+        free(f->name);
+        zb_array_close(f->arr);
+        f->arr = NULL;
+        return st;
+    }
     f->kind = kind;
     f->dtype = m->dtype;
     f->itemsize = m->itemsize;

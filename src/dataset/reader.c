@@ -217,13 +217,13 @@ typedef struct keyed {
     size_t i;
 } keyed;
 
-/* An index field re-based by the tasks, each copy's rows as they land in the batch
- * (rebase_rows): sample i's stored values lie in [lo[i], lo[i] + len[i]) and become value +
- * shift[i] (its first target row in its batch, less lo[i] when stored store-global). */
+/* How an index field's values become batch rows (rebase_rows): sample i's stored values lie in
+ * [lo[i], lo[i] + len[i]) (lo: its first target row in the store when stored store-global, else
+ * 0) and become value + shift[i] (its first target row in its batch group, less lo[i]). */
 typedef struct rebase {
-    bool on;             /* else not an index field, or re-based after the tasks (rebase_index) */
+    bool in_tasks;       /* applied by the tasks as each copy lands; else after them (step 5) */
     const int64_t *rows; /* [n+1] the field's batch pointer (its own segment) */
-    int64_t *shift, *lo, *len; /* [n] each */
+    int64_t *shift, *lo, *len; /* [n] each; NULL: not an index field */
 } rebase;
 
 /* The plan's memory, kept by the dataset between requests (dataset.h plan_free). A window's
@@ -382,7 +382,7 @@ struct plan {
     bool stream; /* the batch outgrows the cache: long copies into it are streamed (stream.h) */
     size_t n;              /* samples of the request */
     const uint32_t *child; /* [n] each sample's child */
-    rebase *rb;            /* [nfields], or NULL when no field is re-based by the tasks */
+    rebase *rb;            /* [nfields], or NULL when there is no index field */
 };
 
 /* ------------------------------------------------------------------------------------------- */
@@ -864,7 +864,7 @@ copy_lines(uint8_t *o, size_t os, const uint8_t *u, size_t us, uint64_t n, size_
 static inline bool
 rebased_here(const plan *p, uint32_t f)
 {
-    return p->rb && p->rb[f].on;
+    return p->rb && p->rb[f].in_tasks;
 }
 
 /* Bytes of rows of field f into the batch: streamed past the cache when the batch outgrows it,
@@ -950,10 +950,10 @@ sample_of(const int64_t *rows, size_t n, uint64_t row)
 
 /* Re-bases rows [r0, r1) x columns [c0, c1) of an index field's batch buffer, all of sample i:
  * v + d in one branch-free pass that keeps the range of v; a range outside [lo, lo + len), or
- * a result past INT32_MAX for int32, undoes the shift and returns false. */
-/* The re-base loop vectorised: an AVX2 clone where the CPU has it (64-bit compares: SSE2 has
- * none), chosen at load time; -O2 leaves min/max reductions scalar, hence O3 for it alone. The
- * loop was 6.4% of an atoms read scalar, 1.8% so. */
+ * a result past INT32_MAX for int32, undoes the shift and returns false. Vectorised: an AVX2
+ * clone where the CPU has it (SSE2 has no 64-bit compare), chosen at load time; -O2 leaves
+ * min/max reductions scalar, hence O3 for this loop alone (6.4% of an atoms read scalar, 1.8%
+ * so). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ZB_VECTOR_LOOP __attribute__((target_clones("avx2", "default"), optimize("O3")))
 #else
@@ -991,12 +991,39 @@ ZB_SHIFT_SPAN(int64_t, uint64_t)
 ZB_SHIFT_SPAN(int32_t, uint32_t)
 #undef ZB_SHIFT_SPAN
 
-static zb_status rebase_error(const zb_dataset *ch, const zb_field *f, const void *v, bool wide,
-                              uint64_t n, size_t i, int64_t sub, int64_t tgt_len,
-                              int64_t batch_off);
+/* The error for the first value of rows [r0, r1) x columns [c0, c1) of sample i (values as
+ * stored) that lies outside the sample's target rows, or whose batch row does not fit int32. */
+static zb_status
+rebase_error(const plan *p, uint32_t f, size_t i, uint64_t r0, uint64_t r1, uint64_t c0,
+             uint64_t c1)
+{
+    const rebase *r = &p->rb[f];
+    const bfield *bf = &p->b->fields[f];
+    const zb_dataset *ch = child_of(p->ds, p->child[i]);
+    const zb_field *fd = &ch->fields[f];
+    bool wide = bf->dtype == ZB_DT_INT64;
+    for (uint64_t row = r0; row < r1; row++)
+        for (uint64_t k = row * bf->row_elems + c0; k < row * bf->row_elems + c1; k++) {
+            int64_t x = wide ? ((const int64_t *)(const void *)bf->data)[k]
+                             : ((const int32_t *)(const void *)bf->data)[k];
+            if (x < r->lo[i] || x - r->lo[i] >= r->len[i]) {
+                /* x - lo as the store meant it; reported, never used */
+                long long local = (long long)((uint64_t)x - (uint64_t)r->lo[i]);
+                return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: %s value %lld is outside its "
+                              "%lld atoms (stored %s)", ch->path[0] ? ch->path : "/", i,
+                              fd->name, local, (long long)r->len[i],
+                              fd->global_index ? "store-global" : "local");
+            }
+            if (!wide && x + r->shift[i] > INT32_MAX)
+                return zb_err(ZB_E_OVERFLOW, "%s: batch index %lld does not fit int32", fd->name,
+                              (long long)(x + r->shift[i]));
+        }
+    return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: bad index values", fd->name, i);
+}
 
-/* Re-bases the rows [row0, row0 + nrows) x columns [c0, c1) that one copy of index field f has
- * just written to the batch (still in cache), sample by sample (a copy may span several). */
+/* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f, sample by sample (a
+ * copy may span several): in the tasks, the rows one copy has just written (still in cache);
+ * after them, every row of a field the tasks do not re-base. */
 static zb_status
 rebase_rows(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0, uint64_t c1)
 {
@@ -1013,25 +1040,7 @@ rebase_rows(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c
                                            r->shift[i], r->lo[i], r->len[i])
                       : shift_span_int32_t((int32_t *)(void *)bf->data, re, a, e, c0, c1,
                                            r->shift[i], r->lo[i], r->len[i]);
-        if (ok) continue;
-        /* the culprit among the span's values, in the message rebase_index gives */
-        const zb_dataset *ch = child_of(p->ds, p->child[i]);
-        bool wide = bf->dtype == ZB_DT_INT64;
-        int64_t batch_off = r->shift[i] + (ch->fields[f].global_index ? r->lo[i] : 0);
-        for (uint64_t row = a; row < e; row++) {
-            const uint8_t *v = bf->data + (row * re + c0) * bf->itemsize;
-            zb_status st = ZB_OK;
-            int64_t sub = ch->fields[f].global_index ? r->lo[i] : 0;
-            for (uint64_t k = 0; k < c1 - c0 && st == ZB_OK; k++) {
-                int64_t x = wide ? ((const int64_t *)(const void *)v)[k]
-                                 : ((const int32_t *)(const void *)v)[k];
-                if (x < sub || x - sub >= r->len[i] || (!wide && x - sub + batch_off > INT32_MAX))
-                    st = rebase_error(ch, &ch->fields[f], v + k * bf->itemsize, wide, 1, i, sub,
-                                      r->len[i], batch_off);
-            }
-            if (st != ZB_OK) return st;
-        }
-        return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: bad index values", bf->name, i);
+        if (!ok) return rebase_error(p, f, i, a, e, c0, c1);
     }
     return ZB_OK;
 }
@@ -1789,83 +1798,12 @@ locate(zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child, uint64_t
     return ZB_OK;
 }
 
-/* The error for the first of sample i's n index values (int64 or int32, at v) outside
- * [sub, sub + tgt_len), or whose batch row (local + batch_off) does not fit an int32 field. */
-static zb_status
-rebase_error(const zb_dataset *ch, const zb_field *f, const void *v, bool wide, uint64_t n,
-             size_t i, int64_t sub, int64_t tgt_len, int64_t batch_off)
-{
-    for (uint64_t k = 0; k < n; k++) {
-        int64_t x = wide ? ((const int64_t *)v)[k] : ((const int32_t *)v)[k];
-        if (x < sub || x - sub >= tgt_len) {
-            /* x - sub as the store meant it; reported, never used */
-            long long local = (long long)((uint64_t)x - (uint64_t)sub);
-            return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: %s value %lld is outside its %lld "
-                          "atoms (stored %s)", ch->path[0] ? ch->path : "/", i, f->name, local,
-                          (long long)tgt_len, f->global_index ? "store-global" : "local");
-        }
-        if (!wide && x - sub + batch_off > INT32_MAX)
-            return zb_err(ZB_E_OVERFLOW, "%s: batch index %lld does not fit int32", f->name,
-                          (long long)(x - sub + batch_off));
-    }
-    return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: bad index values", f->name, i);
-}
-
-/* Converts index values of sample i from the target segment's store convention to batch rows:
- * local = stored - ptr[p] when store-global; then + the sample's offset in the batch. One pass
- * shifts every value and keeps their range; a value out of range is found after the pass (the
- * shift undone first), so the loop has no branch per value. */
-static zb_status
-rebase_index(const zb_dataset *ch, const zb_field *f, bfield *bf, size_t i, int64_t tgt_start,
-             int64_t tgt_len, int64_t batch_off, const int64_t *segptr)
-{
-    uint64_t r0 = (uint64_t)segptr[i], r1 = (uint64_t)segptr[i + 1];
-    uint64_t n = (r1 - r0) * bf->row_elems;
-    if (n == 0) return ZB_OK;
-    int64_t sub = f->global_index ? tgt_start : 0; /* >= 0 */
-    if (bf->dtype == ZB_DT_INT64) {
-        int64_t *v = (int64_t *)(void *)(bf->data) + r0 * bf->row_elems;
-        uint64_t d = (uint64_t)batch_off - (uint64_t)sub; /* the shift, wrapping */
-        int64_t lo = v[0], hi = v[0];
-        for (uint64_t k = 0; k < n; k++) {
-            int64_t x = v[k];
-            lo = x < lo ? x : lo;
-            hi = x > hi ? x : hi;
-            v[k] = (int64_t)((uint64_t)x + d);
-        }
-        /* lo >= sub >= 0 first: then hi - sub cannot overflow */
-        if (lo < sub || hi - sub >= tgt_len) {
-            for (uint64_t k = 0; k < n; k++) v[k] = (int64_t)((uint64_t)v[k] - d);
-            return rebase_error(ch, f, v, true, n, i, sub, tgt_len, batch_off);
-        }
-    } else if (bf->dtype == ZB_DT_INT32) {
-        int32_t *v = (int32_t *)(void *)(bf->data) + r0 * bf->row_elems;
-        uint32_t d = (uint32_t)(uint64_t)(batch_off - sub);
-        int32_t lo = v[0], hi = v[0];
-        for (uint64_t k = 0; k < n; k++) {
-            int32_t x = v[k];
-            lo = x < lo ? x : lo;
-            hi = x > hi ? x : hi;
-            v[k] = (int32_t)((uint32_t)x + d);
-        }
-        if (lo < sub || hi - sub >= tgt_len || (int64_t)hi - sub + batch_off > INT32_MAX) {
-            for (uint64_t k = 0; k < n; k++) v[k] = (int32_t)((uint32_t)v[k] - d);
-            return rebase_error(ch, f, v, false, n, i, sub, tgt_len, batch_off);
-        }
-    } else {
-        return zb_err(ZB_E_TYPE, "%s: index fields must be int32 or int64", f->name);
-    }
-    return ZB_OK;
-}
-
-/* Whether the tasks can re-base index field f as its rows land: int32 or int64 values (the
- * serial pass reports any other type), and every child's array 1-d or 2-d (a unit covers whole
- * rows or some columns of each) or in units spanning whole rows. */
+/* Whether the tasks can re-base index field f as its rows land: every child's array is 1-d or
+ * 2-d (a unit covers whole rows or some columns of each) or in units spanning whole rows. (The
+ * other reader paths copy boxes of part of a row; such fields are re-based after the tasks.) */
 static bool
 can_rebase_in_tasks(const zb_dataset *ds, size_t f)
 {
-    zb_dtype dt = child_of(ds, 0)->fields[f].dtype;
-    if (dt != ZB_DT_INT32 && dt != ZB_DT_INT64) return false;
     size_t nc = ds->nchildren ? ds->nchildren : 1;
     for (size_t c = 0; c < nc; c++) {
         const zb_array *a = child_of(ds, (uint32_t)c)->fields[f].arr;
@@ -1876,8 +1814,8 @@ can_rebase_in_tasks(const zb_dataset *ds, size_t f)
     return true;
 }
 
-/* Fills p->rb for the index fields the tasks re-base: each sample's stored range and shift,
- * re-based to its group of b->groups (the whole batch without groups). */
+/* Fills p->rb for the index fields: each sample's stored range and shift, re-based to its group
+ * of b->groups (the whole batch without groups), and who applies it. */
 static zb_status
 plan_rebase(plan *p, const int64_t *seg_start)
 {
@@ -1885,8 +1823,7 @@ plan_rebase(plan *p, const int64_t *seg_start)
     zb_batch *b = p->b;
     zb_plan_mem *m = p->m;
     size_t n = p->n, nidx = 0;
-    for (size_t f = 0; f < pr->nfields; f++)
-        nidx += pr->fields[f].kind == ZB_FIELD_INDEX && can_rebase_in_tasks(p->ds, f);
+    for (size_t f = 0; f < pr->nfields; f++) nidx += pr->fields[f].kind == ZB_FIELD_INDEX;
     if (!nidx) return ZB_OK;
     if (!grow_array((void **)&m->rb, &m->rb_cap, pr->nfields, sizeof *m->rb) ||
         !grow_array((void **)&m->rb_vals, &m->rb_vals_cap, 3 * nidx * n + 1,
@@ -1898,8 +1835,8 @@ plan_rebase(plan *p, const int64_t *seg_start)
         const zb_field *fd = &pr->fields[f];
         rebase *r = &p->rb[f];
         memset(r, 0, sizeof *r);
-        if (fd->kind != ZB_FIELD_INDEX || !can_rebase_in_tasks(p->ds, f)) continue;
-        r->on = true;
+        if (fd->kind != ZB_FIELD_INDEX) continue;
+        r->in_tasks = can_rebase_in_tasks(p->ds, f);
         r->rows = b->segs[fd->seg].ptr;
         r->shift = vals;
         r->lo = vals + n;
@@ -2161,19 +2098,11 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
         }
 
     /* 5. index fields the tasks did not re-base (plan_rebase), re-based here */
-    for (size_t f = 0; f < pr->nfields; f++) {
-        const zb_field *fd = &pr->fields[f];
-        if (fd->kind != ZB_FIELD_INDEX || rebased_here(&p, (uint32_t)f)) continue;
-        const int64_t *tp = b->segs[fd->target].ptr;
-        size_t g = 0, g0 = 0; /* the group of sample i and its first sample */
-        for (size_t i = 0; i < n; i++) {
-            while (b->groups && i >= b->groups[g + 1]) g0 = b->groups[++g];
-            const zb_dataset *ch = child_of(ds, child[i]);
-            st = rebase_index(ch, &ch->fields[f], &b->fields[f], i,
-                              seg_start[(size_t)fd->target * n + i], tp[i + 1] - tp[i],
-                              tp[i] - tp[g0], b->segs[fd->seg].ptr);
-            if (st != ZB_OK) goto fail;
-        }
+    for (size_t f = 0; f < pr->nfields && p.rb; f++) {
+        const rebase *r = &p.rb[f];
+        if (!r->shift || r->in_tasks) continue;
+        st = rebase_rows(&p, (uint32_t)f, 0, (uint64_t)r->rows[n], 0, b->fields[f].row_elems);
+        if (st != ZB_OK) goto fail;
     }
     plan_end(&p);
     *out = b;
