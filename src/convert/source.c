@@ -1,6 +1,7 @@
 /* The backend-neutral half of a conversion source (source.h): opening by what the path holds,
  * the matrix cache, and the reusable row and column blocks. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,7 @@ zb_src_common_free(zb_src_common *c)
             zb_strings_free((zb_strings *)c->columns[i].categories);
             free((zb_strings *)c->columns[i].categories);
         }
+        free((void *)c->columns[i].category_values);
     }
     free(c->columns);
     memset(c, 0, sizeof *c);
@@ -171,6 +173,36 @@ zb_src_matrix_indptr(zb_src_matrix *m, uint64_t start, uint64_t stop, int64_t *o
     return m->methods->indptr(m, start, stop, out);
 }
 
+/* Every backend's block is checked here, once: pointers from 0 to nnz without a decrease,
+ * every index inside the other dimension. Storage is hostile (STYLE.md habit 6); a bad block
+ * never reaches the converter. */
+static zb_status
+check_block(const zb_src_matrix *m, uint64_t start, const zb_csr_block *b)
+{
+    bool csc = m->info.layout == ZB_SRC_CSC;
+    const char *unit = csc ? "column" : "row";
+    uint64_t bound = csc ? m->info.n_rows : m->info.n_cols;
+    if (b->indptr[0] != 0 || (uint64_t)b->indptr[b->n_rows] != b->nnz)
+        return zb_err(ZB_E_CORRUPT, "%s: %s: the block of %ss from %llu holds %llu elements "
+                      "but its pointers span [%lld, %lld]", m->path, m->key, unit,
+                      (unsigned long long)start, (unsigned long long)b->nnz,
+                      (long long)b->indptr[0], (long long)b->indptr[b->n_rows]);
+    for (uint64_t r = 0; r < b->n_rows; r++) {
+        int64_t lo = b->indptr[r], hi = b->indptr[r + 1];
+        if (hi < lo)
+            return zb_err(ZB_E_CORRUPT, "%s: %s/indptr decreases at %s %llu (%lld after %lld)",
+                          m->path, m->key, unit, (unsigned long long)(start + r), (long long)hi,
+                          (long long)lo);
+        for (int64_t e = lo; e < hi; e++)
+            if (b->indices[e] >= bound)
+                return zb_err(ZB_E_CORRUPT,
+                              "%s: %s/indices: %s %llu, element %lld: index %u is outside "
+                              "[0, %llu)", m->path, m->key, unit, (unsigned long long)(start + r),
+                              (long long)e, b->indices[e], (unsigned long long)bound);
+    }
+    return ZB_OK;
+}
+
 zb_status
 zb_src_matrix_read(zb_src_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out)
 {
@@ -179,7 +211,12 @@ zb_src_matrix_read(zb_src_matrix *m, uint64_t start, uint64_t stop, zb_csr_block
         return zb_err(ZB_E_RANGE, "%s: %s: rows [%llu, %llu) of %llu", m->path, m->key,
                       (unsigned long long)start, (unsigned long long)stop,
                       (unsigned long long)limit);
-    return m->methods->read(m, start, stop, out);
+    ZB_TRY(m->methods->read(m, start, stop, out));
+    if (out->n_rows != stop - start)
+        return zb_err(ZB_E_CORRUPT, "%s: %s: asked for %llu rows from %llu, got %llu", m->path,
+                      m->key, (unsigned long long)(stop - start), (unsigned long long)start,
+                      (unsigned long long)out->n_rows);
+    return check_block(m, start, out);
 }
 
 zb_status
@@ -193,4 +230,165 @@ zb_src_matrix_close(zb_src_matrix *m)
 {
     if (!m) return;
     m->methods->close(m);
+}
+
+/* ---- for backends ------------------------------------------------------------------------------ */
+
+/* The shortest "%.{p}e"/"%.{p}g" precision whose text reads back as `v` in its own type. */
+static int
+shortest_digits(double v, bool single)
+{
+    char tmp[64];
+    for (int p = 1; p < 17; p++) {
+        snprintf(tmp, sizeof tmp, "%.*e", p - 1, v);
+        double back = strtod(tmp, NULL);
+        if (single ? (float)back == (float)v : back == v) return p;
+    }
+    return 17;
+}
+
+/* Python's repr of a float from its shortest digits: fixed notation for decimal exponents in
+ * [-4, 16) with at least one digit after the point, else d.ddde+XX. */
+static size_t
+float_text(double v, bool single, char *buf, size_t cap)
+{
+    if (isnan(v)) return (size_t)snprintf(buf, cap, "nan");
+    if (isinf(v)) return (size_t)snprintf(buf, cap, "%s", v < 0 ? "-inf" : "inf");
+    int p = shortest_digits(v, single);
+    char sci[64];
+    snprintf(sci, sizeof sci, "%.*e", p - 1, v);
+    char *e = strchr(sci, 'e');
+    int exp10 = atoi(e + 1);
+    if (exp10 < -4 || exp10 >= 16) {
+        /* mantissa digits, then e, sign and at least two exponent digits */
+        *e = '\0';
+        return (size_t)snprintf(buf, cap, "%se%c%02d", sci, exp10 < 0 ? '-' : '+', abs(exp10));
+    }
+    int decimals = p - 1 - exp10;
+    if (decimals < 1) decimals = 1;
+    return (size_t)snprintf(buf, cap, "%.*f", decimals, v);
+}
+
+size_t
+zb_src_category_text(zb_dtype dtype, const void *value, char *buf, size_t cap)
+{
+    const unsigned char *p = value;
+    switch (dtype) {
+    case ZB_DT_BOOL: return (size_t)snprintf(buf, cap, "%s", *p ? "True" : "False");
+    case ZB_DT_INT8: return (size_t)snprintf(buf, cap, "%d", *(const int8_t *)p);
+    case ZB_DT_INT16: { int16_t v; memcpy(&v, p, 2); return (size_t)snprintf(buf, cap, "%d", v); }
+    case ZB_DT_INT32: { int32_t v; memcpy(&v, p, 4); return (size_t)snprintf(buf, cap, "%d", v); }
+    case ZB_DT_INT64: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        return (size_t)snprintf(buf, cap, "%lld", (long long)v);
+    }
+    case ZB_DT_UINT8: return (size_t)snprintf(buf, cap, "%u", *p);
+    case ZB_DT_UINT16: { uint16_t v; memcpy(&v, p, 2); return (size_t)snprintf(buf, cap, "%u", v); }
+    case ZB_DT_UINT32: { uint32_t v; memcpy(&v, p, 4); return (size_t)snprintf(buf, cap, "%u", v); }
+    case ZB_DT_UINT64: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        return (size_t)snprintf(buf, cap, "%llu", (unsigned long long)v);
+    }
+    case ZB_DT_FLOAT32: { float v; memcpy(&v, p, 4); return float_text(v, true, buf, cap); }
+    case ZB_DT_FLOAT64: { double v; memcpy(&v, p, 8); return float_text(v, false, buf, cap); }
+    default: return (size_t)snprintf(buf, cap, "?");
+    }
+}
+
+zb_status
+zb_src_set_numeric_categories(zb_col_info *c, zb_dtype dtype, const void *values, uint64_t n)
+{
+    size_t item = zb_dtype_size(dtype);
+    zb_strings *s = calloc(1, sizeof *s);
+    void *copy = malloc(n ? (size_t)n * item : 1);
+    if (s) s->offsets = malloc((size_t)(n + 1) * sizeof *s->offsets);
+    if (s) s->data = malloc((size_t)n * 40 + 1);
+    if (!s || !copy || !s->offsets || !s->data) {
+        if (s) zb_strings_free(s);
+        free(s);
+        free(copy);
+        return zb_err(ZB_E_NOMEM, "%s: %llu categories", c->name, (unsigned long long)n);
+    }
+    memcpy(copy, values, (size_t)n * item);
+    uint64_t at = 0;
+    s->offsets[0] = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        at += zb_src_category_text(dtype, (const char *)values + i * item, s->data + at, 40);
+        s->offsets[i + 1] = at;
+    }
+    s->n = n;
+    c->categories = s;
+    c->category_values = copy;
+    c->dtype = dtype;
+    return ZB_OK;
+}
+
+zb_status
+zb_col_block_reserve(zb_col_block *b, uint64_t n, size_t value_bytes, bool mask)
+{
+    uint64_t bytes;
+    if (!zb_mul_u64(n, value_bytes, &bytes) || bytes > ZB_BUF_MAX || n > ZB_BUF_MAX)
+        return zb_err(ZB_E_OVERFLOW, "a column block of %llu values", (unsigned long long)n);
+    if (value_bytes && bytes > b->cap_values_bytes) {
+        void *p = realloc(b->values, (size_t)bytes);
+        if (!p) return zb_err(ZB_E_NOMEM, "a column block of %llu values", (unsigned long long)n);
+        b->values = p;
+        b->cap_values_bytes = (size_t)bytes;
+    }
+    if (mask && (n > b->cap_mask || !b->mask)) {
+        uint8_t *p = realloc(b->mask, n ? (size_t)n : 1);
+        if (!p) return zb_err(ZB_E_NOMEM, "a column mask of %llu values", (unsigned long long)n);
+        b->mask = p;
+        b->cap_mask = n ? (size_t)n : 1;
+    }
+    b->n = n;
+    return ZB_OK;
+}
+
+/* True when the element at p (of `item` bytes, `dtype`) is zero: integers and bools by their
+ * bytes, floats by value (so -0.0 is zero and NaN is not). */
+static bool
+is_zero(const unsigned char *p, zb_dtype dtype, size_t item)
+{
+    switch (dtype) {
+    case ZB_DT_FLOAT32: { float v; memcpy(&v, p, 4); return v == 0.0f; }
+    case ZB_DT_FLOAT64: { double v; memcpy(&v, p, 8); return v == 0.0; }
+    case ZB_DT_FLOAT16: { uint16_t v; memcpy(&v, p, 2); return (v & 0x7fff) == 0; }
+    default:
+        for (size_t i = 0; i < item; i++)
+            if (p[i]) return false;
+        return true;
+    }
+}
+
+zb_status
+zb_csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, zb_dtype dtype,
+                  zb_csr_block *out)
+{
+    size_t item = zb_dtype_size(dtype);
+    const unsigned char *src = rows;
+    uint64_t nnz = 0, total;
+    if (!zb_mul_u64(n_rows, n_cols, &total))
+        return zb_err(ZB_E_OVERFLOW, "a dense block of %llu x %llu", (unsigned long long)n_rows,
+                      (unsigned long long)n_cols);
+    for (uint64_t i = 0; i < total; i++)
+        if (!is_zero(src + i * item, dtype, item)) nnz++;
+    ZB_TRY(zb_csr_block_reserve(out, n_rows, nnz, dtype));
+    uint64_t k = 0;
+    out->indptr[0] = 0;
+    for (uint64_t r = 0; r < n_rows; r++) {
+        const unsigned char *row = src + r * n_cols * item;
+        for (uint64_t c = 0; c < n_cols; c++) {
+            if (is_zero(row + c * item, dtype, item)) continue;
+            out->indices[k] = (uint32_t)c;
+            memcpy((unsigned char *)out->data + k * item, row + c * item, item);
+            k++;
+        }
+        out->indptr[r + 1] = (int64_t)k;
+    }
+    out->n_rows = n_rows;
+    out->nnz = nnz;
+    return ZB_OK;
 }

@@ -108,6 +108,11 @@ typedef struct zb_col_info {
      * way Python's str() writes that numpy scalar (42, -3, 0.5, 1e-05, nan, True/False), so
      * equal values across inputs give equal text. NULL otherwise. Lives with the source. */
     const zb_strings *categories;
+    /* CATEGORICAL with non-string categories (dtype != ZB_DT_STRING): the same categories as
+     * categories->n values of `dtype`, native byte order, so a writer can keep their type
+     * (integer leiden clusters stay integers). NULL for string categories. Lives with the
+     * source. */
+    const void *category_values;
     bool ordered; /* CATEGORICAL: the `ordered` attribute */
 } zb_col_info;
 
@@ -196,8 +201,30 @@ zb_src_read_obs_names(zb_src *src, uint64_t start, uint64_t stop, zb_strings *ou
     return src->methods->read_obs_names(src, start, stop, out);
 }
 
-/* For backends: frees what zb_src_common holds (path, columns, their names and categories). */
+/* ---- for backends ----------------------------------------------------------------------------- */
+
+/* Frees what zb_src_common holds (path, columns, their names and categories). */
 void zb_src_common_free(zb_src_common *c);
+
+/* The text of one numeric or bool category value (zb_col_info.categories): integers in decimal,
+ * bools as "True"/"False", floats as the shortest decimal that reads back to the same value of
+ * their type (Python's repr rules: "0.5", "100.0", "1e-05", "1e+16", "nan", "inf", "-inf").
+ * Writes at most `cap` bytes including the NUL; returns the length. */
+size_t zb_src_category_text(zb_dtype dtype, const void *value, char *buf, size_t cap);
+
+/* Fills c->categories (a new zb_strings) with the text of `n` category values of `dtype` and
+ * keeps a copy of the values in c->category_values. ZB_E_NOMEM. */
+zb_status zb_src_set_numeric_categories(zb_col_info *c, zb_dtype dtype, const void *values,
+                                        uint64_t n);
+
+/* Grows the column block for `n` rows: values of `value_bytes` bytes each (0 = none), a mask
+ * when `mask` is set. Contents are not kept. ZB_E_NOMEM / ZB_E_OVERFLOW. */
+zb_status zb_col_block_reserve(zb_col_block *b, uint64_t n, size_t value_bytes, bool mask);
+
+/* Turns `n_rows` dense rows of `n_cols` elements of `dtype` (C order, native byte order) into
+ * CSR in `out`, dropping elements equal to zero (-0.0 included; NaN is kept). */
+zb_status zb_csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, zb_dtype dtype,
+                            zb_csr_block *out);
 
 /* ---- CSC transposed out of core -------------------------------------------------------------- */
 
