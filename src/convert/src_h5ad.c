@@ -8,19 +8,3 @@ zb_src_open_h5ad(const char *path, zb_src **out)
     *out = NULL;
     return zb_err(ZB_E_UNSUPPORTED, "%s: .h5ad inputs are not readable yet", path);
 }
-
-zb_status
-zb_csc_transpose(zb_src_matrix *m, const char *path, uint64_t memory_bytes, int num_threads)
-{
-    (void)memory_bytes;
-    (void)num_threads;
-    return zb_err(ZB_E_UNSUPPORTED, "%s: %s: CSC transposition is not written yet", m->path, path);
-}
-
-zb_status
-zb_csr_file_open(const char *path, zb_src_matrix *names_of, zb_src_matrix **out)
-{
-    (void)names_of;
-    *out = NULL;
-    return zb_err(ZB_E_UNSUPPORTED, "%s: not written yet", path);
-}
