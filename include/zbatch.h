@@ -513,6 +513,7 @@ zb_status zb_info_json(zb_store *store, const char *path, char **json_out);
 
 /* The layout writers, samplers and the loader. */
 #include "zbatch_anndata.h"
+#include "zbatch_convert.h"
 #include "zbatch_atomic.h"
 #include "zbatch_loader.h"
 #include "zbatch_sampler.h"

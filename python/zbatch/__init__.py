@@ -20,7 +20,7 @@ from ._zbatch import ZbatchError
 __version__ = _zbatch.__version__
 __all__ = ["open", "Dataset", "MultiDataset", "InMemoryDataset", "Batch", "DataLoader", "samplers", "read_array", "write_array", "write_anndata", "info",
            "AtomicWriter", "ArrayConfig", "WriteConfig", "sample_from_atoms", "ZbatchError",
-           "STATUS"]
+           "STATUS", "convert"]
 
 #: Status names of libzbatch mapped to their codes (ZbatchError.status / .code).
 STATUS: dict[str, int] = _zbatch.status_names()
@@ -140,3 +140,4 @@ from ._write_anndata import write_anndata  # noqa: E402
 from ._atomic import ArrayConfig, AtomicWriter, WriteConfig, sample_from_atoms  # noqa: E402
 from . import samplers  # noqa: E402
 from .loader import DataLoader  # noqa: E402
+from ._convert import convert  # noqa: E402

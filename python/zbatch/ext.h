@@ -20,6 +20,7 @@ int zbpy_register_dataset(PyObject *module);
 int zbpy_register_loader(PyObject *module);
 int zbpy_register_sampler(PyObject *module);
 int zbpy_register_source(PyObject *module);
+int zbpy_register_convert(PyObject *module);
 
 /* The zb_dataset behind a zbatch._zbatch._Dataset (TypeError and NULL otherwise). */
 zb_dataset *zbpy_dataset_ptr(PyObject *obj);

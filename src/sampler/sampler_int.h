@@ -24,6 +24,7 @@ enum {
     ZB_TAG_CHILD = 9,     /* multi-dataset child permutations */
     ZB_TAG_CHILDRAW = 10, /* multi-dataset draws with replacement */
     ZB_TAG_BATCH = 11,    /* multi-dataset shuffle inside a batch */
+    ZB_TAG_CONVERT = 12,  /* zbatch convert: the cells' positions in the output */
 };
 
 typedef struct zb_sampler_ops {

@@ -116,8 +116,8 @@ put_le(uint8_t *dst, uint64_t bits, size_t size)
 
 /* Round-to-nearest-even double -> IEEE half, directly from the double so no intermediate
  * float rounding can double-round. NaN becomes NumPy's canonical 0x7e00. */
-static uint16_t
-half_from_double(double x)
+uint16_t
+zb_half_from_double(double x)
 {
     uint16_t sign = signbit(x) ? 0x8000 : 0;
     if (isnan(x)) return 0x7e00;
@@ -243,7 +243,7 @@ float_fill(json_object *v, zb_dtype dtype, int zarr_format, const char *where, u
         return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is not a %s", where, zb_json_text(v),
                       dtypes[dtype].name);
     }
-    uint64_t bits = dtype == ZB_DT_FLOAT16   ? half_from_double(x)
+    uint64_t bits = dtype == ZB_DT_FLOAT16   ? zb_half_from_double(x)
                     : dtype == ZB_DT_FLOAT32 ? f32_bits(x)
                                              : f64_bits(x);
     put_le(fill, bits, size);

@@ -99,5 +99,7 @@ zb_status zb_fill_parse(struct json_object *v, zb_dtype dtype, int zarr_format,
 
 /* IEEE half-precision bits to double (exact). */
 double zb_half_to_double(uint16_t bits);
+/* Double to IEEE half-precision bits, rounded to nearest even (NaN: NumPy's 0x7e00). */
+uint16_t zb_half_from_double(double x);
 
 #endif

@@ -1,0 +1,81 @@
+"""python -m zbatch convert ...: the conversions that need Python — AnnData inputs converted on a
+Dask cluster (--scheduler ADDRESS) and structures ASE reads (--from ase). The zbatch command
+runs this for those two options; every other conversion runs in the command itself."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _convert_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zbatch convert", description=__doc__)
+    p.add_argument("inputs", nargs="+")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--from", dest="source", choices=["anndata", "ase"], default="anndata")
+    p.add_argument("--scheduler", help="address of a Dask scheduler (tcp://host:8786)")
+    p.add_argument("--dataset-size", type=int)
+    p.add_argument("--var-join", choices=["outer", "inner"], default="outer")
+    p.add_argument("--genes")
+    p.add_argument("--obs", help="comma-separated obs columns ('' for none)")
+    p.add_argument("--x", default="X")
+    p.add_argument("--layers", default="")
+    p.add_argument("--memory", default="4G")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-shuffle", action="store_true")
+    p.add_argument("--format", choices=["v2", "v3", "2", "3"], default="v3")
+    p.add_argument("--codec")
+    p.add_argument("--chunk", type=int)
+    p.add_argument("--shard", type=int)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--quiet", "-q", action="store_true")
+    p.add_argument("--cutoff", type=float, help="--from ase: neighbour-list cutoff (Angstrom)")
+    p.add_argument("--index", default=":", help="--from ase: which structures of each file")
+    return p
+
+
+def _convert(argv: list) -> int:
+    args = _convert_parser().parse_args(argv)
+    fmt = 2 if args.format in ("v2", "2") else 3
+    if args.source == "ase":
+        from ._ase import convert_ase
+        if args.cutoff is None:
+            print("zbatch convert: --from ase needs --cutoff R", file=sys.stderr)
+            return 2
+        convert_ase(args.inputs, args.output, cutoff=args.cutoff, index=args.index,
+                    zarr_format=fmt, codec=args.codec)
+        return 0
+    from ._convert import convert
+    client = None
+    if args.scheduler:
+        from dask.distributed import Client
+        client = Client(args.scheduler)
+    try:
+        convert(args.inputs, args.output, dataset_size=args.dataset_size,
+                var_join=args.var_join, genes=args.genes,
+                obs=None if args.obs is None else [c for c in args.obs.split(",") if c],
+                x=args.x, layers=[c for c in args.layers.split(",") if c], memory=args.memory,
+                seed=args.seed, shuffle=not args.no_shuffle, zarr_format=fmt, codec=args.codec,
+                chunk=args.chunk, shard=args.shard, num_threads=args.threads,
+                progress=not args.quiet, client=client)
+    finally:
+        if client is not None:
+            client.close()
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "convert":
+        print("usage: python -m zbatch convert INPUT... -o OUTPUT [--scheduler ADDRESS | "
+              "--from ase --cutoff R] [options]", file=sys.stderr)
+        return 2
+    from ._zbatch import ZbatchError
+    try:
+        return _convert(argv[1:])
+    except ZbatchError as e:
+        print(f"zbatch convert: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

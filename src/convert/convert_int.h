@@ -1,0 +1,259 @@
+/* The conversion's internal state (zbatch_convert.h): the plan every task reads, the scratch
+ * file format between scatter and gather, and the helpers the phases share.
+ *
+ * The plan is one JSON document, OUTPUT/.zbatch-convert/plan.json, written once by
+ * zb_convert_plan and read by every process that runs tasks (plan.c). Everything a task needs
+ * is derived from it and the inputs, so tasks run anywhere the directory is visible. Per-input
+ * gene maps (int32 per input column: output gene or -1) sit beside it in maps/.
+ *
+ * Work directory (every file appears by rename, so it is complete or absent):
+ *   plan.json              the plan; its "args" identify the conversion
+ *   maps/i<k>-m<j>.bin      gene map of input k's matrix j
+ *   prepare/i<k>.json       done: input k's CRC-64 and size
+ *   prepare/i<k>-m<j>.csr   input k's matrix j transposed from CSC (csr_file.c format)
+ *   scatter/t<t>.bin        done: task t's cells, one section per output dataset (scatter.c)
+ *   gather/d<d>.json        done: dataset d's cells, nonzeros, files and CRC-64
+ */
+#ifndef ZB_CONVERT_INT_H
+#define ZB_CONVERT_INT_H
+
+#include <json-c/json.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "convert/source.h"
+#include "sampler/sampler_int.h"
+#include "zbatch.h"
+
+#define CV_WORK_DIR ".zbatch-convert"
+#define CV_MANIFEST "zbatch-manifest.json"
+#define CV_PLAN_VERSION 1
+
+/* An input matrix (X or a layer) as the plan saw it. */
+typedef struct cv_in_matrix {
+    zb_src_layout layout;
+    zb_dtype dtype;
+    uint64_t n_cols, nnz;
+    bool monotone; /* the gene map keeps column order (no sort needed after remapping) */
+} cv_in_matrix;
+
+typedef struct cv_input {
+    char *path;
+    char *format;     /* "h5ad" or "zarr" */
+    uint64_t size;    /* bytes (a directory: of its files) */
+    int64_t mtime_ns; /* newest modification time among its files */
+    uint64_t n_obs, base;
+    cv_in_matrix *mats; /* [cv->n_mats] */
+} cv_input;
+
+/* One obs column of the output, and where each input keeps it. */
+typedef struct cv_column {
+    char *name;
+    zb_col_kind kind;        /* of the output */
+    zb_dtype dtype;          /* numeric/nullable values; categorical: the categories' dtype */
+    zb_strings categories;   /* categorical: the output's table (text) */
+    void *category_values;   /* categorical, non-string: the table as values of dtype */
+    bool ordered;
+    size_t *src_index;       /* [n_inputs] the column's index in each source */
+    int32_t **code_map;      /* categorical: [n_inputs][input categories] -> output code */
+    uint64_t *n_src_codes;   /* categorical: [n_inputs] input table sizes */
+} cv_column;
+
+/* A scatter task: rows [start, stop) of one input. */
+typedef struct cv_slice {
+    uint32_t input;
+    uint64_t start, stop;
+    uint64_t bytes; /* estimated bytes of its matrix data and indices */
+} cv_slice;
+
+struct zb_convert {
+    char *output;   /* the collection directory */
+    char *work;     /* output/.zbatch-convert */
+    json_object *plan_doc; /* the parsed plan (owned) */
+    const char *args_text; /* its "args", compact (lives with plan_doc) */
+
+    size_t n_inputs;
+    cv_input *inputs;
+    size_t n_mats;          /* X, then the layers */
+    char **mat_keys;        /* input keys: "X" / "raw/X" / "layers/A", then "layers/B"... */
+    char **mat_names;       /* output names: "X", then the layer names */
+    zb_dtype *mat_dtypes;   /* output dtypes */
+    zb_strings genes;
+    size_t n_cols;
+    cv_column *cols;
+
+    uint64_t n_cells, dataset_size, n_datasets, input_bytes;
+    uint64_t seed;
+    bool shuffle;
+    zb_perm perm;
+    int zarr_format;
+    char *codec;            /* NULL = default */
+    uint64_t x_chunk, x_shard;
+    uint64_t memory_bytes;
+    uint64_t task_memory;   /* memory one running task may use (0 = memory_bytes) */
+    zb_strings input_names; /* the inputs as the command named them (src_path's categories) */
+    bool finished;          /* opened on a finished collection: only its manifest is loaded */
+    json_object *manifest;  /* (finished) */
+
+    size_t n_slices;
+    cv_slice *slices;
+
+    /* run time: sources and gene maps, opened on first use by any thread */
+    pthread_mutex_t lock;
+    zb_src **srcs;             /* [n_inputs] */
+    zb_src_matrix ***matrices; /* [n_inputs][n_mats]: the source's or a transposed file's */
+    int32_t ***maps;           /* [n_inputs][n_mats] gene maps */
+};
+
+/* ---- the scatter file (scatter.c) ----------------------------------------------------------
+ *
+ * A scatter task's cells, sorted by output position, as one file:
+ *   header   cv_scatter_header (little-endian, 40 bytes)
+ *   table    n_datasets rows of (1 + 2 * n_arrays) uint64: the section's cell count, then the
+ *            absolute (offset, length) in bytes of each of its arrays
+ *   arrays   each array of the task's cells in order (so a section's part of an array is one
+ *            contiguous range)
+ * The arrays of a section (cv_arrays gives them): the cells' rows in the dataset (uint64), their
+ * rows in the input (uint64), obs names (uint32 lengths, bytes), each matrix (uint32 nonzeros,
+ * uint32 gene ids, values of the output dtype), each obs column (numeric: values; categorical:
+ * int32 output codes; string: uint32 lengths, bytes; nullable: its values or strings, then a
+ * uint8 mask). */
+
+#define CV_SCATTER_MAGIC "ZBSCAT\0\1"
+#define CV_MAX_ARRAYS 1024
+
+typedef struct cv_scatter_header {
+    char magic[8];
+    uint32_t version, n_arrays;
+    uint64_t n_datasets, input, n_cells;
+} cv_scatter_header;
+
+/* One array of a section: `item` bytes per element; one element per cell (count < 0) or as
+ * many as the uint32 array `count` says for each cell. */
+typedef struct cv_array {
+    size_t item;
+    int count;
+} cv_array;
+
+/* Array indices of the fixed part and of matrix j / column c. */
+enum { CV_A_ROW = 0, CV_A_SRC_ROW = 1, CV_A_NAME_LEN = 2, CV_A_NAME = 3, CV_A_FIRST_MATRIX = 4 };
+
+static inline size_t
+cv_matrix_array(size_t j)
+{
+    return CV_A_FIRST_MATRIX + 3 * j; /* nnz, indices, data */
+}
+
+/* The arrays of every section of this conversion, into out[CV_MAX_ARRAYS]; col_start[c] gets
+ * the first array of column c. Returns the count. */
+size_t cv_arrays(const zb_convert *cv, cv_array *out, size_t *col_start);
+
+/* ---- plan.c ------------------------------------------------------------------------------ */
+
+/* The "args" object that identifies a conversion (normalised options and inputs as given). */
+zb_status cv_args_json(const char *const *inputs, size_t n, const zb_convert_opts *o,
+                       json_object **out);
+/* Plans and writes work/plan.json (and maps/); scatter slices sized for `num_threads` tasks
+ * at once within o->memory_bytes. */
+zb_status cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o,
+                        const char *work, json_object *args, int num_threads);
+/* Loads the plan of cv->work into cv (cv->output and cv->work set). */
+zb_status cv_plan_load(zb_convert *cv);
+
+/* The source of input k (opened on first use; thread-safe). */
+zb_status cv_source(zb_convert *cv, uint32_t k, zb_src **out);
+/* Matrix j of input k: the source's, or the CSR file prepare made of a CSC one. */
+zb_status cv_matrix(zb_convert *cv, uint32_t k, size_t j, zb_src_matrix **out);
+/* Gene map of input k's matrix j (loaded on first use). */
+zb_status cv_gene_map(zb_convert *cv, uint32_t k, size_t j, const int32_t **out);
+
+/* "work/<rel>" into buf (ZB_E_INVALID when it does not fit). */
+zb_status cv_path(const zb_convert *cv, char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Output position of global cell g: its dataset and row there. */
+static inline void
+cv_position(const zb_convert *cv, uint64_t g, uint64_t *dataset, uint64_t *row)
+{
+    uint64_t p = cv->shuffle ? zb_perm_apply(&cv->perm, g) : g;
+    *dataset = p / cv->dataset_size;
+    *row = p % cv->dataset_size;
+}
+
+/* Cells of dataset d. */
+static inline uint64_t
+cv_dataset_cells(const zb_convert *cv, uint64_t d)
+{
+    uint64_t start = d * cv->dataset_size;
+    return cv->n_cells - start < cv->dataset_size ? cv->n_cells - start : cv->dataset_size;
+}
+
+/* ---- files (files.c) --------------------------------------------------------------------- */
+
+/* Writes `n` buffers to `path` as one file: a temporary beside it, fsync, rename, so the file
+ * is complete or absent. */
+zb_status cv_write_file(const char *path, const void *const *bufs, const size_t *lens, size_t n);
+/* Reads a whole small file (NUL-terminated; free with free()). */
+zb_status cv_read_file(const char *path, char **text, size_t *len);
+/* mkdir -p */
+zb_status cv_mkdirs(const char *path);
+/* Removes a directory tree (rm -rf); a missing one is fine. */
+zb_status cv_remove_tree(const char *path);
+/* True when `path` exists. */
+bool cv_exists(const char *path);
+/* Size, newest mtime and CRC-64 (xz) of a file, or of a directory's files in sorted order
+ * (each file's relative path, size and CRC-64 combined into one CRC-64). `crc` may be NULL to
+ * skip reading the contents. */
+zb_status cv_fingerprint(const char *path, uint64_t *size, int64_t *mtime_ns, uint64_t *crc);
+/* CRC-64 (xz) of `len` bytes, continuing from `crc` (0 to start). */
+uint64_t cv_crc64(uint64_t crc, const void *data, size_t len);
+
+/* ---- string tables (strings.c) ----------------------------------------------------------- */
+
+typedef struct cv_strbuf {
+    zb_strings s; /* free with zb_strings_free(&b.s) */
+    uint64_t cap_n, cap_bytes;
+} cv_strbuf;
+
+zb_status cv_strbuf_push(cv_strbuf *b, const char *p, size_t len);
+zb_status cv_strbuf_push_from(cv_strbuf *b, const zb_strings *s, uint64_t i);
+bool cv_strings_equal(const zb_strings *a, const zb_strings *b);
+/* Byte order of a[i] and b[j], a shorter string first on a common prefix. */
+int cv_strings_cmp(const zb_strings *a, uint64_t i, const zb_strings *b, uint64_t j);
+
+/* ---- numbers (values.c) ------------------------------------------------------------------- */
+
+/* numpy's np.result_type for two of zbatch's numeric dtypes (bools and integers and floats);
+ * ZB_DT_COUNT_ when there is none (a string). */
+zb_dtype cv_promote(zb_dtype a, zb_dtype b);
+/* Converts `n` values from `from` to `to` (as numpy's astype does for these types). */
+void cv_convert_values(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n);
+
+/* ---- digests of what a writer puts (digest.c) ------------------------------------------------
+
+ * A file store over `root` that remembers the size and CRC-64 of every object put below
+ * `prefix` (renames and erases followed), so a dataset's checksum comes from the bytes written
+ * without reading them back. The combined CRC-64 is the one cv_fingerprint computes over the
+ * files of root/prefix. */
+typedef struct cv_digest cv_digest;
+zb_status cv_digest_open(const char *root, const char *prefix, cv_digest **out, zb_store **store);
+/* Files, bytes and combined CRC-64 of the objects now present below the prefix. */
+zb_status cv_digest_result(cv_digest *dg, uint64_t *files, uint64_t *bytes, uint64_t *crc);
+void cv_digest_free(cv_digest *dg);
+
+/* ---- finish.c --------------------------------------------------------------------------------- */
+
+/* Opens the finished collection in cv->output when its manifest's args are `args`. */
+zb_status cv_finished_open(zb_convert *cv, json_object *args);
+
+/* ---- phases ------------------------------------------------------------------------------- */
+
+zb_status cv_prepare_task(zb_convert *cv, size_t k);
+zb_status cv_scatter_task(zb_convert *cv, size_t t);
+zb_status cv_gather_task(zb_convert *cv, size_t d, int num_threads);
+/* Bytes of memory one scatter task / one gather holds at most, from the plan. */
+uint64_t cv_scatter_task_memory(const zb_convert *cv, size_t t);
+uint64_t cv_gather_overhead(const zb_convert *cv);
+
+#endif

@@ -1,0 +1,286 @@
+/* The finishing step (zbatch_convert.h): every dataset's files checked against the digest its
+ * gather task took while writing them, the collection's root group with consolidated metadata
+ * of the whole tree, the manifest, then the marker and the work directory removed. Also the
+ * check of a finished collection against its manifest. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "convert/convert_int.h"
+#include "util/json.h"
+#include "util/status.h"
+#include "write/write.h"
+#include "zarr/tree.h"
+
+static const char collection_attrs[] =
+    "{\"encoding-type\": \"annbatch-preshuffled\", \"encoding-version\": \"0.1.0\"}";
+
+static zb_status
+load_json(const char *path, json_object **out)
+{
+    char *text;
+    size_t len;
+    ZB_TRY(cv_read_file(path, &text, &len));
+    zb_status st = zb_json_parse(text, len, path, out);
+    free(text);
+    return st;
+}
+
+static const char *
+str_of(json_object *o, const char *key)
+{
+    json_object *v = zb_json_get(o, key);
+    return v ? json_object_get_string(v) : "";
+}
+
+/* Dataset d's files against `expect` (its digest: crc64 hex, files, bytes). */
+static zb_status
+verify_dataset(const zb_convert *cv, size_t d, json_object *expect)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/dataset_%zu", cv->output, d);
+    uint64_t size, crc, want_bytes = 0;
+    int64_t mtime;
+    ZB_TRY(cv_fingerprint(dir, &size, &mtime, &crc));
+    char hex[20];
+    snprintf(hex, sizeof hex, "%016" PRIx64, crc);
+    json_object *b = zb_json_get(expect, "bytes");
+    if (b) zb_json_u64(b, "bytes", &want_bytes);
+    if (!strcmp(hex, str_of(expect, "crc64")) && size == want_bytes) return ZB_OK;
+    return zb_err(ZB_E_CHECKSUM, "%s: its files (%" PRIu64 " bytes, CRC-64 %s) differ from what "
+                  "was written (%" PRIu64 " bytes, CRC-64 %s)", dir, size, hex, want_bytes,
+                  str_of(expect, "crc64"));
+}
+
+/* ---- root group ------------------------------------------------------------------------------ */
+
+static zb_status
+add_entry(json_object *meta, const char *key, json_object *doc, int *ok)
+{
+    zb_jw_add(meta, key, json_object_get(doc), ok);
+    return *ok ? ZB_OK : zb_err(ZB_E_NOMEM, "consolidated metadata");
+}
+
+/* Every node of every dataset into `meta` (FORMATS.md §3.5 keys for v3: paths relative to the
+ * root, nested groups with an empty consolidated_metadata; §1.4 for v2: keys with the
+ * document's name). */
+static zb_status
+consolidate_datasets(const zb_convert *cv, zb_store *store, json_object *meta)
+{
+    zb_status st = ZB_OK;
+    int ok = 1;
+    for (uint64_t d = 0; d < cv->n_datasets && st == ZB_OK; d++) {
+        char name[64];
+        snprintf(name, sizeof name, "dataset_%" PRIu64, d);
+        zb_tree *tree = NULL;
+        st = zb_tree_load(store, name, false, &tree);
+        for (size_t i = 0; st == ZB_OK && i < tree->n; i++) {
+            const zb_tree_node *nd = &tree->nodes[i];
+            char key[4200];
+            if (cv->zarr_format == 3) {
+                json_object *doc = NULL;
+                st = zb_json_parse(json_object_to_json_string_ext(nd->doc, JSON_C_TO_STRING_PLAIN),
+                                   strlen(json_object_to_json_string_ext(nd->doc,
+                                                                         JSON_C_TO_STRING_PLAIN)),
+                                   nd->path, &doc);
+                if (st != ZB_OK) break;
+                if (!nd->is_array) {
+                    json_object_object_del(doc, "consolidated_metadata");
+                    json_object *cm =
+                        zb_jw_add(doc, "consolidated_metadata", json_object_new_object(), &ok);
+                    zb_jw_add(cm, "kind", json_object_new_string("inline"), &ok);
+                    zb_jw_add(cm, "must_understand", json_object_new_boolean(0), &ok);
+                    zb_jw_add(cm, "metadata", json_object_new_object(), &ok);
+                }
+                st = add_entry(meta, nd->path, doc, &ok);
+                json_object_put(doc);
+            } else {
+                snprintf(key, sizeof key, "%s/%s", nd->path, nd->is_array ? ".zarray" : ".zgroup");
+                st = add_entry(meta, key, nd->doc, &ok);
+                if (st == ZB_OK && json_object_object_length(nd->attrs)) {
+                    snprintf(key, sizeof key, "%s/.zattrs", nd->path);
+                    st = add_entry(meta, key, nd->attrs, &ok);
+                }
+            }
+        }
+        zb_tree_free(tree);
+    }
+    return st;
+}
+
+static zb_status
+write_root(const zb_convert *cv)
+{
+    zb_store *store = NULL;
+    ZB_TRY(zb_store_open_file(cv->output, &store));
+    json_object *meta = json_object_new_object(), *doc = NULL, *attrs = NULL;
+    zb_status st = meta ? ZB_OK : zb_err(ZB_E_NOMEM, "the root group");
+    if (st == ZB_OK) st = consolidate_datasets(cv, store, meta);
+    if (st == ZB_OK) st = zb_write_parse_attrs(collection_attrs, "root attributes", &attrs);
+    int ok = 1;
+    if (st == ZB_OK && cv->zarr_format == 3) {
+        doc = json_object_new_object();
+        zb_jw_add(doc, "zarr_format", json_object_new_int(3), &ok);
+        zb_jw_add(doc, "node_type", json_object_new_string("group"), &ok);
+        zb_jw_add(doc, "attributes", json_object_get(attrs), &ok);
+        json_object *cm = zb_jw_add(doc, "consolidated_metadata", json_object_new_object(), &ok);
+        zb_jw_add(cm, "kind", json_object_new_string("inline"), &ok);
+        zb_jw_add(cm, "must_understand", json_object_new_boolean(0), &ok);
+        zb_jw_add(cm, "metadata", json_object_get(meta), &ok);
+        st = ok ? zb_write_json(store, "zarr.json", doc) : zb_err(ZB_E_NOMEM, "the root group");
+    } else if (st == ZB_OK) {
+        /* v2: .zmetadata first, the root .zgroup (the commit point) after it */
+        json_object *zgroup = json_object_new_object();
+        zb_jw_add(zgroup, "zarr_format", json_object_new_int(2), &ok);
+        zb_jw_add(meta, ".zgroup", zgroup, &ok);
+        zb_jw_add(meta, ".zattrs", json_object_get(attrs), &ok);
+        doc = json_object_new_object();
+        zb_jw_add(doc, "metadata", json_object_get(meta), &ok);
+        zb_jw_add(doc, "zarr_consolidated_format", json_object_new_int(1), &ok);
+        st = ok ? zb_write_json(store, ".zmetadata", doc) : zb_err(ZB_E_NOMEM, "the root group");
+        if (st == ZB_OK) st = zb_write_group(store, "", 2, collection_attrs);
+    }
+    json_object_put(doc);
+    json_object_put(attrs);
+    json_object_put(meta);
+    zb_store_close(store);
+    return st;
+}
+
+/* ---- manifest ---------------------------------------------------------------------------------- */
+
+static zb_status
+build_manifest(const zb_convert *cv, json_object **out)
+{
+    int ok = 1;
+    zb_status st = ZB_OK;
+    json_object *m = json_object_new_object();
+    zb_jw_add(m, "format", json_object_new_string("zbatch-convert-manifest"), &ok);
+    zb_jw_add(m, "version", json_object_new_int(1), &ok);
+    zb_jw_add(m, "checksum", json_object_new_string("crc64-xz"), &ok);
+    zb_jw_add(m, "args", json_object_get(zb_json_get(cv->plan_doc, "args")), &ok);
+    json_object *ins = zb_jw_add(m, "inputs", json_object_new_array(), &ok);
+    for (size_t k = 0; k < cv->n_inputs && st == ZB_OK && ok; k++) {
+        char path[4200];
+        json_object *done = NULL;
+        st = cv_path(cv, path, sizeof path, "prepare/i%zu.json", k);
+        if (st == ZB_OK) st = load_json(path, &done);
+        if (st != ZB_OK) break;
+        json_object *in = zb_jw_push(ins, json_object_new_object(), &ok);
+        zb_jw_add(in, "path",
+                  json_object_new_string_len(cv->input_names.data + cv->input_names.offsets[k],
+                                             (int)(cv->input_names.offsets[k + 1] -
+                                                   cv->input_names.offsets[k])),
+                  &ok);
+        zb_jw_add(in, "format", json_object_new_string(cv->inputs[k].format), &ok);
+        zb_jw_add(in, "bytes", zb_jw_u64(cv->inputs[k].size), &ok);
+        zb_jw_add(in, "crc64", json_object_new_string(str_of(done, "crc64")), &ok);
+        zb_jw_add(in, "cells", zb_jw_u64(cv->inputs[k].n_obs), &ok);
+        json_object_put(done);
+    }
+    zb_jw_add(m, "n_cells", zb_jw_u64(cv->n_cells), &ok);
+    zb_jw_add(m, "n_genes", zb_jw_u64(cv->genes.n), &ok);
+    json_object *ds = zb_jw_add(m, "datasets", json_object_new_array(), &ok);
+    for (uint64_t d = 0; d < cv->n_datasets && st == ZB_OK && ok; d++) {
+        char path[4200], name[64];
+        json_object *done = NULL;
+        st = cv_path(cv, path, sizeof path, "gather/d%" PRIu64 ".json", d);
+        if (st == ZB_OK) st = load_json(path, &done);
+        if (st != ZB_OK) break;
+        snprintf(name, sizeof name, "dataset_%" PRIu64, d);
+        json_object *e = zb_jw_push(ds, json_object_new_object(), &ok);
+        zb_jw_add(e, "name", json_object_new_string(name), &ok);
+        static const char *const keys[] = {"cells", "nnz", "files", "bytes", "crc64"};
+        for (size_t i = 0; i < 5; i++)
+            zb_jw_add(e, keys[i], json_object_get(zb_json_get(done, keys[i])), &ok);
+        json_object_put(done);
+    }
+    if (st == ZB_OK && !ok) st = zb_err(ZB_E_NOMEM, "the manifest");
+    if (st != ZB_OK) {
+        json_object_put(m);
+        return st;
+    }
+    *out = m;
+    return ZB_OK;
+}
+
+static zb_status
+write_manifest(const zb_convert *cv, json_object *m)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", cv->output, CV_MANIFEST);
+    const char *text = json_object_to_json_string_ext(
+        m, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED | JSON_C_TO_STRING_NOSLASHESCAPE);
+    const void *bufs[2] = {text, "\n"};
+    size_t lens[2] = {strlen(text), 1};
+    return cv_write_file(path, bufs, lens, 2);
+}
+
+/* Every dataset of the manifest against its files. */
+static zb_status
+verify_manifest(const zb_convert *cv, json_object *m)
+{
+    json_object *ds = zb_json_get(m, "datasets");
+    size_t n = ds ? json_object_array_length(ds) : 0;
+    if (n != cv->n_datasets)
+        return zb_err(ZB_E_CORRUPT, "%s/%s: %zu datasets listed, %" PRIu64 " expected",
+                      cv->output, CV_MANIFEST, n, cv->n_datasets);
+    for (size_t d = 0; d < n; d++) ZB_TRY(verify_dataset(cv, d, json_object_array_get_idx(ds, d)));
+    return ZB_OK;
+}
+
+zb_status
+zb_convert_finish(zb_convert *cv)
+{
+    if (!cv) return zb_err(ZB_E_INVALID, "zb_convert_finish: null handle");
+    if (cv->finished) return verify_manifest(cv, cv->manifest);
+    for (zb_convert_phase p = ZB_CONVERT_PREPARE; p < ZB_CONVERT_PHASES_; p++)
+        for (size_t i = 0; i < zb_convert_ntasks(cv, p); i++)
+            if (!zb_convert_task_done(cv, p, i))
+                return zb_err(ZB_E_INVALID, "%s: task %zu of phase %d is not finished",
+                              cv->output, i, (int)p);
+    json_object *m = NULL;
+    ZB_TRY(build_manifest(cv, &m));
+    zb_status st = verify_manifest(cv, m);
+    if (st == ZB_E_CHECKSUM) {
+        /* a dataset whose files changed after it was written is rewritten by the next run */
+        for (uint64_t d = 0; d < cv->n_datasets; d++) {
+            json_object *e = json_object_array_get_idx(zb_json_get(m, "datasets"), d);
+            if (verify_dataset(cv, d, e) != ZB_OK) {
+                char path[4200];
+                if (cv_path(cv, path, sizeof path, "gather/d%" PRIu64 ".json", d) == ZB_OK)
+                    remove(path);
+            }
+        }
+        zb_clear_error();
+        st = verify_manifest(cv, m);
+    }
+    if (st == ZB_OK) st = write_root(cv);
+    if (st == ZB_OK) st = write_manifest(cv, m);
+    json_object_put(m);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", cv->output, ZB_INCOMPLETE_MARKER);
+    if (st == ZB_OK && remove(path) != 0 && cv_exists(path))
+        st = zb_err(ZB_E_IO, "%s: cannot remove it", path);
+    if (st == ZB_OK) st = cv_remove_tree(cv->work);
+    if (st != ZB_OK) return zb_err_context(st, "finishing %s", cv->output);
+    return ZB_OK;
+}
+
+zb_status
+cv_finished_open(zb_convert *cv, json_object *args)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", cv->output, CV_MANIFEST);
+    ZB_TRY(load_json(path, &cv->manifest));
+    json_object *had = zb_json_get(cv->manifest, "args");
+    const char *a = had ? json_object_to_json_string_ext(had, JSON_C_TO_STRING_PLAIN) : "";
+    if (strcmp(a, json_object_to_json_string_ext(args, JSON_C_TO_STRING_PLAIN)))
+        return zb_err(ZB_E_INVALID, "%s holds a finished conversion of other inputs or options; "
+                      "remove it first", cv->output);
+    json_object *ds = zb_json_get(cv->manifest, "datasets");
+    cv->n_datasets = ds ? json_object_array_length(ds) : 0;
+    cv->finished = true;
+    return ZB_OK;
+}

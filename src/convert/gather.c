@@ -1,0 +1,568 @@
+/* The gather phase (zbatch_convert.h): one task per output dataset. Every scatter file holds a
+ * section of the dataset's cells sorted by row; the task reads those sections pass by pass
+ * (rows [r0, r1) of the dataset at a time, sized to its memory), places each cell at its row,
+ * and streams the rows to the anndata writer, which compresses on the task's threads. The
+ * dataset is committed, its files digested as they were written (digest.c), and a done marker
+ * written last, so a killed task is simply run again from an empty dataset directory. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "convert/convert_int.h"
+#include "util/status.h"
+
+/* One scatter file's section of this dataset. */
+typedef struct part {
+    size_t t;             /* the scatter task */
+    uint32_t input;
+    uint64_t n;           /* cells */
+    uint64_t *off, *len;  /* [n_arrays] in the file */
+    uint64_t *rows;       /* [n] row of each cell in the dataset */
+    uint64_t **prefix;    /* [n_arrays]: count arrays' prefix sums [n + 1] (NULL otherwise) */
+    uint64_t p0, p1;      /* this pass's cells */
+    unsigned char **pass; /* [n_arrays] this pass's elements (into the arena) */
+} part;
+
+typedef struct gather {
+    zb_convert *cv;
+    size_t d;
+    uint64_t cells;
+    size_t n_arrays, col_start[CV_MAX_ARRAYS];
+    cv_array arrays[CV_MAX_ARRAYS];
+    part *parts;
+    size_t n_parts;
+    unsigned char *arena;
+    size_t arena_cap;
+    uint64_t *who; /* [pass rows]: part << 40 | cell */
+    /* assembled pass */
+    int64_t *indptr;
+    int32_t *indices;
+    unsigned char *values;
+    uint64_t *offsets;
+    char *text;
+    uint8_t *mask;
+    size_t cap_rows, cap_elems, cap_values, cap_text;
+    uint64_t nnz[64]; /* per matrix, for the done marker */
+} gather;
+
+static zb_status
+pread_all(int fd, const char *path, void *dst, uint64_t len, uint64_t off)
+{
+    unsigned char *p = dst;
+    while (len) {
+        ssize_t r = pread(fd, p, len > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)len,
+                          (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return zb_err(ZB_E_IO, "%s: read at %" PRIu64 ": %s", path, off, strerror(errno));
+        if (r == 0) return zb_err(ZB_E_TRUNCATED, "%s: ends before byte %" PRIu64, path, off + len);
+        p += r;
+        off += (uint64_t)r;
+        len -= (uint64_t)r;
+    }
+    return ZB_OK;
+}
+
+static zb_status
+open_part_file(gather *g, size_t t, int *fd, char *path, size_t cap)
+{
+    ZB_TRY(cv_path(g->cv, path, cap, "scatter/t%zu.bin", t));
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) return zb_err(ZB_E_IO, "%s: %s", path, strerror(errno));
+    return ZB_OK;
+}
+
+/* Reads scatter file t's header and its row for this dataset; keeps the part when it holds
+ * cells, with their rows and the prefix sums of its count arrays. */
+static zb_status
+load_part(gather *g, size_t t)
+{
+    zb_convert *cv = g->cv;
+    char path[4200];
+    int fd;
+    ZB_TRY(open_part_file(g, t, &fd, path, sizeof path));
+    size_t na = g->n_arrays, row_len = (1 + 2 * na) * sizeof(uint64_t);
+    cv_scatter_header h;
+    uint64_t *row = malloc(row_len);
+    zb_status st = row ? pread_all(fd, path, &h, sizeof h, 0) : zb_err(ZB_E_NOMEM, "gather");
+    if (st == ZB_OK && (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != 1 ||
+                        h.n_arrays != na || h.n_datasets != cv->n_datasets ||
+                        h.input != cv->slices[t].input))
+        st = zb_err(ZB_E_CORRUPT, "%s: not a scatter file of this conversion", path);
+    if (st == ZB_OK) st = pread_all(fd, path, row, row_len, sizeof h + g->d * row_len);
+    part *p = &g->parts[g->n_parts];
+    memset(p, 0, sizeof *p);
+    if (st == ZB_OK && row[0] > 0) {
+        p->t = t;
+        p->input = (uint32_t)h.input;
+        p->n = row[0];
+        p->off = malloc(na * sizeof *p->off);
+        p->len = malloc(na * sizeof *p->len);
+        p->prefix = calloc(na, sizeof *p->prefix);
+        p->pass = calloc(na, sizeof *p->pass);
+        p->rows = malloc((size_t)p->n * sizeof *p->rows);
+        if (!p->off || !p->len || !p->prefix || !p->pass || !p->rows)
+            st = zb_err(ZB_E_NOMEM, "gather");
+        g->n_parts++;
+    }
+    for (size_t a = 0; st == ZB_OK && p->n && a < na; a++) {
+        p->off[a] = row[1 + 2 * a];
+        p->len[a] = row[2 + 2 * a];
+    }
+    if (st == ZB_OK && p->n) {
+        if (p->len[CV_A_ROW] != p->n * 8)
+            st = zb_err(ZB_E_CORRUPT, "%s: section %zu is inconsistent", path, g->d);
+        else
+            st = pread_all(fd, path, p->rows, p->n * 8, p->off[CV_A_ROW]);
+    }
+    /* prefix sums of every array that counts another's elements */
+    for (size_t a = 0; st == ZB_OK && p->n && a < na; a++) {
+        int c = g->arrays[a].count;
+        if (c < 0 || p->prefix[c]) continue;
+        uint32_t *counts = malloc((size_t)p->n * 4);
+        p->prefix[c] = malloc((size_t)(p->n + 1) * sizeof **p->prefix);
+        if (!counts || !p->prefix[c]) {
+            free(counts);
+            st = zb_err(ZB_E_NOMEM, "gather");
+            break;
+        }
+        st = p->len[c] == p->n * 4 ? pread_all(fd, path, counts, p->n * 4, p->off[c])
+                                   : zb_err(ZB_E_CORRUPT, "%s: section %zu", path, g->d);
+        p->prefix[c][0] = 0;
+        for (uint64_t i = 0; st == ZB_OK && i < p->n; i++)
+            p->prefix[c][i + 1] = p->prefix[c][i] + counts[i];
+        free(counts);
+    }
+    for (size_t a = 0; st == ZB_OK && p->n && a < na; a++) {
+        int c = g->arrays[a].count;
+        uint64_t elems = c < 0 ? p->n : p->prefix[c][p->n];
+        if (p->len[a] != elems * g->arrays[a].item)
+            st = zb_err(ZB_E_CORRUPT, "%s: section %zu, array %zu: %" PRIu64 " bytes for %" PRIu64
+                        " elements", path, g->d, a, p->len[a], elems);
+    }
+    free(row);
+    close(fd);
+    return st;
+}
+
+static void
+parts_free(gather *g)
+{
+    for (size_t i = 0; i < g->n_parts; i++) {
+        part *p = &g->parts[i];
+        for (size_t a = 0; p->prefix && a < g->n_arrays; a++) free(p->prefix[a]);
+        free(p->prefix);
+        free(p->pass);
+        free(p->off);
+        free(p->len);
+        free(p->rows);
+    }
+    free(g->parts);
+}
+
+/* Elements of array a in cells [c0, c1) of part p. */
+static void
+elem_range(const gather *g, const part *p, size_t a, uint64_t c0, uint64_t c1, uint64_t *e0,
+           uint64_t *e1)
+{
+    int c = g->arrays[a].count;
+    *e0 = c < 0 ? c0 : p->prefix[c][c0];
+    *e1 = c < 0 ? c1 : p->prefix[c][c1];
+}
+
+static zb_status
+grow(void **p, size_t *cap, size_t need)
+{
+    if (need <= *cap) return ZB_OK;
+    size_t c = *cap ? *cap : 4096;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c);
+    if (!q) return zb_err(ZB_E_NOMEM, "gather: %zu bytes", c);
+    *p = q;
+    *cap = c;
+    return ZB_OK;
+}
+
+/* Reads the cells of rows [r0, r1) from every part into the arena and records who holds each
+ * row. Every row must come from exactly one cell. */
+static zb_status
+read_pass(gather *g, uint64_t r0, uint64_t r1)
+{
+    size_t na = g->n_arrays;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < g->n_parts; i++) {
+        part *p = &g->parts[i];
+        p->p0 = p->p1;
+        while (p->p1 < p->n && p->rows[p->p1] < r1) p->p1++;
+        for (size_t a = 0; a < na; a++) {
+            uint64_t e0, e1;
+            elem_range(g, p, a, p->p0, p->p1, &e0, &e1);
+            bytes += (e1 - e0) * g->arrays[a].item;
+        }
+    }
+    ZB_TRY(grow((void **)&g->arena, &g->arena_cap, (size_t)bytes + 1));
+    for (uint64_t r = 0; r < r1 - r0; r++) g->who[r] = UINT64_MAX;
+    unsigned char *at = g->arena;
+    for (size_t i = 0; i < g->n_parts; i++) {
+        part *p = &g->parts[i];
+        if (p->p1 == p->p0) continue;
+        char path[4200];
+        int fd;
+        ZB_TRY(open_part_file(g, p->t, &fd, path, sizeof path));
+        zb_status st = ZB_OK;
+        for (size_t a = 0; a < na && st == ZB_OK; a++) {
+            uint64_t e0, e1;
+            elem_range(g, p, a, p->p0, p->p1, &e0, &e1);
+            p->pass[a] = at;
+            size_t item = g->arrays[a].item;
+            st = pread_all(fd, path, at, (e1 - e0) * item, p->off[a] + e0 * item);
+            at += (e1 - e0) * item;
+        }
+        close(fd);
+        ZB_TRY(st);
+        for (uint64_t c = p->p0; c < p->p1; c++) {
+            uint64_t r = p->rows[c];
+            if (r < r0 || r >= r1 || g->who[r - r0] != UINT64_MAX)
+                return zb_err(ZB_E_CORRUPT, "%s: dataset %zu, row %" PRIu64 " is given twice or "
+                              "out of order", path, g->d, r);
+            g->who[r - r0] = (uint64_t)i << 40 | (c - p->p0);
+        }
+    }
+    for (uint64_t r = 0; r < r1 - r0; r++)
+        if (g->who[r] == UINT64_MAX)
+            return zb_err(ZB_E_CORRUPT, "dataset %zu: no cell for row %" PRIu64
+                          " in the scatter files", g->d, r0 + r);
+    return ZB_OK;
+}
+
+static part *
+who_part(const gather *g, uint64_t w, uint64_t *cell)
+{
+    *cell = w & (((uint64_t)1 << 40) - 1);
+    return &g->parts[w >> 40];
+}
+
+/* Byte offset, inside the part's pass buffer of array a, of the elements of pass cell `cell`,
+ * and their count. */
+static uint64_t
+cell_elems(const gather *g, const part *p, size_t a, uint64_t cell, uint64_t *count)
+{
+    uint64_t e0, e1, b0, b1;
+    elem_range(g, p, a, p->p0, p->p0 + cell, &b0, &e0);
+    elem_range(g, p, a, p->p0 + cell, p->p0 + cell + 1, &b1, &e1);
+    (void)b1;
+    *count = e1 - e0;
+    return (e0 - b0) * g->arrays[a].item;
+}
+
+/* Variable-length strings of array pair (lens at a, bytes at a + 1) for the pass rows, into
+ * g->offsets / g->text. */
+static zb_status
+assemble_strings(gather *g, size_t a, uint64_t rows)
+{
+    uint64_t total = 0;
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t cell, n;
+        part *p = who_part(g, g->who[r], &cell);
+        cell_elems(g, p, a + 1, cell, &n);
+        total += n;
+    }
+    ZB_TRY(grow((void **)&g->text, &g->cap_text, (size_t)total + 1));
+    uint64_t at = 0;
+    g->offsets[0] = 0;
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t cell, n;
+        part *p = who_part(g, g->who[r], &cell);
+        uint64_t off = cell_elems(g, p, a + 1, cell, &n);
+        memcpy(g->text + at, p->pass[a + 1] + off, (size_t)n);
+        at += n;
+        g->offsets[r + 1] = at;
+    }
+    return ZB_OK;
+}
+
+/* Fixed-size elements (one per cell) of array a for the pass rows, into g->values. */
+static zb_status
+assemble_fixed(gather *g, size_t a, uint64_t rows)
+{
+    size_t item = g->arrays[a].item;
+    ZB_TRY(grow((void **)&g->values, &g->cap_values, (size_t)(rows * item) + 1));
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t cell;
+        part *p = who_part(g, g->who[r], &cell);
+        memcpy(g->values + r * item, p->pass[a] + cell * item, item);
+    }
+    return ZB_OK;
+}
+
+/* Matrix j's rows of the pass as CSR: g->indptr, g->indices, g->values. */
+static zb_status
+assemble_matrix(gather *g, size_t j, uint64_t rows)
+{
+    size_t a = cv_matrix_array(j), item = g->arrays[a + 2].item;
+    uint64_t total = 0;
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t cell;
+        part *p = who_part(g, g->who[r], &cell);
+        total += ((const uint32_t *)p->pass[a])[cell];
+    }
+    size_t cap_idx = g->cap_elems;
+    ZB_TRY(grow((void **)&g->indices, &cap_idx, (size_t)total * 4 + 4));
+    g->cap_elems = cap_idx;
+    ZB_TRY(grow((void **)&g->values, &g->cap_values, (size_t)(total * item) + 1));
+    uint64_t at = 0;
+    g->indptr[0] = 0;
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t cell, n;
+        part *p = who_part(g, g->who[r], &cell);
+        uint64_t off = cell_elems(g, p, a + 1, cell, &n);
+        memcpy(g->indices + at, p->pass[a + 1] + off, (size_t)n * 4);
+        off = cell_elems(g, p, a + 2, cell, &n);
+        memcpy(g->values + at * item, p->pass[a + 2] + off, (size_t)(n * item));
+        at += n;
+        g->indptr[r + 1] = (int64_t)at;
+    }
+    g->nnz[j < 64 ? j : 63] += total;
+    return ZB_OK;
+}
+
+/* NaN where a nullable float column is masked (anndata has no nullable float encoding). */
+static void
+nan_where_masked(gather *g, zb_dtype dtype, uint64_t rows)
+{
+    for (uint64_t r = 0; r < rows; r++) {
+        if (!g->mask[r]) continue;
+        if (dtype == ZB_DT_FLOAT32) {
+            float v = __builtin_nanf("");
+            memcpy(g->values + r * 4, &v, 4);
+        } else if (dtype == ZB_DT_FLOAT64) {
+            double v = __builtin_nan("");
+            memcpy(g->values + r * 8, &v, 8);
+        } else if (dtype == ZB_DT_FLOAT16) {
+            uint16_t v = 0x7e00;
+            memcpy(g->values + r * 2, &v, 2);
+        }
+    }
+}
+
+static bool
+is_float(zb_dtype t)
+{
+    return t == ZB_DT_FLOAT16 || t == ZB_DT_FLOAT32 || t == ZB_DT_FLOAT64;
+}
+
+static zb_status
+append_column(gather *g, zb_anndata_writer *w, size_t c, uint64_t rows)
+{
+    const cv_column *col = &g->cv->cols[c];
+    size_t a = g->col_start[c];
+    if (col->kind == ZB_COL_CATEGORICAL) {
+        ZB_TRY(assemble_fixed(g, a, rows));
+        return zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, col->name, ZB_DT_INT32,
+                                              g->values, rows);
+    }
+    bool nullable = col->kind == ZB_COL_NULLABLE;
+    size_t mask_a = a + (col->dtype == ZB_DT_STRING ? 2 : 1);
+    if (nullable) {
+        for (uint64_t r = 0; r < rows; r++) {
+            uint64_t cell;
+            part *p = who_part(g, g->who[r], &cell);
+            g->mask[r] = p->pass[mask_a][cell];
+        }
+    }
+    if (col->dtype == ZB_DT_STRING) {
+        ZB_TRY(assemble_strings(g, a, rows));
+        if (nullable)
+            return zb_anndata_writer_append_nullable_string_column(
+                w, ZB_ANNDATA_OBS, col->name, g->text, g->offsets, rows, g->mask, rows);
+        return zb_anndata_writer_append_string_column(w, ZB_ANNDATA_OBS, col->name, g->text,
+                                                      g->offsets, rows);
+    }
+    ZB_TRY(assemble_fixed(g, a, rows));
+    if (nullable && is_float(col->dtype)) nan_where_masked(g, col->dtype, rows);
+    if (nullable && !is_float(col->dtype))
+        return zb_anndata_writer_append_nullable_column(w, ZB_ANNDATA_OBS, col->name, col->dtype,
+                                                        g->values, rows, g->mask, rows);
+    return zb_anndata_writer_append_column(w, ZB_ANNDATA_OBS, col->name, col->dtype, g->values,
+                                           rows);
+}
+
+/* The pass's rows into the writer: X, layers, names, columns, src_path, src_row. */
+static zb_status
+write_pass(gather *g, zb_anndata_writer *w, uint64_t rows)
+{
+    zb_convert *cv = g->cv;
+    for (size_t j = 0; j < cv->n_mats; j++) {
+        ZB_TRY(assemble_matrix(g, j, rows));
+        if (j == 0)
+            ZB_TRY(zb_anndata_writer_append_csr(w, rows, g->indptr, g->indices, g->values));
+        else
+            ZB_TRY(zb_anndata_writer_append_layer_csr(w, cv->mat_names[j], cv->mat_dtypes[j],
+                                                      rows, g->indptr, g->indices, g->values));
+    }
+    ZB_TRY(assemble_strings(g, CV_A_NAME_LEN, rows));
+    ZB_TRY(zb_anndata_writer_append_names(w, ZB_ANNDATA_OBS, g->text, g->offsets, rows));
+    for (size_t c = 0; c < cv->n_cols; c++) ZB_TRY(append_column(g, w, c, rows));
+    /* the source of every cell: its input (a code into the input paths) and its row there */
+    ZB_TRY(grow((void **)&g->values, &g->cap_values, (size_t)rows * 8 + 1));
+    int32_t *codes = (int32_t *)g->values;
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t cell;
+        codes[r] = (int32_t)who_part(g, g->who[r], &cell)->input;
+    }
+    ZB_TRY(zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, "src_path", ZB_DT_INT32, codes, rows));
+    ZB_TRY(assemble_fixed(g, CV_A_SRC_ROW, rows));
+    return zb_anndata_writer_append_column(w, ZB_ANNDATA_OBS, "src_row", ZB_DT_INT64, g->values,
+                                           rows);
+}
+
+/* Categorical columns (and src_path) and var names, before any row. */
+static zb_status
+define_frame(gather *g, zb_anndata_writer *w)
+{
+    zb_convert *cv = g->cv;
+    for (size_t c = 0; c < cv->n_cols; c++) {
+        const cv_column *col = &cv->cols[c];
+        if (col->kind != ZB_COL_CATEGORICAL) continue;
+        if (col->dtype == ZB_DT_STRING)
+            ZB_TRY(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, col->name,
+                                                        col->categories.data,
+                                                        col->categories.offsets,
+                                                        col->categories.n, col->ordered));
+        else
+            ZB_TRY(zb_anndata_writer_define_categorical_values(w, ZB_ANNDATA_OBS, col->name,
+                                                               col->dtype, col->category_values,
+                                                               col->categories.n, col->ordered));
+    }
+    /* src_path: the inputs as the command named them */
+    ZB_TRY(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "src_path",
+                                                cv->input_names.data, cv->input_names.offsets,
+                                                cv->input_names.n, false));
+    return zb_anndata_writer_append_names(w, ZB_ANNDATA_VAR, cv->genes.data, cv->genes.offsets,
+                                          cv->genes.n);
+}
+
+/* Memory the writer of one dataset holds: a shard of data and of indices per matrix filling
+ * while the previous one compresses, and a chunk per obs column. */
+uint64_t
+cv_gather_overhead(const zb_convert *cv)
+{
+    uint64_t shard = cv->x_shard == UINT64_MAX ? cv->x_chunk * 64 : cv->x_shard;
+    uint64_t bytes = 0;
+    for (size_t j = 0; j < cv->n_mats; j++)
+        bytes += 2 * shard * (zb_dtype_size(cv->mat_dtypes[j]) + 4);
+    bytes += (uint64_t)(cv->n_cols + 4) * 65536 * 16;
+    return bytes + ((uint64_t)16 << 20);
+}
+
+static zb_status
+write_done(gather *g, uint64_t files, uint64_t bytes, uint64_t crc)
+{
+    char text[2048], path[4200];
+    int n = snprintf(text, sizeof text, "{\"cells\": %" PRIu64 ", \"files\": %" PRIu64
+                     ", \"bytes\": %" PRIu64 ", \"crc64\": \"%016" PRIx64 "\", \"nnz\": [",
+                     g->cells, files, bytes, crc);
+    for (size_t j = 0; j < g->cv->n_mats && j < 64; j++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "%s%" PRIu64, j ? ", " : "", g->nnz[j]);
+    n += snprintf(text + n, sizeof text - (size_t)n, "]}\n");
+    ZB_TRY(cv_path(g->cv, path, sizeof path, "gather/d%zu.json", g->d));
+    const void *bufs[1] = {text};
+    size_t lens[1] = {(size_t)n};
+    return cv_write_file(path, bufs, lens, 1);
+}
+
+/* Rows per pass: what the task's memory holds twice over (read, then assembled), after the
+ * writer and the parts' per-cell arrays. */
+static uint64_t
+pass_rows(const gather *g, uint64_t memory)
+{
+    uint64_t bytes = 0, fixed = 0;
+    for (size_t i = 0; i < g->n_parts; i++) {
+        for (size_t a = 0; a < g->n_arrays; a++) bytes += g->parts[i].len[a];
+        fixed += g->parts[i].n * 8 * 4;
+    }
+    uint64_t per_row = bytes / (g->cells ? g->cells : 1) + 1;
+    uint64_t used = cv_gather_overhead(g->cv) + fixed;
+    uint64_t left = memory > used + ((uint64_t)8 << 20) ? memory - used : (uint64_t)8 << 20;
+    uint64_t rows = left / (2 * per_row + 24);
+    return rows < 1 ? 1 : rows;
+}
+
+static zb_status
+gather_rows(gather *g, zb_anndata_writer *w, uint64_t memory)
+{
+    uint64_t per_pass = pass_rows(g, memory);
+    if (per_pass > g->cells) per_pass = g->cells;
+    g->who = malloc((size_t)(per_pass ? per_pass : 1) * sizeof *g->who);
+    g->indptr = malloc((size_t)(per_pass + 1) * sizeof *g->indptr);
+    g->offsets = malloc((size_t)(per_pass + 1) * sizeof *g->offsets);
+    g->mask = malloc((size_t)(per_pass ? per_pass : 1));
+    if (!g->who || !g->indptr || !g->offsets || !g->mask) return zb_err(ZB_E_NOMEM, "gather");
+    for (uint64_t r0 = 0; r0 < g->cells; r0 += per_pass) {
+        uint64_t r1 = g->cells - r0 < per_pass ? g->cells : r0 + per_pass;
+        ZB_TRY(read_pass(g, r0, r1));
+        ZB_TRY(write_pass(g, w, r1 - r0));
+    }
+    return ZB_OK;
+}
+
+zb_status
+cv_gather_task(zb_convert *cv, size_t d, int num_threads)
+{
+    char dir[4200], name[64];
+    ZB_TRY(cv_path(cv, dir, sizeof dir, "gather"));
+    ZB_TRY(cv_mkdirs(dir));
+    snprintf(name, sizeof name, "dataset_%zu", d);
+    snprintf(dir, sizeof dir, "%s/%s", cv->output, name);
+    ZB_TRY(cv_remove_tree(dir)); /* what a killed attempt left */
+    gather g;
+    memset(&g, 0, sizeof g);
+    g.cv = cv;
+    g.d = d;
+    g.cells = cv_dataset_cells(cv, d);
+    g.n_arrays = cv_arrays(cv, g.arrays, g.col_start);
+    g.parts = calloc(cv->n_slices ? cv->n_slices : 1, sizeof *g.parts);
+    zb_status st = g.parts ? ZB_OK : zb_err(ZB_E_NOMEM, "gather");
+    for (size_t t = 0; t < cv->n_slices && st == ZB_OK; t++) st = load_part(&g, t);
+    uint64_t have = 0;
+    for (size_t i = 0; i < g.n_parts; i++) have += g.parts[i].n;
+    if (st == ZB_OK && have != g.cells)
+        st = zb_err(ZB_E_CORRUPT, "dataset %zu: the scatter files hold %" PRIu64 " of its %" PRIu64
+                    " cells", d, have, g.cells);
+    cv_digest *dg = NULL;
+    zb_store *store = NULL;
+    zb_anndata_writer *w = NULL;
+    if (st == ZB_OK) st = cv_digest_open(cv->output, name, &dg, &store);
+    zb_anndata_write_opts o = ZB_ANNDATA_WRITE_OPTS_DEFAULT;
+    o.zarr_format = cv->zarr_format;
+    o.codec = cv->codec;
+    o.x_chunk = cv->x_chunk;
+    o.x_shard = cv->x_shard == UINT64_MAX ? 0 : cv->x_shard;
+    o.num_threads = num_threads;
+    if (st == ZB_OK)
+        st = zb_anndata_writer_open(store, name, cv->genes.n, ZB_ANNDATA_X_CSR, cv->mat_dtypes[0],
+                                    &o, &w);
+    if (st == ZB_OK) st = define_frame(&g, w);
+    if (st == ZB_OK) st = gather_rows(&g, w, cv->task_memory ? cv->task_memory : cv->memory_bytes);
+    if (st == ZB_OK) st = zb_anndata_writer_commit(w);
+    zb_anndata_writer_close(w);
+    uint64_t files = 0, bytes = 0, crc = 0;
+    if (st == ZB_OK) st = cv_digest_result(dg, &files, &bytes, &crc);
+    zb_store_close(store);
+    cv_digest_free(dg);
+    if (st == ZB_OK) st = write_done(&g, files, bytes, crc);
+    parts_free(&g);
+    free(g.arena);
+    free(g.who);
+    free(g.indptr);
+    free(g.indices);
+    free(g.values);
+    free(g.offsets);
+    free(g.text);
+    free(g.mask);
+    if (st != ZB_OK) return zb_err_context(st, "gather of %s", name);
+    return ZB_OK;
+}

@@ -1,0 +1,165 @@
+/* The conversion's limit on this machine (zb_convert_measure_limit): what reading the inputs
+ * alone and compressing the output's X alone cost, so a conversion's time can be set against
+ * the two things it cannot avoid doing. Reading is measured whole (every slice of the plan, on
+ * the same threads); compression on a sample of the cells held in memory, written by the same
+ * writer with the same codec, chunks and threads, and scaled to the whole matrix. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "convert/convert_int.h"
+#include "util/pool.h"
+#include "util/status.h"
+
+typedef struct read_job {
+    zb_convert *cv;
+    size_t t;
+    zb_status st;
+    char msg[512];
+} read_job;
+
+/* Reads slice t the way a scatter task does, and drops it. */
+static void
+read_slice(void *arg, zb_ctx *ctx)
+{
+    (void)ctx;
+    read_job *j = arg;
+    zb_convert *cv = j->cv;
+    const cv_slice *s = &cv->slices[j->t];
+    zb_csr_block b = {0};
+    zb_col_block c = {0};
+    zb_strings names = {0};
+    zb_src *src = NULL;
+    zb_status st = cv_source(cv, s->input, &src);
+    for (size_t m = 0; st == ZB_OK && m < cv->n_mats; m++) {
+        zb_src_matrix *mat;
+        st = cv_matrix(cv, s->input, m, &mat);
+        if (st == ZB_OK) st = zb_src_matrix_read(mat, s->start, s->stop, &b);
+    }
+    for (size_t k = 0; st == ZB_OK && k < cv->n_cols; k++)
+        st = zb_src_read_column(src, cv->cols[k].src_index[s->input], s->start, s->stop, &c);
+    if (st == ZB_OK) st = zb_src_read_obs_names(src, s->start, s->stop, &names);
+    zb_csr_block_free(&b);
+    zb_col_block_free(&c);
+    zb_strings_free(&names);
+    j->st = st;
+    if (st != ZB_OK) snprintf(j->msg, sizeof j->msg, "%s", zb_last_error());
+}
+
+static double
+now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static zb_status
+measure_read(zb_convert *cv, int threads, double *seconds)
+{
+    read_job *jobs = calloc(cv->n_slices, sizeof *jobs);
+    if (!jobs) return zb_err(ZB_E_NOMEM, "the limit");
+    zb_pool *pool = NULL;
+    zb_status st = zb_pool_new(threads > 1 ? threads : 0, &pool);
+    double t0 = now_s();
+    for (size_t t = 0; st == ZB_OK && t < cv->n_slices; t++) {
+        jobs[t] = (read_job){cv, t, ZB_OK, ""};
+        zb_pool_submit(pool, read_slice, &jobs[t]);
+    }
+    zb_pool_free(pool);
+    *seconds = now_s() - t0;
+    for (size_t t = 0; st == ZB_OK && t < cv->n_slices; t++)
+        if (jobs[t].st != ZB_OK) st = zb_err(jobs[t].st, "%s", jobs[t].msg);
+    free(jobs);
+    return st;
+}
+
+/* Cells of input 0's first slices held in memory (at most `budget` bytes of X), then written
+ * by the anndata writer; the time scales to all of X by bytes. */
+static zb_status
+measure_compress(zb_convert *cv, const char *dir, uint64_t budget, int threads, double *seconds,
+                 uint64_t *x_bytes)
+{
+    zb_src_matrix *m;
+    ZB_TRY(cv_matrix(cv, 0, 0, &m));
+    const zb_src_matrix_info *mi = zb_src_matrix_info_of(m);
+    size_t item = zb_dtype_size(mi->dtype);
+    *x_bytes = 0;
+    for (size_t k = 0; k < cv->n_inputs; k++)
+        *x_bytes += cv->inputs[k].mats[0].nnz * (zb_dtype_size(cv->mat_dtypes[0]) + 4);
+    uint64_t rows = 0;
+    int64_t ptr[2];
+    /* as many rows of input 0 as fit the budget */
+    while (rows < cv->inputs[0].n_obs) {
+        ZB_TRY(zb_src_matrix_indptr(m, rows, rows + 1, ptr));
+        if ((uint64_t)ptr[1] * (item + 4) > budget && rows) break;
+        rows++;
+    }
+    zb_csr_block b = {0};
+    ZB_TRY(zb_src_matrix_read(m, 0, rows, &b));
+    int32_t *idx = malloc((size_t)(b.nnz ? b.nnz : 1) * 4);
+    zb_status st = idx ? ZB_OK : zb_err(ZB_E_NOMEM, "the limit");
+    for (uint64_t e = 0; idx && e < b.nnz; e++) idx[e] = (int32_t)b.indices[e];
+    zb_store *store = NULL;
+    zb_anndata_writer *w = NULL;
+    zb_anndata_write_opts o = ZB_ANNDATA_WRITE_OPTS_DEFAULT;
+    o.zarr_format = cv->zarr_format;
+    o.codec = cv->codec;
+    o.x_chunk = cv->x_chunk;
+    o.x_shard = cv->x_shard == UINT64_MAX ? 0 : cv->x_shard;
+    o.num_threads = threads;
+    if (st == ZB_OK) st = cv_mkdirs(dir);
+    if (st == ZB_OK) st = zb_store_open_file(dir, &store);
+    double t0 = now_s();
+    if (st == ZB_OK)
+        st = zb_anndata_writer_open(store, "sample", mi->n_cols, ZB_ANNDATA_X_CSR, mi->dtype, &o, &w);
+    if (st == ZB_OK) st = zb_anndata_writer_append_csr(w, b.n_rows, b.indptr, idx, b.data);
+    if (st == ZB_OK) st = zb_anndata_writer_commit(w);
+    double t = now_s() - t0;
+    zb_anndata_writer_close(w);
+    zb_store_close(store);
+    uint64_t sample = b.nnz * (item + 4);
+    *seconds = sample ? t * (double)*x_bytes / (double)sample : 0;
+    free(idx);
+    zb_csr_block_free(&b);
+    return st;
+}
+
+zb_status
+zb_convert_measure_limit(const char *const *inputs, size_t n_inputs, const char *output,
+                         const zb_convert_opts *opts, zb_convert_limit *out)
+{
+    if (!out) return zb_err(ZB_E_INVALID, "zb_convert_measure_limit: null out");
+    memset(out, 0, sizeof *out);
+    if (!output) return zb_err(ZB_E_INVALID, "zb_convert_measure_limit: null output");
+    zb_convert_opts o = ZB_CONVERT_OPTS_DEFAULT;
+    if (opts) o = *opts;
+    o.progress = NULL;
+    bool made = !cv_exists(output);
+    char scratch[4200];
+    snprintf(scratch, sizeof scratch, "%s/.zbatch-limit", output);
+    ZB_TRY(cv_remove_tree(scratch));
+    zb_convert *cv = NULL;
+    zb_status st = zb_convert_plan(inputs, n_inputs, scratch, &o, &cv);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = o.num_threads > 0 ? o.num_threads : cpus > 0 ? (int)cpus : 1;
+    for (size_t k = 0; st == ZB_OK && k < cv->n_inputs; k++)
+        st = zb_convert_run_task(cv, ZB_CONVERT_PREPARE, k, 1);
+    if (st == ZB_OK) st = measure_read(cv, threads, &out->read_s);
+    char dir[4300];
+    snprintf(dir, sizeof dir, "%s/compress", scratch);
+    uint64_t budget = (o.memory_bytes ? o.memory_bytes : ZB_CONVERT_DEFAULT_MEMORY) / 4;
+    if (budget > ((uint64_t)512 << 20)) budget = (uint64_t)512 << 20;
+    if (st == ZB_OK)
+        st = measure_compress(cv, dir, budget, threads, &out->compress_s, &out->output_bytes);
+    if (st == ZB_OK) {
+        out->cells = cv->n_cells;
+        out->input_bytes = cv->input_bytes;
+    }
+    zb_convert_close(cv);
+    zb_status rm = made ? cv_remove_tree(output) : cv_remove_tree(scratch);
+    return st != ZB_OK ? st : rm;
+}

@@ -1,0 +1,411 @@
+/* The scatter phase (zbatch_convert.h): one task per slice of an input's rows. The task reads
+ * its cells (matrices, obs columns, names), gives each its output position, remaps genes and
+ * category codes to the output's tables, converts values to the output types, and writes the
+ * cells sorted by position as one scratch file with a section per output dataset (the format
+ * is described in convert_int.h). The file is the task's only output and appears by rename,
+ * so a killed task leaves nothing behind. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "convert/convert_int.h"
+#include "util/status.h"
+
+size_t
+cv_arrays(const zb_convert *cv, cv_array *out, size_t *col_start)
+{
+    size_t n = 0;
+    out[n++] = (cv_array){8, -1}; /* row in the dataset */
+    out[n++] = (cv_array){8, -1}; /* row in the input */
+    out[n++] = (cv_array){4, -1}; /* name lengths */
+    out[n++] = (cv_array){1, CV_A_NAME_LEN};
+    for (size_t j = 0; j < cv->n_mats; j++) {
+        int nnz = (int)n;
+        out[n++] = (cv_array){4, -1};
+        out[n++] = (cv_array){4, nnz};
+        out[n++] = (cv_array){zb_dtype_size(cv->mat_dtypes[j]), nnz};
+    }
+    for (size_t c = 0; c < cv->n_cols; c++) {
+        const cv_column *col = &cv->cols[c];
+        col_start[c] = n;
+        if (col->kind == ZB_COL_CATEGORICAL) {
+            out[n++] = (cv_array){4, -1};
+        } else if (col->dtype == ZB_DT_STRING) {
+            int lens = (int)n;
+            out[n++] = (cv_array){4, -1};
+            out[n++] = (cv_array){1, lens};
+        } else {
+            out[n++] = (cv_array){zb_dtype_size(col->dtype), -1};
+        }
+        if (col->kind == ZB_COL_NULLABLE) out[n++] = (cv_array){1, -1};
+    }
+    return n;
+}
+
+/* ---- sorting ------------------------------------------------------------------------------------ */
+
+static int
+cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sorts keys (gene << 32 | position) by gene: LSD radix on the gene's bytes, skipping bytes
+ * that are equal everywhere (two passes for the usual < 65,536 genes). */
+static void
+sort_by_gene(uint64_t *keys, uint64_t *tmp, size_t n)
+{
+    if (n < 32) { /* insertion sort: rows this short are common and cheap */
+        for (size_t i = 1; i < n; i++) {
+            uint64_t k = keys[i];
+            size_t j = i;
+            for (; j > 0 && (keys[j - 1] >> 32) > (k >> 32); j--) keys[j] = keys[j - 1];
+            keys[j] = k;
+        }
+        return;
+    }
+    uint64_t all_or = 0;
+    for (size_t i = 0; i < n; i++) all_or |= keys[i];
+    for (int shift = 32; shift < 64; shift += 8) {
+        if (!((all_or >> shift) & 0xff)) continue;
+        size_t count[257] = {0};
+        for (size_t i = 0; i < n; i++) count[((keys[i] >> shift) & 0xff) + 1]++;
+        for (int b = 0; b < 256; b++) count[b + 1] += count[b];
+        for (size_t i = 0; i < n; i++) tmp[count[(keys[i] >> shift) & 0xff]++] = keys[i];
+        memcpy(keys, tmp, n * sizeof *keys);
+    }
+}
+
+/* ---- the task's state --------------------------------------------------------------------------- */
+
+typedef struct scatter {
+    zb_convert *cv;
+    size_t t, n_arrays, col_start[CV_MAX_ARRAYS];
+    cv_array arrays[CV_MAX_ARRAYS];
+    cv_slice s;
+    uint64_t n;             /* cells */
+    zb_csr_block *mats;     /* [n_mats] as read */
+    zb_col_block *cols;     /* [n_cols] as read */
+    zb_strings names;
+    uint64_t *order;        /* [n]: (position << 24 | ...) sorted, then the input index */
+    uint64_t *pos;          /* [n]: the output position of each cell in sorted order */
+    uint64_t *section;      /* [n_datasets + 1]: first sorted cell of each dataset */
+    unsigned char *buf[CV_MAX_ARRAYS]; /* the arrays, all sections */
+    uint64_t count[CV_MAX_ARRAYS];     /* elements in each */
+    uint64_t *sec_elem;     /* [(n_datasets + 1) * n_arrays]: first element of each section */
+} scatter;
+
+static void
+scatter_free(scatter *sc)
+{
+    for (size_t j = 0; sc->mats && j < sc->cv->n_mats; j++) zb_csr_block_free(&sc->mats[j]);
+    for (size_t c = 0; sc->cols && c < sc->cv->n_cols; c++) zb_col_block_free(&sc->cols[c]);
+    free(sc->mats);
+    free(sc->cols);
+    zb_strings_free(&sc->names);
+    free(sc->order);
+    free(sc->pos);
+    free(sc->section);
+    for (size_t a = 0; a < sc->n_arrays; a++) free(sc->buf[a]);
+    free(sc->sec_elem);
+}
+
+static zb_status
+read_cells(scatter *sc)
+{
+    zb_convert *cv = sc->cv;
+    uint32_t k = sc->s.input;
+    zb_src *src;
+    ZB_TRY(cv_source(cv, k, &src));
+    for (size_t j = 0; j < cv->n_mats; j++) {
+        zb_src_matrix *m;
+        ZB_TRY(cv_matrix(cv, k, j, &m));
+        ZB_TRY(zb_src_matrix_read(m, sc->s.start, sc->s.stop, &sc->mats[j]));
+    }
+    for (size_t c = 0; c < cv->n_cols; c++)
+        ZB_TRY(zb_src_read_column(src, cv->cols[c].src_index[k], sc->s.start, sc->s.stop,
+                                  &sc->cols[c]));
+    return zb_src_read_obs_names(src, sc->s.start, sc->s.stop, &sc->names);
+}
+
+/* Output positions, the sorted order and where each dataset's section starts. */
+static zb_status
+sort_cells(scatter *sc)
+{
+    zb_convert *cv = sc->cv;
+    uint64_t base = cv->inputs[sc->s.input].base + sc->s.start;
+    sc->order = malloc((size_t)sc->n * 2 * sizeof *sc->order);
+    sc->pos = malloc((size_t)sc->n * sizeof *sc->pos);
+    sc->section = calloc((size_t)cv->n_datasets + 1, sizeof *sc->section);
+    if (!sc->order || !sc->pos || !sc->section) return zb_err(ZB_E_NOMEM, "a scatter task");
+    /* pairs (position, input index), sorted by position (positions are distinct) */
+    uint64_t *pairs = sc->order;
+    for (uint64_t i = 0; i < sc->n; i++) {
+        uint64_t d, r;
+        cv_position(cv, base + i, &d, &r);
+        pairs[2 * i] = d * cv->dataset_size + r;
+        pairs[2 * i + 1] = i;
+    }
+    qsort(pairs, (size_t)sc->n, 2 * sizeof *pairs, cmp_u64);
+    for (uint64_t q = 0; q < sc->n; q++) {
+        sc->pos[q] = pairs[2 * q];
+        sc->order[q] = pairs[2 * q + 1];
+    }
+    /* section boundaries: first sorted cell of each dataset */
+    uint64_t q = 0;
+    for (uint64_t d = 0; d <= cv->n_datasets; d++) {
+        while (q < sc->n && sc->pos[q] / cv->dataset_size < d) q++;
+        sc->section[d] = q;
+    }
+    return ZB_OK;
+}
+
+static zb_status
+alloc_array(scatter *sc, size_t a, uint64_t count)
+{
+    uint64_t bytes = count * sc->arrays[a].item;
+    sc->buf[a] = malloc(bytes ? (size_t)bytes : 1);
+    sc->count[a] = count;
+    return sc->buf[a] ? ZB_OK : zb_err(ZB_E_NOMEM, "a scatter task: %" PRIu64 " bytes", bytes);
+}
+
+/* The fixed part: rows, input rows, names. */
+static zb_status
+fill_fixed(scatter *sc)
+{
+    uint64_t n = sc->n;
+    const zb_strings *nm = &sc->names;
+    ZB_TRY(alloc_array(sc, CV_A_ROW, n));
+    ZB_TRY(alloc_array(sc, CV_A_SRC_ROW, n));
+    ZB_TRY(alloc_array(sc, CV_A_NAME_LEN, n));
+    ZB_TRY(alloc_array(sc, CV_A_NAME, nm->offsets[n] - nm->offsets[0]));
+    uint64_t *row = (uint64_t *)sc->buf[CV_A_ROW], *src = (uint64_t *)sc->buf[CV_A_SRC_ROW];
+    uint32_t *len = (uint32_t *)sc->buf[CV_A_NAME_LEN];
+    char *bytes = (char *)sc->buf[CV_A_NAME];
+    for (uint64_t q = 0; q < n; q++) {
+        uint64_t i = sc->order[q];
+        row[q] = sc->pos[q] % sc->cv->dataset_size;
+        src[q] = sc->s.start + i;
+        uint64_t l = nm->offsets[i + 1] - nm->offsets[i];
+        if (l > UINT32_MAX) return zb_err(ZB_E_INVALID, "an obs name of %" PRIu64 " bytes", l);
+        len[q] = (uint32_t)l;
+        memcpy(bytes, nm->data + nm->offsets[i], (size_t)l);
+        bytes += l;
+    }
+    return ZB_OK;
+}
+
+/* Matrix j: each cell's elements with genes remapped (dropped genes left out), in gene order
+ * when the map reorders them, values converted to the output dtype. */
+static zb_status
+fill_matrix(scatter *sc, size_t j)
+{
+    zb_convert *cv = sc->cv;
+    const zb_csr_block *b = &sc->mats[j];
+    const int32_t *map;
+    ZB_TRY(cv_gene_map(cv, sc->s.input, j, &map));
+    bool monotone = cv->inputs[sc->s.input].mats[j].monotone;
+    size_t a = cv_matrix_array(j);
+    size_t in_item = zb_dtype_size(b->dtype), out_item = sc->arrays[a + 2].item;
+    zb_dtype out_dtype = cv->mat_dtypes[j];
+    /* kept elements per cell, in sorted order */
+    ZB_TRY(alloc_array(sc, a, sc->n));
+    uint32_t *nnz = (uint32_t *)sc->buf[a];
+    uint64_t total = 0, longest = 0;
+    for (uint64_t q = 0; q < sc->n; q++) {
+        uint64_t i = sc->order[q], kept = 0;
+        for (int64_t e = b->indptr[i]; e < b->indptr[i + 1]; e++) kept += map[b->indices[e]] >= 0;
+        nnz[q] = (uint32_t)kept;
+        total += kept;
+        if (kept > longest) longest = kept;
+    }
+    ZB_TRY(alloc_array(sc, a + 1, total));
+    ZB_TRY(alloc_array(sc, a + 2, total));
+    uint64_t *keys = malloc((size_t)(2 * longest + 1) * sizeof *keys);
+    unsigned char *raw = malloc((size_t)(longest + 1) * in_item);
+    zb_status st = keys && raw ? ZB_OK : zb_err(ZB_E_NOMEM, "a scatter task's row buffers");
+    uint32_t *idx = (uint32_t *)sc->buf[a + 1];
+    unsigned char *data = sc->buf[a + 2];
+    const unsigned char *vals = b->data;
+    for (uint64_t q = 0; q < sc->n && st == ZB_OK; q++) {
+        uint64_t i = sc->order[q], m = 0;
+        for (int64_t e = b->indptr[i]; e < b->indptr[i + 1]; e++) {
+            int32_t g = map[b->indices[e]];
+            if (g >= 0) keys[m++] = (uint64_t)g << 32 | (uint64_t)(e - b->indptr[i]);
+        }
+        if (!monotone) sort_by_gene(keys, keys + longest, (size_t)m);
+        const unsigned char *row = vals + (size_t)b->indptr[i] * in_item;
+        for (uint64_t x = 0; x < m; x++) {
+            idx[x] = (uint32_t)(keys[x] >> 32);
+            memcpy(raw + x * in_item, row + (keys[x] & 0xffffffffu) * in_item, in_item);
+        }
+        cv_convert_values(data, out_dtype, raw, b->dtype, m);
+        idx += m;
+        data += m * out_item;
+    }
+    free(keys);
+    free(raw);
+    return st;
+}
+
+/* Column c: values converted and permuted, codes remapped, strings, masks. */
+static zb_status
+fill_column(scatter *sc, size_t c)
+{
+    zb_convert *cv = sc->cv;
+    const cv_column *col = &cv->cols[c];
+    const zb_col_block *b = &sc->cols[c];
+    size_t a = sc->col_start[c];
+    uint32_t k = sc->s.input;
+    if (col->kind == ZB_COL_CATEGORICAL) {
+        ZB_TRY(alloc_array(sc, a, sc->n));
+        int32_t *out = (int32_t *)sc->buf[a];
+        const int32_t *codes = b->values;
+        for (uint64_t q = 0; q < sc->n; q++) {
+            int32_t code = codes[sc->order[q]];
+            if (code >= 0 && (uint64_t)code >= col->n_src_codes[k])
+                return zb_err(ZB_E_CORRUPT, "%s: obs column '%s', row %" PRIu64 ": code %d of "
+                              "%" PRIu64 " categories", cv->inputs[k].path, col->name,
+                              sc->s.start + sc->order[q], code, col->n_src_codes[k]);
+            out[q] = code < 0 ? -1 : col->code_map[k][code];
+        }
+        return ZB_OK;
+    }
+    if (col->dtype == ZB_DT_STRING) {
+        const zb_strings *s = &b->strings;
+        ZB_TRY(alloc_array(sc, a, sc->n));
+        ZB_TRY(alloc_array(sc, a + 1, s->offsets[sc->n] - s->offsets[0]));
+        uint32_t *len = (uint32_t *)sc->buf[a];
+        char *bytes = (char *)sc->buf[a + 1];
+        for (uint64_t q = 0; q < sc->n; q++) {
+            uint64_t i = sc->order[q], l = s->offsets[i + 1] - s->offsets[i];
+            if (l > UINT32_MAX)
+                return zb_err(ZB_E_INVALID, "obs column '%s': a string of %" PRIu64 " bytes",
+                              col->name, l);
+            len[q] = (uint32_t)l;
+            memcpy(bytes, s->data + s->offsets[i], (size_t)l);
+            bytes += l;
+        }
+        a += 2;
+    } else {
+        zb_dtype from = sc->cv->srcs[k]->c.columns[col->src_index[k]].dtype;
+        size_t item = zb_dtype_size(col->dtype), in_item = zb_dtype_size(from);
+        ZB_TRY(alloc_array(sc, a, sc->n));
+        unsigned char *out = sc->buf[a];
+        for (uint64_t q = 0; q < sc->n; q++)
+            cv_convert_values(out + q * item, col->dtype,
+                              (const unsigned char *)b->values + sc->order[q] * in_item, from, 1);
+        a += 1;
+    }
+    if (col->kind == ZB_COL_NULLABLE) {
+        ZB_TRY(alloc_array(sc, a, sc->n));
+        for (uint64_t q = 0; q < sc->n; q++) sc->buf[a][q] = b->mask ? b->mask[sc->order[q]] : 0;
+    }
+    return ZB_OK;
+}
+
+/* Where each section starts in each array (elements). */
+static zb_status
+section_offsets(scatter *sc)
+{
+    uint64_t nd = sc->cv->n_datasets;
+    sc->sec_elem = calloc((size_t)(nd + 1) * sc->n_arrays, sizeof *sc->sec_elem);
+    if (!sc->sec_elem) return zb_err(ZB_E_NOMEM, "a scatter task");
+    for (size_t a = 0; a < sc->n_arrays; a++) {
+        const cv_array *ar = &sc->arrays[a];
+        const uint32_t *counts = ar->count >= 0 ? (const uint32_t *)sc->buf[ar->count] : NULL;
+        uint64_t elem = 0, q = 0;
+        for (uint64_t d = 0; d <= nd; d++) {
+            for (; q < sc->section[d]; q++) elem += counts ? counts[q] : 1;
+            sc->sec_elem[d * sc->n_arrays + a] = elem;
+        }
+    }
+    return ZB_OK;
+}
+
+static zb_status
+write_sections(scatter *sc)
+{
+    zb_convert *cv = sc->cv;
+    uint64_t nd = cv->n_datasets, na = sc->n_arrays;
+    size_t dir_len = (size_t)(nd * (1 + 2 * na)) * sizeof(uint64_t);
+    uint64_t *dir = malloc(dir_len);
+    const void **bufs = calloc(na + 2, sizeof *bufs);
+    size_t *lens = calloc(na + 2, sizeof *lens);
+    zb_status st = dir && bufs && lens ? ZB_OK : zb_err(ZB_E_NOMEM, "a scatter task");
+    cv_scatter_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, CV_SCATTER_MAGIC, 8);
+    h.version = 1;
+    h.n_arrays = (uint32_t)na;
+    h.n_datasets = nd;
+    h.input = sc->s.input;
+    h.n_cells = sc->n;
+    uint64_t *array_at = calloc(na ? na : 1, sizeof *array_at);
+    if (!array_at) st = zb_err(ZB_E_NOMEM, "a scatter task");
+    uint64_t at = sizeof h + dir_len;
+    for (size_t a = 0; st == ZB_OK && a < na; a++) {
+        array_at[a] = at;
+        at += sc->count[a] * sc->arrays[a].item;
+    }
+    for (uint64_t d = 0; st == ZB_OK && d < nd; d++) {
+        uint64_t *row = dir + d * (1 + 2 * na);
+        row[0] = sc->section[d + 1] - sc->section[d];
+        for (size_t a = 0; a < na; a++) {
+            uint64_t e0 = sc->sec_elem[d * na + a], e1 = sc->sec_elem[(d + 1) * na + a];
+            row[1 + 2 * a] = array_at[a] + e0 * sc->arrays[a].item;
+            row[2 + 2 * a] = (e1 - e0) * sc->arrays[a].item;
+        }
+    }
+    if (st == ZB_OK) {
+        bufs[0] = &h;
+        lens[0] = sizeof h;
+        bufs[1] = dir;
+        lens[1] = dir_len;
+        for (size_t a = 0; a < na; a++) {
+            bufs[2 + a] = sc->buf[a];
+            lens[2 + a] = (size_t)(sc->count[a] * sc->arrays[a].item);
+        }
+        char path[4200];
+        st = cv_path(cv, path, sizeof path, "scatter/t%zu.bin", sc->t);
+        if (st == ZB_OK) st = cv_write_file(path, bufs, lens, na + 2);
+    }
+    free(array_at);
+    free(dir);
+    free(bufs);
+    free(lens);
+    return st;
+}
+
+zb_status
+cv_scatter_task(zb_convert *cv, size_t t)
+{
+    char dir[4200];
+    ZB_TRY(cv_path(cv, dir, sizeof dir, "scatter"));
+    ZB_TRY(cv_mkdirs(dir));
+    scatter sc;
+    memset(&sc, 0, sizeof sc);
+    sc.cv = cv;
+    sc.t = t;
+    sc.s = cv->slices[t];
+    sc.n = sc.s.stop - sc.s.start;
+    sc.n_arrays = cv_arrays(cv, sc.arrays, sc.col_start);
+    sc.mats = calloc(cv->n_mats, sizeof *sc.mats);
+    sc.cols = calloc(cv->n_cols ? cv->n_cols : 1, sizeof *sc.cols);
+    zb_status st = sc.mats && sc.cols ? ZB_OK : zb_err(ZB_E_NOMEM, "a scatter task");
+    if (st == ZB_OK) st = read_cells(&sc);
+    if (st == ZB_OK) st = sort_cells(&sc);
+    if (st == ZB_OK) st = fill_fixed(&sc);
+    for (size_t j = 0; st == ZB_OK && j < cv->n_mats; j++) st = fill_matrix(&sc, j);
+    for (size_t c = 0; st == ZB_OK && c < cv->n_cols; c++) st = fill_column(&sc, c);
+    if (st == ZB_OK) st = section_offsets(&sc);
+    if (st == ZB_OK) st = write_sections(&sc);
+    scatter_free(&sc);
+    if (st != ZB_OK)
+        return zb_err_context(st, "scatter task %zu (%s, rows %" PRIu64 "-%" PRIu64 ")", t,
+                              cv->inputs[cv->slices[t].input].path, cv->slices[t].start,
+                              cv->slices[t].stop);
+    return ZB_OK;
+}
