@@ -286,6 +286,13 @@ void zb_ctx_reset_stats(zb_ctx *ctx);
  * + rename). The metadata document is written last, at commit, so a writer killed earlier leaves
  * either no array (a new one) or the array as it was at its last commit (an append).
  *
+ * Determinism: the bytes written depend only on the options and the rows, never on num_threads,
+ * on how the rows were split into append calls, or on the order in which compression threads
+ * finish. A chunk is encoded from its own rows (an edge chunk padded with the fill value), and
+ * a shard is assembled only when all its inner chunks are encoded, each placed by its index
+ * (inner chunk 0 first) with the index written in that order; nothing records a time, process
+ * or thread.
+ *
  * Codec strings (also the CLI's --codec): "none", "zstd[:LEVEL[:checksum]]", "lz4[:ACCEL]",
  * "gzip[:LEVEL]", "zlib[:LEVEL]", "blosc[:CNAME[:CLEVEL[:SHUFFLE]]]" with CNAME one of lz4
  * lz4hc blosclz zstd zlib snappy and SHUFFLE one of noshuffle shuffle bitshuffle

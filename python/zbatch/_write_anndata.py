@@ -6,7 +6,7 @@ matrix is streamed to the C writer in row blocks (no whole copy of X is made).
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -53,8 +53,13 @@ def _append_strings(fn, values, what: str) -> None:
         fn([])
 
 
-def _write_x_csr(w, X, dtype: np.dtype) -> None:
+def _write_csr(append, X, dtype: np.dtype) -> None:
+    """Calls append(indptr, indices, data) over row blocks of the CSR matrix ``X`` (once, with
+    no rows, when it has none: a layer is created by its first call)."""
     n = X.shape[0]
+    if n == 0:
+        append(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, dtype))
+        return
     indptr = np.asarray(X.indptr)
     nnz = int(indptr[-1] - indptr[0]) if n else 0
     per_row = max(1, nnz // max(n, 1)) * (dtype.itemsize + 4)
@@ -65,7 +70,7 @@ def _write_x_csr(w, X, dtype: np.dtype) -> None:
         a, b = int(ip[0]), int(ip[-1])
         idx = np.ascontiguousarray(X.indices[a:b], dtype=np.int32)
         data = np.ascontiguousarray(X.data[a:b], dtype=dtype)
-        w.append_csr(ip, idx, data)
+        append(ip, idx, data)
 
 
 def _write_x_dense(w, X, dtype: np.dtype) -> None:
@@ -75,56 +80,130 @@ def _write_x_dense(w, X, dtype: np.dtype) -> None:
         w.append_dense(np.ascontiguousarray(X[r0:r0 + rows], dtype=dtype))
 
 
+def _write_categorical(w, axis: str, name: str, col) -> None:
+    import pandas as pd  # only needed when dataframes are given
+
+    dt = col.dtype
+    cats = dt.categories
+    if isinstance(cats.dtype, np.dtype) and cats.dtype.kind in _NUMERIC_KINDS:
+        # numeric or bool categories (e.g. leiden cluster ids) keep their dtype
+        values = np.ascontiguousarray(cats.to_numpy(), dtype=_native(cats.dtype))
+        w.define_categorical_values(axis, name, values.dtype.str, values, bool(dt.ordered))
+    elif cats.dtype.kind in "OUT" or pd.api.types.is_string_dtype(cats.dtype):
+        w.define_categorical(axis, name, _as_strings(cats, f"{axis}/{name} categories"),
+                             bool(dt.ordered))
+    else:
+        raise TypeError(f"{axis}/{name}: categories of dtype {cats.dtype} are not supported "
+                        "(str, numeric and bool categories are)")
+    codes = np.ascontiguousarray(col.cat.codes.to_numpy())
+    w.append_codes(axis, name, codes.dtype.str, codes)
+
+
+def _is_masked_int_or_bool(dt) -> bool:
+    """pandas' nullable Int8..Int64, UInt8..UInt64 and boolean dtypes."""
+    import pandas as pd
+
+    return (isinstance(dt, pd.api.extensions.ExtensionDtype)
+            and not isinstance(dt, (pd.CategoricalDtype, pd.StringDtype))
+            and isinstance(getattr(dt, "numpy_dtype", None), np.dtype)
+            and dt.numpy_dtype.kind in "iub"
+            and (pd.api.types.is_integer_dtype(dt) or pd.api.types.is_bool_dtype(dt)))
+
+
+def _write_column(w, axis: str, name: str, col) -> None:
+    import pandas as pd  # only needed when dataframes are given
+
+    dt = col.dtype
+    if isinstance(dt, pd.CategoricalDtype):
+        _write_categorical(w, axis, name, col)
+    elif isinstance(dt, np.dtype) and dt.kind in _NUMERIC_KINDS:
+        values = np.ascontiguousarray(col.to_numpy(), dtype=_native(dt))
+        w.append_column(axis, name, values.dtype.str, values)
+    elif _is_masked_int_or_bool(dt):
+        # nullable-integer / nullable-boolean: a missing value is stored as 0 with its mask set
+        values = np.ascontiguousarray(col.to_numpy(dtype=_native(dt.numpy_dtype), na_value=0))
+        mask = np.ascontiguousarray(col.isna().to_numpy(), dtype=np.uint8)
+        w.append_nullable_column(axis, name, values.dtype.str, values, mask)
+    elif isinstance(dt, pd.StringDtype):
+        # nullable-string-array, as anndata writes pandas' string arrays (missing: "" + mask)
+        values = col.to_numpy(dtype=object, na_value="")
+        mask = np.ascontiguousarray(col.isna().to_numpy(), dtype=np.uint8)
+        n = len(values)
+        for i in range(0, max(n, 1), _STRING_BLOCK):
+            w.append_nullable_string_column(
+                axis, name, _as_strings(values[i:i + _STRING_BLOCK], f"{axis}/{name}"),
+                mask[i:i + _STRING_BLOCK])
+    elif dt == object or pd.api.types.is_string_dtype(dt):
+        values = col.to_numpy()
+        if col.isna().any():
+            raise TypeError(f"{axis}/{name}: missing values in a str column of dtype object "
+                            "are not supported (use the 'string' dtype or a categorical)")
+        _append_strings(lambda block: w.append_string_column(axis, name, block),
+                        values, f"{axis}/{name}")
+    else:
+        raise TypeError(f"{axis}/{name}: columns of dtype {dt} are not supported (numeric, "
+                        "bool, str, pandas' nullable Int*/UInt*/boolean/string and categorical "
+                        "are)")
+
+
 def _write_frame(w, axis: str, df, n: int) -> None:
     if df is None:
         return  # anndata's defaults: names "0", "1", ..., no columns
     if len(df) != n:
         what = "n_obs (X.shape[0])" if axis == "obs" else "n_vars (X.shape[1])"
         raise ValueError(f"{axis} has {len(df)} rows, {what} is {n}")
-    import pandas as pd
 
     _append_strings(lambda block: w.append_names(axis, block),
                     [str(v) for v in df.index], f"{axis}.index")
     for name in df.columns:
         if not isinstance(name, str):
             raise TypeError(f"{axis} column names must be str, not {name!r}")
-        col = df[name]
-        dt = col.dtype
-        if isinstance(dt, pd.CategoricalDtype):
-            cats = dt.categories
-            if cats.dtype.kind not in "OUT" and not pd.api.types.is_string_dtype(cats.dtype):
-                raise TypeError(f"{axis}/{name}: only str categories are supported "
-                                f"(categories have dtype {cats.dtype})")
-            w.define_categorical(axis, name, _as_strings(cats, f"{axis}/{name} categories"),
-                                 bool(dt.ordered))
-            codes = np.ascontiguousarray(col.cat.codes.to_numpy())
-            w.append_codes(axis, name, codes.dtype.str, codes)
-        elif isinstance(dt, np.dtype) and dt.kind in _NUMERIC_KINDS:
-            values = np.ascontiguousarray(col.to_numpy(), dtype=_native(dt))
-            w.append_column(axis, name, values.dtype.str, values)
-        elif dt == object or pd.api.types.is_string_dtype(dt):
-            values = col.to_numpy()
-            if col.isna().any():
-                raise TypeError(f"{axis}/{name}: missing values in a str column are not "
-                                "supported (use a categorical)")
-            _append_strings(lambda block: w.append_string_column(axis, name, block),
-                            values, f"{axis}/{name}")
-        else:
-            raise TypeError(f"{axis}/{name}: columns of dtype {dt} are not supported "
-                            "(numeric, bool, str and categorical are)")
+        _write_column(w, axis, name, df[name])
+
+
+def _as_csr(X: Any) -> Any:
+    """``X`` as a CSR matrix if it is any scipy.sparse matrix, else None."""
+    if _is_csr(X):
+        return X
+    try:
+        import scipy.sparse as sp
+    except ImportError:  # pragma: no cover - scipy is a dependency of anndata
+        return None
+    return X.tocsr() if sp.issparse(X) else None
+
+
+def _check_layers(layers: Optional[Mapping[str, Any]], shape: tuple) -> dict:
+    out = {}
+    for name, M in (layers or {}).items():
+        if not isinstance(name, str):
+            raise TypeError(f"layer names must be str, not {name!r}")
+        csr = _as_csr(M)
+        if csr is None:
+            raise TypeError(f"layers[{name!r}]: only scipy.sparse matrices are supported "
+                            f"(got {type(M).__name__}); they are written as CSR")
+        if tuple(csr.shape) != shape:
+            raise ValueError(f"layers[{name!r}] has shape {tuple(csr.shape)}, X has {shape}")
+        dtype = np.dtype(csr.dtype)
+        if dtype.kind not in _NUMERIC_KINDS:
+            raise TypeError(f"layers[{name!r}] has dtype {dtype}; a numeric or bool dtype is "
+                            "needed")
+        out[name] = (csr, _native(dtype))
+    return out
 
 
 def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = None,
                   var: Optional[Any] = None, zarr_format: int = 3, codec: Optional[str] = None,
                   chunk_size: Optional[int] = None, shard_size: Optional[int] = None,
-                  num_threads: int = 1) -> None:
-    """Writes ``X`` (with ``obs`` and ``var``) as an AnnData Zarr store at ``store``.
+                  num_threads: int = 1, layers: Optional[Mapping[str, Any]] = None,
+                  narrow_indices: bool = False) -> None:
+    """Writes ``X`` (with ``obs``, ``var`` and ``layers``) as an AnnData Zarr store at ``store``.
 
     The layout is the one ``anndata.write_zarr`` 0.12 produces (``anndata.read_zarr`` opens
     it): CSR ``X`` as ``data``/``indices`` (int32)/``indptr`` (int64), dense ``X`` as one
-    array, ``obs``/``var`` dataframes, empty ``layers``/``obsm``/``obsp``/``varm``/``varp``/
-    ``uns``, and consolidated metadata. The store is marked incomplete until the last write, so
-    a crash never leaves a store that looks whole.
+    array, ``obs``/``var`` dataframes, CSR ``layers``, empty ``obsm``/``obsp``/``varm``/
+    ``varp``/``uns``, and consolidated metadata. The store is marked incomplete until the last
+    write, so a crash never leaves a store that looks whole. The same inputs always give the
+    same bytes, whatever ``num_threads`` is.
 
     Parameters
     ----------
@@ -134,22 +213,36 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
         A ``scipy.sparse`` CSR matrix/array or a 2-D numpy array (any numeric dtype). It is
         streamed to the writer in row blocks; other sparse formats are converted to CSR first.
     obs, var
-        ``pandas.DataFrame`` with ``X.shape[0]`` / ``X.shape[1]`` rows: a str index, and
-        numeric, bool, str and categorical (str categories) columns. ``None`` gives anndata's
-        defaults (names ``"0"``, ``"1"``, ..., no columns).
+        ``pandas.DataFrame`` with ``X.shape[0]`` / ``X.shape[1]`` rows and a str index.
+        Columns may be numeric, bool or str (object dtype, no missing values); categorical,
+        with str, integer, float or bool categories (stored with their dtype, so integer
+        cluster ids come back as integers); or one of pandas' nullable dtypes ``Int8`` ..
+        ``Int64``, ``UInt8`` .. ``UInt64``, ``boolean`` and ``string``, which may hold
+        ``pd.NA`` and are written as anndata writes them (``nullable-integer``,
+        ``nullable-boolean``, ``nullable-string-array``: values plus a mask). ``None`` gives
+        anndata's defaults (names ``"0"``, ``"1"``, ..., no columns).
     zarr_format
         3 (default) or 2.
     codec
         Codec string of every array, e.g. ``"blosc:lz4:5:shuffle"`` (the default), ``"zstd:3"``,
         ``"none"``.
     chunk_size
-        CSR: elements per chunk of ``X/data`` and ``X/indices`` (default 4096); dense: rows per
-        chunk of ``X`` (default about 1 MiB of rows).
+        CSR: elements per chunk of ``X/data`` and ``X/indices`` and of each layer's (default
+        4096, or the largest nnz when smaller); dense: rows per chunk of ``X`` (default about
+        1 MiB of rows).
     shard_size
         Zarr v3 only: elements (CSR) or rows (dense) per shard of X, a multiple of
         ``chunk_size``. ``None``: not sharded.
     num_threads
-        Compression threads per X array.
+        Compression threads per X or layer array.
+    layers
+        ``{name: matrix}``: ``scipy.sparse`` matrices of ``X``'s shape (any numeric dtype),
+        written as CSR under ``layers/NAME`` (other sparse formats are converted first).
+    narrow_indices
+        Store the column ids of ``X`` and of the layers in the smallest unsigned type that holds
+        ``n_vars`` (``uint8`` up to 255 columns, ``uint16`` up to 65,535, else ``uint32``), as
+        anndata does with its ``write_csr_csc_indices_with_min_possible_dtype`` setting.
+        Default ``False``: ``int32``.
 
     Raises
     ------
@@ -163,20 +256,18 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
     -------
     >>> import numpy as np, pandas as pd, scipy.sparse as sp
     >>> X = sp.random(100, 50, density=0.1, format="csr", dtype=np.float32)
-    >>> obs = pd.DataFrame({"cell_type": pd.Categorical(["T", "B"] * 50)},
+    >>> obs = pd.DataFrame({"cell_type": pd.Categorical(["T", "B"] * 50),
+    ...                     "leiden": pd.Categorical(np.arange(100) % 7),
+    ...                     "n_umi": pd.array([None] + list(range(99)), dtype="Int64")},
     ...                    index=[f"cell_{i}" for i in range(100)])
-    >>> write_anndata("cells.zarr", X, obs=obs, codec="blosc:lz4:5:shuffle")
+    >>> write_anndata("cells.zarr", X, obs=obs, layers={"counts": X.copy()},
+    ...               codec="blosc:lz4:5:shuffle", narrow_indices=True)
     """
-    csr = _is_csr(X)
-    if not csr:
-        try:
-            import scipy.sparse as sp
-            if sp.issparse(X):
-                X = X.tocsr()
-                csr = True
-        except ImportError:  # pragma: no cover - scipy is a dependency of anndata
-            pass
-    if not csr:
+    csr_x = _as_csr(X)
+    csr = csr_x is not None
+    if csr:
+        X = csr_x
+    else:
         X = np.asarray(X)
         if X.ndim != 2:
             raise ValueError(f"X must be 2-D, not {X.ndim}-D")
@@ -185,13 +276,15 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
         raise TypeError(f"X has dtype {dtype}; a numeric or bool dtype is needed")
     dtype = _native(dtype)
     n_obs, n_vars = (int(X.shape[0]), int(X.shape[1]))
+    checked_layers = _check_layers(layers, (n_obs, n_vars))
 
     x_chunk = int(chunk_size or 0)
     if not x_chunk and not shard_size:
         # the C defaults (ZB_ANNDATA_DEFAULT_X_CHUNK elements; about 1 MiB of rows), but no
-        # chunk longer than X
+        # chunk longer than the largest of X and the layers
         if csr:
-            nnz = int(X.indptr[-1]) if n_obs else 1
+            nnz = max([int(X.indptr[-1]) if n_obs else 1] +
+                      [int(M.indptr[-1]) for M, _ in checked_layers.values() if n_obs])
             x_chunk = min(_zbatch.ANNDATA_DEFAULT_X_CHUNK, max(1, nnz))
         else:
             x_chunk = min(max(1, (1 << 20) // max(1, n_vars * dtype.itemsize)), max(1, n_obs))
@@ -202,12 +295,16 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
                               zarr_format=int(zarr_format), codec=codec,
                               x_chunk=x_chunk, x_shard=int(shard_size or 0),
                               column_chunk=min(_COLUMN_CHUNK, max(1, n_obs)),
-                              num_threads=int(num_threads))
+                              num_threads=int(num_threads),
+                              narrow_indices=bool(narrow_indices))
     try:
         if csr:
-            _write_x_csr(w, X, dtype)
+            _write_csr(w.append_csr, X, dtype)
         else:
             _write_x_dense(w, X, dtype)
+        for name, (M, mdtype) in checked_layers.items():
+            _write_csr(lambda ip, idx, data, name=name, mdtype=mdtype:
+                       w.append_layer_csr(name, mdtype.str, ip, idx, data), M, mdtype)
         _write_frame(w, "obs", obs, n_obs)
         _write_frame(w, "var", var, n_vars)
         w.commit()

@@ -151,19 +151,22 @@ writer_dealloc(AnndataWriter *self)
 }
 
 /* AnndataWriter(store_path, n_vars, x_kind, x_dtype, zarr_format=3, codec=None, x_chunk=0,
- *               x_shard=0, column_chunk=0, num_threads=1, consolidate=True, path="") */
+ *               x_shard=0, column_chunk=0, num_threads=1, consolidate=True, path="",
+ *               narrow_indices=False) */
 static int
 writer_init(AnndataWriter *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"store_path",  "n_vars",  "x_kind",  "x_dtype",      "zarr_format",
-                             "codec",       "x_chunk", "x_shard", "column_chunk", "num_threads",
-                             "consolidate", "path",    NULL};
+    static char *kwlist[] = {"store_path",     "n_vars",      "x_kind",      "x_dtype",
+                             "zarr_format",    "codec",       "x_chunk",     "x_shard",
+                             "column_chunk",   "num_threads", "consolidate", "path",
+                             "narrow_indices", NULL};
     const char *store_path, *x_kind, *x_dtype, *codec = NULL, *path = "";
     unsigned long long n_vars, x_chunk = 0, x_shard = 0, column_chunk = 0;
-    int zarr_format = 3, num_threads = 1, consolidate = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sKss|izKKKips", kwlist, &store_path, &n_vars,
+    int zarr_format = 3, num_threads = 1, consolidate = 1, narrow_indices = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sKss|izKKKipsp", kwlist, &store_path, &n_vars,
                                      &x_kind, &x_dtype, &zarr_format, &codec, &x_chunk, &x_shard,
-                                     &column_chunk, &num_threads, &consolidate, &path))
+                                     &column_chunk, &num_threads, &consolidate, &path,
+                                     &narrow_indices))
         return -1;
     if (self->w) {
         PyErr_SetString(PyExc_RuntimeError, "AnndataWriter is already open");
@@ -188,6 +191,7 @@ writer_init(AnndataWriter *self, PyObject *args, PyObject *kwds)
     o.column_chunk = column_chunk;
     o.num_threads = num_threads;
     o.consolidate = consolidate != 0;
+    o.narrow_indices = narrow_indices != 0;
     zb_store *store = NULL;
     zb_anndata_writer *w = NULL;
     zb_status st;
@@ -206,12 +210,12 @@ writer_init(AnndataWriter *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-/* append_csr(indptr: int64 buffer [nrows+1], indices: int32 buffer [k], data: buffer [k]) */
+/* A CSR block for X (layer NULL) or a layer: indptr int64 [nrows+1], indices int32 [k],
+ * data [k] of `dt`. */
 static PyObject *
-writer_append_csr(AnndataWriter *self, PyObject *args)
+csr_call(AnndataWriter *self, const char *layer, zb_dtype dt, PyObject *o_indptr,
+         PyObject *o_indices, PyObject *o_data)
 {
-    PyObject *o_indptr, *o_indices, *o_data;
-    if (!PyArg_ParseTuple(args, "OOO", &o_indptr, &o_indices, &o_data)) return NULL;
     if (claim(self) != 0) return NULL;
     Py_buffer ip = {0}, ix = {0}, dv = {0};
     PyObject *result = NULL;
@@ -225,7 +229,7 @@ writer_append_csr(AnndataWriter *self, PyObject *args)
     uint64_t nrows = (uint64_t)ip.len / sizeof(int64_t) - 1;
     const int64_t *indptr = ip.buf;
     int64_t k = indptr[nrows] - indptr[0];
-    size_t itemsize = zb_dtype_size(self->x_dtype);
+    size_t itemsize = zb_dtype_size(dt);
     if (k < 0 || (uint64_t)ix.len != (uint64_t)k * sizeof(int32_t) ||
         (uint64_t)dv.len != (uint64_t)k * itemsize) {
         PyErr_Format(PyExc_ValueError,
@@ -235,8 +239,9 @@ writer_append_csr(AnndataWriter *self, PyObject *args)
         goto done;
     }
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st =
-        zb_anndata_writer_append_csr(self->w, nrows, indptr, ix.buf, dv.buf);
+    Py_BEGIN_ALLOW_THREADS if (layer) st =
+        zb_anndata_writer_append_layer_csr(self->w, layer, dt, nrows, indptr, ix.buf, dv.buf);
+    else st = zb_anndata_writer_append_csr(self->w, nrows, indptr, ix.buf, dv.buf);
     Py_END_ALLOW_THREADS if (st != ZB_OK)
     {
         zbpy_raise(st, NULL);
@@ -249,6 +254,28 @@ done:
     if (dv.obj) PyBuffer_Release(&dv);
     self->busy = 0;
     return result;
+}
+
+/* append_csr(indptr: int64 buffer [nrows+1], indices: int32 buffer [k], data: buffer [k]) */
+static PyObject *
+writer_append_csr(AnndataWriter *self, PyObject *args)
+{
+    PyObject *o_indptr, *o_indices, *o_data;
+    if (!PyArg_ParseTuple(args, "OOO", &o_indptr, &o_indices, &o_data)) return NULL;
+    return csr_call(self, NULL, self->x_dtype, o_indptr, o_indices, o_data);
+}
+
+/* append_layer_csr(name, typestr, indptr, indices, data): rows of layers/NAME. */
+static PyObject *
+writer_append_layer_csr(AnndataWriter *self, PyObject *args)
+{
+    const char *name, *typestr;
+    PyObject *o_indptr, *o_indices, *o_data;
+    if (!PyArg_ParseTuple(args, "ssOOO", &name, &typestr, &o_indptr, &o_indices, &o_data))
+        return NULL;
+    zb_dtype dt;
+    if (parse_dtype(typestr, &dt) != 0) return NULL;
+    return csr_call(self, name, dt, o_indptr, o_indices, o_data);
 }
 
 /* append_dense(rows: buffer of nrows * n_vars elements of X's dtype) */
@@ -379,6 +406,119 @@ done:
     return result;
 }
 
+/* The mask argument of the nullable calls: None (nothing missing) or a buffer of bytes. */
+static int
+get_mask(PyObject *obj, Py_buffer *view)
+{
+    if (obj == Py_None) return 0;
+    return get_buffer(obj, view, "mask");
+}
+
+/* append_nullable_column(axis, name, typestr, values: buffer, mask: buffer of bytes or None) */
+static PyObject *
+writer_append_nullable_column(AnndataWriter *self, PyObject *args)
+{
+    const char *axis_s, *name, *typestr;
+    PyObject *obj, *o_mask;
+    if (!PyArg_ParseTuple(args, "sssOO", &axis_s, &name, &typestr, &obj, &o_mask)) return NULL;
+    zb_anndata_axis axis;
+    zb_dtype dt;
+    if (parse_axis(axis_s, &axis) != 0 || parse_dtype(typestr, &dt) != 0) return NULL;
+    if (claim(self) != 0) return NULL;
+    Py_buffer v = {0}, m = {0};
+    PyObject *result = NULL;
+    if (get_buffer(obj, &v, "values") != 0 || get_mask(o_mask, &m) != 0) goto done;
+    size_t itemsize = zb_dtype_size(dt);
+    if ((size_t)v.len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of '%s' values", name,
+                     v.len, typestr);
+        goto done;
+    }
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS st = zb_anndata_writer_append_nullable_column(
+        self->w, axis, name, dt, v.buf, (uint64_t)v.len / itemsize, m.obj ? m.buf : NULL,
+        (uint64_t)m.len);
+    Py_END_ALLOW_THREADS if (st != ZB_OK)
+    {
+        zbpy_raise(st, NULL);
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    if (v.obj) PyBuffer_Release(&v);
+    if (m.obj) PyBuffer_Release(&m);
+    self->busy = 0;
+    return result;
+}
+
+/* append_nullable_string_column(axis, name, values: sequence of str, mask: bytes buffer or
+ * None); a missing value's str is ignored (the Python layer passes "") */
+static PyObject *
+writer_append_nullable_string_column(AnndataWriter *self, PyObject *args)
+{
+    const char *axis_s, *name;
+    PyObject *seq, *o_mask;
+    if (!PyArg_ParseTuple(args, "ssOO", &axis_s, &name, &seq, &o_mask)) return NULL;
+    zb_anndata_axis axis;
+    if (parse_axis(axis_s, &axis) != 0) return NULL;
+    if (claim(self) != 0) return NULL;
+    Py_buffer m = {0};
+    packed p = {0};
+    PyObject *result = NULL;
+    if (get_mask(o_mask, &m) != 0) goto done;
+    if (pack_strings(seq, &p, name) != 0) goto done;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS st = zb_anndata_writer_append_nullable_string_column(
+        self->w, axis, name, p.data, p.offsets, p.n, m.obj ? m.buf : NULL, (uint64_t)m.len);
+    Py_END_ALLOW_THREADS if (st != ZB_OK)
+    {
+        zbpy_raise(st, NULL);
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    packed_free(&p);
+    if (m.obj) PyBuffer_Release(&m);
+    self->busy = 0;
+    return result;
+}
+
+/* define_categorical_values(axis, name, typestr, categories: buffer, ordered=False) */
+static PyObject *
+writer_define_categorical_values(AnndataWriter *self, PyObject *args)
+{
+    const char *axis_s, *name, *typestr;
+    PyObject *obj;
+    int ordered = 0;
+    if (!PyArg_ParseTuple(args, "sssO|p", &axis_s, &name, &typestr, &obj, &ordered)) return NULL;
+    zb_anndata_axis axis;
+    zb_dtype dt;
+    if (parse_axis(axis_s, &axis) != 0 || parse_dtype(typestr, &dt) != 0) return NULL;
+    if (claim(self) != 0) return NULL;
+    Py_buffer v = {0};
+    PyObject *result = NULL;
+    if (get_buffer(obj, &v, "categories") != 0) goto done;
+    size_t itemsize = zb_dtype_size(dt);
+    if ((size_t)v.len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of '%s' values", name,
+                     v.len, typestr);
+        goto done;
+    }
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS st = zb_anndata_writer_define_categorical_values(
+        self->w, axis, name, dt, v.buf, (uint64_t)v.len / itemsize, ordered != 0);
+    Py_END_ALLOW_THREADS if (st != ZB_OK)
+    {
+        zbpy_raise(st, NULL);
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    if (v.obj) PyBuffer_Release(&v);
+    self->busy = 0;
+    return result;
+}
+
 /* append_column(axis, name, typestr, values: buffer) */
 static PyObject *
 writer_append_column(AnndataWriter *self, PyObject *args)
@@ -446,6 +586,19 @@ static PyMethodDef writer_methods[] = {
      "define_categorical(axis, name, categories, ordered=False)."},
     {"append_codes", (PyCFunction)writer_append_codes, METH_VARARGS,
      "append_codes(axis, name, typestr, codes): codes of a categorical column (-1 = missing)."},
+    {"define_categorical_values", (PyCFunction)writer_define_categorical_values, METH_VARARGS,
+     "define_categorical_values(axis, name, typestr, categories, ordered=False): a categorical "
+     "column with numeric or bool categories."},
+    {"append_nullable_column", (PyCFunction)writer_append_nullable_column, METH_VARARGS,
+     "append_nullable_column(axis, name, typestr, values, mask): a nullable integer or bool "
+     "column; mask bytes 1 = missing (None: nothing missing)."},
+    {"append_nullable_string_column", (PyCFunction)writer_append_nullable_string_column,
+     METH_VARARGS,
+     "append_nullable_string_column(axis, name, values, mask): a nullable str column "
+     "(nullable-string-array)."},
+    {"append_layer_csr", (PyCFunction)writer_append_layer_csr, METH_VARARGS,
+     "append_layer_csr(name, typestr, indptr, indices, data): rows of the CSR layer "
+     "layers/NAME (int64 indptr slice, int32 ids)."},
     {"commit", (PyCFunction)writer_commit, METH_NOARGS,
      "commit(): write groups and the root, then erase the incomplete marker."},
     {"close", (PyCFunction)writer_close, METH_NOARGS,

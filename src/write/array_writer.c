@@ -1124,9 +1124,9 @@ zb_array_writer_append(zb_array_writer *w, const void *rows, uint64_t nrows)
 }
 
 /* Strict UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF), so every reader decodes
- * what is written. Returns the offset of the first bad byte, or len. */
-static size_t
-utf8_check(const uint8_t *s, size_t len)
+ * what is written (write.h). */
+size_t
+zb_write_utf8_check(const uint8_t *s, size_t len)
 {
     size_t i = 0;
     while (i < len) {
@@ -1182,7 +1182,7 @@ zb_array_writer_append_strings(zb_array_writer *w, const char *data, const uint6
                           "%s: append_strings: string %llu has %llu bytes "
                           "(vlen-utf8 allows 2^32-1)",
                           w->path, (unsigned long long)i, (unsigned long long)len);
-        size_t bad = utf8_check((const uint8_t *)data + offsets[i], (size_t)len);
+        size_t bad = zb_write_utf8_check((const uint8_t *)data + offsets[i], (size_t)len);
         if (bad != len)
             return zb_err(ZB_E_INVALID,
                           "%s: append_strings: string %llu is not valid UTF-8 "

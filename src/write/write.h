@@ -27,6 +27,10 @@ zb_status zb_write_json(zb_store *store, const char *key, json_object *doc);
  * not fit in cap. */
 zb_status zb_write_join_key(char *buf, size_t cap, const char *path, const char *name);
 
+/* The offset of the first byte of s[0..len) that is not strict UTF-8 (overlongs, surrogates
+ * and code points above U+10FFFF refused, as every reader decodes what is written), or len. */
+size_t zb_write_utf8_check(const uint8_t *s, size_t len);
+
 /* json-c constructors report allocation failure by returning NULL (and object_add by -1); these
  * record the first failure in *ok, so a document is built first and checked once. */
 json_object *zb_jw_add(json_object *obj, const char *key, json_object *val, int *ok);

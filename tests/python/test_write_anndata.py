@@ -1,8 +1,9 @@
 """zbatch's anndata writer against anndata 0.12 as the oracle.
 
 Stores written by ``write_anndata`` (v2 and v3, CSR and dense, several codecs, sharded) must open
-in ``anndata.read_zarr`` with X, obs (categoricals included), var and the names equal to the
-source objects; the incomplete marker must be gone after a write and present after a write that
+in ``anndata.read_zarr`` with X, layers, obs (categoricals with str and numeric categories,
+pandas' nullable dtypes with NA included), var and the names equal to the source objects; the
+same inputs must give byte-identical stores whatever the thread count; the incomplete marker must be gone after a write and present after a write that
 was not committed. ``zbatch synth --kind cells`` must be reproducible by seed and look like
 Tahoe-100M (FORMATS.md §7.3).
 """
@@ -263,12 +264,18 @@ def test_refuses_bad_inputs(tmp_path):
     X = make_csr(10, 5)
     with pytest.raises(ValueError, match="obs has 9 rows"):
         write_anndata(tmp_path / "a", X, obs=make_obs(9))
-    with pytest.raises(TypeError, match="only str categories"):
+    with pytest.raises(TypeError, match="is not a str"):
         write_anndata(tmp_path / "b", X,
-                      obs=pd.DataFrame({"c": pd.Categorical(np.arange(10) % 3)}))
+                      obs=pd.DataFrame({"c": pd.Categorical([1, "a"] * 5)}))
     with pytest.raises(TypeError, match="not supported"):
         write_anndata(tmp_path / "c", X,
-                      obs=pd.DataFrame({"c": pd.array(np.arange(10), dtype="Int64")}))
+                      obs=pd.DataFrame({"c": pd.array(np.arange(10.0), dtype="Float64")}))
+    with pytest.raises(TypeError, match="missing values in a str column"):
+        write_anndata(tmp_path / "c2", X, obs=pd.DataFrame({"c": ["a", None] * 5}))
+    with pytest.raises(TypeError, match="only scipy.sparse"):
+        write_anndata(tmp_path / "c3", X, layers={"dense": X.toarray()})
+    with pytest.raises(ValueError, match=r"layers\['l'\] has shape \(10, 4\)"):
+        write_anndata(tmp_path / "c4", X, layers={"l": make_csr(10, 4)})
     with expect_error("ZB_E_INVALID", "codec"):
         write_anndata(tmp_path / "d", X, codec="brotli")
     with expect_error("ZB_E_INVALID", "multiple"):
@@ -453,3 +460,311 @@ def test_default_csr_chunk_is_the_library_constant(tmp_path):
     assert r.returncode == 0, r.stderr
     g = zarr.open_group(str(s), mode="r")
     assert g["X/data"].chunks == (4096,) and g["X/data"].shards == (4096 * 1024,)
+
+
+# ------------------------------------------------------------------------------------------------
+# Nullable columns, numeric categories, layers, narrow indices, determinism
+# ------------------------------------------------------------------------------------------------
+LAYOUTS = [(2, None), (3, None), (3, 64)]  # (zarr_format, shard_size with chunk_size 16)
+
+NULLABLE_INTS = ["Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UInt64"]
+
+
+def with_na(values, n, dtype):
+    """A pandas extension array of `dtype` with NA at the first, a middle and the last row."""
+    vals = list(values)
+    for i in (0, n // 2, n - 1):
+        vals[i] = pd.NA
+    return pd.array(vals, dtype=dtype)
+
+
+def make_nullable_obs(n, seed=7):
+    rng = np.random.default_rng(seed)
+    cols = {}
+    for dt in NULLABLE_INTS:
+        info_ = np.iinfo(dt.lower())
+        vals = rng.integers(max(info_.min, -1000), min(info_.max, 1000), n).tolist()
+        vals[1] = int(info_.max)  # the type's extremes survive
+        vals[2] = int(info_.min)
+        cols[f"n_{dt}"] = with_na(vals, n, dt)
+    cols["flag"] = with_na((rng.random(n) < 0.5).tolist(), n, "boolean")
+    cols["label"] = with_na([f"s{i}-é" for i in range(n)], n, "string")
+    cols["full"] = pd.array(rng.integers(0, 9, n), dtype="Int64")  # nullable, no NA
+    return pd.DataFrame(cols, index=[f"c{i}" for i in range(n)])
+
+
+def make_numeric_cat_obs(n, seed=8):
+    rng = np.random.default_rng(seed)
+    def cat(cats, ordered=False):
+        codes = rng.integers(-1, len(cats), n)
+        codes[0] = -1
+        return pd.Categorical.from_codes(codes, categories=pd.Index(cats), ordered=ordered)
+    return pd.DataFrame({
+        "leiden": cat(np.array([0, 3, 1, 12, 7], dtype=np.int64)),   # cluster ids as ints
+        "i32": cat(np.array([-5, 2**30, 9], dtype=np.int32)),
+        "u8": cat(np.array([255, 0, 1], dtype=np.uint8), ordered=True),
+        "f64": cat(np.array([0.5, -1e300, np.inf, 2.25])),
+        "f32": cat(np.array([1.5, -0.25], dtype=np.float32)),
+        "b": cat(np.array([True, False])),
+    }, index=[f"c{i}" for i in range(n)])
+
+
+def write_store(path, X, fmt, shard, **kw):
+    chunk = 16 if shard else None
+    write_anndata(path, X, zarr_format=fmt, chunk_size=chunk, shard_size=shard, **kw)
+
+
+@pytest.mark.parametrize("fmt,shard", LAYOUTS)
+def test_nullable_columns_roundtrip(tmp_path, fmt, shard):
+    n = 61
+    X = make_csr(n, 9)
+    obs = make_nullable_obs(n)
+    var = pd.DataFrame({"hv": with_na([True] * 9, 9, "boolean"),
+                        "n": with_na(list(range(9)), 9, "Int32")},
+                       index=[f"g{j}" for j in range(9)])
+    p = tmp_path / "n.zarr"
+    write_store(p, X, fmt, shard, obs=obs, var=var, num_threads=2)
+    a = ad.read_zarr(p)
+    for df, want in ((a.obs, obs), (a.var, var)):
+        assert list(df.columns) == list(want.columns)
+        for name in want.columns:
+            assert df[name].dtype == want[name].dtype, (name, df[name].dtype)
+            # NA where NA was written (first, middle, last row), the values elsewhere
+            np.testing.assert_array_equal(df[name].isna().to_numpy(), want[name].isna().to_numpy())
+            pd.testing.assert_series_equal(df[name], want[name], check_names=False)
+    enc = "zarr.json" if fmt == 3 else ".zattrs"
+    def attrs(rel):
+        doc = json.loads((p / rel / enc).read_text())
+        return doc["attributes"] if fmt == 3 else doc
+    assert attrs("obs/n_Int16") == {"encoding-type": "nullable-integer",
+                                    "encoding-version": "0.1.0"}
+    assert attrs("obs/flag")["encoding-type"] == "nullable-boolean"
+    assert attrs("obs/label")["encoding-type"] == "nullable-string-array"
+    # a missing value is stored as anndata stores it: 0, False, ""
+    assert read(p, "obs/n_UInt64/values").dtype == np.uint64
+    assert read(p, "obs/n_Int8/values")[0] == 0
+    assert not read(p, "obs/flag/values")[n - 1]
+    assert read(p, "obs/label/values")[n // 2] == ""
+    np.testing.assert_array_equal(read(p, "obs/label/mask"), obs["label"].isna().to_numpy())
+
+
+@pytest.mark.parametrize("fmt,shard", LAYOUTS)
+def test_numeric_categories_roundtrip(tmp_path, fmt, shard):
+    n = 50
+    obs = make_numeric_cat_obs(n)
+    var = pd.DataFrame({"k": pd.Categorical([3, 1, 3, 2, 1, 1, 2, 3, 3])},
+                       index=[f"g{j}" for j in range(9)])
+    p = tmp_path / "c.zarr"
+    write_store(p, make_csr(n, 9), fmt, shard, obs=obs, var=var)
+    a = ad.read_zarr(p)
+    for df, want in ((a.obs, obs), (a.var, var)):
+        for name in want.columns:
+            g, w = df[name], want[name]
+            assert isinstance(g.dtype, pd.CategoricalDtype), name
+            assert g.cat.categories.dtype == w.cat.categories.dtype, \
+                (name, g.cat.categories.dtype)
+            np.testing.assert_array_equal(g.cat.categories.to_numpy(),
+                                          w.cat.categories.to_numpy())
+            np.testing.assert_array_equal(g.cat.codes.to_numpy(), w.cat.codes.to_numpy())
+            assert g.cat.ordered == w.cat.ordered
+        pd.testing.assert_frame_equal(df, want)
+    assert read(p, "obs/leiden/categories").dtype == np.int64
+    assert read(p, "obs/leiden/codes").dtype == np.int8
+
+
+@pytest.mark.parametrize("fmt,shard", LAYOUTS)
+def test_layers_roundtrip(tmp_path, fmt, shard):
+    X = make_csr(120, 40)
+    counts = make_csr(120, 40, density=0.3, dtype=np.int32, seed=9)
+    spliced = make_csr(120, 40, density=0.05, dtype=np.float64, seed=10).tocsc()
+    p = tmp_path / "l.zarr"
+    write_store(p, X, fmt, shard, layers={"counts": counts, "spliced": spliced},
+                num_threads=3)
+    a = ad.read_zarr(p)
+    assert sorted(a.layers) == ["counts", "spliced"]
+    for name, want in (("counts", counts), ("spliced", spliced.tocsr())):
+        got = a.layers[name]
+        assert sp.issparse(got) and got.format == "csr" and got.dtype == want.dtype, name
+        np.testing.assert_array_equal(got.indptr, want.indptr)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.data, want.data)
+    np.testing.assert_array_equal(a.X.toarray(), X.toarray())
+    # zbatch's reader exposes the layer too, row for row
+    ds = zbatch_api().open(str(p), load_layers=True)
+    ids = np.array([5, 119, 0, 5, 64])
+    b = ds.read_many(ids)
+    got = sp.csr_matrix((b["layers/counts/data"], b["layers/counts/indices"],
+                         b["layers/counts_ptr"]), shape=(len(ids), 40))
+    want = counts[ids]
+    np.testing.assert_array_equal(got.indptr, want.indptr)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.data, want.data)
+    # beside a dense X a layer is CSR too
+    d = tmp_path / "d.zarr"
+    write_anndata(d, X.toarray(), zarr_format=fmt, layers={"counts": counts})
+    b2 = ad.read_zarr(d)
+    assert isinstance(b2.X, np.ndarray) and b2.layers["counts"].format == "csr"
+    assert (b2.layers["counts"] != counts).nnz == 0
+
+
+def narrow_dtype_of_anndata(tmp_path, n_vars):
+    """The indices dtype anndata itself picks with write_csr_csc_indices_with_min_possible_dtype."""
+    import zarr
+    p = tmp_path / f"anndata_{n_vars}.zarr"
+    X = sp.csr_matrix((np.ones(1, np.float32), ([0], [n_vars - 1])), shape=(2, n_vars))
+    with ad.settings.override(write_csr_csc_indices_with_min_possible_dtype=True):
+        ad.AnnData(X=X).write_zarr(p)
+    return zarr.open_group(str(p), mode="r")["X/indices"].dtype
+
+
+@pytest.mark.parametrize("n_vars,want", [(9, np.uint8), (255, np.uint8), (256, np.uint16),
+                                         (65535, np.uint16), (65536, np.uint32),
+                                         (70000, np.uint32)])
+def test_narrow_indices_dtype_as_anndata(tmp_path, n_vars, want):
+    assert narrow_dtype_of_anndata(tmp_path, n_vars) == want  # the oracle agrees with the table
+    rng = np.random.default_rng(n_vars)
+    X = sp.random(30, n_vars, density=min(0.3, 200 / n_vars), format="csr", dtype=np.float32,
+                  random_state=rng)
+    X = X.tolil()
+    X[3, n_vars - 1] = 5.0  # the largest column id is stored
+    X = X.tocsr()
+    X.sort_indices()
+    p = tmp_path / "z.zarr"
+    write_anndata(p, X, narrow_indices=True, layers={"c": X.copy()}, zarr_format=2)
+    assert read(p, "X/indices").dtype == want
+    assert read(p, "layers/c/indices").dtype == want
+    a = ad.read_zarr(p)
+    np.testing.assert_array_equal(a.X.indices, X.indices)
+    np.testing.assert_array_equal(a.X.indptr, X.indptr)
+    np.testing.assert_array_equal(a.layers["c"].toarray(), X.toarray())
+    # default: int32, as before
+    q = tmp_path / "q.zarr"
+    write_anndata(q, X)
+    assert read(q, "X/indices").dtype == np.int32
+
+
+@pytest.mark.parametrize("fmt,shard", LAYOUTS)
+def test_narrow_indices_read_by_zbatch(tmp_path, fmt, shard):
+    """zbatch's own reader reads uint16 indices exactly (batches equal scipy's rows)."""
+    X = make_csr(200, 700, density=0.05)
+    obs = make_obs(200)
+    p = tmp_path / "n.zarr"
+    write_store(p, X, fmt, shard, obs=obs, narrow_indices=True)
+    assert read(p, "X/indices").dtype == np.uint16
+    ds = zbatch_api().open(str(p))
+    assert len(ds) == 200 and ds.n_vars == 700
+    for ids in (np.arange(200), np.array([199, 3, 3, 0, 150]), np.array([], np.int64)):
+        b = ds.read_many(ids)
+        got = b["X"]
+        want = X[ids]
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got.indptr, want.indptr)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.data, want.data)
+        np.testing.assert_array_equal(b["obs/n_genes"], obs["n_genes"].to_numpy()[ids])
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("narrow", [False, True])
+def test_new_elements_match_anndata_attributes(tmp_path, fmt, narrow):
+    """Nullable columns, numeric categoricals and layers: the node set, every attribute, dtype
+    and shape equal what anndata 0.12 itself writes for the same objects."""
+    n = 20
+    X = make_csr(n, 9)
+    X.indptr = X.indptr.astype(np.int64)
+    layer = make_csr(n, 9, dtype=np.int32, seed=4)
+    layer.indptr = layer.indptr.astype(np.int64)
+    obs = pd.concat([make_nullable_obs(n), make_numeric_cat_obs(n)], axis=1)
+    # anndata turns str columns with repeated values into categoricals; keep this one unique
+    obs["label"] = pd.array([f"u{i}" for i in range(n)], dtype="string")
+    ours, theirs = tmp_path / "z.zarr", tmp_path / "a.zarr"
+    write_anndata(ours, X, obs=obs, zarr_format=fmt, layers={"counts": layer},
+                  narrow_indices=narrow)
+    with ad.settings.override(zarr_write_format=fmt, allow_write_nullable_strings=True,
+                              write_csr_csc_indices_with_min_possible_dtype=narrow):
+        ad.AnnData(X=X, obs=obs, layers={"counts": layer}).write_zarr(theirs)
+
+    def nodes(root):
+        out = {}
+        for d, _, files in os.walk(root):
+            rel = os.path.relpath(d, root)
+            rel = "" if rel == "." else rel
+            if rel.split("/")[0] == "raw":
+                continue
+            if fmt == 3 and "zarr.json" in files:
+                doc = json.loads(Path(d, "zarr.json").read_text())
+                out[rel] = (doc["node_type"], doc.get("attributes", {}), doc.get("data_type"),
+                            doc.get("shape"))
+            elif fmt == 2 and (".zgroup" in files or ".zarray" in files):
+                attrs = (json.loads(Path(d, ".zattrs").read_text())
+                         if ".zattrs" in files else {})
+                arr = json.loads(Path(d, ".zarray").read_text()) if ".zarray" in files else {}
+                out[rel] = ("array" if arr else "group", attrs, arr.get("dtype"),
+                            arr.get("shape"))
+        return out
+
+    want, got = nodes(theirs), nodes(ours)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k] == want[k], k
+    a = ad.read_zarr(ours)
+    pd.testing.assert_frame_equal(a.obs, ad.read_zarr(theirs).obs)
+
+
+def test_deterministic_bytes(tmp_path):
+    """The same inputs give byte-identical stores (every file) with 1 and 4 threads, v2 and v3,
+    sharded and not, and when written again."""
+    n = 900
+    X = make_csr(n, 300, density=0.08)
+    index = [f"cell_{i}" for i in range(n)]
+    obs = pd.concat([f.set_axis(index) for f in
+                     (make_obs(n), make_nullable_obs(n), make_numeric_cat_obs(n))], axis=1)
+    layers = {"counts": make_csr(n, 300, density=0.05, dtype=np.int32, seed=11)}
+    for fmt, shard in LAYOUTS:
+        trees = []
+        for run, threads in enumerate((1, 4, 4)):
+            p = tmp_path / f"v{fmt}_{shard}_{run}.zarr"
+            write_store(p, X, fmt, shard, obs=obs, var=make_var(300), layers=layers,
+                        num_threads=threads, narrow_indices=True)
+            trees.append(tree_bytes(p))
+        ref = trees[0]
+        assert len(ref) > 40 and MARKER not in ref
+        if shard:
+            assert any(k.startswith("X/data/c/") for k in ref)
+        for other in trees[1:]:
+            assert sorted(other) == sorted(ref), (fmt, shard)
+            diff = [k for k in ref if ref[k] != other[k]]
+            assert not diff, (fmt, shard, diff[:5])
+
+
+def test_low_level_nullable_mask_length(tmp_path):
+    """The extension passes the mask's own length: a short one is refused by the C writer."""
+    zb = zbatch_api()
+    p = tmp_path / "m.zarr"
+    p.mkdir()
+    w = zb._zbatch.AnndataWriter(str(p), 3, "csr", "<f4")
+    with expect_error("ZB_E_INVALID", "mask has 2 entries for 3 values"):
+        w.append_nullable_column("obs", "n", "<i8", np.arange(3, dtype=np.int64),
+                                 np.zeros(2, np.uint8))
+    with expect_error("ZB_E_INVALID", "mask has 1 entries for 2 values"):
+        w.append_nullable_string_column("obs", "s", ["a", "b"], np.zeros(1, np.uint8))
+    with expect_error("ZB_E_INVALID", "appears more than once"):
+        w.define_categorical_values("obs", "k", "<f8", np.array([1.0, -0.0, 0.0]))
+    w.close()
+
+
+def test_zero_obs_with_new_elements(tmp_path):
+    """No rows: the layer, the nullable columns and the numeric categorical still exist, with
+    their dtypes."""
+    obs = pd.DataFrame({"a": pd.array([], dtype="Int16"), "s": pd.array([], dtype="string"),
+                        "b": pd.array([], dtype="boolean"),
+                        "c": pd.Categorical(np.array([], np.int64))})
+    p = tmp_path / "z.zarr"
+    write_anndata(p, sp.csr_matrix((0, 3), dtype=np.float32), obs=obs, narrow_indices=True,
+                  layers={"l": sp.csr_matrix((0, 3), dtype=np.int32)})
+    a = ad.read_zarr(p)
+    assert a.shape == (0, 3)
+    assert a.layers["l"].shape == (0, 3) and a.layers["l"].dtype == np.int32
+    assert a.X.indices.dtype == np.uint8
+    assert a.obs.dtypes.to_dict() == obs.dtypes.to_dict()
+    assert a.obs["c"].cat.categories.dtype == np.int64
