@@ -419,28 +419,42 @@ write_pass(gather *g, zb_anndata_writer *w, uint64_t rows)
                                            rows);
 }
 
-/* Categorical columns (and src_path) and var names, before any row. */
+/* Every obs column created before any row, in the inputs' column order (the writer keeps
+ * creation order as anndata's column-order), then src_path and src_row; and the var names. */
 static zb_status
 define_frame(gather *g, zb_anndata_writer *w)
 {
     zb_convert *cv = g->cv;
+    static const uint64_t no_strings[1] = {0};
     for (size_t c = 0; c < cv->n_cols; c++) {
         const cv_column *col = &cv->cols[c];
-        if (col->kind != ZB_COL_CATEGORICAL) continue;
-        if (col->dtype == ZB_DT_STRING)
-            ZB_TRY(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, col->name,
+        const char *name = col->name;
+        if (col->kind == ZB_COL_CATEGORICAL && col->dtype == ZB_DT_STRING)
+            ZB_TRY(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, name,
                                                         col->categories.data,
                                                         col->categories.offsets,
                                                         col->categories.n, col->ordered));
-        else
-            ZB_TRY(zb_anndata_writer_define_categorical_values(w, ZB_ANNDATA_OBS, col->name,
+        else if (col->kind == ZB_COL_CATEGORICAL)
+            ZB_TRY(zb_anndata_writer_define_categorical_values(w, ZB_ANNDATA_OBS, name,
                                                                col->dtype, col->category_values,
                                                                col->categories.n, col->ordered));
+        else if (col->dtype == ZB_DT_STRING && col->kind == ZB_COL_NULLABLE)
+            ZB_TRY(zb_anndata_writer_append_nullable_string_column(w, ZB_ANNDATA_OBS, name, "",
+                                                                   no_strings, 0, NULL, 0));
+        else if (col->dtype == ZB_DT_STRING)
+            ZB_TRY(zb_anndata_writer_append_string_column(w, ZB_ANNDATA_OBS, name, "",
+                                                          no_strings, 0));
+        else if (col->kind == ZB_COL_NULLABLE && !is_float(col->dtype))
+            ZB_TRY(zb_anndata_writer_append_nullable_column(w, ZB_ANNDATA_OBS, name, col->dtype,
+                                                            "", 0, NULL, 0));
+        else
+            ZB_TRY(zb_anndata_writer_append_column(w, ZB_ANNDATA_OBS, name, col->dtype, "", 0));
     }
     /* src_path: the inputs as the command named them */
     ZB_TRY(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "src_path",
                                                 cv->input_names.data, cv->input_names.offsets,
                                                 cv->input_names.n, false));
+    ZB_TRY(zb_anndata_writer_append_column(w, ZB_ANNDATA_OBS, "src_row", ZB_DT_INT64, "", 0));
     return zb_anndata_writer_append_names(w, ZB_ANNDATA_VAR, cv->genes.data, cv->genes.offsets,
                                           cv->genes.n);
 }

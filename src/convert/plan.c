@@ -455,6 +455,14 @@ open_inputs(planner *p, json_object *inputs)
         if (st != ZB_OK) break;
         char real[PATH_MAX];
         if (!realpath(p->paths[k], real)) snprintf(real, sizeof real, "%s", p->paths[k]);
+        for (size_t i = 0; i < k && st == ZB_OK; i++) {
+            const char *earlier = json_object_get_string(
+                json_object_object_get(json_object_array_get_idx(inputs, i), "path"));
+            if (earlier && !strcmp(earlier, real))
+                st = zb_err(ZB_E_INVALID, "%s is given twice (inputs %zu and %zu)", p->paths[k],
+                            i, k);
+        }
+        if (st != ZB_OK) break;
         uint64_t size;
         int64_t mtime;
         st = cv_fingerprint(p->paths[k], &size, &mtime, NULL);
