@@ -41,3 +41,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   rm -f "$log"
   echo "$want" > "$stamp"
 fi
+
+# annbatch's own environment (Python 3.12, .venv-annbatch): the peer and oracle for annbatch
+# collections; see the script.
+bash scripts/install-annbatch-env.sh
