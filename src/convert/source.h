@@ -231,13 +231,17 @@ zb_status zb_csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, 
 /* Writes the CSC matrix `m` as CSR into the file `path` (a scratch file: a small header, then
  * indptr, indices, data), holding at most about `memory_bytes` of it in memory at once,
  * whatever its size, with `num_threads` threads. The file appears complete or not at all
- * (written under a temporary name, then renamed). */
+ * (written under a temporary name, then renamed). Each row's column ids come out ascending;
+ * values are copied bit for bit. Errors: ZB_E_INVALID when m is not CSC; the source's own
+ * error when a read fails; ZB_E_CORRUPT when its blocks disagree with its column pointers;
+ * ZB_E_IO naming the file (a full disk included). */
 zb_status zb_csc_transpose(zb_src_matrix *m, const char *path, uint64_t memory_bytes,
                            int num_threads);
 
 /* Opens a file written by zb_csc_transpose as a CSR matrix (key and path name it in messages;
  * var names come from `names_of`, the CSC matrix it was made from). Close with
- * zb_src_matrix_close. */
+ * zb_src_matrix_close. A foreign, damaged or truncated file: ZB_E_CORRUPT naming it. Reads
+ * may run on several threads at once. */
 zb_status zb_csr_file_open(const char *path, zb_src_matrix *names_of, zb_src_matrix **out);
 void zb_src_matrix_close(zb_src_matrix *m);
 
