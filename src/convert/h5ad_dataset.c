@@ -343,7 +343,7 @@ zb_h5_ds_read_strings(const zb_h5_ds *d, uint64_t start, uint64_t stop, zb_strin
         read = true;
         st = gather_strings(d, raw, n, out);
     }
-    if (read && d->vlen) H5Dvlen_reclaim(d->memtype, mspace, H5P_DEFAULT, raw);
+    if (read && d->vlen) zb_h5_reclaim(d->memtype, mspace, raw);
     if (fspace >= 0) H5Sclose(fspace);
     if (mspace >= 0) H5Sclose(mspace);
     zb_h5_unlock();

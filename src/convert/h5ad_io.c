@@ -108,6 +108,16 @@ zb_h5_fail(zb_status fallback, const char *path, const char *key, const char *wh
 
 /* ---- objects and attributes -------------------------------------------------------------------- */
 
+herr_t
+zb_h5_reclaim(hid_t type, hid_t space, void *buf)
+{
+#if H5_VERSION_GE(1, 12, 0)
+    return H5Treclaim(type, space, H5P_DEFAULT, buf);
+#else
+    return H5Dvlen_reclaim(type, space, H5P_DEFAULT, buf);
+#endif
+}
+
 size_t
 zb_h5_fixed_len(const char *s, size_t size, bool space_padded)
 {
@@ -211,7 +221,7 @@ attr_read_texts(attr *a, const char *name, const char *path, const char *key, ch
         if (len) memcpy(out[i], s, len);
         out[i][len] = '\0';
     }
-    if (vlen) H5Dvlen_reclaim(mem, a->space, H5P_DEFAULT, raw);
+    if (vlen) zb_h5_reclaim(mem, a->space, raw);
     if (mem >= 0) H5Tclose(mem);
     free(raw);
     return st;

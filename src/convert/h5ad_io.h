@@ -84,6 +84,10 @@ zb_status zb_h5_ds_read(const zb_h5_ds *d, uint64_t start, uint64_t stop, void *
 zb_status zb_h5_ds_read_strings(const zb_h5_ds *d, uint64_t start, uint64_t stop,
                                 zb_strings *out);
 
+/* Under the lock: frees what libhdf5 allocated for the variable-length strings in buf (read with
+ * `type` over `space`); H5Dvlen_reclaim before libhdf5 1.12, H5Treclaim since. */
+herr_t zb_h5_reclaim(hid_t type, hid_t space, void *buf);
+
 /* The length of a fixed-length string of `size` bytes without its padding (NUL or spaces). */
 size_t zb_h5_fixed_len(const char *s, size_t size, bool space_padded);
 
