@@ -5,8 +5,9 @@
  *   bench_h5ad_read FILE [--threads T] [--block ROWS] [--key KEY] [--rounds R]
  *
  * Reports the decoded bytes (data + uint32 indices + int64 pointers of every row) per second of
- * the best of R rounds (after an untimed one; each thread keeps its block), as one JSON line. bench/h5ad_read.py writes the test file and sets the
- * figures next to h5py reading the same rows. */
+ * the best of R rounds (after an untimed one; each thread keeps its block), as one JSON line.
+ * bench/h5ad_read.py writes the test file and sets the figures next to h5py reading the same rows.
+ */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -101,7 +102,8 @@ main(int argc, char **argv)
     seat seats[256] = {{0}};
     bool failed = false;
     for (int r = 0; r <= rounds && !failed; r++) { /* round 0 warms up, untimed */
-        job j = {.m = m, .rows = info->layout == ZB_SRC_CSC ? info->n_cols : info->n_rows,
+        job j = {.m = m,
+                 .rows = info->layout == ZB_SRC_CSC ? info->n_cols : info->n_rows,
                  .block = block};
         pthread_t tid[256];
         double t0 = now();

@@ -9,20 +9,28 @@
 #include "util/buf.h"
 #include "util/status.h"
 
-/* ---- types ------------------------------------------------------------------------------------- */
+/* ---- types ----------------------------------------------------------------------------------- */
 
 static const char *
 class_name(H5T_class_t c)
 {
     switch (c) {
-    case H5T_TIME: return "time";
-    case H5T_BITFIELD: return "bitfield";
-    case H5T_OPAQUE: return "opaque";
-    case H5T_COMPOUND: return "compound";
-    case H5T_REFERENCE: return "reference";
-    case H5T_VLEN: return "variable-length sequence";
-    case H5T_ARRAY: return "array";
-    default: return "unknown";
+    case H5T_TIME:
+        return "time";
+    case H5T_BITFIELD:
+        return "bitfield";
+    case H5T_OPAQUE:
+        return "opaque";
+    case H5T_COMPOUND:
+        return "compound";
+    case H5T_REFERENCE:
+        return "reference";
+    case H5T_VLEN:
+        return "variable-length sequence";
+    case H5T_ARRAY:
+        return "array";
+    default:
+        return "unknown";
     }
 }
 
@@ -46,10 +54,14 @@ is_ieee_float(hid_t t, size_t size)
     size_t spos, epos, esize, mpos, msize;
     if (H5Tget_fields(t, &spos, &epos, &esize, &mpos, &msize) < 0) return false;
     switch (size) {
-    case 2: return spos == 15 && epos == 10 && esize == 5 && mpos == 0 && msize == 10;
-    case 4: return spos == 31 && epos == 23 && esize == 8 && mpos == 0 && msize == 23;
-    case 8: return spos == 63 && epos == 52 && esize == 11 && mpos == 0 && msize == 52;
-    default: return false;
+    case 2:
+        return spos == 15 && epos == 10 && esize == 5 && mpos == 0 && msize == 10;
+    case 4:
+        return spos == 31 && epos == 23 && esize == 8 && mpos == 0 && msize == 23;
+    case 8:
+        return spos == 63 && epos == 52 && esize == 11 && mpos == 0 && msize == 52;
+    default:
+        return false;
     }
 }
 
@@ -57,15 +69,16 @@ is_ieee_float(hid_t t, size_t size)
 static zb_status
 type_dtype(hid_t t, const char *path, const char *key, zb_dtype *out)
 {
-    static const zb_dtype sints[] = {ZB_DT_INT8, ZB_DT_INT16, 0, ZB_DT_INT32, 0, 0, 0, ZB_DT_INT64};
-    static const zb_dtype uints[] = {ZB_DT_UINT8, ZB_DT_UINT16, 0, ZB_DT_UINT32,
-                                     0,           0,            0, ZB_DT_UINT64};
+    /* [unsigned][log2 of the size] */
+    static const zb_dtype ints[2][4] = {{ZB_DT_INT8, ZB_DT_INT16, ZB_DT_INT32, ZB_DT_INT64},
+                                        {ZB_DT_UINT8, ZB_DT_UINT16, ZB_DT_UINT32, ZB_DT_UINT64}};
     H5T_class_t c = H5Tget_class(t);
     size_t size = H5Tget_size(t);
     switch (c) {
     case H5T_INTEGER:
         if (size == 1 || size == 2 || size == 4 || size == 8) {
-            *out = H5Tget_sign(t) == H5T_SGN_NONE ? uints[size - 1] : sints[size - 1];
+            int log2 = size == 1 ? 0 : size == 2 ? 1 : size == 4 ? 2 : 3;
+            *out = ints[H5Tget_sign(t) == H5T_SGN_NONE][log2];
             return ZB_OK;
         }
         return zb_err(ZB_E_UNSUPPORTED, "%s: %s: %zu-byte integers are not supported", path, key,
@@ -82,14 +95,16 @@ type_dtype(hid_t t, const char *path, const char *key, zb_dtype *out)
                           key);
         *out = ZB_DT_BOOL;
         return ZB_OK;
-    case H5T_STRING: *out = ZB_DT_STRING; return ZB_OK;
+    case H5T_STRING:
+        *out = ZB_DT_STRING;
+        return ZB_OK;
     default:
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: elements of HDF5 %s type are not supported",
-                      path, key, class_name(c));
+        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: elements of HDF5 %s type are not supported", path,
+                      key, class_name(c));
     }
 }
 
-/* ---- datasets ---------------------------------------------------------------------------------- */
+/* ---- datasets -------------------------------------------------------------------------------- */
 
 static void
 ds_reset(zb_h5_ds *d)
@@ -188,8 +203,8 @@ describe(zb_h5_ds *d)
     }
     d->rank = H5Sget_simple_extent_ndims(space);
     if (d->rank < 1 || d->rank > 2) {
-        st = zb_err(ZB_E_UNSUPPORTED, "%s: %s: %d-d arrays are not supported here", d->path,
-                    d->key, d->rank);
+        st = zb_err(ZB_E_UNSUPPORTED, "%s: %s: %d-d arrays are not supported here", d->path, d->key,
+                    d->rank);
         goto done;
     }
     hsize_t dims[2] = {0, 1};
@@ -236,8 +251,7 @@ zb_h5_ds_open(hid_t loc, const char *name, const char *path, const char *key, zb
     if (id < 0) return zb_h5_fail(ZB_E_CORRUPT, path, key, "opening it");
     if (H5Iget_type(id) != H5I_DATASET) {
         H5Oclose(id);
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s is a group (or a type), not an array", path,
-                      key);
+        return zb_err(ZB_E_UNSUPPORTED, "%s: %s is a group (or a type), not an array", path, key);
     }
     return zb_h5_ds_from_id(id, path, key, out);
 }
@@ -272,7 +286,7 @@ zb_h5_ds_close(zb_h5_ds *d)
     ds_reset(d);
 }
 
-/* ---- reading strings --------------------------------------------------------------------------- */
+/* ---- reading strings ------------------------------------------------------------------------- */
 
 /* Under the lock: the n strings of `raw` (vlen: char *[n]; fixed: n * fixed_size bytes) into
  * out. */
@@ -283,12 +297,13 @@ gather_strings(const zb_h5_ds *d, const void *raw, uint64_t n, zb_strings *out)
     const char *fixed = raw;
     uint64_t total = 0;
     out->offsets = malloc((size_t)(n + 1) * sizeof *out->offsets);
-    if (!out->offsets) return zb_err(ZB_E_NOMEM, "%s: %s: %llu strings", d->path, d->key,
-                                     (unsigned long long)n);
+    if (!out->offsets)
+        return zb_err(ZB_E_NOMEM, "%s: %s: %llu strings", d->path, d->key, (unsigned long long)n);
     out->offsets[0] = 0;
     for (uint64_t i = 0; i < n; i++) {
-        total += d->vlen ? (ptrs[i] ? strlen(ptrs[i]) : 0)
-                         : zb_h5_fixed_len(fixed + i * d->fixed_size, d->fixed_size, d->space_padded);
+        total += d->vlen
+                     ? (ptrs[i] ? strlen(ptrs[i]) : 0)
+                     : zb_h5_fixed_len(fixed + i * d->fixed_size, d->fixed_size, d->space_padded);
         out->offsets[i + 1] = total;
     }
     if (total > ZB_BUF_MAX || !(out->data = malloc(total ? (size_t)total : 1))) {
@@ -325,8 +340,8 @@ zb_h5_ds_read_strings(const zb_h5_ds *d, uint64_t start, uint64_t stop, zb_strin
         return out->offsets ? ZB_OK : zb_err(ZB_E_NOMEM, "%s: %s", d->path, d->key);
     }
     void *raw = calloc(1, (size_t)bytes);
-    if (!raw) return zb_err(ZB_E_NOMEM, "%s: %s: %llu strings", d->path, d->key,
-                            (unsigned long long)n);
+    if (!raw)
+        return zb_err(ZB_E_NOMEM, "%s: %s: %llu strings", d->path, d->key, (unsigned long long)n);
     hsize_t hstart = start, count = n;
     zb_h5_lock();
     hid_t fspace = H5Dget_space(d->id), mspace = H5Screate_simple(1, &count, NULL);
@@ -350,4 +365,3 @@ zb_h5_ds_read_strings(const zb_h5_ds *d, uint64_t start, uint64_t stop, zb_strin
     free(raw);
     return st;
 }
-

@@ -66,7 +66,7 @@ zb_h5_library_threadsafe(void)
     return threadsafe;
 }
 
-/* ---- errors ------------------------------------------------------------------------------------ */
+/* ---- errors ---------------------------------------------------------------------------------- */
 
 typedef struct err_walk {
     bool have, io, truncated, not_hdf5;
@@ -100,13 +100,12 @@ zb_h5_fail(zb_status fallback, const char *path, const char *key, const char *wh
                    : w.truncated ? ZB_E_CORRUPT
                    : w.io        ? ZB_E_IO
                                  : fallback;
-    if (!w.have)
-        return zb_err(st, "%s: %s: %s (libhdf5 gave no detail)", path, key, what);
+    if (!w.have) return zb_err(st, "%s: %s: %s (libhdf5 gave no detail)", path, key, what);
     return zb_err(st, "%s: %s: %s (libhdf5: %s%s%s)", path, key, what, w.desc,
                   w.minor[0] ? ": " : "", w.minor);
 }
 
-/* ---- objects and attributes -------------------------------------------------------------------- */
+/* ---- objects and attributes ------------------------------------------------------------------ */
 
 herr_t
 zb_h5_reclaim(hid_t type, hid_t space, void *buf)
@@ -201,8 +200,9 @@ attr_read_texts(attr *a, const char *name, const char *path, const char *key, ch
     hid_t mem = vlen ? H5Tcopy(H5T_C_S1) : H5Tcopy(a->type);
     void *raw = calloc(n ? n : 1, size ? size : 1);
     zb_status st = ZB_OK;
-    if (mem < 0 || !raw || (vlen && (H5Tset_size(mem, H5T_VARIABLE) < 0 ||
-                                     H5Tset_cset(mem, H5Tget_cset(a->type)) < 0)) ||
+    if (mem < 0 || !raw ||
+        (vlen &&
+         (H5Tset_size(mem, H5T_VARIABLE) < 0 || H5Tset_cset(mem, H5Tget_cset(a->type)) < 0)) ||
         H5Aread(a->id, mem, raw) < 0) {
         char what[128];
         snprintf(what, sizeof what, "reading its attribute '%s'", name);
@@ -235,8 +235,7 @@ zb_h5_attr_text(hid_t obj, const char *name, const char *path, const char *key, 
     ZB_TRY(attr_open(obj, name, path, key, &a));
     zb_status st = ZB_OK;
     if (a.cls != H5T_STRING || a.n != 1)
-        st = zb_err(ZB_E_UNSUPPORTED, "%s: %s: attribute '%s' is not one string", path, key,
-                    name);
+        st = zb_err(ZB_E_UNSUPPORTED, "%s: %s: attribute '%s' is not one string", path, key, name);
     else
         st = attr_read_texts(&a, name, path, key, out);
     attr_close(&a);
@@ -255,8 +254,8 @@ zb_h5_attr_texts(hid_t obj, const char *name, const char *path, const char *key,
     /* h5py writes an empty list as an empty float64 array */
     if (a.n == 0) goto done;
     if (a.cls != H5T_STRING || a.n < 0) {
-        st = zb_err(ZB_E_UNSUPPORTED, "%s: %s: attribute '%s' is not a list of strings", path,
-                    key, name);
+        st = zb_err(ZB_E_UNSUPPORTED, "%s: %s: attribute '%s' is not a list of strings", path, key,
+                    name);
         goto done;
     }
     *out = calloc((size_t)a.n, sizeof **out);
@@ -286,8 +285,7 @@ zb_h5_attr_u64s(hid_t obj, const char *name, const char *path, const char *key, 
     zb_status st = ZB_OK;
     int64_t v[8];
     if (a.cls != H5T_INTEGER || a.n != (hssize_t)n || n > 8) {
-        st = zb_err(ZB_E_CORRUPT, "%s: %s: attribute '%s' is not %zu integers", path, key, name,
-                    n);
+        st = zb_err(ZB_E_CORRUPT, "%s: %s: attribute '%s' is not %zu integers", path, key, name, n);
     } else if (H5Aread(a.id, H5T_NATIVE_INT64, v) < 0) {
         st = zb_h5_fail(ZB_E_CORRUPT, path, key, "reading an integer attribute");
     } else {
@@ -353,7 +351,7 @@ zb_h5_attr_deref(hid_t obj, const char *name, hid_t base, const char *path, cons
     return st;
 }
 
-/* ---- files ------------------------------------------------------------------------------------- */
+/* ---- files ----------------------------------------------------------------------------------- */
 
 zb_status
 zb_h5_file_open(const char *path, hid_t *out)

@@ -54,9 +54,9 @@ typedef struct zb_h5_ds {
     int filters[4];      /* H5Z_FILTER_SHUFFLE / H5Z_FILTER_DEFLATE */
     size_t shuffle_item; /* the shuffle filter's element size */
     /* strings */
-    bool vlen;           /* variable-length (else fixed-length of `fixed_size` bytes) */
+    bool vlen; /* variable-length (else fixed-length of `fixed_size` bytes) */
     size_t fixed_size;
-    bool space_padded;   /* fixed-length, H5T_STR_SPACEPAD */
+    bool space_padded; /* fixed-length, H5T_STR_SPACEPAD */
 } zb_h5_ds;
 
 /* Under the lock: opens the dataset `name` under `loc` (`key` names it in messages). ZB_E_NOTFOUND
@@ -81,8 +81,7 @@ zb_status zb_h5_ds_read(const zb_h5_ds *d, uint64_t start, uint64_t stop, void *
 
 /* Elements [start, stop) of a rank-1 string dataset into a new *out (overwritten, not freed; free
  * with zb_strings_free). Fixed-length strings lose their padding. */
-zb_status zb_h5_ds_read_strings(const zb_h5_ds *d, uint64_t start, uint64_t stop,
-                                zb_strings *out);
+zb_status zb_h5_ds_read_strings(const zb_h5_ds *d, uint64_t start, uint64_t stop, zb_strings *out);
 
 /* Under the lock: frees what libhdf5 allocated for the variable-length strings in buf (read with
  * `type` over `space`); H5Dvlen_reclaim before libhdf5 1.12, H5Treclaim since. */
@@ -91,7 +90,7 @@ herr_t zb_h5_reclaim(hid_t type, hid_t space, void *buf);
 /* The length of a fixed-length string of `size` bytes without its padding (NUL or spaces). */
 size_t zb_h5_fixed_len(const char *s, size_t size, bool space_padded);
 
-/* ---- objects and attributes (under the lock) --------------------------------------------------- */
+/* ---- objects and attributes (under the lock) ------------------------------------------------- */
 
 /* True when `name` (a relative path, "a/b/c") exists under loc, every link on the way included. */
 bool zb_h5_exists(hid_t loc, const char *name);

@@ -47,8 +47,8 @@ ints_read(const zb_h5_ds *d, uint64_t start, uint64_t stop, int64_t *out)
     for (uint64_t i = n; i-- > 0;) {
         int64_t v;
         if (!zb_load_int(raw + i * d->item, d->dtype, &v))
-            return zb_err(ZB_E_CORRUPT, "%s: %s: element %llu holds a value beyond int64",
-                          d->path, d->key, (unsigned long long)(start + i));
+            return zb_err(ZB_E_CORRUPT, "%s: %s: element %llu holds a value beyond int64", d->path,
+                          d->key, (unsigned long long)(start + i));
         out[i] = v;
     }
     return ZB_OK;
@@ -73,8 +73,8 @@ indices_read(const h5ad_matrix *m, uint64_t lo, uint64_t hi, uint32_t *out)
     const zb_h5_ds *d = &m->indices;
     uint64_t n = hi - lo;
     void *raw = d->item == sizeof *out ? (void *)out : malloc(n ? (size_t)(n * d->item) : 1);
-    if (!raw) return zb_err(ZB_E_NOMEM, "%s: %s: %llu indices", d->path, d->key,
-                            (unsigned long long)n);
+    if (!raw)
+        return zb_err(ZB_E_NOMEM, "%s: %s: %llu indices", d->path, d->key, (unsigned long long)n);
     zb_status st = zb_h5_ds_read(d, lo, hi, raw);
     if (st == ZB_OK && d->dtype == ZB_DT_UINT32) return ZB_OK; /* read as they are */
     if (st == ZB_OK && d->dtype == ZB_DT_INT32 && !any_negative(raw, n)) return ZB_OK;
@@ -82,8 +82,8 @@ indices_read(const h5ad_matrix *m, uint64_t lo, uint64_t hi, uint32_t *out)
         int64_t v;
         bool ok = zb_load_int((const uint8_t *)raw + i * d->item, d->dtype, &v);
         if (!ok || v < 0 || v > UINT32_MAX) {
-            uint64_t bound = m->base.info.layout == ZB_SRC_CSC ? m->base.info.n_rows
-                                                                : m->base.info.n_cols;
+            uint64_t bound =
+                m->base.info.layout == ZB_SRC_CSC ? m->base.info.n_rows : m->base.info.n_cols;
             st = zb_err(ZB_E_CORRUPT, "%s: %s: element %llu: index %lld is outside [0, %llu)",
                         d->path, d->key, (unsigned long long)(lo + i), (long long)v,
                         (unsigned long long)bound);
@@ -95,7 +95,7 @@ indices_read(const h5ad_matrix *m, uint64_t lo, uint64_t hi, uint32_t *out)
     return st;
 }
 
-/* ---- methods ----------------------------------------------------------------------------------- */
+/* ---- methods --------------------------------------------------------------------------------- */
 
 static zb_status
 m_indptr(zb_src_matrix *base, uint64_t start, uint64_t stop, int64_t *out)
@@ -147,8 +147,9 @@ dense_read(h5ad_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out)
         return zb_err(ZB_E_OVERFLOW, "%s: %s: %llu dense rows", d->path, d->key,
                       (unsigned long long)n);
     void *rows = malloc(bytes ? (size_t)bytes : 1);
-    if (!rows) return zb_err(ZB_E_NOMEM, "%s: %s: %llu dense rows", d->path, d->key,
-                             (unsigned long long)n);
+    if (!rows)
+        return zb_err(ZB_E_NOMEM, "%s: %s: %llu dense rows", d->path, d->key,
+                      (unsigned long long)n);
     zb_status st = zb_h5_ds_read(d, start, stop, rows);
     if (st == ZB_OK) st = zb_csr_from_dense(rows, n, d->dims[1], d->dtype, out);
     free(rows);
@@ -189,7 +190,7 @@ static const zb_src_matrix_methods h5ad_matrix_methods = {
     .close = m_close,
 };
 
-/* ---- opening (under the lock) ------------------------------------------------------------------ */
+/* ---- opening (under the lock) ---------------------------------------------------------------- */
 
 /* The layout and shape of a sparse group, from encoding-type + shape or the h5sparse attrs. */
 static zb_status
@@ -233,9 +234,9 @@ sparse_open(h5ad_matrix *m, hid_t g)
     uint64_t minor = layout == ZB_SRC_CSC ? shape[0] : shape[1];
     uint64_t nnz = m->data.dims[0];
     if (m->indptr.dims[0] != major + 1)
-        return zb_err(ZB_E_CORRUPT, "%s: %s holds %llu pointers for %llu %s", path,
-                      m->indptr.key, (unsigned long long)m->indptr.dims[0],
-                      (unsigned long long)major, layout == ZB_SRC_CSC ? "columns" : "rows");
+        return zb_err(ZB_E_CORRUPT, "%s: %s holds %llu pointers for %llu %s", path, m->indptr.key,
+                      (unsigned long long)m->indptr.dims[0], (unsigned long long)major,
+                      layout == ZB_SRC_CSC ? "columns" : "rows");
     if (m->indices.dims[0] != nnz)
         return zb_err(ZB_E_CORRUPT, "%s: %s: %llu indices but %llu data elements", path, key,
                       (unsigned long long)m->indices.dims[0], (unsigned long long)nnz);
@@ -248,9 +249,11 @@ sparse_open(h5ad_matrix *m, hid_t g)
     ZB_TRY(ints_read(&m->indptr, 0, 1, &ends[0]));
     ZB_TRY(ints_read(&m->indptr, major, major + 1, &ends[1]));
     if (ends[0] != 0 || ends[1] != (int64_t)nnz)
-        return zb_err(ZB_E_CORRUPT, "%s: %s runs from %lld to %lld, not from 0 to %llu (the "
-                      "length of data)", path, m->indptr.key, (long long)ends[0],
-                      (long long)ends[1], (unsigned long long)nnz);
+        return zb_err(ZB_E_CORRUPT,
+                      "%s: %s runs from %lld to %lld, not from 0 to %llu (the "
+                      "length of data)",
+                      path, m->indptr.key, (long long)ends[0], (long long)ends[1],
+                      (unsigned long long)nnz);
     return ZB_OK;
 }
 
@@ -279,8 +282,8 @@ dense_open(h5ad_matrix *m, hid_t obj)
                       d->rank, zb_dtype_name(d->dtype));
     uint64_t nnz;
     if (d->dims[1] > UINT32_MAX || !zb_mul_u64(d->dims[0], d->dims[1], &nnz))
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: %llu columns do not fit 32-bit indices", path,
-                      key, (unsigned long long)d->dims[1]);
+        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: %llu columns do not fit 32-bit indices", path, key,
+                      (unsigned long long)d->dims[1]);
     m->base.info = (zb_src_matrix_info){ZB_SRC_DENSE, d->dtype, d->dims[0], d->dims[1], nnz};
     return ZB_OK;
 }

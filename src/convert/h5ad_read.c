@@ -19,7 +19,7 @@
 #include "util/buf.h"
 #include "util/status.h"
 
-/* ---- reading numbers --------------------------------------------------------------------------- */
+/* ---- reading numbers ------------------------------------------------------------------------- */
 
 /* Under the lock: H5Dread of the box rows [a, b) x columns [k0, k1) into dst, which holds rows
  * [start, stop) x every column. */
@@ -76,9 +76,9 @@ swap_bytes(uint8_t *p, size_t n, size_t item)
 /* One reader's scratch for the direct path. */
 typedef struct chunk_io {
     struct libdeflate_decompressor *inflater;
-    zb_buf packed;  /* the chunk as stored */
+    zb_buf packed;   /* the chunk as stored */
     zb_buf stage[2]; /* intermediate results of the filter pipeline */
-    zb_buf plain;   /* the decoded chunk, when it does not land in dst directly */
+    zb_buf plain;    /* the decoded chunk, when it does not land in dst directly */
 } chunk_io;
 
 static void
@@ -136,8 +136,9 @@ decode_chunk(const zb_h5_ds *d, chunk_io *io, const uint8_t *in, size_t n, uint3
             if (r != LIBDEFLATE_SUCCESS || got != chunk_bytes)
                 return zb_err(ZB_E_CORRUPT,
                               "%s: %s: %s (%zu bytes stored) does not inflate to its %zu "
-                              "bytes%s", d->path, d->key, chunk_where(d, off, where, sizeof where),
-                              n, chunk_bytes, r == LIBDEFLATE_SUCCESS ? "" : " (bad deflate data)");
+                              "bytes%s",
+                              d->path, d->key, chunk_where(d, off, where, sizeof where), n,
+                              chunk_bytes, r == LIBDEFLATE_SUCCESS ? "" : " (bad deflate data)");
         } else {
             if (cur_n != chunk_bytes) break; /* reported below */
             unshuffle(cur, to, chunk_bytes, d->shuffle_item);
@@ -192,8 +193,8 @@ chunk_get(const zb_h5_ds *d, chunk_io *io, const hsize_t *off, uint8_t *out, siz
 /* Copies rows [a, b) x columns [k0, k1) of a decoded chunk whose corner is (r0, k0) into dst
  * (rows [start, ...) x every column). */
 static void
-copy_box(const zb_h5_ds *d, const uint8_t *chunk, uint64_t r0, uint64_t a, uint64_t b,
-         uint64_t k0, uint64_t k1, uint64_t start, uint8_t *dst)
+copy_box(const zb_h5_ds *d, const uint8_t *chunk, uint64_t r0, uint64_t a, uint64_t b, uint64_t k0,
+         uint64_t k1, uint64_t start, uint8_t *dst)
 {
     size_t item = d->item, width = (size_t)(k1 - k0) * item;
     size_t chunk_row = (size_t)d->chunk[1] * item, dst_row = (size_t)d->dims[1] * item;
@@ -252,4 +253,3 @@ zb_h5_ds_read(const zb_h5_ds *d, uint64_t start, uint64_t stop, void *dst)
     zb_h5_unlock();
     return st;
 }
-

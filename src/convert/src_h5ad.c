@@ -76,7 +76,7 @@ index_info_free(zb_col_info *info)
     info->category_values = NULL;
 }
 
-/* ---- opening columns (under the lock) ---------------------------------------------------------- */
+/* ---- opening columns (under the lock) -------------------------------------------------------- */
 
 static zb_status
 child_key(char *key, const char *parent, const char *name, const char *path)
@@ -236,8 +236,7 @@ array_col_open(h5_col *c, hid_t obj, hid_t frame, const char *path, const char *
     }
     ZB_TRY(zb_h5_ds_from_id(obj, path, key, &c->values));
     if (c->values.rank != 1)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s is %d-d, not a column", path, key,
-                      c->values.rank);
+        return zb_err(ZB_E_UNSUPPORTED, "%s: %s is %d-d, not a column", path, key, c->values.rank);
     c->info->kind = c->values.dtype == ZB_DT_STRING ? ZB_COL_STRING : ZB_COL_NUMERIC;
     c->info->dtype = c->values.dtype;
     return ZB_OK;
@@ -246,8 +245,8 @@ array_col_open(h5_col *c, hid_t obj, hid_t frame, const char *path, const char *
 /* Under the lock: the column `name` of the dataframe `frame` (named frame_key) into c, whose
  * info is c->info. Its length must be *n_rows, or sets it when that is UNKNOWN_ROWS. */
 static zb_status
-col_open(hid_t frame, const char *frame_key, const char *name, const char *path,
-         uint64_t *n_rows, h5_col *c)
+col_open(hid_t frame, const char *frame_key, const char *name, const char *path, uint64_t *n_rows,
+         h5_col *c)
 {
     char key[KEY_MAX];
     ZB_TRY(child_key(key, frame_key, name, path));
@@ -301,7 +300,7 @@ frame_open(hid_t file, const char *frame_key, const char *path, uint64_t *n_rows
     return st;
 }
 
-/* ---- reading ----------------------------------------------------------------------------------- */
+/* ---- reading --------------------------------------------------------------------------------- */
 
 /* Codes of rows [start, stop) as int32, each checked against the number of categories. */
 static zb_status
@@ -311,15 +310,15 @@ codes_read(const h5_col *c, uint64_t start, uint64_t stop, int32_t *out)
     uint64_t n = stop - start;
     /* 4-byte codes are read in place and checked there; others through a scratch buffer */
     void *raw = d->item == sizeof(int32_t) ? (void *)out : malloc(n ? (size_t)(n * d->item) : 1);
-    if (!raw) return zb_err(ZB_E_NOMEM, "%s: %s: %llu codes", d->path, d->key,
-                            (unsigned long long)n);
+    if (!raw)
+        return zb_err(ZB_E_NOMEM, "%s: %s: %llu codes", d->path, d->key, (unsigned long long)n);
     zb_status st = zb_h5_ds_read(d, start, stop, raw);
     for (uint64_t i = 0; st == ZB_OK && i < n; i++) {
         int64_t v;
         bool ok = zb_load_int((const uint8_t *)raw + i * d->item, d->dtype, &v);
         if (!ok || v < -1 || v >= (int64_t)c->n_categories) {
-            st = zb_err(ZB_E_CORRUPT, "%s: %s: row %llu: code %lld is outside [-1, %llu)",
-                        d->path, d->key, (unsigned long long)(start + i), (long long)v,
+            st = zb_err(ZB_E_CORRUPT, "%s: %s: row %llu: code %lld is outside [-1, %llu)", d->path,
+                        d->key, (unsigned long long)(start + i), (long long)v,
                         (unsigned long long)c->n_categories);
             break;
         }
@@ -424,7 +423,8 @@ col_read(const h5_col *c, uint64_t start, uint64_t stop, zb_col_block *out)
     case ZB_COL_STRING:
         ZB_TRY(block_shape(out, n, 0, false));
         return strings_into(&c->values, start, stop, out);
-    case ZB_COL_NULLABLE: return nullable_read(c, start, stop, out);
+    case ZB_COL_NULLABLE:
+        return nullable_read(c, start, stop, out);
     }
     return zb_err(ZB_E_INVALID, "column kind %d", (int)c->info->kind);
 }
@@ -434,8 +434,7 @@ col_read(const h5_col *c, uint64_t start, uint64_t stop, zb_col_block *out)
 static zb_status
 col_strings(const h5_col *c, uint64_t start, uint64_t stop, zb_strings *out)
 {
-    if (c->info->kind == ZB_COL_STRING)
-        return zb_h5_ds_read_strings(&c->values, start, stop, out);
+    if (c->info->kind == ZB_COL_STRING) return zb_h5_ds_read_strings(&c->values, start, stop, out);
     memset(out, 0, sizeof *out);
     zb_col_block b = {0};
     zb_status st = col_read(c, start, stop, &b);
@@ -449,9 +448,9 @@ col_strings(const h5_col *c, uint64_t start, uint64_t stop, zb_strings *out)
         if (!labels) total = n * 40; /* zb_src_category_text writes under 40 bytes */
         out->offsets = malloc((size_t)(n + 1) * sizeof *out->offsets);
         out->data = malloc(total ? (size_t)total : 1);
-        if (!out->offsets || !out->data) st = zb_err(ZB_E_NOMEM, "%s: %s: %llu names",
-                                                     c->values.path, c->values.key,
-                                                     (unsigned long long)n);
+        if (!out->offsets || !out->data)
+            st = zb_err(ZB_E_NOMEM, "%s: %s: %llu names", c->values.path, c->values.key,
+                        (unsigned long long)n);
     }
     uint64_t at = 0;
     for (uint64_t i = 0; st == ZB_OK && i < n; i++) {
@@ -475,7 +474,7 @@ col_strings(const h5_col *c, uint64_t start, uint64_t stop, zb_strings *out)
     return st;
 }
 
-/* ---- the source methods ------------------------------------------------------------------------ */
+/* ---- the source methods ---------------------------------------------------------------------- */
 
 static zb_status
 range_check(const h5ad_src *s, uint64_t start, uint64_t stop)
@@ -553,8 +552,8 @@ obs_open(h5ad_src *s)
         c->n_obs = n_obs;
         c->columns = calloc(n_names ? n_names : 1, sizeof *c->columns);
         s->cols = calloc(n_names ? n_names : 1, sizeof *s->cols);
-        if (!c->columns || !s->cols) st = zb_err(ZB_E_NOMEM, "%s: %zu obs columns", c->path,
-                                                 n_names);
+        if (!c->columns || !s->cols)
+            st = zb_err(ZB_E_NOMEM, "%s: %zu obs columns", c->path, n_names);
     }
     for (size_t i = 0; st == ZB_OK && i < n_names; i++) {
         c->columns[i].name = names[i];
@@ -601,8 +600,7 @@ zb_src_open_h5ad(const char *path, zb_src **out)
 }
 
 zb_status
-zb_h5ad_frame_names(hid_t file, const char *path, const char *frame, uint64_t n,
-                    zb_strings *out)
+zb_h5ad_frame_names(hid_t file, const char *path, const char *frame, uint64_t n, zb_strings *out)
 {
     memset(out, 0, sizeof *out);
     zb_col_info info = {.name = "_index"};

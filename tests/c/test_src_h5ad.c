@@ -24,7 +24,7 @@ row_nnz(int64_t r)
     return r % 23;
 }
 
-/* ---- writing the file ---------------------------------------------------------------------- */
+/* ---- writing the file ------------------------------------------------------------------------ */
 
 static hid_t
 vlen_str(void)
@@ -145,7 +145,7 @@ write_file(const char *path)
     free(k);
 }
 
-/* ---- reading from threads ------------------------------------------------------------------- */
+/* ---- reading from threads -------------------------------------------------------------------- */
 
 typedef struct reader {
     zb_src *src;
@@ -188,8 +188,10 @@ read_all(void *arg)
     zb_strings names = {0};
     for (uint64_t start = 0; start < N_OBS; start += rd->block) {
         uint64_t stop = start + rd->block < N_OBS ? start + rd->block : N_OBS;
-        if (zb_src_matrix_read(rd->x, start, stop, &b) != ZB_OK) mismatch(rd, "X read", start);
-        else check_rows(rd, start, &b);
+        if (zb_src_matrix_read(rd->x, start, stop, &b) != ZB_OK)
+            mismatch(rd, "X read", start);
+        else
+            check_rows(rd, start, &b);
         if (zb_src_read_column(rd->src, 0, start, stop, &c) != ZB_OK) {
             mismatch(rd, "obs/k read", start);
         } else {
@@ -241,8 +243,8 @@ test_threads_share_one_source(void **state)
     }
     for (int t = 0; t < N_THREADS; t++) pthread_join(tid[t], NULL);
     for (int t = 0; t < N_THREADS; t++)
-        if (rd[t].errors) fail_msg("thread %d: %d errors, first: %s", t, rd[t].errors,
-                                   rd[t].first_error);
+        if (rd[t].errors)
+            fail_msg("thread %d: %d errors, first: %s", t, rd[t].errors, rd[t].first_error);
     zb_src_close(src);
 }
 
