@@ -632,3 +632,30 @@ def test_masked_strings_read_as_empty_whatever_is_stored_under_the_mask(small):
     got = hooks()._src_column(str(path), "nstr", 0, -1)
     assert mask.any() and got["strings"] == ["" if m else v for v, m in zip(stored, mask)]
     assert got["mask"] == mask.astype(np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("indices,indptr,codes", [("int64", "uint64", "int64"),
+                                                  ("uint32", "int64", "int16"),
+                                                  ("int16", "uint32", "uint8")])
+def test_integer_arrays_of_any_type_read_the_same(small, indices, indptr, codes):
+    """indices, indptr and codes rewritten (zarr-python) in other integer types read as the
+    originals: wider types are narrowed, narrower ones widened."""
+    path = small(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        oracle = ad.read_zarr(path)
+    for key, dtype in (("X/indices", indices), ("X/indptr", indptr),
+                       ("obs/phase/codes", codes)):
+        old = zarr.open_array(str(path / key), mode="r")
+        values, attrs = old[...], dict(old.attrs)
+        shutil.rmtree(path / key)
+        new = zarr.create_array(str(path / key), shape=values.shape, chunks=(37,), dtype=dtype,
+                                zarr_format=3, attributes=attrs)
+        new[...] = values.astype(dtype)
+    unconsolidate(path, 3)
+    for start, stop in ranges(oracle.n_obs):
+        check_block(hooks()._src_matrix(str(path), "X", start, stop),
+                    expected_block(oracle.X, "csr", start, stop), start, stop)
+        info = {c["name"]: c for c in hooks()._src_info(str(path))["columns"]}
+        check_column(hooks()._src_column(str(path), "phase", start, stop), info["phase"],
+                     oracle.obs["phase"].iloc[start:stop])
