@@ -9,13 +9,6 @@
 #include "util/status.h"
 #include "zarr/tree.h"
 
-static const char *
-attr_str(json_object *attrs, const char *key)
-{
-    json_object *v = zb_json_get(attrs, key);
-    return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
-}
-
 /* Joins two path parts; paths are bounded by the store layer's key limit, so a cut here would
  * only shorten an already invalid key. */
 static void
@@ -33,11 +26,7 @@ open_node(zb_dataset *ds, const zb_tree *tree, const char *path, zb_array **out)
     *out = NULL;
     const zb_tree_node *nd = zb_tree_find(tree, path);
     if (!nd || !nd->is_array) return zb_err(ZB_E_NOTFOUND, "%s: no array '%s'", ds->path, path);
-    zb_array_meta m;
-    zb_status st = nd->zarr_format == 2 ? zb_meta_from_v2_obj(nd->doc, nd->attrs, path, &m)
-                                        : zb_meta_from_v3_obj(nd->doc, path, &m);
-    if (st != ZB_OK) return st;
-    return zb_array_open_meta(ds->store, path, &m, out);
+    return zb_tree_node_open_array(ds->store, nd, out);
 }
 
 static zb_status
@@ -133,7 +122,7 @@ add_matrix(zb_dataset *ds, const zb_tree *tree, const char *name, const char *pa
 {
     const zb_tree_node *nd = zb_tree_find(tree, path);
     if (!nd) return ZB_OK;
-    const char *enc = attr_str(nd->attrs, "encoding-type");
+    const char *enc = zb_json_string(nd->attrs, "encoding-type");
     char sub[4200], fname[300];
     if (!nd->is_array && enc && !strcmp(enc, "csr_matrix")) {
         json_object *shape = zb_json_get(nd->attrs, "shape");
@@ -216,7 +205,7 @@ add_dataframe_columns(zb_dataset *ds, const zb_tree *tree, const char *df, const
         if (!cn) return zb_err(ZB_E_CORRUPT, "%s: column '%s' is listed but missing", df, col);
         zb_status st;
         zb_field *f = NULL;
-        const char *enc = attr_str(cn->attrs, "encoding-type");
+        const char *enc = zb_json_string(cn->attrs, "encoding-type");
         if (cn->is_array) {
             st = add_field(ds, tree, name, path, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
         } else if (enc && !strcmp(enc, "categorical")) {
@@ -307,7 +296,7 @@ in_set(const char *const *set, const char *name)
 const char *
 zb_atomic_array_level(json_object *fields, const char *group, const char *name)
 {
-    const char *lv = attr_str(zb_json_get(fields, group), name);
+    const char *lv = zb_json_string(zb_json_get(fields, group), name);
     if (lv) return !strcmp(lv, "node") ? "atom" : lv;
     if (!strcmp(group, "custom")) return "system";
     if (in_set(EDGE_KEYS, name)) return "edge";
@@ -450,10 +439,10 @@ zb_layout_generic(zb_dataset *ds, const zb_tree *tree, const char *base)
     if (!flds || !json_object_is_type(flds, json_type_object))
         return zb_err(ZB_E_METADATA, "%s: zbatch.fields must be an object", ds->path);
     json_object_object_foreach(flds, fname, fval) {
-        const char *arr = attr_str(fval, "array");
-        const char *kind = attr_str(fval, "kind");
-        const char *segname = attr_str(fval, "segment");
-        const char *target = attr_str(fval, "target");
+        const char *arr = zb_json_string(fval, "array");
+        const char *kind = zb_json_string(fval, "kind");
+        const char *segname = zb_json_string(fval, "segment");
+        const char *target = zb_json_string(fval, "target");
         if (!arr || !kind)
             return zb_err(ZB_E_METADATA, "%s: zbatch.fields.%s needs 'array' and 'kind'",
                           ds->path, fname);

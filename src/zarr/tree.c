@@ -11,6 +11,7 @@
 
 #include "util/json.h"
 #include "util/status.h"
+#include "zarr/array.h"
 
 #define KEY_CAP 4096
 /* Deeper group nesting than any real store; bounds the listing recursion. */
@@ -558,11 +559,22 @@ zb_tree_find(const zb_tree *tree, const char *path)
     return NULL;
 }
 
-static const char *
-attr_string(json_object *attrs, const char *key)
+zb_status
+zb_tree_join(char *buf, size_t cap, const char *a, const char *b)
 {
-    json_object *v = zb_json_get(attrs, key);
-    return json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
+    return join_key(buf, cap, a, b);
+}
+
+zb_status
+zb_tree_node_open_array(zb_store *store, const zb_tree_node *nd, zb_array **out)
+{
+    *out = NULL;
+    if (!nd->is_array) return zb_err(ZB_E_TYPE, "\"%s\" is a group, not an array", nd->path);
+    zb_array_meta m;
+    zb_status st = nd->zarr_format == 2 ? zb_meta_from_v2_obj(nd->doc, nd->attrs, nd->path, &m)
+                                        : zb_meta_from_v3_obj(nd->doc, nd->path, &m);
+    if (st != ZB_OK) return st;
+    return zb_array_open_meta(store, nd->path, &m, out);
 }
 
 const char *
@@ -570,7 +582,7 @@ zb_tree_layout(const zb_tree *tree)
 {
     if (!tree || tree->n == 0) return "plain";
     const zb_tree_node *root = &tree->nodes[0];
-    const char *et = attr_string(root->attrs, "encoding-type");
+    const char *et = zb_json_string(root->attrs, "encoding-type");
     if (et && !strcmp(et, "anndata")) return "anndata";
     if (et && !strcmp(et, "annbatch-preshuffled")) return "annbatch-collection";
     char p[KEY_CAP];
