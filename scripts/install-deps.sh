@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-debs=(build-essential cmake pkg-config libblosc-dev libzstd-dev liblz4-dev libdeflate-dev
+debs=(build-essential cmake pkg-config time libblosc-dev libzstd-dev liblz4-dev libdeflate-dev
       libjson-c-dev libisal-dev libcmocka-dev libcurl4-openssl-dev libhdf5-dev clang-format ninja-build)
 
 missing=()

@@ -489,9 +489,8 @@ normalize(const zb_convert_opts *opts, zb_convert_opts *o)
     return ZB_OK;
 }
 
-/* Names the first member of the args that differs (for the refusal message). */
-static void
-first_difference(json_object *a, json_object *b, char *buf, size_t cap)
+void
+cv_args_difference(json_object *a, json_object *b, char *buf, size_t cap)
 {
     snprintf(buf, cap, "the arguments");
     json_object_object_foreach(a, key, va)
@@ -513,7 +512,7 @@ check_resume(zb_convert *cv, json_object *args, const char *const *inputs)
     const char *now = json_object_to_json_string_ext(args, JSON_C_TO_STRING_PLAIN);
     if (strcmp(now, cv->args_text)) {
         char diff[512];
-        first_difference(zb_json_get(cv->plan_doc, "args"), args, diff, sizeof diff);
+        cv_args_difference(zb_json_get(cv->plan_doc, "args"), args, diff, sizeof diff);
         return zb_err(ZB_E_INVALID, "%s holds a conversion of other inputs or options (%s); "
                       "run the same command again, or remove it to start afresh", cv->output, diff);
     }
@@ -652,7 +651,7 @@ zb_convert_get_info(const zb_convert *cv, zb_convert_info *info)
 size_t
 zb_convert_ntasks(const zb_convert *cv, zb_convert_phase phase)
 {
-    if (!cv) return 0;
+    if (!cv || cv->finished) return 0;
     switch (phase) {
     case ZB_CONVERT_PREPARE: return cv->n_inputs;
     case ZB_CONVERT_SCATTER: return cv->n_slices;
@@ -825,12 +824,13 @@ zb_convert_run(const char *const *inputs, size_t n_inputs, const char *output,
     uint64_t fit = o.memory_bytes / (3 * biggest);
     int scatter = fit < (uint64_t)t ? (int)(fit ? fit : 1) : t;
     if (st == ZB_OK) st = run_phase(&r, ZB_CONVERT_SCATTER, scatter, 1);
-    /* gather: as many datasets at once as the memory holds with their writers, the threads
-     * shared out among them for compression */
-    uint64_t need = cv_gather_overhead(cv) * 2;
-    uint64_t fit_g = o.memory_bytes / (need ? need : 1);
+    /* gather: as many datasets at once as the memory holds with their writers and a pass of
+     * at least 32 MiB each, the threads shared out among them for compression */
+    uint64_t need = cv_gather_overhead(cv) + ((uint64_t)32 << 20);
     uint64_t gathers = cv->n_datasets < (uint64_t)t ? cv->n_datasets : (uint64_t)t;
-    if (fit_g < gathers) gathers = fit_g ? fit_g : 1;
+    if (o.memory_bytes / need < gathers) gathers = o.memory_bytes / need ? o.memory_bytes / need : 1;
+    if (gathers < 1) gathers = 1;
+    cv->task_memory = o.memory_bytes / gathers;
     if (st == ZB_OK)
         st = run_phase(&r, ZB_CONVERT_GATHER, (int)gathers, t / (int)gathers ? t / (int)gathers : 1);
     if (st == ZB_OK) st = zb_convert_finish(cv);

@@ -158,6 +158,8 @@ zb_status cv_args_json(const char *const *inputs, size_t n, const zb_convert_opt
  * at once within o->memory_bytes. */
 zb_status cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o,
                         const char *work, json_object *args, int num_threads);
+/* Names the first member of two args objects that differs, with both values, into buf. */
+void cv_args_difference(json_object *had, json_object *now, char *buf, size_t cap);
 /* Loads the plan of cv->work into cv (cv->output and cv->work set). */
 zb_status cv_plan_load(zb_convert *cv);
 

@@ -276,9 +276,12 @@ cv_finished_open(zb_convert *cv, json_object *args)
     ZB_TRY(load_json(path, &cv->manifest));
     json_object *had = zb_json_get(cv->manifest, "args");
     const char *a = had ? json_object_to_json_string_ext(had, JSON_C_TO_STRING_PLAIN) : "";
-    if (strcmp(a, json_object_to_json_string_ext(args, JSON_C_TO_STRING_PLAIN)))
-        return zb_err(ZB_E_INVALID, "%s holds a finished conversion of other inputs or options; "
-                      "remove it first", cv->output);
+    if (strcmp(a, json_object_to_json_string_ext(args, JSON_C_TO_STRING_PLAIN))) {
+        char diff[512];
+        cv_args_difference(had, args, diff, sizeof diff);
+        return zb_err(ZB_E_INVALID, "%s holds a finished conversion of other inputs or options "
+                      "(%s); remove it first", cv->output, diff);
+    }
     json_object *ds = zb_json_get(cv->manifest, "datasets");
     cv->n_datasets = ds ? json_object_array_length(ds) : 0;
     cv->finished = true;

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -459,15 +460,16 @@ define_frame(gather *g, zb_anndata_writer *w)
                                           cv->genes.n);
 }
 
-/* Memory the writer of one dataset holds: a shard of data and of indices per matrix filling
- * while the previous one compresses, and a chunk per obs column. */
+/* Memory the writer of one dataset holds at most: per matrix, for data and indices each, the
+ * shard filling, the shard being compressed, its compressed pieces and the assembled shard
+ * (four shards' worth); a chunk per obs column; a margin for the pool and the metadata. */
 uint64_t
 cv_gather_overhead(const zb_convert *cv)
 {
-    uint64_t shard = cv->x_shard == UINT64_MAX ? cv->x_chunk * 64 : cv->x_shard;
+    uint64_t shard = cv->x_shard == UINT64_MAX ? cv->x_chunk * 4 : cv->x_shard;
     uint64_t bytes = 0;
     for (size_t j = 0; j < cv->n_mats; j++)
-        bytes += 2 * shard * (zb_dtype_size(cv->mat_dtypes[j]) + 4);
+        bytes += 4 * shard * (zb_dtype_size(cv->mat_dtypes[j]) + 4);
     bytes += (uint64_t)(cv->n_cols + 4) * 65536 * 16;
     return bytes + ((uint64_t)16 << 20);
 }
@@ -489,7 +491,7 @@ write_done(gather *g, uint64_t files, uint64_t bytes, uint64_t crc)
 }
 
 /* Rows per pass: what the task's memory holds twice over (read, then assembled), after the
- * writer and the parts' per-cell arrays. */
+ * writer and the parts' per-cell arrays; at least 8 MiB of rows. */
 static uint64_t
 pass_rows(const gather *g, uint64_t memory)
 {
@@ -499,8 +501,8 @@ pass_rows(const gather *g, uint64_t memory)
         fixed += g->parts[i].n * 8 * 4;
     }
     uint64_t per_row = bytes / (g->cells ? g->cells : 1) + 1;
-    uint64_t used = cv_gather_overhead(g->cv) + fixed;
-    uint64_t left = memory > used + ((uint64_t)8 << 20) ? memory - used : (uint64_t)8 << 20;
+    uint64_t used = cv_gather_overhead(g->cv) + fixed, floor = (uint64_t)8 << 20;
+    uint64_t left = memory > used + floor ? memory - used : floor;
     uint64_t rows = left / (2 * per_row + 24);
     return rows < 1 ? 1 : rows;
 }
@@ -519,6 +521,7 @@ gather_rows(gather *g, zb_anndata_writer *w, uint64_t memory)
         uint64_t r1 = g->cells - r0 < per_pass ? g->cells : r0 + per_pass;
         ZB_TRY(read_pass(g, r0, r1));
         ZB_TRY(write_pass(g, w, r1 - r0));
+        malloc_trim(0); /* as after a scatter task: freed pieces of the writer's threads */
     }
     return ZB_OK;
 }

@@ -5,6 +5,7 @@
  * is described in convert_int.h). The file is the task's only output and appears by rename,
  * so a killed task leaves nothing behind. */
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -403,6 +404,9 @@ cv_scatter_task(zb_convert *cv, size_t t)
     if (st == ZB_OK) st = section_offsets(&sc);
     if (st == ZB_OK) st = write_sections(&sc);
     scatter_free(&sc);
+    /* hand the task's freed buffers back to the system: glibc keeps freed heap memory per
+     * thread arena, and the next task on another thread would not reuse it (the memory bound) */
+    malloc_trim(0);
     if (st != ZB_OK)
         return zb_err_context(st, "scatter task %zu (%s, rows %" PRIu64 "-%" PRIu64 ")", t,
                               cv->inputs[cv->slices[t].input].path, cv->slices[t].start,
