@@ -518,11 +518,12 @@ zb_status zb_info_json(zb_store *store, const char *path, char **json_out);
 }
 #endif
 
-/* The layout writers, samplers and the loader. */
+/* The layout writers, neighbour lists, samplers and the loader. */
 #include "zbatch_anndata.h"
 #include "zbatch_convert.h"
 #include "zbatch_atomic.h"
 #include "zbatch_loader.h"
+#include "zbatch_neighbors.h"
 #include "zbatch_sampler.h"
 #include "zbatch_verify.h"
 

@@ -141,3 +141,7 @@ from ._atomic import ArrayConfig, AtomicWriter, WriteConfig, sample_from_atoms  
 from . import samplers  # noqa: E402
 from .loader import DataLoader  # noqa: E402
 from ._convert import convert  # noqa: E402
+from ._neighbors import neighbor_list  # noqa: E402
+from ._ase import convert_ase  # noqa: E402
+
+__all__ += ["neighbor_list", "convert_ase"]

@@ -18,6 +18,7 @@ int zbpy_register_anndata(PyObject *module);
 int zbpy_register_atomic(PyObject *module);
 int zbpy_register_dataset(PyObject *module);
 int zbpy_register_loader(PyObject *module);
+int zbpy_register_neighbors(PyObject *module);
 int zbpy_register_sampler(PyObject *module);
 int zbpy_register_source(PyObject *module);
 int zbpy_register_convert(PyObject *module);
