@@ -41,8 +41,9 @@ def _convert(argv: list) -> int:
         if args.cutoff is None:
             print("zbatch convert: --from ase needs --cutoff R", file=sys.stderr)
             return 2
-        convert_ase(args.inputs, args.output, cutoff=args.cutoff, index=args.index,
-                    zarr_format=fmt, codec=args.codec)
+        n = convert_ase(args.inputs, args.output, cutoff=args.cutoff, index=args.index,
+                        zarr_format=fmt, codec=args.codec)
+        print(f"converted {n} structures into {args.output}")
         return 0
     from ._convert import convert
     client = None
@@ -57,6 +58,8 @@ def _convert(argv: list) -> int:
                 seed=args.seed, shuffle=not args.no_shuffle, zarr_format=fmt, codec=args.codec,
                 chunk=args.chunk, shard=args.shard, num_threads=args.threads,
                 progress=not args.quiet, client=client)
+        print(f"converted {len(args.inputs)} input{'s' if len(args.inputs) != 1 else ''} into "
+              f"{args.output}")
     finally:
         if client is not None:
             client.close()
