@@ -129,7 +129,7 @@ parse_u64(const char *flag, const char *s, uint64_t *out)
     return 0;
 }
 
-/* 4G, 512M, 64K, 1T, or bytes; binary units. */
+/* 4G, 4GB, 4GiB, 512M, 64K, 1T, or bytes; binary units. */
 static int
 parse_size(const char *s, uint64_t *out)
 {
@@ -142,6 +142,7 @@ parse_size(const char *s, uint64_t *out)
     if (*end == 'G' || *end == 'g') mult = (uint64_t)1 << 30;
     if (*end == 'T' || *end == 't') mult = (uint64_t)1 << 40;
     if (mult > 1) end++;
+    if (mult > 1 && *end == 'i') end++; /* GiB: the units are binary either way */
     if ((*end == 'B' || *end == 'b') && end[1] == '\0') end++;
     if (errno || end == s || *end || v <= 0 || v * (double)mult > 1.8e19) {
         fprintf(stderr, "zbatch convert: --memory needs a size such as 4G or 512M, not '%s'\n", s);
