@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,10 +258,6 @@ convert_collection(const char *const *inputs, size_t n, const char *output, zb_c
                l.read_s, l.compress_s, l.cells, l.input_bytes, l.output_bytes);
         return 0;
     }
-    /* Buffers of a megabyte and more mapped and unmapped, never kept in the heap: glibc's
-     * adaptive threshold would otherwise keep freed shard buffers (16 MiB and up) in each
-     * thread's arena, and the process would hold tens of MiB above --memory. */
-    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     progress_state ps = {.tty = isatty(2), .quiet = quiet, .phase = -1};
     clock_gettime(CLOCK_MONOTONIC, &ps.start);
     o->progress = show_progress;

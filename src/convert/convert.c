@@ -404,6 +404,7 @@ void
 zb_convert_close(zb_convert *cv)
 {
     if (!cv) return;
+    cv_ws_free_all(cv);
     for (size_t k = 0; k < cv->n_inputs; k++) {
         for (size_t j = 0; j < cv->n_mats; j++) {
             if (cv->matrices && cv->matrices[k] && cv->matrices[k][j] &&

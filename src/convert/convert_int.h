@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "convert/source.h"
+#include "zarr/codec.h"
 #include "sampler/sampler_int.h"
 #include "zbatch.h"
 
@@ -104,30 +105,40 @@ struct zb_convert {
     zb_src **srcs;             /* [n_inputs] */
     zb_src_matrix ***matrices; /* [n_inputs][n_mats]: the source's or a transposed file's */
     int32_t ***maps;           /* [n_inputs][n_mats] gene maps */
+    struct cv_ws *ws_free;     /* workspaces no task holds */
 };
 
 /* ---- the scatter file (scatter.c) ----------------------------------------------------------
  *
  * A scatter task's cells, sorted by output position, as one file:
- *   header   cv_scatter_header (little-endian, 40 bytes)
- *   table    n_datasets rows of (1 + 2 * n_arrays) uint64: the section's cell count, then the
- *            absolute (offset, length) in bytes of each of its arrays
- *   arrays   each array of the task's cells in order (so a section's part of an array is one
- *            contiguous range)
- * The arrays of a section (cv_arrays gives them): the cells' rows in the dataset (uint64), their
- * rows in the input (uint64), obs names (uint32 lengths, bytes), each matrix (uint32 nonzeros,
- * uint32 gene ids, values of the output dtype), each obs column (numeric: values; categorical:
- * int32 output codes; string: uint32 lengths, bytes; nullable: its values or strings, then a
- * uint8 mask). */
+ *   header    cv_scatter_header (little-endian, 48 bytes)
+ *   sections  n_datasets rows of 3 uint64: the section's cells, its first block, its blocks
+ *   blocks    n_blocks rows of (2 + 3 * n_arrays) uint64: the block's first cell (within its
+ *             section) and cell count, then for each array the absolute offset, compressed
+ *             length and decompressed length of its piece
+ *   pieces    for each block, for each array, the block's elements of that array compressed
+ *             with blosc (lz4, byte shuffle at the array's item size)
+ * A block holds consecutive cells of one section, about CV_BLOCK_BYTES uncompressed, so a
+ * gather pass decompresses little beyond the cells it needs. The arrays of a section
+ * (cv_arrays gives them): the cells' rows in the dataset (uint64), their rows in the input
+ * (uint64), obs names (uint32 lengths, bytes), each matrix (uint32 nonzeros, uint32 gene ids,
+ * values of the output dtype), each obs column (numeric: values; categorical: int32 output
+ * codes; string: uint32 lengths, bytes; nullable: its values or strings, then a uint8 mask).
+ * Compression: the scratch holds the cells once more; blosc-lz4 makes it a third of that
+ * (disk space and bytes through the page cache), at about 2 GB/s per core each way. */
 
-#define CV_SCATTER_MAGIC "ZBSCAT\0\1"
+#define CV_SCATTER_MAGIC "ZBSCAT\0\2"
 #define CV_MAX_ARRAYS 1024
+#define CV_BLOCK_BYTES ((uint64_t)512 << 10)
 
 typedef struct cv_scatter_header {
     char magic[8];
     uint32_t version, n_arrays;
-    uint64_t n_datasets, input, n_cells;
+    uint64_t n_datasets, input, n_cells, n_blocks;
 } cv_scatter_header;
+
+/* The codec of the scatter pieces (blosc lz4 level 5, byte shuffle). */
+void cv_scratch_codec(zb_codec *codec);
 
 /* One array of a section: `item` bytes per element; one element per cell (count < 0) or as
  * many as the uint32 array `count` says for each cell. */
@@ -148,6 +159,41 @@ cv_matrix_array(size_t j)
 /* The arrays of every section of this conversion, into out[CV_MAX_ARRAYS]; col_start[c] gets
  * the first array of column c. Returns the count. */
 size_t cv_arrays(const zb_convert *cv, cv_array *out, size_t *col_start);
+
+/* ---- workspaces (workspace.c) ----------------------------------------------------------------
+ *
+ * Buffers a task takes from the handle and gives back, so the next task reuses memory already
+ * touched (no page faults, no allocator churn). Slots [0, CV_MAX_ARRAYS) hold a scatter task's
+ * arrays; the named ones above hold the rest. */
+
+enum {
+    CV_WS_ORDER = CV_MAX_ARRAYS, CV_WS_POS, CV_WS_SECTION, CV_WS_KEYS, CV_WS_RAW,
+    CV_WS_ARENA, CV_WS_WHO, CV_WS_INDPTR, CV_WS_INDICES, CV_WS_VALUES, CV_WS_OFFSETS, CV_WS_TEXT,
+    CV_WS_MASK, CV_WS_TABLE, CV_WS_PACKED, CV_WS_STARTS0,
+    CV_WS_STARTS_N = 64, /* prefix sums of up to 64 count arrays */
+    CV_WS_SLOTS = CV_WS_STARTS0 + CV_WS_STARTS_N
+};
+
+typedef struct cv_ws {
+    struct cv_ws *next;
+    void *slot[CV_WS_SLOTS];
+    size_t cap[CV_WS_SLOTS];
+    zb_csr_block *mats; /* read blocks, capacities kept */
+    size_t n_mats;
+    zb_col_block *cols;
+    size_t n_cols;
+    zb_ctx *ctx;  /* codec contexts for the scratch pieces */
+    zb_buf piece; /* one compressed piece */
+    zb_buf blob;  /* a scatter file's pieces */
+} cv_ws;
+
+zb_status cv_ws_take(zb_convert *cv, cv_ws **out);
+void cv_ws_give(zb_convert *cv, cv_ws *ws);
+/* Slot `slot` holding at least `bytes` (contents kept); *out is its buffer. */
+zb_status cv_ws_grow(cv_ws *ws, size_t slot, size_t bytes, void **out);
+/* At least n_mats CSR blocks and n_cols column blocks. */
+zb_status cv_ws_blocks(cv_ws *ws, size_t n_mats, size_t n_cols);
+void cv_ws_free_all(zb_convert *cv);
 
 /* ---- plan.c ------------------------------------------------------------------------------ */
 

@@ -7,13 +7,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "convert/convert_int.h"
+#include "util/buf.h"
 #include "util/status.h"
 
 /* One scatter file's section of this dataset. */
@@ -21,11 +21,15 @@ typedef struct part {
     size_t t;             /* the scatter task */
     uint32_t input;
     uint64_t n;           /* cells */
-    uint64_t *off, *len;  /* [n_arrays] in the file */
+    uint64_t n_blocks;
+    uint64_t *blocks;     /* [n_blocks][2 + 3 * n_arrays]: first cell, cells, then per array
+                             the piece's offset, compressed and raw length */
     uint64_t *rows;       /* [n] row of each cell in the dataset */
     uint64_t **prefix;    /* [n_arrays]: count arrays' prefix sums [n + 1] (NULL otherwise) */
     uint64_t p0, p1;      /* this pass's cells */
-    unsigned char **pass; /* [n_arrays] this pass's elements (into the arena) */
+    uint64_t b0, b1;      /* the blocks decompressed for this pass */
+    uint64_t q0;          /* the first cell of block b0: where the pass buffers start */
+    unsigned char **pass; /* [n_arrays] the pass's blocks' elements (into the arena) */
 } part;
 
 typedef struct gather {
@@ -37,7 +41,6 @@ typedef struct gather {
     part *parts;
     size_t n_parts;
     unsigned char *arena;
-    size_t arena_cap;
     uint64_t *who; /* [pass rows]: part << 40 | cell */
     /* assembled pass */
     int64_t *indptr;
@@ -46,7 +49,7 @@ typedef struct gather {
     uint64_t *offsets;
     char *text;
     uint8_t *mask;
-    size_t cap_rows, cap_elems, cap_values, cap_text;
+    cv_ws *ws; /* the buffers above live in it */
     uint64_t nnz[64]; /* per matrix, for the done marker */
 } gather;
 
@@ -68,6 +71,13 @@ pread_all(int fd, const char *path, void *dst, uint64_t len, uint64_t off)
 }
 
 static zb_status
+grow(gather *g, size_t slot, uint64_t bytes, void *out)
+{
+    if (bytes > ZB_BUF_MAX) return zb_err(ZB_E_OVERFLOW, "gather: %" PRIu64 " bytes", bytes);
+    return cv_ws_grow(g->ws, slot, (size_t)bytes, (void **)out);
+}
+
+static zb_status
 open_part_file(gather *g, size_t t, int *fd, char *path, size_t cap)
 {
     ZB_TRY(cv_path(g->cv, path, cap, "scatter/t%zu.bin", t));
@@ -76,8 +86,55 @@ open_part_file(gather *g, size_t t, int *fd, char *path, size_t cap)
     return ZB_OK;
 }
 
-/* Reads scatter file t's header and its row for this dataset; keeps the part when it holds
- * cells, with their rows and the prefix sums of its count arrays. */
+static size_t
+row_words(const gather *g)
+{
+    return 2 + 3 * g->n_arrays;
+}
+
+/* Decodes the piece of array a in block b (its compressed bytes at `packed`, which holds the
+ * file from byte `packed_at`) into dst, which must take exactly `want` bytes. */
+static zb_status
+decode_piece(gather *g, const part *p, const char *path, uint64_t b, size_t a,
+             const unsigned char *packed, uint64_t packed_at, unsigned char *dst, uint64_t want)
+{
+    const uint64_t *e = p->blocks + b * row_words(g) + 2 + 3 * a;
+    if (e[2] != want)
+        return zb_err(ZB_E_CORRUPT, "%s: block %" PRIu64 ", array %zu holds %" PRIu64 " bytes, "
+                      "%" PRIu64 " expected", path, b, a, e[2], want);
+    zb_codec codec;
+    cv_scratch_codec(&codec);
+    size_t out = 0;
+    char where[4300];
+    snprintf(where, sizeof where, "%s: block %" PRIu64 ", array %zu", path, b, a);
+    return zb_codec_decode(&codec, g->ws->ctx, packed + (e[0] - packed_at), (size_t)e[1], dst,
+                           (size_t)want, (size_t)want, &out, where);
+}
+
+/* Reads the compressed bytes of blocks [b0, b1) of part p (one contiguous range of the file)
+ * into the workspace; *at is the file offset they start at. */
+static zb_status
+read_blocks(gather *g, part *p, int fd, const char *path, uint64_t b0, uint64_t b1,
+            unsigned char **packed, uint64_t *at)
+{
+    size_t w = row_words(g);
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (uint64_t b = b0; b < b1; b++)
+        for (size_t a = 0; a < g->n_arrays; a++) {
+            const uint64_t *e = p->blocks + b * w + 2 + 3 * a;
+            if (e[0] > UINT64_MAX - e[1])
+                return zb_err(ZB_E_CORRUPT, "%s: block %" PRIu64 " is out of range", path, b);
+            if (e[0] < lo) lo = e[0];
+            if (e[0] + e[1] > hi) hi = e[0] + e[1];
+        }
+    if (lo > hi) lo = hi;
+    ZB_TRY(grow(g, CV_WS_PACKED, hi - lo + 1, packed));
+    *at = lo;
+    return pread_all(fd, path, *packed, hi - lo, lo);
+}
+
+/* Reads scatter file t's header and its section of this dataset; keeps the part when it holds
+ * cells, with their rows and the prefix sums of its count arrays (decompressed once). */
 static zb_status
 load_part(gather *g, size_t t)
 {
@@ -85,66 +142,75 @@ load_part(gather *g, size_t t)
     char path[4200];
     int fd;
     ZB_TRY(open_part_file(g, t, &fd, path, sizeof path));
-    size_t na = g->n_arrays, row_len = (1 + 2 * na) * sizeof(uint64_t);
+    size_t na = g->n_arrays, w = row_words(g);
     cv_scatter_header h;
-    uint64_t *row = malloc(row_len);
-    zb_status st = row ? pread_all(fd, path, &h, sizeof h, 0) : zb_err(ZB_E_NOMEM, "gather");
-    if (st == ZB_OK && (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != 1 ||
+    uint64_t sec[3];
+    zb_status st = pread_all(fd, path, &h, sizeof h, 0);
+    if (st == ZB_OK && (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != 2 ||
                         h.n_arrays != na || h.n_datasets != cv->n_datasets ||
-                        h.input != cv->slices[t].input))
+                        h.input != cv->slices[t].input || h.n_blocks > ((uint64_t)1 << 40)))
         st = zb_err(ZB_E_CORRUPT, "%s: not a scatter file of this conversion", path);
-    if (st == ZB_OK) st = pread_all(fd, path, row, row_len, sizeof h + g->d * row_len);
+    if (st == ZB_OK) st = pread_all(fd, path, sec, sizeof sec, sizeof h + g->d * 3 * 8);
+    if (st == ZB_OK && (sec[1] > h.n_blocks || sec[2] > h.n_blocks - sec[1] ||
+                        sec[0] > cv->dataset_size))
+        st = zb_err(ZB_E_CORRUPT, "%s: section %zu is out of range", path, g->d);
     part *p = &g->parts[g->n_parts];
     memset(p, 0, sizeof *p);
-    if (st == ZB_OK && row[0] > 0) {
-        p->t = t;
-        p->input = (uint32_t)h.input;
-        p->n = row[0];
-        p->off = malloc(na * sizeof *p->off);
-        p->len = malloc(na * sizeof *p->len);
-        p->prefix = calloc(na, sizeof *p->prefix);
-        p->pass = calloc(na, sizeof *p->pass);
-        p->rows = malloc((size_t)p->n * sizeof *p->rows);
-        if (!p->off || !p->len || !p->prefix || !p->pass || !p->rows)
-            st = zb_err(ZB_E_NOMEM, "gather");
-        g->n_parts++;
+    if (st != ZB_OK || sec[0] == 0) {
+        close(fd);
+        return st;
     }
-    for (size_t a = 0; st == ZB_OK && p->n && a < na; a++) {
-        p->off[a] = row[1 + 2 * a];
-        p->len[a] = row[2 + 2 * a];
+    g->n_parts++;
+    p->t = t;
+    p->input = (uint32_t)h.input;
+    p->n = sec[0];
+    p->n_blocks = sec[2];
+    p->blocks = malloc((size_t)(p->n_blocks * w) * 8 + 8);
+    p->prefix = calloc(na, sizeof *p->prefix);
+    p->pass = calloc(na, sizeof *p->pass);
+    p->rows = malloc((size_t)p->n * 8);
+    if (!p->blocks || !p->prefix || !p->pass || !p->rows) st = zb_err(ZB_E_NOMEM, "gather");
+    uint64_t table = sizeof h + cv->n_datasets * 3 * 8;
+    if (st == ZB_OK)
+        st = pread_all(fd, path, p->blocks, p->n_blocks * w * 8, table + sec[1] * w * 8);
+    for (uint64_t b = 0, cells = 0; st == ZB_OK && b < p->n_blocks; b++) {
+        const uint64_t *e = p->blocks + b * w;
+        if (e[0] != cells || e[1] == 0 || e[1] > p->n - cells)
+            st = zb_err(ZB_E_CORRUPT, "%s: section %zu, block %" PRIu64 " does not follow its "
+                        "predecessor", path, g->d, b);
+        cells += e[1];
+        if (st == ZB_OK && b + 1 == p->n_blocks && cells != p->n)
+            st = zb_err(ZB_E_CORRUPT, "%s: section %zu: its blocks hold %" PRIu64 " of %" PRIu64
+                        " cells", path, g->d, cells, p->n);
     }
-    if (st == ZB_OK && p->n) {
-        if (p->len[CV_A_ROW] != p->n * 8)
-            st = zb_err(ZB_E_CORRUPT, "%s: section %zu is inconsistent", path, g->d);
-        else
-            st = pread_all(fd, path, p->rows, p->n * 8, p->off[CV_A_ROW]);
+    /* the rows and every count array, for all cells */
+    unsigned char *packed = NULL;
+    uint64_t at = 0;
+    uint32_t *counts = NULL;
+    if (st == ZB_OK) st = read_blocks(g, p, fd, path, 0, p->n_blocks, &packed, &at);
+    if (st == ZB_OK && !(counts = malloc((size_t)p->n * 4 + 4))) st = zb_err(ZB_E_NOMEM, "gather");
+    for (uint64_t b = 0; st == ZB_OK && b < p->n_blocks; b++) {
+        const uint64_t *e = p->blocks + b * w;
+        st = decode_piece(g, p, path, b, CV_A_ROW, packed, at, (unsigned char *)(p->rows + e[0]),
+                          e[1] * 8);
     }
-    /* prefix sums of every array that counts another's elements */
-    for (size_t a = 0; st == ZB_OK && p->n && a < na; a++) {
+    for (size_t a = 0; st == ZB_OK && a < na; a++) {
         int c = g->arrays[a].count;
         if (c < 0 || p->prefix[c]) continue;
-        uint32_t *counts = malloc((size_t)p->n * 4);
-        p->prefix[c] = malloc((size_t)(p->n + 1) * sizeof **p->prefix);
-        if (!counts || !p->prefix[c]) {
-            free(counts);
+        if (!(p->prefix[c] = malloc((size_t)(p->n + 1) * 8))) {
             st = zb_err(ZB_E_NOMEM, "gather");
             break;
         }
-        st = p->len[c] == p->n * 4 ? pread_all(fd, path, counts, p->n * 4, p->off[c])
-                                   : zb_err(ZB_E_CORRUPT, "%s: section %zu", path, g->d);
+        for (uint64_t b = 0; st == ZB_OK && b < p->n_blocks; b++) {
+            const uint64_t *e = p->blocks + b * w;
+            st = decode_piece(g, p, path, b, (size_t)c, packed, at,
+                              (unsigned char *)(counts + e[0]), e[1] * 4);
+        }
         p->prefix[c][0] = 0;
         for (uint64_t i = 0; st == ZB_OK && i < p->n; i++)
             p->prefix[c][i + 1] = p->prefix[c][i] + counts[i];
-        free(counts);
     }
-    for (size_t a = 0; st == ZB_OK && p->n && a < na; a++) {
-        int c = g->arrays[a].count;
-        uint64_t elems = c < 0 ? p->n : p->prefix[c][p->n];
-        if (p->len[a] != elems * g->arrays[a].item)
-            st = zb_err(ZB_E_CORRUPT, "%s: section %zu, array %zu: %" PRIu64 " bytes for %" PRIu64
-                        " elements", path, g->d, a, p->len[a], elems);
-    }
-    free(row);
+    free(counts);
     close(fd);
     return st;
 }
@@ -157,8 +223,7 @@ parts_free(gather *g)
         for (size_t a = 0; p->prefix && a < g->n_arrays; a++) free(p->prefix[a]);
         free(p->prefix);
         free(p->pass);
-        free(p->off);
-        free(p->len);
+        free(p->blocks);
         free(p->rows);
     }
     free(g->parts);
@@ -174,17 +239,42 @@ elem_range(const gather *g, const part *p, size_t a, uint64_t c0, uint64_t c1, u
     *e1 = c < 0 ? c1 : p->prefix[c][c1];
 }
 
-static zb_status
-grow(void **p, size_t *cap, size_t need)
+/* The block of part p holding cell c, searching from block `from`. */
+static uint64_t
+block_of(const gather *g, const part *p, uint64_t c, uint64_t from)
 {
-    if (need <= *cap) return ZB_OK;
-    size_t c = *cap ? *cap : 4096;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, c);
-    if (!q) return zb_err(ZB_E_NOMEM, "gather: %zu bytes", c);
-    *p = q;
-    *cap = c;
-    return ZB_OK;
+    size_t w = row_words(g);
+    uint64_t b = from;
+    while (b + 1 < p->n_blocks && p->blocks[(b + 1) * w] <= c) b++;
+    return b;
+}
+
+/* Decompresses the blocks holding cells [p0, p1) of part p into the arena at `at`, one array
+ * after another; returns the bytes used. */
+static zb_status
+fill_part(gather *g, part *p, unsigned char *at, uint64_t *used)
+{
+    char path[4200];
+    int fd;
+    ZB_TRY(open_part_file(g, p->t, &fd, path, sizeof path));
+    size_t w = row_words(g);
+    unsigned char *packed;
+    uint64_t packed_at;
+    zb_status st = read_blocks(g, p, fd, path, p->b0, p->b1, &packed, &packed_at);
+    close(fd);
+    unsigned char *start = at;
+    for (size_t a = 0; st == ZB_OK && a < g->n_arrays; a++) {
+        p->pass[a] = at;
+        size_t item = g->arrays[a].item;
+        for (uint64_t b = p->b0; st == ZB_OK && b < p->b1; b++) {
+            uint64_t c0 = p->blocks[b * w], c1 = c0 + p->blocks[b * w + 1], e0, e1;
+            elem_range(g, p, a, c0, c1, &e0, &e1);
+            st = decode_piece(g, p, path, b, a, packed, packed_at, at, (e1 - e0) * item);
+            at += (e1 - e0) * item;
+        }
+    }
+    *used = (uint64_t)(at - start);
+    return st;
 }
 
 /* Reads the cells of rows [r0, r1) from every part into the arena and records who holds each
@@ -192,44 +282,38 @@ grow(void **p, size_t *cap, size_t need)
 static zb_status
 read_pass(gather *g, uint64_t r0, uint64_t r1)
 {
-    size_t na = g->n_arrays;
+    size_t w = row_words(g);
     uint64_t bytes = 0;
     for (size_t i = 0; i < g->n_parts; i++) {
         part *p = &g->parts[i];
         p->p0 = p->p1;
         while (p->p1 < p->n && p->rows[p->p1] < r1) p->p1++;
-        for (size_t a = 0; a < na; a++) {
+        if (p->p1 == p->p0) continue;
+        p->b0 = block_of(g, p, p->p0, p->b1 ? p->b1 - 1 : 0);
+        p->b1 = block_of(g, p, p->p1 - 1, p->b0) + 1;
+        p->q0 = p->blocks[p->b0 * w];
+        uint64_t q1 = p->blocks[(p->b1 - 1) * w] + p->blocks[(p->b1 - 1) * w + 1];
+        for (size_t a = 0; a < g->n_arrays; a++) {
             uint64_t e0, e1;
-            elem_range(g, p, a, p->p0, p->p1, &e0, &e1);
+            elem_range(g, p, a, p->q0, q1, &e0, &e1);
             bytes += (e1 - e0) * g->arrays[a].item;
         }
     }
-    ZB_TRY(grow((void **)&g->arena, &g->arena_cap, (size_t)bytes + 1));
+    ZB_TRY(grow(g, CV_WS_ARENA, bytes + 1, &g->arena));
     for (uint64_t r = 0; r < r1 - r0; r++) g->who[r] = UINT64_MAX;
     unsigned char *at = g->arena;
     for (size_t i = 0; i < g->n_parts; i++) {
         part *p = &g->parts[i];
         if (p->p1 == p->p0) continue;
-        char path[4200];
-        int fd;
-        ZB_TRY(open_part_file(g, p->t, &fd, path, sizeof path));
-        zb_status st = ZB_OK;
-        for (size_t a = 0; a < na && st == ZB_OK; a++) {
-            uint64_t e0, e1;
-            elem_range(g, p, a, p->p0, p->p1, &e0, &e1);
-            p->pass[a] = at;
-            size_t item = g->arrays[a].item;
-            st = pread_all(fd, path, at, (e1 - e0) * item, p->off[a] + e0 * item);
-            at += (e1 - e0) * item;
-        }
-        close(fd);
-        ZB_TRY(st);
+        uint64_t used;
+        ZB_TRY(fill_part(g, p, at, &used));
+        at += used;
         for (uint64_t c = p->p0; c < p->p1; c++) {
             uint64_t r = p->rows[c];
             if (r < r0 || r >= r1 || g->who[r - r0] != UINT64_MAX)
-                return zb_err(ZB_E_CORRUPT, "%s: dataset %zu, row %" PRIu64 " is given twice or "
-                              "out of order", path, g->d, r);
-            g->who[r - r0] = (uint64_t)i << 40 | (c - p->p0);
+                return zb_err(ZB_E_CORRUPT, "scatter file t%zu: dataset %zu, row %" PRIu64
+                              " is given twice or out of order", p->t, g->d, r);
+            g->who[r - r0] = (uint64_t)i << 40 | c;
         }
     }
     for (uint64_t r = 0; r < r1 - r0; r++)
@@ -246,17 +330,16 @@ who_part(const gather *g, uint64_t w, uint64_t *cell)
     return &g->parts[w >> 40];
 }
 
-/* Byte offset, inside the part's pass buffer of array a, of the elements of pass cell `cell`,
- * and their count. */
+/* Byte offset, inside the part's pass buffer of array a, of the elements of cell `cell` (an
+ * index into the part), and their count. */
 static uint64_t
 cell_elems(const gather *g, const part *p, size_t a, uint64_t cell, uint64_t *count)
 {
-    uint64_t e0, e1, b0, b1;
-    elem_range(g, p, a, p->p0, p->p0 + cell, &b0, &e0);
-    elem_range(g, p, a, p->p0 + cell, p->p0 + cell + 1, &b1, &e1);
-    (void)b1;
+    uint64_t base, e0, e1, unused;
+    elem_range(g, p, a, p->q0, cell, &base, &e0);
+    elem_range(g, p, a, cell, cell + 1, &unused, &e1);
     *count = e1 - e0;
-    return (e0 - b0) * g->arrays[a].item;
+    return (e0 - base) * g->arrays[a].item;
 }
 
 /* Variable-length strings of array pair (lens at a, bytes at a + 1) for the pass rows, into
@@ -271,7 +354,7 @@ assemble_strings(gather *g, size_t a, uint64_t rows)
         cell_elems(g, p, a + 1, cell, &n);
         total += n;
     }
-    ZB_TRY(grow((void **)&g->text, &g->cap_text, (size_t)total + 1));
+    ZB_TRY(grow(g, CV_WS_TEXT, total + 1, &g->text));
     uint64_t at = 0;
     g->offsets[0] = 0;
     for (uint64_t r = 0; r < rows; r++) {
@@ -290,11 +373,11 @@ static zb_status
 assemble_fixed(gather *g, size_t a, uint64_t rows)
 {
     size_t item = g->arrays[a].item;
-    ZB_TRY(grow((void **)&g->values, &g->cap_values, (size_t)(rows * item) + 1));
+    ZB_TRY(grow(g, CV_WS_VALUES, rows * item + 1, &g->values));
     for (uint64_t r = 0; r < rows; r++) {
         uint64_t cell;
         part *p = who_part(g, g->who[r], &cell);
-        memcpy(g->values + r * item, p->pass[a] + cell * item, item);
+        memcpy(g->values + r * item, p->pass[a] + (cell - p->q0) * item, item);
     }
     return ZB_OK;
 }
@@ -308,12 +391,10 @@ assemble_matrix(gather *g, size_t j, uint64_t rows)
     for (uint64_t r = 0; r < rows; r++) {
         uint64_t cell;
         part *p = who_part(g, g->who[r], &cell);
-        total += ((const uint32_t *)p->pass[a])[cell];
+        total += ((const uint32_t *)p->pass[a])[cell - p->q0];
     }
-    size_t cap_idx = g->cap_elems;
-    ZB_TRY(grow((void **)&g->indices, &cap_idx, (size_t)total * 4 + 4));
-    g->cap_elems = cap_idx;
-    ZB_TRY(grow((void **)&g->values, &g->cap_values, (size_t)(total * item) + 1));
+    ZB_TRY(grow(g, CV_WS_INDICES, total * 4 + 4, &g->indices));
+    ZB_TRY(grow(g, CV_WS_VALUES, total * item + 1, &g->values));
     uint64_t at = 0;
     g->indptr[0] = 0;
     for (uint64_t r = 0; r < rows; r++) {
@@ -371,7 +452,7 @@ append_column(gather *g, zb_anndata_writer *w, size_t c, uint64_t rows)
         for (uint64_t r = 0; r < rows; r++) {
             uint64_t cell;
             part *p = who_part(g, g->who[r], &cell);
-            g->mask[r] = p->pass[mask_a][cell];
+            g->mask[r] = p->pass[mask_a][cell - p->q0];
         }
     }
     if (col->dtype == ZB_DT_STRING) {
@@ -408,7 +489,7 @@ write_pass(gather *g, zb_anndata_writer *w, uint64_t rows)
     ZB_TRY(zb_anndata_writer_append_names(w, ZB_ANNDATA_OBS, g->text, g->offsets, rows));
     for (size_t c = 0; c < cv->n_cols; c++) ZB_TRY(append_column(g, w, c, rows));
     /* the source of every cell: its input (a code into the input paths) and its row there */
-    ZB_TRY(grow((void **)&g->values, &g->cap_values, (size_t)rows * 8 + 1));
+    ZB_TRY(grow(g, CV_WS_VALUES, rows * 8 + 1, &g->values));
     int32_t *codes = (int32_t *)g->values;
     for (uint64_t r = 0; r < rows; r++) {
         uint64_t cell;
@@ -495,15 +576,19 @@ write_done(gather *g, uint64_t files, uint64_t bytes, uint64_t crc)
 static uint64_t
 pass_rows(const gather *g, uint64_t memory)
 {
-    uint64_t bytes = 0, fixed = 0;
+    uint64_t bytes = 0, fixed = 0, w = row_words(g);
     for (size_t i = 0; i < g->n_parts; i++) {
-        for (size_t a = 0; a < g->n_arrays; a++) bytes += g->parts[i].len[a];
-        fixed += g->parts[i].n * 8 * 4;
+        const part *p = &g->parts[i];
+        for (uint64_t b = 0; b < p->n_blocks; b++)
+            for (size_t a = 0; a < g->n_arrays; a++) bytes += p->blocks[b * w + 4 + 3 * a];
+        fixed += p->n * 8 * 4 + p->n_blocks * w * 8;
     }
+    /* a pass holds its cells decompressed, their compressed blocks, and the rows assembled;
+     * each part may add a block that straddles two passes */
     uint64_t per_row = bytes / (g->cells ? g->cells : 1) + 1;
-    uint64_t used = cv_gather_overhead(g->cv) + fixed, floor = (uint64_t)8 << 20;
-    uint64_t left = memory > used + floor ? memory - used : floor;
-    uint64_t rows = left / (2 * per_row + 24);
+    uint64_t used = cv_gather_overhead(g->cv) + fixed + g->n_parts * CV_BLOCK_BYTES * 3 / 2;
+    uint64_t floor = (uint64_t)8 << 20, left = memory > used + floor ? memory - used : floor;
+    uint64_t rows = left / (per_row * 5 / 2 + 24);
     return rows < 1 ? 1 : rows;
 }
 
@@ -512,16 +597,14 @@ gather_rows(gather *g, zb_anndata_writer *w, uint64_t memory)
 {
     uint64_t per_pass = pass_rows(g, memory);
     if (per_pass > g->cells) per_pass = g->cells;
-    g->who = malloc((size_t)(per_pass ? per_pass : 1) * sizeof *g->who);
-    g->indptr = malloc((size_t)(per_pass + 1) * sizeof *g->indptr);
-    g->offsets = malloc((size_t)(per_pass + 1) * sizeof *g->offsets);
-    g->mask = malloc((size_t)(per_pass ? per_pass : 1));
-    if (!g->who || !g->indptr || !g->offsets || !g->mask) return zb_err(ZB_E_NOMEM, "gather");
+    ZB_TRY(grow(g, CV_WS_WHO, (per_pass + 1) * sizeof *g->who, &g->who));
+    ZB_TRY(grow(g, CV_WS_INDPTR, (per_pass + 1) * sizeof *g->indptr, &g->indptr));
+    ZB_TRY(grow(g, CV_WS_OFFSETS, (per_pass + 1) * sizeof *g->offsets, &g->offsets));
+    ZB_TRY(grow(g, CV_WS_MASK, per_pass + 1, &g->mask));
     for (uint64_t r0 = 0; r0 < g->cells; r0 += per_pass) {
         uint64_t r1 = g->cells - r0 < per_pass ? g->cells : r0 + per_pass;
         ZB_TRY(read_pass(g, r0, r1));
         ZB_TRY(write_pass(g, w, r1 - r0));
-        malloc_trim(0); /* as after a scatter task: freed pieces of the writer's threads */
     }
     return ZB_OK;
 }
@@ -542,7 +625,7 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     g.cells = cv_dataset_cells(cv, d);
     g.n_arrays = cv_arrays(cv, g.arrays, g.col_start);
     g.parts = calloc(cv->n_slices ? cv->n_slices : 1, sizeof *g.parts);
-    zb_status st = g.parts ? ZB_OK : zb_err(ZB_E_NOMEM, "gather");
+    zb_status st = g.parts ? cv_ws_take(cv, &g.ws) : zb_err(ZB_E_NOMEM, "gather");
     for (size_t t = 0; t < cv->n_slices && st == ZB_OK; t++) st = load_part(&g, t);
     uint64_t have = 0;
     for (size_t i = 0; i < g.n_parts; i++) have += g.parts[i].n;
@@ -572,14 +655,7 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     cv_digest_free(dg);
     if (st == ZB_OK) st = write_done(&g, files, bytes, crc);
     parts_free(&g);
-    free(g.arena);
-    free(g.who);
-    free(g.indptr);
-    free(g.indices);
-    free(g.values);
-    free(g.offsets);
-    free(g.text);
-    free(g.mask);
+    cv_ws_give(cv, g.ws);
     if (st != ZB_OK) return zb_err_context(st, "gather of %s", name);
     return ZB_OK;
 }

@@ -5,12 +5,12 @@
  * is described in convert_int.h). The file is the task's only output and appears by rename,
  * so a killed task leaves nothing behind. */
 #include <inttypes.h>
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "convert/convert_int.h"
+#include "util/buf.h"
 #include "util/status.h"
 
 size_t
@@ -83,6 +83,7 @@ sort_by_gene(uint64_t *keys, uint64_t *tmp, size_t n)
 
 typedef struct scatter {
     zb_convert *cv;
+    cv_ws *ws;              /* every buffer below lives in it */
     size_t t, n_arrays, col_start[CV_MAX_ARRAYS];
     cv_array arrays[CV_MAX_ARRAYS];
     cv_slice s;
@@ -90,27 +91,20 @@ typedef struct scatter {
     zb_csr_block *mats;     /* [n_mats] as read */
     zb_col_block *cols;     /* [n_cols] as read */
     zb_strings names;
-    uint64_t *order;        /* [n]: (position << 24 | ...) sorted, then the input index */
+    uint64_t *order;        /* [2n]: (position, input index) pairs, then the input indices */
     uint64_t *pos;          /* [n]: the output position of each cell in sorted order */
     uint64_t *section;      /* [n_datasets + 1]: first sorted cell of each dataset */
     unsigned char *buf[CV_MAX_ARRAYS]; /* the arrays, all sections */
     uint64_t count[CV_MAX_ARRAYS];     /* elements in each */
-    uint64_t *sec_elem;     /* [(n_datasets + 1) * n_arrays]: first element of each section */
+    uint64_t *starts[CV_MAX_ARRAYS]; /* count arrays' prefix sums [n + 1], by count array */
 } scatter;
 
-static void
-scatter_free(scatter *sc)
+static zb_status
+grow(scatter *sc, size_t slot, uint64_t bytes, void *out)
 {
-    for (size_t j = 0; sc->mats && j < sc->cv->n_mats; j++) zb_csr_block_free(&sc->mats[j]);
-    for (size_t c = 0; sc->cols && c < sc->cv->n_cols; c++) zb_col_block_free(&sc->cols[c]);
-    free(sc->mats);
-    free(sc->cols);
-    zb_strings_free(&sc->names);
-    free(sc->order);
-    free(sc->pos);
-    free(sc->section);
-    for (size_t a = 0; a < sc->n_arrays; a++) free(sc->buf[a]);
-    free(sc->sec_elem);
+    if (bytes > ZB_BUF_MAX)
+        return zb_err(ZB_E_OVERFLOW, "a scatter task of %" PRIu64 " bytes", bytes);
+    return cv_ws_grow(sc->ws, slot, (size_t)bytes, (void **)out);
 }
 
 static zb_status
@@ -137,10 +131,9 @@ sort_cells(scatter *sc)
 {
     zb_convert *cv = sc->cv;
     uint64_t base = cv->inputs[sc->s.input].base + sc->s.start;
-    sc->order = malloc((size_t)sc->n * 2 * sizeof *sc->order);
-    sc->pos = malloc((size_t)sc->n * sizeof *sc->pos);
-    sc->section = calloc((size_t)cv->n_datasets + 1, sizeof *sc->section);
-    if (!sc->order || !sc->pos || !sc->section) return zb_err(ZB_E_NOMEM, "a scatter task");
+    ZB_TRY(grow(sc, CV_WS_ORDER, sc->n * 2 * sizeof *sc->order, &sc->order));
+    ZB_TRY(grow(sc, CV_WS_POS, sc->n * sizeof *sc->pos, &sc->pos));
+    ZB_TRY(grow(sc, CV_WS_SECTION, (cv->n_datasets + 1) * sizeof *sc->section, &sc->section));
     /* pairs (position, input index), sorted by position (positions are distinct) */
     uint64_t *pairs = sc->order;
     for (uint64_t i = 0; i < sc->n; i++) {
@@ -166,10 +159,8 @@ sort_cells(scatter *sc)
 static zb_status
 alloc_array(scatter *sc, size_t a, uint64_t count)
 {
-    uint64_t bytes = count * sc->arrays[a].item;
-    sc->buf[a] = malloc(bytes ? (size_t)bytes : 1);
     sc->count[a] = count;
-    return sc->buf[a] ? ZB_OK : zb_err(ZB_E_NOMEM, "a scatter task: %" PRIu64 " bytes", bytes);
+    return grow(sc, a, count * sc->arrays[a].item + 1, &sc->buf[a]);
 }
 
 /* The fixed part: rows, input rows, names. */
@@ -224,9 +215,11 @@ fill_matrix(scatter *sc, size_t j)
     }
     ZB_TRY(alloc_array(sc, a + 1, total));
     ZB_TRY(alloc_array(sc, a + 2, total));
-    uint64_t *keys = malloc((size_t)(2 * longest + 1) * sizeof *keys);
-    unsigned char *raw = malloc((size_t)(longest + 1) * in_item);
-    zb_status st = keys && raw ? ZB_OK : zb_err(ZB_E_NOMEM, "a scatter task's row buffers");
+    uint64_t *keys;
+    unsigned char *raw;
+    ZB_TRY(grow(sc, CV_WS_KEYS, (2 * longest + 1) * sizeof *keys, &keys));
+    ZB_TRY(grow(sc, CV_WS_RAW, (longest + 1) * in_item, &raw));
+    zb_status st = ZB_OK;
     uint32_t *idx = (uint32_t *)sc->buf[a + 1];
     unsigned char *data = sc->buf[a + 2];
     const unsigned char *vals = b->data;
@@ -246,8 +239,6 @@ fill_matrix(scatter *sc, size_t j)
         idx += m;
         data += m * out_item;
     }
-    free(keys);
-    free(raw);
     return st;
 }
 
@@ -307,76 +298,128 @@ fill_column(scatter *sc, size_t c)
     return ZB_OK;
 }
 
-/* Where each section starts in each array (elements). */
-static zb_status
-section_offsets(scatter *sc)
+void
+cv_scratch_codec(zb_codec *codec)
 {
-    uint64_t nd = sc->cv->n_datasets;
-    sc->sec_elem = calloc((size_t)(nd + 1) * sc->n_arrays, sizeof *sc->sec_elem);
-    if (!sc->sec_elem) return zb_err(ZB_E_NOMEM, "a scatter task");
+    memset(codec, 0, sizeof *codec);
+    codec->id = ZB_CODEC_BLOSC;
+    codec->level = 5;
+    memcpy(codec->cname, "lz4", 4);
+    codec->shuffle = ZB_SHUFFLE_BYTE;
+}
+
+/* Element offsets of every sorted cell in each array: starts[a][q] for q in [0, n]. Fixed
+ * arrays need none (q itself); variable ones are prefix sums of their count array. */
+static zb_status
+element_starts(scatter *sc)
+{
+    size_t k = 0;
     for (size_t a = 0; a < sc->n_arrays; a++) {
-        const cv_array *ar = &sc->arrays[a];
-        const uint32_t *counts = ar->count >= 0 ? (const uint32_t *)sc->buf[ar->count] : NULL;
-        uint64_t elem = 0, q = 0;
-        for (uint64_t d = 0; d <= nd; d++) {
-            for (; q < sc->section[d]; q++) elem += counts ? counts[q] : 1;
-            sc->sec_elem[d * sc->n_arrays + a] = elem;
-        }
+        int c = sc->arrays[a].count;
+        if (c < 0 || sc->starts[c]) continue;
+        if (k == CV_WS_STARTS_N)
+            return zb_err(ZB_E_UNSUPPORTED, "more than %d variable-length obs columns and "
+                          "matrices", CV_WS_STARTS_N);
+        ZB_TRY(grow(sc, CV_WS_STARTS0 + k++, (sc->n + 1) * 8, &sc->starts[c]));
+        const uint32_t *counts = (const uint32_t *)sc->buf[c];
+        sc->starts[c][0] = 0;
+        for (uint64_t q = 0; q < sc->n; q++) sc->starts[c][q + 1] = sc->starts[c][q] + counts[q];
     }
     return ZB_OK;
+}
+
+static uint64_t
+elem_at(const scatter *sc, size_t a, uint64_t q)
+{
+    int c = sc->arrays[a].count;
+    return c < 0 ? q : sc->starts[c][q];
+}
+
+/* Compresses cells [q0, q1) of every array as one block, appending the pieces to the blob and
+ * the block's row to the table. */
+static zb_status
+write_block(scatter *sc, uint64_t first_in_section, uint64_t q0, uint64_t q1, zb_buf *blob,
+            uint64_t *row, uint64_t blob_base)
+{
+    zb_codec codec;
+    cv_scratch_codec(&codec);
+    row[0] = first_in_section;
+    row[1] = q1 - q0;
+    for (size_t a = 0; a < sc->n_arrays; a++) {
+        size_t item = sc->arrays[a].item;
+        uint64_t e0 = elem_at(sc, a, q0), e1 = elem_at(sc, a, q1);
+        size_t raw = (size_t)((e1 - e0) * item);
+        ZB_TRY(zb_codec_encode(&codec, sc->ws->ctx, sc->buf[a] + e0 * item, raw, item,
+                               &sc->ws->piece));
+        row[2 + 3 * a] = blob_base + blob->len;
+        row[3 + 3 * a] = sc->ws->piece.len;
+        row[4 + 3 * a] = raw;
+        ZB_TRY(zb_buf_append(blob, sc->ws->piece.data, sc->ws->piece.len));
+    }
+    return ZB_OK;
+}
+
+/* Uncompressed bytes of sorted cell q over every array. */
+static uint64_t
+cell_bytes(const scatter *sc, uint64_t q)
+{
+    uint64_t bytes = 0;
+    for (size_t a = 0; a < sc->n_arrays; a++)
+        bytes += (elem_at(sc, a, q + 1) - elem_at(sc, a, q)) * sc->arrays[a].item;
+    return bytes;
 }
 
 static zb_status
 write_sections(scatter *sc)
 {
     zb_convert *cv = sc->cv;
-    uint64_t nd = cv->n_datasets, na = sc->n_arrays;
-    size_t dir_len = (size_t)(nd * (1 + 2 * na)) * sizeof(uint64_t);
-    uint64_t *dir = malloc(dir_len);
-    const void **bufs = calloc(na + 2, sizeof *bufs);
-    size_t *lens = calloc(na + 2, sizeof *lens);
-    zb_status st = dir && bufs && lens ? ZB_OK : zb_err(ZB_E_NOMEM, "a scatter task");
+    uint64_t nd = cv->n_datasets, na = sc->n_arrays, row_words = 2 + 3 * na;
+    ZB_TRY(element_starts(sc));
+    /* blocks: cut each section at about CV_BLOCK_BYTES */
+    uint64_t n_blocks = 0;
+    for (uint64_t d = 0; d < nd; d++)
+        for (uint64_t q = sc->section[d], bytes = 0; q < sc->section[d + 1]; q++) {
+            if (bytes == 0) n_blocks++;
+            bytes += cell_bytes(sc, q);
+            if (bytes >= CV_BLOCK_BYTES) bytes = 0;
+        }
+    uint64_t *sections, *blocks;
+    ZB_TRY(grow(sc, CV_WS_TABLE, (nd * 3 + n_blocks * row_words) * 8, &sections));
+    blocks = sections + nd * 3;
     cv_scatter_header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CV_SCATTER_MAGIC, 8);
-    h.version = 1;
+    h.version = 2;
     h.n_arrays = (uint32_t)na;
     h.n_datasets = nd;
     h.input = sc->s.input;
     h.n_cells = sc->n;
-    uint64_t *array_at = calloc(na ? na : 1, sizeof *array_at);
-    if (!array_at) st = zb_err(ZB_E_NOMEM, "a scatter task");
-    uint64_t at = sizeof h + dir_len;
-    for (size_t a = 0; st == ZB_OK && a < na; a++) {
-        array_at[a] = at;
-        at += sc->count[a] * sc->arrays[a].item;
-    }
-    for (uint64_t d = 0; st == ZB_OK && d < nd; d++) {
-        uint64_t *row = dir + d * (1 + 2 * na);
-        row[0] = sc->section[d + 1] - sc->section[d];
-        for (size_t a = 0; a < na; a++) {
-            uint64_t e0 = sc->sec_elem[d * na + a], e1 = sc->sec_elem[(d + 1) * na + a];
-            row[1 + 2 * a] = array_at[a] + e0 * sc->arrays[a].item;
-            row[2 + 2 * a] = (e1 - e0) * sc->arrays[a].item;
+    h.n_blocks = n_blocks;
+    uint64_t table_len = (nd * 3 + n_blocks * row_words) * 8, base = sizeof h + table_len;
+    zb_buf *blob = &sc->ws->blob;
+    blob->len = 0;
+    zb_status st = ZB_OK;
+    uint64_t b = 0;
+    for (uint64_t d = 0; d < nd && st == ZB_OK; d++) {
+        uint64_t s0 = sc->section[d], s1 = sc->section[d + 1];
+        sections[3 * d] = s1 - s0;
+        sections[3 * d + 1] = b;
+        for (uint64_t q0 = s0; q0 < s1 && st == ZB_OK;) {
+            uint64_t q1 = q0, bytes = 0;
+            while (q1 < s1 && bytes < CV_BLOCK_BYTES) bytes += cell_bytes(sc, q1++);
+            st = write_block(sc, q0 - s0, q0, q1, blob, blocks + b * row_words, base);
+            b++;
+            q0 = q1;
         }
+        sections[3 * d + 2] = b - sections[3 * d + 1];
     }
     if (st == ZB_OK) {
-        bufs[0] = &h;
-        lens[0] = sizeof h;
-        bufs[1] = dir;
-        lens[1] = dir_len;
-        for (size_t a = 0; a < na; a++) {
-            bufs[2 + a] = sc->buf[a];
-            lens[2 + a] = (size_t)(sc->count[a] * sc->arrays[a].item);
-        }
+        const void *bufs[3] = {&h, sections, blob->data ? blob->data : (const void *)""};
+        size_t lens[3] = {sizeof h, (size_t)table_len, blob->len};
         char path[4200];
         st = cv_path(cv, path, sizeof path, "scatter/t%zu.bin", sc->t);
-        if (st == ZB_OK) st = cv_write_file(path, bufs, lens, na + 2);
+        if (st == ZB_OK) st = cv_write_file(path, bufs, lens, 3);
     }
-    free(array_at);
-    free(dir);
-    free(bufs);
-    free(lens);
     return st;
 }
 
@@ -393,20 +436,19 @@ cv_scatter_task(zb_convert *cv, size_t t)
     sc.s = cv->slices[t];
     sc.n = sc.s.stop - sc.s.start;
     sc.n_arrays = cv_arrays(cv, sc.arrays, sc.col_start);
-    sc.mats = calloc(cv->n_mats, sizeof *sc.mats);
-    sc.cols = calloc(cv->n_cols ? cv->n_cols : 1, sizeof *sc.cols);
-    zb_status st = sc.mats && sc.cols ? ZB_OK : zb_err(ZB_E_NOMEM, "a scatter task");
+    zb_status st = cv_ws_take(cv, &sc.ws);
+    if (st != ZB_OK) return st;
+    st = cv_ws_blocks(sc.ws, cv->n_mats, cv->n_cols);
+    sc.mats = sc.ws->mats;
+    sc.cols = sc.ws->cols;
     if (st == ZB_OK) st = read_cells(&sc);
     if (st == ZB_OK) st = sort_cells(&sc);
     if (st == ZB_OK) st = fill_fixed(&sc);
     for (size_t j = 0; st == ZB_OK && j < cv->n_mats; j++) st = fill_matrix(&sc, j);
     for (size_t c = 0; st == ZB_OK && c < cv->n_cols; c++) st = fill_column(&sc, c);
-    if (st == ZB_OK) st = section_offsets(&sc);
     if (st == ZB_OK) st = write_sections(&sc);
-    scatter_free(&sc);
-    /* hand the task's freed buffers back to the system: glibc keeps freed heap memory per
-     * thread arena, and the next task on another thread would not reuse it (the memory bound) */
-    malloc_trim(0);
+    zb_strings_free(&sc.names);
+    cv_ws_give(cv, sc.ws);
     if (st != ZB_OK)
         return zb_err_context(st, "scatter task %zu (%s, rows %" PRIu64 "-%" PRIu64 ")", t,
                               cv->inputs[cv->slices[t].input].path, cv->slices[t].start,
