@@ -280,6 +280,10 @@ cv_plan_load(zb_convert *cv)
     ZB_TRY(get_u64(doc, "n_cells", &cv->n_cells));
     ZB_TRY(get_u64(doc, "input_bytes", &cv->input_bytes));
     ZB_TRY(get_u64(doc, "memory_bytes", &cv->memory_bytes));
+    ZB_TRY(get_u64(doc, "block_bytes", &cv->block_bytes));
+    if (cv->block_bytes < CV_MIN_BLOCK_BYTES || cv->block_bytes > CV_MAX_BLOCK_BYTES)
+        return zb_err(ZB_E_CORRUPT, "%s: block_bytes %" PRIu64 " is out of range", path,
+                      cv->block_bytes);
     ZB_TRY(get_u64(args, "dataset_size", &cv->dataset_size));
     ZB_TRY(get_u64(args, "seed", &cv->seed));
     ZB_TRY(get_u64(args, "x_chunk", &cv->x_chunk));
@@ -801,9 +805,20 @@ run_phase(runner *r, zb_convert_phase phase, int concurrency, int task_threads)
         if (jobs[i].phase != ZB_CONVERT_PHASES_) zb_pool_submit(pool, run_job, &jobs[i]);
     zb_pool_free(pool);
     free(jobs);
+    /* the next phase's tasks need other buffers: this phase's go back to the system */
+    cv_ws_free_all(cv);
     if (st != ZB_OK) return st;
     if (r->status != ZB_OK) return zb_err(r->status, "%s", r->message);
     return ZB_OK;
+}
+
+uint64_t
+cv_concurrent_gathers(uint64_t memory, uint64_t writer, uint64_t n_datasets, int threads)
+{
+    uint64_t need = writer + ((uint64_t)32 << 20);
+    uint64_t g = n_datasets < (uint64_t)threads ? n_datasets : (uint64_t)threads;
+    if (memory / need < g) g = memory / need;
+    return g ? g : 1;
 }
 
 zb_status
@@ -825,12 +840,8 @@ zb_convert_run(const char *const *inputs, size_t n_inputs, const char *output,
     uint64_t fit = o.memory_bytes / (3 * biggest);
     int scatter = fit < (uint64_t)t ? (int)(fit ? fit : 1) : t;
     if (st == ZB_OK) st = run_phase(&r, ZB_CONVERT_SCATTER, scatter, 1);
-    /* gather: as many datasets at once as the memory holds with their writers and a pass of
-     * at least 32 MiB each, the threads shared out among them for compression */
-    uint64_t need = cv_gather_overhead(cv) + ((uint64_t)32 << 20);
-    uint64_t gathers = cv->n_datasets < (uint64_t)t ? cv->n_datasets : (uint64_t)t;
-    if (o.memory_bytes / need < gathers) gathers = o.memory_bytes / need ? o.memory_bytes / need : 1;
-    if (gathers < 1) gathers = 1;
+    uint64_t gathers = cv_concurrent_gathers(o.memory_bytes, cv_gather_overhead(cv),
+                                             cv->n_datasets, t);
     cv->task_memory = o.memory_bytes / gathers;
     if (st == ZB_OK)
         st = run_phase(&r, ZB_CONVERT_GATHER, (int)gathers, t / (int)gathers ? t / (int)gathers : 1);

@@ -92,6 +92,7 @@ struct zb_convert {
     char *codec;            /* NULL = default */
     uint64_t x_chunk, x_shard;
     uint64_t memory_bytes;
+    uint64_t block_bytes;   /* of the scatter files' blocks */
     uint64_t task_memory;   /* memory one running task may use (0 = memory_bytes) */
     zb_strings input_names; /* the inputs as the command named them (src_path's categories) */
     bool finished;          /* opened on a finished collection: only its manifest is loaded */
@@ -110,31 +111,37 @@ struct zb_convert {
 
 /* ---- the scatter file (scatter.c) ----------------------------------------------------------
  *
- * A scatter task's cells, sorted by output position, as one file:
- *   header    cv_scatter_header (little-endian, 48 bytes)
- *   sections  n_datasets rows of 3 uint64: the section's cells, its first block, its blocks
- *   blocks    n_blocks rows of (2 + 3 * n_arrays) uint64: the block's first cell (within its
- *             section) and cell count, then for each array the absolute offset, compressed
- *             length and decompressed length of its piece
- *   pieces    for each block, for each array, the block's elements of that array compressed
- *             with blosc (lz4, byte shuffle at the array's item size)
- * A block holds consecutive cells of one section, about CV_BLOCK_BYTES uncompressed, so a
- * gather pass decompresses little beyond the cells it needs. The arrays of a section
- * (cv_arrays gives them): the cells' rows in the dataset (uint64), their rows in the input
- * (uint64), obs names (uint32 lengths, bytes), each matrix (uint32 nonzeros, uint32 gene ids,
- * values of the output dtype), each obs column (numeric: values; categorical: int32 output
- * codes; string: uint32 lengths, bytes; nullable: its values or strings, then a uint8 mask).
- * Compression: the scratch holds the cells once more; blosc-lz4 makes it a third of that
- * (disk space and bytes through the page cache), at about 2 GB/s per core each way. */
+ * A scatter task's cells, sorted by output position, as one file (numbers little-endian):
+ *   header    cv_scatter_header (48 bytes)
+ *   sections  n_datasets rows of 4 uint64: the section's cells, its blocks, the offset of its
+ *             data and the length of its index part
+ *   data      per section:
+ *     index part: a uint32 compressed length per index array, then the block table (per block
+ *                 a uint32 cell count and a uint32 compressed length per array, 0 for index
+ *                 arrays), then the index arrays of all its cells, each compressed whole
+ *     blocks:     per block, per non-index array in order, the block's elements compressed
+ * Index arrays are the cells' rows in the dataset and every array that counts another's
+ * elements: a gather task reads them once per section and then knows where every cell's
+ * elements lie, so a pass reads and decompresses only the blocks its rows fall in. Blocks hold
+ * about block_bytes of consecutive cells, sized by the plan so that every section's straddling
+ * block in a pass fits the memory (the plan's "block_bytes"). Pieces are blosc (lz4, byte
+ * shuffle at the array's item size): the scratch holds the cells once more, and a third of that
+ * on disk and through the page cache costs less than writing it raw (docs/CONVERT.md).
+ * The arrays of a section (cv_arrays gives them): the cells' rows in the dataset (uint64), their
+ * rows in the input (uint64), obs names (uint32 lengths, bytes), each matrix (uint32 nonzeros,
+ * uint32 gene ids, values of the output dtype), each obs column (numeric: values; categorical:
+ * int32 output codes; string: uint32 lengths, bytes; nullable: its values or strings, then a
+ * uint8 mask). */
 
-#define CV_SCATTER_MAGIC "ZBSCAT\0\2"
+#define CV_SCATTER_MAGIC "ZBSCAT\0\3"
 #define CV_MAX_ARRAYS 1024
-#define CV_BLOCK_BYTES ((uint64_t)512 << 10)
+#define CV_MIN_BLOCK_BYTES ((uint64_t)16 << 10)
+#define CV_MAX_BLOCK_BYTES ((uint64_t)512 << 10)
 
 typedef struct cv_scatter_header {
     char magic[8];
     uint32_t version, n_arrays;
-    uint64_t n_datasets, input, n_cells, n_blocks;
+    uint64_t n_datasets, input, n_cells, block_bytes;
 } cv_scatter_header;
 
 /* The codec of the scatter pieces (blosc lz4 level 5, byte shuffle). */
@@ -159,6 +166,8 @@ cv_matrix_array(size_t j)
 /* The arrays of every section of this conversion, into out[CV_MAX_ARRAYS]; col_start[c] gets
  * the first array of column c. Returns the count. */
 size_t cv_arrays(const zb_convert *cv, cv_array *out, size_t *col_start);
+/* index[a] = whether array a is an index array (the rows, or another array's counts). */
+void cv_index_arrays(const cv_array *arrays, size_t n, bool *index);
 
 /* ---- workspaces (workspace.c) ----------------------------------------------------------------
  *
@@ -169,7 +178,7 @@ size_t cv_arrays(const zb_convert *cv, cv_array *out, size_t *col_start);
 enum {
     CV_WS_ORDER = CV_MAX_ARRAYS, CV_WS_POS, CV_WS_SECTION, CV_WS_KEYS, CV_WS_RAW,
     CV_WS_ARENA, CV_WS_WHO, CV_WS_INDPTR, CV_WS_INDICES, CV_WS_VALUES, CV_WS_OFFSETS, CV_WS_TEXT,
-    CV_WS_MASK, CV_WS_TABLE, CV_WS_PACKED, CV_WS_STARTS0,
+    CV_WS_MASK, CV_WS_TABLE, CV_WS_PACKED, CV_WS_CUTS, CV_WS_STARTS0,
     CV_WS_STARTS_N = 64, /* prefix sums of up to 64 count arrays */
     CV_WS_SLOTS = CV_WS_STARTS0 + CV_WS_STARTS_N
 };
@@ -303,5 +312,13 @@ zb_status cv_gather_task(zb_convert *cv, size_t d, int num_threads);
 /* Bytes of memory one scatter task / one gather holds at most, from the plan. */
 uint64_t cv_scatter_task_memory(const zb_convert *cv, size_t t);
 uint64_t cv_gather_overhead(const zb_convert *cv);
+/* Memory one dataset's writer holds at most: per matrix, for data and indices each, the shard
+ * filling, the one compressing, its compressed pieces and the assembled shard; a chunk per obs
+ * column; a margin. */
+uint64_t cv_writer_bytes(uint64_t x_chunk, uint64_t x_shard, const zb_dtype *mat_dtypes,
+                         size_t n_mats, size_t n_cols);
+/* Datasets gathered at once: as many as `memory` holds with their writers and a 32 MiB pass
+ * each, at most `threads` and the datasets there are. */
+uint64_t cv_concurrent_gathers(uint64_t memory, uint64_t writer, uint64_t n_datasets, int threads);
 
 #endif

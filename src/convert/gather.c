@@ -22,8 +22,9 @@ typedef struct part {
     uint32_t input;
     uint64_t n;           /* cells */
     uint64_t n_blocks;
-    uint64_t *blocks;     /* [n_blocks][2 + 3 * n_arrays]: first cell, cells, then per array
-                             the piece's offset, compressed and raw length */
+    uint32_t *table;      /* [n_blocks][1 + n_arrays]: cells, compressed length per array */
+    uint64_t *first;      /* [n_blocks + 1]: first cell of each block */
+    uint64_t *at;         /* [n_blocks + 1]: file offset of each block */
     uint64_t *rows;       /* [n] row of each cell in the dataset */
     uint64_t **prefix;    /* [n_arrays]: count arrays' prefix sums [n + 1] (NULL otherwise) */
     uint64_t p0, p1;      /* this pass's cells */
@@ -50,6 +51,7 @@ typedef struct gather {
     char *text;
     uint8_t *mask;
     cv_ws *ws; /* the buffers above live in it */
+    bool index[CV_MAX_ARRAYS];
     uint64_t nnz[64]; /* per matrix, for the done marker */
 } gather;
 
@@ -86,55 +88,81 @@ open_part_file(gather *g, size_t t, int *fd, char *path, size_t cap)
     return ZB_OK;
 }
 
-static size_t
-row_words(const gather *g)
-{
-    return 2 + 3 * g->n_arrays;
-}
-
-/* Decodes the piece of array a in block b (its compressed bytes at `packed`, which holds the
- * file from byte `packed_at`) into dst, which must take exactly `want` bytes. */
+/* Decodes `clen` compressed bytes at src into dst, which must take exactly `want` bytes. */
 static zb_status
-decode_piece(gather *g, const part *p, const char *path, uint64_t b, size_t a,
-             const unsigned char *packed, uint64_t packed_at, unsigned char *dst, uint64_t want)
+decode_piece(gather *g, const char *path, uint64_t block, size_t a, const unsigned char *src,
+             uint64_t clen, unsigned char *dst, uint64_t want)
 {
-    const uint64_t *e = p->blocks + b * row_words(g) + 2 + 3 * a;
-    if (e[2] != want)
-        return zb_err(ZB_E_CORRUPT, "%s: block %" PRIu64 ", array %zu holds %" PRIu64 " bytes, "
-                      "%" PRIu64 " expected", path, b, a, e[2], want);
     zb_codec codec;
     cv_scratch_codec(&codec);
     size_t out = 0;
     char where[4300];
-    snprintf(where, sizeof where, "%s: block %" PRIu64 ", array %zu", path, b, a);
-    return zb_codec_decode(&codec, g->ws->ctx, packed + (e[0] - packed_at), (size_t)e[1], dst,
-                           (size_t)want, (size_t)want, &out, where);
+    snprintf(where, sizeof where, "%s: dataset %zu, block %" PRIu64 ", array %zu", path, g->d,
+             block, a);
+    return zb_codec_decode(&codec, g->ws->ctx, src, (size_t)clen, dst, (size_t)want,
+                           (size_t)want, &out, where);
 }
 
-/* Reads the compressed bytes of blocks [b0, b1) of part p (one contiguous range of the file)
- * into the workspace; *at is the file offset they start at. */
+/* The index part of the section: block table, rows, count arrays' prefix sums. */
 static zb_status
-read_blocks(gather *g, part *p, int fd, const char *path, uint64_t b0, uint64_t b1,
-            unsigned char **packed, uint64_t *at)
+load_index(gather *g, part *p, const char *path, const unsigned char *buf, uint64_t len,
+           uint64_t offset)
 {
-    size_t w = row_words(g);
-    uint64_t lo = UINT64_MAX, hi = 0;
-    for (uint64_t b = b0; b < b1; b++)
-        for (size_t a = 0; a < g->n_arrays; a++) {
-            const uint64_t *e = p->blocks + b * w + 2 + 3 * a;
-            if (e[0] > UINT64_MAX - e[1])
-                return zb_err(ZB_E_CORRUPT, "%s: block %" PRIu64 " is out of range", path, b);
-            if (e[0] < lo) lo = e[0];
-            if (e[0] + e[1] > hi) hi = e[0] + e[1];
+    size_t na = g->n_arrays, n_index = 0;
+    for (size_t a = 0; a < na; a++) n_index += g->index[a];
+    uint64_t head = (n_index + p->n_blocks * (1 + na)) * 4;
+    if (head > len) return zb_err(ZB_E_CORRUPT, "%s: dataset %zu: a short index", path, g->d);
+    const uint32_t *clens = (const uint32_t *)buf;
+    memcpy(p->table, buf + n_index * 4, (size_t)(p->n_blocks * (1 + na) * 4));
+    p->first[0] = 0;
+    p->at[0] = offset + len;
+    for (uint64_t b = 0; b < p->n_blocks; b++) {
+        const uint32_t *r = p->table + b * (1 + na);
+        uint64_t bytes = 0;
+        for (size_t a = 0; a < na; a++) bytes += r[1 + a];
+        if (r[0] == 0 || r[0] > p->n - p->first[b])
+            return zb_err(ZB_E_CORRUPT, "%s: dataset %zu: block %" PRIu64 " holds %u cells",
+                          path, g->d, b, r[0]);
+        p->first[b + 1] = p->first[b] + r[0];
+        p->at[b + 1] = p->at[b] + bytes;
+    }
+    if (p->first[p->n_blocks] != p->n)
+        return zb_err(ZB_E_CORRUPT, "%s: dataset %zu: the blocks hold %" PRIu64 " of %" PRIu64
+                      " cells", path, g->d, p->first[p->n_blocks], p->n);
+    uint32_t *counts = malloc((size_t)p->n * 4 + 4);
+    if (!counts) return zb_err(ZB_E_NOMEM, "gather");
+    zb_status st = ZB_OK;
+    uint64_t at = head;
+    for (size_t a = 0, k = 0; a < na && st == ZB_OK; a++) {
+        if (!g->index[a]) continue;
+        uint64_t clen = clens[k++];
+        if (clen > len - at) {
+            st = zb_err(ZB_E_CORRUPT, "%s: dataset %zu: index array %zu runs past its part", path,
+                        g->d, a);
+            break;
         }
-    if (lo > hi) lo = hi;
-    ZB_TRY(grow(g, CV_WS_PACKED, hi - lo + 1, packed));
-    *at = lo;
-    return pread_all(fd, path, *packed, hi - lo, lo);
+        if (a == CV_A_ROW) {
+            st = decode_piece(g, path, UINT64_MAX, a, buf + at, clen, (unsigned char *)p->rows,
+                              p->n * 8);
+        } else {
+            st = decode_piece(g, path, UINT64_MAX, a, buf + at, clen, (unsigned char *)counts,
+                              p->n * 4);
+            if (st == ZB_OK && !(p->prefix[a] = malloc((size_t)(p->n + 1) * 8)))
+                st = zb_err(ZB_E_NOMEM, "gather");
+            for (uint64_t i = 0; st == ZB_OK && i < p->n; i++) {
+                if (i == 0) p->prefix[a][0] = 0;
+                p->prefix[a][i + 1] = p->prefix[a][i] + counts[i];
+            }
+            if (st == ZB_OK && p->n == 0) p->prefix[a][0] = 0;
+        }
+        at += clen;
+    }
+    free(counts);
+    return st;
 }
 
 /* Reads scatter file t's header and its section of this dataset; keeps the part when it holds
- * cells, with their rows and the prefix sums of its count arrays (decompressed once). */
+ * cells, with its block table, rows and count arrays. */
 static zb_status
 load_part(gather *g, size_t t)
 {
@@ -142,17 +170,17 @@ load_part(gather *g, size_t t)
     char path[4200];
     int fd;
     ZB_TRY(open_part_file(g, t, &fd, path, sizeof path));
-    size_t na = g->n_arrays, w = row_words(g);
+    size_t na = g->n_arrays;
     cv_scatter_header h;
-    uint64_t sec[3];
+    uint64_t sec[4];
     zb_status st = pread_all(fd, path, &h, sizeof h, 0);
-    if (st == ZB_OK && (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != 2 ||
+    if (st == ZB_OK && (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != 3 ||
                         h.n_arrays != na || h.n_datasets != cv->n_datasets ||
-                        h.input != cv->slices[t].input || h.n_blocks > ((uint64_t)1 << 40)))
+                        h.input != cv->slices[t].input))
         st = zb_err(ZB_E_CORRUPT, "%s: not a scatter file of this conversion", path);
-    if (st == ZB_OK) st = pread_all(fd, path, sec, sizeof sec, sizeof h + g->d * 3 * 8);
-    if (st == ZB_OK && (sec[1] > h.n_blocks || sec[2] > h.n_blocks - sec[1] ||
-                        sec[0] > cv->dataset_size))
+    if (st == ZB_OK) st = pread_all(fd, path, sec, sizeof sec, sizeof h + g->d * 4 * 8);
+    if (st == ZB_OK && (sec[0] > cv->dataset_size || sec[1] > sec[0] ||
+                        sec[3] > ((uint64_t)1 << 36)))
         st = zb_err(ZB_E_CORRUPT, "%s: section %zu is out of range", path, g->d);
     part *p = &g->parts[g->n_parts];
     memset(p, 0, sizeof *p);
@@ -164,53 +192,19 @@ load_part(gather *g, size_t t)
     p->t = t;
     p->input = (uint32_t)h.input;
     p->n = sec[0];
-    p->n_blocks = sec[2];
-    p->blocks = malloc((size_t)(p->n_blocks * w) * 8 + 8);
+    p->n_blocks = sec[1];
+    p->table = malloc((size_t)(p->n_blocks * (1 + na)) * 4 + 4);
+    p->first = malloc((size_t)(p->n_blocks + 1) * 8);
+    p->at = malloc((size_t)(p->n_blocks + 1) * 8);
     p->prefix = calloc(na, sizeof *p->prefix);
     p->pass = calloc(na, sizeof *p->pass);
     p->rows = malloc((size_t)p->n * 8);
-    if (!p->blocks || !p->prefix || !p->pass || !p->rows) st = zb_err(ZB_E_NOMEM, "gather");
-    uint64_t table = sizeof h + cv->n_datasets * 3 * 8;
-    if (st == ZB_OK)
-        st = pread_all(fd, path, p->blocks, p->n_blocks * w * 8, table + sec[1] * w * 8);
-    for (uint64_t b = 0, cells = 0; st == ZB_OK && b < p->n_blocks; b++) {
-        const uint64_t *e = p->blocks + b * w;
-        if (e[0] != cells || e[1] == 0 || e[1] > p->n - cells)
-            st = zb_err(ZB_E_CORRUPT, "%s: section %zu, block %" PRIu64 " does not follow its "
-                        "predecessor", path, g->d, b);
-        cells += e[1];
-        if (st == ZB_OK && b + 1 == p->n_blocks && cells != p->n)
-            st = zb_err(ZB_E_CORRUPT, "%s: section %zu: its blocks hold %" PRIu64 " of %" PRIu64
-                        " cells", path, g->d, cells, p->n);
-    }
-    /* the rows and every count array, for all cells */
-    unsigned char *packed = NULL;
-    uint64_t at = 0;
-    uint32_t *counts = NULL;
-    if (st == ZB_OK) st = read_blocks(g, p, fd, path, 0, p->n_blocks, &packed, &at);
-    if (st == ZB_OK && !(counts = malloc((size_t)p->n * 4 + 4))) st = zb_err(ZB_E_NOMEM, "gather");
-    for (uint64_t b = 0; st == ZB_OK && b < p->n_blocks; b++) {
-        const uint64_t *e = p->blocks + b * w;
-        st = decode_piece(g, p, path, b, CV_A_ROW, packed, at, (unsigned char *)(p->rows + e[0]),
-                          e[1] * 8);
-    }
-    for (size_t a = 0; st == ZB_OK && a < na; a++) {
-        int c = g->arrays[a].count;
-        if (c < 0 || p->prefix[c]) continue;
-        if (!(p->prefix[c] = malloc((size_t)(p->n + 1) * 8))) {
-            st = zb_err(ZB_E_NOMEM, "gather");
-            break;
-        }
-        for (uint64_t b = 0; st == ZB_OK && b < p->n_blocks; b++) {
-            const uint64_t *e = p->blocks + b * w;
-            st = decode_piece(g, p, path, b, (size_t)c, packed, at,
-                              (unsigned char *)(counts + e[0]), e[1] * 4);
-        }
-        p->prefix[c][0] = 0;
-        for (uint64_t i = 0; st == ZB_OK && i < p->n; i++)
-            p->prefix[c][i + 1] = p->prefix[c][i] + counts[i];
-    }
-    free(counts);
+    if (!p->table || !p->first || !p->at || !p->prefix || !p->pass || !p->rows)
+        st = zb_err(ZB_E_NOMEM, "gather");
+    unsigned char *buf = NULL;
+    if (st == ZB_OK) st = grow(g, CV_WS_PACKED, sec[3] + 1, &buf);
+    if (st == ZB_OK) st = pread_all(fd, path, buf, sec[3], sec[2]);
+    if (st == ZB_OK) st = load_index(g, p, path, buf, sec[3], sec[2]);
     close(fd);
     return st;
 }
@@ -223,7 +217,9 @@ parts_free(gather *g)
         for (size_t a = 0; p->prefix && a < g->n_arrays; a++) free(p->prefix[a]);
         free(p->prefix);
         free(p->pass);
-        free(p->blocks);
+        free(p->table);
+        free(p->first);
+        free(p->at);
         free(p->rows);
     }
     free(g->parts);
@@ -241,35 +237,38 @@ elem_range(const gather *g, const part *p, size_t a, uint64_t c0, uint64_t c1, u
 
 /* The block of part p holding cell c, searching from block `from`. */
 static uint64_t
-block_of(const gather *g, const part *p, uint64_t c, uint64_t from)
+block_of(const part *p, uint64_t c, uint64_t from)
 {
-    size_t w = row_words(g);
     uint64_t b = from;
-    while (b + 1 < p->n_blocks && p->blocks[(b + 1) * w] <= c) b++;
+    while (b + 1 < p->n_blocks && p->first[b + 1] <= c) b++;
     return b;
 }
 
-/* Decompresses the blocks holding cells [p0, p1) of part p into the arena at `at`, one array
- * after another; returns the bytes used. */
+/* Decompresses the non-index arrays of blocks [b0, b1) of part p into the arena at `at`, one
+ * array after another; *used gets the bytes taken. */
 static zb_status
 fill_part(gather *g, part *p, unsigned char *at, uint64_t *used)
 {
     char path[4200];
     int fd;
     ZB_TRY(open_part_file(g, p->t, &fd, path, sizeof path));
-    size_t w = row_words(g);
+    size_t na = g->n_arrays;
     unsigned char *packed;
-    uint64_t packed_at;
-    zb_status st = read_blocks(g, p, fd, path, p->b0, p->b1, &packed, &packed_at);
+    uint64_t lo = p->at[p->b0], hi = p->at[p->b1];
+    zb_status st = grow(g, CV_WS_PACKED, hi - lo + 1, &packed);
+    if (st == ZB_OK) st = pread_all(fd, path, packed, hi - lo, lo);
     close(fd);
     unsigned char *start = at;
-    for (size_t a = 0; st == ZB_OK && a < g->n_arrays; a++) {
+    for (size_t a = 0; st == ZB_OK && a < na; a++) {
+        if (g->index[a]) continue;
         p->pass[a] = at;
         size_t item = g->arrays[a].item;
         for (uint64_t b = p->b0; st == ZB_OK && b < p->b1; b++) {
-            uint64_t c0 = p->blocks[b * w], c1 = c0 + p->blocks[b * w + 1], e0, e1;
-            elem_range(g, p, a, c0, c1, &e0, &e1);
-            st = decode_piece(g, p, path, b, a, packed, packed_at, at, (e1 - e0) * item);
+            const uint32_t *r = p->table + b * (1 + na);
+            uint64_t off = p->at[b] - lo, e0, e1;
+            for (size_t x = 0; x < a; x++) off += r[1 + x];
+            elem_range(g, p, a, p->first[b], p->first[b + 1], &e0, &e1);
+            st = decode_piece(g, path, b, a, packed + off, r[1 + a], at, (e1 - e0) * item);
             at += (e1 - e0) * item;
         }
     }
@@ -282,20 +281,19 @@ fill_part(gather *g, part *p, unsigned char *at, uint64_t *used)
 static zb_status
 read_pass(gather *g, uint64_t r0, uint64_t r1)
 {
-    size_t w = row_words(g);
     uint64_t bytes = 0;
     for (size_t i = 0; i < g->n_parts; i++) {
         part *p = &g->parts[i];
         p->p0 = p->p1;
         while (p->p1 < p->n && p->rows[p->p1] < r1) p->p1++;
         if (p->p1 == p->p0) continue;
-        p->b0 = block_of(g, p, p->p0, p->b1 ? p->b1 - 1 : 0);
-        p->b1 = block_of(g, p, p->p1 - 1, p->b0) + 1;
-        p->q0 = p->blocks[p->b0 * w];
-        uint64_t q1 = p->blocks[(p->b1 - 1) * w] + p->blocks[(p->b1 - 1) * w + 1];
+        p->b0 = block_of(p, p->p0, p->b1 ? p->b1 - 1 : 0);
+        p->b1 = block_of(p, p->p1 - 1, p->b0) + 1;
+        p->q0 = p->first[p->b0];
         for (size_t a = 0; a < g->n_arrays; a++) {
+            if (g->index[a]) continue;
             uint64_t e0, e1;
-            elem_range(g, p, a, p->q0, q1, &e0, &e1);
+            elem_range(g, p, a, p->q0, p->first[p->b1], &e0, &e1);
             bytes += (e1 - e0) * g->arrays[a].item;
         }
     }
@@ -391,7 +389,9 @@ assemble_matrix(gather *g, size_t j, uint64_t rows)
     for (uint64_t r = 0; r < rows; r++) {
         uint64_t cell;
         part *p = who_part(g, g->who[r], &cell);
-        total += ((const uint32_t *)p->pass[a])[cell - p->q0];
+        uint64_t e0, e1;
+        elem_range(g, p, a + 1, cell, cell + 1, &e0, &e1);
+        total += e1 - e0;
     }
     ZB_TRY(grow(g, CV_WS_INDICES, total * 4 + 4, &g->indices));
     ZB_TRY(grow(g, CV_WS_VALUES, total * item + 1, &g->values));
@@ -545,14 +545,20 @@ define_frame(gather *g, zb_anndata_writer *w)
  * shard filling, the shard being compressed, its compressed pieces and the assembled shard
  * (four shards' worth); a chunk per obs column; a margin for the pool and the metadata. */
 uint64_t
+cv_writer_bytes(uint64_t x_chunk, uint64_t x_shard, const zb_dtype *mat_dtypes, size_t n_mats,
+                size_t n_cols)
+{
+    uint64_t shard = x_shard == UINT64_MAX ? x_chunk * 4 : x_shard;
+    uint64_t bytes = 0;
+    for (size_t j = 0; j < n_mats; j++) bytes += 4 * shard * (zb_dtype_size(mat_dtypes[j]) + 4);
+    bytes += (uint64_t)(n_cols + 4) * 65536 * 16;
+    return bytes + ((uint64_t)16 << 20);
+}
+
+uint64_t
 cv_gather_overhead(const zb_convert *cv)
 {
-    uint64_t shard = cv->x_shard == UINT64_MAX ? cv->x_chunk * 4 : cv->x_shard;
-    uint64_t bytes = 0;
-    for (size_t j = 0; j < cv->n_mats; j++)
-        bytes += 4 * shard * (zb_dtype_size(cv->mat_dtypes[j]) + 4);
-    bytes += (uint64_t)(cv->n_cols + 4) * 65536 * 16;
-    return bytes + ((uint64_t)16 << 20);
+    return cv_writer_bytes(cv->x_chunk, cv->x_shard, cv->mat_dtypes, cv->n_mats, cv->n_cols);
 }
 
 static zb_status
@@ -576,17 +582,21 @@ write_done(gather *g, uint64_t files, uint64_t bytes, uint64_t crc)
 static uint64_t
 pass_rows(const gather *g, uint64_t memory)
 {
-    uint64_t bytes = 0, fixed = 0, w = row_words(g);
+    uint64_t bytes = 0, fixed = 0;
     for (size_t i = 0; i < g->n_parts; i++) {
         const part *p = &g->parts[i];
-        for (uint64_t b = 0; b < p->n_blocks; b++)
-            for (size_t a = 0; a < g->n_arrays; a++) bytes += p->blocks[b * w + 4 + 3 * a];
-        fixed += p->n * 8 * 4 + p->n_blocks * w * 8;
+        for (size_t a = 0; a < g->n_arrays; a++) {
+            if (g->index[a]) continue;
+            uint64_t e0, e1;
+            elem_range(g, p, a, 0, p->n, &e0, &e1);
+            bytes += (e1 - e0) * g->arrays[a].item;
+        }
+        fixed += p->n * 8 * 4 + p->n_blocks * (4 * (1 + g->n_arrays) + 16);
     }
     /* a pass holds its cells decompressed, their compressed blocks, and the rows assembled;
      * each part may add a block that straddles two passes */
     uint64_t per_row = bytes / (g->cells ? g->cells : 1) + 1;
-    uint64_t used = cv_gather_overhead(g->cv) + fixed + g->n_parts * CV_BLOCK_BYTES * 3 / 2;
+    uint64_t used = cv_gather_overhead(g->cv) + fixed + g->n_parts * g->cv->block_bytes * 3 / 2;
     uint64_t floor = (uint64_t)8 << 20, left = memory > used + floor ? memory - used : floor;
     uint64_t rows = left / (per_row * 5 / 2 + 24);
     return rows < 1 ? 1 : rows;
@@ -605,6 +615,7 @@ gather_rows(gather *g, zb_anndata_writer *w, uint64_t memory)
         uint64_t r1 = g->cells - r0 < per_pass ? g->cells : r0 + per_pass;
         ZB_TRY(read_pass(g, r0, r1));
         ZB_TRY(write_pass(g, w, r1 - r0));
+
     }
     return ZB_OK;
 }
@@ -624,6 +635,7 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     g.d = d;
     g.cells = cv_dataset_cells(cv, d);
     g.n_arrays = cv_arrays(cv, g.arrays, g.col_start);
+    cv_index_arrays(g.arrays, g.n_arrays, g.index);
     g.parts = calloc(cv->n_slices ? cv->n_slices : 1, sizeof *g.parts);
     zb_status st = g.parts ? cv_ws_take(cv, &g.ws) : zb_err(ZB_E_NOMEM, "gather");
     for (size_t t = 0; t < cv->n_slices && st == ZB_OK; t++) st = load_part(&g, t);

@@ -97,6 +97,7 @@ typedef struct scatter {
     unsigned char *buf[CV_MAX_ARRAYS]; /* the arrays, all sections */
     uint64_t count[CV_MAX_ARRAYS];     /* elements in each */
     uint64_t *starts[CV_MAX_ARRAYS]; /* count arrays' prefix sums [n + 1], by count array */
+    bool index[CV_MAX_ARRAYS];       /* index arrays (cv_index_arrays) */
 } scatter;
 
 static zb_status
@@ -335,87 +336,120 @@ elem_at(const scatter *sc, size_t a, uint64_t q)
     return c < 0 ? q : sc->starts[c][q];
 }
 
-/* Compresses cells [q0, q1) of every array as one block, appending the pieces to the blob and
- * the block's row to the table. */
+void
+cv_index_arrays(const cv_array *arrays, size_t n, bool *index)
+{
+    for (size_t a = 0; a < n; a++) index[a] = a == CV_A_ROW;
+    for (size_t a = 0; a < n; a++)
+        if (arrays[a].count >= 0) index[arrays[a].count] = true;
+}
+
+/* Compresses elements [e0, e1) of array a and appends them to the blob; returns the
+ * compressed length. */
 static zb_status
-write_block(scatter *sc, uint64_t first_in_section, uint64_t q0, uint64_t q1, zb_buf *blob,
-            uint64_t *row, uint64_t blob_base)
+append_piece(scatter *sc, size_t a, uint64_t e0, uint64_t e1, uint32_t *clen)
 {
     zb_codec codec;
     cv_scratch_codec(&codec);
-    row[0] = first_in_section;
-    row[1] = q1 - q0;
-    for (size_t a = 0; a < sc->n_arrays; a++) {
-        size_t item = sc->arrays[a].item;
-        uint64_t e0 = elem_at(sc, a, q0), e1 = elem_at(sc, a, q1);
-        size_t raw = (size_t)((e1 - e0) * item);
-        ZB_TRY(zb_codec_encode(&codec, sc->ws->ctx, sc->buf[a] + e0 * item, raw, item,
-                               &sc->ws->piece));
-        row[2 + 3 * a] = blob_base + blob->len;
-        row[3 + 3 * a] = sc->ws->piece.len;
-        row[4 + 3 * a] = raw;
-        ZB_TRY(zb_buf_append(blob, sc->ws->piece.data, sc->ws->piece.len));
-    }
-    return ZB_OK;
+    size_t item = sc->arrays[a].item;
+    ZB_TRY(zb_codec_encode(&codec, sc->ws->ctx, sc->buf[a] + e0 * item, (size_t)((e1 - e0) * item),
+                           item, &sc->ws->piece));
+    if (sc->ws->piece.len > UINT32_MAX)
+        return zb_err(ZB_E_OVERFLOW, "a scratch piece of %zu bytes", sc->ws->piece.len);
+    *clen = (uint32_t)sc->ws->piece.len;
+    return zb_buf_append(&sc->ws->blob, sc->ws->piece.data, sc->ws->piece.len);
 }
 
-/* Uncompressed bytes of sorted cell q over every array. */
+/* Uncompressed bytes of sorted cell q in the blocks (the non-index arrays). */
 static uint64_t
 cell_bytes(const scatter *sc, uint64_t q)
 {
     uint64_t bytes = 0;
     for (size_t a = 0; a < sc->n_arrays; a++)
-        bytes += (elem_at(sc, a, q + 1) - elem_at(sc, a, q)) * sc->arrays[a].item;
+        if (!sc->index[a])
+            bytes += (elem_at(sc, a, q + 1) - elem_at(sc, a, q)) * sc->arrays[a].item;
     return bytes;
+}
+
+/* Section d (sorted cells [s0, s1)) into the blob: its index part, then its blocks.
+ * row[] gets the section's table row. */
+static zb_status
+write_section(scatter *sc, uint64_t s0, uint64_t s1, uint64_t base, uint64_t *row)
+{
+    size_t na = sc->n_arrays, n_index = 0;
+    for (size_t a = 0; a < na; a++) n_index += sc->index[a];
+    /* where the blocks end: every block_bytes of block data, at least one cell */
+    uint64_t *cuts, n_blocks = 0;
+    ZB_TRY(grow(sc, CV_WS_CUTS, (s1 - s0 + 1) * 8, &cuts));
+    for (uint64_t q = s0, bytes = 0; q < s1; q++) {
+        bytes += cell_bytes(sc, q);
+        if (bytes >= sc->cv->block_bytes || q + 1 == s1) {
+            cuts[n_blocks++] = q + 1;
+            bytes = 0;
+        }
+    }
+    zb_buf *blob = &sc->ws->blob;
+    size_t start = blob->len, head = (n_index + n_blocks * (1 + na)) * 4;
+    ZB_TRY(zb_buf_reserve(blob, start + head));
+    memset(blob->data + start, 0, head);
+    blob->len = start + head;
+    uint32_t clen;
+    for (size_t a = 0, k = 0; a < na; a++) {
+        if (!sc->index[a]) continue;
+        ZB_TRY(append_piece(sc, a, elem_at(sc, a, s0), elem_at(sc, a, s1), &clen));
+        memcpy(blob->data + start + 4 * k++, &clen, 4);
+    }
+    uint64_t index_bytes = blob->len - start;
+    for (uint64_t b = 0, q0 = s0; b < n_blocks; q0 = cuts[b++]) {
+        size_t at = start + (n_index + b * (1 + na)) * 4;
+        uint32_t cells = (uint32_t)(cuts[b] - q0);
+        memcpy(blob->data + at, &cells, 4);
+        for (size_t a = 0; a < na; a++) {
+            if (sc->index[a]) continue;
+            ZB_TRY(append_piece(sc, a, elem_at(sc, a, q0), elem_at(sc, a, cuts[b]), &clen));
+            memcpy(blob->data + at + 4 * (1 + a), &clen, 4);
+        }
+    }
+    row[0] = s1 - s0;
+    row[1] = n_blocks;
+    row[2] = base + start;
+    row[3] = index_bytes;
+    return ZB_OK;
 }
 
 static zb_status
 write_sections(scatter *sc)
 {
     zb_convert *cv = sc->cv;
-    uint64_t nd = cv->n_datasets, na = sc->n_arrays, row_words = 2 + 3 * na;
+    uint64_t nd = cv->n_datasets;
     ZB_TRY(element_starts(sc));
-    /* blocks: cut each section at about CV_BLOCK_BYTES */
-    uint64_t n_blocks = 0;
-    for (uint64_t d = 0; d < nd; d++)
-        for (uint64_t q = sc->section[d], bytes = 0; q < sc->section[d + 1]; q++) {
-            if (bytes == 0) n_blocks++;
-            bytes += cell_bytes(sc, q);
-            if (bytes >= CV_BLOCK_BYTES) bytes = 0;
-        }
-    uint64_t *sections, *blocks;
-    ZB_TRY(grow(sc, CV_WS_TABLE, (nd * 3 + n_blocks * row_words) * 8, &sections));
-    blocks = sections + nd * 3;
+    cv_index_arrays(sc->arrays, sc->n_arrays, sc->index);
+    uint64_t *sections;
+    ZB_TRY(grow(sc, CV_WS_TABLE, nd * 4 * 8, &sections));
     cv_scatter_header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CV_SCATTER_MAGIC, 8);
-    h.version = 2;
-    h.n_arrays = (uint32_t)na;
+    h.version = 3;
+    h.n_arrays = (uint32_t)sc->n_arrays;
     h.n_datasets = nd;
     h.input = sc->s.input;
     h.n_cells = sc->n;
-    h.n_blocks = n_blocks;
-    uint64_t table_len = (nd * 3 + n_blocks * row_words) * 8, base = sizeof h + table_len;
-    zb_buf *blob = &sc->ws->blob;
-    blob->len = 0;
+    h.block_bytes = cv->block_bytes;
+    uint64_t base = sizeof h + nd * 4 * 8;
+    sc->ws->blob.len = 0;
     zb_status st = ZB_OK;
-    uint64_t b = 0;
     for (uint64_t d = 0; d < nd && st == ZB_OK; d++) {
-        uint64_t s0 = sc->section[d], s1 = sc->section[d + 1];
-        sections[3 * d] = s1 - s0;
-        sections[3 * d + 1] = b;
-        for (uint64_t q0 = s0; q0 < s1 && st == ZB_OK;) {
-            uint64_t q1 = q0, bytes = 0;
-            while (q1 < s1 && bytes < CV_BLOCK_BYTES) bytes += cell_bytes(sc, q1++);
-            st = write_block(sc, q0 - s0, q0, q1, blob, blocks + b * row_words, base);
-            b++;
-            q0 = q1;
+        sections[4 * d] = 0;
+        if (sc->section[d + 1] == sc->section[d]) {
+            memset(sections + 4 * d, 0, 32);
+            continue;
         }
-        sections[3 * d + 2] = b - sections[3 * d + 1];
+        st = write_section(sc, sc->section[d], sc->section[d + 1], base, sections + 4 * d);
     }
     if (st == ZB_OK) {
+        zb_buf *blob = &sc->ws->blob;
         const void *bufs[3] = {&h, sections, blob->data ? blob->data : (const void *)""};
-        size_t lens[3] = {sizeof h, (size_t)table_len, blob->len};
+        size_t lens[3] = {sizeof h, (size_t)(nd * 4 * 8), blob->len};
         char path[4200];
         st = cv_path(cv, path, sizeof path, "scatter/t%zu.bin", sc->t);
         if (st == ZB_OK) st = cv_write_file(path, bufs, lens, 3);

@@ -46,6 +46,8 @@
 #define PATH_CAP 4096
 #define KEY_CAP (PATH_CAP + 128)
 #define MSG_CAP 1024
+/* Raw bytes of the inner chunks one compression task encodes. */
+#define GROUP_BYTES ((size_t)256 << 10)
 #define AUTO_CHUNK_BYTES ((uint64_t)1 << 20)
 #define AUTO_STRING_ROWS ((uint64_t)1 << 15)
 /* c-blosc1's BLOSC_MAX_BUFFERSIZE and numcodecs' LZ4 max_buffer_size (FORMATS.md §2.2, §2.4) */
@@ -118,9 +120,10 @@ struct obj_job {
     size_t raw_len;
     uint64_t valid_rows; /* rows of the object that lie inside the array */
     bool strings_empty;  /* strings: every string is "" (the fill) */
-    atomic_uint_fast64_t remaining;
+    atomic_uint_fast64_t remaining; /* tasks still running */
     atomic_bool failed;
     uint64_t npieces;
+    uint64_t per_task; /* pieces one pool task encodes (a run of about GROUP_BYTES) */
     piece pieces[];
 };
 
@@ -326,8 +329,10 @@ piece_task(void *arg, zb_ctx *ctx)
     obj_job *j = pc->job;
     zb_array_writer *w = j->w;
     /* after a failure the commit cannot happen: skip the work, keep the countdown */
-    if (atomic_load(&w->worker_err) == 0 && !atomic_load(&j->failed)) {
-        zb_status st = encode_piece(pc, ctx);
+    uint64_t end = pc->index + j->per_task < j->npieces ? pc->index + j->per_task : j->npieces;
+    for (uint64_t i = pc->index; i < end; i++) {
+        if (atomic_load(&w->worker_err) != 0 || atomic_load(&j->failed)) break;
+        zb_status st = encode_piece(&j->pieces[i], ctx);
         if (st != ZB_OK) {
             zb_err_context(st, "%s", j->key);
             record_worker_error(w, st);
@@ -441,14 +446,18 @@ dispatch(zb_array_writer *w, bool full)
         memcpy(j->raw, w->buf, w->obj_bytes);
         j->raw_len = w->obj_bytes;
     }
-    atomic_init(&j->remaining, n);
+    /* pieces go to the pool in runs: one task per 16 KiB inner chunk spent as much in the
+     * hand-off (a wake-up per task) as in the encoding */
+    size_t piece_bytes = w->obj_bytes / (n ? n : 1);
+    j->per_task = piece_bytes && piece_bytes < GROUP_BYTES ? GROUP_BYTES / piece_bytes : 1;
+    atomic_init(&j->remaining, (n + j->per_task - 1) / j->per_task);
     atomic_init(&j->failed, false);
     for (uint64_t i = 0; i < n; i++) {
         j->pieces[i].job = j;
         j->pieces[i].index = i;
     }
     /* after the last submit the job belongs to the pool (the last piece frees it) */
-    for (uint64_t i = 0; i < n; i++) zb_pool_submit(w->pool, piece_task, &j->pieces[i]);
+    for (uint64_t i = 0; i < n; i += j->per_task) zb_pool_submit(w->pool, piece_task, &j->pieces[i]);
 
     w->dirty = false;
     if (full) {
