@@ -189,10 +189,12 @@ void zb_convert_get_info(const zb_convert *cv, zb_convert_info *info);
 void zb_convert_close(zb_convert *cv);
 
 /* The conversion's own limit on this machine: the time to read every input cell alone
- * (`read_s`: the scatter reads, no remapping or writing) and to compress and write the
- * output's X alone (`compress_s`: the same cells' X written by the anndata writer with the
- * same codec, chunks and threads, into a scratch directory below `output` that is removed
- * afterwards). Nothing of the conversion is written. */
+ * (`read_s`: the scatter's reads on the same threads, nothing written), and an ordered copy
+ * that reads every cell again and writes the inputs' X in input order through the anndata
+ * writer with the conversion's codec, chunks, shards and threads, into a scratch directory
+ * below `output` that is removed afterwards; `compress_s` is the copy's time minus read_s, so
+ * read_s + compress_s is what reading and writing take without the shuffle. Nothing of the
+ * conversion is written. */
 typedef struct zb_convert_limit {
     double read_s, compress_s;
     uint64_t cells;

@@ -178,7 +178,7 @@ void cv_index_arrays(const cv_array *arrays, size_t n, bool *index);
 enum {
     CV_WS_ORDER = CV_MAX_ARRAYS, CV_WS_POS, CV_WS_SECTION, CV_WS_KEYS, CV_WS_RAW,
     CV_WS_ARENA, CV_WS_WHO, CV_WS_INDPTR, CV_WS_INDICES, CV_WS_VALUES, CV_WS_OFFSETS, CV_WS_TEXT,
-    CV_WS_MASK, CV_WS_TABLE, CV_WS_PACKED, CV_WS_CUTS, CV_WS_STARTS0,
+    CV_WS_MASK, CV_WS_TABLE, CV_WS_PACKED, CV_WS_CUTS, CV_WS_JOBS, CV_WS_STARTS0,
     CV_WS_STARTS_N = 64, /* prefix sums of up to 64 count arrays */
     CV_WS_SLOTS = CV_WS_STARTS0 + CV_WS_STARTS_N
 };

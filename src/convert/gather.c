@@ -14,6 +14,7 @@
 
 #include "convert/convert_int.h"
 #include "util/buf.h"
+#include "util/pool.h"
 #include "util/status.h"
 
 /* One scatter file's section of this dataset. */
@@ -51,6 +52,7 @@ typedef struct gather {
     char *text;
     uint8_t *mask;
     cv_ws *ws; /* the buffers above live in it */
+    zb_pool *pool; /* decompresses the parts of a pass */
     bool index[CV_MAX_ARRAYS];
     uint64_t nnz[64]; /* per matrix, for the done marker */
 } gather;
@@ -90,8 +92,8 @@ open_part_file(gather *g, size_t t, int *fd, char *path, size_t cap)
 
 /* Decodes `clen` compressed bytes at src into dst, which must take exactly `want` bytes. */
 static zb_status
-decode_piece(gather *g, const char *path, uint64_t block, size_t a, const unsigned char *src,
-             uint64_t clen, unsigned char *dst, uint64_t want)
+decode_piece(const gather *g, zb_ctx *ctx, const char *path, uint64_t block, size_t a,
+             const unsigned char *src, uint64_t clen, unsigned char *dst, uint64_t want)
 {
     zb_codec codec;
     cv_scratch_codec(&codec);
@@ -99,7 +101,7 @@ decode_piece(gather *g, const char *path, uint64_t block, size_t a, const unsign
     char where[4300];
     snprintf(where, sizeof where, "%s: dataset %zu, block %" PRIu64 ", array %zu", path, g->d,
              block, a);
-    return zb_codec_decode(&codec, g->ws->ctx, src, (size_t)clen, dst, (size_t)want,
+    return zb_codec_decode(&codec, ctx, src, (size_t)clen, dst, (size_t)want,
                            (size_t)want, &out, where);
 }
 
@@ -142,10 +144,12 @@ load_index(gather *g, part *p, const char *path, const unsigned char *buf, uint6
             break;
         }
         if (a == CV_A_ROW) {
-            st = decode_piece(g, path, UINT64_MAX, a, buf + at, clen, (unsigned char *)p->rows,
+            st = decode_piece(g, g->ws->ctx, path, UINT64_MAX, a, buf + at, clen,
+                              (unsigned char *)p->rows,
                               p->n * 8);
         } else {
-            st = decode_piece(g, path, UINT64_MAX, a, buf + at, clen, (unsigned char *)counts,
+            st = decode_piece(g, g->ws->ctx, path, UINT64_MAX, a, buf + at, clen,
+                              (unsigned char *)counts,
                               p->n * 4);
             if (st == ZB_OK && !(p->prefix[a] = malloc((size_t)(p->n + 1) * 8)))
                 st = zb_err(ZB_E_NOMEM, "gather");
@@ -244,21 +248,50 @@ block_of(const part *p, uint64_t c, uint64_t from)
     return b;
 }
 
-/* Decompresses the non-index arrays of blocks [b0, b1) of part p into the arena at `at`, one
- * array after another; *used gets the bytes taken. */
-static zb_status
-fill_part(gather *g, part *p, unsigned char *at, uint64_t *used)
+/* Bytes the non-index arrays of part p's pass blocks take decompressed. */
+static uint64_t
+part_pass_bytes(const gather *g, const part *p)
 {
+    uint64_t bytes = 0;
+    for (size_t a = 0; a < g->n_arrays; a++) {
+        if (g->index[a]) continue;
+        uint64_t e0, e1;
+        elem_range(g, p, a, p->q0, p->first[p->b1], &e0, &e1);
+        bytes += (e1 - e0) * g->arrays[a].item;
+    }
+    return bytes;
+}
+
+/* One part of a pass, decompressed on a worker of the gather's pool: the non-index arrays of
+ * blocks [b0, b1) into the arena at `at`, one array after another. The compressed bytes go
+ * through the worker's own scratch buffer (slot 5 of its context, the reader's slot: no reader
+ * runs on this pool). */
+typedef struct fill_job {
+    const gather *g;
+    part *p;
+    unsigned char *at;
+    zb_status st;
+    char msg[512];
+} fill_job;
+
+static void
+fill_part(void *arg, zb_ctx *ctx)
+{
+    fill_job *j = arg;
+    const gather *g = j->g;
+    part *p = j->p;
     char path[4200];
-    int fd;
-    ZB_TRY(open_part_file(g, p->t, &fd, path, sizeof path));
+    int fd = -1;
     size_t na = g->n_arrays;
-    unsigned char *packed;
     uint64_t lo = p->at[p->b0], hi = p->at[p->b1];
-    zb_status st = grow(g, CV_WS_PACKED, hi - lo + 1, &packed);
-    if (st == ZB_OK) st = pread_all(fd, path, packed, hi - lo, lo);
-    close(fd);
-    unsigned char *start = at;
+    zb_buf *packed = &ctx->scratch[5];
+    zb_status st = cv_path(g->cv, path, sizeof path, "scatter/t%zu.bin", p->t);
+    if (st == ZB_OK && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        st = zb_err(ZB_E_IO, "%s: %s", path, strerror(errno));
+    if (st == ZB_OK) st = zb_buf_reserve(packed, (size_t)(hi - lo) + 1);
+    if (st == ZB_OK) st = pread_all(fd, path, packed->data, hi - lo, lo);
+    if (fd >= 0) close(fd);
+    unsigned char *at = j->at;
     for (size_t a = 0; st == ZB_OK && a < na; a++) {
         if (g->index[a]) continue;
         p->pass[a] = at;
@@ -268,16 +301,18 @@ fill_part(gather *g, part *p, unsigned char *at, uint64_t *used)
             uint64_t off = p->at[b] - lo, e0, e1;
             for (size_t x = 0; x < a; x++) off += r[1 + x];
             elem_range(g, p, a, p->first[b], p->first[b + 1], &e0, &e1);
-            st = decode_piece(g, path, b, a, packed + off, r[1 + a], at, (e1 - e0) * item);
+            st = decode_piece(g, ctx, path, b, a, packed->data + off, r[1 + a], at,
+                              (e1 - e0) * item);
             at += (e1 - e0) * item;
         }
     }
-    *used = (uint64_t)(at - start);
-    return st;
+    j->st = st;
+    if (st != ZB_OK) snprintf(j->msg, sizeof j->msg, "%s", zb_last_error());
 }
 
-/* Reads the cells of rows [r0, r1) from every part into the arena and records who holds each
- * row. Every row must come from exactly one cell. */
+/* Reads the cells of rows [r0, r1) from every part into the arena (the parts decompressed on
+ * the gather's pool, each into its own range of the arena) and records who holds each row.
+ * Every row must come from exactly one cell. */
 static zb_status
 read_pass(gather *g, uint64_t r0, uint64_t r1)
 {
@@ -290,22 +325,26 @@ read_pass(gather *g, uint64_t r0, uint64_t r1)
         p->b0 = block_of(p, p->p0, p->b1 ? p->b1 - 1 : 0);
         p->b1 = block_of(p, p->p1 - 1, p->b0) + 1;
         p->q0 = p->first[p->b0];
-        for (size_t a = 0; a < g->n_arrays; a++) {
-            if (g->index[a]) continue;
-            uint64_t e0, e1;
-            elem_range(g, p, a, p->q0, p->first[p->b1], &e0, &e1);
-            bytes += (e1 - e0) * g->arrays[a].item;
-        }
+        bytes += part_pass_bytes(g, p);
     }
     ZB_TRY(grow(g, CV_WS_ARENA, bytes + 1, &g->arena));
-    for (uint64_t r = 0; r < r1 - r0; r++) g->who[r] = UINT64_MAX;
+    fill_job *jobs;
+    ZB_TRY(grow(g, CV_WS_JOBS, g->n_parts * sizeof *jobs + 1, &jobs));
     unsigned char *at = g->arena;
+    size_t n_jobs = 0;
     for (size_t i = 0; i < g->n_parts; i++) {
         part *p = &g->parts[i];
         if (p->p1 == p->p0) continue;
-        uint64_t used;
-        ZB_TRY(fill_part(g, p, at, &used));
-        at += used;
+        jobs[n_jobs] = (fill_job){g, p, at, ZB_OK, ""};
+        at += part_pass_bytes(g, p);
+        zb_pool_submit(g->pool, fill_part, &jobs[n_jobs++]);
+    }
+    zb_pool_wait(g->pool);
+    for (size_t k = 0; k < n_jobs; k++)
+        if (jobs[k].st != ZB_OK) return zb_err(jobs[k].st, "%s", jobs[k].msg);
+    for (uint64_t r = 0; r < r1 - r0; r++) g->who[r] = UINT64_MAX;
+    for (size_t i = 0; i < g->n_parts; i++) {
+        part *p = &g->parts[i];
         for (uint64_t c = p->p0; c < p->p1; c++) {
             uint64_t r = p->rows[c];
             if (r < r0 || r >= r1 || g->who[r - r0] != UINT64_MAX)
@@ -647,6 +686,7 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     cv_digest *dg = NULL;
     zb_store *store = NULL;
     zb_anndata_writer *w = NULL;
+    if (st == ZB_OK) st = zb_pool_new(num_threads > 1 ? num_threads : 0, &g.pool);
     if (st == ZB_OK) st = cv_digest_open(cv->output, name, &dg, &store);
     zb_anndata_write_opts o = ZB_ANNDATA_WRITE_OPTS_DEFAULT;
     o.zarr_format = cv->zarr_format;
@@ -666,6 +706,7 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     zb_store_close(store);
     cv_digest_free(dg);
     if (st == ZB_OK) st = write_done(&g, files, bytes, crc);
+    zb_pool_free(g.pool);
     parts_free(&g);
     cv_ws_give(cv, g.ws);
     if (st != ZB_OK) return zb_err_context(st, "gather of %s", name);

@@ -465,3 +465,63 @@ def test_cli_runs_the_python_jobs(inputs, tmp_path):
     b = ds.read_many([2])
     back = read(src, index=2)  # extended XYZ keeps 8 decimals: ASE's own reading is the oracle
     np.testing.assert_array_equal(b["positions"], back.positions.astype(np.float32))
+
+
+def test_csc_dense_raw_and_layers(tmp_path):
+    """A CSC X (transposed out of core), a dense X, raw/X as the output's X, and a layer carried
+    along: every value lands in its cell, gene by gene."""
+    rng = np.random.default_rng(9)
+    genes = [f"g{i}" for i in range(25)]
+
+    def adata(k, n, fmt):
+        X = sp.random(n, len(genes), density=0.3, format="csr", dtype=np.float32,
+                      random_state=rng)
+        X.data[:] = rng.integers(1, 30, X.nnz)
+        counts = X.copy()
+        counts.data = counts.data * 10
+        a = ad.AnnData(X=X.tocsc() if fmt == "csc" else X.toarray() if fmt == "dense" else X,
+                       obs=pd.DataFrame({"k": np.full(n, k)}, index=[f"{fmt}{i}" for i in range(n)]),
+                       var=pd.DataFrame(index=genes))
+        a.layers["counts"] = counts
+        a.raw = ad.AnnData(X=counts * 2, var=pd.DataFrame(index=genes))
+        return a
+
+    a0, a1 = adata(0, 140, "csc"), adata(1, 90, "dense")
+    p0, p1 = tmp_path / "csc.h5ad", tmp_path / "dense.zarr"
+    a0.write_h5ad(p0)
+    with ad.settings.override(zarr_write_format=3):
+        a1.write_zarr(p1)
+    paths = [str(p0), str(p1)]
+    out = tmp_path / "layers.zarr"
+    r = convert_cli(paths, out, "--layers", "counts", "--dataset-size", "100", "--memory", "64M")
+    assert r.returncode == 0, r.stderr
+    _, parts = read_collection(out)
+    whole = ad.concat(parts, merge="same")
+    for k, a in enumerate((a0, a1)):
+        rows = np.flatnonzero(whole.obs["src_path"].to_numpy() == paths[k])
+        src = whole.obs["src_row"].to_numpy()[rows]
+        X = a.X.toarray() if sp.issparse(a.X) else a.X
+        np.testing.assert_array_equal(whole.X[rows].toarray(), X[src])
+        np.testing.assert_array_equal(whole.layers["counts"][rows].toarray(),
+                                      a.layers["counts"][src].toarray())
+    out2 = tmp_path / "raw.zarr"
+    r = convert_cli(paths, out2, "--x", "raw/X", "--dataset-size", "1000")
+    assert r.returncode == 0, r.stderr
+    _, parts = read_collection(out2)
+    whole = parts[0]
+    for k, a in enumerate((a0, a1)):
+        rows = np.flatnonzero(whole.obs["src_path"].to_numpy() == paths[k])
+        src = whole.obs["src_row"].to_numpy()[rows]
+        np.testing.assert_array_equal(whole.X[rows].toarray(), a.raw.X[src].toarray())
+
+
+def test_progress_lines_in_a_log(inputs, tmp_path):
+    """Without a terminal the command prints a line per phase with its rate and time."""
+    r = subprocess.run([str(CLI), "convert", *[p for p, _ in inputs], "-o", str(tmp_path / "p.zarr")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    for phase in ("prepare", "scatter", "gather"):
+        done = [l for l in lines if l.startswith(phase) and "100.0%" in l]
+        assert done and "cells/s" in done[-1] and "took" in done[-1], r.stderr
+    assert "\r" not in r.stderr
