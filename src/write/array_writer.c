@@ -457,7 +457,8 @@ dispatch(zb_array_writer *w, bool full)
         j->pieces[i].index = i;
     }
     /* after the last submit the job belongs to the pool (the last piece frees it) */
-    for (uint64_t i = 0; i < n; i += j->per_task) zb_pool_submit(w->pool, piece_task, &j->pieces[i]);
+    uint64_t step = j->per_task; /* j may be freed by its last task before the loop ends */
+    for (uint64_t i = 0; i < n; i += step) zb_pool_submit(w->pool, piece_task, &j->pieces[i]);
 
     w->dirty = false;
     if (full) {
