@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,12 @@ convert_collection(const char *const *inputs, size_t n, const char *output, zb_c
                l.read_s, l.compress_s, l.cells, l.input_bytes, l.output_bytes);
         return 0;
     }
+    /* Fixed allocator thresholds: buffers of 1 MiB and more mapped, and heap tops above 4 MiB
+     * returned. With glibc's adaptive ones each of the conversion's threads' arenas kept up to
+     * tens of MiB of freed memory (152 MiB peak at --memory 64M; 88 MiB with these); the big
+     * buffers are reused by the tasks, so mapping them costs nothing measurable here. */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    mallopt(M_TRIM_THRESHOLD, 4 << 20);
     progress_state ps = {.tty = isatty(2), .quiet = quiet, .phase = -1};
     clock_gettime(CLOCK_MONOTONIC, &ps.start);
     o->progress = show_progress;

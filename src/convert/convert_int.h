@@ -312,9 +312,10 @@ zb_status cv_gather_task(zb_convert *cv, size_t d, int num_threads);
 /* Bytes of memory one scatter task / one gather holds at most, from the plan. */
 uint64_t cv_scatter_task_memory(const zb_convert *cv, size_t t);
 uint64_t cv_gather_overhead(const zb_convert *cv);
-/* Memory one dataset's writer holds at most: per matrix, for data and indices each, the shard
- * filling, the one compressing, its compressed pieces and the assembled shard; a chunk per obs
- * column; a margin. */
+/* Memory one dataset's writer holds at most: per matrix, for data and indices each, six
+ * shards' worth (the shard filling; the one compressing with its compressed pieces and the
+ * assembled shard; the array writer's spare job and buffer kept for the next shard); a chunk
+ * per obs column; a margin. */
 uint64_t cv_writer_bytes(uint64_t x_chunk, uint64_t x_shard, const zb_dtype *mat_dtypes,
                          size_t n_mats, size_t n_cols);
 /* Datasets gathered at once: as many as `memory` holds with their writers and a 32 MiB pass

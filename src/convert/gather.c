@@ -580,16 +580,13 @@ define_frame(gather *g, zb_anndata_writer *w)
                                           cv->genes.n);
 }
 
-/* Memory the writer of one dataset holds at most: per matrix, for data and indices each, the
- * shard filling, the shard being compressed, its compressed pieces and the assembled shard
- * (four shards' worth); a chunk per obs column; a margin for the pool and the metadata. */
 uint64_t
 cv_writer_bytes(uint64_t x_chunk, uint64_t x_shard, const zb_dtype *mat_dtypes, size_t n_mats,
                 size_t n_cols)
 {
     uint64_t shard = x_shard == UINT64_MAX ? x_chunk * 4 : x_shard;
     uint64_t bytes = 0;
-    for (size_t j = 0; j < n_mats; j++) bytes += 4 * shard * (zb_dtype_size(mat_dtypes[j]) + 4);
+    for (size_t j = 0; j < n_mats; j++) bytes += 6 * shard * (zb_dtype_size(mat_dtypes[j]) + 4);
     bytes += (uint64_t)(n_cols + 4) * 65536 * 16;
     return bytes + ((uint64_t)16 << 20);
 }

@@ -532,7 +532,7 @@ slice_input(planner *p, size_t k, const zb_dtype *out_dtypes, uint64_t budget, j
             uint64_t cell = cell_overhead(p, k);
             for (size_t j = 0; j < n_ptr; j++)
                 cell += (uint64_t)(ptr[j][r - b + 1] - ptr[j][r - b]) *
-                        (4 + zb_dtype_size(out_dtypes[j]) + 4 + 8);
+                        (4 + zb_dtype_size(out_dtypes[j]));
             if (r > start && (bytes + cell > budget || r - start >= SLICE_MAX_ROWS)) {
                 json_object *s = zb_jw_push(slices, json_object_new_array(), &ok);
                 zb_jw_push(s, zb_jw_u64(k), &ok);
@@ -706,8 +706,9 @@ cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o, con
     json_object *jc = zb_jw_add(p.doc, "columns", json_object_new_array(), &ok);
     if (st == ZB_OK && ok) st = plan_columns(&p, jc);
 
-    /* cells and slices: a scatter task holds its slice about three times over (read, remapped,
-     * sorted into sections), and `num_threads` of them run at once */
+    /* cells and slices: a scatter task holds its slice about three times over (read with its
+     * pointers, remapped and sorted into sections, compressed), and `num_threads` of them run
+     * at once; a slice's bytes are its cells' uncompressed bytes (gene ids and values) */
     uint64_t n_cells = 0;
     for (size_t k = 0; k < n; k++) n_cells += p.srcs[k] ? p.srcs[k]->c.n_obs : 0;
     uint64_t per_task = o->memory_bytes / (3 * (uint64_t)(num_threads > 0 ? num_threads : 1));

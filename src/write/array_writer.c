@@ -48,6 +48,8 @@
 #define MSG_CAP 1024
 /* Raw bytes of the inner chunks one compression task encodes. */
 #define GROUP_BYTES ((size_t)256 << 10)
+/* Finished jobs a writer keeps for reuse. */
+#define SPARE_JOBS 1
 #define AUTO_CHUNK_BYTES ((uint64_t)1 << 20)
 #define AUTO_STRING_ROWS ((uint64_t)1 << 15)
 /* c-blosc1's BLOSC_MAX_BUFFERSIZE and numcodecs' LZ4 max_buffer_size (FORMATS.md §2.2, §2.4) */
@@ -95,6 +97,13 @@ struct zb_array_writer {
     uint64_t *soff;     /* ... and offsets [obj_rows + 1] */
 
     zb_pool *pool;
+    /* Finished jobs kept for the next object, with their buffers: a fresh 16 MiB shard and its
+     * pieces' outputs cost a page fault per 4 KiB each time (a quarter of a conversion's system
+     * time on a VM). At most SPARE_JOBS; spare_raw is a recycled object buffer for ensure_buf. */
+    pthread_mutex_t spare_mu;
+    struct obj_job *spare;
+    int n_spare;
+    uint8_t *spare_raw;
     pthread_mutex_t err_mu;
     atomic_int worker_err; /* first worker failure (a zb_status), 0 while none */
     char err_msg[MSG_CAP]; /* its message (zb_err is per thread) */
@@ -115,6 +124,9 @@ typedef struct piece {
 
 struct obj_job {
     zb_array_writer *w;
+    obj_job *next_spare; /* the writer's spare list */
+    bool full;           /* a full object (more are coming): worth keeping for reuse */
+    zb_buf out;          /* the assembled shard (kept for reuse) */
     char key[KEY_CAP];
     uint8_t *raw; /* owned: the object's bytes (fixed types) or its vlen-utf8 encoding */
     size_t raw_len;
@@ -250,8 +262,61 @@ job_free(obj_job *j)
 {
     if (!j) return;
     for (uint64_t i = 0; i < j->npieces; i++) zb_buf_free(&j->pieces[i].enc);
+    zb_buf_free(&j->out);
     free(j->raw);
     free(j);
+}
+
+/* A finished full object's job back to its writer's spare list (buffers kept), or freed when
+ * the list is full; a commit's partial object is freed (the writer may be finishing, and a
+ * kept buffer would only raise its footprint). String objects' raw bytes are sized per
+ * object: those are freed. */
+static void
+job_done(obj_job *j)
+{
+    zb_array_writer *w = j->w;
+    if (!j->full) { /* the object of a commit: the writer may be done, keep nothing */
+        job_free(j);
+        return;
+    }
+    if (w->dtype == ZB_DT_STRING) {
+        free(j->raw);
+        j->raw = NULL;
+    }
+    pthread_mutex_lock(&w->spare_mu);
+    bool keep = w->n_spare < SPARE_JOBS;
+    if (keep) {
+        j->next_spare = w->spare;
+        w->spare = j;
+        w->n_spare++;
+    }
+    pthread_mutex_unlock(&w->spare_mu);
+    if (!keep) job_free(j);
+}
+
+/* A job for the next object: a spare one (its piece outputs, shard buffer and raw buffer
+ * kept), or a new one. */
+static obj_job *
+job_take(zb_array_writer *w)
+{
+    pthread_mutex_lock(&w->spare_mu);
+    obj_job *j = w->spare;
+    if (j) {
+        w->spare = j->next_spare;
+        w->n_spare--;
+    }
+    pthread_mutex_unlock(&w->spare_mu);
+    if (!j) return calloc(1, sizeof *j + (size_t)w->npieces * sizeof(piece));
+    for (uint64_t i = 0; i < j->npieces; i++) {
+        j->pieces[i].empty = false;
+        j->pieces[i].data = NULL;
+        j->pieces[i].len = 0;
+        j->pieces[i].enc.len = 0;
+    }
+    j->raw_len = 0;
+    j->strings_empty = false;
+    j->next_spare = NULL;
+    return j;
 }
 
 static void
@@ -281,10 +346,8 @@ put_shard(obj_job *j)
     if (!zb_add_u64(data_bytes, idx_bytes, &total) || total > ZB_BUF_MAX)
         return zb_err(ZB_E_OVERFLOW, "%s: a shard of %llu bytes exceeds the %llu-byte limit",
                       j->key, (unsigned long long)data_bytes, (unsigned long long)ZB_BUF_MAX);
-    uint8_t *out = malloc((size_t)total);
-    if (!out)
-        return zb_err(ZB_E_NOMEM, "%s: cannot allocate a shard of %llu bytes", j->key,
-                      (unsigned long long)total);
+    ZB_TRY(zb_buf_reserve(&j->out, (size_t)total));
+    uint8_t *out = j->out.data;
     /* index at the start shifts every offset by its size; offsets are absolute either way */
     uint64_t base = w->index_at_start ? idx_bytes : 0;
     uint8_t *idx = out + (w->index_at_start ? 0 : data_bytes);
@@ -306,9 +369,7 @@ put_shard(obj_job *j)
         uint32_t crc = zb_crc32c(idx, (size_t)(16 * n));
         for (int i = 0; i < 4; i++) idx[16 * n + (uint64_t)i] = (uint8_t)(crc >> (8 * i));
     }
-    zb_status st = zb_store_put(w->store, j->key, out, total);
-    free(out);
-    return st;
+    return zb_store_put(w->store, j->key, out, total);
 }
 
 static zb_status
@@ -345,7 +406,7 @@ piece_task(void *arg, zb_ctx *ctx)
         zb_status st = finish_job(j);
         if (st != ZB_OK) record_worker_error(w, st);
     }
-    job_free(j);
+    job_done(j);
 }
 
 /* ------------------------------------------------------------------------------------------- */
@@ -376,7 +437,8 @@ static zb_status
 ensure_buf(zb_array_writer *w)
 {
     if (w->buf || w->dtype == ZB_DT_STRING) return ZB_OK;
-    w->buf = malloc(w->obj_bytes ? w->obj_bytes : 1);
+    w->buf = w->spare_raw ? w->spare_raw : malloc(w->obj_bytes ? w->obj_bytes : 1);
+    w->spare_raw = NULL;
     if (!w->buf)
         return zb_err(ZB_E_NOMEM, "%s: cannot allocate a %zu-byte chunk buffer", w->path,
                       w->obj_bytes);
@@ -421,9 +483,12 @@ dispatch(zb_array_writer *w, bool full)
 {
     zb_status st;
     uint64_t n = w->npieces;
-    obj_job *j = calloc(1, sizeof *j + (size_t)n * sizeof(piece));
+    obj_job *j = job_take(w);
     if (!j) return zb_err(ZB_E_NOMEM, "%s: out of memory", w->path);
+    uint8_t *recycled = j->raw; /* a spare job's object buffer, or NULL */
+    j->raw = NULL;
     j->w = w;
+    j->full = full;
     j->npieces = n;
     j->valid_rows = w->buf_rows;
     uint64_t idx[ZB_MAX_DIMS] = {0};
@@ -431,14 +496,19 @@ dispatch(zb_array_writer *w, bool full)
     st = zb_meta_chunk_key(&w->keys, w->path, idx, j->key, sizeof j->key);
     if (st != ZB_OK) goto fail;
     if (w->dtype == ZB_DT_STRING) {
+        free(recycled);
         st = encode_vlen(w, &j->raw, &j->raw_len, &j->strings_empty);
         if (st != ZB_OK) goto fail;
     } else if (full) {
         j->raw = w->buf;
         j->raw_len = w->obj_bytes;
         w->buf = NULL;
+        if (recycled && !w->spare_raw)
+            w->spare_raw = recycled; /* the next object fills it (ensure_buf) */
+        else
+            free(recycled);
     } else {
-        j->raw = malloc(w->obj_bytes ? w->obj_bytes : 1);
+        j->raw = recycled ? recycled : malloc(w->obj_bytes ? w->obj_bytes : 1);
         if (!j->raw) {
             st = zb_err(ZB_E_NOMEM, "%s: cannot copy a %zu-byte chunk", j->key, w->obj_bytes);
             goto fail;
@@ -739,6 +809,7 @@ writer_alloc(zb_store *store, const char *path, zb_array_writer **out)
     zb_array_writer *w = calloc(1, sizeof *w);
     if (!w) return zb_err(ZB_E_NOMEM, "array writer: out of memory");
     pthread_mutex_init(&w->err_mu, NULL);
+    pthread_mutex_init(&w->spare_mu, NULL);
     atomic_init(&w->worker_err, 0);
     w->store = store;
     zb_status st = zb_key_normalize(path, w->path, sizeof w->path);
@@ -1251,6 +1322,13 @@ zb_array_writer_close(zb_array_writer *w)
     if (!w) return;
     /* queued jobs point at the writer: let them finish first */
     zb_pool_free(w->pool);
+    while (w->spare) {
+        obj_job *j = w->spare;
+        w->spare = j->next_spare;
+        job_free(j);
+    }
+    free(w->spare_raw);
+    pthread_mutex_destroy(&w->spare_mu);
     free(w->buf);
     zb_buf_free(&w->sdata);
     free(w->soff);
