@@ -118,6 +118,20 @@ parse(PyObject *inputs, PyObject *opts, parsed *p)
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* The (inputs, output, opts) arguments every call but convert_task takes; -1 with an exception
+ * set (p freed) on failure. */
+static int
+parse_args(PyObject *args, const char **output, parsed *p)
+{
+    PyObject *inputs, *opts;
+    if (!PyArg_ParseTuple(args, "OsO", &inputs, output, &opts)) return -1;
+    if (parse(inputs, opts, p) < 0) {
+        parsed_free(p);
+        return -1;
+    }
+    return 0;
+}
+
 static void
 call_progress(void *ctx, const zb_convert_progress *p)
 {
@@ -167,14 +181,9 @@ static PyObject *
 py_convert_plan(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *inputs, *opts;
     const char *output;
-    if (!PyArg_ParseTuple(args, "OsO", &inputs, &output, &opts)) return NULL;
     parsed p;
-    if (parse(inputs, opts, &p) < 0) {
-        parsed_free(&p);
-        return NULL;
-    }
+    if (parse_args(args, &output, &p) < 0) return NULL;
     zb_convert *cv = NULL;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
@@ -229,14 +238,9 @@ static PyObject *
 py_convert_finish(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *inputs, *opts;
     const char *output;
-    if (!PyArg_ParseTuple(args, "OsO", &inputs, &output, &opts)) return NULL;
     parsed p;
-    if (parse(inputs, opts, &p) < 0) {
-        parsed_free(&p);
-        return NULL;
-    }
+    if (parse_args(args, &output, &p) < 0) return NULL;
     zb_convert *cv = NULL;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
@@ -254,14 +258,9 @@ static PyObject *
 py_convert_limit(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *inputs, *opts;
     const char *output;
-    if (!PyArg_ParseTuple(args, "OsO", &inputs, &output, &opts)) return NULL;
     parsed p;
-    if (parse(inputs, opts, &p) < 0) {
-        parsed_free(&p);
-        return NULL;
-    }
+    if (parse_args(args, &output, &p) < 0) return NULL;
     zb_convert_limit l;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS

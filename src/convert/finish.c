@@ -55,57 +55,73 @@ verify_dataset(const zb_convert *cv, size_t d, json_object *expect)
 
 /* ---- root group ------------------------------------------------------------------------------ */
 
-static zb_status
-add_entry(json_object *meta, const char *key, json_object *doc, int *ok)
+typedef struct entry {
+    char key[4200];
+    json_object *doc; /* owned ref */
+} entry;
+
+static int
+cmp_entry(const void *a, const void *b)
 {
-    zb_jw_add(meta, key, json_object_get(doc), ok);
-    return *ok ? ZB_OK : zb_err(ZB_E_NOMEM, "consolidated metadata");
+    return zb_write_cmp_consolidated(((const entry *)a)->key, ((const entry *)b)->key);
 }
 
-/* Every node of every dataset into `meta` (FORMATS.md §3.5 keys for v3: paths relative to the
- * root, nested groups with an empty consolidated_metadata; §1.4 for v2: keys with the
+static zb_status
+push_entry(entry **list, size_t *n, size_t *cap, const char *key, json_object *doc)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? 2 * *cap : 256;
+        entry *p = realloc(*list, c * sizeof *p);
+        if (!p) return zb_err(ZB_E_NOMEM, "consolidated metadata");
+        *list = p;
+        *cap = c;
+    }
+    snprintf((*list)[*n].key, sizeof (*list)[*n].key, "%s", key);
+    (*list)[(*n)++].doc = doc;
+    return ZB_OK;
+}
+
+/* Every node of every dataset, in the order zb_write_cmp_consolidated gives (v3 keys: paths
+ * relative to the root, nested groups with an empty consolidated_metadata; v2: keys with the
  * document's name). */
 static zb_status
 consolidate_datasets(const zb_convert *cv, zb_store *store, json_object *meta)
 {
+    entry *list = NULL;
+    size_t n = 0, cap = 0;
     zb_status st = ZB_OK;
     int ok = 1;
     for (uint64_t d = 0; d < cv->n_datasets && st == ZB_OK; d++) {
-        char name[64];
+        char name[64], key[4200];
         snprintf(name, sizeof name, "dataset_%" PRIu64, d);
         zb_tree *tree = NULL;
         st = zb_tree_load(store, name, false, &tree);
         for (size_t i = 0; st == ZB_OK && i < tree->n; i++) {
             const zb_tree_node *nd = &tree->nodes[i];
-            char key[4200];
             if (cv->zarr_format == 3) {
+                const char *text = json_object_to_json_string_ext(nd->doc, JSON_C_TO_STRING_PLAIN);
                 json_object *doc = NULL;
-                st = zb_json_parse(json_object_to_json_string_ext(nd->doc, JSON_C_TO_STRING_PLAIN),
-                                   strlen(json_object_to_json_string_ext(nd->doc,
-                                                                         JSON_C_TO_STRING_PLAIN)),
-                                   nd->path, &doc);
-                if (st != ZB_OK) break;
-                if (!nd->is_array) {
-                    json_object_object_del(doc, "consolidated_metadata");
-                    json_object *cm =
-                        zb_jw_add(doc, "consolidated_metadata", json_object_new_object(), &ok);
-                    zb_jw_add(cm, "kind", json_object_new_string("inline"), &ok);
-                    zb_jw_add(cm, "must_understand", json_object_new_boolean(0), &ok);
-                    zb_jw_add(cm, "metadata", json_object_new_object(), &ok);
-                }
-                st = add_entry(meta, nd->path, doc, &ok);
-                json_object_put(doc);
+                st = zb_json_parse(text, strlen(text), nd->path, &doc);
+                if (st == ZB_OK && !nd->is_array) zb_write_mark_nested_group(doc, &ok);
+                if (st == ZB_OK) st = push_entry(&list, &n, &cap, nd->path, doc);
             } else {
                 snprintf(key, sizeof key, "%s/%s", nd->path, nd->is_array ? ".zarray" : ".zgroup");
-                st = add_entry(meta, key, nd->doc, &ok);
+                st = push_entry(&list, &n, &cap, key, json_object_get(nd->doc));
                 if (st == ZB_OK && json_object_object_length(nd->attrs)) {
                     snprintf(key, sizeof key, "%s/.zattrs", nd->path);
-                    st = add_entry(meta, key, nd->attrs, &ok);
+                    st = push_entry(&list, &n, &cap, key, json_object_get(nd->attrs));
                 }
             }
         }
         zb_tree_free(tree);
     }
+    if (st == ZB_OK && n) qsort(list, n, sizeof *list, cmp_entry);
+    for (size_t i = 0; i < n; i++) {
+        if (st == ZB_OK) zb_jw_add(meta, list[i].key, list[i].doc, &ok);
+        else json_object_put(list[i].doc);
+    }
+    free(list);
+    if (st == ZB_OK && !ok) st = zb_err(ZB_E_NOMEM, "consolidated metadata");
     return st;
 }
 
@@ -114,35 +130,11 @@ write_root(const zb_convert *cv)
 {
     zb_store *store = NULL;
     ZB_TRY(zb_store_open_file(cv->output, &store));
-    json_object *meta = json_object_new_object(), *doc = NULL, *attrs = NULL;
-    zb_status st = meta ? ZB_OK : zb_err(ZB_E_NOMEM, "the root group");
-    if (st == ZB_OK) st = consolidate_datasets(cv, store, meta);
-    if (st == ZB_OK) st = zb_write_parse_attrs(collection_attrs, "root attributes", &attrs);
-    int ok = 1;
-    if (st == ZB_OK && cv->zarr_format == 3) {
-        doc = json_object_new_object();
-        zb_jw_add(doc, "zarr_format", json_object_new_int(3), &ok);
-        zb_jw_add(doc, "node_type", json_object_new_string("group"), &ok);
-        zb_jw_add(doc, "attributes", json_object_get(attrs), &ok);
-        json_object *cm = zb_jw_add(doc, "consolidated_metadata", json_object_new_object(), &ok);
-        zb_jw_add(cm, "kind", json_object_new_string("inline"), &ok);
-        zb_jw_add(cm, "must_understand", json_object_new_boolean(0), &ok);
-        zb_jw_add(cm, "metadata", json_object_get(meta), &ok);
-        st = ok ? zb_write_json(store, "zarr.json", doc) : zb_err(ZB_E_NOMEM, "the root group");
-    } else if (st == ZB_OK) {
-        /* v2: .zmetadata first, the root .zgroup (the commit point) after it */
-        json_object *zgroup = json_object_new_object();
-        zb_jw_add(zgroup, "zarr_format", json_object_new_int(2), &ok);
-        zb_jw_add(meta, ".zgroup", zgroup, &ok);
-        zb_jw_add(meta, ".zattrs", json_object_get(attrs), &ok);
-        doc = json_object_new_object();
-        zb_jw_add(doc, "metadata", json_object_get(meta), &ok);
-        zb_jw_add(doc, "zarr_consolidated_format", json_object_new_int(1), &ok);
-        st = ok ? zb_write_json(store, ".zmetadata", doc) : zb_err(ZB_E_NOMEM, "the root group");
-        if (st == ZB_OK) st = zb_write_group(store, "", 2, collection_attrs);
-    }
-    json_object_put(doc);
-    json_object_put(attrs);
+    json_object *meta = json_object_new_object();
+    zb_status st = meta ? consolidate_datasets(cv, store, meta)
+                        : zb_err(ZB_E_NOMEM, "the root group");
+    if (st == ZB_OK)
+        st = zb_write_consolidated_root(store, "", cv->zarr_format, collection_attrs, meta);
     json_object_put(meta);
     zb_store_close(store);
     return st;

@@ -351,13 +351,7 @@ consolidate_node(zb_anndata_writer *w, const zb_ad_node *nd, json_object *meta)
     json_object *doc = NULL;
     if (w->zarr_format == 3) {
         ZB_TRY(read_doc(w, nd->rel, "zarr.json", false, &doc));
-        if (!nd->is_array) {
-            json_object *cm =
-                zb_jw_add(doc, "consolidated_metadata", json_object_new_object(), &ok);
-            zb_jw_add(cm, "kind", json_object_new_string("inline"), &ok);
-            zb_jw_add(cm, "must_understand", json_object_new_boolean(0), &ok);
-            zb_jw_add(cm, "metadata", json_object_new_object(), &ok);
-        }
+        if (!nd->is_array) zb_write_mark_nested_group(doc, &ok);
         zb_jw_add(meta, nd->rel, doc, &ok);
         return ok ? ZB_OK : zb_err(ZB_E_NOMEM, "consolidated metadata: out of memory");
     }
@@ -373,23 +367,9 @@ consolidate_node(zb_anndata_writer *w, const zb_ad_node *nd, json_object *meta)
 }
 
 static int
-depth_of(const char *path)
-{
-    int d = 0;
-    for (; *path; path++) d += *path == '/';
-    return d;
-}
-
-/* zarr-python rebuilds the nested tree from the flat keys by grouping consecutive keys of one
- * parent after a stable sort by depth (zarr/core/group.py, _flat_to_nested), so siblings must be
- * adjacent: sort by depth, then by path (keys sharing a prefix are contiguous in byte order). */
-static int
 cmp_node(const void *a, const void *b)
 {
-    const zb_ad_node *x = a, *y = b;
-    int dx = depth_of(x->rel), dy = depth_of(y->rel);
-    if (dx != dy) return dx < dy ? -1 : 1;
-    return strcmp(x->rel, y->rel);
+    return zb_write_cmp_consolidated(((const zb_ad_node *)a)->rel, ((const zb_ad_node *)b)->rel);
 }
 
 static const char root_attrs[] =
@@ -400,53 +380,14 @@ static zb_status
 write_root(zb_anndata_writer *w)
 {
     if (!w->consolidate) return zb_write_group(w->store, w->path, w->zarr_format, root_attrs);
-
     zb_status st = ZB_OK;
-    int ok = 1;
     json_object *meta = json_object_new_object();
-    json_object *doc = NULL, *attrs = NULL;
     if (!meta) return zb_err(ZB_E_NOMEM, "consolidated metadata: out of memory");
     qsort(w->nodes, w->nnodes, sizeof *w->nodes, cmp_node);
     for (size_t i = 0; i < w->nnodes && st == ZB_OK; i++)
         st = consolidate_node(w, &w->nodes[i], meta);
-    if (st == ZB_OK) st = zb_write_parse_attrs(root_attrs, "root attributes", &attrs);
-    if (st != ZB_OK) goto done;
-    char key[ZB_AD_KEY_CAP];
-    if (w->zarr_format == 3) {
-        doc = json_object_new_object();
-        zb_jw_add(doc, "zarr_format", json_object_new_int(3), &ok);
-        zb_jw_add(doc, "node_type", json_object_new_string("group"), &ok);
-        zb_jw_add(doc, "attributes", json_object_get(attrs), &ok);
-        json_object *cm = zb_jw_add(doc, "consolidated_metadata", json_object_new_object(), &ok);
-        zb_jw_add(cm, "kind", json_object_new_string("inline"), &ok);
-        zb_jw_add(cm, "must_understand", json_object_new_boolean(0), &ok);
-        zb_jw_add(cm, "metadata", json_object_get(meta), &ok);
-        if (!ok) {
-            st = zb_err(ZB_E_NOMEM, "root group: out of memory");
-            goto done;
-        }
-        st = zb_ad_key_of(w, key, sizeof key, "zarr.json");
-        if (st == ZB_OK) st = zb_write_json(w->store, key, doc);
-        goto done;
-    }
-    /* v2: .zmetadata is written before the root .zgroup, which stays the commit point */
-    json_object *zgroup = json_object_new_object();
-    zb_jw_add(zgroup, "zarr_format", json_object_new_int(2), &ok);
-    zb_jw_add(meta, ".zgroup", zgroup, &ok);
-    zb_jw_add(meta, ".zattrs", json_object_get(attrs), &ok);
-    doc = json_object_new_object();
-    zb_jw_add(doc, "metadata", json_object_get(meta), &ok);
-    zb_jw_add(doc, "zarr_consolidated_format", json_object_new_int(1), &ok);
-    if (!ok) {
-        st = zb_err(ZB_E_NOMEM, "consolidated metadata: out of memory");
-        goto done;
-    }
-    st = zb_ad_key_of(w, key, sizeof key, ".zmetadata");
-    if (st == ZB_OK) st = zb_write_json(w->store, key, doc);
-    if (st == ZB_OK) st = zb_write_group(w->store, w->path, 2, root_attrs);
-done:
-    json_object_put(doc);
-    json_object_put(attrs);
+    if (st == ZB_OK)
+        st = zb_write_consolidated_root(w->store, w->path, w->zarr_format, root_attrs, meta);
     json_object_put(meta);
     return st;
 }

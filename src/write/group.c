@@ -130,3 +130,71 @@ done:
     json_object_put(attrs);
     return st;
 }
+
+/* ---- consolidated metadata (FORMATS.md §1.4 v2, §3.5 v3) ------------------------------------ */
+
+int
+zb_write_path_depth(const char *path)
+{
+    int d = 0;
+    for (; *path; path++) d += *path == '/';
+    return d;
+}
+
+int
+zb_write_cmp_consolidated(const char *a, const char *b)
+{
+    int da = zb_write_path_depth(a), db = zb_write_path_depth(b);
+    if (da != db) return da < db ? -1 : 1;
+    return strcmp(a, b);
+}
+
+void
+zb_write_mark_nested_group(json_object *doc, int *ok)
+{
+    json_object_object_del(doc, "consolidated_metadata");
+    json_object *cm = zb_jw_add(doc, "consolidated_metadata", json_object_new_object(), ok);
+    zb_jw_add(cm, "kind", json_object_new_string("inline"), ok);
+    zb_jw_add(cm, "must_understand", json_object_new_boolean(0), ok);
+    zb_jw_add(cm, "metadata", json_object_new_object(), ok);
+}
+
+zb_status
+zb_write_consolidated_root(zb_store *store, const char *path, int zarr_format,
+                           const char *attributes_json, json_object *meta)
+{
+    json_object *attrs = NULL, *doc = NULL;
+    ZB_TRY(zb_write_parse_attrs(attributes_json, "root attributes", &attrs));
+    int ok = 1;
+    zb_status st = ZB_OK;
+    char key[4200];
+    if (zarr_format == 3) {
+        doc = json_object_new_object();
+        zb_jw_add(doc, "zarr_format", json_object_new_int(3), &ok);
+        zb_jw_add(doc, "node_type", json_object_new_string("group"), &ok);
+        zb_jw_add(doc, "attributes", json_object_get(attrs), &ok);
+        json_object *cm = zb_jw_add(doc, "consolidated_metadata", json_object_new_object(), &ok);
+        zb_jw_add(cm, "kind", json_object_new_string("inline"), &ok);
+        zb_jw_add(cm, "must_understand", json_object_new_boolean(0), &ok);
+        zb_jw_add(cm, "metadata", json_object_get(meta), &ok);
+        st = ok ? zb_write_join_key(key, sizeof key, path, "zarr.json")
+                : zb_err(ZB_E_NOMEM, "root group: out of memory");
+        if (st == ZB_OK) st = zb_write_json(store, key, doc);
+    } else {
+        /* .zmetadata is written before the root .zgroup, which stays the commit point */
+        json_object *zgroup = json_object_new_object();
+        zb_jw_add(zgroup, "zarr_format", json_object_new_int(2), &ok);
+        zb_jw_add(meta, ".zgroup", zgroup, &ok);
+        zb_jw_add(meta, ".zattrs", json_object_get(attrs), &ok);
+        doc = json_object_new_object();
+        zb_jw_add(doc, "metadata", json_object_get(meta), &ok);
+        zb_jw_add(doc, "zarr_consolidated_format", json_object_new_int(1), &ok);
+        st = ok ? zb_write_join_key(key, sizeof key, path, ".zmetadata")
+                : zb_err(ZB_E_NOMEM, "consolidated metadata: out of memory");
+        if (st == ZB_OK) st = zb_write_json(store, key, doc);
+        if (st == ZB_OK) st = zb_write_group(store, path, 2, attributes_json);
+    }
+    json_object_put(doc);
+    json_object_put(attrs);
+    return st;
+}

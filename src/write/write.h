@@ -38,4 +38,18 @@ json_object *zb_jw_push(json_object *arr, json_object *val, int *ok);
 /* An exact integer: int64 when it fits, else uint64. */
 json_object *zb_jw_u64(uint64_t v);
 
+/* Consolidated metadata (FORMATS.md §1.4 for v2, §3.5 for v3). zarr-python rebuilds the
+ * nested tree from the flat keys by grouping consecutive keys of one parent after a stable
+ * sort by depth (zarr/core/group.py, _flat_to_nested), so entries go in depth order, then by
+ * path: zb_write_cmp_consolidated orders two keys so. */
+int zb_write_path_depth(const char *path);
+int zb_write_cmp_consolidated(const char *a, const char *b);
+/* Gives a nested v3 group document the empty consolidated_metadata zarr-python writes. */
+void zb_write_mark_nested_group(json_object *doc, int *ok);
+/* Writes the group at `path` with its attributes and `meta` (the consolidated entries, keys
+ * relative to `path`, in order): v3 inline in zarr.json, v2 as .zmetadata then .zgroup (the
+ * commit point). `meta` is borrowed (v2 adds the root's own entries to it). */
+zb_status zb_write_consolidated_root(zb_store *store, const char *path, int zarr_format,
+                                     const char *attributes_json, json_object *meta);
+
 #endif

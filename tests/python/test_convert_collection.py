@@ -167,6 +167,25 @@ def test_outer_join_collection(inputs, tmp_path):
     assert root["attributes"] == {"encoding-type": "annbatch-preshuffled",
                                   "encoding-version": "0.1.0"}
     assert not (out / ".zbatch-convert").exists() and not (out / ".zbatch-incomplete").exists()
+    # zarr-python sees the same tree through the root's consolidated metadata as by listing
+    import zarr
+
+    def tree(g, prefix=""):
+        out_ = {}
+        for name, node in g.members():
+            path = f"{prefix}{name}"
+            if isinstance(node, zarr.Group):
+                out_[path] = "group"
+                out_.update(tree(node, path + "/"))
+            else:
+                out_[path] = (node.shape, str(node.dtype))
+        return out_
+
+    consolidated = zarr.open_group(out, mode="r")
+    assert consolidated.metadata.consolidated_metadata is not None
+    listed = zarr.open_group(out, mode="r", use_consolidated=False)
+    assert tree(consolidated) == tree(listed)
+    assert len(tree(listed)) > 20
     zb = zbatch_api()
     ds = zb.open(str(out))
     assert len(ds) == n
