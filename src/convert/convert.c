@@ -217,6 +217,8 @@ load_inputs(zb_convert *cv, json_object *doc)
             ZB_TRY(get_u64(m, "nnz", &x->mats[j].nnz));
             json_object *mono = zb_json_get(m, "monotone");
             x->mats[j].monotone = mono && json_object_get_boolean(mono);
+            json_object *ident = zb_json_get(m, "identity");
+            x->mats[j].identity = ident && json_object_get_boolean(ident);
         }
     }
     return ZB_OK;

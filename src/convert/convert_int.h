@@ -37,6 +37,7 @@ typedef struct cv_in_matrix {
     zb_dtype dtype;
     uint64_t n_cols, nnz;
     bool monotone; /* the gene map keeps column order (no sort needed after remapping) */
+    bool identity; /* the gene map is the identity (the input's genes are the output's) */
 } cv_in_matrix;
 
 typedef struct cv_input {

@@ -163,13 +163,14 @@ gene_map(planner *p, const char *work, const zb_strmap *genes, size_t k, size_t 
     zb_status st = ZB_OK;
     int32_t *map = malloc((size_t)(names.n ? names.n : 1) * sizeof *map);
     if (!map) st = zb_err(ZB_E_NOMEM, "%s: a gene map", p->paths[k]);
-    bool monotone = true;
+    bool monotone = true, identity = names.n == genes->keys->n;
     int32_t last = -1;
     uint64_t kept = 0;
     for (uint64_t i = 0; st == ZB_OK && i < names.n; i++) {
         int64_t g = zb_strmap_find(genes, names.data + names.offsets[i],
                                    (size_t)(names.offsets[i + 1] - names.offsets[i]));
         map[i] = (int32_t)g;
+        identity = identity && g == (int64_t)i;
         if (g < 0) continue;
         kept++;
         if ((int32_t)g < last) monotone = false;
@@ -185,6 +186,7 @@ gene_map(planner *p, const char *work, const zb_strmap *genes, size_t k, size_t 
     if (st == ZB_OK) {
         int ok = 1;
         zb_jw_add(mat, "monotone", json_object_new_boolean(monotone), &ok);
+        zb_jw_add(mat, "identity", json_object_new_boolean(identity), &ok);
         zb_jw_add(mat, "genes_kept", zb_jw_u64(kept), &ok);
         if (!ok) st = zb_err(ZB_E_NOMEM, "the plan");
     }

@@ -200,6 +200,7 @@ fill_matrix(scatter *sc, size_t j)
     const int32_t *map;
     ZB_TRY(cv_gene_map(cv, sc->s.input, j, &map));
     bool monotone = cv->inputs[sc->s.input].mats[j].monotone;
+    bool identity = cv->inputs[sc->s.input].mats[j].identity;
     size_t a = cv_matrix_array(j);
     size_t in_item = zb_dtype_size(b->dtype), out_item = sc->arrays[a + 2].item;
     zb_dtype out_dtype = cv->mat_dtypes[j];
@@ -209,7 +210,9 @@ fill_matrix(scatter *sc, size_t j)
     uint64_t total = 0, longest = 0;
     for (uint64_t q = 0; q < sc->n; q++) {
         uint64_t i = sc->order[q], kept = 0;
-        for (int64_t e = b->indptr[i]; e < b->indptr[i + 1]; e++) kept += map[b->indices[e]] >= 0;
+        if (identity) kept = (uint64_t)(b->indptr[i + 1] - b->indptr[i]);
+        for (int64_t e = b->indptr[i]; !identity && e < b->indptr[i + 1]; e++)
+            kept += map[b->indices[e]] >= 0;
         nnz[q] = (uint32_t)kept;
         total += kept;
         if (kept > longest) longest = kept;
@@ -224,7 +227,15 @@ fill_matrix(scatter *sc, size_t j)
     uint32_t *idx = (uint32_t *)sc->buf[a + 1];
     unsigned char *data = sc->buf[a + 2];
     const unsigned char *vals = b->data;
-    for (uint64_t q = 0; q < sc->n && st == ZB_OK; q++) {
+    for (uint64_t q = 0; q < sc->n && st == ZB_OK && identity; q++) {
+        /* the same genes in the same order: rows are copied as they are */
+        uint64_t i = sc->order[q], m = (uint64_t)(b->indptr[i + 1] - b->indptr[i]);
+        memcpy(idx, b->indices + b->indptr[i], (size_t)m * 4);
+        cv_convert_values(data, out_dtype, vals + (size_t)b->indptr[i] * in_item, b->dtype, m);
+        idx += m;
+        data += m * out_item;
+    }
+    for (uint64_t q = 0; q < sc->n && st == ZB_OK && !identity; q++) {
         uint64_t i = sc->order[q], m = 0;
         for (int64_t e = b->indptr[i]; e < b->indptr[i + 1]; e++) {
             int32_t g = map[b->indices[e]];
