@@ -69,7 +69,7 @@ fail:
 }
 
 /* _src_info(path) -> {"format", "n_obs", "columns": [{name, kind, dtype, categories,
- * category_values, ordered}]} */
+ * category_values, ordered}], "skipped": ["name\treason", ...]} */
 static PyObject *
 py_src_info(PyObject *self, PyObject *args)
 {
@@ -85,8 +85,18 @@ py_src_info(PyObject *self, PyObject *args)
         if (!d) goto done;
         PyList_SET_ITEM(cols, (Py_ssize_t)i, d);
     }
-    out = Py_BuildValue("{s:s,s:K,s:O}", "format", src->c.format, "n_obs",
-                        (unsigned long long)src->c.n_obs, "columns", cols);
+    PyObject *skipped = PyList_New((Py_ssize_t)src->c.n_skipped);
+    if (!skipped) goto done;
+    for (size_t i = 0; i < src->c.n_skipped; i++) {
+        PyObject *o = PyUnicode_FromString(src->c.skipped[i]);
+        if (!o) {
+            Py_DECREF(skipped);
+            goto done;
+        }
+        PyList_SET_ITEM(skipped, (Py_ssize_t)i, o);
+    }
+    out = Py_BuildValue("{s:s,s:K,s:O,s:N}", "format", src->c.format, "n_obs",
+                        (unsigned long long)src->c.n_obs, "columns", cols, "skipped", skipped);
 done:
     Py_XDECREF(cols);
     zb_src_close(src);

@@ -171,6 +171,8 @@ build_manifest(const zb_convert *cv, json_object **out)
         zb_jw_add(in, "cells", zb_jw_u64(cv->inputs[k].n_obs), &ok);
         json_object_put(done);
     }
+    zb_jw_add(m, "skipped_columns",
+              json_object_get(zb_json_get(cv->plan_doc, "skipped_columns")), &ok);
     zb_jw_add(m, "n_cells", zb_jw_u64(cv->n_cells), &ok);
     zb_jw_add(m, "n_genes", zb_jw_u64(cv->genes.n), &ok);
     json_object *ds = zb_jw_add(m, "datasets", json_object_new_array(), &ok);

@@ -4,6 +4,7 @@
  * cv_plan_load (convert.c) turns the document back into a zb_convert. */
 #include <inttypes.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,11 +228,14 @@ column_names(planner *p, const char ***names, size_t *n)
             for (size_t k = 0; k < p->n; k++) {
                 size_t idx;
                 zb_status st = zb_src_find_column(p->srcs[k], name, &idx);
-                if (st != ZB_OK) {
-                    free(out);
-                    return zb_err(ZB_E_NOTFOUND, "%s: no obs column '%s' (asked for with --obs)",
-                                  p->paths[k], name);
-                }
+                if (st == ZB_OK) continue;
+                free(out);
+                const char *why = zb_src_skipped_reason(&p->srcs[k]->c, name);
+                if (why)
+                    return zb_err(ZB_E_UNSUPPORTED, "%s: obs column '%s' cannot be converted "
+                                  "(asked for with --obs): %s", p->paths[k], name, why);
+                return zb_err(ZB_E_NOTFOUND, "%s: no obs column '%s' (asked for with --obs)",
+                              p->paths[k], name);
             }
             out[m++] = name;
         }
@@ -707,6 +711,16 @@ cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o, con
 
     json_object *jc = zb_jw_add(p.doc, "columns", json_object_new_array(), &ok);
     if (st == ZB_OK && ok) st = plan_columns(&p, jc);
+    /* columns an input's reader left out: named in the plan and the manifest */
+    json_object *skipped = zb_jw_add(p.doc, "skipped_columns", json_object_new_array(), &ok);
+    for (size_t k = 0; st == ZB_OK && ok && k < n; k++)
+        for (size_t i = 0; i < p.srcs[k]->c.n_skipped; i++) {
+            const char *entry = p.srcs[k]->c.skipped[i], *tab = strchr(entry, '\t');
+            char line[4200];
+            snprintf(line, sizeof line, "%s: obs column '%.*s' left out: %s", inputs[k],
+                     (int)(tab ? tab - entry : (ptrdiff_t)strlen(entry)), entry, tab ? tab + 1 : "");
+            zb_jw_push(skipped, json_object_new_string(line), &ok);
+        }
 
     /* cells and slices: a scatter task holds its slice about three times over (read with its
      * pointers, remapped and sorted into sections, compressed), and `num_threads` of them run

@@ -63,19 +63,53 @@ zb_col_block_free(zb_col_block *b)
 }
 
 void
+zb_col_info_free(zb_col_info *ci)
+{
+    free((char *)ci->name);
+    if (ci->categories) {
+        zb_strings_free((zb_strings *)ci->categories);
+        free((zb_strings *)ci->categories);
+    }
+    free((void *)ci->category_values);
+    memset(ci, 0, sizeof *ci);
+}
+
+void
 zb_src_common_free(zb_src_common *c)
 {
     free(c->path);
-    for (size_t i = 0; i < c->n_columns; i++) {
-        free((char *)c->columns[i].name);
-        if (c->columns[i].categories) {
-            zb_strings_free((zb_strings *)c->columns[i].categories);
-            free((zb_strings *)c->columns[i].categories);
-        }
-        free((void *)c->columns[i].category_values);
-    }
+    for (size_t i = 0; i < c->n_columns; i++) zb_col_info_free(&c->columns[i]);
     free(c->columns);
+    for (size_t i = 0; i < c->n_skipped; i++) free(c->skipped[i]);
+    free(c->skipped);
     memset(c, 0, sizeof *c);
+}
+
+zb_status
+zb_src_skip_column(zb_src_common *c, const char *name)
+{
+    const char *why = zb_last_error();
+    size_t len = strlen(name) + strlen(why) + 2;
+    char *entry = malloc(len), **list = realloc(c->skipped, (c->n_skipped + 1) * sizeof *list);
+    if (list) c->skipped = list;
+    if (!entry || !list) {
+        free(entry);
+        return zb_err(ZB_E_NOMEM, "%s: obs column %s", c->path, name);
+    }
+    snprintf(entry, len, "%s\t%s", name, why);
+    c->skipped[c->n_skipped++] = entry;
+    zb_clear_error();
+    return ZB_OK;
+}
+
+const char *
+zb_src_skipped_reason(const zb_src_common *c, const char *name)
+{
+    size_t n = strlen(name);
+    for (size_t i = 0; i < c->n_skipped; i++)
+        if (!strncmp(c->skipped[i], name, n) && c->skipped[i][n] == '\t')
+            return c->skipped[i] + n + 1;
+    return NULL;
 }
 
 /* HDF5 files start with this signature (at offset 0 for every file anndata writes; a user

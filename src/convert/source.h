@@ -143,6 +143,11 @@ typedef struct zb_src_common {
     uint64_t n_obs;
     size_t n_columns;      /* obs columns in column-order (the index excluded) */
     zb_col_info *columns;  /* [n_columns] */
+    /* obs columns left out because their encoding cannot be read (an awkward-array, a 2-d
+     * array...): "name\treason" each, in column-order. A conversion keeps the other columns
+     * and refuses to be asked for these by name. */
+    char **skipped;
+    size_t n_skipped;
 } zb_src_common;
 
 typedef struct zb_src_methods {
@@ -205,6 +210,16 @@ zb_src_read_obs_names(zb_src *src, uint64_t start, uint64_t stop, zb_strings *ou
 
 /* Frees what zb_src_common holds (path, columns, their names and categories). */
 void zb_src_common_free(zb_src_common *c);
+
+/* Frees a column's name and categories and zeroes it. */
+void zb_col_info_free(zb_col_info *ci);
+
+/* Records obs column `name` as left out, with this thread's detail message as the reason, and
+ * clears the error. ZB_E_NOMEM. */
+zb_status zb_src_skip_column(zb_src_common *c, const char *name);
+
+/* The reason column `name` was left out, or NULL when it was not. */
+const char *zb_src_skipped_reason(const zb_src_common *c, const char *name);
 
 /* The text of one numeric or bool category value (zb_col_info.categories): integers in decimal,
  * bools as "True"/"False", floats as the shortest decimal that reads back to the same value of

@@ -556,11 +556,18 @@ obs_open(h5ad_src *s)
             st = zb_err(ZB_E_NOMEM, "%s: %zu obs columns", c->path, n_names);
     }
     for (size_t i = 0; st == ZB_OK && i < n_names; i++) {
-        c->columns[i].name = names[i];
+        size_t k = c->n_columns++;
+        c->columns[k].name = names[i];
         names[i] = NULL;
-        c->n_columns = i + 1;
-        s->cols[i].info = &c->columns[i];
-        st = col_open(obs, "obs", c->columns[i].name, c->path, &n_obs, &s->cols[i]);
+        s->cols[k].info = &c->columns[k];
+        st = col_open(obs, "obs", c->columns[k].name, c->path, &n_obs, &s->cols[k]);
+        if (st != ZB_E_UNSUPPORTED) continue;
+        /* a column of an encoding this reader lacks: left out, the others kept */
+        st = zb_src_skip_column(c, c->columns[k].name);
+        col_close(&s->cols[k]);
+        memset(&s->cols[k], 0, sizeof s->cols[k]);
+        zb_col_info_free(&c->columns[k]);
+        c->n_columns--;
     }
     for (size_t i = 0; i < n_names; i++) free(names[i]);
     free(names);

@@ -53,6 +53,15 @@ typedef struct zarr_col {
     zb_array *mask;   /* nullable encodings: 1 = missing */
 } zarr_col;
 
+static void
+col_release(zarr_col *c)
+{
+    zb_array_close(c->values);
+    zb_array_close(c->mask);
+    free(c->key);
+    memset(c, 0, sizeof *c);
+}
+
 typedef struct zarr_src {
     zb_src base;
     zb_store *store;
@@ -463,13 +472,22 @@ open_obs(zarr_src *s)
     s->cols = calloc(n ? n : 1, sizeof *s->cols);
     if (!s->base.c.columns || !s->cols)
         return zb_err(ZB_E_NOMEM, "%s: %zu obs columns", s->base.c.path, n);
-    s->base.c.n_columns = n;
     for (size_t i = 0; i < n; i++) {
         json_object *name = json_object_array_get_idx(order, i);
         if (!json_object_is_type(name, json_type_string))
             return zb_err(ZB_E_CORRUPT, "%s: obs: column-order entry %zu is not a string",
                           s->base.c.path, i);
-        ZB_TRY(open_column(s, i, json_object_get_string(name)));
+        size_t k = s->base.c.n_columns++;
+        zb_status st = open_column(s, k, json_object_get_string(name));
+        if (st != ZB_E_UNSUPPORTED) {
+            ZB_TRY(st);
+            continue;
+        }
+        /* a column of an encoding this reader lacks: left out, the others kept */
+        ZB_TRY(zb_src_skip_column(&s->base.c, json_object_get_string(name)));
+        col_release(&s->cols[k]);
+        zb_col_info_free(&s->base.c.columns[k]);
+        s->base.c.n_columns--;
     }
     return ZB_OK;
 }
@@ -897,11 +915,7 @@ static void
 src_close(zb_src *bs)
 {
     zarr_src *s = (zarr_src *)bs;
-    for (size_t i = 0; s->cols && i < s->base.c.n_columns; i++) {
-        zb_array_close(s->cols[i].values);
-        zb_array_close(s->cols[i].mask);
-        free(s->cols[i].key);
-    }
+    for (size_t i = 0; s->cols && i < s->base.c.n_columns; i++) col_release(&s->cols[i]);
     free(s->cols);
     zb_array_close(s->obs_names);
     zb_tree_free(s->tree);

@@ -544,3 +544,38 @@ def test_progress_lines_in_a_log(inputs, tmp_path):
         done = [l for l in lines if l.startswith(phase) and "100.0%" in l]
         assert done and "cells/s" in done[-1] and "took" in done[-1], r.stderr
     assert "\r" not in r.stderr
+
+
+def test_a_column_of_an_unknown_encoding_is_left_out(tmp_path):
+    """An obs column whose encoding no reader here knows (an awkward-array group, added with
+    h5py and zarr-python beside anndata's columns) is left out by default, named in the
+    manifest, and refused by name when asked for; the other columns convert."""
+    import h5py
+    import zarr
+    a = make_adata(0, 40, ALL_GENES[:10], ["x", "y"], seed=4, nullable=False)
+    h5, zs = tmp_path / "odd.h5ad", tmp_path / "odd.zarr"
+    a.write_h5ad(h5)
+    with ad.settings.override(zarr_write_format=3):
+        a.write_zarr(zs)
+    with h5py.File(h5, "r+") as f:
+        g = f["obs"].create_group("ragged")
+        g.attrs["encoding-type"] = "awkward-array"
+        g.attrs["encoding-version"] = "0.1.0"
+        f["obs"].attrs["column-order"] = list(f["obs"].attrs["column-order"]) + ["ragged"]
+    root = zarr.open_group(zs, mode="r+")
+    g = root["obs"].create_group("ragged")
+    g.attrs.update({"encoding-type": "awkward-array", "encoding-version": "0.1.0"})
+    root["obs"].attrs["column-order"] = list(root["obs"].attrs["column-order"]) + ["ragged"]
+    zarr.consolidate_metadata(zs)  # anndata consolidated the store: the snapshot must say it too
+    for src in (h5, zs):
+        out = tmp_path / f"{src.stem}-{src.suffix[1:]}.zarr"
+        r = convert_cli([str(src)], out)
+        assert r.returncode == 0, r.stderr
+        manifest = json.loads((out / "zbatch-manifest.json").read_text())
+        assert len(manifest["skipped_columns"]) == 1
+        assert "'ragged'" in manifest["skipped_columns"][0]
+        assert "awkward-array" in manifest["skipped_columns"][0]
+        _, parts = read_collection(out)
+        assert "ragged" not in parts[0].obs and "cell_type" in parts[0].obs
+        r = convert_cli([str(src)], tmp_path / "asked.zarr", "--obs", "cell_type,ragged")
+        assert r.returncode == 1 and "ragged" in r.stderr and "awkward-array" in r.stderr, r.stderr
