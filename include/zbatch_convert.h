@@ -171,7 +171,8 @@ zb_status zb_convert_finish(zb_convert *cv);
 
 /* Everything: plan (or resume), the three phases on `num_threads` threads, finish. A
  * collection already finished in `output` with the same inputs and options is verified
- * against its manifest and left as it is. */
+ * against its manifest and left as it is. The run holds a lock on the work directory: a
+ * second run into the same output at the same time is refused (ZB_E_INVALID). */
 zb_status zb_convert_run(const char *const *inputs, size_t n_inputs, const char *output,
                          const zb_convert_opts *opts);
 

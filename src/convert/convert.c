@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -823,6 +825,26 @@ cv_concurrent_gathers(uint64_t memory, uint64_t writer, uint64_t n_datasets, int
     return g ? g : 1;
 }
 
+/* An exclusive lock on the work directory for the run: a second `zbatch convert` into the
+ * same output (which would remove a dataset the first is writing) is refused. The lock goes
+ * with the process, so a killed run leaves none. -1 when the work directory is gone (a
+ * finished collection: nothing to protect). */
+static zb_status
+lock_work(const zb_convert *cv, int *fd)
+{
+    *fd = -1;
+    if (!cv_exists(cv->work)) return ZB_OK;
+    char path[4200];
+    ZB_TRY(cv_path(cv, path, sizeof path, "lock"));
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (*fd < 0) return zb_err(ZB_E_IO, "%s: %s", path, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) == 0) return ZB_OK;
+    close(*fd);
+    *fd = -1;
+    return zb_err(ZB_E_INVALID, "another conversion is running into %s (it holds %s)",
+                  cv->output, path);
+}
+
 zb_status
 zb_convert_run(const char *const *inputs, size_t n_inputs, const char *output,
                const zb_convert_opts *opts)
@@ -831,6 +853,12 @@ zb_convert_run(const char *const *inputs, size_t n_inputs, const char *output,
     ZB_TRY(normalize(opts, &o));
     zb_convert *cv = NULL;
     ZB_TRY(zb_convert_plan(inputs, n_inputs, output, &o, &cv));
+    int lock = -1;
+    zb_status locked = lock_work(cv, &lock);
+    if (locked != ZB_OK) {
+        zb_convert_close(cv);
+        return locked;
+    }
     runner r = {.cv = cv, .o = &o};
     pthread_mutex_init(&r.lock, NULL);
     int t = o.num_threads;
@@ -850,5 +878,6 @@ zb_convert_run(const char *const *inputs, size_t n_inputs, const char *output,
     if (st == ZB_OK) st = zb_convert_finish(cv);
     pthread_mutex_destroy(&r.lock);
     zb_convert_close(cv);
+    if (lock >= 0) close(lock); /* after finish removed the work directory, or not */
     return st;
 }

@@ -313,6 +313,10 @@ def test_killed_and_restarted_is_byte_identical(tmp_path):
         if attempt < len(stages):
             while proc.poll() is None and not stages[attempt]():
                 time.sleep(0.001)
+            if attempt == 1 and proc.poll() is None:  # a second run meanwhile is refused
+                second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+                assert second.returncode == 1 and "another conversion" in second.stderr, \
+                    second.stderr
         else:
             time.sleep(random.uniform(0.0, 0.5) * full)
         if proc.poll() is None:
