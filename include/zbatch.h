@@ -143,6 +143,10 @@ void zb_store_close(zb_store *store);
 /* The backend's scheme ("file", "memory"). */
 const char *zb_store_scheme(const zb_store *store);
 
+/* The store's name in messages: the directory given to zb_store_open / zb_store_open_file,
+ * else "SCHEME://" (a memory store, a custom backend). Lives as long as the store. */
+const char *zb_store_name(const zb_store *store);
+
 zb_status zb_store_get(zb_store *store, const char *key, uint64_t offset, uint64_t length,
                        void *dst, uint64_t *nread);
 zb_status zb_store_size(zb_store *store, const char *key, uint64_t *size);
@@ -357,9 +361,17 @@ void zb_array_writer_close(zb_array_writer *w);
  * "anndata", "atomic", "collection" (annbatch's pre-shuffled collections and zbatch
  * collections) or "generic" (a `zbatch` attribute, docs/FORMATS-zbatch.md).
  *
- * Opening reads metadata only. Pointer arrays are read lazily by chunk and cached; a
- * soft-delete mask (atomic `meta/samples_mask`) is read once, on the first call that needs it.
- * A zb_dataset may be shared by threads (its caches are locked).
+ * Opening reads metadata only, except for collections, which read their children's var names
+ * and category tables to check and merge them (zb_dataset_concat says how; a collection
+ * stored on disk refuses disagreeing children with ZB_E_CORRUPT). Pointer arrays are read
+ * lazily by chunk and cached; a soft-delete mask (atomic `meta/samples_mask`) is read once, on
+ * the first call that needs it. A zb_dataset may be shared by threads (its caches are locked).
+ *
+ * anndata: X is CSR (fields "X/data", "X/indices" over segment "X") or dense (field "X"); a
+ * CSC X is refused (ZB_E_UNSUPPORTED: `zbatch convert` writes it as CSR). obs columns are
+ * fields "obs/NAME": numbers and booleans as stored, categoricals as their codes, nullable
+ * columns as values plus a "/mask" companion (zb_field_info.mask); strings on request
+ * (zb_dataset_opts.load_strings). zb_dataset_column lists obs as anndata does.
  * ------------------------------------------------------------------------------------------- */
 typedef struct zb_dataset zb_dataset;
 
@@ -379,9 +391,28 @@ typedef struct zb_dataset_opts {
                                    runs on the calling thread, not the decode threads (the
                                    hand-off costs more than a second thread saves); default
                                    512 KiB, 0 = always the decode threads */
+    bool load_strings;          /* anndata: the obs index ("obs_names") and string obs columns
+                                   (string-array, nullable-string-array) are fields of dtype
+                                   ZB_DT_STRING, read into every batch (zb_batch_view says how
+                                   strings lie in a batch). Default false: batches carry
+                                   fixed-size fields only, and zb_dataset_read_strings still
+                                   reads any string column. */
+    const char *layer;          /* anndata: the matrix batches carry as X. NULL or "X": X;
+                                   "raw": raw/X (with raw/var as the var names); any other
+                                   name: layers/NAME (ZB_E_NOTFOUND if absent). The fields
+                                   keep X's names ("X/data" and "X/indices", or "X" when
+                                   dense), so transforms and densify act on this matrix. The
+                                   string is copied at open. */
+    bool reorder_vars;          /* collections and zb_dataset_concat: a child whose var names
+                                   are the first child's in another order is delivered in the
+                                   first child's order (its X columns remapped as batches are
+                                   built: CSR gene ids mapped and each row re-sorted, dense
+                                   rows permuted; a cost per cell of such children only).
+                                   Default false: children whose var names differ are refused
+                                   at open. Children with other genes are refused either way. */
 } zb_dataset_opts;
 
-#define ZB_DATASET_OPTS_DEFAULT {false, true, true, 0, 1, (size_t)512 << 10}
+#define ZB_DATASET_OPTS_DEFAULT {false, true, true, 0, 1, (size_t)512 << 10, false, NULL, false}
 
 typedef struct zb_field_info {
     const char *name;          /* "X/data", "obs/cell_line", "positions", ... */
@@ -391,8 +422,14 @@ typedef struct zb_field_info {
     const uint64_t *row_shape; /* [ndim]: shape of one row (array shape[1:]) */
     const char *segment;       /* ragged/index: the segment's name ("X", "atoms", "edges") */
     const char *target;        /* index: the segment its values point into, else NULL */
-    bool categorical;          /* codes with a category table (zb_dataset_categories) */
+    bool categorical;          /* codes with a category table (zb_dataset_category_table);
+                                  -1 = missing */
     const char *array;         /* the store path of the values array (of the first child) */
+    const char *mask;          /* nullable columns (anndata nullable-integer, -boolean and
+                                  -string-array): the name of the companion field holding
+                                  their missing flags ("obs/NAME/mask": bool per sample, true =
+                                  missing; the value under a true flag is unspecified). NULL
+                                  for other fields. */
 } zb_field_info;
 
 zb_status zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts,
@@ -413,8 +450,73 @@ zb_status zb_dataset_find_field(const zb_dataset *ds, const char *name, size_t *
 /* Number of columns of an anndata X (n_vars); 0 for other layouts. */
 uint64_t zb_dataset_n_vars(const zb_dataset *ds);
 
-/* The category labels of a categorical field (a string table owned by ds). */
+/* Where the dataset lives, for messages: the store's name (zb_store_name) and the dataset's
+ * group in it ("/data/atlas.zarr", "/data/atlas.zarr/dataset_3"); a concatenation's is its
+ * first child's followed by "+" and the number of others. Lives as long as ds. */
+const char *zb_dataset_name(const zb_dataset *ds);
+
+/* The labels of a categorical field, typed: strings (an anndata categorical of str) or numbers
+ * and booleans of `dtype` (integer leiden clusters, float or bool categories). Pointers live as
+ * long as the dataset. A collection's table is its children's when they all agree, else the
+ * sorted union of their tables (by UTF-8 bytes for strings, by value for numbers: the table
+ * anndata.concat builds); the codes in its batches index this table (every child's stored
+ * codes are remapped as batches are built), so a code means the same label in every batch. */
+typedef struct zb_category_table {
+    zb_dtype dtype;            /* ZB_DT_STRING, or the labels' numeric dtype (ZB_DT_BOOL...) */
+    uint64_t n;                /* labels */
+    const zb_strings *strings; /* ZB_DT_STRING: the labels; else NULL */
+    const void *values;        /* numeric: n labels of dtype, native byte order; else NULL */
+    bool ordered;              /* the categorical's `ordered` attribute (a collection's: the
+                                  first child's when the tables agree, else false) */
+} zb_category_table;
+
+zb_status zb_dataset_category_table(zb_dataset *ds, const char *field, zb_category_table *out);
+
+/* The string labels of a categorical field (zb_dataset_category_table's strings);
+ * ZB_E_TYPE naming the labels' dtype when they are not strings. */
 zb_status zb_dataset_categories(zb_dataset *ds, const char *field, const zb_strings **out);
+
+/* The var names of an anndata dataset or collection (var's index; raw/var's with layer "raw"):
+ * zb_dataset_n_vars strings, the column order of X in batches. Read on first call; owned by
+ * ds. ZB_E_NOTFOUND for other layouts. */
+zb_status zb_dataset_var_names(zb_dataset *ds, const zb_strings **out);
+
+/* The columns of obs (anndata layouts and collections of them), as anndata lists them: the
+ * index first ("obs_names"), then every column of obs's column-order that zbatch reads, named
+ * "obs/NAME". Columns of other encodings are left out. */
+typedef enum zb_column_kind {
+    ZB_COLUMN_VALUES,           /* numbers or booleans: field NAME */
+    ZB_COLUMN_CATEGORICAL,      /* codes: field NAME, labels: zb_dataset_category_table */
+    ZB_COLUMN_NULLABLE,         /* nullable-integer/-boolean: fields NAME and NAME/mask */
+    ZB_COLUMN_STRINGS,          /* string-array (and the index): zb_dataset_read_strings */
+    ZB_COLUMN_NULLABLE_STRINGS  /* nullable-string-array: zb_dataset_read_strings with
+                                   its missing flags */
+} zb_column_kind;
+
+typedef struct zb_column_info {
+    const char *name; /* "obs_names", "obs/NAME"; lives as long as ds */
+    zb_column_kind kind;
+    zb_dtype dtype;   /* of the values (codes for a categorical); ZB_DT_STRING for strings */
+} zb_column_info;
+
+size_t zb_dataset_ncolumns(const zb_dataset *ds);
+zb_status zb_dataset_column(const zb_dataset *ds, size_t i, zb_column_info *info);
+
+/* Reads logical samples [start, stop) of a per-sample field into dst (`dst_size` bytes, at
+ * least (stop - start) * row elements * item size of the field's dtype as zb_dataset_field
+ * tells it), in sample order, as batches carry it: a collection's categorical codes remapped to
+ * its table, soft-deleted samples skipped. Whole columns for class-balanced sampling or a data
+ * frame, without reading anything else. Thread-safe. ZB_E_TYPE for ragged and string fields. */
+zb_status zb_dataset_read_field(zb_dataset *ds, const char *field, uint64_t start, uint64_t stop,
+                                void *dst, size_t dst_size);
+
+/* Reads logical samples [start, stop) of a string column ("obs_names", or a string or
+ * nullable-string obs column: zb_dataset_column) into *out (free with zb_strings_free), whether
+ * or not load_strings made it a field. `missing` (NULL, or stop - start bytes) receives 1 for a
+ * missing value (nullable-string-array's mask; a missing value's string is empty), else 0.
+ * Thread-safe. */
+zb_status zb_dataset_read_strings(zb_dataset *ds, const char *column, uint64_t start,
+                                  uint64_t stop, zb_strings *out, uint8_t *missing);
 
 /* The length of every logical sample in segment `segment` ("X" nonzeros, "atoms", "edges"):
  * out[i] = ptr[p+1] - ptr[p] for the physical row p of logical sample i; `out` holds
@@ -423,7 +525,15 @@ zb_status zb_dataset_segment_lengths(zb_dataset *ds, const char *segment, uint64
 
 /* A dataset over `n` datasets in order: one index space, the child of each sample in batches
  * ("dataset"). The children are borrowed: they must outlive the result and offer the same
- * fields (names, kinds, dtypes, row shapes); ZB_E_INVALID otherwise, naming the difference. */
+ * fields (names, kinds, dtypes, row shapes; categorical codes may differ in width) and, for
+ * anndata, the same var names: ZB_E_INVALID otherwise, naming both children (zb_dataset_name)
+ * and the difference (for var names the first differing position). opts->reorder_vars accepts
+ * children whose genes are the first child's in another order. Categorical fields get one
+ * table (zb_dataset_category_table) and their codes are remapped in batches; a field's dtype
+ * (zb_dataset_field) is then the narrowest signed type that holds every child's codes and the
+ * merged table. The opts' num_threads, cache_bytes, inline_work_bytes and reorder_vars apply;
+ * the children's own options decide their fields. Opening reads every child's var names and
+ * category tables. */
 zb_status zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *opts,
                             zb_dataset **out);
 
@@ -443,11 +553,14 @@ typedef struct zb_batch_view {
     const char *name;
     zb_field_kind kind;
     zb_dtype dtype;
-    void *data;             /* contiguous, batch order, native byte order */
+    void *data;             /* contiguous, batch order, native byte order; strings: the UTF-8
+                               bytes of every sample's string, one after the other */
     uint64_t nrows;         /* rows in the batch (B for per-sample, the element total else) */
     int ndim;               /* of one row */
     const uint64_t *row_shape;
-    const int64_t *ptr;     /* ragged/index: the batch pointer array [B+1] of its segment */
+    const int64_t *ptr;     /* ragged/index: the batch pointer array [B+1] of its segment;
+                               strings (dtype ZB_DT_STRING, per-sample): sample i's string is
+                               data[ptr[i] .. ptr[i+1]) (not NUL-terminated) */
 } zb_batch_view;
 
 typedef struct zb_read_stats {

@@ -6,6 +6,14 @@
     >>> b = ds.read_many([5, 2, 9])
     >>> b["X"]                      # scipy.sparse.csr_matrix, 3 x n_vars
     >>> b["obs/cell_line"]          # int codes; ds.categories("obs/cell_line") gives labels
+    >>> ds.obs, ds.var              # pandas DataFrames, read on first use
+
+Nullable obs columns (anndata's nullable-integer, -boolean and -string-array) come with their
+masks: ``b["obs/NAME/mask"]`` is True where a value is missing, and with ``output="numpy"`` or
+``"scipy"`` ``b["obs/NAME"]`` is a ``numpy.ma.MaskedArray`` of the values under that mask (with
+``"torch"``, a tensor of the values beside the mask tensor; the value under a mask is
+unspecified). String columns and ``obs_names`` are in batches on request
+(``zbatch.open(path, load_strings=True)``) as numpy arrays of ``str`` objects.
 """
 from __future__ import annotations
 
@@ -89,31 +97,40 @@ class Batch(Mapping):
         raw = self._raw
         items = self._items
         segs = {name: np.frombuffer(buf, dtype=np.int64) for name, buf in raw["segments"].items()}
-        fields = {name: self._array(e) for name, e in raw["fields"].items()}
+        fields = {name: self._array(e) if not isinstance(e[0], list)
+                  else np.array(e[0], dtype=object)          # strings: a list of str
+                  for name, e in raw["fields"].items()}
         items["index"] = np.frombuffer(raw["index"], dtype=np.uint64)
         if "dataset" in raw:
             items["dataset"] = np.frombuffer(raw["dataset"], dtype=np.int32)
         torch_out = self._output == "torch"
         if torch_out:
             import torch
-        if "X/data" in fields and "X" in segs:
-            shape = (len(items["index"]), self._n_vars)
-            data, indices, indptr = fields.pop("X/data"), fields.pop("X/indices"), segs["X"]
-            items["X"] = _LAZY
-            self._lazy["X"] = lambda: _csr(data, indices, indptr, shape, torch_out)
+        # sparse matrices: X, and layers loaded beside it, each over its own segment
+        for name, ptr in segs.items():
+            if f"{name}/data" in fields and f"{name}/indices" in fields:
+                n_vars = self._n_vars
+                shape = (len(items["index"]), n_vars)
+                data, indices = fields.pop(f"{name}/data"), fields.pop(f"{name}/indices")
+                items[name] = _LAZY
+                self._lazy[name] = (lambda d=data, i=indices, p=ptr, s=shape:
+                                    _csr(d, i, p, s, torch_out))
         for name, ptr in segs.items():
             if name in _SEGMENT_KEYS:
                 items[_SEGMENT_KEYS[name]] = ptr
-            elif name != "X":
+            elif name not in items:
                 items[f"{name}_ptr"] = ptr
         if self._layout == "atomic" and "atoms" in segs:
             ptr = segs["atoms"]
             items["batch_idx"] = np.repeat(np.arange(len(ptr) - 1, dtype=np.int64), np.diff(ptr))
         for name, arr in fields.items():
+            mask = fields.get(f"{name}/mask")
+            if mask is not None and not torch_out:
+                arr = np.ma.MaskedArray(arr, mask=mask)   # nullable: values under their mask
             items[name] = arr
         if torch_out:
             for k, v in list(items.items()):
-                if isinstance(v, np.ndarray):
+                if isinstance(v, np.ndarray) and v.dtype != object:
                     items[k] = torch.from_numpy(v) if v.dtype != np.uint64 else \
                         torch.from_numpy(v.astype(np.int64))
 
@@ -141,13 +158,28 @@ class Dataset:
         group: the dataset's group inside the store ("" = the root).
         cache_bytes: size of the decoded-chunk cache (LRU, 0 = off).
         num_threads: decode threads used by :meth:`read_many`.
-        load_layers: anndata only: also expose ``layers/NAME`` fields.
+        load_layers: anndata only: also expose ``layers/NAME`` (as matrices in batches).
+        load_strings: anndata only: ``obs_names`` and string obs columns in every batch.
+        layer: anndata only: the matrix batches carry as ``X`` (and transforms and densify act
+            on): ``None`` / ``"X"``, ``"raw"`` (``raw/X``, with ``raw/var`` as var) or the name
+            of a layer (``"counts"``: ``layers/counts``).
+        reorder_vars: collections only: children whose var names are the first child's in
+            another order are delivered in the first child's order (else refused at open).
+
+    Example::
+
+        >>> ds = zbatch.open("atlas.zarr", layer="counts", load_strings=True)
+        >>> b = ds.read_many([0, 5])
+        >>> b["X"], b["obs_names"]
     """
 
     def __init__(self, path: str, group: str = "", *, cache_bytes: int = 0, num_threads: int = 1,
-                 load_layers: bool = False, use_consolidated: bool = True):
+                 load_layers: bool = False, use_consolidated: bool = True,
+                 load_strings: bool = False, layer: Optional[str] = None,
+                 reorder_vars: bool = False):
         self._c = _zbatch._Dataset(str(path), group, int(cache_bytes), int(num_threads),
-                                   bool(load_layers), bool(use_consolidated))
+                                   bool(load_layers), bool(use_consolidated), bool(load_strings),
+                                   None if layer is None else str(layer), bool(reorder_vars))
         self.path = str(path)
         self._load_info()
 
@@ -156,7 +188,11 @@ class Dataset:
         self.layout: str = info["layout"]
         self.n_vars: int = info["n_vars"]
         self.num_children: int = info["nchildren"]
-        #: field name -> dict(kind, dtype, row_shape, segment, target, categorical)
+        #: where the dataset lives (the store and group; for messages)
+        self.name: str = info["name"]
+        self._var_at = (info["scheme"], info["store"], info["var_group"])
+        self._frames: dict[str, Any] = {}
+        #: field name -> dict(kind, dtype, row_shape, segment, target, categorical, array, mask)
         self.fields: dict[str, dict] = {f["name"]: {k: v for k, v in f.items() if k != "name"}
                                         for f in info["fields"]}
 
@@ -175,9 +211,60 @@ class Dataset:
     def __repr__(self) -> str:
         return f"zbatch.Dataset({self.path!r}, layout={self.layout!r}, n={len(self)})"
 
-    def categories(self, name: str) -> list[str]:
-        """The category labels of a categorical field (codes index into this list)."""
-        return self._c.categories(name)
+    def categories(self, name: str) -> Union[list, np.ndarray]:
+        """The category labels of a categorical field (codes index into them; -1 = missing):
+        a list of ``str``, or a numpy array for integer, float or boolean categories. For a
+        collection, the one table its codes mean in every batch."""
+        labels, _ordered = self._c.categories(name)
+        if isinstance(labels, tuple):
+            buf, typestr = labels
+            return np.frombuffer(buf, dtype=np.dtype(typestr)).copy()
+        return labels
+
+    def read_field(self, name: str, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
+        """Samples ``[start, stop)`` of a per-sample field, as batches carry it (a collection's
+        codes in its table), without reading anything else.
+
+            >>> ds.read_field("obs/cell_type")[:5]
+        """
+        stop = len(self) if stop is None else int(stop)
+        buf, typestr, shape = self._c.read_field(name, int(start), stop)
+        return np.frombuffer(buf, dtype=np.dtype(typestr)).reshape(shape)
+
+    @property
+    def obs_names(self):
+        """The obs names (pandas Index), read on first use."""
+        return self.obs.index
+
+    @property
+    def var_names(self):
+        """The var names (pandas Index; a collection's are its first child's), the order of
+        X's columns."""
+        import pandas as pd
+        if "var_names" not in self._frames:
+            self._frames["var_names"] = pd.Index(self._c.var_names(), dtype=object)
+        return self._frames["var_names"]
+
+    @property
+    def obs(self):
+        """obs as a pandas DataFrame, as ``anndata.read_zarr`` gives it (categoricals with their
+        categories, nullable columns as pandas nullable arrays, strings as objects), read on
+        first use. A collection's is its children's rows in order, categoricals in the
+        collection's table."""
+        if "obs" not in self._frames:
+            self._frames["obs"] = _obs_frame(self)
+        return self._frames["obs"]
+
+    @property
+    def var(self):
+        """var as a pandas DataFrame (raw/var with ``layer="raw"``), read on first use."""
+        if "var" not in self._frames:
+            from ._frame import read_frame
+            scheme, store, group = self._var_at
+            if scheme != "file" or not group:
+                raise ValueError(f"{self.name}: var is read from a store directory")
+            self._frames["var"] = read_frame(store, group)
+        return self._frames["var"]
 
     def read_many(self, ids: Sequence[int], output: str = "numpy") -> Batch:
         """Reads the samples ``ids`` (any order, duplicates allowed) as one :class:`Batch`.
@@ -199,20 +286,58 @@ class Dataset:
         return Batch(raw, self.layout, self.n_vars, output)
 
 
+def _obs_frame(ds: Dataset):
+    """obs of a dataset through libzbatch's columns (zb_dataset_column)."""
+    import pandas as pd
+    n = len(ds)
+    index, data = None, {}
+    for name, kind, _dtype in ds._c.columns():
+        if kind in ("strings", "nullable_strings"):
+            values, missing = ds._c.read_strings(name, 0, n)
+            if kind == "strings":
+                col = np.array(values, dtype=object)
+            else:
+                mask = np.frombuffer(missing, dtype=bool)
+                col = pd.array([None if m else v for v, m in zip(values, mask)], dtype="string")
+            if name == "obs_names":
+                index = pd.Index(col, dtype=object if kind == "strings" else None)
+                continue
+        elif kind == "categorical":
+            labels, ordered = ds._c.categories(name)
+            if isinstance(labels, tuple):
+                labels = np.frombuffer(labels[0], dtype=np.dtype(labels[1]))
+            col = pd.Categorical.from_codes(ds.read_field(name).astype(np.int64),
+                                            categories=pd.Index(labels), ordered=ordered)
+        elif kind == "nullable":
+            values, mask = ds.read_field(name), ds.read_field(f"{name}/mask")
+            cls = pd.arrays.BooleanArray if values.dtype == bool else pd.arrays.IntegerArray
+            col = cls(values.copy(), mask.copy())
+        else:
+            col = ds.read_field(name).copy()
+        data[name[len("obs/"):]] = col
+    return pd.DataFrame(data, index=index if index is not None else pd.RangeIndex(n),
+                        columns=pd.Index(list(data), dtype=object))
+
+
 class MultiDataset(Dataset):
     """Several datasets behind one index space (samples of child k follow those of k-1);
     batches carry ``b["dataset"]``, the child of each sample. Pair it with
     ``DataLoader(..., sampler="multi", sizes=md.sizes, ratios=...)`` for per-child ratios.
 
-    The children must offer the same fields (e.g. anndata stores with equal ``n_vars``)."""
+    The children must offer the same fields and, for anndata stores, the same var names:
+    otherwise the error names both stores and the first difference. ``reorder_vars=True``
+    accepts children holding the first child's genes in another order and delivers them in
+    the first child's order. Categorical columns get one table (``categories()``: the
+    children's when they agree, else their sorted union, as ``anndata.concat``) and every
+    child's codes are remapped to it as batches are built."""
 
     def __init__(self, datasets: Sequence[Dataset], *, cache_bytes: int = 0,
-                 num_threads: int = 1):
+                 num_threads: int = 1, reorder_vars: bool = False):
         self.children = list(datasets)
         if not self.children:
             raise ValueError("MultiDataset needs at least one dataset")
         self._c = _zbatch.concat_datasets([d._c for d in self.children], int(num_threads),
-                                          int(cache_bytes))
+                                          int(cache_bytes), bool(reorder_vars))
         self.path = self.children[0].path
         self._load_info()
         #: the length of every child, in order (the "multi" sampler's ``sizes``)
@@ -235,6 +360,7 @@ class InMemoryDataset(Dataset):
         self._c = _zbatch.in_memory(src._c, int(num_threads), int(cache_bytes))
         self.path = src.path
         self._load_info()
+        self._var_at = src._var_at  # the copy lives in memory: var is read from the source
 
     def __repr__(self) -> str:
         return f"zbatch.InMemoryDataset({self.path!r}, layout={self.layout!r}, n={len(self)})"

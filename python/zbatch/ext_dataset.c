@@ -3,6 +3,8 @@
  * Batch memory crosses into numpy without copies: a _Buffer exports one field's bytes through
  * the buffer protocol and holds a reference to its _Batch, so the C batch lives as long as any
  * array made from it. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dataset/dataset.h"
@@ -82,8 +84,28 @@ shape_of(uint64_t rows, int ndim, const uint64_t *row_shape)
     return t;
 }
 
-/* Converts a batch into a dict: name -> (buffer, typestr, shape); plus "index", "dataset",
- * "segments" {name: buffer of int64 [B+1]} and "stats". */
+/* n strings as a list of str: string i is data[offsets[i] .. offsets[i+1]) (bytes that are
+ * not UTF-8 come through as surrogates, as os.fsdecode does). */
+static PyObject *
+strings_list(const char *data, const int64_t *offsets, const uint64_t *uoffsets, uint64_t n)
+{
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (uint64_t i = 0; l && i < n; i++) {
+        uint64_t a = offsets ? (uint64_t)offsets[i] : uoffsets[i];
+        uint64_t e = offsets ? (uint64_t)offsets[i + 1] : uoffsets[i + 1];
+        PyObject *o = PyUnicode_DecodeUTF8(data + a, (Py_ssize_t)(e - a), "surrogateescape");
+        if (!o) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, o);
+    }
+    return l;
+}
+
+/* Converts a batch into a dict: name -> (buffer, typestr, shape, kind, segment), a string
+ * field's buffer being a list of str; plus "index", "dataset", "segments" {name: buffer of
+ * int64 [B+1]} and "stats". */
 PyObject *
 zbpy_batch_to_dict(zb_batch *cb)
 {
@@ -101,11 +123,14 @@ zbpy_batch_to_dict(zb_batch *cb)
         zb_batch_field(cb, i, &v);
         uint64_t elems = v.nrows;
         for (int k = 0; k < v.ndim; k++) elems *= v.row_shape[k];
-        PyObject *buf = make_buffer((PyObject *)owner, v.data, (size_t)(elems * zb_dtype_size(v.dtype)));
+        PyObject *buf = v.dtype == ZB_DT_STRING
+                            ? strings_list(v.data, v.ptr, NULL, v.nrows)
+                            : make_buffer((PyObject *)owner, v.data,
+                                          (size_t)(elems * zb_dtype_size(v.dtype)));
         PyObject *shape = shape_of(v.nrows, v.ndim, v.row_shape);
         /* the segment a ragged field is split by: found by its pointer array */
         const char *seg = NULL;
-        for (size_t k = 0; v.ptr && k < zb_batch_nsegments(cb); k++) {
+        for (size_t k = 0; v.ptr && v.dtype != ZB_DT_STRING && k < zb_batch_nsegments(cb); k++) {
             const int64_t *ptr = NULL;
             const char *name = zb_batch_segment_at(cb, k, &ptr);
             if (ptr == v.ptr) seg = name;
@@ -194,18 +219,22 @@ static int
 dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"path", "group", "cache_bytes", "num_threads", "load_layers",
-                             "use_consolidated", NULL};
-    const char *path, *group = "";
+                             "use_consolidated", "load_strings", "layer", "reorder_vars", NULL};
+    const char *path, *group = "", *layer = NULL;
     unsigned long long cache = 0;
-    int threads = 1, layers = 0, consolidated = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sKipp", kwlist, &path, &group, &cache,
-                                     &threads, &layers, &consolidated))
+    int threads = 1, layers = 0, consolidated = 1, strings = 0, reorder = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sKipppzp", kwlist, &path, &group, &cache,
+                                     &threads, &layers, &consolidated, &strings, &layer,
+                                     &reorder))
         return -1;
     zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
     o.cache_bytes = (size_t)cache;
     o.num_threads = threads;
     o.load_layers = layers != 0;
     o.use_consolidated = consolidated != 0;
+    o.load_strings = strings != 0;
+    o.layer = layer;
+    o.reorder_vars = reorder != 0;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
     st = zb_store_open(path, &self->store);
@@ -244,11 +273,12 @@ dataset_info(DatasetObject *self, PyObject *noargs)
         PyObject *rs = PyTuple_New(fi.ndim);
         for (int d = 0; rs && d < fi.ndim; d++)
             PyTuple_SET_ITEM(rs, d, PyLong_FromUnsignedLongLong(fi.row_shape[d]));
-        PyObject *o = rs ? Py_BuildValue("{s:s,s:s,s:s,s:O,s:z,s:z,s:O,s:s}", "name", fi.name,
-                                         "kind", kinds[fi.kind], "dtype",
+        PyObject *o = rs ? Py_BuildValue("{s:s,s:s,s:s,s:O,s:z,s:z,s:O,s:s,s:z}", "name",
+                                         fi.name, "kind", kinds[fi.kind], "dtype",
                                          zb_dtype_name(fi.dtype), "row_shape", rs, "segment",
                                          fi.segment, "target", fi.target, "categorical",
-                                         fi.categorical ? Py_True : Py_False, "array", fi.array)
+                                         fi.categorical ? Py_True : Py_False, "array", fi.array,
+                                         "mask", fi.mask)
                          : NULL;
         Py_XDECREF(rs);
         if (!o || PyList_Append(fields, o) < 0) {
@@ -258,35 +288,133 @@ dataset_info(DatasetObject *self, PyObject *noargs)
         }
         Py_DECREF(o);
     }
-    PyObject *r = Py_BuildValue("{s:s,s:O,s:K,s:n}", "layout", zb_dataset_layout(self->ds),
-                                "fields", fields, "n_vars",
+    /* where the var frame lies: the first child's store and var group (the collection's
+     * genes are the first child's, merge.c) */
+    const zb_dataset *first = self->ds->nchildren ? self->ds->children[0] : self->ds;
+    const char *var_group = first->var_frame ? first->var_frame : "";
+    PyObject *r = Py_BuildValue("{s:s,s:O,s:K,s:n,s:s,s:s,s:s,s:s}", "layout",
+                                zb_dataset_layout(self->ds), "fields", fields, "n_vars",
                                 (unsigned long long)zb_dataset_n_vars(self->ds), "nchildren",
-                                (Py_ssize_t)zb_dataset_nchildren(self->ds));
+                                (Py_ssize_t)zb_dataset_nchildren(self->ds), "name",
+                                zb_dataset_name(self->ds), "store", zb_store_name(first->store),
+                                "scheme", zb_store_scheme(first->store), "var_group", var_group);
     Py_DECREF(fields);
     return r;
 }
 
+/* categories(name) -> (labels, ordered): labels a list of str, or (bytes, typestr) for
+ * numbers and booleans */
 static PyObject *
 dataset_categories(DatasetObject *self, PyObject *args)
 {
     const char *name;
     if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    zb_category_table t;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_dataset_category_table(self->ds, name, &t);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    PyObject *labels =
+        t.dtype == ZB_DT_STRING
+            ? strings_list(t.strings->data, NULL, t.strings->offsets, t.n)
+            : Py_BuildValue("(y#s)", (const char *)t.values,
+                            (Py_ssize_t)(t.n * zb_dtype_size(t.dtype)),
+                            zb_dtype_typestr(t.dtype));
+    if (!labels) return NULL;
+    return Py_BuildValue("(NO)", labels, t.ordered ? Py_True : Py_False);
+}
+
+/* read_field(name, start, stop) -> (bytearray, typestr, shape): rows [start, stop) */
+static PyObject *
+dataset_read_field(DatasetObject *self, PyObject *args)
+{
+    const char *name;
+    unsigned long long start, stop;
+    if (!PyArg_ParseTuple(args, "sKK", &name, &start, &stop)) return NULL;
+    size_t i;
+    zb_field_info fi;
+    zb_status st = zb_dataset_find_field(self->ds, name, &i);
+    if (st == ZB_OK) st = zb_dataset_field(self->ds, i, &fi);
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    uint64_t row = zb_dtype_size(fi.dtype), n = stop > start ? stop - start : 0;
+    for (int d = 0; d < fi.ndim; d++) row *= fi.row_shape[d];
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n * row));
+    if (!out) return NULL;
+    char *buf = PyByteArray_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_dataset_read_field(self->ds, name, start, stop, buf, (size_t)(n * row));
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
+        Py_DECREF(out);
+        return zbpy_raise(st, NULL);
+    }
+    PyObject *shape = shape_of(n, fi.ndim, fi.row_shape);
+    if (!shape) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return Py_BuildValue("(NsN)", out, zb_dtype_typestr(fi.dtype), shape);
+}
+
+/* read_strings(name, start, stop) -> (list of str, bytes of missing flags) */
+static PyObject *
+dataset_read_strings(DatasetObject *self, PyObject *args)
+{
+    const char *name;
+    unsigned long long start, stop;
+    if (!PyArg_ParseTuple(args, "sKK", &name, &start, &stop)) return NULL;
+    uint64_t n = stop > start ? stop - start : 0;
+    uint8_t *missing = malloc((size_t)n + 1);
+    if (!missing) return PyErr_NoMemory();
+    zb_strings s;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_dataset_read_strings(self->ds, name, start, stop, &s, missing);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
+        free(missing);
+        return zbpy_raise(st, NULL);
+    }
+    PyObject *l = strings_list(s.data, NULL, s.offsets, s.n);
+    zb_strings_free(&s);
+    PyObject *r = l ? Py_BuildValue("(Ny#)", l, (const char *)missing, (Py_ssize_t)n) : NULL;
+    free(missing);
+    return r;
+}
+
+/* var_names() -> list of str */
+static PyObject *
+dataset_var_names(DatasetObject *self, PyObject *noargs)
+{
+    (void)noargs;
     const zb_strings *s = NULL;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_dataset_categories(self->ds, name, &s);
+    st = zb_dataset_var_names(self->ds, &s);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK) return zbpy_raise(st, NULL);
-    PyObject *l = PyList_New((Py_ssize_t)s->n);
-    for (uint64_t i = 0; l && i < s->n; i++) {
-        PyObject *o = PyUnicode_DecodeUTF8(s->data + s->offsets[i],
-                                           (Py_ssize_t)(s->offsets[i + 1] - s->offsets[i]),
-                                           "surrogateescape");
-        if (!o) {
+    return strings_list(s->data, NULL, s->offsets, s->n);
+}
+
+/* columns() -> [(name, kind, dtype)]: obs as anndata lists it */
+static PyObject *
+dataset_columns(DatasetObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    static const char *const kinds[] = {"values", "categorical", "nullable", "strings",
+                                        "nullable_strings"};
+    size_t n = zb_dataset_ncolumns(self->ds);
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        zb_column_info ci;
+        zb_dataset_column(self->ds, i, &ci);
+        PyObject *t = Py_BuildValue("(sss)", ci.name, kinds[ci.kind], zb_dtype_name(ci.dtype));
+        if (!t) {
             Py_CLEAR(l);
             break;
         }
-        PyList_SET_ITEM(l, (Py_ssize_t)i, o);
+        PyList_SET_ITEM(l, (Py_ssize_t)i, t);
     }
     return l;
 }
@@ -353,6 +481,10 @@ static PyMethodDef dataset_methods[] = {
     {"length", (PyCFunction)dataset_len, METH_NOARGS, "number of logical samples"},
     {"info", (PyCFunction)dataset_info, METH_NOARGS, "layout, fields, n_vars"},
     {"categories", (PyCFunction)dataset_categories, METH_VARARGS, "category labels"},
+    {"read_field", (PyCFunction)dataset_read_field, METH_VARARGS, "rows of one field"},
+    {"read_strings", (PyCFunction)dataset_read_strings, METH_VARARGS, "rows of a string column"},
+    {"var_names", (PyCFunction)dataset_var_names, METH_NOARGS, "var names"},
+    {"columns", (PyCFunction)dataset_columns, METH_NOARGS, "obs columns"},
     {"read_many", (PyCFunction)dataset_read_many, METH_VARARGS, "one coalesced read"},
     {NULL, NULL, 0, NULL},
 };
@@ -368,15 +500,15 @@ static PyTypeObject DatasetType = {
     .tp_new = PyType_GenericNew,
 };
 
-/* concat_datasets(list of _Dataset, num_threads, cache_bytes) -> _Dataset */
+/* concat_datasets(list of _Dataset, num_threads, cache_bytes, reorder_vars) -> _Dataset */
 static PyObject *
 py_concat_datasets(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *list;
-    int threads = 1;
+    int threads = 1, reorder = 0;
     unsigned long long cache = 0;
-    if (!PyArg_ParseTuple(args, "O|iK", &list, &threads, &cache)) return NULL;
+    if (!PyArg_ParseTuple(args, "O|iKp", &list, &threads, &cache, &reorder)) return NULL;
     PyObject *seq = PySequence_Tuple(list);
     if (!seq) return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(seq);
@@ -404,6 +536,7 @@ py_concat_datasets(PyObject *self, PyObject *args)
     zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
     o.num_threads = threads;
     o.cache_bytes = (size_t)cache;
+    o.reorder_vars = reorder != 0;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
     st = zb_dataset_concat(kids, (size_t)n, &o, &d->ds);

@@ -233,14 +233,14 @@ def _dataset_sampler_args(dataset: Dataset, name: str, kw: dict) -> dict:
                 kw[sizes_kw] = dataset.segment_lengths(segment)
     if name == "weighted" and "class_field" in kw:
         import numpy as np
-        from . import read_array
         field = kw.pop("class_field")
         info = dataset.fields.get(field)
-        if info is None or info["kind"] != "per_sample" or info["row_shape"]:
+        if info is None or info["kind"] != "per_sample" or info["row_shape"] or \
+                info["dtype"] == "string":
             raise ValueError(f"class_field {field!r} must be a per-sample scalar field")
-        if dataset.num_children != 1 or dataset.layout == "atomic":
-            raise ValueError("class_field needs a single dataset without soft deletes")
-        kw["class_codes"] = np.asarray(read_array(dataset.path, info["array"]), dtype=np.int64)
+        # every sample's class as batches carry it: a collection's codes in its one table, so
+        # a label is one class across children; soft-deleted samples are not counted
+        kw["class_codes"] = np.asarray(dataset.read_field(field), dtype=np.int64)
     return kw
 
 

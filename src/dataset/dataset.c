@@ -16,16 +16,43 @@ static void
 field_free(zb_field *f)
 {
     free(f->name);
+    free(f->mask);
     free(f->cats_path);
-    zb_strings_free(&f->cats);
+    zb_cattab_free(&f->cats);
     zb_array_close(f->arr);
+}
+
+static void
+maps_free(zb_dataset *ds)
+{
+    size_t nf = ds->nchildren ? ds->children[0]->nfields : 0;
+    for (size_t f = 0; ds->maps && f < nf; f++) {
+        for (size_t c = 0; ds->maps[f].lut && c < ds->nchildren; c++) free(ds->maps[f].lut[c]);
+        free(ds->maps[f].lut);
+        free(ds->maps[f].nlut);
+        zb_cattab_free(&ds->maps[f].cats);
+    }
+    free(ds->maps);
+    for (size_t c = 0; ds->vars.lut && c < ds->nchildren; c++) free(ds->vars.lut[c]);
+    free(ds->vars.lut);
 }
 
 void
 zb_dataset_close(zb_dataset *ds)
 {
     if (!ds) return;
+    maps_free(ds);
     for (size_t i = 0; i < ds->nfields; i++) field_free(&ds->fields[i]);
+    for (size_t i = 0; i < ds->ncols; i++) {
+        free(ds->cols[i].name);
+        zb_array_close(ds->cols[i].values);
+        zb_array_close(ds->cols[i].mask);
+    }
+    free(ds->cols);
+    free(ds->var_index);
+    free(ds->var_frame);
+    zb_strings_free(&ds->var_names);
+    pthread_mutex_destroy(&ds->var_mu);
     for (size_t i = 0; i < ds->nsegs; i++) {
         zb_segment *s = &ds->segs[i];
         for (uint64_t b = 0; s->blocks && b < s->nblocks; b++) free(s->blocks[b]);
@@ -47,6 +74,8 @@ zb_dataset_close(zb_dataset *ds)
     zb_plan_mem_release_all(ds);
     pthread_mutex_destroy(&ds->plan_mu);
     pthread_mutex_destroy(&ds->pool_mu);
+    free(ds->layer);
+    free(ds->name);
     free(ds->path);
     free(ds);
 }
@@ -59,8 +88,9 @@ root_encoding(const zb_tree *tree, const char *base)
     return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : "";
 }
 
+/* A dataset named `name` (zb_dataset_name), or the store's name and `path`. */
 static zb_dataset *
-dataset_alloc(zb_store *store, const char *path, const zb_dataset_opts *opts)
+dataset_alloc(zb_store *store, const char *path, const zb_dataset_opts *opts, const char *name)
 {
     zb_dataset *ds = calloc(1, sizeof *ds);
     if (!ds) return NULL;
@@ -71,11 +101,30 @@ dataset_alloc(zb_store *store, const char *path, const zb_dataset_opts *opts)
     pthread_mutex_init(&ds->mask.mu, NULL);
     pthread_mutex_init(&ds->pool_mu, NULL);
     pthread_mutex_init(&ds->plan_mu, NULL);
-    if (!ds->path) {
-        free(ds);
+    pthread_mutex_init(&ds->var_mu, NULL);
+    if (name) {
+        ds->name = strdup(name);
+    } else {
+        const char *sn = zb_store_name(store);
+        size_t n = strlen(sn) + strlen(path) + 2;
+        ds->name = malloc(n);
+        bool slash = sn[0] && sn[strlen(sn) - 1] == '/';
+        if (ds->name) snprintf(ds->name, n, "%s%s%s", sn, path[0] && !slash ? "/" : "", path);
+    }
+    /* the layer name is the caller's: keep a copy (children and in-memory copies reuse opts) */
+    if (ds->opts.layer) ds->layer = strdup(ds->opts.layer);
+    ds->opts.layer = ds->layer;
+    if (!ds->path || !ds->name || (opts && opts->layer && !ds->layer)) {
+        zb_dataset_close(ds);
         return NULL;
     }
     return ds;
+}
+
+const char *
+zb_dataset_name(const zb_dataset *ds)
+{
+    return ds && ds->name ? ds->name : "";
 }
 
 /* Orders dataset_<k> children numerically (FORMATS.md §7.1). */
@@ -92,28 +141,6 @@ cmp_child(const void *a, const void *b)
 }
 
 static zb_status open_layout(zb_dataset *ds, const zb_tree *tree, const char *base);
-
-/* Every child must offer the same fields with the same dtypes and row shapes. */
-static zb_status
-check_same_fields(const zb_dataset *ds, zb_status code)
-{
-    const zb_dataset *c0 = ds->children[0];
-    for (size_t c = 1; c < ds->nchildren; c++) {
-        const zb_dataset *ch = ds->children[c];
-        bool same = ch->nfields == c0->nfields && ch->n_vars == c0->n_vars &&
-                    ch->nsegs == c0->nsegs;
-        for (size_t f = 0; same && f < c0->nfields; f++) {
-            const zb_field *a = &c0->fields[f], *b = &ch->fields[f];
-            same = !strcmp(a->name, b->name) && a->kind == b->kind && a->dtype == b->dtype &&
-                   a->ndim == b->ndim &&
-                   !memcmp(a->row_shape, b->row_shape, sizeof(uint64_t) * (size_t)a->ndim);
-        }
-        if (!same)
-            return zb_err(code, "%s: its fields or n_vars differ from %s",
-                          ch->path[0] ? ch->path : "/", c0->path[0] ? c0->path : "/");
-    }
-    return ZB_OK;
-}
 
 static zb_status
 open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
@@ -137,7 +164,8 @@ open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
     }
     zb_status st = ZB_OK;
     if (n == 0) {
-        st = zb_err(ZB_E_CORRUPT, "%s: a collection without dataset_<k> children", ds->path);
+        st = zb_err(ZB_E_CORRUPT, "%s: a collection without dataset_<k> children",
+                    zb_dataset_name(ds));
         goto done;
     }
     qsort(names, n, sizeof *names, cmp_child);
@@ -148,7 +176,7 @@ open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
         goto done;
     }
     for (size_t c = 0; c < n; c++) {
-        zb_dataset *ch = dataset_alloc(ds->store, names[c].path, &ds->opts);
+        zb_dataset *ch = dataset_alloc(ds->store, names[c].path, &ds->opts, NULL);
         if (!ch) {
             st = zb_err(ZB_E_NOMEM, "out of memory");
             goto done;
@@ -162,10 +190,9 @@ open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
             goto done;
         }
     }
-    st = check_same_fields(ds, ZB_E_CORRUPT);
-    if (st != ZB_OK) goto done;
     snprintf(ds->layout, sizeof ds->layout, "collection");
     ds->n_vars = ds->children[0]->n_vars;
+    st = zb_collection_merge(ds, ZB_E_CORRUPT);
 done:
     free(names);
     return st;
@@ -193,7 +220,7 @@ open_layout(zb_dataset *ds, const zb_tree *tree, const char *base)
         return zb_layout_generic(ds, tree, base);
     }
     return zb_err(ZB_E_UNSUPPORTED, "%s: no dataset layout recognised (anndata, atomic, "
-                  "collection, or a 'zbatch' attribute)", ds->path[0] ? ds->path : "/");
+                  "collection, or a 'zbatch' attribute)", zb_dataset_name(ds));
 }
 
 zb_status
@@ -204,7 +231,7 @@ zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts, 
     if (!store) return zb_err(ZB_E_INVALID, "zb_dataset_open: null store");
     char norm[4096];
     ZB_TRY(zb_key_normalize(path ? path : "", norm, sizeof norm));
-    zb_dataset *ds = dataset_alloc(store, norm, opts);
+    zb_dataset *ds = dataset_alloc(store, norm, opts, NULL);
     if (!ds) return zb_err(ZB_E_NOMEM, "zb_dataset_open: out of memory");
     zb_tree *tree = NULL;
     zb_status st = zb_tree_load(store, norm, ds->opts.use_consolidated, &tree);
@@ -291,13 +318,14 @@ zb_dataset_field(const zb_dataset *ds, size_t i, zb_field_info *info)
     const zb_field *f = &p->fields[i];
     info->name = f->name;
     info->kind = f->kind;
-    info->dtype = f->dtype;
+    info->dtype = zb_dataset_field_dtype(ds, i);
     info->ndim = f->ndim;
     info->row_shape = f->row_shape;
     info->segment = f->seg >= 0 ? p->segs[f->seg].name : NULL;
     info->target = f->target >= 0 ? p->segs[f->target].name : NULL;
     info->categorical = f->categorical;
     info->array = f->arr->path;
+    info->mask = f->mask;
     return ZB_OK;
 }
 
@@ -311,56 +339,7 @@ zb_dataset_find_field(const zb_dataset *ds, const char *name, size_t *index)
             *index = i;
             return ZB_OK;
         }
-    return zb_err(ZB_E_NOTFOUND, "%s: no field '%s'", ds->path[0] ? ds->path : "/", name);
-}
-
-static zb_status
-load_categories(zb_dataset *p, zb_field *f)
-{
-    zb_status st = ZB_OK;
-    pthread_mutex_lock(&p->mask.mu);
-    if (!f->cats_loaded) {
-        zb_array *a = NULL;
-        st = zb_array_open(p->store, f->cats_path, &a);
-        if (st == ZB_OK && a->meta.dtype != ZB_DT_STRING)
-            st = zb_err(ZB_E_UNSUPPORTED, "%s: non-string categories", f->cats_path);
-        if (st == ZB_OK) st = zb_array_read_strings(a, 0, a->meta.shape[0], &f->cats, NULL);
-        zb_array_close(a);
-        f->cats_loaded = st == ZB_OK;
-    }
-    pthread_mutex_unlock(&p->mask.mu);
-    return st;
-}
-
-static bool
-strings_equal(const zb_strings *a, const zb_strings *b)
-{
-    return a->n == b->n && !memcmp(a->offsets, b->offsets, (size_t)(a->n + 1) * sizeof(uint64_t)) &&
-           !memcmp(a->data, b->data, (size_t)a->offsets[a->n]);
-}
-
-zb_status
-zb_dataset_categories(zb_dataset *ds, const char *field, const zb_strings **out)
-{
-    if (!ds || !field || !out) return zb_err(ZB_E_INVALID, "zb_dataset_categories: null");
-    *out = NULL;
-    size_t i;
-    ZB_TRY(zb_dataset_find_field(ds, field, &i));
-    zb_dataset *p = ds->nchildren ? ds->children[0] : ds;
-    zb_field *f = &p->fields[i];
-    if (!f->categorical) return zb_err(ZB_E_TYPE, "%s is not categorical", field);
-    ZB_TRY(load_categories(p, f));
-    /* Codes mean something only with their own table: a collection whose children disagree
-     * would hand out codes that point at the wrong labels, so it is refused. */
-    for (size_t c = 1; c < ds->nchildren; c++) {
-        zb_field *fc = &ds->children[c]->fields[i];
-        ZB_TRY(load_categories(ds->children[c], fc));
-        if (!strings_equal(&f->cats, &fc->cats))
-            return zb_err(ZB_E_UNSUPPORTED, "%s: the categories of %s differ between %s and %s",
-                          ds->path[0] ? ds->path : "/", field, p->path, ds->children[c]->path);
-    }
-    *out = &f->cats;
-    return ZB_OK;
+    return zb_err(ZB_E_NOTFOUND, "%s: no field '%s'", zb_dataset_name(ds), name);
 }
 
 zb_status
@@ -384,7 +363,7 @@ child_lengths(zb_dataset *ds, const char *segment, uint64_t *out)
     size_t s = 0;
     while (s < ds->nsegs && strcmp(ds->segs[s].name, segment)) s++;
     if (s == ds->nsegs)
-        return zb_err(ZB_E_NOTFOUND, "%s: no segment '%s'", ds->path[0] ? ds->path : "/",
+        return zb_err(ZB_E_NOTFOUND, "%s: no segment '%s'", zb_dataset_name(ds),
                       segment);
     ZB_TRY(zb_mask_load(ds));
     uint64_t n = 0;
@@ -436,7 +415,10 @@ zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *
         if (children[c]->nchildren)
             return zb_err(ZB_E_UNSUPPORTED, "zb_dataset_concat: dataset %zu is a collection", c);
     }
-    zb_dataset *ds = dataset_alloc(children[0]->store, "", opts);
+    char name[4200];
+    snprintf(name, sizeof name, "%s", zb_dataset_name(children[0]));
+    if (n > 1) snprintf(name + strlen(name), sizeof name - strlen(name), "+%zu", n - 1);
+    zb_dataset *ds = dataset_alloc(children[0]->store, "", opts, name);
     if (!ds) return zb_err(ZB_E_NOMEM, "zb_dataset_concat: out of memory");
     ds->borrowed = true;
     snprintf(ds->layout, sizeof ds->layout, "%s", children[0]->layout);
@@ -447,7 +429,8 @@ zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *
     if (st == ZB_OK) {
         memcpy(ds->children, children, n * sizeof *children);
         ds->nchildren = n;
-        st = check_same_fields(ds, ZB_E_INVALID);
+        ds->n_vars = children[0]->n_vars;
+        st = zb_collection_merge(ds, ZB_E_INVALID);
     }
     uint64_t total = 0;
     for (size_t c = 0; c < n && st == ZB_OK; c++) {
@@ -459,7 +442,6 @@ zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *
     if (st == ZB_OK) {
         ds->child_start[n] = total;
         ds->nphys = total;
-        ds->n_vars = children[0]->n_vars;
         if (ds->opts.cache_bytes) st = zb_cache_new(ds->opts.cache_bytes, &ds->cache);
     }
     if (st == ZB_OK) st = zb_pool_new(ds->opts.num_threads, &ds->pool);

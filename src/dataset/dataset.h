@@ -23,12 +23,23 @@ typedef struct zb_segment {
     pthread_mutex_t mu;
 } zb_segment;
 
+/* A category table (the labels of a categorical field): strings, or numbers of `dtype`. */
+typedef struct zb_cattab {
+    zb_dtype dtype;     /* ZB_DT_STRING, or the labels' numeric dtype */
+    uint64_t n;
+    zb_strings strings; /* ZB_DT_STRING */
+    uint8_t *values;    /* numeric: n * zb_dtype_size(dtype) bytes, native order */
+    bool ordered;
+} zb_cattab;
+
+void zb_cattab_free(zb_cattab *t);
+
 /* One field of one child: the array behind it. */
 typedef struct zb_field {
     char *name;
     zb_field_kind kind;
     zb_dtype dtype;
-    size_t itemsize;
+    size_t itemsize;                  /* 0 for strings */
     int ndim;                         /* of one row */
     uint64_t row_shape[ZB_MAX_DIMS];
     uint64_t row_elems;
@@ -36,11 +47,25 @@ typedef struct zb_field {
     int target;                       /* index: target segment, else -1 */
     bool categorical;
     bool global_index;                /* index values are store-global (nvalchemi): subtract ptr */
+    bool var_cols;                    /* anndata X: values are gene ids (CSR indices), or rows
+                                         of n_vars genes (dense): reorder_vars remaps them */
     zb_array *arr;                    /* the values */
+    char *mask;                       /* nullable: the name of the companion mask field */
     char *cats_path;                  /* categorical: the categories array path */
-    zb_strings cats;                  /* loaded on first request */
+    bool cats_ordered;                /* categorical: the `ordered` attribute */
+    zb_cattab cats;                   /* loaded on first request (zb_dataset_category_table) */
     bool cats_loaded;
 } zb_field;
+
+/* An obs column as anndata lists it (zb_dataset_column). Non-string columns are read through
+ * the field of the same name; string columns through their own arrays. */
+typedef struct zb_column {
+    char *name;           /* "obs_names" or "obs/NAME" */
+    zb_column_kind kind;
+    zb_dtype dtype;
+    zb_array *values;     /* strings: the string array (NULL for the other kinds) */
+    zb_array *mask;       /* nullable strings: the mask */
+} zb_column;
 
 /* A soft-delete mask: logical i is the i-th true (FORMATS.md §8.2). Loaded on first use. */
 typedef struct zb_mask {
@@ -64,11 +89,31 @@ void zb_arena_pool_unref(zb_arena_pool *p);
 typedef struct zb_plan_mem zb_plan_mem;
 void zb_plan_mem_release_all(zb_dataset *ds);
 
+/* How a collection delivers field f of its children (merge.c): the dtype batches carry and,
+ * per child, the table its stored values go through (categorical codes: child code -> the
+ * collection's code). A NULL table: the child's values are delivered as stored. */
+typedef struct zb_fieldmap {
+    zb_dtype dtype;  /* delivered */
+    int64_t **lut;   /* [nchildren] */
+    uint64_t *nlut;  /* [nchildren] entries of each table */
+    zb_cattab cats;          /* categorical, when the children's tables differ: their union */
+    const zb_cattab *table;  /* categorical: the collection's table (cats, or the first
+                                child's when every child has the same one) */
+} zb_fieldmap;
+
+/* A collection's var order (reorder_vars): child c's gene j is the collection's gene
+ * var_lut[c][j]; var_lut[c] NULL: the child's order is the collection's. */
+typedef struct zb_varmap {
+    int64_t **lut; /* [nchildren] */
+} zb_varmap;
+
 struct zb_dataset {
     zb_store *store;
     char *path;
+    char *name;              /* zb_dataset_name */
     char layout[24];
     zb_dataset_opts opts;
+    char *layer;             /* opts.layer, owned (opts.layer points here) */
     uint64_t nphys;          /* physical samples */
     uint64_t n_vars;
     zb_mask mask;
@@ -76,10 +121,20 @@ struct zb_dataset {
     zb_field fields[ZB_MAX_FIELDS];
     size_t nsegs;
     zb_segment segs[ZB_MAX_SEGMENTS];
+    /* anndata: obs columns (zb_dataset_column) and var names */
+    size_t ncols;
+    zb_column *cols;
+    char *var_frame;         /* the var data frame's group (raw/var with layer "raw") */
+    char *var_index;         /* the var index array's path, NULL when unknown */
+    zb_strings var_names;    /* loaded on first request (var_mu) */
+    bool var_loaded;
+    pthread_mutex_t var_mu;
     /* collections: children and their cumulative logical sizes */
     size_t nchildren;
     zb_dataset **children;
     uint64_t *child_start;   /* [nchildren+1] */
+    zb_fieldmap *maps;       /* [children[0]->nfields]: how each field is delivered (merge.c) */
+    zb_varmap vars;          /* reorder_vars */
     /* shared by every read */
     zb_pool *pool;
     pthread_mutex_t pool_mu; /* one read_many at a time drives the pool */
@@ -92,6 +147,45 @@ struct zb_dataset {
     bool is_child;
     bool borrowed;           /* children belong to the caller (zb_dataset_concat) */
 };
+
+/* Collections (merge.c): checks that children agree (fields, obs columns, var names) and
+ * builds ds->maps (one category table per categorical field, codes remapped) and ds->vars.
+ * `code` is the status for disagreeing children (ZB_E_CORRUPT for a stored collection,
+ * ZB_E_INVALID for a concatenation). */
+zb_status zb_collection_merge(zb_dataset *ds, zb_status code);
+
+/* The dtype batches carry for field f (the children's, or a collection's wider codes). */
+zb_dtype zb_dataset_field_dtype(const zb_dataset *ds, size_t f);
+
+/* A collection's table for child c's values of field f (NULL: delivered as stored). */
+static inline const int64_t *
+zb_dataset_lut(const zb_dataset *ds, size_t f, size_t c, uint64_t *n)
+{
+    if (!ds->maps || !ds->maps[f].lut || !ds->maps[f].lut[c]) return NULL;
+    *n = ds->maps[f].nlut[c];
+    return ds->maps[f].lut[c];
+}
+
+/* Codes (any integer dtype `from`, n of them) through a table into dtype `to`: -1 (missing)
+ * stays -1; others must index the table (ZB_E_CORRUPT naming `what` otherwise). A NULL table
+ * converts the values as they are. */
+zb_status zb_codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
+                           const int64_t *lut, uint64_t nlut, const char *what);
+
+/* Moves one child's gene order to the collection's (reorder_vars, merge.c). A dense row of
+ * n_vars values of `itemsize` bytes is permuted through `scratch` (a row's bytes). A CSR row's
+ * `nnz` gene ids (`idx`, integers of dtype idx_dtype) are mapped and the row re-sorted with its
+ * values (`vals`, itemsize bytes each) so the ids ascend again; ZB_E_CORRUPT (naming `what`)
+ * for an id outside [0, n_vars). */
+void zb_var_reorder_dense(uint8_t *row, uint64_t n_vars, size_t itemsize, const int64_t *lut,
+                          uint8_t *scratch);
+struct zb_buf;
+zb_status zb_var_reorder_csr(void *idx, zb_dtype idx_dtype, uint8_t *vals, size_t itemsize,
+                             uint64_t nnz, const int64_t *lut, uint64_t n_vars,
+                             struct zb_buf *scratch, const char *what);
+
+/* Category tables (columns.c): the field's own table, loaded once. */
+zb_status zb_field_load_categories(zb_dataset *ds, zb_field *f);
 
 /* Layout builders (layouts.c). Each fills fields/segments of ds from the tree. */
 struct zb_tree;

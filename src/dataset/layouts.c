@@ -116,6 +116,57 @@ check_rows(const zb_field *f, uint64_t want, const char *what)
 
 /* ---- anndata ------------------------------------------------------------------------------ */
 
+/* Adds the 1-d string array at `path` as a string field `name` (load_strings): a per-sample
+ * field of dtype ZB_DT_STRING that the reader fills after the fixed-size fields. */
+static zb_status
+add_string_field(zb_dataset *ds, const zb_tree *tree, const char *name, const char *path)
+{
+    if (ds->nfields == ZB_MAX_FIELDS) return zb_err(ZB_E_UNSUPPORTED, "%s: too many fields", name);
+    zb_field *f = &ds->fields[ds->nfields];
+    memset(f, 0, sizeof *f);
+    ZB_TRY(open_node(ds, tree, path, &f->arr));
+    f->name = strdup(name);
+    if (!f->name) {
+        zb_array_close(f->arr);
+        f->arr = NULL;
+        return zb_err(ZB_E_NOMEM, "out of memory");
+    }
+    f->kind = ZB_FIELD_PER_SAMPLE;
+    f->dtype = ZB_DT_STRING;
+    f->row_elems = 1;
+    f->seg = -1;
+    f->target = -1;
+    ds->nfields++;
+    return ZB_OK;
+}
+
+/* Records obs column `name` (zb_dataset_column). String columns keep their arrays (taken from
+ * *values and *mask, which are then NULL); the others are read through their fields. */
+static zb_status
+add_column(zb_dataset *ds, const char *name, zb_column_kind kind, zb_dtype dtype,
+           zb_array **values, zb_array **mask)
+{
+    zb_column *c = realloc(ds->cols, (ds->ncols + 1) * sizeof *c);
+    if (!c) return zb_err(ZB_E_NOMEM, "out of memory");
+    ds->cols = c;
+    c = &ds->cols[ds->ncols];
+    memset(c, 0, sizeof *c);
+    c->name = strdup(name);
+    if (!c->name) return zb_err(ZB_E_NOMEM, "out of memory");
+    c->kind = kind;
+    c->dtype = dtype;
+    if (values) {
+        c->values = *values;
+        *values = NULL;
+    }
+    if (mask) {
+        c->mask = *mask;
+        *mask = NULL;
+    }
+    ds->ncols++;
+    return ZB_OK;
+}
+
 /* Adds X-like element `path` (CSR group or dense array) as fields named `name`... */
 static zb_status
 add_matrix(zb_dataset *ds, const zb_tree *tree, const char *name, const char *path, bool is_x)
@@ -153,6 +204,7 @@ add_matrix(zb_dataset *ds, const zb_tree *tree, const char *name, const char *pa
         join(sub, sizeof sub, path, "indices");
         snprintf(fname, sizeof fname, "%s/indices", name);
         ZB_TRY(add_field(ds, tree, fname, sub, ZB_FIELD_RAGGED, seg, -1, &fi));
+        fi->var_cols = is_x;
         if (fd->arr->meta.shape[0] != fi->arr->meta.shape[0])
             return zb_err(ZB_E_CORRUPT, "%s: data has %llu values, indices %llu", path,
                           (unsigned long long)fd->arr->meta.shape[0],
@@ -167,9 +219,11 @@ add_matrix(zb_dataset *ds, const zb_tree *tree, const char *name, const char *pa
                           (unsigned long long)fd->arr->meta.shape[0]);
         return ZB_OK;
     }
+    /* `zbatch convert` transposes a CSC matrix out of core (docs/CONVERT.md) */
     if (!nd->is_array && enc && !strcmp(enc, "csc_matrix"))
-        return is_x ? zb_err(ZB_E_UNSUPPORTED, "%s: a CSC X cannot be read by rows; convert it "
-                             "to CSR", path)
+        return is_x ? zb_err(ZB_E_UNSUPPORTED, "%s: a CSC matrix cannot be read by rows; "
+                             "`zbatch convert %s -o OUT` writes it as CSR", path,
+                             zb_dataset_name(ds))
                     : ZB_OK;
     if (nd->is_array) {
         zb_field *f;
@@ -179,70 +233,227 @@ add_matrix(zb_dataset *ds, const zb_tree *tree, const char *name, const char *pa
         if (is_x) {
             ds->nphys = f->arr->meta.shape[0];
             ds->n_vars = f->ndim >= 1 ? f->row_shape[0] : 1;
+            f->var_cols = f->ndim == 1;
         }
         return ZB_OK;
     }
     return ZB_OK;
 }
 
+/* Opens the string array at `path` (1-d, one string per sample); ZB_E_TYPE when it is not one
+ * (the caller skips such a column). */
 static zb_status
-add_dataframe_columns(zb_dataset *ds, const zb_tree *tree, const char *df, const char *prefix)
+open_strings(zb_dataset *ds, const zb_tree *tree, const char *path, zb_array **out)
+{
+    ZB_TRY(open_node(ds, tree, path, out));
+    if ((*out)->meta.dtype != ZB_DT_STRING || (*out)->meta.ndim != 1) {
+        zb_array_close(*out);
+        *out = NULL;
+        return ZB_E_TYPE;
+    }
+    if ((*out)->meta.shape[0] != ds->nphys) {
+        zb_status st = zb_err(ZB_E_CORRUPT, "%s: %llu rows, X has %llu", path,
+                              (unsigned long long)(*out)->meta.shape[0],
+                              (unsigned long long)ds->nphys);
+        zb_array_close(*out);
+        *out = NULL;
+        return st;
+    }
+    return ZB_OK;
+}
+
+/* A nullable column's mask "NAME/mask" (bool per sample) as a field beside its values. */
+static zb_status
+add_mask_field(zb_dataset *ds, const zb_tree *tree, const char *name, const char *path,
+               zb_field *values)
+{
+    char mname[620];
+    snprintf(mname, sizeof mname, "%s/mask", name);
+    zb_field *m = NULL;
+    zb_status st = add_field(ds, tree, mname, path, ZB_FIELD_PER_SAMPLE, -1, -1, &m);
+    if (st == ZB_E_TYPE || (st == ZB_OK && (m->dtype != ZB_DT_BOOL || m->ndim != 0)))
+        return zb_err(ZB_E_CORRUPT, "%s: a nullable column's mask must be 1-d bool", path);
+    if (st != ZB_OK) return st;
+    ZB_TRY(check_rows(m, ds->nphys, "X"));
+    if (values) {
+        values->mask = strdup(mname);
+        if (!values->mask) return zb_err(ZB_E_NOMEM, "out of memory");
+    }
+    return ZB_OK;
+}
+
+/* One obs column (shared FORMATS.md §6): a field (numbers, categorical codes, nullable values
+ * and mask; strings with load_strings) and its entry in ds->cols. */
+static zb_status
+add_obs_column(zb_dataset *ds, const zb_tree *tree, const zb_tree_node *cn, const char *path,
+               const char *name)
+{
+    zb_status st;
+    zb_field *f = NULL;
+    const char *enc = zb_json_string(cn->attrs, "encoding-type");
+    char sub[4300];
+    zb_array *strs = NULL, *mask = NULL;
+    if (cn->is_array) {
+        st = add_field(ds, tree, name, path, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
+        if (st == ZB_E_TYPE) { /* a string-array (0-d and other odd arrays are left out) */
+            st = open_strings(ds, tree, path, &strs);
+            if (st == ZB_E_TYPE) return ZB_OK;
+            if (st == ZB_OK && ds->opts.load_strings) st = add_string_field(ds, tree, name, path);
+            if (st == ZB_OK)
+                st = add_column(ds, name, ZB_COLUMN_STRINGS, ZB_DT_STRING, &strs, NULL);
+            zb_array_close(strs);
+            return st;
+        }
+        if (st != ZB_OK) return st;
+        ZB_TRY(check_rows(f, ds->nphys, "X"));
+        if (f->ndim != 0) return ZB_OK; /* a 2-d column: a field, not a data-frame column */
+        return add_column(ds, name, ZB_COLUMN_VALUES, f->dtype, NULL, NULL);
+    }
+    if (enc && !strcmp(enc, "categorical")) {
+        join(sub, sizeof sub, path, "codes");
+        st = add_field(ds, tree, name, sub, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
+        if (st == ZB_E_TYPE) return ZB_OK;
+        if (st != ZB_OK) return st;
+        ZB_TRY(check_rows(f, ds->nphys, "X"));
+        if (f->dtype == ZB_DT_BOOL || f->dtype == ZB_DT_FLOAT16 || f->dtype == ZB_DT_FLOAT32 ||
+            f->dtype == ZB_DT_FLOAT64 || f->ndim != 0)
+            return zb_err(ZB_E_CORRUPT, "%s: categorical codes must be 1-d integers", sub);
+        f->categorical = true;
+        json_object *ord = zb_json_get(cn->attrs, "ordered");
+        f->cats_ordered = ord && json_object_get_boolean(ord);
+        join(sub, sizeof sub, path, "categories");
+        f->cats_path = strdup(sub);
+        if (!f->cats_path) return zb_err(ZB_E_NOMEM, "out of memory");
+        return add_column(ds, name, ZB_COLUMN_CATEGORICAL, f->dtype, NULL, NULL);
+    }
+    if (enc && (!strcmp(enc, "nullable-integer") || !strcmp(enc, "nullable-boolean"))) {
+        join(sub, sizeof sub, path, "values");
+        st = add_field(ds, tree, name, sub, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
+        if (st == ZB_E_TYPE) return ZB_OK;
+        if (st != ZB_OK) return st;
+        ZB_TRY(check_rows(f, ds->nphys, "X"));
+        join(sub, sizeof sub, path, "mask");
+        ZB_TRY(add_mask_field(ds, tree, name, sub, f));
+        return add_column(ds, name, ZB_COLUMN_NULLABLE, f->dtype, NULL, NULL);
+    }
+    if (enc && !strcmp(enc, "nullable-string-array")) {
+        char mpath[4300];
+        join(sub, sizeof sub, path, "values");
+        join(mpath, sizeof mpath, path, "mask");
+        st = open_strings(ds, tree, sub, &strs);
+        if (st == ZB_E_TYPE) return ZB_OK;
+        if (st == ZB_OK) st = open_node(ds, tree, mpath, &mask);
+        if (st == ZB_OK && (mask->meta.dtype != ZB_DT_BOOL || mask->meta.ndim != 1 ||
+                            mask->meta.shape[0] != ds->nphys))
+            st = zb_err(ZB_E_CORRUPT, "%s: a nullable column's mask must be 1-d bool with a row "
+                        "per sample", mpath);
+        if (st == ZB_OK && ds->opts.load_strings) {
+            st = add_string_field(ds, tree, name, sub);
+            if (st == ZB_OK)
+                st = add_mask_field(ds, tree, name, mpath, &ds->fields[ds->nfields - 1]);
+        }
+        if (st == ZB_OK)
+            st = add_column(ds, name, ZB_COLUMN_NULLABLE_STRINGS, ZB_DT_STRING, &strs, &mask);
+        zb_array_close(strs);
+        zb_array_close(mask);
+        return st;
+    }
+    return ZB_OK; /* other encodings (awkward arrays, ...) are not columns zbatch reads */
+}
+
+/* obs (shared FORMATS.md §6): the index as "obs_names", then column-order. */
+static zb_status
+add_obs(zb_dataset *ds, const zb_tree *tree, const char *df)
 {
     const zb_tree_node *nd = zb_tree_find(tree, df);
     if (!nd || nd->is_array) return ZB_OK;
+    char path[4200], name[600];
+    const char *index = zb_json_string(nd->attrs, "_index");
+    if (index) {
+        /* a string-array, or (anndata >= 0.13 with pandas 3) a nullable-string-array group */
+        zb_array *strs = NULL, *mask = NULL;
+        join(path, sizeof path, df, index);
+        const zb_tree_node *in = zb_tree_find(tree, path);
+        const char *enc = in ? zb_json_string(in->attrs, "encoding-type") : NULL;
+        bool nullable = in && !in->is_array && enc && !strcmp(enc, "nullable-string-array");
+        char mpath[4300];
+        join(mpath, sizeof mpath, path, "mask");
+        if (nullable) strncat(path, "/values", sizeof path - strlen(path) - 1);
+        zb_status st = in ? open_strings(ds, tree, path, &strs) : ZB_E_TYPE;
+        if (st == ZB_OK && nullable) st = open_node(ds, tree, mpath, &mask);
+        if (st == ZB_OK && ds->opts.load_strings)
+            st = add_string_field(ds, tree, "obs_names", path);
+        if (st == ZB_OK)
+            st = add_column(ds, "obs_names",
+                            nullable ? ZB_COLUMN_NULLABLE_STRINGS : ZB_COLUMN_STRINGS,
+                            ZB_DT_STRING, &strs, &mask);
+        zb_array_close(strs);
+        zb_array_close(mask);
+        if (st != ZB_OK && st != ZB_E_TYPE) return st;
+    }
     json_object *order = zb_json_get(nd->attrs, "column-order");
     size_t n = order && json_object_is_type(order, json_type_array)
                    ? json_object_array_length(order)
                    : 0;
-    char path[4200], name[600];
     for (size_t i = 0; i < n; i++) {
         json_object *c = json_object_array_get_idx(order, i);
         if (!json_object_is_type(c, json_type_string)) continue;
         const char *col = json_object_get_string(c);
         join(path, sizeof path, df, col);
-        snprintf(name, sizeof name, "%s/%s", prefix, col);
+        snprintf(name, sizeof name, "obs/%s", col);
         const zb_tree_node *cn = zb_tree_find(tree, path);
         if (!cn) return zb_err(ZB_E_CORRUPT, "%s: column '%s' is listed but missing", df, col);
-        zb_status st;
-        zb_field *f = NULL;
-        const char *enc = zb_json_string(cn->attrs, "encoding-type");
-        if (cn->is_array) {
-            st = add_field(ds, tree, name, path, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
-        } else if (enc && !strcmp(enc, "categorical")) {
-            char codes[4300];
-            join(codes, sizeof codes, path, "codes");
-            st = add_field(ds, tree, name, codes, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
-            if (st == ZB_OK) {
-                f->categorical = true;
-                char cats[4300];
-                join(cats, sizeof cats, path, "categories");
-                f->cats_path = strdup(cats);
-                if (!f->cats_path) return zb_err(ZB_E_NOMEM, "out of memory");
-            }
-        } else if (enc && (!strcmp(enc, "nullable-integer") || !strcmp(enc, "nullable-boolean"))) {
-            char values[4300];
-            join(values, sizeof values, path, "values");
-            st = add_field(ds, tree, name, values, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
-        } else {
-            continue; /* strings and other encodings are not batch fields */
-        }
-        if (st == ZB_E_TYPE) continue;
-        if (st != ZB_OK) return st;
-        if (!strcmp(prefix, "obs")) ZB_TRY(check_rows(f, ds->nphys, "X"));
+        ZB_TRY(add_obs_column(ds, tree, cn, path, name));
     }
     return ZB_OK;
+}
+
+/* The path of `df`'s index array (its `_index` attribute), or NULL. */
+static char *
+index_path(const zb_tree *tree, const char *df)
+{
+    const zb_tree_node *nd = zb_tree_find(tree, df);
+    const char *index = nd && !nd->is_array ? zb_json_string(nd->attrs, "_index") : NULL;
+    if (!index) return NULL;
+    char path[4200];
+    join(path, sizeof path, df, index);
+    const zb_tree_node *in = zb_tree_find(tree, path);
+    if (in && !in->is_array) /* nullable strings */
+        strncat(path, "/values", sizeof path - strlen(path) - 1);
+    return in ? strdup(path) : NULL;
 }
 
 zb_status
 zb_layout_anndata(zb_dataset *ds, const zb_tree *tree, const char *base)
 {
-    char path[4200];
-    join(path, sizeof path, base, "X");
+    /* the matrix delivered as X (zb_dataset_opts.layer) and the var frame naming its columns */
+    const char *layer = ds->opts.layer && ds->opts.layer[0] ? ds->opts.layer : "X";
+    char path[4200], var[4200], lay[600];
+    if (!strcmp(layer, "X")) {
+        join(path, sizeof path, base, "X");
+        join(var, sizeof var, base, "var");
+    } else if (!strcmp(layer, "raw")) {
+        join(path, sizeof path, base, "raw/X");
+        join(var, sizeof var, base, "raw/var");
+    } else {
+        snprintf(lay, sizeof lay, "layers/%s", layer);
+        join(path, sizeof path, base, lay);
+        join(var, sizeof var, base, "var");
+    }
     if (!zb_tree_find(tree, path))
-        return zb_err(ZB_E_UNSUPPORTED, "%s: an anndata store without X", ds->path);
+        return !strcmp(layer, "X")
+                   ? zb_err(ZB_E_UNSUPPORTED, "%s: an anndata store without X", zb_dataset_name(ds))
+                   : zb_err(ZB_E_NOTFOUND, "%s: no matrix %s (layer '%s')", zb_dataset_name(ds),
+                            path, layer);
     ZB_TRY(add_matrix(ds, tree, "X", path, true));
+    if (!ds->nfields)
+        return zb_err(ZB_E_UNSUPPORTED, "%s: %s is neither a CSR nor a dense matrix",
+                      zb_dataset_name(ds), path);
+    ds->var_index = index_path(tree, var);
+    if (ds->var_index && !(ds->var_frame = strdup(var)))
+        return zb_err(ZB_E_NOMEM, "out of memory");
     join(path, sizeof path, base, "obs");
-    ZB_TRY(add_dataframe_columns(ds, tree, path, "obs"));
+    ZB_TRY(add_obs(ds, tree, path));
     char name[600];
     if (ds->opts.load_obsm) {
         join(path, sizeof path, base, "obsm");

@@ -16,6 +16,7 @@
 #include "dataset/batch.h"
 #include "dataset/dataset.h"
 #include "store/store.h"
+#include "util/buf.h"
 #include "util/status.h"
 #include "util/stream.h"
 #include "zarr/codec.h"
@@ -39,6 +40,8 @@ typedef struct bfield {
     uint8_t *data;
     int seg;
     int target; /* index fields: the segment their values point into, else -1 */
+    int64_t *offs; /* strings: byte offsets [B+1] of each sample's string in data, else NULL */
+    bool owns_offs;
 } bfield;
 
 typedef struct bseg {
@@ -202,6 +205,8 @@ typedef struct task {
     char *msg; /* the error's message (malloc'd), or NULL */
     zb_read_stats stats;
 } task;
+
+static const zb_dataset *child_of(const zb_dataset *ds, uint32_t c);
 
 /* A task as a worker runs it. */
 typedef struct plan plan;
@@ -395,6 +400,7 @@ zb_batch_free(zb_batch *b)
     for (size_t i = 0; i < b->nfields; i++) {
         free(b->fields[i].name);
         if (b->fields[i].owned) free(b->fields[i].data);
+        if (b->fields[i].owns_offs) free(b->fields[i].offs);
     }
     for (size_t i = 0; i < b->nsegs; i++) free(b->segs[i].ptr);
     free(b->fields);
@@ -587,6 +593,16 @@ zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out)
         vf->name = strdup(wf->name);
         if (!vf->name) goto oom;
         v->nfields++;
+        vf->owns_offs = false;
+        if (wf->offs) { /* strings: the view's own offsets, counted from its first string */
+            vf->offs = malloc((v->B + 1) * sizeof *vf->offs);
+            if (!vf->offs) goto oom;
+            vf->owns_offs = true;
+            for (size_t i = 0; i <= v->B; i++) vf->offs[i] = wf->offs[b0 + i] - wf->offs[b0];
+            vf->data = wf->data + wf->offs[b0];
+            vf->nrows = v->B;
+            continue;
+        }
         uint64_t r0 = wf->seg >= 0 ? (uint64_t)whole->segs[wf->seg].ptr[b0] : b0;
         uint64_t r1 = wf->seg >= 0 ? (uint64_t)whole->segs[wf->seg].ptr[b1] : b1;
         vf->data = wf->data + r0 * wf->row_elems * wf->itemsize;
@@ -625,7 +641,7 @@ zb_batch_field(const zb_batch *b, size_t i, zb_batch_view *v)
     v->nrows = f->nrows;
     v->ndim = f->ndim;
     v->row_shape = f->row_shape;
-    v->ptr = f->seg >= 0 ? b->segs[f->seg].ptr : NULL;
+    v->ptr = f->offs ? f->offs : f->seg >= 0 ? b->segs[f->seg].ptr : NULL;
     return ZB_OK;
 }
 
@@ -867,6 +883,18 @@ rebased_here(const plan *p, uint32_t f)
     return p->rb && p->rb[f].in_tasks;
 }
 
+/* Whether child c's values of field f are converted as they land (a collection's categorical
+ * codes: another width, or through its table, merge.c), and the table (NULL: none). */
+static inline bool
+converted(const plan *p, uint32_t f, uint32_t c, const int64_t **lut, uint64_t *nlut)
+{
+    *lut = NULL;
+    *nlut = 0;
+    if (!p->ds->maps) return false;
+    *lut = zb_dataset_lut(p->ds, f, c, nlut);
+    return *lut || child_of(p->ds, c)->fields[f].dtype != p->b->fields[f].dtype;
+}
+
 /* Bytes of rows of field f into the batch: streamed past the cache when the batch outgrows it,
  * unless the task re-bases them next (they are read again at once). */
 static inline void
@@ -1010,7 +1038,7 @@ rebase_error(const plan *p, uint32_t f, size_t i, uint64_t r0, uint64_t r1, uint
                 /* x - lo as the store meant it; reported, never used */
                 long long local = (long long)((uint64_t)x - (uint64_t)r->lo[i]);
                 return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: %s value %lld is outside its "
-                              "%lld atoms (stored %s)", ch->path[0] ? ch->path : "/", i,
+                              "%lld atoms (stored %s)", zb_dataset_name(ch), i,
                               fd->name, local, (long long)r->len[i],
                               fd->global_index ? "store-global" : "local");
             }
@@ -1079,8 +1107,11 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     size_t unit_bytes = (size_t)zb_array_unit_bytes(a);
     uint64_t grid_lin = unit_linear(a, g);
 
+    const int64_t *lut;
+    uint64_t nlut;
+    bool conv = converted(p, cp->field, cp->child, &lut, &nlut);
     /* straight into the batch: one copy covering the whole, unpadded unit */
-    bool direct = c1 - c0 == 1 && cp->src_row == 0 && cp->nrows == a->inner[0];
+    bool direct = !conv && c1 - c0 == 1 && cp->src_row == 0 && cp->nrows == a->inner[0];
     for (int d = 1; d < nd && direct; d++) direct = a->inner[d] == a->meta.shape[d];
     uint8_t *target;
     if (direct) {
@@ -1123,6 +1154,15 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     if (direct) {
         rows = cp->nrows;
         if (reb) ZB_TRY(rebase_rows(p, cp->field, cp->dst_row, cp->nrows, 0, bf->row_elems));
+    } else if (conv) {
+        /* codes (1-d: units hold whole rows) through the collection's table, in the copy */
+        for (size_t i = c0; i < c1; i++) {
+            const copy *c = &p->copies[i];
+            ZB_TRY(zb_codes_convert(bf->data + c->dst_row * bf->itemsize, bf->dtype,
+                                    target + c->src_row * f->itemsize, f->dtype, c->nrows, lut,
+                                    nlut, a->path));
+            rows += c->nrows;
+        }
     } else if (unit_spans_rows(a, g)) {
         /* the unit holds whole batch rows: one move per copy, fixed-size for short rows */
         size_t rb = (size_t)row_bytes;
@@ -1411,7 +1451,9 @@ run_plain(exec *x, size_t c0, size_t c1)
     for (int d = 0; d < nd; d++) grid[d] = (a->meta.shape[d] + a->inner[d] - 1) / a->inner[d];
     g[0] = cp->unit;
     char key[4600];
-    if (raw_rows(a)) {
+    const int64_t *lut;
+    uint64_t nlut;
+    if (raw_rows(a) && !converted(x->p, cp->field, cp->child, &lut, &nlut)) {
         ZB_TRY(zb_array_unit_object(a, g, key, sizeof key, NULL, NULL));
         zb_status st = serve_raw(x, c0, c1, key, 0, NULL, 0);
         if (st != ZB_E_NOTFOUND) return st;
@@ -1512,7 +1554,9 @@ run_shard(exec *x, size_t c0, size_t c1)
     }
     uint64_t cps0 = a->meta.chunks[0] / a->inner[0], m_row = n / cps0;
     uint64_t e_lo = u_lo % cps0 * m_row, e_n = (u_hi - u_lo + 1) * m_row;
-    bool raw = raw_rows(a);
+    const int64_t *lut;
+    uint64_t nlut;
+    bool raw = raw_rows(a) && !converted(p, cp->field, cp->child, &lut, &nlut);
     uint64_t unit_bytes = zb_array_unit_bytes(a);
     const uint8_t *obj = NULL; /* raw: a view of the whole shard */
     uint64_t obj_len = 0;
@@ -1616,16 +1660,20 @@ run_rows(exec *x, size_t c0, size_t c1)
     const copy *cp = &p->copies[c0];
     const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
     bfield *bf = &p->b->fields[cp->field];
+    const int64_t *lut;
+    uint64_t nlut;
+    bool conv = converted(p, cp->field, cp->child, &lut, &nlut);
     size_t row_bytes = (size_t)(bf->row_elems * bf->itemsize);
+    size_t src_row_bytes = (size_t)(a->row_elems * a->meta.itemsize); /* as stored */
     uint64_t lo = UINT64_MAX, hi = 0;
     for (size_t i = c0; i < c1; i++) {
         uint64_t r0 = p->copies[i].unit * a->inner[0] + p->copies[i].src_row;
         if (r0 < lo) lo = r0;
         if (r0 + p->copies[i].nrows > hi) hi = r0 + p->copies[i].nrows;
     }
-    size_t bytes = (size_t)(hi - lo) * row_bytes;
+    size_t bytes = (size_t)(hi - lo) * src_row_bytes;
     uint8_t *band;
-    if (c1 - c0 == 1) {
+    if (c1 - c0 == 1 && !conv) {
         band = bf->data + cp->dst_row * row_bytes;
     } else {
         ZB_TRY(zb_buf_reserve(&x->ctx->scratch[SCR_UNIT], bytes ? bytes : 1));
@@ -1641,7 +1689,11 @@ run_rows(exec *x, size_t c0, size_t c1)
     for (size_t i = c0; i < c1; i++) {
         const copy *c = &p->copies[i];
         uint64_t r0 = c->unit * a->inner[0] + c->src_row;
-        if (c1 - c0 > 1)
+        if (conv)
+            ZB_TRY(zb_codes_convert(bf->data + c->dst_row * row_bytes, bf->dtype,
+                                    band + (r0 - lo) * src_row_bytes, a->meta.dtype,
+                                    c->nrows * bf->row_elems, lut, nlut, a->path));
+        else if (c1 - c0 > 1)
             memcpy(bf->data + c->dst_row * row_bytes, band + (r0 - lo) * row_bytes,
                    (size_t)c->nrows * row_bytes);
         x->t->stats.bytes_delivered += c->nrows * row_bytes;
@@ -1777,7 +1829,7 @@ locate(zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child, uint64_t
 {
     if (id >= nlogical)
         return zb_err(ZB_E_RANGE, "%s: sample id %llu outside [0, %llu)",
-                      ds->path[0] ? ds->path : "/", (unsigned long long)id,
+                      zb_dataset_name(ds), (unsigned long long)id,
                       (unsigned long long)nlogical);
     if (ds->nchildren) {
         size_t lo = 0, hi = ds->nchildren;
@@ -1854,6 +1906,112 @@ plan_rebase(plan *p, const int64_t *seg_start)
         }
     }
     return ZB_OK;
+}
+
+/* A sample of a string field: where its string lies in its child's array, and where it went
+ * (read_strings). */
+typedef struct str_req {
+    uint32_t child;
+    uint64_t row;
+    size_t i;            /* the sample */
+    uint64_t off, len;   /* its bytes in the gathered buffer */
+} str_req;
+
+static int
+cmp_str_req(const void *x, const void *y)
+{
+    const str_req *a = x, *b = y;
+    if (a->child != b->child) return a->child < b->child ? -1 : 1;
+    if (a->row != b->row) return a->row < b->row ? -1 : 1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+/* String field f of the batch (zb_dataset_opts.load_strings): its samples sorted by child and
+ * row, each unit (chunk, or inner chunk) they touch decoded once with the rows they need, then
+ * the strings laid out in batch order. Runs on the calling thread after the tasks: strings are
+ * delivered on request, not on the fixed-size fields' fast path. */
+static zb_status
+read_strings(plan *p, uint32_t f, const uint64_t *phys)
+{
+    size_t n = p->n;
+    bfield *bf = &p->b->fields[f];
+    str_req *rq = malloc((n + 1) * sizeof *rq);
+    zb_buf got = {0};
+    zb_status st = rq ? ZB_OK : zb_err(ZB_E_NOMEM, "read_many: out of memory for %s", bf->name);
+    for (size_t i = 0; i < n && st == ZB_OK; i++) rq[i] = (str_req){p->child[i], phys[i], i, 0, 0};
+    if (st == ZB_OK) qsort(rq, n, sizeof *rq, cmp_str_req);
+    for (size_t i = 0, j; i < n && st == ZB_OK; i = j) {
+        const zb_array *a = child_of(p->ds, rq[i].child)->fields[f].arr;
+        uint64_t U = a->inner[0], unit = rq[i].row / U;
+        for (j = i + 1; j < n && rq[j].child == rq[i].child && rq[j].row / U == unit; j++) {}
+        zb_strings s = {0};
+        st = zb_array_read_strings(a, rq[i].row, rq[j - 1].row + 1, &s, NULL);
+        for (size_t k = i; k < j && st == ZB_OK; k++) {
+            uint64_t r = rq[k].row - rq[i].row;
+            rq[k].off = got.len;
+            rq[k].len = s.offsets[r + 1] - s.offsets[r];
+            st = zb_buf_append(&got, s.data + s.offsets[r], (size_t)rq[k].len);
+        }
+        zb_strings_free(&s);
+    }
+    bf->offs = st == ZB_OK ? malloc((n + 1) * sizeof *bf->offs) : NULL;
+    bf->data = st == ZB_OK ? malloc(got.len + 1) : NULL;
+    if (st == ZB_OK && (!bf->offs || !bf->data))
+        st = zb_err(ZB_E_NOMEM, "read_many: out of memory for %s", bf->name);
+    bf->owns_offs = bf->offs != NULL;
+    bf->owned = bf->data != NULL;
+    if (st == ZB_OK) {
+        /* batch order: each sample's length by position, then the bytes */
+        for (size_t k = 0; k < n; k++) bf->offs[rq[k].i + 1] = (int64_t)rq[k].len;
+        bf->offs[0] = 0;
+        for (size_t i = 0; i < n; i++) bf->offs[i + 1] += bf->offs[i];
+        for (size_t k = 0; k < n; k++)
+            memcpy(bf->data + bf->offs[rq[k].i], got.data + rq[k].off, (size_t)rq[k].len);
+        bf->nrows = n;
+        p->b->stats.bytes_delivered += got.len;
+    }
+    free(rq);
+    zb_buf_free(&got);
+    return st;
+}
+
+/* Genes of children whose order is not the collection's (zb_dataset_opts.reorder_vars): dense
+ * rows permuted, CSR gene ids mapped and each row re-sorted with its values. */
+static zb_status
+reorder_vars(plan *p)
+{
+    zb_dataset *ds = p->ds;
+    const zb_dataset *pr = child_of(ds, 0);
+    zb_batch *b = p->b;
+    zb_buf scratch = {0};
+    zb_status st = ZB_OK;
+    for (size_t f = 0; f < pr->nfields && st == ZB_OK; f++) {
+        const zb_field *fd = &pr->fields[f];
+        if (!fd->var_cols) continue;
+        bfield *bf = &b->fields[f];
+        bfield *vals = NULL; /* CSR: the values sharing the gene ids' segment */
+        for (size_t k = 0; fd->seg >= 0 && k < pr->nfields; k++)
+            if (k != f && pr->fields[k].seg == fd->seg) vals = &b->fields[k];
+        if (fd->seg >= 0 && !vals) continue;
+        size_t row_bytes = (size_t)(bf->row_elems * bf->itemsize);
+        if (fd->seg < 0) st = zb_buf_reserve(&scratch, row_bytes);
+        for (size_t i = 0; i < p->n && st == ZB_OK; i++) {
+            const int64_t *lut = ds->vars.lut[p->child[i]];
+            if (!lut) continue;
+            if (fd->seg < 0) {
+                zb_var_reorder_dense(bf->data + i * row_bytes, bf->row_elems, bf->itemsize, lut,
+                                     scratch.data);
+                continue;
+            }
+            const int64_t *ptr = b->segs[fd->seg].ptr;
+            st = zb_var_reorder_csr(bf->data + (size_t)ptr[i] * bf->itemsize, bf->dtype,
+                                    vals->data + (size_t)ptr[i] * vals->itemsize, vals->itemsize,
+                                    (uint64_t)(ptr[i + 1] - ptr[i]), lut, ds->n_vars, &scratch,
+                                    child_of(ds, p->child[i])->fields[f].arr->path);
+        }
+    }
+    zb_buf_free(&scratch);
+    return st;
 }
 
 zb_status
@@ -1960,8 +2118,9 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
     for (size_t f = 0; f < pr->nfields; f++) {
         const zb_field *fd = &pr->fields[f];
         uint64_t rows = fd->seg >= 0 ? (uint64_t)b->segs[fd->seg].ptr[n] : n;
+        size_t isz = zb_dtype_size(zb_dataset_field_dtype(ds, f)); /* 0 for strings */
         arena_off[f] = arena_need;
-        arena_need += ((size_t)(rows * fd->row_elems * fd->itemsize) + 63) & ~(size_t)63;
+        arena_need += ((size_t)(rows * fd->row_elems * isz) + 63) & ~(size_t)63;
     }
     p.stream = arena_need >= ZB_STREAM_MIN_BATCH_BYTES;
     b->arenas = ds->arenas;
@@ -1977,8 +2136,8 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
         bfield *bf = &b->fields[f];
         bf->name = strdup(fd->name);
         bf->kind = fd->kind;
-        bf->dtype = fd->dtype;
-        bf->itemsize = fd->itemsize;
+        bf->dtype = zb_dataset_field_dtype(ds, f);
+        bf->itemsize = zb_dtype_size(bf->dtype);
         bf->ndim = fd->ndim;
         memcpy(bf->row_shape, fd->row_shape, sizeof bf->row_shape);
         bf->row_elems = fd->row_elems;
@@ -1993,6 +2152,7 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
                         (unsigned long long)bytes);
             goto fail;
         }
+        if (bf->dtype == ZB_DT_STRING) continue; /* read after the tasks (read_strings) */
         /* runs of consecutive source rows from one child coalesce into one run */
         uint64_t run_src = 0, run_n = 0, run_dst = 0;
         uint32_t run_child = 0;
@@ -2104,6 +2264,11 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
         st = rebase_rows(&p, (uint32_t)f, 0, (uint64_t)r->rows[n], 0, b->fields[f].row_elems);
         if (st != ZB_OK) goto fail;
     }
+    /* 6. strings (load_strings), and genes in the collection's order (reorder_vars) */
+    for (size_t f = 0; f < pr->nfields && st == ZB_OK; f++)
+        if (b->fields[f].dtype == ZB_DT_STRING) st = read_strings(&p, (uint32_t)f, phys);
+    if (st == ZB_OK && ds->vars.lut) st = reorder_vars(&p);
+    if (st != ZB_OK) goto fail;
     plan_end(&p);
     *out = b;
     return ZB_OK;

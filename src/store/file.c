@@ -423,6 +423,9 @@ zb_store_open_file(const char *root, zb_store **out)
     pthread_mutex_init(&fs->mu, NULL);
     fs->map_budget = map_budget();
     zb_status st = zb_store_new(&file_methods, fs, out);
-    if (st != ZB_OK) file_close(fs);
+    if (st != ZB_OK)
+        file_close(fs);
+    else
+        (*out)->name = fs->root;
     return st;
 }

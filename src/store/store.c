@@ -1,6 +1,7 @@
 /* The store layer: key normalisation and the dispatch onto a backend's methods table. */
 #include "store/store.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +43,7 @@ zb_store_new(const zb_store_methods *methods, void *self, zb_store **out)
     if (!s) return zb_err(ZB_E_NOMEM, "zb_store_new: out of memory");
     s->m = methods;
     s->self = self;
+    snprintf(s->fallback, sizeof s->fallback, "%s://", methods->scheme ? methods->scheme : "");
     *out = s;
     return ZB_OK;
 }
@@ -58,6 +60,13 @@ const char *
 zb_store_scheme(const zb_store *store)
 {
     return store && store->m->scheme ? store->m->scheme : "";
+}
+
+const char *
+zb_store_name(const zb_store *store)
+{
+    if (!store) return "";
+    return store->name ? store->name : store->fallback;
 }
 
 zb_status

@@ -7,6 +7,8 @@
 struct zb_store {
     const zb_store_methods *m;
     void *self;
+    const char *name;  /* zb_store_name: set by a backend that has one (borrowed from self) */
+    char fallback[24]; /* "SCHEME://" for the others */
 };
 
 #endif
