@@ -75,7 +75,7 @@ write_child(zb_store *s, const child *c)
     strings_of(c->genes, 3, data, off);
     ZB_ASSERT_OK(zb_anndata_writer_append_names(w, ZB_ANNDATA_VAR, data, off, 3));
     const char *names[4];
-    char name_buf[4][8];
+    char name_buf[4][32];
     for (size_t i = 0; i < c->n; i++) {
         snprintf(name_buf[i], sizeof name_buf[i], "%s%zu", c->path, i);
         names[i] = name_buf[i];
