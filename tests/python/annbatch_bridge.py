@@ -24,6 +24,9 @@ for missing values.
     >>> cells = load_collection("c.zarr", obs_columns=["cell_type"])
     >>> cells.X, cells.obs, cells.obs_names, cells.index     # every yielded cell, in yield order
     >>> obs, keys, sizes = open_collection("c.zarr")         # collection.obs(), dataset keys
+    >>> [e] = run_loader({"collection": "c.zarr"}, batch_size=8, shuffle=True, seed=0,
+    ...                  return_index=True)                 # annbatch.Loader's batches, per pass
+    >>> run_script(source)                                   # a script's `result`, run there
 
 Top-level imports are the standard library only: the worker side imports numpy, pandas and
 annbatch from .venv-annbatch.
@@ -164,6 +167,55 @@ def open_collection(path: str | os.PathLike, columns: Optional[Sequence[str]] = 
     res, arr = run("open", timeout=timeout, path=str(Path(path).resolve()),
                    columns=list(columns) if columns is not None else None)
     return decode_frame(res["obs"], arr, "obs/"), res["dataset_keys"], res["dataset_sizes"]
+
+
+@dataclass
+class Batches:
+    """Every batch annbatch's Loader yielded, in yield order (:func:`run_loader`)."""
+    X: Any                      # all batches' rows stacked: scipy CSR (sparse X) or ndarray
+    obs: Any                    # all batches' obs stacked (None when batches carry none)
+    index: Any                  # all batches' index stacked (None when batches carry none)
+    batch_sizes: list           # rows of each batch
+    x_types: list               # per batch: type(X).__name__
+    x_dtypes: dict              # first batch: dtypes of X (or of its data, indices, indptr)
+    obs_dtypes: list            # per batch: {column: str(dtype)} (empty without obs)
+    var_names: Any              # numpy str array (the loader's var index) or None
+    n_batches: int              # len(loader)
+
+
+def run_loader(source: dict, *, epochs: int = 1, timeout: float = 600, **loader_args) -> list:
+    """Iterates ``annbatch.Loader(**loader_args, preload_to_gpu=False)`` over ``source`` for
+    ``epochs`` passes and returns a :class:`Batches` per pass. ``loader_args`` are the Loader's
+    (``chunk_size``, ``preload_nchunks``, ``batch_size``, ``shuffle``, ``drop_last``,
+    ``return_index``) plus ``seed`` (``rng=np.random.default_rng(seed)``; absent: no rng).
+    ``source``: ``{"collection": path}`` (``use_collection(DatasetCollection(path))``; with
+    ``"obs_columns": [...]`` through a README-style ``load_adata`` keeping those columns), or
+    ``{"adatas": [store paths]}`` (``add_adatas`` of AnnData objects made as annbatch's
+    ``load_all_aligned`` makes them: X backed, obs read, var read; ``"obs_columns"`` subsets
+    obs)."""
+    res, arr = run("loader", timeout=timeout, source=source, epochs=epochs, args=loader_args)
+    import scipy.sparse as sp
+    out = []
+    for e, r in enumerate(res["epochs"]):
+        p = f"e{e}/"
+        if r["sparse"]:
+            X = sp.csr_matrix((arr[p + "X/data"], arr[p + "X/indices"], arr[p + "X/indptr"]),
+                              shape=(r["n_cells"], res["n_vars"]))
+        else:
+            X = arr[p + "X"]
+        out.append(Batches(
+            X=X, obs=decode_frame(r["obs"], arr, p + "obs/") if r["obs"] is not None else None,
+            index=arr.get(p + "index"), batch_sizes=r["batch_sizes"], x_types=r["x_types"],
+            x_dtypes=r["x_dtypes"], obs_dtypes=r["obs_dtypes"],
+            var_names=arr.get("var_names"), n_batches=res["n_batches"]))
+    return out
+
+
+def run_script(source: str, timeout: float = 600) -> dict:
+    """Runs ``source`` (a script importing annbatch) in .venv-annbatch; returns the JSON-able
+    ``result`` it leaves in its namespace."""
+    res, _ = run("script", timeout=timeout, source=source)
+    return res["result"]
 
 
 def _options(**kw) -> dict:
@@ -318,6 +370,86 @@ def _job_load(job: dict, arrays: dict) -> dict:
             "seconds": seconds, "versions": _versions()}
 
 
+def _backed_adata(g, cols):
+    """An AnnData the way annbatch's load_all_aligned makes one (X backed, obs read), var read
+    whole (add_adatas compares var frames), obs subset to ``cols`` when given."""
+    import anndata as ad
+    x = g["X"]
+    X = ad.io.sparse_dataset(x) if x.attrs.get("encoding-type") == "csr_matrix" else x
+    obs = ad.io.read_elem(g["obs"])
+    if cols is not None:
+        obs = obs[cols]
+    return ad.AnnData(X=X, obs=obs, var=ad.io.read_elem(g["var"]))
+
+
+def _job_loader(job: dict, arrays: dict) -> dict:
+    import anndata as ad
+    import numpy as np
+    import scipy.sparse as sp
+    import zarr
+    import annbatch
+    _use_zarrs()
+    src, args = job["source"], dict(job["args"])
+    seed = args.pop("seed", None)
+    if seed is not None:
+        args["rng"] = np.random.default_rng(seed)
+    cols = src.get("obs_columns")
+    epochs = []
+    with ad.settings.override(remove_unused_categories=False):
+        loader = annbatch.Loader(**args, preload_to_gpu=False)
+        if "collection" in src:
+            kw = {}
+            if cols is not None:
+                kw["load_adata"] = lambda g: _backed_adata(g, cols)
+            loader.use_collection(annbatch.DatasetCollection(src["collection"], mode="r"), **kw)
+        else:
+            loader.add_adatas([_backed_adata(zarr.open_group(p, mode="r"), cols)
+                               for p in src["adatas"]])
+        for e in range(job["epochs"]):
+            p = f"e{e}/"
+            xs, obs, index, sizes, types, obs_dtypes = [], [], [], [], [], []
+            first = None
+            for b in loader:
+                x = b["X"]
+                types.append(type(x).__name__)
+                if first is None:
+                    first = ({"data": str(x.data.dtype), "indices": str(x.indices.dtype),
+                              "indptr": str(x.indptr.dtype)} if sp.issparse(x)
+                             else {"X": str(x.dtype)})
+                xs.append(x)
+                sizes.append(int(x.shape[0]))
+                if b["obs"] is not None:
+                    obs.append(b["obs"])
+                    obs_dtypes.append({c: str(t) for c, t in b["obs"].dtypes.items()})
+                if b["index"] is not None:
+                    index.append(np.asarray(b["index"]))
+            sparse = bool(xs) and sp.issparse(xs[0])
+            if sparse:
+                X = sp.vstack(xs, format="csr")
+                arrays[p + "X/data"], arrays[p + "X/indices"] = X.data, X.indices
+                arrays[p + "X/indptr"] = X.indptr
+            else:
+                arrays[p + "X"] = np.concatenate(xs) if xs else np.zeros((0, loader.n_var))
+            if index:
+                arrays[p + "index"] = np.concatenate(index)
+            import pandas as pd
+            epochs.append({"n_cells": int(sum(sizes)), "batch_sizes": sizes, "x_types": types,
+                           "x_dtypes": first, "sparse": sparse, "obs_dtypes": obs_dtypes,
+                           "obs": encode_frame(pd.concat(obs), arrays, p + "obs/")
+                           if obs else None})
+    if loader.var is not None:
+        arrays["var_names"] = np.array([str(v) for v in loader.var.index], dtype=str)
+    return {"epochs": epochs, "n_vars": int(loader.n_var), "n_batches": len(loader),
+            "versions": _versions()}
+
+
+def _job_script(job: dict, arrays: dict) -> dict:
+    _use_zarrs()
+    ns = {"__name__": "__main__"}
+    exec(compile(job["source"], "<script>", "exec"), ns)
+    return {"result": ns["result"]}
+
+
 def _job_open(job: dict, arrays: dict) -> dict:
     import annbatch
     _use_zarrs()
@@ -333,7 +465,8 @@ def _worker(job_path: str, out_dir: str) -> int:
     import numpy as np
     job = json.loads(Path(job_path).read_text())
     arrays: dict = {}
-    res = {"write": _job_write, "load": _job_load, "open": _job_open}[job["op"]](job, arrays)
+    res = {"write": _job_write, "load": _job_load, "open": _job_open, "loader": _job_loader,
+           "script": _job_script}[job["op"]](job, arrays)
     out = Path(out_dir)
     if arrays:
         np.savez(out / "arrays.npz", **arrays)
