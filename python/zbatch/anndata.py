@@ -812,10 +812,14 @@ class Loader(_Base):
                         idx = np.random.permutation(len(ids)) if sampler.shuffle \
                             else np.arange(len(ids))
                         request["splits"] = _split_given_size(idx, sampler.batch_size)
-                    future = pool.submit(read, ids)
+                    # the load is read in batch order, so each batch is a run of its rows
+                    # (views of the load's arrays), not a fancy-indexed copy
+                    sizes = [len(s) for s in request["splits"]]
+                    rows = ids[np.concatenate(request["splits"])] if sizes else ids[:0]
+                    future = pool.submit(read, rows)
                     if pending is not None:
                         yield from self._split(*pending)
-                    pending = (request, ids, future)
+                    pending = (sizes, rows, future)
                 if pending is not None:
                     yield from self._split(*pending)
                     pending = None
@@ -826,15 +830,25 @@ class Loader(_Base):
                 if close is not None:
                     close()
 
-    def _split(self, request: dict, ids: np.ndarray, future) -> Iterator[dict]:
+    def _split(self, sizes: list, rows: np.ndarray, future) -> Iterator[dict]:
+        import scipy.sparse as sp
         X = future.result()
-        for split in request["splits"]:
-            sel = np.asarray(split)
-            rows = ids[sel]
-            yield {"X": self._convert(X[sel]),
-                   "obs": self._obs_batch(rows),
+        obs = self._obs_batch(rows)   # the load's obs, once; batches are row ranges of it
+        at = 0
+        for n in sizes:
+            ids = rows[at:at + n]
+            if sp.issparse(X):
+                p = X.indptr[at:at + n + 1]
+                x = sp.csr_matrix((X.data[p[0]:p[-1]], X.indices[p[0]:p[-1]], p - p[0]),
+                                  shape=(n, X.shape[1]))
+            else:
+                x = X[at:at + n]
+            frame = None if obs is None else obs.iloc[at:at + n]
+            at += n
+            yield {"X": self._convert(x),
+                   "obs": frame,
                    "var": self._var,
-                   "index": rows if self._return_index else None}
+                   "index": ids if self._return_index else None}
 
     def __repr__(self) -> str:
         return (f"zbatch.anndata.Loader({len(self._parts)} datasets, n_obs="
