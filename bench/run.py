@@ -13,8 +13,10 @@ Data (made here, in a work directory):
   and an LMDB of pickled samples (the fairchem style) from the same structures.
 
 Loaders (bench/peers/): scDataset (backed h5ad and Zarr+zarrs), anndata's AnnLoader, zarr-python
-with the zarrs pipeline (random rows, contiguous blocks), nvalchemi's DataLoader, LMDB + torch
-DataLoader, and zbatch.DataLoader on every store, each peer paired with the zbatch run that
+with the zarrs pipeline (random rows, contiguous blocks), annbatch's Loader (run in
+.venv-annbatch, Python 3.12, its timing loop in that interpreter; skipped with a note when that
+environment is missing), nvalchemi's DataLoader, LMDB + torch DataLoader, and zbatch.DataLoader
+on every store, each peer paired with the zbatch run that
 reads the same bytes the same way (sampler family, output, codec). Same batch size and two
 cores for every tool (``--threads``: DataLoader workers or threads, as each tool allows; the
 peer modules say which). Each group of loaders runs in its own fresh Python process, one after
@@ -28,10 +30,13 @@ Output: a table (loader, setting, samples/s, zbatch/peer ratio) and one JSON rec
 this script in ``--results`` (default ``results/``): parameters, every figure, the versions of
 every installed package and the machine (CPU model, cores, memory).
 
-annbatch (the scverse loader) needs Python >= 3.12 and does not run here; it is not
-reimplemented. Its paper (arXiv:2604.01949) reports, per its published summary, up to ~10x the
-loading throughput of MappedCollection and scDataset on 100M-cell data; its absolute samples/s
-figures: not quoted (not found in the reference material available here).
+annbatch (the scverse loader) needs Python >= 3.12: bench/peers/annbatch_peer.py runs its
+``Loader`` in .venv-annbatch (tests/python/annbatch_bridge.py) over the default-codec cells
+store, at its documented (chunk_size, preload_nchunks) = (32, 512), its defaults (512, 32) and,
+unless --quick, the annbatch paper's fixed 16,384-row preload at chunk_size 256 and 1024; each
+paired with zbatch's block sampler at the same (block_size, blocks_per_window), CSR out. The
+target "annbatch >= 5x" sets zbatch at annbatch's best of these against it. bench/annbatch_loader.py
+is the fuller measurement (batch 4096, a sweep, dense torch for zbatch, medians of rounds).
 """
 from __future__ import annotations
 
@@ -56,14 +61,21 @@ CLI = ROOT / "build" / "zbatch"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-ANNBATCH_NOTE = ("annbatch needs Python >= 3.12 and cannot run here (not reimplemented). "
-                 "Published: its paper (arXiv:2604.01949) reports up to ~10x the loading "
-                 "throughput of MappedCollection and scDataset (per the paper's published "
-                 "summary); absolute samples/s: not quoted.")
+ANNBATCH_NOTE = ("annbatch 0.3.1's Loader runs in .venv-annbatch (Python 3.12; its timing loop "
+                 "in that interpreter, figures back as JSON) on the default-codec cells store "
+                 "through Loader.add_adata (X backed, one store, no collection), CSR out "
+                 "(annbatch's environment has no torch: no dense figure), zarrs' pipeline with "
+                 "threading.max_workers = the cores given, one process.")
+# annbatch's (chunk_size, preload_nchunks): its docstring's (32, 512), its defaults (512, 32),
+# the annbatch paper's fixed 16,384-row preload at chunk_size 256 and 1024 (not in --quick)
+ANNBATCH_MISSING = (".venv-annbatch missing (`make` makes it: scripts/install-annbatch-env.sh); "
+                    "annbatch's Loader not run")
+ANNBATCH_SETTINGS = [(32, 512), (512, 32), (256, 64), (1024, 16)]
+ANNBATCH_QUICK = [(32, 512), (512, 32)]
 CORES_NOTE = ("Two cores per tool: zbatch num_threads; scDataset, zarrs, LMDB: torch DataLoader "
               "num_workers (zarrs threading.max_workers=1 per worker); nvalchemi: Dataset "
               "num_workers (thread pool); AnnLoader: one process (its batched read needs "
-              "num_workers=0).")
+              "num_workers=0); annbatch: one process, zarrs threading.max_workers=2.")
 BLOCK_SIZE = 16     # scDataset's recommended block_size = fetch_factor = 16
 FETCH_FACTOR = 16
 # scDataset's settings swept for its best (block_size, fetch_factor), each next to zbatch with
@@ -201,6 +213,7 @@ def plan(data: dict, args) -> list[dict]:
     B, BA = args.batch_size, args.atoms_batch_size
     quick = args.quick
     threads = args.threads
+    annbatch_ok = annbatch_available()
     groups = {"cells-peers": [], "cells-zbatch": [], "atoms-peers": [], "atoms-zbatch": []}
 
     def add(group, rid, module, store, t, match=None, **kw):
@@ -227,6 +240,20 @@ def plan(data: dict, args) -> list[dict]:
             add("cells-zbatch", rid, "zbatch_peer", store, t, sampler=sampler, output=out,
                 label=label, batch_size=B, block_size=BLOCK_SIZE, fetch_factor=FETCH_FACTOR,
                 prefetch_factor=FETCH_FACTOR)
+        # annbatch's Loader at its settings, each beside zbatch's block sampler at the same
+        # (block_size, blocks_per_window), one window per preload, CSR, same store
+        if annbatch_ok:
+            for cs, pn in (ANNBATCH_QUICK if quick or not full else ANNBATCH_SETTINGS):
+                if cs * pn < B or (cs * pn) % B:
+                    continue  # annbatch refuses a preload that batch_size does not divide
+                tag = f"cs{cs}-pn{pn}"
+                ff = cs * pn // B
+                add("cells-zbatch", f"zb-c-def-block-csr-{tag}", "zbatch_peer", "cells_zarr", t,
+                    sampler="block", output="csr", label=DEFAULT_LABEL, batch_size=B,
+                    block_size=cs, fetch_factor=ff, prefetch_factor=ff)
+                add("cells-peers", f"annbatch-csr-{tag}", "annbatch_peer", "cells_zarr", t,
+                    f"zb-c-def-block-csr-{tag}", output="csr", batch_size=B, chunk_size=cs,
+                    preload_nchunks=pn)
         # peers, cells (fork-using runs first; the in-process zarrs run last: see zarrs_peer)
         add("cells-peers", "scdataset-h5ad-csr", "scdataset_peer", "cells_h5ad", t,
             "zb-c-none-block-csr", output="csr", batch_size=B)
@@ -297,10 +324,19 @@ def plan(data: dict, args) -> list[dict]:
     return [{"group": g, "runs": runs} for g, runs in groups.items() if runs]
 
 
+def annbatch_available() -> bool:
+    """Whether annbatch's environment (.venv-annbatch) is there to run the annbatch peer."""
+    from bench.peers import annbatch_peer
+    return annbatch_peer.available()
+
+
 def checks_for(group: str, data: dict, n_cells: int, n_atoms: int, batch: int) -> list[dict]:
     ci, ai = check_ids(n_cells), check_ids(n_atoms)
     if group == "cells-peers":
-        return [
+        extra = ([{"id": "annbatch", "module": "annbatch_peer", "data": data["cells_zarr"],
+                   "ids": ci, "ref": data["cells_zarr"], "output": "csr"}]
+                 if annbatch_available() else [])
+        return extra + [
             {"id": "scdataset-h5ad", "module": "scdataset_peer", "data": data["cells_h5ad"],
              "ids": ci, "ref": data["cells_zarr"], "output": "csr"},
             {"id": "scdataset-h5ad-dense", "module": "scdataset_peer",
@@ -537,6 +573,13 @@ def targets(entries: list[dict]) -> list[dict]:
         add("scDataset at its best, CSR", 10, best["id"].split("@")[0],
             [f"zb-c-none-block-csr{tag}", f"zb-c-def-block-csr{tag}"])
     add("scDataset, dense", 10, "scdataset-h5ad-dense", ["zb-c-none-block-dense"])
+    ab = [e for e in entries if e["id"].startswith("annbatch-csr-")
+          and e.get("threads") == t0 and e.get("samples_per_s", 0) > 0]
+    if ab:  # annbatch at its best setting of this run; zbatch with the same sampling
+        best = max(ab, key=lambda e: e["samples_per_s"])
+        tag = best["id"].split("@")[0][len("annbatch-csr-"):]
+        add("annbatch at its best, CSR", 5, best["id"].split("@")[0],
+            [f"zb-c-def-block-csr-{tag}"])
     add("AnnLoader (backed, shuffled), CSR", 20, "annloader-csr",
         ["zb-c-none-random-csr", "zb-c-def-random-csr"])
     add("AnnLoader (backed, shuffled), dense", 20, "annloader-dense",
@@ -690,6 +733,8 @@ def main(argv=None) -> int:
                 print(f"  {row['store']:10} {row['window']:10} {row['sampler']:6} "
                       f"{str(row['block_size'] or '-'):>5}  {row['amplification']:6.2f}{extra}")
         print("\n" + CORES_NOTE + "\n" + ANNBATCH_NOTE)
+        if not annbatch_available():
+            print(f"annbatch: SKIPPED ({ANNBATCH_MISSING})")
         record = {
             "record": "bench/run.py: zbatch next to peer loaders",
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -709,7 +754,8 @@ def main(argv=None) -> int:
             "checks": checks,
             "amplification_sweep": sweep,
             "targets": goals,
-            "notes": {"cores": CORES_NOTE, "annbatch": ANNBATCH_NOTE,
+            "notes": {"cores": CORES_NOTE, "annbatch": ANNBATCH_NOTE if annbatch_available()
+                      else f"SKIPPED: {ANNBATCH_MISSING}",
                       "samples_per_s": "steady state: from the first batch on; startup_s apart"},
             "total_s": time.perf_counter() - t_all,
         }

@@ -3,8 +3,10 @@
 1. synthesises a Tahoe-like AnnData store (`zbatch synth --kind cells`, sharded like Tahoe-100M);
 2. runs the zbatch loader over it with the block sampler and with random sampling
    (`zbatch bench`), next to the decode-only limit of the same chunks measured in the same run;
-3. runs two peers briefly on the same cells (scDataset over backed h5ad, and zarr-python with
-   the zarrs codec pipeline and a torch DataLoader);
+3. runs three peers briefly on the same cells (scDataset over backed h5ad, zarr-python with
+   the zarrs codec pipeline and a torch DataLoader, and annbatch's Loader at its best setting
+   found by bench/annbatch_loader.py, run in .venv-annbatch; skipped with a message when that
+   environment is missing);
 4. prints a short table: zbatch, the decode-only limit, the peers, the ratios.
 
     .venv/bin/python scripts/demo.py [--cells N] [--seconds S]
@@ -67,7 +69,7 @@ def main():
         rows.append((name, f["samples_per_s"], f["amplification"], d.get("samples_per_s"),
                      d.get("ratio"), w.get("ratio")))
 
-    progress(4, steps, "peers on the same cells (h5ad written by anndata) ...")
+    progress(4, steps, "peers on the same cells (h5ad written by anndata; annbatch on the store) ...")
     peers = []
     try:
         import anndata as ad
@@ -85,6 +87,19 @@ def main():
                 peers.append((label, f"skipped: {type(e).__name__}: {e}"[:80]))
     except Exception as e:
         peers.append(("peers", f"skipped: {type(e).__name__}: {e}"[:80]))
+    from bench.peers import annbatch_peer
+    cs, pn = annbatch_peer.BEST
+    label = f"annbatch Loader (cs={cs}, pn={pn}, CSR)"
+    if not annbatch_peer.available():
+        peers.append((label, "skipped: .venv-annbatch missing (annbatch needs Python 3.12; "
+                             "`make` makes it)"))
+    else:
+        try:
+            res = annbatch_peer.run(store, batch_size=1024, seconds=args.seconds, num_workers=2,
+                                    chunk_size=cs, preload_nchunks=pn)
+            peers.append((label, res["samples_per_s"]))
+        except Exception as e:  # a peer that cannot run is reported, not fatal
+            peers.append((label, f"skipped: {type(e).__name__}: {e}"[:80]))
 
     progress(5, steps, f"done in {time.time() - t0:.0f} s\n")
     print(f"{'loader':40} {'samples/s':>12} {'amplif.':>8} {'decode-only':>12} {'ratio':>6}"

@@ -13,6 +13,12 @@ annbatch there, in a subprocess, never importing it here. The same file is both 
   ``Loader(...).use_collection(DatasetCollection(path))`` under
   ``anndata.settings.override(remove_unused_categories=False)`` to load.
 
+bench/peers/annbatch_peer.py runs annbatch's ``Loader`` as a peer of bench/run.py through two
+more jobs: "bench" (the peer's timing loop, bench/peers' ``measure``, run in annbatch's
+interpreter; figures back as JSON) and "rows" (one epoch; the rows yielded for chosen ids, for
+the content check). Both read one anndata Zarr store through ``Loader.add_adata`` (no
+collection needed: X backed with ``anndata.io.sparse_dataset``).
+
 Only numpy crosses the boundary (pandas 2 here, pandas 3 there: no pickles). An obs frame
 travels column by column as plain arrays and comes back as a pandas DataFrame whose column kinds
 are kept: categoricals as ``pd.Categorical`` (codes and categories as stored), pandas nullable
@@ -69,7 +75,7 @@ def worker_env() -> dict:
 
 
 def prepare(op: str, out_dir: str | os.PathLike, **params) -> list[str]:
-    """Writes the job file for ``op`` ("write", "load", "open") into ``out_dir`` and returns the
+    """Writes the job file for ``op`` ("write", "load", "open", "bench", "rows") into ``out_dir`` and returns the
     command that runs it in .venv-annbatch (for callers that run and measure it themselves, as
     bench/convert.py does; run it with ``env=worker_env()`` and then :func:`collect`)."""
     out = Path(out_dir)
@@ -296,10 +302,13 @@ def _versions() -> dict:
                                     "scipy", "dask")} | {"python": sys.version.split()[0]}
 
 
-def _use_zarrs() -> None:
-    # "Using zarrs is necessary for local filesystem performance" (annbatch's README)
+def _use_zarrs(threads: Optional[int] = None) -> None:
+    # "Using zarrs is necessary for local filesystem performance" (annbatch's README);
+    # threading.max_workers sizes zarrs' thread pool (None: zarrs' default, one per core)
     import zarr
     zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
+    if threads:
+        zarr.config.set({"threading.max_workers": int(threads)})
 
 
 def _job_write(job: dict, arrays: dict) -> dict:
@@ -450,6 +459,82 @@ def _job_script(job: dict, arrays: dict) -> dict:
     return {"result": ns["result"]}
 
 
+def _store_loader(job: dict):
+    """annbatch's Loader over one anndata Zarr store (no collection): ``add_adata`` of an
+    AnnData whose X is the store's backed CSR (``anndata.io.sparse_dataset``, the form
+    annbatch's README's ``custom_load_func`` and its ``load_all_aligned`` use) and var the
+    store's var index; obs left out, so batches carry X (and the index) only, as zbatch's do.
+    ``anndata.experimental.read_lazy`` is no way in: its X is a dask array, which the Loader
+    refuses (it takes CSRDataset, zarr.Array, scipy CSR or numpy)."""
+    import anndata as ad
+    import numpy as np
+    import pandas as pd
+    import zarr
+    import annbatch
+    g = zarr.open_group(job["path"], mode="r")
+    var = g["var"]
+    adata = ad.AnnData(X=ad.io.sparse_dataset(g["X"]), var=pd.DataFrame(index=pd.Index(
+        ad.io.read_elem(var[var.attrs.get("_index", "_index")]))))
+    loader = annbatch.Loader(batch_size=job["batch_size"], chunk_size=job["chunk_size"],
+                             preload_nchunks=job["preload_nchunks"], shuffle=True,
+                             rng=np.random.default_rng(job["seed"]),
+                             return_index=bool(job.get("return_index", False)),
+                             preload_to_gpu=False)
+    return loader.add_adata(adata)
+
+
+def _job_bench(job: dict, arrays: dict) -> dict:
+    """The peer's timing loop, here in annbatch's interpreter: bench/peers' ``measure`` (the
+    same steady-state rule as every peer: from the first batch on, epochs restarted, the
+    loader's RNG running on) over ``Loader`` batches, counted by ``batch["X"].shape[0]``."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))  # bench.peers: standard library + numpy only
+    from bench.peers import measure
+    _use_zarrs(job.get("threads"))
+    t = time.perf_counter()
+    loader = _store_loader(job)
+    open_s = time.perf_counter() - t
+    kinds: set = set()
+
+    def count(b):
+        if len(kinds) < 2:
+            kinds.add(f"{type(b['X']).__module__}.{type(b['X']).__name__}")
+        return b["X"].shape[0]
+
+    m = measure(lambda _e: loader, job["seconds"], count)
+    return {**m, "open_s": open_s, "batch_types": sorted(kinds), "n_obs": int(loader.n_obs),
+            "n_vars": int(loader.n_var), "versions": _versions()}
+
+
+def _job_rows(job: dict, arrays: dict) -> dict:
+    """One epoch of the Loader (``return_index=True``); the rows it yielded for ``ids``, in the
+    order asked, and whether the epoch yielded every cell exactly once."""
+    import numpy as np
+    _use_zarrs(job.get("threads"))
+    loader = _store_loader(dict(job, return_index=True))
+    want = np.asarray(job["ids"], dtype=np.int64)
+    seen = np.zeros(loader.n_obs, dtype=np.int64)
+    rows: dict = {}
+    kinds: set = set()
+    for b in loader:
+        idx = np.asarray(b["index"], dtype=np.int64)
+        np.add.at(seen, idx, 1)
+        kinds.add(f"{type(b['X']).__module__}.{type(b['X']).__name__}")
+        hit = np.flatnonzero(np.isin(idx, want))
+        if hit.size:
+            x = b["X"].tocsr()
+            for k in hit:
+                rows[int(idx[k])] = x[int(k)]
+    import scipy.sparse as sp
+    missing = [int(i) for i in want if int(i) not in rows]
+    if not missing:
+        x = sp.vstack([rows[int(i)] for i in want], format="csr")
+        arrays["X/data"], arrays["X/indices"], arrays["X/indptr"] = x.data, x.indices, x.indptr
+    return {"n_obs": int(loader.n_obs), "n_vars": int(loader.n_var), "missing": missing,
+            "every_cell_once": bool((seen == 1).all()), "batch_types": sorted(kinds),
+            "versions": _versions()}
+
+
 def _job_open(job: dict, arrays: dict) -> dict:
     import annbatch
     _use_zarrs()
@@ -466,7 +551,7 @@ def _worker(job_path: str, out_dir: str) -> int:
     job = json.loads(Path(job_path).read_text())
     arrays: dict = {}
     res = {"write": _job_write, "load": _job_load, "open": _job_open, "loader": _job_loader,
-           "script": _job_script}[job["op"]](job, arrays)
+           "script": _job_script, "bench": _job_bench, "rows": _job_rows}[job["op"]](job, arrays)
     out = Path(out_dir)
     if arrays:
         np.savez(out / "arrays.npz", **arrays)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 PNG = b"\x89PNG\r\n\x1a\n"
 
-PEERS = {"scDataset", "AnnLoader", "zarrs", "nvalchemi", "LMDB"}
+PEERS = {"scDataset", "AnnLoader", "zarrs", "nvalchemi", "LMDB", "annbatch"}
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +82,17 @@ def test_record_has_every_loader_with_real_figures(quick):
     # the printed table names every loader
     for name in PEERS:
         assert name in quick["stdout"]
+    # annbatch ran in its own interpreter, at its settings, each beside zbatch's same sampling
+    ab = [e for e in entries if e["loader"] == "annbatch"]
+    assert {e["config"]["chunk_size"] for e in ab} >= {32, 512}
+    for e in ab:
+        assert e["config"]["versions"]["python"].startswith("3.12")
+        m = next(x for x in entries if x["id"] == e["match"])
+        assert m["config"]["block_size"] == e["config"]["chunk_size"]
+        assert m["config"]["blocks_per_window"] == e["config"]["preload_nchunks"]
+    assert any(t["target"] == "annbatch at its best, CSR" and t["goal"] == 5
+               for t in rec["targets"])
+    assert "annbatch at its best" in quick["stdout"]
 
 
 def test_every_peer_delivers_zbatchs_content(quick):
@@ -89,7 +100,7 @@ def test_every_peer_delivers_zbatchs_content(quick):
     ids = {c["id"] for c in checks}
     assert {"scdataset-h5ad", "scdataset-h5ad-dense", "scdataset-zarr", "annloader",
             "annloader-dense", "zarrs", "lmdb", "nvalchemi", "zbatch-loader-cells",
-            "zbatch-loader-atoms"} <= ids
+            "zbatch-loader-atoms", "annbatch"} <= ids
     for c in checks:
         assert c.get("equal") is True, c
         assert c["fields"] and all(c["fields"].values()), c
@@ -196,3 +207,69 @@ def test_plot_writes_pngs(quick):
     for p in pngs.values():
         data = p.read_bytes()
         assert data[:8] == PNG and len(data) > 10_000, p
+
+
+# ------------------------------------------------------------------------------------------------
+# annbatch's Loader as a peer (issue 19): it runs in .venv-annbatch (an error, never a skip,
+# when that environment is missing: tests/python/annbatch_bridge.py)
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_cells(tmp_path_factory):
+    """A tiny Tahoe-like store (zbatch's default codec: blosc lz4, sharded, v3) and a copy with
+    one stored value altered in the row of one of the check ids."""
+    import shutil
+    sys.path.insert(0, str(ROOT))
+    from bench.run import check_ids
+    base = tmp_path_factory.mktemp("annbatch_peer")
+    store, altered = base / "cells.zarr", base / "altered.zarr"
+    r = subprocess.run([str(ROOT / "build" / "zbatch"), "synth", "--kind", "cells", "--n", "700",
+                        "--genes", "3000", "-o", str(store), "--seed", "5"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    shutil.copytree(store, altered)
+    ids = check_ids(700)
+    script = textwrap.dedent(f"""
+        import zarr
+        g = zarr.open_group({str(altered)!r}, mode="r+")
+        ptr = g["X/indptr"][:]
+        row = {int(ids[1])}
+        assert ptr[row + 1] > ptr[row]
+        k = int(ptr[row]) + (int(ptr[row + 1] - ptr[row]) // 2)
+        d = g["X/data"]
+        d[k:k + 1] = d[k:k + 1] + 1.0
+    """)
+    r = subprocess.run([PY, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {"store": store, "altered": altered, "ids": ids}
+
+
+def test_annbatch_peer_runs_and_its_content_check_holds_and_can_fail(tiny_cells):
+    sys.path.insert(0, str(ROOT))
+    import anndata as ad
+    from bench.peers import annbatch_peer, zbatch_peer
+    from bench.run import same_content
+    store, ids = str(tiny_cells["store"]), tiny_cells["ids"]
+    # the timing loop runs in annbatch's interpreter and reports back
+    r = annbatch_peer.run(store, 128, 0.5, num_workers=2, chunk_size=32, preload_nchunks=16)
+    assert r["loader"] == "annbatch" and r["samples_per_s"] > 0 and r["batches"] > 0
+    assert abs(r["samples"] / r["seconds"] - r["samples_per_s"]) < 1e-6 * r["samples_per_s"]
+    assert r["batch_types"] == ["scipy.sparse._csr.csr_matrix"]
+    assert r["config"]["versions"]["annbatch"] == "0.3.1"
+    assert r["config"]["versions"]["python"].startswith("3.12")
+    # the rows annbatch yields for the check ids equal zbatch's read and anndata's X rows
+    got = annbatch_peer.read_ids(store, ids, chunk_size=32, preload_nchunks=16, batch_size=128)
+    assert got["X"].shape == (len(ids), 3000) and got["X"].nnz > 0
+    ok, detail = same_content(got, zbatch_peer.read_ids(store, ids))
+    assert ok and detail == {"X": True}
+    a = ad.read_zarr(store)
+    assert same_content(got, {"X": a.X[ids]})[0]
+    # ... and the check fails on the store with one altered value
+    bad = annbatch_peer.read_ids(str(tiny_cells["altered"]), ids, chunk_size=32,
+                                 preload_nchunks=16, batch_size=128)
+    assert not same_content(bad, zbatch_peer.read_ids(store, ids))[0]
+    diff = bad["X"] - got["X"]
+    assert diff.nnz == 1 and diff.data[0] == pytest.approx(1.0)
+    assert diff.nonzero()[0][0] == 1  # the row of ids[1]
+    # a dense output is refused, not faked (annbatch's environment has no torch)
+    with pytest.raises(ValueError):
+        annbatch_peer.run(store, 128, 0.5, output="dense")
