@@ -117,10 +117,10 @@ check_rows(const zb_field *f, uint64_t want, const char *what)
 
 /* ---- anndata ------------------------------------------------------------------------------ */
 
-/* The dtype a CSR matrix's (X's, a layer's) values or gene ids are delivered in (zb_dataset_opts.x_dtype and
- * index_dtype): `want` as asked, or by default `wide` for integers of up to 16 bits, so a
- * store of narrow counts (FORMATS.md, "narrow exact storage") reads as its float32/int32
- * twin. The reader widens them as it copies (widen.c). */
+/* The dtype a CSR matrix's (X's, a layer's) values or gene ids are delivered in
+ * (zb_dataset_opts.x_dtype and index_dtype): `want` as asked, or by default `wide` for
+ * integers of up to 16 bits, so a store of narrow counts (docs/PERFORMANCE.md, "Narrow exact
+ * storage") reads as its float32/int32 twin. The reader widens them as it copies (widen.c). */
 static zb_status
 deliver_as(zb_field *f, int want, zb_dtype wide, const char *opt)
 {
