@@ -378,11 +378,12 @@ def test_synth_cells_reproducible_and_tahoe_like(tmp_path):
     adata = ad.read_zarr(a)
     assert adata.shape == (2000, 62710)
     X = adata.X
-    assert sp.issparse(X) and X.format == "csr" and X.dtype == np.float32
+    # counts stored narrow by default (issue 19): uint8 values, uint16 gene ids
+    assert sp.issparse(X) and X.format == "csr" and X.dtype == np.uint8
     nnz = np.diff(X.indptr)
     assert abs(nnz.mean() - 1460) < 0.2 * 1460
     assert nnz.min() >= 1 and nnz.std() > 100          # lognormal spread, not a constant
-    assert X.indices.dtype == np.int32
+    assert X.indices.dtype == np.uint16
     for r in range(0, 2000, 97):                      # sorted unique gene ids per cell
         row = X.indices[X.indptr[r]:X.indptr[r + 1]]
         assert (np.diff(row) > 0).all() and row.min() >= 0 and row.max() < 62710
