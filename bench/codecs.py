@@ -41,7 +41,9 @@ def main():
         for codec in args.codecs.split(","):
             out = os.path.join(tmp, codec.replace(":", "_") + ".zarr")
             subprocess.run([CLI, "synth", "--kind", "cells", "--n", str(args.n), "-o", out,
-                            "--seed", "1", "--codec", codec], check=True, capture_output=True)
+                            "--seed", "1", "--codec", codec, "--data-dtype", "float32",
+                            "--index-dtype", "int32"],  # the store the codec table measured
+                           check=True, capture_output=True)
             r = subprocess.run([BENCH, out, "--batch", "2048", "--batches", "6", "--threads",
                                 str(args.threads), "--patterns", "sorted"], check=True,
                                capture_output=True, text=True)

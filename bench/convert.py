@@ -90,7 +90,8 @@ def make_inputs(work: Path, cells: int, files: int, genes: int, seed: int) -> di
         store, h5 = work / f"synth_{k}.zarr", work / f"input_{k}.h5ad"
         shutil.rmtree(store, ignore_errors=True)
         _sh(CLI, "synth", "--kind", "cells", "--n", n, "-o", store, "--seed", seed * 1000 + k,
-            "--genes", genes, "--threads", 2)
+            "--genes", genes, "--threads", 2,
+            "--data-dtype", "float32", "--index-dtype", "int32")  # the inputs measured so far
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             a = ad.read_zarr(store)

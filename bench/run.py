@@ -114,8 +114,10 @@ def make_data(work: Path, cells: int, atoms: int, genes: int | None, seed: int =
     timings = {}
     t = time.perf_counter()
     extra = ["--genes", str(genes)] if genes else []
+    # the float32/int32 store the peer figures were measured on (synth's default is now the
+    # narrow one, docs/PERFORMANCE.md "Narrow exact storage")
     _sh(CLI, "synth", "--kind", "cells", "--n", cells, "-o", d["cells_zarr"], "--seed", seed,
-        "--threads", 2, *extra)
+        "--threads", 2, "--data-dtype", "float32", "--index-dtype", "int32", *extra)
     _sh(CLI, "convert", d["cells_zarr"], d["cells_none"], "--codec", "none")
     timings["cells_synth_convert_s"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -6,9 +6,12 @@
  *
  * The model, per cell:
  * - nonzeros k ~ lognormal with mean MEAN_NNZ (sigma NNZ_SIGMA), rounded, clipped to [1, genes];
- * - k distinct gene ids drawn uniformly (Floyd's algorithm on a bitmap), stored sorted (int32);
- * - counts ~ geometric on {1, 2, ...} with mean 1 / COUNT_P, stored as float32 (raw UMI counts
- *   are small integers, mostly 1 and 2);
+ * - k distinct gene ids drawn uniformly (Floyd's algorithm on a bitmap), stored sorted, as uint16
+ *   by default (anndata's narrowest type for up to 65,535 genes; int32 for more, or on request);
+ * - counts ~ geometric on {1, 2, ...} with mean 1 / COUNT_P, cut at MAX_COUNT, so stored exactly
+ *   as uint8 by default (raw UMI counts are small integers, mostly 1 and 2; issue 19: a narrow
+ *   store is half the bytes to decode, and zbatch delivers it as float32), or as float32 or
+ *   uint16 on request (--data-dtype);
  * - obs: categorical cell_line (50), drug (380), plate (14), drawn uniformly; n_genes (int32, k);
  *   names cell_<i>; var names gene_<j>.
  */
@@ -146,7 +149,9 @@ typedef struct block {
     int8_t plate[BLOCK_CELLS];
     int32_t *ids;
     float *counts;
-    size_t cap; /* elements of ids/counts */
+    size_t cap;       /* elements of ids/counts */
+    void *stored;     /* the counts in the stored dtype, when it is not float32 */
+    size_t stored_cap; /* bytes */
 } block;
 
 typedef struct worker {
@@ -244,6 +249,28 @@ names_make(names *nm, const char *prefix, uint64_t first, uint64_t n)
     return 0;
 }
 
+/* The block's counts as `dtype` stores them (exactly: they are integers in [1, MAX_COUNT]):
+ * b->counts itself for float32, else b->stored; NULL when out of memory. */
+static const void *
+block_counts(block *b, zb_dtype dtype)
+{
+    if (dtype == ZB_DT_FLOAT32) return b->counts;
+    size_t n = (size_t)b->indptr[b->n], isz = zb_dtype_size(dtype);
+    if (n * isz > b->stored_cap) {
+        void *p = realloc(b->stored, n * isz + 1);
+        if (!p) return NULL;
+        b->stored = p;
+        b->stored_cap = n * isz + 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (dtype == ZB_DT_UINT8)
+            ((uint8_t *)b->stored)[i] = (uint8_t)b->counts[i];
+        else
+            ((uint16_t *)b->stored)[i] = (uint16_t)b->counts[i];
+    }
+    return b->stored;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Options
  * ------------------------------------------------------------------------------------------- */
@@ -253,7 +280,7 @@ usage(FILE *f)
     fprintf(f,
             "usage: zbatch synth --kind cells --n N -o PATH [options]\n"
             "\n"
-            "Writes a Tahoe-like AnnData store: CSR X (float32 counts, int32 gene ids, int64\n"
+            "Writes a Tahoe-like AnnData store: CSR X (integer counts up to %d, gene ids, int64\n"
             "indptr), lognormal nonzeros per cell (mean %.0f), obs columns cell_line (%d\n"
             "categories), drug (%d), plate (%d) and n_genes. The same seed and options give a\n"
             "byte-identical store. Memory does not grow with N.\n"
@@ -269,8 +296,14 @@ usage(FILE *f)
             "  --shard-nnz K    v3: elements per shard, a multiple of --chunk-nnz; 0 = unsharded\n"
             "                   (default %llu elements: %llu inner chunks of the default size)\n"
             "  --threads T      generation and compression threads (default 1)\n"
+            "  --data-dtype D   X/data: uint8 (default: the narrowest type holding every count\n"
+            "                   exactly), uint16 or float32 (the wide store of old)\n"
+            "  --index-dtype D  X/indices: narrow (default: anndata's smallest unsigned type for\n"
+            "                   G genes, uint16 for the default G; int32 past 65,535 genes) or\n"
+            "                   int32\n"
             "  -h, --help       this text\n",
-            MEAN_NNZ, N_CELL_LINES, N_DRUGS, N_PLATES, DEFAULT_GENES, ZB_ANNDATA_DEFAULT_X_CHUNK,
+            MAX_COUNT, MEAN_NNZ, N_CELL_LINES, N_DRUGS, N_PLATES, DEFAULT_GENES,
+            ZB_ANNDATA_DEFAULT_X_CHUNK,
             (unsigned long long)SHARD_ELEMS,
             (unsigned long long)(SHARD_ELEMS / ZB_ANNDATA_DEFAULT_X_CHUNK));
 }
@@ -282,6 +315,8 @@ typedef struct opts {
     int format;
     const char *codec;
     uint64_t genes, chunk_nnz, shard_nnz, threads;
+    zb_dtype data_dtype;   /* of X/data */
+    int narrow_indices;    /* 1 narrow, 0 int32, -1 by the number of genes */
     bool have_n;
 } opts;
 
@@ -309,6 +344,8 @@ parse_args(int argc, char **argv, opts *o)
     o->genes = DEFAULT_GENES;
     o->threads = 1;
     o->shard_nnz = UINT64_MAX; /* the Tahoe layout unless told otherwise */
+    o->data_dtype = ZB_DT_UINT8; /* counts are integers in [1, MAX_COUNT] */
+    o->narrow_indices = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -358,6 +395,27 @@ parse_args(int argc, char **argv, opts *o)
             bad = parse_u64(flag, val, 0, (uint64_t)1 << 40, &o->shard_nnz);
         } else if (!strcmp(flag, "--threads")) {
             bad = parse_u64(flag, val, 1, 64, &o->threads);
+        } else if (!strcmp(flag, "--data-dtype")) {
+            if (!strcmp(val, "uint8"))
+                o->data_dtype = ZB_DT_UINT8;
+            else if (!strcmp(val, "uint16"))
+                o->data_dtype = ZB_DT_UINT16;
+            else if (!strcmp(val, "float32"))
+                o->data_dtype = ZB_DT_FLOAT32;
+            else {
+                fprintf(stderr, "zbatch synth: --data-dtype: '%s' is not uint8, uint16 or "
+                        "float32\n", val);
+                bad = 1;
+            }
+        } else if (!strcmp(flag, "--index-dtype")) {
+            if (!strcmp(val, "narrow"))
+                o->narrow_indices = 1;
+            else if (!strcmp(val, "int32"))
+                o->narrow_indices = 0;
+            else {
+                fprintf(stderr, "zbatch synth: --index-dtype: '%s' is not narrow or int32\n", val);
+                bad = 1;
+            }
         } else {
             fprintf(stderr, "zbatch synth --kind cells: unknown option '%s'\n", flag);
             return 2;
@@ -461,7 +519,8 @@ zb_cli_synth_cells(int argc, char **argv)
         uint64_t per = chunk < SHARD_ELEMS ? SHARD_ELEMS / chunk : 1;
         wo.x_shard = o.shard_nnz != UINT64_MAX ? o.shard_nnz : o.format == 3 ? chunk * per : 0;
         wo.num_threads = (int)o.threads;
-        st = zb_anndata_writer_open(store, "", o.genes, ZB_ANNDATA_X_CSR, ZB_DT_FLOAT32, &wo, &w);
+        wo.narrow_indices = o.narrow_indices < 0 ? o.genes <= UINT16_MAX : o.narrow_indices;
+        st = zb_anndata_writer_open(store, "", o.genes, ZB_ANNDATA_X_CSR, o.data_dtype, &wo, &w);
     }
     if (st == ZB_OK) st = define_categories(w, "cell_line", "CVCL_", 4, N_CELL_LINES);
     if (st == ZB_OK) st = define_categories(w, "drug", "drug_", 3, N_DRUGS);
@@ -477,7 +536,9 @@ zb_cli_synth_cells(int argc, char **argv)
             st = ZB_E_NOMEM;
             break;
         }
-        st = zb_anndata_writer_append_csr(w, b->n, b->indptr, b->ids, b->counts);
+        const void *counts = block_counts(b, o.data_dtype);
+        st = counts ? zb_anndata_writer_append_csr(w, b->n, b->indptr, b->ids, counts)
+                    : ZB_E_NOMEM;
         if (st == ZB_OK)
             st = zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, "cell_line", ZB_DT_INT8,
                                                 b->cell_line, b->n);
@@ -501,6 +562,7 @@ zb_cli_synth_cells(int argc, char **argv)
             st = zb_anndata_writer_append_names(w, ZB_ANNDATA_VAR, nm.text, nm.offsets, n);
     }
     uint64_t nnz = zb_anndata_writer_nnz(w);
+    const char *index_dtype_name = zb_dtype_name(zb_anndata_writer_index_dtype(w));
     if (st == ZB_OK) st = zb_anndata_writer_commit(w);
 
     zb_anndata_writer_close(w);
@@ -510,6 +572,7 @@ zb_cli_synth_cells(int argc, char **argv)
     if (b) {
         free(b->ids);
         free(b->counts);
+        free(b->stored);
     }
     free(b);
     free(nm.text);
@@ -523,7 +586,8 @@ zb_cli_synth_cells(int argc, char **argv)
     du_total = 0;
     nftw(o.out, du_add, 32, FTW_PHYS);
     printf("synth cells: %" PRIu64 " cells x %" PRIu64 " genes, %" PRIu64
-           " nonzeros (%.1f per cell), %" PRIu64 " bytes, %.2f s -> %s\n",
-           o.n, o.genes, nnz, o.n ? (double)nnz / (double)o.n : 0.0, du_total, secs, o.out);
+           " nonzeros (%.1f per cell), X/data %s, X/indices %s, %" PRIu64 " bytes, %.2f s -> %s\n",
+           o.n, o.genes, nnz, o.n ? (double)nnz / (double)o.n : 0.0, zb_dtype_name(o.data_dtype),
+           index_dtype_name, du_total, secs, o.out);
     return 0;
 }

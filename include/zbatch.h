@@ -410,9 +410,30 @@ typedef struct zb_dataset_opts {
                                    rows permuted; a cost per cell of such children only).
                                    Default false: children whose var names differ are refused
                                    at open. Children with other genes are refused either way. */
+    const char *x_dtype;        /* anndata: the dtype batches carry the values of CSR
+                                   matrices in (X/data, layers/NAME/data), the stored values
+                                   widened to it as they are copied (a store of integer counts
+                                   may hold them as uint8/uint16: half the bytes to fetch and
+                                   decode, docs/PERFORMANCE.md). NULL (default): "float32"
+                                   when they are stored as integers of up to 16 bits (uint8,
+                                   int8, uint16, int16), so a narrow store reads as its
+                                   float32 twin; else as stored. "stored": always as stored.
+                                   A dtype name ("float32", "float64", "int32", "int64"): that
+                                   dtype; ZB_E_INVALID at open when it does not hold every
+                                   stored value exactly (float32 from float64, int32 from
+                                   float32, ...). A dense X is delivered as stored. Read at
+                                   open only (a collection's children all take it;
+                                   zb_dataset_concat takes the dtypes its children were opened
+                                   with). */
+    const char *index_dtype;    /* anndata: the same for the gene ids of CSR matrices
+                                   (X/indices, layers/NAME/indices). NULL (default): "int32"
+                                   when stored as integers of up to 16 bits (anndata's
+                                   uint8/uint16 indices of a narrow store), else as stored;
+                                   "stored"; or "int32"/"int64". */
 } zb_dataset_opts;
 
-#define ZB_DATASET_OPTS_DEFAULT {false, true, true, 0, 1, (size_t)512 << 10, false, NULL, false}
+#define ZB_DATASET_OPTS_DEFAULT                                                                  \
+    {false, true, true, 0, 1, (size_t)512 << 10, false, NULL, false, NULL, NULL}
 
 typedef struct zb_field_info {
     const char *name;          /* "X/data", "obs/cell_line", "positions", ... */

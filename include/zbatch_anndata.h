@@ -149,6 +149,10 @@ uint64_t zb_anndata_writer_rows(const zb_anndata_writer *w);
 /* Stored elements of a CSR X appended so far (0 for dense). */
 uint64_t zb_anndata_writer_nnz(const zb_anndata_writer *w);
 
+/* The dtype the column ids of X and the layers are stored in (int32, or the narrow type of
+ * zb_anndata_write_opts.narrow_indices); int32 for a NULL writer. */
+zb_dtype zb_anndata_writer_index_dtype(const zb_anndata_writer *w);
+
 /* Appends `n` row names to obs (obs_names) or var (var_names): name i is
  * data[offsets[i] .. offsets[i+1]) in UTF-8 (offsets has n+1 entries and may start anywhere).
  * An axis whose names were never given gets anndata's default, the row numbers "0", "1", ...

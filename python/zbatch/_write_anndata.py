@@ -30,6 +30,41 @@ def _native(dtype: np.dtype) -> np.dtype:
     return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
 
 
+# Values scanned per step when choosing the narrowest exact dtype (bounds the temporaries).
+_SCAN_BLOCK = 1 << 24
+
+
+def _narrowest_exact(values: np.ndarray, dtype: np.dtype) -> np.dtype:
+    """The narrowest dtype that stores every one of ``values`` exactly (issue 19): ``uint8``
+    when all are integers in [0, 255], ``uint16`` in [0, 65,535], else ``dtype`` (non-integer,
+    negative, NaN or larger values keep it; bool keeps it; no values keep it). Counts are never
+    negative, so signed narrow types are not tried: they would only serve unusual data."""
+    if values.size == 0 or dtype.kind not in "iuf":
+        return dtype
+    hi = 0
+    for i in range(0, values.size, _SCAN_BLOCK):
+        v = values[i:i + _SCAN_BLOCK]
+        lo_v, hi_v = v.min(), v.max()
+        if not (lo_v >= 0 and hi_v <= 65535):  # NaN fails both
+            return dtype
+        if dtype.kind == "f" and not np.array_equal(v, np.trunc(v)):
+            return dtype
+        hi = max(hi, int(hi_v))
+    return np.dtype(np.uint8) if hi <= 255 else np.dtype(np.uint16)
+
+
+def _stored_dtype(M: Any, dtype: np.dtype, data_dtype: Any) -> np.dtype:
+    """The dtype a CSR matrix's values are stored in: its own (``"keep"``), ``data_dtype`` when
+    given, else the narrowest exact one."""
+    if isinstance(data_dtype, str) and data_dtype == "keep":
+        return dtype
+    if data_dtype is not None:
+        return _native(np.dtype(data_dtype))
+    ip = np.asarray(M.indptr)
+    live = np.asarray(M.data)[int(ip[0]):int(ip[-1])] if len(ip) else np.asarray(M.data)[:0]
+    return _narrowest_exact(live, dtype)
+
+
 def _is_csr(X: Any) -> bool:
     fmt = getattr(X, "format", None)
     return fmt == "csr" and hasattr(X, "indptr") and hasattr(X, "indices")
@@ -195,7 +230,8 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
                   var: Optional[Any] = None, zarr_format: int = 3, codec: Optional[str] = None,
                   chunk_size: Optional[int] = None, shard_size: Optional[int] = None,
                   num_threads: int = 1, layers: Optional[Mapping[str, Any]] = None,
-                  narrow_indices: bool = False) -> None:
+                  narrow_indices: Optional[bool] = None,
+                  data_dtype: Optional[Any] = None) -> dict:
     """Writes ``X`` (with ``obs``, ``var`` and ``layers``) as an AnnData Zarr store at ``store``.
 
     The layout is the one ``anndata.write_zarr`` 0.12 produces (``anndata.read_zarr`` opens
@@ -239,10 +275,28 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
         ``{name: matrix}``: ``scipy.sparse`` matrices of ``X``'s shape (any numeric dtype),
         written as CSR under ``layers/NAME`` (other sparse formats are converted first).
     narrow_indices
-        Store the column ids of ``X`` and of the layers in the smallest unsigned type that holds
-        ``n_vars`` (``uint8`` up to 255 columns, ``uint16`` up to 65,535, else ``uint32``), as
-        anndata does with its ``write_csr_csc_indices_with_min_possible_dtype`` setting.
-        Default ``False``: ``int32``.
+        ``True``: store the column ids of ``X`` and of the layers in the smallest unsigned type
+        that holds ``n_vars`` (``uint8`` up to 255 columns, ``uint16`` up to 65,535, else
+        ``uint32``), as anndata does with its ``write_csr_csc_indices_with_min_possible_dtype``
+        setting. ``False``: ``int32``. ``None`` (default): narrow when that gives ``uint8`` or
+        ``uint16`` (up to 65,535 columns; Tahoe's 62,710 genes fit), else ``int32``.
+    data_dtype
+        The dtype of the stored values of a CSR ``X`` and of the layers. ``None`` (default): the
+        narrowest that holds every value exactly: ``uint8`` when all are integers in [0, 255]
+        (raw counts), ``uint16`` in [0, 65,535], else the matrix's own dtype (a float matrix
+        with a non-integer, negative or larger value stays as it is). Narrow values are half or
+        a quarter of the bytes to store, read and decode; ``anndata.read_zarr`` gives them
+        back in that dtype (equal values), and :func:`zbatch.open` delivers them as float32
+        by default (its ``x_dtype``). ``"keep"``: each matrix keeps its own dtype (what
+        anndata writes). A dtype (``np.float32``: a float32 store): every matrix's values are
+        converted to it as numpy's ``astype`` does. A dense ``X`` keeps its dtype unless a
+        dtype is given.
+
+    Returns
+    -------
+    dict
+        The dtypes chosen, by array: ``{"X/data": dtype("uint8"), "X/indices":
+        dtype("uint16"), "layers/NAME/data": ..., ...}`` (``{"X": dtype}`` for a dense X).
 
     Raises
     ------
@@ -262,6 +316,7 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
     ...                    index=[f"cell_{i}" for i in range(100)])
     >>> write_anndata("cells.zarr", X, obs=obs, layers={"counts": X.copy()},
     ...               codec="blosc:lz4:5:shuffle", narrow_indices=True)
+    {'X/data': dtype('float32'), 'X/indices': dtype('uint8'), 'layers/counts/data': ...}
     """
     csr_x = _as_csr(X)
     csr = csr_x is not None
@@ -277,6 +332,22 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
     dtype = _native(dtype)
     n_obs, n_vars = (int(X.shape[0]), int(X.shape[1]))
     checked_layers = _check_layers(layers, (n_obs, n_vars))
+    if csr:
+        dtype = _stored_dtype(X, dtype, data_dtype)
+        checked_layers = {name: (M, _stored_dtype(M, mdtype, data_dtype))
+                          for name, (M, mdtype) in checked_layers.items()}
+    elif data_dtype is not None and not (isinstance(data_dtype, str) and data_dtype == "keep"):
+        dtype = _native(np.dtype(data_dtype))
+    if narrow_indices is None:
+        narrow_indices = csr and n_vars <= 65535
+    index_dtype = np.dtype(np.int32)
+    if narrow_indices:
+        index_dtype = np.dtype(np.uint8 if n_vars <= 255 else
+                               np.uint16 if n_vars <= 65535 else np.uint32)
+    chosen = {"X/data": dtype, "X/indices": index_dtype} if csr else {"X": dtype}
+    for name, (_, mdtype) in checked_layers.items():
+        chosen[f"layers/{name}/data"] = mdtype
+        chosen[f"layers/{name}/indices"] = index_dtype
 
     x_chunk = int(chunk_size or 0)
     if not x_chunk and not shard_size:
@@ -310,3 +381,4 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
         w.commit()
     finally:
         w.close()
+    return chosen

@@ -150,6 +150,14 @@ def _csr(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape: tuple
     return sp.csr_matrix((data, indices, indptr), shape=shape, copy=False)
 
 
+def _dtype_option(dtype: Any) -> Optional[str]:
+    """x_dtype/index_dtype as the C library reads them: None, "stored", or a dtype's name
+    (a numpy dtype or type is accepted: ``np.float32``)."""
+    if dtype is None or dtype == "stored":
+        return dtype
+    return np.dtype(dtype).name
+
+
 class Dataset:
     """A dataset opened by :func:`zbatch.open`: ``len(ds)`` samples, named ``ds.fields``.
 
@@ -165,6 +173,16 @@ class Dataset:
             of a layer (``"counts"``: ``layers/counts``).
         reorder_vars: collections only: children whose var names are the first child's in
             another order are delivered in the first child's order (else refused at open).
+        x_dtype: anndata only: the dtype of the values of CSR matrices (``X``, and layers) in
+            batches. ``None`` (default):
+            ``"float32"`` when they are stored as integers of up to 16 bits (a narrow store of
+            counts, as :func:`zbatch.write_anndata` writes by default, reads as its float32
+            twin), else as stored; ``"stored"``: as stored; or ``"float32"``, ``"float64"``,
+            ``"int32"``, ``"int64"`` (the stored values widened as they are copied; refused at
+            open when the dtype does not hold every stored value exactly).
+        index_dtype: anndata only: the same for their gene ids (``X/indices``). ``None``
+            (default): ``"int32"`` when stored in up to 16 bits (anndata's uint8/uint16
+            indices), else as stored; ``"stored"``, ``"int32"`` or ``"int64"``.
 
     Example::
 
@@ -176,10 +194,12 @@ class Dataset:
     def __init__(self, path: str, group: str = "", *, cache_bytes: int = 0, num_threads: int = 1,
                  load_layers: bool = False, use_consolidated: bool = True,
                  load_strings: bool = False, layer: Optional[str] = None,
-                 reorder_vars: bool = False):
+                 reorder_vars: bool = False, x_dtype: Optional[str] = None,
+                 index_dtype: Optional[str] = None):
         self._c = _zbatch._Dataset(str(path), group, int(cache_bytes), int(num_threads),
                                    bool(load_layers), bool(use_consolidated), bool(load_strings),
-                                   None if layer is None else str(layer), bool(reorder_vars))
+                                   None if layer is None else str(layer), bool(reorder_vars),
+                                   _dtype_option(x_dtype), _dtype_option(index_dtype))
         self.path = str(path)
         self._load_info()
 

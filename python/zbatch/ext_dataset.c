@@ -219,13 +219,14 @@ static int
 dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"path", "group", "cache_bytes", "num_threads", "load_layers",
-                             "use_consolidated", "load_strings", "layer", "reorder_vars", NULL};
-    const char *path, *group = "", *layer = NULL;
+                             "use_consolidated", "load_strings", "layer", "reorder_vars",
+                             "x_dtype", "index_dtype", NULL};
+    const char *path, *group = "", *layer = NULL, *x_dtype = NULL, *index_dtype = NULL;
     unsigned long long cache = 0;
     int threads = 1, layers = 0, consolidated = 1, strings = 0, reorder = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sKipppzp", kwlist, &path, &group, &cache,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sKipppzpzz", kwlist, &path, &group, &cache,
                                      &threads, &layers, &consolidated, &strings, &layer,
-                                     &reorder))
+                                     &reorder, &x_dtype, &index_dtype))
         return -1;
     zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
     o.cache_bytes = (size_t)cache;
@@ -235,6 +236,8 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
     o.load_strings = strings != 0;
     o.layer = layer;
     o.reorder_vars = reorder != 0;
+    o.x_dtype = x_dtype;
+    o.index_dtype = index_dtype;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
     st = zb_store_open(path, &self->store);

@@ -7,6 +7,7 @@
 #include "dataset/dataset.h"
 #include "util/json.h"
 #include "util/status.h"
+#include "zarr/meta.h"
 #include "zarr/tree.h"
 
 /* Shard indexes kept decoded: 64 MiB holds ~1,000 Tahoe-sized (65,540-byte) indexes. */
@@ -114,6 +115,9 @@ dataset_alloc(zb_store *store, const char *path, const zb_dataset_opts *opts, co
     /* the layer name is the caller's: keep a copy (children and in-memory copies reuse opts) */
     if (ds->opts.layer) ds->layer = strdup(ds->opts.layer);
     ds->opts.layer = ds->layer;
+    /* the dtype names are read by want_dtypes (zb_dataset_open), children take their parent's */
+    ds->x_want = ds->index_want = ZB_WANT_AUTO;
+    ds->opts.x_dtype = ds->opts.index_dtype = NULL;
     if (!ds->path || !ds->name || (opts && opts->layer && !ds->layer)) {
         zb_dataset_close(ds);
         return NULL;
@@ -182,6 +186,8 @@ open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
             goto done;
         }
         ch->is_child = true;
+        ch->x_want = ds->x_want;
+        ch->index_want = ds->index_want;
         ds->children[ds->nchildren++] = ch;
         st = open_layout(ch, tree, names[c].path);
         if (st != ZB_OK) goto done;
@@ -223,6 +229,39 @@ open_layout(zb_dataset *ds, const zb_tree *tree, const char *base)
                   "collection, or a 'zbatch' attribute)", zb_dataset_name(ds));
 }
 
+/* An x_dtype/index_dtype option: NULL (the default rule), "stored", or a dtype name among
+ * `allowed` (NULL-terminated; `listed` names them for the error). */
+static zb_status
+want_dtype(const char *name, const char *opt, const char *const *allowed, const char *listed,
+           int *out)
+{
+    *out = ZB_WANT_AUTO;
+    if (!name) return ZB_OK;
+    if (!strcmp(name, "stored")) {
+        *out = ZB_WANT_STORED;
+        return ZB_OK;
+    }
+    for (size_t i = 0; allowed[i]; i++) {
+        if (strcmp(name, allowed[i])) continue;
+        zb_dtype dt;
+        ZB_TRY(zb_dtype_parse_v3(name, opt, &dt));
+        *out = (int)dt;
+        return ZB_OK;
+    }
+    return zb_err(ZB_E_INVALID, "%s \"%.40s\": expected \"stored\", %s", opt, name, listed);
+}
+
+static zb_status
+want_dtypes(zb_dataset *ds, const zb_dataset_opts *opts)
+{
+    static const char *const values[] = {"float32", "float64", "int32", "int64", NULL};
+    static const char *const ids[] = {"int32", "int64", NULL};
+    if (!opts) return ZB_OK;
+    ZB_TRY(want_dtype(opts->x_dtype, "x_dtype", values, "float32, float64, int32 or int64",
+                      &ds->x_want));
+    return want_dtype(opts->index_dtype, "index_dtype", ids, "int32 or int64", &ds->index_want);
+}
+
 zb_status
 zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts, zb_dataset **out)
 {
@@ -234,7 +273,8 @@ zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts, 
     zb_dataset *ds = dataset_alloc(store, norm, opts, NULL);
     if (!ds) return zb_err(ZB_E_NOMEM, "zb_dataset_open: out of memory");
     zb_tree *tree = NULL;
-    zb_status st = zb_tree_load(store, norm, ds->opts.use_consolidated, &tree);
+    zb_status st = want_dtypes(ds, opts);
+    if (st == ZB_OK) st = zb_tree_load(store, norm, ds->opts.use_consolidated, &tree);
     if (st == ZB_OK) st = open_layout(ds, tree, tree->nodes[0].path);
     zb_tree_free(tree);
     if (st == ZB_OK && ds->opts.cache_bytes) st = zb_cache_new(ds->opts.cache_bytes, &ds->cache);

@@ -45,6 +45,8 @@ typedef struct zb_field {
     uint64_t row_elems;
     int seg;                          /* segment index (ragged/index), else -1 */
     int target;                       /* index: target segment, else -1 */
+    zb_dtype out_dtype;               /* delivered in batches: dtype, or wider (zb_dataset_opts
+                                         x_dtype/index_dtype, widen.c) */
     bool categorical;
     bool global_index;                /* index values are store-global (nvalchemi): subtract ptr */
     bool var_cols;                    /* anndata X: values are gene ids (CSR indices), or rows
@@ -114,6 +116,8 @@ struct zb_dataset {
     char layout[24];
     zb_dataset_opts opts;
     char *layer;             /* opts.layer, owned (opts.layer points here) */
+    int x_want, index_want;  /* opts.x_dtype/index_dtype as read at open (ZB_WANT_* or a
+                                zb_dtype); opts' pointers are not kept */
     uint64_t nphys;          /* physical samples */
     uint64_t n_vars;
     zb_mask mask;
@@ -148,13 +152,18 @@ struct zb_dataset {
     bool borrowed;           /* children belong to the caller (zb_dataset_concat) */
 };
 
+/* zb_dataset.x_want/index_want: the default rule, or as stored (else a zb_dtype). */
+#define ZB_WANT_AUTO (-2)
+#define ZB_WANT_STORED (-1)
+
 /* Collections (merge.c): checks that children agree (fields, obs columns, var names) and
  * builds ds->maps (one category table per categorical field, codes remapped) and ds->vars.
  * `code` is the status for disagreeing children (ZB_E_CORRUPT for a stored collection,
  * ZB_E_INVALID for a concatenation). */
 zb_status zb_collection_merge(zb_dataset *ds, zb_status code);
 
-/* The dtype batches carry for field f (the children's, or a collection's wider codes). */
+/* The dtype batches carry for field f (the children's delivered dtype, or a collection's wider
+ * codes). */
 zb_dtype zb_dataset_field_dtype(const zb_dataset *ds, size_t f);
 
 /* A collection's table for child c's values of field f (NULL: delivered as stored). */
@@ -171,6 +180,13 @@ zb_dataset_lut(const zb_dataset *ds, size_t f, size_t c, uint64_t *n)
  * converts the values as they are. */
 zb_status zb_codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
                            const int64_t *lut, uint64_t nlut, const char *what);
+
+/* Whether dtype `to` holds every value of `from` exactly (the widenings the reader does as it
+ * copies, widen.c; true when they are the same). */
+bool zb_widen_exact(zb_dtype from, zb_dtype to);
+/* n values of `from` at src (any alignment) into `to` at dst, when zb_widen_exact and they
+ * differ; false (nothing written) for any other pair. */
+bool zb_values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n);
 
 /* Moves one child's gene order to the collection's (reorder_vars, merge.c). A dense row of
  * n_vars values of `itemsize` bytes is permuted through `scratch` (a row's bytes). A CSR row's

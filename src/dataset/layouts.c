@@ -91,6 +91,7 @@ add_field(zb_dataset *ds, const zb_tree *tree, const char *name, const char *pat
     }
     f->kind = kind;
     f->dtype = m->dtype;
+    f->out_dtype = m->dtype;
     f->itemsize = m->itemsize;
     f->ndim = m->ndim - 1;
     f->row_elems = 1;
@@ -116,6 +117,28 @@ check_rows(const zb_field *f, uint64_t want, const char *what)
 
 /* ---- anndata ------------------------------------------------------------------------------ */
 
+/* The dtype a CSR matrix's (X's, a layer's) values or gene ids are delivered in
+ * (zb_dataset_opts.x_dtype and index_dtype): `want` as asked, or by default `wide` for
+ * integers of up to 16 bits, so a store of narrow counts (docs/PERFORMANCE.md, "Narrow exact
+ * storage") reads as its float32/int32 twin. The reader widens them as it copies (widen.c). */
+static zb_status
+deliver_as(zb_field *f, int want, zb_dtype wide, const char *opt)
+{
+    if (want == ZB_WANT_STORED) return ZB_OK;
+    zb_dtype to = (zb_dtype)want;
+    if (want == ZB_WANT_AUTO) {
+        bool narrow_int = f->dtype == ZB_DT_UINT8 || f->dtype == ZB_DT_INT8 ||
+                          f->dtype == ZB_DT_UINT16 || f->dtype == ZB_DT_INT16;
+        if (!narrow_int) return ZB_OK;
+        to = wide;
+    }
+    if (f->ndim != 0 || !zb_widen_exact(f->dtype, to))
+        return zb_err(ZB_E_INVALID, "%s: %s=%s does not hold every stored %s value exactly",
+                      f->arr->path, opt, zb_dtype_name(to), zb_dtype_name(f->dtype));
+    f->out_dtype = to;
+    return ZB_OK;
+}
+
 /* Adds the 1-d string array at `path` as a string field `name` (load_strings): a per-sample
  * field of dtype ZB_DT_STRING that the reader fills after the fixed-size fields. */
 static zb_status
@@ -133,6 +156,7 @@ add_string_field(zb_dataset *ds, const zb_tree *tree, const char *name, const ch
     }
     f->kind = ZB_FIELD_PER_SAMPLE;
     f->dtype = ZB_DT_STRING;
+    f->out_dtype = ZB_DT_STRING;
     f->row_elems = 1;
     f->seg = -1;
     f->target = -1;
@@ -205,6 +229,8 @@ add_matrix(zb_dataset *ds, const zb_tree *tree, const char *name, const char *pa
         snprintf(fname, sizeof fname, "%s/indices", name);
         ZB_TRY(add_field(ds, tree, fname, sub, ZB_FIELD_RAGGED, seg, -1, &fi));
         fi->var_cols = is_x;
+        ZB_TRY(deliver_as(fd, ds->x_want, ZB_DT_FLOAT32, "x_dtype"));
+        ZB_TRY(deliver_as(fi, ds->index_want, ZB_DT_INT32, "index_dtype"));
         if (fd->arr->meta.shape[0] != fi->arr->meta.shape[0])
             return zb_err(ZB_E_CORRUPT, "%s: data has %llu values, indices %llu", path,
                           (unsigned long long)fd->arr->meta.shape[0],

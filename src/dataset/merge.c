@@ -31,14 +31,16 @@ is_int(zb_dtype t)
 }
 
 /* What differs between field a (of the first child) and b, or NULL. Categorical codes may
- * differ in width: the collection delivers them in one (zb_dataset_field_dtype). */
+ * differ in width: the collection delivers them in one (zb_dataset_field_dtype); other values
+ * are compared as delivered (a uint8 X/data delivered as float32 joins a float32 one). */
 static const char *
 field_difference(const zb_field *a, const zb_field *b)
 {
     if (strcmp(a->name, b->name)) return "name";
     if (a->kind != b->kind) return "kind";
     if (a->categorical != b->categorical) return "encoding (categorical in one only)";
-    if (a->dtype != b->dtype && !(a->categorical && is_int(a->dtype) && is_int(b->dtype)))
+    if (a->categorical ? a->dtype != b->dtype && !(is_int(a->dtype) && is_int(b->dtype))
+                       : a->out_dtype != b->out_dtype)
         return "dtype";
     if (a->ndim != b->ndim ||
         memcmp(a->row_shape, b->row_shape, sizeof(uint64_t) * (size_t)a->ndim))
@@ -89,8 +91,8 @@ check_same_fields(const zb_dataset *ds, zb_status code)
             if (what)
                 return zb_err(code, "%s and %s: field %zu differs in %s: %s (%s%s) and %s (%s%s)",
                               n0, nc, f, what, a->name, a->categorical ? "codes " : "",
-                              zb_dtype_name(a->dtype), b->name, b->categorical ? "codes " : "",
-                              zb_dtype_name(b->dtype));
+                              zb_dtype_name(a->out_dtype), b->name,
+                              b->categorical ? "codes " : "", zb_dtype_name(b->out_dtype));
         }
         if (ch->nfields != c0->nfields) {
             const zb_dataset *more = ch->nfields > c0->nfields ? ch : c0;
@@ -398,7 +400,7 @@ merge_field(zb_dataset *ds, size_t f, zb_status code)
     zb_fieldmap *m = &ds->maps[f];
     zb_dataset *c0 = ds->children[0];
     const zb_field *f0 = &c0->fields[f];
-    m->dtype = f0->dtype;
+    m->dtype = f0->out_dtype;
     if (!f0->categorical) return ZB_OK;
     bool same = true;
     for (size_t c = 0; c < ds->nchildren; c++) {
@@ -446,7 +448,7 @@ zb_dtype
 zb_dataset_field_dtype(const zb_dataset *ds, size_t f)
 {
     if (ds->maps) return ds->maps[f].dtype;
-    return (ds->nchildren ? ds->children[0] : ds)->fields[f].dtype;
+    return (ds->nchildren ? ds->children[0] : ds)->fields[f].out_dtype;
 }
 
 /* ---- applying the tables --------------------------------------------------------------------- */

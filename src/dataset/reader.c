@@ -19,6 +19,7 @@
 #include "util/buf.h"
 #include "util/status.h"
 #include "util/stream.h"
+#include "util/vecloop.h"
 #include "zarr/codec.h"
 #include "zarr/shard.h"
 
@@ -884,15 +885,28 @@ rebased_here(const plan *p, uint32_t f)
 }
 
 /* Whether child c's values of field f are converted as they land (a collection's categorical
- * codes: another width, or through its table, merge.c), and the table (NULL: none). */
+ * codes: another width, or through its table, merge.c; narrow stored values widened to the
+ * delivered dtype, widen.c), and the table (NULL: none). A converted field loses the paths
+ * that land stored bytes in the batch as they are (a unit decoded straight into it, raw rows
+ * read into it): its units decode into per-thread scratch and convert_values copies them out
+ * while they are hot in cache. */
 static inline bool
 converted(const plan *p, uint32_t f, uint32_t c, const int64_t **lut, uint64_t *nlut)
 {
     *lut = NULL;
     *nlut = 0;
-    if (!p->ds->maps) return false;
-    *lut = zb_dataset_lut(p->ds, f, c, nlut);
+    if (p->ds->maps) *lut = zb_dataset_lut(p->ds, f, c, nlut);
     return *lut || child_of(p->ds, c)->fields[f].dtype != p->b->fields[f].dtype;
+}
+
+/* n stored values of `from` into the batch as `to`: widened by a vectorised loop, or codes
+ * through the table (or between integer widths) by zb_codes_convert. */
+static inline zb_status
+convert_values(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
+               const int64_t *lut, uint64_t nlut, const char *what)
+{
+    if (!lut && zb_values_widen(dst, to, src, from, n)) return ZB_OK;
+    return zb_codes_convert(dst, to, src, from, n, lut, nlut, what);
 }
 
 /* Bytes of rows of field f into the batch: streamed past the cache when the batch outgrows it,
@@ -978,15 +992,9 @@ sample_of(const int64_t *rows, size_t n, uint64_t row)
 
 /* Re-bases rows [r0, r1) x columns [c0, c1) of an index field's batch buffer, all of sample i:
  * v + d in one branch-free pass that keeps the range of v; a range outside [lo, lo + len), or
- * a result past INT32_MAX for int32, undoes the shift and returns false. Vectorised: an AVX2
- * clone where the CPU has it (SSE2 has no 64-bit compare), chosen at load time; -O2 leaves
- * min/max reductions scalar, hence O3 for this loop alone (6.4% of an atoms read scalar, 1.8%
- * so). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define ZB_VECTOR_LOOP __attribute__((target_clones("avx2", "default"), optimize("O3")))
-#else
-#define ZB_VECTOR_LOOP
-#endif
+ * a result past INT32_MAX for int32, undoes the shift and returns false. Vectorised
+ * (ZB_VECTOR_LOOP: AVX2 where the CPU has it, as SSE2 has no 64-bit compare; 6.4% of an atoms
+ * read scalar, 1.8% so). */
 #define ZB_SHIFT_SPAN(T, UT)                                                                     \
     ZB_VECTOR_LOOP static bool shift_span_##T(T *base, uint64_t re, uint64_t r0, uint64_t r1, uint64_t c0,     \
                                uint64_t c1, int64_t d, int64_t lo, int64_t len)                 \
@@ -1155,13 +1163,14 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
         rows = cp->nrows;
         if (reb) ZB_TRY(rebase_rows(p, cp->field, cp->dst_row, cp->nrows, 0, bf->row_elems));
     } else if (conv) {
-        /* codes (1-d: units hold whole rows) through the collection's table, in the copy */
+        /* values converted in the copy (1-d fields only: units hold whole rows) */
         for (size_t i = c0; i < c1; i++) {
             const copy *c = &p->copies[i];
-            ZB_TRY(zb_codes_convert(bf->data + c->dst_row * bf->itemsize, bf->dtype,
-                                    target + c->src_row * f->itemsize, f->dtype, c->nrows, lut,
-                                    nlut, a->path));
+            ZB_TRY(convert_values(bf->data + c->dst_row * bf->itemsize, bf->dtype,
+                                  target + c->src_row * f->itemsize, f->dtype, c->nrows, lut,
+                                  nlut, a->path));
             rows += c->nrows;
+            if (reb) ZB_TRY(rebase_rows(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
         }
     } else if (unit_spans_rows(a, g)) {
         /* the unit holds whole batch rows: one move per copy, fixed-size for short rows */
@@ -1321,18 +1330,29 @@ raw_rows(const zb_array *a)
  * is read straight into the batch. ZB_E_NOTFOUND (error cleared) when a chunk object does not
  * exist. */
 #define RAW_GAP ((uint64_t)32 << 10)
-/* Copies [c0, c1) of a raw unit out of `src`, which holds the unit's bytes from byte s0 on, into
- * the batch; *delivered: the bytes delivered. */
+/* Copies [c0, c1) of a raw unit of array a out of `src`, which holds the unit's stored bytes
+ * from byte s0 on, into the batch (converted as they land for a converted field);
+ * *delivered: the bytes delivered. */
 static zb_status
-raw_copy_out(exec *x, bfield *bf, size_t c0, size_t c1, const uint8_t *src, uint64_t s0,
-             uint64_t row_bytes, uint64_t *delivered)
+raw_copy_out(exec *x, const zb_array *a, bfield *bf, size_t c0, size_t c1, const uint8_t *src,
+             uint64_t s0, uint64_t *delivered)
 {
+    const copy *cp = &x->p->copies[c0];
+    const int64_t *lut;
+    uint64_t nlut;
+    bool conv = converted(x->p, cp->field, cp->child, &lut, &nlut);
+    uint64_t srb = a->row_elems * a->meta.itemsize, drb = bf->row_elems * bf->itemsize;
     uint64_t total = 0;
     for (size_t i = c0; i < c1; i++) {
         const copy *c = &x->p->copies[i];
-        uint64_t n = c->nrows * row_bytes;
-        put_bytes(x->p, c->field, bf->data + c->dst_row * row_bytes,
-                  src + (c->src_row * row_bytes - s0), (size_t)n);
+        uint64_t n = c->nrows * drb;
+        uint8_t *to = bf->data + c->dst_row * drb;
+        const uint8_t *from = src + (c->src_row * srb - s0);
+        if (conv)
+            ZB_TRY(convert_values(to, bf->dtype, from, a->meta.dtype, c->nrows * bf->row_elems,
+                                  lut, nlut, a->path));
+        else
+            put_bytes(x->p, c->field, to, from, (size_t)n);
         total += n;
         if (rebased_here(x->p, c->field))
             ZB_TRY(rebase_rows(x->p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
@@ -1351,7 +1371,10 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
     const copy *cp = &p->copies[c0];
     const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
     bfield *bf = &p->b->fields[cp->field];
-    uint64_t row_bytes = bf->row_elems * bf->itemsize;
+    uint64_t row_bytes = a->row_elems * a->meta.itemsize; /* as stored */
+    const int64_t *lut;
+    uint64_t nlut;
+    bool conv = converted(p, cp->field, cp->child, &lut, &nlut);
     /* a view of the bytes (a mapped file): every copy straight from it, no read calls */
     uint64_t lo = p->copies[c0].src_row * row_bytes, hi = lo;
     for (size_t i = c0; i < c1; i++) {
@@ -1377,9 +1400,10 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
         }
         /* only the delivered bytes of a view are touched: they are what is fetched */
         uint64_t n = 0;
-        zb_status st = raw_copy_out(x, bf, c0, c1, view, lo, row_bytes, &n);
+        zb_status st = raw_copy_out(x, a, bf, c0, c1, view, lo, &n);
         zb_store_release(a->store, tok);
         if (st != ZB_OK) return st;
+        n = n / (bf->row_elems * bf->itemsize) * row_bytes; /* delivered rows, as stored */
         x->t->stats.bytes_fetched += n;
         x->t->stats.bytes_decoded += n;
         x->t->stats.range_reads++;
@@ -1402,11 +1426,12 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
             if (e > e0) e0 = e;
         }
         uint64_t off = base + s0, len = e0 - s0;
-        uint8_t *to = bf->data + p->copies[i].dst_row * row_bytes;
+        uint8_t *to = bf->data + p->copies[i].dst_row * bf->row_elems * bf->itemsize;
         /* a destination a few bytes off the source modulo the page slows the kernel's copy
-         * several-fold (zb_buf_for_read): such a lone copy goes through scratch too */
+         * several-fold (zb_buf_for_read): such a lone copy goes through scratch too, as do
+         * converted values */
         uintptr_t skew = ((uintptr_t)to - (uintptr_t)off) & 4095;
-        bool direct = k == i + 1 && (skew == 0 || (skew >= 64 && skew <= 4096 - 64));
+        bool direct = !conv && k == i + 1 && (skew == 0 || (skew >= 64 && skew <= 4096 - 64));
         if (!direct) ZB_TRY(zb_buf_for_read(&x->ctx->scratch[SCR_FETCH], off, (size_t)len, &to));
         got = 0;
         zb_status st = zb_store_get(a->store, key, off, len, to, &got);
@@ -1420,7 +1445,7 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
         x->t->stats.bytes_fetched += len;
         x->t->stats.bytes_decoded += len;
         if (!direct) {
-            ZB_TRY(raw_copy_out(x, bf, i, k, to, s0, row_bytes, NULL));
+            ZB_TRY(raw_copy_out(x, a, bf, i, k, to, s0, NULL));
         } else {
             x->t->stats.bytes_delivered += len;
             const copy *c = &p->copies[i];
@@ -1451,9 +1476,7 @@ run_plain(exec *x, size_t c0, size_t c1)
     for (int d = 0; d < nd; d++) grid[d] = (a->meta.shape[d] + a->inner[d] - 1) / a->inner[d];
     g[0] = cp->unit;
     char key[4600];
-    const int64_t *lut;
-    uint64_t nlut;
-    if (raw_rows(a) && !converted(x->p, cp->field, cp->child, &lut, &nlut)) {
+    if (raw_rows(a)) { /* serve_raw converts as it copies */
         ZB_TRY(zb_array_unit_object(a, g, key, sizeof key, NULL, NULL));
         zb_status st = serve_raw(x, c0, c1, key, 0, NULL, 0);
         if (st != ZB_E_NOTFOUND) return st;
@@ -1554,9 +1577,7 @@ run_shard(exec *x, size_t c0, size_t c1)
     }
     uint64_t cps0 = a->meta.chunks[0] / a->inner[0], m_row = n / cps0;
     uint64_t e_lo = u_lo % cps0 * m_row, e_n = (u_hi - u_lo + 1) * m_row;
-    const int64_t *lut;
-    uint64_t nlut;
-    bool raw = raw_rows(a) && !converted(p, cp->field, cp->child, &lut, &nlut);
+    bool raw = raw_rows(a); /* serve_raw converts as it copies */
     uint64_t unit_bytes = zb_array_unit_bytes(a);
     const uint8_t *obj = NULL; /* raw: a view of the whole shard */
     uint64_t obj_len = 0;
@@ -1690,9 +1711,9 @@ run_rows(exec *x, size_t c0, size_t c1)
         const copy *c = &p->copies[i];
         uint64_t r0 = c->unit * a->inner[0] + c->src_row;
         if (conv)
-            ZB_TRY(zb_codes_convert(bf->data + c->dst_row * row_bytes, bf->dtype,
-                                    band + (r0 - lo) * src_row_bytes, a->meta.dtype,
-                                    c->nrows * bf->row_elems, lut, nlut, a->path));
+            ZB_TRY(convert_values(bf->data + c->dst_row * row_bytes, bf->dtype,
+                                  band + (r0 - lo) * src_row_bytes, a->meta.dtype,
+                                  c->nrows * bf->row_elems, lut, nlut, a->path));
         else if (c1 - c0 > 1)
             memcpy(bf->data + c->dst_row * row_bytes, band + (r0 - lo) * row_bytes,
                    (size_t)c->nrows * row_bytes);

@@ -305,6 +305,12 @@ zb_anndata_writer_nnz(const zb_anndata_writer *w)
     return w ? w->x.nnz : 0;
 }
 
+zb_dtype
+zb_anndata_writer_index_dtype(const zb_anndata_writer *w)
+{
+    return w ? w->index_dtype : ZB_DT_INT32;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Commit
  * ------------------------------------------------------------------------------------------- */

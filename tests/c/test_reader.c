@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dataset/dataset.h"
 #include "support/testutil.h"
 #include "write/write.h"
 
@@ -744,6 +745,69 @@ test_generic_schema_errors(void **state)
     source_free(&s);
 }
 
+/* Reads element i of a buffer of dtype t as a double (every value of the types below is exact). */
+static double
+value_at(const uint8_t *p, zb_dtype t, size_t i)
+{
+    switch (t) {
+    case ZB_DT_UINT8: return p[i];
+    case ZB_DT_INT8: { int8_t v; memcpy(&v, p + i, 1); return v; }
+    case ZB_DT_UINT16: { uint16_t v; memcpy(&v, p + 2 * i, 2); return v; }
+    case ZB_DT_INT16: { int16_t v; memcpy(&v, p + 2 * i, 2); return v; }
+    case ZB_DT_UINT32: { uint32_t v; memcpy(&v, p + 4 * i, 4); return v; }
+    case ZB_DT_INT32: { int32_t v; memcpy(&v, p + 4 * i, 4); return v; }
+    case ZB_DT_INT64: { int64_t v; memcpy(&v, p + 8 * i, 8); return (double)v; }
+    case ZB_DT_FLOAT32: { float v; memcpy(&v, p + 4 * i, 4); return v; }
+    case ZB_DT_FLOAT64: { double v; memcpy(&v, p + 8 * i, 8); return v; }
+    default: fail_msg("dtype %d", (int)t);
+    }
+    return 0;
+}
+
+/* Every widening the reader offers (widen.c) keeps every value, the extremes of the stored type
+ * included, from a source at any alignment and over lengths that end inside a vector; pairs
+ * that would round or wrap are not offered. */
+static void
+test_widen_every_pair(void **state)
+{
+    (void)state;
+    static const zb_dtype from[] = {ZB_DT_UINT8, ZB_DT_INT8, ZB_DT_UINT16, ZB_DT_INT16,
+                                    ZB_DT_UINT32, ZB_DT_INT32, ZB_DT_FLOAT32};
+    static const zb_dtype to[] = {ZB_DT_INT32, ZB_DT_INT64, ZB_DT_FLOAT32, ZB_DT_FLOAT64};
+    enum { NW = 77 };
+    uint8_t src[NW * 8 + 8], dst[NW * 8];
+    int offered = 0;
+    for (size_t a = 0; a < sizeof from / sizeof *from; a++) {
+        size_t isz = zb_dtype_size(from[a]);
+        for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)(i * 37 + 11);
+        /* the stored type's extremes (all bits set, the sign bit alone) at the start */
+        memset(src + 1, 0xff, isz);
+        memset(src + 1 + isz, 0, isz);
+        src[1 + 2 * isz - 1] = 0x80;
+        if (from[a] == ZB_DT_FLOAT32) /* keep the float values finite: 1.5e38 and -0.5 */
+            for (size_t i = 0; i < NW; i++) {
+                float v = i % 2 ? 1.5e38f : -0.5f * (float)i;
+                memcpy(src + 1 + 4 * i, &v, 4);
+            }
+        for (size_t b = 0; b < sizeof to / sizeof *to; b++) {
+            bool exact = zb_widen_exact(from[a], to[b]);
+            assert_int_equal(zb_values_widen(dst, to[b], src + 1, from[a], NW),
+                             exact && from[a] != to[b]);
+            if (!exact || from[a] == to[b]) continue;
+            offered++;
+            for (size_t i = 0; i < NW; i++)
+                assert_true(value_at(dst, to[b], i) == value_at(src + 1, from[a], i));
+        }
+    }
+    assert_int_equal(offered, 21);
+    assert_false(zb_widen_exact(ZB_DT_FLOAT64, ZB_DT_FLOAT32));
+    assert_false(zb_widen_exact(ZB_DT_INT32, ZB_DT_FLOAT32));
+    assert_false(zb_widen_exact(ZB_DT_UINT32, ZB_DT_INT32));
+    assert_false(zb_widen_exact(ZB_DT_INT64, ZB_DT_FLOAT64));
+    assert_false(zb_widen_exact(ZB_DT_FLOAT16, ZB_DT_FLOAT32));
+    assert_true(zb_widen_exact(ZB_DT_UINT16, ZB_DT_UINT16));
+}
+
 int
 main(void)
 {
@@ -759,6 +823,7 @@ main(void)
         cmocka_unit_test(test_pointer_blocks),
         cmocka_unit_test(test_generic_schema_errors),
         cmocka_unit_test(test_index_conventions_and_bad_values),
+        cmocka_unit_test(test_widen_every_pair),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -47,8 +47,12 @@ def run_json(store, results, *args):
 @pytest.fixture(scope="module")
 def cells(tmp_path_factory):
     p = tmp_path_factory.mktemp("bench") / "cells.zarr"
+    # the float32/int32 store: its figures (amplification >= 1: decoded bytes are delivered
+    # bytes) are the ones below; a narrow store decodes fewer bytes than it delivers
+    # (test_narrow_storage.py)
     subprocess.run([CLI, "synth", "--kind", "cells", "--n", str(N), "--genes", "2000", "-o",
-                    str(p), "--seed", "1"], check=True, capture_output=True)
+                    str(p), "--seed", "1", "--data-dtype", "float32", "--index-dtype", "int32"],
+                   check=True, capture_output=True)
     return p
 
 

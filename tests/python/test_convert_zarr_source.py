@@ -416,8 +416,9 @@ def test_anndata_0_7_store_reads_as_anndata_reads_it(anndata_0_7):
 # ------------------------------------------------------------------------------------------------
 # A store written by zbatch's own anndata writer
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("data_dtype", ["keep", None])
 @pytest.mark.parametrize("fmt,shard", [(2, None), (3, 2048)])
-def test_zbatch_written_store_reads_back_exactly(tmp_path, fmt, shard):
+def test_zbatch_written_store_reads_back_exactly(tmp_path, fmt, shard, data_dtype):
     zb = zbatch_api()
     rng = np.random.default_rng(11)
     X = sparse_with_empty_rows(500, 130, 0.1, np.float32, 11)
@@ -427,8 +428,12 @@ def test_zbatch_written_store_reads_back_exactly(tmp_path, fmt, shard):
                        index=[f"c{i}" for i in range(500)])
     var = pd.DataFrame(index=[f"g{i}" for i in range(130)])
     path = tmp_path / "zb.zarr"
-    zb.write_anndata(str(path), X, obs=obs, var=var, zarr_format=fmt, chunk_size=512,
-                     shard_size=shard)
+    # "keep": float32 values; None (the default): integer counts stored narrow (uint8, issue
+    # 19), which the source reads as stored
+    chosen = zb.write_anndata(str(path), X, obs=obs, var=var, zarr_format=fmt, chunk_size=512,
+                              shard_size=shard, data_dtype=data_dtype)
+    assert chosen["X/data"] == (np.float32 if data_dtype == "keep" else np.uint8)
+    X = X.astype(chosen["X/data"])
     info = hooks()._src_info(str(path))
     assert [(c["name"], c["kind"]) for c in info["columns"]] == [
         ("ct", "categorical"), ("n", "numeric"), ("ok", "numeric"), ("s", "string")]

@@ -111,7 +111,8 @@ def test_csr_roundtrip(tmp_path, fmt, codec, chunk, shard):
     a = ad.read_zarr(p)
     assert a.shape == (300, 120)
     assert sp.issparse(a.X) and a.X.format == "csr"
-    assert a.X.dtype == np.float32
+    # counts 1..49 in float32: stored narrow by default (issue 19), anndata reads them as such
+    assert a.X.dtype == np.uint8
     np.testing.assert_array_equal(a.X.indptr, X.indptr)
     np.testing.assert_array_equal(a.X.indices, X.indices)
     np.testing.assert_array_equal(a.X.data, X.data)
@@ -119,8 +120,9 @@ def test_csr_roundtrip(tmp_path, fmt, codec, chunk, shard):
     assert list(a.var_names) == list(var.index)
     assert_frame_equal_anndata(a.obs, obs)
     assert_frame_equal_anndata(a.var, var)
-    # the stored dtypes anndata writes: int32 indices, int64 indptr, pandas' code types
-    assert read(p, "X/indices").dtype == np.int32
+    # the stored dtypes: narrow indices (anndata's min-dtype rule: uint8 for 120 columns), int64
+    # indptr, pandas' code types
+    assert read(p, "X/indices").dtype == np.uint8
     assert read(p, "X/indptr").dtype == np.int64
     assert read(p, "obs/cell_type/codes").dtype == np.int8
     assert read(p, "obs/drug/codes").dtype == np.int16
@@ -171,7 +173,8 @@ def test_attributes_match_anndata(tmp_path, fmt):
     X.indptr = X.indptr.astype(np.int64)
     obs, var = make_obs(20), make_var(9)
     ours, theirs = tmp_path / "z.zarr", tmp_path / "a.zarr"
-    write_anndata(ours, X, obs=obs, var=var, zarr_format=fmt)
+    write_anndata(ours, X, obs=obs, var=var, zarr_format=fmt, data_dtype="keep",
+                  narrow_indices=False)  # anndata's defaults
     with ad.settings.override(zarr_write_format=fmt):
         ad.AnnData(X=X, obs=obs, var=var).write_zarr(theirs)
 
@@ -375,11 +378,12 @@ def test_synth_cells_reproducible_and_tahoe_like(tmp_path):
     adata = ad.read_zarr(a)
     assert adata.shape == (2000, 62710)
     X = adata.X
-    assert sp.issparse(X) and X.format == "csr" and X.dtype == np.float32
+    # counts stored narrow by default (issue 19): uint8 values, uint16 gene ids
+    assert sp.issparse(X) and X.format == "csr" and X.dtype == np.uint8
     nnz = np.diff(X.indptr)
     assert abs(nnz.mean() - 1460) < 0.2 * 1460
     assert nnz.min() >= 1 and nnz.std() > 100          # lognormal spread, not a constant
-    assert X.indices.dtype == np.int32
+    assert X.indices.dtype == np.uint16
     for r in range(0, 2000, 97):                      # sorted unique gene ids per cell
         row = X.indices[X.indptr[r]:X.indptr[r + 1]]
         assert (np.diff(row) > 0).all() and row.min() >= 0 and row.max() < 62710
@@ -579,7 +583,7 @@ def test_layers_roundtrip(tmp_path, fmt, shard):
     spliced = make_csr(120, 40, density=0.05, dtype=np.float64, seed=10).tocsc()
     p = tmp_path / "l.zarr"
     write_store(p, X, fmt, shard, layers={"counts": counts, "spliced": spliced},
-                num_threads=3)
+                num_threads=3, data_dtype="keep")
     a = ad.read_zarr(p)
     assert sorted(a.layers) == ["counts", "spliced"]
     for name, want in (("counts", counts), ("spliced", spliced.tocsr())):
@@ -637,10 +641,13 @@ def test_narrow_indices_dtype_as_anndata(tmp_path, n_vars, want):
     np.testing.assert_array_equal(a.X.indices, X.indices)
     np.testing.assert_array_equal(a.X.indptr, X.indptr)
     np.testing.assert_array_equal(a.layers["c"].toarray(), X.toarray())
-    # default: int32, as before
+    # default: narrow up to 65,535 columns (uint8/uint16, as anndata's rule), else int32
     q = tmp_path / "q.zarr"
-    write_anndata(q, X)
-    assert read(q, "X/indices").dtype == np.int32
+    assert write_anndata(q, X)["X/indices"] == (want if n_vars <= 65535 else np.int32)
+    assert read(q, "X/indices").dtype == (want if n_vars <= 65535 else np.int32)
+    r = tmp_path / "r.zarr"
+    write_anndata(r, X, narrow_indices=False)
+    assert read(r, "X/indices").dtype == np.int32
 
 
 @pytest.mark.parametrize("fmt,shard", LAYOUTS)
@@ -679,7 +686,7 @@ def test_new_elements_match_anndata_attributes(tmp_path, fmt, narrow):
     obs["label"] = pd.array([f"u{i}" for i in range(n)], dtype="string")
     ours, theirs = tmp_path / "z.zarr", tmp_path / "a.zarr"
     write_anndata(ours, X, obs=obs, zarr_format=fmt, layers={"counts": layer},
-                  narrow_indices=narrow)
+                  narrow_indices=narrow, data_dtype="keep")
     with ad.settings.override(zarr_write_format=fmt, allow_write_nullable_strings=True,
                               write_csr_csc_indices_with_min_possible_dtype=narrow):
         ad.AnnData(X=X, obs=obs, layers={"counts": layer}).write_zarr(theirs)
