@@ -452,3 +452,33 @@ def test_iterable_loader_splits_across_workers_and_ranks(store, pad_or_drop):
     else:
         assert set(allids.tolist()) == set(range(N))
         assert counts == [6, 6]
+
+
+def test_atomic_samples_and_their_batched_fetch(tmp_path):
+    """Atomic samples: ``ds[i]`` holds sample i's per-atom and per-edge rows, with neighbour
+    indices local to the sample; ``__getitems__`` (torch's batched fetch, one read) gives the
+    same samples as reading each alone, and a sample equals a batch of one (read_many)."""
+    import subprocess
+    from pathlib import Path
+    cli = Path(__file__).resolve().parents[2] / "build" / "zbatch"
+    p = tmp_path / "atoms.zarr"
+    subprocess.run([str(cli), "synth", "--kind", "atoms", "--n", "40", "-o", str(p), "--seed",
+                    "2"], check=True, capture_output=True)
+    ds = zbatch.open(p)
+    many = ds.__getitems__([7, 3, 7])
+    for k, i in enumerate([7, 3, 7]):
+        one = ds[i]
+        assert set(one) == set(many[k])
+        for key in one:
+            np.testing.assert_array_equal(np.asarray(one[key]), np.asarray(many[k][key]))
+        nat = len(one["positions"])
+        assert one["neighbor_list"].min() >= 0 and one["neighbor_list"].max() < nat
+        assert len(one["atomic_numbers"]) == nat == len(one["forces"])
+        assert len(one["shifts"]) == len(one["neighbor_list"])
+    b = ds.read_many([3])
+    np.testing.assert_array_equal(ds[3]["positions"], b["positions"])
+    np.testing.assert_array_equal(ds[3]["neighbor_list"], b["neighbor_list"])
+    sizes = [len(ds[i]["positions"]) for i in range(len(ds))]
+    j = next(i for i in range(len(ds)) if sizes[i] != sizes[0])
+    with pytest.raises(ValueError, match="different shapes"):
+        zbatch.collate([ds[0], ds[j]])
