@@ -279,6 +279,7 @@ class Dataset:
     def segment_lengths(self, segment: str) -> np.ndarray:
         """Per-sample lengths of a segment ("X" nonzeros, "atoms", "edges"), read from the
         pointer arrays only (what size-aware sampling needs)."""
+        self._check_process()
         return np.frombuffer(self._c.segment_lengths(segment), dtype=np.uint64)
 
     def set_num_threads(self, n: int) -> None:
@@ -306,6 +307,7 @@ class Dataset:
 
             >>> ds.read_field("obs/cell_type")[:5]
         """
+        self._check_process()
         stop = len(self) if stop is None else int(stop)
         buf, typestr, shape = self._c.read_field(name, int(start), stop)
         return np.frombuffer(buf, dtype=np.dtype(typestr)).reshape(shape)

@@ -482,3 +482,50 @@ def test_atomic_samples_and_their_batched_fetch(tmp_path):
     j = next(i for i in range(len(ds)) if sizes[i] != sizes[0])
     with pytest.raises(ValueError, match="different shapes"):
         zbatch.collate([ds[0], ds[j]])
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("block", {"block_size": 16, "blocks_per_window": 3}),
+    ("weighted", {"class_field": "obs/kind"}),
+    ("size_aware", {"max_nnz": 400}),
+    ("multi", {"sizes": [200, 400], "balanced": True}),
+])
+def test_side_iterators_of_every_sampler_kind(store, name, kw):
+    """A second live iterator clones the loader's sampler (its kind and options): it yields
+    the epoch the main pass runs, from its start, while the main pass goes on untouched.
+    Oracle: the same pass without the second iterator."""
+    p, _ = store
+    ds = zbatch.open(p)
+
+    def make():
+        return zbatch.DataLoader(ds, batch_size=BS, sampler=name, seed=6, **kw)
+
+    ref = make()
+    ids(ref)
+    want = ids(ref)            # pass 1 (epoch 1)
+    dl = make()
+    ids(dl)
+    main, side = [], None
+    for i, b in enumerate(dl):
+        main.append(np.asarray(b["index"], dtype=np.int64).copy())
+        if i == 1:
+            side = ids(iter(dl))
+    assert len(main) == len(want)
+    for g, w in zip(main + side, want + want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_torchs_dataloader_over_a_multidataset_in_forked_workers(store):
+    """A MultiDataset in forked torch workers: re-opened (with its children) in each worker;
+    the batches equal read_many's in the parent."""
+    p, a = store
+    md = zbatch.MultiDataset([zbatch.open(p, num_threads=2), zbatch.open(p)], num_threads=2)
+    md.read_many([0, N + 1])
+    got = list(tud.DataLoader(md, batch_size=100, collate_fn=zbatch.collate, num_workers=2,
+                              timeout=120))
+    assert len(got) == 12
+    for k, b in enumerate(got):
+        want = np.arange(k * 100, (k + 1) * 100)
+        np.testing.assert_array_equal(b["index"], want)
+        assert same_csr(b["X"], rows(a.X, want % N))
+        np.testing.assert_array_equal(b["dataset"], want // N)
