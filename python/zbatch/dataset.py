@@ -17,6 +17,7 @@ unspecified). String columns and ``obs_names`` are in batches on request
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
@@ -196,12 +197,89 @@ class Dataset:
                  load_strings: bool = False, layer: Optional[str] = None,
                  reorder_vars: bool = False, x_dtype: Optional[str] = None,
                  index_dtype: Optional[str] = None):
-        self._c = _zbatch._Dataset(str(path), group, int(cache_bytes), int(num_threads),
+        path = _store_path(path)
+        _check_threads(num_threads)
+        self._c = _zbatch._Dataset(path, group, int(cache_bytes), int(num_threads),
                                    bool(load_layers), bool(use_consolidated), bool(load_strings),
                                    None if layer is None else str(layer), bool(reorder_vars),
                                    _dtype_option(x_dtype), _dtype_option(index_dtype))
-        self.path = str(path)
+        self.path = path
+        self._remember((path, group), dict(cache_bytes=cache_bytes, num_threads=num_threads,
+                                           load_layers=load_layers,
+                                           use_consolidated=use_consolidated,
+                                           load_strings=load_strings, layer=layer,
+                                           reorder_vars=reorder_vars, x_dtype=x_dtype,
+                                           index_dtype=index_dtype))
         self._load_info()
+
+    # -- pickling and processes ------------------------------------------------------------
+    def _remember(self, args: tuple, kwargs: dict) -> None:
+        """Keeps what opened this dataset: pickling re-opens it so in the receiving process,
+        and a forked child (a worker of torch's DataLoader) re-opens it on first read (the
+        parent's C threads do not exist in the child)."""
+        self._open_args = (args, kwargs)
+        self._pid = os.getpid()
+
+    def __reduce__(self):
+        args, kwargs = self._open_args
+        kwargs = {**kwargs, "num_threads": self._threads()}
+        return (_reopen, (type(self), args, kwargs))
+
+    def _threads(self) -> int:
+        return int(self._open_args[1].get("num_threads", 1))
+
+    def _check_process(self) -> None:
+        if self._pid != os.getpid():
+            self._reopen_here()
+
+    def _reopen_here(self) -> None:
+        # the parent's C handle is never freed here: freeing it would join decode threads
+        # that do not exist in this process (an extra reference keeps it forever)
+        import ctypes
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._c))
+        args, kwargs = self._open_args
+        kwargs = {**kwargs, "num_threads": self._threads()}
+        frames = self._frames
+        type(self).__init__(self, *args, **kwargs)
+        self._frames = frames
+
+    def _read_raw(self, ids: np.ndarray) -> dict:
+        """read_many's C result for validated uint64 ids (the loader's Python-sampler path)."""
+        self._check_process()
+        return self._c.read_many(ids)
+
+    # -- map-style access (torch.utils.data.Dataset) ---------------------------------------
+    def __getitem__(self, key) -> Any:
+        """``ds[i]``: one sample, a dict of that sample's values (see :func:`sample_dict`);
+        ``ds[[i, j]]``, ``ds[np.array([...])]``, ``ds[a:b]``: a :class:`Batch`, as
+        :meth:`read_many`. Negative ids count from the end; out of range is an IndexError."""
+        self._check_process()
+        n = len(self)
+        if isinstance(key, slice):
+            return self.read_many(np.arange(*key.indices(n), dtype=np.int64))
+        if hasattr(key, "numpy") and not isinstance(key, np.ndarray):  # a torch tensor
+            key = key.numpy()
+        if isinstance(key, (int, np.integer)) or (isinstance(key, np.ndarray) and key.ndim == 0):
+            if isinstance(key, (bool, np.bool_)):
+                raise TypeError("a dataset is indexed by an integer, not a bool")
+            i = int(key)
+            if not -n <= i < n:
+                raise IndexError(f"sample id {i} out of range for a dataset of {n} samples")
+            return sample_dict(self, self.read_many([i % n]))
+        arr = np.asarray(key)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise TypeError(f"a dataset is indexed by an integer, a slice or a 1-d sequence of "
+                            f"integers, not {type(key).__name__}")
+        if arr.size and (arr.min() < -n or arr.max() >= n):
+            bad = arr[(arr < -n) | (arr >= n)][0]
+            raise IndexError(f"sample id {bad} out of range for a dataset of {n} samples")
+        return self.read_many(np.where(arr < 0, arr + n, arr) if arr.size else arr)
+
+    def __getitems__(self, ids) -> list:
+        """torch's batched fetch (``DataLoader`` calls it with a batch's ids): the samples of
+        one coalesced read, as a list of sample dicts for ``collate_fn``."""
+        b = self[list(ids)]
+        return [sample_dict(self, b, k) for k in range(b.size)]
 
     def _load_info(self) -> None:
         info = self._c.info()
@@ -222,11 +300,14 @@ class Dataset:
     def segment_lengths(self, segment: str) -> np.ndarray:
         """Per-sample lengths of a segment ("X" nonzeros, "atoms", "edges"), read from the
         pointer arrays only (what size-aware sampling needs)."""
+        self._check_process()
         return np.frombuffer(self._c.segment_lengths(segment), dtype=np.uint64)
 
     def set_num_threads(self, n: int) -> None:
-        """Sets the number of decode threads used by reads and loaders."""
+        """Sets the number of decode threads used by reads and loaders (>= 1)."""
+        _check_threads(n)
         self._c.set_threads(int(n))
+        self._open_args[1]["num_threads"] = int(n)
 
     def __repr__(self) -> str:
         return f"zbatch.Dataset({self.path!r}, layout={self.layout!r}, n={len(self)})"
@@ -247,6 +328,7 @@ class Dataset:
 
             >>> ds.read_field("obs/cell_type")[:5]
         """
+        self._check_process()
         stop = len(self) if stop is None else int(stop)
         buf, typestr, shape = self._c.read_field(name, int(start), stop)
         return np.frombuffer(buf, dtype=np.dtype(typestr)).reshape(shape)
@@ -302,6 +384,7 @@ class Dataset:
             raise _error("ZB_E_RANGE", f"index out of range: sample id {bad} is not a "
                          "non-negative integer")
         arr = np.ascontiguousarray(arr, dtype=np.uint64).ravel()
+        self._check_process()
         raw = self._c.read_many(arr)
         return Batch(raw, self.layout, self.n_vars, output)
 
@@ -356,6 +439,11 @@ class MultiDataset(Dataset):
         self.children = list(datasets)
         if not self.children:
             raise ValueError("MultiDataset needs at least one dataset")
+        _check_threads(num_threads)
+        for d in self.children:
+            d._check_process()
+        self._remember((self.children,), dict(cache_bytes=cache_bytes, num_threads=num_threads,
+                                              reorder_vars=reorder_vars))
         self._c = _zbatch.concat_datasets([d._c for d in self.children], int(num_threads),
                                           int(cache_bytes), bool(reorder_vars))
         self.path = self.children[0].path
@@ -376,7 +464,10 @@ class InMemoryDataset(Dataset):
 
     def __init__(self, source: Union[Dataset, str], *, cache_bytes: int = 0,
                  num_threads: int = 1):
-        src = source if isinstance(source, Dataset) else Dataset(str(source))
+        src = source if isinstance(source, Dataset) else Dataset(source)
+        _check_threads(num_threads)
+        src._check_process()
+        self._remember((src,), dict(cache_bytes=cache_bytes, num_threads=num_threads))
         self._c = _zbatch.in_memory(src._c, int(num_threads), int(cache_bytes))
         self.path = src.path
         self._load_info()
@@ -387,6 +478,76 @@ class InMemoryDataset(Dataset):
 
 
 def open(path: str, group: str = "", **kwargs) -> Dataset:  # noqa: A001 - the product's name
-    """Opens the dataset in the store at ``path``; the layout (anndata, atomic, collection,
+    """Opens the dataset in the store at ``path`` (a ``str`` / ``os.PathLike`` local
+    directory, or a ``zarr.storage.LocalStore``); the layout (anndata, atomic, collection,
     generic) is detected from the store's attributes. See :class:`Dataset` for options."""
     return Dataset(path, group, **kwargs)
+
+
+def _store_path(path: Any) -> str:
+    """The directory of a store argument: a str / bytes / os.PathLike path, or a
+    ``zarr.storage.LocalStore`` (its ``root``); anything else is a TypeError."""
+    if isinstance(path, (str, os.PathLike)):
+        p = os.fspath(path)
+        return p if isinstance(p, str) else os.fsdecode(p)
+    if isinstance(path, bytes):
+        return os.fsdecode(path)
+    cls = type(path)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if cls.__name__ == "LocalStore" and hasattr(path, "root"):
+        return os.fspath(path.root)
+    accepted = ("zbatch opens a store directory: give a path (str or os.PathLike) or a "
+                "zarr.storage.LocalStore")
+    if "zarr" in cls.__module__:
+        raise TypeError(f"{name} is not a local store directory; {accepted} (stores held in "
+                        "memory or behind a URL are not read by zbatch: write them to a "
+                        "directory first)")
+    raise TypeError(f"expected a store path, got {name}; {accepted}")
+
+
+def _check_threads(n: Any) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"num_threads must be an integer >= 1, got {n!r}")
+
+
+def _reopen(cls, args: tuple, kwargs: dict) -> Dataset:
+    """Unpickles a dataset: opens it again with the options it was opened with."""
+    return cls(*args, **kwargs)
+
+
+def sample_dict(ds: Dataset, batch: Batch, k: int = 0) -> dict:
+    """Sample ``k`` of ``batch`` as a dict, the value of ``ds[i]``: per-sample fields as that
+    sample's value (a numpy scalar, or a row array for fields with a row shape), ragged
+    fields (atomic positions, edges) as that sample's rows, ``X`` and layers as a 1-row
+    ``scipy.sparse.csr_matrix`` (1 x n_vars), ``index`` (and ``dataset`` for a collection)
+    as ints; a nullable field's value and its ``/mask`` are separate entries. Pointer arrays
+    and ``batch_idx`` are left out (:func:`zbatch.collate` rebuilds a batch)."""
+    import scipy.sparse as sp
+    out: dict[str, Any] = {}
+    segs = {name: np.frombuffer(buf, dtype=np.int64)
+            for name, buf in batch._raw["segments"].items()}
+    for key in list(batch._items):
+        v = batch[key]
+        if key in ("index", "dataset"):
+            out[key] = int(v[k])
+            continue
+        if sp.issparse(v):
+            out[key] = v[k:k + 1]
+            continue
+        info = ds.fields.get(key)
+        if info is None:
+            continue  # pointer arrays, batch_idx
+        v = np.ma.getdata(v)
+        if info["kind"] == "per_sample":
+            out[key] = v[k]
+        else:
+            seg = segs.get(info.get("segment") or "")
+            if seg is None:
+                continue
+            rows = v[seg[k]:seg[k + 1]]
+            if info["kind"] == "index":
+                target = segs.get(info.get("target") or "")
+                if target is not None:
+                    rows = rows - target[k]   # indices local to the sample
+            out[key] = rows
+    return out

@@ -11,9 +11,15 @@ in sampler order, exact resumption.
 """
 from __future__ import annotations
 
+import collections
+import itertools
 import os
+import sys
 import weakref
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import numpy as np
 
 from . import _zbatch
 from .dataset import Batch, Dataset
@@ -55,84 +61,163 @@ def _transform_specs(transforms) -> list[tuple]:
 class DataLoader:
     """Iterates batches of a :class:`zbatch.Dataset` in the order of a sampler.
 
-    Parameters follow PyTorch's DataLoader where they overlap:
-        batch_size, shuffle, drop_last, seed;
+    Parameters follow PyTorch's DataLoader where they overlap (see docs/PYTORCH.md):
+        batch_size (default 4096), shuffle, drop_last, seed;
         sampler: a name ("sequential", "random", "block", "weighted", "size_aware", "multi") or
-            a sampler object from :mod:`zbatch.samplers`; extra keyword arguments go to it
-            (e.g. ``block_size=64, blocks_per_window=16`` for "block");
+            a sampler object from :mod:`zbatch.samplers` (the C pipeline, exact resume); extra
+            keyword arguments go to a named sampler (e.g. ``block_size=64,
+            blocks_per_window=16`` for "block"). Any other sampler (a
+            ``torch.utils.data.Sampler`` or an iterable of sample ids) is batched by
+            ``batch_size`` / ``drop_last`` and its batches are read ahead on threads;
+        batch_sampler: a ``torch.utils.data.BatchSampler`` or any iterable of lists of ids
+            (exclusive with batch_size, shuffle, sampler and drop_last, as in PyTorch);
         prefetch_factor: batches per window (one coalesced read); depth: windows read ahead;
-        num_threads: decode threads of the dataset (None keeps the dataset's);
-        output: "numpy", "scipy" or "torch"; device / pin_memory: where torch batches go;
+        num_threads: decode threads of the dataset (None keeps the dataset's; >= 1);
+        num_workers: PyTorch's knob: zbatch's workers are threads, so ``num_workers=N``
+            (N > 0) means N decode threads unless num_threads is given;
+        output: "numpy", "scipy" or "torch"; device / pin_memory: where torch batches go
+            (only with output="torch");
         rank / world_size: None resolves them from torch.distributed, then RANK/WORLD_SIZE;
         transforms: C transforms by name, run on the loader's worker thread: "log1p",
             ("normalize_total", target_sum), ("densify", columns_or_None), ("cast", field, dtype);
-        batch_transforms: Python callables ``fn(batch) -> batch`` run in the consumer thread.
+        batch_transforms: Python callables ``fn(batch) -> batch`` run in the consumer thread
+            (each must return a mapping: a Batch or a dict);
+        collate_fn: a callable applied last to every batch; its result is what iteration
+            yields.
+
+    Iteration: every ``iter(loader)`` is an independent pass. Without :meth:`set_epoch` each
+    pass uses the next epoch (a fresh order, as torch's ``shuffle=True``); once set_epoch has
+    been called, the epoch set decides. A second iterator started while another is live runs
+    its own pipeline over the same epoch from its start and is not part of
+    :meth:`state_dict` (which follows the first one).
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int = 4096, shuffle: bool = False,
+    def __init__(self, dataset: Dataset, batch_size: Optional[int] = None, shuffle: bool = False,
                  sampler: Union[str, Any, None] = None, seed: int = 0, prefetch_factor: int = 4,
                  num_threads: Optional[int] = None, drop_last: bool = False,
-                 output: str = "numpy", device: str = "cpu", pin_memory: bool = False,
+                 output: str = "numpy", device: Any = "cpu", pin_memory: bool = False,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  transforms: Optional[Sequence] = None,
-                 batch_transforms: Optional[Sequence[Callable]] = None, depth: int = 2,
-                 **sampler_kwargs):
+                 batch_transforms: Optional[Sequence[Callable]] = None, depth: int = 2, *,
+                 batch_sampler: Any = None, num_workers: int = 0,
+                 collate_fn: Optional[Callable] = None, **sampler_kwargs):
         from . import samplers as _samplers
         if output not in ("numpy", "scipy", "torch"):
             raise ValueError(f"output must be 'numpy', 'scipy' or 'torch', not {output!r}")
         if prefetch_factor < 1 or depth < 1:
             raise ValueError("prefetch_factor and depth must be >= 1")
+        if int(num_workers) < 0:
+            raise ValueError("num_workers option should be non-negative; "
+                             "use num_workers=0 to disable multiprocessing.")
+        if num_threads is not None and int(num_threads) < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        if collate_fn is not None and not callable(collate_fn):
+            raise TypeError(f"collate_fn must be callable, got {type(collate_fn).__name__}")
+        for fn in batch_transforms or ():
+            if not callable(fn):
+                raise TypeError(f"batch_transforms: {fn!r} is not callable")
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None and (batch_size not in (None, 1) or shuffle or
+                                          sampler is not None or drop_last):
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                             "shuffle, sampler, and drop_last")
+        device, pin_memory = _check_device(device, bool(pin_memory), output)
+        if batch_size is None:
+            batch_size = 4096
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.dataset = dataset
         self.batch_size = int(batch_size)
+        self.drop_last = bool(drop_last)
         self.prefetch_factor = int(prefetch_factor)
         self.depth = int(depth)
         self.output = output
         self.device = device
-        self.pin_memory = bool(pin_memory)
+        self.pin_memory = pin_memory
+        self.num_workers = int(num_workers)
+        self.collate_fn = collate_fn
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self._transforms = _transform_specs(transforms)
         self.batch_transforms = list(batch_transforms or ())
+        if num_threads is None and self.num_workers > 0:
+            num_threads = self.num_workers
         if num_threads is not None:
             dataset.set_num_threads(int(num_threads))
-        if sampler is None:
-            sampler = "random" if shuffle else "sequential"
-        if isinstance(sampler, str):
-            sampler_kwargs = _dataset_sampler_args(dataset, sampler, sampler_kwargs)
-            sampler = _samplers.make_sampler(sampler, n=len(dataset), batch_size=self.batch_size,
-                                             drop_last=drop_last, seed=seed, rank=self.rank,
-                                             world_size=self.world_size,
-                                             **sampler_kwargs)
-        elif sampler_kwargs:
-            raise TypeError(f"sampler options {sorted(sampler_kwargs)} need a sampler name")
+        self.batch_sampler = None
+        self._py: Optional[_PySampler] = None
+        if isinstance(batch_sampler, _samplers.Sampler):
+            sampler, batch_sampler = batch_sampler, None   # zbatch samplers yield batches
+            self.batch_size = sampler.batch_size
+        if batch_sampler is not None:
+            if sampler_kwargs:
+                raise TypeError(f"sampler options {sorted(sampler_kwargs)} need a sampler name")
+            self._py = _PySampler(batch_sampler, None, False)
+            self.batch_sampler = batch_sampler
+            sampler = getattr(batch_sampler, "sampler", None)
+        else:
+            if sampler is None:
+                sampler = "random" if shuffle else "sequential"
+            if isinstance(sampler, str):
+                sampler_kwargs = _dataset_sampler_args(dataset, sampler, sampler_kwargs)
+                sampler = _samplers.make_sampler(sampler, n=len(dataset),
+                                                 batch_size=self.batch_size,
+                                                 drop_last=drop_last, seed=seed,
+                                                 rank=self.rank, world_size=self.world_size,
+                                                 **sampler_kwargs)
+            elif sampler_kwargs:
+                raise TypeError(f"sampler options {sorted(sampler_kwargs)} need a sampler name")
+            elif not isinstance(sampler, _samplers.Sampler):
+                self._py = _PySampler(sampler, self.batch_size, self.drop_last)
         self.sampler = sampler
+        # the main iterator (a weak reference to the _Pass that state_dict follows)
+        self._main: Optional[weakref.ref] = None
+        self._live: Optional[Any] = None
+        self._parked: Optional[int] = None
+        self._epoch_set = False
+        self._resume = False  # a loaded state: the next iteration continues from it
+        if self._py is not None:
+            self._epoch = 0
+            self._py_pos = 0           # batches the main pass handed out
+            self._py_gen_state = None  # the generator's state when the main pass began
+            self._py_skip = 0
+            return
         self._epoch = int(sampler._state_dict().get("epoch", 0))
+        # the next pass runs self._epoch (set at start, by set_epoch and load_state_dict);
+        # otherwise a pass follows one: the next epoch, or the same one once set_epoch is used
+        self._fresh = True
         # the sampler's set_epoch / state_dict / load_state_dict are this loader's from now on
         # (its C state belongs to the worker threads while a C loader is alive)
         sampler._owner = weakref.ref(self)
-        self._live: Optional[Any] = None
         # After a pass that ran to its end the C loader stays alive and reads on into the
-        # epoch the next pass will most likely ask for (``_parked``): epoch + 1 once
-        # set_epoch has been called, the same epoch again before that (PyTorch's loop without
-        # set_epoch repeats the order). A pass over another epoch, a rewind or a loaded state
-        # closes it and starts afresh, so the guess only decides how fast the next pass
-        # starts, never what it yields. Reading on is bounded like any pass: at most `depth`
-        # windows, whose memory the dataset's batch pool would keep anyway. Only a live C
-        # loader is parked (close() and load_state_dict() clear _parked).
-        self._parked: Optional[int] = None
-        self._live_same = False
-        self._epoch_set = False
-        self._resume = False  # a loaded state: the next iteration continues from it
+        # epoch the next pass will most likely ask for (``_parked``): epoch + 1 (the next
+        # pass of a loader without set_epoch, the next set_epoch of one with). A pass over
+        # another epoch, a rewind or a loaded state closes it and starts afresh, so the guess
+        # only decides how fast the next pass starts, never what it yields. Reading on is
+        # bounded like any pass: at most `depth` windows, whose memory the dataset's batch
+        # pool would keep anyway. Only a live C loader is parked (close() and
+        # load_state_dict() clear _parked).
 
     def __len__(self) -> int:
+        if self._py is not None:
+            return self._py.num_batches()
         return len(self.sampler)
 
+    # -- epochs and state ------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Starts epoch ``epoch`` (also rewinds a partly consumed epoch). ``loader.sampler.
+        """Starts epoch ``epoch`` (also rewinds a partly consumed epoch); from now on the
+        epoch set decides every pass (passes no longer advance it). ``loader.sampler.
         set_epoch(epoch)`` does the same."""
         epoch = int(epoch)
         if epoch < 0:  # (checked before anything changes; the sampler checks it again)
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         self._epoch_set = True
+        if self._py is not None:
+            self._epoch = epoch
+            if hasattr(self.sampler, "set_epoch") and self.sampler is not None:
+                self.sampler.set_epoch(epoch)
+            return
+        self._fresh = True
         if self._parked == epoch:
             # the loader is already reading this epoch: keep what it has read
             self._epoch = epoch
@@ -145,34 +230,128 @@ class DataLoader:
         self.sampler._set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        """The exact position: restoring it continues after the last batch handed out."""
+        """The exact position of the main iterator: restoring it continues after the last
+        batch it handed out. ``{"kind", "seed", "epoch", "position", "num_samples"}`` for
+        zbatch samplers (without set_epoch, ``epoch`` counts the passes); for other samplers
+        ``{"kind": "python", "position", "num_samples", "generator_state"}`` (see
+        docs/PYTORCH.md)."""
+        n = len(self.dataset)
+        if self._py is not None:
+            gen = self._py.generator()
+            gstate = self._py_gen_state
+            if gstate is None and gen is not None:
+                gstate = gen.get_state()
+            return {"kind": "python", "position": self._py_pos, "num_samples": n,
+                    "generator_state": gstate}
         if self._live is not None:
-            return {"kind": self.sampler.kind, **self._live.state()}
-        return dict(self.sampler._state_dict())
+            st = {"kind": self.sampler.kind, **self._live.state()}
+        else:
+            st = dict(self.sampler._state_dict())
+        st["num_samples"] = n
+        return st
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores a position: the next iteration continues right after it."""
+        """Restores a position: the next iteration continues right after it. Raises
+        ValueError naming the field of a state that does not fit this loader."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        kind = state.get("kind", "python" if self._py is not None else self.sampler.kind)
+        mine = "python" if self._py is not None else self.sampler.kind
+        if kind != mine:
+            raise ValueError(f"state['kind']: the state of a {kind!r} sampler given to a "
+                             f"loader with a {mine!r} sampler")
+        n = state.get("num_samples")
+        if n is not None and int(n) != len(self.dataset):
+            raise ValueError(f"state['num_samples']: the state was saved over {n} samples, "
+                             f"this loader's dataset has {len(self.dataset)}")
+        keys = ("position",) if self._py is not None else ("seed", "epoch", "position")
+        for key in keys:
+            v = state.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"state[{key!r}] must be an integer >= 0, got {v!r}")
+        if self._py is not None:
+            self._load_py_state(state)
+            return
         self.close()
+        old = self.sampler._state_dict()
         self.sampler._load_state_dict(state)
-        self._epoch = int(state.get("epoch", self._epoch))
+        sm = self.sampler
+        limit = max(sm.epoch_batches, len(sm) * sm.world_size)
+        if int(state["position"]) > limit:
+            self.sampler._load_state_dict(old)
+            raise ValueError(f"state['position']={state['position']} is past the end of epoch "
+                             f"{state['epoch']} ({limit} global batches)")
+        self._epoch = int(state["epoch"])
         self._resume = True
+        self._fresh = True
+
+    def _load_py_state(self, state: dict) -> None:
+        pos = int(state["position"])
+        try:
+            nb = len(self)
+        except TypeError:
+            nb = None
+        if nb is not None and pos > nb:
+            raise ValueError(f"state['position']={pos} is past the end of the epoch "
+                             f"({nb} batches)")
+        gstate = state.get("generator_state")
+        gen = self._py.generator()
+        if gstate is not None:
+            if gen is None:
+                raise ValueError("state['generator_state']: this loader's sampler has no "
+                                 "torch.Generator to restore it into")
+            gen.set_state(gstate)
+        self.close()
+        self._py_skip = pos
+        self._py_pos = 0
+        self._py_gen_state = None
+
+    # -- iteration -------------------------------------------------------------------------
+    def _main_live(self) -> bool:
+        it = self._main() if self._main is not None else None
+        return it is not None and not it.done
 
     def __iter__(self) -> Iterator[Batch]:
-        """One pass over the current epoch, from its start (PyTorch's rule), or from the state
-        given to :meth:`load_state_dict` just before."""
-        if self._parked == self._epoch:
+        """One pass (see the class doc): the main pass when no other iterator of this loader
+        is live, else an independent side pass."""
+        if self._main_live():
+            return _Pass(self._side_pass(), None)
+        if self._py is not None:
+            it = _Pass(None, self)
+            it.gen = self._py_main_pass()
+        else:
+            it = _Pass(None, self)
+            it.gen = self._c_main_pass(self._start_main())
+        self._main = weakref.ref(it)
+        return it
+
+    def _start_main(self):
+        """Decides the epoch of the next main pass and gives the C loader that reads it."""
+        self.dataset._check_process()
+        resume, self._resume = self._resume, False
+        if resume and self.sampler.remaining == 0 and not self._epoch_set:
+            resume = False  # a state saved at the end of a pass: the next pass follows it
+            epoch = self._epoch + 1
+        elif resume or self._fresh:
+            epoch = self._epoch
+        else:
+            epoch = self._epoch if self._epoch_set else self._epoch + 1
+        self._fresh = False
+        self._epoch = epoch
+        if self._parked == epoch and not resume and self._live is not None:
             loader = self._live  # read on from the pass before (see __init__)
         else:
             self.close()
-            if not self._resume:
-                self.sampler._set_epoch(self._epoch)
-            self._live_same = not self._epoch_set
+            if not resume:
+                self.sampler._set_epoch(epoch)
             loader = _zbatch._Loader(self.dataset._c, self.sampler._c, self.prefetch_factor,
                                      self.depth, self._transforms, more_epochs=-1,
-                                     same_epoch=self._live_same)
+                                     same_epoch=False)
             self._live = loader
         self._parked = None
-        self._resume = False
+        return loader
+
+    def _c_main_pass(self, loader) -> Iterator[Batch]:
         ended = False
         try:
             while True:
@@ -180,24 +359,99 @@ class DataLoader:
                 if raw is None:
                     ended = True
                     break
-                batch = Batch(raw, self.dataset.layout, self.dataset.n_vars, self.output)
-                if self.output == "torch" and (self.device != "cpu" or self.pin_memory):
-                    batch = _to_device(batch, self.device, self.pin_memory)
-                for fn in self.batch_transforms:
-                    batch = fn(batch)
-                yield batch
+                yield self._finish(raw)
         finally:
             if self._live is loader and ended:
                 # the pass ran to its end: the loader reads on into the likely next epoch
-                self._parked = self._epoch if self._live_same else self._epoch + 1
+                self._parked = self._epoch + 1
             elif self._live is loader:
                 self.close()  # keeps the final position for state_dict
             else:
                 loader.close()
 
+    def _side_pass(self) -> Iterator[Batch]:
+        if self._py is not None:
+            yield from self._py_pass(self._py.batches(), main=False)
+            return
+        self.dataset._check_process()
+        sampler = self.sampler._clone()
+        sampler._c.set_epoch(self._epoch)
+        loader = _zbatch._Loader(self.dataset._c, sampler._c, self.prefetch_factor, self.depth,
+                                 self._transforms, more_epochs=0, same_epoch=False)
+        try:
+            while True:
+                raw = loader.next()
+                if raw is None:
+                    break
+                yield self._finish(raw)
+        finally:
+            loader.close()
+
+    def _py_main_pass(self) -> Iterator[Batch]:
+        gen = self._py.generator()
+        self._py_gen_state = gen.get_state() if gen is not None else None
+        skip, self._py_skip = self._py_skip, 0
+        self._py_pos = skip
+        batches = self._py.batches()
+        for _ in range(skip):
+            if next(batches, None) is None:
+                break
+        for batch in self._py_pass(batches, main=True):
+            self._py_pos += 1
+            yield batch
+        # a whole pass: the state is the start of the next one
+        self._py_pos = 0
+        self._py_gen_state = None
+
+    def _py_pass(self, batches, main: bool) -> Iterator[Batch]:
+        """Batches of ids from a Python sampler, read ahead on threads (``depth`` readers,
+        ``depth * prefetch_factor`` batches in flight), yielded in sampler order."""
+        from concurrent.futures import ThreadPoolExecutor
+        ds = self.dataset
+        n = len(ds)
+        window = self.depth * self.prefetch_factor
+        inflight: collections.deque = collections.deque()
+        pool = ThreadPoolExecutor(max_workers=self.depth, thread_name_prefix="zbatch-sampler")
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(inflight) < window:
+                    ids = next(batches, None)
+                    if ids is None:
+                        exhausted = True
+                        break
+                    inflight.append(pool.submit(ds._read_raw, _ids_array(ids, n)))
+                if not inflight:
+                    return
+                yield self._finish(inflight.popleft().result())
+        finally:
+            for f in inflight:
+                f.cancel()
+            pool.shutdown(wait=True)
+
+    def _finish(self, raw) -> Any:
+        batch = Batch(raw, self.dataset.layout, self.dataset.n_vars, self.output)
+        if self.output == "torch" and (self.device != "cpu" or self.pin_memory):
+            batch = _to_device(batch, self.device, self.pin_memory)
+        for fn in self.batch_transforms:
+            out = fn(batch)
+            if not isinstance(out, Mapping):
+                name = getattr(fn, "__qualname__", None) or repr(fn)
+                raise TypeError(f"batch transform {name} returned {type(out).__name__}; a "
+                                "batch transform must return the batch (a zbatch.Batch or a "
+                                "dict of arrays)")
+            batch = out
+        if self.collate_fn is not None:
+            batch = self.collate_fn(batch)
+        return batch
+
     def close(self) -> None:
-        """Stops the worker threads of an iteration in progress or of a loader reading on
-        past the last pass (also on garbage collection); the position stays."""
+        """Stops the worker threads of the main iteration in progress or of a loader reading
+        on past the last pass (also on garbage collection); the position stays. A side
+        iterator stops when it ends or is dropped."""
+        self._main = None
+        if self._py is not None:
+            return
         live, self._live = self._live, None
         self._parked = None
         if live is not None:
@@ -216,6 +470,122 @@ class DataLoader:
             self.close()
         except Exception:
             pass
+
+
+class _Pass:
+    """One iterator of a DataLoader: a generator that is closed when the iterator ends, is
+    closed or is dropped (so a loader knows when its main iterator is gone)."""
+
+    def __init__(self, gen, loader):
+        self.gen = gen
+        self.done = False
+
+    def __iter__(self) -> "_Pass":
+        return self
+
+    def __next__(self):
+        if self.done:
+            raise StopIteration
+        try:
+            return next(self.gen)
+        except BaseException:
+            self.done = True
+            raise
+
+    def close(self) -> None:
+        self.done = True
+        if self.gen is not None:
+            self.gen.close()
+
+    def __del__(self):  # noqa: D105
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class _PySampler:
+    """A sampler that is not one of zbatch's: a torch Sampler / any iterable of ids (batched
+    here by batch_size / drop_last) or, with batch_size None, a batch sampler (an iterable
+    of lists of ids)."""
+
+    def __init__(self, obj, batch_size: Optional[int], drop_last: bool):
+        if not hasattr(obj, "__iter__"):
+            what = "batch_sampler" if batch_size is None else "sampler"
+            raise TypeError(f"{what} must be a sampler name, a zbatch sampler or an iterable of "
+                            f"{'lists of ' if batch_size is None else ''}sample ids, got "
+                            f"{type(obj).__name__}")
+        self.obj = obj
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def batches(self) -> Iterator:
+        it = iter(self.obj)
+        if self.batch_size is None:
+            return it
+        bs, drop = self.batch_size, self.drop_last
+
+        def gen():
+            while True:
+                chunk = list(itertools.islice(it, bs))
+                if not chunk or (drop and len(chunk) < bs):
+                    return
+                yield chunk
+        return gen()
+
+    def num_batches(self) -> int:
+        n = len(self.obj)  # TypeError for a sampler without a length, as in torch
+        if self.batch_size is None:
+            return n
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def generator(self):
+        """The torch.Generator that decides the order (the sampler's, or its inner
+        sampler's for a BatchSampler), or None."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        for o in (self.obj, getattr(self.obj, "sampler", None)):
+            g = getattr(o, "generator", None)
+            if isinstance(g, torch.Generator):
+                return g
+        return None
+
+
+def _ids_array(ids, n: int) -> np.ndarray:
+    arr = np.asarray(ids.numpy() if hasattr(ids, "numpy") else ids)
+    if arr.ndim != 1:
+        raise TypeError(f"a batch of sample ids must be a 1-d list of integers, got {ids!r} "
+                        "(a sampler yielding single ids goes in sampler=, not batch_sampler=)")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"sample ids must be integers, got {arr.dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() >= n):
+        bad = arr[(arr < 0) | (arr >= n)][0]
+        raise IndexError(f"sample id {bad} out of range for a dataset of {n} samples")
+    return np.ascontiguousarray(arr, dtype=np.uint64)
+
+
+def _check_device(device, pin: bool, output: str):
+    dev = str(device)
+    if (dev != "cpu" or pin) and output != "torch":
+        what = f"device={dev!r}" if dev != "cpu" else "pin_memory=True"
+        raise ValueError(f"{what} needs output='torch': output={output!r} yields numpy / scipy "
+                         "arrays in host memory")
+    if dev == "cpu" and not pin:
+        return dev, pin
+    import torch
+    try:
+        tdev = torch.device(dev)
+    except RuntimeError as e:
+        raise ValueError(f"device={dev!r}: {e}") from None
+    if tdev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={dev!r} but torch.cuda.is_available() is False")
+    if pin and not torch.cuda.is_available():
+        import warnings
+        warnings.warn("pin_memory=True but no accelerator is available: pinned memory is not "
+                      "used", stacklevel=3)
+        pin = False
+    return dev, pin
 
 
 _SIZE_SEGMENTS = {"num_atoms": ("max_atoms", "atoms"), "num_edges": ("max_edges", "edges"),

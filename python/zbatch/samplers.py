@@ -119,6 +119,24 @@ class Sampler:
 
     kind: str = ""
 
+    def __new__(cls, *args, **kwargs):
+        # the constructor's arguments, kept to build an independent copy (_clone): a second
+        # live iterator of a DataLoader runs its own C pipeline over its own C sampler
+        obj = super().__new__(cls)
+        obj._init_args = (args, dict(kwargs))
+        return obj
+
+    def _clone(self) -> "Sampler":
+        """An independent sampler of the same kind, options, rank and world size, at this
+        sampler's seed and epoch (as last set from Python), position 0."""
+        args, kwargs = getattr(self, "_init_args", ((), {}))
+        kwargs = {**kwargs, "rank": self._rank, "world_size": self._world_size}
+        twin = type(self)(*args, **kwargs)
+        # (not this sampler's C state: a loader's worker threads may be using it)
+        twin._c.restore(self._seed & _U64_MAX, self._epoch, 0)
+        twin._seed, twin._epoch = self._seed, self._epoch
+        return twin
+
     def __init__(self, c: Any, *, seed: int, rank: int, world_size: int, batch_size: int):
         self._c = c
         self._seed = int(seed)

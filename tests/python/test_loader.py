@@ -394,20 +394,26 @@ def test_two_processes_with_torch_distributed(cells, tmp_path):
 
 
 def test_each_iteration_is_a_full_pass(cells):
-    """Iterating twice gives the same epoch twice (PyTorch's rule); a break does not shorten
-    the next pass; set_epoch changes the order."""
+    """Without set_epoch every pass is the next epoch (torch's shuffle=True reshuffles each
+    pass); a break does not shorten the next pass; once set_epoch is called the epoch set
+    decides, and iterating twice gives that epoch twice. (This test used to assert that passes
+    without set_epoch repeat one order, the behaviour issue 18 calls a bug.)"""
     p, _ = cells
     ds = zbatch.open(p)
     dl = zbatch.DataLoader(ds, batch_size=500, sampler="random", seed=2)
+    want = sampler_epochs([0, 1, 2, 3], name="random", batch_size=500, seed=2)
     a = np.concatenate(ids_of(dl))
+    np.testing.assert_array_equal(a, want[0])
     for i, _ in enumerate(dl):
         if i == 1:
             break
     b = np.concatenate(ids_of(dl))
-    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(b, want[2])
+    assert not np.array_equal(a, b)
     dl.set_epoch(3)
     c = np.concatenate(ids_of(dl))
-    assert len(c) == 3000 and not np.array_equal(a, c)
+    np.testing.assert_array_equal(c, want[3])
+    np.testing.assert_array_equal(np.concatenate(ids_of(dl)), c)
 
 
 def sampler_epochs(epochs, **kw):
@@ -427,8 +433,9 @@ def sampler_epochs(epochs, **kw):
     ("block", {"block_size": 64, "blocks_per_window": 2}, 1),
     ("sequential", {}, 16)])     # one window holds the whole epoch
 def test_reading_on_across_epochs_keeps_every_epochs_order(cells, sampler, kw, prefetch):
-    """After a whole pass the C loader reads on into the next epoch (set_epoch(e + 1)) or the
-    same one again (no set_epoch, PyTorch's repeat); every pass still yields exactly the
+    """After a whole pass the C loader reads on into the next epoch (the next pass without
+    set_epoch, or set_epoch(e + 1); passes without set_epoch used to repeat one epoch, which
+    issue 18 calls a bug); every pass still yields exactly the
     sampler's order of its epoch, a guess that misses (set_epoch(7)) starts afresh, and the
     sampler's own set_epoch is the loader's."""
     p, a = cells
@@ -440,8 +447,8 @@ def test_reading_on_across_epochs_keeps_every_epochs_order(cells, sampler, kw, p
     got0 = np.concatenate(ids_of(dl))
     np.testing.assert_array_equal(got0, want[0])
     live = dl._live
-    assert live is not None  # parked: reading epoch 0 again
-    np.testing.assert_array_equal(np.concatenate(ids_of(dl)), want[0])
+    assert live is not None  # parked: reading epoch 1, the next pass's
+    np.testing.assert_array_equal(np.concatenate(ids_of(dl)), want[1])
     assert dl._live is live
     for e in (1, 2):
         dl.set_epoch(e)
@@ -451,7 +458,7 @@ def test_reading_on_across_epochs_keeps_every_epochs_order(cells, sampler, kw, p
             ids = b["index"].astype(np.int64)
             assert (b["X"] != a.X[ids]).nnz == 0
         assert dl.state_dict() == {"kind": dl.sampler.kind, "seed": 3, "epoch": e,
-                                   "position": len(dl)}
+                                   "position": len(dl), "num_samples": 3000}
     dl.sampler.set_epoch(7)  # not the epoch read ahead: a fresh start
     np.testing.assert_array_equal(np.concatenate(ids_of(dl)), want[7])
     dl.sampler.set_epoch(8)  # the epoch read ahead, through the sampler
@@ -480,9 +487,13 @@ def test_state_and_resume_after_a_pass_that_read_on(cells):
     assert state["epoch"] == 0 and state["position"] == len(dl)
     dl2 = loader()
     dl2.load_state_dict(state)
-    assert ids_of(dl2) == []  # the epoch is over
-    dl2.set_epoch(1)
+    # the epoch is over: the next pass is the one that followed it uninterrupted (epoch 1;
+    # this used to be an empty pass)
     np.testing.assert_array_equal(np.concatenate(ids_of(dl2)), want[1])
+    dl3 = loader()
+    dl3.load_state_dict(state)
+    dl3.set_epoch(1)
+    np.testing.assert_array_equal(np.concatenate(ids_of(dl3)), want[1])
     # mid-epoch state of epoch 1 loaded into the loader that read epoch 1 ahead
     dl.set_epoch(1)
     it = iter(dl)
