@@ -137,6 +137,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-seconds", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--store", default=None, help="an existing anndata Zarr v3 store")
+    ap.add_argument("--wide", action="store_true",
+                    help="synthesise float32 counts and int32 gene ids (synth's default is "
+                         "the narrow uint8 / uint16 store)")
     ap.add_argument("--work", default=None)
     ap.add_argument("--results", default=str(ROOT / "results"))
     ap.add_argument("--no-dense", action="store_true", help="skip zbatch's dense torch runs")
@@ -152,11 +155,12 @@ def main(argv=None) -> int:
     load_start = os.getloadavg()
     store = args.store
     if store is None:
-        store = str(work / "cells.zarr")
+        store = str(work / ("cells-wide.zarr" if args.wide else "cells.zarr"))
         if not Path(store).exists():
             subprocess.run([str(CLI), "synth", "--kind", "cells", "--n", str(args.cells), "-o",
-                            store, "--seed", "1", "--threads", "2"], check=True,
-                           capture_output=True)
+                            store, "--seed", "1", "--threads", "2"]
+                           + (["--data-dtype", "float32", "--index-dtype", "int32"]
+                              if args.wide else []), check=True, capture_output=True)
     import zbatch
     n = len(zbatch.open(store))
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -258,7 +262,10 @@ def main(argv=None) -> int:
         "command": ["bench/annbatch_loader.py", *(argv if argv is not None else sys.argv[1:])],
         "parameters": {"cells": n, "batch_size": B, "seconds": args.seconds,
                        "sweep_seconds": args.sweep_seconds, "rounds": args.rounds,
-                       "store": store, "threads": 2},
+                       "store": store, "threads": 2,
+                       "stored_dtypes": {k: zbatch.open(store, x_dtype="stored",
+                                                        index_dtype="stored").fields[k]["dtype"]
+                                         for k in ("X/data", "X/indices")}},
         "machine": dict(machine(), loadavg_start=list(load_start),
                         loadavg_end=list(os.getloadavg())),
         "versions": versions(),
