@@ -17,7 +17,6 @@ categories by label.
 from __future__ import annotations
 
 import json
-
 import re
 import warnings
 from importlib.metadata import version
