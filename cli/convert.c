@@ -10,6 +10,7 @@
  * tasks on a Dask cluster) are the Python package's: the command runs `python -m zbatch
  * convert ...` with the same arguments. */
 #include <errno.h>
+#include <json-c/json.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <malloc.h>
@@ -55,6 +56,13 @@ usage(FILE *f)
             "  --chunk N             elements per chunk of X/data and X/indices (default %d)\n"
             "  --shard N             elements per shard (default 1,024 chunks; 0 = unsharded)\n"
             "  --threads T           threads (default: every CPU)\n"
+            "  --data-dtype D        X/data and the layers' data: auto (default: uint8 when\n"
+            "                        every value is an integer in [0, 255], uint16 in [0, 65535],\n"
+            "                        else the inputs' type), keep, uint8, uint16 (refused when a\n"
+            "                        value does not fit exactly) or float32\n"
+            "  --index-dtype D       X/indices: auto (default: uint8/uint16 up to 65,535 genes,\n"
+            "                        else int32), narrow (anndata's smallest unsigned type) or\n"
+            "                        int32\n"
             "  --quiet               no progress display\n"
             "  --limit               measure this machine's limit for these inputs instead (the\n"
             "                        inputs read alone, the output's X compressed alone) and\n"
@@ -243,6 +251,25 @@ convert_store(const char *src, const char *dst, const zb_copy_opts *o)
     return 0;
 }
 
+/* The stored types the manifest records: "stored X/data uint8, X/indices uint16". */
+static void
+print_dtypes(const char *output)
+{
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/zbatch-manifest.json", output);
+    json_object *m = json_object_from_file(path), *dt = NULL;
+    if (m && json_object_object_get_ex(m, "dtypes", &dt) && json_object_is_type(dt, json_type_object)) {
+        const char *sep = "stored ";
+        json_object_object_foreach(dt, key, val)
+        {
+            printf("%s%s %s", sep, key, json_object_get_string(val));
+            sep = ", ";
+        }
+        printf("\n");
+    }
+    json_object_put(m);
+}
+
 static int
 convert_collection(const char *const *inputs, size_t n, const char *output, zb_convert_opts *o,
                    bool quiet, bool limit)
@@ -279,6 +306,7 @@ convert_collection(const char *const *inputs, size_t n, const char *output, zb_c
     }
     printf("converted %zu input%s into %s in %.2f s\n", n, n == 1 ? "" : "s", output,
            seconds_between(ps.start, end));
+    print_dtypes(output);
     return 0;
 }
 
@@ -373,6 +401,33 @@ zb_cli_convert(int argc, char **argv)
             collection_flag = true;
             if (parse_u64(a, argv[++i], &o.x_shard)) goto done;
             if (o.x_shard == 0) o.x_shard = UINT64_MAX;
+        } else if (!strcmp(a, "--data-dtype") && has) {
+            collection_flag = true;
+            static const char *const names[] = {"auto", "keep", "uint8", "uint16", "float32"};
+            const char *v = argv[++i];
+            int found = -1;
+            for (int k = 0; k < 5; k++)
+                if (!strcmp(v, names[k])) found = k;
+            if (found < 0) {
+                fprintf(stderr, "zbatch convert: --data-dtype is auto, keep, uint8, uint16 or "
+                                "float32, not '%s'\n", v);
+                goto done;
+            }
+            o.data_dtype = (zb_convert_data_dtype)found;
+        } else if (!strcmp(a, "--index-dtype") && has) {
+            collection_flag = true;
+            const char *v = argv[++i];
+            if (!strcmp(v, "auto"))
+                o.index_dtype = ZB_CONVERT_INDEX_AUTO;
+            else if (!strcmp(v, "narrow"))
+                o.index_dtype = ZB_CONVERT_INDEX_NARROW;
+            else if (!strcmp(v, "int32"))
+                o.index_dtype = ZB_CONVERT_INDEX_INT32;
+            else {
+                fprintf(stderr, "zbatch convert: --index-dtype is auto, narrow or int32, not "
+                                "'%s'\n", v);
+                goto done;
+            }
         } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
             quiet = true;
         } else if (!strcmp(a, "--limit")) {

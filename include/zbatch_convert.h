@@ -29,8 +29,12 @@ extern "C" {
  *   genes of every input), or an explicit list. When every input has the same var names in
  *   the same order, that order is kept; otherwise an outer join is sorted by name and an inner
  *   join keeps the first input's order (anndata.concat's rules). A gene an input lacks is zero
- *   in its cells. Values keep their type; inputs of different types are promoted as numpy
- *   does (np.result_type). Column ids are ascending within each row where the input's are.
+ *   in its cells. Inputs of different types are promoted as numpy does (np.result_type); the
+ *   values are then stored in the narrowest type that holds every one of them exactly (see
+ *   `data_dtype`: uint8 for raw counts up to 255, uint16 up to 65,535, else the promoted
+ *   type), decided over the whole input so every dataset gets the same types, and column ids
+ *   in uint8/uint16 up to 65,535 genes (`index_dtype`). Column ids are ascending within each
+ *   row where the input's are.
  * - obs: the chosen columns, each merged into one type across inputs: categoricals get one
  *   category table (an input's table when all agree, else the sorted union) and codes
  *   remapped, so a code means the same in every dataset; numeric columns are promoted as
@@ -38,8 +42,10 @@ extern "C" {
  *   added: `src_path` (categorical: the input path as given, in input order) and `src_row`
  *   (int64: the cell's row in its input). obs names are kept as they are.
  * - var: the gene list as var names.
- * - a manifest, zbatch-manifest.json: the options, each input's size, CRC-64 (xz) and cell
- *   count, and each dataset's cells, nonzeros, files, bytes and CRC-64 over its files.
+ * - a manifest, zbatch-manifest.json: the options, the stored types ("dtypes": {"X/data":
+ *   "uint8", "X/indices": "uint16", "layers/NAME/data": ...}), each input's size, CRC-64 (xz)
+ *   and cell count, and each dataset's cells, nonzeros, files, bytes and CRC-64 over its
+ *   files.
  *
  * How it runs: three phases of independent tasks, then a finishing step.
  *   prepare  one task per input: its CRC-64, and a CSC matrix transposed to CSR (scratch file)
@@ -91,6 +97,30 @@ typedef struct zb_convert_progress {
 
 typedef void (*zb_convert_progress_fn)(void *ctx, const zb_convert_progress *progress);
 
+/* The type X/data and every layer's data are stored in. The choice is made for each matrix
+ * over every value the scatter phase writes (genes dropped by the join do not count), so every
+ * dataset of the collection gets the same types. */
+typedef enum zb_convert_data_dtype {
+    ZB_CONVERT_DATA_AUTO = 0,   /* the narrowest exact type: uint8 when every value is an
+                                   integer in [0, 255], uint16 in [0, 65,535], else the inputs'
+                                   promoted type (a negative, non-integer, NaN or infinite
+                                   value, a bool matrix or one without values keeps it) */
+    ZB_CONVERT_DATA_KEEP = 1,   /* the inputs' promoted type */
+    ZB_CONVERT_DATA_UINT8 = 2,  /* uint8; a value that is not an integer in [0, 255] fails the
+                                   scatter task (ZB_E_INVALID naming the input, the row and the
+                                   value): nothing is ever stored changed */
+    ZB_CONVERT_DATA_UINT16 = 3, /* uint16, checked the same way for [0, 65,535] */
+    ZB_CONVERT_DATA_FLOAT32 = 4 /* float32, converted as numpy's astype does (not checked) */
+} zb_convert_data_dtype;
+
+/* The type of the column ids of X and the layers. */
+typedef enum zb_convert_index_dtype {
+    ZB_CONVERT_INDEX_AUTO = 0,  /* narrow (uint8 up to 255 genes, uint16 up to 65,535) as
+                                   zb_anndata_write_opts.narrow_indices does; int32 above */
+    ZB_CONVERT_INDEX_INT32 = 1, /* int32, as anndata writes by default */
+    ZB_CONVERT_INDEX_NARROW = 2 /* anndata's smallest unsigned type, uint32 above 65,535 */
+} zb_convert_index_dtype;
+
 /* Cells per output dataset when the options leave it 0: 2,097,152 (2^21), the dataset size of
  * the published Tahoe-100M collection. */
 #define ZB_CONVERT_DEFAULT_DATASET_SIZE ((uint64_t)1 << 21)
@@ -123,11 +153,14 @@ typedef struct zb_convert_opts {
     int num_threads;        /* 0 = every online CPU */
     zb_convert_progress_fn progress; /* may be NULL */
     void *progress_ctx;
+    zb_convert_data_dtype data_dtype;   /* of X/data and the layers' data (default AUTO) */
+    zb_convert_index_dtype index_dtype; /* of X/indices and the layers' (default AUTO) */
 } zb_convert_opts;
 
 #define ZB_CONVERT_OPTS_DEFAULT                                                                    \
     {                                                                                              \
-        0, ZB_VAR_OUTER, NULL, NULL, 0, NULL, NULL, 0, 0, 0, true, 3, NULL, 0, 0, 0, NULL, NULL    \
+        0, ZB_VAR_OUTER, NULL, NULL, 0, NULL, NULL, 0, 0, 0, true, 3, NULL, 0, 0, 0, NULL, NULL,   \
+            ZB_CONVERT_DATA_AUTO, ZB_CONVERT_INDEX_AUTO                                            \
     }
 
 typedef struct zb_convert zb_convert;

@@ -27,6 +27,9 @@ def _convert_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int)
     p.add_argument("--shard", type=int)
     p.add_argument("--threads", type=int)
+    p.add_argument("--data-dtype", choices=["auto", "keep", "uint8", "uint16", "float32"],
+                   default="auto")
+    p.add_argument("--index-dtype", choices=["auto", "narrow", "int32"], default="auto")
     p.add_argument("--quiet", "-q", action="store_true")
     p.add_argument("--cutoff", type=float, help="--from ase: neighbour-list cutoff (Angstrom)")
     p.add_argument("--index", default=":", help="--from ase: which structures of each file")
@@ -51,15 +54,19 @@ def _convert(argv: list) -> int:
         from dask.distributed import Client
         client = Client(args.scheduler)
     try:
-        convert(args.inputs, args.output, dataset_size=args.dataset_size,
+        manifest = convert(args.inputs, args.output, dataset_size=args.dataset_size,
                 var_join=args.var_join, genes=args.genes,
                 obs=None if args.obs is None else [c for c in args.obs.split(",") if c],
                 x=args.x, layers=[c for c in args.layers.split(",") if c], memory=args.memory,
                 seed=args.seed, shuffle=not args.no_shuffle, zarr_format=fmt, codec=args.codec,
                 chunk=args.chunk, shard=args.shard, num_threads=args.threads,
+                data_dtype=None if args.data_dtype == "auto" else args.data_dtype,
+                narrow_indices={"auto": None, "narrow": True, "int32": False}[args.index_dtype],
                 progress=not args.quiet, client=client)
         print(f"converted {len(args.inputs)} input{'s' if len(args.inputs) != 1 else ''} into "
               f"{args.output}")
+        dtypes = manifest.get("dtypes") or {}
+        print("stored " + ", ".join(f"{k} {v}" for k, v in dtypes.items()))
     finally:
         if client is not None:
             client.close()

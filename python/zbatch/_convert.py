@@ -95,6 +95,34 @@ class _Progress:
         self.bars.clear()
 
 
+_DATA_DTYPES = ("uint8", "uint16", "float32")
+
+
+def _data_dtype(value: Any) -> str:
+    """The option's name for ``data_dtype`` (as :func:`zbatch.write_anndata` takes it)."""
+    if value is None:
+        return "auto"
+    if isinstance(value, str) and value == "keep":
+        return "keep"
+    import numpy as np
+    try:
+        name = np.dtype(value).name
+    except TypeError:
+        name = None
+    if name not in _DATA_DTYPES:
+        raise ValueError(f"data_dtype={value!r}: None (the narrowest exact type), 'keep', or one "
+                         f"of {', '.join(_DATA_DTYPES)}")
+    return name
+
+
+def _index_dtype(value: Optional[bool]) -> str:
+    if value is None:
+        return "auto"
+    if not isinstance(value, bool):
+        raise TypeError(f"narrow_indices must be None, True or False, not {value!r}")
+    return "narrow" if value else "int32"
+
+
 def _run_task(output: str, phase: int, i: int, threads: int, memory: int) -> bool:
     """One task, in whichever process Dask put it (the plan is read from `output`)."""
     return _zbatch.convert_task(output, phase, i, threads, memory)
@@ -128,6 +156,7 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
             seed: int = 0, shuffle: bool = True, zarr_format: int = 3,
             codec: Optional[str] = None, chunk: Optional[int] = None,
             shard: Optional[int] = None, num_threads: Optional[int] = None,
+            data_dtype: Any = None, narrow_indices: Optional[bool] = None,
             progress: Union[bool, Callable[[dict], Any]] = True, client=None,
             retries: int = 2) -> dict:
     """Converts AnnData inputs into a pre-shuffled collection of sharded AnnData datasets.
@@ -139,6 +168,24 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
     Genes are aligned by name (``var_join`` ``"outer"`` or ``"inner"``, or an explicit
     ``genes`` list or file), categorical columns get one category table, and every cell keeps
     its source in the obs columns ``src_path`` and ``src_row``.
+
+    Values are stored in the narrowest type that holds every one of them exactly, chosen over
+    all inputs so that every dataset gets the same types (``data_dtype``, ``narrow_indices``
+    as in :func:`zbatch.write_anndata`):
+
+    data_dtype
+        ``None`` (default): ``uint8`` when every value of a matrix (``X``, each layer) is an
+        integer in [0, 255] (raw counts), ``uint16`` in [0, 65,535], else the inputs' type
+        (promoted as numpy does). ``"keep"``: the inputs' type. ``"uint8"``, ``"uint16"``:
+        that type; a value it cannot hold exactly fails the conversion with an error naming
+        the input, row and value. ``"float32"``: converted as numpy's ``astype``.
+    narrow_indices
+        ``None`` (default): column ids as ``uint8``/``uint16`` up to 65,535 genes, else
+        ``int32``. ``True``: anndata's smallest unsigned type (``uint32`` above 65,535).
+        ``False``: ``int32``.
+
+    The chosen types are in the returned manifest's ``"dtypes"`` (``{"X/data": "uint8",
+    "X/indices": "uint16", ...}``).
 
     Memory stays near ``memory`` (bytes or a size such as ``"4G"``) whatever the inputs' size.
     A conversion that was interrupted resumes when called again with the same arguments and
@@ -195,6 +242,8 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
         "x_chunk": _count(chunk, "chunk"),
         "x_shard": None if shard is None else (-1 if shard == 0 else _count(shard, "shard")),
         "num_threads": threads,
+        "data_dtype": _data_dtype(data_dtype),
+        "index_dtype": _index_dtype(narrow_indices),
     }
     bar = _Progress(progress, "cells" if client is None else "tasks")
     try:

@@ -69,7 +69,9 @@ get_str(PyObject *d, const char *key)
 
 /* inputs: list[str]; opts: dict with dataset_size, var_join ("outer"/"inner"), genes (path),
  * obs (list or None), x, layers (list), memory_bytes, seed, shuffle, zarr_format, codec,
- * x_chunk, x_shard (0 = default, -1 = unsharded), num_threads. */
+ * x_chunk, x_shard (0 = default, -1 = unsharded), num_threads, data_dtype ("auto", "keep",
+ * "uint8", "uint16", "float32"; checked by the caller), index_dtype ("auto", "int32",
+ * "narrow"). */
 static int
 parse(PyObject *inputs, PyObject *opts, parsed *p)
 {
@@ -103,6 +105,13 @@ parse(PyObject *inputs, PyObject *opts, parsed *p)
     p->o.genes = get_str(opts, "genes");
     p->o.x_key = get_str(opts, "x");
     p->o.codec = get_str(opts, "codec");
+    static const char *const data_names[] = {"auto", "keep", "uint8", "uint16", "float32"};
+    static const char *const index_names[] = {"auto", "int32", "narrow"};
+    const char *data = get_str(opts, "data_dtype"), *index = get_str(opts, "index_dtype");
+    for (int i = 0; data && i < 5; i++)
+        if (!strcmp(data, data_names[i])) p->o.data_dtype = (zb_convert_data_dtype)i;
+    for (int i = 0; index && i < 3; i++)
+        if (!strcmp(index, index_names[i])) p->o.index_dtype = (zb_convert_index_dtype)i;
     PyObject *sh = PyDict_GetItemString(opts, "shuffle");
     p->o.shuffle = !sh || PyObject_IsTrue(sh);
     PyObject *obs = PyDict_GetItemString(opts, "obs");

@@ -297,6 +297,8 @@ cv_plan_load(zb_convert *cv)
     cv->zarr_format = (int)fmt;
     json_object *sh = zb_json_get(args, "shuffle");
     cv->shuffle = !sh || json_object_get_boolean(sh);
+    ZB_TRY(cv_choices_of(get_str(args, "data_dtype"), get_str(args, "index_dtype"),
+                         &cv->data_choice, &cv->index_choice));
     const char *codec = get_str(args, "codec");
     if (codec && !(cv->codec = strdup(codec))) return zb_err(ZB_E_NOMEM, "plan");
     if (cv->dataset_size == 0 || cv->n_cells == 0)
@@ -445,6 +447,7 @@ zb_convert_close(zb_convert *cv)
     free(cv->mat_keys);
     free(cv->mat_names);
     free(cv->mat_dtypes);
+    free(cv->stored_dtypes);
     free(cv->inputs);
     free(cv->srcs);
     free(cv->matrices);
@@ -486,6 +489,10 @@ normalize(const zb_convert_opts *opts, zb_convert_opts *o)
                       "chunk (%" PRIu64 ")", o->x_shard, o->x_chunk);
     if (o->var_join != ZB_VAR_OUTER && o->var_join != ZB_VAR_INNER)
         return zb_err(ZB_E_INVALID, "var_join %d", (int)o->var_join);
+    if ((unsigned)o->data_dtype > ZB_CONVERT_DATA_FLOAT32)
+        return zb_err(ZB_E_INVALID, "data_dtype %d", (int)o->data_dtype);
+    if ((unsigned)o->index_dtype > ZB_CONVERT_INDEX_NARROW)
+        return zb_err(ZB_E_INVALID, "index_dtype %d", (int)o->index_dtype);
     if (o->num_threads < 0 || o->num_threads > ZB_POOL_MAX_THREADS)
         return zb_err(ZB_E_INVALID, "num_threads %d: 0 to %d", o->num_threads,
                       ZB_POOL_MAX_THREADS);

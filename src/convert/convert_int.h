@@ -11,8 +11,9 @@
  *   maps/i<k>-m<j>.bin      gene map of input k's matrix j
  *   prepare/i<k>.json       done: input k's CRC-64 and size
  *   prepare/i<k>-m<j>.csr   input k's matrix j transposed from CSC (csr_file.c format)
- *   scatter/t<t>.bin        done: task t's cells, one section per output dataset (scatter.c)
- *   gather/d<d>.json        done: dataset d's cells, nonzeros, files and CRC-64
+ *   scatter/t<t>.bin        done: task t's cells, one section per output dataset, and what
+ *                           its values are (the stored types are chosen from these; scatter.c)
+ *   gather/d<d>.json        done: dataset d's cells, nonzeros, files, CRC-64 and stored types
  */
 #ifndef ZB_CONVERT_INT_H
 #define ZB_CONVERT_INT_H
@@ -80,7 +81,13 @@ struct zb_convert {
     size_t n_mats;          /* X, then the layers */
     char **mat_keys;        /* input keys: "X" / "raw/X" / "layers/A", then "layers/B"... */
     char **mat_names;       /* output names: "X", then the layer names */
-    zb_dtype *mat_dtypes;   /* output dtypes */
+    zb_dtype *mat_dtypes;   /* the inputs' promoted dtypes: of the scratch files' values */
+    zb_convert_data_dtype data_choice;   /* the options' data_dtype */
+    zb_convert_index_dtype index_choice; /* the options' index_dtype */
+    /* the stored types (dtypes.c), found by the first gather from the scatter files */
+    bool stored_known;
+    zb_dtype *stored_dtypes; /* [n_mats] of each matrix's data */
+    bool narrow_indices;
     zb_strings genes;
     size_t n_cols;
     cv_column *cols;
@@ -116,6 +123,9 @@ struct zb_convert {
  *   header    cv_scatter_header (48 bytes)
  *   sections  n_datasets rows of 4 uint64: the section's cells, its blocks, the offset of its
  *             data and the length of its index part
+ *   values    n_mats cv_value_stats (16 bytes each): what the task's values of each matrix
+ *             are, so the stored types are chosen over the whole input by whoever gathers,
+ *             in any process, after a restart too (dtypes.c)
  *   data      per section:
  *     index part: a uint32 compressed length per index array, then the block table (per block
  *                 a uint32 cell count and a uint32 compressed length per array, 0 for index
@@ -134,7 +144,8 @@ struct zb_convert {
  * int32 output codes; string: uint32 lengths, bytes; nullable: its values or strings, then a
  * uint8 mask). */
 
-#define CV_SCATTER_MAGIC "ZBSCAT\0\3"
+#define CV_SCATTER_MAGIC "ZBSCAT\0\4"
+#define CV_SCATTER_VERSION 4
 #define CV_MAX_ARRAYS 1024
 #define CV_MIN_BLOCK_BYTES ((uint64_t)16 << 10)
 #define CV_MAX_BLOCK_BYTES ((uint64_t)512 << 10)
@@ -169,6 +180,32 @@ cv_matrix_array(size_t j)
 size_t cv_arrays(const zb_convert *cv, cv_array *out, size_t *col_start);
 /* index[a] = whether array a is an index array (the rows, or another array's counts). */
 void cv_index_arrays(const cv_array *arrays, size_t n, bool *index);
+
+/* What a scatter task's values of one matrix are. Tasks combine by OR of the flags and the
+ * largest max, so the whole input's is the fold of every task's. */
+typedef struct cv_value_stats {
+    uint64_t flags; /* CV_VALUES_* */
+    uint64_t max;   /* the largest value, when none is CV_VALUES_WIDE */
+} cv_value_stats;
+
+#define CV_VALUES_ANY 1u  /* the task wrote values of this matrix */
+#define CV_VALUES_WIDE 2u /* one is not an integer in [0, 65535] (negative, fractional, NaN, */
+                          /* larger, or a bool matrix's): uint8/uint16 cannot hold it */
+
+/* ---- the stored types (dtypes.c) ------------------------------------------------------------ */
+
+/* Folds `n` values of `dtype` into s. */
+void cv_stats_add(cv_value_stats *s, const void *values, zb_dtype dtype, uint64_t n);
+/* Whether values described by s all fit `to` (uint8 or uint16) exactly. */
+bool cv_stats_fit(const cv_value_stats *s, zb_dtype to);
+/* The index of the first of `n` values of `dtype` that `to` (uint8/uint16) cannot hold
+ * exactly; n when all fit. */
+uint64_t cv_first_misfit(const void *values, zb_dtype dtype, uint64_t n, zb_dtype to);
+/* The type the explicit data_dtype option asks for (ZB_DT_COUNT_ for auto and keep). */
+zb_dtype cv_explicit_dtype(zb_convert_data_dtype choice);
+/* cv->stored_dtypes and cv->narrow_indices, from every scatter file's value stats (once per
+ * handle; thread-safe). The scatter phase must be finished. */
+zb_status cv_stored_types(zb_convert *cv);
 
 /* ---- workspaces (workspace.c) ----------------------------------------------------------------
  *
@@ -214,6 +251,12 @@ zb_status cv_args_json(const char *const *inputs, size_t n, const zb_convert_opt
  * at once within o->memory_bytes. */
 zb_status cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o,
                         const char *work, json_object *args, int num_threads);
+/* The args' names of the data_dtype / index_dtype options ("auto", "keep", "uint8", ...), and
+ * back (ZB_E_CORRUPT for a name that is none of them). */
+const char *cv_data_choice_name(zb_convert_data_dtype c);
+const char *cv_index_choice_name(zb_convert_index_dtype c);
+zb_status cv_choices_of(const char *data, const char *index, zb_convert_data_dtype *d,
+                        zb_convert_index_dtype *x);
 /* Names the first member of two args objects that differs, with both values, into buf. */
 void cv_args_difference(json_object *had, json_object *now, char *buf, size_t cap);
 /* Loads the plan of cv->work into cv (cv->output and cv->work set). */

@@ -142,6 +142,38 @@ write_root(const zb_convert *cv)
 
 /* ---- manifest ---------------------------------------------------------------------------------- */
 
+/* The stored types every gather recorded: one set for the whole collection (dtypes.c). */
+static zb_status
+manifest_dtypes(const zb_convert *cv, json_object *m)
+{
+    json_object *first = NULL;
+    zb_status st = ZB_OK;
+    for (uint64_t d = 0; d < cv->n_datasets && st == ZB_OK; d++) {
+        char path[4200];
+        json_object *done = NULL;
+        st = cv_path(cv, path, sizeof path, "gather/d%" PRIu64 ".json", d);
+        if (st == ZB_OK) st = load_json(path, &done);
+        if (st != ZB_OK) break;
+        json_object *dt = zb_json_get(done, "dtypes");
+        if (!dt) {
+            st = zb_err(ZB_E_CORRUPT, "%s: no stored types", path);
+        } else if (!first) {
+            first = json_object_get(dt);
+        } else if (strcmp(json_object_to_json_string_ext(dt, JSON_C_TO_STRING_PLAIN),
+                          json_object_to_json_string_ext(first, JSON_C_TO_STRING_PLAIN))) {
+            st = zb_err(ZB_E_CORRUPT, "%s: stored types %s, but dataset_0 has %s", path,
+                        json_object_to_json_string_ext(dt, JSON_C_TO_STRING_PLAIN),
+                        json_object_to_json_string_ext(first, JSON_C_TO_STRING_PLAIN));
+        }
+        json_object_put(done);
+    }
+    int ok = 1;
+    if (st == ZB_OK) zb_jw_add(m, "dtypes", json_object_get(first), &ok);
+    json_object_put(first);
+    if (st == ZB_OK && !ok) st = zb_err(ZB_E_NOMEM, "the manifest");
+    return st;
+}
+
 static zb_status
 build_manifest(const zb_convert *cv, json_object **out)
 {
@@ -171,6 +203,7 @@ build_manifest(const zb_convert *cv, json_object **out)
         zb_jw_add(in, "cells", zb_jw_u64(cv->inputs[k].n_obs), &ok);
         json_object_put(done);
     }
+    if (st == ZB_OK && ok) st = manifest_dtypes(cv, m);
     zb_jw_add(m, "skipped_columns",
               json_object_get(zb_json_get(cv->plan_doc, "skipped_columns")), &ok);
     zb_jw_add(m, "n_cells", zb_jw_u64(cv->n_cells), &ok);

@@ -14,6 +14,7 @@
 
 #include "convert/convert_int.h"
 #include "util/buf.h"
+#include "write/write.h"
 #include "util/pool.h"
 #include "util/status.h"
 
@@ -48,6 +49,7 @@ typedef struct gather {
     int64_t *indptr;
     int32_t *indices;
     unsigned char *values;
+    unsigned char *stored; /* a matrix's values in the stored type (values itself, or a copy) */
     uint64_t *offsets;
     char *text;
     uint8_t *mask;
@@ -178,7 +180,7 @@ load_part(gather *g, size_t t)
     cv_scatter_header h;
     uint64_t sec[4];
     zb_status st = pread_all(fd, path, &h, sizeof h, 0);
-    if (st == ZB_OK && (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != 3 ||
+    if (st == ZB_OK && (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != CV_SCATTER_VERSION ||
                         h.n_arrays != na || h.n_datasets != cv->n_datasets ||
                         h.input != cv->slices[t].input))
         st = zb_err(ZB_E_CORRUPT, "%s: not a scatter file of this conversion", path);
@@ -447,6 +449,14 @@ assemble_matrix(gather *g, size_t j, uint64_t rows)
         g->indptr[r + 1] = (int64_t)at;
     }
     g->nnz[j < 64 ? j : 63] += total;
+    /* the values go from the scratch files' type to the stored one (dtypes.c), out of the
+     * aligned copy (the pass buffers hold arrays of every item size back to back) */
+    zb_dtype from = g->cv->mat_dtypes[j], to = g->cv->stored_dtypes[j];
+    g->stored = g->values;
+    if (to != from) {
+        ZB_TRY(grow(g, CV_WS_RAW, total * zb_dtype_size(to) + 1, &g->stored));
+        cv_convert_values(g->stored, to, g->values, from, total);
+    }
     return ZB_OK;
 }
 
@@ -519,10 +529,10 @@ write_pass(gather *g, zb_anndata_writer *w, uint64_t rows)
     for (size_t j = 0; j < cv->n_mats; j++) {
         ZB_TRY(assemble_matrix(g, j, rows));
         if (j == 0)
-            ZB_TRY(zb_anndata_writer_append_csr(w, rows, g->indptr, g->indices, g->values));
+            ZB_TRY(zb_anndata_writer_append_csr(w, rows, g->indptr, g->indices, g->stored));
         else
-            ZB_TRY(zb_anndata_writer_append_layer_csr(w, cv->mat_names[j], cv->mat_dtypes[j],
-                                                      rows, g->indptr, g->indices, g->values));
+            ZB_TRY(zb_anndata_writer_append_layer_csr(w, cv->mat_names[j], cv->stored_dtypes[j],
+                                                      rows, g->indptr, g->indices, g->stored));
     }
     ZB_TRY(assemble_strings(g, CV_A_NAME_LEN, rows));
     ZB_TRY(zb_anndata_writer_append_names(w, ZB_ANNDATA_OBS, g->text, g->offsets, rows));
@@ -597,20 +607,42 @@ cv_gather_overhead(const zb_convert *cv)
     return cv_writer_bytes(cv->x_chunk, cv->x_shard, cv->mat_dtypes, cv->n_mats, cv->n_cols);
 }
 
+/* The done marker: cells, files, bytes, CRC-64, nonzeros per matrix and the stored types
+ * ({"X/data": ..., "X/indices": ..., "layers/NAME/data": ...}). */
 static zb_status
-write_done(gather *g, uint64_t files, uint64_t bytes, uint64_t crc)
+write_done(gather *g, uint64_t files, uint64_t bytes, uint64_t crc, zb_dtype index_dtype)
 {
-    char text[2048], path[4200];
-    int n = snprintf(text, sizeof text, "{\"cells\": %" PRIu64 ", \"files\": %" PRIu64
-                     ", \"bytes\": %" PRIu64 ", \"crc64\": \"%016" PRIx64 "\", \"nnz\": [",
-                     g->cells, files, bytes, crc);
-    for (size_t j = 0; j < g->cv->n_mats && j < 64; j++)
-        n += snprintf(text + n, sizeof text - (size_t)n, "%s%" PRIu64, j ? ", " : "", g->nnz[j]);
-    n += snprintf(text + n, sizeof text - (size_t)n, "]}\n");
-    ZB_TRY(cv_path(g->cv, path, sizeof path, "gather/d%zu.json", g->d));
-    const void *bufs[1] = {text};
-    size_t lens[1] = {(size_t)n};
-    return cv_write_file(path, bufs, lens, 1);
+    const zb_convert *cv = g->cv;
+    char hex[20], path[4200];
+    snprintf(hex, sizeof hex, "%016" PRIx64, crc);
+    int ok = 1;
+    json_object *doc = json_object_new_object();
+    zb_jw_add(doc, "cells", zb_jw_u64(g->cells), &ok);
+    zb_jw_add(doc, "files", zb_jw_u64(files), &ok);
+    zb_jw_add(doc, "bytes", zb_jw_u64(bytes), &ok);
+    zb_jw_add(doc, "crc64", json_object_new_string(hex), &ok);
+    json_object *nnz = zb_jw_add(doc, "nnz", json_object_new_array(), &ok);
+    for (size_t j = 0; j < cv->n_mats && j < 64; j++) zb_jw_push(nnz, zb_jw_u64(g->nnz[j]), &ok);
+    json_object *dt = zb_jw_add(doc, "dtypes", json_object_new_object(), &ok);
+    for (size_t j = 0; j < cv->n_mats; j++) {
+        char key[1200];
+        const char *pre = j ? "layers/" : "", *name = j ? cv->mat_names[j] : "X";
+        snprintf(key, sizeof key, "%s%s/data", pre, name);
+        zb_jw_add(dt, key, json_object_new_string(zb_dtype_name(cv->stored_dtypes[j])), &ok);
+        snprintf(key, sizeof key, "%s%s/indices", pre, name);
+        zb_jw_add(dt, key, json_object_new_string(zb_dtype_name(index_dtype)), &ok);
+    }
+    zb_status st = ok ? cv_path(cv, path, sizeof path, "gather/d%zu.json", g->d)
+                      : zb_err(ZB_E_NOMEM, "gather");
+    if (st == ZB_OK) {
+        const char *text = json_object_to_json_string_ext(doc, JSON_C_TO_STRING_PLAIN |
+                                                                   JSON_C_TO_STRING_NOSLASHESCAPE);
+        const void *bufs[2] = {text, "\n"};
+        size_t lens[2] = {strlen(text), 1};
+        st = cv_write_file(path, bufs, lens, 2);
+    }
+    json_object_put(doc);
+    return st;
 }
 
 /* Rows per pass: what the task's memory holds twice over (read, then assembled), after the
@@ -685,15 +717,18 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     zb_anndata_writer *w = NULL;
     if (st == ZB_OK) st = zb_pool_new(num_threads > 1 ? num_threads : 0, &g.pool);
     if (st == ZB_OK) st = cv_digest_open(cv->output, name, &dg, &store);
+    if (st == ZB_OK) st = cv_stored_types(cv);
     zb_anndata_write_opts o = ZB_ANNDATA_WRITE_OPTS_DEFAULT;
     o.zarr_format = cv->zarr_format;
     o.codec = cv->codec;
     o.x_chunk = cv->x_chunk;
     o.x_shard = cv->x_shard == UINT64_MAX ? 0 : cv->x_shard;
     o.num_threads = num_threads;
+    o.narrow_indices = cv->narrow_indices;
     if (st == ZB_OK)
-        st = zb_anndata_writer_open(store, name, cv->genes.n, ZB_ANNDATA_X_CSR, cv->mat_dtypes[0],
-                                    &o, &w);
+        st = zb_anndata_writer_open(store, name, cv->genes.n, ZB_ANNDATA_X_CSR,
+                                    cv->stored_dtypes[0], &o, &w);
+    zb_dtype index_dtype = zb_anndata_writer_index_dtype(w);
     if (st == ZB_OK) st = define_frame(&g, w);
     if (st == ZB_OK) st = gather_rows(&g, w, cv->task_memory ? cv->task_memory : cv->memory_bytes);
     if (st == ZB_OK) st = zb_anndata_writer_commit(w);
@@ -702,7 +737,7 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     if (st == ZB_OK) st = cv_digest_result(dg, &files, &bytes, &crc);
     zb_store_close(store);
     cv_digest_free(dg);
-    if (st == ZB_OK) st = write_done(&g, files, bytes, crc);
+    if (st == ZB_OK) st = write_done(&g, files, bytes, crc, index_dtype);
     zb_pool_free(g.pool);
     parts_free(&g);
     cv_ws_give(cv, g.ws);

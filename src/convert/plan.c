@@ -576,6 +576,44 @@ string_array(const char *const *items, size_t n, int *ok)
     return a;
 }
 
+static const char *const data_choices[] = {"auto", "keep", "uint8", "uint16", "float32"};
+static const char *const index_choices[] = {"auto", "int32", "narrow"};
+
+const char *
+cv_data_choice_name(zb_convert_data_dtype c)
+{
+    return (unsigned)c < 5 ? data_choices[c] : "?";
+}
+
+const char *
+cv_index_choice_name(zb_convert_index_dtype c)
+{
+    return (unsigned)c < 3 ? index_choices[c] : "?";
+}
+
+zb_status
+cv_choices_of(const char *data, const char *index, zb_convert_data_dtype *d,
+              zb_convert_index_dtype *x)
+{
+    *d = ZB_CONVERT_DATA_AUTO;
+    *x = ZB_CONVERT_INDEX_AUTO;
+    bool found_d = false, found_x = false;
+    for (int i = 0; i < 5 && data; i++)
+        if (!strcmp(data, data_choices[i])) {
+            *d = (zb_convert_data_dtype)i;
+            found_d = true;
+        }
+    for (int i = 0; i < 3 && index; i++)
+        if (!strcmp(index, index_choices[i])) {
+            *x = (zb_convert_index_dtype)i;
+            found_x = true;
+        }
+    if (!found_d || !found_x)
+        return zb_err(ZB_E_CORRUPT, "data_dtype '%s' / index_dtype '%s'", data ? data : "",
+                      index ? index : "");
+    return ZB_OK;
+}
+
 zb_status
 cv_args_json(const char *const *inputs, size_t n, const zb_convert_opts *o, json_object **out)
 {
@@ -616,6 +654,9 @@ cv_args_json(const char *const *inputs, size_t n, const zb_convert_opts *o, json
         json_object_object_add(a, "codec", NULL);
     zb_jw_add(a, "x_chunk", zb_jw_u64(o->x_chunk), &ok);
     zb_jw_add(a, "x_shard", zb_jw_u64(o->x_shard), &ok);
+    zb_jw_add(a, "data_dtype", json_object_new_string(cv_data_choice_name(o->data_dtype)), &ok);
+    zb_jw_add(a, "index_dtype", json_object_new_string(cv_index_choice_name(o->index_dtype)),
+              &ok);
     if (!ok) {
         json_object_put(a);
         return zb_err(ZB_E_NOMEM, "the plan");

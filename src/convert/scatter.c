@@ -98,6 +98,7 @@ typedef struct scatter {
     uint64_t count[CV_MAX_ARRAYS];     /* elements in each */
     uint64_t *starts[CV_MAX_ARRAYS]; /* count arrays' prefix sums [n + 1], by count array */
     bool index[CV_MAX_ARRAYS];       /* index arrays (cv_index_arrays) */
+    cv_value_stats stats[65];        /* [n_mats] what the values are (dtypes.c) */
 } scatter;
 
 static zb_status
@@ -252,6 +253,39 @@ fill_matrix(scatter *sc, size_t j)
         data += m * out_item;
     }
     return st;
+}
+
+/* What matrix j's values are, into the task's stats. An explicit uint8/uint16 that does not
+ * hold one of them exactly fails the task, naming the first such value in input order: the
+ * store is never written with values changed. */
+static zb_status
+check_values(scatter *sc, size_t j)
+{
+    zb_convert *cv = sc->cv;
+    size_t a = cv_matrix_array(j);
+    zb_dtype dtype = cv->mat_dtypes[j], asked = cv_explicit_dtype(cv->data_choice);
+    const unsigned char *vals = sc->buf[a + 2];
+    cv_stats_add(&sc->stats[j], vals, dtype, sc->count[a + 2]);
+    if (asked == ZB_DT_COUNT_ || asked == ZB_DT_FLOAT32 || cv_stats_fit(&sc->stats[j], asked))
+        return ZB_OK;
+    /* the offender with the lowest input row (cells are in output order here) */
+    const uint32_t *nnz = (const uint32_t *)sc->buf[a];
+    size_t item = zb_dtype_size(dtype);
+    uint64_t row = UINT64_MAX, at = 0, value_at = 0;
+    for (uint64_t q = 0; q < sc->n; at += nnz[q++]) {
+        if (sc->order[q] >= row) continue;
+        uint64_t e = cv_first_misfit(vals + at * item, dtype, nnz[q], asked);
+        if (e < nnz[q]) {
+            row = sc->order[q];
+            value_at = at + e;
+        }
+    }
+    double v = 0;
+    cv_convert_values(&v, ZB_DT_FLOAT64, vals + value_at * item, dtype, 1);
+    return zb_err(ZB_E_INVALID, "%s: %s, row %" PRIu64 ": the value %.17g is not an integer in "
+                  "[0, %s], so %s cannot hold it exactly (choose a wider data dtype, or auto)",
+                  cv->inputs[sc->s.input].path, cv->mat_keys[j], sc->s.start + row, v,
+                  asked == ZB_DT_UINT8 ? "255" : "65535", zb_dtype_name(asked));
 }
 
 /* Column c: values converted and permuted, codes remapped, strings, masks. */
@@ -440,13 +474,14 @@ write_sections(scatter *sc)
     cv_scatter_header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CV_SCATTER_MAGIC, 8);
-    h.version = 3;
+    h.version = CV_SCATTER_VERSION;
     h.n_arrays = (uint32_t)sc->n_arrays;
     h.n_datasets = nd;
     h.input = sc->s.input;
     h.n_cells = sc->n;
     h.block_bytes = cv->block_bytes;
-    uint64_t base = sizeof h + nd * 4 * 8;
+    size_t stats_len = cv->n_mats * sizeof(cv_value_stats);
+    uint64_t base = sizeof h + nd * 4 * 8 + stats_len;
     sc->ws->blob.len = 0;
     zb_status st = ZB_OK;
     for (uint64_t d = 0; d < nd && st == ZB_OK; d++) {
@@ -459,11 +494,11 @@ write_sections(scatter *sc)
     }
     if (st == ZB_OK) {
         zb_buf *blob = &sc->ws->blob;
-        const void *bufs[3] = {&h, sections, blob->data ? blob->data : (const void *)""};
-        size_t lens[3] = {sizeof h, (size_t)(nd * 4 * 8), blob->len};
+        const void *bufs[4] = {&h, sections, sc->stats, blob->data ? blob->data : (const void *)""};
+        size_t lens[4] = {sizeof h, (size_t)(nd * 4 * 8), stats_len, blob->len};
         char path[4200];
         st = cv_path(cv, path, sizeof path, "scatter/t%zu.bin", sc->t);
-        if (st == ZB_OK) st = cv_write_file(path, bufs, lens, 3);
+        if (st == ZB_OK) st = cv_write_file(path, bufs, lens, 4);
     }
     return st;
 }
@@ -489,7 +524,10 @@ cv_scatter_task(zb_convert *cv, size_t t)
     if (st == ZB_OK) st = read_cells(&sc);
     if (st == ZB_OK) st = sort_cells(&sc);
     if (st == ZB_OK) st = fill_fixed(&sc);
-    for (size_t j = 0; st == ZB_OK && j < cv->n_mats; j++) st = fill_matrix(&sc, j);
+    for (size_t j = 0; st == ZB_OK && j < cv->n_mats; j++) {
+        st = fill_matrix(&sc, j);
+        if (st == ZB_OK) st = check_values(&sc, j);
+    }
     for (size_t c = 0; st == ZB_OK && c < cv->n_cols; c++) st = fill_column(&sc, c);
     if (st == ZB_OK) st = write_sections(&sc);
     zb_strings_free(&sc.names);

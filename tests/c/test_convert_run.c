@@ -232,6 +232,43 @@ assert_same_tree(const char *a, const char *b)
     closedir(d);
 }
 
+/* The whole of a small file (NUL-terminated), or NULL. */
+static char *
+slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = calloc(1 << 16, 1);
+    size_t n = fread(buf, 1, (1 << 16) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* The manifest records `want` (a fragment of its "dtypes"), and every dataset's X/data and
+ * X/indices metadata name the types. */
+static void
+assert_stored(const char *out, const char *want, const char *data, const char *indices)
+{
+    char path[2048], needle[64];
+    snprintf(path, sizeof path, "%s/zbatch-manifest.json", out);
+    char *m = slurp(path);
+    assert_non_null(m);
+    if (!strstr(m, want)) fail_msg("the manifest lacks %s:\n%s", want, m);
+    free(m);
+    for (int d = 0; d < 5; d++) {
+        static const char *const arrays[2] = {"data", "indices"};
+        for (int a = 0; a < 2; a++) {
+            snprintf(path, sizeof path, "%s/dataset_%d/X/%s/zarr.json", out, d, arrays[a]);
+            char *doc = slurp(path);
+            assert_non_null(doc);
+            snprintf(needle, sizeof needle, "\"data_type\": \"%s\"", a ? indices : data);
+            if (!strstr(doc, needle)) fail_msg("%s lacks %s", path, needle);
+            free(doc);
+        }
+    }
+}
+
 static void
 test_convert_and_restart(void **state)
 {
@@ -253,6 +290,7 @@ test_convert_and_restart(void **state)
     o.seed = 3;
     ZB_ASSERT_OK(zb_convert_run(paths, 2, out, &o));
     check_output(out, ins, paths);
+    assert_stored(out, "\"X/data\": \"uint8\"", "uint8", "uint8"); /* counts 1..50 */
     /* run the same again: verified against its manifest, left as it is */
     ZB_ASSERT_OK(zb_convert_run(paths, 2, out, &o));
 
@@ -275,6 +313,51 @@ test_convert_and_restart(void **state)
     o.num_threads = 2;
     ZB_ASSERT_OK(zb_convert_run(paths, 2, out2, &o));
     assert_same_tree(out, out2);
+}
+
+/* The stored types: the narrowest exact one over the whole input (one value of 300 in one
+ * input makes every dataset uint16), an explicit uint8 refused for it, keep and int32. */
+static void
+test_stored_types(void **state)
+{
+    (void)state;
+    const char *dir = zbt_tempdir("convert_types");
+    char p0[1024], p1[1024], out[1024];
+    snprintf(p0, sizeof p0, "%s/a.zarr", dir);
+    snprintf(p1, sizeof p1, "%s/b.zarr", dir);
+    input big[2] = {ins[0], ins[1]};
+    size_t cells = big[1].n * big[1].n_genes;
+    big[1].dense = malloc(cells * sizeof *big[1].dense);
+    memcpy(big[1].dense, ins[1].dense, cells * sizeof *big[1].dense);
+    size_t at = cells / 2;
+    while (big[1].dense[at] == 0) at++;
+    big[1].dense[at] = 300;
+    write_input(p0, &big[0]);
+    write_input(p1, &big[1]);
+    const char *paths[2] = {p0, p1};
+    zb_convert_opts o = ZB_CONVERT_OPTS_DEFAULT;
+    o.dataset_size = 50;
+    o.num_threads = 2;
+    o.x_chunk = 64;
+    snprintf(out, sizeof out, "%s/auto.zarr", dir);
+    ZB_ASSERT_OK(zb_convert_run(paths, 2, out, &o));
+    assert_stored(out, "\"X/data\": \"uint16\"", "uint16", "uint8");
+    check_output(out, big, paths);
+
+    o.data_dtype = ZB_CONVERT_DATA_UINT8;
+    snprintf(out, sizeof out, "%s/uint8.zarr", dir);
+    char row[64];
+    snprintf(row, sizeof row, "row %zu: the value 300 ", at / big[1].n_genes);
+    ZB_ASSERT_ERR(zb_convert_run(paths, 2, out, &o), ZB_E_INVALID, "b.zarr");
+    assert_non_null(strstr(zb_last_error(), row));
+
+    o.data_dtype = ZB_CONVERT_DATA_KEEP;
+    o.index_dtype = ZB_CONVERT_INDEX_INT32;
+    snprintf(out, sizeof out, "%s/keep.zarr", dir);
+    ZB_ASSERT_OK(zb_convert_run(paths, 2, out, &o));
+    assert_stored(out, "\"X/indices\": \"int32\"", "float32", "int32");
+    check_output(out, big, paths);
+    free(big[1].dense);
 }
 
 static void
@@ -305,6 +388,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_convert_and_restart),
+        cmocka_unit_test(test_stored_types),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
