@@ -201,6 +201,9 @@ bool cv_stats_fit(const cv_value_stats *s, zb_dtype to);
 /* The index of the first of `n` values of `dtype` that `to` (uint8/uint16) cannot hold
  * exactly; n when all fit. */
 uint64_t cv_first_misfit(const void *values, zb_dtype dtype, uint64_t n, zb_dtype to);
+/* auto's choice for a matrix of promoted type `promoted` whose values s describes: uint8 or
+ * uint16 when every value fits, else `promoted` (a bool matrix and one without values too). */
+zb_dtype cv_narrowest(zb_dtype promoted, const cv_value_stats *s);
 /* The type the explicit data_dtype option asks for (ZB_DT_COUNT_ for auto and keep). */
 zb_dtype cv_explicit_dtype(zb_convert_data_dtype choice);
 /* cv->stored_dtypes and cv->narrow_indices, from every scatter file's value stats (once per

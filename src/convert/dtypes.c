@@ -145,8 +145,8 @@ fold_task(const zb_convert *cv, size_t t, cv_value_stats *all)
 
 /* auto: uint8 or uint16 when every value of the matrix fits, else its promoted type (a bool
  * matrix and one without values too, as zbatch.write_anndata keeps them). */
-static zb_dtype
-narrowest(zb_dtype promoted, const cv_value_stats *s)
+zb_dtype
+cv_narrowest(zb_dtype promoted, const cv_value_stats *s)
 {
     if (promoted == ZB_DT_BOOL || !(s->flags & CV_VALUES_ANY)) return promoted;
     if (cv_stats_fit(s, ZB_DT_UINT8)) return ZB_DT_UINT8;
@@ -169,7 +169,7 @@ choose(zb_convert *cv)
         else if (asked != ZB_DT_COUNT_)
             out[j] = asked; /* the scatter tasks refused any value it does not hold */
         else
-            out[j] = narrowest(cv->mat_dtypes[j], &all[j]);
+            out[j] = cv_narrowest(cv->mat_dtypes[j], &all[j]);
     }
     free(all);
     if (st != ZB_OK) {

@@ -20,6 +20,7 @@ typedef struct read_job {
     size_t t;
     zb_status st;
     char msg[512];
+    cv_value_stats x; /* what the slice's X values are, for the copy's stored type */
 } read_job;
 
 /* Reads slice t the way a scatter task does, and drops it. */
@@ -39,6 +40,7 @@ read_slice(void *arg, zb_ctx *ctx)
         zb_src_matrix *mat;
         st = cv_matrix(cv, s->input, m, &mat);
         if (st == ZB_OK) st = zb_src_matrix_read(mat, s->start, s->stop, &b);
+        if (st == ZB_OK && m == 0) cv_stats_add(&j->x, b.data, b.dtype, b.nnz);
     }
     for (size_t k = 0; st == ZB_OK && k < cv->n_cols; k++)
         st = zb_src_read_column(src, cv->cols[k].src_index[s->input], s->start, s->stop, &c);
@@ -59,7 +61,7 @@ now_s(void)
 }
 
 static zb_status
-measure_read(zb_convert *cv, int threads, double *seconds)
+measure_read(zb_convert *cv, int threads, double *seconds, cv_value_stats *x)
 {
     read_job *jobs = calloc(cv->n_slices, sizeof *jobs);
     if (!jobs) return zb_err(ZB_E_NOMEM, "the limit");
@@ -67,29 +69,40 @@ measure_read(zb_convert *cv, int threads, double *seconds)
     zb_status st = zb_pool_new(threads > 1 ? threads : 0, &pool);
     double t0 = now_s();
     for (size_t t = 0; st == ZB_OK && t < cv->n_slices; t++) {
-        jobs[t] = (read_job){cv, t, ZB_OK, ""};
+        jobs[t] = (read_job){cv, t, ZB_OK, "", {0, 0}};
         zb_pool_submit(pool, read_slice, &jobs[t]);
     }
     zb_pool_free(pool);
     *seconds = now_s() - t0;
-    for (size_t t = 0; st == ZB_OK && t < cv->n_slices; t++)
+    *x = (cv_value_stats){0, 0};
+    for (size_t t = 0; st == ZB_OK && t < cv->n_slices; t++) {
         if (jobs[t].st != ZB_OK) st = zb_err(jobs[t].st, "%s", jobs[t].msg);
+        x->flags |= jobs[t].x.flags;
+        if (jobs[t].x.max > x->max) x->max = jobs[t].x.max;
+    }
     free(jobs);
     return st;
 }
 
 /* The ordered copy: every slice in input order read and its X appended to one writer (same
- * codec, chunks, shards and threads as the conversion's), so the time is what reading,
+ * codec, chunks, shards, threads and stored types as the conversion's: the types chosen from
+ * the values the read pass saw, by the conversion's rule), so the time is what reading,
  * compressing and writing the output take without the shuffle. */
 static zb_status
-measure_copy(zb_convert *cv, const char *dir, int threads, double *seconds, uint64_t *x_bytes)
+measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats *x,
+             double *seconds, uint64_t *x_bytes)
 {
     uint64_t n_vars = 1;
-    zb_dtype dtype = cv->mat_dtypes[0];
+    zb_dtype asked = cv_explicit_dtype(cv->data_choice);
+    zb_dtype dtype = cv->data_choice == ZB_CONVERT_DATA_KEEP ? cv->mat_dtypes[0]
+                     : asked != ZB_DT_COUNT_                 ? asked
+                                                             : cv_narrowest(cv->mat_dtypes[0], x);
     size_t item = zb_dtype_size(dtype);
+    bool narrow = cv->index_choice == ZB_CONVERT_INDEX_NARROW ||
+                  (cv->index_choice == ZB_CONVERT_INDEX_AUTO && cv->genes.n <= UINT16_MAX);
     *x_bytes = 0;
     for (size_t k = 0; k < cv->n_inputs; k++) {
-        *x_bytes += cv->inputs[k].mats[0].nnz * (item + 4);
+        *x_bytes += cv->inputs[k].mats[0].nnz * (item + (narrow ? 2 : 4));
         if (cv->inputs[k].mats[0].n_cols > n_vars) n_vars = cv->inputs[k].mats[0].n_cols;
     }
     zb_store *store = NULL;
@@ -100,6 +113,7 @@ measure_copy(zb_convert *cv, const char *dir, int threads, double *seconds, uint
     o.x_chunk = cv->x_chunk;
     o.x_shard = cv->x_shard == UINT64_MAX ? 0 : cv->x_shard;
     o.num_threads = threads;
+    o.narrow_indices = narrow;
     zb_csr_block b = {0};
     int32_t *idx = NULL;
     unsigned char *data = NULL;
@@ -157,11 +171,12 @@ zb_convert_measure_limit(const char *const *inputs, size_t n_inputs, const char 
     int threads = o.num_threads > 0 ? o.num_threads : cpus > 0 ? (int)cpus : 1;
     for (size_t k = 0; st == ZB_OK && k < cv->n_inputs; k++)
         st = zb_convert_run_task(cv, ZB_CONVERT_PREPARE, k, 1);
-    if (st == ZB_OK) st = measure_read(cv, threads, &out->read_s);
+    cv_value_stats x = {0, 0};
+    if (st == ZB_OK) st = measure_read(cv, threads, &out->read_s, &x);
     char dir[4300];
     snprintf(dir, sizeof dir, "%s/copy", scratch);
     double copy_s = 0;
-    if (st == ZB_OK) st = measure_copy(cv, dir, threads, &copy_s, &out->output_bytes);
+    if (st == ZB_OK) st = measure_copy(cv, dir, threads, &x, &copy_s, &out->output_bytes);
     /* the copy reads and compresses at once; what it takes beyond reading is the output's */
     out->compress_s = copy_s > out->read_s ? copy_s - out->read_s : 0;
     if (st == ZB_OK) {

@@ -583,3 +583,23 @@ def test_a_column_of_an_unknown_encoding_is_left_out(tmp_path):
         assert "ragged" not in parts[0].obs and "cell_type" in parts[0].obs
         r = convert_cli([str(src)], tmp_path / "asked.zarr", "--obs", "cell_type,ragged")
         assert r.returncode == 1 and "ragged" in r.stderr and "awkward-array" in r.stderr, r.stderr
+
+
+def test_limit_measures_the_conversions_output(inputs, tmp_path):
+    """`--limit` reads every input and copies X in input order through the same writer, with
+    the stored types the conversion would choose: counts of 1..49 as uint8 with uint16 gene
+    ids (3 bytes per nonzero), 8 with --data-dtype keep --index-dtype int32; it leaves nothing
+    behind."""
+    import json
+    paths = [p for p, _ in inputs]
+    nnz = sum(a.X.nnz for _, a in inputs)
+    cells = sum(a.n_obs for _, a in inputs)
+    for extra, per_nonzero in (((), 3), (("--data-dtype", "keep", "--index-dtype", "int32"), 8)):
+        out = tmp_path / "limit.zarr"
+        r = convert_cli(paths, out, "--limit", *extra)
+        assert r.returncode == 0, r.stderr
+        m = json.loads(r.stdout.strip().splitlines()[-1])
+        assert m["cells"] == cells
+        assert m["output_bytes"] == nnz * per_nonzero, extra
+        assert m["input_bytes"] > 0 and m["read_s"] > 0 and m["compress_s"] >= 0
+        assert not out.exists()
