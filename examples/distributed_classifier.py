@@ -72,7 +72,8 @@ def worker(rank: int, world_size: int, port: int, args: argparse.Namespace, path
             optimizer.zero_grad()
             loss.backward()                  # DDP averages the gradients over the ranks here
             optimizer.step()
-            totals += torch.tensor([loss.item() * len(y), (logits.argmax(1) == y).sum(), len(y)])
+            correct = int((logits.argmax(1) == y).sum())
+            totals += torch.tensor([loss.item() * len(y), correct, len(y)], dtype=torch.float64)
             ids.append(batch["index"].numpy())
         seen_here = int(totals[2])
         dist.all_reduce(totals)              # the epoch's figures over all ranks
