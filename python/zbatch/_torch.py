@@ -167,7 +167,7 @@ class IterableLoader(_IterableBase):
                                         "epoch": self.epoch, "position": tail})
                 ids = next(iter(whole))
                 yield loader._finish(self.dataset._read_raw(
-                    np.ascontiguousarray(ids, dtype=np.uint64)))
+                    np.ascontiguousarray(ids, dtype=np.uint64), loader._transforms))
 
 
 #: DataLoader options that are not sampler options (everything else goes to the sampler)

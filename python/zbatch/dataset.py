@@ -243,9 +243,12 @@ class Dataset:
         type(self).__init__(self, *args, **kwargs)
         self._frames = frames
 
-    def _read_raw(self, ids: np.ndarray) -> dict:
-        """read_many's C result for validated uint64 ids (the loader's Python-sampler path)."""
+    def _read_raw(self, ids: np.ndarray, transforms: Sequence = ()) -> dict:
+        """read_many's C result for validated uint64 ids, with the loader's C transforms run
+        on it as the C loader runs them (the loader's Python-sampler path)."""
         self._check_process()
+        if transforms:
+            return _zbatch.read_transformed(self._c, ids, list(transforms))
         return self._c.read_many(ids)
 
     # -- map-style access (torch.utils.data.Dataset) ---------------------------------------

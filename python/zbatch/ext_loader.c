@@ -5,16 +5,33 @@
 #include "ext.h"
 #include "ext_sampler.h"
 #include "zbatch_loader.h"
+#include "dataset/batch.h"
+
+/* A list of transforms parsed from Python, with the memory they point into. */
+typedef struct transform_list {
+    zb_transform *transforms;
+    uint64_t *columns;
+    char **cast_fields; /* [cap]: the cast transforms' field names, else NULL */
+    size_t ntransforms;
+    size_t cap;
+} transform_list;
 
 typedef struct {
     PyObject_HEAD zb_loader *ld;
     PyObject *dataset; /* kept alive: the C loader borrows them */
     PyObject *sampler;
-    zb_transform *transforms;
-    uint64_t *columns;
-    char **cast_fields;
-    size_t ntransforms;
+    transform_list tl;
 } LoaderObject;
+
+static void
+transform_list_free(transform_list *tl)
+{
+    for (size_t i = 0; tl->cast_fields && i < tl->cap; i++) free(tl->cast_fields[i]);
+    free(tl->cast_fields);
+    free(tl->transforms);
+    free(tl->columns);
+    memset(tl, 0, sizeof *tl);
+}
 
 static void
 loader_close_c(LoaderObject *self)
@@ -34,16 +51,84 @@ loader_dealloc(LoaderObject *self)
     loader_close_c(self);
     Py_XDECREF(self->dataset);
     Py_XDECREF(self->sampler);
-    for (size_t i = 0; i < self->ntransforms; i++) free(self->cast_fields[i]);
-    free(self->cast_fields);
-    free(self->transforms);
-    free(self->columns);
+    transform_list_free(&self->tl);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static const char *const DTYPES[] = {"bool",    "int8",    "int16",   "int32",   "int64",
                                      "uint8",   "uint16",  "uint32",  "uint64",  "float16",
                                      "float32", "float64", NULL};
+
+/* Parses a list of tuples ("log1p",), ("normalize_total", target), ("densify", cols|None),
+ * ("cast", field, dtype) into tl (free with transform_list_free, also after a failure). */
+static int
+parse_transforms(PyObject *tlist, transform_list *tl)
+{
+    memset(tl, 0, sizeof *tl);
+    Py_ssize_t nt = tlist && tlist != Py_None ? PySequence_Size(tlist) : 0;
+    if (nt < 0) return -1;
+    tl->transforms = calloc((size_t)nt + 1, sizeof *tl->transforms);
+    tl->cast_fields = calloc((size_t)nt + 1, sizeof *tl->cast_fields);
+    tl->cap = tl->cast_fields ? (size_t)nt + 1 : 0;
+    if (!tl->transforms || !tl->cast_fields) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        PyObject *t = PySequence_GetItem(tlist, i);
+        if (!t) return -1;
+        const char *name = NULL;
+        PyObject *a1 = NULL, *a2 = NULL;
+        if (!PyArg_ParseTuple(t, "s|OO", &name, &a1, &a2)) {
+            Py_DECREF(t);
+            return -1;
+        }
+        zb_transform *z = &tl->transforms[i];
+        int ok = 1;
+        if (!strcmp(name, "log1p")) {
+            z->kind = ZB_TRANSFORM_LOG1P;
+        } else if (!strcmp(name, "normalize_total")) {
+            z->kind = ZB_TRANSFORM_NORMALIZE_TOTAL;
+            z->target_sum = a1 && a1 != Py_None ? PyFloat_AsDouble(a1) : 1e4;
+        } else if (!strcmp(name, "densify")) {
+            z->kind = ZB_TRANSFORM_DENSIFY;
+            if (a1 && a1 != Py_None) {
+                Py_ssize_t nc = PySequence_Size(a1);
+                free(tl->columns);
+                tl->columns = malloc((size_t)(nc > 0 ? nc : 1) * sizeof *tl->columns);
+                for (Py_ssize_t k = 0; tl->columns && k < nc; k++) {
+                    PyObject *c = PySequence_GetItem(a1, k);
+                    tl->columns[k] = c ? PyLong_AsUnsignedLongLong(c) : 0;
+                    Py_XDECREF(c);
+                }
+                z->columns = tl->columns;
+                z->ncolumns = (size_t)nc;
+            }
+        } else if (!strcmp(name, "cast") && a1 && a2 && PyUnicode_Check(a1) &&
+                   PyUnicode_Check(a2)) {
+            z->kind = ZB_TRANSFORM_CAST;
+            tl->cast_fields[i] = strdup(PyUnicode_AsUTF8(a1));
+            z->field = tl->cast_fields[i];
+            const char *dt = PyUnicode_AsUTF8(a2);
+            ok = 0;
+            for (int k = 0; DTYPES[k]; k++)
+                if (!strcmp(DTYPES[k], dt)) {
+                    z->dtype = (zb_dtype)k;
+                    ok = 1;
+                }
+        } else {
+            ok = 0;
+        }
+        Py_DECREF(t);
+        if (PyErr_Occurred()) return -1;
+        if (!ok) {
+            PyErr_Format(PyExc_ValueError, "unknown transform %s", name);
+            return -1;
+        }
+        tl->ntransforms = (size_t)i + 1;
+    }
+    return 0;
+}
 
 /* _Loader(dataset, sampler, prefetch_factor, depth, transforms, more_epochs=0,
  *         same_epoch=False)
@@ -65,72 +150,12 @@ loader_init(LoaderObject *self, PyObject *args, PyObject *kw)
     if (!ds) return -1;
     zb_sampler *sm = zbpy_sampler_ptr(smobj);
     if (!sm) return -1;
-    Py_ssize_t nt = tlist && tlist != Py_None ? PySequence_Size(tlist) : 0;
-    if (nt < 0) return -1;
-    self->transforms = calloc((size_t)nt + 1, sizeof *self->transforms);
-    self->cast_fields = calloc((size_t)nt + 1, sizeof *self->cast_fields);
-    if (!self->transforms || !self->cast_fields) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < nt; i++) {
-        PyObject *t = PySequence_GetItem(tlist, i);
-        if (!t) return -1;
-        const char *name = NULL;
-        PyObject *a1 = NULL, *a2 = NULL;
-        if (!PyArg_ParseTuple(t, "s|OO", &name, &a1, &a2)) {
-            Py_DECREF(t);
-            return -1;
-        }
-        zb_transform *z = &self->transforms[i];
-        int ok = 1;
-        if (!strcmp(name, "log1p")) {
-            z->kind = ZB_TRANSFORM_LOG1P;
-        } else if (!strcmp(name, "normalize_total")) {
-            z->kind = ZB_TRANSFORM_NORMALIZE_TOTAL;
-            z->target_sum = a1 && a1 != Py_None ? PyFloat_AsDouble(a1) : 1e4;
-        } else if (!strcmp(name, "densify")) {
-            z->kind = ZB_TRANSFORM_DENSIFY;
-            if (a1 && a1 != Py_None) {
-                Py_ssize_t nc = PySequence_Size(a1);
-                free(self->columns);
-                self->columns = malloc((size_t)(nc > 0 ? nc : 1) * sizeof *self->columns);
-                for (Py_ssize_t k = 0; self->columns && k < nc; k++) {
-                    PyObject *c = PySequence_GetItem(a1, k);
-                    self->columns[k] = c ? PyLong_AsUnsignedLongLong(c) : 0;
-                    Py_XDECREF(c);
-                }
-                z->columns = self->columns;
-                z->ncolumns = (size_t)nc;
-            }
-        } else if (!strcmp(name, "cast") && a1 && a2 && PyUnicode_Check(a1) &&
-                   PyUnicode_Check(a2)) {
-            z->kind = ZB_TRANSFORM_CAST;
-            self->cast_fields[i] = strdup(PyUnicode_AsUTF8(a1));
-            z->field = self->cast_fields[i];
-            const char *dt = PyUnicode_AsUTF8(a2);
-            ok = 0;
-            for (int k = 0; DTYPES[k]; k++)
-                if (!strcmp(DTYPES[k], dt)) {
-                    z->dtype = (zb_dtype)k;
-                    ok = 1;
-                }
-        } else {
-            ok = 0;
-        }
-        Py_DECREF(t);
-        if (PyErr_Occurred()) return -1;
-        if (!ok) {
-            PyErr_Format(PyExc_ValueError, "unknown transform %s", name);
-            return -1;
-        }
-        self->ntransforms = (size_t)i + 1;
-    }
+    if (parse_transforms(tlist, &self->tl) < 0) return -1;
     zb_loader_opts o = ZB_LOADER_OPTS_DEFAULT;
     o.prefetch_factor = (size_t)prefetch;
     o.depth = (size_t)depth;
-    o.transforms = self->transforms;
-    o.ntransforms = (size_t)nt;
+    o.transforms = self->tl.transforms;
+    o.ntransforms = self->tl.ntransforms;
     o.more_epochs = more_epochs < 0 ? SIZE_MAX : (size_t)more_epochs;
     o.same_epoch = same_epoch != 0;
     zb_status st;
@@ -182,6 +207,49 @@ loader_close(LoaderObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
+/* read_transformed(dataset, ids: a uint64 buffer, transforms) -> batch dict: one coalesced
+ * read_many, then the transforms the loader would run, in order (batches of Python samplers) */
+static PyObject *
+read_transformed(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *dsobj, *tlist;
+    Py_buffer ids;
+    if (!PyArg_ParseTuple(args, "Oy*O", &dsobj, &ids, &tlist)) return NULL;
+    zb_dataset *ds = zbpy_dataset_ptr(dsobj);
+    transform_list tl;
+    if (!ds || parse_transforms(tlist, &tl) < 0) {
+        if (ds) transform_list_free(&tl);
+        PyBuffer_Release(&ids);
+        return NULL;
+    }
+    if (ids.len % (Py_ssize_t)sizeof(uint64_t)) {
+        transform_list_free(&tl);
+        PyBuffer_Release(&ids);
+        return zbpy_raise(ZB_E_INVALID, "ids must be a uint64 buffer");
+    }
+    zb_batch *b = NULL;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_dataset_read_many(ds, ids.buf, (size_t)ids.len / sizeof(uint64_t), &b);
+    for (size_t i = 0; st == ZB_OK && i < tl.ntransforms; i++)
+        st = zb_transform_apply(&tl.transforms[i], b);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&ids);
+    transform_list_free(&tl);
+    if (st != ZB_OK) {
+        zb_batch_free(b);
+        return zbpy_raise(st, NULL);
+    }
+    return zbpy_batch_to_dict(b);
+}
+
+static PyMethodDef module_methods[] = {
+    {"read_transformed", read_transformed, METH_VARARGS,
+     "read_many, then transforms (for batches of Python samplers)"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMethodDef loader_methods[] = {
     {"next", (PyCFunction)loader_next, METH_NOARGS, "next batch dict or None"},
     {"state", (PyCFunction)loader_state, METH_NOARGS, "sampler state after the last batch"},
@@ -209,5 +277,5 @@ zbpy_register_loader(PyObject *module)
         Py_DECREF(&LoaderType);
         return -1;
     }
-    return 0;
+    return PyModule_AddFunctions(module, module_methods);
 }

@@ -420,7 +420,8 @@ class DataLoader:
                     if ids is None:
                         exhausted = True
                         break
-                    inflight.append(pool.submit(ds._read_raw, _ids_array(ids, n)))
+                    inflight.append(pool.submit(ds._read_raw, _ids_array(ids, n),
+                                                self._transforms))
                 if not inflight:
                     return
                 yield self._finish(inflight.popleft().result())

@@ -529,3 +529,51 @@ def test_torchs_dataloader_over_a_multidataset_in_forked_workers(store):
         np.testing.assert_array_equal(b["index"], want)
         assert same_csr(b["X"], rows(a.X, want % N))
         np.testing.assert_array_equal(b["dataset"], want // N)
+
+
+def normalized_log1p(m, ids, target=1e4):
+    """scanpy's normalize_total then log1p of the rows `ids`, in float64 (the oracle)."""
+    x = sp.csr_matrix(m)[np.asarray(ids, dtype=np.int64)].astype(np.float64).toarray()
+    sums = x.sum(axis=1, keepdims=True)
+    x = np.divide(x * target, sums, out=np.zeros_like(x), where=sums > 0)
+    return np.log1p(x)
+
+
+TRANSFORMS = [("normalize_total", 1e4), "log1p"]
+
+
+@pytest.mark.parametrize("how", ["batch_sampler", "torch_sampler"])
+def test_transforms_run_on_python_sampler_batches(store, how):
+    """A loader fed by a Python sampler or batch sampler runs the C transforms on its batches
+    as the C pipeline does (they were skipped: raw counts reached the training loop)."""
+    p, a = store
+    ds = zbatch.open(p)
+    if how == "batch_sampler":
+        dl = zbatch.DataLoader(ds, batch_sampler=[[0, 1, 2], [599, 5, 3, 42]],
+                               transforms=TRANSFORMS)
+    else:
+        dl = zbatch.DataLoader(ds, batch_size=64, sampler=tud.SequentialSampler(range(N)),
+                               transforms=TRANSFORMS)
+    n = 0
+    for b in dl:
+        i = np.asarray(b["index"], dtype=np.int64)
+        np.testing.assert_allclose(sp.csr_matrix(b["X"]).toarray(), normalized_log1p(a.X, i),
+                                   rtol=1e-5, atol=1e-6)
+        n += len(i)
+    assert n == (7 if how == "batch_sampler" else N)
+
+
+def test_iterable_loader_transforms_every_batch(store):
+    """The leftover batches of an exact split (11 global batches over 2 workers) get the
+    transforms too."""
+    p, a = store
+    ds = zbatch.open(p)
+    it = zbatch.IterableLoader(ds, batch_size=56, sampler="random", seed=3, transforms=TRANSFORMS,
+                               prefetch_factor=2)
+    it.set_epoch(0)
+    got = list(tud.DataLoader(it, batch_size=None, num_workers=2, timeout=120))
+    assert sum(len(b["index"]) for b in got) == N
+    for b in got:
+        i = np.asarray(b["index"], dtype=np.int64)
+        np.testing.assert_allclose(sp.csr_matrix(b["X"]).toarray(), normalized_log1p(a.X, i),
+                                   rtol=1e-5, atol=1e-6)
