@@ -90,6 +90,27 @@ def _rows_of(value, shape, what):
     return value[0]
 
 
+def _groups_above(store: str, path: str, zarr_format: int) -> None:
+    """Makes the store directory and the group documents of the root and of every group
+    above ``path`` that has none, so zarr-python opens the store and finds the array in it.
+    Existing nodes are left as they are."""
+    import builtins
+    import json
+    import os
+    os.makedirs(store, exist_ok=True)
+    parts = [p for p in path.strip("/").split("/") if p]
+    for depth in range(len(parts)):
+        d = os.path.join(store, *parts[:depth])
+        os.makedirs(d, exist_ok=True)
+        if zarr_format == 2:
+            if not any(os.path.exists(os.path.join(d, k)) for k in (".zgroup", ".zarray")):
+                with builtins.open(os.path.join(d, ".zgroup"), "w") as f:
+                    json.dump({"zarr_format": 2}, f)
+        elif not os.path.exists(os.path.join(d, "zarr.json")):
+            with builtins.open(os.path.join(d, "zarr.json"), "w") as f:
+                json.dump({"zarr_format": 3, "node_type": "group", "attributes": {}}, f)
+
+
 def write_array(store: str, path: str, data, chunks=None, shards=None, codec: Optional[str] = None,
                 zarr_format: int = 3, *, fill_value=None, write_empty_chunks: bool = True,
                 num_threads: int = 1, attributes: Optional[dict] = None,
@@ -128,6 +149,7 @@ def write_array(store: str, path: str, data, chunks=None, shards=None, codec: Op
     fill = None
     if fill_value is not None and dtype_name != "string":
         fill = _np.array(fill_value, dtype=arr.dtype.newbyteorder("=")).tobytes()
+    _groups_above(str(store), str(path), int(zarr_format))
     _zbatch.write_array(str(store), str(path), dtype_name, tuple(arr.shape), buf,
                         _rows_of(chunks, arr.shape, "chunks"),
                         _rows_of(shards, arr.shape, "shards"), codec, int(zarr_format),

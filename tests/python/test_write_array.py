@@ -275,3 +275,19 @@ def test_attributes_and_threads(tmp_path):
         zarr_equal(adir, data)
     assert outs[0] == outs[1]
     assert json.loads((tmp_path / "t1.zarr/a/zarr.json").read_text())["attributes"] == attrs
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_readme_example_in_a_fresh_directory(tmp_path, zarr_format):
+    """write_array into a store that does not exist yet: the directory, the root group and the
+    groups above the array are made, so zarr-python opens the store and finds the array."""
+    import zarr
+    store = tmp_path / "new" / "out.zarr"
+    x = np.arange(10.0)
+    zbatch_api().write_array(str(store), "x", x, chunks=4, codec="zstd:3",
+                             zarr_format=zarr_format)
+    zbatch_api().write_array(str(store), "g/h/y", x * 2, chunks=4, zarr_format=zarr_format)
+    root = zarr.open_group(str(store), mode="r")
+    np.testing.assert_array_equal(root["x"][:], x)
+    np.testing.assert_array_equal(root["g"]["h"]["y"][:], x * 2)
+    assert sorted(k for k, _ in root.members(max_depth=None)) == ["g", "g/h", "g/h/y", "x"]
