@@ -17,6 +17,8 @@ usage(FILE *f)
             "  info PATH [--json]   the tree of groups and arrays, codecs, sizes and layout\n"
             "  synth --kind K ...   generate a realistic synthetic store (cells or atoms)\n"
             "  verify PATH          check a store: metadata, chunks, pointers, masks\n"
+            "  convert IN... -o OUT .h5ad files and anndata stores into a pre-shuffled\n"
+            "                       collection; --from ase: structures into an atomic store\n"
             "  convert SRC DST      re-encode a store (format, codec, chunk size)\n"
             "  bench STORE ...      loader throughput next to the decode-only limit\n"
             "\n"
