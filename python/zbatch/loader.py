@@ -71,7 +71,9 @@ class DataLoader:
             ``batch_size`` / ``drop_last`` and its batches are read ahead on threads;
         batch_sampler: a ``torch.utils.data.BatchSampler`` or any iterable of lists of ids
             (exclusive with batch_size, shuffle, sampler and drop_last, as in PyTorch);
-        prefetch_factor: batches per window (one coalesced read); depth: windows read ahead;
+        prefetch_factor: batches per window (one coalesced read; default 4, and for the block
+            sampler at least enough batches to hold its window of ``block_size *
+            blocks_per_window`` rows, so its chunks are decoded once); depth: windows read ahead;
         num_threads: decode threads of the dataset (None keeps the dataset's; >= 1);
         num_workers: PyTorch's knob: zbatch's workers are threads, so ``num_workers=N``
             (N > 0) means N decode threads unless num_threads is given;
@@ -93,7 +95,8 @@ class DataLoader:
     """
 
     def __init__(self, dataset: Dataset, batch_size: Optional[int] = None, shuffle: bool = False,
-                 sampler: Union[str, Any, None] = None, seed: int = 0, prefetch_factor: int = 4,
+                 sampler: Union[str, Any, None] = None, seed: int = 0,
+                 prefetch_factor: Optional[int] = None,
                  num_threads: Optional[int] = None, drop_last: bool = False,
                  output: str = "numpy", device: Any = "cpu", pin_memory: bool = False,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
@@ -104,7 +107,7 @@ class DataLoader:
         from . import samplers as _samplers
         if output not in ("numpy", "scipy", "torch"):
             raise ValueError(f"output must be 'numpy', 'scipy' or 'torch', not {output!r}")
-        if prefetch_factor < 1 or depth < 1:
+        if (prefetch_factor is not None and prefetch_factor < 1) or depth < 1:
             raise ValueError("prefetch_factor and depth must be >= 1")
         if int(num_workers) < 0:
             raise ValueError("num_workers option should be non-negative; "
@@ -130,7 +133,7 @@ class DataLoader:
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
-        self.prefetch_factor = int(prefetch_factor)
+        self.prefetch_factor = int(prefetch_factor or 4)   # settled once the sampler is known
         self.depth = int(depth)
         self.output = output
         self.device = device
@@ -170,6 +173,11 @@ class DataLoader:
             elif not isinstance(sampler, _samplers.Sampler):
                 self._py = _PySampler(sampler, self.batch_size, self.drop_last)
         self.sampler = sampler
+        if prefetch_factor is None and isinstance(sampler, _samplers.BlockSampler):
+            # a window (one coalesced read) holding the block sampler's whole window: a shorter
+            # one decodes the window's chunks once per read that touches them (SAMPLERS.md)
+            rows = sampler.block_size * sampler.blocks_per_window
+            self.prefetch_factor = max(4, -(-rows // self.batch_size))
         # the main iterator (a weak reference to the _Pass that state_dict follows)
         self._main: Optional[weakref.ref] = None
         self._live: Optional[Any] = None

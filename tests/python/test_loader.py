@@ -591,3 +591,28 @@ def test_in_memory_dataset_serves_the_same_batches(cells):
     dl = zbatch.DataLoader(mem, batch_size=500, sampler="block", block_size=20, seed=1)
     got = np.concatenate([b["index"] for b in dl]).astype(np.int64)
     np.testing.assert_array_equal(np.sort(got), np.arange(3000))
+
+
+def test_block_sampler_window_is_read_whole_by_default(cells):
+    """Without prefetch_factor the loader's window holds the block sampler's window (block_size
+    * blocks_per_window rows), so each X chunk of an epoch is decoded once, not once per read
+    that touches it: fewer chunks decoded than with the old fixed default of 4 batches, the
+    same batches in the same order, and an explicit prefetch_factor is kept as given."""
+    p, a = cells
+    ds = zbatch.open(p, num_threads=2)
+    kw = dict(batch_size=64, sampler="block", block_size=128, blocks_per_window=8, seed=1)
+    auto = zbatch.DataLoader(ds, **kw)
+    fixed = zbatch.DataLoader(ds, prefetch_factor=4, **kw)
+    assert (auto.prefetch_factor, fixed.prefetch_factor) == (16, 4)
+    assert zbatch.DataLoader(ds, batch_size=4096, sampler="block").prefetch_factor == 4
+    decoded = {}
+    for name, dl in (("auto", auto), ("fixed", fixed)):
+        dl.set_epoch(0)
+        got, n = [], 0
+        for b in dl:
+            got.append(b["index"].astype(np.int64).copy())
+            n += b.stats["chunks_decoded"]
+            assert (b["X"] != a.X[b["index"].astype(np.int64)]).nnz == 0
+        decoded[name] = (n, got)
+    assert all((x == y).all() for x, y in zip(decoded["auto"][1], decoded["fixed"][1]))
+    assert decoded["auto"][0] * 1.5 < decoded["fixed"][0], decoded
