@@ -204,6 +204,12 @@ uint64_t cv_first_misfit(const void *values, zb_dtype dtype, uint64_t n, zb_dtyp
 /* auto's choice for a matrix of promoted type `promoted` whose values s describes: uint8 or
  * uint16 when every value fits, else `promoted` (a bool matrix and one without values too). */
 zb_dtype cv_narrowest(zb_dtype promoted, const cv_value_stats *s);
+/* The stored type of matrix j whose values s describes, by the data_dtype option: keep, the
+ * explicit type, or auto's cv_narrowest. The conversion (dtypes.c) and its limit (limit.c)
+ * both decide through it. */
+zb_dtype cv_stored_dtype(const zb_convert *cv, size_t j, const cv_value_stats *s);
+/* Whether column ids are stored narrow, by the index_dtype option and the number of genes. */
+bool cv_narrow_indices(const zb_convert *cv);
 /* The type the explicit data_dtype option asks for (ZB_DT_COUNT_ for auto and keep). */
 zb_dtype cv_explicit_dtype(zb_convert_data_dtype choice);
 /* cv->stored_dtypes and cv->narrow_indices, from every scatter file's value stats (once per

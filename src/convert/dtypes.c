@@ -154,31 +154,39 @@ cv_narrowest(zb_dtype promoted, const cv_value_stats *s)
     return promoted;
 }
 
+zb_dtype
+cv_stored_dtype(const zb_convert *cv, size_t j, const cv_value_stats *s)
+{
+    zb_dtype asked = cv_explicit_dtype(cv->data_choice);
+    if (cv->data_choice == ZB_CONVERT_DATA_KEEP) return cv->mat_dtypes[j];
+    if (asked != ZB_DT_COUNT_) return asked;
+    return cv_narrowest(cv->mat_dtypes[j], s);
+}
+
+bool
+cv_narrow_indices(const zb_convert *cv)
+{
+    return cv->index_choice == ZB_CONVERT_INDEX_NARROW ||
+           (cv->index_choice == ZB_CONVERT_INDEX_AUTO && cv->genes.n <= UINT16_MAX);
+}
+
 static zb_status
 choose(zb_convert *cv)
 {
     zb_dtype *out = calloc(cv->n_mats, sizeof *out);
     cv_value_stats *all = calloc(cv->n_mats, sizeof *all);
     zb_status st = out && all ? ZB_OK : zb_err(ZB_E_NOMEM, "the stored types");
-    zb_dtype asked = cv_explicit_dtype(cv->data_choice);
     bool fold = cv->data_choice == ZB_CONVERT_DATA_AUTO;
     for (size_t t = 0; st == ZB_OK && fold && t < cv->n_slices; t++) st = fold_task(cv, t, all);
-    for (size_t j = 0; st == ZB_OK && j < cv->n_mats; j++) {
-        if (cv->data_choice == ZB_CONVERT_DATA_KEEP)
-            out[j] = cv->mat_dtypes[j];
-        else if (asked != ZB_DT_COUNT_)
-            out[j] = asked; /* the scatter tasks refused any value it does not hold */
-        else
-            out[j] = cv_narrowest(cv->mat_dtypes[j], &all[j]);
-    }
+    for (size_t j = 0; st == ZB_OK && j < cv->n_mats; j++)
+        out[j] = cv_stored_dtype(cv, j, &all[j]); /* explicit: scatter refused misfits */
     free(all);
     if (st != ZB_OK) {
         free(out);
         return st;
     }
     cv->stored_dtypes = out;
-    cv->narrow_indices = cv->index_choice == ZB_CONVERT_INDEX_NARROW ||
-                         (cv->index_choice == ZB_CONVERT_INDEX_AUTO && cv->genes.n <= UINT16_MAX);
+    cv->narrow_indices = cv_narrow_indices(cv);
     cv->stored_known = true;
     return ZB_OK;
 }

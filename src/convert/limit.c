@@ -93,13 +93,9 @@ measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats 
              double *seconds, uint64_t *x_bytes)
 {
     uint64_t n_vars = 1;
-    zb_dtype asked = cv_explicit_dtype(cv->data_choice);
-    zb_dtype dtype = cv->data_choice == ZB_CONVERT_DATA_KEEP ? cv->mat_dtypes[0]
-                     : asked != ZB_DT_COUNT_                 ? asked
-                                                             : cv_narrowest(cv->mat_dtypes[0], x);
+    zb_dtype dtype = cv_stored_dtype(cv, 0, x);
     size_t item = zb_dtype_size(dtype);
-    bool narrow = cv->index_choice == ZB_CONVERT_INDEX_NARROW ||
-                  (cv->index_choice == ZB_CONVERT_INDEX_AUTO && cv->genes.n <= UINT16_MAX);
+    bool narrow = cv_narrow_indices(cv);
     *x_bytes = 0;
     for (size_t k = 0; k < cv->n_inputs; k++) {
         *x_bytes += cv->inputs[k].mats[0].nnz * (item + (narrow ? 2 : 4));

@@ -225,13 +225,14 @@ read_field_child(void *ctx, zb_dataset *ch, size_t c, uint64_t lo, uint64_t hi, 
     if (!lut && f->dtype == r->dtype) {
         ZB_TRY(read_logical_rows(ch, f->arr, lo, hi, dst, own_bytes));
     } else {
-        /* codes of another width or through the collection's table: read, then convert */
+        /* stored in another type (narrow values, codes of another width) or codes through the
+         * collection's table: read, then convert as batches do */
         uint8_t *tmp = malloc((size_t)(hi - lo) * own_bytes + 1);
         if (!tmp) return zb_err(ZB_E_NOMEM, "%s: out of memory", f->arr->path);
         zb_status st = read_logical_rows(ch, f->arr, lo, hi, tmp, own_bytes);
         if (st == ZB_OK)
-            st = zb_codes_convert(dst, r->dtype, tmp, f->dtype, (hi - lo) * f->row_elems, lut,
-                                  nlut, f->arr->path);
+            st = zb_values_convert(dst, r->dtype, tmp, f->dtype, (hi - lo) * f->row_elems, lut,
+                                   nlut, f->arr->path);
         free(tmp);
         ZB_TRY(st);
     }

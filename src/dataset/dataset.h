@@ -187,6 +187,10 @@ bool zb_widen_exact(zb_dtype from, zb_dtype to);
 /* n values of `from` at src (any alignment) into `to` at dst, when zb_widen_exact and they
  * differ; false (nothing written) for any other pair. */
 bool zb_values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n);
+/* n stored values of `from` as `to`, as batches carry them: widened (zb_values_widen) unless a
+ * table is given, else codes converted through `lut` (zb_codes_convert). */
+zb_status zb_values_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
+                            const int64_t *lut, uint64_t nlut, const char *what);
 
 /* Moves one child's gene order to the collection's (reorder_vars, merge.c). A dense row of
  * n_vars values of `itemsize` bytes is permuted through `scratch` (a row's bytes). A CSR row's

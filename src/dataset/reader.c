@@ -888,7 +888,7 @@ rebased_here(const plan *p, uint32_t f)
  * codes: another width, or through its table, merge.c; narrow stored values widened to the
  * delivered dtype, widen.c), and the table (NULL: none). A converted field loses the paths
  * that land stored bytes in the batch as they are (a unit decoded straight into it, raw rows
- * read into it): its units decode into per-thread scratch and convert_values copies them out
+ * read into it): its units decode into per-thread scratch and zb_values_convert copies them out
  * while they are hot in cache. */
 static inline bool
 converted(const plan *p, uint32_t f, uint32_t c, const int64_t **lut, uint64_t *nlut)
@@ -897,16 +897,6 @@ converted(const plan *p, uint32_t f, uint32_t c, const int64_t **lut, uint64_t *
     *nlut = 0;
     if (p->ds->maps) *lut = zb_dataset_lut(p->ds, f, c, nlut);
     return *lut || child_of(p->ds, c)->fields[f].dtype != p->b->fields[f].dtype;
-}
-
-/* n stored values of `from` into the batch as `to`: widened by a vectorised loop, or codes
- * through the table (or between integer widths) by zb_codes_convert. */
-static inline zb_status
-convert_values(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
-               const int64_t *lut, uint64_t nlut, const char *what)
-{
-    if (!lut && zb_values_widen(dst, to, src, from, n)) return ZB_OK;
-    return zb_codes_convert(dst, to, src, from, n, lut, nlut, what);
 }
 
 /* Bytes of rows of field f into the batch: streamed past the cache when the batch outgrows it,
@@ -1166,7 +1156,7 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
         /* values converted in the copy (1-d fields only: units hold whole rows) */
         for (size_t i = c0; i < c1; i++) {
             const copy *c = &p->copies[i];
-            ZB_TRY(convert_values(bf->data + c->dst_row * bf->itemsize, bf->dtype,
+            ZB_TRY(zb_values_convert(bf->data + c->dst_row * bf->itemsize, bf->dtype,
                                   target + c->src_row * f->itemsize, f->dtype, c->nrows, lut,
                                   nlut, a->path));
             rows += c->nrows;
@@ -1349,7 +1339,7 @@ raw_copy_out(exec *x, const zb_array *a, bfield *bf, size_t c0, size_t c1, const
         uint8_t *to = bf->data + c->dst_row * drb;
         const uint8_t *from = src + (c->src_row * srb - s0);
         if (conv)
-            ZB_TRY(convert_values(to, bf->dtype, from, a->meta.dtype, c->nrows * bf->row_elems,
+            ZB_TRY(zb_values_convert(to, bf->dtype, from, a->meta.dtype, c->nrows * bf->row_elems,
                                   lut, nlut, a->path));
         else
             put_bytes(x->p, c->field, to, from, (size_t)n);
@@ -1711,7 +1701,7 @@ run_rows(exec *x, size_t c0, size_t c1)
         const copy *c = &p->copies[i];
         uint64_t r0 = c->unit * a->inner[0] + c->src_row;
         if (conv)
-            ZB_TRY(convert_values(bf->data + c->dst_row * row_bytes, bf->dtype,
+            ZB_TRY(zb_values_convert(bf->data + c->dst_row * row_bytes, bf->dtype,
                                   band + (r0 - lo) * src_row_bytes, a->meta.dtype,
                                   c->nrows * bf->row_elems, lut, nlut, a->path));
         else if (c1 - c0 > 1)
