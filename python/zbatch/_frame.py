@@ -40,16 +40,26 @@ def read_frame(store: str, group: str):
                 read_array(store, f"{path}/codes").astype(np.int64), categories=pd.Index(cats),
                 ordered=bool(node["attributes"].get("ordered", False)))
         elif enc in ("nullable-integer", "nullable-boolean"):
-            values, mask = read_array(store, f"{path}/values"), read_array(store, f"{path}/mask")
-            cls = pd.arrays.BooleanArray if values.dtype == bool else pd.arrays.IntegerArray
-            data[col] = cls(values.copy(), mask.copy())
+            data[col] = nullable_values(read_array(store, f"{path}/values"),
+                                        read_array(store, f"{path}/mask"))
         elif enc == "nullable-string-array":
             data[col] = _nullable_strings(store, path)
     return pd.DataFrame(data, index=index, columns=pd.Index(list(data), dtype=object))
 
 
 def _nullable_strings(store: str, path: str):
-    import pandas as pd
     from . import read_array
-    values, mask = read_array(store, f"{path}/values"), read_array(store, f"{path}/mask")
+    return nullable_strings(read_array(store, f"{path}/values"), read_array(store, f"{path}/mask"))
+
+
+def nullable_values(values: np.ndarray, mask: np.ndarray):
+    """A nullable-integer / nullable-boolean column as pandas holds it (its own copies)."""
+    import pandas as pd
+    cls = pd.arrays.BooleanArray if values.dtype == bool else pd.arrays.IntegerArray
+    return cls(np.array(values), np.array(mask, dtype=bool))
+
+
+def nullable_strings(values, mask):
+    """A nullable-string-array column as pandas' string dtype: NA where the mask is set."""
+    import pandas as pd
     return pd.array([None if m else str(v) for v, m in zip(values, mask)], dtype="string")

@@ -279,36 +279,33 @@ def _where(node) -> str:
     return store + (f" (group {path!r})" if path else "")
 
 
-def _is_csr_dataset(o) -> bool:
+def _instance_of(o, module: str, path: str) -> bool:
+    """isinstance(o, module.path) when that package is importable (anndata and zarr are not
+    zbatch's dependencies: without them no object can be theirs)."""
+    import importlib
     try:
-        import anndata as ad
-        return isinstance(o, ad.abc.CSRDataset)
-    except (ImportError, AttributeError):  # pragma: no cover
+        cls = importlib.import_module(module)
+        for name in path.split("."):
+            cls = getattr(cls, name)
+    except (ImportError, AttributeError):  # pragma: no cover - depends on the environment
         return False
+    return isinstance(o, cls)
+
+
+def _is_csr_dataset(o) -> bool:
+    return _instance_of(o, "anndata", "abc.CSRDataset")
 
 
 def _is_zarr_array(o) -> bool:
-    try:
-        import zarr
-        return isinstance(o, zarr.Array)
-    except ImportError:  # pragma: no cover
-        return False
+    return _instance_of(o, "zarr", "Array")
 
 
 def _is_zarr_group(o) -> bool:
-    try:
-        import zarr
-        return isinstance(o, zarr.Group)
-    except ImportError:  # pragma: no cover
-        return False
+    return _instance_of(o, "zarr", "Group")
 
 
 def _is_anndata(o) -> bool:
-    try:
-        import anndata as ad
-        return isinstance(o, ad.AnnData)
-    except ImportError:  # pragma: no cover
-        return False
+    return _instance_of(o, "anndata", "AnnData")
 
 
 def _locate_matrix(x) -> tuple[str, str, Optional[str]]:
@@ -808,7 +805,9 @@ class Loader(_Base):
             try:
                 for request in requests:
                     ids = ids_of(request)
-                    if "splits" not in request:   # annbatch's Sampler.sample fills them
+                    if "splits" not in request:
+                        # annbatch's Sampler.sample fills them, from numpy's global generator
+                        # (not the sampler's rng): the same here, so custom samplers match
                         idx = np.random.permutation(len(ids)) if sampler.shuffle \
                             else np.arange(len(ids))
                         request["splits"] = _split_given_size(idx, sampler.batch_size)

@@ -319,11 +319,7 @@ class Dataset:
         """The category labels of a categorical field (codes index into them; -1 = missing):
         a list of ``str``, or a numpy array for integer, float or boolean categories. For a
         collection, the one table its codes mean in every batch."""
-        labels, _ordered = self._c.categories(name)
-        if isinstance(labels, tuple):
-            buf, typestr = labels
-            return np.frombuffer(buf, dtype=np.dtype(typestr)).copy()
-        return labels
+        return _labels(self._c.categories(name)[0])
 
     def read_field(self, name: str, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
         """Samples ``[start, stop)`` of a per-sample field, as batches carry it (a collection's
@@ -392,9 +388,18 @@ class Dataset:
         return Batch(raw, self.layout, self.n_vars, output)
 
 
+def _labels(raw) -> Union[list, np.ndarray]:
+    """Category labels as the extension gives them: a list of str, or (buffer, typestr) for
+    numeric and boolean categories (copied out of the buffer)."""
+    if isinstance(raw, tuple):
+        return np.frombuffer(raw[0], dtype=np.dtype(raw[1])).copy()
+    return raw
+
+
 def _obs_frame(ds: Dataset):
     """obs of a dataset through libzbatch's columns (zb_dataset_column)."""
     import pandas as pd
+    from ._frame import nullable_strings, nullable_values
     n = len(ds)
     index, data = None, {}
     for name, kind, _dtype in ds._c.columns():
@@ -403,21 +408,17 @@ def _obs_frame(ds: Dataset):
             if kind == "strings":
                 col = np.array(values, dtype=object)
             else:
-                mask = np.frombuffer(missing, dtype=bool)
-                col = pd.array([None if m else v for v, m in zip(values, mask)], dtype="string")
+                col = nullable_strings(values, np.frombuffer(missing, dtype=bool))
             if name == "obs_names":
                 index = pd.Index(col, dtype=object if kind == "strings" else None)
                 continue
         elif kind == "categorical":
             labels, ordered = ds._c.categories(name)
-            if isinstance(labels, tuple):
-                labels = np.frombuffer(labels[0], dtype=np.dtype(labels[1]))
             col = pd.Categorical.from_codes(ds.read_field(name).astype(np.int64),
-                                            categories=pd.Index(labels), ordered=ordered)
+                                            categories=pd.Index(_labels(labels)),
+                                            ordered=ordered)
         elif kind == "nullable":
-            values, mask = ds.read_field(name), ds.read_field(f"{name}/mask")
-            cls = pd.arrays.BooleanArray if values.dtype == bool else pd.arrays.IntegerArray
-            col = cls(values.copy(), mask.copy())
+            col = nullable_values(ds.read_field(name), ds.read_field(f"{name}/mask"))
         else:
             col = ds.read_field(name).copy()
         data[name[len("obs/"):]] = col

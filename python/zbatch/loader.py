@@ -323,12 +323,12 @@ class DataLoader:
         """One pass (see the class doc): the main pass when no other iterator of this loader
         is live, else an independent side pass."""
         if self._main_live():
-            return _Pass(self._side_pass(), None)
+            return _Pass(self._side_pass())
         if self._py is not None:
-            it = _Pass(None, self)
+            it = _Pass(None)
             it.gen = self._py_main_pass()
         else:
-            it = _Pass(None, self)
+            it = _Pass(None)
             it.gen = self._c_main_pass(self._start_main())
         self._main = weakref.ref(it)
         return it
@@ -485,7 +485,7 @@ class _Pass:
     """One iterator of a DataLoader: a generator that is closed when the iterator ends, is
     closed or is dropped (so a loader knows when its main iterator is gone)."""
 
-    def __init__(self, gen, loader):
+    def __init__(self, gen):
         self.gen = gen
         self.done = False
 
