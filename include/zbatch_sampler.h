@@ -254,60 +254,73 @@ zb_status zb_sampler_request_replacement(zb_sampler *s, uint64_t room_atoms, uin
 
 /* ---- multi-dataset -------------------------------------------------------------------------- */
 
-/* How many samples an epoch of a multi-dataset sampler draws. With c_i the samples per batch
- * of child i (below) and B = batch_size, over the children with c_i > 0:
- * - DATASET_SIZE: S = sum of n_i (every child's length once, in total);
- * - MIN_SIZE:     S = min of ceil(n_i * B / c_i): the epoch ends when the child that runs out
- *                 first, drawn at its share, has been seen once (balanced: K x min n_i);
- * - MAX_SIZE:     S = max of ceil(n_i * B / c_i) (balanced: K x max n_i), oversampling the
- *                 smaller children. */
+/* How many batches an epoch of a multi-dataset sampler in BATCH mode has when num_batches is
+ * 0 (nvalchemi's MultiDatasetBatchSampler). Over the children with c_i > 0 (the samples per
+ * batch of child i, below), m_i = ceil(n_i / c_i) with replacement, floor(n_i / c_i) without:
+ * - DATASET_SIZE: ceil(sum of n_i / batch_size) with replacement, min m_i without;
+ * - MIN_SIZE:     min m_i (the epoch ends when the first child is used up);
+ * - MAX_SIZE:     max m_i, oversampling the smaller children; without replacement an error
+ *                 (ZB_E_INVALID) unless every m_i is equal.
+ * Without replacement an epoch of more than min m_i batches (given or derived) is an error, and
+ * so is an epoch of 0 batches (a child holds fewer samples than its c_i). */
 typedef enum zb_epoch_policy {
     ZB_EPOCH_DATASET_SIZE = 0,
     ZB_EPOCH_MIN_SIZE = 1,
     ZB_EPOCH_MAX_SIZE = 2,
 } zb_epoch_policy;
 
+/* The two semantics of nvalchemi's multi-dataset samplers. */
+typedef enum zb_multi_mode {
+    ZB_MULTI_BATCH = 0,  /* MultiDatasetBatchSampler: a fixed composition in every batch */
+    ZB_MULTI_SAMPLE = 1, /* MultiDatasetSampler: the child chosen per sample */
+} zb_multi_mode;
+
 /* Several datasets ("children", of lengths child_sizes[i]) behind one id space: ids are
  * global, child offset + local id, with the children concatenated in order.
  *
- * nvalchemi's MultiDatasetBatchSampler semantics: every batch has the same composition,
- * c_i samples from child i with sum c_i = batch_size, given by exactly one of
- * - counts[i]: exact samples per batch (must sum to batch_size);
- * - ratios[i]: relative rates (finite, >= 0), turned into counts by largest remainder over
- *   batch_size (ties to the lower child index);
- * - balanced: equal rates for every non-empty child;
- * - none of them: rates proportional to child_sizes (nvalchemi's default).
- * A child with c_i > 0 and no samples is an error. The samples of a batch are shuffled
- * (shuffle = true). Epoch length: S = num_samples, or S from epoch_policy when 0; batches
- * ceil(S / B) (floor with drop_last); all are full except the last, which keeps the first
- * S - (G-1) B ids of its shuffled full batch.
+ * Rates: ratios[i] (finite, >= 0, positive sum), balanced (1 for every child), or neither
+ * (rates proportional to child_sizes, nvalchemi's default); a child with a positive rate and no
+ * samples is an error. Rates become integer counts by largest remainder (floor, then one more
+ * to the largest fractional parts, ties to the lower child index).
  *
- * Child streams: batch g takes positions [g c_i, (g+1) c_i) of child i's stream.
- * - without replacement: the stream is a sequence of permutations of the child (a fresh
- *   bijection keyed by (seed, epoch, child, cycle) each time the child is exhausted), so no
- *   local sample repeats before the child has been used up (nvalchemi refuses MAX_SIZE without
- *   replacement; zbatch cycles instead);
- * - with replacement: each position is an independent uniform draw from the child.
- * With shuffle = false the streams are 0, 1, ..., n_i - 1 cycled and batches keep child order.
- * The arrays are copied. O(children) memory. */
+ * ZB_MULTI_BATCH: every batch has c_i samples from child i, sum c_i = batch_size: counts[i]
+ * exactly (which must sum to batch_size), or the rates apportioned over batch_size. The epoch
+ * has num_batches batches, or as epoch_policy says (above); every batch is full. Batch g takes
+ * positions [g c_i, (g+1) c_i) of child i's stream: with replacement and shuffle independent
+ * uniform draws; without replacement one permutation of the child per epoch (keyed by seed,
+ * epoch, child), never exhausted; without shuffle 0, 1, ... (cycled with replacement). With
+ * shuffle the samples of each batch are shuffled.
+ *
+ * ZB_MULTI_SAMPLE: an epoch of S = num_samples ids (0: the sum of child_sizes), cut into batches
+ * of batch_size (the last one short, dropped with drop_last); counts must be NULL. With
+ * replacement and shuffle each id draws its child by rate and a uniform local id. Otherwise
+ * the epoch holds exactly S_i ids of child i (the rates apportioned over S) in random order,
+ * distinct without replacement (S_i > n_i is then an error), the local ids 0, 1, ... cycled
+ * without shuffle (nvalchemi's order exactly: all of child 0, then child 1, ...).
+ *
+ * Any batch is computed directly from (seed, epoch, batch): O(children) memory, exact resume.
+ * The arrays are copied. */
 typedef struct zb_multi_sampler_opts {
     zb_sampler_opts base;         /* base.n is ignored (the sum of child_sizes) */
     size_t num_children;          /* >= 1 */
     const uint64_t *child_sizes;  /* [num_children] */
-    const uint64_t *counts;       /* [num_children] or NULL */
+    zb_multi_mode mode;           /* BATCH or SAMPLE */
+    const uint64_t *counts;       /* BATCH: [num_children] samples per batch, or NULL */
     const double *ratios;         /* [num_children] or NULL */
     bool balanced;                /* equal rates */
-    zb_epoch_policy epoch_policy; /* used when num_samples is 0 */
-    bool replacement;             /* independent draws instead of permuted cycles */
-    bool shuffle;                 /* permute children's samples and batch order */
-    uint64_t num_samples;         /* samples per epoch; 0 = from epoch_policy */
+    zb_epoch_policy epoch_policy; /* BATCH: used when num_batches is 0 */
+    uint64_t num_batches;         /* BATCH: batches per epoch; 0 = from epoch_policy */
+    uint64_t num_samples;         /* SAMPLE: ids per epoch; 0 = sum of child_sizes */
+    bool replacement;             /* local samples may repeat within an epoch */
+    bool shuffle;                 /* random local order (and batch order) */
 } zb_multi_sampler_opts;
 
 #define ZB_MULTI_SAMPLER_OPTS_DEFAULT                                                              \
     {                                                                                              \
-        .base = ZB_SAMPLER_OPTS_DEFAULT, .num_children = 0, .child_sizes = NULL, .counts = NULL,   \
-        .ratios = NULL, .balanced = false, .epoch_policy = ZB_EPOCH_DATASET_SIZE,                  \
-        .replacement = false, .shuffle = true, .num_samples = 0                                    \
+        .base = ZB_SAMPLER_OPTS_DEFAULT, .num_children = 0, .child_sizes = NULL,                   \
+        .mode = ZB_MULTI_BATCH, .counts = NULL, .ratios = NULL, .balanced = false,                 \
+        .epoch_policy = ZB_EPOCH_DATASET_SIZE, .num_batches = 0, .num_samples = 0,                 \
+        .replacement = true, .shuffle = true                                                       \
     }
 
 zb_status zb_sampler_new_multi(const zb_multi_sampler_opts *opts, zb_sampler **out);

@@ -20,7 +20,7 @@ from ._zbatch import ZbatchError
 __version__ = _zbatch.__version__
 __all__ = ["open", "Dataset", "MultiDataset", "InMemoryDataset", "Batch", "DataLoader", "samplers", "read_array", "write_array", "write_anndata", "info",
            "AtomicWriter", "ArrayConfig", "WriteConfig", "sample_from_atoms", "ZbatchError",
-           "STATUS", "convert"]
+           "STATUS", "convert", "MultiDatasetSampler", "MultiDatasetBatchSampler"]
 
 #: Status names of libzbatch mapped to their codes (ZbatchError.status / .code).
 STATUS: dict[str, int] = _zbatch.status_names()
@@ -161,6 +161,7 @@ from .dataset import Batch, Dataset, InMemoryDataset, MultiDataset, open  # noqa
 from ._write_anndata import write_anndata  # noqa: E402
 from ._atomic import ArrayConfig, AtomicWriter, WriteConfig, sample_from_atoms  # noqa: E402
 from . import samplers  # noqa: E402
+from .samplers import MultiDatasetBatchSampler, MultiDatasetSampler  # noqa: E402
 from .loader import DataLoader  # noqa: E402
 from ._torch import IterableLoader, collate  # noqa: E402
 from ._convert import convert  # noqa: E402

@@ -394,14 +394,16 @@ static PyObject *
 py_sampler_multi(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kws[] = {BASE_KW,        "child_sizes", "counts",  "ratios",      "balanced",
-                          "epoch_policy", "replacement", "shuffle", "num_samples", NULL};
-    unsigned long long n, b, seed, num_samples;
+    static char *kws[] = {BASE_KW,       "child_sizes", "per_sample",   "counts",
+                          "ratios",      "balanced",    "epoch_policy", "num_batches",
+                          "num_samples", "replacement", "shuffle",      NULL};
+    unsigned long long n, b, seed, num_batches, num_samples;
     unsigned int rank, world;
-    int drop_last, drop, balanced, policy, replacement, shuffle;
+    int drop_last, drop, per_sample, balanced, policy, replacement, shuffle;
     PyObject *so, *co, *ro;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, BASE_FMT "OOOpippK", kws, BASE_ARGS, &so, &co, &ro,
-                                     &balanced, &policy, &replacement, &shuffle, &num_samples))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, BASE_FMT "OpOOpiKKpp", kws, BASE_ARGS, &so,
+                                     &per_sample, &co, &ro, &balanced, &policy, &num_batches,
+                                     &num_samples, &replacement, &shuffle))
         return NULL;
     Py_ssize_t k = PyObject_Length(so);
     if (k < 0) return NULL;
@@ -419,13 +421,15 @@ py_sampler_multi(PyObject *self, PyObject *args, PyObject *kw)
     fill_base(&o.base, n, b, drop_last, seed, rank, world, drop);
     o.num_children = (size_t)k;
     o.child_sizes = sz.buf;
+    o.mode = per_sample ? ZB_MULTI_SAMPLE : ZB_MULTI_BATCH;
     o.counts = c.buf;
     o.ratios = r.buf;
     o.balanced = balanced != 0;
     o.epoch_policy = (zb_epoch_policy)policy;
+    o.num_batches = num_batches;
+    o.num_samples = num_samples;
     o.replacement = replacement != 0;
     o.shuffle = shuffle != 0;
-    o.num_samples = num_samples;
     zb_sampler *s = NULL;
     zb_status st = zb_sampler_new_multi(&o, &s);
     release(&sz);

@@ -63,7 +63,8 @@ class DataLoader:
 
     Parameters follow PyTorch's DataLoader where they overlap (see docs/PYTORCH.md):
         batch_size (default 4096), shuffle, drop_last, seed;
-        sampler: a name ("sequential", "random", "block", "weighted", "size_aware", "multi") or
+        sampler: a name ("sequential", "random", "block", "weighted", "size_aware", "multi",
+            "multi_sample") or
             a sampler object from :mod:`zbatch.samplers` (the C pipeline, exact resume); extra
             keyword arguments go to a named sampler (e.g. ``block_size=64,
             blocks_per_window=16`` for "block"). Any other sampler (a

@@ -27,6 +27,7 @@ reaches the underlying ``zb_sampler`` through the ``_c`` attribute.
 """
 from __future__ import annotations
 
+import numbers as _numbers
 import os
 import sys
 from typing import Any, Iterator, Optional, Sequence, Union
@@ -36,7 +37,7 @@ import numpy as _np
 from . import _zbatch
 
 __all__ = ["Sampler", "SequentialSampler", "RandomSampler", "BlockSampler", "WeightedSampler",
-           "SizeAwareSampler", "MultiDatasetSampler", "make_sampler", "resolve_rank_world"]
+           "SizeAwareSampler", "MultiDatasetSampler", "MultiDatasetBatchSampler", "make_sampler", "resolve_rank_world"]
 
 _POLICIES = {"dataset_size": 0, "min_size": 1, "max_size": 2}
 _U64_MAX = (1 << 64) - 1
@@ -487,74 +488,70 @@ class SizeAwareSampler(Sampler):
         return self._c.request_replacement(ra, re)
 
 
-class MultiDatasetSampler(Sampler):
-    """Batches drawn from several datasets ("children") at fixed per-batch rates.
+class _InvalidOptions(_zbatch.ZbatchError, ValueError):
+    """A ZB_E_INVALID from a sampler constructor: a ``ValueError`` (as nvalchemi raises) that is
+    still a :class:`zbatch.ZbatchError`."""
 
-    ``sizes`` are the children's lengths (or the children themselves: ``len()`` is taken);
-    ids are global, ``offset[i] + local id`` with the children concatenated in order. As in
-    nvalchemi's ``MultiDatasetBatchSampler``, every batch has the same composition:
-    ``samples_per_dataset`` integers are exact counts per batch (summing to ``batch_size``),
-    floats (or ``weights``) are relative rates turned into counts by largest remainder;
-    ``balanced=True`` gives every child the same rate; the default is proportional to sizes.
 
-    ``epoch_policy``: ``"dataset_size"`` draws ``sum(sizes)`` samples per epoch,
-    ``"min_size"`` ends when the smallest child (at its share) has been seen once (balanced:
-    ``n_children * min(sizes)``), ``"max_size"`` when the largest has (balanced:
-    ``n_children * max(sizes)``); ``num_samples`` overrides. Without replacement each child is
-    a random permutation, reshuffled and cycled when exhausted; with replacement each draw is
-    independent.
-    """
+def _sampler_multi(**kw) -> Any:
+    try:
+        return _zbatch.sampler_multi(**kw)
+    except _zbatch.ZbatchError as e:
+        if getattr(e, "status", None) != "ZB_E_INVALID":
+            raise
+        err = _InvalidOptions(str(e))
+        err.status, err.code = e.status, getattr(e, "code", None)
+        raise err from None
 
-    kind = "multi"
 
-    def __init__(self, sizes: Sequence[Any], batch_size: int, *,
-                 weights: Optional[Sequence[float]] = None,
-                 samples_per_dataset: Optional[Sequence[Union[int, float]]] = None,
-                 balanced: bool = False, epoch_policy: str = "dataset_size",
-                 replacement: bool = False, shuffle: bool = True,
-                 num_samples: Optional[int] = None, drop_last: bool = False, seed: int = 0,
-                 rank: Optional[int] = None, world_size: Optional[int] = None,
-                 pad_or_drop: str = "pad"):
-        lengths = [int(s) if isinstance(s, (int, _np.integer)) else len(s) for s in sizes]
-        if not lengths:
-            raise ValueError("MultiDatasetSampler needs at least one child")
-        if epoch_policy not in _POLICIES:
-            raise ValueError(f"epoch_policy must be one of {sorted(_POLICIES)}, "
-                             f"got {epoch_policy!r}")
-        given = (weights is not None) + (samples_per_dataset is not None) + bool(balanced)
-        if given > 1:
-            raise ValueError("weights, samples_per_dataset and balanced are mutually exclusive")
-        counts = ratios = None
-        if samples_per_dataset is not None:
-            vals = list(samples_per_dataset)
-            if any(isinstance(v, (float, _np.floating)) for v in vals):
-                ratios = vals
-            else:
-                counts = vals
-        elif weights is not None:
-            ratios = list(weights)
-        for name, v in (("samples_per_dataset", counts), ("weights", ratios)):
-            if v is not None and len(v) != len(lengths):
-                raise ValueError(f"{name}: expected {len(lengths)} values, got {len(v)}")
-        sizes_arr = _u64(lengths, "sizes")
-        kw, rank, world_size = _base(int(sizes_arr.sum()), batch_size, drop_last, seed, rank,
-                                     world_size, pad_or_drop)
-        c = _zbatch.sampler_multi(child_sizes=sizes_arr, counts=_u64(counts, "counts"),
-                                  ratios=_f64(ratios, "weights"), balanced=bool(balanced),
-                                  epoch_policy=_POLICIES[epoch_policy],
-                                  replacement=bool(replacement), shuffle=bool(shuffle),
-                                  num_samples=int(num_samples or 0), **kw)
-        super().__init__(c, seed=seed, rank=rank, world_size=world_size,
-                         batch_size=batch_size)
-        self.sizes = tuple(lengths)
-        self.offsets = tuple(int(x) for x in _np.concatenate([[0], _np.cumsum(lengths)]))
-        self.epoch_policy = epoch_policy
-        self.replacement = bool(replacement)
+def _child_lengths(dataset: Any) -> list[int]:
+    """The children's lengths: a zbatch ``MultiDataset`` (``.sizes``), an nvalchemi one
+    (``.datasets``), or a sequence of lengths or of children (``len()`` of each)."""
+    if hasattr(dataset, "sizes") and not isinstance(dataset, (list, tuple)):
+        lengths = [int(v) for v in dataset.sizes]
+    elif hasattr(dataset, "datasets"):
+        lengths = [len(c) for c in dataset.datasets]
+    else:
+        lengths = [int(v) if isinstance(v, (int, _np.integer)) else len(v) for v in dataset]
+    if not lengths:
+        raise ValueError("a multi-dataset sampler needs at least one child")
+    return lengths
+
+
+def _multi_rank_world(rank, world_size, num_replicas, distributed_manager):
+    """nvalchemi's ``num_replicas`` / ``distributed_manager`` next to zbatch's ``world_size``."""
+    if distributed_manager is not None and distributed_manager.is_initialized():
+        num_replicas, rank = distributed_manager.world_size, distributed_manager.rank
+    if num_replicas is not None:
+        if int(num_replicas) < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        if world_size is not None and int(world_size) != int(num_replicas):
+            raise ValueError(f"num_replicas={num_replicas} and world_size={world_size} disagree")
+        world_size = num_replicas
+    return rank, world_size
+
+
+def _seed_of(seed: int, generator: Any) -> int:
+    # a torch.Generator stands for its seed: zbatch's orders are keyed hashes, not its stream
+    return int(generator.initial_seed()) if generator is not None else int(seed)
+
+
+def _is_rate(v: Any) -> bool:
+    return isinstance(v, _numbers.Real) and not isinstance(v, _numbers.Integral)
+
+
+def _multi_offsets(lengths: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(x) for x in _np.concatenate([[0], _np.cumsum(lengths)]))
+
+
+class _MultiBase(Sampler):
+    sizes: tuple[int, ...]
+    offsets: tuple[int, ...]
 
     @property
-    def samples_per_dataset(self) -> tuple[int, ...]:
-        """Samples of each child in every (full) batch."""
-        return tuple(int(v) for v in self._c.child_counts())
+    def lengths(self) -> list[int]:
+        """The children's lengths (nvalchemi's name)."""
+        return list(self.sizes)
 
     def to_local(self, ids) -> tuple[_np.ndarray, _np.ndarray]:
         """``(child index, local id)`` of global ids."""
@@ -562,21 +559,210 @@ class MultiDatasetSampler(Sampler):
         child = _np.searchsorted(_np.asarray(self.offsets[1:]), ids, side="right")
         return child, ids - _np.asarray(self.offsets)[child]
 
+    def to_global_index(self, dataset_index: int, local_index: int) -> int:
+        """The global id of ``local_index`` in child ``dataset_index``."""
+        if not 0 <= local_index < self.sizes[dataset_index]:
+            raise IndexError(f"local index {local_index} is outside child {dataset_index} "
+                             f"of {self.sizes[dataset_index]} samples")
+        return self.offsets[dataset_index] + int(local_index)
+
+
+class MultiDatasetBatchSampler(_MultiBase):
+    """Batches with a fixed composition from several datasets ("children"): nvalchemi's
+    ``MultiDatasetBatchSampler``, with the same batch counts, compositions and errors.
+
+    ``dataset`` is a :class:`zbatch.MultiDataset`, an nvalchemi ``MultiDataset``, or a
+    sequence of child lengths (or of children: ``len()`` is taken); ids are global,
+    ``offsets[i] + local id``. Every batch holds ``samples_per_dataset[i]`` samples of child
+    ``i``: integers are exact counts (summing to ``batch_size``); floats, or ``weights``, are
+    relative rates turned into counts by largest remainder; the default rates are the child
+    lengths; :meth:`balanced` (or ``balanced=True``) gives every child the same rate.
+
+    The epoch has ``num_batches`` batches, or as ``epoch_policy`` says, with
+    ``m_i = ceil(len_i / count_i)`` with replacement and ``floor`` without:
+    ``"dataset_size"`` is ``ceil(sum(len) / batch_size)`` with replacement and ``min(m_i)``
+    without; ``"min_size"`` ``min(m_i)``; ``"max_size"`` ``max(m_i)`` (a ``ValueError``
+    without replacement unless all ``m_i`` are equal). Without replacement no child sample
+    repeats within an epoch, and more than ``min(m_i)`` batches is a ``ValueError``. Every
+    batch is full. ``replacement`` defaults to ``True``, as in nvalchemi.
+
+    ``drop_last`` is nvalchemi's: drop the tail batches so that all ranks get the same number
+    (``pad_or_drop="drop"``); otherwise the last ranks repeat batches from the epoch's start.
+    ``generator`` stands for its ``initial_seed()``; ids differ from nvalchemi's (another
+    random stream), batch counts and compositions do not.
+
+    Example::
+
+        >>> s = MultiDatasetBatchSampler([100, 300], batch_size=8, samples_per_dataset=[2, 6])
+        >>> len(s), s.samples_per_dataset
+        (50, (2, 6))
+    """
+
+    kind = "multi"
+
+    def __init__(self, dataset: Any, batch_size: int, *,
+                 weights: Optional[Sequence[float]] = None,
+                 samples_per_dataset: Optional[Sequence[Union[int, float]]] = None,
+                 num_batches: Optional[int] = None, epoch_policy: str = "dataset_size",
+                 replacement: bool = True, shuffle: bool = True, generator: Any = None,
+                 num_replicas: Optional[int] = None, rank: Optional[int] = None,
+                 distributed_manager: Any = None, seed: int = 0, drop_last: bool = False,
+                 balanced: bool = False, world_size: Optional[int] = None,
+                 pad_or_drop: Optional[str] = None):
+        lengths = _child_lengths(dataset)
+        if (weights is not None) + (samples_per_dataset is not None) + bool(balanced) > 1:
+            raise ValueError("weights, samples_per_dataset and balanced are mutually exclusive")
+        if balanced:
+            weights = [1.0] * len(lengths)
+        counts = ratios = None
+        if samples_per_dataset is not None:
+            vals = list(samples_per_dataset)
+            if len(vals) != len(lengths):
+                raise ValueError(f"Expected {len(lengths)} per-dataset counts, got {len(vals)}")
+            if any(_is_rate(v) for v in vals):
+                ratios = vals
+            else:
+                for v in vals:
+                    if isinstance(v, (bool, _np.bool_)) or not isinstance(v, _numbers.Integral):
+                        raise TypeError("Integer samples_per_dataset entries must be integral "
+                                        f"counts, got {v!r}")
+                counts = [int(v) for v in vals]
+                if any(v < 0 for v in counts):
+                    raise ValueError("samples_per_dataset counts must be non-negative")
+        elif weights is not None:
+            ratios = list(weights)
+            if len(ratios) != len(lengths):
+                raise ValueError(f"Expected {len(lengths)} dataset weights, got {len(ratios)}")
+        if num_batches is not None and int(num_batches) < 1:
+            raise ValueError(f"num_batches must be >= 1, got {num_batches}")
+        if num_batches is None and epoch_policy not in _POLICIES:
+            raise ValueError("epoch_policy must be one of 'dataset_size', 'min_size', or "
+                             f"'max_size', got {epoch_policy!r}")
+        rank, world_size = _multi_rank_world(rank, world_size, num_replicas,
+                                             distributed_manager)
+        seed = _seed_of(seed, generator)
+        kw, rank, world_size = _base(sum(lengths), batch_size, False, seed, rank, world_size,
+                                     pad_or_drop or ("drop" if drop_last else "pad"))
+        c = _sampler_multi(child_sizes=_u64(lengths, "sizes"), per_sample=False,
+                           counts=_u64(counts, "samples_per_dataset"),
+                           ratios=_f64(ratios, "weights"), balanced=False,
+                           epoch_policy=_POLICIES.get(epoch_policy, 0),
+                           num_batches=int(num_batches or 0), num_samples=0,
+                           replacement=bool(replacement), shuffle=bool(shuffle), **kw)
+        super().__init__(c, seed=seed, rank=rank, world_size=world_size,
+                         batch_size=batch_size)
+        self.sizes = tuple(lengths)
+        self.offsets = _multi_offsets(lengths)
+        self.epoch_policy = epoch_policy
+        self.replacement = bool(replacement)
+        self.shuffle = bool(shuffle)
+
+    @classmethod
+    def balanced(cls, dataset: Any, *, batch_size: int, **kwargs) -> "MultiDatasetBatchSampler":
+        """Equal rates for every child (nvalchemi's ``MultiDatasetBatchSampler.balanced``);
+        the other keyword arguments as for the constructor."""
+        return cls(dataset, batch_size, weights=[1.0] * len(_child_lengths(dataset)), **kwargs)
+
+    @property
+    def samples_per_dataset(self) -> tuple[int, ...]:
+        """Samples of each child in every batch."""
+        return tuple(int(v) for v in self._c.child_counts())
+
+    @property
+    def num_batches(self) -> int:
+        """Global batches per epoch (all ranks, before padding or dropping)."""
+        return self.epoch_batches
+
+
+_BATCH_ONLY = ("samples_per_dataset", "num_batches", "epoch_policy", "balanced")
+
+
+class MultiDatasetSampler(_MultiBase):
+    """Ids from several datasets ("children") at per-sample rates: nvalchemi's
+    ``MultiDatasetSampler``, cut into batches of ``batch_size``.
+
+    ``dataset`` as for :class:`MultiDatasetBatchSampler`. An epoch holds ``num_samples`` ids
+    (default: all children's lengths together), the last batch short when ``batch_size`` does
+    not divide it. The child of each id follows ``weights`` (default: the child lengths, i.e.
+    uniform over the concatenation), so a batch's composition varies (use
+    :class:`MultiDatasetBatchSampler` for a fixed one). With ``replacement`` (the default,
+    as in nvalchemi) and ``shuffle`` every id draws its child and local id independently;
+    otherwise the epoch holds exactly ``round(weight_i * num_samples)`` ids of child ``i``
+    (largest remainder), distinct without replacement (a ``ValueError`` when a child is too
+    small), in random order with ``shuffle`` and in nvalchemi's order without (all of child
+    0's share, then child 1's, ...; local ids 0, 1, ... cycled). ``drop_last`` drops the
+    short last batch (as a torch ``DataLoader(drop_last=True)`` over nvalchemi's sampler
+    would) and gives all ranks the same number of batches (``pad_or_drop="drop"``, nvalchemi's
+    meaning); ``generator`` stands for its ``initial_seed()``.
+
+    Example::
+
+        >>> s = MultiDatasetSampler([10, 30], batch_size=8, weights=[1.0, 1.0],
+        ...                         num_samples=20, replacement=False)
+        >>> [len(b) for b in s], s.samples_per_child
+        ([8, 8, 4], (10, 10))
+    """
+
+    kind = "multi_sample"
+
+    def __init__(self, dataset: Any, batch_size: int = 1, *,
+                 weights: Optional[Sequence[float]] = None, num_samples: Optional[int] = None,
+                 replacement: bool = True, shuffle: bool = True, generator: Any = None,
+                 num_replicas: Optional[int] = None, rank: Optional[int] = None,
+                 distributed_manager: Any = None, seed: int = 0, drop_last: bool = False,
+                 world_size: Optional[int] = None, pad_or_drop: Optional[str] = None,
+                 **batch_options: Any):
+        if batch_options:
+            wrong = sorted(batch_options)
+            hint = ("; those set a fixed composition per batch: use MultiDatasetBatchSampler"
+                    if all(k in _BATCH_ONLY for k in wrong) else "")
+            raise TypeError(f"MultiDatasetSampler got unexpected keyword arguments {wrong}{hint}")
+        lengths = _child_lengths(dataset)
+        if weights is not None and len(weights) != len(lengths):
+            raise ValueError(f"Expected {len(lengths)} dataset weights, got {len(weights)}")
+        if num_samples is not None and int(num_samples) < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        rank, world_size = _multi_rank_world(rank, world_size, num_replicas,
+                                             distributed_manager)
+        seed = _seed_of(seed, generator)
+        # drop_last: nvalchemi's (the same number of batches on every rank) and, since this
+        # sampler also cuts the batches, torch DataLoader's (no short last batch)
+        kw, rank, world_size = _base(sum(lengths), batch_size, drop_last, seed, rank,
+                                     world_size, pad_or_drop or ("drop" if drop_last else "pad"))
+        c = _sampler_multi(child_sizes=_u64(lengths, "sizes"), per_sample=True, counts=None,
+                           ratios=_f64(weights, "weights"), balanced=False, epoch_policy=0,
+                           num_batches=0, num_samples=int(num_samples or 0),
+                           replacement=bool(replacement), shuffle=bool(shuffle), **kw)
+        super().__init__(c, seed=seed, rank=rank, world_size=world_size,
+                         batch_size=batch_size)
+        self.sizes = tuple(lengths)
+        self.offsets = _multi_offsets(lengths)
+        self.num_samples_per_epoch = int(num_samples or sum(lengths))
+        self.replacement = bool(replacement)
+        self.shuffle = bool(shuffle)
+
+    @property
+    def samples_per_child(self) -> tuple[int, ...]:
+        """Ids of each child per epoch (exact, except with replacement and shuffle, where it
+        is the expected number rounded)."""
+        return tuple(int(v) for v in self._c.child_counts())
+
 
 _NAMES = {"sequential": SequentialSampler, "random": RandomSampler, "block": BlockSampler,
           "weighted": WeightedSampler, "size_aware": SizeAwareSampler,
-          "multi": MultiDatasetSampler}
+          "multi": MultiDatasetBatchSampler, "multi_sample": MultiDatasetSampler}
 _ALIASES = {"size-aware": "size_aware", "sizeaware": "size_aware", "multi_dataset": "multi",
-            "multidataset": "multi", "shuffle": "random"}
+            "multidataset": "multi", "multi_dataset_batch": "multi", "shuffle": "random"}
 
 
 def make_sampler(name: str, n: Optional[int], batch_size: int, **kwargs) -> Sampler:
     """A sampler by name: ``"sequential"``, ``"random"``, ``"block"``, ``"weighted"``,
-    ``"size_aware"`` or ``"multi"``, over ``n`` samples, with the class's keyword arguments.
+    ``"size_aware"``, ``"multi"`` (:class:`MultiDatasetBatchSampler`) or ``"multi_sample"``
+    (:class:`MultiDatasetSampler`), over ``n`` samples, with the class's keyword arguments.
 
     ``"weighted"`` without ``weights`` / ``class_codes`` draws uniformly with replacement;
-    ``"size_aware"`` takes ``batch_size`` as ``max_batch_size``; ``"multi"`` needs ``sizes``
-    (whose sum must be ``n`` when ``n`` is given).
+    ``"size_aware"`` takes ``batch_size`` as ``max_batch_size``; ``"multi"`` and
+    ``"multi_sample"`` need ``sizes`` (whose sum must be ``n`` when ``n`` is given).
 
     Example::
 
@@ -599,8 +785,8 @@ def make_sampler(name: str, n: Optional[int], batch_size: int, **kwargs) -> Samp
         s = SizeAwareSampler(batch_size, **kwargs)
     else:
         if "sizes" not in kwargs:
-            raise ValueError("make_sampler('multi') needs sizes=[len of each child]")
-        s = MultiDatasetSampler(kwargs.pop("sizes"), batch_size, **kwargs)
+            raise ValueError(f"make_sampler({key!r}) needs sizes=[len of each child]")
+        s = _NAMES[key](kwargs.pop("sizes"), batch_size, **kwargs)
     if n is not None and s.num_samples != int(n):
         raise ValueError(f"make_sampler({key!r}): the sampler covers {s.num_samples} samples, "
                          f"not n={n}")

@@ -25,6 +25,7 @@ enum {
     ZB_TAG_CHILDRAW = 10, /* multi-dataset draws with replacement */
     ZB_TAG_BATCH = 11,    /* multi-dataset shuffle inside a batch */
     ZB_TAG_CONVERT = 12,  /* zbatch convert: the cells' positions in the output */
+    ZB_TAG_MIX = 13,      /* multi-dataset per-sample mixing: stream order, child draws */
 };
 
 typedef struct zb_sampler_ops {

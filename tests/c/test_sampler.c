@@ -97,13 +97,6 @@ rng_next(uint64_t *x)
     return z ^ (z >> 31);
 }
 
-/* A hash of one id, summed into order-free fingerprints of id sets. */
-static uint64_t
-fingerprint(uint64_t id)
-{
-    return rng_next(&id);
-}
-
 static double
 rng_unit(uint64_t *x)
 {
@@ -119,9 +112,20 @@ rng_normal(uint64_t *x)
 
 /* ---- one factory for every kind ------------------------------------------------------------ */
 
-enum { K_SEQ, K_RANDOM, K_BLOCK, K_WEIGHTED, K_SIZE, K_MULTI, K_MULTI_REPL, K_COUNT };
-static const char *const kind_name[K_COUNT] = {
-    "sequential", "random", "block", "weighted", "size-aware", "multi", "multi-replacement"};
+enum {
+    K_SEQ,
+    K_RANDOM,
+    K_BLOCK,
+    K_WEIGHTED,
+    K_SIZE,
+    K_MULTI,
+    K_MULTI_REPL,
+    K_MULTI_SAMPLE,
+    K_COUNT
+};
+static const char *const kind_name[K_COUNT] = {"sequential",        "random",      "block",
+                                               "weighted",          "size-aware",  "multi",
+                                               "multi-replacement", "multi-sample"};
 
 typedef struct cfg {
     int kind;
@@ -189,6 +193,7 @@ make(const cfg *c, uint32_t rank, uint32_t world, zb_sampler_uneven u, zb_sample
         o.ratios = c->ratios;
         o.epoch_policy = c->policy;
         o.replacement = c->kind == K_MULTI_REPL;
+        o.mode = c->kind == K_MULTI_SAMPLE ? ZB_MULTI_SAMPLE : ZB_MULTI_BATCH;
         return zb_sampler_new_multi(&o, out);
     }
     }
@@ -262,6 +267,20 @@ static void
 check_exactly_once(const run *r, uint64_t n)
 {
     assert_int_equal(r->nids, n);
+    uint8_t *seen = calloc(n ? n : 1, 1);
+    assert_non_null(seen);
+    for (size_t i = 0; i < r->nids; i++) {
+        assert_true(r->ids[i] < n);
+        if (seen[r->ids[i]]) fail_msg("id %llu twice", (unsigned long long)r->ids[i]);
+        seen[r->ids[i]] = 1;
+    }
+    free(seen);
+}
+
+/* No id of [0, n) twice in the batches of `r`. */
+static void
+check_at_most_once(const run *r, uint64_t n)
+{
     uint8_t *seen = calloc(n ? n : 1, 1);
     assert_non_null(seen);
     for (size_t i = 0; i < r->nids; i++) {
@@ -395,7 +414,7 @@ cfg_for(int kind)
         c.max_atoms = 1000;
         c.max_edges = 25000;
     }
-    if (kind == K_MULTI || kind == K_MULTI_REPL) {
+    if (kind == K_MULTI || kind == K_MULTI_REPL || kind == K_MULTI_SAMPLE) {
         c.nchild = 3;
         c.child_sizes = g_children;
         c.n = 130 + 470 + 77;
@@ -475,8 +494,8 @@ static void
 test_cover_exactly_once(void **state)
 {
     (void)state;
-    const int kinds[] = {K_SEQ, K_RANDOM, K_BLOCK, K_SIZE};
-    for (size_t i = 0; i < 4; i++) {
+    const int kinds[] = {K_SEQ, K_RANDOM, K_BLOCK, K_SIZE, K_MULTI_SAMPLE};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         cfg c = cfg_for(kinds[i]);
         for (uint64_t e = 0; e < 3; e++) {
             run r = {0};
@@ -530,8 +549,9 @@ static void
 test_epochs_and_seeds(void **state)
 {
     (void)state;
-    const int kinds[] = {K_RANDOM, K_BLOCK, K_WEIGHTED, K_SIZE, K_MULTI, K_MULTI_REPL};
-    for (size_t i = 0; i < 6; i++) {
+    const int kinds[] = {K_RANDOM, K_BLOCK,      K_WEIGHTED,    K_SIZE,
+                         K_MULTI,  K_MULTI_REPL, K_MULTI_SAMPLE};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         cfg c = cfg_for(kinds[i]);
         run e0 = {0}, e0b = {0}, e1 = {0}, s1 = {0};
         reference(&c, 0, &e0);
@@ -854,6 +874,8 @@ multi(const uint64_t *sizes, size_t k, uint64_t batch, const double *ratios, boo
     return s;
 }
 
+/* nvalchemi's MultiDatasetBatchSampler epoch lengths (the Python tests check the same grid
+ * against nvalchemi itself): m_i = ceil(n_i / c_i) with replacement, floor without. */
 static void
 test_multi_policies(void **state)
 {
@@ -861,80 +883,141 @@ test_multi_policies(void **state)
     const uint64_t sizes[2] = {100, 300};
     struct {
         zb_epoch_policy p;
-        bool drop;
-        uint64_t batches, samples;
+        bool repl;
+        uint64_t batches;
     } cases[] = {
-        {ZB_EPOCH_DATASET_SIZE, false, 40, 400},
-        {ZB_EPOCH_MIN_SIZE, false, 20, 200}, /* 2 children x min 100 */
-        {ZB_EPOCH_MAX_SIZE, false, 60, 600}, /* 2 children x max 300 */
+        {ZB_EPOCH_DATASET_SIZE, true, 40}, /* ceil(400 / 10) */
+        {ZB_EPOCH_MIN_SIZE, true, 20},     /* min(100 / 5, 300 / 5) */
+        {ZB_EPOCH_MAX_SIZE, true, 60},
+        {ZB_EPOCH_DATASET_SIZE, false, 20}, /* without replacement: min_size */
+        {ZB_EPOCH_MIN_SIZE, false, 20},
     };
-    for (size_t t = 0; t < 3; t++) {
-        for (int repl = 0; repl < 2; repl++) {
-            zb_sampler *s = multi(sizes, 2, 10, NULL, true, cases[t].p, repl, false);
-            uint64_t cnt[2];
-            assert_int_equal(zb_sampler_child_counts(s, cnt, 2), 2);
-            assert_true(cnt[0] == 5 && cnt[1] == 5);
-            run r = {0};
-            take(s, &r, SIZE_MAX);
-            assert_int_equal(r.nb, cases[t].batches);
-            assert_int_equal(r.nids, cases[t].samples);
-            /* every batch: 5 + 5 */
-            for (size_t b = 0; b < r.nb; b++) {
-                size_t c0 = 0;
-                for (size_t i = 0; i < run_len(&r, b); i++) c0 += run_at(&r, b)[i] < 100;
-                assert_int_equal(c0, 5);
-            }
-            if (!repl) {
-                /* without replacement child 0 repeats nothing before all 100 were drawn */
-                uint32_t seen[100] = {0};
-                size_t drawn = 0;
-                for (size_t i = 0; i < r.nids; i++) {
-                    if (r.ids[i] >= 100) continue;
-                    uint64_t cycle = drawn / 100;
-                    assert_int_equal(seen[r.ids[i]], cycle);
-                    seen[r.ids[i]]++;
-                    drawn++;
-                }
-                /* each cycle is a fresh permutation: batch b and b + 20 (one cycle of child 0
-                 * later) do not hold the same child-0 ids */
-                size_t same_sets = 0;
-                for (size_t b = 0; b + 20 < r.nb; b++) {
-                    uint64_t x = 0, y = 0; /* order-free fingerprints */
-                    for (size_t i = 0; i < 10; i++) {
-                        uint64_t u = run_at(&r, b)[i], v = run_at(&r, b + 20)[i];
-                        if (u < 100) x += fingerprint(u);
-                        if (v < 100) y += fingerprint(v);
-                    }
-                    same_sets += x == y;
-                }
-                if (r.nb > 20) assert_true(same_sets < 3);
-            }
-            run_free(&r);
-            zb_sampler_free(s);
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        zb_sampler *s = multi(sizes, 2, 10, NULL, true, cases[t].p, cases[t].repl, false);
+        uint64_t cnt[2];
+        assert_int_equal(zb_sampler_child_counts(s, cnt, 2), 2);
+        assert_true(cnt[0] == 5 && cnt[1] == 5);
+        run r = {0};
+        take(s, &r, SIZE_MAX);
+        assert_int_equal(r.nb, cases[t].batches);
+        assert_int_equal(r.nids, cases[t].batches * 10); /* every batch full: 5 + 5 */
+        for (size_t b = 0; b < r.nb; b++) {
+            size_t c0 = 0;
+            assert_int_equal(run_len(&r, b), 10);
+            for (size_t i = 0; i < run_len(&r, b); i++) c0 += run_at(&r, b)[i] < 100;
+            assert_int_equal(c0, 5);
         }
+        if (!cases[t].repl) check_at_most_once(&r, 400);
+        run_free(&r);
+        zb_sampler_free(s);
     }
-    /* odd sizes: dataset_size 407 with batch 10 -> 41 batches, the last of 7; drop_last: 40 */
+    /* proportional 2.46 / 7.54 -> 2 / 8; with replacement ceil(407 / 10) full batches */
     const uint64_t odd[2] = {100, 307};
-    zb_sampler *s = multi(odd, 2, 10, NULL, false, ZB_EPOCH_DATASET_SIZE, false, false);
+    zb_sampler *s = multi(odd, 2, 10, NULL, false, ZB_EPOCH_DATASET_SIZE, true, false);
     run r = {0};
     take(s, &r, SIZE_MAX);
     assert_int_equal(r.nb, 41);
-    assert_int_equal(run_len(&r, 40), 7);
+    assert_int_equal(run_len(&r, 40), 10);
     uint64_t cnt[2];
     zb_sampler_child_counts(s, cnt, 2);
-    assert_true(cnt[0] == 2 && cnt[1] == 8); /* proportional: 2.46 / 7.54 -> 2 / 8 */
+    assert_true(cnt[0] == 2 && cnt[1] == 8);
     run_free(&r);
     zb_sampler_free(s);
-    s = multi(odd, 2, 10, NULL, false, ZB_EPOCH_DATASET_SIZE, false, true);
-    assert_int_equal(zb_sampler_num_batches(s), 40);
+    /* without replacement: min(100 / 2, 307 / 8) = 38 */
+    s = multi(odd, 2, 10, NULL, false, ZB_EPOCH_DATASET_SIZE, false, false);
+    assert_int_equal(zb_sampler_epoch_batches(s), 38);
     zb_sampler_free(s);
-    /* min_size with unequal shares: ceil(100 * 10 / 3) = 334 samples -> 34 batches */
+    /* min_size with unequal shares: ceil(100 / 3) = 34 */
     const double rat[2] = {0.3, 0.7};
-    s = multi(sizes, 2, 10, rat, false, ZB_EPOCH_MIN_SIZE, false, false);
+    s = multi(sizes, 2, 10, rat, false, ZB_EPOCH_MIN_SIZE, true, false);
     zb_sampler_child_counts(s, cnt, 2);
     assert_true(cnt[0] == 3 && cnt[1] == 7);
     assert_int_equal(zb_sampler_epoch_batches(s), 34);
     zb_sampler_free(s);
+}
+
+/* nvalchemi's refusals: max_size that would oversample without replacement, more batches than
+ * the children hold, an epoch of 0 batches, a rate on an empty child. */
+static void
+test_multi_errors(void **state)
+{
+    (void)state;
+    const uint64_t sizes[2] = {100, 300}, tiny[2] = {3, 300}, empty[2] = {100, 0};
+    zb_multi_sampler_opts o = ZB_MULTI_SAMPLER_OPTS_DEFAULT;
+    o.base.batch_size = 10;
+    o.num_children = 2;
+    o.child_sizes = sizes;
+    o.balanced = true;
+    o.replacement = false;
+    o.epoch_policy = ZB_EPOCH_MAX_SIZE;
+    zb_sampler *s = NULL;
+    ZB_ASSERT_ERR(zb_sampler_new_multi(&o, &s), ZB_E_INVALID, "max_size needs replacement");
+    o.epoch_policy = ZB_EPOCH_MIN_SIZE;
+    o.num_batches = 21;
+    ZB_ASSERT_ERR(zb_sampler_new_multi(&o, &s), ZB_E_INVALID, "at most 20 complete batches");
+    o.num_batches = 0;
+    o.child_sizes = tiny;
+    ZB_ASSERT_ERR(zb_sampler_new_multi(&o, &s), ZB_E_INVALID, "0 batches");
+    o.replacement = true; /* with replacement a small child is drawn again */
+    ZB_ASSERT_OK(zb_sampler_new_multi(&o, &s));
+    assert_int_equal(zb_sampler_epoch_batches(s), 1); /* min(ceil(3 / 5), ceil(300 / 5)) */
+    zb_sampler_free(s);
+    s = NULL;
+    o.child_sizes = empty;
+    ZB_ASSERT_ERR(zb_sampler_new_multi(&o, &s), ZB_E_INVALID, "child 1 has a positive rate");
+    o.balanced = false;
+    o.mode = ZB_MULTI_SAMPLE;
+    o.child_sizes = sizes;
+    o.replacement = false;
+    const double half[2] = {1, 1}; /* 200 of child 0's 100 */
+    o.ratios = half;
+    ZB_ASSERT_ERR(zb_sampler_new_multi(&o, &s), ZB_E_INVALID, "child 0 cannot give 200");
+    assert_null(s);
+}
+
+/* MultiDatasetSampler: S ids per epoch, exactly S_i of child i (largest remainder) without
+ * replacement or shuffle, each id once without replacement; without shuffle nvalchemi's order
+ * (child 0's share, then child 1's, local ids 0, 1, ... cycled). */
+static void
+test_multi_per_sample(void **state)
+{
+    (void)state;
+    const uint64_t sizes[3] = {50, 0, 40};
+    const double rat[3] = {2, 0, 1};
+    for (int shuffle = 0; shuffle < 2; shuffle++) {
+        for (int repl = 0; repl < 2; repl++) {
+            zb_multi_sampler_opts o = ZB_MULTI_SAMPLER_OPTS_DEFAULT;
+            o.base.batch_size = 8;
+            o.base.seed = 5;
+            o.mode = ZB_MULTI_SAMPLE;
+            o.num_children = 3;
+            o.child_sizes = sizes;
+            o.ratios = rat;
+            o.num_samples = repl ? 120 : 60; /* 80 + 40 with replacement, 40 + 20 without */
+            o.replacement = repl;
+            o.shuffle = shuffle;
+            zb_sampler *s = NULL;
+            ZB_ASSERT_OK(zb_sampler_new_multi(&o, &s));
+            run r = {0};
+            take(s, &r, SIZE_MAX);
+            assert_int_equal(r.nids, o.num_samples);
+            assert_int_equal(r.nb, (o.num_samples + 7) / 8);
+            size_t c0 = 0;
+            for (size_t i = 0; i < r.nids; i++) {
+                assert_true(r.ids[i] < 90);
+                c0 += r.ids[i] < 50;
+                if (!shuffle) { /* nvalchemi's order */
+                    uint64_t want =
+                        i < 2 * o.num_samples / 3 ? i % 50 : 50 + (i - 2 * o.num_samples / 3) % 40;
+                    assert_int_equal(r.ids[i], want);
+                }
+            }
+            if (!(shuffle && repl)) assert_int_equal(c0, 2 * o.num_samples / 3);
+            if (!repl) check_at_most_once(&r, 90);
+            run_free(&r);
+            zb_sampler_free(s);
+        }
+    }
 }
 
 static void
@@ -1245,6 +1328,8 @@ main(void)
         cmocka_unit_test(test_size_aware_over_limit_fails),
         cmocka_unit_test(test_size_aware_replacement),
         cmocka_unit_test(test_multi_policies),
+        cmocka_unit_test(test_multi_errors),
+        cmocka_unit_test(test_multi_per_sample),
         cmocka_unit_test(test_multi_shares),
         cmocka_unit_test(test_block_windows),
         cmocka_unit_test(test_block_peer_mapping_shapes),

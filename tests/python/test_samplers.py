@@ -40,13 +40,14 @@ FACTORIES = {
     "size_aware": lambda **kw: S.SizeAwareSampler(24, num_atoms=ATOMS, num_edges=EDGES,
                                                   max_atoms=1000, max_edges=25000,
                                                   window_size=300, seed=kw.pop("seed", 7), **kw),
-    "multi": lambda **kw: S.MultiDatasetSampler([130, 470, 77], 16, seed=kw.pop("seed", 7),
-                                                **kw),
-    "multi_replacement": lambda **kw: S.MultiDatasetSampler([130, 470, 77], 16,
-                                                            replacement=True,
-                                                            seed=kw.pop("seed", 7), **kw),
+    "multi": lambda **kw: S.MultiDatasetBatchSampler([130, 470, 77], 16, replacement=False,
+                                                     seed=kw.pop("seed", 7), **kw),
+    "multi_replacement": lambda **kw: S.MultiDatasetBatchSampler([130, 470, 77], 16,
+                                                                 seed=kw.pop("seed", 7), **kw),
+    "multi_sample": lambda **kw: S.MultiDatasetSampler([130, 470, 403], 16, replacement=False,
+                                                       seed=kw.pop("seed", 7), **kw),
 }
-WITHOUT_REPLACEMENT = ["sequential", "random", "block", "size_aware"]
+WITHOUT_REPLACEMENT = ["sequential", "random", "block", "size_aware", "multi_sample"]
 
 
 def _n_of(name):
@@ -273,56 +274,54 @@ def test_size_aware_request_replacement():
 
 # ---- multi-dataset ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("policy,batches,samples", [("dataset_size", 40, 400),
-                                                     ("min_size", 20, 200),
-                                                     ("max_size", 60, 600)])
-@pytest.mark.parametrize("replacement", [False, True])
-def test_multi_epoch_policies(policy, batches, samples, replacement):
-    s = S.MultiDatasetSampler([100, 300], 10, balanced=True, epoch_policy=policy,
-                              replacement=replacement, seed=3)
+# (nvalchemi's semantics over a grid, and the bugs of issue 20: test_multi_sampler_nvalchemi.py)
+
+@pytest.mark.parametrize("policy,replacement,batches", [
+    ("dataset_size", True, 40), ("min_size", True, 20), ("max_size", True, 60),
+    ("dataset_size", False, 20), ("min_size", False, 20)])
+def test_multi_epoch_policies(policy, replacement, batches):
+    s = S.MultiDatasetBatchSampler([100, 300], 10, balanced=True, epoch_policy=policy,
+                                   replacement=replacement, seed=3)
     assert s.samples_per_dataset == (5, 5)
     out = list(s)
-    assert len(out) == len(s) == batches
-    assert sum(len(b) for b in out) == samples
+    assert len(out) == len(s) == s.num_batches == batches
     for b in out:
         child, local = s.to_local(b)
-        assert (child == 0).sum() == 5
+        assert len(b) == 10 and (child == 0).sum() == 5
         assert local.min() >= 0 and (local[child == 0] < 100).all()
     if not replacement:
-        # child 0 is a permutation, cycled: no repeat within each run of 100 draws
-        c0 = np.concatenate([b[b < 100] for b in out])
-        for k in range(0, len(c0) - 99, 100):
-            assert len(np.unique(c0[k:k + 100])) == 100
-        # each cycle is a fresh permutation: batch b and b + 20 hold different child-0 ids
-        sets = [frozenset(b[b < 100].tolist()) for b in out]
-        assert sum(sets[b] == sets[b + 20] for b in range(len(sets) - 20)) < 3
+        ids = np.concatenate(out)
+        assert len(np.unique(ids)) == len(ids)
+        assert set(ids[ids < 100].tolist()) == set(range(100))     # child 0 used up exactly
 
 
 def test_multi_shares_within_three_sigma():
     for replacement in (False, True):
         s = S.MultiDatasetSampler([5000, 2000], 64, weights=[0.7, 0.3],
-                                  replacement=replacement, seed=4)
+                                  num_samples=6000, replacement=replacement, seed=4)
         ids = np.concatenate(list(s))
         share = (ids < 5000).mean()
         assert abs(share - 0.7) <= 3 * math.sqrt(0.21 / len(ids))
-        assert s.samples_per_dataset == (45, 19)
+        assert len(ids) == 6000
+        if not replacement:
+            assert (ids < 5000).sum() == 4200 and len(np.unique(ids)) == 6000
+    assert S.MultiDatasetBatchSampler([5000, 2000], 64, weights=[0.7, 0.3]
+                                      ).samples_per_dataset == (45, 19)
 
 
 def test_multi_counts_and_fractions():
-    s = S.MultiDatasetSampler([100, 307], 10, samples_per_dataset=[3, 7])
-    assert s.samples_per_dataset == (3, 7)
-    s = S.MultiDatasetSampler([100, 307], 10, samples_per_dataset=[0.3, 0.7])
-    assert s.samples_per_dataset == (3, 7)
-    s = S.MultiDatasetSampler([100, 307], 10)          # proportional: 2.46 / 7.54
+    M = S.MultiDatasetBatchSampler
+    assert M([100, 307], 10, samples_per_dataset=[3, 7]).samples_per_dataset == (3, 7)
+    assert M([100, 307], 10, samples_per_dataset=[0.3, 0.7]).samples_per_dataset == (3, 7)
+    s = M([100, 307], 10)          # proportional: 2.46 / 7.54
     assert s.samples_per_dataset == (2, 8)
     out = list(s)
-    assert len(out) == 41 and len(out[-1]) == 7         # 407 samples
-    assert len(S.MultiDatasetSampler([100, 307], 10, drop_last=True)) == 40
+    assert len(out) == 41 and {len(b) for b in out} == {10}      # ceil(407 / 10), all full
     with pytest.raises(zbatch.ZbatchError, match="sum to 9"):
-        S.MultiDatasetSampler([100, 307], 10, samples_per_dataset=[3, 6])
-    with pytest.raises(zbatch.ZbatchError, match="child 1"):
-        S.MultiDatasetSampler([100, 0], 10, samples_per_dataset=[3, 7])
-    assert S.MultiDatasetSampler([[0] * 4, range(6)], 2).sizes == (4, 6)
+        M([100, 307], 10, samples_per_dataset=[3, 6])
+    with pytest.raises(ValueError, match="child 1"):
+        M([100, 0], 10, samples_per_dataset=[3, 7])
+    assert M([[0] * 4, range(6)], 2).sizes == (4, 6)
 
 
 # ---- block --------------------------------------------------------------------------------------
@@ -476,7 +475,8 @@ def test_rank_world_resolution(monkeypatch):
     ("block", {"block_size": 8}, S.BlockSampler), ("weighted", {}, S.WeightedSampler),
     ("size_aware", {"num_atoms": np.ones(100, np.int64), "max_atoms": 10, "drop_last": True},
      S.SizeAwareSampler),
-    ("multi", {"sizes": [40, 60]}, S.MultiDatasetSampler)])
+    ("multi", {"sizes": [40, 60], "replacement": False}, S.MultiDatasetBatchSampler),
+    ("multi_sample", {"sizes": [40, 60]}, S.MultiDatasetSampler)])
 def test_make_sampler(name, kw, cls):
     s = S.make_sampler(name, 100, 10, **kw)
     assert isinstance(s, cls) and isinstance(s, S.Sampler)
