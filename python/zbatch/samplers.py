@@ -37,7 +37,8 @@ import numpy as _np
 from . import _zbatch
 
 __all__ = ["Sampler", "SequentialSampler", "RandomSampler", "BlockSampler", "WeightedSampler",
-           "SizeAwareSampler", "MultiDatasetSampler", "MultiDatasetBatchSampler", "make_sampler", "resolve_rank_world"]
+           "SizeAwareSampler", "MultiDatasetSampler", "MultiDatasetBatchSampler", "make_sampler",
+           "resolve_rank_world"]
 
 _POLICIES = {"dataset_size": 0, "min_size": 1, "max_size": 2}
 _U64_MAX = (1 << 64) - 1

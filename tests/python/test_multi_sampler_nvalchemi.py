@@ -149,9 +149,10 @@ def test_sampler_matches_nvalchemi_grid(sizes):
     nv_ds = _nv_dataset(sizes)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     k = len(sizes)
+    weight_forms = (None, [1.0] * k, [float(i + 1) for i in range(k)], [0.0] * k,
+                    [-1.0] + [1.0] * (k - 1))
     for weights, num_samples, replacement, shuffle in itertools.product(
-            (None, [1.0] * k, [float(i + 1) for i in range(k)], [0.0] * k, [-1.0] + [1.0] * (k - 1)),
-            (None, 9, 40), (True, False), (True, False)):
+            weight_forms, (None, 9, 40), (True, False), (True, False)):
         common = dict(weights=weights, num_samples=num_samples, replacement=replacement,
                       shuffle=shuffle, seed=5)
         case = f"sizes={sizes} {common}"
@@ -333,3 +334,22 @@ def test_huge_children_cost_nothing():
     assert sorted(child.tolist()) == [0, 0, 0, 0, 0, 1] and local.max() < 10**12
     s = zbatch.MultiDatasetSampler([10**12, 10**12], 4, num_samples=10**9, replacement=False)
     assert len(s) == 25 * 10**7
+
+
+def test_nvalchemi_arguments_generator_and_distributed_manager():
+    torch = pytest.importorskip("torch")
+
+    class Manager:           # nvalchemi's DistributedManager, as the samplers use it
+        world_size, rank = 3, 2
+
+        def is_initialized(self):
+            return True
+
+    gen = torch.Generator().manual_seed(11)
+    a = zbatch.MultiDatasetBatchSampler([50, 70], 6, generator=gen,
+                                        distributed_manager=Manager())
+    b = zbatch.MultiDatasetBatchSampler([50, 70], 6, seed=11, rank=2, world_size=3)
+    assert (a.rank, a.world_size, a.seed) == (2, 3, 11)
+    assert [x.tolist() for x in a] == [x.tolist() for x in b]
+    nv = NvBatchSampler(_nv_dataset([50, 70]), batch_size=6, num_replicas=3, rank=2)
+    assert len(a) == len(nv) == 7
