@@ -429,7 +429,8 @@ def _obs_frame(ds: Dataset):
 class MultiDataset(Dataset):
     """Several datasets behind one index space (samples of child k follow those of k-1);
     batches carry ``b["dataset"]``, the child of each sample. Pair it with
-    ``DataLoader(..., sampler="multi", sizes=md.sizes, weights=...)`` for per-child ratios.
+    ``DataLoader(md, sampler="multi", weights=...)`` for per-child ratios (the child lengths,
+    ``md.sizes``, are filled in).
 
     The children must offer the same fields and, for anndata stores, the same var names:
     otherwise the error names both stores and the first difference. ``reorder_vars=True``

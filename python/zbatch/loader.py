@@ -604,9 +604,11 @@ _SIZE_SEGMENTS = {"num_atoms": ("max_atoms", "atoms"), "num_edges": ("max_edges"
 
 def _dataset_sampler_args(dataset: Dataset, name: str, kw: dict) -> dict:
     """Fills sampler arguments that come from the dataset: per-sample sizes for "size_aware"
-    (from the pointer arrays, no values read) and class codes for "weighted" with
-    ``class_field``."""
+    (from the pointer arrays, no values read), class codes for "weighted" with
+    ``class_field``, and a MultiDataset's child lengths for "multi" / "multi_sample"."""
     kw = dict(kw)
+    if name in ("multi", "multi_sample") and "sizes" not in kw and hasattr(dataset, "sizes"):
+        kw["sizes"] = list(dataset.sizes)   # a MultiDataset's children, in order
     if name in ("size_aware", "size-aware"):
         for sizes_kw, (limit_kw, segment) in _SIZE_SEGMENTS.items():
             if kw.get(limit_kw) is not None and kw.get(sizes_kw) is None:

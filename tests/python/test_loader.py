@@ -565,6 +565,13 @@ def test_multi_dataset_ratios_and_child_ids(tmp_path):
                            samples_per_dataset=[0.5, 0.5], seed=3)
     kids = np.concatenate([x["dataset"] for x in dl])
     np.testing.assert_array_equal(np.bincount(kids), [400, 400])  # balanced halves per batch
+    # the child lengths come from the MultiDataset when not given: the same batches
+    implied = zbatch.DataLoader(md, batch_size=100, sampler="multi",
+                                samples_per_dataset=[0.5, 0.5], seed=3)
+    given = zbatch.DataLoader(md, batch_size=100, sampler="multi", sizes=md.sizes,
+                              samples_per_dataset=[0.5, 0.5], seed=3)
+    for x, y in zip(given, implied, strict=True):
+        np.testing.assert_array_equal(x["index"], y["index"])
     other = zbatch.open(_small(tmp_path, "c.zarr", 50, 3))
     with pytest.raises(zbatch.ZbatchError):
         zbatch.MultiDataset([zbatch.open(pa), zbatch.open(_atoms(tmp_path))])
