@@ -248,8 +248,11 @@ def test_cli_convert_from_lmdb(tmp_path, entries):
     assert r.returncode == 0, r.stderr
     assert "converted 2 entries" in r.stdout
     _assert_converted(tmp_path / "out.zarr", entries[:2])
-    r = subprocess.run([str(CLI), "convert", "--from", "lmdb", str(tmp_path / "missing.lmdb"),
-                        "-o", str(tmp_path / "o2.zarr")],
-                       capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 1 and "missing.lmdb: no such file" in r.stderr
-    assert "Traceback" not in r.stderr
+
+def test_cli_error_is_one_line(tmp_path, capsys):
+    from zbatch.__main__ import main
+    rc = main(["convert", "--from", "lmdb", str(tmp_path / "missing.lmdb"), "-o",
+               str(tmp_path / "o2.zarr")])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert err.startswith("zbatch convert: ") and "missing.lmdb: no such file" in err

@@ -215,7 +215,7 @@ def test_unrecoverable_and_misused(tmp_path, structures):
         zbatch.repair(tmp_path / "missing.zarr")
 
 
-def test_cli_repair(tmp_path, structures):
+def test_cli_repair(tmp_path, structures, capsys):
     _, _, Writer = _nvalchemi()
     bad = tmp_path / "bad.zarr"
     w = Writer(str(bad))
@@ -230,6 +230,8 @@ def test_cli_repair(tmp_path, structures):
     assert r.returncode == 0, r.stderr
     assert "4 samples, 2 with re-based edge indices, 0 deleted left out" in r.stdout
     _zbatch_reads(tmp_path / "ok.zarr", structures[:4])
-    r = subprocess.run([str(CLI), "repair", str(bad), "-o", str(tmp_path / "ok.zarr")],
-                       capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 1 and "already exists" in r.stderr and "Traceback" not in r.stderr
+
+    from zbatch.__main__ import main
+    assert main(["repair", str(bad), "-o", str(tmp_path / "ok.zarr")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("zbatch repair: ") and "ok.zarr already exists" in err
