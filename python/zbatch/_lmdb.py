@@ -217,9 +217,10 @@ def _structure(value: Any, where: str, cutoff: Optional[float], skipped: set[str
                          "('pos')")
     if z.dtype.kind == "f" and not (np.isfinite(z).all() and (z == np.round(z)).all()):
         raise ValueError(f"{where}: 'atomic_numbers' holds a value that is not an integer")
-    if "natoms" in arrays and arrays["natoms"].size == 1 and int(arrays["natoms"].reshape(-1)[0]) != n:
-        raise ValueError(f"{where}: 'natoms' is {int(arrays['natoms'].reshape(-1)[0])} but 'pos' "
-                         f"has {n} atoms")
+    natoms = arrays.get("natoms")
+    if natoms is not None and natoms.size == 1 and int(natoms.reshape(-1)[0]) != n:
+        raise ValueError(f"{where}: 'natoms' is {int(natoms.reshape(-1)[0])} but 'pos' has {n} "
+                         "atoms")
     cell = arrays.get("cell", np.zeros((3, 3))).astype(np.float64)
     if cell.size != 9:
         raise ValueError(f"{where}: 'cell' has shape {cell.shape}, not [1, 3, 3] or [3, 3]")
@@ -294,8 +295,8 @@ def _edges(arrays: dict[str, np.ndarray], where: str, n: int, positions: np.ndar
                          "integer [2, E]")
     E = int(ei.shape[1])
     if E and (ei.min() < 0 or ei.max() >= n):
-        raise ValueError(f"{where}: 'edge_index' holds atom {int(ei.min() if ei.min() < 0 else ei.max())}"
-                         f", outside 0..{n - 1}")
+        bad = int(ei.min() if ei.min() < 0 else ei.max())
+        raise ValueError(f"{where}: 'edge_index' holds atom {bad}, outside 0..{n - 1}")
     nl = np.stack([ei[1], ei[0]], axis=1).astype(np.int64)  # (centre i, neighbour j)
     if "cell_offsets" in arrays:
         off = arrays["cell_offsets"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Iterator, Optional, Union
 
 import numpy as np
@@ -82,6 +83,12 @@ class _Store:
                     level = _atomic._CORE_LEVELS.get(name, "atom") if group == "core" else "system"
                 level = "atom" if level == "node" else level
                 self.arrays[name] = (group, level)
+        for name, (group, level) in self.arrays.items():
+            # nvalchemi concatenates edge arrays named like (index|face) along their last axis
+            # (FORMATS.md §8.2); zbatch reads edge rows along axis 0 only
+            if level == "edge" and name != "neighbor_list" and re.search("index|face", name):
+                raise ValueError(f"{path}: {group}/{name} is an edge array nvalchemi "
+                                 "concatenates along its last axis, which zbatch does not read")
         for key in ("positions", "atomic_numbers"):
             if self.arrays.get(key, ("",))[0] != "core":
                 raise ValueError(f"{path}: no core/{key}: not an nvalchemi AtomicData store")
@@ -96,6 +103,11 @@ class _Store:
                     f"{need[level]}: nvalchemi's append did not extend it (FORMATS §8.5, "
                     "hazard 3), so the appended samples' values of it were never written and "
                     "cannot be recovered")
+
+    def ndim(self, name: str) -> int:
+        group = self.arrays[name][0]
+        with open(os.path.join(self.path, group, name, "zarr.json"), encoding="utf-8") as f:
+            return len(json.load(f).get("shape") or [0])
 
     def read(self, name: str, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
         return self._read(self.path, name, start, stop)
@@ -184,13 +196,19 @@ def repair(store: PathLike, output: Optional[PathLike] = None, *, codec: Optiona
     ap, ep = s.atoms_ptr, s.edges_ptr
     counts = {"rebased": 0}
 
+    # A custom system field of one value per sample ([N]) is added whole after the samples:
+    # through samples the writer would store it as [N, 1]. It is N values, small.
+    scalars = [k for k, (g, lvl) in s.arrays.items()
+               if g == "custom" and lvl == "system" and s.ndim(k) == 1]
+    per_sample = {k: v for k, v in s.arrays.items() if k not in scalars}
+
     def samples() -> Iterator[dict[str, np.ndarray]]:
         for p0, p1 in _blocks(s, block_size):
             if not s.live[p0:p1].any():
                 continue
             a0, e0 = int(ap[p0]), int(ep[p0])
             rows = {}
-            for name, (group, level) in s.arrays.items():
+            for name, (group, level) in per_sample.items():
                 lo, hi = {"atom": (a0, int(ap[p1])), "edge": (e0, int(ep[p1])),
                           "system": (p0, p1)}[level]
                 rows[name] = (level, s.read(f"{group}/{name}", lo, hi))
@@ -218,12 +236,14 @@ def repair(store: PathLike, output: Optional[PathLike] = None, *, codec: Optiona
         raise ValueError(f"{src}: every sample is deleted: nothing to repair")
     created = not os.path.exists(out)
     float_dtype = s.read("core/positions", 0, 0).dtype
-    levels = {k: lvl for k, (g, lvl) in s.arrays.items() if g == "custom"}
+    levels = {k: lvl for k, (g, lvl) in per_sample.items() if g == "custom"}
     cfg = _atomic.ArrayConfig(codec=codec)
     writer = _atomic.AtomicWriter(out, _atomic.WriteConfig(meta=cfg, core=cfg, custom=cfg),
                                   levels=levels, float_dtype=float_dtype, block_size=block_size)
     try:
         writer.write(samples())
+        for name in scalars:
+            writer.add_custom(name, s.read(f"custom/{name}")[s.live], "system")
         writer.check()
     except BaseException:
         _remove(out, created)

@@ -256,3 +256,52 @@ def test_cli_error_is_one_line(tmp_path, capsys):
     assert rc == 1
     err = capsys.readouterr().err
     assert err.startswith("zbatch convert: ") and "missing.lmdb: no such file" in err
+
+
+def test_not_an_lmdb_and_empty(tmp_path):
+    (tmp_path / "x.lmdb").write_bytes(b"not an lmdb at all" * 100)
+    with pytest.raises(ValueError, match=r"x.lmdb: not an LMDB"):
+        zbatch.convert_lmdb(tmp_path / "x.lmdb", tmp_path / "out.zarr")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"empty: a directory without .lmdb files"):
+        zbatch.convert_lmdb(tmp_path / "empty", tmp_path / "out.zarr")
+    _write_lmdb(tmp_path / "none.lmdb", [])
+    with pytest.raises(ValueError, match=r"no entries in"):
+        zbatch.convert_lmdb(tmp_path / "none.lmdb", tmp_path / "out.zarr")
+    assert not (tmp_path / "out.zarr").exists()
+
+
+def _synthetic(path, count, n=16, e=160):
+    rng = np.random.default_rng(0)
+    env = lmdb.open(str(path), subdir=False, map_size=1 << 30, lock=False)
+    with env.begin(write=True) as txn:
+        for k in range(count):
+            txn.put(str(k).encode("ascii"), pickle.dumps({
+                "pos": rng.random((n, 3), dtype=np.float32) * 8,
+                "atomic_numbers": np.full(n, 29.0, np.float32),
+                "cell": (np.eye(3, dtype=np.float32) * 8)[None],
+                "edge_index": rng.integers(0, n, (2, e)),
+                "cell_offsets": rng.integers(-1, 2, (e, 3)).astype(np.float32),
+                "force": rng.random((n, 3), dtype=np.float32), "y": float(k)}))
+        txn.put(b"length", pickle.dumps(count))
+    env.close()
+    return count * (n * 3 * 4 * 2 + n * 8 + e * (16 + 24 + 24))
+
+
+def test_streamed_memory_bounded(tmp_path):
+    """Peak Python-traced memory stays near one batch's worth, not the input's size."""
+    import tracemalloc
+    peaks = []
+    for count in (300, 3000):
+        data_bytes = _synthetic(tmp_path / f"{count}.lmdb", count)
+        tracemalloc.start()
+        zbatch.convert_lmdb(tmp_path / f"{count}.lmdb", tmp_path / f"{count}.zarr",
+                            batch_size=128)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    print(f"peak traced memory {peaks[0] / 2**20:.1f} MiB for 300 entries, "
+          f"{peaks[1] / 2**20:.1f} MiB for 3,000 ({data_bytes / 2**20:.0f} MiB of data)")
+    assert peaks[1] < 1.5 * peaks[0] + (1 << 20), peaks
+    assert peaks[1] < data_bytes / 5, (peaks, data_bytes)
+    y = zbatch.open(str(tmp_path / "3000.zarr")).read_many([0, 2999])["energy"].reshape(-1)
+    np.testing.assert_array_equal(y, [0.0, 2999.0])

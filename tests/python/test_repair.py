@@ -81,6 +81,18 @@ def _data(atoms_list):
     return out
 
 
+def _live_rows(t, level, structures, deleted):
+    """The rows of a store-wide tensor that belong to the samples not deleted, from the
+    structures' own atom and edge counts (ASE)."""
+    sizes = {"atom": [len(a) for a in structures],
+             "edge": [len(neighbor_list("i", a, CUTOFF)) for a in structures],
+             "system": [1] * len(structures)}[level]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    keep = np.concatenate([np.arange(starts[k], starts[k + 1]) for k in range(len(structures))
+                           if k not in deleted])
+    return t[keep]
+
+
 def _tree_hash(path) -> dict[str, str]:
     return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(Path(path).rglob("*")) if p.is_file()}
@@ -91,6 +103,7 @@ def _assert_same_store(got, want):
     and nvalchemi's reader returns equal samples."""
     g, w = zarr.open_group(str(got), mode="r"), zarr.open_group(str(want), mode="r")
     assert g.attrs["num_samples"] == w.attrs["num_samples"]
+    assert g.attrs["fields"]["core"] == w.attrs["fields"]["core"]
     for group in ("meta", "core"):
         assert sorted(g[group].array_keys()) == sorted(w[group].array_keys()), group
         for name in w[group].array_keys():
@@ -151,8 +164,17 @@ def test_append_damage_repaired_to_what_one_write_gives(tmp_path, structures):
 def test_defragment_damage_repaired(tmp_path, structures):
     _, _, Writer = _nvalchemi()
     bad, good = tmp_path / "bad.zarr", tmp_path / "good.zarr"
+    import torch
     w = Writer(str(bad))
     w.write(_data(structures))
+    atoms = sum(len(a) for a in structures)
+    edges = int(zarr.open_group(str(bad))["meta/edges_ptr"][-1])
+    # custom fields of each level, carried through defragment and repair
+    custom = {"charge_ref": ("atom", torch.arange(atoms, dtype=torch.float32) / 7),
+              "bond_order": ("edge", torch.arange(edges, dtype=torch.int64) % 5),
+              "label": ("system", torch.arange(len(structures), dtype=torch.int64) * 10)}
+    for key, (level, t) in custom.items():
+        w.add_custom(key, t, level)
     w.delete([0, 4])
     w.defragment()  # copies stored indices: every later sample's point past it
     nl = zarr.open_group(str(bad))["core/neighbor_list"][...]
@@ -164,8 +186,15 @@ def test_defragment_damage_repaired(tmp_path, structures):
     r = zbatch.repair(bad, out)
     assert (r["samples"], r["rebased"], r["dropped"]) == (6, 6, 0)
     live = [s for k, s in enumerate(structures) if k not in (0, 4)]
-    Writer(str(good)).write(_data(live))
+    gw = Writer(str(good))
+    gw.write(_data(live))
+    for key, (level, t) in custom.items():
+        gw.add_custom(key, _live_rows(t, level, structures, (0, 4)), level)
     _assert_same_store(out, good)
+    g = zarr.open_group(str(out), mode="r")
+    for key, (level, t) in custom.items():
+        np.testing.assert_array_equal(g[f"custom/{key}"][...],
+                                      _live_rows(t, level, structures, (0, 4)).numpy(), key)
     _zbatch_reads(out, live)
 
 
