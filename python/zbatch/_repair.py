@@ -105,17 +105,17 @@ class _Store:
                     "cannot be recovered")
 
     def ndim(self, name: str) -> int:
-        group = self.arrays[name][0]
-        with open(os.path.join(self.path, group, name, "zarr.json"), encoding="utf-8") as f:
-            return len(json.load(f).get("shape") or [0])
+        return len(self._shape(f"{self.arrays[name][0]}/{name}"))
 
     def read(self, name: str, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
         return self._read(self.path, name, start, stop)
 
     def _rows(self, name: str) -> int:
+        return int(self._shape(name)[0])
+
+    def _shape(self, name: str) -> list:
         with open(os.path.join(self.path, name, "zarr.json"), encoding="utf-8") as f:
-            shape = json.load(f).get("shape") or [0]
-        return int(shape[0])
+            return list(json.load(f).get("shape") or [0])
 
 
 def _base(stored: np.ndarray, p: int, a0: int, n: int, path: str) -> Optional[int]:
