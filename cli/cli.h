@@ -10,5 +10,8 @@ int zb_cli_synth_atoms(int argc, char **argv);
 int zb_cli_verify(int argc, char **argv);
 int zb_cli_convert(int argc, char **argv);
 int zb_cli_bench(int argc, char **argv);
+/* Runs `python -m zbatch ARGV...` (argv[0] is the subcommand) for the jobs the Python package
+ * does; returns only when Python cannot be started. */
+int zb_cli_python(int argc, char **argv);
 
 #endif

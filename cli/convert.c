@@ -6,8 +6,9 @@
  *   zbatch convert SRC DST [--codec ...] [--format ...] [--chunk-bytes N]
  *       re-encode one Zarr store (format, codec, chunk size), groups and attributes kept.
  *
- * `--from ase` (structures ASE reads, into an atomic store) and `--scheduler ADDRESS` (the
- * tasks on a Dask cluster) are the Python package's: the command runs `python -m zbatch
+ * `--from ase` (structures ASE reads, into an atomic store), `--from lmdb` (fairchem-style
+ * LMDBs, into an atomic store) and `--scheduler ADDRESS` (the tasks on a Dask cluster) are the
+ * Python package's: the command runs `python -m zbatch
  * convert ...` with the same arguments. */
 #include <errno.h>
 #include <json-c/json.h>
@@ -32,6 +33,7 @@ usage(FILE *f)
             "       zbatch convert SRC DST [--codec CODEC] [--format v2|v3] [--chunk-bytes N]\n"
             "                              [--threads T]\n"
             "       zbatch convert --from ase FILE... -o OUTPUT --cutoff R [options]\n"
+            "       zbatch convert --from lmdb LMDB... -o OUTPUT [--cutoff R] [options]\n"
             "\n"
             "AnnData inputs (.h5ad files or anndata Zarr stores) into a pre-shuffled collection\n"
             "of sharded AnnData datasets (annbatch's layout): every cell at a uniformly random\n"
@@ -69,7 +71,9 @@ usage(FILE *f)
             "                        print it as one JSON line\n"
             "  --scheduler ADDRESS   run the tasks on a Dask cluster (needs the Python package)\n"
             "  --from ase            structures ASE reads, with neighbour lists from --cutoff\n"
-            "                        (needs the Python package; see its --help)\n",
+            "                        (needs the Python package; see its --help)\n"
+            "  --from lmdb           fairchem-style LMDBs (pickled dicts or PyG Data), edges\n"
+            "                        kept, --cutoff for entries without them (Python package)\n",
             ZB_CONVERT_DEFAULT_DATASET_SIZE, ZB_ANNDATA_DEFAULT_X_CHUNK);
 }
 
@@ -81,10 +85,11 @@ executable(const char *path)
     return access(path, X_OK) == 0;
 }
 
-/* Runs `python -m zbatch convert ARGS...`: ZBATCH_PYTHON, else a python beside this program
- * (an installed package's scripts directory), else the checkout's .venv, else python3. */
-static int
-run_python(int argc, char **argv)
+/* Runs `python -m zbatch ARGV...` (argv[0] is the subcommand: convert, repair): ZBATCH_PYTHON,
+ * else a python beside this program (an installed package's scripts directory), else the
+ * checkout's .venv, else python3. */
+int
+zb_cli_python(int argc, char **argv)
 {
     char python[PATH_MAX + 32] = "";
     const char *env = getenv("ZBATCH_PYTHON");
@@ -114,9 +119,9 @@ run_python(int argc, char **argv)
     for (int i = 0; i < argc; i++) args[3 + i] = argv[i];
     execvp(python, args);
     fprintf(stderr,
-            "zbatch convert: this job runs in the zbatch Python package, and %s could not be "
+            "zbatch %s: this job runs in the zbatch Python package, and %s could not be "
             "started (%s); set ZBATCH_PYTHON to a Python that has zbatch installed\n",
-            python, strerror(errno));
+            argv[0], python, strerror(errno));
     free(args);
     return 1;
 }
@@ -326,7 +331,7 @@ zb_cli_convert(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "--from") || !strcmp(a, "--scheduler")) {
             free(pos);
-            return run_python(argc, argv);
+            return zb_cli_python(argc, argv);
         }
     }
     for (int i = 1; i < argc; i++) {

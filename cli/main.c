@@ -18,8 +18,11 @@ usage(FILE *f)
             "  synth --kind K ...   generate a realistic synthetic store (cells or atoms)\n"
             "  verify PATH          check a store: metadata, chunks, pointers, masks\n"
             "  convert IN... -o OUT .h5ad files and anndata stores into a pre-shuffled\n"
-            "                       collection; --from ase: structures into an atomic store\n"
+            "                       collection; --from ase / --from lmdb: structures into an\n"
+            "                       atomic store\n"
             "  convert SRC DST      re-encode a store (format, codec, chunk size)\n"
+            "  repair STORE [-o OUT] a corrected copy of an atomic store whose edge indices\n"
+            "                       nvalchemi's append/defragment damaged, written beside it\n"
             "  bench STORE ...      loader throughput next to the decode-only limit\n"
             "\n"
             "Run 'zbatch <command> --help' for a command's options.\n",
@@ -47,6 +50,7 @@ main(int argc, char **argv)
     if (!strcmp(cmd, "verify")) return zb_cli_verify(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return zb_cli_convert(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return zb_cli_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "repair")) return zb_cli_python(argc - 1, argv + 1);
     fprintf(stderr, "zbatch: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

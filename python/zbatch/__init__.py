@@ -167,5 +167,7 @@ from ._torch import IterableLoader, collate  # noqa: E402
 from ._convert import convert  # noqa: E402
 from ._neighbors import neighbor_list  # noqa: E402
 from ._ase import convert_ase  # noqa: E402
+from ._lmdb import convert_lmdb  # noqa: E402
+from ._repair import repair  # noqa: E402
 
-__all__ += ["neighbor_list", "convert_ase", "IterableLoader", "collate"]
+__all__ += ["neighbor_list", "convert_ase", "convert_lmdb", "repair", "IterableLoader", "collate"]

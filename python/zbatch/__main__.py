@@ -1,6 +1,7 @@
-"""python -m zbatch convert ...: the conversions that need Python — AnnData inputs converted on a
-Dask cluster (--scheduler ADDRESS) and structures ASE reads (--from ase). The zbatch command
-runs this for those two options; every other conversion runs in the command itself."""
+"""python -m zbatch convert|repair ...: the jobs that need Python — AnnData inputs converted on a
+Dask cluster (--scheduler ADDRESS), structures ASE reads (--from ase), fairchem-style LMDBs
+(--from lmdb), and repairing atomic stores nvalchemi's writer damaged (repair). The zbatch
+command runs this for those; every other conversion runs in the command itself."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,7 @@ def _convert_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zbatch convert", description=__doc__)
     p.add_argument("inputs", nargs="+")
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--from", dest="source", choices=["anndata", "ase"], default="anndata")
+    p.add_argument("--from", dest="source", choices=["anndata", "ase", "lmdb"], default="anndata")
     p.add_argument("--scheduler", help="address of a Dask scheduler (tcp://host:8786)")
     p.add_argument("--dataset-size", type=int)
     p.add_argument("--var-join", choices=["outer", "inner"], default="outer")
@@ -31,7 +32,8 @@ def _convert_parser() -> argparse.ArgumentParser:
                    default="auto")
     p.add_argument("--index-dtype", choices=["auto", "narrow", "int32"], default="auto")
     p.add_argument("--quiet", "-q", action="store_true")
-    p.add_argument("--cutoff", type=float, help="--from ase: neighbour-list cutoff (Angstrom)")
+    p.add_argument("--cutoff", type=float, help="--from ase: neighbour-list cutoff (Angstrom); "
+                   "--from lmdb: for entries without edge_index")
     p.add_argument("--index", default=":", help="--from ase: which structures of each file")
     return p
 
@@ -47,6 +49,13 @@ def _convert(argv: list) -> int:
         n = convert_ase(args.inputs, args.output, cutoff=args.cutoff, index=args.index,
                         zarr_format=fmt, codec=args.codec)
         print(f"converted {n} structures into {args.output}")
+        return 0
+    if args.source == "lmdb":
+        from ._lmdb import convert_lmdb
+        n = convert_lmdb(args.inputs, args.output, cutoff=args.cutoff, zarr_format=fmt,
+                         codec=args.codec, chunk_rows=args.chunk, shard_rows=args.shard,
+                         num_threads=2 if args.threads is None else args.threads)
+        print(f"converted {n} entries into {args.output}")
         return 0
     from ._convert import convert
     client = None
@@ -73,17 +82,42 @@ def _convert(argv: list) -> int:
     return 0
 
 
+def _repair(argv: list) -> int:
+    p = argparse.ArgumentParser(
+        prog="zbatch repair",
+        description="Writes a corrected copy of an nvalchemi AtomicData store whose edge "
+                    "indices nvalchemi-toolkit's append or defragment damaged (negative, or past "
+                    "the sample), beside the damaged store, which is only read. Each sample's "
+                    "indices are re-based by the one offset that puts them inside the sample "
+                    "(its edges must reach its first and last atom); a sample where no single "
+                    "offset or several fit is refused, naming it. Soft-deleted samples are "
+                    "left out.")
+    p.add_argument("store")
+    p.add_argument("-o", "--output", help="the corrected store (default NAME.repaired.zarr "
+                   "beside NAME.zarr)")
+    p.add_argument("--codec", help="codec of every array (default the atomic writer's)")
+    args = p.parse_args(argv)
+    from ._repair import repair
+    r = repair(args.store, args.output, codec=args.codec)
+    print(f"repaired {args.store} into {r['output']}: {r['samples']} samples, "
+          f"{r['rebased']} with re-based edge indices, {r['dropped']} deleted left out")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "convert":
+    jobs = {"convert": _convert, "repair": _repair}
+    if not argv or argv[0] not in jobs:
         print("usage: python -m zbatch convert INPUT... -o OUTPUT [--scheduler ADDRESS | "
-              "--from ase --cutoff R] [options]", file=sys.stderr)
+              "--from ase --cutoff R | --from lmdb] [options]\n"
+              "       python -m zbatch repair STORE [-o OUTPUT] [--codec CODEC]",
+              file=sys.stderr)
         return 2
     from ._zbatch import ZbatchError
     try:
-        return _convert(argv[1:])
-    except ZbatchError as e:
-        print(f"zbatch convert: {e}", file=sys.stderr)
+        return jobs[argv[0]](argv[1:])
+    except (ZbatchError, ValueError, FileNotFoundError, FileExistsError) as e:
+        print(f"zbatch {argv[0]}: {e}", file=sys.stderr)
         return 1
 
 
