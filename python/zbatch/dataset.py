@@ -190,7 +190,18 @@ class Dataset:
         >>> ds = zbatch.open("atlas.zarr", layer="counts", load_strings=True)
         >>> b = ds.read_many([0, 5])
         >>> b["X"], b["obs_names"]
+
+    ``zbatch.Dataset(reader, transforms=[...])`` wraps a reader instead: a zbatch dataset or
+    any object with ``read_many(ids)`` and ``__len__`` (a custom backend), with per-sample
+    transforms (see :class:`zbatch._backend.ReaderDataset`).
     """
+
+    def __new__(cls, source: Any = None, *args, **kwargs):
+        # Dataset(reader, transforms=...): a custom backend or a zbatch dataset, wrapped
+        from ._backend import ReaderDataset, is_reader
+        if cls is Dataset and is_reader(source):
+            return object.__new__(ReaderDataset)
+        return object.__new__(cls)
 
     def __init__(self, path: str, group: str = "", *, cache_bytes: int = 0, num_threads: int = 1,
                  load_layers: bool = False, use_consolidated: bool = True,

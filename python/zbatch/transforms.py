@@ -1,0 +1,159 @@
+"""Per-sample and per-batch transforms with nvalchemi's composition rules.
+
+    >>> def shift(sample: dict, metadata):            # a sample transform
+    ...     sample["positions"] = sample["positions"] + 1.0
+    ...     return sample, metadata
+    >>> ds = zbatch.Dataset(reader, transforms=[shift])
+    >>> def center(batch: zbatch.Batch):              # a batch transform
+    ...     return batch
+    >>> loader = zbatch.DataLoader(ds, batch_transforms=[center])
+
+The rules are nvalchemi 0.2.0's (``nvalchemi.data.transforms.Compose``):
+
+- the kind of a callable comes from the annotation of its first positional parameter: a
+  sample (``dict`` / ``Mapping`` here, nvalchemi's ``AtomicData``) makes a sample transform
+  ``fn(sample, metadata) -> (sample, metadata)``; a batch (:class:`zbatch.Batch`, nvalchemi's
+  ``Batch``) a batch transform ``fn(batch) -> batch``; any other annotation is a
+  ``TypeError``; an unannotated callable takes the kind of the others;
+- sample and batch transforms in one list are a ``TypeError`` naming both positions;
+- they run left to right, each on what the one before returned (a transform returns its
+  output; changing its input in place and returning None is not supported);
+- an exception raised by a transform comes out as a ``RuntimeError`` naming its position,
+  with the original exception as ``__cause__``.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any, Callable, Optional, Sequence, get_origin, get_type_hints
+
+__all__ = ["Compose", "transform_kind"]
+
+
+def _sample_types() -> tuple:
+    types: list = [dict, Mapping]
+    try:
+        from nvalchemi.data import AtomicData
+        types.append(AtomicData)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def _batch_types() -> tuple:
+    from .dataset import Batch
+    types: list = [Batch]
+    try:
+        from nvalchemi.data import Batch as NvBatch
+        types.append(NvBatch)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def _first_annotation(fn: Callable) -> Any:
+    """The resolved annotation of ``fn``'s first positional parameter, or None when it has
+    none (nvalchemi's rule: a callable object's hints come from its ``__call__``)."""
+    source: Any = fn
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn) or inspect.isbuiltin(fn)):
+        source = getattr(type(fn), "__call__", fn)
+    try:
+        hints = get_type_hints(source)
+    except Exception:  # unresolvable forward references count as no annotation (nvalchemi)
+        hints = {}
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not positional:
+        return None
+    return hints.get(positional[0].name)
+
+
+def transform_kind(fn: Callable, index: int = 0) -> Optional[str]:
+    """``"sample"``, ``"batch"`` or None (no annotation) for one callable; TypeError for a
+    callable whose first parameter is annotated with anything else, or a non-callable."""
+    if not callable(fn):
+        raise TypeError(f"Compose: transform at index {index} is not callable: got "
+                        f"{type(fn).__name__}")
+    ann = _first_annotation(fn)
+    if ann is None:
+        return None
+    cls = get_origin(ann) or ann   # dict[str, np.ndarray] -> dict
+    if cls in _batch_types():
+        return "batch"
+    if cls in _sample_types():
+        return "sample"
+    raise TypeError(f"Compose: transform at index {index} ({fn!r}) has typed first parameter "
+                    f"{ann!r}; expected a sample (dict, Mapping or nvalchemi AtomicData: a "
+                    "sample transform) or a batch (zbatch.Batch or nvalchemi Batch: a batch "
+                    "transform)")
+
+
+class Compose:
+    """Transforms composed left to right, of one kind (see the module doc).
+
+    ``Compose(transforms)(sample, metadata) -> (sample, metadata)`` for a sample composition,
+    ``Compose(transforms)(batch) -> batch`` for a batch composition. ``is_batch`` is False
+    for an empty or all-unannotated list (nvalchemi's default: sample semantics).
+    """
+
+    __slots__ = ("transforms", "is_batch", "kind")
+
+    def __init__(self, transforms: Sequence[Callable]) -> None:
+        self.transforms = tuple(transforms)
+        kind, first = None, None
+        for i, fn in enumerate(self.transforms):
+            this = transform_kind(fn, i)
+            if this is None:
+                continue
+            if kind is None:
+                kind, first = this, i
+            elif this != kind:
+                raise TypeError(f"Compose: cannot mix sample and batch transforms; transform "
+                                f"at index {first} is {kind!r} but transform at index {i} is "
+                                f"{this!r}")
+        #: "sample", "batch" or None (nothing annotated)
+        self.kind = kind
+        self.is_batch = kind == "batch"
+
+    def __call__(self, data: Any, metadata: Any = None) -> Any:
+        if self.is_batch:
+            return self._run_batch(data)
+        return self._run_sample(data, metadata)
+
+    def _run_sample(self, data: Any, metadata: Any) -> tuple:
+        for i, fn in enumerate(self.transforms):
+            try:
+                data, metadata = fn(data, metadata)
+            except Exception as e:
+                raise RuntimeError(f"Compose: transform[{i}] ({fn!r}) raised "
+                                   f"{type(e).__name__}") from e
+        return data, metadata
+
+    def _run_batch(self, batch: Any) -> Any:
+        for i, fn in enumerate(self.transforms):
+            try:
+                out = fn(batch)
+            except Exception as e:
+                raise RuntimeError(f"Compose: transform[{i}] ({fn!r}) raised "
+                                   f"{type(e).__name__}") from e
+            if out is None or not (isinstance(out, Mapping) or isinstance(out, type(batch))):
+                # nvalchemi passes None on (the loop then yields None): zbatch stops here
+                name = getattr(fn, "__qualname__", None) or repr(fn)
+                raise TypeError(f"batch transform {name} returned {type(out).__name__}; a "
+                                "batch transform must return the batch (a zbatch.Batch or a "
+                                "dict of arrays)")
+            batch = out
+        return batch
+
+    def __repr__(self) -> str:
+        return f"Compose({list(self.transforms)!r})"
+
+
+def check_sequence(transforms: Any, what: str) -> None:
+    """nvalchemi's check: a list, not one callable or a generator."""
+    if transforms is not None and not isinstance(transforms, Sequence):
+        raise TypeError(f"{what} must be a Sequence of callables, not a single callable or "
+                        "generator. Pass [fn] instead of fn.")
