@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ._atomic import _CORE_LEVELS
-from .dataset import Batch, Dataset, sample_dict
+from .dataset import Batch, Dataset, MultiDataset, sample_dict
 from .transforms import Compose, check_sequence
 
 #: Edge fields whose values are atom indices local to the sample, offset when collated
@@ -164,10 +164,16 @@ class ReaderDataset(Dataset):
     def _read_raw(self, ids: np.ndarray, transforms: Sequence = ()) -> dict:
         """The raw batch of validated uint64 ids (what the C reader returns), the loader's C
         transforms ``transforms`` included; runs on the loader's prefetch threads."""
+        if self._native is not None and self._compose is None:
+            return self._native._read_raw(ids, list(self._c_transforms) + list(transforms))
+        samples, _ = self._samples(ids, transforms)
+        return self._collate(samples, ids)
+
+    def _samples(self, ids: np.ndarray, transforms: Sequence = ()) -> tuple[list, list]:
+        """The samples ``ids`` as dicts of arrays (edge indices local) and their metadata,
+        transformed."""
         if self._native is not None:
             raw = self._native._read_raw(ids, list(self._c_transforms) + list(transforms))
-            if self._compose is None:
-                return raw
             b = Batch(raw, self.layout, self.n_vars, "numpy")
             samples = [sample_dict(self._native, b, k) for k in range(b.size)]
             for s in samples:
@@ -180,6 +186,7 @@ class ReaderDataset(Dataset):
                                  f"{type(self.reader).__name__}")
             samples, metas = self._read_backend(ids)
         if self._compose is not None:
+            self._compose.system_keys = self._system_keys()
             for k, i in enumerate(ids):
                 metas[k] = {**(metas[k] or {}), "index": int(i)}
                 samples[k], metas[k] = self._compose(samples[k], metas[k])
@@ -187,7 +194,13 @@ class ReaderDataset(Dataset):
                     raise TypeError(f"sample {int(i)}: a sample transform returned "
                                     f"{type(samples[k]).__name__}; it must return (dict of "
                                     "arrays, metadata)")
-        return self._collate(samples, ids)
+        return samples, metas
+
+    def _system_keys(self) -> frozenset:
+        if self._native is not None:
+            return frozenset(k for k, f in self._native.fields.items()
+                             if f["kind"] == "per_sample")
+        return frozenset(k for k, v in self._levels.items() if v == "system")
 
     def _read_backend(self, ids: np.ndarray) -> tuple[list, list]:
         want = [int(i) for i in ids]
@@ -226,6 +239,9 @@ class ReaderDataset(Dataset):
     def _collate(self, samples: list, ids: np.ndarray) -> dict:
         raw: dict[str, Any] = {"index": np.ascontiguousarray(ids, dtype=np.uint64),
                                "segments": {}, "fields": {}, "stats": dict(_NO_STATS)}
+        children = self._children_of(ids)
+        if children is not None:
+            raw["dataset"] = children
         if not samples:
             raw["segments"]["atoms"] = np.zeros(1, dtype=np.int64)
             return raw
@@ -289,6 +305,9 @@ class ReaderDataset(Dataset):
         arr = np.ascontiguousarray(arr)
         return (arr, arr.dtype.str, arr.shape, kind, seg)
 
+    def _children_of(self, ids: np.ndarray) -> Optional[np.ndarray]:
+        return None
+
     # -- sizes for the size-aware sampler ----------------------------------------------------
     def segment_lengths(self, segment: str) -> np.ndarray:
         """Per-sample atom or edge counts: the reader's ``get_metadata(i) -> (num_atoms,
@@ -324,3 +343,110 @@ class ReaderDataset(Dataset):
 def _rebuild(reader, transforms, workers, levels) -> ReaderDataset:
     return ReaderDataset(reader, transforms=transforms, num_workers=workers,
                          field_levels=levels)
+
+
+def _field_names(ds: Dataset) -> set:
+    return set(ds.fields) if len(ds) else set()
+
+
+def check_same_fields(children: Sequence[Dataset]) -> None:
+    """output_strict: every non-empty child has the same field names (nvalchemi's rule),
+    else ZB_E_INVALID naming the field and the two children."""
+    from . import _error
+    ref = next((k for k, d in enumerate(children) if len(d)), None)
+    if ref is None:
+        return
+    want = _field_names(children[ref])
+    for k, d in enumerate(children):
+        have = _field_names(d)
+        if not len(d) or have == want:
+            continue
+        f = sorted(want ^ have)[0]
+        where, missing = (ref, k) if f in want else (k, ref)
+        raise _error("ZB_E_INVALID", f"MultiDataset: field {f!r} is in dataset {where} "
+                     f"({children[where].name}) but not in dataset {missing} "
+                     f"({children[missing].name}); output_strict=False keeps the fields "
+                     "common to all children")
+
+
+def needs_python_multi(children: list, output_strict: bool) -> bool:
+    """Whether a MultiDataset of these children is read in Python: a child that is read in
+    Python, or children with different fields when output_strict is False."""
+    if any(getattr(d, "_python_pipeline", False) or not isinstance(d, Dataset)
+           for d in children):
+        return True
+    if output_strict or not children:
+        return False
+    names = [_field_names(d) for d in children if len(d)]
+    return any(n != names[0] for n in names)
+
+
+class MultiReaderDataset(ReaderDataset, MultiDataset):
+    """A MultiDataset read in Python (see MultiDataset): children's samples in one index
+    space, ``b["dataset"]`` the child of each sample; with ``output_strict=False`` only the
+    fields common to every non-empty child."""
+
+    def __init__(self, datasets: Sequence[Any], *, output_strict: bool = True,
+                 num_workers: int = 2, **_c_options: Any):
+        kids = [d if isinstance(d, ReaderDataset) else ReaderDataset(d) for d in datasets]
+        if not kids:
+            raise ValueError("MultiDataset needs at least one dataset")
+        if output_strict:
+            check_same_fields(kids)
+        names = [_field_names(d) for d in kids if len(d)]
+        self._common = set.intersection(*names) if names else set()
+        self.children = list(datasets)
+        self._kids = kids
+        #: the length of every child, in order (the "multi" sampler's ``sizes``)
+        self.sizes = [len(d) for d in kids]
+        self._offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.output_strict = bool(output_strict)
+        levels = {}
+        for d in kids:
+            levels.update(d._levels)
+        ReaderDataset.__init__(self, _Children(self), num_workers=num_workers,
+                               field_levels=levels)
+        self.path = self.name = kids[0].name
+
+    def __repr__(self) -> str:
+        return f"zbatch.MultiDataset({len(self._kids)} datasets, n={len(self)})"
+
+    def __reduce__(self):
+        return (_rebuild_multi, (self.children, self.output_strict, self._prefetch_workers))
+
+    def _children_of(self, ids: np.ndarray) -> np.ndarray:
+        return (np.searchsorted(self._offsets, ids.astype(np.int64), side="right") - 1
+                ).astype(np.int32)
+
+    def segment_lengths(self, segment: str) -> np.ndarray:
+        return np.concatenate([np.asarray(d.segment_lengths(segment), dtype=np.uint64)
+                               for d in self._kids])
+
+
+class _Children:
+    """The read_many of a MultiReaderDataset: each child reads its own samples (one read per
+    child), answered in request order."""
+
+    def __init__(self, multi: MultiReaderDataset):
+        self.multi = multi
+
+    def __len__(self) -> int:
+        return int(self.multi._offsets[-1])
+
+    def read_many(self, ids: Sequence[int]) -> list:
+        m = self.multi
+        ids = np.asarray(ids, dtype=np.int64)
+        child = m._children_of(ids)
+        out: list = [None] * len(ids)
+        for k in np.unique(child):
+            at = np.flatnonzero(child == k)
+            local = (ids[at] - m._offsets[k]).astype(np.uint64)
+            samples, metas = m._kids[k]._samples(local)
+            for j, s, meta in zip(at, samples, metas):
+                out[j] = ({f: v for f, v in s.items() if f in m._common},
+                          {**meta, "dataset": int(k)})
+        return out
+
+
+def _rebuild_multi(children, strict, workers) -> MultiDataset:
+    return MultiDataset(children, output_strict=strict, num_workers=workers)

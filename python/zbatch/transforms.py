@@ -99,11 +99,16 @@ class Compose:
     for an empty or all-unannotated list (nvalchemi's default: sample semantics).
     """
 
-    __slots__ = ("transforms", "is_batch", "kind")
+    __slots__ = ("transforms", "is_batch", "kind", "system_keys", "_atomic")
 
     def __init__(self, transforms: Sequence[Callable]) -> None:
         self.transforms = tuple(transforms)
         kind, first = None, None
+        #: which transforms take nvalchemi's AtomicData (their first parameter says so)
+        self._atomic = tuple(_is_atomic_data(_first_annotation(fn)) if callable(fn) else False
+                             for fn in self.transforms)
+        #: the system-level keys of a sample (a leading dimension of 1 in an AtomicData)
+        self.system_keys: frozenset = frozenset()
         for i, fn in enumerate(self.transforms):
             this = transform_kind(fn, i)
             if this is None:
@@ -124,12 +129,22 @@ class Compose:
         return self._run_sample(data, metadata)
 
     def _run_sample(self, data: Any, metadata: Any) -> tuple:
-        for i, fn in enumerate(self.transforms):
+        as_dict = isinstance(data, Mapping)
+        keys = frozenset(data) if as_dict else frozenset()
+        for i, (fn, atomic) in enumerate(zip(self.transforms, self._atomic)):
             try:
+                # a transform written for nvalchemi gets an AtomicData, the others a dict
+                if atomic and isinstance(data, Mapping):
+                    data = to_atomic_data(data, self.system_keys)
+                elif not atomic and as_dict and not isinstance(data, Mapping) and \
+                        _is_atomic_data(type(data)):
+                    data = from_atomic_data(data, keys)
                 data, metadata = fn(data, metadata)
             except Exception as e:
                 raise RuntimeError(f"Compose: transform[{i}] ({fn!r}) raised "
                                    f"{type(e).__name__}") from e
+        if as_dict and not isinstance(data, Mapping) and _is_atomic_data(type(data)):
+            data = from_atomic_data(data, keys)
         return data, metadata
 
     def _run_batch(self, batch: Any) -> Any:
@@ -150,6 +165,45 @@ class Compose:
 
     def __repr__(self) -> str:
         return f"Compose({list(self.transforms)!r})"
+
+
+def _is_atomic_data(ann: Any) -> bool:
+    try:
+        from nvalchemi.data import AtomicData
+    except ImportError:
+        return False
+    return ann is AtomicData
+
+
+#: Arrays nvalchemi's AtomicData fills in itself; kept only when the sample had them.
+_ATOMIC_DEFAULTS = frozenset({"atomic_masses", "atom_categories", "velocities"})
+
+
+def to_atomic_data(sample: Mapping, system_keys: frozenset) -> Any:
+    """A zbatch sample dict as nvalchemi's AtomicData (torch tensors; system fields with
+    nvalchemi's leading dimension of 1)."""
+    import numpy as np
+    import torch
+    from nvalchemi.data import AtomicData
+    from ._atomic import SYSTEM_KEYS
+    d = {}
+    for k, v in sample.items():
+        t = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v))
+        d[k] = t.unsqueeze(0) if k in SYSTEM_KEYS or k in system_keys else t
+    return AtomicData.model_validate(d)
+
+
+def from_atomic_data(data: Any, keys: frozenset) -> dict:
+    """An AtomicData back as a sample dict of numpy arrays: the fields it holds, less the
+    ones nvalchemi filled in itself that the sample did not have."""
+    system = set(data.system_properties)
+    out = {}
+    for k, v in data:
+        if not hasattr(v, "detach") or (k in _ATOMIC_DEFAULTS and k not in keys):
+            continue   # None, info, AtomicData's bookkeeping (__node_keys__ ...)
+        v = v.detach().cpu()
+        out[k] = (v.squeeze(0) if k in system and v.ndim and v.shape[0] == 1 else v).numpy()
+    return out
 
 
 def check_sequence(transforms: Any, what: str) -> None:

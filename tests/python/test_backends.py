@@ -238,3 +238,50 @@ def test_c_transforms_on_a_zbatch_reader_stay_in_c(stores):
         zbatch.Dataset(native, transforms=[shift, "log1p"])
     with pytest.raises(ValueError, match="C transforms"):
         zbatch.Dataset(H5Reader(stores[2] / "s.h5"), transforms=["log1p"])
+
+
+def test_multidataset_output_strict(stores, tmp_path):
+    """Children with different fields: the default names the field and both children;
+    output_strict=False gives the fields common to all, equal to each child's own batches;
+    custom-backend children mix with zbatch ones."""
+    samples, native, base = stores
+    other = make_samples(9, seed=4)
+    for s in other:
+        s.pop("charge_q")
+        s["dipole"] = np.arange(3, dtype=np.float32) + s["energy"]
+    opath = tmp_path / "o.zarr"
+    zbatch.AtomicWriter(opath).write(other)
+    odd = zbatch.open(opath)
+    with pytest.raises(zbatch.ZbatchError, match=r"field 'charge_q' is in dataset 0 \(.*s.zarr"
+                                                 r"\) but not in dataset 1 \(.*o.zarr\)"):
+        zbatch.MultiDataset([native, odd])
+    with pytest.raises(zbatch.ZbatchError, match="field 'charge_q'"):
+        zbatch.MultiDataset([zbatch.Dataset(H5Reader(base / "s.h5")), odd])
+    for first in (native, zbatch.Dataset(LMDBReader(base / "s.lmdb"))):
+        md = zbatch.MultiDataset([first, odd], output_strict=False)
+        assert isinstance(md, zbatch.MultiDataset) and md.sizes == [N, 9] and len(md) == N + 9
+        ids = [N + 2, 5, N + 8, 0, 5]
+        b = md.read_many(ids)
+        common = set(native.fields) & set(odd.fields)
+        assert common == set(native.fields) - {"charge_q"}
+        assert set(b) == common | {"index", "dataset", "atoms_ptr", "edges_ptr", "batch_idx"}
+        np.testing.assert_array_equal(b["dataset"], [1, 0, 1, 0, 0])
+        np.testing.assert_array_equal(b["index"], ids)
+        # each sample's values are its child's, re-based in the mixed batch
+        want_ptr = [0]
+        for i in ids:
+            src = odd[i - N] if i >= N else native[i]
+            want_ptr.append(want_ptr[-1] + len(src["positions"]))
+        np.testing.assert_array_equal(b["atoms_ptr"], want_ptr)
+        for k, i in enumerate(ids):
+            src = odd[i - N] if i >= N else native[i]
+            a0, a1 = b["atoms_ptr"][k], b["atoms_ptr"][k + 1]
+            e0, e1 = b["edges_ptr"][k], b["edges_ptr"][k + 1]
+            np.testing.assert_array_equal(b["positions"][a0:a1], src["positions"])
+            np.testing.assert_array_equal(b["neighbor_list"][e0:e1] - a0, src["neighbor_list"])
+            np.testing.assert_array_equal(b["energy"][k], src["energy"])
+        loader = zbatch.DataLoader(md, sampler="random", batch_size=7, seed=2)
+        seen = np.concatenate([x["index"] for x in loader])
+        np.testing.assert_array_equal(np.sort(seen), np.arange(N + 9))
+    same = zbatch.MultiDataset([native, native], output_strict=False)
+    assert type(same) is zbatch.MultiDataset   # same fields: the C reader, as before
