@@ -161,10 +161,11 @@ from .dataset import Batch, Dataset, InMemoryDataset, MultiDataset, open  # noqa
 from ._write_anndata import write_anndata  # noqa: E402
 from ._atomic import ArrayConfig, AtomicWriter, WriteConfig, sample_from_atoms  # noqa: E402
 from . import samplers  # noqa: E402
+from . import transforms  # noqa: E402
 from .loader import DataLoader  # noqa: E402
 from ._torch import IterableLoader, collate  # noqa: E402
 from ._convert import convert  # noqa: E402
 from ._neighbors import neighbor_list  # noqa: E402
 from ._ase import convert_ase  # noqa: E402
 
-__all__ += ["neighbor_list", "convert_ase", "IterableLoader", "collate"]
+__all__ += ["neighbor_list", "convert_ase", "IterableLoader", "collate", "transforms"]

@@ -24,31 +24,27 @@ The rules are nvalchemi 0.2.0's (``nvalchemi.data.transforms.Compose``):
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, Sequence, get_origin, get_type_hints
 
 __all__ = ["Compose", "transform_kind"]
 
 
+def _nvalchemi(name: str) -> Any:
+    """nvalchemi's class ``name`` when nvalchemi is loaded, else None (a callable annotated
+    with one of its classes has loaded it: there is no need to import it, which is slow)."""
+    mod = sys.modules.get("nvalchemi.data")
+    return getattr(mod, name, None) if mod is not None else None
+
+
 def _sample_types() -> tuple:
-    types: list = [dict, Mapping]
-    try:
-        from nvalchemi.data import AtomicData
-        types.append(AtomicData)
-    except ImportError:
-        pass
-    return tuple(types)
+    return (dict, Mapping, _nvalchemi("AtomicData"))
 
 
 def _batch_types() -> tuple:
     from .dataset import Batch
-    types: list = [Batch]
-    try:
-        from nvalchemi.data import Batch as NvBatch
-        types.append(NvBatch)
-    except ImportError:
-        pass
-    return tuple(types)
+    return (Batch, _nvalchemi("Batch"))
 
 
 def _first_annotation(fn: Callable) -> Any:
@@ -168,11 +164,7 @@ class Compose:
 
 
 def _is_atomic_data(ann: Any) -> bool:
-    try:
-        from nvalchemi.data import AtomicData
-    except ImportError:
-        return False
-    return ann is AtomicData
+    return ann is not None and ann is _nvalchemi("AtomicData")
 
 
 #: Arrays nvalchemi's AtomicData fills in itself; kept only when the sample had them.

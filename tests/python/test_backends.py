@@ -285,3 +285,26 @@ def test_multidataset_output_strict(stores, tmp_path):
         np.testing.assert_array_equal(np.sort(seen), np.arange(N + 9))
     same = zbatch.MultiDataset([native, native], output_strict=False)
     assert type(same) is zbatch.MultiDataset   # same fields: the C reader, as before
+
+
+def test_set_epoch_and_torch_samplers_on_a_backend(stores):
+    _, native, base = stores
+    ds = zbatch.Dataset(H5Reader(base / "s.h5"))
+    a = zbatch.DataLoader(native, batch_size=8, shuffle=True, seed=9)
+    b = zbatch.DataLoader(ds, batch_size=8, shuffle=True, seed=9)
+    for epoch in (3, 3, 1):
+        a.sampler.set_epoch(epoch)      # PyTorch's idiom, through the loader
+        b.sampler.set_epoch(epoch)
+        assert len(a) == len(b) == 5
+        for x, y in zip(a, b):
+            assert_batches_equal(x, y)
+    assert b.state_dict() == {**a.state_dict(), "num_samples": N}
+    import torch
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(0)).tolist()
+    t = zbatch.DataLoader(ds, batch_size=6, sampler=order, output="torch")
+    got = list(t)
+    assert [x["index"].tolist() for x in got] == [order[i:i + 6] for i in range(0, N, 6)]
+    for x in got:
+        w = native.read_many(x["index"].numpy(), output="torch")
+        for k in w:
+            assert torch.equal(w[k], x[k]), k
