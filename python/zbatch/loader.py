@@ -83,8 +83,10 @@ class DataLoader:
         rank / world_size: None resolves them from torch.distributed, then RANK/WORLD_SIZE;
         transforms: C transforms by name, run on the loader's worker thread: "log1p",
             ("normalize_total", target_sum), ("densify", columns_or_None), ("cast", field, dtype);
-        batch_transforms: Python callables ``fn(batch) -> batch`` run in the consumer thread
-            (each must return a mapping: a Batch or a dict);
+        batch_transforms: Python callables ``fn(batch) -> batch`` run in the consumer thread,
+            composed with nvalchemi's rules (:mod:`zbatch.transforms`: left to right, each
+            must return the batch, a Batch or a dict; an exception comes out as a
+            RuntimeError naming the transform's position);
         collate_fn: a callable applied last to every batch; its result is what iteration
             yields.
 
@@ -298,6 +300,11 @@ class DataLoader:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise ValueError(f"state[{key!r}] must be an integer >= 0, got {v!r}")
         if driven:
+            sm = self.sampler
+            limit = max(sm.epoch_batches, len(sm) * sm.world_size)
+            if int(state["position"]) > limit:
+                raise ValueError(f"state['position']={state['position']} is past the end of "
+                                 f"epoch {state['epoch']} ({limit} global batches)")
             self.close()
             self._py.load_state_dict(state)
             return

@@ -89,8 +89,14 @@ def stores(tmp_path_factory):
     return samples, zbatch.open(zpath), base
 
 
+_READERS: dict = {}
+
+
 def readers(base):
-    return {"h5": H5Reader(base / "s.h5"), "lmdb": LMDBReader(base / "s.lmdb")}
+    """One reader of each kind per store (an LMDB environment is opened once per process)."""
+    if base not in _READERS:
+        _READERS[base] = {"h5": H5Reader(base / "s.h5"), "lmdb": LMDBReader(base / "s.lmdb")}
+    return _READERS[base]
 
 
 def assert_batches_equal(native, other):
@@ -149,6 +155,8 @@ def test_loader_batches_and_resume_equal_native(stores, kind, sampler, kw):
     state = loader.state_dict()
     assert state["epoch"] == 1 and state["position"] == 3
     fresh = mk(ds)
+    with pytest.raises(ValueError, match="past the end of epoch 1"):
+        fresh.load_state_dict({**state, "position": 10 ** 6})
     fresh.load_state_dict(state)
     rest = list(fresh)
     assert len(rest) == len(want[1]) - 3
@@ -257,7 +265,7 @@ def test_multidataset_output_strict(stores, tmp_path):
         zbatch.MultiDataset([native, odd])
     with pytest.raises(zbatch.ZbatchError, match="field 'charge_q'"):
         zbatch.MultiDataset([zbatch.Dataset(H5Reader(base / "s.h5")), odd])
-    for first in (native, zbatch.Dataset(LMDBReader(base / "s.lmdb"))):
+    for first in (native, zbatch.Dataset(readers(base)["lmdb"])):
         md = zbatch.MultiDataset([first, odd], output_strict=False)
         assert isinstance(md, zbatch.MultiDataset) and md.sizes == [N, 9] and len(md) == N + 9
         ids = [N + 2, 5, N + 8, 0, 5]
