@@ -43,7 +43,7 @@ def samples(n: int, seed: int = 0):
                "shifts": np.zeros((e, 3), dtype=np.float32)}
 
 
-def rate(ds, workers: int, transforms=False) -> float:
+def rate(ds) -> float:
     loader = zbatch.DataLoader(ds, sampler="size_aware", max_atoms=4096, batch_size=4096,
                                prefetch_factor=16, seed=0)
     t, n = time.perf_counter(), 0
@@ -76,7 +76,7 @@ def main() -> None:
     shifted = zbatch.Dataset(native, transforms=[shift])
     for name, ds in (("native zarr", native), ("h5py backend", h5),
                      ("native + Python sample transform", shifted)):
-        print(f"{name:34s} {rate(ds, args.workers):10.0f} structures/s")
+        print(f"{name:34s} {rate(ds):10.0f} structures/s")
 
 
 if __name__ == "__main__":

@@ -6,17 +6,16 @@ import warnings
 import numpy as np
 import pytest
 
+import torch
+from nvalchemi.data import AtomicData
+from nvalchemi.data import Batch as NvBatch
+from nvalchemi.data.datapipes import DataLoader as NvLoader
+from nvalchemi.data.datapipes import Dataset as NvDataset
+from nvalchemi.data.datapipes.backends.zarr import AtomicDataZarrReader
+from nvalchemi.data.transforms import Compose as NvCompose
+
 import zbatch
 from zbatch.transforms import Compose
-
-torch = pytest.importorskip("torch")
-nv_data = pytest.importorskip("nvalchemi.data")
-from nvalchemi.data import AtomicData  # noqa: E402
-from nvalchemi.data import Batch as NvBatch  # noqa: E402
-from nvalchemi.data.datapipes import DataLoader as NvLoader  # noqa: E402
-from nvalchemi.data.datapipes import Dataset as NvDataset  # noqa: E402
-from nvalchemi.data.datapipes.backends.zarr import AtomicDataZarrReader  # noqa: E402
-from nvalchemi.data.transforms import Compose as NvCompose  # noqa: E402
 
 
 def s_typed(data: AtomicData, metadata):
