@@ -162,6 +162,7 @@ from ._write_anndata import write_anndata  # noqa: E402
 from ._atomic import ArrayConfig, AtomicWriter, WriteConfig, sample_from_atoms  # noqa: E402
 from . import samplers  # noqa: E402
 from .samplers import MultiDatasetBatchSampler, MultiDatasetSampler  # noqa: E402
+from . import transforms  # noqa: E402
 from .loader import DataLoader  # noqa: E402
 from ._torch import IterableLoader, collate  # noqa: E402
 from ._convert import convert  # noqa: E402
@@ -170,4 +171,5 @@ from ._ase import convert_ase  # noqa: E402
 from ._lmdb import convert_lmdb  # noqa: E402
 from ._repair import repair  # noqa: E402
 
-__all__ += ["neighbor_list", "convert_ase", "convert_lmdb", "repair", "IterableLoader", "collate"]
+__all__ += ["neighbor_list", "convert_ase", "convert_lmdb", "repair", "IterableLoader", "collate",
+            "transforms"]

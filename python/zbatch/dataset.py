@@ -190,7 +190,18 @@ class Dataset:
         >>> ds = zbatch.open("atlas.zarr", layer="counts", load_strings=True)
         >>> b = ds.read_many([0, 5])
         >>> b["X"], b["obs_names"]
+
+    ``zbatch.Dataset(reader, transforms=[...])`` wraps a reader instead: a zbatch dataset or
+    any object with ``read_many(ids)`` and ``__len__`` (a custom backend), with per-sample
+    transforms (see :class:`zbatch._backend.ReaderDataset`).
     """
+
+    def __new__(cls, source: Any = None, *args, **kwargs):
+        # Dataset(reader, transforms=...): a custom backend or a zbatch dataset, wrapped
+        from ._backend import ReaderDataset, is_reader
+        if cls is Dataset and is_reader(source):
+            return object.__new__(ReaderDataset)
+        return object.__new__(cls)
 
     def __init__(self, path: str, group: str = "", *, cache_bytes: int = 0, num_threads: int = 1,
                  load_layers: bool = False, use_consolidated: bool = True,
@@ -437,16 +448,31 @@ class MultiDataset(Dataset):
     accepts children holding the first child's genes in another order and delivers them in
     the first child's order. Categorical columns get one table (``categories()``: the
     children's when they agree, else their sorted union, as ``anndata.concat``) and every
-    child's codes are remapped to it as batches are built."""
+    child's codes are remapped to it as batches are built.
+
+    ``output_strict=False`` accepts children with different fields: batches carry the
+    fields every child has (the others are left out), read through Python
+    (:mod:`zbatch._backend`). Children that are custom backends
+    (``zbatch.Dataset(reader)``) or carry Python transforms are read that way too."""
+
+    def __new__(cls, datasets: Sequence[Dataset] = (), *args, output_strict: bool = True,
+                **kwargs):
+        from ._backend import MultiReaderDataset, needs_python_multi
+        if cls is MultiDataset and needs_python_multi(list(datasets), output_strict):
+            return object.__new__(MultiReaderDataset)
+        return object.__new__(cls)
 
     def __init__(self, datasets: Sequence[Dataset], *, cache_bytes: int = 0,
-                 num_threads: int = 1, reorder_vars: bool = False):
+                 num_threads: int = 1, reorder_vars: bool = False,
+                 output_strict: bool = True):
         self.children = list(datasets)
         if not self.children:
             raise ValueError("MultiDataset needs at least one dataset")
         _check_threads(num_threads)
         for d in self.children:
             d._check_process()
+        from ._backend import check_same_fields
+        check_same_fields(self.children)
         self._remember((self.children,), dict(cache_bytes=cache_bytes, num_threads=num_threads,
                                               reorder_vars=reorder_vars))
         self._c = _zbatch.concat_datasets([d._c for d in self.children], int(num_threads),

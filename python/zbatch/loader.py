@@ -23,6 +23,7 @@ import numpy as np
 
 from . import _zbatch
 from .dataset import Batch, Dataset
+from .transforms import Compose, check_sequence
 
 _TRANSFORMS = ("log1p", "normalize_total", "densify", "cast")
 
@@ -83,8 +84,10 @@ class DataLoader:
         rank / world_size: None resolves them from torch.distributed, then RANK/WORLD_SIZE;
         transforms: C transforms by name, run on the loader's worker thread: "log1p",
             ("normalize_total", target_sum), ("densify", columns_or_None), ("cast", field, dtype);
-        batch_transforms: Python callables ``fn(batch) -> batch`` run in the consumer thread
-            (each must return a mapping: a Batch or a dict);
+        batch_transforms: Python callables ``fn(batch) -> batch`` run in the consumer thread,
+            composed with nvalchemi's rules (:mod:`zbatch.transforms`: left to right, each
+            must return the batch, a Batch or a dict; an exception comes out as a
+            RuntimeError naming the transform's position);
         collate_fn: a callable applied last to every batch; its result is what iteration
             yields.
 
@@ -117,9 +120,12 @@ class DataLoader:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         if collate_fn is not None and not callable(collate_fn):
             raise TypeError(f"collate_fn must be callable, got {type(collate_fn).__name__}")
-        for fn in batch_transforms or ():
-            if not callable(fn):
-                raise TypeError(f"batch_transforms: {fn!r} is not callable")
+        check_sequence(batch_transforms, "batch_transforms")
+        self._batch_compose = Compose(batch_transforms or ())
+        if self._batch_compose.kind == "sample":
+            raise TypeError("batch_transforms are per-batch (fn(batch) -> batch); a sample "
+                            "transform goes in zbatch.Dataset(reader, transforms=[...])")
+        self._batch_compose.is_batch = True   # unannotated callables get the batch
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
         if batch_sampler is not None and (batch_size not in (None, 1) or shuffle or
@@ -143,6 +149,9 @@ class DataLoader:
         self.collate_fn = collate_fn
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self._transforms = _transform_specs(transforms)
+        reader_pipeline = getattr(dataset, "_python_pipeline", None)
+        if reader_pipeline is False:   # a zbatch dataset with its C transforms: C pipeline
+            self._transforms = list(dataset._c_transforms) + self._transforms
         self.batch_transforms = list(batch_transforms or ())
         if num_threads is None and self.num_workers > 0:
             num_threads = self.num_workers
@@ -173,6 +182,11 @@ class DataLoader:
                 raise TypeError(f"sampler options {sorted(sampler_kwargs)} need a sampler name")
             elif not isinstance(sampler, _samplers.Sampler):
                 self._py = _PySampler(sampler, self.batch_size, self.drop_last)
+            if reader_pipeline and self._py is None:
+                # a reader dataset: the zbatch sampler is driven from Python, batches are
+                # read on prefetch threads (_py_pass)
+                self._py = _SamplerDriver(sampler)
+                sampler._owner = weakref.ref(self)   # its set_epoch / state go through here
         self.sampler = sampler
         if prefetch_factor is None and isinstance(sampler, _samplers.BlockSampler):
             # a window (one coalesced read) holding the block sampler's whole window: a shorter
@@ -221,6 +235,10 @@ class DataLoader:
         if epoch < 0:  # (checked before anything changes; the sampler checks it again)
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         self._epoch_set = True
+        if isinstance(self._py, _SamplerDriver):
+            self._epoch = epoch
+            self._py.set_epoch(epoch)
+            return
         if self._py is not None:
             self._epoch = epoch
             if hasattr(self.sampler, "set_epoch") and self.sampler is not None:
@@ -245,6 +263,8 @@ class DataLoader:
         ``{"kind": "python", "position", "num_samples", "generator_state"}`` (see
         docs/PYTORCH.md)."""
         n = len(self.dataset)
+        if isinstance(self._py, _SamplerDriver):
+            return {**self._py.state_dict(), "num_samples": n}
         if self._py is not None:
             gen = self._py.generator()
             gstate = self._py_gen_state
@@ -264,8 +284,9 @@ class DataLoader:
         ValueError naming the field of a state that does not fit this loader."""
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
-        kind = state.get("kind", "python" if self._py is not None else self.sampler.kind)
-        mine = "python" if self._py is not None else self.sampler.kind
+        driven = isinstance(self._py, _SamplerDriver)
+        mine = "python" if self._py is not None and not driven else self.sampler.kind
+        kind = state.get("kind", mine)
         if kind != mine:
             raise ValueError(f"state['kind']: the state of a {kind!r} sampler given to a "
                              f"loader with a {mine!r} sampler")
@@ -273,11 +294,21 @@ class DataLoader:
         if n is not None and int(n) != len(self.dataset):
             raise ValueError(f"state['num_samples']: the state was saved over {n} samples, "
                              f"this loader's dataset has {len(self.dataset)}")
-        keys = ("position",) if self._py is not None else ("seed", "epoch", "position")
+        keys = ("position",) if self._py is not None and not driven else \
+            ("seed", "epoch", "position")
         for key in keys:
             v = state.get(key)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise ValueError(f"state[{key!r}] must be an integer >= 0, got {v!r}")
+        if driven:
+            sm = self.sampler
+            limit = max(sm.epoch_batches, len(sm) * sm.world_size)
+            if int(state["position"]) > limit:
+                raise ValueError(f"state['position']={state['position']} is past the end of "
+                                 f"epoch {state['epoch']} ({limit} global batches)")
+            self.close()
+            self._py.load_state_dict(state)
+            return
         if self._py is not None:
             self._load_py_state(state)
             return
@@ -380,7 +411,8 @@ class DataLoader:
 
     def _side_pass(self) -> Iterator[Batch]:
         if self._py is not None:
-            yield from self._py_pass(self._py.batches(), main=False)
+            yield from self._py_pass(getattr(self._py, "side_batches", self._py.batches)(),
+                                     main=False)
             return
         self.dataset._check_process()
         sampler = self.sampler._clone()
@@ -397,6 +429,9 @@ class DataLoader:
             loader.close()
 
     def _py_main_pass(self) -> Iterator[Batch]:
+        if isinstance(self._py, _SamplerDriver):
+            yield from self._py_pass(self._py.batches(), main=True)
+            return
         gen = self._py.generator()
         self._py_gen_state = gen.get_state() if gen is not None else None
         skip, self._py_skip = self._py_skip, 0
@@ -420,7 +455,9 @@ class DataLoader:
         n = len(ds)
         window = self.depth * self.prefetch_factor
         inflight: collections.deque = collections.deque()
-        pool = ThreadPoolExecutor(max_workers=self.depth, thread_name_prefix="zbatch-sampler")
+        workers = getattr(ds, "_prefetch_workers", self.depth)
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zbatch-sampler")
+        driver = self._py if main and isinstance(self._py, _SamplerDriver) else None
         exhausted = False
         try:
             while True:
@@ -433,7 +470,10 @@ class DataLoader:
                                                 self._transforms))
                 if not inflight:
                     return
-                yield self._finish(inflight.popleft().result())
+                batch = self._finish(inflight.popleft().result())
+                if driver is not None:
+                    driver.consumed()
+                yield batch
         finally:
             for f in inflight:
                 f.cancel()
@@ -443,14 +483,8 @@ class DataLoader:
         batch = Batch(raw, self.dataset.layout, self.dataset.n_vars, self.output)
         if self.output == "torch" and (self.device != "cpu" or self.pin_memory):
             batch = _to_device(batch, self.device, self.pin_memory)
-        for fn in self.batch_transforms:
-            out = fn(batch)
-            if not isinstance(out, Mapping):
-                name = getattr(fn, "__qualname__", None) or repr(fn)
-                raise TypeError(f"batch transform {name} returned {type(out).__name__}; a "
-                                "batch transform must return the batch (a zbatch.Batch or a "
-                                "dict of arrays)")
-            batch = out
+        if self._batch_compose.transforms:
+            batch = self._batch_compose(batch)
         if self.collate_fn is not None:
             batch = self.collate_fn(batch)
         return batch
@@ -512,6 +546,65 @@ class _Pass:
             self.close()
         except Exception:
             pass
+
+
+class _SamplerDriver:
+    """A zbatch sampler driven from Python (for a reader dataset): the epochs of the C
+    pipeline (each pass without set_epoch runs the next epoch) and the exact position of
+    the last batch handed out (batches are drawn ahead of it)."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+        self._epoch = sampler.epoch
+        self._fresh, self._epoch_set, self._resume = True, False, False
+        self._state = sampler._state_dict()
+        self._drawn: collections.deque = collections.deque()
+
+    def batches(self) -> Iterator:
+        s = self.sampler
+        if self._resume and s.remaining == 0 and not self._epoch_set:
+            self._resume, self._fresh = False, False   # saved at the end: the next epoch
+            self._epoch += 1
+            s._set_epoch(self._epoch)
+        elif not self._resume:
+            if not (self._fresh or self._epoch_set):
+                self._epoch += 1
+            s._set_epoch(self._epoch)
+        self._resume = self._fresh = False
+        self._drawn.clear()
+        self._state = s._state_dict()
+        return self._draw(iter(s))
+
+    def _draw(self, it) -> Iterator:
+        for ids in it:
+            self._drawn.append(self.sampler._state_dict())
+            yield ids
+
+    def consumed(self) -> None:
+        self._state = self._drawn.popleft()
+
+    def side_batches(self) -> Iterator:
+        return iter(self.sampler._clone())
+
+    def state_dict(self) -> dict:
+        return dict(self._state)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler._load_state_dict(state)
+        self._state = self.sampler._state_dict()
+        self._epoch = int(state["epoch"])
+        self._resume = True
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler._set_epoch(epoch)
+        self._epoch, self._epoch_set, self._resume = epoch, True, False
+        self._state = self.sampler._state_dict()
+
+    def num_batches(self) -> int:
+        return len(self.sampler)
+
+    def generator(self):
+        return None
 
 
 class _PySampler:
