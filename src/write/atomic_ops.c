@@ -1134,6 +1134,7 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
     }
     st = zb_at_writer_open_new(store, newp, &c, attrs, &w);
     if (st != ZB_OK) goto done;
+    zb_at_writer_set_copying(w);
     cfg_taken = true;
     cols = calloc(L.n ? L.n : 1, sizeof *cols);
     na = malloc((size_t)PTR_BLOCK * 8);

@@ -618,6 +618,26 @@ test_append_offsets_and_all_or_nothing(void **state)
     b->f[0].dtype = ZB_DT_FLOAT64;
     ZB_ASSERT_ERR(zb_atomic_writer_add(w, 2, b->atoms, b->edges, b->nf, b->f), ZB_E_INVALID,
                   "dtype float64");
+    /* non-finite values, named by sample and field; the required fields' shapes and types
+     * (sample 8 has 4 atoms: its rows 0..3, sample 9's from 4) */
+    b->f[0].dtype = ZB_DT_FLOAT32;
+    b->pos[3 * 5 + 1] = NAN;
+    ZB_ASSERT_ERR(zb_atomic_writer_add(w, 2, b->atoms, b->edges, b->nf, b->f), ZB_E_INVALID,
+                  "sample 1 of this block: field core/positions: a non-finite value (NaN or "
+                  "infinity) in row 5 of the block's atom rows");
+    b->pos[3 * 5 + 1] = 0;
+    b->energy[0] = -INFINITY;
+    ZB_ASSERT_ERR(zb_atomic_writer_add(w, 2, b->atoms, b->edges, b->nf, b->f), ZB_E_INVALID,
+                  "sample 0 of this block: field core/energy: a non-finite value");
+    b->energy[0] = 0;
+    b->f[0].shape = SHAPE2;
+    ZB_ASSERT_ERR(zb_atomic_writer_add(w, 2, b->atoms, b->edges, b->nf, b->f), ZB_E_INVALID,
+                  "core/positions must be atom level, floating point, with rows of shape (3)");
+    b->f[0].shape = SHAPE3;
+    b->f[1].dtype = ZB_DT_FLOAT64;
+    ZB_ASSERT_ERR(zb_atomic_writer_add(w, 2, b->atoms, b->edges, b->nf, b->f), ZB_E_INVALID,
+                  "core/atomic_numbers must be atom level, an integer type");
+    b->f[1].dtype = ZB_DT_INT64;
     zb_atomic_writer_close(w);
     snap *after = snap_take(s);
     snap_assert_equal(before, after);
