@@ -213,10 +213,13 @@ zb_status zb_atomic_writer_open_append(zb_store *store, const char *path,
  * Everything is validated before any row is passed on, so a failing add writes nothing and
  * leaves the writer as it was. Rows are buffered per chunk; full chunks are compressed and put
  * at once (they are not visible until commit).
+ * Every floating-point value must be finite (NaN and infinities are refused, naming the sample
+ * of the block, the field and the row); core/positions must be atom level, floating point, with
+ * rows of shape {3}, and core/atomic_numbers atom level, an integer type, one value per atom.
  * Errors: ZB_E_INVALID for a negative count, NULL data with rows to give, a field missing from
  * `fields` or not in the store (the message names it), a mismatched level, dtype or row shape,
- * a duplicate field, a bad name, or a neighbor_list index outside its sample (the message names
- * the sample and the edge); ZB_E_OVERFLOW when totals or stored indices overflow; the array
+ * a duplicate field, a bad name, a non-finite value, a malformed positions / atomic_numbers, or
+ * a neighbor_list index outside its sample (the message names the sample and the edge); ZB_E_OVERFLOW when totals or stored indices overflow; the array
  * writer's and store's errors (after which the writer is unusable: close it). */
 zb_status zb_atomic_writer_add(zb_atomic_writer *w, uint64_t n_samples,
                                const int64_t *atoms_per_sample, const int64_t *edges_per_sample,

@@ -640,12 +640,12 @@ atomic_count(zb_dataset *ds, const zb_tree *tree, const zb_tree_node *root, cons
     join(path, sizeof path, base, "meta/samples_mask");
     if (!zb_tree_find(tree, path))
         return zb_err(ZB_E_CORRUPT, "%s: meta/samples_mask is missing: every AtomicData store "
-                      "holds one (nvalchemi's reader refuses the store too)", ds->path);
+                      "holds one (nvalchemi's reader refuses the store too)", zb_dataset_name(ds));
     ZB_TRY(open_node(ds, tree, path, &ds->mask.arr));
     const zb_array_meta *mm = &ds->mask.arr->meta;
     if (mm->ndim != 1 || mm->dtype != ZB_DT_BOOL)
         return zb_err(ZB_E_CORRUPT, "%s: meta/samples_mask must be a 1-d bool array (%s, %d-d)",
-                      ds->path, zb_dtype_name(mm->dtype), mm->ndim);
+                      zb_dataset_name(ds), zb_dtype_name(mm->dtype), mm->ndim);
     ds->nphys = mm->shape[0];
     snprintf(why, why_cap, "num_samples");
     json_object *ns = root ? zb_json_get(root->attrs, "num_samples") : NULL;
@@ -653,7 +653,7 @@ atomic_count(zb_dataset *ds, const zb_tree *tree, const zb_tree_node *root, cons
     if (ns && zb_json_u64(ns, "num_samples", &num_samples) == ZB_OK) {
         if (num_samples > ds->nphys)
             return zb_err(ZB_E_CORRUPT, "%s: num_samples is %llu, meta/samples_mask holds %llu "
-                          "(nvalchemi would read %llu samples)", ds->path,
+                          "(nvalchemi would read %llu samples)", zb_dataset_name(ds),
                           (unsigned long long)num_samples, (unsigned long long)ds->nphys,
                           (unsigned long long)ds->nphys);
         if (num_samples < ds->nphys)
@@ -671,7 +671,7 @@ zb_layout_atomic(zb_dataset *ds, const zb_tree *tree, const char *base)
 {
     const zb_tree_node *root = zb_tree_find(tree, base);
     json_object *fields = root ? zb_json_get(root->attrs, "fields") : NULL;
-    ZB_TRY(zb_atomic_check_fields_attr(ds->path, fields));
+    ZB_TRY(zb_atomic_check_fields_attr(zb_dataset_name(ds), fields));
     char path[4200], why[200], need[300];
     int atoms, edges;
     join(path, sizeof path, base, "meta/atoms_ptr");
@@ -684,7 +684,7 @@ zb_layout_atomic(zb_dataset *ds, const zb_tree *tree, const char *base)
         int k = s ? edges : atoms;
         if (ds->segs[k].ptr->meta.shape[0] < n)
             return zb_err(ZB_E_CORRUPT, "%s: meta/%s_ptr has %llu entries, %s needs %llu",
-                          ds->path, s ? "edges" : "atoms",
+                          zb_dataset_name(ds), s ? "edges" : "atoms",
                           (unsigned long long)ds->segs[k].ptr->meta.shape[0], why,
                           (unsigned long long)n);
     }
@@ -696,7 +696,7 @@ zb_layout_atomic(zb_dataset *ds, const zb_tree *tree, const char *base)
     if (st == ZB_OK) st = zb_segment_get(&ds->segs[edges], ctx, n - 1, &e_total);
     if (st == ZB_OK) st = zb_segment_get(&ds->segs[atoms], ctx, 0, &first);
     if (st == ZB_OK && first != 0)
-        st = zb_err(ZB_E_CORRUPT, "%s: meta/atoms_ptr starts at %lld, not 0", ds->path,
+        st = zb_err(ZB_E_CORRUPT, "%s: meta/atoms_ptr starts at %lld, not 0", zb_dataset_name(ds),
                     (long long)first);
     zb_ctx_free(ctx);
     if (st != ZB_OK) return st;
@@ -742,7 +742,7 @@ zb_layout_atomic(zb_dataset *ds, const zb_tree *tree, const char *base)
             if (gi == 0 && !strcmp(name, "atomic_numbers")) numbers = &f->arr->meta;
         }
     }
-    return zb_atomic_check_required(ds->path, fields, positions, numbers);
+    return zb_atomic_check_required(zb_dataset_name(ds), fields, positions, numbers);
 }
 
 /* ---- generic ------------------------------------------------------------------------------ */
