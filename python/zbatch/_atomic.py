@@ -580,6 +580,11 @@ class AtomicWriter:
         a = np.asarray(array.detach().cpu().numpy() if hasattr(array, "detach") else array)
         if a.ndim == 0:
             raise ValueError("add_custom needs an array with a first (row) dimension")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            k = int(np.argmax(~np.isfinite(a).reshape(-1)))
+            at = [int(j) for j in np.unravel_index(k, a.shape)]
+            raise ValueError(f"field {key}: value {float(a.reshape(-1)[k])!r} at {at} is not "
+                             f"finite")
         a = np.ascontiguousarray(a)
         _zbatch.atomic_add_custom(self._root, self._name, self._config,
                                   ("custom", key, level, a.dtype.name, tuple(a.shape[1:]), a),

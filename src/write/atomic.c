@@ -541,19 +541,18 @@ sample_of_row(zb_atomic_level level, uint64_t row, const int64_t *atoms, const i
     return n_samples;
 }
 
-/* The first element of `f`'s `elems` values that is NaN or infinite, or `elems` if none. */
-static uint64_t
-first_non_finite(const zb_atomic_field *f, uint64_t elems)
+uint64_t
+zb_at_first_non_finite(zb_dtype dtype, const void *data, uint64_t elems)
 {
     uint64_t k = 0;
-    if (f->dtype == ZB_DT_FLOAT32) {
-        const float *x = f->data;
+    if (dtype == ZB_DT_FLOAT32) {
+        const float *x = data;
         while (k < elems && isfinite(x[k])) k++;
-    } else if (f->dtype == ZB_DT_FLOAT64) {
-        const double *x = f->data;
+    } else if (dtype == ZB_DT_FLOAT64) {
+        const double *x = data;
         while (k < elems && isfinite(x[k])) k++;
-    } else if (f->dtype == ZB_DT_FLOAT16) {
-        const uint16_t *x = f->data; /* all-ones exponent: infinity or NaN */
+    } else if (dtype == ZB_DT_FLOAT16) {
+        const uint16_t *x = data; /* all-ones exponent: infinity or NaN */
         while (k < elems && (x[k] & 0x7c00) != 0x7c00) k++;
     } else {
         k = elems;
@@ -567,7 +566,7 @@ static zb_status
 check_finite(const zb_atomic_field *f, uint64_t rows, uint64_t row_elems, const int64_t *atoms,
              const int64_t *edges, uint64_t n_samples)
 {
-    uint64_t elems = rows * row_elems, k = first_non_finite(f, elems);
+    uint64_t elems = rows * row_elems, k = zb_at_first_non_finite(f->dtype, f->data, elems);
     if (k == elems) return ZB_OK;
     uint64_t row = k / row_elems;
     return zb_err(ZB_E_INVALID, "sample %llu of this block: field %s/%s: a non-finite value "

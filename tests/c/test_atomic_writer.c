@@ -797,6 +797,10 @@ test_add_custom(void **state)
     f.name = "positions";
     ZB_ASSERT_ERR(zb_atomic_add_custom(s, "ds", NULL, &f, 9), ZB_E_INVALID, "already exists");
     f.name = "charges";
+    q[6] = NAN;
+    ZB_ASSERT_ERR(zb_atomic_add_custom(s, "ds", NULL, &f, 9), ZB_E_INVALID,
+                  "custom field 'charges': a non-finite value (NaN or infinity) in row 6");
+    q[6] = 3.0f;
     ZB_ASSERT_OK(zb_atomic_add_custom(s, "ds", NULL, &f, 9));
     uint64_t rows;
     float *got = read_all_rows(s, "ds", "custom/charges", &rows);

@@ -318,6 +318,17 @@ def test_writer_refuses_values_outside_the_stored_integer_type(tmp_path):
     assert len(_zb().open(str(p))) == 1
 
 
+def test_add_custom_refuses_non_finite_values(tmp_path):
+    p = tmp_path / "c.zarr"
+    AtomicWriter(p).write([_sample(3), _sample(4)])  # 5 + 2 atoms
+    q = np.arange(7, dtype=np.float32)
+    q[5] = np.inf
+    with pytest.raises(ValueError, match=r"field charges: value inf at \[5\] is not finite"):
+        AtomicWriter(p).add_custom("charges", q, "atom")
+    assert not (p / "custom" / "charges").exists()
+    assert "charges" not in _root_attrs(p)["fields"].get("custom", {})
+
+
 def _re(text: str) -> str:
     import re
     return re.escape(text)
