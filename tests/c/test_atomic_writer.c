@@ -12,6 +12,7 @@
 #include "support/testutil.h"
 #include "util/json.h"
 #include "write/atomic_int.h"
+#include "write/write.h"
 
 /* ------------------------------------------------------------------------------------------- */
 /* Synthetic samples: every value is a function of the sample's source id g                     */
@@ -780,6 +781,51 @@ test_delete_and_defragment(void **state)
     zb_store_close(s);
 }
 
+/* The reader's checks at open (metadata only): the required arrays, samples_mask, and the
+ * sample count read from the mask as nvalchemi reads it. */
+static void
+test_reader_checks_at_open(void **state)
+{
+    (void)state;
+    zb_store *s = NULL;
+    ZB_ASSERT_OK(zb_store_open_memory(&s));
+    write_store(s, "ds", 0, 4);
+    zb_dataset *ds = NULL;
+    uint64_t n = 0;
+    ZB_ASSERT_OK(zb_dataset_open(s, "ds", NULL, &ds));
+    ZB_ASSERT_OK(zb_dataset_len(ds, &n));
+    assert_int_equal(n, 4);
+    zb_dataset_close(ds);
+
+    /* num_samples behind the mask: both readers count the mask's 4 samples */
+    json_object *attrs = root_attrs(s, "ds");
+    json_object_object_add(attrs, "num_samples", json_object_new_int(1));
+    ZB_ASSERT_OK(zb_write_group(s, "ds", 3, json_object_to_json_string(attrs)));
+    ZB_ASSERT_OK(zb_dataset_open(s, "ds", NULL, &ds));
+    ZB_ASSERT_OK(zb_dataset_len(ds, &n));
+    assert_int_equal(n, 4);
+    zb_dataset_close(ds);
+    /* ahead of it: refused */
+    json_object_object_add(attrs, "num_samples", json_object_new_int(6));
+    ZB_ASSERT_OK(zb_write_group(s, "ds", 3, json_object_to_json_string(attrs)));
+    ZB_ASSERT_ERR(zb_dataset_open(s, "ds", NULL, &ds), ZB_E_CORRUPT,
+                  "num_samples is 6, meta/samples_mask holds 4");
+    assert_null(ds);
+    json_object_object_add(attrs, "num_samples", json_object_new_int(4));
+    ZB_ASSERT_OK(zb_write_group(s, "ds", 3, json_object_to_json_string(attrs)));
+    json_object_put(attrs);
+
+    ZB_ASSERT_OK(zb_store_erase(s, "ds/core/atomic_numbers/zarr.json"));
+    ZB_ASSERT_ERR(zb_dataset_open(s, "ds", NULL, &ds), ZB_E_CORRUPT,
+                  "core/atomic_numbers is missing: every AtomicData store holds "
+                  "core/atomic_numbers ([atoms] integers)");
+    assert_null(ds);
+    ZB_ASSERT_OK(zb_store_erase(s, "ds/meta/samples_mask/zarr.json"));
+    ZB_ASSERT_ERR(zb_dataset_open(s, "ds", NULL, &ds), ZB_E_CORRUPT,
+                  "meta/samples_mask is missing");
+    zb_store_close(s);
+}
+
 static void
 test_add_custom(void **state)
 {
@@ -1109,6 +1155,7 @@ main(void)
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_delete_and_defragment),
         cmocka_unit_test(test_add_custom),
+        cmocka_unit_test(test_reader_checks_at_open),
         cmocka_unit_test(test_check_catches_nvalchemi_hazards),
         cmocka_unit_test(test_interrupted_append_windows),
         cmocka_unit_test(test_crash_during_append),
