@@ -62,16 +62,16 @@ extern "C" {
  *   rewriting a partial last chunk with its old rows unchanged); at commit all data arrays
  *   (core, custom, then atoms_mask, edges_mask) commit first, each its last chunk then its
  *   metadata; then atoms_ptr, edges_ptr, then samples_mask, and last the root attributes
- *   (num_samples). The root `num_samples` is zbatch's commit point: zbatch bounds
- *   everything by num_samples and the pointer arrays, so arrays left longer than needed by an
- *   interrupted append are ignored.
+ *   (num_samples). Arrays left longer than the committed samples need by an interrupted append
+ *   are ignored by both readers.
  * - nvalchemi's AtomicDataZarrReader never reads num_samples: it takes the sample count from
  *   the LENGTH of meta/samples_mask (its logical samples are the true entries of the whole
- *   mask) and the rows of each sample from atoms_ptr / edges_ptr. Because samples_mask is
- *   extended after every other array, nvalchemi reads exactly the committed samples after an
- *   append interrupted at any point before that one metadata put. Between the samples_mask put
- *   and the root put (two consecutive small puts) nvalchemi already sees the new samples, whose
- *   data is complete, while zbatch does not yet.
+ *   mask) and the rows of each sample from atoms_ptr / edges_ptr. zbatch's reader counts the
+ *   same way (a num_samples ahead of the mask is corruption; behind it, a note in verify), so
+ *   for readers the samples_mask put is the commit point. Because samples_mask is extended
+ *   after every other array, both read exactly the committed samples after an append
+ *   interrupted at any point before that one metadata put, and all of the appended ones,
+ *   whole, between it and the root put (two consecutive small puts).
  * - Recovery (zb_atomic_recover, run automatically by open_append, delete, add_custom and
  *   defragment): if samples_mask is longer than num_samples and every array is long enough for
  *   its length, the interrupted append had written everything but the root, and the root is

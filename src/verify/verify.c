@@ -1087,7 +1087,7 @@ check_rows_needed(verifier *v, varr *va, uint64_t need, const char *why)
     else if (rows > need)
         finding(v, ZB_VERIFY_NOTE, ZB_OK, va->node->path,
                 "%" PRIu64 " rows past the committed %" PRIu64 " (%s): an uncommitted tail left "
-                "by an interrupted append (num_samples is the commit point); zb_atomic_recover "
+                "by an interrupted append (readers ignore it); zb_atomic_recover "
                 "or the next append cuts it back",
                 rows - need, need, why);
 }
