@@ -199,13 +199,12 @@ class _Where:
     def sample(self, i: int) -> str:
         return f"sample {self.first + i} of this {self.call}: field {self.key}"
 
-    def same_row_shape(self, values: Sequence[np.ndarray], what: str) -> None:
-        shape = np.shape(values[0])[1:] if what != "a system-level value" else np.shape(values[0])
-        for i, v in enumerate(values):
-            got = np.shape(v)[1:] if what != "a system-level value" else np.shape(v)
-            if got != shape:
+    def same_shape(self, shapes: Sequence[tuple[int, ...]], what: str) -> None:
+        """Every sample's `what` has the first sample's shape."""
+        for i, got in enumerate(shapes):
+            if got != shapes[0]:
                 raise ValueError(f"{self.sample(i)}: {what} of shape {got}, sample "
-                                 f"{self.first} has {shape}: every sample needs the same")
+                                 f"{self.first} has {shapes[0]}: every sample needs the same")
 
     def _bad(self, data: np.ndarray, bad: np.ndarray, counts: np.ndarray, why: str,
              per_sample: bool) -> ValueError:
@@ -306,12 +305,12 @@ def _fill_derived(samples: list[dict[str, np.ndarray]],
         fdt = pos.dtype if pos.dtype.kind == "f" else np.dtype(np.float32)
         if "atomic_masses" in want and "atomic_masses" not in s:
             z = np.asarray(s["atomic_numbers"])
-            zi = z.astype(np.int64) if z.dtype.kind in "iu" or np.isfinite(z).all() else None
-            if zi is None or (zi < 0).any() or (zi > 118).any():
-                bad = z if zi is None else zi[(zi < 0) | (zi > 118)]
+            zi = _Where(first + i, call, "atomic_numbers").cast(
+                z, np.dtype(np.int64), np.array([len(z)]), False)  # finite and integral
+            if (zi < 0).any() or (zi > 118).any():
                 raise ValueError(f"sample {first + i} of this {call}: field atomic_numbers: "
-                                 f"{bad.reshape(-1)[0]} has no atomic mass (atomic_masses is "
-                                 f"filled from the atomic numbers, 0..118)")
+                                 f"{zi[(zi < 0) | (zi > 118)][0]} has no atomic mass "
+                                 f"(atomic_masses is filled from the atomic numbers, 0..118)")
             s["atomic_masses"] = table[zi].astype(fdt)
         if "atom_categories" in want and "atom_categories" not in s:
             s["atom_categories"] = np.zeros(len(s["atomic_numbers"]), dtype=np.int64)
@@ -502,7 +501,7 @@ class AtomicWriter:
                 counts = np.ones(n, dtype=np.int64)
             elif level == "system":
                 rows = [_system_row(s[k]) for s in samples]
-                where.same_row_shape(rows, "a system-level value")
+                where.same_shape([r.shape for r in rows], "a value")
                 data = np.stack(rows)
                 counts = np.ones(n, dtype=np.int64)
             else:
@@ -512,7 +511,7 @@ class AtomicWriter:
                     if a.ndim == 0 or a.shape[0] != m:
                         raise ValueError(f"sample {first + i}: {k} has shape {a.shape}, a "
                                          f"{level}-level field needs {m} rows")
-                where.same_row_shape([a[0:0] for a in parts], f"an {level}-level field's rows")
+                where.same_shape([a.shape[1:] for a in parts], "rows")
                 data = np.concatenate(parts)
             if dtype is None:
                 dtype = self._dtype_for(k, data.dtype)

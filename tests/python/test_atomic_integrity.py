@@ -401,4 +401,22 @@ def test_append_derived_masses_need_valid_atomic_numbers(tmp_path):
     with pytest.raises(ValueError, match="sample 0 of this append: field atomic_numbers: 119 "
                                          "has no atomic mass"):
         AtomicWriter(base).append([s])
+    s["atomic_numbers"] = np.array([1.0, np.nan, 8.0, 6.0])[: len(s["positions"])]
+    with pytest.raises(ValueError, match=r"sample 0 of this append: field atomic_numbers: "
+                                         r"value nan at \[1\] is not finite"):
+        AtomicWriter(base).append([s])
     assert len(_zb().open(str(base))) == 2
+
+
+def test_row_shapes_must_agree_across_samples(tmp_path):
+    a, b = _sample(3), _sample(4)
+    b["forces"] = np.zeros((len(b["positions"]), 2), np.float32)
+    with pytest.raises(ValueError, match=r"sample 1 of this write: field forces: rows of shape "
+                                         r"\(2,\), sample 0 has \(3,\)"):
+        AtomicWriter(tmp_path / "r.zarr").write([a, b])
+    a["cell"], b["cell"] = np.eye(3), np.eye(2)
+    b["forces"] = a["forces"][: len(b["positions"])] * 0
+    with pytest.raises(ValueError, match=r"sample 1 of this write: field cell: a value of shape "
+                                         r"\(2, 2\), sample 0 has \(3, 3\)"):
+        AtomicWriter(tmp_path / "r.zarr").write([a, b])
+    assert not (tmp_path / "r.zarr").exists()
