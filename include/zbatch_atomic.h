@@ -62,16 +62,16 @@ extern "C" {
  *   rewriting a partial last chunk with its old rows unchanged); at commit all data arrays
  *   (core, custom, then atoms_mask, edges_mask) commit first, each its last chunk then its
  *   metadata; then atoms_ptr, edges_ptr, then samples_mask, and last the root attributes
- *   (num_samples). The root `num_samples` is zbatch's commit point: zbatch bounds
- *   everything by num_samples and the pointer arrays, so arrays left longer than needed by an
- *   interrupted append are ignored.
+ *   (num_samples). Arrays left longer than the committed samples need by an interrupted append
+ *   are ignored by both readers.
  * - nvalchemi's AtomicDataZarrReader never reads num_samples: it takes the sample count from
  *   the LENGTH of meta/samples_mask (its logical samples are the true entries of the whole
- *   mask) and the rows of each sample from atoms_ptr / edges_ptr. Because samples_mask is
- *   extended after every other array, nvalchemi reads exactly the committed samples after an
- *   append interrupted at any point before that one metadata put. Between the samples_mask put
- *   and the root put (two consecutive small puts) nvalchemi already sees the new samples, whose
- *   data is complete, while zbatch does not yet.
+ *   mask) and the rows of each sample from atoms_ptr / edges_ptr. zbatch's reader counts the
+ *   same way (a num_samples ahead of the mask is corruption; behind it, a note in verify), so
+ *   for readers the samples_mask put is the commit point. Because samples_mask is extended
+ *   after every other array, both read exactly the committed samples after an append
+ *   interrupted at any point before that one metadata put, and all of the appended ones,
+ *   whole, between it and the root put (two consecutive small puts).
  * - Recovery (zb_atomic_recover, run automatically by open_append, delete, add_custom and
  *   defragment): if samples_mask is longer than num_samples and every array is long enough for
  *   its length, the interrupted append had written everything but the root, and the root is
@@ -213,10 +213,13 @@ zb_status zb_atomic_writer_open_append(zb_store *store, const char *path,
  * Everything is validated before any row is passed on, so a failing add writes nothing and
  * leaves the writer as it was. Rows are buffered per chunk; full chunks are compressed and put
  * at once (they are not visible until commit).
+ * Every floating-point value must be finite (NaN and infinities are refused, naming the sample
+ * of the block, the field and the row); core/positions must be atom level, floating point, with
+ * rows of shape {3}, and core/atomic_numbers atom level, an integer type, one value per atom.
  * Errors: ZB_E_INVALID for a negative count, NULL data with rows to give, a field missing from
  * `fields` or not in the store (the message names it), a mismatched level, dtype or row shape,
- * a duplicate field, a bad name, or a neighbor_list index outside its sample (the message names
- * the sample and the edge); ZB_E_OVERFLOW when totals or stored indices overflow; the array
+ * a duplicate field, a bad name, a non-finite value, a malformed positions / atomic_numbers, or
+ * a neighbor_list index outside its sample (the message names the sample and the edge); ZB_E_OVERFLOW when totals or stored indices overflow; the array
  * writer's and store's errors (after which the writer is unusable: close it). */
 zb_status zb_atomic_writer_add(zb_atomic_writer *w, uint64_t n_samples,
                                const int64_t *atoms_per_sample, const int64_t *edges_per_sample,

@@ -17,12 +17,18 @@ Differences from nvalchemi's ``AtomicDataZarrWriter``, on purpose: ``neighbor_li
 store-global on every write *and* append (nvalchemi's append forgets the offset); an append must
 extend every field, core and custom, or it fails before writing anything; ``delete`` takes
 logical indices (the i-th live sample, what readers number) and does not zero the data;
-``defragment`` re-offsets ``neighbor_list`` and never wipes the store first.
+``defragment`` re-offsets ``neighbor_list`` and never wipes the store first; every value is
+checked before it is written (finite; integral and in range where the stored type is an integer;
+``positions`` ``[atoms, 3]``), a ``ValueError`` naming the sample and the field otherwise.
+Appending to a store nvalchemi wrote, the arrays its ``AtomicData`` fills itself
+(``atomic_masses``, ``atom_categories``, ``velocities``) are filled the same way when a sample
+lacks them.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
@@ -183,6 +189,135 @@ def _system_row(v: np.ndarray) -> np.ndarray:
     return v
 
 
+class _Where:
+    """Names a field of a block's samples in errors: ``sample 7 of this append: field forces``
+    (the index counts the samples of the write or append call)."""
+
+    def __init__(self, first: int, call: str, key: str) -> None:
+        self.first, self.call, self.key = first, call, key
+
+    def sample(self, i: int) -> str:
+        return f"sample {self.first + i} of this {self.call}: field {self.key}"
+
+    def same_shape(self, shapes: Sequence[tuple[int, ...]], what: str) -> None:
+        """Every sample's `what` has the first sample's shape."""
+        for i, got in enumerate(shapes):
+            if got != shapes[0]:
+                raise ValueError(f"{self.sample(i)}: {what} of shape {got}, sample "
+                                 f"{self.first} has {shapes[0]}: every sample needs the same")
+
+    def _bad(self, data: np.ndarray, bad: np.ndarray, counts: np.ndarray, why: str,
+             per_sample: bool) -> ValueError:
+        """The error for the first True of `bad` (over `data`'s elements): its sample and its
+        index in the sample's value (rows first for atom and edge fields)."""
+        k = int(np.argmax(bad.reshape(-1)))
+        row_shape = data.shape[1:]
+        row_elems = max(1, int(np.prod(row_shape, dtype=np.int64)))
+        row = k // row_elems
+        ends = np.cumsum(counts)
+        i = int(np.searchsorted(ends, row, side="right"))
+        at = [] if per_sample else [row - int(ends[i] - counts[i])]
+        at += [int(j) for j in np.unravel_index(k % row_elems, row_shape)] if row_shape else []
+        x = data.reshape(-1)[k]
+        text = repr(float(x)) if data.dtype.kind == "f" else str(int(x))
+        return ValueError(f"{self.sample(i)}: value {text} at {at} {why}")
+
+    def cast(self, data: np.ndarray, dtype: np.dtype, counts: np.ndarray,
+             per_sample: bool) -> np.ndarray:
+        """`data` as `dtype`, exactly: non-finite floats are refused everywhere; a float stored
+        as an integer must be integral and in range; an integer must fit its stored type; a bool
+        must be 0 or 1; a float narrowed to float32/16 must stay finite."""
+        if data.size == 0 or data.dtype == dtype:
+            if data.dtype.kind == "f" and data.size and not np.isfinite(data).all():
+                raise self._bad(data, ~np.isfinite(data), counts, "is not finite", per_sample)
+            return np.ascontiguousarray(data, dtype=dtype)
+        kind = data.dtype.kind
+        if kind == "f":
+            finite = np.isfinite(data)
+            if dtype.kind in "iub":
+                whole = np.where(finite, data == np.trunc(data), True)
+                bad = ~finite | ~whole
+                if bad.any():
+                    k = int(np.argmax(bad.reshape(-1)))
+                    why = ("is not finite" if not finite.reshape(-1)[k]
+                           else "is not an integer")
+                    raise self._bad(data, bad, counts, why, per_sample)
+            elif not finite.all():
+                raise self._bad(data, ~finite, counts, "is not finite", per_sample)
+        if dtype.kind == "b" and kind in "iuf":
+            bad = (data != 0) & (data != 1)
+            if bad.any():
+                raise self._bad(data, bad, counts, "is not a bool (0 or 1)", per_sample)
+        elif dtype.kind in "iu" and kind in "iuf":
+            info = np.iinfo(dtype)
+            bad = (data < info.min) | (data > info.max)
+            if bad.any():
+                raise self._bad(data, bad, counts, f"does not fit {dtype.name}", per_sample)
+        out = np.ascontiguousarray(data, dtype=dtype)
+        if dtype.kind == "f" and kind == "f" and not np.isfinite(out).all():
+            raise self._bad(data, ~np.isfinite(out), counts, f"does not fit {dtype.name}",
+                            per_sample)
+        return out
+
+
+def _check_required_shapes(s: Mapping[str, np.ndarray], index: int, call: str) -> None:
+    """positions [atoms, 3] and atomic_numbers [atoms], what every reader needs."""
+    pos, z = s.get("positions"), s.get("atomic_numbers")
+    if pos is not None and (pos.ndim != 2 or pos.shape[1] != 3):
+        raise ValueError(f"sample {index} of this {call}: field positions: shape {pos.shape}; "
+                         f"positions are [atoms, 3]")
+    if z is not None and z.ndim != 1:
+        raise ValueError(f"sample {index} of this {call}: field atomic_numbers: shape {z.shape}; "
+                         f"atomic_numbers are [atoms]")
+
+
+#: Arrays nvalchemi's AtomicData fills itself when a sample lacks them, so every store its
+#: writer makes has them (FORMATS.md §8.1): an append to such a store fills them the same way.
+_DERIVED = ("atomic_masses", "atom_categories", "velocities")
+
+
+def _mass_table() -> np.ndarray:
+    """periodictable's masses by atomic number 0..118 (0 is the neutron), float64: the table
+    nvalchemi's AtomicData gathers atomic_masses from."""
+    try:
+        import periodictable
+    except ImportError:
+        raise ImportError("appending to a store with core/atomic_masses needs the masses: give "
+                          "atomic_masses in each sample, or install periodictable (the table "
+                          "nvalchemi fills them from)") from None
+    return np.array([periodictable.elements[z].mass for z in range(119)], dtype=np.float64)
+
+
+def _fill_derived(samples: list[dict[str, np.ndarray]],
+                  schema: Mapping[str, tuple[str, str, np.dtype, tuple[int, ...]]], first: int,
+                  call: str) -> None:
+    """Adds the nvalchemi-derived arrays the store holds and a sample lacks, as AtomicData
+    computes them: atomic_masses = masses[Z] in the positions' dtype, atom_categories zeros
+    (int64), velocities zeros like positions."""
+    want = [k for k in _DERIVED if schema.get(k, ("",))[0] == "core"]
+    if not any(k not in s for s in samples for k in want):
+        return
+    table = _mass_table() if "atomic_masses" in want else None
+    for i, s in enumerate(samples):
+        if "positions" not in s or "atomic_numbers" not in s:
+            continue  # the missing field is reported by the writer
+        pos = s["positions"]
+        fdt = pos.dtype if pos.dtype.kind == "f" else np.dtype(np.float32)
+        if "atomic_masses" in want and "atomic_masses" not in s:
+            z = np.asarray(s["atomic_numbers"])
+            zi = _Where(first + i, call, "atomic_numbers").cast(
+                z, np.dtype(np.int64), np.array([len(z)]), False)  # finite and integral
+            if (zi < 0).any() or (zi > 118).any():
+                raise ValueError(f"sample {first + i} of this {call}: field atomic_numbers: "
+                                 f"{zi[(zi < 0) | (zi > 118)][0]} has no atomic mass "
+                                 f"(atomic_masses is filled from the atomic numbers, 0..118)")
+            s["atomic_masses"] = table[zi].astype(fdt)
+        if "atom_categories" in want and "atom_categories" not in s:
+            s["atom_categories"] = np.zeros(len(s["atomic_numbers"]), dtype=np.int64)
+        if "velocities" in want and "velocities" not in s:
+            s["velocities"] = np.zeros(np.shape(pos), dtype=fdt)
+
+
 def _split_store_path(store: Union[str, os.PathLike]) -> tuple[str, str]:
     p = os.path.abspath(os.fspath(store))
     root, name = os.path.split(p)
@@ -247,7 +382,15 @@ class AtomicWriter:
         if os.path.exists(os.path.join(self.path, "zarr.json")):
             raise FileExistsError(f"Zarr store already exists at {self.path}")
         os.makedirs(self._root, exist_ok=True)
-        self._stream(samples, append=False)
+        existed = os.path.exists(self.path)
+        try:
+            self._stream(samples, append=False)
+        except BaseException:
+            # a refused or failed write leaves nothing behind (the C writer's debris, a marked
+            # incomplete store, is refused by readers but would still sit at the path)
+            if not existed:
+                shutil.rmtree(self.path, ignore_errors=True)
+            raise
 
     def append(self, samples: Iterable[Any]) -> None:
         """Appends ``samples``; they must have exactly the store's fields (core and custom), or
@@ -271,7 +414,7 @@ class AtomicWriter:
         try:
             count = 0
             while block:
-                self._add_block(w, block, count, schema)
+                self._add_block(w, block, count, schema, "append" if append else "write")
                 count += len(block)
                 block = [s for _, s in zip(range(self.block_size), it)]
             _zbatch.atomic_writer_commit(w)
@@ -311,8 +454,14 @@ class AtomicWriter:
         raise TypeError(f"sample {index}: expected a dict or an ase.Atoms, got {type(s).__name__}")
 
     def _add_block(self, w: Any, block: Sequence[Any], first: int,
-                   schema: Optional[dict[str, tuple[str, str, np.dtype, tuple[int, ...]]]]) -> None:
+                   schema: Optional[dict[str, tuple[str, str, np.dtype, tuple[int, ...]]]],
+                   call: str) -> None:
+        """Validates a block of samples and hands it to the C writer: every value finite, each
+        integral where the stored type is, shapes consistent; an error names the sample (its
+        index in this write or append call) and the field, before anything is passed on."""
         samples = [self._normalize(s, first + i) for i, s in enumerate(block)]
+        if schema is not None:
+            _fill_derived(samples, schema, first, call)
         n = len(samples)
         keys = list(samples[0])
         for i, s in enumerate(samples[1:], 1):
@@ -322,6 +471,8 @@ class AtomicWriter:
         count_key = "atomic_numbers" if "atomic_numbers" in keys else "positions"
         if count_key not in keys:
             raise ValueError("a sample needs positions or atomic_numbers")
+        for i, s in enumerate(samples):
+            _check_required_shapes(s, first + i, call)
         atoms = np.array([len(s[count_key]) for s in samples], dtype=np.int64)
         edge_key = "neighbor_list" if "neighbor_list" in keys else next(
             (k for k in keys if _CORE_LEVELS.get(k) == "edge"), None)
@@ -336,26 +487,35 @@ class AtomicWriter:
                 level = _CORE_LEVELS.get(k) or self.levels.get(k) or self._guess_level(
                     k, samples, atoms, edges)
                 dtype = None
+            where = _Where(first, call, k)
             if level == "system" and row_shape is not None:
                 # appending: each value takes the stored row shape (a scalar for [N], ...)
-                try:
-                    data = np.stack([np.asarray(s[k]).reshape(row_shape) for s in samples])
-                except ValueError:
-                    raise ValueError(f"field {k}: a value does not fit the stored row shape "
-                                     f"{row_shape}") from None
+                rows = []
+                for i, s in enumerate(samples):
+                    try:
+                        rows.append(np.asarray(s[k]).reshape(row_shape))
+                    except ValueError:
+                        raise ValueError(f"{where.sample(i)}: shape {np.shape(s[k])} does not fit "
+                                         f"the stored row shape {row_shape}") from None
+                data = np.stack(rows)
+                counts = np.ones(n, dtype=np.int64)
             elif level == "system":
-                data = np.stack([_system_row(s[k]) for s in samples])
+                rows = [_system_row(s[k]) for s in samples]
+                where.same_shape([r.shape for r in rows], "a value")
+                data = np.stack(rows)
+                counts = np.ones(n, dtype=np.int64)
             else:
-                want = atoms if level == "atom" else edges
+                counts = atoms if level == "atom" else edges
                 parts = [np.asarray(s[k]) for s in samples]
-                for i, (a, m) in enumerate(zip(parts, want)):
+                for i, (a, m) in enumerate(zip(parts, counts)):
                     if a.ndim == 0 or a.shape[0] != m:
                         raise ValueError(f"sample {first + i}: {k} has shape {a.shape}, a "
                                          f"{level}-level field needs {m} rows")
+                where.same_shape([a.shape[1:] for a in parts], "rows")
                 data = np.concatenate(parts)
             if dtype is None:
                 dtype = self._dtype_for(k, data.dtype)
-            data = np.ascontiguousarray(data, dtype=dtype)
+            data = where.cast(data, np.dtype(dtype), counts, level == "system")
             if data.dtype.kind not in "biuf":
                 raise TypeError(f"field {k}: dtype {data.dtype} cannot be stored")
             fields.append((group, k, level, data.dtype.name, tuple(data.shape[1:]), data))
@@ -419,6 +579,11 @@ class AtomicWriter:
         a = np.asarray(array.detach().cpu().numpy() if hasattr(array, "detach") else array)
         if a.ndim == 0:
             raise ValueError("add_custom needs an array with a first (row) dimension")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            k = int(np.argmax(~np.isfinite(a).reshape(-1)))
+            at = [int(j) for j in np.unravel_index(k, a.shape)]
+            raise ValueError(f"field {key}: value {float(a.reshape(-1)[k])!r} at {at} is not "
+                             f"finite")
         a = np.ascontiguousarray(a)
         _zbatch.atomic_add_custom(self._root, self._name, self._config,
                                   ("custom", key, level, a.dtype.name, tuple(a.shape[1:]), a),

@@ -219,6 +219,19 @@ zb_status zb_layout_generic(zb_dataset *ds, const struct zb_tree *tree, const ch
 struct json_object;
 const char *zb_atomic_array_level(struct json_object *fields, const char *group, const char *name);
 
+/* Metadata rules of an atomic store shared by the reader (at open) and `zbatch verify`; no
+ * data is read. `store` names the store in the message.
+ * zb_atomic_check_fields_attr: the root `fields` attribute (may be NULL, read as empty, as
+ * nvalchemi does) is an object of groups, each an object of name -> "atom" / "node" / "edge" /
+ * "system"; ZB_E_METADATA naming the entry otherwise.
+ * zb_atomic_check_required: core/positions ([V, 3] floats) and core/atomic_numbers ([V]
+ * integers) exist (NULL meta = missing) and are atom-level: nvalchemi's AtomicData requires
+ * both. ZB_E_CORRUPT naming the array and what is wrong otherwise. */
+zb_status zb_atomic_check_fields_attr(const char *store, struct json_object *fields);
+zb_status zb_atomic_check_required(const char *store, struct json_object *fields,
+                                   const zb_array_meta *positions,
+                                   const zb_array_meta *atomic_numbers);
+
 /* Segment access: ptr[i] for i in [0, N]; thread-safe. */
 zb_status zb_segment_get(zb_segment *seg, zb_ctx *ctx, uint64_t i, int64_t *value);
 

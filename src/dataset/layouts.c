@@ -541,6 +541,78 @@ zb_atomic_array_level(json_object *fields, const char *group, const char *name)
     return "atom";
 }
 
+static bool
+is_float(zb_dtype dt)
+{
+    return dt == ZB_DT_FLOAT16 || dt == ZB_DT_FLOAT32 || dt == ZB_DT_FLOAT64;
+}
+
+static bool
+is_int(zb_dtype dt)
+{
+    return dt >= ZB_DT_INT8 && dt <= ZB_DT_UINT64;
+}
+
+zb_status
+zb_atomic_check_fields_attr(const char *store, json_object *fields)
+{
+    if (!fields) return ZB_OK; /* nvalchemi reads a missing one as empty (FORMATS.md §8.1) */
+    if (!json_object_is_type(fields, json_type_object))
+        return zb_err(ZB_E_METADATA, "%s: the root attribute 'fields' is not an object of "
+                      "groups ({\"core\": {name: level}, \"custom\": {...}})", store);
+    json_object_object_foreach(fields, group, names) {
+        if (!json_object_is_type(names, json_type_object))
+            return zb_err(ZB_E_METADATA, "%s: fields.%s is not an object of name: level",
+                          store, group);
+        json_object_object_foreach(names, name, level) {
+            const char *lv = json_object_is_type(level, json_type_string)
+                                 ? json_object_get_string(level)
+                                 : NULL;
+            if (!lv || (strcmp(lv, "atom") && strcmp(lv, "node") && strcmp(lv, "edge") &&
+                        strcmp(lv, "system")))
+                return zb_err(ZB_E_METADATA, "%s: fields.%s.%s is %s, not \"atom\", \"edge\" "
+                              "or \"system\"", store, group, name,
+                              json_object_to_json_string(level));
+        }
+    }
+    return ZB_OK;
+}
+
+/* One required core array: present, at the atom level, of the right dtype kind and row shape. */
+static zb_status
+check_required(const char *store, json_object *fields, const char *name,
+               const zb_array_meta *m, bool floats, int ndim)
+{
+    const char *want = floats ? "[atoms, 3] floats" : "[atoms] integers";
+    if (!m)
+        return zb_err(ZB_E_CORRUPT, "%s: core/%s is missing: every AtomicData store holds "
+                      "core/%s (%s)", store, name, name, want);
+    const char *lv = zb_atomic_array_level(fields, "core", name);
+    if (strcmp(lv, "atom"))
+        return zb_err(ZB_E_CORRUPT, "%s: core/%s: the fields attribute gives level '%s'; %s "
+                      "are per atom", store, name, lv, name);
+    bool kind_ok = floats ? is_float(m->dtype) : is_int(m->dtype);
+    bool shape_ok = m->ndim == ndim && (ndim == 1 || m->shape[1] == 3);
+    if (kind_ok && shape_ok) return ZB_OK;
+    char shape[96] = "[";
+    for (int d = 0; d < m->ndim; d++) {
+        size_t k = strlen(shape);
+        snprintf(shape + k, sizeof shape - k, "%s%llu", d ? ", " : "",
+                 (unsigned long long)m->shape[d]);
+    }
+    strncat(shape, "]", sizeof shape - strlen(shape) - 1);
+    return zb_err(ZB_E_CORRUPT, "%s: core/%s is %s of shape %s; it must be %s", store, name,
+                  zb_dtype_name(m->dtype), shape, want);
+}
+
+zb_status
+zb_atomic_check_required(const char *store, json_object *fields, const zb_array_meta *positions,
+                         const zb_array_meta *atomic_numbers)
+{
+    ZB_TRY(check_required(store, fields, "positions", positions, true, 2));
+    return check_required(store, fields, "atomic_numbers", atomic_numbers, false, 1);
+}
+
 /* Arrays may be longer than the committed samples need: an append writes data arrays before
  * the pointer arrays and the root num_samples (the commit point), so an interrupted one leaves
  * tails that readers ignore. Shorter is corruption (FORMATS.md §8.5, hazard 3). */
@@ -553,42 +625,68 @@ check_min_rows(const zb_field *f, uint64_t want, const char *what)
     return ZB_OK;
 }
 
+/* The physical sample count N, as nvalchemi's AtomicDataZarrReader reads it: the length of
+ * meta/samples_mask (it never reads num_samples; docs/ERRORS.md, "Atomic stores"). The root
+ * num_samples is zbatch's commit point: pointer and data arrays longer than it needs are an
+ * uncommitted tail. A mask longer than num_samples is an append interrupted after its mask
+ * was extended (zb_atomic_recover rolls num_samples forward to it) or a num_samples that lags:
+ * both readers then take the mask's count, and every array must hold its samples. A mask
+ * shorter than num_samples is corruption. `why` receives what N stands for, for messages. */
+static zb_status
+atomic_count(zb_dataset *ds, const zb_tree *tree, const zb_tree_node *root, const char *base,
+             char *why, size_t why_cap)
+{
+    char path[4200];
+    join(path, sizeof path, base, "meta/samples_mask");
+    if (!zb_tree_find(tree, path))
+        return zb_err(ZB_E_CORRUPT, "%s: meta/samples_mask is missing: every AtomicData store "
+                      "holds one (nvalchemi's reader refuses the store too)", zb_dataset_name(ds));
+    ZB_TRY(open_node(ds, tree, path, &ds->mask.arr));
+    const zb_array_meta *mm = &ds->mask.arr->meta;
+    if (mm->ndim != 1 || mm->dtype != ZB_DT_BOOL)
+        return zb_err(ZB_E_CORRUPT, "%s: meta/samples_mask must be a 1-d bool array (%s, %d-d)",
+                      zb_dataset_name(ds), zb_dtype_name(mm->dtype), mm->ndim);
+    ds->nphys = mm->shape[0];
+    snprintf(why, why_cap, "num_samples");
+    json_object *ns = root ? zb_json_get(root->attrs, "num_samples") : NULL;
+    uint64_t num_samples;
+    if (ns && zb_json_u64(ns, "num_samples", &num_samples) == ZB_OK) {
+        if (num_samples > ds->nphys)
+            return zb_err(ZB_E_CORRUPT, "%s: num_samples is %llu, meta/samples_mask holds %llu "
+                          "(nvalchemi would read %llu samples)", zb_dataset_name(ds),
+                          (unsigned long long)num_samples, (unsigned long long)ds->nphys,
+                          (unsigned long long)ds->nphys);
+        if (num_samples < ds->nphys)
+            snprintf(why, why_cap, "the %llu samples of meta/samples_mask (num_samples says "
+                     "%llu)", (unsigned long long)ds->nphys, (unsigned long long)num_samples);
+    } else {
+        zb_clear_error();
+        snprintf(why, why_cap, "meta/samples_mask");
+    }
+    return ZB_OK;
+}
+
 zb_status
 zb_layout_atomic(zb_dataset *ds, const zb_tree *tree, const char *base)
 {
     const zb_tree_node *root = zb_tree_find(tree, base);
     json_object *fields = root ? zb_json_get(root->attrs, "fields") : NULL;
-    char path[4200];
+    ZB_TRY(zb_atomic_check_fields_attr(zb_dataset_name(ds), fields));
+    char path[4200], why[200], need[300];
     int atoms, edges;
     join(path, sizeof path, base, "meta/atoms_ptr");
     ZB_TRY(add_segment(ds, tree, "atoms", path, &atoms));
     join(path, sizeof path, base, "meta/edges_ptr");
     ZB_TRY(add_segment(ds, tree, "edges", path, &edges));
-    uint64_t n = ds->segs[atoms].ptr->meta.shape[0];
-    if (n == 0) return zb_err(ZB_E_CORRUPT, "%s: meta/atoms_ptr is empty", ds->path);
-    /* N: the root num_samples when present (the commit point), else the pointer array */
-    ds->nphys = n - 1;
-    json_object *ns = root ? zb_json_get(root->attrs, "num_samples") : NULL;
-    uint64_t num_samples;
-    if (ns && zb_json_u64(ns, "num_samples", &num_samples) == ZB_OK) {
-        if (num_samples > n - 1)
-            return zb_err(ZB_E_CORRUPT, "%s: num_samples is %llu, meta/atoms_ptr holds %llu",
-                          ds->path, (unsigned long long)num_samples,
-                          (unsigned long long)(n - 1));
-        ds->nphys = num_samples;
-    }
-    n = ds->nphys + 1;
-    if (ds->segs[edges].ptr->meta.shape[0] < n)
-        return zb_err(ZB_E_CORRUPT, "%s: meta/edges_ptr has %llu entries for %llu samples",
-                      ds->path, (unsigned long long)ds->segs[edges].ptr->meta.shape[0],
-                      (unsigned long long)ds->nphys);
-    join(path, sizeof path, base, "meta/samples_mask");
-    if (zb_tree_find(tree, path)) {
-        ZB_TRY(open_node(ds, tree, path, &ds->mask.arr));
-        if (ds->mask.arr->meta.shape[0] < ds->nphys)
-            return zb_err(ZB_E_CORRUPT, "%s: %llu entries for %llu samples", path,
-                          (unsigned long long)ds->mask.arr->meta.shape[0],
-                          (unsigned long long)ds->nphys);
+    ZB_TRY(atomic_count(ds, tree, root, base, why, sizeof why));
+    uint64_t n = ds->nphys + 1;
+    for (int s = 0; s < 2; s++) {
+        int k = s ? edges : atoms;
+        if (ds->segs[k].ptr->meta.shape[0] < n)
+            return zb_err(ZB_E_CORRUPT, "%s: meta/%s_ptr has %llu entries, %s needs %llu",
+                          zb_dataset_name(ds), s ? "edges" : "atoms",
+                          (unsigned long long)ds->segs[k].ptr->meta.shape[0], why,
+                          (unsigned long long)n);
     }
     /* the ends of the pointer arrays bound the atom- and edge-level arrays */
     int64_t v_total = 0, e_total = 0, first = 0;
@@ -598,11 +696,12 @@ zb_layout_atomic(zb_dataset *ds, const zb_tree *tree, const char *base)
     if (st == ZB_OK) st = zb_segment_get(&ds->segs[edges], ctx, n - 1, &e_total);
     if (st == ZB_OK) st = zb_segment_get(&ds->segs[atoms], ctx, 0, &first);
     if (st == ZB_OK && first != 0)
-        st = zb_err(ZB_E_CORRUPT, "%s: meta/atoms_ptr starts at %lld, not 0", ds->path,
+        st = zb_err(ZB_E_CORRUPT, "%s: meta/atoms_ptr starts at %lld, not 0", zb_dataset_name(ds),
                     (long long)first);
     zb_ctx_free(ctx);
     if (st != ZB_OK) return st;
 
+    const zb_array_meta *positions = NULL, *numbers = NULL;
     static const char *const groups[] = {"core", "custom"};
     for (int gi = 0; gi < 2; gi++) {
         char gpath[4200];
@@ -621,25 +720,29 @@ zb_layout_atomic(zb_dataset *ds, const zb_tree *tree, const char *base)
             snprintf(fname, sizeof fname, "%s%s", clash ? "custom/" : "", name);
             zb_field *f = NULL;
             if (!strcmp(lv, "atom")) {
+                snprintf(need, sizeof need, "meta/atoms_ptr (for %s)", why);
                 st = add_field(ds, tree, fname, nd->path, ZB_FIELD_RAGGED, atoms, -1, &f);
-                if (st == ZB_OK) st = check_min_rows(f, (uint64_t)v_total, "meta/atoms_ptr");
+                if (st == ZB_OK) st = check_min_rows(f, (uint64_t)v_total, need);
             } else if (!strcmp(lv, "edge")) {
+                snprintf(need, sizeof need, "meta/edges_ptr (for %s)", why);
                 bool idx = !strcmp(name, "neighbor_list");
                 st = add_field(ds, tree, fname, nd->path, idx ? ZB_FIELD_INDEX : ZB_FIELD_RAGGED,
                                edges, idx ? atoms : -1, &f);
                 if (st == ZB_OK) {
                     f->global_index = idx; /* nvalchemi stores store-global atom indices */
-                    st = check_min_rows(f, (uint64_t)e_total, "meta/edges_ptr");
+                    st = check_min_rows(f, (uint64_t)e_total, need);
                 }
             } else {
                 st = add_field(ds, tree, fname, nd->path, ZB_FIELD_PER_SAMPLE, -1, -1, &f);
-                if (st == ZB_OK) st = check_min_rows(f, ds->nphys, "num_samples");
+                if (st == ZB_OK) st = check_min_rows(f, ds->nphys, why);
             }
             if (st == ZB_E_TYPE) continue;
             if (st != ZB_OK) return st;
+            if (gi == 0 && !strcmp(name, "positions")) positions = &f->arr->meta;
+            if (gi == 0 && !strcmp(name, "atomic_numbers")) numbers = &f->arr->meta;
         }
     }
-    return ZB_OK;
+    return zb_atomic_check_required(zb_dataset_name(ds), fields, positions, numbers);
 }
 
 /* ---- generic ------------------------------------------------------------------------------ */

@@ -1035,8 +1035,9 @@ rebase_error(const plan *p, uint32_t f, size_t i, uint64_t r0, uint64_t r1, uint
             if (x < r->lo[i] || x - r->lo[i] >= r->len[i]) {
                 /* x - lo as the store meant it; reported, never used */
                 long long local = (long long)((uint64_t)x - (uint64_t)r->lo[i]);
-                return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: %s value %lld is outside its "
-                              "%lld atoms (stored %s)", zb_dataset_name(ch), i,
+                return zb_err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field "
+                              "%s: value %lld is outside its %lld atoms (stored %s)",
+                              zb_dataset_name(ch), (unsigned long long)p->b->index[i], i,
                               fd->name, local, (long long)r->len[i],
                               fd->global_index ? "store-global" : "local");
             }
@@ -1044,7 +1045,9 @@ rebase_error(const plan *p, uint32_t f, size_t i, uint64_t r0, uint64_t r1, uint
                 return zb_err(ZB_E_OVERFLOW, "%s: batch index %lld does not fit int32", fd->name,
                               (long long)(x + r->shift[i]));
         }
-    return zb_err(ZB_E_CORRUPT, "%s: sample row %zu: bad index values", fd->name, i);
+    return zb_err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field %s: bad "
+                  "index values", zb_dataset_name(ch), (unsigned long long)p->b->index[i], i,
+                  fd->name);
 }
 
 /* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f, sample by sample (a

@@ -1087,7 +1087,7 @@ check_rows_needed(verifier *v, varr *va, uint64_t need, const char *why)
     else if (rows > need)
         finding(v, ZB_VERIFY_NOTE, ZB_OK, va->node->path,
                 "%" PRIu64 " rows past the committed %" PRIu64 " (%s): an uncommitted tail left "
-                "by an interrupted append (num_samples is the commit point); zb_atomic_recover "
+                "by an interrupted append (readers ignore it); zb_atomic_recover "
                 "or the next append cuts it back",
                 rows - need, need, why);
 }
@@ -1172,6 +1172,27 @@ check_edge_index(verifier *v, const char *base, varr *nl, uint64_t n, uint64_t n
     ival_free(&ev);
 }
 
+/* Entries of the fields attribute with no array: a note, not a problem. zb_atomic_add_custom
+ * names a field before it writes the array, so an interrupted one leaves such an entry, and
+ * both readers ignore it. */
+static void
+check_fields_named(verifier *v, const char *base, json_object *fields)
+{
+    if (!fields) return;
+    json_object_object_foreach(fields, group, names) {
+        json_object_object_foreach(names, name, level) {
+            (void)level;
+            char rel[KEY_CAP], key[KEY_CAP];
+            join(rel, sizeof rel, group, name);
+            join(key, sizeof key, base, rel);
+            if (!find_array(v, key))
+                finding(v, ZB_VERIFY_NOTE, ZB_OK, key,
+                        "the fields attribute names it, but there is no such array (an "
+                        "interrupted add_custom leaves this; readers ignore the entry)");
+        }
+    }
+}
+
 static void
 check_atomic(verifier *v, const zb_tree_node *g)
 {
@@ -1185,22 +1206,32 @@ check_atomic(verifier *v, const zb_tree_node *g)
         return;
     }
     json_object *fields = zb_json_get(g->attrs, "fields");
-    if (!json_object_is_type(fields, json_type_object))
-        finding(v, ZB_VERIFY_PROBLEM, ZB_E_METADATA, shown(base),
-                "the fields attribute is not an object");
-    int64_t n_atoms = 0, n_edges = 0;
-    bool atoms_ok = atomic_pointer(v, base, "meta/atoms_ptr", n, &n_atoms);
-    bool edges_ok = atomic_pointer(v, base, "meta/edges_ptr", n, &n_edges);
-
+    zb_status st = zb_atomic_check_fields_attr(shown(base), fields);
+    if (st != ZB_OK) {
+        failed(v, st, shown(base), NULL);
+        fields = NULL;
+    }
     varr *sm = child_array(v, base, "meta/samples_mask");
     char key[KEY_CAP];
     if (!sm) {
         join(key, sizeof key, base, "meta/samples_mask");
-        finding(v, ZB_VERIFY_PROBLEM, ZB_E_METADATA, key,
-                "missing: AtomicData stores hold meta/samples_mask");
+        finding(v, ZB_VERIFY_PROBLEM, ZB_E_CORRUPT, key,
+                "missing: AtomicData stores hold meta/samples_mask (nvalchemi's reader and "
+                "zbatch refuse the store)");
+    } else if (sm->a && sm->a->meta.ndim == 1 && rows_of(sm) > n) {
+        /* nvalchemi counts the mask, never num_samples; so does zbatch's reader (layouts.c) */
+        finding(v, ZB_VERIFY_NOTE, ZB_OK, sm->node->path,
+                "%" PRIu64 " samples, num_samples says %" PRIu64 ": nvalchemi and zbatch read "
+                "the %" PRIu64 " (an append interrupted after extending samples_mask, or a "
+                "stale num_samples); zb_atomic_recover or the next append rolls num_samples "
+                "forward", rows_of(sm), n, rows_of(sm));
+        n = rows_of(sm);
     } else {
         check_rows_needed(v, sm, n, "num_samples");
     }
+    int64_t n_atoms = 0, n_edges = 0;
+    bool atoms_ok = atomic_pointer(v, base, "meta/atoms_ptr", n, &n_atoms);
+    bool edges_ok = atomic_pointer(v, base, "meta/edges_ptr", n, &n_edges);
     varr *am = child_array(v, base, "meta/atoms_mask"),
          *em = child_array(v, base, "meta/edges_mask");
     if (am && atoms_ok) check_rows_needed(v, am, (uint64_t)n_atoms, "atoms_ptr[N]");
@@ -1231,6 +1262,14 @@ check_atomic(verifier *v, const zb_tree_node *g)
     }
     if (nl && atoms_ok && edges_ok && n > 0 && !v->r->metadata_only)
         check_edge_index(v, base, nl, n, (uint64_t)n_edges);
+    varr *pos = child_array(v, base, "core/positions"),
+         *num = child_array(v, base, "core/atomic_numbers");
+    if ((!pos || pos->a) && (!num || num->a)) { /* an array that did not open is reported */
+        st = zb_atomic_check_required(shown(base), fields, pos ? &pos->a->meta : NULL,
+                                      num ? &num->a->meta : NULL);
+        if (st != ZB_OK) failed(v, st, shown(base), NULL);
+    }
+    check_fields_named(v, base, fields);
 }
 
 /* ---- the run -------------------------------------------------------------------------- */

@@ -7,6 +7,7 @@
  * them in the order the header documents (data arrays, atoms_mask, edges_mask, atoms_ptr,
  * edges_ptr, samples_mask, then the root document: nvalchemi's reader takes its sample count
  * from the length of samples_mask, zbatch from num_samples). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,7 @@ struct zb_atomic_writer {
     zb_at_cfg cfg;
     bool fresh;      /* a new store whose first commit has not happened */
     bool cols_fixed; /* the field set is known */
+    bool copying;    /* rows come from a store (zb_at_writer_set_copying) */
     size_t ncols;
     zb_at_col *cols;
     zb_array_writer *meta[ZB_AT_NMETA];   /* the masks of atoms/edges may be NULL (absent) */
@@ -59,6 +61,12 @@ fail_writer(zb_atomic_writer *w, zb_status st)
         snprintf(w->failed_msg, sizeof w->failed_msg, "%s", zb_last_error());
     }
     return st;
+}
+
+void
+zb_at_writer_set_copying(zb_atomic_writer *w)
+{
+    w->copying = true;
 }
 
 static zb_status
@@ -362,6 +370,16 @@ check_field(const zb_atomic_field *f)
     for (int d = 0; d < f->ndim; d++)
         if (f->shape[d] == 0)
             return zb_err(ZB_E_INVALID, "field %s/%s: row shape has a zero dimension", g, f->name);
+    /* what every reader needs of the two required fields (docs/ERRORS.md, "Atomic stores") */
+    if (!strcmp(g, "core") && !strcmp(f->name, "positions") &&
+        (f->level != ZB_ATOMIC_ATOM || f->ndim != 1 || f->shape[0] != 3 ||
+         (f->dtype != ZB_DT_FLOAT16 && f->dtype != ZB_DT_FLOAT32 && f->dtype != ZB_DT_FLOAT64)))
+        return zb_err(ZB_E_INVALID, "field core/positions must be atom level, floating point, "
+                                    "with rows of shape (3)");
+    if (!strcmp(g, "core") && !strcmp(f->name, "atomic_numbers") &&
+        (f->level != ZB_ATOMIC_ATOM || f->ndim != 0 || !zb_at_dtype_is_int(f->dtype)))
+        return zb_err(ZB_E_INVALID, "field core/atomic_numbers must be atom level, an integer "
+                                    "type, one value per atom");
     if (!strcmp(g, "core") && !strcmp(f->name, "neighbor_list")) {
         if (f->level != ZB_ATOMIC_EDGE || !zb_at_dtype_is_int(f->dtype) || f->ndim != 1 ||
             f->shape[0] != 2)
@@ -510,6 +528,54 @@ convert_nlist(zb_atomic_writer *w, const zb_at_col *c, const zb_atomic_field *f,
     return ZB_OK;
 }
 
+/* The sample of the block that owns row `row` of a field at `level`. */
+static uint64_t
+sample_of_row(zb_atomic_level level, uint64_t row, const int64_t *atoms, const int64_t *edges,
+              uint64_t n_samples)
+{
+    if (level == ZB_ATOMIC_SYSTEM) return row;
+    const int64_t *count = level == ZB_ATOMIC_ATOM ? atoms : edges;
+    uint64_t end = 0;
+    for (uint64_t p = 0; count && p < n_samples; p++)
+        if (row < (end += (uint64_t)count[p])) return p;
+    return n_samples;
+}
+
+uint64_t
+zb_at_first_non_finite(zb_dtype dtype, const void *data, uint64_t elems)
+{
+    uint64_t k = 0;
+    if (dtype == ZB_DT_FLOAT32) {
+        const float *x = data;
+        while (k < elems && isfinite(x[k])) k++;
+    } else if (dtype == ZB_DT_FLOAT64) {
+        const double *x = data;
+        while (k < elems && isfinite(x[k])) k++;
+    } else if (dtype == ZB_DT_FLOAT16) {
+        const uint16_t *x = data; /* all-ones exponent: infinity or NaN */
+        while (k < elems && (x[k] & 0x7c00) != 0x7c00) k++;
+    } else {
+        k = elems;
+    }
+    return k;
+}
+
+/* Every value of a floating-point field is finite: a NaN or an infinity in a stored structure
+ * is refused, naming the sample and the field (nvalchemi's writer stores them silently). */
+static zb_status
+check_finite(const zb_atomic_field *f, uint64_t rows, uint64_t row_elems, const int64_t *atoms,
+             const int64_t *edges, uint64_t n_samples)
+{
+    uint64_t elems = rows * row_elems, k = zb_at_first_non_finite(f->dtype, f->data, elems);
+    if (k == elems) return ZB_OK;
+    uint64_t row = k / row_elems;
+    return zb_err(ZB_E_INVALID, "sample %llu of this block: field %s/%s: a non-finite value "
+                  "(NaN or infinity) in row %llu of the block's %s rows",
+                  (unsigned long long)sample_of_row(f->level, row, atoms, edges, n_samples),
+                  field_group(f), f->name, (unsigned long long)row,
+                  zb_atomic_level_name(f->level));
+}
+
 static zb_status
 append_ones(zb_atomic_writer *w, zb_array_writer *aw, uint64_t n)
 {
@@ -592,6 +658,8 @@ zb_atomic_writer_add(zb_atomic_writer *w, uint64_t n_samples, const int64_t *ato
                     break;
                 }
         }
+        if (st == ZB_OK && rows && !w->copying)
+            st = check_finite(f, rows, elems, atoms_per_sample, edges_per_sample, n_samples);
         if (st == ZB_OK && !strcmp(field_group(f), "core") && !strcmp(f->name, "neighbor_list")) {
             nl_field = f;
             nl_col = w->cols_fixed ? &w->cols[i] : NULL;

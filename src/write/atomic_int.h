@@ -119,6 +119,15 @@ zb_status zb_at_truncate_array(zb_store *store, const char *array_path, uint64_t
 zb_status zb_at_writer_open_new(zb_store *store, const char *path, const zb_at_cfg *cfg,
                                 json_object *base_attrs, zb_atomic_writer **out);
 
+/* The first of `elems` values of `dtype` at `data` that is NaN or infinite; `elems` if none (and
+ * always for non-float types). */
+uint64_t zb_at_first_non_finite(zb_dtype dtype, const void *data, uint64_t elems);
+
+/* Marks the writer as copying rows already stored (defragment): they are kept as they are, so
+ * the finiteness check of new values (zb_atomic_writer_add) is skipped; a store nvalchemi wrote
+ * with a NaN label stays defragmentable. */
+void zb_at_writer_set_copying(zb_atomic_writer *w);
+
 /* Validates an array/field name: non-empty, below ZB_AT_NAME_CAP, no '/', no leading '.' or "__".
  */
 zb_status zb_at_check_name(const char *what, const char *name);

@@ -859,6 +859,21 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
                                                      : "num_samples");
         goto done;
     }
+    /* every value finite, as zb_atomic_writer_add asks (an overflowing size is refused by the
+     * array writer below, before any value is read) */
+    uint64_t row_elems = 1, elems = 0;
+    bool sized = true;
+    for (int d = 0; d < field->ndim; d++)
+        sized = sized && zb_mul_u64(row_elems, field->shape[d], &row_elems);
+    sized = sized && zb_mul_u64(n_rows, row_elems, &elems);
+    uint64_t bad = sized && field->data
+                       ? zb_at_first_non_finite(field->dtype, field->data, elems)
+                       : elems;
+    if (bad < elems) {
+        st = zb_err(ZB_E_INVALID, "custom field '%s': a non-finite value (NaN or infinity) in "
+                    "row %llu", field->name, (unsigned long long)(bad / row_elems));
+        goto done;
+    }
     for (size_t i = 0; i < L.n; i++)
         if (!strcmp(L.arrays[i].name, field->name)) {
             st = zb_err(ZB_E_INVALID, "custom field '%s': %s/%s already exists", field->name,
@@ -1134,6 +1149,7 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
     }
     st = zb_at_writer_open_new(store, newp, &c, attrs, &w);
     if (st != ZB_OK) goto done;
+    zb_at_writer_set_copying(w);
     cfg_taken = true;
     cols = calloc(L.n ? L.n : 1, sizeof *cols);
     na = malloc((size_t)PTR_BLOCK * 8);

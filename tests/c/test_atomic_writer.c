@@ -12,6 +12,7 @@
 #include "support/testutil.h"
 #include "util/json.h"
 #include "write/atomic_int.h"
+#include "write/write.h"
 
 /* ------------------------------------------------------------------------------------------- */
 /* Synthetic samples: every value is a function of the sample's source id g                     */
@@ -618,6 +619,26 @@ test_append_offsets_and_all_or_nothing(void **state)
     b->f[0].dtype = ZB_DT_FLOAT64;
     ZB_ASSERT_ERR(zb_atomic_writer_add(w, 2, b->atoms, b->edges, b->nf, b->f), ZB_E_INVALID,
                   "dtype float64");
+    /* non-finite values, named by sample and field; the required fields' shapes and types
+     * (sample 8 has 4 atoms: its rows 0..3, sample 9's from 4) */
+    b->f[0].dtype = ZB_DT_FLOAT32;
+    b->pos[3 * 5 + 1] = NAN;
+    ZB_ASSERT_ERR(zb_atomic_writer_add(w, 2, b->atoms, b->edges, b->nf, b->f), ZB_E_INVALID,
+                  "sample 1 of this block: field core/positions: a non-finite value (NaN or "
+                  "infinity) in row 5 of the block's atom rows");
+    b->pos[3 * 5 + 1] = 0;
+    b->energy[0] = -INFINITY;
+    ZB_ASSERT_ERR(zb_atomic_writer_add(w, 2, b->atoms, b->edges, b->nf, b->f), ZB_E_INVALID,
+                  "sample 0 of this block: field core/energy: a non-finite value");
+    b->energy[0] = 0;
+    b->f[0].shape = SHAPE2;
+    ZB_ASSERT_ERR(zb_atomic_writer_add(w, 2, b->atoms, b->edges, b->nf, b->f), ZB_E_INVALID,
+                  "core/positions must be atom level, floating point, with rows of shape (3)");
+    b->f[0].shape = SHAPE3;
+    b->f[1].dtype = ZB_DT_FLOAT64;
+    ZB_ASSERT_ERR(zb_atomic_writer_add(w, 2, b->atoms, b->edges, b->nf, b->f), ZB_E_INVALID,
+                  "core/atomic_numbers must be atom level, an integer type");
+    b->f[1].dtype = ZB_DT_INT64;
     zb_atomic_writer_close(w);
     snap *after = snap_take(s);
     snap_assert_equal(before, after);
@@ -760,6 +781,51 @@ test_delete_and_defragment(void **state)
     zb_store_close(s);
 }
 
+/* The reader's checks at open (metadata only): the required arrays, samples_mask, and the
+ * sample count read from the mask as nvalchemi reads it. */
+static void
+test_reader_checks_at_open(void **state)
+{
+    (void)state;
+    zb_store *s = NULL;
+    ZB_ASSERT_OK(zb_store_open_memory(&s));
+    write_store(s, "ds", 0, 4);
+    zb_dataset *ds = NULL;
+    uint64_t n = 0;
+    ZB_ASSERT_OK(zb_dataset_open(s, "ds", NULL, &ds));
+    ZB_ASSERT_OK(zb_dataset_len(ds, &n));
+    assert_int_equal(n, 4);
+    zb_dataset_close(ds);
+
+    /* num_samples behind the mask: both readers count the mask's 4 samples */
+    json_object *attrs = root_attrs(s, "ds");
+    json_object_object_add(attrs, "num_samples", json_object_new_int(1));
+    ZB_ASSERT_OK(zb_write_group(s, "ds", 3, json_object_to_json_string(attrs)));
+    ZB_ASSERT_OK(zb_dataset_open(s, "ds", NULL, &ds));
+    ZB_ASSERT_OK(zb_dataset_len(ds, &n));
+    assert_int_equal(n, 4);
+    zb_dataset_close(ds);
+    /* ahead of it: refused */
+    json_object_object_add(attrs, "num_samples", json_object_new_int(6));
+    ZB_ASSERT_OK(zb_write_group(s, "ds", 3, json_object_to_json_string(attrs)));
+    ZB_ASSERT_ERR(zb_dataset_open(s, "ds", NULL, &ds), ZB_E_CORRUPT,
+                  "num_samples is 6, meta/samples_mask holds 4");
+    assert_null(ds);
+    json_object_object_add(attrs, "num_samples", json_object_new_int(4));
+    ZB_ASSERT_OK(zb_write_group(s, "ds", 3, json_object_to_json_string(attrs)));
+    json_object_put(attrs);
+
+    ZB_ASSERT_OK(zb_store_erase(s, "ds/core/atomic_numbers/zarr.json"));
+    ZB_ASSERT_ERR(zb_dataset_open(s, "ds", NULL, &ds), ZB_E_CORRUPT,
+                  "core/atomic_numbers is missing: every AtomicData store holds "
+                  "core/atomic_numbers ([atoms] integers)");
+    assert_null(ds);
+    ZB_ASSERT_OK(zb_store_erase(s, "ds/meta/samples_mask/zarr.json"));
+    ZB_ASSERT_ERR(zb_dataset_open(s, "ds", NULL, &ds), ZB_E_CORRUPT,
+                  "meta/samples_mask is missing");
+    zb_store_close(s);
+}
+
 static void
 test_add_custom(void **state)
 {
@@ -777,6 +843,10 @@ test_add_custom(void **state)
     f.name = "positions";
     ZB_ASSERT_ERR(zb_atomic_add_custom(s, "ds", NULL, &f, 9), ZB_E_INVALID, "already exists");
     f.name = "charges";
+    q[6] = NAN;
+    ZB_ASSERT_ERR(zb_atomic_add_custom(s, "ds", NULL, &f, 9), ZB_E_INVALID,
+                  "custom field 'charges': a non-finite value (NaN or infinity) in row 6");
+    q[6] = 3.0f;
     ZB_ASSERT_OK(zb_atomic_add_custom(s, "ds", NULL, &f, 9));
     uint64_t rows;
     float *got = read_all_rows(s, "ds", "custom/charges", &rows);
@@ -1085,6 +1155,7 @@ main(void)
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_delete_and_defragment),
         cmocka_unit_test(test_add_custom),
+        cmocka_unit_test(test_reader_checks_at_open),
         cmocka_unit_test(test_check_catches_nvalchemi_hazards),
         cmocka_unit_test(test_interrupted_append_windows),
         cmocka_unit_test(test_crash_during_append),

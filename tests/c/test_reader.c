@@ -366,7 +366,7 @@ test_index_conventions_and_bad_values(void **state)
             st = build(&s, &bb);
             ds = open_ds(st, 0, 2);
             char want[128];
-            snprintf(want, sizeof want, "sample row 1: nbr value %d is outside its 7 atoms",
+            snprintf(want, sizeof want, "sample 4 (row 1 of the request): field nbr: value %d is outside its 7 atoms",
                      which ? -1 : 7);
             ZB_ASSERT_ERR(zb_dataset_read_many(ds, ids, n, &b), ZB_E_CORRUPT, want);
             assert_null(b);

@@ -471,6 +471,8 @@ atomic_store(const int64_t *nl)
     put_bool(s, "meta/edges_mask", 3);
     float pos[6][3] = {{0}};
     put_array(s, "core/positions", ZB_DT_FLOAT32, 3, pos, 5, 2, 0);
+    static const int64_t numbers[5] = {8, 1, 1, 6, 6};
+    put_array(s, "core/atomic_numbers", ZB_DT_INT64, 0, numbers, 5, 2, 0);
     static const int64_t global[3][2] = {{0, 1}, {1, 2}, {3, 4}};
     put_array(s, "core/neighbor_list", ZB_DT_INT64, 2, nl ? nl : &global[0][0], 3, 2, 0);
     double energy[2] = {-1.5, -2.5};
@@ -487,7 +489,7 @@ test_verify_atomic(void **state)
     verify(s, "", &r);
     assert_clean(&r);
     assert_int_equal(r.n_notes, 0);
-    assert_int_equal(r.n_arrays, 8);
+    assert_int_equal(r.n_arrays, 9);
     zb_verify_report_free(&r);
 
     /* arrays missing from `fields` (FORMATS.md §8.1): the key sets, else atom-level in core;
@@ -499,7 +501,7 @@ test_verify_atomic(void **state)
     put_array(s, "custom/label", ZB_DT_FLOAT64, 0, two, 2, 0, 0);
     verify(s, "", &r);
     assert_clean(&r);
-    assert_int_equal(r.n_arrays, 11);
+    assert_int_equal(r.n_arrays, 12);
     zb_verify_report_free(&r);
     drop_doc(s, "core/charges_ref");
     put_array(s, "core/charges_ref", ZB_DT_FLOAT64, 0, two, 2, 0, 0);
@@ -537,6 +539,73 @@ test_verify_atomic(void **state)
     assert_mentions(p, "1 rows, but the committed samples need 2 (num_samples)");
     p = problem_at(&r, "core/energy");
     assert_mentions(p, "1 rows, but the committed samples need 2");
+    zb_verify_report_free(&r);
+    zb_store_close(s);
+}
+
+/* The rules the reader applies at open (layouts.c), reported by verify too: core/positions
+ * and core/atomic_numbers exist with their shapes, the fields attribute gives known levels,
+ * and samples_mask exists; a mask longer than num_samples is what both readers count (a note),
+ * and a fields entry without an array is a note. */
+static void
+test_verify_atomic_required(void **state)
+{
+    (void)state;
+    zb_verify_report r = ZB_VERIFY_REPORT_INIT;
+    zb_store *s = atomic_store(NULL);
+    drop_doc(s, "core/positions");
+    verify(s, "", &r);
+    assert_mentions(problem_at(&r, "/"), "core/positions is missing: every AtomicData store "
+                                         "holds core/positions ([atoms, 3] floats)");
+    zb_verify_report_free(&r);
+    float pos2[5][2] = {{0}};
+    put_array(s, "core/positions", ZB_DT_FLOAT32, 2, pos2, 5, 2, 0);
+    verify(s, "", &r);
+    assert_int_equal(r.n_problems, 1);
+    assert_mentions(problem_at(&r, "/"), "core/positions is float32 of shape [5, 2]; it must "
+                                         "be [atoms, 3] floats");
+    zb_verify_report_free(&r);
+    zb_store_close(s);
+
+    s = atomic_store(NULL);
+    drop_doc(s, "core/atomic_numbers");
+    float z[5] = {8, 1, 1, 6, 6};
+    put_array(s, "core/atomic_numbers", ZB_DT_FLOAT32, 0, z, 5, 2, 0);
+    verify(s, "", &r);
+    assert_int_equal(r.n_problems, 1);
+    assert_mentions(problem_at(&r, "/"), "core/atomic_numbers is float32 of shape [5]; it must "
+                                         "be [atoms] integers");
+    zb_verify_report_free(&r);
+    drop_doc(s, "meta/samples_mask");
+    verify(s, "", &r);
+    assert_mentions(problem_at(&r, "meta/samples_mask"), "missing");
+    zb_verify_report_free(&r);
+    zb_store_close(s);
+
+    s = atomic_store(NULL);
+    ZB_ASSERT_OK(zb_write_group(s, "", 3,
+                                "{\"num_samples\": 2, \"fields\": {\"core\": {\"positions\": "
+                                "\"atom\", \"energy\": \"graph\"}}}"));
+    verify(s, "", &r);
+    assert_int_equal(r.n_problems, 1);
+    assert_mentions(problem_at(&r, "/"), "fields.core.energy is \"graph\", not \"atom\"");
+    zb_verify_report_free(&r);
+    ZB_ASSERT_OK(zb_write_group(s, "", 3,
+                                "{\"num_samples\": 1, \"fields\": {\"core\": {}, "
+                                "\"custom\": {\"charges_ref\": \"atom\"}}}"));
+    verify(s, "", &r);
+    assert_clean(&r);
+    bool mask_note = false, fields_note = false;
+    for (size_t i = 0; i < r.n_kept; i++) {
+        const zb_verify_problem *p = &r.problems[i];
+        mask_note = mask_note || (!strcmp(p->key, "meta/samples_mask") &&
+                                  strstr(p->message, "2 samples, num_samples says 1: nvalchemi "
+                                                     "and zbatch read the 2"));
+        fields_note = fields_note || (!strcmp(p->key, "custom/charges_ref") &&
+                                      strstr(p->message, "no such array"));
+    }
+    assert_true(mask_note);
+    assert_true(fields_note);
     zb_verify_report_free(&r);
     zb_store_close(s);
 }
@@ -605,6 +674,11 @@ test_verify_atomic_many_blocks(void **state)
     put_i64(s, "meta/edges_ptr", eptr, N + 1, 1000);
     put_bool(s, "meta/samples_mask", N);
     put_array(s, "core/neighbor_list", ZB_DT_INT64, 2, nl, e, 3000, 0);
+    int64_t *zs = calloc((size_t)aptr[N], 3 * sizeof *zs);
+    assert_non_null(zs);
+    put_array(s, "core/atomic_numbers", ZB_DT_INT64, 0, zs, (uint64_t)aptr[N], 65536, 0);
+    put_array(s, "core/positions", ZB_DT_FLOAT64, 3, zs, (uint64_t)aptr[N], 65536, 0);
+    free(zs);
     zb_verify_report r = ZB_VERIFY_REPORT_INIT;
     verify(s, "", &r);
     assert_clean(&r);
@@ -671,6 +745,7 @@ main(void)
         cmocka_unit_test(test_verify_dataframe_lengths),
         cmocka_unit_test(test_verify_atomic),
         cmocka_unit_test(test_verify_atomic_tail),
+        cmocka_unit_test(test_verify_atomic_required),
         cmocka_unit_test(test_verify_atomic_many_blocks),
         cmocka_unit_test(test_verify_args),
     };

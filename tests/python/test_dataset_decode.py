@@ -405,7 +405,8 @@ def test_index_fields_rebased_on_every_path(tmp_path, monkeypatch, layout, mmap)
                 ds = zb.open(str(q))
                 pos9 = "|".join(str(k) for k in np.flatnonzero(ids == 9))  # 9 is there twice
                 with pytest.raises(zb.ZbatchError,
-                                   match=rf"sample row ({pos9}): nbr value {local} is outside "
+                                   match=rf"sample 9 \(row ({pos9}) of the request\): field nbr: "
+                                         rf"value {local} is outside "
                                          rf"its {atoms[9]} atoms"):
                     ds.read_many(ids)
                 rest = [i for i in range(n) if i != 9]  # the other samples read as before
