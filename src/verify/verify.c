@@ -1117,7 +1117,9 @@ atomic_pointer(verifier *v, const char *base, const char *name, uint64_t n, int6
     return scan_pointers(v, va, n + 1, "sample", total) == SCAN_OK;
 }
 
-/* Every neighbor_list index of sample p lies in [atoms_ptr[p], atoms_ptr[p+1]) (§8.3). */
+/* Every neighbor_list index of a live sample p lies in [atoms_ptr[p], atoms_ptr[p+1]) (§8.3);
+ * soft-deleted samples (samples_mask false, when the mask is readable) are skipped, as
+ * nvalchemi's delete zero-fills their rows. */
 static void
 check_edge_index(verifier *v, const char *base, varr *nl, uint64_t n, uint64_t n_edges)
 {
@@ -1130,23 +1132,30 @@ check_edge_index(verifier *v, const char *base, varr *nl, uint64_t n, uint64_t n
     }
     if (rows_of(nl) < n_edges) return; /* reported by the row check */
     varr *ap = child_array(v, base, "meta/atoms_ptr"), *ep = child_array(v, base, "meta/edges_ptr");
-    ival nv, av, ev;
+    varr *sm = child_array(v, base, "meta/samples_mask");
+    bool use_mask = sm && sm->a && !sm->bad && sm->a->meta.ndim == 1 &&
+                    (sm->a->meta.dtype == ZB_DT_BOOL || is_int_dtype(sm->a->meta.dtype)) &&
+                    rows_of(sm) >= n;
+    ival nv, av, ev, mv;
+    memset(&mv, 0, sizeof mv);
     if (ival_init(&nv, v, nl) != ZB_OK || ival_init(&av, v, ap) != ZB_OK ||
-        ival_init(&ev, v, ep) != ZB_OK) {
+        ival_init(&ev, v, ep) != ZB_OK || (use_mask && ival_init(&mv, v, sm) != ZB_OK)) {
         v->fatal = ZB_E_NOMEM;
         return;
     }
     uint64_t p = 0, bad = 0, first_e = 0, first_p = 0;
-    int64_t lo = 0, hi = 0, end = 0, first_x = 0, first_lo = 0, first_hi = 0;
-    bool ok = ival_get(&ev, 1, &end) && ival_get(&av, 0, &lo) && ival_get(&av, 1, &hi);
+    int64_t lo = 0, hi = 0, end = 0, first_x = 0, first_lo = 0, first_hi = 0, live = 1;
+    bool ok = ival_get(&ev, 1, &end) && ival_get(&av, 0, &lo) && ival_get(&av, 1, &hi) &&
+              (!use_mask || ival_get(&mv, 0, &live));
     for (uint64_t e = 0; ok && e < n_edges; e++) {
         /* the sample that owns edge e: pointers are monotone here (checked before) */
         while ((int64_t)e >= end && p + 1 < n) {
             p++;
-            ok = ival_get(&ev, p + 1, &end) && ival_get(&av, p, &lo) && ival_get(&av, p + 1, &hi);
+            ok = ival_get(&ev, p + 1, &end) && ival_get(&av, p, &lo) && ival_get(&av, p + 1, &hi) &&
+                 (!use_mask || ival_get(&mv, p, &live));
             if (!ok) break;
         }
-        for (int k = 0; ok && k < 2; k++) {
+        for (int k = 0; ok && live && k < 2; k++) {
             int64_t x;
             if (!(ok = ival_get(&nv, 2 * e + (uint64_t)k, &x))) break;
             if (x < lo || x >= hi) {
@@ -1170,6 +1179,7 @@ check_edge_index(verifier *v, const char *base, varr *nl, uint64_t n, uint64_t n
     ival_free(&nv);
     ival_free(&av);
     ival_free(&ev);
+    ival_free(&mv);
 }
 
 /* Entries of the fields attribute with no array: a note, not a problem. zb_atomic_add_custom
@@ -1179,8 +1189,10 @@ static void
 check_fields_named(verifier *v, const char *base, json_object *fields)
 {
     if (!fields) return;
-    json_object_object_foreach(fields, group, names) {
-        json_object_object_foreach(names, name, level) {
+    json_object_object_foreach(fields, group, names)
+    {
+        json_object_object_foreach(names, name, level)
+        {
             (void)level;
             char rel[KEY_CAP], key[KEY_CAP];
             join(rel, sizeof rel, group, name);
@@ -1224,7 +1236,8 @@ check_atomic(verifier *v, const zb_tree_node *g)
                 "%" PRIu64 " samples, num_samples says %" PRIu64 ": nvalchemi and zbatch read "
                 "the %" PRIu64 " (an append interrupted after extending samples_mask, or a "
                 "stale num_samples); zb_atomic_recover or the next append rolls num_samples "
-                "forward", rows_of(sm), n, rows_of(sm));
+                "forward",
+                rows_of(sm), n, rows_of(sm));
         n = rows_of(sm);
     } else {
         check_rows_needed(v, sm, n, "num_samples");

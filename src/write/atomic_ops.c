@@ -435,9 +435,12 @@ zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
             if (st == ZB_OK && e1 > e0)
                 st =
                     zb_array_read_rows(nl->a, e0, e1, nbuf.data, (size_t)(e1 - e0) * 2 * isz, NULL);
+            /* a soft-deleted sample is skipped: nvalchemi's delete zero-fills its rows */
             for (uint64_t q = q0; st == ZB_OK && q < q1; q++)
-                st = localize(&L, nbuf.data, nl->info.dtype, 2 * ((uint64_t)b.ep[q] - e0),
-                              (uint64_t)(b.ep[q + 1] - b.ep[q]), b.p0 + q, b.ap[q], b.ap[q + 1]);
+                if (b.mask[q])
+                    st =
+                        localize(&L, nbuf.data, nl->info.dtype, 2 * ((uint64_t)b.ep[q] - e0),
+                                 (uint64_t)(b.ep[q + 1] - b.ep[q]), b.p0 + q, b.ap[q], b.ap[q + 1]);
             if (st != ZB_OK) goto done;
             q0 = q1;
         }
@@ -866,12 +869,13 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
     for (int d = 0; d < field->ndim; d++)
         sized = sized && zb_mul_u64(row_elems, field->shape[d], &row_elems);
     sized = sized && zb_mul_u64(n_rows, row_elems, &elems);
-    uint64_t bad = sized && field->data
-                       ? zb_at_first_non_finite(field->dtype, field->data, elems)
-                       : elems;
+    uint64_t bad =
+        sized && field->data ? zb_at_first_non_finite(field->dtype, field->data, elems) : elems;
     if (bad < elems) {
-        st = zb_err(ZB_E_INVALID, "custom field '%s': a non-finite value (NaN or infinity) in "
-                    "row %llu", field->name, (unsigned long long)(bad / row_elems));
+        st = zb_err(ZB_E_INVALID,
+                    "custom field '%s': a non-finite value (NaN or infinity) in "
+                    "row %llu",
+                    field->name, (unsigned long long)(bad / row_elems));
         goto done;
     }
     for (size_t i = 0; i < L.n; i++)

@@ -204,6 +204,32 @@ def test_num_samples_past_the_mask_is_an_error(nv_store, tmp_path):
 # ------------------------------------------------------------------------------------------------
 # The root `fields` attribute against the arrays
 # ------------------------------------------------------------------------------------------------
+def test_nvalchemi_delete_passes_checks(nv_store, tmp_path):
+    """nvalchemi's delete zero-fills the deleted samples' rows (neighbour indices 0, outside a
+    later sample's atoms): the store is healthy, so check() and verify pass, and zbatch reads
+    the live samples as nvalchemi does."""
+    _, Reader, Writer = _nv()
+    path, samples = nv_store
+    p = _copy(path, tmp_path / "deleted.zarr")
+    Writer(str(p)).delete([3, 7])
+    nl = zarr.open_group(str(p), mode="r")["core/neighbor_list"][...]
+    ptr = zarr.open_group(str(p), mode="r")["meta/edges_ptr"][...]
+    assert not nl[ptr[3]:ptr[4]].any()       # the damage-like rows the checks must skip
+    summary = AtomicWriter(p).check()
+    assert summary["num_samples"] == 12 and summary["num_live"] == 10
+    code, problems, _ = _verify(p)
+    assert code == 0 and problems == []
+    zb = _zb()
+    r, ds = Reader(str(p)), zb.open(str(p))
+    assert len(r) == len(ds) == 10
+    b = ds.read_many(list(range(10)))
+    ptr = b["atoms_ptr"]
+    for i in range(10):
+        want = r[i][0]
+        np.testing.assert_array_equal(b["positions"][ptr[i]:ptr[i + 1]],
+                                      want["positions"].numpy())
+
+
 def test_fields_attribute_checked_at_open(nv_store, tmp_path):
     src, _ = nv_store
     path = _copy(src, tmp_path / "fields.zarr")
