@@ -162,9 +162,17 @@ from ._write_anndata import write_anndata  # noqa: E402
 from ._atomic import ArrayConfig, AtomicWriter, WriteConfig, sample_from_atoms  # noqa: E402
 from . import samplers  # noqa: E402
 from .loader import DataLoader  # noqa: E402
-from ._torch import IterableLoader, collate  # noqa: E402
 from ._convert import convert  # noqa: E402
 from ._neighbors import neighbor_list  # noqa: E402
 from ._ase import convert_ase  # noqa: E402
 
 __all__ += ["neighbor_list", "convert_ase", "IterableLoader", "collate"]
+
+
+def __getattr__(name: str) -> Any:
+    # torch's adapter loads on first use: importing torch takes seconds, and `python -m zbatch`
+    # (the command) imports this package without needing it.
+    if name in ("IterableLoader", "collate"):
+        from . import _torch
+        return getattr(_torch, name)
+    raise AttributeError(f"module 'zbatch' has no attribute {name!r}")

@@ -1,10 +1,18 @@
-"""python -m zbatch convert ...: the conversions that need Python — AnnData inputs converted on a
-Dask cluster (--scheduler ADDRESS) and structures ASE reads (--from ase). The zbatch command
-runs this for those two options; every other conversion runs in the command itself."""
+"""The zbatch command for a pip user: `python -m zbatch ...` and the `zbatch` entry point.
+
+Both run the C command (cli/), which a wheel carries inside the package as zbatch/bin/zbatch with
+the libraries it needs; a checkout uses the one its build made (build/zbatch). The two
+conversions that need Python run here instead: `convert --from ase` (structures ASE reads) and
+`convert --scheduler ADDRESS` (AnnData inputs converted on a Dask cluster). The C command hands
+exactly those to `python -m zbatch convert ...` (cli/convert.c), so the rule here takes at least
+what it hands over and neither side hands the job back to the other.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import Optional
 
 
 def _convert_parser() -> argparse.ArgumentParser:
@@ -73,12 +81,48 @@ def _convert(argv: list) -> int:
     return 0
 
 
+# The options cli/convert.c hands to Python (it matches the exact words); argparse also takes
+# them as --from=ase and --scheduler=ADDRESS.
+_PYTHON_CONVERT_OPTIONS = ("--from", "--scheduler")
+
+
+def _runs_in_python(argv: list) -> bool:
+    return argv[:1] == ["convert"] and any(a.split("=", 1)[0] in _PYTHON_CONVERT_OPTIONS
+                                           for a in argv[1:])
+
+
+def command_path() -> Optional[str]:
+    """The C command this package runs: zbatch/bin/zbatch (a wheel, or a checkout after
+    scripts/dev-install.py), else a checkout's build/zbatch; None when neither exists."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.path.join(here, "bin", "zbatch")]
+    checkout = os.path.dirname(os.path.dirname(here))
+    if os.path.basename(os.path.dirname(here)) == "python" and \
+            os.path.isfile(os.path.join(checkout, "CMakeLists.txt")):
+        candidates.append(os.path.join(checkout, "build", "zbatch"))
+    return next((c for c in candidates if os.access(c, os.X_OK)), None)
+
+
+def _exec_command(argv: list) -> int:
+    path = command_path()
+    if path is None:
+        print("zbatch: this installation has no zbatch command (zbatch/bin/zbatch); install the "
+              "wheel, or build the checkout (make)", file=sys.stderr)
+        return 2
+    # The command hands `convert --from ase` / `--scheduler` back to a Python: this one, which
+    # has this package (the user's own ZBATCH_PYTHON wins).
+    env = dict(os.environ)
+    env.setdefault("ZBATCH_PYTHON", sys.executable)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(path, [path, *argv], env)
+    return 1  # not reached: execve replaces this process or raises OSError
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "convert":
-        print("usage: python -m zbatch convert INPUT... -o OUTPUT [--scheduler ADDRESS | "
-              "--from ase --cutoff R] [options]", file=sys.stderr)
-        return 2
+    if not _runs_in_python(argv):
+        return _exec_command(argv)
     from ._zbatch import ZbatchError
     try:
         return _convert(argv[1:])
