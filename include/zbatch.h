@@ -46,8 +46,8 @@ extern "C" {
 #define ZB_VERSION_PATCH 0
 #define ZB_VERSION_STR_(x) #x
 #define ZB_VERSION_XSTR_(x) ZB_VERSION_STR_(x)
-#define ZB_VERSION_STRING                                                                     \
-    ZB_VERSION_XSTR_(ZB_VERSION_MAJOR)                                                        \
+#define ZB_VERSION_STRING                                                                          \
+    ZB_VERSION_XSTR_(ZB_VERSION_MAJOR)                                                             \
     "." ZB_VERSION_XSTR_(ZB_VERSION_MINOR) "." ZB_VERSION_XSTR_(ZB_VERSION_PATCH)
 
 /* ---------------------------------------------------------------------------------------------
