@@ -39,10 +39,16 @@
 extern "C" {
 #endif
 
+/* The project's one version: CMakeLists.txt and pyproject.toml read these three lines, the
+ * command's --version and zbatch.__version__ print ZB_VERSION_STRING. */
 #define ZB_VERSION_MAJOR 0
 #define ZB_VERSION_MINOR 1
 #define ZB_VERSION_PATCH 0
-#define ZB_VERSION_STRING "0.1.0"
+#define ZB_VERSION_STR_(x) #x
+#define ZB_VERSION_XSTR_(x) ZB_VERSION_STR_(x)
+#define ZB_VERSION_STRING                                                                          \
+    ZB_VERSION_XSTR_(ZB_VERSION_MAJOR)                                                             \
+    "." ZB_VERSION_XSTR_(ZB_VERSION_MINOR) "." ZB_VERSION_XSTR_(ZB_VERSION_PATCH)
 
 /* ---------------------------------------------------------------------------------------------
  * Status codes. One X-macro list produces the enum and zb_strerror. Codes are only ever added;

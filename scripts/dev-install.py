@@ -1,6 +1,7 @@
-"""Makes the freshly built extension importable from the repository's .venv.
+"""Makes the freshly built extension and command usable from the repository's .venv.
 
-Copies build/_zbatch*.so next to python/zbatch/__init__.py and drops a .pth file into the
+Copies build/_zbatch*.so next to python/zbatch/__init__.py and build/zbatch to
+python/zbatch/bin/zbatch (where a wheel carries the command, for `python -m zbatch`), and drops a .pth file into the
 venv's site-packages pointing at python/, so `import zbatch` works from anywhere in the venv
 without a pip install (pip install . builds the same through scikit-build-core).
 """
@@ -20,6 +21,10 @@ for old in glob.glob(os.path.join(pkg, "_zbatch*.so")):
     os.remove(old)
 for so in built:
     shutil.copy2(so, pkg)
+cli = os.path.join(build, "zbatch")
+if os.path.isfile(cli):
+    os.makedirs(os.path.join(pkg, "bin"), exist_ok=True)
+    shutil.copy2(cli, os.path.join(pkg, "bin", "zbatch"))
 pth = os.path.join(sysconfig.get_paths()["purelib"], "zbatch-dev.pth")
 want = os.path.join(root, "python") + "\n"
 if not os.path.exists(pth) or open(pth).read() != want:

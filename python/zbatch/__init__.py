@@ -164,7 +164,6 @@ from . import samplers  # noqa: E402
 from .samplers import MultiDatasetBatchSampler, MultiDatasetSampler  # noqa: E402
 from . import transforms  # noqa: E402
 from .loader import DataLoader  # noqa: E402
-from ._torch import IterableLoader, collate  # noqa: E402
 from ._convert import convert  # noqa: E402
 from ._neighbors import neighbor_list  # noqa: E402
 from ._ase import convert_ase  # noqa: E402
@@ -173,3 +172,12 @@ from ._repair import repair  # noqa: E402
 
 __all__ += ["neighbor_list", "convert_ase", "convert_lmdb", "repair", "IterableLoader", "collate",
             "transforms"]
+
+
+def __getattr__(name: str) -> Any:
+    # torch's adapter loads on first use: importing torch takes seconds, and `python -m zbatch`
+    # (the command) imports this package without needing it.
+    if name in ("IterableLoader", "collate"):
+        from . import _torch
+        return getattr(_torch, name)
+    raise AttributeError(f"module 'zbatch' has no attribute {name!r}")

@@ -1,11 +1,19 @@
-"""python -m zbatch convert|repair ...: the jobs that need Python — AnnData inputs converted on a
-Dask cluster (--scheduler ADDRESS), structures ASE reads (--from ase), fairchem-style LMDBs
-(--from lmdb), and repairing atomic stores nvalchemi's writer damaged (repair). The zbatch
-command runs this for those; every other conversion runs in the command itself."""
+"""The zbatch command for a pip user: `python -m zbatch ...` and the `zbatch` entry point.
+
+Both run the C command (cli/), which a wheel carries inside the package as zbatch/bin/zbatch with
+the libraries it needs; a checkout uses the one its build made (build/zbatch). The jobs that need
+Python run here instead: `convert --from ase|lmdb` (structures ASE reads, fairchem-style LMDBs),
+`convert --scheduler ADDRESS` (AnnData inputs converted on a Dask cluster) and `repair` (atomic
+stores nvalchemi's writer damaged). The C command hands exactly those to `python -m zbatch ...`
+(cli/convert.c, cli/main.c), so the rule here takes at least what it hands over and neither side
+hands the job back to the other.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import Optional
 
 
 def _convert_parser() -> argparse.ArgumentParser:
@@ -104,15 +112,50 @@ def _repair(argv: list) -> int:
     return 0
 
 
+# The options cli/convert.c hands to Python (it matches the exact words); argparse also takes
+# them as --from=ase and --scheduler=ADDRESS.
+_PYTHON_CONVERT_OPTIONS = ("--from", "--scheduler")
+
+
+def _runs_in_python(argv: list) -> bool:
+    return argv[:1] == ["repair"] or (
+        argv[:1] == ["convert"] and any(a.split("=", 1)[0] in _PYTHON_CONVERT_OPTIONS
+                                        for a in argv[1:]))
+
+
+def command_path() -> Optional[str]:
+    """The C command this package runs: zbatch/bin/zbatch (a wheel, or a checkout after
+    scripts/dev-install.py), else a checkout's build/zbatch; None when neither exists."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.path.join(here, "bin", "zbatch")]
+    checkout = os.path.dirname(os.path.dirname(here))
+    if os.path.basename(os.path.dirname(here)) == "python" and \
+            os.path.isfile(os.path.join(checkout, "CMakeLists.txt")):
+        candidates.append(os.path.join(checkout, "build", "zbatch"))
+    return next((c for c in candidates if os.access(c, os.X_OK)), None)
+
+
+def _exec_command(argv: list) -> int:
+    path = command_path()
+    if path is None:
+        print("zbatch: this installation has no zbatch command (zbatch/bin/zbatch); install the "
+              "wheel, or build the checkout (make)", file=sys.stderr)
+        return 2
+    # The command hands `convert --from` / `--scheduler` and `repair` back to a Python: this one,
+    # which has this package (the user's own ZBATCH_PYTHON wins).
+    env = dict(os.environ)
+    env.setdefault("ZBATCH_PYTHON", sys.executable)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(path, [path, *argv], env)
+    return 1  # not reached: execve replaces this process or raises OSError
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not _runs_in_python(argv):
+        return _exec_command(argv)
     jobs = {"convert": _convert, "repair": _repair}
-    if not argv or argv[0] not in jobs:
-        print("usage: python -m zbatch convert INPUT... -o OUTPUT [--scheduler ADDRESS | "
-              "--from ase --cutoff R | --from lmdb] [options]\n"
-              "       python -m zbatch repair STORE [-o OUTPUT] [--codec CODEC]",
-              file=sys.stderr)
-        return 2
     from ._zbatch import ZbatchError
     try:
         return jobs[argv[0]](argv[1:])
