@@ -166,5 +166,7 @@ from ._torch import IterableLoader, collate  # noqa: E402
 from ._convert import convert  # noqa: E402
 from ._neighbors import neighbor_list  # noqa: E402
 from ._ase import convert_ase  # noqa: E402
+from ._nvbatch import AtomicBatch, AtomicReader, estimate_max_atoms  # noqa: E402
 
-__all__ += ["neighbor_list", "convert_ase", "IterableLoader", "collate"]
+__all__ += ["neighbor_list", "convert_ase", "IterableLoader", "collate", "AtomicBatch",
+            "AtomicReader", "estimate_max_atoms"]
