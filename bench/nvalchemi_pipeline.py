@@ -65,9 +65,9 @@ def nvalchemi_loader(store: str):
                       prefetch_factor=PREFETCH_FACTOR, use_streams=False)
 
 
-def zbatch_loader(store: str, threads: int):
+def zbatch_loader(store: str, threads: int, cache_bytes: int = 0):
     import zbatch
-    ds = zbatch.open(store, num_threads=threads)
+    ds = zbatch.open(store, num_threads=threads, cache_bytes=cache_bytes)
     sampler = zbatch.samplers.SizeAwareSampler(ds, max_atoms=MAX_ATOMS,
                                                max_batch_size=BATCH_SIZE)
     return zbatch.DataLoader(ds, sampler=sampler, prefetch_factor=PREFETCH_FACTOR,
@@ -97,6 +97,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="zbatch decode threads")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache-gib", type=float, default=0.0,
+                    help="zbatch's decoded-chunk cache (cache_bytes), GiB")
     ap.add_argument("--nvalchemi-store", action="store_true",
                     help="also run both on a copy written by nvalchemi's AtomicDataZarrWriter")
     ap.add_argument("--only", choices=["zbatch", "nvalchemi"], default=None,
@@ -118,7 +120,8 @@ def main(argv=None) -> None:
         warnings.simplefilter("ignore")
         for label, store in stores.items():
             tools = {"nvalchemi": lambda s=str(store): nvalchemi_loader(s),
-                     "zbatch": lambda s=str(store): zbatch_loader(s, args.threads)}
+                     "zbatch": lambda s=str(store): zbatch_loader(s, args.threads,
+                                                                  int(args.cache_gib * 2**30))}
             if args.only:
                 tools = {args.only: tools[args.only]}
             loaders = {name: make() for name, make in tools.items()}

@@ -376,6 +376,7 @@ class AtomicReader:
                              f"layout is {ds.layout!r}")
         self._ds = ds
         self._physical: Optional[np.ndarray] = None
+        self._sizes: Optional[tuple[np.ndarray, np.ndarray]] = None
 
     def close(self) -> None:
         """Releases the store; later reads raise RuntimeError."""
@@ -411,7 +412,10 @@ class AtomicReader:
 
     def _resolve(self, ids: Sequence[int]) -> np.ndarray:
         n = len(self)
-        arr = np.asarray([int(i) for i in ids], dtype=np.int64)
+        arr = np.asarray(ids.numpy() if hasattr(ids, "numpy") else ids)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise TypeError(f"sample ids must be a 1-d sequence of integers, got {ids!r}")
+        arr = arr.astype(np.int64, copy=False)
         arr = np.where(arr < 0, arr + n, arr)
         bad = (arr < 0) | (arr >= n)
         if bad.any():
@@ -433,10 +437,13 @@ class AtomicReader:
     def get_metadata(self, index: int) -> tuple[int, int]:
         """``(num_atoms, num_edges)`` of sample ``index`` (pointer arrays only)."""
         i = int(self._resolve([index])[0])
-        ds = self._open()
-        atoms = ds.segment_lengths("atoms")
-        edges = ds.segment_lengths("edges") if "edges" in _segments(ds) else None
-        return int(atoms[i]), (int(edges[i]) if edges is not None else 0)
+        if self._sizes is None:   # read once per open: samplers call this for every id
+            ds = self._open()
+            atoms = ds.segment_lengths("atoms")
+            edges = ds.segment_lengths("edges") if "edges" in _segments(ds) else \
+                np.zeros(len(atoms), dtype=np.uint64)
+            self._sizes = (atoms, edges)
+        return int(self._sizes[0][i]), int(self._sizes[1][i])
 
     def read_many(self, indices: Sequence[int]) -> list[tuple[dict, dict]]:
         """``(data, metadata)`` of every id, in request order (one coalesced read)."""
@@ -444,13 +451,12 @@ class AtomicReader:
         ids = self._resolve(indices)
         if not len(ids):
             return []
-        per_sample = _split(self._open()._read_raw(np.ascontiguousarray(ids, dtype=np.uint64)))
+        per_sample = _split(self._open()._read_raw(ids.astype(np.uint64)))
         phys = self._physical_ids()
         out = []
-        for k, (d, i) in enumerate(zip(per_sample, ids.tolist())):
-            meta = {"index": i, "source_file": self._path,
-                    "physical_index": str(int(phys[i]))} if self.include_index_in_metadata \
-                else {"source_file": self._path, "physical_index": str(int(phys[i]))}
+        for d, i in zip(per_sample, ids.tolist()):
+            # nvalchemi's zarr reader names the index whatever include_index_in_metadata says
+            meta = {"index": i, "source_file": self._path, "physical_index": str(int(phys[i]))}
             if self.pin_memory:
                 d = {key: v.pin_memory() for key, v in d.items()}
             out.append((d, meta))

@@ -262,10 +262,10 @@ def test_refresh_sees_deletes_and_appends(structures, tmp_path):
     reader = zb.AtomicReader(path)
     before = ds.read_many([4])["positions"].copy()
     w.delete([3])
-    w.append(samples[10:12])
     # opened before: the handle still serves the deleted sample (what refresh is for)
     np.testing.assert_array_equal(ds.read_many([3])["positions"], samples[3]["positions"])
     assert len(ds) == 10
+    w.append(samples[10:12])
     ds.refresh()
     reader.refresh()
     theirs = AtomicDataZarrReader(path)
