@@ -453,11 +453,14 @@ class DataLoader:
             batch = _to_device(batch, self.device, self.pin_memory)
         for fn in self.batch_transforms:
             out = fn(batch)
-            if not isinstance(out, Mapping) and self.output != "nvalchemi":
+            kept = hasattr(out, "num_graphs") if self.output == "nvalchemi" else \
+                isinstance(out, Mapping)
+            if not kept:
                 name = getattr(fn, "__qualname__", None) or repr(fn)
                 raise TypeError(f"batch transform {name} returned {type(out).__name__}; a "
                                 "batch transform must return the batch (a zbatch.Batch or a "
-                                "dict of arrays)")
+                                "dict of arrays; with output='nvalchemi', the nvalchemi "
+                                "Batch or zbatch.AtomicBatch)")
             batch = out
         if self.collate_fn is not None:
             batch = self.collate_fn(batch)

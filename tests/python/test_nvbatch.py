@@ -197,6 +197,15 @@ def test_dataloader_output_nvalchemi_with_nvalchemis_sampler_form(stores):
     for k, (got, want) in enumerate(zip(batches, ids)):
         assert got.num_nodes <= 60 and got.num_edges <= 400 and got.num_graphs <= 5
         assert_same_batch(got, nv_batch(stores["nvalchemi"], want), f"batch {k}")
+    # batch transforms get the nvalchemi Batch and must give one back
+    shifted = zb.DataLoader(ds, sampler=zb.samplers.SizeAwareSampler(*args, seed=3),
+                            output="nvalchemi", batch_transforms=[lambda b: b.to("cpu")])
+    first = next(iter(shifted))
+    assert torch.equal(first.positions, batches[0].positions)
+    broken = zb.DataLoader(ds, sampler=zb.samplers.SizeAwareSampler(*args, seed=3),
+                           output="nvalchemi", batch_transforms=[lambda b: None])
+    with pytest.raises(TypeError, match="must return the batch"):
+        next(iter(broken))
 
 
 # -- the reader ----------------------------------------------------------------------------
