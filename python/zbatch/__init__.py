@@ -169,9 +169,10 @@ from ._neighbors import neighbor_list  # noqa: E402
 from ._ase import convert_ase  # noqa: E402
 from ._lmdb import convert_lmdb  # noqa: E402
 from ._repair import repair  # noqa: E402
+from ._nvbatch import AtomicBatch, AtomicReader, estimate_max_atoms  # noqa: E402
 
 __all__ += ["neighbor_list", "convert_ase", "convert_lmdb", "repair", "IterableLoader", "collate",
-            "transforms"]
+            "transforms", "AtomicBatch", "AtomicReader", "estimate_max_atoms"]
 
 
 def __getattr__(name: str) -> Any:

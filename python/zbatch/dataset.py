@@ -383,10 +383,10 @@ class Dataset:
 
         Every chunk the request touches is decoded once. ``output`` is ``"numpy"`` or
         ``"scipy"`` (X as ``scipy.sparse.csr_matrix``) or ``"torch"`` (tensors, X as
-        ``torch.sparse_csr_tensor``).
+        ``torch.sparse_csr_tensor``); for atomic stores also ``"nvalchemi"`` (an
+        ``nvalchemi.data.Batch``, or a :class:`zbatch.AtomicBatch` without nvalchemi).
         """
-        if output not in ("numpy", "scipy", "torch"):
-            raise ValueError(f"output must be 'numpy', 'scipy' or 'torch', not {output!r}")
+        _check_output(output, self.layout)
         arr = np.asarray(ids)
         if arr.size and (arr.dtype.kind not in "iu" or (arr.dtype.kind == "i" and arr.min() < 0)):
             from . import _error
@@ -396,7 +396,30 @@ class Dataset:
         arr = np.ascontiguousarray(arr, dtype=np.uint64).ravel()
         self._check_process()
         raw = self._c.read_many(arr)
+        if output == "nvalchemi":
+            from ._nvbatch import convert
+            return convert(raw)
         return Batch(raw, self.layout, self.n_vars, output)
+
+    def refresh(self) -> None:
+        """Opens the store again, so that samples appended or deleted (soft deletes through
+        the samples mask) since it was opened are seen; loaders built before keep the
+        dataset's former length in their samplers."""
+        args, kwargs = self._open_args
+        type(self).__init__(self, *args, **kwargs)
+
+
+#: the values of ``output=`` (``"nvalchemi"``: atomic stores only)
+OUTPUTS = ("numpy", "scipy", "torch", "nvalchemi")
+
+
+def _check_output(output: str, layout: str) -> None:
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be 'numpy', 'scipy', 'torch' or 'nvalchemi', "
+                         f"not {output!r}")
+    if output == "nvalchemi" and layout != "atomic":
+        raise ValueError(f"output='nvalchemi' gives batches of atomic systems; this dataset's "
+                         f"layout is {layout!r}")
 
 
 def _labels(raw) -> Union[list, np.ndarray]:

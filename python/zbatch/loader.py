@@ -79,8 +79,9 @@ class DataLoader:
         num_threads: decode threads of the dataset (None keeps the dataset's; >= 1);
         num_workers: PyTorch's knob: zbatch's workers are threads, so ``num_workers=N``
             (N > 0) means N decode threads unless num_threads is given;
-        output: "numpy", "scipy" or "torch"; device / pin_memory: where torch batches go
-            (only with output="torch");
+        output: "numpy", "scipy", "torch" or, for atomic stores, "nvalchemi" (an
+            ``nvalchemi.data.Batch`` per batch, or a :class:`zbatch.AtomicBatch` without
+            nvalchemi); device / pin_memory: where torch / nvalchemi batches go;
         rank / world_size: None resolves them from torch.distributed, then RANK/WORLD_SIZE;
         transforms: C transforms by name, run on the loader's worker thread: "log1p",
             ("normalize_total", target_sum), ("densify", columns_or_None), ("cast", field, dtype);
@@ -109,8 +110,8 @@ class DataLoader:
                  batch_sampler: Any = None, num_workers: int = 0,
                  collate_fn: Optional[Callable] = None, **sampler_kwargs):
         from . import samplers as _samplers
-        if output not in ("numpy", "scipy", "torch"):
-            raise ValueError(f"output must be 'numpy', 'scipy' or 'torch', not {output!r}")
+        from .dataset import _check_output
+        _check_output(output, dataset.layout)
         if (prefetch_factor is not None and prefetch_factor < 1) or depth < 1:
             raise ValueError("prefetch_factor and depth must be >= 1")
         if int(num_workers) < 0:
@@ -480,7 +481,15 @@ class DataLoader:
             pool.shutdown(wait=True)
 
     def _finish(self, raw) -> Any:
-        batch = Batch(raw, self.dataset.layout, self.dataset.n_vars, self.output)
+        if self.output == "nvalchemi":
+            from ._nvbatch import convert
+            batch = convert(raw)
+            if self.pin_memory:
+                batch = batch.pin_memory()
+            if self.device != "cpu":
+                batch = batch.to(self.device, non_blocking=self.pin_memory)
+        else:
+            batch = Batch(raw, self.dataset.layout, self.dataset.n_vars, self.output)
         if self.output == "torch" and (self.device != "cpu" or self.pin_memory):
             batch = _to_device(batch, self.device, self.pin_memory)
         if self._batch_compose.transforms:
@@ -670,7 +679,7 @@ def _ids_array(ids, n: int) -> np.ndarray:
 
 def _check_device(device, pin: bool, output: str):
     dev = str(device)
-    if (dev != "cpu" or pin) and output != "torch":
+    if (dev != "cpu" or pin) and output not in ("torch", "nvalchemi"):
         what = f"device={dev!r}" if dev != "cpu" else "pin_memory=True"
         raise ValueError(f"{what} needs output='torch': output={output!r} yields numpy / scipy "
                          "arrays in host memory")

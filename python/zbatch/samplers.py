@@ -421,32 +421,63 @@ class SizeAwareSampler(Sampler):
     """Bin-packed batches that never exceed ``max_atoms``, ``max_edges``, ``max_nnz`` or
     ``max_batch_size`` (a guarantee), in a shuffled order per epoch.
 
-    ``num_atoms`` / ``num_edges`` / ``nnz`` are per-sample sizes (e.g. ``np.diff(atoms_ptr)``);
-    a limit left ``None`` is not enforced. A sample that alone exceeds a limit raises
+    Two forms:
+
+    - nvalchemi's: ``SizeAwareSampler(dataset, max_atoms, max_edges, max_batch_size=None)``
+      with the dataset first (a :class:`zbatch.Dataset`, a :class:`zbatch.AtomicReader`, or
+      any object with ``len`` and ``get_metadata(i) -> (num_atoms, num_edges)``); sizes come
+      from its pointer arrays. ``max_batch_size=None`` leaves the number of systems free.
+      ``max_atoms=None``: no atom limit when ``max_batch_size`` is given; with
+      ``device="cuda..."`` a limit estimated from that GPU's free memory
+      (:func:`zbatch.estimate_max_atoms`, ``max_gpu_memory_fraction`` of it); with neither,
+      a ValueError.
+    - the keyword form: ``SizeAwareSampler(batch_size, num_atoms=..., num_edges=..., nnz=...,
+      max_atoms=..., ...)`` with per-sample sizes given (e.g. ``np.diff(atoms_ptr)``).
+
+    A limit left ``None`` is not enforced. A sample that alone exceeds a limit raises
     :class:`zbatch.ZbatchError` naming its id. Each window of ``window_size`` samples of the
     permuted order is packed on its own (first fit, or first-fit decreasing when that needs
     fewer batches). Every sample appears in exactly one batch per epoch. ``drop_last`` is
     accepted and ignored (batch sizes vary by design).
 
-    :meth:`request_replacement` serves inflight batching in dynamics loops (nvalchemi's
-    ``SizeAwareSampler``): an unused sample of this rank's epoch that fits the freed room.
+    Dynamics (inflight batching, nvalchemi's ``SizeAwareSampler`` semantics, dataset form
+    only): :meth:`build_initial_batch` and :meth:`request_replacement` draw from a pool of
+    unconsumed samples binned by atom count (``bin_width``), independent of the epoch order.
+    In the keyword form :meth:`request_replacement` returns an unused id of this rank's epoch.
     """
 
     kind = "size_aware"
 
-    def __init__(self, batch_size: Optional[int] = None, *, num_atoms=None, num_edges=None,
-                 nnz=None, max_atoms: Optional[int] = None, max_edges: Optional[int] = None,
-                 max_nnz: Optional[int] = None, max_batch_size: Optional[int] = None,
-                 window_size: int = 8192, shuffle: bool = True, drop_last: bool = False,
-                 seed: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None,
-                 pad_or_drop: str = "pad"):
+    def __init__(self, dataset: Any = None, max_atoms: Optional[int] = None,
+                 max_edges: Optional[int] = None, max_batch_size: Optional[int] = None, *,
+                 batch_size: Optional[int] = None, num_atoms=None, num_edges=None,
+                 nnz=None, max_nnz: Optional[int] = None, window_size: int = 8192,
+                 shuffle: bool = True, drop_last: bool = False, seed: int = 0,
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 pad_or_drop: str = "pad", device: Any = None, bin_width: int = 1,
+                 max_gpu_memory_fraction: float = 0.8):
         del drop_last   # accepted for a uniform signature; packed batches have no short tail
+        if isinstance(dataset, (int, _np.integer)) and not isinstance(dataset, bool):
+            if batch_size is not None:   # the keyword form's positional batch_size
+                raise ValueError("batch_size given twice")
+            dataset, batch_size = None, int(dataset)
+        self.dataset = dataset
+        if dataset is not None:
+            if num_atoms is not None or num_edges is not None:
+                raise ValueError("give a dataset or num_atoms / num_edges, not both")
+            num_atoms, num_edges = _dataset_sizes(dataset)
+            if max_atoms is None:
+                max_atoms = _default_max_atoms(device, max_batch_size, max_gpu_memory_fraction)
+            if max_batch_size is None and batch_size is None:
+                batch_size = max(len(num_atoms), 1)   # no limit on the number of systems
         if batch_size is None:
             batch_size = max_batch_size
         elif max_batch_size is not None and int(max_batch_size) != int(batch_size):
             raise ValueError("batch_size and max_batch_size disagree")
         if batch_size is None:
             raise ValueError("SizeAwareSampler needs max_batch_size (or batch_size)")
+        if int(bin_width) < 1:
+            raise ValueError(f"bin_width must be >= 1, got {bin_width}")
         arrays = {"num_atoms": _u64(num_atoms, "num_atoms"),
                   "num_edges": _u64(num_edges, "num_edges"), "nnz": _u64(nnz, "nnz")}
         limits = {"num_atoms": max_atoms, "num_edges": max_edges, "nnz": max_nnz}
@@ -471,22 +502,90 @@ class SizeAwareSampler(Sampler):
         super().__init__(c, seed=seed, rank=rank, world_size=world_size,
                          batch_size=batch_size)
         self.max_atoms, self.max_edges, self.max_nnz = max_atoms, max_edges, max_nnz
+        self._limit_batch = max_batch_size if dataset is not None else batch_size
+        self.bin_width = int(bin_width)
+        self._pool = None   # the dynamics pool, made on first use
 
     @property
     def max_batch_size(self) -> int:
         return self._batch_size
 
     def request_replacement(self, num_atoms: Optional[int] = None,
-                            num_edges: Optional[int] = None) -> Optional[int]:
-        """An id of this epoch that this rank has not used yet and that has at most
-        ``num_atoms`` atoms and ``num_edges`` edges (``None``: unchecked), preferring the
-        largest; ``None`` when nothing fits. The id is then left out of the later batch it
-        belonged to. Replacements are not part of :meth:`state_dict`."""
+                            num_edges: Optional[int] = None) -> Any:
+        """A sample that fits the room ``num_atoms`` / ``num_edges`` (``None``: unchecked).
+
+        Dataset form (nvalchemi's semantics): the unconsumed sample of the largest atom bin
+        at most ``num_atoms // bin_width`` that fits, first in dataset order within its bin,
+        returned as nvalchemi's ``AtomicData`` (a dict of tensors without nvalchemi) with a
+        ``system_id`` stamped on it; ``None`` when nothing fits. It is then consumed.
+
+        Keyword form: an id of this epoch that this rank has not used yet and that fits,
+        preferring the largest; ``None`` when nothing fits. The id is then left out of the
+        later batch it belonged to. Replacements are not part of :meth:`state_dict`."""
+        if self.dataset is not None:
+            return self._dynamics().request_replacement(num_atoms, num_edges)
         ra = _U64_MAX if num_atoms is None else int(num_atoms)
         re = _U64_MAX if num_edges is None else int(num_edges)
         if ra < 0 or re < 0:
             raise ValueError("room must be >= 0")
         return self._c.request_replacement(ra, re)
+
+    def build_initial_batch(self):
+        """Dataset form: a first batch for a dynamics loop (nvalchemi's semantics): one
+        sample per atom bin in turn (smallest bin first, dataset order within a bin) while
+        the limits allow, as an ``nvalchemi.data.Batch`` (``zbatch.AtomicBatch`` without
+        nvalchemi) with ``system_id`` and a zero ``status`` per system. The samples are
+        consumed. RuntimeError when nothing fits."""
+        return self._dynamics().build_initial_batch()
+
+    @property
+    def exhausted(self) -> bool:
+        """Dataset form: whether every sample of the dynamics pool has been consumed."""
+        return self._dynamics().exhausted
+
+    def _dynamics(self):
+        if self.dataset is None:
+            raise TypeError("build_initial_batch needs the dataset form: "
+                            "SizeAwareSampler(dataset, max_atoms, max_edges, max_batch_size)")
+        if self._pool is None:
+            from ._nvbatch import DynamicsPool
+            self._pool = DynamicsPool(self.dataset, self._arrays["num_atoms"],
+                                      self._arrays["num_edges"], self.max_atoms,
+                                      self.max_edges, self._limit_batch, self.bin_width)
+        return self._pool
+
+
+def _dataset_sizes(dataset: Any) -> tuple[_np.ndarray, _np.ndarray]:
+    """Per-sample atom and edge counts of a dataset: from a zbatch dataset's pointer arrays,
+    else through ``get_metadata(i)`` (nvalchemi's protocol)."""
+    zb = getattr(dataset, "dataset", dataset)   # an AtomicReader's zbatch dataset
+    if hasattr(zb, "segment_lengths") and getattr(zb, "layout", None) == "atomic":
+        segments = {info.get("segment") for info in zb.fields.values()}
+        atoms = zb.segment_lengths("atoms")
+        edges = zb.segment_lengths("edges") if "edges" in segments else \
+            _np.zeros(len(atoms), dtype=_np.uint64)
+        return atoms, edges
+    if not hasattr(dataset, "get_metadata") or not hasattr(dataset, "__len__"):
+        raise TypeError(f"SizeAwareSampler: {type(dataset).__name__} is not a dataset: it "
+                        "needs __len__ and get_metadata(i) -> (num_atoms, num_edges) (or is "
+                        "a zbatch atomic dataset)")
+    meta = _np.array([dataset.get_metadata(i) for i in range(len(dataset))],
+                     dtype=_np.int64).reshape(-1, 2)
+    return meta[:, 0], meta[:, 1]
+
+
+def _default_max_atoms(device: Any, max_batch_size: Optional[int],
+                       fraction: float) -> Optional[int]:
+    """max_atoms=None: a limit from the free memory of a CUDA ``device``; no limit when
+    max_batch_size bounds the batches; else the error of estimate_max_atoms."""
+    from ._nvbatch import estimate_max_atoms
+    if device is None and max_batch_size is not None:
+        return None
+    if device is None:
+        raise ValueError("SizeAwareSampler(max_atoms=None) estimates a limit from free GPU "
+                         "memory when batches go to a GPU: give device='cuda' (or "
+                         "max_atoms, or max_batch_size)")
+    return estimate_max_atoms(device, fraction=fraction)
 
 
 class _InvalidOptions(_zbatch.ZbatchError, ValueError):
@@ -783,7 +882,7 @@ def make_sampler(name: str, n: Optional[int], batch_size: int, **kwargs) -> Samp
             kwargs["weights"] = _np.ones(int(n))
         s = WeightedSampler(batch_size=batch_size, **kwargs)
     elif key == "size_aware":
-        s = SizeAwareSampler(batch_size, **kwargs)
+        s = SizeAwareSampler(batch_size=batch_size, **kwargs)
     else:
         if "sizes" not in kwargs:
             raise ValueError(f"make_sampler({key!r}) needs sizes=[len of each child]")
