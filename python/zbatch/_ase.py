@@ -261,6 +261,40 @@ def _read(path: str, index: Any, format: Optional[str]) -> Iterator[tuple[int, A
                          f"{type(e).__name__}: {e}") from e
 
 
+
+def _check_cutoff(cutoff: Any) -> float:
+    """A neighbour-list cutoff: a finite number of Å above 0 (ValueError otherwise)."""
+    if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float, np.integer, np.floating)):
+        raise ValueError(f"cutoff must be a number of Å, got {cutoff!r}")
+    cutoff = float(cutoff)
+    if not (math.isfinite(cutoff) and cutoff > 0):
+        raise ValueError(f"cutoff must be a finite number > 0 (Å), got {cutoff}")
+    return cutoff
+
+
+def _check_job(inputs: Any, output: Any, zarr_format: int, batch_size: int, what: str,
+               present: Callable[[str], bool], missing: str) -> tuple[list[str], str, int]:
+    """The arguments every conversion into the atomic layout shares: (input paths, absolute
+    output path, batch size); refuses v2, a batch size below 1, no inputs, an input not
+    ``present`` (FileNotFoundError "PATH: ``missing``") and an output that exists (a file, or a
+    directory that is not empty)."""
+    if int(zarr_format) != 3:
+        raise ValueError(f"zarr_format={zarr_format}: the nvalchemi atomic layout is Zarr v3 only")
+    batch_size = int(batch_size)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    paths = ([os.fspath(inputs)] if isinstance(inputs, (str, bytes, os.PathLike))
+             else [os.fspath(p) for p in inputs])
+    if not paths:
+        raise ValueError(f"no {what}")
+    for p in paths:
+        if not present(p):
+            raise FileNotFoundError(f"{p}: {missing}")
+    out = os.path.abspath(os.fspath(output))
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise FileExistsError(f"{out} already exists")
+    return paths, out, batch_size
+
 def convert_ase(inputs: Union[PathLike, Iterable[PathLike]], output: PathLike, *,
                 cutoff: float, index: Any = ":", format: Optional[str] = None,
                 batch_size: int = 256, zarr_format: int = 3, codec: Optional[str] = None,
@@ -313,26 +347,10 @@ def convert_ase(inputs: Union[PathLike, Iterable[PathLike]], output: PathLike, *
         >>> n = zbatch.convert_ase("md.traj", "md.zarr", cutoff=5.0, index="::10",
         ...                        codec="zstd:3", progress=lambda k: print(k, "done"))
     """
-    if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float, np.integer, np.floating)):
-        raise ValueError(f"cutoff must be a number of Å, got {cutoff!r}")
-    cutoff = float(cutoff)
-    if not (math.isfinite(cutoff) and cutoff > 0):
-        raise ValueError(f"cutoff must be a finite number > 0 (Å), got {cutoff}")
-    if int(zarr_format) != 3:
-        raise ValueError(f"zarr_format={zarr_format}: the nvalchemi atomic layout is Zarr v3 only")
-    batch_size = int(batch_size)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    paths = ([os.fspath(inputs)] if isinstance(inputs, (str, bytes, os.PathLike))
-             else [os.fspath(p) for p in inputs])
-    if not paths:
-        raise ValueError("no input files")
-    for p in paths:
-        if "://" not in str(p) and not os.path.exists(p):
-            raise FileNotFoundError(f"{p}: no such file")
-    out = os.path.abspath(os.fspath(output))
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise FileExistsError(f"{out} already exists")
+    cutoff = _check_cutoff(cutoff)
+    paths, out, batch_size = _check_job(
+        inputs, output, zarr_format, batch_size, "input files",
+        lambda p: "://" in str(p) or os.path.exists(p), "no such file")
     created = not os.path.exists(out)
 
     schema = _Schema()

@@ -49,7 +49,6 @@ its vector. An entry without ``edge_index`` gets its neighbour list from ``cutof
 """
 from __future__ import annotations
 
-import math
 import os
 import pickle
 from collections.abc import Mapping
@@ -58,8 +57,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import numpy as np
 
 from . import _atomic
-from ._ase import (_Schema, _chain_first, _name_ok, _numeric, _remove, _voigt_to_3x3, _warn,
-                   _write_behind)
+from ._ase import (_Schema, _chain_first, _check_cutoff, _check_job, _name_ok, _numeric, _remove,
+                   _voigt_to_3x3, _warn, _write_behind)
 from ._neighbors import neighbor_list
 from ._zbatch import ZbatchError
 
@@ -377,28 +376,10 @@ def convert_lmdb(inputs: Union[PathLike, Iterable[PathLike]], output: PathLike, 
         >>> n = zbatch.convert_lmdb(["oc20/s2ef/200k/train"], "oc20.zarr", codec="zstd:3")
     """
     if cutoff is not None:
-        if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float, np.integer,
-                                                               np.floating)):
-            raise ValueError(f"cutoff must be a number of Å, got {cutoff!r}")
-        cutoff = float(cutoff)
-        if not (math.isfinite(cutoff) and cutoff > 0):
-            raise ValueError(f"cutoff must be a finite number > 0 (Å), got {cutoff}")
-    if int(zarr_format) != 3:
-        raise ValueError(f"zarr_format={zarr_format}: the nvalchemi atomic layout is Zarr v3 only")
-    batch_size = int(batch_size)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    paths = ([os.fspath(inputs)] if isinstance(inputs, (str, bytes, os.PathLike))
-             else [os.fspath(p) for p in inputs])
-    if not paths:
-        raise ValueError("no input LMDBs")
-    for p in paths:
-        if not os.path.exists(p):
-            raise FileNotFoundError(f"{p}: no such file or directory")
+        cutoff = _check_cutoff(cutoff)
+    paths, out, batch_size = _check_job(inputs, output, zarr_format, batch_size, "input LMDBs",
+                                        os.path.exists, "no such file or directory")
     sources = list(_sources(paths))
-    out = os.path.abspath(os.fspath(output))
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise FileExistsError(f"{out} already exists")
     created = not os.path.exists(out)
 
     schema, shapes = _Schema(), _Shapes()

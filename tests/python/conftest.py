@@ -59,6 +59,19 @@ def zbatch_api():
     return mod
 
 
+def nvalchemi_zarr():
+    """nvalchemi-toolkit's AtomicData and its Zarr reader and writer (the atomic layout's
+    oracle); a missing oracle fails the test, as it is a pinned dependency."""
+    try:
+        import torch  # noqa: F401
+        from nvalchemi.data import AtomicData
+        from nvalchemi.data.datapipes.backends.zarr import (AtomicDataZarrReader,
+                                                            AtomicDataZarrWriter)
+    except Exception as exc:  # pragma: no cover - depends on the environment
+        pytest.fail(f"nvalchemi-toolkit 0.2.0 (the oracle) is not importable: {exc!r}")
+    return AtomicData, AtomicDataZarrReader, AtomicDataZarrWriter
+
+
 @pytest.fixture
 def zb():
     return zbatch_api()

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import CLI, expect_error, read
+from conftest import CLI, expect_error, nvalchemi_zarr, read
 
 warnings.filterwarnings("ignore", message=".*CUDA.*")
 
@@ -29,16 +29,7 @@ from ase.neighborlist import neighbor_list  # noqa: E402
 
 from zbatch._atomic import AtomicWriter, ArrayConfig, WriteConfig  # noqa: E402
 
-def _nvalchemi():
-    """nvalchemi's Zarr backend; a missing oracle fails the test (it is a pinned dependency)."""
-    try:
-        import torch  # noqa: F401
-        from nvalchemi.data import AtomicData
-        from nvalchemi.data.datapipes.backends.zarr import (AtomicDataZarrReader,
-                                                            AtomicDataZarrWriter)
-    except Exception as exc:  # pragma: no cover - depends on the environment
-        pytest.fail(f"nvalchemi-toolkit 0.2.0 (the oracle) is not importable: {exc!r}")
-    return AtomicData, AtomicDataZarrReader, AtomicDataZarrWriter
+_nvalchemi = nvalchemi_zarr
 
 
 CUTOFF = 3.0

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import expect_error, run_cli
+from conftest import expect_error, nvalchemi_zarr, run_cli
 
 torch = pytest.importorskip("torch")
 zarr = pytest.importorskip("zarr")
@@ -19,15 +19,7 @@ zarr = pytest.importorskip("zarr")
 from zbatch._atomic import AtomicWriter  # noqa: E402
 
 
-def _nv():
-    """nvalchemi's AtomicData, reader and writer; a missing oracle fails the test."""
-    try:
-        from nvalchemi.data import AtomicData
-        from nvalchemi.data.datapipes.backends.zarr import (AtomicDataZarrReader,
-                                                            AtomicDataZarrWriter)
-    except Exception as exc:  # pragma: no cover - depends on the environment
-        pytest.fail(f"nvalchemi-toolkit 0.2.0 (the oracle) is not importable: {exc!r}")
-    return AtomicData, AtomicDataZarrReader, AtomicDataZarrWriter
+_nv = nvalchemi_zarr
 
 
 def _sample(k: int, with_edges: bool = True) -> dict:

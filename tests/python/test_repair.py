@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import expect_error, run_cli
+from conftest import expect_error, nvalchemi_zarr, run_cli
 
 warnings.filterwarnings("ignore", message=".*CUDA.*")
 
@@ -32,15 +32,7 @@ CUTOFF = 3.0
 PYDIR = Path(__file__).resolve().parents[2] / "python"
 
 
-def _nvalchemi():
-    try:
-        import torch  # noqa: F401
-        from nvalchemi.data import AtomicData
-        from nvalchemi.data.datapipes.backends.zarr import (AtomicDataZarrReader,
-                                                            AtomicDataZarrWriter)
-    except Exception as exc:  # pragma: no cover - depends on the environment
-        pytest.fail(f"nvalchemi-toolkit 0.2.0 (the oracle) is not importable: {exc!r}")
-    return AtomicData, AtomicDataZarrReader, AtomicDataZarrWriter
+_nvalchemi = nvalchemi_zarr
 
 
 @pytest.fixture(scope="module")
