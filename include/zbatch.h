@@ -71,7 +71,8 @@ extern "C" {
     X(ZB_E_SHARD_RANGE, -13, "shard index entry out of range")                                   \
     X(ZB_E_RANGE, -14, "index out of range")                                                     \
     X(ZB_E_TYPE, -15, "wrong data type for this operation")                                      \
-    X(ZB_E_INCOMPLETE, -16, "store is incomplete (a write was not committed)")
+    X(ZB_E_INCOMPLETE, -16, "store is incomplete (a write was not committed)")                   \
+    X(ZB_E_CANCELLED, -17, "cancelled by the caller")
 
 typedef enum zb_status {
 #define ZB_STATUS_ENUM_(name, value, text) name = value,
@@ -105,6 +106,19 @@ typedef struct zb_store zb_store;
  * duration of the call. */
 typedef int (*zb_list_fn)(void *ctx, const char *name, bool is_dir);
 
+/* One byte range of a list read (zb_store_get_ranges). */
+typedef struct zb_range {
+    const char *key;  /* in: the object */
+    uint64_t offset;  /* in: first byte */
+    uint64_t length;  /* in: bytes wanted */
+    void *dst;        /* in: where they go (length bytes) */
+    uint64_t nread;   /* out: bytes read (short only at the end of the object) */
+    zb_status status; /* out: ZB_OK, ZB_E_NOTFOUND for a missing key, ... */
+} zb_range;
+
+/* Called once per completed range of a list read; return non-zero to cancel the rest. */
+typedef int (*zb_range_fn)(void *ctx, size_t i);
+
 /* The methods a backend implements. `self` is the backend's state. get/size/list must be
  * thread-safe. put/erase/rename may be NULL for read-only backends (ZB_E_UNSUPPORTED). */
 typedef struct zb_store_methods {
@@ -128,6 +142,14 @@ typedef struct zb_store_methods {
     zb_status (*view)(void *self, const char *key, uint64_t offset, uint64_t length,
                       const uint8_t **data, uint64_t *nread, void **token);
     void (*release)(void *self, void *token);
+    /* Optional (NULL: the store layer calls get once per range, in order): reads a whole list
+     * of byte ranges, which a remote backend issues concurrently. Each range's key is already
+     * normalised. The call fills every range's nread and status, and calls done(ctx, i) on the
+     * calling thread as range i completes (in completion order, success or not; on failure the
+     * thread's error message, zb_last_error, describes range i during the call). done returning
+     * non-zero cancels the ranges not yet complete (status ZB_E_CANCELLED). Returns ZB_OK when
+     * every range was attempted or cancelled, even if some failed. */
+    zb_status (*get_ranges)(void *self, zb_range *ranges, size_t n, zb_range_fn done, void *ctx);
 } zb_store_methods;
 
 /* Wraps a custom backend. On success the store owns `self` and calls methods->close(self) when
@@ -156,6 +178,16 @@ const char *zb_store_name(const zb_store *store);
 zb_status zb_store_get(zb_store *store, const char *key, uint64_t offset, uint64_t length,
                        void *dst, uint64_t *nread);
 zb_status zb_store_size(zb_store *store, const char *key, uint64_t *size);
+/* Reads a list of byte ranges (of one or many keys) in one call: the one place where a reader
+ * hands a whole window of reads to the store, which a remote backend serves concurrently (a
+ * backend without get_ranges is called once per range, in order). Keys are normalised first.
+ * Every range gets its nread and status; done (may be NULL) is called on the calling thread as
+ * each range completes, in completion order, so a caller can start decoding the first bytes
+ * before the last arrive; when done returns non-zero, the ranges not yet complete are
+ * cancelled (status ZB_E_CANCELLED). Returns the status of the first failed range in list
+ * order (its message in zb_last_error), ZB_E_CANCELLED when the caller cancelled, else ZB_OK. */
+zb_status zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n, zb_range_fn done,
+                              void *ctx);
 /* A view of bytes of `key` (zb_store_methods.view); ZB_E_UNSUPPORTED when the backend offers
  * none for this key. Release it with zb_store_release. The file backend maps data files
  * (mmap) up to a per-store budget: ZBATCH_MMAP_BYTES bytes (default 1 GiB; 0 turns views

@@ -200,3 +200,112 @@ zb_store_read_all(zb_store *store, const char *key, uint8_t **data, uint64_t *le
     *length = size;
     return ZB_OK;
 }
+
+/* Normalises the keys of `ranges` into one allocation (keys repeat: a window reads many ranges
+ * of few objects, but normalising each is cheap beside the reads) and points a copy of each
+ * range at its normalised key. */
+static zb_status
+normalize_ranges(const zb_range *ranges, size_t n, zb_range **out, char **keys)
+{
+    *out = NULL;
+    *keys = NULL;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!ranges[i].key || (!ranges[i].dst && ranges[i].length))
+            return zb_err(ZB_E_INVALID, "zb_store_get_ranges: range %zu: null key or buffer", i);
+        total += strlen(ranges[i].key) + 1;
+    }
+    zb_range *r = malloc(n * sizeof *r);
+    char *k = malloc(total ? total : 1);
+    if (!r || !k) {
+        free(r);
+        free(k);
+        return zb_err(ZB_E_NOMEM, "zb_store_get_ranges: out of memory for %zu ranges", n);
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* a normalised key is never longer than the key given */
+        size_t cap = strlen(ranges[i].key) + 1;
+        zb_status st = zb_key_normalize(ranges[i].key, k + o, cap);
+        if (st != ZB_OK) {
+            free(r);
+            free(k);
+            return st;
+        }
+        r[i] = ranges[i];
+        r[i].key = k + o;
+        r[i].nread = 0;
+        r[i].status = ZB_E_CANCELLED;
+        o += cap;
+    }
+    *out = r;
+    *keys = k;
+    return ZB_OK;
+}
+
+/* The fallback for backends without get_ranges: one get per range, in list order. */
+static void
+get_each(zb_store *store, zb_range *r, size_t n, zb_range_fn done, void *ctx, bool *cancelled)
+{
+    for (size_t i = 0; i < n && !*cancelled; i++) {
+        r[i].nread = 0;
+        r[i].status =
+            store->m->get(store->self, r[i].key, r[i].offset, r[i].length, r[i].dst, &r[i].nread);
+        if (done && done(ctx, i)) *cancelled = true;
+    }
+}
+
+/* Relays a backend's completions to the caller with the caller's ranges filled in first. */
+typedef struct {
+    zb_range *mine, *theirs;
+    zb_range_fn done;
+    void *ctx;
+    bool cancelled;
+    size_t failed;     /* the lowest failed range so far (n: none) */
+    zb_status failst;  /* its status and message */
+    char msg[512];
+} relay;
+
+static int
+relay_done(void *arg, size_t i)
+{
+    relay *rl = arg;
+    rl->theirs[i].nread = rl->mine[i].nread;
+    rl->theirs[i].status = rl->mine[i].status;
+    zb_status st = rl->mine[i].status;
+    if (st != ZB_OK && st != ZB_E_CANCELLED && i < rl->failed) {
+        rl->failed = i;
+        rl->failst = st;
+        snprintf(rl->msg, sizeof rl->msg, "%s", zb_last_error());
+    }
+    if (rl->done && rl->done(rl->ctx, i)) rl->cancelled = true;
+    return rl->cancelled;
+}
+
+zb_status
+zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n, zb_range_fn done, void *ctx)
+{
+    if (!store || (!ranges && n)) return zb_err(ZB_E_INVALID, "zb_store_get_ranges: null argument");
+    if (n == 0) return ZB_OK;
+    zb_range *r = NULL;
+    char *keys = NULL;
+    ZB_TRY(normalize_ranges(ranges, n, &r, &keys));
+    relay rl = {.mine = r, .theirs = ranges, .done = done, .ctx = ctx, .failed = n};
+    zb_status st = ZB_OK;
+    if (store->m->get_ranges) {
+        st = store->m->get_ranges(store->self, r, n, relay_done, &rl);
+    } else {
+        bool stop = false;
+        get_each(store, r, n, relay_done, &rl, &stop);
+    }
+    for (size_t i = 0; i < n; i++) {
+        ranges[i].nread = r[i].nread;
+        ranges[i].status = r[i].status;
+    }
+    free(r);
+    free(keys);
+    if (st != ZB_OK) return st;
+    if (rl.failed < n) return zb_err(rl.failst, "%s", rl.msg);
+    if (rl.cancelled) return zb_err(ZB_E_CANCELLED, "zb_store_get_ranges: cancelled by the caller");
+    return ZB_OK;
+}

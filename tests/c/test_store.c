@@ -291,6 +291,78 @@ test_memory_backend(void **state)
     zb_store_close(s);
 }
 
+/* Counts completions and cancels after `stop_after` of them (0: never). */
+typedef struct {
+    size_t seen[8];
+    size_t n, stop_after;
+} completions;
+
+static int
+count_done(void *ctx, size_t i)
+{
+    completions *c = ctx;
+    c->seen[c->n++] = i;
+    return c->stop_after && c->n >= c->stop_after;
+}
+
+/* zb_store_get_ranges through the store layer's fallback (a backend without get_ranges): every
+ * range filled in list order, a short read at the end of an object, a missing key reported on
+ * its range and as the call's status with its key and range, keys normalised, and cancellation. */
+static void
+test_get_ranges(void **state)
+{
+    (void)state;
+    zb_store *s = NULL;
+    ZB_ASSERT_OK(zb_store_open_memory(&s));
+    ZB_ASSERT_OK(zb_store_put(s, "a/c0", "0123456789", 10));
+    ZB_ASSERT_OK(zb_store_put(s, "a/c1", "abcdefghij", 10));
+    char b0[4], b1[6], b2[8], b3[3];
+    zb_range r[4] = {
+        {.key = "a/c0", .offset = 2, .length = 4, .dst = b0},
+        {.key = "//a\\c1/", .offset = 4, .length = 6, .dst = b1},
+        {.key = "a/c0", .offset = 6, .length = 8, .dst = b2}, /* 4 bytes left: short */
+        {.key = "a/c1", .offset = 0, .length = 3, .dst = b3},
+    };
+    completions c = {0};
+    ZB_ASSERT_OK(zb_store_get_ranges(s, r, 4, count_done, &c));
+    assert_int_equal(c.n, 4);
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(c.seen[i], i);
+        assert_int_equal(r[i].status, ZB_OK);
+    }
+    assert_memory_equal(b0, "2345", 4);
+    assert_memory_equal(b1, "efghij", 6);
+    assert_int_equal(r[2].nread, 4);
+    assert_memory_equal(b2, "6789", 4);
+    assert_memory_equal(b3, "abc", 3);
+    assert_string_equal(r[1].key, "//a\\c1/"); /* the caller's list is not rewritten */
+
+    /* a missing key: its range fails, the others are read, the call names the key and range */
+    r[1].key = "a/nope";
+    memset(&c, 0, sizeof c);
+    ZB_ASSERT_ERR(zb_store_get_ranges(s, r, 4, count_done, &c), ZB_E_NOTFOUND, "a/nope");
+    assert_int_equal(c.n, 4);
+    assert_int_equal(r[0].status, ZB_OK);
+    assert_int_equal(r[1].status, ZB_E_NOTFOUND);
+    assert_int_equal(r[3].status, ZB_OK);
+
+    /* cancellation after two completions: the rest are never read */
+    r[1].key = "a/c1";
+    memset(&c, 0, sizeof c);
+    c.stop_after = 2;
+    ZB_ASSERT_ERR(zb_store_get_ranges(s, r, 4, count_done, &c), ZB_E_CANCELLED, "cancelled");
+    assert_int_equal(c.n, 2);
+    assert_int_equal(r[1].status, ZB_OK);
+    assert_int_equal(r[2].status, ZB_E_CANCELLED);
+    assert_int_equal(r[3].status, ZB_E_CANCELLED);
+
+    /* a key escaping the root is refused before any read; an empty list is a no-op */
+    r[0].key = "a/../b";
+    ZB_ASSERT_ERR(zb_store_get_ranges(s, r, 4, NULL, NULL), ZB_E_BADKEY, "..");
+    ZB_ASSERT_OK(zb_store_get_ranges(s, NULL, 0, NULL, NULL));
+    zb_store_close(s);
+}
+
 static void
 test_status_strings(void **state)
 {
@@ -308,7 +380,7 @@ main(void)
         cmocka_unit_test(test_key_normalize),   cmocka_unit_test(test_file_backend),
         cmocka_unit_test(test_file_views),
         cmocka_unit_test(test_file_threads),    cmocka_unit_test(test_memory_backend),
-        cmocka_unit_test(test_status_strings),
+        cmocka_unit_test(test_get_ranges),      cmocka_unit_test(test_status_strings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
