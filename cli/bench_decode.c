@@ -1,6 +1,6 @@
-/* Read accounting and the decode-only limit of `zbatch bench` (see bench_decode.h). The unit
- * planning follows the reader (src/dataset/reader.c) and bench/read_many.c, extended to
- * collections and to arrays chunked along more than axis 0. */
+/* Read accounting and the decode-only limit of `zbatch bench` (see bench_decode.h). The units
+ * are the reader's own plan (zb_dataset_plan_units), located, fetched and decoded through the
+ * zarr unit API (src/zarr/unit.h): this file plans nothing of its own. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +11,7 @@
 #include "util/pool.h"
 #include "util/stream.h"
 #include "util/status.h"
-#include "zarr/array.h"
-#include "zarr/shard.h"
+#include "zarr/unit.h"
 
 #define KEY_CAP 4600 /* the reader's bound on a chunk key */
 #define TASKS_PER_THREAD 8
@@ -25,33 +24,7 @@ zb_bench_now(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* ---- planning ------------------------------------------------------------------------------ */
-
-static uint64_t
-grid_len(const zb_array *a, int d)
-{
-    return (a->meta.shape[d] + a->inner[d] - 1) / a->inner[d];
-}
-
-/* Units of the other axes (1..ndim-1) per axis-0 unit. */
-static uint64_t
-other_units(const zb_array *a)
-{
-    uint64_t n = 1;
-    for (int d = 1; d < a->meta.ndim; d++) n *= grid_len(a, d);
-    return n;
-}
-
-/* The reader serves these arrays by row bands, not by unit (reader.c, path_of). */
-static bool
-read_by_rows(const zb_array *a)
-{
-    if (a->meta.chain.ab != ZB_AB_SHARDING) return false;
-    if (zb_array_whole_shard(a)) return true;
-    for (int d = 1; d < a->meta.ndim; d++)
-        if (a->meta.chunks[d] < a->meta.shape[d]) return true;
-    return false;
-}
+/* ---- the units of a request ---------------------------------------------------------------- */
 
 static zb_status
 push(zb_bench_units *s, const zb_array *a, uint64_t g0, uint64_t other)
@@ -67,87 +40,21 @@ push(zb_bench_units *s, const zb_array *a, uint64_t g0, uint64_t other)
     return ZB_OK;
 }
 
-/* Adds every unit of rows [r0, r1) of `a` (all of its other axes). `last` remembers the last
- * axis-0 unit added for this array, so runs of neighbouring samples add each unit once. */
-static zb_status
-add_rows(zb_bench_units *s, const zb_array *a, uint64_t r0, uint64_t r1, uint64_t *last)
-{
-    if (r1 <= r0) return ZB_OK;
-    uint64_t U = a->inner[0], no = other_units(a);
-    for (uint64_t u = r0 / U; u <= (r1 - 1) / U; u++) {
-        if (u == *last) continue;
-        *last = u;
-        for (uint64_t o = 0; o < no; o++) ZB_TRY(push(s, a, u, o));
-    }
-    return ZB_OK;
-}
-
-/* The child (its number in *child) and the physical row of logical id `id` (the reader's
- * locate()). */
-static zb_dataset *
-locate(zb_dataset *ds, uint64_t id, size_t *child, uint64_t *phys)
-{
-    *child = 0;
-    if (!ds->nchildren) {
-        *phys = zb_mask_select(&ds->mask, id);
-        return ds;
-    }
-    size_t lo = 0, hi = ds->nchildren;
-    while (hi - lo > 1) {
-        size_t mid = (lo + hi) / 2;
-        if (ds->child_start[mid] <= id)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    zb_dataset *ch = ds->children[lo];
-    *child = lo;
-    *phys = zb_mask_select(&ch->mask, id - ds->child_start[lo]);
-    return ch;
-}
-
 zb_status
 zb_bench_units_add(zb_dataset *ds, const uint64_t *ids, size_t n, zb_ctx *ctx, zb_bench_units *s)
 {
-    uint64_t nlogical = 0;
-    ZB_TRY(zb_dataset_len(ds, &nlogical));
-    for (size_t c = 0; c < ds->nchildren; c++) ZB_TRY(zb_mask_load(ds->children[c]));
-    const zb_dataset *pr = ds->nchildren ? ds->children[0] : ds;
-    size_t nf = pr->nfields, ns = pr->nsegs;
-    uint64_t *last = malloc((nf * (ds->nchildren + 1) + 1) * sizeof *last);
-    if (!last) return zb_err(ZB_E_NOMEM, "bench: out of memory");
-    for (size_t k = 0; k < nf * (ds->nchildren + 1); k++) last[k] = UINT64_MAX;
+    (void)ctx; /* the plan reads pointers with its own context */
+    zb_plan_unit *rows = NULL;
+    size_t nrows = 0;
+    uint64_t delivered = 0;
+    ZB_TRY(zb_dataset_plan_units(ds, ids, n, &rows, &nrows, &delivered));
+    s->bytes_delivered += delivered;
     zb_status st = ZB_OK;
-    for (size_t i = 0; i < n && st == ZB_OK; i++) {
-        if (ids[i] >= nlogical) {
-            st = zb_err(ZB_E_RANGE, "bench: sample id %llu outside [0, %llu)",
-                        (unsigned long long)ids[i], (unsigned long long)nlogical);
-            break;
-        }
-        uint64_t p = 0;
-        size_t c = 0;
-        zb_dataset *ch = locate(ds, ids[i], &c, &p);
-        int64_t r0[ZB_MAX_SEGMENTS], r1[ZB_MAX_SEGMENTS];
-        for (size_t g = 0; g < ns && st == ZB_OK; g++) {
-            st = zb_segment_get(&ch->segs[g], ctx, p, &r0[g]);
-            if (st == ZB_OK) st = zb_segment_get(&ch->segs[g], ctx, p + 1, &r1[g]);
-            if (st == ZB_OK && (r0[g] < 0 || r1[g] < r0[g]))
-                st = zb_err(ZB_E_CORRUPT, "%s: pointers at sample %llu are not monotone",
-                            ch->segs[g].ptr->path, (unsigned long long)p);
-        }
-        for (size_t f = 0; f < nf && st == ZB_OK; f++) {
-            const zb_field *fd = &ch->fields[f];
-            if (!fd->itemsize) continue; /* string fields are not read into batches */
-            uint64_t a0 = p, a1 = p + 1;
-            if (fd->seg >= 0) {
-                a0 = (uint64_t)r0[fd->seg];
-                a1 = (uint64_t)r1[fd->seg];
-            }
-            s->bytes_delivered += (a1 - a0) * fd->row_elems * fd->itemsize;
-            st = add_rows(s, fd->arr, a0, a1, &last[c * nf + f]);
-        }
+    for (size_t i = 0; i < nrows && st == ZB_OK; i++) {
+        uint64_t no = zb_unit_row_units(zb_array_units(rows[i].arr));
+        for (uint64_t o = 0; o < no && st == ZB_OK; o++) st = push(s, rows[i].arr, rows[i].g0, o);
     }
-    free(last);
+    free(rows);
     return st;
 }
 
@@ -162,70 +69,6 @@ cmp_unit(const void *x, const void *y)
     return a->other < b->other ? -1 : a->other > b->other;
 }
 
-/* The unit's grid coordinates. */
-static void
-unit_coords(const zb_bench_unit *u, uint64_t *g)
-{
-    const zb_array *a = u->arr;
-    memset(g, 0, sizeof(uint64_t) * ZB_MAX_DIMS);
-    g[0] = u->g0;
-    uint64_t rest = u->other;
-    for (int d = a->meta.ndim - 1; d >= 1; d--) {
-        uint64_t len = grid_len(a, d);
-        g[d] = rest % len;
-        rest /= len;
-    }
-}
-
-/* The last shard index read, kept while consecutive units fall in the same shard. */
-typedef struct shard_memo {
-    const zb_array *arr;
-    uint64_t shard[ZB_MAX_DIMS];
-    uint64_t *entries; /* NULL: the shard does not exist */
-    bool valid;
-} shard_memo;
-
-static zb_status
-locate_unit(zb_bench_unit *u, zb_ctx *ctx, shard_memo *m, char *key)
-{
-    const zb_array *a = u->arr;
-    uint64_t g[ZB_MAX_DIMS], shard[ZB_MAX_DIMS] = {0}, entry = 0;
-    unit_coords(u, g);
-    ZB_TRY(zb_array_unit_object(a, g, key, KEY_CAP, shard, &entry));
-    if (a->meta.chain.ab == ZB_AB_SHARDING) {
-        size_t sb = sizeof(uint64_t) * (size_t)a->meta.ndim;
-        if (!m->valid || m->arr != a || memcmp(m->shard, shard, sb)) {
-            free(m->entries);
-            m->entries = NULL;
-            m->valid = false;
-            uint64_t nn = 0;
-            bool missing = false;
-            ZB_TRY(zb_array_shard_index(a, ctx, shard, &m->entries, &nn, &missing));
-            m->arr = a;
-            memcpy(m->shard, shard, sb);
-            m->valid = true;
-        }
-        if (!m->entries || m->entries[2 * entry] == ZB_SHARD_EMPTY) {
-            u->missing = true;
-            return ZB_OK;
-        }
-        u->off = m->entries[2 * entry];
-        u->len = m->entries[2 * entry + 1];
-        return ZB_OK;
-    }
-    uint64_t size = 0;
-    zb_status st = zb_store_size(a->store, key, &size);
-    if (st == ZB_E_NOTFOUND) {
-        zb_clear_error();
-        u->missing = true;
-        return ZB_OK;
-    }
-    ZB_TRY(st);
-    u->off = 0;
-    u->len = size;
-    return ZB_OK;
-}
-
 zb_status
 zb_bench_units_resolve(zb_bench_units *s, zb_ctx *ctx)
 {
@@ -235,26 +78,68 @@ zb_bench_units_resolve(zb_bench_units *s, zb_ctx *ctx)
         if (k == 0 || cmp_unit(&s->u[k - 1], &s->u[i])) s->u[k++] = s->u[i];
     s->n = k;
     char *key = malloc(KEY_CAP);
-    if (!key) return zb_err(ZB_E_NOMEM, "bench: out of memory");
-    shard_memo memo = {0};
-    zb_status st = ZB_OK;
+    zb_cache *index_cache = NULL; /* shard indexes, read once per shard */
+    zb_status st = key ? zb_cache_new((size_t)64 << 20, &index_cache)
+                       : zb_err(ZB_E_NOMEM, "bench: out of memory");
     for (size_t i = 0; i < s->n && st == ZB_OK; i++) {
         zb_bench_unit *u = &s->u[i];
-        if (read_by_rows(u->arr)) {
+        const zb_unit_geom *geom = zb_array_units(u->arr);
+        if (geom->kind == ZB_UNITS_ROWS) {
             /* estimated by unit; the reader reads row bands of these */
             u->skip = true;
             s->skipped++;
-            s->bytes_decoded += zb_array_unit_bytes(u->arr);
+            s->bytes_decoded += geom->unit_bytes;
             continue;
         }
-        st = locate_unit(u, ctx, &memo, key);
+        uint64_t g[ZB_MAX_DIMS];
+        zb_unit_coords(geom, u->g0, u->other, g);
+        st = zb_unit_locate(u->arr, ctx, index_cache, g, key, KEY_CAP, &u->off, &u->len,
+                            &u->missing, NULL);
         if (st == ZB_OK && !u->missing) {
-            s->bytes_decoded += zb_array_unit_bytes(u->arr);
+            s->bytes_decoded += geom->unit_bytes;
             s->bytes_encoded += u->len;
             s->ndecoded++;
         }
     }
-    free(memo.entries);
+    zb_cache_free(index_cache);
+    free(key);
+    return st;
+}
+
+/* Fetches units [i0, i1) (one store) with one list read. */
+static zb_status
+fetch_list(zb_bench_units *s, size_t i0, size_t i1)
+{
+    size_t n = 0;
+    for (size_t i = i0; i < i1; i++) n += !s->u[i].missing && !s->u[i].skip && !s->u[i].enc;
+    zb_range *r = calloc(n + 1, sizeof *r);
+    char *key = malloc(KEY_CAP);
+    zb_status st = r && key ? ZB_OK : zb_err(ZB_E_NOMEM, "bench: out of memory");
+    size_t k = 0;
+    for (size_t i = i0; i < i1 && st == ZB_OK; i++) {
+        zb_bench_unit *u = &s->u[i];
+        if (u->missing || u->skip || u->enc) continue;
+        uint64_t g[ZB_MAX_DIMS];
+        zb_unit_coords(zb_array_units(u->arr), u->g0, u->other, g);
+        st = zb_array_unit_object(u->arr, g, key, KEY_CAP, NULL, NULL);
+        char *own = st == ZB_OK ? strdup(key) : NULL;
+        u->enc = own ? malloc((size_t)u->len + 1) : NULL;
+        if (st == ZB_OK && !u->enc) {
+            free(own);
+            st = zb_err(ZB_E_NOMEM, "bench: out of memory for %llu encoded bytes of %s",
+                        (unsigned long long)u->len, key);
+            break;
+        }
+        r[k++] = (zb_range){.key = own, .offset = u->off, .length = u->len, .dst = u->enc};
+    }
+    if (st == ZB_OK && k)
+        st = zb_store_get_ranges(zb_array_units(s->u[i0].arr)->store, r, k, NULL, NULL);
+    for (size_t j = 0; j < k && st == ZB_OK; j++)
+        if (r[j].nread != r[j].length)
+            st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes", r[j].key,
+                        (unsigned long long)r[j].nread, (unsigned long long)r[j].length);
+    for (size_t j = 0; j < k; j++) free((char *)r[j].key);
+    free(r);
     free(key);
     return st;
 }
@@ -262,29 +147,13 @@ zb_bench_units_resolve(zb_bench_units *s, zb_ctx *ctx)
 zb_status
 zb_bench_units_fetch(zb_bench_units *s)
 {
-    char *key = malloc(KEY_CAP);
-    if (!key) return zb_err(ZB_E_NOMEM, "bench: out of memory");
+    /* units come sorted by array: each run of one store is one list read */
     zb_status st = ZB_OK;
-    for (size_t i = 0; i < s->n && st == ZB_OK; i++) {
-        zb_bench_unit *u = &s->u[i];
-        if (u->missing || u->skip || u->enc) continue;
-        uint64_t g[ZB_MAX_DIMS];
-        unit_coords(u, g);
-        st = zb_array_unit_object(u->arr, g, key, KEY_CAP, NULL, NULL);
-        if (st != ZB_OK) break;
-        u->enc = malloc((size_t)u->len + 1);
-        if (!u->enc) {
-            st = zb_err(ZB_E_NOMEM, "bench: out of memory for %llu encoded bytes of %s",
-                        (unsigned long long)u->len, key);
-            break;
-        }
-        uint64_t got = 0;
-        st = zb_store_get(u->arr->store, key, u->off, u->len, u->enc, &got);
-        if (st == ZB_OK && got != u->len)
-            st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes", key, (unsigned long long)got,
-                        (unsigned long long)u->len);
+    for (size_t i = 0, j; i < s->n && st == ZB_OK; i = j) {
+        zb_store *store = zb_array_units(s->u[i].arr)->store;
+        for (j = i + 1; j < s->n && zb_array_units(s->u[j].arr)->store == store; j++) {}
+        st = fetch_list(s, i, j);
     }
-    free(key);
     return st;
 }
 
@@ -349,7 +218,7 @@ decode_task(void *arg, zb_ctx *ctx)
             snprintf(t->msg, sizeof t->msg, "%s", zb_last_error());
             break;
         }
-        size_t ub = (size_t)zb_array_unit_bytes(u->arr);
+        size_t ub = (size_t)zb_array_units(u->arr)->unit_bytes;
         if (t->dst) {
             size_t w = unit_share(ub, t->share);
             if (t->stream)
@@ -376,7 +245,8 @@ max_unit_bytes(const zb_dataset *ds)
         return m;
     }
     for (size_t f = 0; f < ds->nfields; f++) {
-        uint64_t x = ds->fields[f].itemsize ? zb_array_unit_bytes(ds->fields[f].arr) : 0;
+        const zb_field *fd = &ds->fields[f];
+        uint64_t x = fd->itemsize ? zb_array_units(fd->arr)->unit_bytes : 0;
         if (x > m) m = x;
     }
     return m;
@@ -444,7 +314,7 @@ zb_bench_decoder_run(zb_bench_decoder *d, const zb_bench_units *s, bool write,
         t->msg[0] = '\0';
         t->off = at;
         for (size_t i = 0; write && i < t->n; i++)
-            if (t->u[i].enc) at += unit_share((size_t)zb_array_unit_bytes(t->u[i].arr), share);
+            if (t->u[i].enc) at += unit_share((size_t)zb_array_units(t->u[i].arr)->unit_bytes, share);
     }
     if (write) ZB_TRY(arena_reserve(d, at ? at : 1)); /* every unit's share, at its place */
     res->streamed = write && at >= ZB_STREAM_MIN_BATCH_BYTES;

@@ -2,9 +2,9 @@
  *
  * A request (the sample ids of one loader window, or of one read_many) touches a set of read
  * units: chunks, or inner chunks of sharded arrays. The reader decodes each distinct unit of a
- * request once. This file computes that set from the dataset's internals the way the reader
- * plans it (logical -> physical through the mask, element ranges through the segments, units
- * at inner-chunk bounds along axis 0 and every unit of the other axes), which gives
+ * request once. This file takes that set from the reader's own plan (zb_dataset_plan_units:
+ * every unit row the request touches, with every unit of its other axes), locates, fetches (one
+ * zb_store_get_ranges call per store) and decodes it through the zarr unit API, which gives
  *   - the bytes the request decodes (the decoded size of every unit that exists) and delivers
  *     (the rows it copies into the batch), i.e. its read amplification; and
  *   - the decode-only limit: the same units' encoded bytes fetched into memory beforehand, then

@@ -286,7 +286,7 @@ fill_part(void *arg, zb_ctx *ctx)
     int fd = -1;
     size_t na = g->n_arrays;
     uint64_t lo = p->at[p->b0], hi = p->at[p->b1];
-    zb_buf *packed = &ctx->scratch[5];
+    zb_buf *packed = &ctx->ws.packed;
     zb_status st = cv_path(g->cv, path, sizeof path, "scatter/t%zu.bin", p->t);
     if (st == ZB_OK && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         st = zb_err(ZB_E_IO, "%s: %s", path, strerror(errno));

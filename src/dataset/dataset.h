@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "util/cache.h"
 #include "util/pool.h"
 #include "zarr/array.h"
 #include "zbatch.h"
@@ -80,12 +81,24 @@ typedef struct zb_mask {
     pthread_mutex_t mu;
 } zb_mask;
 
-typedef struct zb_cache zb_cache;
 typedef struct zb_arena_pool zb_arena_pool;
 
 /* Reused batch memory (reader.c): a pool of blocks shared by a dataset and its batches. */
 zb_status zb_arena_pool_new(zb_arena_pool **out);
 void zb_arena_pool_unref(zb_arena_pool *p);
+
+/* A unit row a read touches (zb_dataset_plan_units): unit g0 along axis 0 of `arr`, with
+ * every unit of its other axes. */
+typedef struct zb_plan_unit {
+    const zb_array *arr;
+    uint64_t g0;
+} zb_plan_unit;
+
+/* The unit rows a read of ids[0..n) touches, each listed once, exactly as the reader plans the
+ * read (plan.c; string fields are not read into batches), and the stored bytes of the rows it
+ * delivers. *units is malloc'd (free with free()). For `zbatch bench`'s decode-only limits. */
+zb_status zb_dataset_plan_units(zb_dataset *ds, const uint64_t *ids, size_t n,
+                                zb_plan_unit **units, size_t *nunits, uint64_t *bytes_delivered);
 
 /* read_many's plan memory kept between requests (reader.c); freed by zb_dataset_close. */
 typedef struct zb_plan_mem zb_plan_mem;
@@ -238,16 +251,5 @@ zb_status zb_segment_get(zb_segment *seg, zb_ctx *ctx, uint64_t i, int64_t *valu
 /* Logical -> physical through the mask (thread-safe, loads the mask on first use). */
 zb_status zb_mask_load(zb_dataset *ds);
 uint64_t zb_mask_select(const zb_mask *m, uint64_t logical);
-
-/* Decoded-chunk cache (cache.c): keys are (array pointer, unit index). */
-zb_status zb_cache_new(size_t max_bytes, zb_cache **out);
-void zb_cache_free(zb_cache *c);
-/* Copies the cached unit into dst (dst_len bytes) and returns true on a hit. */
-bool zb_cache_get(zb_cache *c, const void *arr, uint64_t unit, void *dst, size_t dst_len);
-/* Bytes [off, off + len) of an entry of whole_len bytes (a hit needs that length). */
-bool zb_cache_get_part(zb_cache *c, const void *arr, uint64_t unit, size_t whole_len, size_t off,
-                       void *dst, size_t len);
-bool zb_cache_contains(zb_cache *c, const void *arr, uint64_t unit);
-void zb_cache_put(zb_cache *c, const void *arr, uint64_t unit, const void *src, size_t len);
 
 #endif

@@ -454,19 +454,17 @@ next_coord(uint64_t *g, const uint64_t *hi, int nd)
     return false;
 }
 
-/* Reads `len` bytes at `off` of `key` into v->enc; a problem (and false) when it fails. `what`
- * names the part of the object read (an inner chunk), or is NULL for the whole object. */
-static bool
-fetch(verifier *v, const char *key, uint64_t off, uint64_t len, const char *what)
+/* The `len` bytes at `off` of array a's object `key` (zb_unit_fetch: a view, released with
+ * zb_store_release(v->store, *tok), or read into v->enc); a problem (and NULL) when it fails.
+ * `what` names the part of the object read (an inner chunk), or is NULL for the whole object. */
+static const uint8_t *
+fetch(verifier *v, const zb_array *a, const char *key, uint64_t off, uint64_t len,
+      const char *what, void **tok)
 {
-    zb_status st = zb_buf_reserve(&v->enc, len ? (size_t)len : 1);
-    uint64_t got = 0;
-    if (st == ZB_OK) st = zb_store_get(v->store, key, off, len, v->enc.data, &got);
-    if (st == ZB_OK && got != len)
-        st = zb_err(ZB_E_TRUNCATED, "read %" PRIu64 " of %" PRIu64 " bytes at offset %" PRIu64, got,
-                    len, off);
+    const uint8_t *data = NULL;
+    zb_status st = zb_unit_fetch(a, key, off, len, &v->enc, &data, tok, NULL);
     if (st != ZB_OK) failed(v, st, key, what);
-    return st == ZB_OK;
+    return st == ZB_OK ? data : NULL;
 }
 
 static void
@@ -501,11 +499,14 @@ check_plain(verifier *v, varr *va)
             va->bad = true;
             continue;
         }
-        if (!fetch(v, key, 0, size, NULL)) {
+        void *tok = NULL;
+        const uint8_t *enc = fetch(v, a, key, 0, size, NULL, &tok);
+        if (!enc) {
             va->bad = true;
             continue;
         }
-        st = zb_array_decode_unit(a, v->ctx, v->enc.data, (size_t)size, v->unit.data, key);
+        st = zb_array_decode_unit(a, v->ctx, enc, (size_t)size, v->unit.data, key);
+        zb_store_release(v->store, tok);
         if (st != ZB_OK) {
             failed(v, st, key, NULL);
             va->bad = true;
@@ -563,12 +564,14 @@ check_shards(verifier *v, varr *va)
             v->r->n_chunks++;
             snprintf(what, sizeof what, "inner chunk %" PRIu64 " at [%" PRIu64 ", %" PRIu64 ")", j,
                      e[2 * j], e[2 * j] + e[2 * j + 1]);
-            if (!fetch(v, key, e[2 * j], e[2 * j + 1], what)) {
+            void *tok = NULL;
+            const uint8_t *enc = fetch(v, a, key, e[2 * j], e[2 * j + 1], what, &tok);
+            if (!enc) {
                 va->bad = true;
                 continue;
             }
-            st = zb_array_decode_unit(a, v->ctx, v->enc.data, (size_t)e[2 * j + 1], v->unit.data,
-                                      key);
+            st = zb_array_decode_unit(a, v->ctx, enc, (size_t)e[2 * j + 1], v->unit.data, key);
+            zb_store_release(v->store, tok);
             if (st != ZB_OK) {
                 failed(v, st, key, what);
                 va->bad = true;

@@ -17,11 +17,6 @@
 #include "zarr/codec.h"
 #include "zarr/shard.h"
 
-/* zarr-python's coalescing defaults: merge ranges closer than 1 MiB, up to 16 MiB a read. */
-#define MERGE_GAP ((uint64_t)1 << 20)
-#define MERGE_MAX ((uint64_t)16 << 20)
-
-enum { SCR_ENC = 0, SCR_A = 1, SCR_B = 2, SCR_OUT = 3 };
 
 /* ------------------------------------------------------------------------------------------- */
 /* Open                                                                                         */
@@ -83,6 +78,7 @@ zb_array_open_meta(zb_store *store, const char *path, zb_array_meta *meta, zb_ar
         }
     }
     a->total_elems = total;
+    zb_unit_geom_init(a);
     *out = a;
     return ZB_OK;
 fail:
@@ -203,9 +199,7 @@ zb_array_row_elems(const zb_array *array)
 /* ------------------------------------------------------------------------------------------- */
 
 /* A string element gathered during a read: its bytes live in `blob` at `off`. */
-typedef struct str_span {
-    uint64_t off, len;
-} str_span;
+typedef zb_str_span str_span;
 
 typedef struct read_req {
     const zb_array *a;
@@ -239,29 +233,6 @@ unit_box_of(const read_req *r, const uint64_t *g, unit_box *b)
         b->lo[d] = s - u0;
         b->ext[d] = e - s;
         b->out0 += (d == 0 ? s - r->start : s) * r->ostride[d];
-    }
-}
-
-/* Strides (in elements) of each logical axis inside a decoded unit buffer: C order of the
- * unit, or of its transposed form when the chain has a transpose. */
-static void
-unit_strides(const zb_array *a, uint64_t *s)
-{
-    int nd = a->meta.ndim;
-    const zb_chain *c = a->meta.chain.ab == ZB_AB_SHARDING ? a->meta.chain.shard->inner_chain
-                                                           : &a->meta.chain;
-    uint64_t stride = 1;
-    if (c->has_transpose) {
-        /* encoded axis i holds logical axis perm[i] */
-        for (int i = nd - 1; i >= 0; i--) {
-            s[c->perm[i]] = stride;
-            stride *= a->inner[c->perm[i]];
-        }
-    } else {
-        for (int d = nd - 1; d >= 0; d--) {
-            s[d] = stride;
-            stride *= a->inner[d];
-        }
     }
 }
 
@@ -355,133 +326,9 @@ fill_box(read_req *r, const uint64_t *g)
     unit_box b;
     uint64_t us[ZB_MAX_DIMS];
     unit_box_of(r, g, &b);
-    unit_strides(r->a, us);
+    zb_unit_strides(r->a, us);
     for_each_run(r, &b, us, NULL, fill_run);
     r->ctx->stats.chunks_filled++;
-}
-
-static void
-swap_bytes(uint8_t *p, uint64_t n, size_t isz)
-{
-    for (uint64_t i = 0; i < n; i++, p += isz)
-        for (size_t k = 0; k < isz / 2; k++) {
-            uint8_t t = p[k];
-            p[k] = p[isz - 1 - k];
-            p[isz - 1 - k] = t;
-        }
-}
-
-/* Runs the bytes->bytes codecs of `c` in reverse over enc. The final stage writes into `final`
- * (capacity final_cap) with `final_expected` bytes (SIZE_MAX: as declared by the frame); the
- * result pointer and length come back in *res / *res_len. Intermediate stages use scratch. */
-static zb_status
-run_bb(const zb_chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint8_t *final,
-       size_t final_cap, size_t final_expected, const char *key, const uint8_t **res,
-       size_t *res_len)
-{
-    const uint8_t *cur = enc;
-    size_t cur_len = enc_len;
-    int pingpong = SCR_A;
-    for (int k = c->nbb - 1; k >= 0; k--) {
-        const zb_codec *codec = &c->bb[k];
-        uint8_t *dst;
-        size_t cap, expected, got = 0;
-        if (k == 0 && final) {
-            dst = final;
-            cap = final_cap;
-            expected = final_expected;
-        } else {
-            size_t want = 0;
-            zb_status st = zb_codec_decoded_size(codec, cur, cur_len, &want, key);
-            if (st == ZB_E_UNSUPPORTED) {
-                want = SIZE_MAX; /* the frame does not say: grow and retry below */
-            } else if (st != ZB_OK) {
-                return st;
-            }
-            if (k == 0 && final_expected != SIZE_MAX) want = final_expected;
-            size_t guess = want != SIZE_MAX ? want : (cur_len < 65536 ? 262144 : cur_len * 4);
-            zb_status dst_st = ZB_OK;
-            for (int attempt = 0;; attempt++) {
-                zb_buf *sb = &ctx->scratch[pingpong];
-                ZB_TRY(zb_buf_reserve(sb, guess ? guess : 1));
-                dst_st = zb_codec_decode(codec, ctx, cur, cur_len, sb->data, sb->cap,
-                                         want != SIZE_MAX ? want : SIZE_MAX, &got, key);
-                if (dst_st == ZB_OK || want != SIZE_MAX || attempt >= 5) break;
-                guess *= 4;
-            }
-            if (dst_st != ZB_OK) return dst_st;
-            cur = ctx->scratch[pingpong].data;
-            cur_len = got;
-            pingpong = pingpong == SCR_A ? SCR_B : SCR_A;
-            continue;
-        }
-        ZB_TRY(zb_codec_decode(codec, ctx, cur, cur_len, dst, cap, expected, &got, key));
-        cur = dst;
-        cur_len = got;
-    }
-    *res = cur;
-    *res_len = cur_len;
-    return ZB_OK;
-}
-
-static uint64_t
-load_u32le(const uint8_t *p)
-{
-    return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24;
-}
-
-/* Parses a vlen-utf8 buffer (FORMATS.md §1.6) of exactly n items into spans (scratch). */
-static zb_status
-parse_vlen(zb_ctx *ctx, const uint8_t *p, size_t len, uint64_t n, const char *key,
-           const str_span **items)
-{
-    if (len < 4) return zb_err(ZB_E_TRUNCATED, "%s: vlen-utf8 buffer of %zu bytes", key, len);
-    uint64_t count = load_u32le(p);
-    if (count != n)
-        return zb_err(ZB_E_CORRUPT, "%s: vlen-utf8 holds %llu items, the chunk has %llu", key,
-                      (unsigned long long)count, (unsigned long long)n);
-    zb_buf *sb = &ctx->scratch[SCR_B];
-    uint64_t need;
-    if (!zb_mul_u64(n, sizeof(str_span), &need)) return zb_err(ZB_E_OVERFLOW, "%s", key);
-    ZB_TRY(zb_buf_reserve(sb, (size_t)need ? (size_t)need : 1));
-    str_span *out = (str_span *)(void *)sb->data;
-    size_t pos = 4;
-    for (uint64_t i = 0; i < n; i++) {
-        if (len - pos < 4)
-            return zb_err(ZB_E_TRUNCATED, "%s: vlen-utf8 length of item %llu at offset %zu is "
-                          "cut off", key, (unsigned long long)i, pos);
-        uint64_t l = load_u32le(p + pos);
-        pos += 4;
-        if (l > len - pos)
-            return zb_err(ZB_E_TRUNCATED, "%s: vlen-utf8 item %llu at offset %zu claims %llu "
-                          "bytes, %zu remain", key, (unsigned long long)i, pos,
-                          (unsigned long long)l, len - pos);
-        out[i] = (str_span){pos, l};
-        pos += (size_t)l;
-    }
-    *items = out;
-    return ZB_OK;
-}
-
-/* Runs a fixed-size unit's codecs into target (exactly unit_elems * isz bytes), undoes the byte
- * order and counts it. The one decode step shared by row reads and the coalesced reader. */
-static zb_status
-decode_fixed(const zb_chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint8_t *target,
-             uint64_t unit_elems, size_t isz, const char *key)
-{
-    size_t unit_bytes = (size_t)(unit_elems * isz);
-    const uint8_t *res = enc;
-    size_t res_len = enc_len;
-    if (c->nbb > 0)
-        ZB_TRY(run_bb(c, ctx, enc, enc_len, target, unit_bytes, unit_bytes, key, &res, &res_len));
-    if (res_len != unit_bytes)
-        return zb_err(res_len < unit_bytes ? ZB_E_TRUNCATED : ZB_E_CORRUPT,
-                      "%s: chunk holds %zu bytes, expected %zu", key, res_len, unit_bytes);
-    if (res != target) memcpy(target, res, unit_bytes);
-    if (c->big_endian && isz > 1) swap_bytes(target, unit_elems, isz);
-    ctx->stats.chunks_decoded++;
-    ctx->stats.bytes_decoded += unit_bytes;
-    return ZB_OK;
 }
 
 /* Decodes one unit at grid coordinates g from its encoded bytes and delivers it. */
@@ -497,22 +344,11 @@ deliver_unit(read_req *r, const uint64_t *g, const uint8_t *enc, size_t enc_len,
     unit_box b;
     uint64_t us[ZB_MAX_DIMS];
     unit_box_of(r, g, &b);
-    unit_strides(a, us);
+    zb_unit_strides(a, us);
 
     if (c->ab == ZB_AB_VLEN_UTF8) {
-        const uint8_t *res;
-        size_t res_len;
-        ZB_TRY(run_bb(c, ctx, enc, enc_len, NULL, 0, SIZE_MAX, key, &res, &res_len));
-        if (res == ctx->scratch[SCR_B].data) {
-            /* parse_vlen needs SCR_B for its table: move the bytes aside first */
-            ZB_TRY(zb_buf_reserve(&ctx->scratch[SCR_OUT], res_len ? res_len : 1));
-            memcpy(ctx->scratch[SCR_OUT].data, res, res_len);
-            res = ctx->scratch[SCR_OUT].data;
-        }
-        vlen_unit v = {res, NULL, ZB_OK};
-        ZB_TRY(parse_vlen(ctx, res, res_len, unit_elems, key, &v.items));
-        ctx->stats.chunks_decoded++;
-        ctx->stats.bytes_decoded += res_len;
+        vlen_unit v = {NULL, NULL, ZB_OK};
+        ZB_TRY(zb_unit_decode_strings(a, ctx, enc, enc_len, unit_elems, key, &v.base, &v.items));
         for_each_run(r, &b, us, &v, string_run);
         return v.st;
     }
@@ -531,10 +367,10 @@ deliver_unit(read_req *r, const uint64_t *g, const uint8_t *enc, size_t enc_len,
     if (direct) {
         target = r->dst + b.out0 * isz;
     } else {
-        ZB_TRY(zb_buf_reserve(&ctx->scratch[SCR_OUT], unit_bytes ? unit_bytes : 1));
-        target = ctx->scratch[SCR_OUT].data;
+        ZB_TRY(zb_buf_reserve(&ctx->ws.decoded, unit_bytes ? unit_bytes : 1));
+        target = ctx->ws.decoded.data;
     }
-    ZB_TRY(decode_fixed(c, ctx, enc, enc_len, target, unit_elems, isz, key));
+    ZB_TRY(zb_unit_decode_stored(a, ctx, enc, enc_len, target, key));
     if (!direct) for_each_run(r, &b, us, target, copy_run);
     return ZB_OK;
 }
@@ -575,7 +411,7 @@ read_plain(read_req *r, uint64_t u0, uint64_t u1)
             }
             if (st != ZB_OK) return st;
             uint8_t *enc;
-            ZB_TRY(zb_buf_for_read(&r->ctx->scratch[SCR_ENC], 0, (size_t)size, &enc));
+            ZB_TRY(zb_buf_for_read(&r->ctx->ws.enc, 0, (size_t)size, &enc));
             uint64_t got = 0;
             ZB_TRY(zb_store_get(a->store, key, 0, size, enc, &got));
             r->ctx->stats.range_reads++;
@@ -586,8 +422,9 @@ read_plain(read_req *r, uint64_t u0, uint64_t u1)
     return ZB_OK;
 }
 
+/* A unit of one shard that a read needs: its encoded bytes in the shard, its coordinates. */
 typedef struct want_entry {
-    uint64_t off, len;
+    zb_span at; /* first: zb_merge_next reads the entries as spans */
     uint64_t g[ZB_MAX_DIMS];
 } want_entry;
 
@@ -595,33 +432,207 @@ static int
 cmp_offset(const void *x, const void *y)
 {
     const want_entry *a = x, *b = y;
-    return a->off < b->off ? -1 : a->off > b->off;
+    return a->at.off < b->at.off ? -1 : a->at.off > b->at.off;
+}
+
+/* Counts a fetch's reads in the context's statistics. */
+static void
+count_reads(zb_ctx *ctx, const zb_read_stats *rs)
+{
+    ctx->stats.range_reads += rs->range_reads;
+    ctx->stats.bytes_fetched += rs->bytes_fetched;
+}
+
+/* Decodes the wanted unit w from its encoded bytes and delivers it (errors name the slice). */
+static zb_status
+deliver_slice(read_req *r, const want_entry *w, const uint8_t *enc, const char *key)
+{
+    zb_status st = deliver_unit(r, w->g, enc, (size_t)w->at.len, key);
+    if (st != ZB_OK)
+        zb_err_context(st, "%s: inner chunk at [%llu, %llu)", key, (unsigned long long)w->at.off,
+                       (unsigned long long)(w->at.off + w->at.len));
+    return st;
+}
+
+/* The merged reads of a shard handed to a store that reads lists itself: one
+ * zb_store_get_ranges call, each read's units decoded as its bytes arrive. */
+typedef struct listed {
+    read_req *r;
+    const char *key;
+    const want_entry *want;
+    zb_range *ranges;
+    size_t *first; /* [nranges + 1]: the wanted units of range i are [first[i], first[i+1]) */
+    zb_status st;  /* the first failure of a decode here, its message in msg */
+    char msg[1024];
+} listed;
+
+static int
+listed_done(void *arg, size_t i)
+{
+    listed *l = arg;
+    const zb_range *rg = &l->ranges[i];
+    zb_status st = rg->status;
+    if (st == ZB_OK && rg->nread != rg->length)
+        st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", l->key,
+                    (unsigned long long)rg->nread, (unsigned long long)rg->length,
+                    (unsigned long long)rg->offset);
+    else if (st != ZB_OK)
+        return 1; /* the store layer reports it */
+    l->r->ctx->stats.range_reads++;
+    l->r->ctx->stats.bytes_fetched += rg->nread;
+    for (size_t k = l->first[i]; k < l->first[i + 1] && st == ZB_OK; k++) {
+        const want_entry *w = &l->want[k];
+        st = deliver_slice(l->r, w, (const uint8_t *)rg->dst + (w->at.off - rg->offset), l->key);
+    }
+    if (st == ZB_OK) return 0;
+    l->st = st;
+    snprintf(l->msg, sizeof l->msg, "%s", zb_last_error());
+    return 1;
+}
+
+static zb_status
+deliver_listed(read_req *r, const char *key, const want_entry *want, size_t nwant)
+{
+    size_t nr = 0;
+    uint64_t total = 0, ms, me;
+    for (size_t i = 0; i < nwant; nr++) {
+        i = zb_merge_next(want, sizeof *want, i, nwant, ZB_MERGE_UNITS, &ms, &me);
+        total += me - ms;
+    }
+    listed l = {.r = r, .key = key, .want = want};
+    l.ranges = calloc(nr + 1, sizeof *l.ranges);
+    l.first = calloc(nr + 1, sizeof *l.first);
+    zb_status st = zb_buf_reserve(&r->ctx->ws.enc, total ? (size_t)total : 1);
+    if (st == ZB_OK && (!l.ranges || !l.first))
+        st = zb_err(ZB_E_NOMEM, "%s: out of memory for %zu range reads", key, nr);
+    uint64_t at = 0;
+    for (size_t i = 0, j = 0; st == ZB_OK && i < nwant; j++) {
+        l.first[j] = i;
+        i = zb_merge_next(want, sizeof *want, i, nwant, ZB_MERGE_UNITS, &ms, &me);
+        l.ranges[j] = (zb_range){.key = key, .offset = ms, .length = me - ms,
+                                 .dst = r->ctx->ws.enc.data + at};
+        at += me - ms;
+    }
+    l.first[nr] = nwant;
+    if (st == ZB_OK) st = zb_store_get_ranges(r->a->store, l.ranges, nr, listed_done, &l);
+    if (l.st != ZB_OK) st = zb_err(l.st, "%s", l.msg);
+    free(l.ranges);
+    free(l.first);
+    return st;
+}
+
+/* Delivers the wanted units (sorted by offset) of the shard `key`: from `mem` (the shard,
+ * decoded whole), through one list read for a store that reads lists itself, else with one
+ * fetch (a view, or a read) per merged read. */
+static zb_status
+deliver_wanted(read_req *r, const char *key, const want_entry *want, size_t nwant,
+               const uint8_t *mem)
+{
+    if (!mem && zb_unit_lists_ranges(r->a)) return deliver_listed(r, key, want, nwant);
+    zb_status st = ZB_OK;
+    for (size_t i = 0, k; i < nwant && st == ZB_OK; i = k) {
+        uint64_t ms, me;
+        k = zb_merge_next(want, sizeof *want, i, nwant, ZB_MERGE_UNITS, &ms, &me);
+        const uint8_t *base = mem ? mem + ms : NULL;
+        void *tok = NULL;
+        if (!mem) {
+            zb_read_stats rs = {0};
+            st = zb_unit_fetch(r->a, key, ms, me - ms, &r->ctx->ws.enc, &base, &tok, &rs);
+            count_reads(r->ctx, &rs);
+        }
+        for (size_t j = i; j < k && st == ZB_OK; j++)
+            st = deliver_slice(r, &want[j], base + (want[j].at.off - ms), key);
+        zb_store_release(r->a->store, tok);
+    }
+    return st;
+}
+
+/* Fills the units [lo, hi) of a shard that does not exist. */
+static void
+fill_missing_shard(read_req *r, const uint64_t *lo, const uint64_t *hi)
+{
+    int nd = r->a->meta.ndim;
+    uint64_t g[ZB_MAX_DIMS];
+    memcpy(g, lo, sizeof(uint64_t) * (size_t)nd);
+    for (g[0] = lo[0]; g[0] < hi[0]; g[0]++) {
+        for (int d = 1; d < nd; d++) g[d] = lo[d];
+        do fill_box(r, g);
+        while (nd > 1 && next_coord(g, lo, hi, nd));
+    }
+}
+
+/* A shard with codecs after sharding_indexed, fetched and decoded whole into *whole. */
+static zb_status
+decode_whole_shard(read_req *r, const char *key, uint64_t size, zb_buf *whole)
+{
+    zb_buf enc0 = {0};
+    uint8_t *enc = NULL;
+    uint64_t got = 0;
+    zb_status st = zb_buf_for_read(&enc0, 0, (size_t)size, &enc);
+    if (st == ZB_OK) st = zb_store_get(r->a->store, key, 0, size, enc, &got);
+    if (st == ZB_OK) {
+        r->ctx->stats.range_reads++;
+        r->ctx->stats.bytes_fetched += got;
+        const uint8_t *res;
+        size_t res_len;
+        st = zb_unit_decode_shard(r->a, r->ctx, enc, (size_t)got, key, &res, &res_len);
+        if (st == ZB_OK) st = zb_buf_append(whole, res, res_len);
+    }
+    zb_buf_free(&enc0);
+    return st;
+}
+
+/* The index of a shard of shard_size bytes (in memory at `mem` when decoded whole) into
+ * entries (2n words). */
+static zb_status
+load_index(read_req *r, const char *key, uint64_t shard_size, const uint8_t *mem, uint64_t n,
+           uint64_t *entries)
+{
+    const zb_shard_spec *spec = r->a->meta.chain.shard;
+    uint64_t idx_bytes = zb_shard_index_nbytes(spec, n), got = 0;
+    if (shard_size < idx_bytes)
+        return zb_err(ZB_E_TRUNCATED, "%s: shard of %llu bytes is shorter than its %llu-byte "
+                      "index", key, (unsigned long long)shard_size,
+                      (unsigned long long)idx_bytes);
+    uint8_t *raw = malloc((size_t)idx_bytes + 1);
+    if (!raw) return zb_err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
+    uint64_t ioff = spec->index_at_start ? 0 : shard_size - idx_bytes;
+    zb_status st = ZB_OK;
+    if (mem) {
+        memcpy(raw, mem + ioff, (size_t)idx_bytes);
+        got = idx_bytes;
+    } else {
+        st = zb_store_get(r->a->store, key, ioff, idx_bytes, raw, &got);
+        if (st == ZB_OK) {
+            r->ctx->stats.range_reads++;
+            r->ctx->stats.bytes_fetched += got;
+        }
+    }
+    if (st == ZB_OK && got != idx_bytes)
+        st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
+                    (unsigned long long)got, (unsigned long long)idx_bytes);
+    if (st == ZB_OK)
+        st = zb_shard_index_decode(spec, n, raw, (size_t)got, shard_size, key, entries);
+    free(raw);
+    return st;
 }
 
 /* Reads the units of one shard (shard grid coordinates s) that the request needs. */
 static zb_status
 read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
 {
-    const zb_array *a = r->a;
-    const zb_array_meta *m = &a->meta;
-    const zb_shard_spec *spec = m->chain.shard;
-    int nd = m->ndim;
-    zb_ctx *ctx = r->ctx;
-    uint64_t cps[ZB_MAX_DIMS], n = 1, grid[ZB_MAX_DIMS];
-    for (int d = 0; d < nd; d++) {
-        cps[d] = m->chunks[d] / a->inner[d];
-        n *= cps[d];
-        grid[d] = (m->shape[d] + a->inner[d] - 1) / a->inner[d];
-    }
+    const zb_unit_geom *u = &r->a->units;
+    int nd = u->ndim;
+    uint64_t n = u->shard_units;
     char key[4600];
-    ZB_TRY(zb_meta_chunk_key(m, a->path, s, key, sizeof key));
+    ZB_TRY(zb_meta_chunk_key(&r->a->meta, r->a->path, s, key, sizeof key));
 
     /* The units of this shard inside the request, in C order of local coordinates. */
     uint64_t lo[ZB_MAX_DIMS] = {0}, hi[ZB_MAX_DIMS] = {0};
     for (int d = 0; d < nd; d++) {
-        lo[d] = s[d] * cps[d];
-        hi[d] = lo[d] + cps[d];
-        if (hi[d] > grid[d]) hi[d] = grid[d];
+        lo[d] = s[d] * u->per_shard[d];
+        hi[d] = lo[d] + u->per_shard[d];
+        if (hi[d] > u->grid[d]) hi[d] = u->grid[d];
     }
     if (lo[0] < u0) lo[0] = u0;
     if (hi[0] > u1 + 1) hi[0] = u1 + 1;
@@ -629,144 +640,45 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
         if (lo[d] >= hi[d]) return ZB_OK;
 
     uint64_t shard_size = 0;
-    zb_status st = zb_store_size(a->store, key, &shard_size);
-    want_entry *want = NULL;
-    uint64_t *entries = NULL;
-    uint8_t *raw = NULL;
-    const uint8_t *mem = NULL; /* the decoded shard, when codecs follow sharding_indexed */
-    zb_buf whole = {0};
-    size_t nwant = 0;
-    uint64_t got = 0;
-    if (st == ZB_E_NOTFOUND) {
-        /* a missing shard reads as fill */
+    zb_status st = zb_store_size(r->a->store, key, &shard_size);
+    if (st == ZB_E_NOTFOUND) { /* a missing shard reads as fill */
         zb_clear_error();
-        uint64_t g[ZB_MAX_DIMS];
-        memcpy(g, lo, sizeof(uint64_t) * (size_t)nd);
-        for (g[0] = lo[0]; g[0] < hi[0]; g[0]++) {
-            for (int d = 1; d < nd; d++) g[d] = lo[d];
-            do fill_box(r, g);
-            while (nd > 1 && next_coord(g, lo, hi, nd));
-        }
+        fill_missing_shard(r, lo, hi);
         return ZB_OK;
     }
     if (st != ZB_OK) return st;
-
-    if (m->chain.nbb > 0) {
-        /* Whole-shard codecs: fetch and decode the shard, then address it in memory. */
-        zb_buf enc0 = {0};
-        uint8_t *enc = NULL;
-        st = zb_buf_for_read(&enc0, 0, (size_t)shard_size, &enc);
-        if (st == ZB_OK) st = zb_store_get(a->store, key, 0, shard_size, enc, &got);
-        if (st == ZB_OK) {
-            ctx->stats.range_reads++;
-            ctx->stats.bytes_fetched += got;
-            const uint8_t *res;
-            size_t res_len;
-            st = run_bb(&m->chain, ctx, enc, (size_t)got, NULL, 0, SIZE_MAX, key, &res,
-                        &res_len);
-            if (st == ZB_OK) st = zb_buf_append(&whole, res, res_len);
-        }
-        zb_buf_free(&enc0);
-        if (st != ZB_OK) goto done;
-        mem = whole.data;
+    zb_buf whole = {0}; /* the decoded shard, when codecs follow sharding_indexed */
+    if (r->a->meta.chain.nbb > 0) {
+        ZB_TRY(decode_whole_shard(r, key, shard_size, &whole));
         shard_size = whole.len;
     }
-
-    uint64_t idx_bytes = zb_shard_index_nbytes(spec, n);
-    if (shard_size < idx_bytes) {
-        st = zb_err(ZB_E_TRUNCATED, "%s: shard of %llu bytes is shorter than its %llu-byte "
-                    "index", key, (unsigned long long)shard_size,
-                    (unsigned long long)idx_bytes);
-        goto done;
-    }
-    raw = malloc((size_t)idx_bytes);
-    entries = malloc((size_t)(2 * n * sizeof(uint64_t)));
+    const uint8_t *mem = whole.data;
     size_t cap_want = 1;
     for (int d = 0; d < nd; d++) cap_want *= (size_t)(hi[d] - lo[d]);
-    want = malloc(cap_want * sizeof *want);
-    if (!raw || !entries || !want) {
-        st = zb_err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
-        goto done;
-    }
-    uint64_t ioff = spec->index_at_start ? 0 : shard_size - idx_bytes;
-    if (mem) {
-        memcpy(raw, mem + ioff, (size_t)idx_bytes);
-        got = idx_bytes;
-    } else {
-        st = zb_store_get(a->store, key, ioff, idx_bytes, raw, &got);
-        if (st != ZB_OK) goto done;
-        ctx->stats.range_reads++;
-        ctx->stats.bytes_fetched += got;
-    }
-    if (got != idx_bytes) {
-        st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
-                    (unsigned long long)got, (unsigned long long)idx_bytes);
-        goto done;
-    }
-    st = zb_shard_index_decode(spec, n, raw, (size_t)got, shard_size, key, entries);
-    if (st != ZB_OK) goto done;
-
+    uint64_t *entries = malloc((size_t)(2 * n * sizeof(uint64_t)));
+    want_entry *want = malloc(cap_want * sizeof *want);
+    size_t nwant = 0;
+    st = entries && want ? ZB_OK : zb_err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
+    if (st == ZB_OK) st = load_index(r, key, shard_size, mem, n, entries);
     uint64_t g[ZB_MAX_DIMS];
-    for (g[0] = lo[0]; g[0] < hi[0]; g[0]++) {
+    for (g[0] = lo[0]; st == ZB_OK && g[0] < hi[0]; g[0]++) {
         for (int d = 1; d < nd; d++) g[d] = lo[d];
         do {
             uint64_t j = 0;
-            for (int d = 0; d < nd; d++) j = j * cps[d] + (g[d] - s[d] * cps[d]);
+            for (int d = 0; d < nd; d++) j = j * u->per_shard[d] + (g[d] - s[d] * u->per_shard[d]);
             if (entries[2 * j] == ZB_SHARD_EMPTY) {
                 fill_box(r, g);
                 continue;
             }
-            want[nwant].off = entries[2 * j];
-            want[nwant].len = entries[2 * j + 1];
+            want[nwant].at = (zb_span){entries[2 * j], entries[2 * j + 1]};
             memcpy(want[nwant].g, g, sizeof g);
             nwant++;
         } while (nd > 1 && next_coord(g, lo, hi, nd));
     }
-    qsort(want, nwant, sizeof *want, cmp_offset);
-
-    /* Coalesce neighbours into merged range reads, then decode each unit from its slice. */
-    for (size_t i = 0; i < nwant;) {
-        uint64_t mstart = want[i].off, mend = want[i].off + want[i].len;
-        size_t k = i + 1;
-        while (k < nwant) {
-            uint64_t e = want[k].off + want[k].len;
-            uint64_t ne = e > mend ? e : mend;
-            if (want[k].off > mend + MERGE_GAP || ne - mstart > MERGE_MAX) break;
-            mend = ne;
-            k++;
-        }
-        const uint8_t *base;
-        if (mem) {
-            base = mem + mstart;
-        } else {
-            uint8_t *enc;
-            st = zb_buf_for_read(&ctx->scratch[SCR_ENC], mstart, (size_t)(mend - mstart), &enc);
-            if (st != ZB_OK) goto done;
-            st = zb_store_get(a->store, key, mstart, mend - mstart, enc, &got);
-            if (st != ZB_OK) goto done;
-            ctx->stats.range_reads++;
-            ctx->stats.bytes_fetched += got;
-            if (got != mend - mstart) {
-                st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", key,
-                            (unsigned long long)got, (unsigned long long)(mend - mstart),
-                            (unsigned long long)mstart);
-                goto done;
-            }
-            base = enc;
-        }
-        for (; i < k; i++) {
-            st = deliver_unit(r, want[i].g, base + (want[i].off - mstart),
-                              (size_t)want[i].len, key);
-            if (st != ZB_OK) {
-                zb_err_context(st, "%s: inner chunk at [%llu, %llu)", key,
-                               (unsigned long long)want[i].off,
-                               (unsigned long long)(want[i].off + want[i].len));
-                goto done;
-            }
-        }
+    if (st == ZB_OK) {
+        qsort(want, nwant, sizeof *want, cmp_offset);
+        st = deliver_wanted(r, key, want, nwant, mem);
     }
-done:
-    free(raw);
     free(entries);
     free(want);
     zb_buf_free(&whole);
@@ -812,7 +724,7 @@ read_zero_dim(read_req *r)
     }
     if (st != ZB_OK) return st;
     uint8_t *enc;
-    ZB_TRY(zb_buf_for_read(&r->ctx->scratch[SCR_ENC], 0, (size_t)size, &enc));
+    ZB_TRY(zb_buf_for_read(&r->ctx->ws.enc, 0, (size_t)size, &enc));
     uint64_t got = 0;
     ZB_TRY(zb_store_get(a->store, key, 0, size, enc, &got));
     r->ctx->stats.range_reads++;
@@ -930,154 +842,3 @@ zb_strings_free(zb_strings *strings)
     memset(strings, 0, sizeof *strings);
 }
 
-/* ------------------------------------------------------------------------------------------- */
-/* Unit-level access for the coalesced reader                                                   */
-/* ------------------------------------------------------------------------------------------- */
-
-uint64_t
-zb_array_unit_bytes(const zb_array *a)
-{
-    uint64_t n = a->meta.itemsize;
-    for (int d = 0; d < a->meta.ndim; d++) n *= a->inner[d];
-    return n;
-}
-
-bool
-zb_array_whole_shard(const zb_array *a)
-{
-    return a->meta.chain.ab == ZB_AB_SHARDING && a->meta.chain.nbb > 0;
-}
-
-zb_status
-zb_array_unit_object(const zb_array *a, const uint64_t *g, char *key, size_t cap, uint64_t *shard,
-                     uint64_t *entry)
-{
-    const zb_array_meta *m = &a->meta;
-    if (m->chain.ab != ZB_AB_SHARDING) {
-        if (entry) *entry = 0;
-        if (shard) memcpy(shard, g, sizeof(uint64_t) * (size_t)m->ndim);
-        return zb_meta_chunk_key(m, a->path, g, key, cap);
-    }
-    uint64_t s[ZB_MAX_DIMS], j = 0;
-    for (int d = 0; d < m->ndim; d++) {
-        uint64_t cps = m->chunks[d] / a->inner[d];
-        s[d] = g[d] / cps;
-        j = j * cps + g[d] % cps;
-    }
-    if (shard) memcpy(shard, s, sizeof(uint64_t) * (size_t)m->ndim);
-    if (entry) *entry = j;
-    return key ? zb_meta_chunk_key(m, a->path, s, key, cap) : ZB_OK;
-}
-
-zb_status
-zb_array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uint64_t **entries,
-                     uint64_t *n_out, bool *missing)
-{
-    const zb_array_meta *m = &a->meta;
-    *entries = NULL;
-    *missing = false;
-    uint64_t n = 1;
-    for (int d = 0; d < m->ndim; d++) n *= m->chunks[d] / a->inner[d];
-    *n_out = n;
-    char key[4600];
-    ZB_TRY(zb_meta_chunk_key(m, a->path, shard, key, sizeof key));
-    uint64_t size = 0;
-    zb_status st = zb_store_size(a->store, key, &size);
-    if (st == ZB_E_NOTFOUND) {
-        zb_clear_error();
-        *missing = true;
-        return ZB_OK;
-    }
-    if (st != ZB_OK) return st;
-    const zb_shard_spec *spec = m->chain.shard;
-    uint64_t idx_bytes = zb_shard_index_nbytes(spec, n);
-    if (size < idx_bytes)
-        return zb_err(ZB_E_TRUNCATED, "%s: shard of %llu bytes is shorter than its %llu-byte "
-                      "index", key, (unsigned long long)size, (unsigned long long)idx_bytes);
-    uint8_t *raw = malloc((size_t)idx_bytes);
-    uint64_t *e = malloc((size_t)(2 * n * sizeof(uint64_t)));
-    if (!raw || !e) {
-        free(raw);
-        free(e);
-        return zb_err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
-    }
-    uint64_t got = 0;
-    st = zb_store_get(a->store, key, spec->index_at_start ? 0 : size - idx_bytes, idx_bytes, raw,
-                      &got);
-    if (st == ZB_OK) {
-        ctx->stats.range_reads++;
-        ctx->stats.bytes_fetched += got;
-        if (got != idx_bytes)
-            st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
-                        (unsigned long long)got, (unsigned long long)idx_bytes);
-    }
-    if (st == ZB_OK) st = zb_shard_index_decode(spec, n, raw, (size_t)got, size, key, e);
-    free(raw);
-    if (st != ZB_OK) {
-        free(e);
-        return st;
-    }
-    *entries = e;
-    return ZB_OK;
-}
-
-zb_status
-zb_array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
-                     uint8_t *dst, const char *key)
-{
-    const zb_array_meta *m = &a->meta;
-    const zb_chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
-    if (c->ab != ZB_AB_BYTES)
-        return zb_err(ZB_E_TYPE, "%s: not a fixed-size array", key);
-    size_t isz = m->itemsize;
-    uint64_t elems = 1;
-    for (int d = 0; d < m->ndim; d++) elems *= a->inner[d];
-    size_t unit_bytes = (size_t)(elems * isz);
-    uint8_t *target = dst;
-    if (c->has_transpose) {
-        ZB_TRY(zb_buf_reserve(&ctx->scratch[SCR_OUT], unit_bytes ? unit_bytes : 1));
-        target = ctx->scratch[SCR_OUT].data;
-    }
-    ZB_TRY(decode_fixed(c, ctx, enc, enc_len, target, elems, isz, key));
-    if (c->has_transpose) {
-        /* gather into logical C order */
-        uint64_t us[ZB_MAX_DIMS], idx[ZB_MAX_DIMS] = {0};
-        unit_strides(a, us);
-        for (uint64_t i = 0; i < elems; i++) {
-            uint64_t src = 0;
-            for (int d = 0; d < m->ndim; d++) src += idx[d] * us[d];
-            memcpy(dst + i * isz, target + src * isz, isz);
-            for (int d = m->ndim - 1; d >= 0; d--) {
-                if (++idx[d] < a->inner[d]) break;
-                idx[d] = 0;
-            }
-        }
-    }
-    return ZB_OK;
-}
-
-bool
-zb_array_unit_raw(const zb_array *a)
-{
-    const zb_array_meta *m = &a->meta;
-    const zb_chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
-    if (m->chain.ab == ZB_AB_SHARDING && (m->chain.nbb > 0 || m->chain.has_transpose))
-        return false;
-    return c->ab == ZB_AB_BYTES && c->nbb == 0 && !c->has_transpose &&
-           (!c->big_endian || m->itemsize == 1);
-}
-
-void
-zb_array_fill_unit(const zb_array *a, uint8_t *dst)
-{
-    size_t isz = a->meta.itemsize;
-    uint64_t elems = 1;
-    for (int d = 0; d < a->meta.ndim; d++) elems *= a->inner[d];
-    bool zero = true;
-    for (size_t k = 0; k < isz; k++) zero = zero && a->meta.fill[k] == 0;
-    if (zero) {
-        memset(dst, 0, (size_t)(elems * isz));
-        return;
-    }
-    for (uint64_t i = 0; i < elems; i++) memcpy(dst + i * isz, a->meta.fill, isz);
-}

@@ -1,8 +1,10 @@
-/* The array handle (internal view). */
+/* The array handle (internal view): the zarr layer's own. Readers outside src/zarr see an
+ * array through zb_array_units and the unit API (unit.h). */
 #ifndef ZB_ZARR_ARRAY_H
 #define ZB_ZARR_ARRAY_H
 
 #include "zarr/meta.h"
+#include "zarr/unit.h"
 #include "zbatch.h"
 
 struct zb_array {
@@ -12,6 +14,7 @@ struct zb_array {
     uint64_t inner[ZB_MAX_DIMS];   /* read-unit chunk shape (inner chunk when sharded) */
     uint64_t row_elems;            /* prod(shape[1:]) */
     uint64_t total_elems;          /* prod(shape), overflow-checked at open */
+    zb_unit_geom units;            /* what readers see of it (zb_array_units) */
 };
 
 /* Opens an array from parsed metadata; takes ownership of *meta (zeroed on return, success or
@@ -19,39 +22,11 @@ struct zb_array {
 zb_status zb_array_open_meta(zb_store *store, const char *path, zb_array_meta *meta,
                              zb_array **out);
 
-/* ---- unit-level access for the coalesced reader --------------------------------------------
- * A unit is the read unit: a chunk, or an inner chunk when sharded. Unit grid coordinates g
- * run over ceil(shape / inner) per axis. */
+/* Fills a->units from the opened array (unit.c). */
+void zb_unit_geom_init(zb_array *a);
 
-/* Decoded bytes of one fixed-size unit: prod(inner) * itemsize. */
-uint64_t zb_array_unit_bytes(const zb_array *a);
-
-/* The key of the object holding unit g (the chunk, or its shard) and, when sharded, the entry
- * number j of g inside its shard and the shard's grid coordinates. For a sharded array `key`
- * may be NULL (entry and shard only, no formatting). */
-zb_status zb_array_unit_object(const zb_array *a, const uint64_t *g, char *key, size_t cap,
-                               uint64_t *shard, uint64_t *entry);
-
-/* Reads and validates the index of the shard at grid coordinates `shard` into a new array of
- * 2n uint64 (offset, nbytes) pairs (free with free()); *missing is set (and *entries NULL) when
- * the shard does not exist. */
-zb_status zb_array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard,
-                               uint64_t **entries, uint64_t *n, bool *missing);
-
-/* True when the array is sharded with bytes->bytes codecs on whole shards (no range reads). */
-bool zb_array_whole_shard(const zb_array *a);
-
-/* Decodes the encoded bytes of one fixed-size unit into dst (zb_array_unit_bytes bytes) in
- * logical C order of the unit, native byte order (transpose and byte swap undone). */
-zb_status zb_array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc,
-                               size_t enc_len, uint8_t *dst, const char *key);
-
-/* True when a unit's stored bytes are its decoded bytes (bytes codec in native order, no
- * transpose, no bytes->bytes codec): any row range of a unit can then be read straight from
- * the object at its byte offset. */
-bool zb_array_unit_raw(const zb_array *a);
-
-/* Writes the fill value over one unit's bytes. */
-void zb_array_fill_unit(const zb_array *a, uint8_t *dst);
+/* Strides (in elements) of each logical axis inside a unit buffer in its stored order: C order
+ * of the unit, or of its transposed form when the chain has a transpose (unit.c). */
+void zb_unit_strides(const zb_array *a, uint64_t *s);
 
 #endif

@@ -33,12 +33,24 @@ typedef struct zb_codec {
     int acceleration; /* lz4 */
 } zb_codec;
 
-/* Per-thread state: lazily created decompression contexts, scratch buffers and counters. */
+/* A thread's reused buffers, one per use, so no two layers can ever hand out the same one.
+ * Each grows to the largest use seen and lives as long as the context. */
+typedef struct zb_workspace {
+    zb_buf enc;       /* zarr (array.c): encoded bytes of a unit or merged range being read */
+    zb_buf stage[2];  /* zarr (unit.c): bytes->bytes codec stages before the last (ping-pong) */
+    zb_buf decoded;   /* zarr: a unit decoded outside the destination (transpose, padding) */
+    zb_buf items;     /* zarr: the item table of a vlen-utf8 unit */
+    zb_buf unit;      /* reader: a unit decoded for copies that take part of it */
+    zb_buf fetch;     /* reader: fetched bytes when the store offers no view */
+    zb_buf packed;    /* convert (gather.c): packed rows of one output chunk */
+} zb_workspace;
+
+/* Per-thread state: lazily created decompression contexts, named workspaces and counters. */
 struct zb_ctx {
     void *zstd_dctx;    /* ZSTD_DCtx */
     void *zstd_cctx;    /* ZSTD_CCtx */
     void *deflate_d;    /* struct libdeflate_decompressor */
-    zb_buf scratch[6];  /* reused buffers: 0-3 the array layer, 4-5 the coalesced reader */
+    zb_workspace ws;
     zb_ctx_stats stats;
 };
 

@@ -188,8 +188,10 @@ zb_ctx_free(zb_ctx *ctx)
     ZSTD_freeDCtx(ctx->zstd_dctx);
     ZSTD_freeCCtx(ctx->zstd_cctx);
     libdeflate_free_decompressor(ctx->deflate_d);
-    for (size_t i = 0; i < sizeof ctx->scratch / sizeof ctx->scratch[0]; i++)
-        zb_buf_free(&ctx->scratch[i]);
+    zb_workspace *w = &ctx->ws;
+    zb_buf *bufs[] = {&w->enc, &w->stage[0], &w->stage[1], &w->decoded, &w->items, &w->unit,
+                      &w->fetch, &w->packed};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) zb_buf_free(bufs[i]);
     free(ctx);
 }
 

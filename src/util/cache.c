@@ -1,10 +1,12 @@
 /* A byte-bounded LRU cache of decoded units (and of shard indexes), keyed by (owner, number).
  * One mutex guards it: a lookup is a hash probe plus one memcpy, which is small next to the
  * decode it saves. */
+#include "util/cache.h"
+
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dataset/dataset.h"
 #include "util/status.h"
 
 typedef struct entry {

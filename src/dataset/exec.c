@@ -1,0 +1,1177 @@
+/* Executing a plan (DESIGN.md §3, step 3): its tasks run on the dataset's pool (inline when
+ * the work is small), each serving the copies of its units: a unit is found (cache, shard
+ * index), fetched (a view, or a read), decoded once through the zarr unit API (straight into
+ * the batch when it maps onto one contiguous run of it, else into the thread's `unit`
+ * workspace) and copied out, converted and re-based as the rows land.
+ *
+ * Two ways to fetch. A store served in place (file, memory: zb_unit_lists_ranges false) keeps
+ * each task's reads on the thread that decodes them: a view of a mapped file, or pread. A store
+ * that reads lists itself (a remote backend) gets the window's reads in one zb_store_get_ranges
+ * call on the calling thread (listed path, below): each task first serves what needs no fetch
+ * and lists the rest, and as each range completes its units go to the pool to be decoded, so
+ * decoding starts with the first bytes, not after the slowest range. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataset/read_int.h"
+#include "util/status.h"
+#include "util/stream.h"
+#include "util/vecloop.h"
+#include "zarr/shard.h"
+
+/* ---- execution ---------------------------------------------------------------------------- */
+
+static zb_status
+task_fail(task *t, zb_status st)
+{
+    t->st = st;
+    t->msg = strdup(zb_last_error()); /* NULL when out of memory: the status alone is told */
+    return st;
+}
+
+/* Whether the unit at g spans every other axis exactly, so its rows are whole batch rows. */
+static bool
+unit_spans_rows(const zb_unit_geom *u, const uint64_t *g)
+{
+    for (int d = 1; d < u->ndim; d++)
+        if (u->inner[d] != u->shape[d] || g[d] != 0) return false;
+    return true;
+}
+
+/* n lines of nb bytes, line r from u + r*us to o + r*os, with a fixed-size move for the common
+ * widths (a call into memcpy per short line was most of the copying of small samples and of
+ * nvalchemi's column chunks). */
+static inline void
+copy_lines(uint8_t *o, size_t os, const uint8_t *u, size_t us, uint64_t n, size_t nb)
+{
+#define ZB_COPY_LINES(W)                                                                         \
+    for (uint64_t r = 0; r < n; r++, u += us, o += os) memcpy(o, u, W);                          \
+    break
+    switch (nb) {
+    case 1: ZB_COPY_LINES(1);
+    case 2: ZB_COPY_LINES(2);
+    case 4: ZB_COPY_LINES(4);
+    case 8: ZB_COPY_LINES(8);
+    case 12: ZB_COPY_LINES(12);
+    case 16: ZB_COPY_LINES(16);
+    case 24: ZB_COPY_LINES(24);
+    case 32: ZB_COPY_LINES(32);
+    case 48: ZB_COPY_LINES(48);
+    case 64: ZB_COPY_LINES(64);
+    default: ZB_COPY_LINES(nb);
+    }
+#undef ZB_COPY_LINES
+}
+
+/* Whether the tasks re-base field f's rows as they land. */
+static inline bool
+rebased_here(const plan *p, uint32_t f)
+{
+    return p->rb && p->rb[f].in_tasks;
+}
+
+/* Whether child c's values of field f are converted as they land (a collection's categorical
+ * codes: another width, or through its table, merge.c; narrow stored values widened to the
+ * delivered dtype, widen.c), and the table (NULL: none). A converted field loses the paths
+ * that land stored bytes in the batch as they are (a unit decoded straight into it, raw rows
+ * read into it): its units decode into per-thread scratch and zb_values_convert copies them out
+ * while they are hot in cache. */
+static inline bool
+converted(const plan *p, uint32_t f, uint32_t c, const int64_t **lut, uint64_t *nlut)
+{
+    *lut = NULL;
+    *nlut = 0;
+    if (p->ds->maps) *lut = zb_dataset_lut(p->ds, f, c, nlut);
+    return *lut || child_of(p->ds, c)->fields[f].dtype != p->b->fields[f].dtype;
+}
+
+/* Bytes of rows of field f into the batch: streamed past the cache when the batch outgrows it,
+ * unless the task re-bases them next (they are read again at once). */
+static inline void
+put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
+{
+    if (p->stream && !rebased_here(p, f))
+        zb_stream_copy(dst, src, n);
+    else
+        memcpy(dst, src, n);
+}
+
+/* Copies rows [src_row, src_row+n) of a decoded unit at unit coordinates g (logical C order,
+ * shape u->inner) that covers part of the other axes (serve_unit moves units holding whole
+ * rows itself) into the batch rows starting at dst_row. */
+static void
+copy_rows(const zb_unit_geom *u, const bfield *bf, const uint8_t *unit, const uint64_t *g,
+          uint64_t src_row, uint64_t dst_row, uint64_t n)
+{
+    int nd = u->ndim;
+    size_t isz = bf->itemsize;
+    if (nd == 2) {
+        /* a unit of some columns of each row (nvalchemi's column chunks, [rows, 1]): one short
+         * line per row, copied with a fixed-size move where the width allows */
+        uint64_t lo1 = g[1] * u->inner[1], hi1 = lo1 + u->inner[1];
+        if (hi1 > u->shape[1]) hi1 = u->shape[1];
+        size_t nb = (size_t)((hi1 - lo1) * isz);
+        size_t us = (size_t)(u->inner[1] * isz), os = (size_t)(bf->row_elems * isz);
+        copy_lines(bf->data + dst_row * os + lo1 * isz, os, unit + src_row * us, us, n, nb);
+        return;
+    }
+    /* general: the unit covers a box of the other axes; copy it line by line (last axis) */
+    uint64_t lo[ZB_MAX_DIMS], ext[ZB_MAX_DIMS], ostride[ZB_MAX_DIMS], ustride[ZB_MAX_DIMS];
+    uint64_t s = 1, us = 1; /* us ends as the unit's elements per row */
+    for (int d = nd - 1; d >= 1; d--) {
+        ostride[d] = s;
+        s *= u->shape[d];
+        ustride[d] = us;
+        us *= u->inner[d];
+        lo[d] = g[d] * u->inner[d];
+        uint64_t hi = lo[d] + u->inner[d];
+        if (hi > u->shape[d]) hi = u->shape[d];
+        ext[d] = hi - lo[d];
+    }
+    for (uint64_t r = 0; r < n; r++) {
+        const uint8_t *urow = unit + (src_row + r) * us * isz;
+        uint8_t *orow = bf->data + (dst_row + r) * bf->row_elems * isz;
+        uint64_t idx[ZB_MAX_DIMS] = {0};
+        for (;;) {
+            uint64_t ui = 0, oi = 0;
+            for (int d = 1; d < nd - 1; d++) {
+                ui += idx[d] * ustride[d];
+                oi += (lo[d] + idx[d]) * ostride[d];
+            }
+            oi += lo[nd - 1];
+            memcpy(orow + oi * isz, urow + ui * isz, (size_t)(ext[nd - 1] * isz));
+            int d = nd - 2;
+            for (; d >= 1; d--) {
+                if (++idx[d] < ext[d]) break;
+                idx[d] = 0;
+            }
+            if (d < 1) break;
+        }
+    }
+}
+
+/* The largest sample i with rows[i] <= row (rows: a batch pointer of n samples, row < rows[n]):
+ * the sample holding batch row `row` (empty samples are skipped over). */
+static size_t
+sample_of(const int64_t *rows, size_t n, uint64_t row)
+{
+    size_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)rows[mid] <= row)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Re-bases rows [r0, r1) x columns [c0, c1) of an index field's batch buffer, all of sample i:
+ * v + d in one branch-free pass that keeps the range of v; a range outside [lo, lo + len), or
+ * a result past INT32_MAX for int32, undoes the shift and returns false. Vectorised
+ * (ZB_VECTOR_LOOP: AVX2 where the CPU has it, as SSE2 has no 64-bit compare; 6.4% of an atoms
+ * read scalar, 1.8% so). */
+#define ZB_SHIFT_SPAN(T, UT)                                                                     \
+    ZB_VECTOR_LOOP static bool shift_span_##T(T *base, uint64_t re, uint64_t r0, uint64_t r1, uint64_t c0,     \
+                               uint64_t c1, int64_t d, int64_t lo, int64_t len)                 \
+    {                                                                                            \
+        uint64_t rows = r1 - r0, w = c1 - c0;                                                    \
+        if (c0 == 0 && c1 == re) { /* whole rows: one run */                                     \
+            w *= rows;                                                                           \
+            rows = 1;                                                                            \
+        }                                                                                        \
+        T mn = base[r0 * re + c0], mx = mn;                                                      \
+        for (uint64_t r = 0; r < rows; r++) {                                                    \
+            T *v = base + (r0 + r) * re + c0;                                                    \
+            for (uint64_t k = 0; k < w; k++) {                                                   \
+                T x = v[k];                                                                      \
+                mn = x < mn ? x : mn;                                                            \
+                mx = x > mx ? x : mx;                                                            \
+                v[k] = (T)((UT)x + (UT)d);                                                       \
+            }                                                                                    \
+        }                                                                                        \
+        /* mn >= lo >= 0 first: then mx - lo and mx + d cannot overflow int64 */                \
+        if (mn >= lo && mx - lo < len && (sizeof(T) == 8 || (int64_t)mx + d <= INT32_MAX))      \
+            return true;                                                                         \
+        for (uint64_t r = 0; r < rows; r++) {                                                    \
+            T *v = base + (r0 + r) * re + c0;                                                    \
+            for (uint64_t k = 0; k < w; k++) v[k] = (T)((UT)v[k] - (UT)d);                       \
+        }                                                                                        \
+        return false;                                                                            \
+    }
+ZB_SHIFT_SPAN(int64_t, uint64_t)
+ZB_SHIFT_SPAN(int32_t, uint32_t)
+#undef ZB_SHIFT_SPAN
+
+/* The error for the first value of rows [r0, r1) x columns [c0, c1) of sample i (values as
+ * stored) that lies outside the sample's target rows, or whose batch row does not fit int32. */
+static zb_status
+rebase_error(const plan *p, uint32_t f, size_t i, uint64_t r0, uint64_t r1, uint64_t c0,
+             uint64_t c1)
+{
+    const rebase *r = &p->rb[f];
+    const bfield *bf = &p->b->fields[f];
+    const zb_dataset *ch = child_of(p->ds, p->child[i]);
+    const zb_field *fd = &ch->fields[f];
+    bool wide = bf->dtype == ZB_DT_INT64;
+    for (uint64_t row = r0; row < r1; row++)
+        for (uint64_t k = row * bf->row_elems + c0; k < row * bf->row_elems + c1; k++) {
+            int64_t x = wide ? ((const int64_t *)(const void *)bf->data)[k]
+                             : ((const int32_t *)(const void *)bf->data)[k];
+            if (x < r->lo[i] || x - r->lo[i] >= r->len[i]) {
+                /* x - lo as the store meant it; reported, never used */
+                long long local = (long long)((uint64_t)x - (uint64_t)r->lo[i]);
+                return zb_err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field "
+                              "%s: value %lld is outside its %lld atoms (stored %s)",
+                              zb_dataset_name(ch), (unsigned long long)p->b->index[i], i,
+                              fd->name, local, (long long)r->len[i],
+                              fd->global_index ? "store-global" : "local");
+            }
+            if (!wide && x + r->shift[i] > INT32_MAX)
+                return zb_err(ZB_E_OVERFLOW, "%s: batch index %lld does not fit int32", fd->name,
+                              (long long)(x + r->shift[i]));
+        }
+    return zb_err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field %s: bad "
+                  "index values", zb_dataset_name(ch), (unsigned long long)p->b->index[i], i,
+                  fd->name);
+}
+
+/* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f, sample by sample (a
+ * copy may span several): in the tasks, the rows one copy has just written (still in cache);
+ * after them, every row of a field the tasks do not re-base. */
+static zb_status
+rebase_rows(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0, uint64_t c1)
+{
+    const rebase *r = &p->rb[f];
+    bfield *bf = &p->b->fields[f];
+    uint64_t re = bf->row_elems, end = row0 + nrows;
+    for (size_t i = nrows ? sample_of(r->rows, p->n, row0) : p->n; i < p->n; i++) {
+        uint64_t a = (uint64_t)r->rows[i] > row0 ? (uint64_t)r->rows[i] : row0;
+        uint64_t e = (uint64_t)r->rows[i + 1] < end ? (uint64_t)r->rows[i + 1] : end;
+        if (a >= end) break;
+        if (a >= e) continue;
+        bool ok = bf->dtype == ZB_DT_INT64
+                      ? shift_span_int64_t((int64_t *)(void *)bf->data, re, a, e, c0, c1,
+                                           r->shift[i], r->lo[i], r->len[i])
+                      : shift_span_int32_t((int32_t *)(void *)bf->data, re, a, e, c0, c1,
+                                           r->shift[i], r->lo[i], r->len[i]);
+        if (!ok) return rebase_error(p, f, i, a, e, c0, c1);
+    }
+    return ZB_OK;
+}
+
+/* Unit g of array a in `target` (unit_bytes): from the decoded-chunk cache, as fill when
+ * `missing`, else decoded from `enc` (fetched here when NULL: the cache evicted it since
+ * unit_cached() was asked; `entry` is then its (offset, nbytes) in the shard object `key`, or
+ * NULL when `key` is the unit's own object). */
+static zb_status
+unit_into(exec *x, const zb_array *a, const uint64_t *g, const uint8_t *enc, size_t enc_len,
+          bool missing, const char *key, const uint64_t *entry, uint8_t *target)
+{
+    const zb_unit_geom *u = zb_array_units(a);
+    size_t unit_bytes = (size_t)u->unit_bytes;
+    uint64_t grid_lin = zb_unit_linear(u, g);
+    zb_cache *cache = x->p->ds->cache;
+    if (cache && zb_cache_get(cache, a, grid_lin, target, unit_bytes)) {
+        x->t->stats.chunks_cached++;
+        return ZB_OK;
+    }
+    void *tok = NULL;
+    if (!enc && !missing) {
+        if (entry) {
+            ZB_TRY(zb_unit_fetch(a, key, entry[0], entry[1], &x->ctx->ws.fetch, &enc, &tok,
+                                 &x->t->stats));
+            enc_len = (size_t)entry[1];
+        } else {
+            ZB_TRY(zb_unit_fetch_whole(a, key, &x->ctx->ws.fetch, &enc, &enc_len, &missing, &tok,
+                                       &x->t->stats));
+        }
+    }
+    if (missing) {
+        zb_array_fill_unit(a, target);
+        x->t->stats.chunks_filled++;
+        return ZB_OK;
+    }
+    uint64_t before = x->ctx->stats.bytes_decoded;
+    zb_status st = zb_array_decode_unit(a, x->ctx, enc, enc_len, target, key);
+    zb_store_release(u->store, tok);
+    if (st != ZB_OK) return st;
+    x->t->stats.chunks_decoded++;
+    x->t->stats.bytes_decoded += x->ctx->stats.bytes_decoded - before;
+    if (cache) zb_cache_put(cache, a, grid_lin, target, unit_bytes);
+    return ZB_OK;
+}
+
+/* Copies the rows of copies [c0, c1) out of decoded unit g (in `unit`, not the batch) into the
+ * batch, converted when `conv`, re-based when the tasks re-base the field; *rows: rows
+ * delivered. */
+static zb_status
+copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, bool conv,
+         const int64_t *lut, uint64_t nlut, uint64_t row_bytes, uint64_t *rows)
+{
+    plan *p = x->p;
+    const copy *cp = &p->copies[c0];
+    const zb_field *f = &child_of(p->ds, cp->child)->fields[cp->field];
+    const zb_unit_geom *u = zb_array_units(f->arr);
+    bfield *bf = &p->b->fields[cp->field];
+    bool reb = rebased_here(p, cp->field);
+    /* the unit's columns of each row (re-based here only when 2-d, plan_rebase) */
+    bool whole = unit_spans_rows(u, g);
+    uint64_t lo1 = 0, hi1 = bf->row_elems;
+    if (!conv && !whole) {
+        lo1 = u->ndim == 2 ? g[1] * u->inner[1] : 0;
+        hi1 = lo1 + (u->ndim == 2 ? u->inner[1] : 0);
+        if (hi1 > bf->row_elems) hi1 = bf->row_elems;
+    }
+    for (size_t i = c0; i < c1; i++) {
+        const copy *c = &p->copies[i];
+        if (conv) {
+            /* values converted in the copy (1-d fields only: units hold whole rows) */
+            ZB_TRY(zb_values_convert(bf->data + c->dst_row * bf->itemsize, bf->dtype,
+                                     unit + c->src_row * f->itemsize, f->dtype, c->nrows, lut,
+                                     nlut, u->path));
+        } else if (whole) {
+            /* the unit holds whole batch rows: one move per copy, fixed-size for short rows */
+            size_t rb = (size_t)row_bytes;
+            uint8_t *o = bf->data + c->dst_row * rb;
+            const uint8_t *src = unit + c->src_row * rb;
+            if (c->nrows == 1)
+                copy_lines(o, 0, src, 0, 1, rb);
+            else
+                put_bytes(p, c->field, o, src, (size_t)c->nrows * rb);
+        } else {
+            copy_rows(u, bf, unit, g, c->src_row, c->dst_row, c->nrows);
+        }
+        *rows += c->nrows;
+        if (reb) ZB_TRY(rebase_rows(p, c->field, c->dst_row, c->nrows, lo1, hi1));
+    }
+    return ZB_OK;
+}
+
+/* Serves the copies [c0, c1) — all of one unit row of one field and child — from the unit at
+ * coordinates g (g[0] = the row). `enc` holds its encoded bytes, or NULL when the unit is
+ * missing (fill) or found in the decoded-chunk cache (see unit_into for `entry`). A unit that
+ * one copy covers whole and unpadded is decoded straight into the batch. */
+static zb_status
+serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc, size_t enc_len,
+           bool missing, const char *key, const uint64_t *entry)
+{
+    plan *p = x->p;
+    const copy *cp = &p->copies[c0];
+    const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
+    const zb_unit_geom *u = zb_array_units(a);
+    bfield *bf = &p->b->fields[cp->field];
+    const int64_t *lut;
+    uint64_t nlut;
+    bool conv = converted(p, cp->field, cp->child, &lut, &nlut);
+    bool direct = !conv && c1 - c0 == 1 && cp->src_row == 0 && cp->nrows == u->inner[0] &&
+                  u->spans_rows;
+    uint8_t *target;
+    if (direct) {
+        target = bf->data + cp->dst_row * bf->row_elems * bf->itemsize;
+    } else {
+        size_t unit_bytes = (size_t)u->unit_bytes;
+        ZB_TRY(zb_buf_reserve(&x->ctx->ws.unit, unit_bytes ? unit_bytes : 1));
+        target = x->ctx->ws.unit.data;
+    }
+    ZB_TRY(unit_into(x, a, g, enc, enc_len, missing, key, entry, target));
+    uint64_t row_bytes = bf->itemsize; /* of this unit's part of a row */
+    for (int d = 1; d < u->ndim; d++) {
+        uint64_t lo = g[d] * u->inner[d], hi = lo + u->inner[d];
+        row_bytes *= (hi > u->shape[d] ? u->shape[d] : hi) - lo;
+    }
+    uint64_t rows = 0;
+    if (direct) {
+        rows = cp->nrows;
+        if (rebased_here(p, cp->field))
+            ZB_TRY(rebase_rows(p, cp->field, cp->dst_row, cp->nrows, 0, bf->row_elems));
+    } else {
+        ZB_TRY(copy_out(x, c0, c1, g, target, conv, lut, nlut, row_bytes, &rows));
+    }
+    x->t->stats.bytes_delivered += rows * row_bytes;
+    return ZB_OK;
+}
+
+/* Odometer over the unit coordinates of axes 1..nd-1. */
+static bool
+next_other(uint64_t *g, const uint64_t *grid, int nd)
+{
+    for (int d = nd - 1; d >= 1; d--) {
+        if (++g[d] < grid[d]) return true;
+        g[d] = 0;
+    }
+    return false;
+}
+
+static zb_status
+truncated(const char *key, uint64_t got, uint64_t want, uint64_t off)
+{
+    return zb_err(ZB_E_TRUNCATED, "%s: holds %llu of the %llu bytes at offset %llu", key,
+                  (unsigned long long)got, (unsigned long long)want, (unsigned long long)off);
+}
+
+/* Copies [c0, c1) of a raw unit of array a out of `src`, which holds the unit's stored bytes
+ * from byte s0 on, into the batch (converted as they land for a converted field);
+ * *delivered: the bytes delivered. */
+static zb_status
+raw_copy_out(exec *x, const zb_unit_geom *u, bfield *bf, size_t c0, size_t c1,
+             const uint8_t *src, uint64_t s0, uint64_t *delivered)
+{
+    const copy *cp = &x->p->copies[c0];
+    const int64_t *lut;
+    uint64_t nlut;
+    bool conv = converted(x->p, cp->field, cp->child, &lut, &nlut);
+    uint64_t srb = u->row_elems * u->itemsize, drb = bf->row_elems * bf->itemsize;
+    uint64_t total = 0;
+    for (size_t i = c0; i < c1; i++) {
+        const copy *c = &x->p->copies[i];
+        uint64_t n = c->nrows * drb;
+        uint8_t *to = bf->data + c->dst_row * drb;
+        const uint8_t *from = src + (c->src_row * srb - s0);
+        if (conv)
+            ZB_TRY(zb_values_convert(to, bf->dtype, from, u->dtype, c->nrows * bf->row_elems,
+                                  lut, nlut, u->path));
+        else
+            put_bytes(x->p, c->field, to, from, (size_t)n);
+        total += n;
+        if (rebased_here(x->p, c->field))
+            ZB_TRY(rebase_rows(x->p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+    }
+    x->t->stats.bytes_delivered += total;
+    if (delivered) *delivered = total;
+    return ZB_OK;
+}
+
+/* Serves the copies [c0, c1) of one raw unit (zb_unit_geom.raw_rows) that starts at byte
+ * `base` of the object `key` (0 for a chunk object, the inner chunk's offset in a shard): from
+ * `obj` (the caller's view of the whole object) or a view of the store, else with reads merged
+ * under ZB_MERGE_RAW_ROWS (copies come sorted by source row) into scratch, a lone copy read
+ * straight into the batch. ZB_E_NOTFOUND (error cleared) when a chunk object does not exist. */
+static zb_status
+serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const uint8_t *obj,
+          uint64_t obj_len)
+{
+    plan *p = x->p;
+    const copy *cp = &p->copies[c0];
+    const zb_unit_geom *u = field_units(p, cp->field, cp->child);
+    bfield *bf = &p->b->fields[cp->field];
+    uint64_t row_bytes = u->row_elems * u->itemsize; /* as stored */
+    const int64_t *lut;
+    uint64_t nlut;
+    bool conv = converted(p, cp->field, cp->child, &lut, &nlut);
+    /* a view of the bytes (a mapped file): every copy straight from it, no read calls */
+    uint64_t lo = p->copies[c0].src_row * row_bytes, hi = lo;
+    for (size_t i = c0; i < c1; i++) {
+        uint64_t e = (p->copies[i].src_row + p->copies[i].nrows) * row_bytes;
+        if (e > hi) hi = e;
+    }
+    const uint8_t *view = NULL;
+    uint64_t got = 0;
+    void *tok = NULL;
+    zb_status vs;
+    if (obj) { /* the caller's view of the whole object */
+        uint64_t at = base + lo < obj_len ? base + lo : obj_len, left = obj_len - at;
+        vs = ZB_OK;
+        view = obj + at;
+        got = left < hi - lo ? left : hi - lo;
+    } else {
+        vs = zb_store_view(u->store, key, base + lo, hi - lo, &view, &got, &tok);
+    }
+    if (vs == ZB_OK) {
+        if (got != hi - lo) {
+            zb_store_release(u->store, tok);
+            return truncated(key, got, hi - lo, base + lo);
+        }
+        /* only the delivered bytes of a view are touched: they are what is fetched */
+        uint64_t n = 0;
+        zb_status st = raw_copy_out(x, u, bf, c0, c1, view, lo, &n);
+        zb_store_release(u->store, tok);
+        if (st != ZB_OK) return st;
+        n = n / (bf->row_elems * bf->itemsize) * row_bytes; /* delivered rows, as stored */
+        x->t->stats.bytes_fetched += n;
+        x->t->stats.bytes_decoded += n;
+        x->t->stats.range_reads++;
+        x->t->stats.chunks_decoded++;
+        return ZB_OK;
+    }
+    if (vs == ZB_E_NOTFOUND && base == 0) {
+        zb_clear_error();
+        return ZB_E_NOTFOUND;
+    }
+    if (vs != ZB_E_UNSUPPORTED) return vs;
+    zb_clear_error();
+    for (size_t i = c0; i < c1;) {
+        uint64_t s0 = p->copies[i].src_row * row_bytes;
+        uint64_t e0 = s0 + p->copies[i].nrows * row_bytes;
+        size_t k = i + 1;
+        for (; k < c1; k++)
+            if (!zb_merge_joins(ZB_MERGE_RAW_ROWS, s0, &e0, p->copies[k].src_row * row_bytes,
+                                p->copies[k].nrows * row_bytes))
+                break;
+        uint64_t off = base + s0, len = e0 - s0;
+        uint8_t *to = bf->data + p->copies[i].dst_row * bf->row_elems * bf->itemsize;
+        /* a destination a few bytes off the source modulo the page slows the kernel's copy
+         * several-fold (zb_buf_for_read): such a lone copy goes through scratch too, as do
+         * converted values */
+        uintptr_t skew = ((uintptr_t)to - (uintptr_t)off) & 4095;
+        bool direct = !conv && k == i + 1 && (skew == 0 || (skew >= 64 && skew <= 4096 - 64));
+        if (!direct) ZB_TRY(zb_buf_for_read(&x->ctx->ws.fetch, off, (size_t)len, &to));
+        got = 0;
+        zb_status st = zb_store_get(u->store, key, off, len, to, &got);
+        if (st == ZB_E_NOTFOUND && i == c0 && base == 0) {
+            zb_clear_error();
+            return ZB_E_NOTFOUND;
+        }
+        if (st != ZB_OK) return st;
+        if (got != len) return truncated(key, got, len, off);
+        x->t->stats.range_reads++;
+        x->t->stats.bytes_fetched += len;
+        x->t->stats.bytes_decoded += len;
+        if (!direct) {
+            ZB_TRY(raw_copy_out(x, u, bf, i, k, to, s0, NULL));
+        } else {
+            x->t->stats.bytes_delivered += len;
+            const copy *c = &p->copies[i];
+            if (rebased_here(p, c->field))
+                ZB_TRY(rebase_rows(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+        }
+        i = k;
+    }
+    x->t->stats.chunks_decoded++;
+    return ZB_OK;
+}
+
+/* A unit already in the decoded-chunk cache needs no fetch (serve_unit copies it out). */
+static bool
+unit_cached(exec *x, const zb_array *a, const uint64_t *g)
+{
+    return x->p->ds->cache &&
+           zb_cache_contains(x->p->ds->cache, a, zb_unit_linear(zb_array_units(a), g));
+}
+
+/* A unit a task must fetch: its bytes in the object, the copies it serves, its coordinates. */
+typedef struct want {
+    zb_span at; /* first: zb_merge_next reads wants as spans */
+    size_t c0, c1;
+    uint64_t g[ZB_MAX_DIMS];
+} want;
+
+static int
+cmp_want(const void *x, const void *y)
+{
+    const want *a = x, *b = y;
+    return a->at.off < b->at.off ? -1 : a->at.off > b->at.off;
+}
+
+/* The units of a task still to fetch (sorted by offset for a shard task), their object `key`
+ * (a shard task's one shard; a plain task's units are each their own object). */
+typedef struct wants {
+    want *w;
+    size_t n;
+    bool now; /* plain: fetch and serve each unit as it is met instead (nothing listed) */
+    char key[4600];
+} wants;
+
+/* Fetches plain unit g (its object, whole: a view, or one read) and serves copies [c0, c1). */
+static zb_status
+plain_one(exec *x, const zb_array *a, const uint64_t *g, size_t c0, size_t c1, char *key,
+          size_t cap)
+{
+    ZB_TRY(zb_array_unit_object(a, g, key, cap, NULL, NULL));
+    const uint8_t *data = NULL;
+    size_t len = 0;
+    bool missing = false;
+    void *tok = NULL;
+    ZB_TRY(zb_unit_fetch_whole(a, key, &x->ctx->ws.fetch, &data, &len, &missing, &tok,
+                               &x->t->stats));
+    zb_status st = serve_unit(x, c0, c1, g, data, len, missing, key, NULL);
+    zb_store_release(zb_array_units(a)->store, tok);
+    return st;
+}
+
+/* The unit rows [c0, c1) of a plain (unsharded) array: raw rows and cached units are served
+ * at once, and so is every unit when ws->now (fetched as met); else the units to fetch are
+ * listed in *ws (at: the whole object, up to zb_unit_fetch_bound bytes). */
+static zb_status
+plain_collect(exec *x, size_t c0, size_t c1, wants *ws)
+{
+    plan *p = x->p;
+    const copy *cp = &p->copies[c0];
+    const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
+    const zb_unit_geom *u = zb_array_units(a);
+    uint64_t row_units = zb_unit_row_units(u), rows = 0;
+    for (size_t i = c0; i < c1; i++) rows += i == c0 || p->copies[i].unit != p->copies[i - 1].unit;
+    ws->n = 0;
+    ws->w = ws->now ? NULL : malloc((size_t)(rows * row_units) * sizeof *ws->w + 1);
+    if (!ws->now && !ws->w) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+    for (size_t i = c0, j; i < c1; i = j) {
+        for (j = i + 1; j < c1 && p->copies[j].unit == p->copies[i].unit; j++) {}
+        uint64_t g[ZB_MAX_DIMS] = {0};
+        g[0] = p->copies[i].unit;
+        if (u->raw_rows) { /* serve_raw converts as it copies */
+            ZB_TRY(zb_array_unit_object(a, g, ws->key, sizeof ws->key, NULL, NULL));
+            zb_status st = serve_raw(x, i, j, ws->key, 0, NULL, 0);
+            if (st == ZB_E_NOTFOUND) st = serve_unit(x, i, j, g, NULL, 0, true, ws->key, NULL);
+            ZB_TRY(st);
+            continue;
+        }
+        do {
+            if (unit_cached(x, a, g)) {
+                ZB_TRY(zb_array_unit_object(a, g, ws->key, sizeof ws->key, NULL, NULL));
+                ZB_TRY(serve_unit(x, i, j, g, NULL, 0, false, ws->key, NULL));
+                continue;
+            }
+            if (ws->now) {
+                ZB_TRY(plain_one(x, a, g, i, j, ws->key, sizeof ws->key));
+                continue;
+            }
+            want *w = &ws->w[ws->n++];
+            *w = (want){.at = {0, zb_unit_fetch_bound(a)}, .c0 = i, .c1 = j};
+            memcpy(w->g, g, sizeof g);
+        } while (u->ndim > 1 && next_other(g, u->grid, u->ndim));
+    }
+    return ZB_OK;
+}
+
+/* One task's unit rows of one shard (raw: `obj` a view of the whole shard, or NULL) served
+ * from the index entries [e_lo, ...) of the task: empty entries as fill, raw and cached units
+ * at once, the rest listed in *ws. */
+static zb_status
+shard_walk(exec *x, size_t c0, size_t c1, const uint64_t *entries, uint64_t e_lo,
+           const uint8_t *obj, uint64_t obj_len, wants *ws)
+{
+    plan *p = x->p;
+    const zb_array *a = child_of(p->ds, p->copies[c0].child)->fields[p->copies[c0].field].arr;
+    const zb_unit_geom *u = zb_array_units(a);
+    const char *key = ws->key;
+    zb_status st = ZB_OK;
+    for (size_t i = c0, j; i < c1 && st == ZB_OK; i = j) {
+        for (j = i + 1; j < c1 && p->copies[j].unit == p->copies[i].unit; j++) {}
+        uint64_t g[ZB_MAX_DIMS] = {0};
+        g[0] = p->copies[i].unit;
+        do {
+            uint64_t e;
+            st = zb_array_unit_object(a, g, NULL, 0, NULL, &e); /* key: the task's shard */
+            if (st != ZB_OK) break;
+            const uint64_t *ent = &entries[2 * (e - e_lo)]; /* the task's part of the index */
+            if (ent[0] == ZB_SHARD_EMPTY) {
+                st = serve_unit(x, i, j, g, NULL, 0, true, key, NULL);
+            } else if (u->raw_rows) {
+                if (ent[1] != u->unit_bytes)
+                    st = zb_err(ZB_E_CORRUPT, "%s: inner chunk at offset %llu holds %llu bytes, "
+                                "expected %llu", key, (unsigned long long)ent[0],
+                                (unsigned long long)ent[1], (unsigned long long)u->unit_bytes);
+                else
+                    st = serve_raw(x, i, j, key, ent[0], obj, obj_len);
+            } else if (unit_cached(x, a, g)) {
+                /* a cached inner chunk needs neither a range read nor a decode */
+                st = serve_unit(x, i, j, g, NULL, 0, false, key, ent);
+            } else {
+                want *w = &ws->w[ws->n++];
+                *w = (want){.at = {ent[0], ent[1]}, .c0 = i, .c1 = j};
+                memcpy(w->g, g, sizeof g);
+            }
+        } while (st == ZB_OK && u->ndim > 1 && next_other(g, u->grid, u->ndim));
+    }
+    return st;
+}
+
+/* The unit rows [c0, c1) of one shard of a sharded array whose shards span every other axis:
+ * one index lookup (through the dataset's index cache); raw, empty and cached units served at
+ * once; the units to fetch listed in *ws, sorted by offset. */
+static zb_status
+shard_collect(exec *x, size_t c0, size_t c1, wants *ws)
+{
+    plan *p = x->p;
+    const copy *cp = &p->copies[c0];
+    const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
+    const zb_unit_geom *u = zb_array_units(a);
+    /* the task's unit rows, and the index entries they cover: the shard's inner chunks are
+     * numbered in C order, so rows [r_lo, r_hi] of it hold entries [r_lo * m, (r_hi + 1) * m)
+     * with m the inner chunks per row */
+    size_t rows_u = 0;
+    uint64_t u_lo = UINT64_MAX, u_hi = 0;
+    for (size_t i = c0; i < c1; i++) {
+        uint64_t r = p->copies[i].unit;
+        if (i == c0 || r != p->copies[i - 1].unit) rows_u++;
+        if (r < u_lo) u_lo = r;
+        if (r > u_hi) u_hi = r;
+    }
+    uint64_t cps0 = u->per_shard[0], m_row = u->shard_units / cps0;
+    uint64_t e_lo = u_lo % cps0 * m_row, e_n = (u_hi - u_lo + 1) * m_row;
+    const uint8_t *obj = NULL; /* raw: a view of the whole shard */
+    uint64_t obj_len = 0;
+    void *obj_tok = NULL;
+    uint64_t *entries = malloc((size_t)(2 * e_n * sizeof(uint64_t)));
+    ws->n = 0;
+    ws->w = malloc(rows_u * (size_t)zb_unit_row_units(u) * sizeof *ws->w + 1);
+    if (!entries || !ws->w) {
+        free(entries);
+        return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+    }
+    uint64_t g[ZB_MAX_DIMS] = {0};
+    g[0] = cp->unit;
+    zb_status st = zb_array_unit_object(a, g, ws->key, sizeof ws->key, NULL, NULL);
+    if (st == ZB_OK)
+        st = zb_unit_shard_entries(a, x->ctx, p->ds->index_cache, g, e_lo, e_n, entries,
+                                   &x->t->stats);
+    /* raw inner chunks: one view of the whole shard serves every unit of the task */
+    if (st == ZB_OK && u->raw_rows) {
+        zb_status vs = zb_store_view(u->store, ws->key, 0, UINT64_MAX, &obj, &obj_len, &obj_tok);
+        if (vs == ZB_OK && !obj) obj = (const uint8_t *)""; /* an empty shard: all truncated */
+        if (vs != ZB_OK) {
+            obj = NULL;
+            if (vs == ZB_E_UNSUPPORTED || vs == ZB_E_NOTFOUND)
+                zb_clear_error();
+            else
+                st = vs;
+        }
+    }
+    if (st == ZB_OK) st = shard_walk(x, c0, c1, entries, e_lo, obj, obj_len, ws);
+    zb_store_release(u->store, obj_tok);
+    free(entries);
+    if (st == ZB_OK) qsort(ws->w, ws->n, sizeof *ws->w, cmp_want);
+    return st;
+}
+
+/* Serves the listed units of a shard task with one fetch (a view, or a read) per merged read. */
+static zb_status
+shard_serve(exec *x, const zb_array *a, const wants *ws)
+{
+    zb_status st = ZB_OK;
+    for (size_t i = 0, k; i < ws->n && st == ZB_OK; i = k) {
+        uint64_t ms, me;
+        k = zb_merge_next(ws->w, sizeof *ws->w, i, ws->n, ZB_MERGE_UNITS, &ms, &me);
+        const uint8_t *dst = NULL;
+        void *tok = NULL;
+        st = zb_unit_fetch(a, ws->key, ms, me - ms, &x->ctx->ws.fetch, &dst, &tok,
+                           &x->t->stats);
+        for (size_t j = i; st == ZB_OK && j < k; j++) {
+            const want *w = &ws->w[j];
+            st = serve_unit(x, w->c0, w->c1, w->g, dst + (w->at.off - ms), (size_t)w->at.len,
+                            false, ws->key, NULL);
+        }
+        zb_store_release(zb_array_units(a)->store, tok);
+    }
+    return st;
+}
+
+/* A plain or shard task on a store served in place: collect, then fetch and serve. */
+static zb_status
+run_units(exec *x, size_t c0, size_t c1)
+{
+    const copy *cp = &x->p->copies[c0];
+    const zb_array *a = child_of(x->p->ds, cp->child)->fields[cp->field].arr;
+    wants ws = {.now = true};
+    if (zb_array_units(a)->kind == ZB_UNITS_PLAIN) return plain_collect(x, c0, c1, &ws);
+    zb_status st = shard_collect(x, c0, c1, &ws);
+    if (st == ZB_OK) st = shard_serve(x, a, &ws);
+    free(ws.w);
+    return st;
+}
+
+/* Arrays the unit path does not cover (whole-shard codecs, shards split along other axes).
+ * A task holds every copy of one unit row: the rows they need are read once with a plain
+ * row-range read (straight into the batch for a single copy, else into scratch) and the copies
+ * are served from there, so duplicates and neighbours in one unit row cost one decode. */
+static zb_status
+run_rows(exec *x, size_t c0, size_t c1)
+{
+    plan *p = x->p;
+    const copy *cp = &p->copies[c0];
+    const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
+    const zb_unit_geom *u = zb_array_units(a);
+    bfield *bf = &p->b->fields[cp->field];
+    const int64_t *lut;
+    uint64_t nlut;
+    bool conv = converted(p, cp->field, cp->child, &lut, &nlut);
+    size_t row_bytes = (size_t)(bf->row_elems * bf->itemsize);
+    size_t src_row_bytes = (size_t)(u->row_elems * u->itemsize); /* as stored */
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (size_t i = c0; i < c1; i++) {
+        uint64_t r0 = p->copies[i].unit * u->inner[0] + p->copies[i].src_row;
+        if (r0 < lo) lo = r0;
+        if (r0 + p->copies[i].nrows > hi) hi = r0 + p->copies[i].nrows;
+    }
+    size_t bytes = (size_t)(hi - lo) * src_row_bytes;
+    uint8_t *band;
+    if (c1 - c0 == 1 && !conv) {
+        band = bf->data + cp->dst_row * row_bytes;
+    } else {
+        ZB_TRY(zb_buf_reserve(&x->ctx->ws.unit, bytes ? bytes : 1));
+        band = x->ctx->ws.unit.data;
+    }
+    zb_ctx_stats before = x->ctx->stats;
+    ZB_TRY(zb_array_read_rows(a, lo, hi, band, bytes, x->ctx));
+    x->t->stats.chunks_decoded += x->ctx->stats.chunks_decoded - before.chunks_decoded;
+    x->t->stats.chunks_filled += x->ctx->stats.chunks_filled - before.chunks_filled;
+    x->t->stats.bytes_decoded += x->ctx->stats.bytes_decoded - before.bytes_decoded;
+    x->t->stats.bytes_fetched += x->ctx->stats.bytes_fetched - before.bytes_fetched;
+    x->t->stats.range_reads += x->ctx->stats.range_reads - before.range_reads;
+    for (size_t i = c0; i < c1; i++) {
+        const copy *c = &p->copies[i];
+        uint64_t r0 = c->unit * u->inner[0] + c->src_row;
+        if (conv)
+            ZB_TRY(zb_values_convert(bf->data + c->dst_row * row_bytes, bf->dtype,
+                                  band + (r0 - lo) * src_row_bytes, u->dtype,
+                                  c->nrows * bf->row_elems, lut, nlut, u->path));
+        else if (c1 - c0 > 1)
+            memcpy(bf->data + c->dst_row * row_bytes, band + (r0 - lo) * row_bytes,
+                   (size_t)c->nrows * row_bytes);
+        x->t->stats.bytes_delivered += c->nrows * row_bytes;
+        if (rebased_here(p, c->field))
+            ZB_TRY(rebase_rows(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+    }
+    return ZB_OK;
+}
+
+/* The array a task reads. */
+static const zb_array *
+task_array(const plan *p, const task *t)
+{
+    const copy *cp = &p->copies[t->c0];
+    return child_of(p->ds, cp->child)->fields[cp->field].arr;
+}
+
+/* Whether a task's reads go into the window's list read (its store reads lists itself). */
+static bool
+task_listed(const plan *p, const task *t)
+{
+    const zb_array *a = task_array(p, t);
+    return zb_array_units(a)->kind != ZB_UNITS_ROWS && zb_unit_lists_ranges(a);
+}
+
+/* Runs one task of the in-place path (listed tasks are left to run_listed). */
+static void
+run_task(void *arg, zb_ctx *ctx)
+{
+    exec *x = arg;
+    plan *p = x->p;
+    x->ctx = ctx;
+    const zb_array *a = task_array(p, x->t);
+    if (zb_unit_lists_ranges(a) && zb_array_units(a)->kind != ZB_UNITS_ROWS) return;
+    zb_status st;
+    if (zb_array_units(a)->kind == ZB_UNITS_ROWS)
+        st = run_rows(x, x->t->c0, x->t->c1);
+    else
+        st = run_units(x, x->t->c0, x->t->c1);
+    if (st != ZB_OK) task_fail(x->t, st);
+}
+
+typedef struct drain {
+    exec *xs;
+    size_t n;
+    _Atomic size_t next;
+} drain;
+
+static void
+run_drain(void *arg, zb_ctx *ctx)
+{
+    drain *d = arg;
+    for (size_t t; (t = atomic_fetch_add(&d->next, 1)) < d->n;) run_task(&d->xs[t], ctx);
+    zb_stream_fence(); /* this worker's streamed rows before the request completes */
+}
+
+/* ---- the listed path ------------------------------------------------------------------------ */
+
+/* One range of the window's list read and the units it holds, served as it arrives on a
+ * thread of the pool, with its own statistics and failure (its `t`). */
+typedef struct lread {
+    exec x;
+    task t;
+    const zb_array *a;
+    const want *w; /* its units [w, w + nw), sorted by offset */
+    size_t nw;
+    char *key;     /* the object (a shard task's wants.key, or the plain unit's own, malloc'd) */
+    bool own_key;
+    uint64_t off, len; /* its bytes of the object */
+    zb_range *r;   /* its range in the list read */
+} lread;
+
+typedef struct listed {
+    plan *p;
+    wants *ws;       /* [ntasks]: each listed task's units to fetch */
+    lread *reads;
+    size_t nreads;
+    zb_range *ranges; /* [nreads], grouped by store */
+    size_t *order;    /* [nreads] the read behind each range */
+    uint8_t *buf;     /* every range's bytes */
+    bool pooled;      /* decode on the pool (else on the calling thread, the work is small) */
+} listed;
+
+/* Serves the units of one completed range (a task of the pool). */
+static void
+serve_read(void *arg, zb_ctx *ctx)
+{
+    lread *rd = arg;
+    rd->x.ctx = ctx;
+    const zb_range *r = rd->r;
+    zb_status st = ZB_OK;
+    bool plain = zb_array_units(rd->a)->kind == ZB_UNITS_PLAIN;
+    if (plain) {
+        /* a missing object is fill; one that filled the bound is fetched again whole */
+        const want *w = rd->w;
+        bool missing = r->status == ZB_E_NOTFOUND, whole = r->nread < r->length;
+        st = serve_unit(&rd->x, w->c0, w->c1, w->g, whole ? r->dst : NULL, (size_t)r->nread,
+                        missing, rd->key, NULL);
+    } else if (r->nread != r->length) {
+        st = truncated(rd->key, r->nread, r->length, r->offset);
+    }
+    for (size_t j = 0; !plain && j < rd->nw && st == ZB_OK; j++) {
+        const want *w = &rd->w[j];
+        st = serve_unit(&rd->x, w->c0, w->c1, w->g, (const uint8_t *)r->dst + (w->at.off - r->offset),
+                        (size_t)w->at.len, false, rd->key, NULL);
+    }
+    if (st != ZB_OK) task_fail(&rd->t, st);
+    zb_stream_fence();
+}
+
+/* A range completed (on the calling thread): its units go to the pool. */
+static int
+read_done(void *arg, size_t i)
+{
+    listed *l = arg;
+    lread *rd = &l->reads[l->order[i]];
+    const zb_range *r = rd->r;
+    bool plain = zb_array_units(rd->a)->kind == ZB_UNITS_PLAIN;
+    if (r->status != ZB_OK && !(plain && r->status == ZB_E_NOTFOUND)) {
+        task_fail(&rd->t, r->status); /* the message describes range i during this call */
+        return 0;
+    }
+    if (r->status == ZB_OK) {
+        rd->t.stats.range_reads++;
+        rd->t.stats.bytes_fetched += r->nread;
+    }
+    if (l->pooled)
+        zb_pool_submit(l->p->ds->pool, serve_read, rd);
+    else
+        serve_read(rd, l->p->ctx);
+    return 0;
+}
+
+/* Lists task t's reads: one per merged read of a shard task, one per unit of a plain task. */
+static zb_status
+list_task(listed *l, size_t t, size_t *nr, uint64_t *bytes)
+{
+    wants *ws = &l->ws[t];
+    const zb_array *a = task_array(l->p, &l->p->tasks[t]);
+    bool plain = zb_array_units(a)->kind == ZB_UNITS_PLAIN;
+    for (size_t i = 0, k; i < ws->n; i = k) {
+        uint64_t ms = ws->w[i].at.off, me = ms + ws->w[i].at.len;
+        k = i + 1;
+        if (!plain) k = zb_merge_next(ws->w, sizeof *ws->w, i, ws->n, ZB_MERGE_UNITS, &ms, &me);
+        if (l->reads) {
+            lread *rd = &l->reads[*nr];
+            *rd = (lread){.x = {l->p, &rd->t, NULL}, .a = a, .w = &ws->w[i], .nw = k - i,
+                          .key = ws->key, .off = ms, .len = me - ms};
+            if (plain) {
+                ZB_TRY(zb_array_unit_object(a, ws->w[i].g, ws->key, sizeof ws->key, NULL, NULL));
+                rd->key = strdup(ws->key);
+                rd->own_key = true;
+                if (!rd->key) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+            }
+        }
+        (*nr)++;
+        *bytes += me - ms;
+    }
+    return ZB_OK;
+}
+
+/* Collects every listed task (on the calling thread: what needs no fetch is served now) and
+ * lists their reads (l->reads, in task order). */
+static zb_status
+collect_listed(listed *l)
+{
+    plan *p = l->p;
+    size_t nr = 0;
+    uint64_t bytes = 0;
+    for (size_t t = 0; t < p->ntasks; t++) {
+        if (!task_listed(p, &p->tasks[t])) continue;
+        exec x = {p, &p->tasks[t], p->ctx};
+        const zb_array *a = task_array(p, &p->tasks[t]);
+        zb_status st = zb_array_units(a)->kind == ZB_UNITS_PLAIN
+                           ? plain_collect(&x, p->tasks[t].c0, p->tasks[t].c1, &l->ws[t])
+                           : shard_collect(&x, p->tasks[t].c0, p->tasks[t].c1, &l->ws[t]);
+        if (st != ZB_OK) return task_fail(&p->tasks[t], st);
+        ZB_TRY(list_task(l, t, &nr, &bytes));
+    }
+    l->nreads = nr;
+    l->reads = calloc(nr + 1, sizeof *l->reads);
+    l->ranges = calloc(nr + 1, sizeof *l->ranges);
+    l->order = calloc(nr + 1, sizeof *l->order);
+    l->buf = malloc(bytes + 1);
+    if (!l->reads || !l->ranges || !l->order || !l->buf)
+        return zb_err(ZB_E_NOMEM, "read_many: out of memory for %llu bytes of range reads",
+                      (unsigned long long)bytes);
+    nr = 0;
+    bytes = 0;
+    for (size_t t = 0; t < p->ntasks; t++)
+        if (task_listed(p, &p->tasks[t])) ZB_TRY(list_task(l, t, &nr, &bytes));
+    return ZB_OK;
+}
+
+/* Hands the reads of each store to it in one zb_store_get_ranges call; their units are served
+ * as each range completes (read_done), then the pool is waited for. */
+static zb_status
+fetch_listed(listed *l)
+{
+    uint64_t at = 0;
+    size_t done = 0;
+    zb_status st = ZB_OK;
+    while (done < l->nreads && st == ZB_OK) {
+        zb_store *store = NULL;
+        size_t n0 = done;
+        for (size_t i = 0; i < l->nreads; i++) {
+            lread *rd = &l->reads[i];
+            if (rd->r || (store && zb_array_units(rd->a)->store != store)) continue;
+            store = zb_array_units(rd->a)->store;
+            rd->r = &l->ranges[done];
+            *rd->r = (zb_range){.key = rd->key, .offset = rd->off, .length = rd->len,
+                                .dst = l->buf + at};
+            l->order[done++] = i;
+            at += rd->len;
+        }
+        /* a range's failure is its read's (read_done); the call fails only on its own */
+        st = zb_store_get_ranges(store, l->ranges + n0, done - n0, read_done, l);
+        bool range_failed = false;
+        for (size_t i = n0; i < done; i++)
+            range_failed = range_failed || l->reads[l->order[i]].t.st != ZB_OK;
+        if (range_failed) {
+            zb_clear_error();
+            st = ZB_OK;
+        }
+    }
+    return st;
+}
+
+static void
+free_listed(listed *l)
+{
+    for (size_t i = 0; l->reads && i < l->nreads; i++) {
+        if (l->reads[i].own_key) free(l->reads[i].key);
+        free(l->reads[i].t.msg);
+    }
+    for (size_t t = 0; l->ws && t < l->p->ntasks; t++) free(l->ws[t].w);
+    free(l->ws);
+    free(l->reads);
+    free(l->ranges);
+    free(l->order);
+    free(l->buf);
+}
+
+/* Fails the plan's first listed task with the first failure of a read, and adds the reads'
+ * statistics to it. */
+static void
+settle_listed(listed *l)
+{
+    task *first = NULL;
+    for (size_t t = 0; t < l->p->ntasks && !first; t++)
+        if (task_listed(l->p, &l->p->tasks[t])) first = &l->p->tasks[t];
+    for (size_t i = 0; first && i < l->nreads; i++) {
+        const task *rt = &l->reads[i].t;
+        zb_read_stats *s = &first->stats;
+        s->chunks_decoded += rt->stats.chunks_decoded;
+        s->chunks_cached += rt->stats.chunks_cached;
+        s->chunks_filled += rt->stats.chunks_filled;
+        s->bytes_fetched += rt->stats.bytes_fetched;
+        s->bytes_decoded += rt->stats.bytes_decoded;
+        s->bytes_delivered += rt->stats.bytes_delivered;
+        s->range_reads += rt->stats.range_reads;
+        if (rt->st != ZB_OK && first->st == ZB_OK) {
+            first->st = rt->st;
+            first->msg = rt->msg;
+            l->reads[i].t.msg = NULL;
+        }
+    }
+}
+
+/* The listed path: the reads of every task whose store reads lists itself, in one list read
+ * per store, decoded on the pool as they arrive. */
+static void
+run_listed(plan *p)
+{
+    listed l = {.p = p, .pooled = p->work > p->ds->opts.inline_work_bytes};
+    l.ws = calloc(p->ntasks + 1, sizeof *l.ws);
+    zb_status st = l.ws ? collect_listed(&l) : zb_err(ZB_E_NOMEM, "read_many: out of memory");
+    if (st == ZB_OK) {
+        if (l.pooled) pthread_mutex_lock(&p->ds->pool_mu);
+        st = fetch_listed(&l);
+        if (l.pooled) {
+            zb_pool_wait(p->ds->pool);
+            pthread_mutex_unlock(&p->ds->pool_mu);
+        }
+    }
+    settle_listed(&l);
+    if (st != ZB_OK)
+        for (size_t t = 0; t < p->ntasks; t++)
+            if (task_listed(p, &p->tasks[t]) && p->tasks[t].st == ZB_OK) {
+                task_fail(&p->tasks[t], st);
+                break;
+            }
+    free_listed(&l);
+}
+
+/* ---- running a plan ------------------------------------------------------------------------ */
+
+zb_status
+zb_exec_rebase_rows(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0,
+                    uint64_t c1)
+{
+    return rebase_rows(p, f, row0, nrows, c0, c1);
+}
+
+/* Runs the in-place tasks: one drain job per worker, each taking the next task off a shared
+ * counter, so a request of thousands of small tasks costs a handful of queue hand-offs, not
+ * one (with a thread wake-up) per task. */
+static void
+run_in_place(plan *p, exec *xs)
+{
+    drain dr = {xs, p->ntasks, 0};
+    if (p->work <= p->ds->opts.inline_work_bytes) {
+        /* too little to share (zb_dataset_opts.inline_work_bytes): waking the pool and waiting
+         * for it costs more than decoding this little on the calling thread (PERFORMANCE.md,
+         * "What moved the numbers" 22); a loader's two workers still read two windows at once */
+        run_drain(&dr, p->ctx);
+        return;
+    }
+    pthread_mutex_lock(&p->ds->pool_mu);
+    size_t jobs = (size_t)zb_pool_threads(p->ds->pool);
+    if (jobs > p->ntasks) jobs = p->ntasks;
+    for (size_t j = 0; j < jobs; j++) zb_pool_submit(p->ds->pool, run_drain, &dr);
+    zb_pool_wait(p->ds->pool);
+    pthread_mutex_unlock(&p->ds->pool_mu);
+}
+
+zb_status
+zb_exec_run(plan *p)
+{
+    zb_plan_mem *m = p->m;
+    if (!grow_array((void **)&m->xs, &m->xs_cap, p->ntasks + 1, sizeof *m->xs))
+        return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+    bool any_listed = false;
+    for (size_t t = 0; t < p->ntasks; t++) {
+        m->xs[t] = (exec){p, &p->tasks[t], NULL};
+        any_listed = any_listed || task_listed(p, &p->tasks[t]);
+    }
+    run_in_place(p, m->xs);
+    if (any_listed) run_listed(p);
+    zb_read_stats *s = &p->b->stats;
+    for (size_t t = 0; t < p->ntasks; t++) {
+        const task *tk = &p->tasks[t];
+        s->chunks_decoded += tk->stats.chunks_decoded;
+        s->chunks_cached += tk->stats.chunks_cached;
+        s->chunks_filled += tk->stats.chunks_filled;
+        s->bytes_fetched += tk->stats.bytes_fetched;
+        s->bytes_decoded += tk->stats.bytes_decoded;
+        s->bytes_delivered += tk->stats.bytes_delivered;
+        s->range_reads += tk->stats.range_reads;
+    }
+    for (size_t t = 0; t < p->ntasks; t++)
+        if (p->tasks[t].st != ZB_OK) {
+            const char *msg = p->tasks[t].msg;
+            return zb_err(p->tasks[t].st, "%s", msg ? msg : "read_many: a read failed");
+        }
+    return ZB_OK;
+}

@@ -1,0 +1,239 @@
+/* The dataset reader's internals, shared by its files (SQLite's vdbeInt.h habit):
+ *
+ *   batch.c   the batch object (zb_batch: fields, segments, views) and its memory pool
+ *   plan.c    planning: ids -> (child, physical) -> segments -> copies -> tasks; locate; the
+ *             re-base plan of index fields; the plan's memory kept between requests
+ *   exec.c    execution: tasks on the pool, each serving and fetching its units through the
+ *             zarr unit API (src/zarr/unit.h); the list path for stores that read lists
+ *   reader.c  zb_dataset_read_batches: plan -> execute -> finish (strings, gene order)
+ *
+ * The flow is DESIGN.md §3. Nothing here reaches inside a zb_array: the unit geometry
+ * (zb_array_units) and the unit API are the reader's view of the zarr layer. */
+#ifndef ZB_DATASET_READ_INT_H
+#define ZB_DATASET_READ_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "dataset/batch.h"
+#include "dataset/dataset.h"
+#include "zarr/unit.h"
+
+typedef struct bfield {
+    char *name;
+    bool owned;         /* data is this batch's (else it lies in the parent's buffers) */
+    zb_field_kind kind;
+    zb_dtype dtype;
+    size_t itemsize;
+    int ndim;
+    uint64_t row_shape[ZB_MAX_DIMS];
+    uint64_t row_elems;
+    uint64_t nrows;
+    uint8_t *data;
+    int seg;
+    int target; /* index fields: the segment their values point into, else -1 */
+    int64_t *offs; /* strings: byte offsets [B+1] of each sample's string in data, else NULL */
+    bool owns_offs;
+} bfield;
+
+typedef struct bseg {
+    char name[32];
+    int64_t *ptr; /* [B+1] */
+} bseg;
+
+struct zb_batch {
+    size_t B;
+    uint64_t *index;
+    int32_t *dataset;
+    size_t nfields;
+    bfield *fields;
+    size_t nsegs;
+    bseg *segs;
+    zb_read_stats stats;
+    uint64_t n_vars;
+    /* a view (zb_batch_view) borrows index/dataset and non-owned field data from `parent` and
+     * holds one of its references; a batch is freed when its last reference goes */
+    zb_batch *parent;
+    _Atomic int refs;
+    zb_arena_pool *arenas; /* where `arena` returns (NULL: malloc'd) */
+    void *arena;
+    size_t arena_cap;
+    /* zb_dataset_read_batches: index fields are re-based to each of these batches,
+     * [groups[k], groups[k+1]) for k < ngroups; NULL: to the whole batch */
+    size_t *groups;
+    size_t ngroups;
+};
+
+/* A run of rows of one unit that lands at dst_row of the field's batch buffer. */
+typedef struct copy {
+    uint32_t field, child;
+    uint64_t unit;    /* unit index along axis 0 */
+    uint64_t src_row; /* first row inside the unit */
+    uint64_t dst_row;
+    uint64_t nrows;
+} copy;
+
+/* One task: the copies [c0, c1) of one unit row (or of every unit row of one shard row). */
+typedef struct task {
+    size_t c0, c1;
+    zb_status st;
+    char *msg; /* the error's message (malloc'd), or NULL */
+    zb_read_stats stats;
+} task;
+
+typedef struct plan plan;
+/* A task as a worker runs it. */
+typedef struct exec {
+    plan *p;
+    task *t;
+    zb_ctx *ctx;
+} exec;
+
+/* A copy's sort key and its place in the plan (sort_field). */
+typedef struct keyed {
+    uint64_t key;
+    size_t i;
+} keyed;
+
+/* How an index field's values become batch rows (rebase_rows): sample i's stored values lie in
+ * [lo[i], lo[i] + len[i]) (lo: its first target row in the store when stored store-global, else
+ * 0) and become value + shift[i] (its first target row in its batch group, less lo[i]). */
+typedef struct rebase {
+    bool in_tasks;       /* applied by the tasks as each copy lands; else after them (step 5) */
+    const int64_t *rows; /* [n+1] the field's batch pointer (its own segment) */
+    int64_t *shift, *lo, *len; /* [n] each; NULL: not an index field */
+} rebase;
+
+/* The plan's memory, kept by the dataset between requests (dataset.h plan_free). A window's
+ * plan is megabytes (copy records, sort keys, tasks, per-sample arrays) that malloc returns to
+ * the kernel when freed and faults in again for the next window: 84,000 page faults in 8 s of a
+ * block loader were all in the plan. Each kept set is as large as the largest request it
+ * served; PLAN_MEM_KEPT of them at most (one per concurrent caller is what a loader needs), and
+ * none larger than PLAN_MEM_MAX_BYTES. */
+#define PLAN_MEM_KEPT 4
+#define PLAN_MEM_MAX_BYTES ((size_t)256 << 20)
+struct zb_plan_mem {
+    copy *copies;
+    size_t copies_cap;
+    keyed *keys;
+    size_t keys_cap;
+    copy *sorted;
+    size_t sorted_cap;
+    task *tasks;
+    size_t tasks_cap;
+    exec *xs;
+    size_t xs_cap;
+    uint32_t *child;
+    size_t child_cap;
+    uint64_t *phys;
+    size_t phys_cap;
+    int64_t *seg_start;
+    size_t seg_cap;
+    size_t *arena_off;
+    size_t off_cap;
+    rebase *rb;
+    size_t rb_cap;
+    int64_t *rb_vals;
+    size_t rb_vals_cap;
+    zb_ctx *ctx;
+    pthread_t owner; /* the thread that used it last */
+    zb_plan_mem *next;
+};
+
+struct plan {
+    zb_dataset *ds;
+    zb_batch *b;
+    zb_plan_mem *m; /* where copies, tasks and the sort's scratch live between requests */
+    copy *copies;
+    size_t ncopies, cap;
+    task *tasks;
+    size_t ntasks, tasks_cap;
+    uint64_t work; /* decoded bytes of the units the tasks serve (make_tasks) */
+    bool stream; /* the batch outgrows the cache: long copies into it are streamed (stream.h) */
+    size_t n;              /* samples of the request */
+    const uint32_t *child; /* [n] each sample's child */
+    const uint64_t *phys;  /* [n] each sample's physical row in its child */
+    const int64_t *seg_start; /* [nsegs][n] each sample's first element of each segment */
+    zb_ctx *ctx;           /* the planning thread's context (pointer reads, inline tasks) */
+    rebase *rb;            /* [nfields], or NULL when there is no index field */
+};
+
+/* A plan's dataset for child c (the dataset itself when it has no children). */
+static inline const zb_dataset *
+child_of(const zb_dataset *ds, uint32_t c)
+{
+    return ds->nchildren ? ds->children[c] : ds;
+}
+
+/* The unit geometry of field f of child c. */
+static inline const zb_unit_geom *
+field_units(const plan *p, uint32_t f, uint32_t c)
+{
+    return zb_array_units(child_of(p->ds, c)->fields[f].arr);
+}
+
+/* Ensures *a holds n elements of `size` bytes (grown by doubling, contents kept). */
+static inline bool
+grow_array(void **a, size_t *cap, size_t n, size_t size)
+{
+    if (n <= *cap) return true;
+    size_t c = *cap ? *cap : 16;
+    while (c < n) {
+        if (c > SIZE_MAX / 2 / size) return false;
+        c *= 2;
+    }
+    void *q = realloc(*a, c * size);
+    if (!q) return false;
+    *a = q;
+    *cap = c;
+    return true;
+}
+
+/* ---- batch.c ------------------------------------------------------------------------------- */
+
+/* A block of at least `need` bytes from the pool (*cap: its size), which takes a reference
+ * for the batch; NULL when out of memory (the reference is still taken: drop it with
+ * zb_arena_pool_unref). */
+void *zb_arena_take(zb_arena_pool *p, size_t need, size_t *cap);
+
+/* Returns a block and drops the batch's reference. */
+void zb_arena_give(zb_arena_pool *p, void *blk, size_t cap);
+
+/* ---- plan.c -------------------------------------------------------------------------------- */
+
+/* A kept plan memory of the dataset, or a new empty one (NULL when out of memory). */
+zb_plan_mem *zb_plan_mem_take(zb_dataset *ds);
+
+/* Returns a plan memory to the dataset (kept within its bounds, freed otherwise). */
+void zb_plan_mem_give(zb_dataset *ds, zb_plan_mem *m);
+
+/* Plans a request of ids[0..n) into p (set up by zb_plan_begin): the batch's index, segments,
+ * field buffers, the sorted copies, the tasks and the re-base plan of index fields (to the
+ * caller's batches, b->groups, set before). */
+zb_status zb_plan_request(plan *p, const uint64_t *ids, uint64_t nlogical);
+
+/* Starts a plan of n samples over ds: a new batch (p->b) and the plan's memory (p->m, kept
+ * by ds). On failure p->m may be set: end the plan and free the batch as after a request. */
+zb_status zb_plan_begin(plan *p, zb_dataset *ds, size_t n);
+
+/* Hands the plan's memory back to the dataset (the tasks' messages freed). */
+void zb_plan_end(plan *p);
+
+/* Logical id -> (child, physical row); ZB_E_RANGE naming the id when id >= nlogical. */
+zb_status zb_plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child,
+                         uint64_t *phys);
+
+/* ---- exec.c -------------------------------------------------------------------------------- */
+
+/* Runs the plan's tasks (on the dataset's pool, or inline when the work is small; through one
+ * list read for stores that read lists themselves), adds their statistics to the batch and
+ * returns the first task's failure. */
+zb_status zb_exec_run(plan *p);
+
+/* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f (exec.c). */
+zb_status zb_exec_rebase_rows(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows,
+                              uint64_t c0, uint64_t c1);
+
+#endif
