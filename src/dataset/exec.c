@@ -899,6 +899,8 @@ typedef struct listed {
     size_t *order;    /* [nreads] the read behind each range */
     uint8_t *buf;     /* every range's bytes */
     bool pooled;      /* decode on the pool (else on the calling thread, the work is small) */
+    size_t base;      /* the current list read: ranges [base, base + n) */
+    size_t ndone;     /* ... of which completed */
 } listed;
 
 /* Serves the units of one completed range (a task of the pool). */
@@ -933,8 +935,9 @@ static int
 read_done(void *arg, size_t i)
 {
     listed *l = arg;
-    lread *rd = &l->reads[l->order[i]];
+    lread *rd = &l->reads[l->order[l->base + i]];
     const zb_range *r = rd->r;
+    l->ndone++;
     bool plain = zb_array_units(rd->a)->kind == ZB_UNITS_PLAIN;
     if (r->status != ZB_OK && !(plain && r->status == ZB_E_NOTFOUND)) {
         task_fail(&rd->t, r->status); /* the message describes range i during this call */
@@ -1033,12 +1036,12 @@ fetch_listed(listed *l)
             l->order[done++] = i;
             at += rd->len;
         }
-        /* a range's failure is its read's (read_done); the call fails only on its own */
+        /* a range's failure (or a missing object) is its read's, told by read_done: the call
+         * fails on its own only when some range never completed */
+        l->base = n0;
+        l->ndone = 0;
         st = zb_store_get_ranges(store, l->ranges + n0, done - n0, read_done, l);
-        bool range_failed = false;
-        for (size_t i = n0; i < done; i++)
-            range_failed = range_failed || l->reads[l->order[i]].t.st != ZB_OK;
-        if (range_failed) {
+        if (st != ZB_OK && l->ndone == done - n0) {
             zb_clear_error();
             st = ZB_OK;
         }

@@ -160,3 +160,13 @@ zb_cache_contains(zb_cache *c, const void *owner, uint64_t unit)
     pthread_mutex_unlock(&c->mu);
     return e != NULL;
 }
+
+size_t
+zb_cache_held(zb_cache *c)
+{
+    if (!c) return 0;
+    pthread_mutex_lock(&c->mu);
+    size_t n = c->bytes;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}

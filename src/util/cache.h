@@ -21,4 +21,7 @@ bool zb_cache_get_part(zb_cache *c, const void *arr, uint64_t unit, size_t whole
 bool zb_cache_contains(zb_cache *c, const void *arr, uint64_t unit);
 void zb_cache_put(zb_cache *c, const void *arr, uint64_t unit, const void *src, size_t len);
 
+/* Bytes held now. */
+size_t zb_cache_held(zb_cache *c);
+
 #endif

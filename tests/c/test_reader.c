@@ -3,12 +3,15 @@
  * are checked against a hand concatenation of the source rows; plain and sharded arrays, one and
  * four decode threads, and a cached repeat must give the same bytes; the decode counters must
  * equal the number of distinct chunks the request touches, counted here from the chunk sizes. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dataset/dataset.h"
 #include "support/testutil.h"
+#include "util/status.h"
 #include "write/write.h"
 
 #define N 12
@@ -808,6 +811,276 @@ test_widen_every_pair(void **state)
     assert_true(zb_widen_exact(ZB_DT_UINT16, ZB_DT_UINT16));
 }
 
+
+/* ---- the listed path: a store that reads lists itself ---------------------------------------- */
+
+/* A remote-style backend over an inner store: get_ranges completes the ranges on a thread of its
+ * own, in a scrambled order, a little apart, and hands each completion to the calling thread
+ * (the contract of zb_store_methods.get_ranges). It holds back the last range of a call until
+ * the reader has decoded something (its dataset's decoded-chunk cache grows), so a reader that
+ * waited for every range before decoding would stall (then `stalled` is set after 5 s). */
+typedef struct scrambled {
+    zb_store *inner;
+    zb_dataset *watch; /* whose cache must grow before a call's last range (NULL: no wait) */
+    unsigned seed;
+    int calls;         /* get_ranges calls */
+    size_t nranges;    /* ranges asked, over all calls */
+    bool scrambled;    /* some call completed its ranges out of list order */
+    bool stalled;
+    const char *fail_key; /* a range of this key fails with ZB_E_IO */
+    /* one call's completion queue */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t *queue, nq, taken;
+    bool cancel;
+    zb_range *r;
+    size_t n;
+} scrambled;
+
+static zb_status
+sc_get(void *self, const char *key, uint64_t off, uint64_t len, void *dst, uint64_t *nread)
+{
+    return zb_store_get(((scrambled *)self)->inner, key, off, len, dst, nread);
+}
+
+static zb_status
+sc_size(void *self, const char *key, uint64_t *size)
+{
+    return zb_store_size(((scrambled *)self)->inner, key, size);
+}
+
+static zb_status
+sc_list(void *self, const char *prefix, zb_list_fn fn, void *ctx)
+{
+    return zb_store_list(((scrambled *)self)->inner, prefix, fn, ctx);
+}
+
+static void
+sc_close(void *self)
+{
+    (void)self;
+}
+
+static void *
+sc_worker(void *arg)
+{
+    scrambled *sc = arg;
+    size_t n = sc->n, *perm = malloc((n + 1) * sizeof *perm);
+    for (size_t i = 0; i < n; i++) perm[i] = i;
+    for (size_t i = n; i > 1; i--) { /* Fisher-Yates with the test's own generator */
+        sc->seed = sc->seed * 1103515245u + 12345u;
+        size_t j = (sc->seed >> 8) % i, t = perm[i - 1];
+        perm[i - 1] = perm[j];
+        perm[j] = t;
+    }
+    size_t held = sc->watch ? zb_cache_held(sc->watch->cache) : 0;
+    for (size_t k = 0; k < n; k++) {
+        pthread_mutex_lock(&sc->mu);
+        bool stop = sc->cancel;
+        pthread_mutex_unlock(&sc->mu);
+        if (stop) break;
+        if (k + 1 == n && n > 2 && sc->watch) {
+            int waited = 0;
+            while (zb_cache_held(sc->watch->cache) == held && waited < 5000) {
+                usleep(1000);
+                waited++;
+            }
+            if (waited >= 5000) sc->stalled = true;
+        }
+        zb_range *r = &sc->r[perm[k]];
+        if (sc->fail_key && strstr(r->key, sc->fail_key)) {
+            r->status = ZB_E_IO;
+        } else {
+            r->status = zb_store_get(sc->inner, r->key, r->offset, r->length, r->dst, &r->nread);
+        }
+        if (k && perm[k] < perm[k - 1]) sc->scrambled = true;
+        usleep(200);
+        pthread_mutex_lock(&sc->mu);
+        sc->queue[sc->nq++] = perm[k];
+        pthread_cond_signal(&sc->cv);
+        pthread_mutex_unlock(&sc->mu);
+    }
+    free(perm);
+    return NULL;
+}
+
+static zb_status
+sc_get_ranges(void *self, zb_range *r, size_t n, zb_range_fn done, void *ctx)
+{
+    scrambled *sc = self;
+    sc->calls++;
+    sc->nranges += n;
+    sc->r = r;
+    sc->n = n;
+    sc->nq = sc->taken = 0;
+    sc->cancel = false;
+    sc->queue = malloc((n + 1) * sizeof *sc->queue);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, sc_worker, sc), 0);
+    bool cancelled = false;
+    for (size_t k = 0; k < n; k++) {
+        pthread_mutex_lock(&sc->mu);
+        while (sc->taken == sc->nq && !cancelled) pthread_cond_wait(&sc->cv, &sc->mu);
+        size_t i = sc->queue[sc->taken++];
+        pthread_mutex_unlock(&sc->mu);
+        if (r[i].status == ZB_E_IO) zb_err(ZB_E_IO, "%s: injected failure", r[i].key);
+        if (done(ctx, i)) {
+            pthread_mutex_lock(&sc->mu);
+            sc->cancel = cancelled = true;
+            pthread_mutex_unlock(&sc->mu);
+            break;
+        }
+    }
+    pthread_join(th, NULL);
+    free(sc->queue);
+    return ZB_OK;
+}
+
+static const zb_store_methods SCRAMBLED = {
+    .scheme = "scrambled", .get = sc_get, .size = sc_size, .list = sc_list,
+    .close = sc_close, .get_ranges = sc_get_ranges};
+
+/* Copies every object under `prefix` of src into dst, byte for byte. */
+typedef struct copy_walk {
+    zb_store *src, *dst;
+    char prefix[256];
+} copy_walk;
+
+static int
+copy_child(void *ctx, const char *name, bool is_dir)
+{
+    copy_walk *w = ctx, sub = *w;
+    int np = snprintf(sub.prefix, sizeof sub.prefix, "%s%s%s", w->prefix,
+                      w->prefix[0] ? "/" : "", name);
+    assert_true(np > 0 && (size_t)np < sizeof sub.prefix);
+    if (is_dir) {
+        ZB_ASSERT_OK(zb_store_list(w->src, sub.prefix, copy_child, &sub));
+        return 0;
+    }
+    uint8_t *data = NULL;
+    uint64_t len = 0;
+    ZB_ASSERT_OK(zb_store_read_all(w->src, sub.prefix, &data, &len));
+    ZB_ASSERT_OK(zb_store_put(w->dst, sub.prefix, data, len));
+    free(data);
+    return 0;
+}
+
+/* The listed path gives the file store's batches, with one list read per request, ranges
+ * completing out of order, and decoding under way before the last range arrives; plain and
+ * sharded arrays, one and four threads, decoding inline and on the pool. */
+static void
+test_listed_path_matches_file_store(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    uint64_t ids[40];
+    for (size_t i = 0; i < 40; i++) ids[i] = (i * 7 + 3) % N;
+    for (int sharded = 0; sharded < 2; sharded++) {
+        build_opts bo = {.with_index = true, .sharded = sharded};
+        zb_store *mem = build(&s, &bo), *file = NULL, *remote = NULL;
+        ZB_ASSERT_OK(zb_store_open_file(zbt_tempdir("listed"), &file));
+        copy_walk w = {.src = mem, .dst = file};
+        ZB_ASSERT_OK(zb_store_list(mem, "", copy_child, &w));
+        scrambled sc = {.inner = file, .seed = 7u + (unsigned)sharded};
+        pthread_mutex_init(&sc.mu, NULL);
+        pthread_cond_init(&sc.cv, NULL);
+        ZB_ASSERT_OK(zb_store_new(&SCRAMBLED, &sc, &remote));
+        for (int threads = 1; threads <= 4; threads += 3) {
+            zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+            o.num_threads = threads;
+            if (threads > 1) o.inline_work_bytes = 0; /* decode on the pool */
+            o.cache_bytes = (size_t)1 << 20; /* how the backend sees decoding under way */
+            zb_dataset *df = open_ds(file, 0, threads);
+            const uint64_t *req[2] = {IDS, ids};
+            size_t nreq[2] = {NIDS, 40};
+            for (int k = 0; k < 2; k++) {
+                zb_dataset *dr = NULL; /* a fresh cache: every unit is fetched */
+                ZB_ASSERT_OK(zb_dataset_open(remote, "", &o, &dr));
+                sc.watch = dr;
+                zb_batch *bf = NULL, *br = NULL;
+                int calls = sc.calls;
+                ZB_ASSERT_OK(zb_dataset_read_many(df, req[k], nreq[k], &bf));
+                ZB_ASSERT_OK(zb_dataset_read_many(dr, req[k], nreq[k], &br));
+                assert_int_equal(sc.calls, calls + 1); /* the whole request, one list read */
+                check_batch(&s, br, req[k], nreq[k], true);
+                assert_batches_equal(bf, br);
+                zb_read_stats a, b;
+                zb_batch_stats(bf, &a);
+                zb_batch_stats(br, &b);
+                assert_int_equal(a.chunks_decoded, b.chunks_decoded);
+                assert_int_equal(a.bytes_delivered, b.bytes_delivered);
+                zb_batch_free(bf);
+                zb_batch_free(br);
+                sc.watch = NULL;
+                zb_dataset_close(dr);
+            }
+            assert_true(sc.scrambled);
+            assert_false(sc.stalled);
+            zb_dataset_close(df);
+        }
+        /* zb_array_read_rows of a sharded array: each shard's merged reads in one list read */
+        zb_array *arr = NULL;
+        ZB_ASSERT_OK(zb_array_open(remote, "vals", &arr));
+        size_t bytes = (size_t)s.total * VW * sizeof(int32_t);
+        int32_t *rows = malloc(bytes);
+        assert_non_null(rows);
+        int calls = sc.calls;
+        ZB_ASSERT_OK(zb_array_read_rows(arr, 0, (uint64_t)s.total, rows, bytes, NULL));
+        assert_memory_equal(rows, s.vals, bytes);
+        uint64_t shards = ((uint64_t)s.total + 2 * VALS_CHUNK - 1) / (2 * VALS_CHUNK);
+        assert_int_equal(sc.calls - calls, sharded ? (int)shards : 0);
+        free(rows);
+        zb_array_close(arr);
+        zb_store_close(remote);
+        pthread_mutex_destroy(&sc.mu);
+        pthread_cond_destroy(&sc.cv);
+        zb_store_close(file);
+        zb_store_close(mem);
+    }
+    source_free(&s);
+}
+
+/* A range that fails fails the read with the store's message; a chunk object that does not
+ * exist reads as fill, as from the file store. */
+static void
+test_listed_path_errors_and_missing(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    build_opts bo = {.with_index = true};
+    zb_store *mem = build(&s, &bo), *remote = NULL;
+    scrambled sc = {.inner = mem, .seed = 3u, .fail_key = "vals/c/1"};
+    pthread_mutex_init(&sc.mu, NULL);
+    pthread_cond_init(&sc.cv, NULL);
+    ZB_ASSERT_OK(zb_store_new(&SCRAMBLED, &sc, &remote));
+    zb_dataset *dr = open_ds(remote, 0, 4), *dm = open_ds(mem, 0, 1);
+    zb_batch *b = NULL;
+    ZB_ASSERT_ERR(zb_dataset_read_many(dr, IDS, NIDS, &b), ZB_E_IO, "vals/c/1");
+    assert_null(b);
+    sc.fail_key = NULL;
+    ZB_ASSERT_OK(zb_store_erase(mem, "lab/c/1")); /* samples 5..9 of lab: fill (0) */
+    zb_batch *bm = NULL;
+    ZB_ASSERT_OK(zb_dataset_read_many(dr, IDS, NIDS, &b));
+    ZB_ASSERT_OK(zb_dataset_read_many(dm, IDS, NIDS, &bm));
+    assert_batches_equal(bm, b);
+    zb_batch_view v;
+    ZB_ASSERT_OK(zb_batch_find(b, "lab", &v));
+    for (size_t i = 0; i < NIDS; i++)
+        assert_int_equal(((const int64_t *)v.data)[i],
+                         IDS[i] / LAB_CHUNK == 1 ? 0 : s.lab[IDS[i]]);
+    zb_batch_free(b);
+    zb_batch_free(bm);
+    zb_dataset_close(dr);
+    zb_dataset_close(dm);
+    zb_store_close(remote);
+    pthread_mutex_destroy(&sc.mu);
+    pthread_cond_destroy(&sc.cv);
+    zb_store_close(mem);
+    source_free(&s);
+}
+
 int
 main(void)
 {
@@ -824,6 +1097,8 @@ main(void)
         cmocka_unit_test(test_generic_schema_errors),
         cmocka_unit_test(test_index_conventions_and_bad_values),
         cmocka_unit_test(test_widen_every_pair),
+        cmocka_unit_test(test_listed_path_matches_file_store),
+        cmocka_unit_test(test_listed_path_errors_and_missing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
