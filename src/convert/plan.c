@@ -681,6 +681,23 @@ planner_free(planner *p)
     json_object_put(p->doc);
 }
 
+/* The scatter file's block size: a gather pass reads a straddling block of every section, so
+ * blocks are about a section's share of a pass (convert_int.h, "the scatter file"). */
+static uint64_t
+scatter_block_bytes(const zb_convert_opts *o, uint64_t n_cells, uint64_t total, uint64_t slices,
+                    uint64_t writer, int num_threads)
+{
+    uint64_t d = (n_cells + o->dataset_size - 1) / (o->dataset_size ? o->dataset_size : 1);
+    uint64_t g = cv_concurrent_gathers(o->memory_bytes, writer, d ? d : 1, num_threads);
+    uint64_t share = o->memory_bytes / g, floor = (uint64_t)8 << 20;
+    uint64_t pass = share > writer + floor ? (share - writer) * 2 / 5 : floor;
+    uint64_t dataset = total / (d ? d : 1), passes = (dataset + pass - 1) / pass;
+    uint64_t block = total / (slices ? slices : 1) / (d ? d : 1) / (passes ? passes : 1);
+    if (block < CV_MIN_BLOCK_BYTES) block = CV_MIN_BLOCK_BYTES;
+    if (block > CV_MAX_BLOCK_BYTES) block = CV_MAX_BLOCK_BYTES;
+    return block;
+}
+
 zb_status
 cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o, const char *work,
               json_object *args, int num_threads)
@@ -776,16 +793,10 @@ cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o, con
     /* scatter blocks: a gather pass reads a straddling block of every section, so blocks are
      * about a section's share of a pass (convert_int.h, "the scatter file") */
     if (st == ZB_OK && ok) {
-        uint64_t d = (n_cells + o->dataset_size - 1) / (o->dataset_size ? o->dataset_size : 1);
-        uint64_t slices = json_object_array_length(js), writer = cv_writer_bytes(
-            o->x_chunk, o->x_shard, out_dtypes, p.n_mats, json_object_array_length(jc));
-        uint64_t g = cv_concurrent_gathers(o->memory_bytes, writer, d ? d : 1, num_threads);
-        uint64_t share = o->memory_bytes / g, floor = (uint64_t)8 << 20;
-        uint64_t pass = share > writer + floor ? (share - writer) * 2 / 5 : floor;
-        uint64_t dataset = total / (d ? d : 1), passes = (dataset + pass - 1) / pass;
-        uint64_t block = total / (slices ? slices : 1) / (d ? d : 1) / (passes ? passes : 1);
-        if (block < CV_MIN_BLOCK_BYTES) block = CV_MIN_BLOCK_BYTES;
-        if (block > CV_MAX_BLOCK_BYTES) block = CV_MAX_BLOCK_BYTES;
+        uint64_t writer = cv_writer_bytes(o->x_chunk, o->x_shard, out_dtypes, p.n_mats,
+                                          json_object_array_length(jc));
+        uint64_t block = scatter_block_bytes(o, n_cells, total, json_object_array_length(js),
+                                             writer, num_threads);
         zb_jw_add(p.doc, "block_bytes", zb_jw_u64(block), &ok);
     }
     zb_jw_add(p.doc, "n_cells", zb_jw_u64(n_cells), &ok);

@@ -805,12 +805,10 @@ done:
 /* add_custom                                                                                   */
 /* ------------------------------------------------------------------------------------------- */
 
-zb_status
-zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_config *cfg,
-                     const zb_atomic_field *field, uint64_t n_rows)
+/* What zb_atomic_add_custom asks of the field before it opens the store. */
+static zb_status
+check_custom_field(const zb_atomic_field *field, uint64_t n_rows)
 {
-    if (!store || !path || !field)
-        return zb_err(ZB_E_INVALID, "zb_atomic_add_custom: null argument");
     if (field->group && strcmp(field->group, "custom") != 0)
         return zb_err(ZB_E_INVALID,
                       "zb_atomic_add_custom: group '%s': only custom fields can "
@@ -831,6 +829,16 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
             return zb_err(ZB_E_INVALID, "custom field '%s': zero dimension", field->name);
     if (n_rows && !field->data)
         return zb_err(ZB_E_INVALID, "custom field '%s': data is NULL", field->name);
+    return ZB_OK;
+}
+
+zb_status
+zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_config *cfg,
+                     const zb_atomic_field *field, uint64_t n_rows)
+{
+    if (!store || !path || !field)
+        return zb_err(ZB_E_INVALID, "zb_atomic_add_custom: null argument");
+    ZB_TRY(check_custom_field(field, n_rows));
     zb_at_cfg c;
     ZB_TRY(zb_at_cfg_copy(cfg, &c));
     char p[ZB_AT_PATH_CAP];
