@@ -18,7 +18,6 @@
 #include "dataset/read_int.h"
 #include "util/status.h"
 #include "util/stream.h"
-#include "util/vecloop.h"
 #include "zarr/shard.h"
 
 /* ---- execution ---------------------------------------------------------------------------- */
@@ -38,228 +37,6 @@ unit_spans_rows(const zb_unit_geom *u, const uint64_t *g)
     for (int d = 1; d < u->ndim; d++)
         if (u->inner[d] != u->shape[d] || g[d] != 0) return false;
     return true;
-}
-
-/* n lines of nb bytes, line r from u + r*us to o + r*os, with a fixed-size move for the common
- * widths (a call into memcpy per short line was most of the copying of small samples and of
- * nvalchemi's column chunks). */
-static inline void
-copy_lines(uint8_t *o, size_t os, const uint8_t *u, size_t us, uint64_t n, size_t nb)
-{
-#define ZB_COPY_LINES(W)                                                                         \
-    for (uint64_t r = 0; r < n; r++, u += us, o += os) memcpy(o, u, W);                          \
-    break
-    switch (nb) {
-    case 1: ZB_COPY_LINES(1);
-    case 2: ZB_COPY_LINES(2);
-    case 4: ZB_COPY_LINES(4);
-    case 8: ZB_COPY_LINES(8);
-    case 12: ZB_COPY_LINES(12);
-    case 16: ZB_COPY_LINES(16);
-    case 24: ZB_COPY_LINES(24);
-    case 32: ZB_COPY_LINES(32);
-    case 48: ZB_COPY_LINES(48);
-    case 64: ZB_COPY_LINES(64);
-    default: ZB_COPY_LINES(nb);
-    }
-#undef ZB_COPY_LINES
-}
-
-/* Whether the tasks re-base field f's rows as they land. */
-static inline bool
-rebased_here(const plan *p, uint32_t f)
-{
-    return p->rb && p->rb[f].in_tasks;
-}
-
-/* Whether child c's values of field f are converted as they land (a collection's categorical
- * codes: another width, or through its table, merge.c; narrow stored values widened to the
- * delivered dtype, widen.c), and the table (NULL: none). A converted field loses the paths
- * that land stored bytes in the batch as they are (a unit decoded straight into it, raw rows
- * read into it): its units decode into per-thread scratch and zb_values_convert copies them out
- * while they are hot in cache. */
-static inline bool
-converted(const plan *p, uint32_t f, uint32_t c, const int64_t **lut, uint64_t *nlut)
-{
-    *lut = NULL;
-    *nlut = 0;
-    if (p->ds->maps) *lut = zb_dataset_lut(p->ds, f, c, nlut);
-    return *lut || child_of(p->ds, c)->fields[f].dtype != p->b->fields[f].dtype;
-}
-
-/* Bytes of rows of field f into the batch: streamed past the cache when the batch outgrows it,
- * unless the task re-bases them next (they are read again at once). */
-static inline void
-put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
-{
-    if (p->stream && !rebased_here(p, f))
-        zb_stream_copy(dst, src, n);
-    else
-        memcpy(dst, src, n);
-}
-
-/* Copies rows [src_row, src_row+n) of a decoded unit at unit coordinates g (logical C order,
- * shape u->inner) that covers part of the other axes (serve_unit moves units holding whole
- * rows itself) into the batch rows starting at dst_row. */
-static void
-copy_rows(const zb_unit_geom *u, const bfield *bf, const uint8_t *unit, const uint64_t *g,
-          uint64_t src_row, uint64_t dst_row, uint64_t n)
-{
-    int nd = u->ndim;
-    size_t isz = bf->itemsize;
-    if (nd == 2) {
-        /* a unit of some columns of each row (nvalchemi's column chunks, [rows, 1]): one short
-         * line per row, copied with a fixed-size move where the width allows */
-        uint64_t lo1 = g[1] * u->inner[1], hi1 = lo1 + u->inner[1];
-        if (hi1 > u->shape[1]) hi1 = u->shape[1];
-        size_t nb = (size_t)((hi1 - lo1) * isz);
-        size_t us = (size_t)(u->inner[1] * isz), os = (size_t)(bf->row_elems * isz);
-        copy_lines(bf->data + dst_row * os + lo1 * isz, os, unit + src_row * us, us, n, nb);
-        return;
-    }
-    /* general: the unit covers a box of the other axes; copy it line by line (last axis) */
-    uint64_t lo[ZB_MAX_DIMS], ext[ZB_MAX_DIMS], ostride[ZB_MAX_DIMS], ustride[ZB_MAX_DIMS];
-    uint64_t s = 1, us = 1; /* us ends as the unit's elements per row */
-    for (int d = nd - 1; d >= 1; d--) {
-        ostride[d] = s;
-        s *= u->shape[d];
-        ustride[d] = us;
-        us *= u->inner[d];
-        lo[d] = g[d] * u->inner[d];
-        uint64_t hi = lo[d] + u->inner[d];
-        if (hi > u->shape[d]) hi = u->shape[d];
-        ext[d] = hi - lo[d];
-    }
-    for (uint64_t r = 0; r < n; r++) {
-        const uint8_t *urow = unit + (src_row + r) * us * isz;
-        uint8_t *orow = bf->data + (dst_row + r) * bf->row_elems * isz;
-        uint64_t idx[ZB_MAX_DIMS] = {0};
-        for (;;) {
-            uint64_t ui = 0, oi = 0;
-            for (int d = 1; d < nd - 1; d++) {
-                ui += idx[d] * ustride[d];
-                oi += (lo[d] + idx[d]) * ostride[d];
-            }
-            oi += lo[nd - 1];
-            memcpy(orow + oi * isz, urow + ui * isz, (size_t)(ext[nd - 1] * isz));
-            int d = nd - 2;
-            for (; d >= 1; d--) {
-                if (++idx[d] < ext[d]) break;
-                idx[d] = 0;
-            }
-            if (d < 1) break;
-        }
-    }
-}
-
-/* The largest sample i with rows[i] <= row (rows: a batch pointer of n samples, row < rows[n]):
- * the sample holding batch row `row` (empty samples are skipped over). */
-static size_t
-sample_of(const int64_t *rows, size_t n, uint64_t row)
-{
-    size_t lo = 0, hi = n;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if ((uint64_t)rows[mid] <= row)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-/* Re-bases rows [r0, r1) x columns [c0, c1) of an index field's batch buffer, all of sample i:
- * v + d in one branch-free pass that keeps the range of v; a range outside [lo, lo + len), or
- * a result past INT32_MAX for int32, undoes the shift and returns false. Vectorised
- * (ZB_VECTOR_LOOP: AVX2 where the CPU has it, as SSE2 has no 64-bit compare; 6.4% of an atoms
- * read scalar, 1.8% so). */
-#define ZB_SHIFT_SPAN(T, UT)                                                                     \
-    ZB_VECTOR_LOOP static bool shift_span_##T(T *base, uint64_t re, uint64_t r0, uint64_t r1, uint64_t c0,     \
-                               uint64_t c1, int64_t d, int64_t lo, int64_t len)                 \
-    {                                                                                            \
-        uint64_t rows = r1 - r0, w = c1 - c0;                                                    \
-        if (c0 == 0 && c1 == re) { /* whole rows: one run */                                     \
-            w *= rows;                                                                           \
-            rows = 1;                                                                            \
-        }                                                                                        \
-        T mn = base[r0 * re + c0], mx = mn;                                                      \
-        for (uint64_t r = 0; r < rows; r++) {                                                    \
-            T *v = base + (r0 + r) * re + c0;                                                    \
-            for (uint64_t k = 0; k < w; k++) {                                                   \
-                T x = v[k];                                                                      \
-                mn = x < mn ? x : mn;                                                            \
-                mx = x > mx ? x : mx;                                                            \
-                v[k] = (T)((UT)x + (UT)d);                                                       \
-            }                                                                                    \
-        }                                                                                        \
-        /* mn >= lo >= 0 first: then mx - lo and mx + d cannot overflow int64 */                \
-        if (mn >= lo && mx - lo < len && (sizeof(T) == 8 || (int64_t)mx + d <= INT32_MAX))      \
-            return true;                                                                         \
-        for (uint64_t r = 0; r < rows; r++) {                                                    \
-            T *v = base + (r0 + r) * re + c0;                                                    \
-            for (uint64_t k = 0; k < w; k++) v[k] = (T)((UT)v[k] - (UT)d);                       \
-        }                                                                                        \
-        return false;                                                                            \
-    }
-ZB_SHIFT_SPAN(int64_t, uint64_t)
-ZB_SHIFT_SPAN(int32_t, uint32_t)
-#undef ZB_SHIFT_SPAN
-
-/* The error for the first value of rows [r0, r1) x columns [c0, c1) of sample i (values as
- * stored) that lies outside the sample's target rows, or whose batch row does not fit int32. */
-static zb_status
-rebase_error(const plan *p, uint32_t f, size_t i, uint64_t r0, uint64_t r1, uint64_t c0,
-             uint64_t c1)
-{
-    const rebase *r = &p->rb[f];
-    const bfield *bf = &p->b->fields[f];
-    const zb_dataset *ch = child_of(p->ds, p->child[i]);
-    const zb_field *fd = &ch->fields[f];
-    bool wide = bf->dtype == ZB_DT_INT64;
-    for (uint64_t row = r0; row < r1; row++)
-        for (uint64_t k = row * bf->row_elems + c0; k < row * bf->row_elems + c1; k++) {
-            int64_t x = wide ? ((const int64_t *)(const void *)bf->data)[k]
-                             : ((const int32_t *)(const void *)bf->data)[k];
-            if (x < r->lo[i] || x - r->lo[i] >= r->len[i]) {
-                /* x - lo as the store meant it; reported, never used */
-                long long local = (long long)((uint64_t)x - (uint64_t)r->lo[i]);
-                return zb_err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field "
-                              "%s: value %lld is outside its %lld atoms (stored %s)",
-                              zb_dataset_name(ch), (unsigned long long)p->b->index[i], i,
-                              fd->name, local, (long long)r->len[i],
-                              fd->global_index ? "store-global" : "local");
-            }
-            if (!wide && x + r->shift[i] > INT32_MAX)
-                return zb_err(ZB_E_OVERFLOW, "%s: batch index %lld does not fit int32", fd->name,
-                              (long long)(x + r->shift[i]));
-        }
-    return zb_err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field %s: bad "
-                  "index values", zb_dataset_name(ch), (unsigned long long)p->b->index[i], i,
-                  fd->name);
-}
-
-/* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f, sample by sample (a
- * copy may span several): in the tasks, the rows one copy has just written (still in cache);
- * after them, every row of a field the tasks do not re-base. */
-static zb_status
-rebase_rows(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0, uint64_t c1)
-{
-    const rebase *r = &p->rb[f];
-    bfield *bf = &p->b->fields[f];
-    uint64_t re = bf->row_elems, end = row0 + nrows;
-    for (size_t i = nrows ? sample_of(r->rows, p->n, row0) : p->n; i < p->n; i++) {
-        uint64_t a = (uint64_t)r->rows[i] > row0 ? (uint64_t)r->rows[i] : row0;
-        uint64_t e = (uint64_t)r->rows[i + 1] < end ? (uint64_t)r->rows[i + 1] : end;
-        if (a >= end) break;
-        if (a >= e) continue;
-        bool ok = bf->dtype == ZB_DT_INT64
-                      ? shift_span_int64_t((int64_t *)(void *)bf->data, re, a, e, c0, c1,
-                                           r->shift[i], r->lo[i], r->len[i])
-                      : shift_span_int32_t((int32_t *)(void *)bf->data, re, a, e, c0, c1,
-                                           r->shift[i], r->lo[i], r->len[i]);
-        if (!ok) return rebase_error(p, f, i, a, e, c0, c1);
-    }
-    return ZB_OK;
 }
 
 /* Unit g of array a in `target` (unit_bytes): from the decoded-chunk cache, as fill when
@@ -342,10 +119,10 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
             else
                 put_bytes(p, c->field, o, src, (size_t)c->nrows * rb);
         } else {
-            copy_rows(u, bf, unit, g, c->src_row, c->dst_row, c->nrows);
+            zb_rows_copy_box(u, bf, unit, g, c->src_row, c->dst_row, c->nrows);
         }
         *rows += c->nrows;
-        if (reb) ZB_TRY(rebase_rows(p, c->field, c->dst_row, c->nrows, lo1, hi1));
+        if (reb) ZB_TRY(zb_rows_rebase(p, c->field, c->dst_row, c->nrows, lo1, hi1));
     }
     return ZB_OK;
 }
@@ -386,7 +163,7 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     if (direct) {
         rows = cp->nrows;
         if (rebased_here(p, cp->field))
-            ZB_TRY(rebase_rows(p, cp->field, cp->dst_row, cp->nrows, 0, bf->row_elems));
+            ZB_TRY(zb_rows_rebase(p, cp->field, cp->dst_row, cp->nrows, 0, bf->row_elems));
     } else {
         ZB_TRY(copy_out(x, c0, c1, g, target, conv, lut, nlut, row_bytes, &rows));
     }
@@ -437,7 +214,7 @@ raw_copy_out(exec *x, const zb_unit_geom *u, bfield *bf, size_t c0, size_t c1,
             put_bytes(x->p, c->field, to, from, (size_t)n);
         total += n;
         if (rebased_here(x->p, c->field))
-            ZB_TRY(rebase_rows(x->p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+            ZB_TRY(zb_rows_rebase(x->p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
     }
     x->t->stats.bytes_delivered += total;
     if (delivered) *delivered = total;
@@ -535,7 +312,7 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
             x->t->stats.bytes_delivered += len;
             const copy *c = &p->copies[i];
             if (rebased_here(p, c->field))
-                ZB_TRY(rebase_rows(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+                ZB_TRY(zb_rows_rebase(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
         }
         i = k;
     }
@@ -822,7 +599,7 @@ run_rows(exec *x, size_t c0, size_t c1)
                    (size_t)c->nrows * row_bytes);
         x->t->stats.bytes_delivered += c->nrows * row_bytes;
         if (rebased_here(p, c->field))
-            ZB_TRY(rebase_rows(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+            ZB_TRY(zb_rows_rebase(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
     }
     return ZB_OK;
 }
@@ -1117,13 +894,6 @@ run_listed(plan *p)
 }
 
 /* ---- running a plan ------------------------------------------------------------------------ */
-
-zb_status
-zb_exec_rebase_rows(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0,
-                    uint64_t c1)
-{
-    return rebase_rows(p, f, row0, nrows, c0, c1);
-}
 
 /* Runs the in-place tasks: one drain job per worker, each taking the next task off a shared
  * counter, so a request of thousands of small tasks costs a handful of queue hand-offs, not

@@ -5,6 +5,7 @@
  *             re-base plan of index fields; the plan's memory kept between requests
  *   exec.c    execution: tasks on the pool, each serving and fetching its units through the
  *             zarr unit API (src/zarr/unit.h); the list path for stores that read lists
+ *   rows.c    landing rows in the batch: box copies, index fields re-based
  *   reader.c  zb_dataset_read_batches: plan -> execute -> finish (strings, gene order)
  *
  * The flow is DESIGN.md §3. Nothing here reaches inside a zb_array: the unit geometry
@@ -19,6 +20,7 @@
 
 #include "dataset/batch.h"
 #include "dataset/dataset.h"
+#include "util/stream.h"
 #include "zarr/unit.h"
 
 typedef struct bfield {
@@ -191,6 +193,80 @@ grow_array(void **a, size_t *cap, size_t n, size_t size)
     return true;
 }
 
+/* ---- landing rows (shared by exec.c and rows.c) ------------------------------------------ */
+
+/* n lines of nb bytes, line r from u + r*us to o + r*os, with a fixed-size move for the common
+ * widths (a call into memcpy per short line was most of the copying of small samples and of
+ * nvalchemi's column chunks). */
+static inline void
+copy_lines(uint8_t *o, size_t os, const uint8_t *u, size_t us, uint64_t n, size_t nb)
+{
+#define ZB_COPY_LINES(W)                                                                         \
+    for (uint64_t r = 0; r < n; r++, u += us, o += os) memcpy(o, u, W);                          \
+    break
+    switch (nb) {
+    case 1: ZB_COPY_LINES(1);
+    case 2: ZB_COPY_LINES(2);
+    case 4: ZB_COPY_LINES(4);
+    case 8: ZB_COPY_LINES(8);
+    case 12: ZB_COPY_LINES(12);
+    case 16: ZB_COPY_LINES(16);
+    case 24: ZB_COPY_LINES(24);
+    case 32: ZB_COPY_LINES(32);
+    case 48: ZB_COPY_LINES(48);
+    case 64: ZB_COPY_LINES(64);
+    default: ZB_COPY_LINES(nb);
+    }
+#undef ZB_COPY_LINES
+}
+
+/* Whether the tasks re-base field f's rows as they land. */
+static inline bool
+rebased_here(const plan *p, uint32_t f)
+{
+    return p->rb && p->rb[f].in_tasks;
+}
+
+/* Whether child c's values of field f are converted as they land (a collection's categorical
+ * codes: another width, or through its table, merge.c; narrow stored values widened to the
+ * delivered dtype, widen.c), and the table (NULL: none). A converted field loses the paths
+ * that land stored bytes in the batch as they are (a unit decoded straight into it, raw rows
+ * read into it): its units decode into per-thread scratch and zb_values_convert copies them out
+ * while they are hot in cache. */
+static inline bool
+converted(const plan *p, uint32_t f, uint32_t c, const int64_t **lut, uint64_t *nlut)
+{
+    *lut = NULL;
+    *nlut = 0;
+    if (p->ds->maps) *lut = zb_dataset_lut(p->ds, f, c, nlut);
+    return *lut || child_of(p->ds, c)->fields[f].dtype != p->b->fields[f].dtype;
+}
+
+/* Bytes of rows of field f into the batch: streamed past the cache when the batch outgrows it,
+ * unless the task re-bases them next (they are read again at once). */
+static inline void
+put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
+{
+    if (p->stream && !rebased_here(p, f))
+        zb_stream_copy(dst, src, n);
+    else
+        memcpy(dst, src, n);
+}
+
+/* ---- rows.c -------------------------------------------------------------------------------- */
+
+/* Copies rows [src_row, src_row + n) of a decoded unit at unit coordinates g (logical C order,
+ * shape u->inner) that covers part of the other axes into batch field bf from dst_row on. */
+void zb_rows_copy_box(const zb_unit_geom *u, const bfield *bf, const uint8_t *unit,
+                      const uint64_t *g, uint64_t src_row, uint64_t dst_row, uint64_t n);
+
+/* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f, sample by sample:
+ * in the tasks, the rows one copy has just written (still in cache); after them (reader.c),
+ * every row of a field the tasks do not re-base. A value outside its sample's target rows is
+ * ZB_E_CORRUPT naming the sample and field. */
+zb_status zb_rows_rebase(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0,
+                         uint64_t c1);
+
 /* ---- batch.c ------------------------------------------------------------------------------- */
 
 /* A block of at least `need` bytes from the pool (*cap: its size), which takes a reference
@@ -232,8 +308,5 @@ zb_status zb_plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, u
  * returns the first task's failure. */
 zb_status zb_exec_run(plan *p);
 
-/* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f (exec.c). */
-zb_status zb_exec_rebase_rows(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows,
-                              uint64_t c0, uint64_t c1);
 
 #endif

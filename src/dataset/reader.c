@@ -132,8 +132,8 @@ finish(plan *p)
     for (size_t f = 0; f < b->nfields && p->rb; f++) {
         const rebase *r = &p->rb[f];
         if (r->shift && !r->in_tasks)
-            ZB_TRY(zb_exec_rebase_rows(p, (uint32_t)f, 0, (uint64_t)r->rows[p->n], 0,
-                                       b->fields[f].row_elems));
+            ZB_TRY(zb_rows_rebase(p, (uint32_t)f, 0, (uint64_t)r->rows[p->n], 0,
+                                  b->fields[f].row_elems));
     }
     for (size_t f = 0; f < b->nfields; f++)
         if (b->fields[f].dtype == ZB_DT_STRING) ZB_TRY(read_strings(p, (uint32_t)f));

@@ -1,0 +1,175 @@
+/* Landing rows in the batch: a decoded unit's box of a row copied line by line, and index
+ * fields re-based (a sample's stored values become rows of its batch group) as their rows land
+ * or after the tasks. The tasks (exec.c) and the finish (reader.c) call these; the short-row
+ * copies, conversion and streaming rules they share are in read_int.h. */
+#include <stdio.h>
+#include <string.h>
+
+#include "dataset/read_int.h"
+#include "util/status.h"
+#include "util/vecloop.h"
+
+/* Copies rows [src_row, src_row+n) of a decoded unit at unit coordinates g (logical C order,
+ * shape u->inner) that covers part of the other axes (serve_unit moves units holding whole
+ * rows itself) into the batch rows starting at dst_row. */
+void
+zb_rows_copy_box(const zb_unit_geom *u, const bfield *bf, const uint8_t *unit, const uint64_t *g,
+          uint64_t src_row, uint64_t dst_row, uint64_t n)
+{
+    int nd = u->ndim;
+    size_t isz = bf->itemsize;
+    if (nd == 2) {
+        /* a unit of some columns of each row (nvalchemi's column chunks, [rows, 1]): one short
+         * line per row, copied with a fixed-size move where the width allows */
+        uint64_t lo1 = g[1] * u->inner[1], hi1 = lo1 + u->inner[1];
+        if (hi1 > u->shape[1]) hi1 = u->shape[1];
+        size_t nb = (size_t)((hi1 - lo1) * isz);
+        size_t us = (size_t)(u->inner[1] * isz), os = (size_t)(bf->row_elems * isz);
+        copy_lines(bf->data + dst_row * os + lo1 * isz, os, unit + src_row * us, us, n, nb);
+        return;
+    }
+    /* general: the unit covers a box of the other axes; copy it line by line (last axis) */
+    uint64_t lo[ZB_MAX_DIMS], ext[ZB_MAX_DIMS], ostride[ZB_MAX_DIMS], ustride[ZB_MAX_DIMS];
+    uint64_t s = 1, us = 1; /* us ends as the unit's elements per row */
+    for (int d = nd - 1; d >= 1; d--) {
+        ostride[d] = s;
+        s *= u->shape[d];
+        ustride[d] = us;
+        us *= u->inner[d];
+        lo[d] = g[d] * u->inner[d];
+        uint64_t hi = lo[d] + u->inner[d];
+        if (hi > u->shape[d]) hi = u->shape[d];
+        ext[d] = hi - lo[d];
+    }
+    for (uint64_t r = 0; r < n; r++) {
+        const uint8_t *urow = unit + (src_row + r) * us * isz;
+        uint8_t *orow = bf->data + (dst_row + r) * bf->row_elems * isz;
+        uint64_t idx[ZB_MAX_DIMS] = {0};
+        for (;;) {
+            uint64_t ui = 0, oi = 0;
+            for (int d = 1; d < nd - 1; d++) {
+                ui += idx[d] * ustride[d];
+                oi += (lo[d] + idx[d]) * ostride[d];
+            }
+            oi += lo[nd - 1];
+            memcpy(orow + oi * isz, urow + ui * isz, (size_t)(ext[nd - 1] * isz));
+            int d = nd - 2;
+            for (; d >= 1; d--) {
+                if (++idx[d] < ext[d]) break;
+                idx[d] = 0;
+            }
+            if (d < 1) break;
+        }
+    }
+}
+
+/* The largest sample i with rows[i] <= row (rows: a batch pointer of n samples, row < rows[n]):
+ * the sample holding batch row `row` (empty samples are skipped over). */
+static size_t
+sample_of(const int64_t *rows, size_t n, uint64_t row)
+{
+    size_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)rows[mid] <= row)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Re-bases rows [r0, r1) x columns [c0, c1) of an index field's batch buffer, all of sample i:
+ * v + d in one branch-free pass that keeps the range of v; a range outside [lo, lo + len), or
+ * a result past INT32_MAX for int32, undoes the shift and returns false. Vectorised
+ * (ZB_VECTOR_LOOP: AVX2 where the CPU has it, as SSE2 has no 64-bit compare; 6.4% of an atoms
+ * read scalar, 1.8% so). */
+#define ZB_SHIFT_SPAN(T, UT)                                                                     \
+    ZB_VECTOR_LOOP static bool shift_span_##T(T *base, uint64_t re, uint64_t r0, uint64_t r1, uint64_t c0,     \
+                               uint64_t c1, int64_t d, int64_t lo, int64_t len)                 \
+    {                                                                                            \
+        uint64_t rows = r1 - r0, w = c1 - c0;                                                    \
+        if (c0 == 0 && c1 == re) { /* whole rows: one run */                                     \
+            w *= rows;                                                                           \
+            rows = 1;                                                                            \
+        }                                                                                        \
+        T mn = base[r0 * re + c0], mx = mn;                                                      \
+        for (uint64_t r = 0; r < rows; r++) {                                                    \
+            T *v = base + (r0 + r) * re + c0;                                                    \
+            for (uint64_t k = 0; k < w; k++) {                                                   \
+                T x = v[k];                                                                      \
+                mn = x < mn ? x : mn;                                                            \
+                mx = x > mx ? x : mx;                                                            \
+                v[k] = (T)((UT)x + (UT)d);                                                       \
+            }                                                                                    \
+        }                                                                                        \
+        /* mn >= lo >= 0 first: then mx - lo and mx + d cannot overflow int64 */                \
+        if (mn >= lo && mx - lo < len && (sizeof(T) == 8 || (int64_t)mx + d <= INT32_MAX))      \
+            return true;                                                                         \
+        for (uint64_t r = 0; r < rows; r++) {                                                    \
+            T *v = base + (r0 + r) * re + c0;                                                    \
+            for (uint64_t k = 0; k < w; k++) v[k] = (T)((UT)v[k] - (UT)d);                       \
+        }                                                                                        \
+        return false;                                                                            \
+    }
+ZB_SHIFT_SPAN(int64_t, uint64_t)
+ZB_SHIFT_SPAN(int32_t, uint32_t)
+#undef ZB_SHIFT_SPAN
+
+/* The error for the first value of rows [r0, r1) x columns [c0, c1) of sample i (values as
+ * stored) that lies outside the sample's target rows, or whose batch row does not fit int32. */
+static zb_status
+rebase_error(const plan *p, uint32_t f, size_t i, uint64_t r0, uint64_t r1, uint64_t c0,
+             uint64_t c1)
+{
+    const rebase *r = &p->rb[f];
+    const bfield *bf = &p->b->fields[f];
+    const zb_dataset *ch = child_of(p->ds, p->child[i]);
+    const zb_field *fd = &ch->fields[f];
+    bool wide = bf->dtype == ZB_DT_INT64;
+    for (uint64_t row = r0; row < r1; row++)
+        for (uint64_t k = row * bf->row_elems + c0; k < row * bf->row_elems + c1; k++) {
+            int64_t x = wide ? ((const int64_t *)(const void *)bf->data)[k]
+                             : ((const int32_t *)(const void *)bf->data)[k];
+            if (x < r->lo[i] || x - r->lo[i] >= r->len[i]) {
+                /* x - lo as the store meant it; reported, never used */
+                long long local = (long long)((uint64_t)x - (uint64_t)r->lo[i]);
+                return zb_err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field "
+                              "%s: value %lld is outside its %lld atoms (stored %s)",
+                              zb_dataset_name(ch), (unsigned long long)p->b->index[i], i,
+                              fd->name, local, (long long)r->len[i],
+                              fd->global_index ? "store-global" : "local");
+            }
+            if (!wide && x + r->shift[i] > INT32_MAX)
+                return zb_err(ZB_E_OVERFLOW, "%s: batch index %lld does not fit int32", fd->name,
+                              (long long)(x + r->shift[i]));
+        }
+    return zb_err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field %s: bad "
+                  "index values", zb_dataset_name(ch), (unsigned long long)p->b->index[i], i,
+                  fd->name);
+}
+
+/* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f, sample by sample (a
+ * copy may span several): in the tasks, the rows one copy has just written (still in cache);
+ * after them, every row of a field the tasks do not re-base. */
+zb_status
+zb_rows_rebase(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0, uint64_t c1)
+{
+    const rebase *r = &p->rb[f];
+    bfield *bf = &p->b->fields[f];
+    uint64_t re = bf->row_elems, end = row0 + nrows;
+    for (size_t i = nrows ? sample_of(r->rows, p->n, row0) : p->n; i < p->n; i++) {
+        uint64_t a = (uint64_t)r->rows[i] > row0 ? (uint64_t)r->rows[i] : row0;
+        uint64_t e = (uint64_t)r->rows[i + 1] < end ? (uint64_t)r->rows[i + 1] : end;
+        if (a >= end) break;
+        if (a >= e) continue;
+        bool ok = bf->dtype == ZB_DT_INT64
+                      ? shift_span_int64_t((int64_t *)(void *)bf->data, re, a, e, c0, c1,
+                                           r->shift[i], r->lo[i], r->len[i])
+                      : shift_span_int32_t((int32_t *)(void *)bf->data, re, a, e, c0, c1,
+                                           r->shift[i], r->lo[i], r->len[i]);
+        if (!ok) return rebase_error(p, f, i, a, e, c0, c1);
+    }
+    return ZB_OK;
+}
+
