@@ -347,9 +347,13 @@ cmp_want(const void *x, const void *y)
 typedef struct wants {
     want *w;
     size_t n;
-    bool now; /* plain: fetch and serve each unit as it is met instead (nothing listed) */
-    char key[4600];
+    bool now;  /* plain: fetch and serve each unit as it is met instead (nothing listed) */
+    char *key; /* a buffer of cap bytes (the caller's, or malloc'd when own) */
+    size_t cap;
+    bool own;
 } wants;
+
+#define KEY_CAP 4600 /* a chunk key's bound (zb_meta_chunk_key) */
 
 /* Fetches plain unit g (its object, whole: a view, or one read) and serves copies [c0, c1). */
 static zb_status
@@ -378,17 +382,21 @@ plain_collect(exec *x, size_t c0, size_t c1, wants *ws)
     const copy *cp = &p->copies[c0];
     const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
     const zb_unit_geom *u = zb_array_units(a);
-    uint64_t row_units = zb_unit_row_units(u), rows = 0;
-    for (size_t i = c0; i < c1; i++) rows += i == c0 || p->copies[i].unit != p->copies[i - 1].unit;
     ws->n = 0;
-    ws->w = ws->now ? NULL : malloc((size_t)(rows * row_units) * sizeof *ws->w + 1);
-    if (!ws->now && !ws->w) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+    ws->w = NULL;
+    if (!ws->now) {
+        uint64_t rows = 0;
+        for (size_t i = c0; i < c1; i++)
+            rows += i == c0 || p->copies[i].unit != p->copies[i - 1].unit;
+        ws->w = malloc((size_t)(rows * zb_unit_row_units(u)) * sizeof *ws->w + 1);
+        if (!ws->w) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+    }
     for (size_t i = c0, j; i < c1; i = j) {
         for (j = i + 1; j < c1 && p->copies[j].unit == p->copies[i].unit; j++) {}
         uint64_t g[ZB_MAX_DIMS] = {0};
         g[0] = p->copies[i].unit;
         if (u->raw_rows) { /* serve_raw converts as it copies */
-            ZB_TRY(zb_array_unit_object(a, g, ws->key, sizeof ws->key, NULL, NULL));
+            ZB_TRY(zb_array_unit_object(a, g, ws->key, ws->cap, NULL, NULL));
             zb_status st = serve_raw(x, i, j, ws->key, 0, NULL, 0);
             if (st == ZB_E_NOTFOUND) st = serve_unit(x, i, j, g, NULL, 0, true, ws->key, NULL);
             ZB_TRY(st);
@@ -396,12 +404,12 @@ plain_collect(exec *x, size_t c0, size_t c1, wants *ws)
         }
         do {
             if (unit_cached(x, a, g)) {
-                ZB_TRY(zb_array_unit_object(a, g, ws->key, sizeof ws->key, NULL, NULL));
+                ZB_TRY(zb_array_unit_object(a, g, ws->key, ws->cap, NULL, NULL));
                 ZB_TRY(serve_unit(x, i, j, g, NULL, 0, false, ws->key, NULL));
                 continue;
             }
             if (ws->now) {
-                ZB_TRY(plain_one(x, a, g, i, j, ws->key, sizeof ws->key));
+                ZB_TRY(plain_one(x, a, g, i, j, ws->key, ws->cap));
                 continue;
             }
             want *w = &ws->w[ws->n++];
@@ -490,7 +498,7 @@ shard_collect(exec *x, size_t c0, size_t c1, wants *ws)
     }
     uint64_t g[ZB_MAX_DIMS] = {0};
     g[0] = cp->unit;
-    zb_status st = zb_array_unit_object(a, g, ws->key, sizeof ws->key, NULL, NULL);
+    zb_status st = zb_array_unit_object(a, g, ws->key, ws->cap, NULL, NULL);
     if (st == ZB_OK)
         st = zb_unit_shard_entries(a, x->ctx, p->ds->index_cache, g, e_lo, e_n, entries,
                                    &x->t->stats);
@@ -541,7 +549,8 @@ run_units(exec *x, size_t c0, size_t c1)
 {
     const copy *cp = &x->p->copies[c0];
     const zb_array *a = child_of(x->p->ds, cp->child)->fields[cp->field].arr;
-    wants ws = {.now = true};
+    char key[KEY_CAP];
+    wants ws = {.now = true, .key = key, .cap = sizeof key};
     if (zb_array_units(a)->kind == ZB_UNITS_PLAIN) return plain_collect(x, c0, c1, &ws);
     zb_status st = shard_collect(x, c0, c1, &ws);
     if (st == ZB_OK) st = shard_serve(x, a, &ws);
@@ -676,6 +685,7 @@ typedef struct listed {
     size_t *order;    /* [nreads] the read behind each range */
     uint8_t *buf;     /* every range's bytes */
     bool pooled;      /* decode on the pool (else on the calling thread, the work is small) */
+    char keybuf[KEY_CAP];
     size_t base;      /* the current list read: ranges [base, base + n) */
     size_t ndone;     /* ... of which completed */
 } listed;
@@ -747,7 +757,7 @@ list_task(listed *l, size_t t, size_t *nr, uint64_t *bytes)
             *rd = (lread){.x = {l->p, &rd->t, NULL}, .a = a, .w = &ws->w[i], .nw = k - i,
                           .key = ws->key, .off = ms, .len = me - ms};
             if (plain) {
-                ZB_TRY(zb_array_unit_object(a, ws->w[i].g, ws->key, sizeof ws->key, NULL, NULL));
+                ZB_TRY(zb_array_unit_object(a, ws->w[i].g, ws->key, ws->cap, NULL, NULL));
                 rd->key = strdup(ws->key);
                 rd->own_key = true;
                 if (!rd->key) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
@@ -771,9 +781,18 @@ collect_listed(listed *l)
         if (!task_listed(p, &p->tasks[t])) continue;
         exec x = {p, &p->tasks[t], p->ctx};
         const zb_array *a = task_array(p, &p->tasks[t]);
-        zb_status st = zb_array_units(a)->kind == ZB_UNITS_PLAIN
-                           ? plain_collect(&x, p->tasks[t].c0, p->tasks[t].c1, &l->ws[t])
-                           : shard_collect(&x, p->tasks[t].c0, p->tasks[t].c1, &l->ws[t]);
+        bool plain = zb_array_units(a)->kind == ZB_UNITS_PLAIN;
+        wants *ws = &l->ws[t];
+        ws->key = l->keybuf; /* plain tasks keep it as scratch (each read has its own key) */
+        ws->cap = sizeof l->keybuf;
+        zb_status st = plain ? plain_collect(&x, p->tasks[t].c0, p->tasks[t].c1, ws)
+                             : shard_collect(&x, p->tasks[t].c0, p->tasks[t].c1, ws);
+        if (st == ZB_OK && !plain) { /* the shard's key, for its reads */
+            ws->key = strdup(l->keybuf);
+            ws->cap = strlen(l->keybuf) + 1;
+            ws->own = ws->key != NULL;
+            if (!ws->key) st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        }
         if (st != ZB_OK) return task_fail(&p->tasks[t], st);
         ZB_TRY(list_task(l, t, &nr, &bytes));
     }
@@ -833,7 +852,10 @@ free_listed(listed *l)
         if (l->reads[i].own_key) free(l->reads[i].key);
         free(l->reads[i].t.msg);
     }
-    for (size_t t = 0; l->ws && t < l->p->ntasks; t++) free(l->ws[t].w);
+    for (size_t t = 0; l->ws && t < l->p->ntasks; t++) {
+        free(l->ws[t].w);
+        if (l->ws[t].own) free(l->ws[t].key);
+    }
     free(l->ws);
     free(l->reads);
     free(l->ranges);
