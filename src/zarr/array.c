@@ -386,6 +386,14 @@ next_coord(uint64_t *g, const uint64_t *lo, const uint64_t *hi, int nd)
     return false;
 }
 
+/* Counts a fetch's reads in the context's statistics. */
+static void
+count_reads(zb_ctx *ctx, const zb_read_stats *rs)
+{
+    ctx->stats.range_reads += rs->range_reads;
+    ctx->stats.bytes_fetched += rs->bytes_fetched;
+}
+
 static zb_status
 read_plain(read_req *r, uint64_t u0, uint64_t u1)
 {
@@ -402,21 +410,20 @@ read_plain(read_req *r, uint64_t u0, uint64_t u1)
             for (int d = 1; d < nd; d++)
                 if (hi[d] == 0) return ZB_OK; /* an empty axis: nothing to read */
             ZB_TRY(zb_meta_chunk_key(m, a->path, g, key, sizeof key));
-            uint64_t size = 0;
-            zb_status st = zb_store_size(a->store, key, &size);
-            if (st == ZB_E_NOTFOUND) {
-                zb_clear_error();
+            const uint8_t *enc = NULL;
+            size_t len = 0;
+            bool missing = false;
+            void *tok = NULL;
+            zb_read_stats rs = {0};
+            ZB_TRY(zb_unit_fetch_whole(a, key, &r->ctx->ws.enc, &enc, &len, &missing, &tok, &rs));
+            count_reads(r->ctx, &rs);
+            if (missing) {
                 fill_box(r, g);
                 continue;
             }
-            if (st != ZB_OK) return st;
-            uint8_t *enc;
-            ZB_TRY(zb_buf_for_read(&r->ctx->ws.enc, 0, (size_t)size, &enc));
-            uint64_t got = 0;
-            ZB_TRY(zb_store_get(a->store, key, 0, size, enc, &got));
-            r->ctx->stats.range_reads++;
-            r->ctx->stats.bytes_fetched += got;
-            ZB_TRY(deliver_unit(r, g, enc, (size_t)got, key));
+            zb_status st = deliver_unit(r, g, enc, len, key);
+            zb_store_release(a->store, tok);
+            ZB_TRY(st);
         } while (nd > 1 && next_coord(g, lo, hi, nd));
     }
     return ZB_OK;
@@ -433,14 +440,6 @@ cmp_offset(const void *x, const void *y)
 {
     const want_entry *a = x, *b = y;
     return a->at.off < b->at.off ? -1 : a->at.off > b->at.off;
-}
-
-/* Counts a fetch's reads in the context's statistics. */
-static void
-count_reads(zb_ctx *ctx, const zb_read_stats *rs)
-{
-    ctx->stats.range_reads += rs->range_reads;
-    ctx->stats.bytes_fetched += rs->bytes_fetched;
 }
 
 /* Decodes the wanted unit w from its encoded bytes and delivers it (errors name the slice). */
