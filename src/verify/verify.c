@@ -454,15 +454,16 @@ next_coord(uint64_t *g, const uint64_t *hi, int nd)
     return false;
 }
 
-/* The `len` bytes at `off` of array a's object `key` (zb_unit_fetch: a view, released with
- * zb_store_release(v->store, *tok), or read into v->enc); a problem (and NULL) when it fails.
- * `what` names the part of the object read (an inner chunk), or is NULL for the whole object. */
+/* The `len` bytes at `off` of array a's object `key`, read into v->enc (zb_unit_read: never a
+ * view, so a store written a moment ago through the same handle is seen as written); a
+ * problem (and NULL) when it fails. `what` names the part of the object read (an inner
+ * chunk), or is NULL for the whole object. */
 static const uint8_t *
 fetch(verifier *v, const zb_array *a, const char *key, uint64_t off, uint64_t len,
-      const char *what, void **tok)
+      const char *what)
 {
     const uint8_t *data = NULL;
-    zb_status st = zb_unit_fetch(a, key, off, len, &v->enc, &data, tok, NULL);
+    zb_status st = zb_unit_read(a, key, off, len, &v->enc, &data, NULL);
     if (st != ZB_OK) failed(v, st, key, what);
     return st == ZB_OK ? data : NULL;
 }
@@ -499,14 +500,12 @@ check_plain(verifier *v, varr *va)
             va->bad = true;
             continue;
         }
-        void *tok = NULL;
-        const uint8_t *enc = fetch(v, a, key, 0, size, NULL, &tok);
+        const uint8_t *enc = fetch(v, a, key, 0, size, NULL);
         if (!enc) {
             va->bad = true;
             continue;
         }
         st = zb_array_decode_unit(a, v->ctx, enc, (size_t)size, v->unit.data, key);
-        zb_store_release(v->store, tok);
         if (st != ZB_OK) {
             failed(v, st, key, NULL);
             va->bad = true;
@@ -564,14 +563,12 @@ check_shards(verifier *v, varr *va)
             v->r->n_chunks++;
             snprintf(what, sizeof what, "inner chunk %" PRIu64 " at [%" PRIu64 ", %" PRIu64 ")", j,
                      e[2 * j], e[2 * j] + e[2 * j + 1]);
-            void *tok = NULL;
-            const uint8_t *enc = fetch(v, a, key, e[2 * j], e[2 * j + 1], what, &tok);
+            const uint8_t *enc = fetch(v, a, key, e[2 * j], e[2 * j + 1], what);
             if (!enc) {
                 va->bad = true;
                 continue;
             }
             st = zb_array_decode_unit(a, v->ctx, enc, (size_t)e[2 * j + 1], v->unit.data, key);
-            zb_store_release(v->store, tok);
             if (st != ZB_OK) {
                 failed(v, st, key, what);
                 va->bad = true;

@@ -410,20 +410,20 @@ read_plain(read_req *r, uint64_t u0, uint64_t u1)
             for (int d = 1; d < nd; d++)
                 if (hi[d] == 0) return ZB_OK; /* an empty axis: nothing to read */
             ZB_TRY(zb_meta_chunk_key(m, a->path, g, key, sizeof key));
-            const uint8_t *enc = NULL;
-            size_t len = 0;
-            bool missing = false;
-            void *tok = NULL;
-            zb_read_stats rs = {0};
-            ZB_TRY(zb_unit_fetch_whole(a, key, &r->ctx->ws.enc, &enc, &len, &missing, &tok, &rs));
-            count_reads(r->ctx, &rs);
-            if (missing) {
+            uint64_t size = 0;
+            zb_status st = zb_store_size(a->store, key, &size);
+            if (st == ZB_E_NOTFOUND) {
+                zb_clear_error();
                 fill_box(r, g);
                 continue;
             }
-            zb_status st = deliver_unit(r, g, enc, len, key);
-            zb_store_release(a->store, tok);
+            if (st != ZB_OK) return st;
+            const uint8_t *enc = NULL;
+            zb_read_stats rs = {0};
+            st = zb_unit_read(a, key, 0, size, &r->ctx->ws.enc, &enc, &rs);
+            count_reads(r->ctx, &rs);
             ZB_TRY(st);
+            ZB_TRY(deliver_unit(r, g, enc, (size_t)size, key));
         } while (nd > 1 && next_coord(g, lo, hi, nd));
     }
     return ZB_OK;
@@ -522,7 +522,8 @@ deliver_listed(read_req *r, const char *key, const want_entry *want, size_t nwan
 
 /* Delivers the wanted units (sorted by offset) of the shard `key`: from `mem` (the shard,
  * decoded whole), through one list read for a store that reads lists itself, else with one
- * fetch (a view, or a read) per merged read. */
+ * read per merged read (never a view: a row read sees what was just written through the same
+ * store, as the writers' checks need). */
 static zb_status
 deliver_wanted(read_req *r, const char *key, const want_entry *want, size_t nwant,
                const uint8_t *mem)
@@ -533,15 +534,13 @@ deliver_wanted(read_req *r, const char *key, const want_entry *want, size_t nwan
         uint64_t ms, me;
         k = zb_merge_next(want, sizeof *want, i, nwant, ZB_MERGE_UNITS, &ms, &me);
         const uint8_t *base = mem ? mem + ms : NULL;
-        void *tok = NULL;
         if (!mem) {
             zb_read_stats rs = {0};
-            st = zb_unit_fetch(r->a, key, ms, me - ms, &r->ctx->ws.enc, &base, &tok, &rs);
+            st = zb_unit_read(r->a, key, ms, me - ms, &r->ctx->ws.enc, &base, &rs);
             count_reads(r->ctx, &rs);
         }
         for (size_t j = i; j < k && st == ZB_OK; j++)
             st = deliver_slice(r, &want[j], base + (want[j].at.off - ms), key);
-        zb_store_release(r->a->store, tok);
     }
     return st;
 }

@@ -473,24 +473,31 @@ fetch_view(const zb_array *a, const char *key, uint64_t off, uint64_t len, const
 }
 
 zb_status
+zb_unit_read(const zb_array *a, const char *key, uint64_t off, uint64_t len, zb_buf *buf,
+             const uint8_t **data, zb_read_stats *rs)
+{
+    uint8_t *to = NULL;
+    uint64_t got = 0;
+    ZB_TRY(zb_buf_for_read(buf, off, (size_t)len, &to));
+    ZB_TRY(zb_store_get(a->store, key, off, len, to, &got));
+    if (rs) {
+        rs->range_reads++;
+        rs->bytes_fetched += got;
+    }
+    if (got != len) return truncated(key, got, len, off);
+    *data = to;
+    return ZB_OK;
+}
+
+zb_status
 zb_unit_fetch(const zb_array *a, const char *key, uint64_t off, uint64_t len, zb_buf *buf,
               const uint8_t **data, void **tok, zb_read_stats *rs)
 {
     *tok = NULL;
     uint64_t got = 0;
     zb_status st = fetch_view(a, key, off, len, data, &got, tok, rs);
-    if (st == ZB_E_UNSUPPORTED) {
-        uint8_t *to = NULL;
-        ZB_TRY(zb_buf_for_read(buf, off, (size_t)len, &to));
-        ZB_TRY(zb_store_get(a->store, key, off, len, to, &got));
-        if (rs) {
-            rs->range_reads++;
-            rs->bytes_fetched += got;
-        }
-        *data = to;
-    } else if (st != ZB_OK) {
-        return st;
-    }
+    if (st == ZB_E_UNSUPPORTED) return zb_unit_read(a, key, off, len, buf, data, rs);
+    if (st != ZB_OK) return st;
     if (got != len) {
         zb_store_release(a->store, *tok);
         *tok = NULL;

@@ -148,6 +148,13 @@ bool zb_unit_lists_ranges(const zb_array *a);
 zb_status zb_unit_fetch(const zb_array *a, const char *key, uint64_t off, uint64_t len,
                         zb_buf *buf, const uint8_t **data, void **tok, zb_read_stats *rs);
 
+/* Exactly the bytes [off, off + len) of `key`, always read into `buf` (congruent to `off`),
+ * never a view: for readers that must see an object rewritten a moment ago through the same
+ * store (the file backend notices a replaced file within a second, zb_store_view). Fewer is
+ * ZB_E_TRUNCATED. Counted in `rs` (may be NULL). */
+zb_status zb_unit_read(const zb_array *a, const char *key, uint64_t off, uint64_t len,
+                       zb_buf *buf, const uint8_t **data, zb_read_stats *rs);
+
 /* A bound on the encoded size of one of `a`'s unit objects that no codec's output exceeds (its
  * decoded size plus framing): one read of this many bytes gets a whole chunk object. */
 uint64_t zb_unit_fetch_bound(const zb_array *a);
