@@ -30,4 +30,11 @@ zb_dataset *zbpy_dataset_ptr(PyObject *obj);
  * (buffer, typestr, shape, kind, segment), "segments", "index", "dataset", "stats". */
 PyObject *zbpy_batch_to_dict(zb_batch *batch);
 
+/* "O&" converter for an unsigned 64-bit argument (each "K" of the argument formats; "K" itself
+ * reduces modulo 2^64, so 2**64 + 5 would be 5 and -1 would be 2**64 - 1): an int (or anything
+ * with __index__) in [0, 2**64), else OverflowError or TypeError. */
+int zbpy_u64(PyObject *obj, void *out);
+/* The same for an unsigned int ("I" is as unchecked): [0, 2**32). */
+int zbpy_u32(PyObject *obj, void *out);
+
 #endif

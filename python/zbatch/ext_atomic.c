@@ -362,7 +362,7 @@ py_writer_add(PyObject *self, PyObject *args)
     (void)self;
     PyObject *cap, *atoms_obj, *edges_obj, *fields_obj;
     unsigned long long n;
-    if (!PyArg_ParseTuple(args, "OKOOO", &cap, &n, &atoms_obj, &edges_obj, &fields_obj))
+    if (!PyArg_ParseTuple(args, "OO&OOO", &cap, zbpy_u64, &n, &atoms_obj, &edges_obj, &fields_obj))
         return NULL;
     py_writer *pw = get_writer(cap);
     if (!pw) return NULL;
@@ -484,7 +484,8 @@ py_add_custom(PyObject *self, PyObject *args)
     const char *root, *path;
     PyObject *cfg_obj, *field;
     unsigned long long n_rows;
-    if (!PyArg_ParseTuple(args, "ssOOK", &root, &path, &cfg_obj, &field, &n_rows)) return NULL;
+    if (!PyArg_ParseTuple(args, "ssOOO&", &root, &path, &cfg_obj, &field, zbpy_u64, &n_rows))
+        return NULL;
     py_cfg c;
     int use;
     py_fields pf;

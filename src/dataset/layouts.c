@@ -229,6 +229,7 @@ add_matrix(zb_dataset *ds, const zb_tree *tree, const char *name, const char *pa
         snprintf(fname, sizeof fname, "%s/indices", name);
         ZB_TRY(add_field(ds, tree, fname, sub, ZB_FIELD_RAGGED, seg, -1, &fi));
         fi->var_cols = is_x;
+        fi->col_bound = cols;
         ZB_TRY(deliver_as(fd, ds->x_want, ZB_DT_FLOAT32, "x_dtype"));
         ZB_TRY(deliver_as(fi, ds->index_want, ZB_DT_INT32, "index_dtype"));
         if (fd->arr->meta.shape[0] != fi->arr->meta.shape[0])

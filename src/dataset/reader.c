@@ -15,6 +15,7 @@
 
 #include "dataset/batch.h"
 #include "dataset/dataset.h"
+#include "dataset/validate.h"
 #include "store/store.h"
 #include "util/buf.h"
 #include "util/status.h"
@@ -688,6 +689,12 @@ zb_batch_segment_at(const zb_batch *b, size_t i, const int64_t **ptr)
     if (!b || i >= b->nsegs) return NULL;
     if (ptr) *ptr = b->segs[i].ptr;
     return b->segs[i].name;
+}
+
+void
+zb_batch_count_skipped(zb_batch *b, uint64_t n)
+{
+    b->stats.samples_skipped += n;
 }
 
 void
@@ -2035,8 +2042,8 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
 }
 
 zb_status
-zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
-                        size_t nbatches, zb_batch **out)
+zb_reader_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
+                       size_t nbatches, zb_batch **out)
 {
     if (!out) return zb_err(ZB_E_INVALID, "read_many: null out");
     *out = NULL;
@@ -2121,6 +2128,8 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
             seg_start[s * n + i] = a0;
             bs->ptr[i + 1] = bs->ptr[i] + (a1 - a0);
         }
+        st = zb_validate_segment(ds, s, n, ids, child, phys, seg_start + s * n, bs->ptr);
+        if (st != ZB_OK) goto fail;
     }
     /* 3. batch buffers (one arena block, 64-byte aligned fields) and copies */
     if (!grow_array((void **)&m->arena_off, &m->off_cap, pr->nfields + 1, sizeof *arena_off)) {
@@ -2134,7 +2143,8 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
         uint64_t rows = fd->seg >= 0 ? (uint64_t)b->segs[fd->seg].ptr[n] : n;
         size_t isz = zb_dtype_size(zb_dataset_field_dtype(ds, f)); /* 0 for strings */
         arena_off[f] = arena_need;
-        arena_need += ((size_t)(rows * fd->row_elems * isz) + 63) & ~(size_t)63;
+        st = zb_request_bytes_add(ds, fd->name, rows, fd->row_elems, isz, &arena_need);
+        if (st != ZB_OK) goto fail;
     }
     p.stream = arena_need >= ZB_STREAM_MIN_BATCH_BYTES;
     b->arenas = ds->arenas;
@@ -2278,6 +2288,9 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
         st = rebase_rows(&p, (uint32_t)f, 0, (uint64_t)r->rows[n], 0, b->fields[f].row_elems);
         if (st != ZB_OK) goto fail;
     }
+    /* column ids and categorical codes within their bounds (validate.c) */
+    st = zb_validate_batch(ds, b, phys, seg_start);
+    if (st != ZB_OK) goto fail;
     /* 6. strings (load_strings), and genes in the collection's order (reorder_vars) */
     for (size_t f = 0; f < pr->nfields && st == ZB_OK; f++)
         if (b->fields[f].dtype == ZB_DT_STRING) st = read_strings(&p, (uint32_t)f, phys);

@@ -1,0 +1,203 @@
+"""Hostile input (issue 21): values a damaged store delivers are refused or skipped on the read
+path, integer arguments are never reduced modulo 2**64, `zbatch verify` stays bounded and agrees
+with the reader, and messages say what is wrong. The oracles are anndata/scipy (the stores'
+values), zarr-python (what a store holds, and whether a chunk is corrupt) and numpy.
+"""
+from __future__ import annotations
+
+import json
+import time
+import warnings
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+import zarr
+
+from conftest import expect_error, run_cli, zbatch_api
+
+N_OBS, N_VARS = 60, 12
+CATS = ["a", "b", "c"]
+
+
+def make_adata(seed=0):
+    rng = np.random.default_rng(seed)
+    X = sp.random(N_OBS, N_VARS, density=0.4, format="csr", dtype=np.float32, random_state=rng)
+    X.data[:] = rng.integers(1, 100, X.nnz).astype(np.float32)
+    obs = pd.DataFrame({"ct": pd.Categorical.from_codes(np.arange(N_OBS) % 3, CATS)},
+                       index=[f"c{i}" for i in range(N_OBS)])
+    return ad.AnnData(X=X, obs=obs, var=pd.DataFrame(index=[f"g{j}" for j in range(N_VARS)]))
+
+
+def write_store(path, adata):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with ad.settings.override(zarr_write_format=3):
+            adata.write_zarr(str(path))
+    return path
+
+
+@pytest.fixture
+def adata():
+    return make_adata()
+
+
+def damage(path, array, fn):
+    """Rewrites array `array` of the store with fn(values) (zarr-python, metadata kept)."""
+    z = zarr.open_array(str(path / array), mode="r+")
+    v = z[:]
+    fn(v)
+    z[:] = v
+    return v
+
+
+def first_row_with_values(X, k=0):
+    """A row with at least one stored value, and the position of its first value."""
+    rows = [r for r in range(X.shape[0]) if X.indptr[r + 1] > X.indptr[r]]
+    return rows[k], int(X.indptr[rows[k]])
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation on the read path (deliver item 2, defect 2)
+# ------------------------------------------------------------------------------------------------
+def test_csr_column_outside_n_vars_is_refused_naming_sample_field_chunk(tmp_path, adata):
+    zb = zbatch_api()
+    path = write_store(tmp_path / "a.zarr", adata)
+    r, k = first_row_with_values(adata.X, 3)
+    damage(path, "X/indices", lambda v: v.__setitem__(k, N_VARS))
+    ds = zb.open(str(path))
+    with expect_error("ZB_E_CORRUPT", f"sample {r}", "X/indices", f"{N_VARS}",
+                      "chunk X/indices/c/0"):
+        ds.read_many(list(range(N_OBS)))
+    # the other samples read as anndata holds them
+    ids = [i for i in range(N_OBS) if i != r]
+    np.testing.assert_array_equal(ds.read_many(ids)["X"].toarray(), adata.X[ids].toarray())
+    # a negative column id too
+    damage(path, "X/indices", lambda v: v.__setitem__(k, -3))
+    with expect_error("ZB_E_CORRUPT", f"sample {r}", "-3"):
+        zb.open(str(path)).read_many([r])
+
+
+def test_skip_leaves_bad_samples_out_and_counts_them(tmp_path, adata):
+    zb = zbatch_api()
+    path = write_store(tmp_path / "a.zarr", adata)
+    r1, k1 = first_row_with_values(adata.X, 2)
+    r2, k2 = first_row_with_values(adata.X, 9)
+    damage(path, "X/indices", lambda v: (v.__setitem__(k1, N_VARS + 5), v.__setitem__(k2, -1)))
+    damage(path, "obs/ct/codes", lambda v: v.__setitem__(40, 3))  # 3 categories: 0..2, -1
+    bad = {r1, r2, 40}
+    ds = zb.open(str(path), on_invalid="skip")
+    ids = list(range(N_OBS))[::-1]
+    b = ds.read_many(ids)
+    good = [i for i in ids if i not in bad]
+    assert b.size == len(good)
+    np.testing.assert_array_equal(b["index"], good)
+    np.testing.assert_array_equal(b["X"].toarray(), adata.X[good].toarray())
+    np.testing.assert_array_equal(np.asarray(b["obs/ct"]), adata.obs["ct"].cat.codes.values[good])
+    assert b.stats["samples_skipped"] == 3
+    # a clean request counts nothing
+    assert ds.read_many(good[:5]).stats["samples_skipped"] == 0
+    # the loader skips them too, batch by batch, and delivers every other sample once
+    seen, skipped = [], 0
+    for batch in zb.DataLoader(ds, batch_size=7, prefetch_factor=3):
+        seen += list(batch["index"])
+        skipped += batch.stats["samples_skipped"]
+    assert sorted(seen) == sorted(good)
+    assert skipped == 3
+
+
+def test_categorical_codes_outside_categories(tmp_path, adata):
+    zb = zbatch_api()
+    path = write_store(tmp_path / "a.zarr", adata)
+    damage(path, "obs/ct/codes", lambda v: v.__setitem__(7, 5))
+    with expect_error("ZB_E_CORRUPT", "sample 7", "obs/ct", "code 5", "[-1, 3)",
+                      "obs/ct/codes/c/0"):
+        zb.open(str(path)).read_many([6, 7])
+    # -1 is anndata's missing value: delivered as is
+    damage(path, "obs/ct/codes", lambda v: v.__setitem__(7, -1))
+    got = np.asarray(zb.open(str(path)).read_many([6, 7, 8])["obs/ct"])
+    np.testing.assert_array_equal(got, [0, -1, 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert pd.isna(ad.read_zarr(str(path)).obs["ct"].iloc[7])  # the oracle agrees
+
+
+def test_categories_cut_short(tmp_path, adata):
+    zb = zbatch_api()
+    path = write_store(tmp_path / "a.zarr", adata)
+    g = zarr.open_group(str(path / "obs" / "ct"), mode="r+")
+    attrs = dict(g["categories"].attrs)
+    del g["categories"]
+    g.create_array("categories", shape=(2,), dtype=str)[:] = np.array(["a", "b"], dtype=object)
+    g["categories"].attrs.update(attrs)
+    zarr.consolidate_metadata(str(path))
+    with expect_error("ZB_E_CORRUPT", "sample 2", "code 2", "[-1, 2)"):
+        zb.open(str(path)).read_many([0, 1, 2])
+
+
+def test_pointer_claiming_2_40_rows_fails_before_allocating(tmp_path, adata):
+    zb = zbatch_api()
+    path = write_store(tmp_path / "a.zarr", adata)
+    g = zarr.open_group(str(path / "X"), mode="r+")
+    indptr = g["indptr"][:].astype(np.int64)
+    indptr[11] = 1 << 40  # sample 10 claims 2^40 values (sample 11 is then not monotone)
+    del g["indptr"]
+    g.create_array("indptr", data=indptr)
+    zarr.consolidate_metadata(str(path))
+    ds = zb.open(str(path))
+    t = time.perf_counter()
+    with expect_error("ZB_E_CORRUPT", "sample 10", "X/indptr", "past the"):
+        ds.read_many([10])
+    assert time.perf_counter() - t < 2
+    # skipped like any invalid sample
+    b = zb.open(str(path), on_invalid="skip").read_many([9, 10, 12])
+    assert list(b["index"]) == [9, 12] and b.stats["samples_skipped"] == 1
+    np.testing.assert_array_equal(b["X"].toarray(), adata.X[[9, 12]].toarray())
+
+
+def test_per_request_memory_cap(tmp_path, adata):
+    zb = zbatch_api()
+    path = write_store(tmp_path / "a.zarr", adata)
+    ds = zb.open(str(path), max_request_bytes=4096)
+    with expect_error("ZB_E_INVALID", "4096-byte cap", "max_request_bytes"):
+        ds.read_many(list(range(N_OBS)) * 20)
+    np.testing.assert_array_equal(ds.read_many([1, 2])["X"].toarray(), adata.X[[1, 2]].toarray())
+
+
+# ------------------------------------------------------------------------------------------------
+# Integers are never reduced modulo 2**64 (defect 3)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("make", [
+    lambda zb, ds: zb.DataLoader(ds, batch_size=2**64 + 5),
+    lambda zb, ds: zb.samplers.SequentialSampler(2**64 + 10, 4),
+    lambda zb, ds: zb.samplers.SequentialSampler(10, 2**64 + 4),
+    lambda zb, ds: zb.samplers.SequentialSampler(10, 2, rank=2**32 + 1, world_size=2**32 + 2),
+    lambda zb, ds: zb.open(ds.path, cache_bytes=-1),
+    lambda zb, ds: zb.open(ds.path, cache_bytes=2**64),
+    lambda zb, ds: next(iter(zb.DataLoader(ds, batch_size=4, prefetch_factor=10**30))),
+], ids=["loader-batch", "sampler-n", "sampler-batch", "rank", "cache-neg", "cache-big",
+        "prefetch"])
+def test_out_of_range_integers_are_refused(tmp_path, adata, make):
+    zb = zbatch_api()
+    ds = zb.open(str(write_store(tmp_path / "a.zarr", adata)))
+    with pytest.raises((OverflowError, ValueError)):
+        make(zb, ds)
+
+
+def test_write_array_chunks_past_64_bits(tmp_path):
+    zb = zbatch_api()
+    with pytest.raises((OverflowError, ValueError)):
+        zb.write_array(str(tmp_path / "s.zarr"), "a", np.arange(10), chunks=2**64 + 16)
+    assert not (tmp_path / "s.zarr" / "a" / "zarr.json").exists()
+
+
+def test_prefetch_factor_bounded_before_allocating(tmp_path, adata):
+    zb = zbatch_api()
+    ds = zb.open(str(write_store(tmp_path / "a.zarr", adata)))
+    t = time.perf_counter()
+    with pytest.raises((zb.ZbatchError, ValueError)) as ei:
+        iter(zb.DataLoader(ds, batch_size=64, prefetch_factor=2**40)).__next__()
+    assert "prefetch_factor" in str(ei.value)
+    assert time.perf_counter() - t < 5
