@@ -1393,6 +1393,26 @@ doc_of_message(char *buf, size_t cap, const char *fallback)
     return fallback;
 }
 
+/* A dataset group (anndata or atomic) in which verify found nothing wrong must open as the
+ * reader opens it: where the reader has a rule verify does not (an element it refuses or a
+ * column it cannot read), the reader's refusal is the problem verify reports, so a store
+ * verify calls clean is one the reader opens. Only while nothing else is wrong: the reader
+ * would repeat the first problem already listed. */
+static void
+check_reader_opens(verifier *v, const zb_tree_node *g)
+{
+    if (v->r->n_problems != 0 || v->fatal != ZB_OK) return;
+    zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+    o.use_consolidated = false; /* the node documents, as verify reads them (the snapshot is
+                                   compared with them on its own) */
+    zb_dataset *ds = NULL;
+    zb_status st = zb_dataset_open(v->store, g->path, &o, &ds);
+    if (st != ZB_OK)
+        finding(v, ZB_VERIFY_PROBLEM, st, shown(g->path), "the reader refuses this dataset: %s",
+                zb_last_error());
+    zb_dataset_close(ds);
+}
+
 static void
 check_layouts(verifier *v)
 {
@@ -1403,8 +1423,14 @@ check_layouts(verifier *v)
         if (et && !strcmp(et, "csr_matrix")) check_sparse(v, g, true);
         if (et && !strcmp(et, "csc_matrix")) check_sparse(v, g, false);
         if (et && !strcmp(et, "dataframe")) check_dataframe(v, g);
-        if (et && !strcmp(et, "anndata")) check_anndata(v, g);
-        if (is_atomic_group(v, g)) check_atomic(v, g);
+        if (et && !strcmp(et, "anndata")) {
+            check_anndata(v, g);
+            check_reader_opens(v, g);
+        }
+        if (is_atomic_group(v, g)) {
+            check_atomic(v, g);
+            check_reader_opens(v, g);
+        }
     }
 }
 

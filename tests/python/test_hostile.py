@@ -248,3 +248,67 @@ def test_verify_listed_walk_still_finds_a_corrupt_chunk(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[-1].startswith("1 array, 2 chunks checked, 1 problem"), r.stdout
     assert lines[0].startswith("u/c/6: "), lines
+
+
+# ------------------------------------------------------------------------------------------------
+# verify agrees with the reader (defect 4)
+# ------------------------------------------------------------------------------------------------
+def verify_lines(path):
+    r = run_cli("verify", path, timeout=60)
+    return r.returncode, r.stdout.splitlines()
+
+
+def reader_error(path):
+    zb = zbatch_api()
+    with pytest.raises(zb.ZbatchError) as ei:
+        zb.open(str(path)).read_many([0, 1])
+    return str(ei.value)
+
+
+def test_verify_flags_a_categorical_without_codes(tmp_path, adata):
+    import shutil
+    path = write_store(tmp_path / "a.zarr", adata)
+    shutil.rmtree(path / "obs" / "ct" / "codes")
+    zarr.consolidate_metadata(str(path))
+    msg = reader_error(path)
+    assert "no array 'obs/ct/codes'" in msg and ": : " not in msg
+    rc, lines = verify_lines(path)
+    assert rc == 1
+    assert lines[0] == f"/: the reader refuses this dataset: {path}: no array 'obs/ct/codes'"
+
+
+def test_verify_flags_x_whose_encoding_type_is_array(tmp_path, adata):
+    path = write_store(tmp_path / "a.zarr", adata)
+    doc = json.loads((path / "X" / "zarr.json").read_text())
+    doc["attributes"]["encoding-type"] = "array"
+    (path / "X" / "zarr.json").write_text(json.dumps(doc))
+    zarr.consolidate_metadata(str(path))
+    assert "X is neither a CSR nor a dense matrix" in reader_error(path)
+    rc, lines = verify_lines(path)
+    assert rc == 1
+    assert lines[0] == (f"/: the reader refuses this dataset: {path}: X is neither a CSR nor a "
+                        "dense matrix")
+
+
+def atomic_store(path):
+    from test_verify import atomic_samples
+    zb = zbatch_api()
+    zb.AtomicWriter(path).write(atomic_samples(6, seed=1))
+    return path
+
+
+def test_verify_flags_missing_positions_and_positions_per_system(tmp_path):
+    import shutil
+    a = atomic_store(tmp_path / "a.zarr")
+    shutil.rmtree(a / "core" / "positions")
+    assert "core/positions is missing" in reader_error(a)
+    rc, lines = verify_lines(a)
+    assert rc == 1 and lines[0].startswith("/: core/positions is missing")
+    b = atomic_store(tmp_path / "b.zarr")
+    doc = json.loads((b / "zarr.json").read_text())
+    doc["attributes"]["fields"]["core"]["positions"] = "system"
+    (b / "zarr.json").write_text(json.dumps(doc))
+    assert "level 'system'" in reader_error(b)
+    rc, lines = verify_lines(b)
+    assert rc == 1 and lines[0] == ("/: core/positions: the fields attribute gives level "
+                                    "'system'; positions are per atom")
