@@ -33,6 +33,18 @@ zbpy_u64(PyObject *obj, void *out)
     return 1;
 }
 
+const char *
+zbpy_str(PyObject *obj)
+{
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(obj, &n);
+    if (u && strlen(u) != (size_t)n) {
+        PyErr_Format(PyExc_ValueError, "%R: a name may not contain a NUL character", obj);
+        return NULL;
+    }
+    return u;
+}
+
 int
 zbpy_u32(PyObject *obj, void *out)
 {

@@ -25,7 +25,7 @@ typedef struct str_pool {
 static const char *
 pool_dup(str_pool *p, PyObject *o)
 {
-    const char *u = PyUnicode_AsUTF8(o);
+    const char *u = zbpy_str(o);
     if (!u) return NULL;
     char **ns = realloc(p->s, (p->n + 1) * sizeof *ns);
     if (!ns) {
@@ -200,8 +200,8 @@ parse_field(PyObject *t, py_fields *pf, size_t i)
     const char *level, *dtype;
     if (!(f->group = pool_dup(&pf->strs, PyTuple_GET_ITEM(t, 0))) ||
         !(f->name = pool_dup(&pf->strs, PyTuple_GET_ITEM(t, 1))) ||
-        !(level = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, 2))) ||
-        !(dtype = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, 3))))
+        !(level = zbpy_str(PyTuple_GET_ITEM(t, 2))) ||
+        !(dtype = zbpy_str(PyTuple_GET_ITEM(t, 3))))
         return -1;
     if (level_from_str(level, &f->level) < 0 || dtype_from_str(dtype, &f->dtype) < 0) return -1;
     PyObject *shape = PyTuple_GET_ITEM(t, 4);

@@ -312,3 +312,61 @@ def test_verify_flags_missing_positions_and_positions_per_system(tmp_path):
     rc, lines = verify_lines(b)
     assert rc == 1 and lines[0] == ("/: core/positions: the fields attribute gives level "
                                     "'system'; positions are per atom")
+
+
+# ------------------------------------------------------------------------------------------------
+# Names that are not UTF-8 or hold NUL, and cutoffs that never end (defect 6)
+# ------------------------------------------------------------------------------------------------
+def test_node_name_not_utf8_is_refused_with_a_zbatch_error(tmp_path):
+    import os
+    zb = zbatch_api()
+    root = zarr.open_group(str(tmp_path / "u.zarr"), mode="w", zarr_format=3)
+    root.create_array("ab", data=np.arange(4))
+    os.rename(bytes(tmp_path / "u.zarr" / "ab"), bytes(tmp_path / "u.zarr") + b"/a\xffb")
+    with expect_error("ZB_E_BADKEY", r'"a\xffb": node name is not valid UTF-8 (byte 1)'):
+        zb.info(str(tmp_path / "u.zarr"))
+    r = run_cli("info", tmp_path / "u.zarr", "--json")
+    assert r.returncode == 1 and r.stdout == ""
+    assert "not valid UTF-8" in r.stderr
+
+
+def test_metadata_document_not_utf8_is_malformed_json(tmp_path):
+    zb = zbatch_api()
+    root = zarr.open_group(str(tmp_path / "u.zarr"), mode="w", zarr_format=3)
+    root.create_array("a", data=np.arange(4), attributes={"note": "ab"})
+    doc = (tmp_path / "u.zarr" / "a" / "zarr.json").read_bytes()
+    (tmp_path / "u.zarr" / "a" / "zarr.json").write_bytes(doc.replace(b'"ab"', b'"a\xff"'))
+    with pytest.raises(UnicodeDecodeError):
+        doc.replace(b'"ab"', b'"a\xff"').decode()  # the oracle: not UTF-8
+    with expect_error("ZB_E_JSON", "a/zarr.json"):
+        zb.read_array(str(tmp_path / "u.zarr"), "a")
+    r = run_cli("info", tmp_path / "u.zarr", "--json")
+    assert r.returncode == 1 and r.stdout == ""
+
+
+def test_add_custom_name_with_nul_is_refused(tmp_path):
+    zb = zbatch_api()
+    path = atomic_store(tmp_path / "a.zarr")
+    w = zb.AtomicWriter(path)
+    with pytest.raises(ValueError, match="NUL"):
+        w.add_custom("a\x00b", np.zeros(6), "system")
+    assert not (path / "custom" / "a").exists()
+    doc = json.loads((path / "zarr.json").read_text())
+    assert "a" not in doc["attributes"]["fields"].get("custom", {})
+    w.add_custom("ab", np.arange(6.0), "system")  # a proper name still works
+    np.testing.assert_array_equal(zarr.open_array(str(path / "custom" / "ab"))[:], np.arange(6.0))
+
+
+def test_sample_from_atoms_huge_cutoff_refused_quickly():
+    from ase.build import bulk
+    from ase.neighborlist import neighbor_list
+    zb = zbatch_api()
+    atoms = bulk("Cu", cubic=True)
+    t = time.perf_counter()
+    for cutoff in (2**63, 1e6):
+        with pytest.raises(ValueError, match="periodic images"):
+            zb.sample_from_atoms(atoms, cutoff=cutoff)
+    assert time.perf_counter() - t < 2
+    d = zb.sample_from_atoms(atoms, cutoff=3.0)  # an ordinary cutoff: ASE's list
+    i, j = neighbor_list("ij", atoms, 3.0)
+    np.testing.assert_array_equal(d["neighbor_list"], np.stack([i, j], axis=1))
