@@ -370,3 +370,39 @@ def test_sample_from_atoms_huge_cutoff_refused_quickly():
     d = zb.sample_from_atoms(atoms, cutoff=3.0)  # an ordinary cutoff: ASE's list
     i, j = neighbor_list("ij", atoms, 3.0)
     np.testing.assert_array_equal(d["neighbor_list"], np.stack([i, j], axis=1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Messages (defect 7)
+# ------------------------------------------------------------------------------------------------
+def test_chunk_over_the_16_gib_limit_says_the_limit(tmp_path):
+    zb = zbatch_api()
+    zarr.create_array(str(tmp_path / "a.zarr"), shape=(2**34,), chunks=(2**33,), dtype="float32",
+                      zarr_format=3)
+    with expect_error("ZB_E_OVERFLOW", "over the 16 GiB limit on one decoded chunk"):
+        zb.read_array(str(tmp_path / "a.zarr"), "", 0, 4)
+    zarr.create_array(str(tmp_path / "b.zarr"), shape=(2**62,), chunks=(4,), dtype="float32",
+                      zarr_format=3)
+    with expect_error("ZB_E_OVERFLOW", "overflows 64 bits"):
+        zb.read_array(str(tmp_path / "b.zarr"), "", 0, 4)
+
+
+def test_zstd_frame_declaring_more_than_it_holds_is_refused(tmp_path):
+    """A frame whose header declares one byte more than its blocks hold: zarr-python (the
+    oracle) reports corruption, and so does zbatch (never fewer bytes in silence)."""
+    import struct
+    zb = zbatch_api()
+    data = (np.arange(1024) % 256).astype("uint8")
+    z = zarr.create_array(str(tmp_path / "a.zarr"), shape=(1024,), chunks=(1024,), dtype="uint8",
+                          zarr_format=3,
+                          compressors=zarr.codecs.ZstdCodec(level=1, checksum=False))
+    z[:] = data
+    chunk = tmp_path / "a.zarr" / "c" / "0"
+    frame = bytearray(chunk.read_bytes())
+    assert frame[4] >> 6 == 1  # a 2-byte content size field (value - 256) after the header byte
+    struct.pack_into("<H", frame, 5, struct.unpack_from("<H", frame, 5)[0] + 1)
+    chunk.write_bytes(bytes(frame))
+    with pytest.raises(Exception):
+        zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[:]
+    with expect_error("ZB_E_CORRUPT", "c/0", "1025"):
+        zb.read_array(str(tmp_path / "a.zarr"), "", 0, 1024)
