@@ -406,3 +406,24 @@ def test_zstd_frame_declaring_more_than_it_holds_is_refused(tmp_path):
         zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[:]
     with expect_error("ZB_E_CORRUPT", "c/0", "1025"):
         zb.read_array(str(tmp_path / "a.zarr"), "", 0, 1024)
+
+
+def test_atomic_edge_index_outside_its_structure_error_and_skip(tmp_path):
+    from test_verify import atomic_samples
+    zb = zbatch_api()
+    samples = atomic_samples(6, seed=1)
+    path = atomic_store(tmp_path / "a.zarr")
+    ap = zarr.open_array(str(path / "meta" / "atoms_ptr"), mode="r")[:]
+    ep = zarr.open_array(str(path / "meta" / "edges_ptr"), mode="r")[:]
+    # sample 3's first edge points one atom past its structure (store-global indices)
+    damage(path, "core/neighbor_list", lambda v: v.__setitem__((ep[3], 1), ap[4]))
+    with expect_error("ZB_E_CORRUPT", "sample 3", "neighbor_list"):
+        zb.open(str(path)).read_many([2, 3])
+    b = zb.open(str(path), on_invalid="skip").read_many([5, 3, 0])
+    assert list(b["index"]) == [5, 0] and b.stats["samples_skipped"] == 1
+    want = np.concatenate([samples[5]["positions"], samples[0]["positions"]])
+    np.testing.assert_allclose(np.asarray(b["positions"]), want)
+    # the neighbour list re-based to the batch: sample 0's atoms follow sample 5's
+    n5 = len(samples[5]["positions"])
+    want_nl = np.concatenate([samples[5]["neighbor_list"], samples[0]["neighbor_list"] + n5])
+    np.testing.assert_array_equal(np.asarray(b["neighbor_list"]), want_nl)
