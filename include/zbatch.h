@@ -657,6 +657,13 @@ typedef struct zb_read_stats {
  * requested order. Every chunk (or shard inner chunk) the request touches is decoded at most
  * once, in parallel on the dataset's threads (on the calling thread when the chunks decode to
  * no more than zb_dataset_opts.inline_work_bytes). Out-of-range ids: ZB_E_RANGE naming the id.
+ * Stored values are validated as they are delivered (docs/ERRORS.md "Invalid data"): pointers
+ * within their values (before allocating), CSR column ids within n_vars, categorical codes
+ * within their categories, index fields within their sample; a violation is ZB_E_CORRUPT
+ * naming the sample id, the field and the chunk, or with zb_dataset_opts.on_invalid =
+ * ZB_ON_INVALID_SKIP the sample is left out of the batch and counted in
+ * zb_read_stats.samples_skipped. A request over zb_dataset_opts.max_request_bytes is
+ * ZB_E_INVALID before anything is allocated.
  * Thread-safe: any number of threads may read one dataset at once. */
 zb_status zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **out);
 

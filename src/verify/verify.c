@@ -1423,14 +1423,15 @@ check_layouts(verifier *v)
         if (et && !strcmp(et, "csr_matrix")) check_sparse(v, g, true);
         if (et && !strcmp(et, "csc_matrix")) check_sparse(v, g, false);
         if (et && !strcmp(et, "dataframe")) check_dataframe(v, g);
-        if (et && !strcmp(et, "anndata")) {
-            check_anndata(v, g);
-            check_reader_opens(v, g);
-        }
-        if (is_atomic_group(v, g)) {
-            check_atomic(v, g);
-            check_reader_opens(v, g);
-        }
+        if (et && !strcmp(et, "anndata")) check_anndata(v, g);
+        if (is_atomic_group(v, g)) check_atomic(v, g);
+    }
+    /* after every rule of verify's own, in every group (a dataset's elements come after it) */
+    for (size_t i = 0; i < v->tree->n && v->fatal == ZB_OK; i++) {
+        const zb_tree_node *g = &v->tree->nodes[i];
+        if (g->is_array) continue;
+        const char *et = attr_str(g->attrs, "encoding-type");
+        if ((et && !strcmp(et, "anndata")) || is_atomic_group(v, g)) check_reader_opens(v, g);
     }
 }
 
