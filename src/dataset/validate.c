@@ -17,6 +17,7 @@
 #include "util/buf.h"
 #include "util/intload.h"
 #include "util/status.h"
+#include "util/vecloop.h"
 #include "zarr/array.h"
 
 static const zb_dataset *
@@ -70,38 +71,46 @@ zb_validate_segment(const zb_dataset *ds, size_t s, size_t n, const uint64_t *id
 
 /* ---- value ranges ------------------------------------------------------------------------- */
 
-/* The smallest and largest of n integers of dtype dt; false for a dtype that is not an
- * integer. The int32 and int64 loops (what batches carry) vectorise. */
-static bool
-int_range(const void *data, zb_dtype dt, uint64_t n, int64_t *lo, int64_t *hi)
+/* The largest of (unsigned)(v[k] + add) over n values: one unsigned reduction tells whether
+ * every v[k] lies in [-add, bound - add) (a value below -add wraps to a huge one). Vectorised
+ * (ZB_VECTOR_LOOP): the batch's CSR column ids are millions of values per window. */
+ZB_VECTOR_LOOP static uint32_t
+umax_int32(const int32_t *v, uint64_t n, uint32_t add)
 {
-    int64_t mn = INT64_MAX, mx = INT64_MIN;
-    if (dt == ZB_DT_INT32) {
-        const int32_t *v = data;
-        int32_t a = INT32_MAX, b = INT32_MIN;
-        for (uint64_t k = 0; k < n; k++) {
-            a = v[k] < a ? v[k] : a;
-            b = v[k] > b ? v[k] : b;
-        }
-        mn = a;
-        mx = b;
-    } else if (dt == ZB_DT_INT64) {
-        const int64_t *v = data;
-        for (uint64_t k = 0; k < n; k++) {
-            mn = v[k] < mn ? v[k] : mn;
-            mx = v[k] > mx ? v[k] : mx;
-        }
-    } else {
-        size_t isz = zb_dtype_size(dt);
-        for (uint64_t k = 0; k < n; k++) {
-            int64_t x;
-            if (!zb_load_int((const uint8_t *)data + k * isz, dt, &x) && x == 0) return false;
-            mn = x < mn ? x : mn;
-            mx = x > mx ? x : mx;
-        }
+    uint32_t m = 0;
+    for (uint64_t k = 0; k < n; k++) {
+        uint32_t x = (uint32_t)v[k] + add;
+        m = x > m ? x : m;
     }
-    *lo = mn;
-    *hi = mx;
+    return m;
+}
+
+ZB_VECTOR_LOOP static uint64_t
+umax_int64(const int64_t *v, uint64_t n, uint64_t add)
+{
+    uint64_t m = 0;
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t x = (uint64_t)v[k] + add;
+        m = x > m ? x : m;
+    }
+    return m;
+}
+
+/* Whether all n integers of dtype dt lie in [lo, hi) (lo is 0 or -1); a dtype that is not an
+ * integer passes. */
+static bool
+all_within(const void *data, zb_dtype dt, uint64_t n, int64_t lo, uint64_t hi)
+{
+    uint64_t add = (uint64_t)-lo, span = hi + add; /* values + add must be below span */
+    if (n == 0) return true;
+    if (dt == ZB_DT_INT32) return (uint64_t)umax_int32(data, n, (uint32_t)add) < span;
+    if (dt == ZB_DT_INT64) return umax_int64(data, n, add) < span;
+    size_t isz = zb_dtype_size(dt);
+    for (uint64_t k = 0; k < n; k++) {
+        int64_t x;
+        if (!zb_load_int((const uint8_t *)data + k * isz, dt, &x) && x == 0) return true;
+        if (x < lo || (uint64_t)(x - lo) >= span) return false;
+    }
     return true;
 }
 
@@ -156,10 +165,7 @@ check_columns(zb_dataset *ds, const zb_batch *b, size_t f, const uint64_t *phys,
     const zb_field *fd = &pr->fields[f];
     zb_batch_view v;
     ZB_TRY(zb_batch_field(b, f, &v));
-    int64_t lo, hi;
-    if (v.nrows == 0 || !int_range(v.data, v.dtype, v.nrows * fd->row_elems, &lo, &hi))
-        return ZB_OK;
-    if (lo >= 0 && (uint64_t)hi < fd->col_bound) return ZB_OK;
+    if (all_within(v.data, v.dtype, v.nrows * fd->row_elems, 0, fd->col_bound)) return ZB_OK;
     size_t n = zb_batch_size(b);
     const int32_t *dsi = zb_batch_dataset(b);
     for (uint64_t k = 0; k < v.nrows * fd->row_elems; k++) {
@@ -187,9 +193,7 @@ check_codes(zb_dataset *ds, const zb_batch *b, size_t f, const uint64_t *phys)
     if (!ds->nchildren) {
         zb_field *fd = &ds->fields[f];
         ZB_TRY(zb_field_load_categories(ds, fd));
-        int64_t lo, hi;
-        if (n == 0 || !int_range(v.data, v.dtype, n, &lo, &hi)) return ZB_OK;
-        if (lo >= -1 && hi < (int64_t)fd->cats.n) return ZB_OK;
+        if (all_within(v.data, v.dtype, n, -1, fd->cats.n)) return ZB_OK;
     }
     for (size_t i = 0; i < n; i++) {
         uint32_t c = dsi ? (uint32_t)dsi[i] : 0;
