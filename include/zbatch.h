@@ -419,6 +419,12 @@ typedef enum zb_field_kind {
     ZB_FIELD_INDEX       /* ragged, and its values index rows of `target` segment */
 } zb_field_kind;
 
+/* zb_dataset_opts.on_invalid: what a read does with a sample whose stored values are invalid. */
+typedef enum zb_on_invalid {
+    ZB_ON_INVALID_ERROR = 0, /* the read fails with ZB_E_CORRUPT */
+    ZB_ON_INVALID_SKIP = 1   /* the sample is left out and counted */
+} zb_on_invalid;
+
 typedef struct zb_dataset_opts {
     bool load_layers;           /* anndata: also expose layers/NAME as fields */
     bool load_obsm;             /* anndata: expose obsm/NAME (default true) */
@@ -468,10 +474,24 @@ typedef struct zb_dataset_opts {
                                    when stored as integers of up to 16 bits (anndata's
                                    uint8/uint16 indices of a narrow store), else as stored;
                                    "stored"; or "int32"/"int64". */
+    zb_on_invalid on_invalid;   /* what a read does with a sample whose stored values are
+                                   invalid (docs/ERRORS.md "Invalid data"): ZB_ON_INVALID_ERROR
+                                   (default) fails the read with ZB_E_CORRUPT naming the sample
+                                   id, the field and the chunk; ZB_ON_INVALID_SKIP leaves such
+                                   samples out of the batch (it is smaller) and counts them in
+                                   zb_read_stats.samples_skipped. Collections and concatenations
+                                   take the option of the dataset read, not the children's. */
+    uint64_t max_request_bytes; /* the cap on one request's batch memory (read_many, one loader
+                                   window): a request needing more is refused with
+                                   ZB_E_INVALID before anything is allocated. Default (and 0)
+                                   ZB_MAX_REQUEST_BYTES_DEFAULT. */
 } zb_dataset_opts;
 
+#define ZB_MAX_REQUEST_BYTES_DEFAULT ((uint64_t)16 << 30)
+
 #define ZB_DATASET_OPTS_DEFAULT                                                                  \
-    {false, true, true, 0, 1, (size_t)512 << 10, false, NULL, false, NULL, NULL}
+    {false, true, true, 0, 1, (size_t)512 << 10, false, NULL, false, NULL, NULL,                \
+     ZB_ON_INVALID_ERROR, ZB_MAX_REQUEST_BYTES_DEFAULT}
 
 typedef struct zb_field_info {
     const char *name;          /* "X/data", "obs/cell_line", "positions", ... */
@@ -630,12 +650,20 @@ typedef struct zb_read_stats {
     uint64_t bytes_decoded;   /* decoded bytes produced */
     uint64_t bytes_delivered; /* bytes copied into the batch */
     uint64_t range_reads;     /* store reads */
+    uint64_t samples_skipped; /* samples left out as invalid (zb_dataset_opts.on_invalid) */
 } zb_read_stats;
 
 /* Reads the samples `ids` (logical, any order, duplicates allowed) as one batch in the
  * requested order. Every chunk (or shard inner chunk) the request touches is decoded at most
  * once, in parallel on the dataset's threads (on the calling thread when the chunks decode to
  * no more than zb_dataset_opts.inline_work_bytes). Out-of-range ids: ZB_E_RANGE naming the id.
+ * Stored values are validated as they are delivered (docs/ERRORS.md "Invalid data"): pointers
+ * within their values (before allocating), CSR column ids within n_vars, categorical codes
+ * within their categories, index fields within their sample; a violation is ZB_E_CORRUPT
+ * naming the sample id, the field and the chunk, or with zb_dataset_opts.on_invalid =
+ * ZB_ON_INVALID_SKIP the sample is left out of the batch and counted in
+ * zb_read_stats.samples_skipped. A request over zb_dataset_opts.max_request_bytes is
+ * ZB_E_INVALID before anything is allocated.
  * Thread-safe: any number of threads may read one dataset at once. */
 zb_status zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **out);
 

@@ -60,10 +60,15 @@ typedef struct zb_loader_opts {
 
 #define ZB_LOADER_OPTS_DEFAULT {4, 2, NULL, 0, 0, false}
 
+/* The most samples one window may hold (prefetch_factor x the sampler's largest batch):
+ * zb_loader_open refuses more with ZB_E_INVALID before allocating anything. */
+#define ZB_LOADER_MAX_WINDOW ((uint64_t)1 << 28)
+
 typedef struct zb_loader zb_loader;
 
 /* Starts a loader over `ds` drawing batches from `sampler` (positioned where it is: the loader
- * continues from the sampler's current state). The loader borrows both: they must outlive it,
+ * continues from the sampler's current state). ZB_E_INVALID for prefetch_factor or depth 0, or a
+ * window over ZB_LOADER_MAX_WINDOW samples. The loader borrows both: they must outlive it,
  * and the sampler must not be used by anyone else until zb_loader_close. */
 zb_status zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts,
                          zb_loader **out);

@@ -105,7 +105,10 @@ typedef struct zb_verify_report {
  * found before it, and must still be freed.
  *
  * Memory is bounded by the largest chunk (or shard, for arrays with codecs on whole shards)
- * plus fixed-size blocks of pointer values, never by an array's length. The store is only
+ * plus fixed-size blocks of pointer values, never by an array's length; work by the chunks
+ * stored (found by listing the array's keys; the declared grid is walked only on a store that
+ * cannot list), never by the declared shape. A dataset group with no problem found is opened
+ * as zb_dataset_open opens it, and a refusal is a problem. The store is only
  * read. Thread-safety: one report per call; concurrent calls on one store are fine (stores are
  * thread-safe), but a store being written meanwhile may be reported inconsistent. */
 zb_status zb_verify(zb_store *store, const char *path, zb_verify_report *report);

@@ -27,6 +27,7 @@ lacks them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -165,10 +166,36 @@ def sample_from_atoms(atoms: Any, cutoff: Optional[float] = None) -> dict[str, n
             d["forces"] = np.asarray(atoms.arrays["forces"])
     if cutoff is not None:
         from ase.neighborlist import neighbor_list
-        i, j, s = neighbor_list("ijS", atoms, float(cutoff))
+        cutoff = _check_images(atoms, d["cell"], d["pbc"], cutoff)
+        i, j, s = neighbor_list("ijS", atoms, cutoff)
         d["neighbor_list"] = np.stack([i, j], axis=1).astype(np.int64)
         d["shifts"] = s.astype(np.float64) @ d["cell"]
     return d
+
+
+MAX_CUTOFF_IMAGES = 10**6
+
+
+def _check_images(atoms: Any, cell: np.ndarray, pbc: np.ndarray, cutoff: Any) -> float:
+    """A cutoff for ``atoms``' neighbour list (:func:`zbatch._ase._check_cutoff`), refused when
+    the periodic images of the cell it reaches exceed ``MAX_CUTOFF_IMAGES``: ASE would walk
+    them all (a cutoff of 2**63 Å never returns)."""
+    from ._ase import _check_cutoff
+    cutoff = _check_cutoff(cutoff)
+    if not pbc.any():
+        return cutoff
+    volume = abs(float(np.linalg.det(cell)))
+    images = 1.0
+    for axis in range(3):
+        if not pbc[axis]:
+            continue
+        other = np.cross(cell[(axis + 1) % 3], cell[(axis + 2) % 3])
+        height = volume / float(np.linalg.norm(other)) if volume > 0 else 0.0
+        images *= 2 * math.ceil(cutoff / height) + 1 if height > 0 else math.inf
+    if images > MAX_CUTOFF_IMAGES:
+        raise ValueError(f"cutoff {cutoff} Å reaches {images:.3g} periodic images of the cell "
+                         f"(at most {MAX_CUTOFF_IMAGES}); {len(atoms)} atoms")
+    return cutoff
 
 
 def _is_atoms(x: Any) -> bool:

@@ -9,6 +9,56 @@
 
 static PyObject *ZbatchError;
 
+int
+zbpy_u64(PyObject *obj, void *out)
+{
+    PyObject *i = PyNumber_Index(obj);
+    if (!i) return 0;
+    int sign = 0; /* -1: below LLONG_MIN, +1: above LLONG_MAX */
+    long long sv = PyLong_AsLongLongAndOverflow(i, &sign);
+    bool neg = sign < 0 || (sign == 0 && sv < 0);
+    unsigned long long v = neg || PyErr_Occurred() ? 0 : PyLong_AsUnsignedLongLong(i);
+    Py_DECREF(i);
+    if (PyErr_Occurred() && !neg && v != (unsigned long long)-1) return 0;
+    if (neg) {
+        PyErr_Format(PyExc_OverflowError, "%R is negative: expected an integer in [0, 2**64)", obj);
+        return 0;
+    }
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_OverflowError, "%R does not fit 64 bits: expected an integer in "
+                     "[0, 2**64)", obj);
+        return 0;
+    }
+    *(unsigned long long *)out = v;
+    return 1;
+}
+
+const char *
+zbpy_str(PyObject *obj)
+{
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(obj, &n);
+    if (u && strlen(u) != (size_t)n) {
+        PyErr_Format(PyExc_ValueError, "%R: a name may not contain a NUL character", obj);
+        return NULL;
+    }
+    return u;
+}
+
+int
+zbpy_u32(PyObject *obj, void *out)
+{
+    unsigned long long v;
+    if (!zbpy_u64(obj, &v)) return 0;
+    if (v > UINT_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%R does not fit 32 bits: expected an integer in "
+                     "[0, 2**32)", obj);
+        return 0;
+    }
+    *(unsigned int *)out = (unsigned int)v;
+    return 1;
+}
+
 /* Raises ZbatchError(message) with .status (the code's name) and .code set; the message is
  * `detail`, or this thread's libzbatch detail message when NULL. */
 static PyObject *

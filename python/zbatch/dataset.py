@@ -184,6 +184,14 @@ class Dataset:
         index_dtype: anndata only: the same for their gene ids (``X/indices``). ``None``
             (default): ``"int32"`` when stored in up to 16 bits (anndata's uint8/uint16
             indices), else as stored; ``"stored"``, ``"int32"`` or ``"int64"``.
+        on_invalid: what a read does with a sample whose stored values are invalid (CSR
+            column ids outside ``n_vars``, categorical codes outside the categories, pointers
+            past their values, edge indices outside their structure): ``"error"`` (default)
+            raises :class:`ZbatchError` (``ZB_E_CORRUPT``) naming the sample id, the field and
+            the chunk; ``"skip"`` leaves such samples out of the batch and counts them in
+            ``batch.stats["samples_skipped"]``.
+        max_request_bytes: the cap on one request's batch memory (a ``read_many``, a loader
+            window); larger requests raise ``ZB_E_INVALID`` before allocating (16 GiB).
 
     Example::
 
@@ -207,20 +215,23 @@ class Dataset:
                  load_layers: bool = False, use_consolidated: bool = True,
                  load_strings: bool = False, layer: Optional[str] = None,
                  reorder_vars: bool = False, x_dtype: Optional[str] = None,
-                 index_dtype: Optional[str] = None):
+                 index_dtype: Optional[str] = None, on_invalid: str = "error",
+                 max_request_bytes: int = 16 << 30):
         path = _store_path(path)
         _check_threads(num_threads)
         self._c = _zbatch._Dataset(path, group, int(cache_bytes), int(num_threads),
                                    bool(load_layers), bool(use_consolidated), bool(load_strings),
                                    None if layer is None else str(layer), bool(reorder_vars),
-                                   _dtype_option(x_dtype), _dtype_option(index_dtype))
+                                   _dtype_option(x_dtype), _dtype_option(index_dtype),
+                                   str(on_invalid), int(max_request_bytes))
         self.path = path
         self._remember((path, group), dict(cache_bytes=cache_bytes, num_threads=num_threads,
                                            load_layers=load_layers,
                                            use_consolidated=use_consolidated,
                                            load_strings=load_strings, layer=layer,
                                            reorder_vars=reorder_vars, x_dtype=x_dtype,
-                                           index_dtype=index_dtype))
+                                           index_dtype=index_dtype, on_invalid=on_invalid,
+                                           max_request_bytes=max_request_bytes))
         self._load_info()
 
     # -- pickling and processes ------------------------------------------------------------

@@ -30,4 +30,16 @@ zb_dataset *zbpy_dataset_ptr(PyObject *obj);
  * (buffer, typestr, shape, kind, segment), "segments", "index", "dataset", "stats". */
 PyObject *zbpy_batch_to_dict(zb_batch *batch);
 
+/* "O&" converter for an unsigned 64-bit argument (each "K" of the argument formats; "K" itself
+ * reduces modulo 2^64, so 2**64 + 5 would be 5 and -1 would be 2**64 - 1): an int (or anything
+ * with __index__) in [0, 2**64), else OverflowError or TypeError. */
+int zbpy_u64(PyObject *obj, void *out);
+/* The UTF-8 of str `obj` (borrowed, lives as long as obj), or NULL with an exception: TypeError
+ * for a non-str, ValueError for one holding a NUL character (C would see it cut short there:
+ * "a\x00b" would silently be "a"). */
+const char *zbpy_str(PyObject *obj);
+
+/* The same for an unsigned int ("I" is as unchecked): [0, 2**32). */
+int zbpy_u32(PyObject *obj, void *out);
+
 #endif

@@ -163,10 +163,10 @@ writer_init(AnndataWriter *self, PyObject *args, PyObject *kwds)
     const char *store_path, *x_kind, *x_dtype, *codec = NULL, *path = "";
     unsigned long long n_vars, x_chunk = 0, x_shard = 0, column_chunk = 0;
     int zarr_format = 3, num_threads = 1, consolidate = 1, narrow_indices = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sKss|izKKKipsp", kwlist, &store_path, &n_vars,
-                                     &x_kind, &x_dtype, &zarr_format, &codec, &x_chunk, &x_shard,
-                                     &column_chunk, &num_threads, &consolidate, &path,
-                                     &narrow_indices))
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwds, "sO&ss|izO&O&O&ipsp", kwlist, &store_path, zbpy_u64, &n_vars, &x_kind,
+            &x_dtype, &zarr_format, &codec, zbpy_u64, &x_chunk, zbpy_u64, &x_shard, zbpy_u64,
+            &column_chunk, &num_threads, &consolidate, &path, &narrow_indices))
         return -1;
     if (self->w) {
         PyErr_SetString(PyExc_RuntimeError, "AnndataWriter is already open");

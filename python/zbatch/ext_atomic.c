@@ -25,7 +25,7 @@ typedef struct str_pool {
 static const char *
 pool_dup(str_pool *p, PyObject *o)
 {
-    const char *u = PyUnicode_AsUTF8(o);
+    const char *u = zbpy_str(o);
     if (!u) return NULL;
     char **ns = realloc(p->s, (p->n + 1) * sizeof *ns);
     if (!ns) {
@@ -200,8 +200,8 @@ parse_field(PyObject *t, py_fields *pf, size_t i)
     const char *level, *dtype;
     if (!(f->group = pool_dup(&pf->strs, PyTuple_GET_ITEM(t, 0))) ||
         !(f->name = pool_dup(&pf->strs, PyTuple_GET_ITEM(t, 1))) ||
-        !(level = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, 2))) ||
-        !(dtype = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, 3))))
+        !(level = zbpy_str(PyTuple_GET_ITEM(t, 2))) ||
+        !(dtype = zbpy_str(PyTuple_GET_ITEM(t, 3))))
         return -1;
     if (level_from_str(level, &f->level) < 0 || dtype_from_str(dtype, &f->dtype) < 0) return -1;
     PyObject *shape = PyTuple_GET_ITEM(t, 4);
@@ -362,7 +362,7 @@ py_writer_add(PyObject *self, PyObject *args)
     (void)self;
     PyObject *cap, *atoms_obj, *edges_obj, *fields_obj;
     unsigned long long n;
-    if (!PyArg_ParseTuple(args, "OKOOO", &cap, &n, &atoms_obj, &edges_obj, &fields_obj))
+    if (!PyArg_ParseTuple(args, "OO&OOO", &cap, zbpy_u64, &n, &atoms_obj, &edges_obj, &fields_obj))
         return NULL;
     py_writer *pw = get_writer(cap);
     if (!pw) return NULL;
@@ -484,7 +484,8 @@ py_add_custom(PyObject *self, PyObject *args)
     const char *root, *path;
     PyObject *cfg_obj, *field;
     unsigned long long n_rows;
-    if (!PyArg_ParseTuple(args, "ssOOK", &root, &path, &cfg_obj, &field, &n_rows)) return NULL;
+    if (!PyArg_ParseTuple(args, "ssOOO&", &root, &path, &cfg_obj, &field, zbpy_u64, &n_rows))
+        return NULL;
     py_cfg c;
     int use;
     py_fields pf;

@@ -222,7 +222,8 @@ py_convert_task(PyObject *self, PyObject *args)
     int phase, threads;
     Py_ssize_t i;
     unsigned long long memory;
-    if (!PyArg_ParseTuple(args, "siniK", &output, &phase, &i, &threads, &memory)) return NULL;
+    if (!PyArg_ParseTuple(args, "siniO&", &output, &phase, &i, &threads, zbpy_u64, &memory))
+        return NULL;
     if (phase < 0 || phase >= ZB_CONVERT_PHASES_ || i < 0)
         return zbpy_raise(ZB_E_INVALID, "convert_task: no such phase or task");
     zb_convert *cv = NULL;

@@ -174,11 +174,12 @@ zbpy_batch_to_dict(zb_batch *cb)
     zb_read_stats st;
     zb_batch_stats(cb, &st);
     PyObject *stats = Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "chunks_decoded", (unsigned long long)st.chunks_decoded,
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "chunks_decoded", (unsigned long long)st.chunks_decoded,
         "chunks_cached", (unsigned long long)st.chunks_cached, "chunks_filled",
         (unsigned long long)st.chunks_filled, "bytes_fetched", (unsigned long long)st.bytes_fetched,
         "bytes_decoded", (unsigned long long)st.bytes_decoded, "bytes_delivered",
-        (unsigned long long)st.bytes_delivered, "range_reads", (unsigned long long)st.range_reads);
+        (unsigned long long)st.bytes_delivered, "range_reads", (unsigned long long)st.range_reads,
+        "samples_skipped", (unsigned long long)st.samples_skipped);
     if (!stats || PyDict_SetItemString(d, "stats", stats) < 0) {
         Py_XDECREF(stats);
         goto fail;
@@ -220,14 +221,21 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"path", "group", "cache_bytes", "num_threads", "load_layers",
                              "use_consolidated", "load_strings", "layer", "reorder_vars",
-                             "x_dtype", "index_dtype", NULL};
+                             "x_dtype", "index_dtype", "on_invalid", "max_request_bytes", NULL};
     const char *path, *group = "", *layer = NULL, *x_dtype = NULL, *index_dtype = NULL;
-    unsigned long long cache = 0;
+    const char *on_invalid = "error";
+    unsigned long long cache = 0, max_request = ZB_MAX_REQUEST_BYTES_DEFAULT;
     int threads = 1, layers = 0, consolidated = 1, strings = 0, reorder = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sKipppzpzz", kwlist, &path, &group, &cache,
-                                     &threads, &layers, &consolidated, &strings, &layer,
-                                     &reorder, &x_dtype, &index_dtype))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sO&ipppzpzzsO&", kwlist, &path, &group, zbpy_u64,
+                                     &cache, &threads, &layers, &consolidated, &strings, &layer,
+                                     &reorder, &x_dtype, &index_dtype, &on_invalid, zbpy_u64,
+                                     &max_request))
         return -1;
+    if (strcmp(on_invalid, "error") && strcmp(on_invalid, "skip")) {
+        PyErr_Format(PyExc_ValueError, "on_invalid must be \"error\" or \"skip\", not \"%s\"",
+                     on_invalid);
+        return -1;
+    }
     zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
     o.cache_bytes = (size_t)cache;
     o.num_threads = threads;
@@ -238,6 +246,8 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
     o.reorder_vars = reorder != 0;
     o.x_dtype = x_dtype;
     o.index_dtype = index_dtype;
+    o.on_invalid = strcmp(on_invalid, "skip") ? ZB_ON_INVALID_ERROR : ZB_ON_INVALID_SKIP;
+    o.max_request_bytes = max_request;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
     st = zb_store_open(path, &self->store);
@@ -334,7 +344,7 @@ dataset_read_field(DatasetObject *self, PyObject *args)
 {
     const char *name;
     unsigned long long start, stop;
-    if (!PyArg_ParseTuple(args, "sKK", &name, &start, &stop)) return NULL;
+    if (!PyArg_ParseTuple(args, "sO&O&", &name, zbpy_u64, &start, zbpy_u64, &stop)) return NULL;
     size_t i;
     zb_field_info fi;
     zb_status st = zb_dataset_find_field(self->ds, name, &i);
@@ -366,7 +376,7 @@ dataset_read_strings(DatasetObject *self, PyObject *args)
 {
     const char *name;
     unsigned long long start, stop;
-    if (!PyArg_ParseTuple(args, "sKK", &name, &start, &stop)) return NULL;
+    if (!PyArg_ParseTuple(args, "sO&O&", &name, zbpy_u64, &start, zbpy_u64, &stop)) return NULL;
     uint64_t n = stop > start ? stop - start : 0;
     uint8_t *missing = malloc((size_t)n + 1);
     if (!missing) return PyErr_NoMemory();
@@ -511,7 +521,7 @@ py_concat_datasets(PyObject *self, PyObject *args)
     PyObject *list;
     int threads = 1, reorder = 0;
     unsigned long long cache = 0;
-    if (!PyArg_ParseTuple(args, "O|iKp", &list, &threads, &cache, &reorder)) return NULL;
+    if (!PyArg_ParseTuple(args, "O|iO&p", &list, &threads, zbpy_u64, &cache, &reorder)) return NULL;
     PyObject *seq = PySequence_Tuple(list);
     if (!seq) return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(seq);
@@ -562,7 +572,7 @@ py_in_memory(PyObject *self, PyObject *args)
     PyObject *src;
     int threads = 1;
     unsigned long long cache = 0;
-    if (!PyArg_ParseTuple(args, "O|iK", &src, &threads, &cache)) return NULL;
+    if (!PyArg_ParseTuple(args, "O|iO&", &src, &threads, zbpy_u64, &cache)) return NULL;
     if (!PyObject_TypeCheck(src, &DatasetType)) {
         PyErr_SetString(PyExc_TypeError, "in_memory takes a zbatch dataset");
         return NULL;

@@ -143,8 +143,9 @@ loader_init(LoaderObject *self, PyObject *args, PyObject *kw)
     unsigned long long prefetch = 4, depth = 2;
     long long more_epochs = 0;
     int same_epoch = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|KKOLp", kwlist, &dsobj, &smobj, &prefetch,
-                                     &depth, &tlist, &more_epochs, &same_epoch))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O&O&OLp", kwlist, &dsobj, &smobj, zbpy_u64,
+                                     &prefetch, zbpy_u64, &depth, &tlist, &more_epochs,
+                                     &same_epoch))
         return -1;
     zb_dataset *ds = zbpy_dataset_ptr(dsobj);
     if (!ds) return -1;

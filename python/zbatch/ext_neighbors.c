@@ -56,8 +56,8 @@ py_neighbor_list(PyObject *self, PyObject *args)
     unsigned long long n, max_pairs;
     int p0, p1, p2;
     double cutoff;
-    if (!PyArg_ParseTuple(args, "OKOpppdK", &pos_obj, &n, &cell_obj, &p0, &p1, &p2, &cutoff,
-                          &max_pairs))
+    if (!PyArg_ParseTuple(args, "OO&OpppdO&", &pos_obj, zbpy_u64, &n, &cell_obj, &p0, &p1, &p2,
+                          &cutoff, zbpy_u64, &max_pairs))
         return NULL;
     if (n > (unsigned long long)(PY_SSIZE_T_MAX / 24)) {
         PyErr_SetString(PyExc_OverflowError, "too many atoms");

@@ -99,7 +99,8 @@ static PyObject *
 sampler_restore(SamplerObject *self, PyObject *args)
 {
     unsigned long long seed, epoch, position;
-    if (!PyArg_ParseTuple(args, "KKK", &seed, &epoch, &position)) return NULL;
+    if (!PyArg_ParseTuple(args, "O&O&O&", zbpy_u64, &seed, zbpy_u64, &epoch, zbpy_u64, &position))
+        return NULL;
     zb_sampler_state state = {seed, epoch, position};
     zb_status st = zb_sampler_restore(self->s, &state);
     if (st != ZB_OK) return zbpy_raise(st, NULL);
@@ -110,7 +111,7 @@ static PyObject *
 sampler_request_replacement(SamplerObject *self, PyObject *args)
 {
     unsigned long long ra, re;
-    if (!PyArg_ParseTuple(args, "KK", &ra, &re)) return NULL;
+    if (!PyArg_ParseTuple(args, "O&O&", zbpy_u64, &ra, zbpy_u64, &re)) return NULL;
     uint64_t id = 0;
     bool found = false;
     zb_status st = zb_sampler_request_replacement(self->s, ra, re, &id, &found);
@@ -240,8 +241,10 @@ wrap(zb_status st, zb_sampler *s)
 }
 
 #define BASE_KW "n", "batch_size", "drop_last", "seed", "rank", "world_size", "drop"
-#define BASE_FMT "KKpKIIp"
-#define BASE_ARGS &n, &b, &drop_last, &seed, &rank, &world, &drop
+#define BASE_FMT "O&O&pO&O&O&p"
+#define BASE_ARGS                                                                                  \
+    zbpy_u64, &n, zbpy_u64, &b, &drop_last, zbpy_u64, &seed, zbpy_u32, &rank, zbpy_u32, &world,    \
+        &drop
 
 static void
 fill_base(zb_sampler_opts *o, unsigned long long n, unsigned long long b, int drop_last,
@@ -293,7 +296,8 @@ py_sampler_block(PyObject *self, PyObject *args, PyObject *kw)
     unsigned long long n, b, seed, bs, bpw;
     unsigned int rank, world;
     int drop_last, drop;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, BASE_FMT "KK", kws, BASE_ARGS, &bs, &bpw))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, BASE_FMT "O&O&", kws, BASE_ARGS, zbpy_u64, &bs,
+                                     zbpy_u64, &bpw))
         return NULL;
     zb_block_sampler_opts o = ZB_BLOCK_SAMPLER_OPTS_DEFAULT;
     fill_base(&o.base, n, b, drop_last, seed, rank, world, drop);
@@ -314,8 +318,8 @@ py_sampler_weighted(PyObject *self, PyObject *args, PyObject *kw)
     unsigned int rank, world;
     int drop_last, drop;
     PyObject *wo, *co, *cwo;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, BASE_FMT "OOOKKK", kws, BASE_ARGS, &wo, &co, &cwo,
-                                     &num_samples, &bs, &draws))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, BASE_FMT "OOOO&O&O&", kws, BASE_ARGS, &wo, &co, &cwo,
+                                     zbpy_u64, &num_samples, zbpy_u64, &bs, zbpy_u64, &draws))
         return NULL;
     Py_buffer w, c, cw;
     memset(&c, 0, sizeof c);
@@ -359,8 +363,9 @@ py_sampler_size_aware(PyObject *self, PyObject *args, PyObject *kw)
     unsigned int rank, world;
     int drop_last, drop, shuffle;
     PyObject *ao, *eo, *no;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, BASE_FMT "OKOKOKKp", kws, BASE_ARGS, &ao, &ma, &eo,
-                                     &me, &no, &mn, &window, &shuffle))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, BASE_FMT "OO&OO&OO&O&p", kws, BASE_ARGS, &ao,
+                                     zbpy_u64, &ma, &eo, zbpy_u64, &me, &no, zbpy_u64, &mn,
+                                     zbpy_u64, &window, &shuffle))
         return NULL;
     Py_buffer a, e, z;
     memset(&e, 0, sizeof e);
@@ -401,9 +406,9 @@ py_sampler_multi(PyObject *self, PyObject *args, PyObject *kw)
     unsigned int rank, world;
     int drop_last, drop, per_sample, balanced, policy, replacement, shuffle;
     PyObject *so, *co, *ro;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, BASE_FMT "OpOOpiKKpp", kws, BASE_ARGS, &so,
-                                     &per_sample, &co, &ro, &balanced, &policy, &num_batches,
-                                     &num_samples, &replacement, &shuffle))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, BASE_FMT "OpOOpiO&O&pp", kws, BASE_ARGS, &so,
+                                     &per_sample, &co, &ro, &balanced, &policy, zbpy_u64,
+                                     &num_batches, zbpy_u64, &num_samples, &replacement, &shuffle))
         return NULL;
     Py_ssize_t k = PyObject_Length(so);
     if (k < 0) return NULL;

@@ -28,9 +28,10 @@ py_write_array(PyObject *self, PyObject *args)
     Py_buffer data = {0}, offsets = {0}, fill = {0};
     unsigned long long chunk_rows, shard_rows;
     int zarr_format, num_threads, write_empty, index_at_start;
-    if (!PyArg_ParseTuple(args, "sssOy*KKziizpOpO", &store_path, &path, &dtype_name, &shape_obj,
-                          &data, &chunk_rows, &shard_rows, &codec, &zarr_format, &num_threads,
-                          &attrs, &write_empty, &fill_obj, &index_at_start, &offsets_obj))
+    if (!PyArg_ParseTuple(args, "sssOy*O&O&ziizpOpO", &store_path, &path, &dtype_name, &shape_obj,
+                          &data, zbpy_u64, &chunk_rows, zbpy_u64, &shard_rows, &codec, &zarr_format,
+                          &num_threads, &attrs, &write_empty, &fill_obj, &index_at_start,
+                          &offsets_obj))
         return NULL;
     PyObject *result = NULL;
     zb_store *store = NULL;

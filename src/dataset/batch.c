@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dataset/read_int.h"
+#include "dataset/validate.h"
 #include "util/status.h"
 
 /* Reused batch memory. Multi-megabyte batch buffers that are mapped and unmapped on every
@@ -423,6 +424,12 @@ zb_batch_segment_at(const zb_batch *b, size_t i, const int64_t **ptr)
     if (!b || i >= b->nsegs) return NULL;
     if (ptr) *ptr = b->segs[i].ptr;
     return b->segs[i].name;
+}
+
+void
+zb_batch_count_skipped(zb_batch *b, uint64_t n)
+{
+    b->stats.samples_skipped += n;
 }
 
 void

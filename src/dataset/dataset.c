@@ -128,7 +128,9 @@ dataset_alloc(zb_store *store, const char *path, const zb_dataset_opts *opts, co
 const char *
 zb_dataset_name(const zb_dataset *ds)
 {
-    return ds && ds->name ? ds->name : "";
+    /* a root dataset of a store without a name (a memory store) is named for what it is, so a
+     * message never starts with an empty name (": no array ...") */
+    return ds && ds->name && ds->name[0] ? ds->name : "the store root";
 }
 
 /* Orders dataset_<k> children numerically (FORMATS.md §7.1). */

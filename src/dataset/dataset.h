@@ -52,6 +52,8 @@ typedef struct zb_field {
     bool global_index;                /* index values are store-global (nvalchemi): subtract ptr */
     bool var_cols;                    /* anndata X: values are gene ids (CSR indices), or rows
                                          of n_vars genes (dense): reorder_vars remaps them */
+    uint64_t col_bound;               /* CSR column ids: values lie in [0, col_bound) (the
+                                         matrix's columns, validate.c); 0 = unbounded */
     zb_array *arr;                    /* the values */
     char *mask;                       /* nullable: the name of the companion mask field */
     char *cats_path;                  /* categorical: the categories array path */

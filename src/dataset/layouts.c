@@ -25,7 +25,8 @@ open_node(zb_dataset *ds, const zb_tree *tree, const char *path, zb_array **out)
 {
     *out = NULL;
     const zb_tree_node *nd = zb_tree_find(tree, path);
-    if (!nd || !nd->is_array) return zb_err(ZB_E_NOTFOUND, "%s: no array '%s'", ds->path, path);
+    if (!nd || !nd->is_array)
+        return zb_err(ZB_E_NOTFOUND, "%s: no array '%s'", zb_dataset_name(ds), path);
     return zb_tree_node_open_array(ds->store, nd, out);
 }
 
@@ -229,6 +230,7 @@ add_matrix(zb_dataset *ds, const zb_tree *tree, const char *name, const char *pa
         snprintf(fname, sizeof fname, "%s/indices", name);
         ZB_TRY(add_field(ds, tree, fname, sub, ZB_FIELD_RAGGED, seg, -1, &fi));
         fi->var_cols = is_x;
+        fi->col_bound = cols;
         ZB_TRY(deliver_as(fd, ds->x_want, ZB_DT_FLOAT32, "x_dtype"));
         ZB_TRY(deliver_as(fi, ds->index_want, ZB_DT_INT32, "index_dtype"));
         if (fd->arr->meta.shape[0] != fi->arr->meta.shape[0])
@@ -761,11 +763,11 @@ zb_layout_generic(zb_dataset *ds, const zb_tree *tree, const char *base)
         json_object_object_foreach(segs, sname, sval) {
             if (!json_object_is_type(sval, json_type_string))
                 return zb_err(ZB_E_METADATA, "%s: zbatch.segments.%s must be an array path",
-                              ds->path, sname);
+                              zb_dataset_name(ds), sname);
             /* fields find their segment by name: a name cut to fit would never match */
             if (strlen(sname) >= sizeof ds->segs[0].name)
                 return zb_err(ZB_E_UNSUPPORTED, "%s: zbatch.segments.%s: segment names are "
-                              "limited to %zu bytes", ds->path, sname,
+                              "limited to %zu bytes", zb_dataset_name(ds), sname,
                               sizeof ds->segs[0].name - 1);
             int idx;
             join(path, sizeof path, base, json_object_get_string(sval));
@@ -777,7 +779,7 @@ zb_layout_generic(zb_dataset *ds, const zb_tree *tree, const char *base)
     if (!have_n && ds->nsegs) ds->nphys = ds->segs[0].ptr->meta.shape[0] - 1;
     json_object *flds = zb_json_get(spec, "fields");
     if (!flds || !json_object_is_type(flds, json_type_object))
-        return zb_err(ZB_E_METADATA, "%s: zbatch.fields must be an object", ds->path);
+        return zb_err(ZB_E_METADATA, "%s: zbatch.fields must be an object", zb_dataset_name(ds));
     json_object_object_foreach(flds, fname, fval) {
         const char *arr = zb_json_string(fval, "array");
         const char *kind = zb_json_string(fval, "kind");
@@ -785,7 +787,7 @@ zb_layout_generic(zb_dataset *ds, const zb_tree *tree, const char *base)
         const char *target = zb_json_string(fval, "target");
         if (!arr || !kind)
             return zb_err(ZB_E_METADATA, "%s: zbatch.fields.%s needs 'array' and 'kind'",
-                          ds->path, fname);
+                          zb_dataset_name(ds), fname);
         int seg = -1, tgt = -1;
         for (size_t i = 0; i < ds->nsegs; i++) {
             if (segname && !strcmp(ds->segs[i].name, segname)) seg = (int)i;
@@ -798,17 +800,17 @@ zb_layout_generic(zb_dataset *ds, const zb_tree *tree, const char *base)
             k = !strcmp(kind, "index") ? ZB_FIELD_INDEX : ZB_FIELD_RAGGED;
             if (seg < 0 || (k == ZB_FIELD_INDEX && tgt < 0))
                 return zb_err(ZB_E_METADATA, "%s: zbatch.fields.%s names an unknown segment",
-                              ds->path, fname);
+                              zb_dataset_name(ds), fname);
         } else {
             return zb_err(ZB_E_METADATA, "%s: zbatch.fields.%s: kind '%s' is not per_sample, "
-                          "ragged or index", ds->path, fname, kind);
+                          "ragged or index", zb_dataset_name(ds), fname, kind);
         }
         join(path, sizeof path, base, arr);
         zb_field *f;
         zb_status st = add_field(ds, tree, fname, path, k, seg, tgt, &f);
         if (st == ZB_E_TYPE)
             return zb_err(ZB_E_TYPE, "%s: field %s: strings and 0-d arrays are not fields",
-                          ds->path, fname);
+                          zb_dataset_name(ds), fname);
         if (st != ZB_OK) return st;
         json_object *gi = zb_json_get(fval, "global");
         f->global_index = gi && json_object_get_boolean(gi);
@@ -828,7 +830,7 @@ zb_layout_generic(zb_dataset *ds, const zb_tree *tree, const char *base)
     for (size_t i = 0; i < ds->nsegs; i++)
         if (ds->segs[i].ptr->meta.shape[0] != ds->nphys + 1)
             return zb_err(ZB_E_CORRUPT, "%s: segment %s has %llu pointers for %llu samples",
-                          ds->path, ds->segs[i].name,
+                          zb_dataset_name(ds), ds->segs[i].name,
                           (unsigned long long)ds->segs[i].ptr->meta.shape[0],
                           (unsigned long long)ds->nphys);
     return ZB_OK;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "dataset/read_int.h"
+#include "dataset/validate.h"
 #include "util/status.h"
 #include "util/stream.h"
 
@@ -456,6 +457,8 @@ plan_segments(plan *p)
             seg_start[s * n + i] = a0;
             bs->ptr[i + 1] = bs->ptr[i] + (a1 - a0);
         }
+        ZB_TRY(zb_validate_segment(p->ds, s, n, b->index, p->child, p->phys, seg_start + s * n,
+                                   bs->ptr));
     }
     return ZB_OK;
 }
@@ -476,7 +479,7 @@ plan_buffers(plan *p)
         uint64_t rows = fd->seg >= 0 ? (uint64_t)b->segs[fd->seg].ptr[n] : n;
         size_t isz = zb_dtype_size(zb_dataset_field_dtype(p->ds, f)); /* 0 for strings */
         arena_off[f] = arena_need;
-        arena_need += ((size_t)(rows * fd->row_elems * isz) + 63) & ~(size_t)63;
+        ZB_TRY(zb_request_bytes_add(p->ds, fd->name, rows, fd->row_elems, isz, &arena_need));
     }
     p->stream = arena_need >= ZB_STREAM_MIN_BATCH_BYTES;
     b->arenas = p->ds->arenas;

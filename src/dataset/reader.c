@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dataset/read_int.h"
+#include "dataset/validate.h"
 #include "util/buf.h"
 #include "util/status.h"
 
@@ -135,6 +136,8 @@ finish(plan *p)
             ZB_TRY(zb_rows_rebase(p, (uint32_t)f, 0, (uint64_t)r->rows[p->n], 0,
                                   b->fields[f].row_elems));
     }
+    /* column ids and categorical codes within their bounds (validate.c) */
+    ZB_TRY(zb_validate_batch(p->ds, b, p->phys, p->seg_start));
     for (size_t f = 0; f < b->nfields; f++)
         if (b->fields[f].dtype == ZB_DT_STRING) ZB_TRY(read_strings(p, (uint32_t)f));
     if (p->ds->vars.lut) ZB_TRY(reorder_vars(p));
@@ -155,8 +158,8 @@ set_groups(zb_batch *b, const size_t *sizes, size_t nbatches)
 }
 
 zb_status
-zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
-                        size_t nbatches, zb_batch **out)
+zb_reader_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
+                       size_t nbatches, zb_batch **out)
 {
     if (!out) return zb_err(ZB_E_INVALID, "read_many: null out");
     *out = NULL;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "dataset/batch.h"
+#include "dataset/validate.h"
 #include "util/status.h"
 #include "zbatch_loader.h"
 
@@ -116,7 +117,8 @@ read_window(zb_loader *ld)
         w->end = true;
         goto out;
     }
-    w->st = zb_dataset_read_batches(ld->ds, ids, total, sizes, w->nbatches, &w->whole);
+    /* sizes become the batches' sizes less any samples skipped as invalid */
+    w->st = zb_dataset_read_window(ld->ds, ids, total, sizes, w->nbatches, &w->whole);
     if (w->st != ZB_OK) goto out;
     size_t b0 = 0;
     for (size_t k = 0; k < w->nbatches; k++) {
@@ -208,6 +210,14 @@ zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, 
     ld->opts = o;
     ld->max_batch = zb_sampler_max_batch(sampler);
     if (ld->max_batch == 0) ld->max_batch = 1;
+    /* a window's id list is allocated per window: bound it before any allocation */
+    if (o.prefetch_factor > ZB_LOADER_MAX_WINDOW / ld->max_batch) {
+        size_t mb = ld->max_batch;
+        free(ld);
+        return zb_err(ZB_E_INVALID, "zb_loader_open: prefetch_factor %zu x batch size %zu is "
+                      "more than the %llu samples a window may hold", o.prefetch_factor, mb,
+                      (unsigned long long)ZB_LOADER_MAX_WINDOW);
+    }
     if (o.ntransforms) {
         ld->transforms = malloc(o.ntransforms * sizeof *ld->transforms);
         if (!ld->transforms) {

@@ -94,8 +94,10 @@ zb_json_parse(const char *text, size_t len, const char *where, json_object **out
     struct json_tokener *tok = json_tokener_new_ex(JSON_MAX_DEPTH);
     if (!tok) return zb_err(ZB_E_NOMEM, "%s: cannot allocate a JSON tokener", where);
     /* Strict mode refuses comments, trailing commas and lower-case nan, none of which a Zarr
-     * writer produces; NaN/Infinity tokens are still accepted. */
-    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
+     * writer produces; NaN/Infinity tokens are still accepted. JSON text is UTF-8 (RFC 8259
+     * §8.1): other bytes in a string are refused here rather than passed on to JSON output and
+     * Python strings. */
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
     zb_status st = ZB_OK;
     json_object *obj = json_tokener_parse_ex(tok, text, (int)len);
     enum json_tokener_error jerr = json_tokener_get_error(tok);

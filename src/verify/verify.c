@@ -29,6 +29,7 @@
 #include "zarr/meta.h"
 #include "zarr/shard.h"
 #include "zarr/tree.h"
+#include "stored.h"
 
 #define KEY_CAP 4600
 #define MSG_CAP 1400
@@ -454,6 +455,71 @@ next_coord(uint64_t *g, const uint64_t *hi, int nd)
     return false;
 }
 
+/* The chunk objects (chunks, or shards) of an array to visit: the stored ones, found by
+ * listing, so an array declaring a grid of 2^60 chunks with three stored costs three; on a
+ * store that cannot list, every grid position (then a missing one counts as it is met). */
+typedef struct units {
+    int nd;
+    uint64_t hi[ZB_MAX_DIMS];
+    uint64_t *coords; /* listed: n rows of nd */
+    size_t n, i;
+    bool grid, started;
+} units;
+
+/* Opens the walk; false (reported) when the listing fails. In listed mode the grid positions
+ * without an object are added to n_missing at once. */
+static bool
+units_open(verifier *v, varr *va, units *u)
+{
+    const zb_array_meta *m = &va->a->meta;
+    memset(u, 0, sizeof *u);
+    u->nd = m->ndim;
+    uint64_t total = 1;
+    for (int d = 0; d < u->nd; d++) {
+        u->hi[d] = (m->shape[d] + m->chunks[d] - 1) / m->chunks[d];
+        if (!zb_mul_u64(total, u->hi[d], &total)) total = UINT64_MAX;
+    }
+    zb_status st = zb_stored_chunks(v->store, va->a, &u->coords, &u->n);
+    if (st == ZB_E_UNSUPPORTED) {
+        zb_clear_error();
+        u->grid = true;
+        return true;
+    }
+    if (st != ZB_OK) {
+        failed(v, st, va->a->path, "listing its chunks");
+        va->bad = true;
+        return false;
+    }
+    v->r->n_missing += total - u->n;
+    return true;
+}
+
+/* The next object's grid coordinates into g; false when done. */
+static bool
+units_next(units *u, uint64_t *g)
+{
+    if (!u->grid) {
+        if (u->i >= u->n) return false;
+        memcpy(g, u->coords + u->i++ * (size_t)u->nd, (size_t)u->nd * sizeof *g);
+        return true;
+    }
+    if (!u->started) {
+        u->started = true;
+        for (int d = 0; d < u->nd; d++) {
+            g[d] = 0;
+            if (u->hi[d] == 0) return false;
+        }
+        return true;
+    }
+    return next_coord(g, u->hi, u->nd);
+}
+
+static void
+units_close(units *u)
+{
+    free(u->coords);
+}
+
 /* The `len` bytes at `off` of array a's object `key`, read into v->enc (zb_unit_read: never a
  * view, so a store written a moment ago through the same handle is seen as written); a
  * problem (and NULL) when it fails. `what` names the part of the object read (an inner
@@ -473,19 +539,16 @@ check_plain(verifier *v, varr *va)
 {
     const zb_array *a = va->a;
     const zb_array_meta *m = &a->meta;
-    int nd = m->ndim;
-    uint64_t hi[ZB_MAX_DIMS], g[ZB_MAX_DIMS] = {0};
-    for (int d = 0; d < nd; d++) {
-        hi[d] = (m->shape[d] + m->chunks[d] - 1) / m->chunks[d];
-        if (hi[d] == 0) return;
-    }
+    uint64_t g[ZB_MAX_DIMS] = {0};
+    units u;
+    if (!units_open(v, va, &u)) return;
     char key[KEY_CAP];
-    do {
+    while (v->fatal == ZB_OK && units_next(&u, g)) {
         zb_status st = zb_meta_chunk_key(m, a->path, g, key, sizeof key);
         if (st != ZB_OK) {
             failed(v, st, a->path, NULL);
             va->bad = true;
-            return;
+            break;
         }
         uint64_t size = 0;
         st = zb_store_size(v->store, key, &size);
@@ -510,7 +573,8 @@ check_plain(verifier *v, varr *va)
             failed(v, st, key, NULL);
             va->bad = true;
         }
-    } while (next_coord(g, hi, nd) && v->fatal == ZB_OK);
+    }
+    units_close(&u);
 }
 
 /* Every shard: its index read and validated, every non-empty inner chunk decoded. */
@@ -520,20 +584,20 @@ check_shards(verifier *v, varr *va)
     const zb_array *a = va->a;
     const zb_array_meta *m = &a->meta;
     int nd = m->ndim;
-    uint64_t hi[ZB_MAX_DIMS], s[ZB_MAX_DIMS] = {0}, cps[ZB_MAX_DIMS], grid[ZB_MAX_DIMS];
+    uint64_t s[ZB_MAX_DIMS] = {0}, cps[ZB_MAX_DIMS], grid[ZB_MAX_DIMS];
     for (int d = 0; d < nd; d++) {
-        hi[d] = (m->shape[d] + m->chunks[d] - 1) / m->chunks[d];
         cps[d] = m->chunks[d] / a->inner[d];
         grid[d] = (m->shape[d] + a->inner[d] - 1) / a->inner[d];
-        if (hi[d] == 0) return;
     }
+    units u;
+    if (!units_open(v, va, &u)) return;
     char key[KEY_CAP], what[160];
-    do {
+    while (v->fatal == ZB_OK && units_next(&u, s)) {
         zb_status st = zb_meta_chunk_key(m, a->path, s, key, sizeof key);
         if (st != ZB_OK) {
             failed(v, st, a->path, NULL);
             va->bad = true;
-            return;
+            break;
         }
         uint64_t *e = NULL, n = 0;
         bool missing = false;
@@ -575,7 +639,8 @@ check_shards(verifier *v, varr *va)
             }
         }
         free(e);
-    } while (next_coord(s, hi, nd) && v->fatal == ZB_OK);
+    }
+    units_close(&u);
 }
 
 /* Strings, 0-d arrays and arrays with codecs on whole shards go through the row reader, one
@@ -589,8 +654,27 @@ check_by_rows(verifier *v, varr *va)
     uint64_t rows = rows_of(va);
     uint64_t block = m->ndim == 0 ? 1 : whole ? m->chunks[0] : a->inner[0];
     if (m->ndim > 0 && a->row_elems == 0) return;
+    /* the rows of the stored objects only (units_open), one object row (m->chunks[0] rows)
+     * after another; 0-d arrays have their one chunk */
+    units u = {0};
+    uint64_t og[ZB_MAX_DIMS] = {0}, obj_rows = m->ndim ? m->chunks[0] : 1, next_obj = 0;
+    bool listed = m->ndim > 0;
+    if (listed && !units_open(v, va, &u)) return;
+    if (listed && u.grid) listed = false; /* cannot list: every row, as before */
     char key[KEY_CAP];
     for (uint64_t r0 = 0; r0 < rows && v->fatal == ZB_OK; r0 += block) {
+        if (listed && r0 >= next_obj) {
+            /* the next stored object row at or after r0 (objects come in C order) */
+            bool more = false;
+            while (units_next(&u, og))
+                if ((og[0] + 1) * obj_rows > r0) {
+                    more = true;
+                    break;
+                }
+            if (!more) break;
+            if (og[0] * obj_rows > r0) r0 = og[0] * obj_rows;
+            next_obj = og[0] * obj_rows + obj_rows < rows ? og[0] * obj_rows + obj_rows : rows;
+        }
         uint64_t r1 = rows - r0 < block ? rows : r0 + block;
         zb_ctx_stats before, after;
         zb_ctx_get_stats(v->ctx, &before);
@@ -606,7 +690,8 @@ check_by_rows(verifier *v, varr *va)
         }
         zb_ctx_get_stats(v->ctx, &after);
         v->r->n_chunks += after.chunks_decoded - before.chunks_decoded;
-        v->r->n_missing += after.chunks_filled - before.chunks_filled;
+        if (!listed) v->r->n_missing += after.chunks_filled - before.chunks_filled; /* else
+                                                     counted by the listing (units_open) */
         if (st != ZB_OK) {
             /* name the first unit (or shard) of the block: exact for 1-d arrays; the detail
              * message is kept aside while the key is built */
@@ -622,6 +707,7 @@ check_by_rows(verifier *v, varr *va)
             va->bad = true;
         }
     }
+    units_close(&u);
 }
 
 static void
@@ -1307,6 +1393,26 @@ doc_of_message(char *buf, size_t cap, const char *fallback)
     return fallback;
 }
 
+/* A dataset group (anndata or atomic) in which verify found nothing wrong must open as the
+ * reader opens it: where the reader has a rule verify does not (an element it refuses or a
+ * column it cannot read), the reader's refusal is the problem verify reports, so a store
+ * verify calls clean is one the reader opens. Only while nothing else is wrong: the reader
+ * would repeat the first problem already listed. */
+static void
+check_reader_opens(verifier *v, const zb_tree_node *g)
+{
+    if (v->r->n_problems != 0 || v->fatal != ZB_OK) return;
+    zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+    o.use_consolidated = false; /* the node documents, as verify reads them (the snapshot is
+                                   compared with them on its own) */
+    zb_dataset *ds = NULL;
+    zb_status st = zb_dataset_open(v->store, g->path, &o, &ds);
+    if (st != ZB_OK)
+        finding(v, ZB_VERIFY_PROBLEM, st, shown(g->path), "the reader refuses this dataset: %s",
+                zb_last_error());
+    zb_dataset_close(ds);
+}
+
 static void
 check_layouts(verifier *v)
 {
@@ -1319,6 +1425,13 @@ check_layouts(verifier *v)
         if (et && !strcmp(et, "dataframe")) check_dataframe(v, g);
         if (et && !strcmp(et, "anndata")) check_anndata(v, g);
         if (is_atomic_group(v, g)) check_atomic(v, g);
+    }
+    /* after every rule of verify's own, in every group (a dataset's elements come after it) */
+    for (size_t i = 0; i < v->tree->n && v->fatal == ZB_OK; i++) {
+        const zb_tree_node *g = &v->tree->nodes[i];
+        if (g->is_array) continue;
+        const char *et = attr_str(g->attrs, "encoding-type");
+        if ((et && !strcmp(et, "anndata")) || is_atomic_group(v, g)) check_reader_opens(v, g);
     }
 }
 

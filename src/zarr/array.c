@@ -58,9 +58,15 @@ zb_array_open_meta(zb_store *store, const char *path, zb_array_meta *meta, zb_ar
         if (d > 0) a->row_elems *= m->shape[d];
     }
     uint64_t bytes;
-    if (!zb_mul_u64(total, m->itemsize ? m->itemsize : 1, &bytes) ||
-        !zb_mul_u64(unit, m->itemsize ? m->itemsize : 16, &bytes) || bytes > ZB_BUF_MAX) {
-        st = zb_err(ZB_E_OVERFLOW, "%s: array or chunk byte size overflows", path);
+    if (!zb_mul_u64(total, m->itemsize ? m->itemsize : 1, &bytes)) {
+        st = zb_err(ZB_E_OVERFLOW, "%s: the array's byte size overflows 64 bits", path);
+        goto fail;
+    }
+    /* a policy limit, not an overflow: one decoded chunk must fit a buffer of ZB_BUF_MAX */
+    if (!zb_mul_u64(unit, m->itemsize ? m->itemsize : 16, &bytes) || bytes > ZB_BUF_MAX) {
+        st = zb_err(ZB_E_OVERFLOW, "%s: a chunk of %llu elements is over the %llu GiB limit on "
+                    "one decoded chunk", path, (unsigned long long)unit,
+                    (unsigned long long)(ZB_BUF_MAX >> 30));
         goto fail;
     }
     if (m->chain.ab == ZB_AB_SHARDING && m->chain.has_transpose) {

@@ -11,6 +11,7 @@
 
 #include "util/json.h"
 #include "util/status.h"
+#include "util/utf8.h"
 #include "zarr/array.h"
 
 #define KEY_CAP 4096
@@ -39,6 +40,16 @@ add_node(tree_build *b, const char *path, bool is_array, int zarr_format, json_o
          json_object *attrs)
 {
     zb_tree *t = b->t;
+    size_t bad;
+    if (!zb_utf8_valid(path, &bad)) {
+        /* node names are Unicode (Zarr v3 §node names); bytes that are not UTF-8 would reach
+         * JSON output and Python strings as they are */
+        char shown[256];
+        json_object_put(doc);
+        json_object_put(attrs);
+        return zb_err(ZB_E_BADKEY, "\"%s\": node name is not valid UTF-8 (byte %zu)",
+                      zb_escape_bytes(path, shown, sizeof shown), bad);
+    }
     if (t->n == b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 16;
         zb_tree_node *nodes = realloc(t->nodes, cap * sizeof *nodes);

@@ -1081,6 +1081,53 @@ test_listed_path_errors_and_missing(void **state)
     source_free(&s);
 }
 
+/* A pointer claiming 2^40 rows is refused before any allocation, naming the sample; with
+ * on_invalid = skip the sample is left out and counted; a request over max_request_bytes is
+ * refused naming the cap (docs/ERRORS.md "Invalid data"). */
+static void
+test_invalid_samples_error_skip_and_cap(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    int64_t bad[N + 1];
+    memcpy(bad, s.ptr, sizeof bad);
+    bad[3] = (int64_t)1 << 40; /* sample 2 claims 2^40 rows; sample 3 then goes backwards */
+    build_opts bo = {.ptr_override = bad};
+    zb_store *st = build(&s, &bo);
+    zb_dataset *ds = open_ds(st, 0, 1);
+    zb_batch *b = NULL;
+    uint64_t ids[3] = {1, 2, 5}, good[2] = {1, 5};
+    ZB_ASSERT_ERR(zb_dataset_read_many(ds, ids, 3, &b), ZB_E_CORRUPT, "sample 2");
+    assert_null(b);
+    zb_dataset_close(ds);
+
+    zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+    o.on_invalid = ZB_ON_INVALID_SKIP;
+    ZB_ASSERT_OK(zb_dataset_open(st, "", &o, &ds));
+    ZB_ASSERT_OK(zb_dataset_read_many(ds, ids, 3, &b));
+    check_batch(&s, b, good, 2, false);
+    zb_read_stats rs;
+    zb_batch_stats(b, &rs);
+    assert_int_equal(rs.samples_skipped, 1);
+    zb_batch_free(b);
+    /* a clean request skips nothing */
+    ZB_ASSERT_OK(zb_dataset_read_many(ds, good, 2, &b));
+    zb_batch_stats(b, &rs);
+    assert_int_equal(rs.samples_skipped, 0);
+    zb_batch_free(b);
+    zb_dataset_close(ds);
+
+    o = (zb_dataset_opts)ZB_DATASET_OPTS_DEFAULT;
+    o.max_request_bytes = 64;
+    ZB_ASSERT_OK(zb_dataset_open(st, "", &o, &ds));
+    ZB_ASSERT_ERR(zb_dataset_read_many(ds, good, 2, &b), ZB_E_INVALID, "64-byte cap");
+    assert_null(b);
+    zb_dataset_close(ds);
+    zb_store_close(st);
+    source_free(&s);
+}
+
 int
 main(void)
 {
@@ -1099,6 +1146,7 @@ main(void)
         cmocka_unit_test(test_widen_every_pair),
         cmocka_unit_test(test_listed_path_matches_file_store),
         cmocka_unit_test(test_listed_path_errors_and_missing),
+        cmocka_unit_test(test_invalid_samples_error_skip_and_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -188,8 +188,9 @@ def test_densify_every_pooled_batch_is_exact(cells, cols, batch_size):
 
 @pytest.mark.parametrize("batch_size", [100, 1100])
 def test_densify_index_outside_n_vars_is_an_error(cells, tmp_path, batch_size):
-    """A column index >= n_vars in X/indices is corruption: densify names the value instead of
-    writing outside the row (in place and streamed alike)."""
+    """A column index >= n_vars in X/indices is corruption: the read path names the sample, the
+    value and the chunk before densify could write outside the row (in place and streamed
+    alike; docs/ERRORS.md "Invalid data")."""
     import zarr
     p, _ = cells
     q = tmp_path / "bad.zarr"
@@ -203,7 +204,8 @@ def test_densify_index_outside_n_vars_is_an_error(cells, tmp_path, batch_size):
         for _ in dl:
             pass
     assert e.value.status == "ZB_E_CORRUPT"
-    assert "densify: X/indices value 2007 outside [0, 2000)" in str(e.value)
+    assert ("sample 0: field X/indices: column id 2007 is outside [0, 2000) (row 1500, chunk "
+            "X/indices/c/0)") in str(e.value)
 
 
 # (genes, batch, prefetch): few batches in flight; and ~190 pooled blocks in flight at once

@@ -1,0 +1,55 @@
+/* UTF-8 validation of names from storage (node keys), and an ASCII-safe copy for messages. */
+#ifndef ZB_UTIL_UTF8_H
+#define ZB_UTIL_UTF8_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Whether s is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most
+ * U+10FFFF); *bad is the offset of the first byte that is not. */
+static inline bool
+zb_utf8_valid(const char *str, size_t *bad)
+{
+    const uint8_t *s = (const uint8_t *)str;
+    size_t i = 0;
+    while (s[i]) {
+        uint8_t c = s[i];
+        size_t n = c < 0x80 ? 0 : c >= 0xC2 && c <= 0xDF ? 1 : (c & 0xF0) == 0xE0 ? 2
+                 : c >= 0xF0 && c <= 0xF4 ? 3 : 4;
+        if (n == 4) break;
+        uint8_t lo = 0x80, hi = 0xBF; /* the second byte's range (RFC 3629 §4) */
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+        size_t k = 1;
+        for (; k <= n; k++) {
+            uint8_t t = s[i + k];
+            if (t < (k == 1 ? lo : 0x80) || t > (k == 1 ? hi : 0xBF)) break;
+        }
+        if (k <= n) break;
+        i += n + 1;
+    }
+    *bad = i;
+    return s[i] == '\0';
+}
+
+/* s with every byte outside printable ASCII (and the backslash) as \xNN, cut to fit cap. */
+static inline const char *
+zb_escape_bytes(const char *s, char *buf, size_t cap)
+{
+    size_t o = 0;
+    for (; *s && o + 5 < cap; s++) {
+        uint8_t c = (uint8_t)*s;
+        if (c >= 0x20 && c < 0x7F && c != '\\')
+            buf[o++] = (char)c;
+        else
+            o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+#endif
