@@ -572,9 +572,9 @@ zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out)
     if (b0 == 0) v->stats = whole->stats;
     v->index = whole->index + b0;
     v->dataset = whole->dataset ? whole->dataset + b0 : NULL;
-    v->nsegs = whole->nsegs;
     v->nfields = 0;
     v->segs = calloc(whole->nsegs + 1, sizeof *v->segs);
+    v->nsegs = v->segs ? whole->nsegs : 0; /* zb_batch_free walks them on the way out */
     v->fields = calloc(whole->nfields + 1, sizeof *v->fields);
     v->parent = whole;
     whole->refs++;
@@ -2072,10 +2072,11 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
     b->B = n;
     b->refs = 1;
     b->n_vars = ds->n_vars;
-    b->nfields = pr->nfields;
-    b->nsegs = pr->nsegs;
     b->fields = calloc(pr->nfields + 1, sizeof *b->fields);
     b->segs = calloc(pr->nsegs + 1, sizeof *b->segs);
+    /* counted only once they exist: zb_batch_free walks them on the way out */
+    b->nfields = b->fields ? pr->nfields : 0;
+    b->nsegs = b->segs ? pr->nsegs : 0;
     b->index = malloc((n + 1) * sizeof *b->index);
     if (grow_array((void **)&m->child, &m->child_cap, n + 1, sizeof *m->child)) child = m->child;
     if (grow_array((void **)&m->phys, &m->phys_cap, n + 1, sizeof *m->phys)) phys = m->phys;
