@@ -164,21 +164,22 @@ zb_status zb_store_open(const char *url, zb_store **out);
  * Only regular files are data: a FIFO, socket or device at a key is ZB_E_CORRUPT naming the key
  * (never a hang, never a missing chunk); a directory at a key is ZB_E_NOTFOUND. A key whose path
  * leaves the root through a symbolic link (`sub -> /elsewhere`, `chunk -> /dev/zero`) is
- * ZB_E_BADKEY, for reads and writes alike, unless zb_file_store_opts.allow_links_outside. */
+ * ZB_E_BADKEY, for reads and writes alike, unless zb_store_opts.allow_links_outside. */
 zb_status zb_store_open_file(const char *root, zb_store **out);
 
-/* Options of a file store. */
-typedef struct zb_file_store_opts {
-    bool allow_links_outside; /* follow symbolic links that lead out of the root (a store that is
-                                 a farm of links into other directories); what they lead to
-                                 must still be a regular file. Default false. */
-} zb_file_store_opts;
+/* Options of a store opened by path (the same struct as the URL-opening options of other
+ * backends). Start from ZB_STORE_OPTS_DEFAULT. */
+typedef struct zb_store_opts {
+    /* The file backend: follow symbolic links that lead out of the root (a store that is a farm
+     * of links into other directories); what they lead to must still be a regular file.
+     * Default false: such a key is ZB_E_BADKEY. */
+    bool allow_links_outside;
+} zb_store_opts;
 
-#define ZB_FILE_STORE_OPTS_DEFAULT {false}
+#define ZB_STORE_OPTS_DEFAULT {false}
 
-/* zb_store_open_file with options (`opts` NULL = ZB_FILE_STORE_OPTS_DEFAULT). */
-zb_status zb_store_open_file_opts(const char *root, const zb_file_store_opts *opts,
-                                  zb_store **out);
+/* zb_store_open_file with options (NULL: ZB_STORE_OPTS_DEFAULT). */
+zb_status zb_store_open_file_opts(const char *root, const zb_store_opts *opts, zb_store **out);
 
 /* An empty in-memory store (thread-safe: a mutex guards the key table). */
 zb_status zb_store_open_memory(zb_store **out);

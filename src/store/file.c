@@ -5,7 +5,7 @@
  * which has already refused "." and ".." segments and made absolute keys relative, so a key
  * cannot name anything outside the root lexically. Symbolic links could: every open resolves
  * the key with openat2(RESOLVE_BENEATH), which refuses a path that leaves the root, unless the
- * store allows links outside (zb_file_store_opts). Only regular files are data: a key is opened
+ * store allows links outside (zb_store_opts). Only regular files are data: a key is opened
  * with O_NONBLOCK (a FIFO without a writer would otherwise block the open forever) and its type
  * checked before a byte is read. Writes go to a temporary name beside the target and are
  * renamed over it, so a reader never sees a half-written object.
@@ -53,7 +53,7 @@ typedef struct file_store {
     int rootfd;
     char *root;
     char *real_root;          /* realpath of root: where links that stay inside must land */
-    bool allow_links_outside; /* zb_file_store_opts.allow_links_outside */
+    bool allow_links_outside; /* zb_store_opts.allow_links_outside */
     pthread_mutex_t mu; /* guards the map table */
     fmap *maps[FMAP_BUCKETS];
     uint64_t mapped, map_budget; /* bytes mapped, and the most that may be */
@@ -536,7 +536,7 @@ zb_store_open_file(const char *root, zb_store **out)
 }
 
 zb_status
-zb_store_open_file_opts(const char *root, const zb_file_store_opts *opts, zb_store **out)
+zb_store_open_file_opts(const char *root, const zb_store_opts *opts, zb_store **out)
 {
     if (!out) return zb_err(ZB_E_INVALID, "zb_store_open_file: null out");
     *out = NULL;

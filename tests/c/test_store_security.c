@@ -151,7 +151,7 @@ test_links_outside_allowed(void **state)
     tree t;
     make_tree(&t);
     alarm(20);
-    zb_file_store_opts o = ZB_FILE_STORE_OPTS_DEFAULT;
+    zb_store_opts o = ZB_STORE_OPTS_DEFAULT;
     assert_false(o.allow_links_outside);
     o.allow_links_outside = true;
     zb_store *s = NULL;
