@@ -167,8 +167,7 @@ zb_status zb_store_open(const char *url, zb_store **out);
  * ZB_E_BADKEY, for reads and writes alike, unless zb_store_opts.allow_links_outside. */
 zb_status zb_store_open_file(const char *root, zb_store **out);
 
-/* Options of a store opened by path (the same struct as the URL-opening options of other
- * backends). Start from ZB_STORE_OPTS_DEFAULT. */
+/* Options of a store. Start from ZB_STORE_OPTS_DEFAULT. */
 typedef struct zb_store_opts {
     /* The file backend: follow symbolic links that lead out of the root (a store that is a farm
      * of links into other directories); what they lead to must still be a regular file.
