@@ -359,7 +359,8 @@ static zb_status
 file_list(void *self, const char *prefix, zb_list_fn fn, void *ctx)
 {
     file_store *fs = self;
-    int dfd = openat(fs->rootfd, prefix[0] ? prefix : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int dfd = open_beneath(fs, prefix[0] ? prefix : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (dfd < 0 && errno == EXDEV) return outside_root(fs, prefix);
     if (dfd < 0) return errno_status(errno, fs->root, prefix, "opendir");
     DIR *d = fdopendir(dfd);
     if (!d) {

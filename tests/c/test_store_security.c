@@ -105,6 +105,15 @@ expect_bytes(zb_store *s, const char *key, const uint8_t *want, size_t nwant)
     zb_store_release(s, tok);
 }
 
+static int
+count_names(void *ctx, const char *name, bool is_dir)
+{
+    (void)name;
+    (void)is_dir;
+    (*(uint64_t *)ctx)++;
+    return 0;
+}
+
 /* The default: regular files inside the root only. */
 static void
 test_default_refuses(void **state)
@@ -130,6 +139,10 @@ test_default_refuses(void **state)
     ZB_ASSERT_ERR(zb_store_get(s, "grp", 0, 8, buf, &n), ZB_E_NOTFOUND, "grp");
     ZB_ASSERT_ERR(zb_store_get(s, "nothing", 0, 8, buf, &n), ZB_E_NOTFOUND, "nothing");
     ZB_ASSERT_ERR(zb_store_get(s, "sub/nothing", 0, 8, buf, &n), ZB_E_BADKEY, "sub/nothing");
+    n = 0;
+    /* nor are the names behind such a link listed */
+    ZB_ASSERT_ERR(zb_store_list(s, "sub", count_names, &n), ZB_E_BADKEY, "outside the store root");
+    assert_int_equal(n, 0);
     /* a write through a link out of the root is refused and creates nothing there */
     ZB_ASSERT_ERR(zb_store_put(s, "sub/planted", "x", 1), ZB_E_BADKEY, "outside the store root");
     char path[2048];
@@ -158,6 +171,9 @@ test_links_outside_allowed(void **state)
     ZB_ASSERT_OK(zb_store_open_file_opts(t.root, &o, &s));
     expect_bytes(s, "out", t.secret, sizeof t.secret);
     expect_bytes(s, "sub/secret", t.secret, sizeof t.secret);
+    uint64_t names = 0;
+    ZB_ASSERT_OK(zb_store_list(s, "sub", count_names, &names));
+    assert_int_equal(names, 1); /* "secret" */
     expect_bytes(s, "absin", t.bytes, sizeof t.bytes);
     expect_refused(s, "zero", ZB_E_CORRUPT, "not a regular file");
     expect_refused(s, "null", ZB_E_CORRUPT, "not a regular file");
