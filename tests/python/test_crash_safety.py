@@ -105,7 +105,9 @@ def test_synth_cells_killed_mid_write(tmp_path):
         if not (path / MARKER).exists():
             # killed before the writer started: nothing that looks like a store
             assert not (path / "zarr.json").exists() and delay < 0.2
-            with expect_error("ZB_E_NOTFOUND", "no zarr.json"):
+            # on a loaded machine the kill may come before synth made the directory at all
+            with expect_error("ZB_E_NOTFOUND",
+                              "no zarr.json" if path.exists() else "no such directory"):
                 info(path)
             continue
         assert_refused_incomplete(path)
