@@ -160,8 +160,25 @@ zb_status zb_store_new(const zb_store_methods *methods, void *self, zb_store **o
  * (http, https, s3) return ZB_E_UNSUPPORTED until their backends land. */
 zb_status zb_store_open(const char *url, zb_store **out);
 
-/* A store over a directory. Reads use pread on a fresh descriptor per call (thread-safe). */
+/* A store over a directory. Reads use pread on a fresh descriptor per call (thread-safe).
+ * Only regular files are data: a FIFO, socket or device at a key is ZB_E_CORRUPT naming the key
+ * (never a hang, never a missing chunk); a directory at a key is ZB_E_NOTFOUND. A key whose path
+ * leaves the root through a symbolic link (`sub -> /elsewhere`, `chunk -> /dev/zero`) is
+ * ZB_E_BADKEY, for reads and writes alike, unless zb_store_opts.allow_links_outside. */
 zb_status zb_store_open_file(const char *root, zb_store **out);
+
+/* Options of a store. Start from ZB_STORE_OPTS_DEFAULT. */
+typedef struct zb_store_opts {
+    /* The file backend: follow symbolic links that lead out of the root (a store that is a farm
+     * of links into other directories); what they lead to must still be a regular file.
+     * Default false: such a key is ZB_E_BADKEY. */
+    bool allow_links_outside;
+} zb_store_opts;
+
+#define ZB_STORE_OPTS_DEFAULT {false}
+
+/* zb_store_open_file with options (NULL: ZB_STORE_OPTS_DEFAULT). */
+zb_status zb_store_open_file_opts(const char *root, const zb_store_opts *opts, zb_store **out);
 
 /* An empty in-memory store (thread-safe: a mutex guards the key table). */
 zb_status zb_store_open_memory(zb_store **out);

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 debs=(build-essential cmake pkg-config time libblosc-dev libzstd-dev liblz4-dev libdeflate-dev
-      libjson-c-dev libisal-dev libcmocka-dev libcurl4-openssl-dev libhdf5-dev clang-format ninja-build)
+      libjson-c-dev libisal-dev libcmocka-dev libcurl4-openssl-dev libhdf5-dev clang-format ninja-build
+      clang libclang-rt-14-dev)
 
 missing=()
 for p in "${debs[@]}"; do

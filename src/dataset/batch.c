@@ -308,9 +308,9 @@ zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out)
     if (b0 == 0) v->stats = whole->stats;
     v->index = whole->index + b0;
     v->dataset = whole->dataset ? whole->dataset + b0 : NULL;
-    v->nsegs = whole->nsegs;
     v->nfields = 0;
     v->segs = calloc(whole->nsegs + 1, sizeof *v->segs);
+    v->nsegs = v->segs ? whole->nsegs : 0; /* zb_batch_free walks them on the way out */
     v->fields = calloc(whole->nfields + 1, sizeof *v->fields);
     v->parent = whole;
     whole->refs++;

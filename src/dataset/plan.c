@@ -400,10 +400,11 @@ zb_plan_begin(plan *p, zb_dataset *ds, size_t n)
     b->B = n;
     b->refs = 1;
     b->n_vars = ds->n_vars;
-    b->nfields = pr->nfields;
-    b->nsegs = pr->nsegs;
     b->fields = calloc(pr->nfields + 1, sizeof *b->fields);
     b->segs = calloc(pr->nsegs + 1, sizeof *b->segs);
+    /* counted only once they exist: zb_batch_free walks them on the way out */
+    b->nfields = b->fields ? pr->nfields : 0;
+    b->nsegs = b->segs ? pr->nsegs : 0;
     b->index = malloc((n + 1) * sizeof *b->index);
     if (grow_array((void **)&m->child, &m->child_cap, n + 1, sizeof *m->child)) p->child = m->child;
     if (grow_array((void **)&m->phys, &m->phys_cap, n + 1, sizeof *m->phys)) p->phys = m->phys;

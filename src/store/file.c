@@ -2,9 +2,13 @@
  *
  * Reads open a fresh descriptor per call relative to the root's descriptor (openat) and use
  * pread, so any number of threads may read at once. Keys arrive normalised by the store layer,
- * which has already refused "." and ".." segments, so a key cannot name anything outside the
- * root lexically. Writes go to a temporary name beside the target and are renamed over it, so a
- * reader never sees a half-written object.
+ * which has already refused "." and ".." segments and made absolute keys relative, so a key
+ * cannot name anything outside the root lexically. Symbolic links could: every open resolves
+ * the key with openat2(RESOLVE_BENEATH), which refuses a path that leaves the root, unless the
+ * store allows links outside (zb_store_opts). Only regular files are data: a key is opened
+ * with O_NONBLOCK (a FIFO without a writer would otherwise block the open forever) and its type
+ * checked before a byte is read. Writes go to a temporary name beside the target and are
+ * renamed over it, so a reader never sees a half-written object.
  *
  * Views (zb_store_view) map whole data files read-only and keep the mappings for the store's
  * life, up to a budget of mapped bytes (ZBATCH_MMAP_BYTES, default 1 GiB; beyond it views
@@ -18,8 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/openat2.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -46,6 +52,8 @@ typedef struct fmap {
 typedef struct file_store {
     int rootfd;
     char *root;
+    char *real_root;          /* realpath of root: where links that stay inside must land */
+    bool allow_links_outside; /* zb_store_opts.allow_links_outside */
     pthread_mutex_t mu; /* guards the map table */
     fmap *maps[FMAP_BUCKETS];
     uint64_t mapped, map_budget; /* bytes mapped, and the most that may be */
@@ -114,14 +122,118 @@ errno_status(int e, const char *root, const char *key, const char *what)
     return zb_err(ZB_E_IO, "%s/%s: %s: %s", root, key, what, strerror(e));
 }
 
+/* True when ROOT/key (its parent directory when `parent`) resolves to a path inside the root.
+ * The slow check, for what RESOLVE_BENEATH refuses wholesale: an absolute link that still lands
+ * inside the root, and kernels without openat2. Of a path that does not resolve (a missing key,
+ * a dangling link) the longest prefix that does is checked: the open that follows reports the
+ * rest missing. */
+static bool
+resolves_inside(const file_store *fs, const char *key, bool parent)
+{
+    char path[4200];
+    int n = snprintf(path, sizeof path, "%s/%s", fs->root, key);
+    if (n < 0 || (size_t)n >= sizeof path) return false;
+    size_t floor = strlen(fs->root);
+    char *real = NULL;
+    for (bool strip = parent;; strip = true) {
+        char *slash = strip ? strrchr(path, '/') : NULL;
+        if (slash && (size_t)(slash - path) >= floor) *slash = '\0';
+        real = realpath(path, NULL);
+        if (real || (errno != ENOENT && errno != ENOTDIR)) break;
+        if (strlen(path) <= floor) return true; /* the root itself is gone */
+    }
+    if (!real) return false;
+    size_t r = strlen(fs->real_root);
+    bool inside = strncmp(real, fs->real_root, r) == 0 &&
+                  (real[r] == '\0' || real[r] == '/' || (r == 1 && fs->real_root[0] == '/'));
+    free(real);
+    return inside;
+}
+
+/* openat relative to the root that fails with EXDEV when the path leaves the root through a
+ * symbolic link (unless the store allows that). */
+static int
+open_beneath(const file_store *fs, const char *key, int flags, mode_t mode)
+{
+    if (fs->allow_links_outside) return openat(fs->rootfd, key, flags, mode);
+    struct open_how how = {.flags = (uint64_t)flags,
+                           .mode = (flags & O_CREAT) ? mode : 0,
+                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS};
+    long fd = syscall(SYS_openat2, fs->rootfd, key, &how, sizeof how);
+    if (fd >= 0 || (errno != EXDEV && errno != ENOSYS)) return (int)fd;
+    if (!resolves_inside(fs, key, (flags & O_CREAT) != 0)) {
+        errno = EXDEV;
+        return -1;
+    }
+    return openat(fs->rootfd, key, flags, mode);
+}
+
+static zb_status
+outside_root(const file_store *fs, const char *key)
+{
+    return zb_err(ZB_E_BADKEY,
+                  "%s/%s: a symbolic link leads outside the store root (open the store with "
+                  "allow_links_outside to follow it)",
+                  fs->root, key);
+}
+
+static const char *
+file_kind(mode_t mode)
+{
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    return "not a file";
+}
+
+static zb_status
+not_regular(const file_store *fs, const char *key, mode_t mode)
+{
+    return zb_err(ZB_E_CORRUPT, "%s/%s: not a regular file (%s); only regular files are data",
+                  fs->root, key, file_kind(mode));
+}
+
+/* Opens `key` for reading and stats it: a regular file inside the root, else an error (a
+ * directory is a missing object, as it always was; a FIFO, socket or device is corrupt). */
+static zb_status
+open_object(const file_store *fs, const char *key, int *fd_out, struct stat *sb)
+{
+    *fd_out = -1;
+    int fd = open_beneath(fs, key, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0);
+    if (fd < 0) {
+        int e = errno;
+        if (e == EXDEV) return outside_root(fs, key);
+        /* a socket cannot be opened (ENXIO): say what is there */
+        if (e != ENOENT && e != ENOTDIR && fstatat(fs->rootfd, key, sb, 0) == 0 &&
+            !S_ISREG(sb->st_mode) && !S_ISDIR(sb->st_mode))
+            return not_regular(fs, key, sb->st_mode);
+        return errno_status(e, fs->root, key, "open");
+    }
+    zb_status st = ZB_OK;
+    if (fstat(fd, sb) != 0)
+        st = errno_status(errno, fs->root, key, "stat");
+    else if (S_ISDIR(sb->st_mode))
+        st = zb_err(ZB_E_NOTFOUND, "%s/%s: not found (a directory)", fs->root, key);
+    else if (!S_ISREG(sb->st_mode))
+        st = not_regular(fs, key, sb->st_mode);
+    if (st != ZB_OK) {
+        close(fd);
+        return st;
+    }
+    *fd_out = fd;
+    return ZB_OK;
+}
+
 static zb_status
 file_get(void *self, const char *key, uint64_t offset, uint64_t length, void *dst, uint64_t *nread)
 {
     file_store *fs = self;
     *nread = 0;
     if (!key[0]) return zb_err(ZB_E_NOTFOUND, "%s: the root is not an object", fs->root);
-    int fd = openat(fs->rootfd, key, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno_status(errno, fs->root, key, "open");
+    int fd;
+    struct stat sb;
+    ZB_TRY(open_object(fs, key, &fd, &sb));
     uint8_t *p = dst;
     uint64_t done = 0;
     zb_status st = ZB_OK;
@@ -164,14 +276,11 @@ file_view(void *self, const char *key, uint64_t offset, uint64_t length, const u
         }
     }
     if (!m) {
-        int fd = openat(fs->rootfd, key, O_RDONLY | O_CLOEXEC);
+        int fd;
         struct stat sb;
-        if (fd < 0) {
-            st = errno_status(errno, fs->root, key, "open");
-        } else if (fstat(fd, &sb) != 0) {
-            st = errno_status(errno, fs->root, key, "stat");
-        } else if (!S_ISREG(sb.st_mode)) {
-            st = zb_err(ZB_E_NOTFOUND, "%s/%s: not a file", fs->root, key);
+        st = open_object(fs, key, &fd, &sb);
+        if (st != ZB_OK) {
+            /* reported below */
         } else if ((uint64_t)sb.st_size > fs->map_budget - fs->mapped) {
             st = zb_err(ZB_E_UNSUPPORTED, "%s/%s: the mapping budget is spent", fs->root, key);
         } else {
@@ -238,9 +347,10 @@ file_size(void *self, const char *key, uint64_t *size)
 {
     file_store *fs = self;
     struct stat sb;
+    int fd;
     if (!key[0]) return zb_err(ZB_E_NOTFOUND, "%s: the root is not an object", fs->root);
-    if (fstatat(fs->rootfd, key, &sb, 0) != 0) return errno_status(errno, fs->root, key, "stat");
-    if (!S_ISREG(sb.st_mode)) return zb_err(ZB_E_NOTFOUND, "%s/%s: not a file", fs->root, key);
+    ZB_TRY(open_object(fs, key, &fd, &sb));
+    close(fd);
     *size = (uint64_t)sb.st_size;
     return ZB_OK;
 }
@@ -249,7 +359,8 @@ static zb_status
 file_list(void *self, const char *prefix, zb_list_fn fn, void *ctx)
 {
     file_store *fs = self;
-    int dfd = openat(fs->rootfd, prefix[0] ? prefix : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int dfd = open_beneath(fs, prefix[0] ? prefix : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (dfd < 0 && errno == EXDEV) return outside_root(fs, prefix);
     if (dfd < 0) return errno_status(errno, fs->root, prefix, "opendir");
     DIR *d = fdopendir(dfd);
     if (!d) {
@@ -284,10 +395,30 @@ make_parents(file_store *fs, const char *key)
     for (char *p = path; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        if (mkdirat(fs->rootfd, path, 0777) != 0 && errno != EEXIST)
-            return errno_status(errno, fs->root, path, "mkdir");
+        if (mkdirat(fs->rootfd, path, 0777) != 0) {
+            if (errno != EEXIST) return errno_status(errno, fs->root, path, "mkdir");
+            /* an existing parent may be a link out of the root: nothing is made beneath it */
+            int dfd = open_beneath(fs, path, O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
+            if (dfd < 0 && errno == EXDEV) return outside_root(fs, key);
+            if (dfd >= 0) close(dfd);
+        }
         *p = '/';
     }
+    return ZB_OK;
+}
+
+/* Refuses a key whose parent directory lies outside the root (erase and rename would act
+ * there). */
+static zb_status
+check_parent(file_store *fs, const char *key)
+{
+    const char *slash = strrchr(key, '/');
+    if (!slash || fs->allow_links_outside) return ZB_OK;
+    char path[4096];
+    snprintf(path, sizeof path, "%.*s", (int)(slash - key), key);
+    int dfd = open_beneath(fs, path, O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
+    if (dfd < 0 && errno == EXDEV) return outside_root(fs, key);
+    if (dfd >= 0) close(dfd);
     return ZB_OK;
 }
 
@@ -300,7 +431,8 @@ file_put(void *self, const char *key, const void *data, uint64_t length)
     static _Atomic unsigned long counter;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.zbtmp.%ld.%lu", key, (long)getpid(), ++counter);
-    int fd = openat(fs->rootfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    int fd = open_beneath(fs, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0 && errno == EXDEV) return outside_root(fs, key);
     if (fd < 0) return errno_status(errno, fs->root, tmp, "create");
     const uint8_t *p = data;
     uint64_t done = 0;
@@ -334,6 +466,7 @@ static zb_status
 file_erase(void *self, const char *key)
 {
     file_store *fs = self;
+    ZB_TRY(check_parent(fs, key));
     fmap_forget(fs, key);
     if (unlinkat(fs->rootfd, key, 0) == 0 || errno == ENOENT) return ZB_OK;
     /* an empty directory left by erased keys goes too (a non-empty one is an error) */
@@ -346,6 +479,7 @@ static zb_status
 file_rename(void *self, const char *from, const char *to)
 {
     file_store *fs = self;
+    ZB_TRY(check_parent(fs, from));
     ZB_TRY(make_parents(fs, to));
     if (renameat(fs->rootfd, from, fs->rootfd, to) != 0)
         return errno_status(errno, fs->root, from, "rename");
@@ -368,6 +502,7 @@ file_close(void *self)
     pthread_mutex_destroy(&fs->mu);
     close(fs->rootfd);
     free(fs->root);
+    free(fs->real_root);
     free(fs);
 }
 
@@ -398,6 +533,12 @@ map_budget(void)
 zb_status
 zb_store_open_file(const char *root, zb_store **out)
 {
+    return zb_store_open_file_opts(root, NULL, out);
+}
+
+zb_status
+zb_store_open_file_opts(const char *root, const zb_store_opts *opts, zb_store **out)
+{
     if (!out) return zb_err(ZB_E_INVALID, "zb_store_open_file: null out");
     *out = NULL;
     if (!root || !*root) return zb_err(ZB_E_INVALID, "zb_store_open_file: empty path");
@@ -410,9 +551,11 @@ zb_store_open_file(const char *root, zb_store **out)
     }
     file_store *fs = calloc(1, sizeof *fs);
     char *r = strdup(root);
-    if (!fs || !r) {
+    char *real = realpath(root, NULL);
+    if (!fs || !r || !real) {
         free(fs);
         free(r);
+        free(real);
         close(fd);
         return zb_err(ZB_E_NOMEM, "zb_store_open_file: out of memory");
     }
@@ -420,6 +563,8 @@ zb_store_open_file(const char *root, zb_store **out)
     while (n > 1 && r[n - 1] == '/') r[--n] = '\0';
     fs->rootfd = fd;
     fs->root = r;
+    fs->real_root = real;
+    fs->allow_links_outside = opts && opts->allow_links_outside;
     pthread_mutex_init(&fs->mu, NULL);
     fs->map_budget = map_budget();
     zb_status st = zb_store_new(&file_methods, fs, out);

@@ -1,0 +1,43 @@
+/* Each bytes-to-bytes codec's decode path: byte 0 picks the codec (blosc, zstd, lz4, gzip,
+ * zlib, crc32c), byte 1 whether the expected size is known (bytes 2-4 give it, up to 4 MiB)
+ * or taken from the frame; the rest is the encoded chunk. Whatever the input, the decoder must
+ * stay inside its buffers and, when it succeeds with a known size, deliver exactly that size. */
+#include <stdlib.h>
+
+#include "fuzz_common.h"
+#include "zarr/codec.h"
+
+#define MAX_OUT ((size_t)4 << 20)
+#define UNSAID_CAP ((size_t)64 << 10) /* the buffer when the frame does not say its size */
+
+static zb_ctx *ctx;
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static const zb_codec_id ids[] = {ZB_CODEC_BLOSC, ZB_CODEC_ZSTD, ZB_CODEC_LZ4,
+                                      ZB_CODEC_GZIP,  ZB_CODEC_ZLIB, ZB_CODEC_CRC32C};
+    if (size < 5) return 0;
+    if (!ctx && zb_ctx_new(&ctx) != ZB_OK) return 0;
+    zb_codec c = {.id = ids[data[0] % 6]};
+    bool known = data[1] & 1;
+    size_t pos = 2;
+    size_t expected = (size_t)fuzz_take(data, size, &pos, 3) % (MAX_OUT + 1);
+    const uint8_t *src = data + pos;
+    size_t src_len = size - pos;
+    size_t cap = expected;
+    if (!known) {
+        zb_status st = zb_codec_decoded_size(&c, src, src_len, &cap, "fuzz");
+        if (st == ZB_OK && cap > MAX_OUT) return 0; /* the reader refuses these before decoding */
+        if (st != ZB_OK) cap = UNSAID_CAP;
+    }
+    /* exactly the capacity promised to the decoder, so ASan sees one byte written past it */
+    uint8_t *dst = malloc(cap ? cap : 1);
+    if (!dst) return 0;
+    size_t got = 0;
+    zb_status st = zb_codec_decode(&c, ctx, src, src_len, dst, cap, known ? expected : SIZE_MAX,
+                                   &got, "fuzz");
+    if (st == ZB_OK && (got > cap || (known && got != expected))) abort();
+    free(dst);
+    return 0;
+}
