@@ -165,12 +165,33 @@ typedef struct zb_store_methods {
  * it closes; on failure `self` is left to the caller. */
 ZB_API zb_status zb_store_new(const zb_store_methods *methods, void *self, zb_store **out);
 
+/* Options of a store opened by URL or path. Start from ZB_STORE_OPTS_DEFAULT. */
+typedef struct zb_store_opts {
+    /* The file backend's mapping budget: how many bytes of data files one store may keep
+     * memory-mapped for zb_store_view (ZB_STORE_DEFAULT_MMAP_BYTES, 1 GiB); beyond it views are
+     * declined and readers use pread; 0 turns views off. Other backends ignore it. The CLI and
+     * the Python package fill it from the environment variable ZBATCH_MMAP_BYTES. */
+    uint64_t mmap_bytes;
+} zb_store_opts;
+
+#define ZB_STORE_DEFAULT_MMAP_BYTES ((uint64_t)1 << 30)
+#define ZB_STORE_OPTS_DEFAULT {ZB_STORE_DEFAULT_MMAP_BYTES}
+
 /* Opens a store by URL: a file path or file:// URL (a directory). Other schemes
- * (http, https, s3) return ZB_E_UNSUPPORTED until their backends land. */
+ * (http, https, s3) return ZB_E_UNSUPPORTED until their backends land. The options are
+ * ZB_STORE_OPTS_DEFAULT. */
 ZB_API zb_status zb_store_open(const char *url, zb_store **out);
 
-/* A store over a directory. Reads use pread on a fresh descriptor per call (thread-safe). */
+/* zb_store_open with options (NULL: ZB_STORE_OPTS_DEFAULT). */
+ZB_API zb_status zb_store_open_opts(const char *url, const zb_store_opts *opts, zb_store **out);
+
+/* A store over a directory. Reads use pread on a fresh descriptor per call (thread-safe). The
+ * options are ZB_STORE_OPTS_DEFAULT. */
 ZB_API zb_status zb_store_open_file(const char *root, zb_store **out);
+
+/* zb_store_open_file with options (NULL: ZB_STORE_OPTS_DEFAULT). */
+ZB_API zb_status zb_store_open_file_opts(const char *root, const zb_store_opts *opts,
+                                         zb_store **out);
 
 /* An empty in-memory store (thread-safe: a mutex guards the key table). */
 ZB_API zb_status zb_store_open_memory(zb_store **out);
@@ -199,7 +220,7 @@ ZB_API zb_status zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n
                                      void *ctx);
 /* A view of bytes of `key` (zb_store_methods.view); ZB_E_UNSUPPORTED when the backend offers
  * none for this key. Release it with zb_store_release. The file backend maps data files
- * (mmap) up to a per-store budget: ZBATCH_MMAP_BYTES bytes (default 1 GiB; 0 turns views
+ * (mmap) up to a per-store budget: zb_store_opts.mmap_bytes (default 1 GiB; 0 turns views
  * off). A mapped file that another process truncates in place while it is mapped raises
  * SIGBUS in the reader, as with any mmap reader; zbatch's writers replace files by rename,
  * which is safe (a replaced file is noticed within a second, and its old mapping dropped). */

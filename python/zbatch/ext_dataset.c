@@ -220,14 +220,24 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"path", "group", "cache_bytes", "num_threads", "load_layers",
                              "use_consolidated", "load_strings", "layer", "reorder_vars",
-                             "x_dtype", "index_dtype", NULL};
+                             "x_dtype", "index_dtype", "mmap_bytes", NULL};
     const char *path, *group = "", *layer = NULL, *x_dtype = NULL, *index_dtype = NULL;
     unsigned long long cache = 0;
     int threads = 1, layers = 0, consolidated = 1, strings = 0, reorder = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sKipppzpzz", kwlist, &path, &group, &cache,
+    PyObject *mmap_bytes = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sKipppzpzzO", kwlist, &path, &group, &cache,
                                      &threads, &layers, &consolidated, &strings, &layer,
-                                     &reorder, &x_dtype, &index_dtype))
+                                     &reorder, &x_dtype, &index_dtype, &mmap_bytes))
         return -1;
+    zb_store_opts so = ZB_STORE_OPTS_DEFAULT;
+    if (mmap_bytes != Py_None) {
+        so.mmap_bytes = PyLong_AsUnsignedLongLong(mmap_bytes);
+        if (PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "mmap_bytes must be an integer >= 0, got %R",
+                         mmap_bytes);
+            return -1;
+        }
+    }
     zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
     o.cache_bytes = (size_t)cache;
     o.num_threads = threads;
@@ -240,7 +250,7 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
     o.index_dtype = index_dtype;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open(path, &self->store);
+    st = zb_store_open_opts(path, &so, &self->store);
     if (st == ZB_OK) st = zb_dataset_open(self->store, group, &o, &self->ds);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK) {

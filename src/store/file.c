@@ -7,7 +7,7 @@
  * reader never sees a half-written object.
  *
  * Views (zb_store_view) map whole data files read-only and keep the mappings for the store's
- * life, up to a budget of mapped bytes (ZBATCH_MMAP_BYTES, default 1 GiB; beyond it views
+ * life, up to a budget of mapped bytes (zb_store_opts.mmap_bytes, default 1 GiB; beyond it views
  * are declined and callers use pread). A mapping is revalidated (device, inode, size, mtime)
  * when it was last checked more than a second ago, and dropped when the file was replaced;
  * this store's own put/erase/rename drop the mappings of the keys they touch. */
@@ -384,20 +384,17 @@ static const zb_store_methods file_methods = {
     .release = file_release,
 };
 
-/* ZBATCH_MMAP_BYTES: the mapping budget of a file store (bytes; 0 = no views). */
-static uint64_t
-map_budget(void)
-{
-    const char *e = getenv("ZBATCH_MMAP_BYTES");
-    if (!e || !*e) return (uint64_t)1 << 30;
-    char *end = NULL;
-    unsigned long long v = strtoull(e, &end, 10);
-    return end && *end == '\0' ? (uint64_t)v : (uint64_t)1 << 30;
-}
-
 zb_status
 zb_store_open_file(const char *root, zb_store **out)
 {
+    return zb_store_open_file_opts(root, NULL, out);
+}
+
+zb_status
+zb_store_open_file_opts(const char *root, const zb_store_opts *opts, zb_store **out)
+{
+    static const zb_store_opts defaults = ZB_STORE_OPTS_DEFAULT;
+    if (!opts) opts = &defaults;
     if (!out) return zb_err(ZB_E_INVALID, "zb_store_open_file: null out");
     *out = NULL;
     if (!root || !*root) return zb_err(ZB_E_INVALID, "zb_store_open_file: empty path");
@@ -421,7 +418,7 @@ zb_store_open_file(const char *root, zb_store **out)
     fs->rootfd = fd;
     fs->root = r;
     pthread_mutex_init(&fs->mu, NULL);
-    fs->map_budget = map_budget();
+    fs->map_budget = opts->mmap_bytes;
     zb_status st = zb_store_new(&file_methods, fs, out);
     if (st != ZB_OK)
         file_close(fs);

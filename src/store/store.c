@@ -72,14 +72,20 @@ zb_store_name(const zb_store *store)
 zb_status
 zb_store_open(const char *url, zb_store **out)
 {
+    return zb_store_open_opts(url, NULL, out);
+}
+
+zb_status
+zb_store_open_opts(const char *url, const zb_store_opts *opts, zb_store **out)
+{
     if (!out) return zb_err(ZB_E_INVALID, "zb_store_open: null out");
     *out = NULL;
     if (!url || !*url) return zb_err(ZB_E_INVALID, "zb_store_open: empty URL");
-    if (!strncmp(url, "file://", 7)) return zb_store_open_file(url + 7, out);
+    if (!strncmp(url, "file://", 7)) return zb_store_open_file_opts(url + 7, opts, out);
     if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8) || !strncmp(url, "s3://", 5))
         return zb_err(ZB_E_UNSUPPORTED, "%s: remote stores are not supported yet", url);
     if (!strncmp(url, "memory://", 9)) return zb_store_open_memory(out);
-    return zb_store_open_file(url, out);
+    return zb_store_open_file_opts(url, opts, out);
 }
 
 /* Normalises `key` into a stack buffer named `var`, returning on error. */
