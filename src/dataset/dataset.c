@@ -219,7 +219,7 @@ open_layout(zb_dataset *ds, const zb_tree *tree, const char *base)
         return open_collection(ds, tree, base);
     if (zb_tree_find(tree, p)) {
         snprintf(ds->layout, sizeof ds->layout, "atomic");
-        return zb_layout_atomic(ds, tree, base);
+        return zb_layout_atomistic(ds, tree, base);
     }
     if (root && zb_json_get(root->attrs, "zbatch")) {
         snprintf(ds->layout, sizeof ds->layout, "generic");

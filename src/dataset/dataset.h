@@ -210,7 +210,7 @@ zb_status zb_field_load_categories(zb_dataset *ds, zb_field *f);
 /* Layout builders (layouts.c). Each fills fields/segments of ds from the tree. */
 struct zb_tree;
 zb_status zb_layout_anndata(zb_dataset *ds, const struct zb_tree *tree, const char *base);
-zb_status zb_layout_atomic(zb_dataset *ds, const struct zb_tree *tree, const char *base);
+zb_status zb_layout_atomistic(zb_dataset *ds, const struct zb_tree *tree, const char *base);
 zb_status zb_layout_generic(zb_dataset *ds, const struct zb_tree *tree, const char *base);
 
 /* The level ("atom", "edge", "system" or the attribute's own word) of array `name` in group

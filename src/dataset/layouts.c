@@ -667,7 +667,7 @@ atomic_count(zb_dataset *ds, const zb_tree *tree, const zb_tree_node *root, cons
 }
 
 zb_status
-zb_layout_atomic(zb_dataset *ds, const zb_tree *tree, const char *base)
+zb_layout_atomistic(zb_dataset *ds, const zb_tree *tree, const char *base)
 {
     const zb_tree_node *root = zb_tree_find(tree, base);
     json_object *fields = root ? zb_json_get(root->attrs, "fields") : NULL;

@@ -11,7 +11,7 @@
 
 #include "support/testutil.h"
 #include "util/json.h"
-#include "write/atomic_int.h"
+#include "write/atomistic_int.h"
 #include "write/write.h"
 
 /* ------------------------------------------------------------------------------------------- */

@@ -1,4 +1,4 @@
-/* Shared pieces of the atomic layout writer: the configuration, opening an existing dataset,
+/* Shared pieces of the atomistic layout writer: the configuration, opening an existing dataset,
  * levels, and the key/tree helpers the crash-safe operations are built from.
  * Format facts: shared FORMATS.md §8.1 (tree, attributes), §8.2 (level key sets). */
 #include <stdio.h>
@@ -8,7 +8,7 @@
 #include "dataset/dataset.h"
 #include "util/json.h"
 #include "util/status.h"
-#include "write/atomic_int.h"
+#include "write/atomistic_int.h"
 #include "write/codec_spec.h"
 #include "write/write.h"
 #include "zarr/array.h"

@@ -1,8 +1,10 @@
-/* Internals shared by the atomic layout writer (atomic.c) and its store operations
- * (atomic_ops.c: delete, defragment, add_custom, check, recover). Format facts: shared
- * FORMATS.md §8. */
-#ifndef ZB_WRITE_ATOMIC_INT_H
-#define ZB_WRITE_ATOMIC_INT_H
+/* Internals shared by the atomistic layout writer (atomistic.c) and its store operations
+ * (atomistic_ops.c: delete, defragment, add_custom, check, recover). Format facts: shared
+ * FORMATS.md §8. "Atomistic" names the layout (nvalchemi AtomicData: atoms, edges, systems)
+ * inside the library; the public API keeps the layout's user-facing name, "atomic"
+ * (zb_atomic_*, zbatch.AtomicWriter). Writing crash-safely is "committing" (zb_*_commit). */
+#ifndef ZB_WRITE_ATOMISTIC_INT_H
+#define ZB_WRITE_ATOMISTIC_INT_H
 
 #include <json-c/json.h>
 #include <stdbool.h>

@@ -1,4 +1,4 @@
-/* Operations on existing atomic datasets: recover, check, delete, add_custom, defragment.
+/* Operations on existing atomistic (AtomicData) datasets: recover, check, delete, add_custom, defragment.
  * Format facts: shared FORMATS.md §8.2 (invariants), §8.3 (edge index), §8.5 (nvalchemi's
  * hazards, which these avoid). The crash-safety rules are documented in zbatch_atomic.h. */
 #include <stdio.h>
@@ -9,7 +9,7 @@
 #include "util/buf.h"
 #include "util/json.h"
 #include "util/status.h"
-#include "write/atomic_int.h"
+#include "write/atomistic_int.h"
 #include "write/write.h"
 #include "zarr/array.h"
 #include "zarr/meta.h"

@@ -1,4 +1,4 @@
-/* The atomic layout writer: nvalchemi AtomicData stores (shared FORMATS.md §8), new or
+/* The atomistic layout writer (zb_atomic_writer): nvalchemi AtomicData stores (shared FORMATS.md §8), new or
  * appended to, on top of the array writer.
  *
  * One array writer per array: the five meta arrays and one per field. add() validates a whole
@@ -15,7 +15,7 @@
 #include "util/buf.h"
 #include "util/json.h"
 #include "util/status.h"
-#include "write/atomic_int.h"
+#include "write/atomistic_int.h"
 #include "write/write.h"
 
 #define MSG_CAP 1024
