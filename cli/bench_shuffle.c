@@ -93,7 +93,7 @@ read_child(zb_dataset *ds, size_t f, uint64_t n, int64_t *out)
 }
 
 zb_status
-zb_bench_codes_read(zb_dataset *ds, const char *field, zb_bench_codes *out)
+zb__bench_codes_read(zb_dataset *ds, const char *field, zb__bench_codes *out)
 {
     memset(out, 0, sizeof *out);
     size_t f = 0;
@@ -149,12 +149,12 @@ zb_bench_codes_read(zb_dataset *ds, const char *field, zb_bench_codes *out)
         out->ncodes = (uint32_t)ncodes;
     }
     free(raw);
-    if (st != ZB_OK) zb_bench_codes_free(out);
+    if (st != ZB_OK) zb__bench_codes_free(out);
     return st;
 }
 
 void
-zb_bench_codes_free(zb_bench_codes *c)
+zb__bench_codes_free(zb__bench_codes *c)
 {
     free(c->code);
     memset(c, 0, sizeof *c);
@@ -179,7 +179,7 @@ typedef struct acc {
 /* Adds one batch's entropy (bits of the empirical code distribution) and mean neighbour gap.
  * `hist` has ncodes zeroed counters and is left zeroed. */
 static void
-measure_batch(const uint64_t *ids, size_t B, const zb_bench_codes *codes, uint32_t *hist, acc *a)
+measure_batch(const uint64_t *ids, size_t B, const zb__bench_codes *codes, uint32_t *hist, acc *a)
 {
     if (!B) return;
     if (codes) {
@@ -205,9 +205,9 @@ measure_batch(const uint64_t *ids, size_t B, const zb_bench_codes *codes, uint32
 }
 
 zb_status
-zb_bench_shuffle_measure(const uint64_t *ids, const size_t *off, size_t nbatches, uint64_t n,
-                         const zb_bench_codes *codes, uint64_t seed, size_t max_ref,
-                         zb_bench_shuffle *out)
+zb__bench_shuffle_measure(const uint64_t *ids, const size_t *off, size_t nbatches, uint64_t n,
+                         const zb__bench_codes *codes, uint64_t seed, size_t max_ref,
+                         zb__bench_shuffle *out)
 {
     out->entropy = out->random_entropy = NAN;
     out->gap_score = out->random_gap_score = NAN;

@@ -89,7 +89,7 @@ executable(const char *path)
  * else a python beside this program (an installed package's scripts directory), else the
  * checkout's .venv, else python3. */
 int
-zb_cli_python(int argc, char **argv)
+zb__cli_python(int argc, char **argv)
 {
     char python[PATH_MAX + 32] = "";
     const char *env = getenv("ZBATCH_PYTHON");
@@ -242,8 +242,8 @@ convert_store(const char *src, const char *dst, const zb_copy_opts *o)
     zb_store *in = NULL, *out = NULL;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    zb_status st = zb_cli_store_open(src, &in);
-    if (st == ZB_OK) st = zb_cli_store_open(dst, &out);
+    zb_status st = zb__cli_store_open(src, &in);
+    if (st == ZB_OK) st = zb__cli_store_open(dst, &out);
     if (st == ZB_OK) st = zb_store_copy(in, "", out, "", o);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     zb_store_close(in);
@@ -316,7 +316,7 @@ convert_collection(const char *const *inputs, size_t n, const char *output, zb_c
 }
 
 int
-zb_cli_convert(int argc, char **argv)
+zb__cli_convert(int argc, char **argv)
 {
     zb_copy_opts co = ZB_COPY_OPTS_DEFAULT;
     zb_convert_opts o = ZB_CONVERT_OPTS_DEFAULT;
@@ -331,7 +331,7 @@ zb_cli_convert(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "--from") || !strcmp(a, "--scheduler")) {
             free(pos);
-            return zb_cli_python(argc, argv);
+            return zb__cli_python(argc, argv);
         }
     }
     for (int i = 1; i < argc; i++) {

@@ -7,7 +7,7 @@
 #include "util/status.h"
 
 zb_status
-zb_cli_store_open(const char *url, zb_store **out)
+zb__cli_store_open(const char *url, zb_store **out)
 {
     *out = NULL;
     zb_store_opts opts = ZB_STORE_OPTS_DEFAULT;

@@ -483,7 +483,7 @@ now_seconds(void)
 }
 
 int
-zb_cli_synth_cells(int argc, char **argv)
+zb__cli_synth_cells(int argc, char **argv)
 {
     opts o;
     int rc = parse_args(argc, argv, &o);

@@ -134,7 +134,7 @@ load_column(zb_convert *cv, json_object *jc, cv_column *c)
     int kind = kind_of(get_str(jc, "kind"));
     if (!name || kind < 0) return zb_err(ZB_E_CORRUPT, "plan.json: a malformed column");
     if (!(c->name = strdup(name))) return zb_err(ZB_E_NOMEM, "plan");
-    c->kind = (zb_col_kind)kind;
+    c->kind = (zb__col_kind)kind;
     ZB_TRY(dtype_of(get_str(jc, "dtype"), &c->dtype));
     json_object *sources = zb_json_get(jc, "sources");
     if (!sources || json_object_array_length(sources) != cv->n_inputs)
@@ -304,7 +304,7 @@ cv_plan_load(zb_convert *cv)
     if (cv->dataset_size == 0 || cv->n_cells == 0)
         return zb_err(ZB_E_CORRUPT, "%s: no cells or no dataset size", path);
     cv->n_datasets = (cv->n_cells + cv->dataset_size - 1) / cv->dataset_size;
-    zb_perm_init(&cv->perm, cv->n_cells, zb_stream_key(cv->seed, 0, ZB_TAG_CONVERT, 0, 0));
+    zb__perm_init(&cv->perm, cv->n_cells, zb__stream_key(cv->seed, 0, ZB_TAG_CONVERT, 0, 0));
     cv->srcs = calloc(cv->n_inputs, sizeof *cv->srcs);
     cv->matrices = calloc(cv->n_inputs, sizeof *cv->matrices);
     cv->maps = calloc(cv->n_inputs, sizeof *cv->maps);
@@ -320,11 +320,11 @@ cv_plan_load(zb_convert *cv)
 /* ---- run-time lookups ------------------------------------------------------------------------ */
 
 zb_status
-cv_source(zb_convert *cv, uint32_t k, zb_src **out)
+cv_source(zb_convert *cv, uint32_t k, zb__src **out)
 {
     pthread_mutex_lock(&cv->lock);
     zb_status st = ZB_OK;
-    if (!cv->srcs[k]) st = zb_src_open(cv->inputs[k].path, &cv->srcs[k]);
+    if (!cv->srcs[k]) st = zb__src_open(cv->inputs[k].path, &cv->srcs[k]);
     if (st == ZB_OK && cv->srcs[k]->c.n_obs != cv->inputs[k].n_obs)
         st = zb_err(ZB_E_INVALID, "%s: %" PRIu64 " cells now, %" PRIu64 " when planned",
                     cv->inputs[k].path, cv->srcs[k]->c.n_obs, cv->inputs[k].n_obs);
@@ -334,20 +334,20 @@ cv_source(zb_convert *cv, uint32_t k, zb_src **out)
 }
 
 zb_status
-cv_matrix(zb_convert *cv, uint32_t k, size_t j, zb_src_matrix **out)
+cv_matrix(zb_convert *cv, uint32_t k, size_t j, zb__src_matrix **out)
 {
-    zb_src *src;
+    zb__src *src;
     ZB_TRY(cv_source(cv, k, &src));
     pthread_mutex_lock(&cv->lock);
     zb_status st = ZB_OK;
     if (!cv->matrices[k][j]) {
-        zb_src_matrix *m = NULL;
-        st = zb_src_matrix_get(src, cv->mat_keys[j], &m);
+        zb__src_matrix *m = NULL;
+        st = zb__src_matrix_get(src, cv->mat_keys[j], &m);
         if (st == ZB_OK && cv->inputs[k].mats[j].layout == ZB_SRC_CSC) {
             char path[4200];
             st = cv_path(cv, path, sizeof path, "prepare/i%u-m%zu.csr", k, j);
-            zb_src_matrix *t = NULL;
-            if (st == ZB_OK) st = zb_csr_file_open(path, m, &t);
+            zb__src_matrix *t = NULL;
+            if (st == ZB_OK) st = zb__csr_file_open(path, m, &t);
             m = t;
         }
         cv->matrices[k][j] = m;
@@ -419,12 +419,12 @@ zb_convert_close(zb_convert *cv)
         for (size_t j = 0; j < cv->n_mats; j++) {
             if (cv->matrices && cv->matrices[k] && cv->matrices[k][j] &&
                 cv->inputs[k].mats[j].layout == ZB_SRC_CSC)
-                zb_src_matrix_close(cv->matrices[k][j]);
+                zb__src_matrix_close(cv->matrices[k][j]);
             if (cv->maps && cv->maps[k]) free(cv->maps[k][j]);
         }
         if (cv->matrices) free(cv->matrices[k]);
         if (cv->maps) free(cv->maps[k]);
-        if (cv->srcs) zb_src_close(cv->srcs[k]);
+        if (cv->srcs) zb__src_close(cv->srcs[k]);
         free(cv->inputs[k].path);
         free(cv->inputs[k].format);
         free(cv->inputs[k].mats);
@@ -498,7 +498,7 @@ normalize(const zb_convert_opts *opts, zb_convert_opts *o)
                       ZB_POOL_MAX_THREADS);
     zb_codec codec;
     bool has;
-    ZB_TRY(zb_codec_spec_parse(o->codec, o->zarr_format, &codec, &has));
+    ZB_TRY(zb__codec_spec_parse(o->codec, o->zarr_format, &codec, &has));
     for (size_t i = 0; i < o->n_layers; i++)
         if (!o->layers[i] || !*o->layers[i] || strchr(o->layers[i], '/'))
             return zb_err(ZB_E_INVALID, "layer name '%s'", o->layers[i] ? o->layers[i] : "");

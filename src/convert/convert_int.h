@@ -34,7 +34,7 @@
 
 /* An input matrix (X or a layer) as the plan saw it. */
 typedef struct cv_in_matrix {
-    zb_src_layout layout;
+    zb__src_layout layout;
     zb_dtype dtype;
     uint64_t n_cols, nnz;
     bool monotone; /* the gene map keeps column order (no sort needed after remapping) */
@@ -53,7 +53,7 @@ typedef struct cv_input {
 /* One obs column of the output, and where each input keeps it. */
 typedef struct cv_column {
     char *name;
-    zb_col_kind kind;        /* of the output */
+    zb__col_kind kind;        /* of the output */
     zb_dtype dtype;          /* numeric/nullable values; categorical: the categories' dtype */
     zb_strings categories;   /* categorical: the output's table (text) */
     void *category_values;   /* categorical, non-string: the table as values of dtype */
@@ -95,7 +95,7 @@ struct zb_convert {
     uint64_t n_cells, dataset_size, n_datasets, input_bytes;
     uint64_t seed;
     bool shuffle;
-    zb_perm perm;
+    zb__perm perm;
     int zarr_format;
     char *codec;            /* NULL = default */
     uint64_t x_chunk, x_shard;
@@ -111,8 +111,8 @@ struct zb_convert {
 
     /* run time: sources and gene maps, opened on first use by any thread */
     pthread_mutex_t lock;
-    zb_src **srcs;             /* [n_inputs] */
-    zb_src_matrix ***matrices; /* [n_inputs][n_mats]: the source's or a transposed file's */
+    zb__src **srcs;             /* [n_inputs] */
+    zb__src_matrix ***matrices; /* [n_inputs][n_mats]: the source's or a transposed file's */
     int32_t ***maps;           /* [n_inputs][n_mats] gene maps */
     struct cv_ws *ws_free;     /* workspaces no task holds */
 };
@@ -234,9 +234,9 @@ typedef struct cv_ws {
     struct cv_ws *next;
     void *slot[CV_WS_SLOTS];
     size_t cap[CV_WS_SLOTS];
-    zb_csr_block *mats; /* read blocks, capacities kept */
+    zb__csr_block *mats; /* read blocks, capacities kept */
     size_t n_mats;
-    zb_col_block *cols;
+    zb__col_block *cols;
     size_t n_cols;
     zb_ctx *ctx;  /* codec contexts for the scratch pieces */
     zb_buf piece; /* one compressed piece */
@@ -272,9 +272,9 @@ void cv_args_difference(json_object *had, json_object *now, char *buf, size_t ca
 zb_status cv_plan_load(zb_convert *cv);
 
 /* The source of input k (opened on first use; thread-safe). */
-zb_status cv_source(zb_convert *cv, uint32_t k, zb_src **out);
+zb_status cv_source(zb_convert *cv, uint32_t k, zb__src **out);
 /* Matrix j of input k: the source's, or the CSR file prepare made of a CSC one. */
-zb_status cv_matrix(zb_convert *cv, uint32_t k, size_t j, zb_src_matrix **out);
+zb_status cv_matrix(zb_convert *cv, uint32_t k, size_t j, zb__src_matrix **out);
 /* Gene map of input k's matrix j (loaded on first use). */
 zb_status cv_gene_map(zb_convert *cv, uint32_t k, size_t j, const int32_t **out);
 
@@ -286,7 +286,7 @@ zb_status cv_path(const zb_convert *cv, char *buf, size_t cap, const char *fmt, 
 static inline void
 cv_position(const zb_convert *cv, uint64_t g, uint64_t *dataset, uint64_t *row)
 {
-    uint64_t p = cv->shuffle ? zb_perm_apply(&cv->perm, g) : g;
+    uint64_t p = cv->shuffle ? zb__perm_apply(&cv->perm, g) : g;
     *dataset = p / cv->dataset_size;
     *row = p % cv->dataset_size;
 }

@@ -118,7 +118,7 @@ zb_store_copy(zb_store *src, const char *src_path, zb_store *dst, const char *ds
         if (nd->is_array) continue;
         const char *rel = nd->path + plen + (plen && nd->path[plen] == '/' ? 1 : 0);
         rel_join(dpath, sizeof dpath, droot, rel);
-        st = zb_write_group(dst, dpath, o.zarr_format, zb_json_text(nd->attrs));
+        st = zb__write_group(dst, dpath, o.zarr_format, zb__json_text(nd->attrs));
     }
     zb_tree_free(tree);
     return st;

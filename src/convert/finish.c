@@ -63,7 +63,7 @@ typedef struct entry {
 static int
 cmp_entry(const void *a, const void *b)
 {
-    return zb_write_cmp_consolidated(((const entry *)a)->key, ((const entry *)b)->key);
+    return zb__write_cmp_consolidated(((const entry *)a)->key, ((const entry *)b)->key);
 }
 
 static zb_status
@@ -81,7 +81,7 @@ push_entry(entry **list, size_t *n, size_t *cap, const char *key, json_object *d
     return ZB_OK;
 }
 
-/* Every node of every dataset, in the order zb_write_cmp_consolidated gives (v3 keys: paths
+/* Every node of every dataset, in the order zb__write_cmp_consolidated gives (v3 keys: paths
  * relative to the root, nested groups with an empty consolidated_metadata; v2: keys with the
  * document's name). */
 static zb_status
@@ -102,7 +102,7 @@ consolidate_datasets(const zb_convert *cv, zb_store *store, json_object *meta)
                 const char *text = json_object_to_json_string_ext(nd->doc, JSON_C_TO_STRING_PLAIN);
                 json_object *doc = NULL;
                 st = zb_json_parse(text, strlen(text), nd->path, &doc);
-                if (st == ZB_OK && !nd->is_array) zb_write_mark_nested_group(doc, &ok);
+                if (st == ZB_OK && !nd->is_array) zb__write_mark_nested_group(doc, &ok);
                 if (st == ZB_OK) st = push_entry(&list, &n, &cap, nd->path, doc);
             } else {
                 snprintf(key, sizeof key, "%s/%s", nd->path, nd->is_array ? ".zarray" : ".zgroup");
@@ -117,7 +117,7 @@ consolidate_datasets(const zb_convert *cv, zb_store *store, json_object *meta)
     }
     if (st == ZB_OK && n) qsort(list, n, sizeof *list, cmp_entry);
     for (size_t i = 0; i < n; i++) {
-        if (st == ZB_OK) zb_jw_add(meta, list[i].key, list[i].doc, &ok);
+        if (st == ZB_OK) zb__jw_add(meta, list[i].key, list[i].doc, &ok);
         else json_object_put(list[i].doc);
     }
     free(list);
@@ -134,7 +134,7 @@ write_root(const zb_convert *cv)
     zb_status st = meta ? consolidate_datasets(cv, store, meta)
                         : zb_err(ZB_E_NOMEM, "the root group");
     if (st == ZB_OK)
-        st = zb_write_consolidated_root(store, "", cv->zarr_format, collection_attrs, meta);
+        st = zb__write_consolidated_root(store, "", cv->zarr_format, collection_attrs, meta);
     json_object_put(meta);
     zb_store_close(store);
     return st;
@@ -168,7 +168,7 @@ manifest_dtypes(const zb_convert *cv, json_object *m)
         json_object_put(done);
     }
     int ok = 1;
-    if (st == ZB_OK) zb_jw_add(m, "dtypes", json_object_get(first), &ok);
+    if (st == ZB_OK) zb__jw_add(m, "dtypes", json_object_get(first), &ok);
     json_object_put(first);
     if (st == ZB_OK && !ok) st = zb_err(ZB_E_NOMEM, "the manifest");
     return st;
@@ -180,35 +180,35 @@ build_manifest(const zb_convert *cv, json_object **out)
     int ok = 1;
     zb_status st = ZB_OK;
     json_object *m = json_object_new_object();
-    zb_jw_add(m, "format", json_object_new_string("zbatch-convert-manifest"), &ok);
-    zb_jw_add(m, "version", json_object_new_int(1), &ok);
-    zb_jw_add(m, "checksum", json_object_new_string("crc64-xz"), &ok);
-    zb_jw_add(m, "args", json_object_get(zb_json_get(cv->plan_doc, "args")), &ok);
-    json_object *ins = zb_jw_add(m, "inputs", json_object_new_array(), &ok);
+    zb__jw_add(m, "format", json_object_new_string("zbatch-convert-manifest"), &ok);
+    zb__jw_add(m, "version", json_object_new_int(1), &ok);
+    zb__jw_add(m, "checksum", json_object_new_string("crc64-xz"), &ok);
+    zb__jw_add(m, "args", json_object_get(zb_json_get(cv->plan_doc, "args")), &ok);
+    json_object *ins = zb__jw_add(m, "inputs", json_object_new_array(), &ok);
     for (size_t k = 0; k < cv->n_inputs && st == ZB_OK && ok; k++) {
         char path[4200];
         json_object *done = NULL;
         st = cv_path(cv, path, sizeof path, "prepare/i%zu.json", k);
         if (st == ZB_OK) st = load_json(path, &done);
         if (st != ZB_OK) break;
-        json_object *in = zb_jw_push(ins, json_object_new_object(), &ok);
-        zb_jw_add(in, "path",
+        json_object *in = zb__jw_push(ins, json_object_new_object(), &ok);
+        zb__jw_add(in, "path",
                   json_object_new_string_len(cv->input_names.data + cv->input_names.offsets[k],
                                              (int)(cv->input_names.offsets[k + 1] -
                                                    cv->input_names.offsets[k])),
                   &ok);
-        zb_jw_add(in, "format", json_object_new_string(cv->inputs[k].format), &ok);
-        zb_jw_add(in, "bytes", zb_jw_u64(cv->inputs[k].size), &ok);
-        zb_jw_add(in, "crc64", json_object_new_string(str_of(done, "crc64")), &ok);
-        zb_jw_add(in, "cells", zb_jw_u64(cv->inputs[k].n_obs), &ok);
+        zb__jw_add(in, "format", json_object_new_string(cv->inputs[k].format), &ok);
+        zb__jw_add(in, "bytes", zb__jw_u64(cv->inputs[k].size), &ok);
+        zb__jw_add(in, "crc64", json_object_new_string(str_of(done, "crc64")), &ok);
+        zb__jw_add(in, "cells", zb__jw_u64(cv->inputs[k].n_obs), &ok);
         json_object_put(done);
     }
     if (st == ZB_OK && ok) st = manifest_dtypes(cv, m);
-    zb_jw_add(m, "skipped_columns",
+    zb__jw_add(m, "skipped_columns",
               json_object_get(zb_json_get(cv->plan_doc, "skipped_columns")), &ok);
-    zb_jw_add(m, "n_cells", zb_jw_u64(cv->n_cells), &ok);
-    zb_jw_add(m, "n_genes", zb_jw_u64(cv->genes.n), &ok);
-    json_object *ds = zb_jw_add(m, "datasets", json_object_new_array(), &ok);
+    zb__jw_add(m, "n_cells", zb__jw_u64(cv->n_cells), &ok);
+    zb__jw_add(m, "n_genes", zb__jw_u64(cv->genes.n), &ok);
+    json_object *ds = zb__jw_add(m, "datasets", json_object_new_array(), &ok);
     for (uint64_t d = 0; d < cv->n_datasets && st == ZB_OK && ok; d++) {
         char path[4200], name[64];
         json_object *done = NULL;
@@ -216,11 +216,11 @@ build_manifest(const zb_convert *cv, json_object **out)
         if (st == ZB_OK) st = load_json(path, &done);
         if (st != ZB_OK) break;
         snprintf(name, sizeof name, "dataset_%" PRIu64, d);
-        json_object *e = zb_jw_push(ds, json_object_new_object(), &ok);
-        zb_jw_add(e, "name", json_object_new_string(name), &ok);
+        json_object *e = zb__jw_push(ds, json_object_new_object(), &ok);
+        zb__jw_add(e, "name", json_object_new_string(name), &ok);
         static const char *const keys[] = {"cells", "nnz", "files", "bytes", "crc64"};
         for (size_t i = 0; i < 5; i++)
-            zb_jw_add(e, keys[i], json_object_get(zb_json_get(done, keys[i])), &ok);
+            zb__jw_add(e, keys[i], json_object_get(zb_json_get(done, keys[i])), &ok);
         json_object_put(done);
     }
     if (st == ZB_OK && !ok) st = zb_err(ZB_E_NOMEM, "the manifest");

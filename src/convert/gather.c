@@ -617,20 +617,20 @@ write_done(gather *g, uint64_t files, uint64_t bytes, uint64_t crc, zb_dtype ind
     snprintf(hex, sizeof hex, "%016" PRIx64, crc);
     int ok = 1;
     json_object *doc = json_object_new_object();
-    zb_jw_add(doc, "cells", zb_jw_u64(g->cells), &ok);
-    zb_jw_add(doc, "files", zb_jw_u64(files), &ok);
-    zb_jw_add(doc, "bytes", zb_jw_u64(bytes), &ok);
-    zb_jw_add(doc, "crc64", json_object_new_string(hex), &ok);
-    json_object *nnz = zb_jw_add(doc, "nnz", json_object_new_array(), &ok);
-    for (size_t j = 0; j < cv->n_mats && j < 64; j++) zb_jw_push(nnz, zb_jw_u64(g->nnz[j]), &ok);
-    json_object *dt = zb_jw_add(doc, "dtypes", json_object_new_object(), &ok);
+    zb__jw_add(doc, "cells", zb__jw_u64(g->cells), &ok);
+    zb__jw_add(doc, "files", zb__jw_u64(files), &ok);
+    zb__jw_add(doc, "bytes", zb__jw_u64(bytes), &ok);
+    zb__jw_add(doc, "crc64", json_object_new_string(hex), &ok);
+    json_object *nnz = zb__jw_add(doc, "nnz", json_object_new_array(), &ok);
+    for (size_t j = 0; j < cv->n_mats && j < 64; j++) zb__jw_push(nnz, zb__jw_u64(g->nnz[j]), &ok);
+    json_object *dt = zb__jw_add(doc, "dtypes", json_object_new_object(), &ok);
     for (size_t j = 0; j < cv->n_mats; j++) {
         char key[1200];
         const char *pre = j ? "layers/" : "", *name = j ? cv->mat_names[j] : "X";
         snprintf(key, sizeof key, "%s%s/data", pre, name);
-        zb_jw_add(dt, key, json_object_new_string(zb_dtype_name(cv->stored_dtypes[j])), &ok);
+        zb__jw_add(dt, key, json_object_new_string(zb_dtype_name(cv->stored_dtypes[j])), &ok);
         snprintf(key, sizeof key, "%s%s/indices", pre, name);
-        zb_jw_add(dt, key, json_object_new_string(zb_dtype_name(index_dtype)), &ok);
+        zb__jw_add(dt, key, json_object_new_string(zb_dtype_name(index_dtype)), &ok);
     }
     zb_status st = ok ? cv_path(cv, path, sizeof path, "gather/d%zu.json", g->d)
                       : zb_err(ZB_E_NOMEM, "gather");

@@ -1,4 +1,4 @@
-/* Numbers out of a dataset by row range (h5ad_io.h: zb_h5_ds_read).
+/* Numbers out of a dataset by row range (h5ad_io.h: zb__h5_ds_read).
  *
  * Why chunks are decoded here: the converter reads terabytes from several threads. libhdf5 would
  * inflate every chunk inside its lock, one thread at a time; for a chunked dataset whose filters
@@ -24,7 +24,7 @@
 /* Under the lock: H5Dread of the box rows [a, b) x columns [k0, k1) into dst, which holds rows
  * [start, stop) x every column. */
 static zb_status
-read_box(const zb_h5_ds *d, uint64_t start, uint64_t stop, uint64_t a, uint64_t b, uint64_t k0,
+read_box(const zb__h5_ds *d, uint64_t start, uint64_t stop, uint64_t a, uint64_t b, uint64_t k0,
          uint64_t k1, void *dst)
 {
     hsize_t fstart[2] = {a, k0}, count[2] = {b - a, k1 - k0};
@@ -38,7 +38,7 @@ read_box(const zb_h5_ds *d, uint64_t start, uint64_t stop, uint64_t a, uint64_t 
         char what[96];
         snprintf(what, sizeof what, "reading rows [%llu, %llu)", (unsigned long long)a,
                  (unsigned long long)b);
-        st = zb_h5_fail(ZB_E_CORRUPT, d->path, d->key, what);
+        st = zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, what);
     }
     if (fspace >= 0) H5Sclose(fspace);
     if (mspace >= 0) H5Sclose(mspace);
@@ -93,7 +93,7 @@ chunk_io_free(chunk_io *io)
 
 /* "the chunk at element 14" (1-d) or "the chunk at row 14, column 0" (2-d), for messages. */
 static const char *
-chunk_where(const zb_h5_ds *d, const hsize_t *off, char *buf, size_t cap)
+chunk_where(const zb__h5_ds *d, const hsize_t *off, char *buf, size_t cap)
 {
     if (d->rank == 1)
         snprintf(buf, cap, "the chunk at element %llu", (unsigned long long)off[0]);
@@ -106,7 +106,7 @@ chunk_where(const zb_h5_ds *d, const hsize_t *off, char *buf, size_t cap)
 /* Runs the filter pipeline backwards over the stored chunk (`n` bytes at `in`, `mask` the filters
  * that were skipped when it was written) into `out` (chunk_bytes). */
 static zb_status
-decode_chunk(const zb_h5_ds *d, chunk_io *io, const uint8_t *in, size_t n, uint32_t mask,
+decode_chunk(const zb__h5_ds *d, chunk_io *io, const uint8_t *in, size_t n, uint32_t mask,
              uint8_t *out, size_t chunk_bytes, const hsize_t *off)
 {
     int last = -1; /* the first active filter in write order is the last one undone */
@@ -157,14 +157,14 @@ decode_chunk(const zb_h5_ds *d, chunk_io *io, const uint8_t *in, size_t n, uint3
 /* Reads the chunk at `off` raw under the lock and decodes it outside into `out`; *allocated is
  * false (out untouched) for a chunk never written, which reads as the fill value. */
 static zb_status
-chunk_get(const zb_h5_ds *d, chunk_io *io, const hsize_t *off, uint8_t *out, size_t chunk_bytes,
+chunk_get(const zb__h5_ds *d, chunk_io *io, const hsize_t *off, uint8_t *out, size_t chunk_bytes,
           bool *allocated)
 {
     hsize_t stored = 0;
     uint32_t mask = 0;
     zb_status st = ZB_OK;
     uint8_t *in = NULL;
-    zb_h5_lock();
+    zb__h5_lock();
     if (H5Dget_chunk_storage_size(d->id, off, &stored) < 0) {
         /* libhdf5 1.10 fails here for a chunk never written (its index has no entry); H5Dread
          * then serves it as the fill value, or reports the real trouble */
@@ -181,10 +181,10 @@ chunk_get(const zb_h5_ds *d, chunk_io *io, const hsize_t *off, uint8_t *out, siz
         st = raw ? ZB_OK : zb_buf_reserve(&io->packed, (size_t)stored);
         in = raw ? out : io->packed.data;
         if (st == ZB_OK && H5Dread_chunk(d->id, H5P_DEFAULT, off, &mask, in) < 0)
-            st = zb_h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading a chunk");
+            st = zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading a chunk");
         if (raw && st == ZB_OK) in = NULL; /* nothing left to decode */
     }
-    zb_h5_unlock();
+    zb__h5_unlock();
     *allocated = stored > 0;
     if (st != ZB_OK || !in) return st;
     return decode_chunk(d, io, in, (size_t)stored, mask, out, chunk_bytes, off);
@@ -193,7 +193,7 @@ chunk_get(const zb_h5_ds *d, chunk_io *io, const hsize_t *off, uint8_t *out, siz
 /* Copies rows [a, b) x columns [k0, k1) of a decoded chunk whose corner is (r0, k0) into dst
  * (rows [start, ...) x every column). */
 static void
-copy_box(const zb_h5_ds *d, const uint8_t *chunk, uint64_t r0, uint64_t a, uint64_t b, uint64_t k0,
+copy_box(const zb__h5_ds *d, const uint8_t *chunk, uint64_t r0, uint64_t a, uint64_t b, uint64_t k0,
          uint64_t k1, uint64_t start, uint8_t *dst)
 {
     size_t item = d->item, width = (size_t)(k1 - k0) * item;
@@ -204,7 +204,7 @@ copy_box(const zb_h5_ds *d, const uint8_t *chunk, uint64_t r0, uint64_t a, uint6
 }
 
 static zb_status
-read_direct(const zb_h5_ds *d, uint64_t start, uint64_t stop, uint8_t *dst)
+read_direct(const zb__h5_ds *d, uint64_t start, uint64_t stop, uint8_t *dst)
 {
     const uint64_t c0 = d->chunk[0], c1 = d->chunk[1], cols = d->dims[1];
     const size_t chunk_bytes = (size_t)(c0 * c1) * d->item;
@@ -225,9 +225,9 @@ read_direct(const zb_h5_ds *d, uint64_t start, uint64_t stop, uint8_t *dst)
             bool allocated = true;
             if (st == ZB_OK) st = chunk_get(d, &io, off, to, chunk_bytes, &allocated);
             if (st == ZB_OK && !allocated) {
-                zb_h5_lock();
+                zb__h5_lock();
                 st = read_box(d, start, stop, a, b, k0, k1, dst);
-                zb_h5_unlock();
+                zb__h5_unlock();
             } else if (st == ZB_OK && !whole) {
                 copy_box(d, to, r0, a, b, k0, k1, start, dst);
             }
@@ -238,7 +238,7 @@ read_direct(const zb_h5_ds *d, uint64_t start, uint64_t stop, uint8_t *dst)
 }
 
 zb_status
-zb_h5_ds_read(const zb_h5_ds *d, uint64_t start, uint64_t stop, void *dst)
+zb__h5_ds_read(const zb__h5_ds *d, uint64_t start, uint64_t stop, void *dst)
 {
     if (d->dtype == ZB_DT_STRING)
         return zb_err(ZB_E_TYPE, "%s: %s holds strings, not numbers", d->path, d->key);
@@ -248,8 +248,8 @@ zb_h5_ds_read(const zb_h5_ds *d, uint64_t start, uint64_t stop, void *dst)
                       (unsigned long long)d->dims[0]);
     if (start == stop || d->dims[1] == 0) return ZB_OK;
     if (d->direct) return read_direct(d, start, stop, dst);
-    zb_h5_lock();
+    zb__h5_lock();
     zb_status st = read_box(d, start, stop, start, stop, 0, d->dims[1], dst);
-    zb_h5_unlock();
+    zb__h5_unlock();
     return st;
 }

@@ -31,22 +31,22 @@ read_slice(void *arg, zb_ctx *ctx)
     read_job *j = arg;
     zb_convert *cv = j->cv;
     const cv_slice *s = &cv->slices[j->t];
-    zb_csr_block b = {0};
-    zb_col_block c = {0};
+    zb__csr_block b = {0};
+    zb__col_block c = {0};
     zb_strings names = {0};
-    zb_src *src = NULL;
+    zb__src *src = NULL;
     zb_status st = cv_source(cv, s->input, &src);
     for (size_t m = 0; st == ZB_OK && m < cv->n_mats; m++) {
-        zb_src_matrix *mat;
+        zb__src_matrix *mat;
         st = cv_matrix(cv, s->input, m, &mat);
-        if (st == ZB_OK) st = zb_src_matrix_read(mat, s->start, s->stop, &b);
+        if (st == ZB_OK) st = zb__src_matrix_read(mat, s->start, s->stop, &b);
         if (st == ZB_OK && m == 0) cv_stats_add(&j->x, b.data, b.dtype, b.nnz);
     }
     for (size_t k = 0; st == ZB_OK && k < cv->n_cols; k++)
-        st = zb_src_read_column(src, cv->cols[k].src_index[s->input], s->start, s->stop, &c);
-    if (st == ZB_OK) st = zb_src_read_obs_names(src, s->start, s->stop, &names);
-    zb_csr_block_free(&b);
-    zb_col_block_free(&c);
+        st = zb__src_read_column(src, cv->cols[k].src_index[s->input], s->start, s->stop, &c);
+    if (st == ZB_OK) st = zb__src_read_obs_names(src, s->start, s->stop, &names);
+    zb__csr_block_free(&b);
+    zb__col_block_free(&c);
     zb_strings_free(&names);
     j->st = st;
     if (st != ZB_OK) snprintf(j->msg, sizeof j->msg, "%s", zb_last_error());
@@ -110,7 +110,7 @@ measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats 
     o.x_shard = cv->x_shard == UINT64_MAX ? 0 : cv->x_shard;
     o.num_threads = threads;
     o.narrow_indices = narrow;
-    zb_csr_block b = {0};
+    zb__csr_block b = {0};
     int32_t *idx = NULL;
     unsigned char *data = NULL;
     size_t cap = 0;
@@ -121,9 +121,9 @@ measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats 
         st = zb_anndata_writer_open(store, "copy", n_vars, ZB_ANNDATA_X_CSR, dtype, &o, &w);
     for (size_t t = 0; st == ZB_OK && t < cv->n_slices; t++) {
         const cv_slice *s = &cv->slices[t];
-        zb_src_matrix *m;
+        zb__src_matrix *m;
         st = cv_matrix(cv, s->input, 0, &m);
-        if (st == ZB_OK) st = zb_src_matrix_read(m, s->start, s->stop, &b);
+        if (st == ZB_OK) st = zb__src_matrix_read(m, s->start, s->stop, &b);
         if (st == ZB_OK && b.nnz + 1 > cap) {
             cap = (size_t)b.nnz + 1;
             int32_t *pi = realloc(idx, cap * 4);
@@ -141,7 +141,7 @@ measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats 
     *seconds = now_s() - t0;
     zb_anndata_writer_close(w);
     zb_store_close(store);
-    zb_csr_block_free(&b);
+    zb__csr_block_free(&b);
     free(idx);
     free(data);
     return st;

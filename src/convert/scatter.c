@@ -88,8 +88,8 @@ typedef struct scatter {
     cv_array arrays[CV_MAX_ARRAYS];
     cv_slice s;
     uint64_t n;             /* cells */
-    zb_csr_block *mats;     /* [n_mats] as read */
-    zb_col_block *cols;     /* [n_cols] as read */
+    zb__csr_block *mats;     /* [n_mats] as read */
+    zb__col_block *cols;     /* [n_cols] as read */
     zb_strings names;
     uint64_t *order;        /* [2n]: (position, input index) pairs, then the input indices */
     uint64_t *pos;          /* [n]: the output position of each cell in sorted order */
@@ -114,17 +114,17 @@ read_cells(scatter *sc)
 {
     zb_convert *cv = sc->cv;
     uint32_t k = sc->s.input;
-    zb_src *src;
+    zb__src *src;
     ZB_TRY(cv_source(cv, k, &src));
     for (size_t j = 0; j < cv->n_mats; j++) {
-        zb_src_matrix *m;
+        zb__src_matrix *m;
         ZB_TRY(cv_matrix(cv, k, j, &m));
-        ZB_TRY(zb_src_matrix_read(m, sc->s.start, sc->s.stop, &sc->mats[j]));
+        ZB_TRY(zb__src_matrix_read(m, sc->s.start, sc->s.stop, &sc->mats[j]));
     }
     for (size_t c = 0; c < cv->n_cols; c++)
-        ZB_TRY(zb_src_read_column(src, cv->cols[c].src_index[k], sc->s.start, sc->s.stop,
+        ZB_TRY(zb__src_read_column(src, cv->cols[c].src_index[k], sc->s.start, sc->s.stop,
                                   &sc->cols[c]));
-    return zb_src_read_obs_names(src, sc->s.start, sc->s.stop, &sc->names);
+    return zb__src_read_obs_names(src, sc->s.start, sc->s.stop, &sc->names);
 }
 
 /* Output positions, the sorted order and where each dataset's section starts. */
@@ -197,7 +197,7 @@ static zb_status
 fill_matrix(scatter *sc, size_t j)
 {
     zb_convert *cv = sc->cv;
-    const zb_csr_block *b = &sc->mats[j];
+    const zb__csr_block *b = &sc->mats[j];
     const int32_t *map;
     ZB_TRY(cv_gene_map(cv, sc->s.input, j, &map));
     bool monotone = cv->inputs[sc->s.input].mats[j].monotone;
@@ -294,7 +294,7 @@ fill_column(scatter *sc, size_t c)
 {
     zb_convert *cv = sc->cv;
     const cv_column *col = &cv->cols[c];
-    const zb_col_block *b = &sc->cols[c];
+    const zb__col_block *b = &sc->cols[c];
     size_t a = sc->col_start[c];
     uint32_t k = sc->s.input;
     if (col->kind == ZB_COL_CATEGORICAL) {
@@ -397,7 +397,7 @@ append_piece(scatter *sc, size_t a, uint64_t e0, uint64_t e1, uint32_t *clen)
     zb_codec codec;
     cv_scratch_codec(&codec);
     size_t item = sc->arrays[a].item;
-    ZB_TRY(zb_codec_encode(&codec, sc->ws->ctx, sc->buf[a] + e0 * item, (size_t)((e1 - e0) * item),
+    ZB_TRY(zb__codec_encode(&codec, sc->ws->ctx, sc->buf[a] + e0 * item, (size_t)((e1 - e0) * item),
                            item, &sc->ws->piece));
     if (sc->ws->piece.len > UINT32_MAX)
         return zb_err(ZB_E_OVERFLOW, "a scratch piece of %zu bytes", sc->ws->piece.len);

@@ -12,7 +12,7 @@
 #include "util/status.h"
 
 zb_status
-zb_csr_block_reserve(zb_csr_block *b, uint64_t n_rows, uint64_t nnz, zb_dtype dtype)
+zb__csr_block_reserve(zb__csr_block *b, uint64_t n_rows, uint64_t nnz, zb_dtype dtype)
 {
     size_t item = zb_dtype_size(dtype);
     uint64_t data_bytes;
@@ -43,7 +43,7 @@ zb_csr_block_reserve(zb_csr_block *b, uint64_t n_rows, uint64_t nnz, zb_dtype dt
 }
 
 void
-zb_csr_block_free(zb_csr_block *b)
+zb__csr_block_free(zb__csr_block *b)
 {
     if (!b) return;
     free(b->indptr);
@@ -53,7 +53,7 @@ zb_csr_block_free(zb_csr_block *b)
 }
 
 void
-zb_col_block_free(zb_col_block *b)
+zb__col_block_free(zb__col_block *b)
 {
     if (!b) return;
     free(b->values);
@@ -63,7 +63,7 @@ zb_col_block_free(zb_col_block *b)
 }
 
 void
-zb_col_info_free(zb_col_info *ci)
+zb__col_info_free(zb__col_info *ci)
 {
     free((char *)ci->name);
     if (ci->categories) {
@@ -75,10 +75,10 @@ zb_col_info_free(zb_col_info *ci)
 }
 
 void
-zb_src_common_free(zb_src_common *c)
+zb__src_common_free(zb__src_common *c)
 {
     free(c->path);
-    for (size_t i = 0; i < c->n_columns; i++) zb_col_info_free(&c->columns[i]);
+    for (size_t i = 0; i < c->n_columns; i++) zb__col_info_free(&c->columns[i]);
     free(c->columns);
     for (size_t i = 0; i < c->n_skipped; i++) free(c->skipped[i]);
     free(c->skipped);
@@ -86,7 +86,7 @@ zb_src_common_free(zb_src_common *c)
 }
 
 zb_status
-zb_src_skip_column(zb_src_common *c, const char *name)
+zb__src_skip_column(zb__src_common *c, const char *name)
 {
     const char *why = zb_last_error();
     size_t len = strlen(name) + strlen(why) + 2;
@@ -103,7 +103,7 @@ zb_src_skip_column(zb_src_common *c, const char *name)
 }
 
 const char *
-zb_src_skipped_reason(const zb_src_common *c, const char *name)
+zb__src_skipped_reason(const zb__src_common *c, const char *name)
 {
     size_t n = strlen(name);
     for (size_t i = 0; i < c->n_skipped; i++)
@@ -127,28 +127,28 @@ is_hdf5(const char *path)
 }
 
 zb_status
-zb_src_open(const char *path, zb_src **out)
+zb__src_open(const char *path, zb__src **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_src_open: NULL out");
+    if (!out) return zb_err(ZB_E_INVALID, "zb__src_open: NULL out");
     *out = NULL;
-    if (!path || !*path) return zb_err(ZB_E_INVALID, "zb_src_open: empty path");
+    if (!path || !*path) return zb_err(ZB_E_INVALID, "zb__src_open: empty path");
     struct stat sb;
     if (stat(path, &sb) != 0)
         return zb_err(errno == ENOENT ? ZB_E_NOTFOUND : ZB_E_IO, "%s: %s", path, strerror(errno));
-    if (S_ISDIR(sb.st_mode)) return zb_src_open_zarr(path, out);
-    if (S_ISREG(sb.st_mode) && is_hdf5(path)) return zb_src_open_h5ad(path, out);
+    if (S_ISDIR(sb.st_mode)) return zb__src_open_zarr(path, out);
+    if (S_ISREG(sb.st_mode) && is_hdf5(path)) return zb__src_open_h5ad(path, out);
     return zb_err(ZB_E_UNSUPPORTED,
                   "%s: neither an .h5ad file (no HDF5 signature) nor a Zarr store directory", path);
 }
 
 void
-zb_src_close(zb_src *src)
+zb__src_close(zb__src *src)
 {
     if (!src) return;
-    zb_src_matrix *m = src->matrices;
+    zb__src_matrix *m = src->matrices;
     while (m) {
-        zb_src_matrix *next = m->next;
-        zb_src_matrix_close(m);
+        zb__src_matrix *next = m->next;
+        zb__src_matrix_close(m);
         m = next;
     }
     src->matrices = NULL;
@@ -156,7 +156,7 @@ zb_src_close(zb_src *src)
 }
 
 zb_status
-zb_src_find_column(const zb_src *src, const char *name, size_t *index)
+zb__src_find_column(const zb__src *src, const char *name, size_t *index)
 {
     for (size_t i = 0; i < src->c.n_columns; i++) {
         if (!strcmp(src->c.columns[i].name, name)) {
@@ -168,16 +168,16 @@ zb_src_find_column(const zb_src *src, const char *name, size_t *index)
 }
 
 zb_status
-zb_src_matrix_get(zb_src *src, const char *key, zb_src_matrix **out)
+zb__src_matrix_get(zb__src *src, const char *key, zb__src_matrix **out)
 {
     *out = NULL;
-    for (zb_src_matrix *m = src->matrices; m; m = m->next) {
+    for (zb__src_matrix *m = src->matrices; m; m = m->next) {
         if (!strcmp(m->key, key)) {
             *out = m;
             return ZB_OK;
         }
     }
-    zb_src_matrix *m = NULL;
+    zb__src_matrix *m = NULL;
     ZB_TRY(src->methods->matrix_open(src, key, &m));
     m->next = src->matrices;
     src->matrices = m;
@@ -185,14 +185,14 @@ zb_src_matrix_get(zb_src *src, const char *key, zb_src_matrix **out)
     return ZB_OK;
 }
 
-const zb_src_matrix_info *
-zb_src_matrix_info_of(const zb_src_matrix *m)
+const zb__src_matrix_info *
+zb__src_matrix_info_of(const zb__src_matrix *m)
 {
     return &m->info;
 }
 
 zb_status
-zb_src_matrix_indptr(zb_src_matrix *m, uint64_t start, uint64_t stop, int64_t *out)
+zb__src_matrix_indptr(zb__src_matrix *m, uint64_t start, uint64_t stop, int64_t *out)
 {
     uint64_t limit = m->info.layout == ZB_SRC_CSC ? m->info.n_cols : m->info.n_rows;
     if (start > stop || stop > limit)
@@ -211,7 +211,7 @@ zb_src_matrix_indptr(zb_src_matrix *m, uint64_t start, uint64_t stop, int64_t *o
  * every index inside the other dimension. Storage is hostile (STYLE.md habit 6); a bad block
  * never reaches the converter. */
 static zb_status
-check_block(const zb_src_matrix *m, uint64_t start, const zb_csr_block *b)
+check_block(const zb__src_matrix *m, uint64_t start, const zb__csr_block *b)
 {
     bool csc = m->info.layout == ZB_SRC_CSC;
     const char *unit = csc ? "column" : "row";
@@ -238,7 +238,7 @@ check_block(const zb_src_matrix *m, uint64_t start, const zb_csr_block *b)
 }
 
 zb_status
-zb_src_matrix_read(zb_src_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out)
+zb__src_matrix_read(zb__src_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out)
 {
     uint64_t limit = m->info.layout == ZB_SRC_CSC ? m->info.n_cols : m->info.n_rows;
     if (start > stop || stop > limit)
@@ -254,13 +254,13 @@ zb_src_matrix_read(zb_src_matrix *m, uint64_t start, uint64_t stop, zb_csr_block
 }
 
 zb_status
-zb_src_matrix_var_names(zb_src_matrix *m, zb_strings *out)
+zb__src_matrix_var_names(zb__src_matrix *m, zb_strings *out)
 {
     return m->methods->var_names(m, out);
 }
 
 void
-zb_src_matrix_close(zb_src_matrix *m)
+zb__src_matrix_close(zb__src_matrix *m)
 {
     if (!m) return;
     m->methods->close(m);
@@ -304,7 +304,7 @@ float_text(double v, bool single, char *buf, size_t cap)
 }
 
 size_t
-zb_src_category_text(zb_dtype dtype, const void *value, char *buf, size_t cap)
+zb__src_category_text(zb_dtype dtype, const void *value, char *buf, size_t cap)
 {
     const unsigned char *p = value;
     switch (dtype) {
@@ -332,7 +332,7 @@ zb_src_category_text(zb_dtype dtype, const void *value, char *buf, size_t cap)
 }
 
 zb_status
-zb_src_set_numeric_categories(zb_col_info *c, zb_dtype dtype, const void *values, uint64_t n)
+zb__src_set_numeric_categories(zb__col_info *c, zb_dtype dtype, const void *values, uint64_t n)
 {
     size_t item = zb_dtype_size(dtype);
     zb_strings *s = calloc(1, sizeof *s);
@@ -349,7 +349,7 @@ zb_src_set_numeric_categories(zb_col_info *c, zb_dtype dtype, const void *values
     uint64_t at = 0;
     s->offsets[0] = 0;
     for (uint64_t i = 0; i < n; i++) {
-        at += zb_src_category_text(dtype, (const char *)values + i * item, s->data + at, 40);
+        at += zb__src_category_text(dtype, (const char *)values + i * item, s->data + at, 40);
         s->offsets[i + 1] = at;
     }
     s->n = n;
@@ -360,7 +360,7 @@ zb_src_set_numeric_categories(zb_col_info *c, zb_dtype dtype, const void *values
 }
 
 zb_status
-zb_col_block_reserve(zb_col_block *b, uint64_t n, size_t value_bytes, bool mask)
+zb__col_block_reserve(zb__col_block *b, uint64_t n, size_t value_bytes, bool mask)
 {
     uint64_t bytes;
     if (!zb_mul_u64(n, value_bytes, &bytes) || bytes > ZB_BUF_MAX || n > ZB_BUF_MAX)
@@ -398,8 +398,8 @@ is_zero(const unsigned char *p, zb_dtype dtype, size_t item)
 }
 
 zb_status
-zb_csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, zb_dtype dtype,
-                  zb_csr_block *out)
+zb__csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, zb_dtype dtype,
+                  zb__csr_block *out)
 {
     size_t item = zb_dtype_size(dtype);
     const unsigned char *src = rows;
@@ -409,7 +409,7 @@ zb_csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, zb_dtype d
                       (unsigned long long)n_cols);
     for (uint64_t i = 0; i < total; i++)
         if (!is_zero(src + i * item, dtype, item)) nnz++;
-    ZB_TRY(zb_csr_block_reserve(out, n_rows, nnz, dtype));
+    ZB_TRY(zb__csr_block_reserve(out, n_rows, nnz, dtype));
     uint64_t k = 0;
     out->indptr[0] = 0;
     for (uint64_t r = 0; r < n_rows; r++) {

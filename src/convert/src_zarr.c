@@ -6,7 +6,7 @@
  * caller. Reads go straight to the arrays:
  *  - a sparse matrix (a csr_matrix / csc_matrix group) reads indptr[start .. stop] first, then
  *    only the element range [indptr[start], indptr[stop]) of data and indices;
- *  - a dense matrix (a 2-d array) reads its rows and drops the zeros (zb_csr_from_dense);
+ *  - a dense matrix (a 2-d array) reads its rows and drops the zeros (zb__csr_from_dense);
  *  - an obs column reads its rows of values, codes or mask.
  * Integers come in whatever type the writer chose (uint16 indices from anndata's
  * write_csr_csc_indices_with_min_possible_dtype, int8 codes, uint64 pointers): they are
@@ -63,7 +63,7 @@ col_release(zarr_col *c)
 }
 
 typedef struct zarr_src {
-    zb_src base;
+    zb__src base;
     zb_store *store;
     zb_tree *tree;
     zb_array *obs_names;
@@ -73,7 +73,7 @@ typedef struct zarr_src {
 } zarr_src;
 
 typedef struct zarr_matrix {
-    zb_src_matrix base;
+    zb__src_matrix base;
     zarr_src *src;
     zb_array *data, *indices, *indptr; /* csr_matrix / csc_matrix */
     zb_array *dense;                   /* a 2-d array */
@@ -234,7 +234,7 @@ read_ints(const zarr_src *s, const zb_array *a, worker *w, uint64_t lo, uint64_t
 }
 
 /* Elements [lo, hi) of a 1-d array as text into `out` (a new zb_strings): strings as stored,
- * numbers the way zb_src_category_text writes them (an index that pandas kept numeric). */
+ * numbers the way zb__src_category_text writes them (an index that pandas kept numeric). */
 static zb_status
 read_text(const zarr_src *s, const zb_array *a, worker *w, uint64_t lo, uint64_t hi,
           zb_strings *out)
@@ -259,7 +259,7 @@ read_text(const zarr_src *s, const zb_array *a, worker *w, uint64_t lo, uint64_t
     for (uint64_t i = 0; i < n; i++) {
         const char *v = (const char *)values + i * a->meta.itemsize;
         out->offsets[i + 1] = out->offsets[i] +
-                              zb_src_category_text(a->meta.dtype, v, out->data + out->offsets[i], 40);
+                              zb__src_category_text(a->meta.dtype, v, out->data + out->offsets[i], 40);
     }
     out->n = n;
     return ZB_OK;
@@ -278,7 +278,7 @@ open_array(const zarr_src *s, const char *path, const char *what, zb_array **out
     if (!nd->is_array)
         return zb_err(ZB_E_UNSUPPORTED, "%s: %s: %s is a group where an array belongs",
                       s->base.c.path, what, path);
-    zb_status st = zb_tree_node_open_array(s->store, nd, out);
+    zb_status st = zb__tree_node_open_array(s->store, nd, out);
     return st == ZB_OK ? st : zb_err_context(st, "%s", s->base.c.path);
 }
 
@@ -310,12 +310,12 @@ open_frame_index(const zarr_src *s, const char *frame, zb_array **out)
     if (nd->is_array)
         return zb_err(ZB_E_UNSUPPORTED, "%s: %s is an array (a dataframe of anndata < 0.7); "
                       "rewrite the store with a newer anndata", s->base.c.path, frame);
-    const char *index = zb_json_string(nd->attrs, "_index");
+    const char *index = zb__json_string(nd->attrs, "_index");
     if (!index)
         return zb_err(ZB_E_CORRUPT, "%s: %s: the dataframe has no _index attribute",
                       s->base.c.path, frame);
     char path[PATH_CAP];
-    ZB_TRY(zb_tree_join(path, sizeof path, frame, index));
+    ZB_TRY(zb__tree_join(path, sizeof path, frame, index));
     ZB_TRY(open_array(s, path, frame, out));
     if ((*out)->meta.ndim == 1) return ZB_OK;
     zb_array_close(*out);
@@ -326,9 +326,9 @@ open_frame_index(const zarr_src *s, const char *frame, zb_array **out)
 /* ---- obs columns ------------------------------------------------------------------------------ */
 
 /* Reads the category table at `path` into c (strings, or numbers through
- * zb_src_set_numeric_categories). */
+ * zb__src_set_numeric_categories). */
 static zb_status
-load_categories(zarr_src *s, zb_col_info *c, const char *path, const char *what)
+load_categories(zarr_src *s, zb__col_info *c, const char *path, const char *what)
 {
     zb_array *a = NULL;
     worker *w = NULL;
@@ -355,7 +355,7 @@ load_categories(zarr_src *s, zb_col_info *c, const char *path, const char *what)
     } else if (st == ZB_OK) {
         st = scratch(w, n, m->itemsize, &values);
         if (st == ZB_OK) st = read_rows(s, a, 0, n, values, w);
-        if (st == ZB_OK) st = zb_src_set_numeric_categories(c, m->dtype, values, n);
+        if (st == ZB_OK) st = zb__src_set_numeric_categories(c, m->dtype, values, n);
     }
     if (w) worker_give(s, w);
     zb_array_close(a);
@@ -366,7 +366,7 @@ load_categories(zarr_src *s, zb_col_info *c, const char *path, const char *what)
 static zb_status
 open_categorical(zarr_src *s, size_t i, const char *codes, const char *cats, bool ordered)
 {
-    zb_col_info *c = &s->base.c.columns[i];
+    zb__col_info *c = &s->base.c.columns[i];
     zarr_col *zc = &s->cols[i];
     ZB_TRY(open_vector(s, codes, zc->key, s->base.c.n_obs, &zc->values));
     if (!is_integer(zc->values->meta.dtype))
@@ -390,16 +390,16 @@ attr_bool(json_object *attrs, const char *key)
 static zb_status
 open_array_column(zarr_src *s, size_t i, const zb_tree_node *nd)
 {
-    zb_col_info *c = &s->base.c.columns[i];
+    zb__col_info *c = &s->base.c.columns[i];
     zarr_col *zc = &s->cols[i];
-    const char *legacy = zb_json_string(nd->attrs, "categories");
+    const char *legacy = zb__json_string(nd->attrs, "categories");
     if (legacy) {
         char cats[PATH_CAP];
-        ZB_TRY(zb_tree_join(cats, sizeof cats, "obs", legacy));
+        ZB_TRY(zb__tree_join(cats, sizeof cats, "obs", legacy));
         const zb_tree_node *cn = zb_tree_find(s->tree, cats);
         return open_categorical(s, i, zc->key, cats, cn && attr_bool(cn->attrs, "ordered"));
     }
-    const char *enc = zb_json_string(nd->attrs, "encoding-type");
+    const char *enc = zb__json_string(nd->attrs, "encoding-type");
     if (enc && strcmp(enc, "array") && strcmp(enc, "string-array"))
         return zb_err(ZB_E_UNSUPPORTED, "%s: %s: an array of encoding-type '%s' is not an obs "
                       "column this reader knows", s->base.c.path, zc->key, enc);
@@ -413,12 +413,12 @@ open_array_column(zarr_src *s, size_t i, const zb_tree_node *nd)
 static zb_status
 open_nullable(zarr_src *s, size_t i)
 {
-    zb_col_info *c = &s->base.c.columns[i];
+    zb__col_info *c = &s->base.c.columns[i];
     zarr_col *zc = &s->cols[i];
     char path[PATH_CAP];
-    ZB_TRY(zb_tree_join(path, sizeof path, zc->key, "values"));
+    ZB_TRY(zb__tree_join(path, sizeof path, zc->key, "values"));
     ZB_TRY(open_vector(s, path, zc->key, s->base.c.n_obs, &zc->values));
-    ZB_TRY(zb_tree_join(path, sizeof path, zc->key, "mask"));
+    ZB_TRY(zb__tree_join(path, sizeof path, zc->key, "mask"));
     ZB_TRY(open_vector(s, path, zc->key, s->base.c.n_obs, &zc->mask));
     if (zc->mask->meta.itemsize != 1)
         return zb_err(ZB_E_UNSUPPORTED, "%s: %s: a mask of dtype %s (expected bool)",
@@ -431,10 +431,10 @@ open_nullable(zarr_src *s, size_t i)
 static zb_status
 open_column(zarr_src *s, size_t i, const char *name)
 {
-    zb_col_info *c = &s->base.c.columns[i];
+    zb__col_info *c = &s->base.c.columns[i];
     zarr_col *zc = &s->cols[i];
     char key[PATH_CAP];
-    ZB_TRY(zb_tree_join(key, sizeof key, "obs", name));
+    ZB_TRY(zb__tree_join(key, sizeof key, "obs", name));
     c->name = strdup(name);
     zc->key = strdup(key);
     if (!c->name || !zc->key) return zb_err(ZB_E_NOMEM, "%s: obs column %s", s->base.c.path, name);
@@ -443,11 +443,11 @@ open_column(zarr_src *s, size_t i, const char *name)
         return zb_err(ZB_E_CORRUPT, "%s: obs lists the column '%s' but there is no %s",
                       s->base.c.path, name, key);
     if (nd->is_array) return open_array_column(s, i, nd);
-    const char *enc = zb_json_string(nd->attrs, "encoding-type");
+    const char *enc = zb__json_string(nd->attrs, "encoding-type");
     if (enc && !strcmp(enc, "categorical")) {
         char codes[PATH_CAP], cats[PATH_CAP];
-        ZB_TRY(zb_tree_join(codes, sizeof codes, key, "codes"));
-        ZB_TRY(zb_tree_join(cats, sizeof cats, key, "categories"));
+        ZB_TRY(zb__tree_join(codes, sizeof codes, key, "codes"));
+        ZB_TRY(zb__tree_join(cats, sizeof cats, key, "categories"));
         return open_categorical(s, i, codes, cats, attr_bool(nd->attrs, "ordered"));
     }
     if (enc && (!strcmp(enc, "nullable-integer") || !strcmp(enc, "nullable-boolean") ||
@@ -484,9 +484,9 @@ open_obs(zarr_src *s)
             continue;
         }
         /* a column of an encoding this reader lacks: left out, the others kept */
-        ZB_TRY(zb_src_skip_column(&s->base.c, json_object_get_string(name)));
+        ZB_TRY(zb__src_skip_column(&s->base.c, json_object_get_string(name)));
         col_release(&s->cols[k]);
-        zb_col_info_free(&s->base.c.columns[k]);
+        zb__col_info_free(&s->base.c.columns[k]);
         s->base.c.n_columns--;
     }
     return ZB_OK;
@@ -508,10 +508,10 @@ blank_masked(zb_strings *t, const uint8_t *mask)
 
 static zb_status
 read_codes(zarr_src *s, size_t column, worker *w, uint64_t start, uint64_t stop,
-           zb_col_block *out)
+           zb__col_block *out)
 {
     uint64_t n = stop - start, n_cats = s->base.c.columns[column].categories->n;
-    ZB_TRY(zb_col_block_reserve(out, n, sizeof(int32_t), false));
+    ZB_TRY(zb__col_block_reserve(out, n, sizeof(int32_t), false));
     ZB_TRY(read_ints(s, s->cols[column].values, w, start, stop, ZB_DT_INT32, out->values));
     const int32_t *codes = out->values;
     for (uint64_t i = 0; i < n; i++)
@@ -524,11 +524,11 @@ read_codes(zarr_src *s, size_t column, worker *w, uint64_t start, uint64_t stop,
 
 static zb_status
 read_nullable(zarr_src *s, size_t column, worker *w, uint64_t start, uint64_t stop,
-              zb_col_block *out)
+              zb__col_block *out)
 {
     const zarr_col *zc = &s->cols[column];
     zb_dtype dt = s->base.c.columns[column].dtype;
-    ZB_TRY(zb_col_block_reserve(out, stop - start, zb_dtype_size(dt), true));
+    ZB_TRY(zb__col_block_reserve(out, stop - start, zb_dtype_size(dt), true));
     ZB_TRY(read_rows(s, zc->mask, start, stop, out->mask, w));
     for (uint64_t i = 0; i < out->n; i++) out->mask[i] = out->mask[i] != 0;
     if (dt != ZB_DT_STRING) return read_rows(s, zc->values, start, stop, out->values, w);
@@ -540,17 +540,17 @@ read_nullable(zarr_src *s, size_t column, worker *w, uint64_t start, uint64_t st
 
 static zb_status
 read_column_rows(zarr_src *s, size_t column, worker *w, uint64_t start, uint64_t stop,
-                 zb_col_block *out)
+                 zb__col_block *out)
 {
-    const zb_col_info *c = &s->base.c.columns[column];
+    const zb__col_info *c = &s->base.c.columns[column];
     const zarr_col *zc = &s->cols[column];
     switch (c->kind) {
     case ZB_COL_NUMERIC:
-        ZB_TRY(zb_col_block_reserve(out, stop - start, zb_dtype_size(c->dtype), false));
+        ZB_TRY(zb__col_block_reserve(out, stop - start, zb_dtype_size(c->dtype), false));
         return read_rows(s, zc->values, start, stop, out->values, w);
     case ZB_COL_CATEGORICAL: return read_codes(s, column, w, start, stop, out);
     case ZB_COL_STRING:
-        ZB_TRY(zb_col_block_reserve(out, stop - start, 0, false));
+        ZB_TRY(zb__col_block_reserve(out, stop - start, 0, false));
         zb_strings_free(&out->strings);
         return read_text(s, zc->values, w, start, stop, &out->strings);
     case ZB_COL_NULLABLE: return read_nullable(s, column, w, start, stop, out);
@@ -568,7 +568,7 @@ check_rows(const zarr_src *s, const char *what, uint64_t start, uint64_t stop)
 }
 
 static zb_status
-src_read_column(zb_src *bs, size_t column, uint64_t start, uint64_t stop, zb_col_block *out)
+src_read_column(zb__src *bs, size_t column, uint64_t start, uint64_t stop, zb__col_block *out)
 {
     zarr_src *s = (zarr_src *)bs;
     if (column >= s->base.c.n_columns)
@@ -583,7 +583,7 @@ src_read_column(zb_src *bs, size_t column, uint64_t start, uint64_t stop, zb_col
 }
 
 static zb_status
-src_read_obs_names(zb_src *bs, uint64_t start, uint64_t stop, zb_strings *out)
+src_read_obs_names(zb__src *bs, uint64_t start, uint64_t stop, zb_strings *out)
 {
     zarr_src *s = (zarr_src *)bs;
     memset(out, 0, sizeof *out);
@@ -664,14 +664,14 @@ read_indptr(zarr_matrix *m, worker *w, uint64_t start, uint64_t stop, int64_t *o
 }
 
 static zb_status
-read_sparse(zarr_matrix *m, worker *w, uint64_t start, uint64_t stop, zb_csr_block *out)
+read_sparse(zarr_matrix *m, worker *w, uint64_t start, uint64_t stop, zb__csr_block *out)
 {
     uint64_t n = stop - start;
     zb_dtype dt = m->base.info.dtype;
-    ZB_TRY(zb_csr_block_reserve(out, n, 0, dt));
+    ZB_TRY(zb__csr_block_reserve(out, n, 0, dt));
     ZB_TRY(read_indptr(m, w, start, stop, out->indptr));
     uint64_t lo = (uint64_t)out->indptr[0], hi = (uint64_t)out->indptr[n];
-    ZB_TRY(zb_csr_block_reserve(out, n, hi - lo, dt));
+    ZB_TRY(zb__csr_block_reserve(out, n, hi - lo, dt));
     ZB_TRY(read_rows(m->src, m->data, lo, hi, out->data, w));
     ZB_TRY(read_ints(m->src, m->indices, w, lo, hi, ZB_DT_UINT32, out->indices));
     for (uint64_t r = 0; r <= n; r++) out->indptr[r] -= (int64_t)lo;
@@ -681,7 +681,7 @@ read_sparse(zarr_matrix *m, worker *w, uint64_t start, uint64_t stop, zb_csr_blo
 }
 
 static zb_status
-read_dense(zarr_matrix *m, worker *w, uint64_t start, uint64_t stop, zb_csr_block *out)
+read_dense(zarr_matrix *m, worker *w, uint64_t start, uint64_t stop, zb__csr_block *out)
 {
     uint64_t n_cols = m->base.info.n_cols, elems;
     if (!zb_mul_u64(stop - start, n_cols, &elems))
@@ -690,11 +690,11 @@ read_dense(zarr_matrix *m, worker *w, uint64_t start, uint64_t stop, zb_csr_bloc
     void *rows = NULL;
     ZB_TRY(scratch(w, elems, m->dense->meta.itemsize, &rows));
     ZB_TRY(read_rows(m->src, m->dense, start, stop, rows, w));
-    return zb_csr_from_dense(rows, stop - start, n_cols, m->base.info.dtype, out);
+    return zb__csr_from_dense(rows, stop - start, n_cols, m->base.info.dtype, out);
 }
 
 static zb_status
-matrix_read(zb_src_matrix *bm, uint64_t start, uint64_t stop, zb_csr_block *out)
+matrix_read(zb__src_matrix *bm, uint64_t start, uint64_t stop, zb__csr_block *out)
 {
     zarr_matrix *m = (zarr_matrix *)bm;
     worker *w;
@@ -706,7 +706,7 @@ matrix_read(zb_src_matrix *bm, uint64_t start, uint64_t stop, zb_csr_block *out)
 }
 
 static zb_status
-matrix_indptr(zb_src_matrix *bm, uint64_t start, uint64_t stop, int64_t *out)
+matrix_indptr(zb__src_matrix *bm, uint64_t start, uint64_t stop, int64_t *out)
 {
     zarr_matrix *m = (zarr_matrix *)bm;
     worker *w;
@@ -717,7 +717,7 @@ matrix_indptr(zb_src_matrix *bm, uint64_t start, uint64_t stop, int64_t *out)
 }
 
 static zb_status
-matrix_var_names(zb_src_matrix *bm, zb_strings *out)
+matrix_var_names(zb__src_matrix *bm, zb_strings *out)
 {
     zarr_matrix *m = (zarr_matrix *)bm;
     zarr_src *s = m->src;
@@ -738,7 +738,7 @@ matrix_var_names(zb_src_matrix *bm, zb_strings *out)
 }
 
 static void
-matrix_close(zb_src_matrix *bm)
+matrix_close(zb__src_matrix *bm)
 {
     zarr_matrix *m = (zarr_matrix *)bm;
     zb_array_close(m->data);
@@ -749,7 +749,7 @@ matrix_close(zb_src_matrix *bm)
     free(m);
 }
 
-static const zb_src_matrix_methods matrix_methods = {
+static const zb__src_matrix_methods matrix_methods = {
     matrix_indptr, matrix_read, matrix_var_names, matrix_close,
 };
 
@@ -758,7 +758,7 @@ static zb_status
 open_sparse_part(zarr_matrix *m, const char *name, bool integer, zb_array **out)
 {
     char path[PATH_CAP];
-    ZB_TRY(zb_tree_join(path, sizeof path, m->base.key, name));
+    ZB_TRY(zb__tree_join(path, sizeof path, m->base.key, name));
     ZB_TRY(open_array(m->src, path, m->base.key, out));
     const zb_array_meta *a = &(*out)->meta;
     if (a->ndim != 1)
@@ -787,7 +787,7 @@ sparse_shape(const zarr_matrix *m, const zb_tree_node *nd, uint64_t *rows, uint6
 static zb_status
 open_sparse(zarr_matrix *m, const zb_tree_node *nd, bool csc)
 {
-    zb_src_matrix_info *info = &m->base.info;
+    zb__src_matrix_info *info = &m->base.info;
     ZB_TRY(sparse_shape(m, nd, &info->n_rows, &info->n_cols));
     ZB_TRY(open_sparse_part(m, "data", false, &m->data));
     ZB_TRY(open_sparse_part(m, "indices", true, &m->indices));
@@ -826,7 +826,7 @@ open_dense(zarr_matrix *m, const zb_tree_node *nd)
 {
     ZB_TRY(open_array(m->src, nd->path, m->base.key, &m->dense));
     const zb_array_meta *a = &m->dense->meta;
-    zb_src_matrix_info *info = &m->base.info;
+    zb__src_matrix_info *info = &m->base.info;
     if (a->ndim != 2 || a->dtype == ZB_DT_STRING)
         return zb_err(ZB_E_UNSUPPORTED, "%s: %s is a %d-d array of %s, not a matrix",
                       m->base.path, m->base.key, a->ndim, zb_dtype_name(a->dtype));
@@ -860,13 +860,13 @@ static zb_status
 open_matrix(zarr_src *s, zarr_matrix *m, const zb_tree_node *nd)
 {
     if (nd->is_array) {
-        const char *enc = zb_json_string(nd->attrs, "encoding-type");
+        const char *enc = zb__json_string(nd->attrs, "encoding-type");
         if (enc && strcmp(enc, "array"))
             return zb_err(ZB_E_UNSUPPORTED, "%s: %s is an array of encoding-type '%s', not a "
                           "matrix", s->base.c.path, m->base.key, enc);
         ZB_TRY(open_dense(m, nd));
     } else {
-        const char *enc = zb_json_string(nd->attrs, "encoding-type");
+        const char *enc = zb__json_string(nd->attrs, "encoding-type");
         bool csr = enc && !strcmp(enc, "csr_matrix"), csc = enc && !strcmp(enc, "csc_matrix");
         if (!csr && !csc)
             return zb_err(ZB_E_UNSUPPORTED, "%s: %s is a group of encoding-type '%s', not a "
@@ -882,7 +882,7 @@ open_matrix(zarr_src *s, zarr_matrix *m, const zb_tree_node *nd)
 }
 
 static zb_status
-src_matrix_open(zb_src *bs, const char *key, zb_src_matrix **out)
+src_matrix_open(zb__src *bs, const char *key, zb__src_matrix **out)
 {
     zarr_src *s = (zarr_src *)bs;
     *out = NULL;
@@ -912,7 +912,7 @@ src_matrix_open(zb_src *bs, const char *key, zb_src_matrix **out)
 /* ---- the source ------------------------------------------------------------------------------- */
 
 static void
-src_close(zb_src *bs)
+src_close(zb__src *bs)
 {
     zarr_src *s = (zarr_src *)bs;
     for (size_t i = 0; s->cols && i < s->base.c.n_columns; i++) col_release(&s->cols[i]);
@@ -922,11 +922,11 @@ src_close(zb_src *bs)
     zb_store_close(s->store);
     workers_free(s->idle);
     pthread_mutex_destroy(&s->mu);
-    zb_src_common_free(&s->base.c);
+    zb__src_common_free(&s->base.c);
     free(s);
 }
 
-static const zb_src_methods src_methods = {
+static const zb__src_methods src_methods = {
     src_matrix_open, src_read_column, src_read_obs_names, src_close,
 };
 
@@ -936,7 +936,7 @@ static bool
 is_unmarked_anndata(const zb_tree *tree)
 {
     const zb_tree_node *root = &tree->nodes[0], *obs = zb_tree_find(tree, "obs");
-    const char *enc = obs ? zb_json_string(obs->attrs, "encoding-type") : NULL;
+    const char *enc = obs ? zb__json_string(obs->attrs, "encoding-type") : NULL;
     return !root->is_array && !zb_json_get(root->attrs, "encoding-type") && obs &&
            !obs->is_array && enc && !strcmp(enc, "dataframe");
 }
@@ -953,7 +953,7 @@ open_tree(zarr_src *s)
                       "not a Zarr store", path);
     if (st != ZB_OK) return zb_err_context(st, "%s", path);
     const zb_tree_node *root = &s->tree->nodes[0];
-    const char *layout = zb_tree_layout(s->tree), *enc = zb_json_string(root->attrs, "encoding-type");
+    const char *layout = zb__tree_layout(s->tree), *enc = zb__json_string(root->attrs, "encoding-type");
     if (!strcmp(layout, "anndata") || is_unmarked_anndata(s->tree)) return ZB_OK;
     if (root->is_array)
         return zb_err(ZB_E_UNSUPPORTED, "%s: a Zarr array, not an AnnData store", path);
@@ -965,11 +965,11 @@ open_tree(zarr_src *s)
 }
 
 zb_status
-zb_src_open_zarr(const char *path, zb_src **out)
+zb__src_open_zarr(const char *path, zb__src **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_src_open_zarr: NULL out");
+    if (!out) return zb_err(ZB_E_INVALID, "zb__src_open_zarr: NULL out");
     *out = NULL;
-    if (!path || !*path) return zb_err(ZB_E_INVALID, "zb_src_open_zarr: empty path");
+    if (!path || !*path) return zb_err(ZB_E_INVALID, "zb__src_open_zarr: empty path");
     struct stat sb;
     if (stat(path, &sb) != 0)
         return zb_err(errno == ENOENT ? ZB_E_NOTFOUND : ZB_E_IO, "%s: %s", path, strerror(errno));

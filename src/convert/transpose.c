@@ -56,7 +56,7 @@ static _Atomic int64_t fail_nth = -1;
 static _Atomic int fail_errno;
 
 void
-zb_transpose_fail_write(int64_t nth, int err)
+zb__transpose_fail_write(int64_t nth, int err)
 {
     atomic_store(&fail_errno, err);
     atomic_store(&fail_nth, nth);
@@ -118,7 +118,7 @@ typedef struct chunk_list {
 } chunk_list;
 
 typedef struct job {
-    zb_src_matrix *m;
+    zb__src_matrix *m;
     const char *path;
     size_t item, triple; /* bytes of a value; of a (row, column, value) triple */
     uint64_t n_rows, nnz;
@@ -134,7 +134,7 @@ typedef struct job {
     _Atomic uint64_t scratch_end;
     int out_fd;
     char *tmp_path;
-    zb_csr_file_layout lay;
+    zb__csr_file_layout lay;
     meter mem;
     _Atomic uint64_t bands_split;
     _Atomic bool failed; /* tasks stop early once one failed */
@@ -281,7 +281,7 @@ static zb_status
 commit_output(job *j)
 {
     uint8_t h[ZB_CSR_FILE_HEADER_BYTES];
-    zb_csr_file_header(h, j->m->info.dtype, j->n_rows, j->m->info.n_cols, j->nnz);
+    zb__csr_file_header(h, j->m->info.dtype, j->n_rows, j->m->info.n_cols, j->nnz);
     int64_t last = (int64_t)j->nnz;
     ZB_TRY(write_at(j->out_fd, j->tmp_path, &last, 8, j->lay.indptr + 8 * j->n_rows));
     ZB_TRY(write_at(j->out_fd, j->tmp_path, h, sizeof h, 0));
@@ -523,7 +523,7 @@ read_end(const job *j, uint64_t c, uint64_t stop)
 }
 
 static uint64_t
-block_bytes(const zb_csr_block *b)
+block_bytes(const zb__csr_block *b)
 {
     return b->cap_rows * 8 + b->cap_nnz * 4 + b->cap_data_bytes;
 }
@@ -532,12 +532,12 @@ static zb_status
 produce(producer *pr)
 {
     job *j = pr->j;
-    zb_csr_block blk = {0};
+    zb__csr_block blk = {0};
     uint64_t held = 0;
     zb_status st = ZB_OK;
     for (uint64_t c = pr->c0; c < pr->c1 && st == ZB_OK && !atomic_load(&j->failed);) {
         uint64_t e = read_end(j, c, pr->c1);
-        st = zb_src_matrix_read(j->m, c, e, &blk);
+        st = zb__src_matrix_read(j->m, c, e, &blk);
         meter_add(&j->mem, block_bytes(&blk) - held);
         held = block_bytes(&blk);
         uint64_t want = (uint64_t)(j->colptr[e] - j->colptr[c]);
@@ -556,7 +556,7 @@ produce(producer *pr)
         c = e;
     }
     if (st == ZB_OK) st = flush_all(&pr->d);
-    zb_csr_block_free(&blk);
+    zb__csr_block_free(&blk);
     atomic_fetch_sub(&j->mem.now, held);
     return st;
 }
@@ -756,8 +756,8 @@ fits_in_memory(const job *j, uint64_t memory_bytes, int threads)
     uint64_t triples, slack, need;
     return zb_mul_u64(j->nnz, j->triple, &triples) &&
            zb_mul_u64((uint64_t)threads * j->n_bands, cap * j->triple, &slack) &&
-           zb_add_u64(triples, slack, &need) &&
-           zb_add_u64(need, (uint64_t)threads * 2 * j->band_target, &need) && need <= memory_bytes;
+           zb__add_u64(triples, slack, &need) &&
+           zb__add_u64(need, (uint64_t)threads * 2 * j->band_target, &need) && need <= memory_bytes;
 }
 
 /* The first column of producer p's run: runs hold equal shares of the elements. */
@@ -838,7 +838,7 @@ transpose_bands(job *j, zb_pool *pool, band *bands)
 static zb_status
 prepare(job *j)
 {
-    const zb_src_matrix_info *info = &j->m->info;
+    const zb__src_matrix_info *info = &j->m->info;
     if (info->layout != ZB_SRC_CSC)
         return zb_err(ZB_E_INVALID, "%s: %s is not a CSC matrix", j->m->path, j->m->key);
     if (j->item == 0 || j->item > 8 || (j->item & (j->item - 1)))
@@ -856,12 +856,12 @@ prepare(job *j)
     if (!(j->colptr = meter_alloc(&j->mem, bytes, false)))
         return zb_err(ZB_E_NOMEM, "%s: %s: out of memory for %llu column pointers", j->m->path,
                       j->m->key, (unsigned long long)info->n_cols);
-    ZB_TRY(zb_src_matrix_indptr(j->m, 0, info->n_cols, j->colptr));
+    ZB_TRY(zb__src_matrix_indptr(j->m, 0, info->n_cols, j->colptr));
     if ((uint64_t)(j->colptr[info->n_cols] - j->colptr[0]) != info->nnz)
         return zb_err(ZB_E_CORRUPT, "%s: %s: column pointers span %lld elements, not %llu",
                       j->m->path, j->m->key, (long long)(j->colptr[info->n_cols] - j->colptr[0]),
                       (unsigned long long)info->nnz);
-    return zb_csr_file_layout_of(info->n_rows, info->nnz, j->item, &j->lay);
+    return zb__csr_file_layout_of(info->n_rows, info->nnz, j->item, &j->lay);
 }
 
 static double
@@ -873,7 +873,7 @@ now(void)
 }
 
 static zb_status
-run(job *j, uint64_t memory_bytes, int threads, uint64_t band_bytes, zb_transpose_stats *stats)
+run(job *j, uint64_t memory_bytes, int threads, uint64_t band_bytes, zb__transpose_stats *stats)
 {
     ZB_TRY(prepare(j));
     plan(j, memory_bytes, threads, band_bytes);
@@ -901,14 +901,14 @@ run(job *j, uint64_t memory_bytes, int threads, uint64_t band_bytes, zb_transpos
 }
 
 zb_status
-zb_csc_transpose_ex(zb_src_matrix *m, const char *path, const zb_transpose_opts *opts,
-                    zb_transpose_stats *stats)
+zb__csc_transpose_ex(zb__src_matrix *m, const char *path, const zb__transpose_opts *opts,
+                    zb__transpose_stats *stats)
 {
-    zb_transpose_stats local;
+    zb__transpose_stats local;
     if (!stats) stats = &local;
     memset(stats, 0, sizeof *stats);
     if (!m || !path || !*path || !opts)
-        return zb_err(ZB_E_INVALID, "zb_csc_transpose: no matrix, path or options");
+        return zb_err(ZB_E_INVALID, "zb__csc_transpose: no matrix, path or options");
     job *j = calloc(1, sizeof *j);
     if (!j) return zb_err(ZB_E_NOMEM, "%s: out of memory", path);
     j->m = m;
@@ -937,8 +937,8 @@ zb_csc_transpose_ex(zb_src_matrix *m, const char *path, const zb_transpose_opts 
 }
 
 zb_status
-zb_csc_transpose(zb_src_matrix *m, const char *path, uint64_t memory_bytes, int num_threads)
+zb__csc_transpose(zb__src_matrix *m, const char *path, uint64_t memory_bytes, int num_threads)
 {
-    zb_transpose_opts o = {memory_bytes, num_threads, 0};
-    return zb_csc_transpose_ex(m, path, &o, NULL);
+    zb__transpose_opts o = {memory_bytes, num_threads, 0};
+    return zb__csc_transpose_ex(m, path, &o, NULL);
 }

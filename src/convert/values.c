@@ -92,7 +92,7 @@ load_double(const unsigned char *p, zb_dtype t)
     case ZB_DT_FLOAT16: {
         uint16_t v;
         memcpy(&v, p, 2);
-        return zb_half_to_double(v);
+        return zb__half_to_double(v);
     }
     default: return 0;
     }
@@ -119,7 +119,7 @@ cv_convert_values(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64
         for (uint64_t i = 0; i < n; i++) {
             double v = load_double(s + i * fs, from);
             if (to == ZB_DT_FLOAT16) {
-                uint16_t h = zb_half_from_double(v);
+                uint16_t h = zb__half_from_double(v);
                 memcpy(d + i * ts, &h, 2);
             } else if (to == ZB_DT_BOOL) {
                 d[i] = v != 0;

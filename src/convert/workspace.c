@@ -58,14 +58,14 @@ zb_status
 cv_ws_blocks(cv_ws *ws, size_t n_mats, size_t n_cols)
 {
     if (n_mats > ws->n_mats) {
-        zb_csr_block *m = realloc(ws->mats, n_mats * sizeof *m);
+        zb__csr_block *m = realloc(ws->mats, n_mats * sizeof *m);
         if (!m) return zb_err(ZB_E_NOMEM, "a task's workspace");
         memset(m + ws->n_mats, 0, (n_mats - ws->n_mats) * sizeof *m);
         ws->mats = m;
         ws->n_mats = n_mats;
     }
     if (n_cols > ws->n_cols) {
-        zb_col_block *c = realloc(ws->cols, n_cols * sizeof *c);
+        zb__col_block *c = realloc(ws->cols, n_cols * sizeof *c);
         if (!c) return zb_err(ZB_E_NOMEM, "a task's workspace");
         memset(c + ws->n_cols, 0, (n_cols - ws->n_cols) * sizeof *c);
         ws->cols = c;
@@ -81,8 +81,8 @@ cv_ws_free_all(zb_convert *cv)
     while (ws) {
         cv_ws *next = ws->next;
         for (size_t i = 0; i < CV_WS_SLOTS; i++) free(ws->slot[i]);
-        for (size_t j = 0; j < ws->n_mats; j++) zb_csr_block_free(&ws->mats[j]);
-        for (size_t c = 0; c < ws->n_cols; c++) zb_col_block_free(&ws->cols[c]);
+        for (size_t j = 0; j < ws->n_mats; j++) zb__csr_block_free(&ws->mats[j]);
+        for (size_t c = 0; c < ws->n_cols; c++) zb__col_block_free(&ws->cols[c]);
         free(ws->mats);
         free(ws->cols);
         zb_ctx_free(ws->ctx);

@@ -32,6 +32,6 @@ zb_status zb_batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtyp
                                     void **data);
 
 /* Runs one transform on a batch (transforms.c). */
-zb_status zb_transform_apply(const zb_transform *t, zb_batch *b);
+zb_status zb__transform_apply(const zb_transform *t, zb_batch *b);
 
 #endif

@@ -33,7 +33,7 @@ hash(const void *owner, uint64_t unit, size_t nb)
 }
 
 zb_status
-zb_cache_new(size_t max_bytes, zb_cache **out)
+zb__cache_new(size_t max_bytes, zb_cache **out)
 {
     *out = NULL;
     zb_cache *c = calloc(1, sizeof *c);
@@ -51,7 +51,7 @@ zb_cache_new(size_t max_bytes, zb_cache **out)
 }
 
 void
-zb_cache_free(zb_cache *c)
+zb__cache_free(zb_cache *c)
 {
     if (!c) return;
     entry *e = c->head;

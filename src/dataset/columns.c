@@ -9,7 +9,7 @@
 #include "util/status.h"
 
 void
-zb_cattab_free(zb_cattab *t)
+zb__cattab_free(zb__cattab *t)
 {
     if (!t) return;
     zb_strings_free(&t->strings);
@@ -25,13 +25,13 @@ proto(const zb_dataset *ds)
 }
 
 zb_status
-zb_field_load_categories(zb_dataset *ds, zb_field *f)
+zb__field_load_categories(zb_dataset *ds, zb_field *f)
 {
     zb_status st = ZB_OK;
     pthread_mutex_lock(&ds->var_mu);
     if (!f->cats_loaded) {
         zb_array *a = NULL;
-        zb_cattab *t = &f->cats;
+        zb__cattab *t = &f->cats;
         st = zb_array_open(ds->store, f->cats_path, &a);
         if (st == ZB_OK && a->meta.ndim != 1)
             st = zb_err(ZB_E_CORRUPT, "%s: categories must be 1-d", f->cats_path);
@@ -49,7 +49,7 @@ zb_field_load_categories(zb_dataset *ds, zb_field *f)
                            : zb_err(ZB_E_NOMEM, "%s: out of memory", f->cats_path);
         }
         zb_array_close(a);
-        if (st != ZB_OK) zb_cattab_free(t);
+        if (st != ZB_OK) zb__cattab_free(t);
         f->cats_loaded = st == ZB_OK;
     }
     pthread_mutex_unlock(&ds->var_mu);
@@ -67,11 +67,11 @@ zb_dataset_category_table(zb_dataset *ds, const char *field, zb_category_table *
     zb_field *f = &p->fields[i];
     if (!f->categorical)
         return zb_err(ZB_E_TYPE, "%s: %s is not categorical", zb_dataset_name(ds), field);
-    const zb_cattab *t;
+    const zb__cattab *t;
     if (ds->maps) {
         t = ds->maps[i].table; /* merged at open (merge.c) */
     } else {
-        ZB_TRY(zb_field_load_categories(p, f));
+        ZB_TRY(zb__field_load_categories(p, f));
         t = &f->cats;
     }
     out->dtype = t->dtype;
@@ -151,7 +151,7 @@ zb_dataset_column(const zb_dataset *ds, size_t i, zb_column_info *info)
 }
 
 /* The column named `name` of `ds` itself (not its children), or NULL. */
-static const zb_column *
+static const zb__column *
 find_column(const zb_dataset *ds, const char *name)
 {
     for (size_t i = 0; i < ds->ncols; i++)
@@ -280,7 +280,7 @@ read_strings_child(void *ctx, zb_dataset *ch, size_t c, uint64_t lo, uint64_t hi
 {
     (void)c;
     strings_read *r = ctx;
-    const zb_column *col = find_column(ch, r->name);
+    const zb__column *col = find_column(ch, r->name);
     if (!col || !col->values)
         return zb_err(ZB_E_NOTFOUND, "%s: no string column '%s'", zb_dataset_name(ch), r->name);
     ZB_TRY(zb_mask_load(ch));
@@ -326,7 +326,7 @@ zb_dataset_read_strings(zb_dataset *ds, const char *column, uint64_t start, uint
 {
     if (!ds || !column || !out) return zb_err(ZB_E_INVALID, "zb_dataset_read_strings: null");
     memset(out, 0, sizeof *out);
-    const zb_column *col = find_column(proto(ds), column);
+    const zb__column *col = find_column(proto(ds), column);
     if (!col || !col->values)
         return zb_err(ZB_E_NOTFOUND, "%s: no string column '%s'", zb_dataset_name(ds), column);
     strings_read r = {.name = column, .missing = missing};

@@ -19,7 +19,7 @@ field_free(zb_field *f)
     free(f->name);
     free(f->mask);
     free(f->cats_path);
-    zb_cattab_free(&f->cats);
+    zb__cattab_free(&f->cats);
     zb_array_close(f->arr);
 }
 
@@ -31,7 +31,7 @@ maps_free(zb_dataset *ds)
         for (size_t c = 0; ds->maps[f].lut && c < ds->nchildren; c++) free(ds->maps[f].lut[c]);
         free(ds->maps[f].lut);
         free(ds->maps[f].nlut);
-        zb_cattab_free(&ds->maps[f].cats);
+        zb__cattab_free(&ds->maps[f].cats);
     }
     free(ds->maps);
     for (size_t c = 0; ds->vars.lut && c < ds->nchildren; c++) free(ds->vars.lut[c]);
@@ -69,8 +69,8 @@ zb_dataset_close(zb_dataset *ds)
     free(ds->mask.rank);
     pthread_mutex_destroy(&ds->mask.mu);
     zb_pool_free(ds->pool);
-    zb_cache_free(ds->cache);
-    zb_cache_free(ds->index_cache);
+    zb__cache_free(ds->cache);
+    zb__cache_free(ds->index_cache);
     zb_arena_pool_unref(ds->arenas);
     zb_plan_mem_release_all(ds);
     pthread_mutex_destroy(&ds->plan_mu);
@@ -198,7 +198,7 @@ open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
     }
     snprintf(ds->layout, sizeof ds->layout, "collection");
     ds->n_vars = ds->children[0]->n_vars;
-    st = zb_collection_merge(ds, ZB_E_CORRUPT);
+    st = zb__collection_merge(ds, ZB_E_CORRUPT);
 done:
     free(names);
     return st;
@@ -213,17 +213,17 @@ open_layout(zb_dataset *ds, const zb_tree *tree, const char *base)
     snprintf(p, sizeof p, "%s%smeta/atoms_ptr", base, base[0] ? "/" : "");
     if (!strcmp(enc, "anndata")) {
         snprintf(ds->layout, sizeof ds->layout, "anndata");
-        return zb_layout_anndata(ds, tree, base);
+        return zb__layout_anndata(ds, tree, base);
     }
     if (!strcmp(enc, "annbatch-preshuffled") || !strcmp(enc, "zbatch-collection"))
         return open_collection(ds, tree, base);
     if (zb_tree_find(tree, p)) {
         snprintf(ds->layout, sizeof ds->layout, "atomic");
-        return zb_layout_atomistic(ds, tree, base);
+        return zb__layout_atomistic(ds, tree, base);
     }
     if (root && zb_json_get(root->attrs, "zbatch")) {
         snprintf(ds->layout, sizeof ds->layout, "generic");
-        return zb_layout_generic(ds, tree, base);
+        return zb__layout_generic(ds, tree, base);
     }
     return zb_err(ZB_E_UNSUPPORTED, "%s: no dataset layout recognised (anndata, atomic, "
                   "collection, or a 'zbatch' attribute)", zb_dataset_name(ds));
@@ -244,7 +244,7 @@ want_dtype(const char *name, const char *opt, const char *const *allowed, const 
     for (size_t i = 0; allowed[i]; i++) {
         if (strcmp(name, allowed[i])) continue;
         zb_dtype dt;
-        ZB_TRY(zb_dtype_parse_v3(name, opt, &dt));
+        ZB_TRY(zb__dtype_parse_v3(name, opt, &dt));
         *out = (int)dt;
         return ZB_OK;
     }
@@ -277,10 +277,10 @@ zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts, 
     if (st == ZB_OK) st = zb_tree_load(store, norm, ds->opts.use_consolidated, &tree);
     if (st == ZB_OK) st = open_layout(ds, tree, tree->nodes[0].path);
     zb_tree_free(tree);
-    if (st == ZB_OK && ds->opts.cache_bytes) st = zb_cache_new(ds->opts.cache_bytes, &ds->cache);
+    if (st == ZB_OK && ds->opts.cache_bytes) st = zb__cache_new(ds->opts.cache_bytes, &ds->cache);
     if (st == ZB_OK) st = zb_pool_new(ds->opts.num_threads, &ds->pool);
     if (st == ZB_OK) st = zb_arena_pool_new(&ds->arenas);
-    if (st == ZB_OK) st = zb_cache_new(INDEX_CACHE_BYTES, &ds->index_cache);
+    if (st == ZB_OK) st = zb__cache_new(INDEX_CACHE_BYTES, &ds->index_cache);
     if (st == ZB_OK && ds->nchildren) {
         uint64_t total = 0;
         for (size_t c = 0; c < ds->nchildren && st == ZB_OK; c++) {
@@ -470,7 +470,7 @@ zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *
         memcpy(ds->children, children, n * sizeof *children);
         ds->nchildren = n;
         ds->n_vars = children[0]->n_vars;
-        st = zb_collection_merge(ds, ZB_E_INVALID);
+        st = zb__collection_merge(ds, ZB_E_INVALID);
     }
     uint64_t total = 0;
     for (size_t c = 0; c < n && st == ZB_OK; c++) {
@@ -482,11 +482,11 @@ zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *
     if (st == ZB_OK) {
         ds->child_start[n] = total;
         ds->nphys = total;
-        if (ds->opts.cache_bytes) st = zb_cache_new(ds->opts.cache_bytes, &ds->cache);
+        if (ds->opts.cache_bytes) st = zb__cache_new(ds->opts.cache_bytes, &ds->cache);
     }
     if (st == ZB_OK) st = zb_pool_new(ds->opts.num_threads, &ds->pool);
     if (st == ZB_OK) st = zb_arena_pool_new(&ds->arenas);
-    if (st == ZB_OK) st = zb_cache_new(INDEX_CACHE_BYTES, &ds->index_cache);
+    if (st == ZB_OK) st = zb__cache_new(INDEX_CACHE_BYTES, &ds->index_cache);
     if (st != ZB_OK) {
         zb_dataset_close(ds);
         return st;

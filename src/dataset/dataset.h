@@ -24,15 +24,15 @@ typedef struct zb_segment {
 } zb_segment;
 
 /* A category table (the labels of a categorical field): strings, or numbers of `dtype`. */
-typedef struct zb_cattab {
+typedef struct zb__cattab {
     zb_dtype dtype;     /* ZB_DT_STRING, or the labels' numeric dtype */
     uint64_t n;
     zb_strings strings; /* ZB_DT_STRING */
     uint8_t *values;    /* numeric: n * zb_dtype_size(dtype) bytes, native order */
     bool ordered;
-} zb_cattab;
+} zb__cattab;
 
-void zb_cattab_free(zb_cattab *t);
+void zb__cattab_free(zb__cattab *t);
 
 /* One field of one child: the array behind it. */
 typedef struct zb_field {
@@ -55,22 +55,22 @@ typedef struct zb_field {
     char *mask;                       /* nullable: the name of the companion mask field */
     char *cats_path;                  /* categorical: the categories array path */
     bool cats_ordered;                /* categorical: the `ordered` attribute */
-    zb_cattab cats;                   /* loaded on first request (zb_dataset_category_table) */
+    zb__cattab cats;                   /* loaded on first request (zb_dataset_category_table) */
     bool cats_loaded;
 } zb_field;
 
 /* An obs column as anndata lists it (zb_dataset_column). Non-string columns are read through
  * the field of the same name; string columns through their own arrays. */
-typedef struct zb_column {
+typedef struct zb__column {
     char *name;           /* "obs_names" or "obs/NAME" */
     zb_column_kind kind;
     zb_dtype dtype;
     zb_array *values;     /* strings: the string array (NULL for the other kinds) */
     zb_array *mask;       /* nullable strings: the mask */
-} zb_column;
+} zb__column;
 
 /* A soft-delete mask: logical i is the i-th true (FORMATS.md §8.2). Loaded on first use. */
-typedef struct zb_mask {
+typedef struct zb__mask {
     zb_array *arr;        /* NULL: no mask, logical == physical */
     bool loaded;
     uint8_t *bits;        /* [nphys] 0/1 */
@@ -78,7 +78,7 @@ typedef struct zb_mask {
     uint64_t nlogical;
     uint64_t n;           /* entries used: the committed samples */
     pthread_mutex_t mu;
-} zb_mask;
+} zb__mask;
 
 typedef struct zb_cache zb_cache;
 typedef struct zb_arena_pool zb_arena_pool;
@@ -94,20 +94,20 @@ void zb_plan_mem_release_all(zb_dataset *ds);
 /* How a collection delivers field f of its children (merge.c): the dtype batches carry and,
  * per child, the table its stored values go through (categorical codes: child code -> the
  * collection's code). A NULL table: the child's values are delivered as stored. */
-typedef struct zb_fieldmap {
+typedef struct zb__fieldmap {
     zb_dtype dtype;  /* delivered */
     int64_t **lut;   /* [nchildren] */
     uint64_t *nlut;  /* [nchildren] entries of each table */
-    zb_cattab cats;          /* categorical, when the children's tables differ: their union */
-    const zb_cattab *table;  /* categorical: the collection's table (cats, or the first
+    zb__cattab cats;          /* categorical, when the children's tables differ: their union */
+    const zb__cattab *table;  /* categorical: the collection's table (cats, or the first
                                 child's when every child has the same one) */
-} zb_fieldmap;
+} zb__fieldmap;
 
 /* A collection's var order (reorder_vars): child c's gene j is the collection's gene
  * var_lut[c][j]; var_lut[c] NULL: the child's order is the collection's. */
-typedef struct zb_varmap {
+typedef struct zb__varmap {
     int64_t **lut; /* [nchildren] */
-} zb_varmap;
+} zb__varmap;
 
 struct zb_dataset {
     zb_store *store;
@@ -120,14 +120,14 @@ struct zb_dataset {
                                 zb_dtype); opts' pointers are not kept */
     uint64_t nphys;          /* physical samples */
     uint64_t n_vars;
-    zb_mask mask;
+    zb__mask mask;
     size_t nfields;
     zb_field fields[ZB_MAX_FIELDS];
     size_t nsegs;
     zb_segment segs[ZB_MAX_SEGMENTS];
     /* anndata: obs columns (zb_dataset_column) and var names */
     size_t ncols;
-    zb_column *cols;
+    zb__column *cols;
     char *var_frame;         /* the var data frame's group (raw/var with layer "raw") */
     char *var_index;         /* the var index array's path, NULL when unknown */
     zb_strings var_names;    /* loaded on first request (var_mu) */
@@ -137,8 +137,8 @@ struct zb_dataset {
     size_t nchildren;
     zb_dataset **children;
     uint64_t *child_start;   /* [nchildren+1] */
-    zb_fieldmap *maps;       /* [children[0]->nfields]: how each field is delivered (merge.c) */
-    zb_varmap vars;          /* reorder_vars */
+    zb__fieldmap *maps;       /* [children[0]->nfields]: how each field is delivered (merge.c) */
+    zb__varmap vars;          /* reorder_vars */
     /* shared by every read */
     zb_pool *pool;
     pthread_mutex_t pool_mu; /* one read_many at a time drives the pool */
@@ -160,7 +160,7 @@ struct zb_dataset {
  * builds ds->maps (one category table per categorical field, codes remapped) and ds->vars.
  * `code` is the status for disagreeing children (ZB_E_CORRUPT for a stored collection,
  * ZB_E_INVALID for a concatenation). */
-zb_status zb_collection_merge(zb_dataset *ds, zb_status code);
+zb_status zb__collection_merge(zb_dataset *ds, zb_status code);
 
 /* The dtype batches carry for field f (the children's delivered dtype, or a collection's wider
  * codes). */
@@ -178,17 +178,17 @@ zb_dataset_lut(const zb_dataset *ds, size_t f, size_t c, uint64_t *n)
 /* Codes (any integer dtype `from`, n of them) through a table into dtype `to`: -1 (missing)
  * stays -1; others must index the table (ZB_E_CORRUPT naming `what` otherwise). A NULL table
  * converts the values as they are. */
-zb_status zb_codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
+zb_status zb__codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
                            const int64_t *lut, uint64_t nlut, const char *what);
 
 /* Whether dtype `to` holds every value of `from` exactly (the widenings the reader does as it
  * copies, widen.c; true when they are the same). */
-bool zb_widen_exact(zb_dtype from, zb_dtype to);
-/* n values of `from` at src (any alignment) into `to` at dst, when zb_widen_exact and they
+bool zb__widen_exact(zb_dtype from, zb_dtype to);
+/* n values of `from` at src (any alignment) into `to` at dst, when zb__widen_exact and they
  * differ; false (nothing written) for any other pair. */
-bool zb_values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n);
-/* n stored values of `from` as `to`, as batches carry them: widened (zb_values_widen) unless a
- * table is given, else codes converted through `lut` (zb_codes_convert). */
+bool zb__values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n);
+/* n stored values of `from` as `to`, as batches carry them: widened (zb__values_widen) unless a
+ * table is given, else codes converted through `lut` (zb__codes_convert). */
 zb_status zb_values_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
                             const int64_t *lut, uint64_t nlut, const char *what);
 
@@ -205,13 +205,13 @@ zb_status zb_var_reorder_csr(void *idx, zb_dtype idx_dtype, uint8_t *vals, size_
                              struct zb_buf *scratch, const char *what);
 
 /* Category tables (columns.c): the field's own table, loaded once. */
-zb_status zb_field_load_categories(zb_dataset *ds, zb_field *f);
+zb_status zb__field_load_categories(zb_dataset *ds, zb_field *f);
 
 /* Layout builders (layouts.c). Each fills fields/segments of ds from the tree. */
 struct zb_tree;
-zb_status zb_layout_anndata(zb_dataset *ds, const struct zb_tree *tree, const char *base);
-zb_status zb_layout_atomistic(zb_dataset *ds, const struct zb_tree *tree, const char *base);
-zb_status zb_layout_generic(zb_dataset *ds, const struct zb_tree *tree, const char *base);
+zb_status zb__layout_anndata(zb_dataset *ds, const struct zb_tree *tree, const char *base);
+zb_status zb__layout_atomistic(zb_dataset *ds, const struct zb_tree *tree, const char *base);
+zb_status zb__layout_generic(zb_dataset *ds, const struct zb_tree *tree, const char *base);
 
 /* The level ("atom", "edge", "system" or the attribute's own word) of array `name` in group
  * `group` ("core" or "custom") of an atomic store whose root `fields` attribute is `fields`
@@ -237,11 +237,11 @@ zb_status zb_segment_get(zb_segment *seg, zb_ctx *ctx, uint64_t i, int64_t *valu
 
 /* Logical -> physical through the mask (thread-safe, loads the mask on first use). */
 zb_status zb_mask_load(zb_dataset *ds);
-uint64_t zb_mask_select(const zb_mask *m, uint64_t logical);
+uint64_t zb_mask_select(const zb__mask *m, uint64_t logical);
 
 /* Decoded-chunk cache (cache.c): keys are (array pointer, unit index). */
-zb_status zb_cache_new(size_t max_bytes, zb_cache **out);
-void zb_cache_free(zb_cache *c);
+zb_status zb__cache_new(size_t max_bytes, zb_cache **out);
+void zb__cache_free(zb_cache *c);
 /* Copies the cached unit into dst (dst_len bytes) and returns true on a hit. */
 bool zb_cache_get(zb_cache *c, const void *arr, uint64_t unit, void *dst, size_t dst_len);
 /* Bytes [off, off + len) of an entry of whole_len bytes (a hit needs that length). */

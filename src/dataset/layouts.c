@@ -26,7 +26,7 @@ open_node(zb_dataset *ds, const zb_tree *tree, const char *path, zb_array **out)
     *out = NULL;
     const zb_tree_node *nd = zb_tree_find(tree, path);
     if (!nd || !nd->is_array) return zb_err(ZB_E_NOTFOUND, "%s: no array '%s'", ds->path, path);
-    return zb_tree_node_open_array(ds->store, nd, out);
+    return zb__tree_node_open_array(ds->store, nd, out);
 }
 
 static zb_status
@@ -132,7 +132,7 @@ deliver_as(zb_field *f, int want, zb_dtype wide, const char *opt)
         if (!narrow_int) return ZB_OK;
         to = wide;
     }
-    if (f->ndim != 0 || !zb_widen_exact(f->dtype, to))
+    if (f->ndim != 0 || !zb__widen_exact(f->dtype, to))
         return zb_err(ZB_E_INVALID, "%s: %s=%s does not hold every stored %s value exactly",
                       f->arr->path, opt, zb_dtype_name(to), zb_dtype_name(f->dtype));
     f->out_dtype = to;
@@ -170,7 +170,7 @@ static zb_status
 add_column(zb_dataset *ds, const char *name, zb_column_kind kind, zb_dtype dtype,
            zb_array **values, zb_array **mask)
 {
-    zb_column *c = realloc(ds->cols, (ds->ncols + 1) * sizeof *c);
+    zb__column *c = realloc(ds->cols, (ds->ncols + 1) * sizeof *c);
     if (!c) return zb_err(ZB_E_NOMEM, "out of memory");
     ds->cols = c;
     c = &ds->cols[ds->ncols];
@@ -197,7 +197,7 @@ add_matrix(zb_dataset *ds, const zb_tree *tree, const char *name, const char *pa
 {
     const zb_tree_node *nd = zb_tree_find(tree, path);
     if (!nd) return ZB_OK;
-    const char *enc = zb_json_string(nd->attrs, "encoding-type");
+    const char *enc = zb__json_string(nd->attrs, "encoding-type");
     char sub[4200], fname[300];
     if (!nd->is_array && enc && !strcmp(enc, "csr_matrix")) {
         json_object *shape = zb_json_get(nd->attrs, "shape");
@@ -316,7 +316,7 @@ add_obs_column(zb_dataset *ds, const zb_tree *tree, const zb_tree_node *cn, cons
 {
     zb_status st;
     zb_field *f = NULL;
-    const char *enc = zb_json_string(cn->attrs, "encoding-type");
+    const char *enc = zb__json_string(cn->attrs, "encoding-type");
     char sub[4300];
     zb_array *strs = NULL, *mask = NULL;
     if (cn->is_array) {
@@ -394,13 +394,13 @@ add_obs(zb_dataset *ds, const zb_tree *tree, const char *df)
     const zb_tree_node *nd = zb_tree_find(tree, df);
     if (!nd || nd->is_array) return ZB_OK;
     char path[4200], name[600];
-    const char *index = zb_json_string(nd->attrs, "_index");
+    const char *index = zb__json_string(nd->attrs, "_index");
     if (index) {
         /* a string-array, or (anndata >= 0.13 with pandas 3) a nullable-string-array group */
         zb_array *strs = NULL, *mask = NULL;
         join(path, sizeof path, df, index);
         const zb_tree_node *in = zb_tree_find(tree, path);
-        const char *enc = in ? zb_json_string(in->attrs, "encoding-type") : NULL;
+        const char *enc = in ? zb__json_string(in->attrs, "encoding-type") : NULL;
         bool nullable = in && !in->is_array && enc && !strcmp(enc, "nullable-string-array");
         char mpath[4300];
         join(mpath, sizeof mpath, path, "mask");
@@ -439,7 +439,7 @@ static char *
 index_path(const zb_tree *tree, const char *df)
 {
     const zb_tree_node *nd = zb_tree_find(tree, df);
-    const char *index = nd && !nd->is_array ? zb_json_string(nd->attrs, "_index") : NULL;
+    const char *index = nd && !nd->is_array ? zb__json_string(nd->attrs, "_index") : NULL;
     if (!index) return NULL;
     char path[4200];
     join(path, sizeof path, df, index);
@@ -450,7 +450,7 @@ index_path(const zb_tree *tree, const char *df)
 }
 
 zb_status
-zb_layout_anndata(zb_dataset *ds, const zb_tree *tree, const char *base)
+zb__layout_anndata(zb_dataset *ds, const zb_tree *tree, const char *base)
 {
     /* the matrix delivered as X (zb_dataset_opts.layer) and the var frame naming its columns */
     const char *layer = ds->opts.layer && ds->opts.layer[0] ? ds->opts.layer : "X";
@@ -533,7 +533,7 @@ in_set(const char *const *set, const char *name)
 const char *
 zb_atomic_array_level(json_object *fields, const char *group, const char *name)
 {
-    const char *lv = zb_json_string(zb_json_get(fields, group), name);
+    const char *lv = zb__json_string(zb_json_get(fields, group), name);
     if (lv) return !strcmp(lv, "node") ? "atom" : lv;
     if (!strcmp(group, "custom")) return "system";
     if (in_set(EDGE_KEYS, name)) return "edge";
@@ -667,7 +667,7 @@ atomic_count(zb_dataset *ds, const zb_tree *tree, const zb_tree_node *root, cons
 }
 
 zb_status
-zb_layout_atomistic(zb_dataset *ds, const zb_tree *tree, const char *base)
+zb__layout_atomistic(zb_dataset *ds, const zb_tree *tree, const char *base)
 {
     const zb_tree_node *root = zb_tree_find(tree, base);
     json_object *fields = root ? zb_json_get(root->attrs, "fields") : NULL;
@@ -748,7 +748,7 @@ zb_layout_atomistic(zb_dataset *ds, const zb_tree *tree, const char *base)
 /* ---- generic ------------------------------------------------------------------------------ */
 
 zb_status
-zb_layout_generic(zb_dataset *ds, const zb_tree *tree, const char *base)
+zb__layout_generic(zb_dataset *ds, const zb_tree *tree, const char *base)
 {
     const zb_tree_node *root = zb_tree_find(tree, base);
     json_object *spec = root ? zb_json_get(root->attrs, "zbatch") : NULL;
@@ -779,10 +779,10 @@ zb_layout_generic(zb_dataset *ds, const zb_tree *tree, const char *base)
     if (!flds || !json_object_is_type(flds, json_type_object))
         return zb_err(ZB_E_METADATA, "%s: zbatch.fields must be an object", ds->path);
     json_object_object_foreach(flds, fname, fval) {
-        const char *arr = zb_json_string(fval, "array");
-        const char *kind = zb_json_string(fval, "kind");
-        const char *segname = zb_json_string(fval, "segment");
-        const char *target = zb_json_string(fval, "target");
+        const char *arr = zb__json_string(fval, "array");
+        const char *kind = zb__json_string(fval, "kind");
+        const char *segname = zb__json_string(fval, "segment");
+        const char *target = zb__json_string(fval, "target");
         if (!arr || !kind)
             return zb_err(ZB_E_METADATA, "%s: zbatch.fields.%s needs 'array' and 'kind'",
                           ds->path, fname);

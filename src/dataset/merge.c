@@ -106,7 +106,7 @@ check_same_fields(const zb_dataset *ds, zb_status code)
             return zb_err(code, "%s and %s: their segments or obs columns differ (%zu and %zu "
                           "columns)", n0, nc, c0->ncols, ch->ncols);
         for (size_t k = 0; k < c0->ncols; k++) {
-            const zb_column *a = &c0->cols[k], *b = &ch->cols[k];
+            const zb__column *a = &c0->cols[k], *b = &ch->cols[k];
             if (strcmp(a->name, b->name))
                 return zb_err(code, "%s and %s: obs column %zu is %s in one and %s in the other",
                               n0, nc, k, a->name, b->name);
@@ -139,7 +139,7 @@ string_at_equal(const zb_strings *a, uint64_t i, const zb_strings *b, uint64_t j
 /* Child c's genes, which differ from the first child's at position `at`, in the first child's
  * order: ds->vars.lut[c] (reorder_vars), or the refusal naming both. */
 static zb_status
-reorder_child(zb_dataset *ds, size_t c, const zb_strmap *m0, const zb_strings *v0,
+reorder_child(zb_dataset *ds, size_t c, const zb__strmap *m0, const zb_strings *v0,
               const zb_strings *vc, uint64_t at, zb_status code)
 {
     const char *n0 = zb_dataset_name(ds->children[0]), *nc = zb_dataset_name(ds->children[c]);
@@ -151,7 +151,7 @@ reorder_child(zb_dataset *ds, size_t c, const zb_strmap *m0, const zb_strings *v
     uint8_t *seen = calloc((size_t)vc->n + 1, 1);
     zb_status st = lut && seen ? ZB_OK : zb_err(ZB_E_NOMEM, "%s: out of memory", nc);
     for (uint64_t j = 0; j < vc->n && st == ZB_OK; j++) {
-        int64_t k = zb_strmap_find(m0, vc->data + vc->offsets[j],
+        int64_t k = zb__strmap_find(m0, vc->data + vc->offsets[j],
                                    (size_t)(vc->offsets[j + 1] - vc->offsets[j]));
         if (k < 0)
             st = zb_err(code, "%s: gene '%.*s' (position %llu) is not among the var names of %s",
@@ -182,7 +182,7 @@ check_vars(zb_dataset *ds, zb_status code)
     if (!c0->var_index) return ZB_OK; /* not anndata, or no var index: nothing to compare */
     const zb_strings *v0 = NULL;
     ZB_TRY(zb_dataset_var_names(c0, &v0));
-    zb_strmap m0 = {0};
+    zb__strmap m0 = {0};
     zb_status st = ZB_OK;
     for (size_t c = 1; c < ds->nchildren && st == ZB_OK; c++) {
         zb_dataset *ch = ds->children[c];
@@ -199,7 +199,7 @@ check_vars(zb_dataset *ds, zb_status code)
         if (!ds->vars.lut) {
             uint64_t dup = UINT64_MAX;
             ds->vars.lut = calloc(ds->nchildren, sizeof *ds->vars.lut);
-            st = ds->vars.lut ? zb_strmap_build(&m0, v0, &dup)
+            st = ds->vars.lut ? zb__strmap_build(&m0, v0, &dup)
                               : zb_err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
             if (st == ZB_OK && dup != UINT64_MAX && ds->opts.reorder_vars)
                 st = zb_err(code, "%s: gene '%.*s' appears twice (the second at position %llu): "
@@ -209,14 +209,14 @@ check_vars(zb_dataset *ds, zb_status code)
         }
         st = reorder_child(ds, c, &m0, v0, vc, at, code);
     }
-    zb_strmap_free(&m0);
+    zb__strmap_free(&m0);
     return st;
 }
 
 /* ---- category tables ------------------------------------------------------------------------- */
 
 static bool
-tables_equal(const zb_cattab *a, const zb_cattab *b)
+tables_equal(const zb__cattab *a, const zb__cattab *b)
 {
     if (a->dtype != b->dtype || a->n != b->n) return false;
     if (a->dtype != ZB_DT_STRING)
@@ -270,7 +270,7 @@ cmp_label(const void *x, const void *y, void *arg)
 }
 
 static label
-label_at(const zb_cattab *t, uint64_t i)
+label_at(const zb__cattab *t, uint64_t i)
 {
     if (t->dtype == ZB_DT_STRING)
         return (label){(const uint8_t *)t->strings.data + t->strings.offsets[i],
@@ -299,7 +299,7 @@ wider(zb_dtype a, zb_dtype b)
 /* The sorted union of every child's table of field f into `out` (anndata.concat's table for
  * categoricals that differ). */
 static zb_status
-union_tables(zb_dataset *ds, size_t f, zb_cattab *out)
+union_tables(zb_dataset *ds, size_t f, zb__cattab *out)
 {
     zb_dtype dt = ds->children[0]->fields[f].cats.dtype;
     uint64_t total = 0;
@@ -308,7 +308,7 @@ union_tables(zb_dataset *ds, size_t f, zb_cattab *out)
     if (!all) return zb_err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
     uint64_t n = 0;
     for (size_t c = 0; c < ds->nchildren; c++) {
-        const zb_cattab *t = &ds->children[c]->fields[f].cats;
+        const zb__cattab *t = &ds->children[c]->fields[f].cats;
         for (uint64_t i = 0; i < t->n; i++) all[n++] = label_at(t, i);
     }
     qsort_r(all, (size_t)n, sizeof *all, cmp_label, &dt);
@@ -342,7 +342,7 @@ union_tables(zb_dataset *ds, size_t f, zb_cattab *out)
             memcpy(out->values + i * isz, all[i].p, isz);
     }
     free(all);
-    if (st != ZB_OK) zb_cattab_free(out);
+    if (st != ZB_OK) zb__cattab_free(out);
     return st;
 }
 
@@ -365,9 +365,9 @@ find_label(const label *l, const label *sorted, uint64_t n, zb_dtype *dt)
 
 /* Child c's table of field f as positions in the collection's table `to` (sorted). */
 static zb_status
-table_lut(zb_dataset *ds, size_t f, size_t c, const zb_cattab *to, int64_t **lut)
+table_lut(zb_dataset *ds, size_t f, size_t c, const zb__cattab *to, int64_t **lut)
 {
-    const zb_cattab *t = &ds->children[c]->fields[f].cats;
+    const zb__cattab *t = &ds->children[c]->fields[f].cats;
     zb_dtype dt = to->dtype;
     label *sorted = malloc((size_t)(to->n ? to->n : 1) * sizeof *sorted);
     *lut = malloc((size_t)(t->n ? t->n : 1) * sizeof **lut);
@@ -397,7 +397,7 @@ table_lut(zb_dataset *ds, size_t f, size_t c, const zb_cattab *to, int64_t **lut
 static zb_status
 merge_field(zb_dataset *ds, size_t f, zb_status code)
 {
-    zb_fieldmap *m = &ds->maps[f];
+    zb__fieldmap *m = &ds->maps[f];
     zb_dataset *c0 = ds->children[0];
     const zb_field *f0 = &c0->fields[f];
     m->dtype = f0->out_dtype;
@@ -406,7 +406,7 @@ merge_field(zb_dataset *ds, size_t f, zb_status code)
     for (size_t c = 0; c < ds->nchildren; c++) {
         zb_dataset *ch = ds->children[c];
         zb_field *fc = &ch->fields[f];
-        ZB_TRY(zb_field_load_categories(ch, fc));
+        ZB_TRY(zb__field_load_categories(ch, fc));
         if (fc->cats.dtype != f0->cats.dtype)
             return zb_err(code, "%s and %s: the categories of %s are %s and %s",
                           zb_dataset_name(c0), zb_dataset_name(ch), f0->name,
@@ -433,7 +433,7 @@ merge_field(zb_dataset *ds, size_t f, zb_status code)
 }
 
 zb_status
-zb_collection_merge(zb_dataset *ds, zb_status code)
+zb__collection_merge(zb_dataset *ds, zb_status code)
 {
     ZB_TRY(check_same_fields(ds, code));
     ZB_TRY(check_vars(ds, code));
@@ -466,7 +466,7 @@ store_int(void *p, zb_dtype dt, int64_t v)
 }
 
 zb_status
-zb_codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
+zb__codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
                  const int64_t *lut, uint64_t nlut, const char *what)
 {
     size_t si = zb_dtype_size(from), di = zb_dtype_size(to);

@@ -74,7 +74,7 @@ zb_segment_get(zb_segment *seg, zb_ctx *ctx, uint64_t i, int64_t *value)
 zb_status
 zb_mask_load(zb_dataset *ds)
 {
-    zb_mask *m = &ds->mask;
+    zb__mask *m = &ds->mask;
     if (!m->arr) return ZB_OK;
     zb_status st = ZB_OK;
     pthread_mutex_lock(&m->mu);
@@ -115,7 +115,7 @@ out:
 }
 
 uint64_t
-zb_mask_select(const zb_mask *m, uint64_t logical)
+zb_mask_select(const zb__mask *m, uint64_t logical)
 {
     if (!m->arr) return logical;
     /* the block holding the logical-th true: the last block whose rank is <= logical */

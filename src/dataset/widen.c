@@ -85,13 +85,13 @@ widen_for(zb_dtype from, zb_dtype to)
 }
 
 bool
-zb_widen_exact(zb_dtype from, zb_dtype to)
+zb__widen_exact(zb_dtype from, zb_dtype to)
 {
     return from == to || widen_for(from, to) != NULL;
 }
 
 bool
-zb_values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n)
+zb__values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n)
 {
     widen_fn fn = widen_for(from, to);
     if (!fn) return false;
@@ -103,6 +103,6 @@ zb_status
 zb_values_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
                   const int64_t *lut, uint64_t nlut, const char *what)
 {
-    if (!lut && zb_values_widen(dst, to, src, from, n)) return ZB_OK;
-    return zb_codes_convert(dst, to, src, from, n, lut, nlut, what);
+    if (!lut && zb__values_widen(dst, to, src, from, n)) return ZB_OK;
+    return zb__codes_convert(dst, to, src, from, n, lut, nlut, what);
 }

@@ -124,7 +124,7 @@ read_window(zb_loader *ld)
         if (w->st != ZB_OK) goto out;
         b0 += sizes[k];
         for (size_t t = 0; t < ld->opts.ntransforms; t++) {
-            w->st = zb_transform_apply(&ld->transforms[t], w->views[k]);
+            w->st = zb__transform_apply(&ld->transforms[t], w->views[k]);
             if (w->st != ZB_OK) goto out;
         }
     }

@@ -241,7 +241,7 @@ do_cast(zb_batch *b, const char *field, zb_dtype to)
 }
 
 zb_status
-zb_transform_apply(const zb_transform *t, zb_batch *b)
+zb__transform_apply(const zb_transform *t, zb_batch *b)
 {
     switch (t->kind) {
     case ZB_TRANSFORM_LOG1P: return do_log1p(b);

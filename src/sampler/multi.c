@@ -26,8 +26,8 @@ typedef struct multi_impl {
     uint64_t *count;      /* per child: samples per batch (BATCH) or per epoch (SAMPLE) */
     uint64_t *first;      /* SAMPLE: the child's first position in the mixed stream */
     double *rate;         /* SAMPLE: normalised rates, for the alias table */
-    zb_perm *perm;        /* [k + 1]: each child's permutation, then the mixing one */
-    zb_alias alias;       /* SAMPLE with replacement and shuffle: the child of a draw */
+    zb__perm *perm;        /* [k + 1]: each child's permutation, then the mixing one */
+    zb__alias alias;       /* SAMPLE with replacement and shuffle: the child of a draw */
     bool replacement, shuffle;
     uint64_t total; /* SAMPLE: ids per epoch */
 } multi_impl;
@@ -43,7 +43,7 @@ multi_destroy(void *p)
     free(m->first);
     free(m->rate);
     free(m->perm);
-    zb_alias_free(&m->alias);
+    zb__alias_free(&m->alias);
     free(m);
 }
 
@@ -54,10 +54,10 @@ multi_plan(zb_sampler *s)
     if (!m->shuffle) return ZB_OK;
     for (size_t i = 0; i < m->k; i++)
         if (m->size[i] > 0)
-            zb_perm_init(&m->perm[i], m->size[i],
-                         zb_stream_key(s->seed, s->epoch, ZB_TAG_CHILD, i, 0));
+            zb__perm_init(&m->perm[i], m->size[i],
+                         zb__stream_key(s->seed, s->epoch, ZB_TAG_CHILD, i, 0));
     if (m->mode == ZB_MULTI_SAMPLE && m->total > 0)
-        zb_perm_init(&m->perm[m->k], m->total, zb_stream_key(s->seed, s->epoch, ZB_TAG_MIX, 0, 0));
+        zb__perm_init(&m->perm[m->k], m->total, zb__stream_key(s->seed, s->epoch, ZB_TAG_MIX, 0, 0));
     return ZB_OK;
 }
 
@@ -67,18 +67,18 @@ child_draw(const zb_sampler *s, const multi_impl *m, size_t i, uint64_t q)
 {
     uint64_t len = m->size[i];
     if (m->replacement && m->shuffle)
-        return zb_bounded(zb_hash2(zb_stream_key(s->seed, s->epoch, ZB_TAG_CHILDRAW, i, 0), q),
+        return zb__bounded(zb__hash2(zb__stream_key(s->seed, s->epoch, ZB_TAG_CHILDRAW, i, 0), q),
                           len);
-    return m->shuffle ? zb_perm_apply(&m->perm[i], q % len) : q % len;
+    return m->shuffle ? zb__perm_apply(&m->perm[i], q % len) : q % len;
 }
 
 static void
 shuffle_batch(const zb_sampler *s, uint64_t g, uint64_t *ids, size_t n)
 {
     /* Fisher-Yates keyed by (seed, epoch, g) */
-    uint64_t x = zb_stream_key(s->seed, s->epoch, ZB_TAG_BATCH, g, 0);
+    uint64_t x = zb__stream_key(s->seed, s->epoch, ZB_TAG_BATCH, g, 0);
     for (size_t i = n; i > 1; i--) {
-        size_t j = (size_t)zb_bounded(zb_splitmix64(&x), i);
+        size_t j = (size_t)zb__bounded(zb__splitmix64(&x), i);
         uint64_t t = ids[i - 1];
         ids[i - 1] = ids[j];
         ids[j] = t;
@@ -93,7 +93,7 @@ batch_fixed(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
     for (size_t i = 0; i < m->k; i++) {
         uint64_t c = m->count[i];
         if (m->shuffle && !m->replacement) { /* g c + c <= n_i: one permutation, read in a run */
-            zb_perm_apply_run(&m->perm[i], g * c, (size_t)c, ids + pos);
+            zb__perm_apply_run(&m->perm[i], g * c, (size_t)c, ids + pos);
             for (uint64_t q = 0; q < c; q++) ids[pos + q] += m->off[i];
             pos += (size_t)c;
             continue;
@@ -128,15 +128,15 @@ batch_mixed(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
     uint64_t p0 = g * s->batch_size;
     uint64_t p1 = m->total - p0 < s->batch_size ? m->total : p0 + s->batch_size;
     if (m->replacement && m->shuffle) {
-        uint64_t key = zb_stream_key(s->seed, s->epoch, ZB_TAG_MIX, 1, 0);
+        uint64_t key = zb__stream_key(s->seed, s->epoch, ZB_TAG_MIX, 1, 0);
         for (uint64_t p = p0; p < p1; p++) {
-            size_t i = (size_t)zb_alias_draw(m->alias.prob, m->alias.alias, m->k,
-                                             zb_hash2(key, 2 * p), zb_hash2(key, 2 * p + 1));
+            size_t i = (size_t)zb__alias_draw(m->alias.prob, m->alias.alias, m->k,
+                                             zb__hash2(key, 2 * p), zb__hash2(key, 2 * p + 1));
             ids[p - p0] = m->off[i] + child_draw(s, m, i, p);
         }
     } else {
         for (uint64_t p = p0; p < p1; p++) {
-            uint64_t x = m->shuffle ? zb_perm_apply(&m->perm[m->k], p) : p;
+            uint64_t x = m->shuffle ? zb__perm_apply(&m->perm[m->k], p) : p;
             size_t i = block_of(m, x);
             ids[p - p0] = m->off[i] + child_draw(s, m, i, x - m->first[i]);
         }
@@ -145,14 +145,14 @@ batch_mixed(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
     return ZB_OK;
 }
 
-static const zb_sampler_ops multi_ops = {
+static const zb__sampler_ops multi_ops = {
     .name = "multi-dataset",
     .plan_epoch = multi_plan,
     .batch = batch_fixed,
     .destroy = multi_destroy,
 };
 
-static const zb_sampler_ops mixed_ops = {
+static const zb__sampler_ops mixed_ops = {
     .name = "multi-dataset (per sample)",
     .plan_epoch = multi_plan,
     .batch = batch_mixed,
@@ -320,7 +320,7 @@ sample_counts(const zb_multi_sampler_opts *o, multi_impl *m, uint64_t total_len)
                           i, (unsigned long long)m->count[i], (unsigned long long)m->size[i]);
         m->first[i + 1] = m->first[i] + m->count[i];
     }
-    if (m->replacement && m->shuffle) return zb_alias_build(&m->alias, m->rate, m->k);
+    if (m->replacement && m->shuffle) return zb__alias_build(&m->alias, m->rate, m->k);
     return ZB_OK;
 }
 
@@ -330,7 +330,7 @@ zb_sampler_new_multi(const zb_multi_sampler_opts *o, zb_sampler **out)
     if (!out) return zb_err(ZB_E_INVALID, "multi-dataset sampler: NULL out");
     *out = NULL;
     if (!o) return zb_err(ZB_E_INVALID, "multi-dataset sampler: NULL options");
-    ZB_TRY(zb_sampler_check_stream("multi-dataset", &o->base));
+    ZB_TRY(zb__sampler_check_stream("multi-dataset", &o->base));
     const size_t k = o->num_children;
     const uint64_t b = o->base.batch_size;
     if (k < 1 || !o->child_sizes)
@@ -374,15 +374,15 @@ zb_sampler_new_multi(const zb_multi_sampler_opts *o, zb_sampler **out)
     base.n = total_len;
     if (o->mode == ZB_MULTI_SAMPLE) {
         if ((st = sample_counts(o, m, total_len)) != ZB_OK) goto fail;
-        return zb_sampler_create(&base, &mixed_ops, m,
-                                 zb_sampler_batches_for(m->total, b, base.drop_last), (size_t)b,
+        return zb__sampler_create(&base, &mixed_ops, m,
+                                 zb__sampler_batches_for(m->total, b, base.drop_last), (size_t)b,
                                  out);
     }
     uint64_t batches = 0;
     if ((st = batch_counts(o, m, m->rate)) != ZB_OK ||
         (st = epoch_batches(o, m, &batches)) != ZB_OK)
         goto fail;
-    return zb_sampler_create(&base, &multi_ops, m, batches, (size_t)b, out);
+    return zb__sampler_create(&base, &multi_ops, m, batches, (size_t)b, out);
 fail:
     multi_destroy(m);
     return st;

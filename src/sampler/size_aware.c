@@ -31,13 +31,13 @@ typedef struct size_impl {
     bool shuffle;
     uint64_t nwin;
     uint64_t *win_first; /* [nwin + 1] first global batch of each window */
-    zb_perm order;       /* the epoch's sample order */
+    zb__perm order;       /* the epoch's sample order */
     /* the packed window `cached_win` */
     bool have_win;
     uint64_t cached_win, nbins;
     uint64_t *win_ids; /* [window] ids grouped by batch */
     uint64_t *bin_off; /* [window + 1] */
-    zb_perm bin_perm;  /* batch order inside the window */
+    zb__perm bin_perm;  /* batch order inside the window */
     /* packing scratch */
     pack_item *items, *sorted;        /* permuted order, decreasing size */
     uint64_t *item_bin, *item_bin_ff; /* batch of each item, per packing */
@@ -129,7 +129,7 @@ pack_window(zb_sampler *s, size_impl *z, uint64_t w)
 {
     uint64_t lo = w * z->window, m = s->n - lo < z->window ? s->n - lo : z->window;
     for (uint64_t k = 0; k < m; k++) {
-        uint64_t id = z->shuffle ? zb_perm_apply(&z->order, lo + k) : lo + k;
+        uint64_t id = z->shuffle ? zb__perm_apply(&z->order, lo + k) : lo + k;
         double key = 0;
         for (int d = 0; d < NDIMS; d++) {
             if (!z->limit[d]) continue;
@@ -159,7 +159,7 @@ pack_window(zb_sampler *s, size_impl *z, uint64_t w)
     for (uint64_t b = 0; b < nbins; b++) z->bin_count[b] = z->bin_off[b];
     for (uint64_t k = 0; k < m; k++) z->win_ids[z->bin_count[item_bin[k]]++] = items[k].id;
     z->nbins = nbins;
-    zb_perm_init(&z->bin_perm, nbins, zb_stream_key(s->seed, s->epoch, ZB_TAG_BINS, w, 0));
+    zb__perm_init(&z->bin_perm, nbins, zb__stream_key(s->seed, s->epoch, ZB_TAG_BINS, w, 0));
     z->cached_win = w;
     z->have_win = true;
 }
@@ -168,7 +168,7 @@ static zb_status
 size_plan(zb_sampler *s)
 {
     size_impl *z = s->impl;
-    zb_perm_init(&z->order, s->n, zb_stream_key(s->seed, s->epoch, ZB_TAG_PACK, 0, 0));
+    zb__perm_init(&z->order, s->n, zb__stream_key(s->seed, s->epoch, ZB_TAG_PACK, 0, 0));
     z->win_first[0] = 0;
     for (uint64_t w = 0; w < z->nwin; w++) {
         pack_window(s, z, w);
@@ -199,7 +199,7 @@ size_batch(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
         pack_window(s, z, w);
     }
     uint64_t t = g - z->win_first[w];
-    uint64_t b = z->shuffle ? zb_perm_apply(&z->bin_perm, t) : t;
+    uint64_t b = z->shuffle ? zb__perm_apply(&z->bin_perm, t) : t;
     uint64_t a = z->bin_off[b], e = z->bin_off[b + 1];
     memcpy(ids, z->win_ids + a, (size_t)(e - a) * sizeof *ids);
     *n = (size_t)(e - a);
@@ -229,7 +229,7 @@ size_reset(zb_sampler *s)
     repl_clear(s->impl);
 }
 
-static const zb_sampler_ops size_ops = {
+static const zb__sampler_ops size_ops = {
     .name = "size-aware",
     .plan_epoch = size_plan,
     .batch = size_batch,
@@ -244,7 +244,7 @@ zb_sampler_new_size_aware(const zb_size_sampler_opts *o, zb_sampler **out)
     if (!out) return zb_err(ZB_E_INVALID, "size-aware sampler: NULL out");
     *out = NULL;
     if (!o) return zb_err(ZB_E_INVALID, "size-aware sampler: NULL options");
-    ZB_TRY(zb_sampler_check_stream("size-aware", &o->base));
+    ZB_TRY(zb__sampler_check_stream("size-aware", &o->base));
     const uint64_t n = o->base.n;
     if (o->window_size < 1)
         return zb_err(ZB_E_INVALID, "size-aware sampler: window_size must be >= 1");
@@ -294,7 +294,7 @@ zb_sampler_new_size_aware(const zb_size_sampler_opts *o, zb_sampler **out)
         !z->item_bin_ff || !z->bin_count || !z->bin_sum)
         goto nomem;
     /* global_batches is set by size_plan */
-    return zb_sampler_create(&o->base, &size_ops, z, 0, (size_t)o->base.batch_size, out);
+    return zb__sampler_create(&o->base, &size_ops, z, 0, (size_t)o->base.batch_size, out);
 nomem:
     size_destroy(z);
     return zb_err(ZB_E_NOMEM, "size-aware sampler: tables for %llu samples", (unsigned long long)n);

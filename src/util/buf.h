@@ -35,7 +35,7 @@ zb_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
     return !__builtin_mul_overflow(a, b, out);
 }
 static inline int
-zb_add_u64(uint64_t a, uint64_t b, uint64_t *out)
+zb__add_u64(uint64_t a, uint64_t b, uint64_t *out)
 {
     return !__builtin_add_overflow(a, b, out);
 }

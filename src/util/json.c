@@ -190,14 +190,14 @@ zb_json_get(json_object *obj, const char *key)
 }
 
 const char *
-zb_json_string(json_object *obj, const char *key)
+zb__json_string(json_object *obj, const char *key)
 {
     json_object *v = zb_json_get(obj, key);
     return json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
 }
 
 const char *
-zb_json_text(json_object *obj)
+zb__json_text(json_object *obj)
 {
     return json_object_to_json_string_ext(obj,
                                           JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);

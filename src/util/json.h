@@ -28,9 +28,9 @@ json_object *zb_json_get(json_object *obj, const char *key);
 
 /* The string member `key` of obj (an attribute such as "encoding-type"), or NULL when it is
  * absent or not a string. The string lives as long as obj. */
-const char *zb_json_string(json_object *obj, const char *key);
+const char *zb__json_string(json_object *obj, const char *key);
 
 /* Compact text of `obj` (json-c key order); the string lives as long as `obj`. */
-const char *zb_json_text(json_object *obj);
+const char *zb__json_text(json_object *obj);
 
 #endif

@@ -10,7 +10,7 @@
 #include "util/status.h"
 
 typedef struct task {
-    zb_pool_fn fn;
+    zb__pool_fn fn;
     void *arg;
 } task;
 
@@ -136,7 +136,7 @@ fail:
 }
 
 void
-zb_pool_submit(zb_pool *pool, zb_pool_fn fn, void *arg)
+zb_pool_submit(zb_pool *pool, zb__pool_fn fn, void *arg)
 {
     if (pool->nthreads == 0) {
         fn(arg, pool->inline_ctx);

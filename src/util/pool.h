@@ -22,7 +22,7 @@
 typedef struct zb_pool zb_pool;
 
 /* A task: `arg` is what was submitted, `ctx` the running worker's own context. */
-typedef void (*zb_pool_fn)(void *arg, zb_ctx *ctx);
+typedef void (*zb__pool_fn)(void *arg, zb_ctx *ctx);
 
 /* Most worker threads one pool starts. */
 #define ZB_POOL_MAX_THREADS 256
@@ -34,7 +34,7 @@ zb_status zb_pool_new(int nthreads, zb_pool **out);
 
 /* Queues fn(arg, ctx); blocks while the queue is full. Inline pools run the task before
  * returning. Never fails: the queue is preallocated. */
-void zb_pool_submit(zb_pool *pool, zb_pool_fn fn, void *arg);
+void zb_pool_submit(zb_pool *pool, zb__pool_fn fn, void *arg);
 
 /* Blocks until every task submitted so far has finished running. */
 void zb_pool_wait(zb_pool *pool);

@@ -246,7 +246,7 @@ encode_piece(piece *pc, zb_ctx *ctx)
     for (int i = 0; i < w->enc.nbb; i++) {
         /* alternate so the last codec's output lands in pc->enc */
         zb_buf *out = (w->enc.nbb - 1 - i) % 2 == 0 ? &pc->enc : &tmp;
-        st = zb_codec_encode(&w->enc.bb[i], ctx, cur, cur_len, w->enc_itemsize, out);
+        st = zb__codec_encode(&w->enc.bb[i], ctx, cur, cur_len, w->enc_itemsize, out);
         if (st != ZB_OK) break;
         cur = out->data;
         cur_len = out->len;
@@ -338,12 +338,12 @@ put_shard(obj_job *j)
     for (uint64_t i = 0; i < n; i++) {
         if (j->pieces[i].empty) continue;
         any = true;
-        if (!zb_add_u64(data_bytes, j->pieces[i].len, &data_bytes))
+        if (!zb__add_u64(data_bytes, j->pieces[i].len, &data_bytes))
             return zb_err(ZB_E_OVERFLOW, "%s: shard size overflows", j->key);
     }
     if (!any) return zb_store_erase(w->store, j->key);
     uint64_t total;
-    if (!zb_add_u64(data_bytes, idx_bytes, &total) || total > ZB_BUF_MAX)
+    if (!zb__add_u64(data_bytes, idx_bytes, &total) || total > ZB_BUF_MAX)
         return zb_err(ZB_E_OVERFLOW, "%s: a shard of %llu bytes exceeds the %llu-byte limit",
                       j->key, (unsigned long long)data_bytes, (unsigned long long)ZB_BUF_MAX);
     ZB_TRY(zb_buf_reserve(&j->out, (size_t)total));
@@ -366,7 +366,7 @@ put_shard(obj_job *j)
     }
     if (w->index_crc) {
         /* the crc32c codec stores its checksum little-endian whatever the bytes codec did */
-        uint32_t crc = zb_crc32c(idx, (size_t)(16 * n));
+        uint32_t crc = zb__crc32c(idx, (size_t)(16 * n));
         for (int i = 0; i < 4; i++) idx[16 * n + (uint64_t)i] = (uint8_t)(crc >> (8 * i));
     }
     return zb_store_put(w->store, j->key, out, total);
@@ -452,8 +452,8 @@ static zb_status
 encode_vlen(zb_array_writer *w, uint8_t **out, size_t *out_len, bool *all_empty)
 {
     uint64_t total;
-    if (!zb_mul_u64(w->obj_rows, 4, &total) || !zb_add_u64(total, 4, &total) ||
-        !zb_add_u64(total, w->sdata.len, &total) || total > ZB_BUF_MAX)
+    if (!zb_mul_u64(w->obj_rows, 4, &total) || !zb__add_u64(total, 4, &total) ||
+        !zb__add_u64(total, w->sdata.len, &total) || total > ZB_BUF_MAX)
         return zb_err(ZB_E_OVERFLOW, "%s: string chunk %llu is too large", w->path,
                       (unsigned long long)w->obj_index);
     uint8_t *p = malloc((size_t)total);
@@ -594,9 +594,9 @@ fill_json(const zb_array_writer *w)
     case ZB_DT_UINT16:
     case ZB_DT_UINT32:
     case ZB_DT_UINT64:
-        return zb_jw_u64(u);
+        return zb__jw_u64(u);
     case ZB_DT_FLOAT16:
-        return float_fill_json(zb_half_to_double((uint16_t)u), u, 0x7e00, isz, w->zarr_format);
+        return float_fill_json(zb__half_to_double((uint16_t)u), u, 0x7e00, isz, w->zarr_format);
     case ZB_DT_FLOAT32: {
         float x;
         memcpy(&x, f, 4);
@@ -619,8 +619,8 @@ dims_json(const zb_array_writer *w, uint64_t first, const uint64_t *rest)
 {
     int ok = 1;
     json_object *a = json_object_new_array();
-    zb_jw_push(a, zb_jw_u64(first), &ok);
-    for (int d = 1; d < w->ndim; d++) zb_jw_push(a, zb_jw_u64(rest[d]), &ok);
+    zb__jw_push(a, zb__jw_u64(first), &ok);
+    for (int d = 1; d < w->ndim; d++) zb__jw_push(a, zb__jw_u64(rest[d]), &ok);
     if (!ok) {
         json_object_put(a);
         return NULL;
@@ -633,11 +633,11 @@ bytes_codec_json(size_t itemsize)
 {
     int ok = 1;
     json_object *o = json_object_new_object();
-    zb_jw_add(o, "name", json_object_new_string("bytes"), &ok);
+    zb__jw_add(o, "name", json_object_new_string("bytes"), &ok);
     /* zarr-python omits the endian for 1-byte types (FORMATS.md §3.4) */
     if (itemsize > 1) {
-        json_object *cfg = zb_jw_add(o, "configuration", json_object_new_object(), &ok);
-        zb_jw_add(cfg, "endian", json_object_new_string("little"), &ok);
+        json_object *cfg = zb__jw_add(o, "configuration", json_object_new_object(), &ok);
+        zb__jw_add(cfg, "endian", json_object_new_string("little"), &ok);
     }
     if (!ok) {
         json_object_put(o);
@@ -653,20 +653,20 @@ v3_chunk_codecs(const zb_array_writer *w, json_object **out)
     int ok = 1;
     json_object *list = json_object_new_array();
     if (w->dtype == ZB_DT_STRING) {
-        json_object *v = zb_jw_push(list, json_object_new_object(), &ok);
-        zb_jw_add(v, "name", json_object_new_string("vlen-utf8"), &ok);
-        zb_jw_add(v, "configuration", json_object_new_object(), &ok);
+        json_object *v = zb__jw_push(list, json_object_new_object(), &ok);
+        zb__jw_add(v, "name", json_object_new_string("vlen-utf8"), &ok);
+        zb__jw_add(v, "configuration", json_object_new_object(), &ok);
     } else {
-        zb_jw_push(list, bytes_codec_json(w->itemsize), &ok);
+        zb__jw_push(list, bytes_codec_json(w->itemsize), &ok);
     }
     if (ok && w->enc.nbb) {
         json_object *c = NULL;
-        zb_status st = zb_codec_v3_json(&w->enc.bb[0], w->enc_itemsize, &c);
+        zb_status st = zb__codec_v3_json(&w->enc.bb[0], w->enc_itemsize, &c);
         if (st != ZB_OK) {
             json_object_put(list);
             return st;
         }
-        zb_jw_push(list, c, &ok);
+        zb__jw_push(list, c, &ok);
     }
     if (!ok) {
         json_object_put(list);
@@ -684,42 +684,42 @@ build_v3_doc(const zb_array_writer *w, const uint64_t *chunk_shape, json_object 
     zb_status st;
     json_object *doc = json_object_new_object();
     json_object *chunk_codecs = NULL;
-    zb_jw_add(doc, "zarr_format", json_object_new_int(3), &ok);
-    zb_jw_add(doc, "node_type", json_object_new_string("array"), &ok);
-    zb_jw_add(doc, "shape", dims_json(w, 0, chunk_shape), &ok);
-    zb_jw_add(doc, "data_type", json_object_new_string(zb_dtype_name(w->dtype)), &ok);
-    json_object *grid = zb_jw_add(doc, "chunk_grid", json_object_new_object(), &ok);
-    zb_jw_add(grid, "name", json_object_new_string("regular"), &ok);
-    json_object *gcfg = zb_jw_add(grid, "configuration", json_object_new_object(), &ok);
-    zb_jw_add(gcfg, "chunk_shape", dims_json(w, w->obj_rows, chunk_shape), &ok);
-    json_object *kenc = zb_jw_add(doc, "chunk_key_encoding", json_object_new_object(), &ok);
-    zb_jw_add(kenc, "name", json_object_new_string("default"), &ok);
-    json_object *kcfg = zb_jw_add(kenc, "configuration", json_object_new_object(), &ok);
-    zb_jw_add(kcfg, "separator", json_object_new_string("/"), &ok);
-    zb_jw_add(doc, "fill_value", fill_json(w), &ok);
+    zb__jw_add(doc, "zarr_format", json_object_new_int(3), &ok);
+    zb__jw_add(doc, "node_type", json_object_new_string("array"), &ok);
+    zb__jw_add(doc, "shape", dims_json(w, 0, chunk_shape), &ok);
+    zb__jw_add(doc, "data_type", json_object_new_string(zb_dtype_name(w->dtype)), &ok);
+    json_object *grid = zb__jw_add(doc, "chunk_grid", json_object_new_object(), &ok);
+    zb__jw_add(grid, "name", json_object_new_string("regular"), &ok);
+    json_object *gcfg = zb__jw_add(grid, "configuration", json_object_new_object(), &ok);
+    zb__jw_add(gcfg, "chunk_shape", dims_json(w, w->obj_rows, chunk_shape), &ok);
+    json_object *kenc = zb__jw_add(doc, "chunk_key_encoding", json_object_new_object(), &ok);
+    zb__jw_add(kenc, "name", json_object_new_string("default"), &ok);
+    json_object *kcfg = zb__jw_add(kenc, "configuration", json_object_new_object(), &ok);
+    zb__jw_add(kcfg, "separator", json_object_new_string("/"), &ok);
+    zb__jw_add(doc, "fill_value", fill_json(w), &ok);
 
     st = v3_chunk_codecs(w, &chunk_codecs);
     if (st != ZB_OK) goto fail;
     if (!w->sharded) {
-        zb_jw_add(doc, "codecs", chunk_codecs, &ok);
+        zb__jw_add(doc, "codecs", chunk_codecs, &ok);
         chunk_codecs = NULL;
     } else {
-        json_object *codecs = zb_jw_add(doc, "codecs", json_object_new_array(), &ok);
-        json_object *sh = zb_jw_push(codecs, json_object_new_object(), &ok);
-        zb_jw_add(sh, "name", json_object_new_string("sharding_indexed"), &ok);
-        json_object *scfg = zb_jw_add(sh, "configuration", json_object_new_object(), &ok);
-        zb_jw_add(scfg, "chunk_shape", dims_json(w, w->chunk_rows, chunk_shape), &ok);
-        zb_jw_add(scfg, "codecs", chunk_codecs, &ok);
+        json_object *codecs = zb__jw_add(doc, "codecs", json_object_new_array(), &ok);
+        json_object *sh = zb__jw_push(codecs, json_object_new_object(), &ok);
+        zb__jw_add(sh, "name", json_object_new_string("sharding_indexed"), &ok);
+        json_object *scfg = zb__jw_add(sh, "configuration", json_object_new_object(), &ok);
+        zb__jw_add(scfg, "chunk_shape", dims_json(w, w->chunk_rows, chunk_shape), &ok);
+        zb__jw_add(scfg, "codecs", chunk_codecs, &ok);
         chunk_codecs = NULL;
         /* what zarr-python writes: bytes(little) + crc32c (FORMATS.md §4.1) */
-        json_object *ic = zb_jw_add(scfg, "index_codecs", json_object_new_array(), &ok);
-        zb_jw_push(ic, bytes_codec_json(8), &ok);
-        json_object *crc = zb_jw_push(ic, json_object_new_object(), &ok);
-        zb_jw_add(crc, "name", json_object_new_string("crc32c"), &ok);
-        zb_jw_add(scfg, "index_location",
+        json_object *ic = zb__jw_add(scfg, "index_codecs", json_object_new_array(), &ok);
+        zb__jw_push(ic, bytes_codec_json(8), &ok);
+        json_object *crc = zb__jw_push(ic, json_object_new_object(), &ok);
+        zb__jw_add(crc, "name", json_object_new_string("crc32c"), &ok);
+        zb__jw_add(scfg, "index_location",
                   json_object_new_string(w->index_at_start ? "start" : "end"), &ok);
     }
-    zb_jw_add(doc, "attributes", json_object_get(attrs), &ok);
+    zb__jw_add(doc, "attributes", json_object_get(attrs), &ok);
     if (!ok) {
         st = zb_err(ZB_E_NOMEM, "%s: out of memory", w->path);
         goto fail;
@@ -738,31 +738,31 @@ build_v2_doc(const zb_array_writer *w, const uint64_t *chunk_shape, json_object 
     int ok = 1;
     json_object *doc = json_object_new_object();
     /* sorted keys, as zarr-python 2.13 writes them */
-    zb_jw_add(doc, "chunks", dims_json(w, w->obj_rows, chunk_shape), &ok);
+    zb__jw_add(doc, "chunks", dims_json(w, w->obj_rows, chunk_shape), &ok);
     if (w->enc.nbb) {
         json_object *c = NULL;
-        zb_status st = zb_codec_v2_json(&w->enc.bb[0], &c);
+        zb_status st = zb__codec_v2_json(&w->enc.bb[0], &c);
         if (st != ZB_OK) {
             json_object_put(doc);
             return st;
         }
-        zb_jw_add(doc, "compressor", c, &ok);
+        zb__jw_add(doc, "compressor", c, &ok);
     } else if (ok && json_object_object_add(doc, "compressor", NULL) != 0) {
         ok = 0;
     }
-    zb_jw_add(doc, "dimension_separator", json_object_new_string("."), &ok);
-    zb_jw_add(doc, "dtype", json_object_new_string(zb_dtype_typestr(w->dtype)), &ok);
-    zb_jw_add(doc, "fill_value", fill_json(w), &ok);
+    zb__jw_add(doc, "dimension_separator", json_object_new_string("."), &ok);
+    zb__jw_add(doc, "dtype", json_object_new_string(zb_dtype_typestr(w->dtype)), &ok);
+    zb__jw_add(doc, "fill_value", fill_json(w), &ok);
     if (w->dtype == ZB_DT_STRING) {
-        json_object *f = zb_jw_add(doc, "filters", json_object_new_array(), &ok);
-        json_object *v = zb_jw_push(f, json_object_new_object(), &ok);
-        zb_jw_add(v, "id", json_object_new_string("vlen-utf8"), &ok);
+        json_object *f = zb__jw_add(doc, "filters", json_object_new_array(), &ok);
+        json_object *v = zb__jw_push(f, json_object_new_object(), &ok);
+        zb__jw_add(v, "id", json_object_new_string("vlen-utf8"), &ok);
     } else if (ok && json_object_object_add(doc, "filters", NULL) != 0) {
         ok = 0;
     }
-    zb_jw_add(doc, "order", json_object_new_string("C"), &ok);
-    zb_jw_add(doc, "shape", dims_json(w, 0, chunk_shape), &ok);
-    zb_jw_add(doc, "zarr_format", json_object_new_int(2), &ok);
+    zb__jw_add(doc, "order", json_object_new_string("C"), &ok);
+    zb__jw_add(doc, "shape", dims_json(w, 0, chunk_shape), &ok);
+    zb__jw_add(doc, "zarr_format", json_object_new_int(2), &ok);
     if (!ok) {
         json_object_put(doc);
         return zb_err(ZB_E_NOMEM, "%s: out of memory", w->path);
@@ -788,12 +788,12 @@ write_metadata(zb_array_writer *w)
         return zb_err(ZB_E_NOMEM, "%s: out of memory", w->path);
     }
     if (w->zarr_format == 2 && w->attrs && !w->committed_once) {
-        ZB_TRY(zb_write_join_key(key, sizeof key, w->path, ".zattrs"));
-        ZB_TRY(zb_write_json(w->store, key, w->attrs));
+        ZB_TRY(zb__write_join_key(key, sizeof key, w->path, ".zattrs"));
+        ZB_TRY(zb__write_json(w->store, key, w->attrs));
     }
     ZB_TRY(
-        zb_write_join_key(key, sizeof key, w->path, w->zarr_format == 2 ? ".zarray" : "zarr.json"));
-    ZB_TRY(zb_write_json(w->store, key, w->doc));
+        zb__write_join_key(key, sizeof key, w->path, w->zarr_format == 2 ? ".zarray" : "zarr.json"));
+    ZB_TRY(zb__write_json(w->store, key, w->doc));
     w->committed_once = true;
     return ZB_OK;
 }
@@ -879,7 +879,7 @@ require_no_node(zb_array_writer *w)
     static const char *const markers[] = {"zarr.json", ".zarray", ".zgroup"};
     char key[KEY_CAP];
     for (size_t i = 0; i < sizeof markers / sizeof markers[0]; i++) {
-        ZB_TRY(zb_write_join_key(key, sizeof key, w->path, markers[i]));
+        ZB_TRY(zb__write_join_key(key, sizeof key, w->path, markers[i]));
         uint64_t size;
         zb_status st = zb_store_size(w->store, key, &size);
         if (st == ZB_OK)
@@ -970,7 +970,7 @@ zb_array_writer_open(zb_store *store, const char *path, zb_dtype dtype, int ndim
     w->index_at_start = o->shard_index_at_start;
     w->index_crc = true;
     bool has_codec;
-    st = zb_codec_spec_parse(o->codec, o->zarr_format, &w->enc.bb[0], &has_codec);
+    st = zb__codec_spec_parse(o->codec, o->zarr_format, &w->enc.bb[0], &has_codec);
     if (st != ZB_OK) goto fail;
     w->enc.nbb = has_codec ? 1 : 0;
 
@@ -1002,7 +1002,7 @@ zb_array_writer_open(zb_store *store, const char *path, zb_dtype dtype, int ndim
     snprintf(w->keys.zero_dim_key, sizeof w->keys.zero_dim_key, "%s",
              o->zarr_format == 2 ? "0" : "c");
 
-    st = zb_write_parse_attrs(o->attributes_json, "attributes_json", &attrs);
+    st = zb__write_parse_attrs(o->attributes_json, "attributes_json", &attrs);
     if (st != ZB_OK) goto fail;
     if (o->zarr_format == 3)
         st = build_v3_doc(w, dims, attrs, &w->doc);
@@ -1032,10 +1032,10 @@ read_doc(zb_array_writer *w, json_object **doc)
     char key[KEY_CAP];
     uint8_t *text = NULL;
     uint64_t len = 0;
-    ZB_TRY(zb_write_join_key(key, sizeof key, w->path, "zarr.json"));
+    ZB_TRY(zb__write_join_key(key, sizeof key, w->path, "zarr.json"));
     zb_status st = zb_store_read_all(w->store, key, &text, &len);
     if (st == ZB_E_NOTFOUND) {
-        ZB_TRY(zb_write_join_key(key, sizeof key, w->path, ".zarray"));
+        ZB_TRY(zb__write_join_key(key, sizeof key, w->path, ".zarray"));
         st = zb_store_read_all(w->store, key, &text, &len);
     }
     if (st != ZB_OK) return st;
@@ -1165,7 +1165,7 @@ static zb_status
 check_growth(zb_array_writer *w, uint64_t n)
 {
     uint64_t total, bytes;
-    if (!zb_add_u64(w->nrows, n, &total) || !zb_mul_u64(total, w->row_elems, &bytes) ||
+    if (!zb__add_u64(w->nrows, n, &total) || !zb_mul_u64(total, w->row_elems, &bytes) ||
         !zb_mul_u64(bytes, w->itemsize ? w->itemsize : 1, &bytes))
         return zb_err(ZB_E_OVERFLOW, "%s: %llu more rows overflow the array's size", w->path,
                       (unsigned long long)n);
@@ -1207,7 +1207,7 @@ zb_array_writer_append(zb_array_writer *w, const void *rows, uint64_t nrows)
 /* Strict UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF), so every reader decodes
  * what is written (write.h). */
 size_t
-zb_write_utf8_check(const uint8_t *s, size_t len)
+zb__write_utf8_check(const uint8_t *s, size_t len)
 {
     size_t i = 0;
     while (i < len) {
@@ -1263,7 +1263,7 @@ zb_array_writer_append_strings(zb_array_writer *w, const char *data, const uint6
                           "%s: append_strings: string %llu has %llu bytes "
                           "(vlen-utf8 allows 2^32-1)",
                           w->path, (unsigned long long)i, (unsigned long long)len);
-        size_t bad = zb_write_utf8_check((const uint8_t *)data + offsets[i], (size_t)len);
+        size_t bad = zb__write_utf8_check((const uint8_t *)data + offsets[i], (size_t)len);
         if (bad != len)
             return zb_err(ZB_E_INVALID,
                           "%s: append_strings: string %llu is not valid UTF-8 "

@@ -21,7 +21,7 @@
 #define MSG_CAP 1024
 #define ONES_CAP 65536
 
-typedef struct zb_at_col {
+typedef struct zb__at_col {
     char group[8];
     char name[ZB_AT_NAME_CAP];
     zb_atomic_level level;
@@ -32,17 +32,17 @@ typedef struct zb_at_col {
     size_t row_bytes;
     bool is_nlist;
     zb_array_writer *aw;
-} zb_at_col;
+} zb__at_col;
 
 struct zb_atomic_writer {
     zb_store *store;
     char path[ZB_AT_PATH_CAP];
-    zb_at_cfg cfg;
+    zb__at_cfg cfg;
     bool fresh;      /* a new store whose first commit has not happened */
     bool cols_fixed; /* the field set is known */
-    bool copying;    /* rows come from a store (zb_at_writer_set_copying) */
+    bool copying;    /* rows come from a store (zb__at_writer_set_copying) */
     size_t ncols;
-    zb_at_col *cols;
+    zb__at_col *cols;
     zb_array_writer *meta[ZB_AT_NMETA];   /* the masks of atoms/edges may be NULL (absent) */
     uint64_t n_samples, n_atoms, n_edges; /* totals, pending rows included */
     json_object *attrs;                   /* root attributes to keep (owned) */
@@ -64,7 +64,7 @@ fail_writer(zb_atomic_writer *w, zb_status st)
 }
 
 void
-zb_at_writer_set_copying(zb_atomic_writer *w)
+zb__at_writer_set_copying(zb_atomic_writer *w)
 {
     w->copying = true;
 }
@@ -98,10 +98,10 @@ open_meta_new(zb_atomic_writer *w)
 {
     for (int m = 0; m < ZB_AT_NMETA; m++) {
         char apath[ZB_AT_KEY_CAP];
-        ZB_TRY(zb_at_join3(apath, sizeof apath, w->path, "meta", zb_at_meta_names[m]));
+        ZB_TRY(zb__at_join3(apath, sizeof apath, w->path, "meta", zb__at_meta_names[m]));
         zb_array_write_opts o;
         zb_dtype dt = m < ZB_AT_SAMPLES_MASK ? ZB_DT_INT64 : ZB_DT_BOOL;
-        zb_at_cfg_resolve(&w->cfg, "meta", zb_at_meta_names[m], zb_dtype_size(dt), &o);
+        zb__at_cfg_resolve(&w->cfg, "meta", zb__at_meta_names[m], zb_dtype_size(dt), &o);
         ZB_TRY(zb_array_writer_open(w->store, apath, dt, 1, NULL, &o, &w->meta[m]));
     }
     static const int64_t zero = 0;
@@ -117,15 +117,15 @@ clear_debris(zb_store *store, const char *path)
     static const char *const kids[3] = {"meta", "core", "custom"};
     char key[ZB_AT_KEY_CAP];
     for (int i = 0; i < 3; i++) {
-        ZB_TRY(zb_at_join(key, sizeof key, path, kids[i]));
-        ZB_TRY(zb_at_remove_tree(store, key));
+        ZB_TRY(zb__at_join(key, sizeof key, path, kids[i]));
+        ZB_TRY(zb__at_remove_tree(store, key));
     }
-    ZB_TRY(zb_at_join(key, sizeof key, path, ZB_INCOMPLETE_MARKER));
+    ZB_TRY(zb__at_join(key, sizeof key, path, ZB_INCOMPLETE_MARKER));
     return zb_store_erase(store, key);
 }
 
 zb_status
-zb_at_writer_open_new(zb_store *store, const char *path, const zb_at_cfg *cfg,
+zb__at_writer_open_new(zb_store *store, const char *path, const zb__at_cfg *cfg,
                       json_object *base_attrs, zb_atomic_writer **out)
 {
     zb_atomic_writer *w = NULL;
@@ -135,22 +135,22 @@ zb_at_writer_open_new(zb_store *store, const char *path, const zb_at_cfg *cfg,
     w->cfg = *cfg; /* taken over: the caller's copy is zeroed below */
     w->fresh = true;
 
-    st = zb_at_join(key, sizeof key, w->path, "zarr.json");
-    if (st == ZB_OK) st = zb_at_join(mk, sizeof mk, w->path, ZB_INCOMPLETE_MARKER);
+    st = zb__at_join(key, sizeof key, w->path, "zarr.json");
+    if (st == ZB_OK) st = zb__at_join(mk, sizeof mk, w->path, ZB_INCOMPLETE_MARKER);
     if (st != ZB_OK) goto fail;
-    if (zb_at_has_key(store, key)) {
+    if (zb__at_has_key(store, key)) {
         st = zb_err(ZB_E_INVALID, "'%s': a group or array already exists here", w->path);
         goto fail;
     }
-    if (zb_at_has_key(store, mk)) {
+    if (zb__at_has_key(store, mk)) {
         st = clear_debris(store, w->path);
         if (st != ZB_OK) goto fail;
     } else {
         static const char *const kids[4] = {"meta", "core", "custom", ".zarray"};
         for (int i = 0; i < 4; i++) {
-            st = zb_at_join(key, sizeof key, w->path, kids[i]);
+            st = zb__at_join(key, sizeof key, w->path, kids[i]);
             if (st != ZB_OK) goto fail;
-            if (zb_at_has_keys_below(store, key) || zb_at_has_key(store, key)) {
+            if (zb__at_has_keys_below(store, key) || zb__at_has_key(store, key)) {
                 st = zb_err(ZB_E_INVALID, "'%s': not empty (holds '%s')", w->path, kids[i]);
                 goto fail;
             }
@@ -166,7 +166,7 @@ zb_at_writer_open_new(zb_store *store, const char *path, const zb_at_cfg *cfg,
         st = zb_err(ZB_E_NOMEM, "atomic writer: out of memory");
         goto fail;
     }
-    st = zb_at_fields_set(w->attrs, NULL, NULL, ZB_ATOMIC_ATOM);
+    st = zb__at_fields_set(w->attrs, NULL, NULL, ZB_ATOMIC_ATOM);
     if (st != ZB_OK) goto fail;
     /* the marker goes first: from here on the path is a store being written */
     static const char marker[] =
@@ -192,22 +192,22 @@ zb_atomic_writer_open(zb_store *store, const char *path, const zb_atomic_write_c
     if (!store || !path) return zb_err(ZB_E_INVALID, "zb_atomic_writer_open: null argument");
     char p[ZB_AT_PATH_CAP], key[ZB_AT_KEY_CAP];
     ZB_TRY(zb_key_normalize(path, p, sizeof p));
-    ZB_TRY(zb_at_join(key, sizeof key, p, "zarr.json"));
+    ZB_TRY(zb__at_join(key, sizeof key, p, "zarr.json"));
     /* a new store here would win over the real one at the next recovery */
-    if (!zb_at_has_key(store, key) && zb_at_parked_elsewhere(store, p))
+    if (!zb__at_has_key(store, key) && zb__at_parked_elsewhere(store, p))
         return zb_err(ZB_E_INVALID,
                       "'%s': a defragment was interrupted and the dataset sits under "
                       "'%s.zbatch-new' or '%s.zbatch-old'; run zb_atomic_recover first",
                       p, p, p);
-    zb_at_cfg c;
-    ZB_TRY(zb_at_cfg_copy(cfg, &c));
-    zb_status st = zb_at_writer_open_new(store, p, &c, NULL, out);
-    if (st != ZB_OK) zb_at_cfg_free(&c);
+    zb__at_cfg c;
+    ZB_TRY(zb__at_cfg_copy(cfg, &c));
+    zb_status st = zb__at_writer_open_new(store, p, &c, NULL, out);
+    if (st != ZB_OK) zb__at_cfg_free(&c);
     return st;
 }
 
 static zb_status
-col_from_array(zb_at_col *c, const zb_at_array *x)
+col_from_array(zb__at_col *c, const zb__at_array *x)
 {
     snprintf(c->group, sizeof c->group, "%s", x->group);
     snprintf(c->name, sizeof c->name, "%s", x->name);
@@ -235,22 +235,22 @@ zb_atomic_writer_open_append(zb_store *store, const char *path, const zb_atomic_
     *out = NULL;
     if (!store || !path) return zb_err(ZB_E_INVALID, "zb_atomic_writer_open_append: null argument");
     zb_atomic_writer *w = NULL;
-    zb_at_layout L;
+    zb__at_layout L;
     memset(&L, 0, sizeof L);
     ZB_TRY(writer_alloc(store, path, &w));
-    zb_status st = zb_at_cfg_copy(cfg, &w->cfg);
+    zb_status st = zb__at_cfg_copy(cfg, &w->cfg);
     if (st != ZB_OK) goto fail;
     /* an uncommitted new store is not recoverable: say so before recovery looks at it */
     char mk[ZB_AT_KEY_CAP], key[ZB_AT_KEY_CAP];
-    st = zb_at_join(mk, sizeof mk, w->path, ZB_INCOMPLETE_MARKER);
-    if (st == ZB_OK) st = zb_at_join(key, sizeof key, w->path, "zarr.json");
+    st = zb__at_join(mk, sizeof mk, w->path, ZB_INCOMPLETE_MARKER);
+    if (st == ZB_OK) st = zb__at_join(key, sizeof key, w->path, "zarr.json");
     if (st != ZB_OK) goto fail;
-    if (zb_at_has_key(store, mk) && !zb_at_has_key(store, key)) {
+    if (zb__at_has_key(store, mk) && !zb__at_has_key(store, key)) {
         st = zb_err(ZB_E_INCOMPLETE, "'%s': a new atomic store that was never committed", w->path);
         goto fail;
     }
     st = zb_atomic_recover(store, w->path);
-    if (st == ZB_OK) st = zb_at_layout_open(store, w->path, &L);
+    if (st == ZB_OK) st = zb__at_layout_open(store, w->path, &L);
     if (st != ZB_OK) goto fail;
 
     /* after recovery every array has exactly the rows the committed samples need */
@@ -262,13 +262,13 @@ zb_atomic_writer_open_append(zb_store *store, const char *path, const zb_atomic_
         if (m == ZB_AT_ATOMS_MASK || m == ZB_AT_EDGES_MASK) continue; /* checked below */
         if (L.meta_rows[m] != want) {
             st = zb_err(ZB_E_CORRUPT, "%s/meta/%s: %llu rows, num_samples %llu needs %llu", w->path,
-                        zb_at_meta_names[m], (unsigned long long)L.meta_rows[m],
+                        zb__at_meta_names[m], (unsigned long long)L.meta_rows[m],
                         (unsigned long long)n, (unsigned long long)want);
             goto fail;
         }
     }
-    st = zb_at_read_i64(L.meta[ZB_AT_ATOMS_PTR], n, n + 1, &tail[0]);
-    if (st == ZB_OK) st = zb_at_read_i64(L.meta[ZB_AT_EDGES_PTR], n, n + 1, &tail[1]);
+    st = zb__at_read_i64(L.meta[ZB_AT_ATOMS_PTR], n, n + 1, &tail[0]);
+    if (st == ZB_OK) st = zb__at_read_i64(L.meta[ZB_AT_EDGES_PTR], n, n + 1, &tail[1]);
     if (st != ZB_OK) goto fail;
     if (tail[0] < 0 || tail[1] < 0) {
         st = zb_err(ZB_E_CORRUPT, "%s/meta: negative pointer at sample %llu", w->path,
@@ -295,7 +295,7 @@ zb_atomic_writer_open_append(zb_store *store, const char *path, const zb_atomic_
         goto fail;
     }
     for (size_t i = 0; i < L.n; i++) {
-        const zb_at_array *x = &L.arrays[i];
+        const zb__at_array *x = &L.arrays[i];
         uint64_t want = want_rows[x->level];
         if (x->info.shape[0] != want) {
             st = zb_err(ZB_E_CORRUPT,
@@ -315,25 +315,25 @@ zb_atomic_writer_open_append(zb_store *store, const char *path, const zb_atomic_
     o.num_threads = w->cfg.num_threads;
     for (size_t i = 0; i < w->ncols; i++) {
         char apath[ZB_AT_KEY_CAP];
-        st = zb_at_join3(apath, sizeof apath, w->path, w->cols[i].group, w->cols[i].name);
+        st = zb__at_join3(apath, sizeof apath, w->path, w->cols[i].group, w->cols[i].name);
         if (st == ZB_OK) st = zb_array_writer_open_append(store, apath, &o, &w->cols[i].aw);
         if (st != ZB_OK) goto fail;
     }
     for (int m = 0; m < ZB_AT_NMETA; m++) {
         if (!L.meta[m]) continue;
         char apath[ZB_AT_KEY_CAP];
-        st = zb_at_join3(apath, sizeof apath, w->path, "meta", zb_at_meta_names[m]);
+        st = zb__at_join3(apath, sizeof apath, w->path, "meta", zb__at_meta_names[m]);
         if (st == ZB_OK) st = zb_array_writer_open_append(store, apath, &o, &w->meta[m]);
         if (st != ZB_OK) goto fail;
     }
     w->attrs = json_object_get(L.attrs);
-    st = zb_at_fields_set(w->attrs, NULL, NULL, ZB_ATOMIC_ATOM);
+    st = zb__at_fields_set(w->attrs, NULL, NULL, ZB_ATOMIC_ATOM);
     if (st != ZB_OK) goto fail;
-    zb_at_layout_close(&L);
+    zb__at_layout_close(&L);
     *out = w;
     return ZB_OK;
 fail:
-    zb_at_layout_close(&L);
+    zb__at_layout_close(&L);
     zb_atomic_writer_close(w);
     return st;
 }
@@ -356,7 +356,7 @@ check_field(const zb_atomic_field *f)
     if (strcmp(g, "core") != 0 && strcmp(g, "custom") != 0)
         return zb_err(ZB_E_INVALID, "field '%s': group '%s' is neither core nor custom",
                       f->name ? f->name : "?", g);
-    ZB_TRY(zb_at_check_name("field", f->name));
+    ZB_TRY(zb__at_check_name("field", f->name));
     if (f->level != ZB_ATOMIC_ATOM && f->level != ZB_ATOMIC_EDGE && f->level != ZB_ATOMIC_SYSTEM)
         return zb_err(ZB_E_INVALID, "field %s/%s: level %d is not atom, edge or system", g, f->name,
                       (int)f->level);
@@ -377,11 +377,11 @@ check_field(const zb_atomic_field *f)
         return zb_err(ZB_E_INVALID, "field core/positions must be atom level, floating point, "
                                     "with rows of shape (3)");
     if (!strcmp(g, "core") && !strcmp(f->name, "atomic_numbers") &&
-        (f->level != ZB_ATOMIC_ATOM || f->ndim != 0 || !zb_at_dtype_is_int(f->dtype)))
+        (f->level != ZB_ATOMIC_ATOM || f->ndim != 0 || !zb__at_dtype_is_int(f->dtype)))
         return zb_err(ZB_E_INVALID, "field core/atomic_numbers must be atom level, an integer "
                                     "type, one value per atom");
     if (!strcmp(g, "core") && !strcmp(f->name, "neighbor_list")) {
-        if (f->level != ZB_ATOMIC_EDGE || !zb_at_dtype_is_int(f->dtype) || f->ndim != 1 ||
+        if (f->level != ZB_ATOMIC_EDGE || !zb__at_dtype_is_int(f->dtype) || f->ndim != 1 ||
             f->shape[0] != 2)
             return zb_err(ZB_E_INVALID, "field core/neighbor_list must be edge level, an "
                                         "integer type, with rows of shape (2)");
@@ -390,13 +390,13 @@ check_field(const zb_atomic_field *f)
 }
 
 static bool
-col_matches(const zb_at_col *c, const zb_atomic_field *f)
+col_matches(const zb__at_col *c, const zb_atomic_field *f)
 {
     return !strcmp(c->group, field_group(f)) && !strcmp(c->name, f->name);
 }
 
 static zb_status
-col_init(zb_at_col *c, const zb_atomic_field *f)
+col_init(zb__at_col *c, const zb_atomic_field *f)
 {
     memset(c, 0, sizeof *c);
     snprintf(c->group, sizeof c->group, "%s", field_group(f));
@@ -420,7 +420,7 @@ col_init(zb_at_col *c, const zb_atomic_field *f)
 static zb_status
 fix_columns(zb_atomic_writer *w, size_t n_fields, const zb_atomic_field *fields)
 {
-    zb_at_col *cols = calloc(n_fields ? n_fields : 1, sizeof *cols);
+    zb__at_col *cols = calloc(n_fields ? n_fields : 1, sizeof *cols);
     if (!cols) return zb_err(ZB_E_NOMEM, "atomic writer: out of memory");
     zb_status st = ZB_OK;
     size_t i;
@@ -428,8 +428,8 @@ fix_columns(zb_atomic_writer *w, size_t n_fields, const zb_atomic_field *fields)
     for (i = 0; i < n_fields && st == ZB_OK; i++) {
         char apath[ZB_AT_KEY_CAP];
         zb_array_write_opts o;
-        zb_at_cfg_resolve(&w->cfg, cols[i].group, cols[i].name, cols[i].row_bytes, &o);
-        st = zb_at_join3(apath, sizeof apath, w->path, cols[i].group, cols[i].name);
+        zb__at_cfg_resolve(&w->cfg, cols[i].group, cols[i].name, cols[i].row_bytes, &o);
+        st = zb__at_join3(apath, sizeof apath, w->path, cols[i].group, cols[i].name);
         if (st == ZB_OK)
             st = zb_array_writer_open(w->store, apath, cols[i].dtype, cols[i].ndim + 1,
                                       cols[i].shape, &o, &cols[i].aw);
@@ -462,7 +462,7 @@ match_fields(const zb_atomic_writer *w, size_t n_fields, const zb_atomic_field *
                           field_group(&fields[j]), fields[j].name, w->path);
     }
     for (size_t i = 0; i < w->ncols; i++) {
-        const zb_at_col *c = &w->cols[i];
+        const zb__at_col *c = &w->cols[i];
         size_t hit = SIZE_MAX;
         for (size_t j = 0; j < n_fields; j++)
             if (col_matches(c, &fields[j])) {
@@ -497,7 +497,7 @@ match_fields(const zb_atomic_writer *w, size_t n_fields, const zb_atomic_field *
 /* Validates the local neighbor_list of a block and converts it into w->scratch: each index
  * becomes local + (first atom of its sample). */
 static zb_status
-convert_nlist(zb_atomic_writer *w, const zb_at_col *c, const zb_atomic_field *f, uint64_t n_samples,
+convert_nlist(zb_atomic_writer *w, const zb__at_col *c, const zb_atomic_field *f, uint64_t n_samples,
               const int64_t *atoms, const int64_t *edges, uint64_t n_edges)
 {
     size_t isz = zb_dtype_size(c->dtype);
@@ -508,7 +508,7 @@ convert_nlist(zb_atomic_writer *w, const zb_at_col *c, const zb_atomic_field *f,
         uint64_t ne = edges ? (uint64_t)edges[p] : 0;
         for (uint64_t k = 0; k < ne; k++, e++) {
             for (int s = 0; s < 2; s++) {
-                int64_t v = zb_at_get_int(f->data, c->dtype, 2 * e + (uint64_t)s);
+                int64_t v = zb__at_get_int(f->data, c->dtype, 2 * e + (uint64_t)s);
                 if (v < 0 || (uint64_t)v >= na)
                     return zb_err(ZB_E_INVALID,
                                   "core/neighbor_list: sample %llu of this block, edge %llu: "
@@ -516,7 +516,7 @@ convert_nlist(zb_atomic_writer *w, const zb_at_col *c, const zb_atomic_field *f,
                                   "indices)",
                                   (unsigned long long)p, (unsigned long long)k, (long long)v,
                                   (unsigned long long)na);
-                if (!zb_at_set_int(w->scratch.data, c->dtype, 2 * e + (uint64_t)s,
+                if (!zb__at_set_int(w->scratch.data, c->dtype, 2 * e + (uint64_t)s,
                                    v + (int64_t)atom_base))
                     return zb_err(ZB_E_OVERFLOW,
                                   "core/neighbor_list: stored index %lld does not fit %s",
@@ -542,7 +542,7 @@ sample_of_row(zb_atomic_level level, uint64_t row, const int64_t *atoms, const i
 }
 
 uint64_t
-zb_at_first_non_finite(zb_dtype dtype, const void *data, uint64_t elems)
+zb__at_first_non_finite(zb_dtype dtype, const void *data, uint64_t elems)
 {
     uint64_t k = 0;
     if (dtype == ZB_DT_FLOAT32) {
@@ -566,7 +566,7 @@ static zb_status
 check_finite(const zb_atomic_field *f, uint64_t rows, uint64_t row_elems, const int64_t *atoms,
              const int64_t *edges, uint64_t n_samples)
 {
-    uint64_t elems = rows * row_elems, k = zb_at_first_non_finite(f->dtype, f->data, elems);
+    uint64_t elems = rows * row_elems, k = zb__at_first_non_finite(f->dtype, f->data, elems);
     if (k == elems) return ZB_OK;
     uint64_t row = k / row_elems;
     return zb_err(ZB_E_INVALID, "sample %llu of this block: field %s/%s: a non-finite value "
@@ -610,12 +610,12 @@ zb_atomic_writer_add(zb_atomic_writer *w, uint64_t n_samples, const int64_t *ato
         if (a < 0 || b < 0)
             return zb_err(ZB_E_INVALID, "sample %llu of this block: negative atom or edge count",
                           (unsigned long long)p);
-        if (!zb_add_u64(v, (uint64_t)a, &v) || !zb_add_u64(e, (uint64_t)b, &e))
+        if (!zb__add_u64(v, (uint64_t)a, &v) || !zb__add_u64(e, (uint64_t)b, &e))
             return zb_err(ZB_E_OVERFLOW, "atom or edge totals overflow");
     }
     uint64_t tv, te, tn;
-    if (!zb_add_u64(w->n_atoms, v, &tv) || !zb_add_u64(w->n_edges, e, &te) ||
-        !zb_add_u64(w->n_samples, n_samples, &tn) || tv > (uint64_t)INT64_MAX ||
+    if (!zb__add_u64(w->n_atoms, v, &tv) || !zb__add_u64(w->n_edges, e, &te) ||
+        !zb__add_u64(w->n_samples, n_samples, &tn) || tv > (uint64_t)INT64_MAX ||
         te > (uint64_t)INT64_MAX)
         return zb_err(ZB_E_OVERFLOW, "atom or edge totals overflow int64");
     for (size_t j = 0; j < n_fields; j++) ZB_TRY(check_field(&fields[j]));
@@ -635,7 +635,7 @@ zb_atomic_writer_add(zb_atomic_writer *w, uint64_t n_samples, const int64_t *ato
     } else {
         for (size_t j = 0; j < n_fields; j++) map[j] = j;
     }
-    const zb_at_col *nl_col = NULL;
+    const zb__at_col *nl_col = NULL;
     const zb_atomic_field *nl_field = NULL;
     size_t ncheck = w->cols_fixed ? w->ncols : n_fields;
     for (size_t i = 0; st == ZB_OK && i < ncheck; i++) {
@@ -665,7 +665,7 @@ zb_atomic_writer_add(zb_atomic_writer *w, uint64_t n_samples, const int64_t *ato
             nl_col = w->cols_fixed ? &w->cols[i] : NULL;
         }
     }
-    zb_at_col tmp_nl;
+    zb__at_col tmp_nl;
     if (st == ZB_OK && nl_field && !nl_col) {
         st = col_init(&tmp_nl, nl_field);
         nl_col = &tmp_nl;
@@ -682,7 +682,7 @@ zb_atomic_writer_add(zb_atomic_writer *w, uint64_t n_samples, const int64_t *ato
     /* --- writing: a failure from here on leaves the array writers out of step --- */
     for (size_t i = 0; st == ZB_OK && i < w->ncols; i++) {
         const zb_atomic_field *f = &fields[map[i]];
-        const zb_at_col *c = &w->cols[i];
+        const zb__at_col *c = &w->cols[i];
         uint64_t rows = c->level == ZB_ATOMIC_ATOM ? v : c->level == ZB_ATOMIC_EDGE ? e : n_samples;
         const void *src = c->is_nlist ? (const void *)w->scratch.data : f->data;
         if (rows) st = zb_array_writer_append(c->aw, src, rows);
@@ -731,19 +731,19 @@ zb_atomic_writer_commit(zb_atomic_writer *w)
         static const char *const groups[3] = {"meta", "core", "custom"};
         for (int g = 0; st == ZB_OK && g < 3; g++) {
             char gpath[ZB_AT_KEY_CAP];
-            st = zb_at_join(gpath, sizeof gpath, w->path, groups[g]);
-            if (st == ZB_OK) st = zb_write_group(w->store, gpath, 3, NULL);
+            st = zb__at_join(gpath, sizeof gpath, w->path, groups[g]);
+            if (st == ZB_OK) st = zb__write_group(w->store, gpath, 3, NULL);
         }
     }
     if (st != ZB_OK) return st; /* puts are atomic: the last commit stays readable */
-    if (json_object_object_add(w->attrs, "num_samples", zb_jw_u64(w->n_samples)) != 0)
+    if (json_object_object_add(w->attrs, "num_samples", zb__jw_u64(w->n_samples)) != 0)
         return zb_err(ZB_E_NOMEM, "atomic writer: out of memory");
     for (size_t i = 0; i < w->ncols; i++)
-        ZB_TRY(zb_at_fields_set(w->attrs, w->cols[i].group, w->cols[i].name, w->cols[i].level));
-    ZB_TRY(zb_at_write_root(w->store, w->path, w->attrs)); /* the commit point */
+        ZB_TRY(zb__at_fields_set(w->attrs, w->cols[i].group, w->cols[i].name, w->cols[i].level));
+    ZB_TRY(zb__at_write_root(w->store, w->path, w->attrs)); /* the commit point */
     if (w->fresh) {
         char mk[ZB_AT_KEY_CAP];
-        ZB_TRY(zb_at_join(mk, sizeof mk, w->path, ZB_INCOMPLETE_MARKER));
+        ZB_TRY(zb__at_join(mk, sizeof mk, w->path, ZB_INCOMPLETE_MARKER));
         ZB_TRY(zb_store_erase(w->store, mk));
         w->fresh = false;
     }
@@ -767,6 +767,6 @@ zb_atomic_writer_close(zb_atomic_writer *w)
     zb_buf_free(&w->scratch);
     zb_buf_free(&w->ptrs);
     free(w->ones);
-    zb_at_cfg_free(&w->cfg);
+    zb__at_cfg_free(&w->cfg);
     free(w);
 }

@@ -30,9 +30,9 @@ rows_for(zb_atomic_level level, uint64_t atoms, uint64_t edges, uint64_t samples
 }
 
 static zb_status
-read_ptr_at(const zb_at_layout *L, int m, uint64_t i, int64_t *v)
+read_ptr_at(const zb__at_layout *L, int m, uint64_t i, int64_t *v)
 {
-    return zb_at_read_i64(L->meta[m], i, i + 1, v);
+    return zb__at_read_i64(L->meta[m], i, i + 1, v);
 }
 
 /* Refuses an uncommitted new store (before recovery would look at it). */
@@ -40,9 +40,9 @@ static zb_status
 refuse_incomplete(zb_store *store, const char *path)
 {
     char mk[ZB_AT_KEY_CAP], root[ZB_AT_KEY_CAP];
-    ZB_TRY(zb_at_join(mk, sizeof mk, path, ZB_INCOMPLETE_MARKER));
-    ZB_TRY(zb_at_join(root, sizeof root, path, "zarr.json"));
-    if (zb_at_has_key(store, mk) && !zb_at_has_key(store, root))
+    ZB_TRY(zb__at_join(mk, sizeof mk, path, ZB_INCOMPLETE_MARKER));
+    ZB_TRY(zb__at_join(root, sizeof root, path, "zarr.json"));
+    if (zb__at_has_key(store, mk) && !zb__at_has_key(store, root))
         return zb_err(ZB_E_INCOMPLETE, "'%s': a new atomic store that was never committed", path);
     return ZB_OK;
 }
@@ -70,7 +70,7 @@ sib_cb(void *vctx, const char *name, bool is_dir)
         return 0;
     char **p = realloc(c->paths, (c->n + 1) * sizeof *p);
     char full[ZB_AT_KEY_CAP];
-    if (!p || zb_at_join(full, sizeof full, c->parent, name) != ZB_OK) {
+    if (!p || zb__at_join(full, sizeof full, c->parent, name) != ZB_OK) {
         if (p) c->paths = p;
         c->st = zb_err(ZB_E_NOMEM, "out of memory listing siblings of '%s'", c->base);
         return 1;
@@ -139,23 +139,23 @@ recover_swap(zb_store *store, const char *path)
     size_t ns = 0;
     ZB_TRY(list_siblings(store, path, &sib, &ns));
     zb_status st = ZB_OK;
-    if (ns && !zb_at_has_keys_below(store, path)) {
+    if (ns && !zb__at_has_keys_below(store, path)) {
         const char *pick = NULL;
         for (size_t i = 0; !pick && i < ns; i++)
-            if (ends_with(sib[i], NEW_SUFFIX) && zb_at_is_complete(store, sib[i])) pick = sib[i];
+            if (ends_with(sib[i], NEW_SUFFIX) && zb__at_is_complete(store, sib[i])) pick = sib[i];
         for (size_t i = 0; !pick && i < ns; i++)
-            if (!ends_with(sib[i], NEW_SUFFIX) && zb_at_is_complete(store, sib[i])) pick = sib[i];
-        if (pick) st = zb_at_rename_tree(store, pick, path);
+            if (!ends_with(sib[i], NEW_SUFFIX) && zb__at_is_complete(store, sib[i])) pick = sib[i];
+        if (pick) st = zb__at_rename_tree(store, pick, path);
     }
-    if (st == ZB_OK && ns && zb_at_is_complete(store, path))
+    if (st == ZB_OK && ns && zb__at_is_complete(store, path))
         for (size_t i = 0; st == ZB_OK && i < ns; i++)
-            if (zb_at_has_keys_below(store, sib[i])) st = zb_at_remove_tree(store, sib[i]);
+            if (zb__at_has_keys_below(store, sib[i])) st = zb__at_remove_tree(store, sib[i]);
     free_paths(sib, ns);
     return st;
 }
 
 bool
-zb_at_parked_elsewhere(zb_store *store, const char *path)
+zb__at_parked_elsewhere(zb_store *store, const char *path)
 {
     char **sib = NULL;
     size_t ns = 0;
@@ -164,14 +164,14 @@ zb_at_parked_elsewhere(zb_store *store, const char *path)
         return false;
     }
     bool found = false;
-    for (size_t i = 0; !found && i < ns; i++) found = zb_at_is_complete(store, sib[i]);
+    for (size_t i = 0; !found && i < ns; i++) found = zb__at_is_complete(store, sib[i]);
     free_paths(sib, ns);
     return found;
 }
 
 /* Rows array `x` needs for `samples` samples with `atoms`/`edges` totals. */
 static uint64_t
-need_rows(const zb_at_array *x, uint64_t atoms, uint64_t edges, uint64_t samples)
+need_rows(const zb__at_array *x, uint64_t atoms, uint64_t edges, uint64_t samples)
 {
     return rows_for(x->level, atoms, edges, samples);
 }
@@ -181,8 +181,8 @@ need_rows(const zb_at_array *x, uint64_t atoms, uint64_t edges, uint64_t samples
 static zb_status
 repair_tails(zb_store *store, const char *path)
 {
-    zb_at_layout L;
-    ZB_TRY(zb_at_layout_open(store, path, &L));
+    zb__at_layout L;
+    ZB_TRY(zb__at_layout_open(store, path, &L));
     zb_status st = ZB_OK;
     uint64_t n = L.num_samples, target = n;
     uint64_t s = L.meta_rows[ZB_AT_SAMPLES_MASK];
@@ -222,28 +222,28 @@ repair_tails(zb_store *store, const char *path)
                                                   : (uint64_t)ve;
         if (L.meta_rows[m] > want) {
             char apath[ZB_AT_KEY_CAP];
-            st = zb_at_join3(apath, sizeof apath, L.path, "meta", zb_at_meta_names[m]);
-            if (st == ZB_OK) st = zb_at_truncate_array(store, apath, want);
+            st = zb__at_join3(apath, sizeof apath, L.path, "meta", zb__at_meta_names[m]);
+            if (st == ZB_OK) st = zb__at_truncate_array(store, apath, want);
         }
     }
     for (size_t i = 0; st == ZB_OK && i < L.n; i++) {
-        const zb_at_array *x = &L.arrays[i];
+        const zb__at_array *x = &L.arrays[i];
         uint64_t want = need_rows(x, (uint64_t)va, (uint64_t)ve, target);
         if (x->info.shape[0] > want) {
             char apath[ZB_AT_KEY_CAP];
-            st = zb_at_join3(apath, sizeof apath, L.path, x->group, x->name);
-            if (st == ZB_OK) st = zb_at_truncate_array(store, apath, want);
+            st = zb__at_join3(apath, sizeof apath, L.path, x->group, x->name);
+            if (st == ZB_OK) st = zb__at_truncate_array(store, apath, want);
         }
     }
     if (st == ZB_OK && target != n) {
         /* the roll forward's commit point, last, as in the append itself */
-        if (json_object_object_add(L.attrs, "num_samples", zb_jw_u64(target)) != 0)
+        if (json_object_object_add(L.attrs, "num_samples", zb__jw_u64(target)) != 0)
             st = zb_err(ZB_E_NOMEM, "out of memory");
         else
-            st = zb_at_write_root(store, L.path, L.attrs);
+            st = zb__at_write_root(store, L.path, L.attrs);
     }
 done:
-    zb_at_layout_close(&L);
+    zb__at_layout_close(&L);
     return st;
 }
 
@@ -254,9 +254,9 @@ zb_atomic_recover(zb_store *store, const char *path)
     char p[ZB_AT_PATH_CAP], root[ZB_AT_KEY_CAP], mk[ZB_AT_KEY_CAP];
     ZB_TRY(zb_key_normalize(path, p, sizeof p));
     if (p[0]) ZB_TRY(recover_swap(store, p));
-    ZB_TRY(zb_at_join(root, sizeof root, p, "zarr.json"));
-    ZB_TRY(zb_at_join(mk, sizeof mk, p, ZB_INCOMPLETE_MARKER));
-    bool has_root = zb_at_has_key(store, root), has_mk = zb_at_has_key(store, mk);
+    ZB_TRY(zb__at_join(root, sizeof root, p, "zarr.json"));
+    ZB_TRY(zb__at_join(mk, sizeof mk, p, ZB_INCOMPLETE_MARKER));
+    bool has_root = zb__at_has_key(store, root), has_mk = zb__at_has_key(store, mk);
     if (has_mk && !has_root)
         return zb_err(ZB_E_INCOMPLETE,
                       "'%s': a new atomic store that was never committed "
@@ -291,7 +291,7 @@ ptr_block_free(ptr_block *b)
 /* Reads the pointers of [p0, min(n, p0 + PTR_BLOCK)] and checks them (start at 0, never
  * decrease, never negative), naming the array. */
 static zb_status
-ptr_block_read(const zb_at_layout *L, uint64_t p0, uint64_t n, int64_t prev_a, int64_t prev_e,
+ptr_block_read(const zb__at_layout *L, uint64_t p0, uint64_t n, int64_t prev_a, int64_t prev_e,
                ptr_block *b)
 {
     uint64_t m = n - p0 < PTR_BLOCK ? n - p0 : PTR_BLOCK;
@@ -303,15 +303,15 @@ ptr_block_read(const zb_at_layout *L, uint64_t p0, uint64_t n, int64_t prev_a, i
     }
     b->p0 = p0;
     b->m = m;
-    ZB_TRY(zb_at_read_i64(L->meta[ZB_AT_ATOMS_PTR], p0, p0 + m + 1, b->ap));
-    ZB_TRY(zb_at_read_i64(L->meta[ZB_AT_EDGES_PTR], p0, p0 + m + 1, b->ep));
+    ZB_TRY(zb__at_read_i64(L->meta[ZB_AT_ATOMS_PTR], p0, p0 + m + 1, b->ap));
+    ZB_TRY(zb__at_read_i64(L->meta[ZB_AT_EDGES_PTR], p0, p0 + m + 1, b->ep));
     if (m)
         ZB_TRY(
             zb_array_read_rows(L->meta[ZB_AT_SAMPLES_MASK], p0, p0 + m, b->mask, (size_t)m, NULL));
     const int64_t *arr[2] = {b->ap, b->ep};
     const int64_t prev[2] = {prev_a, prev_e};
     for (int k = 0; k < 2; k++) {
-        const char *name = zb_at_meta_names[k];
+        const char *name = zb__at_meta_names[k];
         if (p0 == 0 && arr[k][0] != 0)
             return zb_err(ZB_E_CORRUPT, "%s/meta/%s: starts at %lld, not 0", L->path, name,
                           (long long)arr[k][0]);
@@ -344,8 +344,8 @@ sub_block_end(const ptr_block *b, uint64_t q0)
 /* Check                                                                                        */
 /* ------------------------------------------------------------------------------------------- */
 
-static const zb_at_array *
-find_nlist(const zb_at_layout *L)
+static const zb__at_array *
+find_nlist(const zb__at_layout *L)
 {
     for (size_t i = 0; i < L->n; i++)
         if (!strcmp(L->arrays[i].group, "core") && !strcmp(L->arrays[i].name, "neighbor_list"))
@@ -354,9 +354,9 @@ find_nlist(const zb_at_layout *L)
 }
 
 static zb_status
-check_nlist_shape(const zb_at_layout *L, const zb_at_array *nl)
+check_nlist_shape(const zb__at_layout *L, const zb__at_array *nl)
 {
-    if (nl->level != ZB_ATOMIC_EDGE || !zb_at_dtype_is_int(nl->info.dtype) || nl->info.ndim != 2 ||
+    if (nl->level != ZB_ATOMIC_EDGE || !zb__at_dtype_is_int(nl->info.dtype) || nl->info.ndim != 2 ||
         nl->info.shape[1] != 2)
         return zb_err(ZB_E_CORRUPT,
                       "%s/core/neighbor_list: expected an edge-level integer "
@@ -368,11 +368,11 @@ check_nlist_shape(const zb_at_layout *L, const zb_at_array *nl)
 /* Converts rows [0, ne) of stored neighbor_list values (sample p, atoms [a0, a1)) to local
  * indices in place, requiring each to lie in the sample. */
 static zb_status
-localize(const zb_at_layout *L, void *rows, zb_dtype dt, uint64_t first, uint64_t ne, uint64_t p,
+localize(const zb__at_layout *L, void *rows, zb_dtype dt, uint64_t first, uint64_t ne, uint64_t p,
          int64_t a0, int64_t a1)
 {
     for (uint64_t k = 0; k < 2 * ne; k++) {
-        int64_t v = zb_at_get_int(rows, dt, first + k);
+        int64_t v = zb__at_get_int(rows, dt, first + k);
         if (v < a0 || v >= a1)
             return zb_err(ZB_E_CORRUPT,
                           "%s/core/neighbor_list: sample %llu, edge %llu: stored index %lld - "
@@ -380,7 +380,7 @@ localize(const zb_at_layout *L, void *rows, zb_dtype dt, uint64_t first, uint64_
                           "atom offset, FORMATS.md §8.5?)",
                           L->path, (unsigned long long)p, (unsigned long long)(k / 2), (long long)v,
                           (unsigned long long)p, (long long)(v - a0), (long long)(a1 - a0));
-        zb_at_set_int(rows, dt, first + k, v - a0);
+        zb__at_set_int(rows, dt, first + k, v - a0);
     }
     return ZB_OK;
 }
@@ -390,8 +390,8 @@ zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
 {
     if (out) memset(out, 0, sizeof *out);
     if (!store || !path) return zb_err(ZB_E_INVALID, "zb_atomic_check: null argument");
-    zb_at_layout L;
-    ZB_TRY(zb_at_layout_open(store, path, &L));
+    zb__at_layout L;
+    ZB_TRY(zb__at_layout_open(store, path, &L));
     zb_status st = ZB_OK;
     zb_atomic_summary sum;
     memset(&sum, 0, sizeof sum);
@@ -406,13 +406,13 @@ zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
         uint64_t want = m < ZB_AT_SAMPLES_MASK ? n + 1 : n;
         if (L.meta_rows[m] < want) {
             st = zb_err(ZB_E_CORRUPT, "%s/meta/%s: %llu entries, needs %s = %llu", L.path,
-                        zb_at_meta_names[m], (unsigned long long)L.meta_rows[m], need[m],
+                        zb__at_meta_names[m], (unsigned long long)L.meta_rows[m], need[m],
                         (unsigned long long)want);
             goto done;
         }
         if (L.meta_rows[m] > want) sum.uncommitted_tail = true;
     }
-    const zb_at_array *nl = find_nlist(&L);
+    const zb__at_array *nl = find_nlist(&L);
     if (nl) {
         st = check_nlist_shape(&L, nl);
         if (st != ZB_OK) goto done;
@@ -453,14 +453,14 @@ zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
         uint64_t want = mask_need[m - ZB_AT_ATOMS_MASK];
         if (L.meta_rows[m] < want) {
             st = zb_err(ZB_E_CORRUPT, "%s/meta/%s: %llu entries, %s_ptr[N] = %llu", L.path,
-                        zb_at_meta_names[m], (unsigned long long)L.meta_rows[m],
+                        zb__at_meta_names[m], (unsigned long long)L.meta_rows[m],
                         m == ZB_AT_ATOMS_MASK ? "atoms" : "edges", (unsigned long long)want);
             goto done;
         }
         if (L.meta_rows[m] > want) sum.uncommitted_tail = true;
     }
     for (size_t i = 0; i < L.n; i++) {
-        const zb_at_array *x = &L.arrays[i];
+        const zb__at_array *x = &L.arrays[i];
         uint64_t want = need_rows(x, sum.num_atoms, sum.num_edges, n);
         if (x->info.shape[0] < want) {
             st = zb_err(ZB_E_CORRUPT,
@@ -479,7 +479,7 @@ zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
 done:
     ptr_block_free(&b);
     zb_buf_free(&nbuf);
-    zb_at_layout_close(&L);
+    zb__at_layout_close(&L);
     return st;
 }
 
@@ -574,9 +574,9 @@ rewrite_rows(zb_store *store, const char *apath, uint64_t r0, const void *rows, 
     view_store *v = calloc(1, sizeof *v);
     if (!v) return zb_err(ZB_E_NOMEM, "out of memory");
     v->base = store;
-    zb_status st = zb_at_join(v->key, sizeof v->key, apath, "zarr.json");
-    if (st == ZB_OK && !zb_at_has_key(store, v->key))
-        st = zb_at_join(v->key, sizeof v->key, apath, ".zarray");
+    zb_status st = zb__at_join(v->key, sizeof v->key, apath, "zarr.json");
+    if (st == ZB_OK && !zb__at_has_key(store, v->key))
+        st = zb__at_join(v->key, sizeof v->key, apath, ".zarray");
     uint8_t *text = NULL;
     uint64_t len = 0;
     json_object *doc = NULL;
@@ -586,7 +586,7 @@ rewrite_rows(zb_store *store, const char *apath, uint64_t r0, const void *rows, 
     json_object *shape = st == ZB_OK ? zb_json_get(doc, "shape") : NULL;
     if (st == ZB_OK && (!shape || !json_object_is_type(shape, json_type_array)))
         st = zb_err(ZB_E_METADATA, "%s: no shape", v->key);
-    if (st == ZB_OK && json_object_array_put_idx(shape, 0, zb_jw_u64(r0)) != 0)
+    if (st == ZB_OK && json_object_array_put_idx(shape, 0, zb__jw_u64(r0)) != 0)
         st = zb_err(ZB_E_NOMEM, "out of memory");
     if (st == ZB_OK) {
         const char *t = json_object_to_json_string_ext(doc, JSON_C_TO_STRING_PLAIN);
@@ -705,8 +705,8 @@ zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids,
     ZB_TRY(zb_key_normalize(path, p, sizeof p));
     ZB_TRY(refuse_incomplete(store, p));
     ZB_TRY(zb_atomic_recover(store, p));
-    zb_at_layout L;
-    ZB_TRY(zb_at_layout_open(store, p, &L));
+    zb__at_layout L;
+    ZB_TRY(zb__at_layout_open(store, p, &L));
     zb_status st = ZB_OK;
     uint64_t N = L.num_samples;
     uint8_t *mask = NULL;
@@ -760,8 +760,8 @@ zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids,
         st = zb_err(ZB_E_NOMEM, "zb_atomic_delete: out of memory");
         goto done;
     }
-    st = zb_at_read_i64(L.meta[ZB_AT_ATOMS_PTR], 0, N + 1, ap);
-    if (st == ZB_OK) st = zb_at_read_i64(L.meta[ZB_AT_EDGES_PTR], 0, N + 1, ep);
+    st = zb__at_read_i64(L.meta[ZB_AT_ATOMS_PTR], 0, N + 1, ap);
+    if (st == ZB_OK) st = zb__at_read_i64(L.meta[ZB_AT_EDGES_PTR], 0, N + 1, ep);
     if (st != ZB_OK) goto done;
     for (size_t i = 0; i < nu; i++) {
         uint64_t q = ids[i];
@@ -778,15 +778,15 @@ zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids,
     /* the masks nobody reads first, samples_mask (what readers use) last */
     char apath[ZB_AT_KEY_CAP];
     if (L.meta[ZB_AT_ATOMS_MASK]) {
-        st = zb_at_join3(apath, sizeof apath, p, "meta", "atoms_mask");
+        st = zb__at_join3(apath, sizeof apath, p, "meta", "atoms_mask");
         if (st == ZB_OK) st = clear_mask_rows(store, apath, L.meta[ZB_AT_ATOMS_MASK], ra, na);
     }
     if (st == ZB_OK && L.meta[ZB_AT_EDGES_MASK]) {
-        st = zb_at_join3(apath, sizeof apath, p, "meta", "edges_mask");
+        st = zb__at_join3(apath, sizeof apath, p, "meta", "edges_mask");
         if (st == ZB_OK) st = clear_mask_rows(store, apath, L.meta[ZB_AT_EDGES_MASK], re, ne);
     }
     if (st == ZB_OK) {
-        st = zb_at_join3(apath, sizeof apath, p, "meta", "samples_mask");
+        st = zb__at_join3(apath, sizeof apath, p, "meta", "samples_mask");
         if (st == ZB_OK) st = clear_mask_rows(store, apath, L.meta[ZB_AT_SAMPLES_MASK], rs, nsr);
     }
 done:
@@ -797,7 +797,7 @@ done:
     free(ra);
     free(re);
     free(rs);
-    zb_at_layout_close(&L);
+    zb__at_layout_close(&L);
     return st;
 }
 
@@ -816,7 +816,7 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
                       "zb_atomic_add_custom: group '%s': only custom fields can "
                       "be added",
                       field->group);
-    ZB_TRY(zb_at_check_name("custom field", field->name));
+    ZB_TRY(zb__at_check_name("custom field", field->name));
     if (field->level != ZB_ATOMIC_ATOM && field->level != ZB_ATOMIC_EDGE &&
         field->level != ZB_ATOMIC_SYSTEM)
         return zb_err(ZB_E_INVALID, "custom field '%s': level %d is not atom, edge or system",
@@ -831,15 +831,15 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
             return zb_err(ZB_E_INVALID, "custom field '%s': zero dimension", field->name);
     if (n_rows && !field->data)
         return zb_err(ZB_E_INVALID, "custom field '%s': data is NULL", field->name);
-    zb_at_cfg c;
-    ZB_TRY(zb_at_cfg_copy(cfg, &c));
+    zb__at_cfg c;
+    ZB_TRY(zb__at_cfg_copy(cfg, &c));
     char p[ZB_AT_PATH_CAP];
     zb_status st = zb_key_normalize(path, p, sizeof p);
     if (st == ZB_OK) st = refuse_incomplete(store, p);
     if (st == ZB_OK) st = zb_atomic_recover(store, p);
-    zb_at_layout L;
+    zb__at_layout L;
     memset(&L, 0, sizeof L);
-    if (st == ZB_OK) st = zb_at_layout_open(store, p, &L);
+    if (st == ZB_OK) st = zb__at_layout_open(store, p, &L);
     json_object *before = NULL;
     zb_array_writer *aw = NULL;
     if (st != ZB_OK) goto done;
@@ -870,7 +870,7 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
         sized = sized && zb_mul_u64(row_elems, field->shape[d], &row_elems);
     sized = sized && zb_mul_u64(n_rows, row_elems, &elems);
     uint64_t bad =
-        sized && field->data ? zb_at_first_non_finite(field->dtype, field->data, elems) : elems;
+        sized && field->data ? zb__at_first_non_finite(field->dtype, field->data, elems) : elems;
     if (bad < elems) {
         st = zb_err(ZB_E_INVALID,
                     "custom field '%s': a non-finite value (NaN or infinity) in "
@@ -885,13 +885,13 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
             goto done;
         }
     char gpath[ZB_AT_KEY_CAP], apath[ZB_AT_KEY_CAP], key[ZB_AT_KEY_CAP];
-    st = zb_at_join(gpath, sizeof gpath, p, "custom");
-    if (st == ZB_OK) st = zb_at_join(apath, sizeof apath, gpath, field->name);
-    if (st == ZB_OK) st = zb_at_join(key, sizeof key, gpath, "zarr.json");
-    if (st == ZB_OK && !zb_at_has_key(store, key)) st = zb_write_group(store, gpath, 3, NULL);
+    st = zb__at_join(gpath, sizeof gpath, p, "custom");
+    if (st == ZB_OK) st = zb__at_join(apath, sizeof apath, gpath, field->name);
+    if (st == ZB_OK) st = zb__at_join(key, sizeof key, gpath, "zarr.json");
+    if (st == ZB_OK && !zb__at_has_key(store, key)) st = zb__write_group(store, gpath, 3, NULL);
     if (st != ZB_OK) goto done;
     /* stale chunks of an earlier attempt that never committed its metadata */
-    st = zb_at_remove_tree(store, apath);
+    st = zb__at_remove_tree(store, apath);
     if (st != ZB_OK) goto done;
     zb_array_write_opts o;
     uint64_t shape[ZB_MAX_DIMS];
@@ -901,7 +901,7 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
         if (!zb_mul_u64(row_bytes, shape[d], &row_bytes)) row_bytes = UINT64_MAX;
     }
     /* (an overflowing row is refused by the array writer below) */
-    zb_at_cfg_resolve(&c, "custom", field->name,
+    zb__at_cfg_resolve(&c, "custom", field->name,
                       row_bytes > SIZE_MAX ? SIZE_MAX : (size_t)row_bytes, &o);
     st = zb_array_writer_open(store, apath, field->dtype, field->ndim + 1, shape, &o, &aw);
     if (st != ZB_OK) goto done;
@@ -913,8 +913,8 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
         st = zb_err(ZB_E_NOMEM, "out of memory");
         goto done;
     }
-    st = zb_at_fields_set(attrs, "custom", field->name, field->level);
-    if (st == ZB_OK) st = zb_at_write_root(store, p, attrs);
+    st = zb__at_fields_set(attrs, "custom", field->name, field->level);
+    if (st == ZB_OK) st = zb__at_write_root(store, p, attrs);
     json_object_put(attrs);
     if (st != ZB_OK) goto done;
     if (n_rows) st = zb_array_writer_append(aw, field->data, n_rows);
@@ -923,14 +923,14 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
         /* undo the level (best effort; the error that matters is st) */
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", zb_last_error());
-        zb_at_write_root(store, p, before);
+        zb__at_write_root(store, p, before);
         zb_err(st, "%s", msg);
     }
 done:
     zb_array_writer_close(aw);
     json_object_put(before);
-    zb_at_layout_close(&L);
-    zb_at_cfg_free(&c);
+    zb__at_layout_close(&L);
+    zb__at_cfg_free(&c);
     return st;
 }
 
@@ -979,7 +979,7 @@ codec_string(const zb_array *a, char *buf, size_t cap)
 
 /* An override keeping `a`'s codec, chunk rows and shard rows. */
 static zb_status
-keep_config(zb_at_cfg *c, const char *group, const char *name, const zb_array *a)
+keep_config(zb__at_cfg *c, const char *group, const char *name, const zb_array *a)
 {
     char codec[64], qual[ZB_AT_NAME_CAP + 16];
     zb_atomic_array_config ac = {NULL, 0, ZB_ATOMIC_NO_SHARDS};
@@ -991,26 +991,26 @@ keep_config(zb_at_cfg *c, const char *group, const char *name, const zb_array *a
         ac.chunk_rows = a->meta.chunks[0];
     }
     snprintf(qual, sizeof qual, "%s/%s", group, name);
-    zb_status st = zb_at_cfg_add_override(c, qual, &ac);
+    zb_status st = zb__at_cfg_add_override(c, qual, &ac);
     if (st == ZB_E_INVALID) {
         /* something the writer cannot reproduce: fall back to its defaults for that array */
         zb_clear_error();
         zb_atomic_array_config none = {NULL, 0, 0};
-        st = zb_at_cfg_add_override(c, qual, &none);
+        st = zb__at_cfg_add_override(c, qual, &none);
     }
     return st;
 }
 
 typedef struct defrag_col {
     zb_atomic_field f;
-    const zb_at_array *x;
+    const zb__at_array *x;
     size_t row_bytes;
     zb_buf buf;
 } defrag_col;
 
 /* Copies the live samples of block b into the new writer. */
 static zb_status
-copy_block(const zb_at_layout *L, zb_atomic_writer *w, const ptr_block *b, defrag_col *cols,
+copy_block(const zb__at_layout *L, zb_atomic_writer *w, const ptr_block *b, defrag_col *cols,
            size_t ncols, int64_t *na, int64_t *ne)
 {
     for (uint64_t q0 = 0; q0 < b->m;) {
@@ -1088,8 +1088,8 @@ move_aside(zb_store *store, const char *path, char *aside, size_t cap)
         int n = k ? snprintf(aside, cap, "%s%s.%d", path, OLD_SUFFIX, k)
                   : snprintf(aside, cap, "%s%s", path, OLD_SUFFIX);
         if (n < 0 || (size_t)n >= cap) return zb_err(ZB_E_INVALID, "'%s': path too long", path);
-        if (zb_at_has_keys_below(store, aside)) continue; /* never over a store */
-        st = zb_at_rename_tree(store, path, aside);
+        if (zb__at_has_keys_below(store, aside)) continue; /* never over a store */
+        st = zb__at_rename_tree(store, path, aside);
         if (st != ZB_E_IO) return st;
         zb_clear_error();
     }
@@ -1109,11 +1109,11 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
     snprintf(newp, sizeof newp, "%s%s", p, NEW_SUFFIX);
     ZB_TRY(refuse_incomplete(store, p));
     ZB_TRY(zb_atomic_recover(store, p));
-    zb_at_layout L;
-    ZB_TRY(zb_at_layout_open(store, p, &L));
-    zb_at_cfg c;
+    zb__at_layout L;
+    ZB_TRY(zb__at_layout_open(store, p, &L));
+    zb__at_cfg c;
     memset(&c, 0, sizeof c);
-    zb_status st = zb_at_cfg_copy(cfg, &c);
+    zb_status st = zb__at_cfg_copy(cfg, &c);
     zb_atomic_writer *w = NULL;
     defrag_col *cols = NULL;
     ptr_block b = {0};
@@ -1124,7 +1124,7 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
     if (st != ZB_OK) goto done;
     if (!cfg) {
         for (int m = 0; st == ZB_OK && m < ZB_AT_NMETA; m++)
-            if (L.meta[m]) st = keep_config(&c, "meta", zb_at_meta_names[m], L.meta[m]);
+            if (L.meta[m]) st = keep_config(&c, "meta", zb__at_meta_names[m], L.meta[m]);
         for (size_t i = 0; st == ZB_OK && i < L.n; i++)
             st = keep_config(&c, L.arrays[i].group, L.arrays[i].name, L.arrays[i].a);
         if (st != ZB_OK) goto done;
@@ -1136,24 +1136,24 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
                     (unsigned long long)N);
         goto done;
     }
-    const zb_at_array *nl = find_nlist(&L);
+    const zb__at_array *nl = find_nlist(&L);
     if (nl) {
         st = check_nlist_shape(&L, nl);
         if (st != ZB_OK) goto done;
     }
     /* debris of an earlier attempt (recovery keeps an incomplete new store only when the
      * dataset itself is incomplete, which was refused above) */
-    if (zb_at_has_keys_below(store, newp)) {
-        st = zb_at_remove_tree(store, newp);
+    if (zb__at_has_keys_below(store, newp)) {
+        st = zb__at_remove_tree(store, newp);
         if (st != ZB_OK) goto done;
     }
     if (json_object_deep_copy(L.attrs, &attrs, NULL) != 0) {
         st = zb_err(ZB_E_NOMEM, "out of memory");
         goto done;
     }
-    st = zb_at_writer_open_new(store, newp, &c, attrs, &w);
+    st = zb__at_writer_open_new(store, newp, &c, attrs, &w);
     if (st != ZB_OK) goto done;
-    zb_at_writer_set_copying(w);
+    zb__at_writer_set_copying(w);
     cfg_taken = true;
     cols = calloc(L.n ? L.n : 1, sizeof *cols);
     na = malloc((size_t)PTR_BLOCK * 8);
@@ -1165,7 +1165,7 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
         goto done;
     }
     for (size_t i = 0; i < L.n; i++) {
-        const zb_at_array *x = &L.arrays[i];
+        const zb__at_array *x = &L.arrays[i];
         if (x->info.dtype == ZB_DT_STRING) {
             free(fields);
             st = zb_err(ZB_E_UNSUPPORTED, "%s/%s/%s: string arrays are not atomic fields", p,
@@ -1195,18 +1195,18 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
         /* a failure (not a crash): the half-written new store goes; the dataset is untouched */
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", zb_last_error());
-        zb_at_remove_tree(store, newp);
+        zb__at_remove_tree(store, newp);
         zb_err(st, "%s", msg);
         goto done;
     }
     /* the swap: old aside, new in, old removed (recovery rule in zbatch_atomic.h) */
-    zb_at_layout_close(&L);
+    zb__at_layout_close(&L);
     st = move_aside(store, p, aside, sizeof aside);
-    if (st == ZB_OK) st = zb_at_rename_tree(store, newp, p);
-    if (st == ZB_OK) st = zb_at_remove_tree(store, aside);
+    if (st == ZB_OK) st = zb__at_rename_tree(store, newp, p);
+    if (st == ZB_OK) st = zb__at_remove_tree(store, aside);
 done:
     zb_atomic_writer_close(w);
-    if (!cfg_taken) zb_at_cfg_free(&c);
+    if (!cfg_taken) zb__at_cfg_free(&c);
     if (cols)
         for (size_t i = 0; i < ncols; i++) zb_buf_free(&cols[i].buf);
     free(cols);
@@ -1214,6 +1214,6 @@ done:
     free(ne);
     ptr_block_free(&b);
     json_object_put(attrs);
-    zb_at_layout_close(&L);
+    zb__at_layout_close(&L);
     return st;
 }

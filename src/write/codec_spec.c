@@ -85,9 +85,9 @@ parse_blosc(const char *spec, char **parts, int nparts, zb_codec *c)
 }
 
 zb_status
-zb_codec_spec_parse(const char *spec, int zarr_format, zb_codec *codec, bool *has_codec)
+zb__codec_spec_parse(const char *spec, int zarr_format, zb_codec *codec, bool *has_codec)
 {
-    if (!codec || !has_codec) return zb_err(ZB_E_INVALID, "zb_codec_spec_parse: null out");
+    if (!codec || !has_codec) return zb_err(ZB_E_INVALID, "zb__codec_spec_parse: null out");
     memset(codec, 0, sizeof *codec);
     *has_codec = false;
     if (!spec) spec = ZB_CODEC_SPEC_DEFAULT;
@@ -182,7 +182,7 @@ finish(json_object *obj, int ok, const char *what, json_object **out)
 }
 
 zb_status
-zb_codec_v2_json(const zb_codec *c, json_object **out)
+zb__codec_v2_json(const zb_codec *c, json_object **out)
 {
     *out = NULL;
     int ok = 1;
@@ -190,11 +190,11 @@ zb_codec_v2_json(const zb_codec *c, json_object **out)
     /* Key order as zarr-python 2.13 writes them (sorted), to keep diffs against it small. */
     switch (c->id) {
     case ZB_CODEC_BLOSC:
-        zb_jw_add(o, "blocksize", json_object_new_int(c->blocksize), &ok);
-        zb_jw_add(o, "clevel", json_object_new_int(c->level), &ok);
-        zb_jw_add(o, "cname", json_object_new_string(c->cname), &ok);
-        zb_jw_add(o, "id", json_object_new_string("blosc"), &ok);
-        zb_jw_add(o, "shuffle", json_object_new_int(c->shuffle), &ok);
+        zb__jw_add(o, "blocksize", json_object_new_int(c->blocksize), &ok);
+        zb__jw_add(o, "clevel", json_object_new_int(c->level), &ok);
+        zb__jw_add(o, "cname", json_object_new_string(c->cname), &ok);
+        zb__jw_add(o, "id", json_object_new_string("blosc"), &ok);
+        zb__jw_add(o, "shuffle", json_object_new_int(c->shuffle), &ok);
         break;
     case ZB_CODEC_ZSTD:
         if (c->checksum) {
@@ -202,17 +202,17 @@ zb_codec_v2_json(const zb_codec *c, json_object **out)
             return zb_err(ZB_E_INVALID, "zstd checksum cannot be written in Zarr v2 "
                                         "(numcodecs 0.11 rejects the key)");
         }
-        zb_jw_add(o, "id", json_object_new_string("zstd"), &ok);
-        zb_jw_add(o, "level", json_object_new_int(c->level), &ok);
+        zb__jw_add(o, "id", json_object_new_string("zstd"), &ok);
+        zb__jw_add(o, "level", json_object_new_int(c->level), &ok);
         break;
     case ZB_CODEC_LZ4:
-        zb_jw_add(o, "acceleration", json_object_new_int(c->acceleration), &ok);
-        zb_jw_add(o, "id", json_object_new_string("lz4"), &ok);
+        zb__jw_add(o, "acceleration", json_object_new_int(c->acceleration), &ok);
+        zb__jw_add(o, "id", json_object_new_string("lz4"), &ok);
         break;
     case ZB_CODEC_GZIP:
     case ZB_CODEC_ZLIB:
-        zb_jw_add(o, "id", json_object_new_string(c->id == ZB_CODEC_GZIP ? "gzip" : "zlib"), &ok);
-        zb_jw_add(o, "level", json_object_new_int(c->level), &ok);
+        zb__jw_add(o, "id", json_object_new_string(c->id == ZB_CODEC_GZIP ? "gzip" : "zlib"), &ok);
+        zb__jw_add(o, "level", json_object_new_int(c->level), &ok);
         break;
     case ZB_CODEC_CRC32C:
     default:
@@ -223,7 +223,7 @@ zb_codec_v2_json(const zb_codec *c, json_object **out)
 }
 
 zb_status
-zb_codec_v3_json(const zb_codec *c, size_t itemsize, json_object **out)
+zb__codec_v3_json(const zb_codec *c, size_t itemsize, json_object **out)
 {
     *out = NULL;
     int ok = 1;
@@ -255,9 +255,9 @@ zb_codec_v3_json(const zb_codec *c, size_t itemsize, json_object **out)
         json_object_put(o);
         return zb_err(ZB_E_INVALID, "unknown codec id %d", (int)c->id);
     }
-    zb_jw_add(o, "name", json_object_new_string(name), &ok);
+    zb__jw_add(o, "name", json_object_new_string(name), &ok);
     if (c->id != ZB_CODEC_CRC32C)
-        cfg = zb_jw_add(o, "configuration", json_object_new_object(), &ok);
+        cfg = zb__jw_add(o, "configuration", json_object_new_object(), &ok);
     switch (c->id) {
     case ZB_CODEC_BLOSC: {
         /* v3 needs typesize whenever it shuffles; strings (itemsize 0) shuffle bytes of 1 */
@@ -268,24 +268,24 @@ zb_codec_v3_json(const zb_codec *c, size_t itemsize, json_object **out)
             json_object_put(o);
             return zb_err(ZB_E_INVALID, "blosc shuffle %d has no v3 form", c->shuffle);
         }
-        zb_jw_add(cfg, "cname", json_object_new_string(c->cname), &ok);
-        zb_jw_add(cfg, "clevel", json_object_new_int(c->level), &ok);
-        zb_jw_add(cfg, "shuffle", json_object_new_string(shuffle_names[sh]), &ok);
-        zb_jw_add(cfg, "typesize", json_object_new_int(ts), &ok);
-        zb_jw_add(cfg, "blocksize", json_object_new_int(c->blocksize), &ok);
+        zb__jw_add(cfg, "cname", json_object_new_string(c->cname), &ok);
+        zb__jw_add(cfg, "clevel", json_object_new_int(c->level), &ok);
+        zb__jw_add(cfg, "shuffle", json_object_new_string(shuffle_names[sh]), &ok);
+        zb__jw_add(cfg, "typesize", json_object_new_int(ts), &ok);
+        zb__jw_add(cfg, "blocksize", json_object_new_int(c->blocksize), &ok);
         break;
     }
     case ZB_CODEC_ZSTD:
-        zb_jw_add(cfg, "level", json_object_new_int(c->level), &ok);
+        zb__jw_add(cfg, "level", json_object_new_int(c->level), &ok);
         /* zarr-python always writes the flag, false included */
-        zb_jw_add(cfg, "checksum", json_object_new_boolean(c->checksum), &ok);
+        zb__jw_add(cfg, "checksum", json_object_new_boolean(c->checksum), &ok);
         break;
     case ZB_CODEC_GZIP:
     case ZB_CODEC_ZLIB:
-        zb_jw_add(cfg, "level", json_object_new_int(c->level), &ok);
+        zb__jw_add(cfg, "level", json_object_new_int(c->level), &ok);
         break;
     case ZB_CODEC_LZ4:
-        zb_jw_add(cfg, "acceleration", json_object_new_int(c->acceleration), &ok);
+        zb__jw_add(cfg, "acceleration", json_object_new_int(c->acceleration), &ok);
         break;
     case ZB_CODEC_CRC32C:
         break;

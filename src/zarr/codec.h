@@ -10,20 +10,20 @@
 #include "util/buf.h"
 #include "zbatch.h"
 
-typedef enum zb_codec_id {
+typedef enum zb__codec_id {
     ZB_CODEC_BLOSC,
     ZB_CODEC_ZSTD,
     ZB_CODEC_LZ4,  /* numcodecs framing: u32le size prefix + one raw LZ4 block */
     ZB_CODEC_GZIP, /* RFC 1952, one or more members */
     ZB_CODEC_ZLIB, /* RFC 1950 */
     ZB_CODEC_CRC32C /* input + u32le CRC32C of the input */
-} zb_codec_id;
+} zb__codec_id;
 
 /* Blosc shuffle modes as numcodecs numbers them (v3 strings map onto 0/1/2). */
 enum { ZB_SHUFFLE_NONE = 0, ZB_SHUFFLE_BYTE = 1, ZB_SHUFFLE_BIT = 2, ZB_SHUFFLE_AUTO = -1 };
 
 typedef struct zb_codec {
-    zb_codec_id id;
+    zb__codec_id id;
     int level;        /* zstd level, gzip/zlib level, blosc clevel */
     char cname[16];   /* blosc: lz4 lz4hc blosclz zstd snappy zlib */
     int shuffle;      /* blosc: ZB_SHUFFLE_* */
@@ -60,13 +60,13 @@ zb_status zb_codec_decoded_size(const zb_codec *codec, const uint8_t *src, size_
 /* Encodes src into out (replacing its contents). `itemsize` is the element size used for
  * blosc shuffling when codec->typesize is 0. Output is what numcodecs 0.11 / zarr-python
  * decode: zstd frames carry their content size, lz4 has its prefix, gzip has MTIME 0. */
-zb_status zb_codec_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+zb_status zb__codec_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
                           size_t itemsize, zb_buf *out);
 
 /* A short description ("blosc(lz4,5,shuffle)", "zstd(3)", "crc32c") into buf. */
-void zb_codec_describe(const zb_codec *codec, char *buf, size_t cap);
+void zb__codec_describe(const zb_codec *codec, char *buf, size_t cap);
 
 /* CRC32C (Castagnoli), init/xorout 0xFFFFFFFF: crc32c("123456789") == 0xE3069283. */
-uint32_t zb_crc32c(const void *data, size_t len);
+uint32_t zb__crc32c(const void *data, size_t len);
 
 #endif

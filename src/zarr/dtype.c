@@ -51,7 +51,7 @@ zb_dtype_typestr(zb_dtype dtype)
 }
 
 zb_status
-zb_dtype_parse_v2(const char *typestr, const char *where, zb_dtype *dtype, bool *big_endian)
+zb__dtype_parse_v2(const char *typestr, const char *where, zb_dtype *dtype, bool *big_endian)
 {
     *dtype = ZB_DT_UINT8;
     *big_endian = false;
@@ -94,7 +94,7 @@ zb_dtype_parse_v2(const char *typestr, const char *where, zb_dtype *dtype, bool 
 }
 
 zb_status
-zb_dtype_parse_v3(const char *name, const char *where, zb_dtype *dtype)
+zb__dtype_parse_v3(const char *name, const char *where, zb_dtype *dtype)
 {
     *dtype = ZB_DT_UINT8;
     for (int i = 0; i < ZB_DT_COUNT_; i++) {
@@ -117,7 +117,7 @@ put_le(uint8_t *dst, uint64_t bits, size_t size)
 /* Round-to-nearest-even double -> IEEE half, directly from the double so no intermediate
  * float rounding can double-round. NaN becomes NumPy's canonical 0x7e00. */
 uint16_t
-zb_half_from_double(double x)
+zb__half_from_double(double x)
 {
     uint16_t sign = signbit(x) ? 0x8000 : 0;
     if (isnan(x)) return 0x7e00;
@@ -144,7 +144,7 @@ zb_half_from_double(double x)
 }
 
 double
-zb_half_to_double(uint16_t bits)
+zb__half_to_double(uint16_t bits)
 {
     double sign = (bits & 0x8000) ? -1.0 : 1.0;
     int exp = (bits >> 10) & 0x1f;
@@ -240,10 +240,10 @@ float_fill(json_object *v, zb_dtype dtype, int zarr_format, const char *where, u
         break;
     }
     default:
-        return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is not a %s", where, zb_json_text(v),
+        return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is not a %s", where, zb__json_text(v),
                       dtypes[dtype].name);
     }
-    uint64_t bits = dtype == ZB_DT_FLOAT16   ? zb_half_from_double(x)
+    uint64_t bits = dtype == ZB_DT_FLOAT16   ? zb__half_from_double(x)
                     : dtype == ZB_DT_FLOAT32 ? f32_bits(x)
                                              : f64_bits(x);
     put_le(fill, bits, size);
@@ -271,13 +271,13 @@ int_fill(json_object *v, zb_dtype dtype, const char *where, uint8_t *fill)
         double d = json_object_get_double(v);
         if (!(d == floor(d) && fabs(d) <= 9007199254740992.0))
             return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is not an integer for %s", where,
-                          zb_json_text(v), dtypes[dtype].name);
+                          zb__json_text(v), dtypes[dtype].name);
         int64_t s = (int64_t)d;
         neg = s < 0;
         mag = (uint64_t)s;
     } else {
         return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is not an integer for %s", where,
-                      zb_json_text(v), dtypes[dtype].name);
+                      zb__json_text(v), dtypes[dtype].name);
     }
     unsigned bitsn = (unsigned)(8 * size);
     bool ok;
@@ -292,7 +292,7 @@ int_fill(json_object *v, zb_dtype dtype, const char *where, uint8_t *fill)
     }
     if (!ok)
         return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is out of range for %s", where,
-                      zb_json_text(v), dtypes[dtype].name);
+                      zb__json_text(v), dtypes[dtype].name);
     put_le(fill, mag, size);
     return ZB_OK;
 }
@@ -312,11 +312,11 @@ bool_fill(json_object *v, int zarr_format, const char *where, uint8_t *fill)
             return ZB_OK;
         }
     }
-    return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is not a bool", where, zb_json_text(v));
+    return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is not a bool", where, zb__json_text(v));
 }
 
 zb_status
-zb_fill_parse(json_object *v, zb_dtype dtype, int zarr_format, const char *where, uint8_t fill[16],
+zb__fill_parse(json_object *v, zb_dtype dtype, int zarr_format, const char *where, uint8_t fill[16],
               bool *fill_null)
 {
     memset(fill, 0, 16);

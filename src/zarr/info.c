@@ -92,7 +92,7 @@ fill_json(const zb_array_meta *m, json_object *doc, bool *is_null)
         return json_object_new_int64(shift ? s / ((int64_t)1 << shift) : s);
     }
     case ZB_DT_FLOAT16:
-        return float_json(zb_half_to_double((uint16_t)bits));
+        return float_json(zb__half_to_double((uint16_t)bits));
     case ZB_DT_FLOAT32: {
         uint32_t u = (uint32_t)bits;
         float f;
@@ -184,7 +184,7 @@ sum_sizes(zb_store *store, const char *dir, bool top, int levels, uint64_t *tota
             st = ZB_OK;
             continue;
         }
-        if (st == ZB_OK && !zb_add_u64(*total, size, total))
+        if (st == ZB_OK && !zb__add_u64(*total, size, total))
             st = zb_err(ZB_E_OVERFLOW, "%s: stored bytes overflow", dir);
     }
     entries_free(&l);
@@ -269,7 +269,7 @@ zb_info_json(zb_store *store, const char *path, char **json_out)
     if (root && !b.oom && st == ZB_OK) {
         put(&b, root, "path", json_object_new_string(tree->nodes[0].path));
         put(&b, root, "zarr_format", json_object_new_int(tree->zarr_format));
-        put(&b, root, "layout", json_object_new_string(zb_tree_layout(tree)));
+        put(&b, root, "layout", json_object_new_string(zb__tree_layout(tree)));
         put(&b, root, "consolidated", json_object_new_boolean(tree->consolidated));
         put(&b, root, "nodes", nodes);
         nodes = NULL;

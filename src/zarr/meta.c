@@ -40,7 +40,7 @@ has_key(json_object *obj, const char *key, json_object **v)
 static const char *
 excerpt(json_object *v, char *buf, size_t cap)
 {
-    const char *t = zb_json_text(v);
+    const char *t = zb__json_text(v);
     size_t n = strlen(t);
     if (n < cap) return t;
     snprintf(buf, cap, "%.*s...", (int)(cap - 4), t);
@@ -272,7 +272,7 @@ add_bb(zb_chain *chain, const zb_codec *c, const char *doc, zb_buf *desc)
         return zb_err(ZB_E_UNSUPPORTED, "%s: more than %d bytes->bytes codecs", doc, ZB_MAX_BB);
     chain->bb[chain->nbb++] = *c;
     char d[96];
-    zb_codec_describe(c, d, sizeof d);
+    zb__codec_describe(c, d, sizeof d);
     return desc_add(desc, d);
 }
 
@@ -331,7 +331,7 @@ v2_parse(json_object *za, json_object *zattrs, const char *where, zb_array_meta 
     if (!json_object_is_type(v, json_type_string))
         return zb_err(ZB_E_METADATA, "%s: dtype is missing or not a string", doc);
     bool big = false;
-    ZB_TRY(zb_dtype_parse_v2(json_object_get_string(v), doc, &m->dtype, &big));
+    ZB_TRY(zb__dtype_parse_v2(json_object_get_string(v), doc, &m->dtype, &big));
     m->itemsize = zb_dtype_size(m->dtype);
 
     bool vlen;
@@ -373,7 +373,7 @@ v2_parse(json_object *za, json_object *zattrs, const char *where, zb_array_meta 
 
     /* An absent fill_value reads like null: zeros (§1.3). */
     v = zb_json_get(za, "fill_value");
-    ZB_TRY(zb_fill_parse(v, m->dtype, 2, doc, m->fill, &m->fill_null));
+    ZB_TRY(zb__fill_parse(v, m->dtype, 2, doc, m->fill, &m->fill_null));
 
     ZB_TRY(overflow_check(m->shape, m->ndim, m->itemsize, doc, "shape", NULL));
     ZB_TRY(overflow_check(m->chunks, m->ndim, m->itemsize, doc, "chunks", NULL));
@@ -398,7 +398,7 @@ v2_parse(json_object *za, json_object *zattrs, const char *where, zb_array_meta 
     if (st == ZB_OK && vlen) st = desc_add(&desc, "vlen-utf8");
     if (st == ZB_OK && has_comp) st = add_bb(&m->chain, &comp, doc, &desc);
     if (st != ZB_OK) goto fail;
-    m->attrs_json = strdup(zattrs ? zb_json_text(zattrs) : "{}");
+    m->attrs_json = strdup(zattrs ? zb__json_text(zattrs) : "{}");
     if (!m->attrs_json) {
         st = zb_err(ZB_E_NOMEM, "%s: out of memory", adoc);
         goto fail;
@@ -783,7 +783,7 @@ v3_parse(json_object *obj, const char *where, zb_array_meta *m)
                       excerpt(v, ex, sizeof ex));
     if (!json_object_is_type(v, json_type_string))
         return zb_err(ZB_E_METADATA, "%s: data_type is missing or not a string", doc);
-    ZB_TRY(zb_dtype_parse_v3(json_object_get_string(v), doc, &m->dtype));
+    ZB_TRY(zb__dtype_parse_v3(json_object_get_string(v), doc, &m->dtype));
     m->itemsize = zb_dtype_size(m->dtype);
 
     v = zb_json_get(obj, "chunk_grid");
@@ -801,7 +801,7 @@ v3_parse(json_object *obj, const char *where, zb_array_meta *m)
 
     if (!has_key(obj, "fill_value", &v))
         return zb_err(ZB_E_METADATA, "%s: fill_value is missing", doc);
-    ZB_TRY(zb_fill_parse(v, m->dtype, 3, doc, m->fill, &m->fill_null));
+    ZB_TRY(zb__fill_parse(v, m->dtype, 3, doc, m->fill, &m->fill_null));
 
     if (has_key(obj, "storage_transformers", &v) && v) {
         if (!json_object_is_type(v, json_type_array))
@@ -833,7 +833,7 @@ v3_parse(json_object *obj, const char *where, zb_array_meta *m)
     st = v3_chain(v, doc, "codecs", m->dtype, m->ndim, m->chunks, false, &m->chain, &desc);
     if (st != ZB_OK) goto fail;
 
-    m->attrs_json = strdup(attrs ? zb_json_text(attrs) : "{}");
+    m->attrs_json = strdup(attrs ? zb__json_text(attrs) : "{}");
     if (!m->attrs_json) {
         st = zb_err(ZB_E_NOMEM, "%s: out of memory", doc);
         goto fail;

@@ -11,11 +11,11 @@
 
 #define ZB_MAX_BB 8 /* bytes->bytes codecs per chain */
 
-typedef enum zb_ab_kind {
+typedef enum zb__ab_kind {
     ZB_AB_BYTES,     /* fixed-size elements, C order, endian below */
     ZB_AB_VLEN_UTF8, /* FORMATS.md §1.6 */
     ZB_AB_SHARDING   /* sharding_indexed: FORMATS.md §4 */
-} zb_ab_kind;
+} zb__ab_kind;
 
 typedef struct zb_chain zb_chain;
 
@@ -32,7 +32,7 @@ typedef struct zb_shard_spec {
 struct zb_chain {
     bool has_transpose;
     int perm[ZB_MAX_DIMS]; /* v3 transpose semantics: encoded shape B[i] = A[perm[i]] */
-    zb_ab_kind ab;
+    zb__ab_kind ab;
     bool big_endian;       /* ZB_AB_BYTES: stored big-endian (swap on LE hosts) */
     zb_shard_spec *shard;  /* ZB_AB_SHARDING only; owned */
     int nbb;
@@ -83,23 +83,23 @@ struct json_object;
 /* A v2 NumPy typestr ("<f4", ">i8", "|b1", "|O"). *big_endian is set for '>' on a multi-byte
  * type. "|O" gives ZB_DT_STRING (the caller requires the vlen-utf8 filter). ZB_E_UNSUPPORTED
  * names other kinds (complex, datetime, S, U, V); ZB_E_METADATA for a malformed typestr. */
-zb_status zb_dtype_parse_v2(const char *typestr, const char *where, zb_dtype *dtype,
+zb_status zb__dtype_parse_v2(const char *typestr, const char *where, zb_dtype *dtype,
                             bool *big_endian);
 
 /* A v3 data_type name ("bool", "int8".."uint64", "float16/32/64", "string");
  * ZB_E_UNSUPPORTED naming anything else. */
-zb_status zb_dtype_parse_v3(const char *name, const char *where, zb_dtype *dtype);
+zb_status zb__dtype_parse_v3(const char *name, const char *where, zb_dtype *dtype);
 
 /* Parses a fill_value (`v` NULL for JSON null) for `dtype` into fill: itemsize bytes,
  * little-endian, the rest zero. Null gives zeros and *fill_null. Strings take no fill bytes
  * (the v2 |O fill is meaningless, FORMATS.md §1.3). Forms: FORMATS.md §1.3 (zarr_format 2) and
  * §3.2 (3, which adds "0x..." bit patterns for floats). ZB_E_METADATA naming `where`. */
-zb_status zb_fill_parse(struct json_object *v, zb_dtype dtype, int zarr_format,
+zb_status zb__fill_parse(struct json_object *v, zb_dtype dtype, int zarr_format,
                         const char *where, uint8_t fill[16], bool *fill_null);
 
 /* IEEE half-precision bits to double (exact). */
-double zb_half_to_double(uint16_t bits);
+double zb__half_to_double(uint16_t bits);
 /* Double to IEEE half-precision bits, rounded to nearest even (NaN: NumPy's 0x7e00). */
-uint16_t zb_half_from_double(double x);
+uint16_t zb__half_from_double(double x);
 
 #endif

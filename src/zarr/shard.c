@@ -39,7 +39,7 @@ zb_shard_index_decode(const zb_shard_spec *spec, uint64_t n, const uint8_t *raw,
     if (spec->index_crc) {
         uint32_t want = (uint32_t)raw[16 * n] | (uint32_t)raw[16 * n + 1] << 8 |
                         (uint32_t)raw[16 * n + 2] << 16 | (uint32_t)raw[16 * n + 3] << 24;
-        uint32_t got = zb_crc32c(raw, (size_t)(16 * n));
+        uint32_t got = zb__crc32c(raw, (size_t)(16 * n));
         if (got != want)
             return zb_err(ZB_E_CHECKSUM,
                           "%s: shard index crc32c is 0x%08x, stored 0x%08x (index at %s)", key,
@@ -59,7 +59,7 @@ zb_shard_index_decode(const zb_shard_spec *spec, uint64_t n, const uint8_t *raw,
                           key, (unsigned long long)j, (unsigned long long)off,
                           (unsigned long long)len);
         uint64_t end;
-        if (!zb_add_u64(off, len, &end))
+        if (!zb__add_u64(off, len, &end))
             return zb_err(ZB_E_SHARD_RANGE, "%s: index entry %llu: offset %llu + %llu overflows",
                           key, (unsigned long long)j, (unsigned long long)off,
                           (unsigned long long)len);

@@ -560,13 +560,13 @@ zb_tree_find(const zb_tree *tree, const char *path)
 }
 
 zb_status
-zb_tree_join(char *buf, size_t cap, const char *a, const char *b)
+zb__tree_join(char *buf, size_t cap, const char *a, const char *b)
 {
     return join_key(buf, cap, a, b);
 }
 
 zb_status
-zb_tree_node_open_array(zb_store *store, const zb_tree_node *nd, zb_array **out)
+zb__tree_node_open_array(zb_store *store, const zb_tree_node *nd, zb_array **out)
 {
     *out = NULL;
     if (!nd->is_array) return zb_err(ZB_E_TYPE, "\"%s\" is a group, not an array", nd->path);
@@ -578,11 +578,11 @@ zb_tree_node_open_array(zb_store *store, const zb_tree_node *nd, zb_array **out)
 }
 
 const char *
-zb_tree_layout(const zb_tree *tree)
+zb__tree_layout(const zb_tree *tree)
 {
     if (!tree || tree->n == 0) return "plain";
     const zb_tree_node *root = &tree->nodes[0];
-    const char *et = zb_json_string(root->attrs, "encoding-type");
+    const char *et = zb__json_string(root->attrs, "encoding-type");
     if (et && !strcmp(et, "anndata")) return "anndata";
     if (et && !strcmp(et, "annbatch-preshuffled")) return "annbatch-collection";
     char p[KEY_CAP];

@@ -33,13 +33,13 @@ const zb_tree_node *zb_tree_find(const zb_tree *tree, const char *path);
 
 /* "a/b" into buf from "a" and "b"; just one of them when the other is empty (a NULL `a` is
  * empty). ZB_E_INVALID, naming both, when it does not fit `cap`. */
-zb_status zb_tree_join(char *buf, size_t cap, const char *a, const char *b);
+zb_status zb__tree_join(char *buf, size_t cap, const char *a, const char *b);
 
 /* Opens the array of node `nd` (an is_array node of a loaded tree) from its parsed document, without
  * reading the store. The array keeps a reference to `store`, which must outlive it. */
-zb_status zb_tree_node_open_array(zb_store *store, const zb_tree_node *nd, zb_array **out);
+zb_status zb__tree_node_open_array(zb_store *store, const zb_tree_node *nd, zb_array **out);
 
 /* Detected layout of the tree: "anndata", "atomic", "annbatch-collection" or "plain". */
-const char *zb_tree_layout(const zb_tree *tree);
+const char *zb__tree_layout(const zb_tree *tree);
 
 #endif

@@ -31,7 +31,7 @@ put_encoded(zb_store *s, const char *key, const zb_codec *c, const void *src, si
         return;
     }
     zb_buf out = {0};
-    ZB_ASSERT_OK(zb_codec_encode(c, NULL, src, n, itemsize, &out));
+    ZB_ASSERT_OK(zb__codec_encode(c, NULL, src, n, itemsize, &out));
     ZB_ASSERT_OK(zb_store_put(s, key, out.data, out.len));
     zb_buf_free(&out);
 }
@@ -263,7 +263,7 @@ build_shard(int sh, int nchunks, int empty, bool at_start, size_t *len)
     for (int j = 0; j < nchunks; j++) {
         int32_t v[10];
         for (int i = 0; i < 10; i++) v[i] = sh * 40 + j * 10 + i;
-        ZB_ASSERT_OK(zb_codec_encode(&c, NULL, (uint8_t *)v, sizeof v, 4, &enc[j]));
+        ZB_ASSERT_OK(zb__codec_encode(&c, NULL, (uint8_t *)v, sizeof v, 4, &enc[j]));
         total += enc[j].len;
     }
     uint8_t *out = calloc(1, total);
@@ -280,7 +280,7 @@ build_shard(int sh, int nchunks, int empty, bool at_start, size_t *len)
         put_u64le(index + 16 * j + 8, enc[j].len);
         pos += enc[j].len;
     }
-    uint32_t crc = zb_crc32c(index, 64);
+    uint32_t crc = zb__crc32c(index, 64);
     for (int i = 0; i < 4; i++) index[64 + i] = (uint8_t)(crc >> (8 * i));
     memcpy(out + (at_start ? 0 : pos), index, idx);
     *len = at_start ? pos : pos + idx;
@@ -478,7 +478,7 @@ test_bad_shards(void **state)
     /* an entry past the end of the shard (CRC fixed up so only the range is wrong) */
     memcpy(bad, shard, len);
     put_u64le(bad + len - 68, len + 100);
-    uint32_t crc = zb_crc32c(bad + len - 68, 64);
+    uint32_t crc = zb__crc32c(bad + len - 68, 64);
     for (int i = 0; i < 4; i++) bad[len - 4 + i] = (uint8_t)(crc >> (8 * i));
     ZB_ASSERT_OK(zb_store_put(s, "x/c/0", bad, len));
     ZB_ASSERT_ERR(zb_array_read_rows(a, 0, 10, got, sizeof got, NULL), ZB_E_SHARD_RANGE,
@@ -488,7 +488,7 @@ test_bad_shards(void **state)
     memcpy(bad, shard, len);
     put_u64le(bad + len - 68, len - 70);
     put_u64le(bad + len - 60, 10);
-    crc = zb_crc32c(bad + len - 68, 64);
+    crc = zb__crc32c(bad + len - 68, 64);
     for (int i = 0; i < 4; i++) bad[len - 4 + i] = (uint8_t)(crc >> (8 * i));
     ZB_ASSERT_OK(zb_store_put(s, "x/c/0", bad, len));
     ZB_ASSERT_ERR(zb_array_read_rows(a, 0, 10, got, sizeof got, NULL), ZB_E_SHARD_RANGE,
@@ -497,7 +497,7 @@ test_bad_shards(void **state)
     /* a half-empty entry */
     memcpy(bad, shard, len);
     put_u64le(bad + len - 68, UINT64_MAX);
-    crc = zb_crc32c(bad + len - 68, 64);
+    crc = zb__crc32c(bad + len - 68, 64);
     for (int i = 0; i < 4; i++) bad[len - 4 + i] = (uint8_t)(crc >> (8 * i));
     ZB_ASSERT_OK(zb_store_put(s, "x/c/0", bad, len));
     ZB_ASSERT_ERR(zb_array_read_rows(a, 0, 10, got, sizeof got, NULL), ZB_E_SHARD_RANGE,
@@ -507,7 +507,7 @@ test_bad_shards(void **state)
     memcpy(bad, shard, len);
     put_u64le(bad + len - 68, UINT64_MAX - 5);
     put_u64le(bad + len - 60, 10);
-    crc = zb_crc32c(bad + len - 68, 64);
+    crc = zb__crc32c(bad + len - 68, 64);
     for (int i = 0; i < 4; i++) bad[len - 4 + i] = (uint8_t)(crc >> (8 * i));
     ZB_ASSERT_OK(zb_store_put(s, "x/c/0", bad, len));
     ZB_ASSERT_ERR(zb_array_read_rows(a, 0, 10, got, sizeof got, NULL), ZB_E_SHARD_RANGE,

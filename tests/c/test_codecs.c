@@ -63,7 +63,7 @@ blosc_codec(const char *cname, int clevel, int shuffle)
 }
 
 static zb_codec
-simple_codec(zb_codec_id id, int level)
+simple_codec(zb__codec_id id, int level)
 {
     zb_codec c = {.id = id, .level = level, .acceleration = 1};
     return c;
@@ -113,7 +113,7 @@ roundtrip(const zb_codec *c, zb_ctx *ctx, const uint8_t *data, size_t n, size_t 
           zb_buf *enc)
 {
     enc->len = 0;
-    assert_int_equal(zb_codec_encode(c, ctx, data, n, itemsize, enc), ZB_OK);
+    assert_int_equal(zb__codec_encode(c, ctx, data, n, itemsize, enc), ZB_OK);
     assert_true(enc->len > 0);
 
     size_t got = 0;
@@ -166,13 +166,13 @@ static void
 test_crc32c_check_value(void **state)
 {
     (void)state;
-    assert_int_equal(zb_crc32c("123456789", 9), 0xE3069283u);
-    assert_int_equal(zb_crc32c("", 0), 0u);
+    assert_int_equal(zb__crc32c("123456789", 9), 0xE3069283u);
+    assert_int_equal(zb__crc32c("", 0), 0u);
     /* RFC 3720 B.4: 32 bytes of zeros and of 0xFF. */
     uint8_t z[32] = {0}, f[32];
     memset(f, 0xFF, sizeof f);
-    assert_int_equal(zb_crc32c(z, sizeof z), 0x8A9136AAu);
-    assert_int_equal(zb_crc32c(f, sizeof f), 0x62A8AB43u);
+    assert_int_equal(zb__crc32c(z, sizeof z), 0x8A9136AAu);
+    assert_int_equal(zb__crc32c(f, sizeof f), 0x62A8AB43u);
 }
 
 static void
@@ -185,7 +185,7 @@ test_crc32c_matches_bitwise(void **state)
     size_t lens[] = {1, 3, 7, 8, 15, 16, 31, 63, 64, 65, 255, 256, 257, 1023, 1024, 4096};
     for (size_t off = 0; off < 4; off++)
         for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
-            assert_int_equal(zb_crc32c(buf + off, lens[i]), crc32c_bitwise(buf + off, lens[i]));
+            assert_int_equal(zb__crc32c(buf + off, lens[i]), crc32c_bitwise(buf + off, lens[i]));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -323,7 +323,7 @@ test_roundtrip_empty(void **state)
                      simple_codec(ZB_CODEC_ZLIB, 1), simple_codec(ZB_CODEC_CRC32C, 0)};
     zb_buf enc = {0};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
-        assert_int_equal(zb_codec_encode(&cs[i], NULL, NULL, 0, 4, &enc), ZB_OK);
+        assert_int_equal(zb__codec_encode(&cs[i], NULL, NULL, 0, 4, &enc), ZB_OK);
         size_t got = 99;
         assert_int_equal(zb_codec_decode(&cs[i], NULL, enc.data, enc.len, NULL, 0, 0, &got, "c"),
                          ZB_OK);
@@ -353,7 +353,7 @@ test_golden_blosc(void **state)
     chunk32(raw);
     zb_codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_BYTE);
     zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
+    assert_int_equal(zb__codec_encode(&c, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
     /* Flags 0x33: byte shuffle | memcpyed (32 bytes is below blosc's minimum block, so it is
      * stored raw) | blocks not split | lz4 << 5. typesize 4, nbytes 32, blocksize 32, cbytes 48.
      * Byte 1 (versionlz) is 1 for lz4 in c-blosc 1.21, as zarr-python 2.13 writes. */
@@ -372,7 +372,7 @@ test_golden_zstd(void **state)
     chunk32(raw);
     zb_codec c = simple_codec(ZB_CODEC_ZSTD, 1);
     zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
+    assert_int_equal(zb__codec_encode(&c, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
     /* Magic, then FHD 0x20 (single segment, no checksum, 1-byte content size) and size 32. */
     const uint8_t want[6] = {0x28, 0xb5, 0x2f, 0xfd, 0x20, 0x20};
     assert_true(enc.len > sizeof want);
@@ -389,7 +389,7 @@ test_golden_lz4(void **state)
     chunk32(raw);
     zb_codec c = simple_codec(ZB_CODEC_LZ4, 0);
     zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
+    assert_int_equal(zb__codec_encode(&c, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
     const uint8_t want[4] = {0x20, 0, 0, 0};
     assert_memory_equal(enc.data, want, sizeof want);
     /* The rest is a raw block exactly as LZ4_compress_fast(acceleration 1) makes it. */
@@ -408,7 +408,7 @@ test_golden_gzip_zlib(void **state)
     chunk32(raw);
     zb_buf enc = {0};
     zb_codec g = simple_codec(ZB_CODEC_GZIP, 1);
-    assert_int_equal(zb_codec_encode(&g, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
+    assert_int_equal(zb__codec_encode(&g, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
     const uint8_t want_gz[4] = {0x1f, 0x8b, 0x08, 0x00};
     assert_memory_equal(enc.data, want_gz, 4);
     /* Golden tests mask MTIME (bytes 4..7); this writer promises 0 there for reproducibility. */
@@ -420,7 +420,7 @@ test_golden_gzip_zlib(void **state)
     const uint8_t flg[] = {0x01, 0x9c, 0xda}; /* what zlib.compress(buf, level) writes */
     for (int i = 0; i < 3; i++) {
         zb_codec z = simple_codec(ZB_CODEC_ZLIB, levels[i]);
-        assert_int_equal(zb_codec_encode(&z, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
+        assert_int_equal(zb__codec_encode(&z, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
         assert_int_equal(enc.data[0], 0x78);
         assert_int_equal(enc.data[1], flg[i]);
     }
@@ -490,8 +490,8 @@ test_zstd_concatenated_frames(void **state)
     zb_codec c = simple_codec(ZB_CODEC_ZSTD, 3);
     zb_buf a = {0}, b = {0};
     size_t half = 1000 * 4;
-    assert_int_equal(zb_codec_encode(&c, NULL, data, half, 4, &a), ZB_OK);
-    assert_int_equal(zb_codec_encode(&c, NULL, data + half, n - half, 4, &b), ZB_OK);
+    assert_int_equal(zb__codec_encode(&c, NULL, data, half, 4, &a), ZB_OK);
+    assert_int_equal(zb__codec_encode(&c, NULL, data + half, n - half, 4, &b), ZB_OK);
     assert_int_equal(zb_buf_append(&a, b.data, b.len), ZB_OK);
     size_t declared = 0;
     assert_int_equal(zb_codec_decoded_size(&c, a.data, a.len, &declared, "k"), ZB_OK);
@@ -540,7 +540,7 @@ test_zstd_size_mismatch_and_checksum(void **state)
     zb_codec c = simple_codec(ZB_CODEC_ZSTD, 3);
     c.checksum = true;
     zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, data, n, 4, &enc), ZB_OK);
+    assert_int_equal(zb__codec_encode(&c, NULL, data, n, 4, &enc), ZB_OK);
     assert_int_equal(decode_exact(&c, NULL, enc.data, enc.len, n + 1, n + 1, NULL, NULL),
                      ZB_E_CORRUPT);
     assert_error_names("c/0/3");
@@ -582,7 +582,7 @@ test_lz4_framing_errors(void **state)
     uint8_t *data = make_floats(1500);
     zb_codec c = simple_codec(ZB_CODEC_LZ4, 0);
     zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, data, n, 4, &enc), ZB_OK);
+    assert_int_equal(zb__codec_encode(&c, NULL, data, n, 4, &enc), ZB_OK);
 
     /* Prefix != expected. */
     assert_int_equal(decode_exact(&c, NULL, enc.data, enc.len, n + 4, n + 4, NULL, NULL),
@@ -641,7 +641,7 @@ test_blosc_header_checks(void **state)
     uint8_t *data = make_floats(2048);
     zb_codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_BYTE);
     zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, data, n, 4, &enc), ZB_OK);
+    assert_int_equal(zb__codec_encode(&c, NULL, data, n, 4, &enc), ZB_OK);
 
     /* cbytes != object length: one byte more in the object, one byte less. */
     assert_int_equal(zb_buf_append(&enc, "\0", 1), ZB_OK);
@@ -757,8 +757,8 @@ test_gzip_members_and_mtime(void **state)
     zb_codec g = simple_codec(ZB_CODEC_GZIP, 1);
     zb_buf a = {0}, b = {0};
     size_t split = 1234 * 4;
-    assert_int_equal(zb_codec_encode(&g, NULL, data, split, 4, &a), ZB_OK);
-    assert_int_equal(zb_codec_encode(&g, NULL, data + split, n - split, 4, &b), ZB_OK);
+    assert_int_equal(zb__codec_encode(&g, NULL, data, split, 4, &a), ZB_OK);
+    assert_int_equal(zb__codec_encode(&g, NULL, data + split, n - split, 4, &b), ZB_OK);
     /* Python's gzip writes the wall clock as MTIME; the CRC covers data only. */
     put_le32(a.data + 4, 0x6b0e6467u);
     put_le32(b.data + 4, 0x6b0e6468u);
@@ -797,7 +797,7 @@ test_gzip_bad_crc_and_isize(void **state)
     uint8_t *data = make_floats(3000);
     zb_codec g = simple_codec(ZB_CODEC_GZIP, 6);
     zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&g, NULL, data, n, 4, &enc), ZB_OK);
+    assert_int_equal(zb__codec_encode(&g, NULL, data, n, 4, &enc), ZB_OK);
     enc.data[enc.len - 8] ^= 0x01; /* CRC-32, first byte */
     assert_int_equal(decode_exact(&g, NULL, enc.data, enc.len, n, n, NULL, NULL), ZB_E_CHECKSUM);
     assert_error_names("CRC-32");
@@ -821,8 +821,8 @@ test_gzip_zlib_never_confused(void **state)
     zb_codec g = simple_codec(ZB_CODEC_GZIP, 1);
     zb_codec z = simple_codec(ZB_CODEC_ZLIB, 1);
     zb_buf gz = {0}, zl = {0};
-    assert_int_equal(zb_codec_encode(&g, NULL, data, n, 4, &gz), ZB_OK);
-    assert_int_equal(zb_codec_encode(&z, NULL, data, n, 4, &zl), ZB_OK);
+    assert_int_equal(zb__codec_encode(&g, NULL, data, n, 4, &gz), ZB_OK);
+    assert_int_equal(zb__codec_encode(&z, NULL, data, n, 4, &zl), ZB_OK);
     assert_int_equal(decode_exact(&z, NULL, gz.data, gz.len, n, n, NULL, NULL), ZB_E_CORRUPT);
     assert_error_names("gzip");
     assert_error_names("c/0/3");
@@ -893,7 +893,7 @@ test_gzip_optional_header_fields(void **state)
     free(out);
     /* Followed by a plain member. */
     zb_buf plain = {0};
-    assert_int_equal(zb_codec_encode(&g, NULL, data, n, 4, &plain), ZB_OK);
+    assert_int_equal(zb__codec_encode(&g, NULL, data, n, 4, &plain), ZB_OK);
     assert_int_equal(zb_buf_append(&m, plain.data, plain.len), ZB_OK);
     assert_int_equal(decode_exact(&g, NULL, m.data, m.len, 2 * n, 2 * n, &got, &out), ZB_OK);
     assert_memory_equal(out, data, n);
@@ -958,7 +958,7 @@ test_every_prefix_is_an_error(void **state)
     zb_buf enc = {0};
     for (size_t i = 0; i < N_ALL_CODECS; i++) {
         zb_codec c = all_codecs(i);
-        assert_int_equal(zb_codec_encode(&c, ctx, data, n, 4, &enc), ZB_OK);
+        assert_int_equal(zb__codec_encode(&c, ctx, data, n, 4, &enc), ZB_OK);
         for (size_t k = 0; k < enc.len; k++) {
             zb_status st = decode_exact(&c, ctx, enc.data, k, n, n, NULL, NULL);
             if (st == ZB_OK) fail_msg("codec %zu: a %zu-byte prefix of %zu decoded", i, k, enc.len);
@@ -989,7 +989,7 @@ test_mutated_buffers_never_crash(void **state)
     zb_buf enc = {0};
     for (size_t i = 0; i < N_ALL_CODECS; i++) {
         zb_codec c = all_codecs(i);
-        assert_int_equal(zb_codec_encode(&c, ctx, data, n, 4, &enc), ZB_OK);
+        assert_int_equal(zb__codec_encode(&c, ctx, data, n, 4, &enc), ZB_OK);
         uint8_t *m = malloc(enc.len);
         for (int iter = 0; iter < 3000; iter++) {
             memcpy(m, enc.data, enc.len);
@@ -1053,16 +1053,16 @@ test_dispatcher_arguments(void **state)
     chunk32(raw);
     zb_codec c = simple_codec(ZB_CODEC_CRC32C, 0);
     zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, raw, 32, 4, &enc), ZB_OK);
+    assert_int_equal(zb__codec_encode(&c, NULL, raw, 32, 4, &enc), ZB_OK);
     size_t got = 0;
     /* Room below the expected size is the caller's mistake. */
     assert_int_equal(zb_codec_decode(&c, NULL, enc.data, enc.len, out, 31, 32, &got, "k"),
                      ZB_E_INVALID);
     assert_int_equal(zb_codec_decode(&c, NULL, NULL, 5, out, 32, 32, &got, "k"), ZB_E_INVALID);
-    zb_codec bad = {.id = (zb_codec_id)99};
+    zb_codec bad = {.id = (zb__codec_id)99};
     assert_int_equal(zb_codec_decode(&bad, NULL, enc.data, enc.len, out, 32, 32, &got, "k"),
                      ZB_E_INVALID);
-    assert_int_equal(zb_codec_encode(&bad, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
+    assert_int_equal(zb__codec_encode(&bad, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
     /* In-place decoding of crc32c (dst == src). */
     assert_int_equal(zb_codec_decode(&c, NULL, enc.data, enc.len, enc.data, enc.len, 32, &got, "k"),
                      ZB_OK);
@@ -1070,15 +1070,15 @@ test_dispatcher_arguments(void **state)
 
     /* Encoder parameters outside their ranges. */
     zb_codec b = blosc_codec("nope", 5, 1);
-    assert_int_equal(zb_codec_encode(&b, NULL, raw, 32, 4, &enc), ZB_E_UNSUPPORTED);
+    assert_int_equal(zb__codec_encode(&b, NULL, raw, 32, 4, &enc), ZB_E_UNSUPPORTED);
     b = blosc_codec("lz4", 10, 1);
-    assert_int_equal(zb_codec_encode(&b, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
+    assert_int_equal(zb__codec_encode(&b, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
     b = blosc_codec("lz4", 5, 7);
-    assert_int_equal(zb_codec_encode(&b, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
+    assert_int_equal(zb__codec_encode(&b, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
     zb_codec z = simple_codec(ZB_CODEC_ZSTD, 1000);
-    assert_int_equal(zb_codec_encode(&z, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
+    assert_int_equal(zb__codec_encode(&z, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
     zb_codec g = simple_codec(ZB_CODEC_GZIP, 10);
-    assert_int_equal(zb_codec_encode(&g, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
+    assert_int_equal(zb__codec_encode(&g, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
     assert_int_equal(enc.len, 0);
     zb_buf_free(&enc);
 }
@@ -1089,32 +1089,32 @@ test_describe(void **state)
     (void)state;
     char buf[64];
     zb_codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_BYTE);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "blosc(lz4,5,shuffle)");
     c = blosc_codec("zstd", 3, ZB_SHUFFLE_BIT);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "blosc(zstd,3,bitshuffle)");
     c = simple_codec(ZB_CODEC_ZSTD, 3);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "zstd(3)");
     c.checksum = true;
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "zstd(3,checksum)");
     c = simple_codec(ZB_CODEC_GZIP, 1);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "gzip(1)");
     c = simple_codec(ZB_CODEC_ZLIB, 9);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "zlib(9)");
     c = simple_codec(ZB_CODEC_LZ4, 0);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "lz4(1)");
     c = simple_codec(ZB_CODEC_CRC32C, 0);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "crc32c");
     /* Truncates rather than overflows. */
     c = blosc_codec("blosclz", 9, ZB_SHUFFLE_NONE);
-    zb_codec_describe(&c, buf, 8);
+    zb__codec_describe(&c, buf, 8);
     assert_string_equal(buf, "blosc(b");
 }
 
@@ -1137,7 +1137,7 @@ test_ctx_lifecycle_and_stats(void **state)
     zb_buf enc = {0};
     for (size_t i = 0; i < N_ALL_CODECS; i++) {
         zb_codec c = all_codecs(i);
-        assert_int_equal(zb_codec_encode(&c, ctx, raw, 32, 4, &enc), ZB_OK);
+        assert_int_equal(zb__codec_encode(&c, ctx, raw, 32, 4, &enc), ZB_OK);
         assert_int_equal(zb_codec_decode(&c, ctx, enc.data, enc.len, out, 32, 32, NULL, "k"),
                          ZB_OK);
         assert_memory_equal(out, raw, 32);

@@ -97,14 +97,14 @@ test_category_text_matches_numpy_str(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         unsigned char v[8];
         cv_convert_values(v, cases[i].t, &cases[i].v, ZB_DT_FLOAT64, 1);
-        zb_src_category_text(cases[i].t, v, buf, sizeof buf);
+        zb__src_category_text(cases[i].t, v, buf, sizeof buf);
         if (strcmp(buf, cases[i].want)) fail_msg("%g: '%s', numpy '%s'", cases[i].v, buf, cases[i].want);
     }
     int64_t big = -9223372036854775807LL - 1;
-    zb_src_category_text(ZB_DT_INT64, &big, buf, sizeof buf);
+    zb__src_category_text(ZB_DT_INT64, &big, buf, sizeof buf);
     assert_string_equal(buf, "-9223372036854775808");
     uint8_t t = 1;
-    zb_src_category_text(ZB_DT_BOOL, &t, buf, sizeof buf);
+    zb__src_category_text(ZB_DT_BOOL, &t, buf, sizeof buf);
     assert_string_equal(buf, "True");
 }
 
@@ -124,15 +124,15 @@ test_strmap(void **state)
     cv_strbuf b = {0};
     const char *names[] = {"TP53", "GAPDH", "", "ACTB", "GAPDH"};
     for (size_t i = 0; i < 5; i++) ZB_ASSERT_OK(cv_strbuf_push(&b, names[i], strlen(names[i])));
-    zb_strmap m;
+    zb__strmap m;
     uint64_t dup;
-    ZB_ASSERT_OK(zb_strmap_build(&m, &b.s, &dup));
+    ZB_ASSERT_OK(zb__strmap_build(&m, &b.s, &dup));
     assert_int_equal(dup, 4);
-    assert_int_equal(zb_strmap_find(&m, "ACTB", 4), 3);
-    assert_int_equal(zb_strmap_find(&m, "GAPDH", 5), 1);
-    assert_int_equal(zb_strmap_find(&m, "", 0), 2);
-    assert_int_equal(zb_strmap_find(&m, "ACT", 3), -1);
-    zb_strmap_free(&m);
+    assert_int_equal(zb__strmap_find(&m, "ACTB", 4), 3);
+    assert_int_equal(zb__strmap_find(&m, "GAPDH", 5), 1);
+    assert_int_equal(zb__strmap_find(&m, "", 0), 2);
+    assert_int_equal(zb__strmap_find(&m, "ACT", 3), -1);
+    zb__strmap_free(&m);
     zb_strings_free(&b.s);
 }
 

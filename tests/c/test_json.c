@@ -142,7 +142,7 @@ test_text_is_compact(void **state)
 {
     (void)state;
     json_object *o = parse_ok("{ \"a/b\" : [ 1 , 2.5 ],\n \"c\": NaN }");
-    assert_string_equal(zb_json_text(o), "{\"a/b\":[1,2.5],\"c\":NaN}");
+    assert_string_equal(zb__json_text(o), "{\"a/b\":[1,2.5],\"c\":NaN}");
     assert_null(zb_json_get(o, "missing"));
     assert_null(zb_json_get(json_object_array_get_idx(zb_json_get(o, "a/b"), 0), "x"));
     json_object_put(o);

@@ -55,7 +55,7 @@ build(void)
     }
     zb_store *st = NULL;
     ZB_ASSERT_OK(zb_store_open_memory(&st));
-    ZB_ASSERT_OK(zb_write_group(st, "", 3, ATTRS));
+    ZB_ASSERT_OK(zb__write_group(st, "", 3, ATTRS));
     put(st, "ptr", ZB_DT_INT64, ptr, N + 1, 64);
     put(st, "vals", ZB_DT_INT32, vals, (uint64_t)total, 50);
     put(st, "nbr", ZB_DT_INT64, nbr, (uint64_t)total, 50);

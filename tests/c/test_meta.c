@@ -645,7 +645,7 @@ test_v3_codec_chain(void **state)
     char codecs[1024];
     static const struct {
         const char *codec;
-        zb_codec_id id;
+        zb__codec_id id;
     } nc[] = {
         {"{\"name\": \"numcodecs.lz4\", \"configuration\": {\"acceleration\": 1}}", ZB_CODEC_LZ4},
         {"{\"name\": \"numcodecs.zstd\", \"configuration\": {\"level\": 5}}", ZB_CODEC_ZSTD},
@@ -912,16 +912,16 @@ test_dtype_tables(void **state)
     assert_string_equal(zb_dtype_name(ZB_DT_COUNT_), "unknown");
     for (int i = 0; i < ZB_DT_COUNT_; i++) {
         zb_dtype d;
-        assert_int_equal(zb_dtype_parse_v3(zb_dtype_name((zb_dtype)i), "t", &d), ZB_OK);
+        assert_int_equal(zb__dtype_parse_v3(zb_dtype_name((zb_dtype)i), "t", &d), ZB_OK);
         assert_int_equal(d, i);
         bool big;
-        assert_int_equal(zb_dtype_parse_v2(zb_dtype_typestr((zb_dtype)i), "t", &d, &big), ZB_OK);
+        assert_int_equal(zb__dtype_parse_v2(zb_dtype_typestr((zb_dtype)i), "t", &d, &big), ZB_OK);
         assert_int_equal(d, i);
         assert_false(big);
     }
-    assert_true(zb_half_to_double(0x3c00) == 1.0);
-    assert_true(zb_half_to_double(0xc000) == -2.0);
-    assert_true(zb_half_to_double(0x0001) == 0x1p-24);
+    assert_true(zb__half_to_double(0x3c00) == 1.0);
+    assert_true(zb__half_to_double(0xc000) == -2.0);
+    assert_true(zb__half_to_double(0x0001) == 0x1p-24);
 }
 
 int

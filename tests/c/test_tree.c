@@ -147,13 +147,13 @@ test_v2_consolidated_anndata(void **state)
         if (want[i].et ? !et || strcmp(et, want[i].et) : et != NULL)
             fail_msg("%s: encoding-type %s", paths[i], et ? et : "(none)");
     }
-    assert_string_equal(zb_json_text(zb_json_get(zb_tree_find(t, "X/indptr")->doc, "shape")),
+    assert_string_equal(zb__json_text(zb_json_get(zb_tree_find(t, "X/indptr")->doc, "shape")),
                         "[5]");
-    assert_string_equal(zb_json_text(zb_json_get(zb_tree_find(t, "obs/ct/codes")->doc, "dtype")),
+    assert_string_equal(zb__json_text(zb_json_get(zb_tree_find(t, "obs/ct/codes")->doc, "dtype")),
                         "\"|i1\"");
     assert_int_equal(t->zarr_format, 2);
     assert_true(t->consolidated);
-    assert_string_equal(zb_tree_layout(t), "anndata");
+    assert_string_equal(zb__tree_layout(t), "anndata");
     /* bare non-finite tokens inside .zmetadata (row 1) */
     assert_true(isnan(json_object_get_double(zb_json_get(t->nodes[0].attrs, "m"))));
     assert_true(isinf(json_object_get_double(zb_json_get(t->nodes[0].attrs, "n"))));
@@ -177,7 +177,7 @@ test_v2_consolidated_anndata(void **state)
     assert_false(t->consolidated);
     assert_int_equal(t->n, 1);
     assert_string_equal(t->nodes[0].path, "");
-    assert_string_equal(zb_tree_layout(t), "anndata");
+    assert_string_equal(zb__tree_layout(t), "anndata");
     zb_tree_free(t);
     zb_store_close(s);
 }
@@ -220,7 +220,7 @@ test_v2_listing(void **state)
     static const char *const paths[] = {"", "a", "a/arr", "a/bad", "a/huge", "a/names", "a/nested"};
     expect_paths(t, paths, sizeof paths / sizeof paths[0]);
     assert_false(t->consolidated);
-    assert_string_equal(zb_tree_layout(t), "plain");
+    assert_string_equal(zb__tree_layout(t), "plain");
     assert_true(isnan(json_object_get_double(zb_json_get(t->nodes[0].attrs, "m"))));
     assert_int_equal(json_object_get_int(zb_json_get(zb_tree_find(t, "a")->attrs, "k")), 1);
     assert_true(zb_tree_find(t, "a/nested")->is_array);
@@ -325,7 +325,7 @@ test_v3_consolidated_collection(void **state)
     expect_paths(t, paths, sizeof paths / sizeof paths[0]);
     assert_int_equal(t->zarr_format, 3);
     assert_true(t->consolidated);
-    assert_string_equal(zb_tree_layout(t), "annbatch-collection");
+    assert_string_equal(zb__tree_layout(t), "annbatch-collection");
     assert_true(isnan(json_object_get_double(zb_json_get(t->nodes[0].attrs, "x"))));
     const zb_tree_node *x = zb_tree_find(t, "dataset_0/X");
     assert_true(isinf(json_object_get_double(zb_json_get(x->attrs, "m"))));
@@ -411,14 +411,14 @@ test_v3_listing_atomic(void **state)
     expect_paths(t, paths, sizeof paths / sizeof paths[0]);
     assert_false(t->consolidated);
     assert_int_equal(t->zarr_format, 3);
-    assert_string_equal(zb_tree_layout(t), "atomic");
+    assert_string_equal(zb__tree_layout(t), "atomic");
     zb_tree_free(t);
     zb_store_close(s);
 
     s = memstore();
     build_atomic(s, false);
     t = load(s, "", true);
-    assert_string_equal(zb_tree_layout(t), "plain");
+    assert_string_equal(zb__tree_layout(t), "plain");
     zb_tree_free(t);
     zb_store_close(s);
 }
@@ -440,7 +440,7 @@ str_of(json_object *o, const char *key)
 {
     json_object *v = zb_json_get(o, key);
     if (!json_object_is_type(v, json_type_string))
-        fail_msg("%s is not a string in %s", key, zb_json_text(o));
+        fail_msg("%s is not a string in %s", key, zb__json_text(o));
     return json_object_get_string(v);
 }
 
@@ -485,8 +485,8 @@ test_info_v2(void **state)
 
     json_object *a = node_of(doc, "a/arr");
     assert_string_equal(str_of(a, "type"), "array");
-    assert_string_equal(zb_json_text(zb_json_get(a, "shape")), "[5,6]");
-    assert_string_equal(zb_json_text(zb_json_get(a, "chunks")), "[2,4]");
+    assert_string_equal(zb__json_text(zb_json_get(a, "shape")), "[5,6]");
+    assert_string_equal(zb__json_text(zb_json_get(a, "chunks")), "[2,4]");
     assert_true(json_object_is_type(zb_json_get(a, "shards"), json_type_null));
     assert_string_equal(str_of(a, "dtype"), "float32");
     assert_string_equal(str_of(a, "codecs"), "none");
@@ -552,8 +552,8 @@ test_info_v3(void **state)
     assert_string_equal(str_of(doc, "layout"), "atomic");
     json_object *p = node_of(doc, "core/positions");
     /* chunks is the read unit (inner chunk), shards the grid */
-    assert_string_equal(zb_json_text(zb_json_get(p, "chunks")), "[2,3]");
-    assert_string_equal(zb_json_text(zb_json_get(p, "shards")), "[4,3]");
+    assert_string_equal(zb__json_text(zb_json_get(p, "chunks")), "[2,3]");
+    assert_string_equal(zb__json_text(zb_json_get(p, "shards")), "[4,3]");
     assert_string_equal(str_of(p, "codecs"),
                         "sharding(inner [2,3], index end+crc32c) [bytes(little) | zstd(0)]");
     assert_string_equal(str_of(p, "fill_value"), "NaN");

@@ -153,50 +153,50 @@ test_codec_spec_parse(void **state)
     zb_codec c;
     bool has;
     /* the default (docs/PERFORMANCE.md: fastest decode at a better ratio than zstd:3) */
-    ZB_ASSERT_OK(zb_codec_spec_parse(NULL, 3, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse(NULL, 3, &c, &has));
     assert_true(has);
     assert_int_equal(c.id, ZB_CODEC_BLOSC);
     assert_string_equal(c.cname, "lz4");
     assert_int_equal(c.level, 5);
     assert_int_equal(c.shuffle, ZB_SHUFFLE_BYTE);
-    ZB_ASSERT_OK(zb_codec_spec_parse("none", 2, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("none", 2, &c, &has));
     assert_false(has);
-    ZB_ASSERT_OK(zb_codec_spec_parse("zstd:-5", 2, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("zstd:-5", 2, &c, &has));
     assert_int_equal(c.level, -5);
     assert_false(c.checksum);
-    ZB_ASSERT_OK(zb_codec_spec_parse("zstd:7:checksum", 3, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("zstd:7:checksum", 3, &c, &has));
     assert_int_equal(c.level, 7);
     assert_true(c.checksum);
-    ZB_ASSERT_OK(zb_codec_spec_parse("lz4:3", 2, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("lz4:3", 2, &c, &has));
     assert_int_equal(c.id, ZB_CODEC_LZ4);
     assert_int_equal(c.acceleration, 3);
-    ZB_ASSERT_OK(zb_codec_spec_parse("gzip:9", 3, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("gzip:9", 3, &c, &has));
     assert_int_equal(c.id, ZB_CODEC_GZIP);
     assert_int_equal(c.level, 9);
-    ZB_ASSERT_OK(zb_codec_spec_parse("zlib", 2, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("zlib", 2, &c, &has));
     assert_int_equal(c.id, ZB_CODEC_ZLIB);
     assert_int_equal(c.level, 1);
-    ZB_ASSERT_OK(zb_codec_spec_parse("blosc", 2, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("blosc", 2, &c, &has));
     assert_string_equal(c.cname, "lz4");
     assert_int_equal(c.level, 5);
     assert_int_equal(c.shuffle, ZB_SHUFFLE_BYTE);
-    ZB_ASSERT_OK(zb_codec_spec_parse("blosc:zstd:3:bitshuffle", 3, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("blosc:zstd:3:bitshuffle", 3, &c, &has));
     assert_string_equal(c.cname, "zstd");
     assert_int_equal(c.level, 3);
     assert_int_equal(c.shuffle, ZB_SHUFFLE_BIT);
 
-    ZB_ASSERT_ERR(zb_codec_spec_parse("zstd:3:checksum", 2, &c, &has), ZB_E_INVALID, "checksum");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("zstd:99", 3, &c, &has), ZB_E_INVALID, "zstd level");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("zstd:x", 3, &c, &has), ZB_E_INVALID, "not an integer");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("zstd:3:crc", 3, &c, &has), ZB_E_INVALID, "\"crc\"");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("brotli", 3, &c, &has), ZB_E_INVALID, "brotli");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("gzip:10", 3, &c, &has), ZB_E_INVALID, "gzip level");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("gzip:1:2", 3, &c, &has), ZB_E_INVALID, "at most 1");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("lz4:0", 3, &c, &has), ZB_E_INVALID, "acceleration");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("blosc:lzma", 3, &c, &has), ZB_E_INVALID, "lzma");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("blosc:lz4:5:byte", 3, &c, &has), ZB_E_INVALID, "shuffle");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("zstd:", 3, &c, &has), ZB_E_INVALID, "empty");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("none:1", 3, &c, &has), ZB_E_INVALID, "none");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("zstd:3:checksum", 2, &c, &has), ZB_E_INVALID, "checksum");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("zstd:99", 3, &c, &has), ZB_E_INVALID, "zstd level");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("zstd:x", 3, &c, &has), ZB_E_INVALID, "not an integer");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("zstd:3:crc", 3, &c, &has), ZB_E_INVALID, "\"crc\"");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("brotli", 3, &c, &has), ZB_E_INVALID, "brotli");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("gzip:10", 3, &c, &has), ZB_E_INVALID, "gzip level");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("gzip:1:2", 3, &c, &has), ZB_E_INVALID, "at most 1");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("lz4:0", 3, &c, &has), ZB_E_INVALID, "acceleration");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("blosc:lzma", 3, &c, &has), ZB_E_INVALID, "lzma");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("blosc:lz4:5:byte", 3, &c, &has), ZB_E_INVALID, "shuffle");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("zstd:", 3, &c, &has), ZB_E_INVALID, "empty");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("none:1", 3, &c, &has), ZB_E_INVALID, "none");
 }
 
 /* numcodecs 0.11 accepts exactly these keys (FORMATS.md §2.1). */
@@ -219,8 +219,8 @@ test_codec_v2_json_minimal_keys(void **state)
         zb_codec c;
         bool has;
         json_object *o = NULL;
-        ZB_ASSERT_OK(zb_codec_spec_parse(cases[i].spec, 2, &c, &has));
-        ZB_ASSERT_OK(zb_codec_v2_json(&c, &o));
+        ZB_ASSERT_OK(zb__codec_spec_parse(cases[i].spec, 2, &c, &has));
+        ZB_ASSERT_OK(zb__codec_v2_json(&c, &o));
         assert_string_equal(key_set(o, buf, sizeof buf), cases[i].keys);
         assert_string_equal(plain(o), cases[i].json);
         json_object_put(o);
@@ -228,7 +228,7 @@ test_codec_v2_json_minimal_keys(void **state)
     /* a checksum cannot reach v2 JSON even if a codec carries one */
     zb_codec z = {.id = ZB_CODEC_ZSTD, .level = 1, .checksum = true};
     json_object *o = NULL;
-    ZB_ASSERT_ERR(zb_codec_v2_json(&z, &o), ZB_E_INVALID, "checksum");
+    ZB_ASSERT_ERR(zb__codec_v2_json(&z, &o), ZB_E_INVALID, "checksum");
     assert_null(o);
 }
 
@@ -258,8 +258,8 @@ test_codec_v3_json(void **state)
         zb_codec c;
         bool has;
         json_object *o = NULL;
-        ZB_ASSERT_OK(zb_codec_spec_parse(cases[i].spec, 3, &c, &has));
-        ZB_ASSERT_OK(zb_codec_v3_json(&c, cases[i].itemsize, &o));
+        ZB_ASSERT_OK(zb__codec_spec_parse(cases[i].spec, 3, &c, &has));
+        ZB_ASSERT_OK(zb__codec_v3_json(&c, cases[i].itemsize, &o));
         assert_string_equal(plain(o), cases[i].json);
         json_object_put(o);
     }
@@ -593,7 +593,7 @@ check_shard(zb_store *s, const char *key, uint64_t n, bool at_start, uint64_t *e
     uint64_t isz = 16 * n + 4;
     assert_true(len >= isz);
     const uint8_t *idx = at_start ? sh : sh + len - isz;
-    assert_int_equal(le32(idx + 16 * n), zb_crc32c(idx, (size_t)(16 * n)));
+    assert_int_equal(le32(idx + 16 * n), zb__crc32c(idx, (size_t)(16 * n)));
     uint64_t cursor = at_start ? isz : 0;
     for (uint64_t i = 0; i < n; i++) {
         entries[2 * i] = le64(idx + 16 * i);
@@ -884,9 +884,9 @@ test_append_foreign_arrays(void **state)
     uint8_t c0[12] = {0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3};
     uint8_t c1[12] = {0, 0, 0, 4, 0, 0, 0, 7, 0, 0, 0, 7};
     zb_buf enc = {0};
-    ZB_ASSERT_OK(zb_codec_encode(&z, NULL, c0, 12, 4, &enc));
+    ZB_ASSERT_OK(zb__codec_encode(&z, NULL, c0, 12, 4, &enc));
     ZB_ASSERT_OK(zb_store_put(s, "b/0", enc.data, enc.len));
-    ZB_ASSERT_OK(zb_codec_encode(&z, NULL, c1, 12, 4, &enc));
+    ZB_ASSERT_OK(zb__codec_encode(&z, NULL, c1, 12, 4, &enc));
     ZB_ASSERT_OK(zb_store_put(s, "b/1", enc.data, enc.len));
     zb_buf_free(&enc);
 
@@ -1038,7 +1038,7 @@ test_strings(void **state)
         uint8_t *raw = get_all(s, fmt == 2 ? "s/5" : "s/c/5", &len);
         zb_codec c;
         bool has;
-        ZB_ASSERT_OK(zb_codec_spec_parse(o.codec, fmt, &c, &has));
+        ZB_ASSERT_OK(zb__codec_spec_parse(o.codec, fmt, &c, &has));
         uint8_t dec[256];
         size_t dlen;
         ZB_ASSERT_OK(
@@ -1416,25 +1416,25 @@ test_write_group(void **state)
     (void)state;
     zb_store *s = NULL;
     ZB_ASSERT_OK(zb_store_open_memory(&s));
-    ZB_ASSERT_OK(zb_write_group(s, "", 3, "{\"encoding-type\": \"anndata\"}"));
+    ZB_ASSERT_OK(zb__write_group(s, "", 3, "{\"encoding-type\": \"anndata\"}"));
     json_object *doc = load_json(s, "zarr.json");
     assert_string_equal(plain(doc), "{\"zarr_format\":3,\"node_type\":\"group\",\"attributes\":"
                                     "{\"encoding-type\":\"anndata\"}}");
     json_object_put(doc);
-    ZB_ASSERT_OK(zb_write_group(s, "/obs/", 2, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "/obs/", 2, NULL));
     doc = load_json(s, "obs/.zgroup");
     assert_string_equal(plain(doc), "{\"zarr_format\":2}");
     json_object_put(doc);
     assert_false(has_key(s, "obs/.zattrs"));
-    ZB_ASSERT_OK(zb_write_group(s, "var", 2, "{\"x\": Infinity}"));
+    ZB_ASSERT_OK(zb__write_group(s, "var", 2, "{\"x\": Infinity}"));
     assert_true(has_key(s, "var/.zattrs"));
-    ZB_ASSERT_OK(zb_write_group(s, "empty3", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "empty3", 3, NULL));
     doc = load_json(s, "empty3/zarr.json");
     assert_string_equal(plain(doc),
                         "{\"zarr_format\":3,\"node_type\":\"group\",\"attributes\":{}}");
     json_object_put(doc);
-    ZB_ASSERT_ERR(zb_write_group(s, "g", 1, NULL), ZB_E_INVALID, "zarr_format");
-    ZB_ASSERT_ERR(zb_write_group(s, "g", 3, "7"), ZB_E_INVALID, "not a JSON object");
+    ZB_ASSERT_ERR(zb__write_group(s, "g", 1, NULL), ZB_E_INVALID, "zarr_format");
+    ZB_ASSERT_ERR(zb__write_group(s, "g", 3, "7"), ZB_E_INVALID, "not a JSON object");
     assert_false(has_key(s, "g/zarr.json"));
     zb_store_close(s);
 }

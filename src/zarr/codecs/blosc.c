@@ -101,7 +101,7 @@ zb_blosc_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t s
 }
 
 zb_status
-zb_blosc_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+zb__blosc_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
                 size_t itemsize, zb_buf *out)
 {
     (void)ctx;

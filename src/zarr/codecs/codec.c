@@ -31,14 +31,14 @@ typedef struct codec_ops {
     encode_fn encode;
 } codec_ops;
 
-/* Indexed by zb_codec_id. */
+/* Indexed by zb__codec_id. */
 static const codec_ops ops_table[] = {
-    [ZB_CODEC_BLOSC] = {"blosc", zb_blosc_decode, zb_blosc_decoded_size, zb_blosc_encode},
-    [ZB_CODEC_ZSTD] = {"zstd", zb_zstd_decode, zb_zstd_decoded_size, zb_zstd_encode},
-    [ZB_CODEC_LZ4] = {"lz4", zb_lz4_decode, zb_lz4_decoded_size, zb_lz4_encode},
-    [ZB_CODEC_GZIP] = {"gzip", zb_gzip_decode, zb_gzip_decoded_size, zb_gzip_encode},
-    [ZB_CODEC_ZLIB] = {"zlib", zb_zlib_decode, zb_zlib_decoded_size, zb_zlib_encode},
-    [ZB_CODEC_CRC32C] = {"crc32c", zb_crc32c_decode, zb_crc32c_decoded_size, zb_crc32c_encode},
+    [ZB_CODEC_BLOSC] = {"blosc", zb_blosc_decode, zb_blosc_decoded_size, zb__blosc_encode},
+    [ZB_CODEC_ZSTD] = {"zstd", zb_zstd_decode, zb_zstd_decoded_size, zb__zstd_encode},
+    [ZB_CODEC_LZ4] = {"lz4", zb_lz4_decode, zb_lz4_decoded_size, zb__lz4_encode},
+    [ZB_CODEC_GZIP] = {"gzip", zb_gzip_decode, zb_gzip_decoded_size, zb__gzip_encode},
+    [ZB_CODEC_ZLIB] = {"zlib", zb_zlib_decode, zb_zlib_decoded_size, zb__zlib_encode},
+    [ZB_CODEC_CRC32C] = {"crc32c", zb_crc32c_decode, zb_crc32c_decoded_size, zb__crc32c_encode},
 };
 
 static const codec_ops *
@@ -104,7 +104,7 @@ zb_codec_decoded_size(const zb_codec *codec, const uint8_t *src, size_t src_len,
 }
 
 zb_status
-zb_codec_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+zb__codec_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
                 size_t itemsize, zb_buf *out)
 {
     const codec_ops *ops = lookup(codec);
@@ -141,7 +141,7 @@ shuffle_name(int shuffle)
 }
 
 void
-zb_codec_describe(const zb_codec *codec, char *buf, size_t cap)
+zb__codec_describe(const zb_codec *codec, char *buf, size_t cap)
 {
     if (!buf || cap == 0) return;
     const codec_ops *ops = lookup(codec);

@@ -10,7 +10,7 @@
                                  size_t *out_len, const char *where);                            \
     zb_status zb_##name##_decoded_size(const uint8_t *src, size_t src_len, size_t *size,         \
                                        const char *where);                                       \
-    zb_status zb_##name##_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src,         \
+    zb_status zb__##name##_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src,         \
                                  size_t src_len, size_t itemsize, zb_buf *out);
 ZB_CODEC_PROTOS_(blosc)
 ZB_CODEC_PROTOS_(zstd)

@@ -14,7 +14,7 @@
 #define ISAL_CHUNK ((size_t)1 << 30)
 
 uint32_t
-zb_crc32c(const void *data, size_t len)
+zb__crc32c(const void *data, size_t len)
 {
     /* ISA-L's crc32_iscsi neither inverts the seed nor the result: it is the raw reflected
      * register update. The standard CRC32C (init and xorout 0xFFFFFFFF) is therefore
@@ -64,7 +64,7 @@ zb_crc32c_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t 
         return zb_err(ZB_E_CORRUPT, "%s: crc32c payload of %zu bytes exceeds the %zu-byte buffer",
                       where, n, cap);
     uint32_t stored = load_le32(src + n);
-    uint32_t computed = zb_crc32c(src, n);
+    uint32_t computed = zb__crc32c(src, n);
     if (stored != computed)
         return zb_err(
             ZB_E_CHECKSUM,
@@ -77,7 +77,7 @@ zb_crc32c_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t 
 }
 
 zb_status
-zb_crc32c_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+zb__crc32c_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
                  size_t itemsize, zb_buf *out)
 {
     (void)codec;
@@ -85,7 +85,7 @@ zb_crc32c_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t 
     (void)itemsize;
     if (src_len > SIZE_MAX - CRC_BYTES)
         return zb_err(ZB_E_OVERFLOW, "crc32c: input of %zu bytes is too large", src_len);
-    uint32_t crc = zb_crc32c(src, src_len);
+    uint32_t crc = zb__crc32c(src, src_len);
     uint8_t tail[CRC_BYTES] = {(uint8_t)crc, (uint8_t)(crc >> 8), (uint8_t)(crc >> 16),
                                (uint8_t)(crc >> 24)};
     out->len = 0;

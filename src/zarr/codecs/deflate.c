@@ -358,7 +358,7 @@ fail:
 }
 
 zb_status
-zb_gzip_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+zb__gzip_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
                size_t itemsize, zb_buf *out)
 {
     (void)ctx;
@@ -367,7 +367,7 @@ zb_gzip_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t sr
 }
 
 zb_status
-zb_zlib_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+zb__zlib_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
                size_t itemsize, zb_buf *out)
 {
     (void)ctx;

@@ -87,7 +87,7 @@ zb_lz4_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src
 }
 
 zb_status
-zb_lz4_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+zb__lz4_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
               size_t itemsize, zb_buf *out)
 {
     (void)ctx;

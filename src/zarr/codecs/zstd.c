@@ -60,7 +60,7 @@ walk_frames(const uint8_t *src, size_t src_len, uint64_t *total, bool *known, co
                               where, off);
             if (fcs == ZSTD_CONTENTSIZE_UNKNOWN)
                 all_known = false;
-            else if (!zb_add_u64(sum, fcs, &sum))
+            else if (!zb__add_u64(sum, fcs, &sum))
                 return zb_err(ZB_E_CORRUPT,
                               "%s: zstd frame content sizes overflow (frame at offset %zu)", where,
                               off);
@@ -140,7 +140,7 @@ zb_zstd_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t sr
 }
 
 zb_status
-zb_zstd_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+zb__zstd_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
                size_t itemsize, zb_buf *out)
 {
     (void)itemsize;
