@@ -1,6 +1,8 @@
 # The README's commands. CMake does the building; this file only strings the steps together.
 #   make        install missing dependencies, build the library, CLI, Python extension, C tests
-#   make test   every test: C tests (plain and under ASan+UBSan) and the Python tests
+#   make test   every test: the format check, C tests (plain and under ASan+UBSan) and the
+#               Python tests
+#   make format apply .clang-format (scripts/check-format.sh --fix)
 #   make demo   the main job on a generated dataset
 PY      := .venv/bin/python
 JOBS    ?= $(shell nproc)
@@ -9,7 +11,7 @@ ifeq ($(CI),true)
   CMAKE_FLAGS += -DZB_WERROR=ON
 endif
 
-.PHONY: all deps build asan test test-c test-asan test-python demo format clean
+.PHONY: all deps build asan test test-c test-asan test-python demo format format-check clean
 
 all: build
 
@@ -36,13 +38,16 @@ test-asan: asan
 test-python: build
 	@$(PY) -m pytest -q tests/python
 
-test: test-c test-asan test-python
+test: format-check test-c test-asan test-python
 
 demo: build
 	@$(PY) scripts/demo.py
 
 format:
-	@clang-format -i include/*.h $$(find src cli tests/c python -name '*.[ch]')
+	@bash scripts/check-format.sh --fix
+
+format-check:
+	@bash scripts/check-format.sh
 
 clean:
 	rm -rf build build-asan

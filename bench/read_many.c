@@ -217,8 +217,10 @@ int
 main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s STORE [--batch B] [--batches K] [--threads T] [--block S] "
-                        "[--seed X] [--patterns sorted,block,random]\n", argv[0]);
+        fprintf(stderr,
+                "usage: %s STORE [--batch B] [--batches K] [--threads T] [--block S] "
+                "[--seed X] [--patterns sorted,block,random]\n",
+                argv[0]);
         return 2;
     }
     const char *path = argv[1];
@@ -231,13 +233,20 @@ main(int argc, char **argv)
         mallopt(M_TRIM_THRESHOLD, 1 << 30);
     }
     for (int i = 2; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--batch")) B = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--batches")) K = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--block")) block = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--patterns")) patterns = argv[i + 1];
-        else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--batch"))
+            B = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--batches"))
+            K = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--threads"))
+            threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--block"))
+            block = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--seed"))
+            seed = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--patterns"))
+            patterns = argv[i + 1];
+        else if (!strcmp(argv[i], "--rounds"))
+            rounds = atoi(argv[i + 1]);
     }
     zb_store *store = NULL;
     zb_dataset *ds = NULL;

@@ -118,11 +118,16 @@ main(int argc, char **argv)
     uint64_t block = 1024;
     int rounds = 3;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--key") && i + 1 < argc) key = argv[++i];
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads_arg = argv[++i];
-        else if (!strcmp(argv[i], "--block") && i + 1 < argc) block = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
-        else if (!path && argv[i][0] != '-') path = argv[i];
+        if (!strcmp(argv[i], "--key") && i + 1 < argc)
+            key = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            threads_arg = argv[++i];
+        else if (!strcmp(argv[i], "--block") && i + 1 < argc)
+            block = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+            rounds = atoi(argv[++i]);
+        else if (!path && argv[i][0] != '-')
+            path = argv[i];
         else {
             fprintf(stderr, "usage: bench_src_zarr STORE [--key X] [--threads 1,2] "
                             "[--block ROWS] [--rounds R]\n");
@@ -160,11 +165,12 @@ main(int argc, char **argv)
                 best_cpu = cpu;
             }
         }
-        printf("{\"reader\": \"zbatch-src\", \"key\": \"%s\", \"threads\": %d, \"block_rows\": %llu, "
-               "\"rows\": %llu, \"nnz\": %llu, \"decoded_mb\": %.1f, \"seconds\": %.4f, "
-               "\"mb_per_s\": %.1f, \"cpu_seconds\": %.4f}\n",
-               key, threads, (unsigned long long)block, (unsigned long long)info->n_rows,
-               (unsigned long long)nnz, bytes / 1e6, best, bytes / 1e6 / best, best_cpu);
+        printf(
+            "{\"reader\": \"zbatch-src\", \"key\": \"%s\", \"threads\": %d, \"block_rows\": %llu, "
+            "\"rows\": %llu, \"nnz\": %llu, \"decoded_mb\": %.1f, \"seconds\": %.4f, "
+            "\"mb_per_s\": %.1f, \"cpu_seconds\": %.4f}\n",
+            key, threads, (unsigned long long)block, (unsigned long long)info->n_rows,
+            (unsigned long long)nnz, bytes / 1e6, best, bytes / 1e6 / best, best_cpu);
         fflush(stdout);
     }
     zb__src_close(src);

@@ -252,7 +252,7 @@ main(int argc, char **argv)
             for (int bi = 0; bi < n_band; bi++)
                 for (int r = 0; r < rounds; r++) {
                     zb__transpose_opts o = {(uint64_t)(mem[mi] * 1048576), (int)thr[ti],
-                                           (uint64_t)(band[bi] * 1024)};
+                                            (uint64_t)(band[bi] * 1024)};
                     zb__transpose_stats st;
                     t0 = now();
                     double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);

@@ -38,8 +38,8 @@ zb__bench_parse_double(const char *flag, const char *s, double lo, double hi, do
 }
 
 int
-zb__bench_flag_value(int argc, char **argv, int *i, const char *const *known, char *flag, size_t cap,
-                    const char **val)
+zb__bench_flag_value(int argc, char **argv, int *i, const char *const *known, char *flag,
+                     size_t cap, const char **val)
 {
     const char *a = argv[*i];
     const char *eq = strncmp(a, "--", 2) ? NULL : strchr(a, '=');

@@ -20,7 +20,7 @@ int zb__bench_parse_double(const char *flag, const char *s, double lo, double hi
  * (advancing *i). `known` lists the flags that take a value (NULL-terminated). Returns -1 (with
  * a message) for a flag not in `known` or a missing value. */
 int zb__bench_flag_value(int argc, char **argv, int *i, const char *const *known, char *flag,
-                        size_t cap, const char **val);
+                         size_t cap, const char **val);
 
 /* ---- the record (bench_report.c) ------------------------------------------------------------ */
 
@@ -39,7 +39,7 @@ json_object *zb__bench_record_new(const char *mode, char *stamp, size_t cap);
 /* Writes `rec` as DIR/bench-<stamp>-<suffix>.json (DIR created when missing; "-2", "-3", ...
  * appended when the name is taken). *path receives the file's path. 0 ok, -1 with a message. */
 int zb__bench_record_write(json_object *rec, const char *dir, const char *stamp, const char *suffix,
-                          char *path, size_t cap);
+                           char *path, size_t cap);
 
 /* mkdir -p. 0 ok, -1 with errno set. */
 int zb__bench_make_dirs(const char *path);
@@ -75,8 +75,8 @@ typedef struct zb__bench_shuffle {
 } zb__bench_shuffle;
 
 zb_status zb__bench_shuffle_measure(const uint64_t *ids, const size_t *off, size_t nbatches,
-                                   uint64_t n, const zb__bench_codes *codes, uint64_t seed,
-                                   size_t max_ref, zb__bench_shuffle *out);
+                                    uint64_t n, const zb__bench_codes *codes, uint64_t seed,
+                                    size_t max_ref, zb__bench_shuffle *out);
 
 /* ---- write mode (bench_write.c) ----------------------------------------------------------- */
 

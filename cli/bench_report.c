@@ -128,7 +128,7 @@ machine(void)
     json_object *m = json_object_new_object();
     char buf[512];
     zb__bench_put_str(m, "cpu_model",
-                     proc_field("/proc/cpuinfo", "model name", buf, sizeof buf) ? buf : NULL);
+                      proc_field("/proc/cpuinfo", "model name", buf, sizeof buf) ? buf : NULL);
     long np = sysconf(_SC_NPROCESSORS_ONLN);
     zb__bench_put(m, "nproc", np > 0 ? json_object_new_int64(np) : NULL);
     /* MemTotal is given in kB (KiB) */
@@ -182,7 +182,7 @@ zb__bench_record_new(const char *mode, char *stamp, size_t cap)
 
 int
 zb__bench_record_write(json_object *rec, const char *dir, const char *stamp, const char *suffix,
-                      char *path, size_t cap)
+                       char *path, size_t cap)
 {
     if (zb__bench_make_dirs(dir) != 0) {
         fprintf(stderr, "zbatch bench: cannot create %s: %s\n", dir, strerror(errno));

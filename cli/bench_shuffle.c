@@ -206,8 +206,8 @@ measure_batch(const uint64_t *ids, size_t B, const zb__bench_codes *codes, uint3
 
 zb_status
 zb__bench_shuffle_measure(const uint64_t *ids, const size_t *off, size_t nbatches, uint64_t n,
-                         const zb__bench_codes *codes, uint64_t seed, size_t max_ref,
-                         zb__bench_shuffle *out)
+                          const zb__bench_codes *codes, uint64_t seed, size_t max_ref,
+                          zb__bench_shuffle *out)
 {
     out->entropy = out->random_entropy = NAN;
     out->gap_score = out->random_gap_score = NAN;

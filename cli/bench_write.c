@@ -374,7 +374,7 @@ write_one(const wopts *o, const char *dir, const setting *s, json_object *runs, 
     zb__bench_put_u64(r, "bytes_on_disk", walk_bytes);
     zb__bench_put_u64(r, "files", walk_files);
     zb__bench_put_double(r, "compression_ratio",
-                        stored_fixed ? (double)logical / (double)stored_fixed : NAN);
+                         stored_fixed ? (double)logical / (double)stored_fixed : NAN);
     zb__bench_put_double(r, "write_mb_s", secs > 0 ? (double)logical / 1e6 / secs : NAN);
     zb__bench_put_double(r, "samples_per_s", secs > 0 ? (double)o->n / secs : NAN);
     json_object_array_add(runs, r);

@@ -375,8 +375,8 @@ cv_gene_map(zb_convert *cv, uint32_t k, size_t j, const int32_t **out)
             const int32_t *m = (const int32_t *)text;
             for (uint64_t i = 0; i < cv->inputs[k].mats[j].n_cols && st == ZB_OK; i++)
                 if (m[i] < -1 || (int64_t)m[i] >= (int64_t)cv->genes.n)
-                    st = zb_err(ZB_E_CORRUPT, "%s: column %" PRIu64 " maps outside the genes",
-                                path, i);
+                    st = zb_err(ZB_E_CORRUPT, "%s: column %" PRIu64 " maps outside the genes", path,
+                                i);
         }
         if (st == ZB_OK)
             cv->maps[k][j] = (int32_t *)text;
@@ -485,8 +485,10 @@ normalize(const zb_convert_opts *opts, zb_convert_opts *o)
     if (o->zarr_format != 2 && o->zarr_format != 3)
         return zb_err(ZB_E_INVALID, "zarr_format %d: 2 or 3", o->zarr_format);
     if (o->x_shard != UINT64_MAX && o->x_shard % o->x_chunk)
-        return zb_err(ZB_E_INVALID, "a shard of %" PRIu64 " elements is not a multiple of the "
-                      "chunk (%" PRIu64 ")", o->x_shard, o->x_chunk);
+        return zb_err(ZB_E_INVALID,
+                      "a shard of %" PRIu64 " elements is not a multiple of the "
+                      "chunk (%" PRIu64 ")",
+                      o->x_shard, o->x_chunk);
     if (o->var_join != ZB_VAR_OUTER && o->var_join != ZB_VAR_INNER)
         return zb_err(ZB_E_INVALID, "var_join %d", (int)o->var_join);
     if ((unsigned)o->data_dtype > ZB_CONVERT_DATA_FLOAT32)
@@ -494,8 +496,7 @@ normalize(const zb_convert_opts *opts, zb_convert_opts *o)
     if ((unsigned)o->index_dtype > ZB_CONVERT_INDEX_NARROW)
         return zb_err(ZB_E_INVALID, "index_dtype %d", (int)o->index_dtype);
     if (o->num_threads < 0 || o->num_threads > ZB_POOL_MAX_THREADS)
-        return zb_err(ZB_E_INVALID, "num_threads %d: 0 to %d", o->num_threads,
-                      ZB_POOL_MAX_THREADS);
+        return zb_err(ZB_E_INVALID, "num_threads %d: 0 to %d", o->num_threads, ZB_POOL_MAX_THREADS);
     zb_codec codec;
     bool has;
     ZB_TRY(zb__codec_spec_parse(o->codec, o->zarr_format, &codec, &has));
@@ -529,8 +530,10 @@ check_resume(zb_convert *cv, json_object *args, const char *const *inputs)
     if (strcmp(now, cv->args_text)) {
         char diff[512];
         cv_args_difference(zb_json_get(cv->plan_doc, "args"), args, diff, sizeof diff);
-        return zb_err(ZB_E_INVALID, "%s holds a conversion of other inputs or options (%s); "
-                      "run the same command again, or remove it to start afresh", cv->output, diff);
+        return zb_err(ZB_E_INVALID,
+                      "%s holds a conversion of other inputs or options (%s); "
+                      "run the same command again, or remove it to start afresh",
+                      cv->output, diff);
     }
     for (size_t k = 0; k < cv->n_inputs; k++) {
         char real[PATH_MAX];
@@ -540,8 +543,10 @@ check_resume(zb_convert *cv, json_object *args, const char *const *inputs)
         ZB_TRY(cv_fingerprint(inputs[k], &size, &mtime, NULL));
         if (strcmp(real, cv->inputs[k].path) || size != cv->inputs[k].size ||
             mtime != cv->inputs[k].mtime_ns)
-            return zb_err(ZB_E_INVALID, "%s changed since the conversion in %s was planned "
-                          "(%s); remove %s to start afresh", inputs[k], cv->output,
+            return zb_err(ZB_E_INVALID,
+                          "%s changed since the conversion in %s was planned "
+                          "(%s); remove %s to start afresh",
+                          inputs[k], cv->output,
                           strcmp(real, cv->inputs[k].path) ? "another file"
                           : size != cv->inputs[k].size     ? "its size"
                                                            : "its modification time",
@@ -569,12 +574,15 @@ check_output_free(const char *output)
 {
     struct stat sb;
     if (stat(output, &sb) != 0) return ZB_OK;
-    if (!S_ISDIR(sb.st_mode)) return zb_err(ZB_E_INVALID, "%s exists and is not a directory", output);
+    if (!S_ISDIR(sb.st_mode))
+        return zb_err(ZB_E_INVALID, "%s exists and is not a directory", output);
     char probe[4200];
     snprintf(probe, sizeof probe, "%s/%s", output, CV_MANIFEST);
     if (cv_exists(probe))
-        return zb_err(ZB_E_INVALID, "%s holds a finished conversion of other inputs or options; "
-                      "remove it first", output);
+        return zb_err(ZB_E_INVALID,
+                      "%s holds a finished conversion of other inputs or options; "
+                      "remove it first",
+                      output);
     uint64_t size;
     int64_t mtime;
     ZB_TRY(cv_fingerprint(output, &size, &mtime, NULL));
@@ -612,7 +620,8 @@ zb_convert_plan(const char *const *inputs, size_t n_inputs, const char *output,
             if (!cv_exists(cv->work)) st = check_output_free(cv->output);
             if (st == ZB_OK) st = cv_mkdirs(cv->work);
             if (st == ZB_OK) st = write_root_marker(cv->output);
-            if (st == ZB_OK) st = cv_plan_write(inputs, n_inputs, &o, cv->work, args, o.num_threads);
+            if (st == ZB_OK)
+                st = cv_plan_write(inputs, n_inputs, &o, cv->work, args, o.num_threads);
             if (st == ZB_OK) st = cv_plan_load(cv);
         }
     }
@@ -669,10 +678,14 @@ zb_convert_ntasks(const zb_convert *cv, zb_convert_phase phase)
 {
     if (!cv || cv->finished) return 0;
     switch (phase) {
-    case ZB_CONVERT_PREPARE: return cv->n_inputs;
-    case ZB_CONVERT_SCATTER: return cv->n_slices;
-    case ZB_CONVERT_GATHER: return (size_t)cv->n_datasets;
-    default: return 0;
+    case ZB_CONVERT_PREPARE:
+        return cv->n_inputs;
+    case ZB_CONVERT_SCATTER:
+        return cv->n_slices;
+    case ZB_CONVERT_GATHER:
+        return (size_t)cv->n_datasets;
+    default:
+        return 0;
     }
 }
 
@@ -680,10 +693,14 @@ static zb_status
 done_path(const zb_convert *cv, zb_convert_phase phase, size_t i, char *buf, size_t cap)
 {
     switch (phase) {
-    case ZB_CONVERT_PREPARE: return cv_path(cv, buf, cap, "prepare/i%zu.json", i);
-    case ZB_CONVERT_SCATTER: return cv_path(cv, buf, cap, "scatter/t%zu.bin", i);
-    case ZB_CONVERT_GATHER: return cv_path(cv, buf, cap, "gather/d%zu.json", i);
-    default: return zb_err(ZB_E_INVALID, "phase %d", (int)phase);
+    case ZB_CONVERT_PREPARE:
+        return cv_path(cv, buf, cap, "prepare/i%zu.json", i);
+    case ZB_CONVERT_SCATTER:
+        return cv_path(cv, buf, cap, "scatter/t%zu.bin", i);
+    case ZB_CONVERT_GATHER:
+        return cv_path(cv, buf, cap, "gather/d%zu.json", i);
+    default:
+        return zb_err(ZB_E_INVALID, "phase %d", (int)phase);
     }
 }
 
@@ -716,9 +733,15 @@ zb_convert_run_task(zb_convert *cv, zb_convert_phase phase, size_t i, int num_th
                       (int)phase);
     zb_status st;
     switch (phase) {
-    case ZB_CONVERT_PREPARE: st = cv_prepare_task(cv, i); break;
-    case ZB_CONVERT_SCATTER: st = cv_scatter_task(cv, i); break;
-    default: st = cv_gather_task(cv, i, num_threads < 1 ? 1 : num_threads); break;
+    case ZB_CONVERT_PREPARE:
+        st = cv_prepare_task(cv, i);
+        break;
+    case ZB_CONVERT_SCATTER:
+        st = cv_scatter_task(cv, i);
+        break;
+    default:
+        st = cv_gather_task(cv, i, num_threads < 1 ? 1 : num_threads);
+        break;
     }
     return st;
 }
@@ -848,8 +871,8 @@ lock_work(const zb_convert *cv, int *fd)
     if (flock(*fd, LOCK_EX | LOCK_NB) == 0) return ZB_OK;
     close(*fd);
     *fd = -1;
-    return zb_err(ZB_E_INVALID, "another conversion is running into %s (it holds %s)",
-                  cv->output, path);
+    return zb_err(ZB_E_INVALID, "another conversion is running into %s (it holds %s)", cv->output,
+                  path);
 }
 
 zb_status
@@ -877,11 +900,12 @@ zb_convert_run(const char *const *inputs, size_t n_inputs, const char *output,
     uint64_t fit = o.memory_bytes / (3 * biggest);
     int scatter = fit < (uint64_t)t ? (int)(fit ? fit : 1) : t;
     if (st == ZB_OK) st = run_phase(&r, ZB_CONVERT_SCATTER, scatter, 1);
-    uint64_t gathers = cv_concurrent_gathers(o.memory_bytes, cv_gather_overhead(cv),
-                                             cv->n_datasets, t);
+    uint64_t gathers =
+        cv_concurrent_gathers(o.memory_bytes, cv_gather_overhead(cv), cv->n_datasets, t);
     cv->task_memory = o.memory_bytes / gathers;
     if (st == ZB_OK)
-        st = run_phase(&r, ZB_CONVERT_GATHER, (int)gathers, t / (int)gathers ? t / (int)gathers : 1);
+        st =
+            run_phase(&r, ZB_CONVERT_GATHER, (int)gathers, t / (int)gathers ? t / (int)gathers : 1);
     if (st == ZB_OK) st = zb_convert_finish(cv);
     pthread_mutex_destroy(&r.lock);
     zb_convert_close(cv);

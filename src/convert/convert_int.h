@@ -53,14 +53,14 @@ typedef struct cv_input {
 /* One obs column of the output, and where each input keeps it. */
 typedef struct cv_column {
     char *name;
-    zb__col_kind kind;        /* of the output */
-    zb_dtype dtype;          /* numeric/nullable values; categorical: the categories' dtype */
-    zb_strings categories;   /* categorical: the output's table (text) */
-    void *category_values;   /* categorical, non-string: the table as values of dtype */
+    zb__col_kind kind;     /* of the output */
+    zb_dtype dtype;        /* numeric/nullable values; categorical: the categories' dtype */
+    zb_strings categories; /* categorical: the output's table (text) */
+    void *category_values; /* categorical, non-string: the table as values of dtype */
     bool ordered;
-    size_t *src_index;       /* [n_inputs] the column's index in each source */
-    int32_t **code_map;      /* categorical: [n_inputs][input categories] -> output code */
-    uint64_t *n_src_codes;   /* categorical: [n_inputs] input table sizes */
+    size_t *src_index;     /* [n_inputs] the column's index in each source */
+    int32_t **code_map;    /* categorical: [n_inputs][input categories] -> output code */
+    uint64_t *n_src_codes; /* categorical: [n_inputs] input table sizes */
 } cv_column;
 
 /* A scatter task: rows [start, stop) of one input. */
@@ -71,17 +71,17 @@ typedef struct cv_slice {
 } cv_slice;
 
 struct zb_convert {
-    char *output;   /* the collection directory */
-    char *work;     /* output/.zbatch-convert */
+    char *output;          /* the collection directory */
+    char *work;            /* output/.zbatch-convert */
     json_object *plan_doc; /* the parsed plan (owned) */
     const char *args_text; /* its "args", compact (lives with plan_doc) */
 
     size_t n_inputs;
     cv_input *inputs;
-    size_t n_mats;          /* X, then the layers */
-    char **mat_keys;        /* input keys: "X" / "raw/X" / "layers/A", then "layers/B"... */
-    char **mat_names;       /* output names: "X", then the layer names */
-    zb_dtype *mat_dtypes;   /* the inputs' promoted dtypes: of the scratch files' values */
+    size_t n_mats;        /* X, then the layers */
+    char **mat_keys;      /* input keys: "X" / "raw/X" / "layers/A", then "layers/B"... */
+    char **mat_names;     /* output names: "X", then the layer names */
+    zb_dtype *mat_dtypes; /* the inputs' promoted dtypes: of the scratch files' values */
     zb_convert_data_dtype data_choice;   /* the options' data_dtype */
     zb_convert_index_dtype index_choice; /* the options' index_dtype */
     /* the stored types (dtypes.c), found by the first gather from the scatter files */
@@ -97,7 +97,7 @@ struct zb_convert {
     bool shuffle;
     zb__perm perm;
     int zarr_format;
-    char *codec;            /* NULL = default */
+    char *codec; /* NULL = default */
     uint64_t x_chunk, x_shard;
     uint64_t memory_bytes;
     uint64_t block_bytes;   /* of the scatter files' blocks */
@@ -113,8 +113,8 @@ struct zb_convert {
     pthread_mutex_t lock;
     zb__src **srcs;             /* [n_inputs] */
     zb__src_matrix ***matrices; /* [n_inputs][n_mats]: the source's or a transposed file's */
-    int32_t ***maps;           /* [n_inputs][n_mats] gene maps */
-    struct cv_ws *ws_free;     /* workspaces no task holds */
+    int32_t ***maps;            /* [n_inputs][n_mats] gene maps */
+    struct cv_ws *ws_free;      /* workspaces no task holds */
 };
 
 /* ---- the scatter file (scatter.c) ----------------------------------------------------------
@@ -223,9 +223,24 @@ zb_status cv_stored_types(zb_convert *cv);
  * arrays; the named ones above hold the rest. */
 
 enum {
-    CV_WS_ORDER = CV_MAX_ARRAYS, CV_WS_POS, CV_WS_SECTION, CV_WS_KEYS, CV_WS_RAW,
-    CV_WS_ARENA, CV_WS_WHO, CV_WS_INDPTR, CV_WS_INDICES, CV_WS_VALUES, CV_WS_OFFSETS, CV_WS_TEXT,
-    CV_WS_MASK, CV_WS_TABLE, CV_WS_PACKED, CV_WS_CUTS, CV_WS_JOBS, CV_WS_STARTS0,
+    CV_WS_ORDER = CV_MAX_ARRAYS,
+    CV_WS_POS,
+    CV_WS_SECTION,
+    CV_WS_KEYS,
+    CV_WS_RAW,
+    CV_WS_ARENA,
+    CV_WS_WHO,
+    CV_WS_INDPTR,
+    CV_WS_INDICES,
+    CV_WS_VALUES,
+    CV_WS_OFFSETS,
+    CV_WS_TEXT,
+    CV_WS_MASK,
+    CV_WS_TABLE,
+    CV_WS_PACKED,
+    CV_WS_CUTS,
+    CV_WS_JOBS,
+    CV_WS_STARTS0,
     CV_WS_STARTS_N = 64, /* prefix sums of up to 64 count arrays */
     CV_WS_SLOTS = CV_WS_STARTS0 + CV_WS_STARTS_N
 };

@@ -72,7 +72,7 @@ zb__csr_file_layout_of(uint64_t n_rows, uint64_t nnz, size_t item, zb__csr_file_
 
 void
 zb__csr_file_header(uint8_t out[ZB_CSR_FILE_HEADER_BYTES], zb_dtype dtype, uint64_t n_rows,
-                   uint64_t n_cols, uint64_t nnz)
+                    uint64_t n_cols, uint64_t nnz)
 {
     uint32_t version = VERSION, bom = BYTE_ORDER_MARK;
     memset(out, 0, ZB_CSR_FILE_HEADER_BYTES);

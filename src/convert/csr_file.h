@@ -21,11 +21,11 @@ typedef struct zb__csr_file_layout {
 
 /* ZB_E_OVERFLOW when the file would not fit in 2^63 bytes. */
 zb_status zb__csr_file_layout_of(uint64_t n_rows, uint64_t nnz, size_t item,
-                                zb__csr_file_layout *out);
+                                 zb__csr_file_layout *out);
 
 /* The header of a file holding an n_rows x n_cols matrix of nnz elements of `dtype`. */
 void zb__csr_file_header(uint8_t out[ZB_CSR_FILE_HEADER_BYTES], zb_dtype dtype, uint64_t n_rows,
-                        uint64_t n_cols, uint64_t nnz);
+                         uint64_t n_cols, uint64_t nnz);
 
 /* What one transposition did, for tests and benchmarks. */
 typedef struct zb__transpose_stats {
@@ -48,7 +48,7 @@ typedef struct zb__transpose_opts {
 
 /* zb__csc_transpose with every parameter, filling *stats (which may be NULL). */
 zb_status zb__csc_transpose_ex(zb__src_matrix *m, const char *path, const zb__transpose_opts *opts,
-                              zb__transpose_stats *stats);
+                               zb__transpose_stats *stats);
 
 /* For tests (fault injection, SQLite's habit): from now on the write-like call (fallocate,
  * pwrite, fsync) number `nth` (0 = the next) that a transposition makes fails with errno `err`,

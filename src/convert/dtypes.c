@@ -53,16 +53,36 @@ cv_stats_add(cv_value_stats *s, const void *values, zb_dtype dtype, uint64_t n)
     uint64_t max = 0;
     switch (dtype) {
     case ZB_DT_BOOL:
-    case ZB_DT_UINT8: FOLD_INT(uint8_t, AS_UNSIGNED); break;
-    case ZB_DT_UINT16: FOLD_INT(uint16_t, AS_UNSIGNED); break;
-    case ZB_DT_UINT32: FOLD_INT(uint32_t, AS_UNSIGNED); break;
-    case ZB_DT_UINT64: FOLD_INT(uint64_t, AS_UNSIGNED); break;
-    case ZB_DT_INT8: FOLD_INT(int8_t, AS_SIGNED); break;
-    case ZB_DT_INT16: FOLD_INT(int16_t, AS_SIGNED); break;
-    case ZB_DT_INT32: FOLD_INT(int32_t, AS_SIGNED); break;
-    case ZB_DT_INT64: FOLD_INT(int64_t, AS_SIGNED); break;
-    case ZB_DT_FLOAT32: FOLD_FLOAT(float); break;
-    case ZB_DT_FLOAT64: FOLD_FLOAT(double); break;
+    case ZB_DT_UINT8:
+        FOLD_INT(uint8_t, AS_UNSIGNED);
+        break;
+    case ZB_DT_UINT16:
+        FOLD_INT(uint16_t, AS_UNSIGNED);
+        break;
+    case ZB_DT_UINT32:
+        FOLD_INT(uint32_t, AS_UNSIGNED);
+        break;
+    case ZB_DT_UINT64:
+        FOLD_INT(uint64_t, AS_UNSIGNED);
+        break;
+    case ZB_DT_INT8:
+        FOLD_INT(int8_t, AS_SIGNED);
+        break;
+    case ZB_DT_INT16:
+        FOLD_INT(int16_t, AS_SIGNED);
+        break;
+    case ZB_DT_INT32:
+        FOLD_INT(int32_t, AS_SIGNED);
+        break;
+    case ZB_DT_INT64:
+        FOLD_INT(int64_t, AS_SIGNED);
+        break;
+    case ZB_DT_FLOAT32:
+        FOLD_FLOAT(float);
+        break;
+    case ZB_DT_FLOAT64:
+        FOLD_FLOAT(double);
+        break;
     case ZB_DT_FLOAT16: { /* rare: through float64 in steps */
         double buf[256];
         const unsigned char *p = values;
@@ -73,7 +93,9 @@ cv_stats_add(cv_value_stats *s, const void *values, zb_dtype dtype, uint64_t n)
         }
         return;
     }
-    default: wide = 1; break;
+    default:
+        wide = 1;
+        break;
     }
     s->flags |= CV_VALUES_ANY | (wide ? CV_VALUES_WIDE : 0);
     if (max > s->max) s->max = max;
@@ -107,10 +129,14 @@ zb_dtype
 cv_explicit_dtype(zb_convert_data_dtype choice)
 {
     switch (choice) {
-    case ZB_CONVERT_DATA_UINT8: return ZB_DT_UINT8;
-    case ZB_CONVERT_DATA_UINT16: return ZB_DT_UINT16;
-    case ZB_CONVERT_DATA_FLOAT32: return ZB_DT_FLOAT32;
-    default: return ZB_DT_COUNT_;
+    case ZB_CONVERT_DATA_UINT8:
+        return ZB_DT_UINT8;
+    case ZB_CONVERT_DATA_UINT16:
+        return ZB_DT_UINT16;
+    case ZB_CONVERT_DATA_FLOAT32:
+        return ZB_DT_FLOAT32;
+    default:
+        return ZB_DT_COUNT_;
     }
 }
 

@@ -91,8 +91,7 @@ cv_read_file(const char *path, char **text, size_t *len)
     char *buf = NULL;
     long n = -1;
     if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0)
-        st = zb_err(ZB_E_IO, "%s: cannot size it", path);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) st = zb_err(ZB_E_IO, "%s: cannot size it", path);
     if (st == ZB_OK && !(buf = malloc((size_t)n + 1))) st = zb_err(ZB_E_NOMEM, "%s", path);
     if (st == ZB_OK && fread(buf, 1, (size_t)n, f) != (size_t)n)
         st = zb_err(ZB_E_IO, "%s: short read", path);
@@ -214,7 +213,8 @@ walk(const char *root, const char *rel, uint64_t *size, int64_t *mtime, uint64_t
 {
     char dir[4096];
     int len = snprintf(dir, sizeof dir, "%s%s%s", root, rel[0] ? "/" : "", rel);
-    if (len < 0 || (size_t)len >= sizeof dir) return zb_err(ZB_E_INVALID, "%s: path too long", root);
+    if (len < 0 || (size_t)len >= sizeof dir)
+        return zb_err(ZB_E_INVALID, "%s: path too long", root);
     char **names;
     size_t n;
     ZB_TRY(sorted_entries(dir, &names, &n));

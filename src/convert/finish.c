@@ -48,9 +48,10 @@ verify_dataset(const zb_convert *cv, size_t d, json_object *expect)
     json_object *b = zb_json_get(expect, "bytes");
     if (b) zb_json_u64(b, "bytes", &want_bytes);
     if (!strcmp(hex, str_of(expect, "crc64")) && size == want_bytes) return ZB_OK;
-    return zb_err(ZB_E_CHECKSUM, "%s: its files (%" PRIu64 " bytes, CRC-64 %s) differ from what "
-                  "was written (%" PRIu64 " bytes, CRC-64 %s)", dir, size, hex, want_bytes,
-                  str_of(expect, "crc64"));
+    return zb_err(ZB_E_CHECKSUM,
+                  "%s: its files (%" PRIu64 " bytes, CRC-64 %s) differ from what "
+                  "was written (%" PRIu64 " bytes, CRC-64 %s)",
+                  dir, size, hex, want_bytes, str_of(expect, "crc64"));
 }
 
 /* ---- root group ------------------------------------------------------------------------------ */
@@ -76,7 +77,7 @@ push_entry(entry **list, size_t *n, size_t *cap, const char *key, json_object *d
         *list = p;
         *cap = c;
     }
-    snprintf((*list)[*n].key, sizeof (*list)[*n].key, "%s", key);
+    snprintf((*list)[*n].key, sizeof(*list)[*n].key, "%s", key);
     (*list)[(*n)++].doc = doc;
     return ZB_OK;
 }
@@ -117,8 +118,10 @@ consolidate_datasets(const zb_convert *cv, zb_store *store, json_object *meta)
     }
     if (st == ZB_OK && n) qsort(list, n, sizeof *list, cmp_entry);
     for (size_t i = 0; i < n; i++) {
-        if (st == ZB_OK) zb__jw_add(meta, list[i].key, list[i].doc, &ok);
-        else json_object_put(list[i].doc);
+        if (st == ZB_OK)
+            zb__jw_add(meta, list[i].key, list[i].doc, &ok);
+        else
+            json_object_put(list[i].doc);
     }
     free(list);
     if (st == ZB_OK && !ok) st = zb_err(ZB_E_NOMEM, "consolidated metadata");
@@ -131,8 +134,8 @@ write_root(const zb_convert *cv)
     zb_store *store = NULL;
     ZB_TRY(zb_store_open_file(cv->output, &store));
     json_object *meta = json_object_new_object();
-    zb_status st = meta ? consolidate_datasets(cv, store, meta)
-                        : zb_err(ZB_E_NOMEM, "the root group");
+    zb_status st =
+        meta ? consolidate_datasets(cv, store, meta) : zb_err(ZB_E_NOMEM, "the root group");
     if (st == ZB_OK)
         st = zb__write_consolidated_root(store, "", cv->zarr_format, collection_attrs, meta);
     json_object_put(meta);
@@ -193,10 +196,10 @@ build_manifest(const zb_convert *cv, json_object **out)
         if (st != ZB_OK) break;
         json_object *in = zb__jw_push(ins, json_object_new_object(), &ok);
         zb__jw_add(in, "path",
-                  json_object_new_string_len(cv->input_names.data + cv->input_names.offsets[k],
-                                             (int)(cv->input_names.offsets[k + 1] -
-                                                   cv->input_names.offsets[k])),
-                  &ok);
+                   json_object_new_string_len(
+                       cv->input_names.data + cv->input_names.offsets[k],
+                       (int)(cv->input_names.offsets[k + 1] - cv->input_names.offsets[k])),
+                   &ok);
         zb__jw_add(in, "format", json_object_new_string(cv->inputs[k].format), &ok);
         zb__jw_add(in, "bytes", zb__jw_u64(cv->inputs[k].size), &ok);
         zb__jw_add(in, "crc64", json_object_new_string(str_of(done, "crc64")), &ok);
@@ -204,8 +207,8 @@ build_manifest(const zb_convert *cv, json_object **out)
         json_object_put(done);
     }
     if (st == ZB_OK && ok) st = manifest_dtypes(cv, m);
-    zb__jw_add(m, "skipped_columns",
-              json_object_get(zb_json_get(cv->plan_doc, "skipped_columns")), &ok);
+    zb__jw_add(m, "skipped_columns", json_object_get(zb_json_get(cv->plan_doc, "skipped_columns")),
+               &ok);
     zb__jw_add(m, "n_cells", zb__jw_u64(cv->n_cells), &ok);
     zb__jw_add(m, "n_genes", zb__jw_u64(cv->genes.n), &ok);
     json_object *ds = zb__jw_add(m, "datasets", json_object_new_array(), &ok);
@@ -251,8 +254,8 @@ verify_manifest(const zb_convert *cv, json_object *m)
     json_object *ds = zb_json_get(m, "datasets");
     size_t n = ds ? json_object_array_length(ds) : 0;
     if (n != cv->n_datasets)
-        return zb_err(ZB_E_CORRUPT, "%s/%s: %zu datasets listed, %" PRIu64 " expected",
-                      cv->output, CV_MANIFEST, n, cv->n_datasets);
+        return zb_err(ZB_E_CORRUPT, "%s/%s: %zu datasets listed, %" PRIu64 " expected", cv->output,
+                      CV_MANIFEST, n, cv->n_datasets);
     for (size_t d = 0; d < n; d++) ZB_TRY(verify_dataset(cv, d, json_object_array_get_idx(ds, d)));
     return ZB_OK;
 }
@@ -265,8 +268,8 @@ zb_convert_finish(zb_convert *cv)
     for (zb_convert_phase p = ZB_CONVERT_PREPARE; p < ZB_CONVERT_PHASES_; p++)
         for (size_t i = 0; i < zb_convert_ntasks(cv, p); i++)
             if (!zb_convert_task_done(cv, p, i))
-                return zb_err(ZB_E_INVALID, "%s: task %zu of phase %d is not finished",
-                              cv->output, i, (int)p);
+                return zb_err(ZB_E_INVALID, "%s: task %zu of phase %d is not finished", cv->output,
+                              i, (int)p);
     json_object *m = NULL;
     ZB_TRY(build_manifest(cv, &m));
     zb_status st = verify_manifest(cv, m);
@@ -306,8 +309,10 @@ cv_finished_open(zb_convert *cv, json_object *args)
     if (strcmp(a, json_object_to_json_string_ext(args, JSON_C_TO_STRING_PLAIN))) {
         char diff[512];
         cv_args_difference(had, args, diff, sizeof diff);
-        return zb_err(ZB_E_INVALID, "%s holds a finished conversion of other inputs or options "
-                      "(%s); remove it first", cv->output, diff);
+        return zb_err(ZB_E_INVALID,
+                      "%s holds a finished conversion of other inputs or options "
+                      "(%s); remove it first",
+                      cv->output, diff);
     }
     json_object *ds = zb_json_get(cv->manifest, "datasets");
     cv->n_datasets = ds ? json_object_array_length(ds) : 0;

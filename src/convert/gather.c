@@ -20,9 +20,9 @@
 
 /* One scatter file's section of this dataset. */
 typedef struct part {
-    size_t t;             /* the scatter task */
+    size_t t; /* the scatter task */
     uint32_t input;
-    uint64_t n;           /* cells */
+    uint64_t n; /* cells */
     uint64_t n_blocks;
     uint32_t *table;      /* [n_blocks][1 + n_arrays]: cells, compressed length per array */
     uint64_t *first;      /* [n_blocks + 1]: first cell of each block */
@@ -53,7 +53,7 @@ typedef struct gather {
     uint64_t *offsets;
     char *text;
     uint8_t *mask;
-    cv_ws *ws; /* the buffers above live in it */
+    cv_ws *ws;     /* the buffers above live in it */
     zb_pool *pool; /* decompresses the parts of a pass */
     bool index[CV_MAX_ARRAYS];
     uint64_t nnz[64]; /* per matrix, for the done marker */
@@ -64,10 +64,11 @@ pread_all(int fd, const char *path, void *dst, uint64_t len, uint64_t off)
 {
     unsigned char *p = dst;
     while (len) {
-        ssize_t r = pread(fd, p, len > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)len,
-                          (off_t)off);
+        ssize_t r =
+            pread(fd, p, len > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)len, (off_t)off);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return zb_err(ZB_E_IO, "%s: read at %" PRIu64 ": %s", path, off, strerror(errno));
+        if (r < 0)
+            return zb_err(ZB_E_IO, "%s: read at %" PRIu64 ": %s", path, off, strerror(errno));
         if (r == 0) return zb_err(ZB_E_TRUNCATED, "%s: ends before byte %" PRIu64, path, off + len);
         p += r;
         off += (uint64_t)r;
@@ -103,8 +104,8 @@ decode_piece(const gather *g, zb_ctx *ctx, const char *path, uint64_t block, siz
     char where[4300];
     snprintf(where, sizeof where, "%s: dataset %zu, block %" PRIu64 ", array %zu", path, g->d,
              block, a);
-    return zb_codec_decode(&codec, ctx, src, (size_t)clen, dst, (size_t)want,
-                           (size_t)want, &out, where);
+    return zb_codec_decode(&codec, ctx, src, (size_t)clen, dst, (size_t)want, (size_t)want, &out,
+                           where);
 }
 
 /* The index part of the section: block table, rows, count arrays' prefix sums. */
@@ -125,14 +126,15 @@ load_index(gather *g, part *p, const char *path, const unsigned char *buf, uint6
         uint64_t bytes = 0;
         for (size_t a = 0; a < na; a++) bytes += r[1 + a];
         if (r[0] == 0 || r[0] > p->n - p->first[b])
-            return zb_err(ZB_E_CORRUPT, "%s: dataset %zu: block %" PRIu64 " holds %u cells",
-                          path, g->d, b, r[0]);
+            return zb_err(ZB_E_CORRUPT, "%s: dataset %zu: block %" PRIu64 " holds %u cells", path,
+                          g->d, b, r[0]);
         p->first[b + 1] = p->first[b] + r[0];
         p->at[b + 1] = p->at[b] + bytes;
     }
     if (p->first[p->n_blocks] != p->n)
-        return zb_err(ZB_E_CORRUPT, "%s: dataset %zu: the blocks hold %" PRIu64 " of %" PRIu64
-                      " cells", path, g->d, p->first[p->n_blocks], p->n);
+        return zb_err(ZB_E_CORRUPT,
+                      "%s: dataset %zu: the blocks hold %" PRIu64 " of %" PRIu64 " cells", path,
+                      g->d, p->first[p->n_blocks], p->n);
     uint32_t *counts = malloc((size_t)p->n * 4 + 4);
     if (!counts) return zb_err(ZB_E_NOMEM, "gather");
     zb_status st = ZB_OK;
@@ -147,12 +149,10 @@ load_index(gather *g, part *p, const char *path, const unsigned char *buf, uint6
         }
         if (a == CV_A_ROW) {
             st = decode_piece(g, g->ws->ctx, path, UINT64_MAX, a, buf + at, clen,
-                              (unsigned char *)p->rows,
-                              p->n * 8);
+                              (unsigned char *)p->rows, p->n * 8);
         } else {
             st = decode_piece(g, g->ws->ctx, path, UINT64_MAX, a, buf + at, clen,
-                              (unsigned char *)counts,
-                              p->n * 4);
+                              (unsigned char *)counts, p->n * 4);
             if (st == ZB_OK && !(p->prefix[a] = malloc((size_t)(p->n + 1) * 8)))
                 st = zb_err(ZB_E_NOMEM, "gather");
             for (uint64_t i = 0; st == ZB_OK && i < p->n; i++) {
@@ -180,13 +180,13 @@ load_part(gather *g, size_t t)
     cv_scatter_header h;
     uint64_t sec[4];
     zb_status st = pread_all(fd, path, &h, sizeof h, 0);
-    if (st == ZB_OK && (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != CV_SCATTER_VERSION ||
-                        h.n_arrays != na || h.n_datasets != cv->n_datasets ||
-                        h.input != cv->slices[t].input))
+    if (st == ZB_OK &&
+        (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != CV_SCATTER_VERSION ||
+         h.n_arrays != na || h.n_datasets != cv->n_datasets || h.input != cv->slices[t].input))
         st = zb_err(ZB_E_CORRUPT, "%s: not a scatter file of this conversion", path);
     if (st == ZB_OK) st = pread_all(fd, path, sec, sizeof sec, sizeof h + g->d * 4 * 8);
-    if (st == ZB_OK && (sec[0] > cv->dataset_size || sec[1] > sec[0] ||
-                        sec[3] > ((uint64_t)1 << 36)))
+    if (st == ZB_OK &&
+        (sec[0] > cv->dataset_size || sec[1] > sec[0] || sec[3] > ((uint64_t)1 << 36)))
         st = zb_err(ZB_E_CORRUPT, "%s: section %zu is out of range", path, g->d);
     part *p = &g->parts[g->n_parts];
     memset(p, 0, sizeof *p);
@@ -350,15 +350,18 @@ read_pass(gather *g, uint64_t r0, uint64_t r1)
         for (uint64_t c = p->p0; c < p->p1; c++) {
             uint64_t r = p->rows[c];
             if (r < r0 || r >= r1 || g->who[r - r0] != UINT64_MAX)
-                return zb_err(ZB_E_CORRUPT, "scatter file t%zu: dataset %zu, row %" PRIu64
-                              " is given twice or out of order", p->t, g->d, r);
+                return zb_err(ZB_E_CORRUPT,
+                              "scatter file t%zu: dataset %zu, row %" PRIu64
+                              " is given twice or out of order",
+                              p->t, g->d, r);
             g->who[r - r0] = (uint64_t)i << 40 | c;
         }
     }
     for (uint64_t r = 0; r < r1 - r0; r++)
         if (g->who[r] == UINT64_MAX)
-            return zb_err(ZB_E_CORRUPT, "dataset %zu: no cell for row %" PRIu64
-                          " in the scatter files", g->d, r0 + r);
+            return zb_err(ZB_E_CORRUPT,
+                          "dataset %zu: no cell for row %" PRIu64 " in the scatter files", g->d,
+                          r0 + r);
     return ZB_OK;
 }
 
@@ -492,8 +495,8 @@ append_column(gather *g, zb_anndata_writer *w, size_t c, uint64_t rows)
     size_t a = g->col_start[c];
     if (col->kind == ZB_COL_CATEGORICAL) {
         ZB_TRY(assemble_fixed(g, a, rows));
-        return zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, col->name, ZB_DT_INT32,
-                                              g->values, rows);
+        return zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, col->name, ZB_DT_INT32, g->values,
+                                              rows);
     }
     bool nullable = col->kind == ZB_COL_NULLABLE;
     size_t mask_a = a + (col->dtype == ZB_DT_STRING ? 2 : 1);
@@ -561,30 +564,28 @@ define_frame(gather *g, zb_anndata_writer *w)
         const cv_column *col = &cv->cols[c];
         const char *name = col->name;
         if (col->kind == ZB_COL_CATEGORICAL && col->dtype == ZB_DT_STRING)
-            ZB_TRY(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, name,
-                                                        col->categories.data,
-                                                        col->categories.offsets,
-                                                        col->categories.n, col->ordered));
+            ZB_TRY(zb_anndata_writer_define_categorical(
+                w, ZB_ANNDATA_OBS, name, col->categories.data, col->categories.offsets,
+                col->categories.n, col->ordered));
         else if (col->kind == ZB_COL_CATEGORICAL)
-            ZB_TRY(zb_anndata_writer_define_categorical_values(w, ZB_ANNDATA_OBS, name,
-                                                               col->dtype, col->category_values,
+            ZB_TRY(zb_anndata_writer_define_categorical_values(w, ZB_ANNDATA_OBS, name, col->dtype,
+                                                               col->category_values,
                                                                col->categories.n, col->ordered));
         else if (col->dtype == ZB_DT_STRING && col->kind == ZB_COL_NULLABLE)
             ZB_TRY(zb_anndata_writer_append_nullable_string_column(w, ZB_ANNDATA_OBS, name, "",
                                                                    no_strings, 0, NULL, 0));
         else if (col->dtype == ZB_DT_STRING)
-            ZB_TRY(zb_anndata_writer_append_string_column(w, ZB_ANNDATA_OBS, name, "",
-                                                          no_strings, 0));
+            ZB_TRY(
+                zb_anndata_writer_append_string_column(w, ZB_ANNDATA_OBS, name, "", no_strings, 0));
         else if (col->kind == ZB_COL_NULLABLE && !is_float(col->dtype))
-            ZB_TRY(zb_anndata_writer_append_nullable_column(w, ZB_ANNDATA_OBS, name, col->dtype,
-                                                            "", 0, NULL, 0));
+            ZB_TRY(zb_anndata_writer_append_nullable_column(w, ZB_ANNDATA_OBS, name, col->dtype, "",
+                                                            0, NULL, 0));
         else
             ZB_TRY(zb_anndata_writer_append_column(w, ZB_ANNDATA_OBS, name, col->dtype, "", 0));
     }
     /* src_path: the inputs as the command named them */
-    ZB_TRY(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "src_path",
-                                                cv->input_names.data, cv->input_names.offsets,
-                                                cv->input_names.n, false));
+    ZB_TRY(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "src_path", cv->input_names.data,
+                                                cv->input_names.offsets, cv->input_names.n, false));
     ZB_TRY(zb_anndata_writer_append_column(w, ZB_ANNDATA_OBS, "src_row", ZB_DT_INT64, "", 0));
     return zb_anndata_writer_append_names(w, ZB_ANNDATA_VAR, cv->genes.data, cv->genes.offsets,
                                           cv->genes.n);
@@ -683,7 +684,6 @@ gather_rows(gather *g, zb_anndata_writer *w, uint64_t memory)
         uint64_t r1 = g->cells - r0 < per_pass ? g->cells : r0 + per_pass;
         ZB_TRY(read_pass(g, r0, r1));
         ZB_TRY(write_pass(g, w, r1 - r0));
-
     }
     return ZB_OK;
 }
@@ -710,8 +710,9 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     uint64_t have = 0;
     for (size_t i = 0; i < g.n_parts; i++) have += g.parts[i].n;
     if (st == ZB_OK && have != g.cells)
-        st = zb_err(ZB_E_CORRUPT, "dataset %zu: the scatter files hold %" PRIu64 " of its %" PRIu64
-                    " cells", d, have, g.cells);
+        st = zb_err(ZB_E_CORRUPT,
+                    "dataset %zu: the scatter files hold %" PRIu64 " of its %" PRIu64 " cells", d,
+                    have, g.cells);
     cv_digest *dg = NULL;
     zb_store *store = NULL;
     zb_anndata_writer *w = NULL;

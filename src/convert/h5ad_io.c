@@ -244,7 +244,7 @@ zb__h5_attr_text(hid_t obj, const char *name, const char *path, const char *key,
 
 zb_status
 zb__h5_attr_texts(hid_t obj, const char *name, const char *path, const char *key, char ***out,
-                 size_t *n)
+                  size_t *n)
 {
     *out = NULL;
     *n = 0;
@@ -278,7 +278,7 @@ done:
 
 zb_status
 zb__h5_attr_u64s(hid_t obj, const char *name, const char *path, const char *key, uint64_t *out,
-                size_t n)
+                 size_t n)
 {
     attr a;
     ZB_TRY(attr_open(obj, name, path, key, &a));
@@ -323,7 +323,7 @@ zb__h5_attr_bool(hid_t obj, const char *name, const char *path, const char *key,
 
 zb_status
 zb__h5_attr_deref(hid_t obj, const char *name, hid_t base, const char *path, const char *key,
-                 hid_t *out)
+                  hid_t *out)
 {
     *out = H5I_INVALID_HID;
     attr a;

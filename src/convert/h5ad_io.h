@@ -63,7 +63,7 @@ typedef struct zb__h5_ds {
  * when absent; ZB_E_UNSUPPORTED for a rank above 2 or a type that is not a number, h5py's bool or
  * a string (naming it). On failure *out holds nothing to close. */
 zb_status zb__h5_ds_open(hid_t loc, const char *name, const char *path, const char *key,
-                        zb__h5_ds *out);
+                         zb__h5_ds *out);
 /* Opens the dataset behind an already open object id (taking it over: closed on failure). */
 zb_status zb__h5_ds_from_id(hid_t id, const char *path, const char *key, zb__h5_ds *out);
 void zb__h5_ds_close(zb__h5_ds *d);
@@ -72,7 +72,7 @@ void zb__h5_ds_close(zb__h5_ds *d);
  * (codes, values, indptr...): absent is ZB_E_CORRUPT, another rank ZB_E_UNSUPPORTED. Messages
  * name it "gkey/name". */
 zb_status zb__h5_part_open(hid_t g, const char *gkey, const char *name, const char *path,
-                          zb__h5_ds *out);
+                           zb__h5_ds *out);
 
 /* Rows [start, stop) (elements of a rank-1 dataset), every column, C order, native byte order,
  * into dst ((stop - start) * dims[1] * item bytes). Not for strings. Safe from several threads at
@@ -81,7 +81,8 @@ zb_status zb__h5_ds_read(const zb__h5_ds *d, uint64_t start, uint64_t stop, void
 
 /* Elements [start, stop) of a rank-1 string dataset into a new *out (overwritten, not freed; free
  * with zb_strings_free). Fixed-length strings lose their padding. */
-zb_status zb__h5_ds_read_strings(const zb__h5_ds *d, uint64_t start, uint64_t stop, zb_strings *out);
+zb_status zb__h5_ds_read_strings(const zb__h5_ds *d, uint64_t start, uint64_t stop,
+                                 zb_strings *out);
 
 /* Under the lock: frees what libhdf5 allocated for the variable-length strings in buf (read with
  * `type` over `space`); H5Dvlen_reclaim before libhdf5 1.12, H5Treclaim since. */
@@ -101,24 +102,24 @@ bool zb__h5_attr_exists(hid_t obj, const char *name);
  * (free with free()). ZB_E_NOTFOUND when absent; ZB_E_UNSUPPORTED (naming path, key and the
  * attribute) when not a string. */
 zb_status zb__h5_attr_text(hid_t obj, const char *name, const char *path, const char *key,
-                          char **out);
+                           char **out);
 
 /* The texts of a 1-d string attribute (a scalar string counts as one; an empty array of any type
  * as none) into a new array of *n new strings (free each, then the array). */
 zb_status zb__h5_attr_texts(hid_t obj, const char *name, const char *path, const char *key,
-                           char ***out, size_t *n);
+                            char ***out, size_t *n);
 
 /* `n` non-negative integers of an integer attribute of exactly n elements. */
 zb_status zb__h5_attr_u64s(hid_t obj, const char *name, const char *path, const char *key,
-                          uint64_t *out, size_t n);
+                           uint64_t *out, size_t n);
 
 /* A bool attribute (h5py's bool enum, or any integer): non-zero is true. */
 zb_status zb__h5_attr_bool(hid_t obj, const char *name, const char *path, const char *key,
-                          bool *out);
+                           bool *out);
 
 /* Opens the object an attribute points at: an HDF5 object reference, or a string naming a path
  * relative to `base` (anndata 0.7 wrote references; its Zarr form wrote paths). */
 zb_status zb__h5_attr_deref(hid_t obj, const char *name, hid_t base, const char *path,
-                           const char *key, hid_t *out);
+                            const char *key, hid_t *out);
 
 #endif

@@ -23,8 +23,8 @@
 
 typedef struct h5ad_matrix {
     zb__src_matrix base;
-    hid_t file;                     /* the source's (borrowed) */
-    const char *var_frame;          /* whose index names the columns: "var" or "raw/var" */
+    hid_t file;                      /* the source's (borrowed) */
+    const char *var_frame;           /* whose index names the columns: "var" or "raw/var" */
     zb__h5_ds data, indices, indptr; /* sparse */
     zb__h5_ds dense;
 } h5ad_matrix;
@@ -320,7 +320,7 @@ open_locked(h5ad_matrix *m, uint64_t n_obs)
 
 zb_status
 zb__h5ad_matrix_open(hid_t file, const char *path, uint64_t n_obs, const char *key,
-                    zb__src_matrix **out)
+                     zb__src_matrix **out)
 {
     *out = NULL;
     const char *var_frame = var_frame_of(key);

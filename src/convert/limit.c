@@ -89,8 +89,8 @@ measure_read(zb_convert *cv, int threads, double *seconds, cv_value_stats *x)
  * the values the read pass saw, by the conversion's rule), so the time is what reading,
  * compressing and writing the output take without the shuffle. */
 static zb_status
-measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats *x,
-             double *seconds, uint64_t *x_bytes)
+measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats *x, double *seconds,
+             uint64_t *x_bytes)
 {
     uint64_t n_vars = 1;
     zb_dtype dtype = cv_stored_dtype(cv, 0, x);

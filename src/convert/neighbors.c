@@ -96,8 +96,10 @@ frame_complete(frame *f)
     for (int p = 0; p < np; p++) {
         memcpy(f->axis[per[p]], f->cell[per[p]], sizeof f->axis[0]);
         if (dot3(f->axis[per[p]], f->axis[per[p]]) == 0)
-            return zb_err(ZB_E_INVALID, "singular periodic cell: lattice vector %d is zero but "
-                          "axis %d is periodic", per[p], per[p]);
+            return zb_err(ZB_E_INVALID,
+                          "singular periodic cell: lattice vector %d is zero but "
+                          "axis %d is periodic",
+                          per[p], per[p]);
     }
     if (np == 0) {
         for (int k = 0; k < 3; k++)
@@ -120,8 +122,10 @@ frame_complete(frame *f)
         double scale =
             sqrt(dot3(f->axis[per[0]], f->axis[per[0]]) * dot3(f->axis[per[1]], f->axis[per[1]]));
         if (!(len > 1e-12 * scale))
-            return zb_err(ZB_E_INVALID, "singular periodic cell: lattice vectors %d and %d "
-                          "are parallel", per[0], per[1]);
+            return zb_err(ZB_E_INVALID,
+                          "singular periodic cell: lattice vectors %d and %d "
+                          "are parallel",
+                          per[0], per[1]);
         normalize3(f->axis[non[0]]);
     }
     return ZB_OK;
@@ -137,8 +141,10 @@ frame_invert(frame *f)
     double scale = 1;
     for (int k = 0; k < 3; k++) scale *= sqrt(dot3(f->axis[k], f->axis[k]));
     if (!(fabs(det) > 1e-12 * scale))
-        return zb_err(ZB_E_INVALID, "singular periodic cell: the periodic lattice vectors are "
-                      "linearly dependent (volume %g)", det);
+        return zb_err(ZB_E_INVALID,
+                      "singular periodic cell: the periodic lattice vectors are "
+                      "linearly dependent (volume %g)",
+                      det);
     for (int k = 0; k < 3; k++) {
         for (int c = 0; c < 3; c++) f->inv[c][k] = rec[k][c] / det;
         f->height[k] = fabs(det) / sqrt(dot3(rec[k], rec[k]));
@@ -213,8 +219,10 @@ atoms_wrap(atoms *a, frame *f, const zb_structure *s, double *size)
             if (f->pbc[k]) {
                 o = floor(x);
                 if (!(fabs(o) < MAX_CELLS_AWAY))
-                    return zb_err(ZB_E_INVALID, "atom %llu lies %g cells outside the periodic "
-                                  "cell along axis %d", (unsigned long long)i, o, k);
+                    return zb_err(ZB_E_INVALID,
+                                  "atom %llu lies %g cells outside the periodic "
+                                  "cell along axis %d",
+                                  (unsigned long long)i, o, k);
                 x -= o;
                 cells[k] = fmax(cells[k], fabs(o));
             }
@@ -256,8 +264,10 @@ frame_bins(frame *f, uint64_t n, double radius)
             continue;
         }
         if (!(radius / f->height[k] <= MAX_REACH))
-            return zb_err(ZB_E_OVERFLOW, "the cutoff spans %g lattice planes along axis %d (at "
-                          "most %d)", radius / f->height[k], k, MAX_REACH);
+            return zb_err(ZB_E_OVERFLOW,
+                          "the cutoff spans %g lattice planes along axis %d (at "
+                          "most %d)",
+                          radius / f->height[k], k, MAX_REACH);
         f->reach[k] = radius * (double)f->nbins[k] / f->height[k];
     }
     return ZB_OK;
@@ -307,8 +317,10 @@ list_reserve(zb_neighbor_list *nl, uint64_t max_pairs, double cutoff)
 {
     if (max_pairs && nl->n_pairs >= max_pairs) /* before the capacity: a reused list may be
                                                    larger than this call's cap */
-        return zb_err(ZB_E_OVERFLOW, "more than %llu neighbour pairs within the cutoff %g "
-                      "(max_pairs)", (unsigned long long)max_pairs, cutoff);
+        return zb_err(ZB_E_OVERFLOW,
+                      "more than %llu neighbour pairs within the cutoff %g "
+                      "(max_pairs)",
+                      (unsigned long long)max_pairs, cutoff);
     if (nl->n_pairs < nl->capacity) return ZB_OK;
     uint64_t cap = nl->capacity ? nl->capacity * 2 : 4096;
     if (max_pairs && cap > max_pairs) cap = max_pairs;
@@ -485,8 +497,8 @@ zb_neighbor_list_build(const zb_structure *s, double cutoff, uint64_t max_pairs,
     /* an atom's range along a periodic first axis spans at most 2·(reach + slack) + 2 bins, so
      * as many runs; along a non-periodic one it is one run */
     search q = {NULL, &f, &a, s, radius * radius, inner * inner, cutoff, max_pairs, nl};
-    size_t nruns = f.pbc[0] ? (size_t)ceil(2 * (f.reach[0] + 1e-9 * (2 + (double)f.nbins[0]))) + 4
-                            : 1;
+    size_t nruns =
+        f.pbc[0] ? (size_t)ceil(2 * (f.reach[0] + 1e-9 * (2 + (double)f.nbins[0]))) + 4 : 1;
     if (st == ZB_OK && !(q.runs = malloc(nruns * sizeof *q.runs)))
         st = zb_err(ZB_E_NOMEM, "neighbour search runs");
     for (uint64_t i = 0; st == ZB_OK && i < s->n_atoms; i++) st = search_atom(&q, i);

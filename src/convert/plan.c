@@ -28,7 +28,7 @@ typedef struct planner {
     size_t n_mats;     /* X, then layers */
     const char **keys; /* input keys of the matrices */
     zb__src **srcs;
-    zb__src_matrix ***mats;  /* [n][n_mats] */
+    zb__src_matrix ***mats; /* [n][n_mats] */
     zb_strings *var;        /* [n] var names of each input's X */
     cv_strbuf genes;
     json_object *doc;
@@ -64,9 +64,10 @@ check_unique(const zb_strings *names, const char *what, const char *where)
     ZB_TRY(zb__strmap_build(&m, names, &dup));
     zb__strmap_free(&m);
     if (dup == UINT64_MAX) return ZB_OK;
-    return zb_err(ZB_E_INVALID, "%s: %s '%.*s' appears twice (at %" PRIu64 "); names must be "
-                  "unique to align genes", where, what,
-                  (int)(names->offsets[dup + 1] - names->offsets[dup]),
+    return zb_err(ZB_E_INVALID,
+                  "%s: %s '%.*s' appears twice (at %" PRIu64 "); names must be "
+                  "unique to align genes",
+                  where, what, (int)(names->offsets[dup + 1] - names->offsets[dup]),
                   names->data + names->offsets[dup], dup);
 }
 
@@ -109,7 +110,8 @@ inner_join(planner *p)
     zb__strmap *maps = calloc(p->n, sizeof *maps);
     if (!maps) return zb_err(ZB_E_NOMEM, "the gene list");
     zb_status st = ZB_OK;
-    for (size_t k = 1; k < p->n && st == ZB_OK; k++) st = zb__strmap_build(&maps[k], &p->var[k], NULL);
+    for (size_t k = 1; k < p->n && st == ZB_OK; k++)
+        st = zb__strmap_build(&maps[k], &p->var[k], NULL);
     const zb_strings *first = &p->var[0];
     for (uint64_t i = 0; i < first->n && st == ZB_OK; i++) {
         const char *s = first->data + first->offsets[i];
@@ -127,8 +129,7 @@ inner_join(planner *p)
 static zb_status
 gene_list(planner *p)
 {
-    for (size_t k = 0; k < p->n; k++)
-        ZB_TRY(check_unique(&p->var[k], "var name", p->paths[k]));
+    for (size_t k = 0; k < p->n; k++) ZB_TRY(check_unique(&p->var[k], "var name", p->paths[k]));
     zb_status st;
     if (p->o->genes) {
         st = read_gene_file(p->o->genes, &p->genes);
@@ -169,7 +170,7 @@ gene_map(planner *p, const char *work, const zb__strmap *genes, size_t k, size_t
     uint64_t kept = 0;
     for (uint64_t i = 0; st == ZB_OK && i < names.n; i++) {
         int64_t g = zb__strmap_find(genes, names.data + names.offsets[i],
-                                   (size_t)(names.offsets[i + 1] - names.offsets[i]));
+                                    (size_t)(names.offsets[i + 1] - names.offsets[i]));
         map[i] = (int32_t)g;
         identity = identity && g == (int64_t)i;
         if (g < 0) continue;
@@ -222,8 +223,10 @@ column_names(planner *p, const char ***names, size_t *n)
             const char *name = p->o->obs[i];
             if (reserved_column(name)) {
                 free(out);
-                return zb_err(ZB_E_INVALID, "obs column '%s': the converter adds it itself "
-                              "(the source file and row of every cell)", name);
+                return zb_err(ZB_E_INVALID,
+                              "obs column '%s': the converter adds it itself "
+                              "(the source file and row of every cell)",
+                              name);
             }
             for (size_t k = 0; k < p->n; k++) {
                 size_t idx;
@@ -232,8 +235,10 @@ column_names(planner *p, const char ***names, size_t *n)
                 free(out);
                 const char *why = zb__src_skipped_reason(&p->srcs[k]->c, name);
                 if (why)
-                    return zb_err(ZB_E_UNSUPPORTED, "%s: obs column '%s' cannot be converted "
-                                  "(asked for with --obs): %s", p->paths[k], name, why);
+                    return zb_err(ZB_E_UNSUPPORTED,
+                                  "%s: obs column '%s' cannot be converted "
+                                  "(asked for with --obs): %s",
+                                  p->paths[k], name, why);
                 return zb_err(ZB_E_NOTFOUND, "%s: no obs column '%s' (asked for with --obs)",
                               p->paths[k], name);
             }
@@ -281,15 +286,17 @@ merge_kind(planner *p, const char *name, const zb__col_info *const *in, zb__col_
         if (family_of(in[k]) != f || string_cats)
             return zb_err(ZB_E_INVALID,
                           "obs column '%s' is %s of %s in %s but %s of %s in %s: they cannot "
-                          "be merged into one column", name, kind_names[in[0]->kind],
-                          zb_dtype_name(in[0]->dtype), p->paths[0], kind_names[in[k]->kind],
-                          zb_dtype_name(in[k]->dtype), p->paths[k]);
+                          "be merged into one column",
+                          name, kind_names[in[0]->kind], zb_dtype_name(in[0]->dtype), p->paths[0],
+                          kind_names[in[k]->kind], zb_dtype_name(in[k]->dtype), p->paths[k]);
         if (*dtype == ZB_DT_STRING) continue;
         zb_dtype t = cv_promote(*dtype, in[k]->dtype);
         if (t == ZB_DT_COUNT_)
-            return zb_err(ZB_E_INVALID, "obs column '%s': %s in %s and %s in %s have no common "
-                          "type", name, zb_dtype_name(*dtype), p->paths[0],
-                          zb_dtype_name(in[k]->dtype), p->paths[k]);
+            return zb_err(ZB_E_INVALID,
+                          "obs column '%s': %s in %s and %s in %s have no common "
+                          "type",
+                          name, zb_dtype_name(*dtype), p->paths[0], zb_dtype_name(in[k]->dtype),
+                          p->paths[k]);
         *dtype = t;
     }
     if (f == FAM_CATEGORICAL)
@@ -357,8 +364,8 @@ merge_categories(planner *p, const char *name, const zb__col_info *const *in, zb
     char key[512];
     bool same = true;
     for (size_t k = 1; k < p->n && same; k++)
-        same = in[k]->dtype == in[0]->dtype &&
-               cv_strings_equal(in[0]->categories, in[k]->categories);
+        same =
+            in[k]->dtype == in[0]->dtype && cv_strings_equal(in[0]->categories, in[k]->categories);
     uint64_t first_n = in[0]->categories->n;
     for (size_t k = 0; k < p->n && st == ZB_OK; k++)
         for (uint64_t i = 0; i < in[k]->categories->n && st == ZB_OK; i++)
@@ -388,9 +395,9 @@ merge_categories(planner *p, const char *name, const zb__col_info *const *in, zb
     json_object *cats = zb__jw_add(col, "categories", json_object_new_array(), &ok);
     for (uint64_t i = 0; st == ZB_OK && ok && i < out.s.n; i++)
         zb__jw_push(cats,
-                   json_object_new_string_len(out.s.data + out.s.offsets[i],
-                                              (int)(out.s.offsets[i + 1] - out.s.offsets[i])),
-                   &ok);
+                    json_object_new_string_len(out.s.data + out.s.offsets[i],
+                                               (int)(out.s.offsets[i + 1] - out.s.offsets[i])),
+                    &ok);
     bool ordered = same;
     for (size_t k = 0; k < p->n; k++) ordered = ordered && in[k]->ordered;
     zb__jw_add(col, "ordered", json_object_new_boolean(ordered), &ok);
@@ -465,8 +472,8 @@ open_inputs(planner *p, json_object *inputs)
             const char *earlier = json_object_get_string(
                 json_object_object_get(json_object_array_get_idx(inputs, i), "path"));
             if (earlier && !strcmp(earlier, real))
-                st = zb_err(ZB_E_INVALID, "%s is given twice (inputs %zu and %zu)", p->paths[k],
-                            i, k);
+                st = zb_err(ZB_E_INVALID, "%s is given twice (inputs %zu and %zu)", p->paths[k], i,
+                            k);
         }
         if (st != ZB_OK) break;
         uint64_t size;
@@ -504,8 +511,7 @@ static uint64_t
 cell_overhead(const planner *p, size_t k)
 {
     (void)k;
-    return 16 /* row, source row */ + 32 /* obs name */ +
-           16 * (uint64_t)p->srcs[0]->c.n_columns;
+    return 16 /* row, source row */ + 32 /* obs name */ + 16 * (uint64_t)p->srcs[0]->c.n_columns;
 }
 
 /* Cuts input k's rows into slices of at most `budget` estimated bytes. */
@@ -529,8 +535,8 @@ slice_input(planner *p, size_t k, const zb_dtype *out_dtypes, uint64_t budget, j
             if (mi->layout == ZB_SRC_CSR) {
                 st = zb__src_matrix_indptr(p->mats[k][j], b, e, ptr[j]);
             } else { /* rows unknown until transposed / densities unknown: the mean */
-                uint64_t per = mi->layout == ZB_SRC_DENSE ? mi->n_cols
-                                                          : (mi->nnz + n - 1) / (n ? n : 1);
+                uint64_t per =
+                    mi->layout == ZB_SRC_DENSE ? mi->n_cols : (mi->nnz + n - 1) / (n ? n : 1);
                 for (uint64_t r = b; r <= e; r++) ptr[j][r - b] = (int64_t)((r - b) * per);
             }
         }
@@ -621,8 +627,8 @@ cv_args_json(const char *const *inputs, size_t n, const zb_convert_opts *o, json
     json_object *a = json_object_new_object();
     zb__jw_add(a, "inputs", string_array(inputs, n, &ok), &ok);
     zb__jw_add(a, "dataset_size", zb__jw_u64(o->dataset_size), &ok);
-    zb__jw_add(a, "var_join", json_object_new_string(o->var_join == ZB_VAR_INNER ? "inner" : "outer"),
-              &ok);
+    zb__jw_add(a, "var_join",
+               json_object_new_string(o->var_join == ZB_VAR_INNER ? "inner" : "outer"), &ok);
     if (o->genes) {
         uint64_t size, crc;
         int64_t mtime;
@@ -655,8 +661,7 @@ cv_args_json(const char *const *inputs, size_t n, const zb_convert_opts *o, json
     zb__jw_add(a, "x_chunk", zb__jw_u64(o->x_chunk), &ok);
     zb__jw_add(a, "x_shard", zb__jw_u64(o->x_shard), &ok);
     zb__jw_add(a, "data_dtype", json_object_new_string(cv_data_choice_name(o->data_dtype)), &ok);
-    zb__jw_add(a, "index_dtype", json_object_new_string(cv_index_choice_name(o->index_dtype)),
-              &ok);
+    zb__jw_add(a, "index_dtype", json_object_new_string(cv_index_choice_name(o->index_dtype)), &ok);
     if (!ok) {
         json_object_put(a);
         return zb_err(ZB_E_NOMEM, "the plan");
@@ -739,10 +744,11 @@ cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o, con
     if (st == ZB_OK) st = zb__strmap_build(&gmap, &p.genes.s, NULL);
     json_object *jg = zb__jw_add(p.doc, "genes", json_object_new_array(), &ok);
     for (uint64_t i = 0; st == ZB_OK && ok && i < p.genes.s.n; i++)
-        zb__jw_push(jg, json_object_new_string_len(p.genes.s.data + p.genes.s.offsets[i],
-                                                  (int)(p.genes.s.offsets[i + 1] -
-                                                        p.genes.s.offsets[i])),
-                   &ok);
+        zb__jw_push(
+            jg,
+            json_object_new_string_len(p.genes.s.data + p.genes.s.offsets[i],
+                                       (int)(p.genes.s.offsets[i + 1] - p.genes.s.offsets[i])),
+            &ok);
     for (size_t k = 0; st == ZB_OK && k < n; k++) {
         json_object *mats = json_object_object_get(json_object_array_get_idx(jin, k), "matrices");
         for (size_t j = 0; st == ZB_OK && j < p.n_mats; j++)
@@ -759,7 +765,8 @@ cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o, con
             const char *entry = p.srcs[k]->c.skipped[i], *tab = strchr(entry, '\t');
             char line[4200];
             snprintf(line, sizeof line, "%s: obs column '%.*s' left out: %s", inputs[k],
-                     (int)(tab ? tab - entry : (ptrdiff_t)strlen(entry)), entry, tab ? tab + 1 : "");
+                     (int)(tab ? tab - entry : (ptrdiff_t)strlen(entry)), entry,
+                     tab ? tab + 1 : "");
             zb__jw_push(skipped, json_object_new_string(line), &ok);
         }
 
@@ -777,8 +784,9 @@ cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o, con
      * about a section's share of a pass (convert_int.h, "the scatter file") */
     if (st == ZB_OK && ok) {
         uint64_t d = (n_cells + o->dataset_size - 1) / (o->dataset_size ? o->dataset_size : 1);
-        uint64_t slices = json_object_array_length(js), writer = cv_writer_bytes(
-            o->x_chunk, o->x_shard, out_dtypes, p.n_mats, json_object_array_length(jc));
+        uint64_t slices = json_object_array_length(js),
+                 writer = cv_writer_bytes(o->x_chunk, o->x_shard, out_dtypes, p.n_mats,
+                                          json_object_array_length(jc));
         uint64_t g = cv_concurrent_gathers(o->memory_bytes, writer, d ? d : 1, num_threads);
         uint64_t share = o->memory_bytes / g, floor = (uint64_t)8 << 20;
         uint64_t pass = share > writer + floor ? (share - writer) * 2 / 5 : floor;

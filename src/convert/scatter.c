@@ -83,22 +83,22 @@ sort_by_gene(uint64_t *keys, uint64_t *tmp, size_t n)
 
 typedef struct scatter {
     zb_convert *cv;
-    cv_ws *ws;              /* every buffer below lives in it */
+    cv_ws *ws; /* every buffer below lives in it */
     size_t t, n_arrays, col_start[CV_MAX_ARRAYS];
     cv_array arrays[CV_MAX_ARRAYS];
     cv_slice s;
-    uint64_t n;             /* cells */
-    zb__csr_block *mats;     /* [n_mats] as read */
-    zb__col_block *cols;     /* [n_cols] as read */
+    uint64_t n;          /* cells */
+    zb__csr_block *mats; /* [n_mats] as read */
+    zb__col_block *cols; /* [n_cols] as read */
     zb_strings names;
-    uint64_t *order;        /* [2n]: (position, input index) pairs, then the input indices */
-    uint64_t *pos;          /* [n]: the output position of each cell in sorted order */
-    uint64_t *section;      /* [n_datasets + 1]: first sorted cell of each dataset */
+    uint64_t *order;   /* [2n]: (position, input index) pairs, then the input indices */
+    uint64_t *pos;     /* [n]: the output position of each cell in sorted order */
+    uint64_t *section; /* [n_datasets + 1]: first sorted cell of each dataset */
     unsigned char *buf[CV_MAX_ARRAYS]; /* the arrays, all sections */
     uint64_t count[CV_MAX_ARRAYS];     /* elements in each */
-    uint64_t *starts[CV_MAX_ARRAYS]; /* count arrays' prefix sums [n + 1], by count array */
-    bool index[CV_MAX_ARRAYS];       /* index arrays (cv_index_arrays) */
-    cv_value_stats stats[65];        /* [n_mats] what the values are (dtypes.c) */
+    uint64_t *starts[CV_MAX_ARRAYS];   /* count arrays' prefix sums [n + 1], by count array */
+    bool index[CV_MAX_ARRAYS];         /* index arrays (cv_index_arrays) */
+    cv_value_stats stats[65];          /* [n_mats] what the values are (dtypes.c) */
 } scatter;
 
 static zb_status
@@ -123,7 +123,7 @@ read_cells(scatter *sc)
     }
     for (size_t c = 0; c < cv->n_cols; c++)
         ZB_TRY(zb__src_read_column(src, cv->cols[c].src_index[k], sc->s.start, sc->s.stop,
-                                  &sc->cols[c]));
+                                   &sc->cols[c]));
     return zb__src_read_obs_names(src, sc->s.start, sc->s.stop, &sc->names);
 }
 
@@ -282,7 +282,8 @@ check_values(scatter *sc, size_t j)
     }
     double v = 0;
     cv_convert_values(&v, ZB_DT_FLOAT64, vals + value_at * item, dtype, 1);
-    return zb_err(ZB_E_INVALID, "%s: %s, row %" PRIu64 ": the value %.17g is not an integer in "
+    return zb_err(ZB_E_INVALID,
+                  "%s: %s, row %" PRIu64 ": the value %.17g is not an integer in "
                   "[0, %s], so %s cannot hold it exactly (choose a wider data dtype, or auto)",
                   cv->inputs[sc->s.input].path, cv->mat_keys[j], sc->s.start + row, v,
                   asked == ZB_DT_UINT8 ? "255" : "65535", zb_dtype_name(asked));
@@ -304,9 +305,11 @@ fill_column(scatter *sc, size_t c)
         for (uint64_t q = 0; q < sc->n; q++) {
             int32_t code = codes[sc->order[q]];
             if (code >= 0 && (uint64_t)code >= col->n_src_codes[k])
-                return zb_err(ZB_E_CORRUPT, "%s: obs column '%s', row %" PRIu64 ": code %d of "
-                              "%" PRIu64 " categories", cv->inputs[k].path, col->name,
-                              sc->s.start + sc->order[q], code, col->n_src_codes[k]);
+                return zb_err(ZB_E_CORRUPT,
+                              "%s: obs column '%s', row %" PRIu64 ": code %d of "
+                              "%" PRIu64 " categories",
+                              cv->inputs[k].path, col->name, sc->s.start + sc->order[q], code,
+                              col->n_src_codes[k]);
             out[q] = code < 0 ? -1 : col->code_map[k][code];
         }
         return ZB_OK;
@@ -364,8 +367,10 @@ element_starts(scatter *sc)
         int c = sc->arrays[a].count;
         if (c < 0 || sc->starts[c]) continue;
         if (k == CV_WS_STARTS_N)
-            return zb_err(ZB_E_UNSUPPORTED, "more than %d variable-length obs columns and "
-                          "matrices", CV_WS_STARTS_N);
+            return zb_err(ZB_E_UNSUPPORTED,
+                          "more than %d variable-length obs columns and "
+                          "matrices",
+                          CV_WS_STARTS_N);
         ZB_TRY(grow(sc, CV_WS_STARTS0 + k++, (sc->n + 1) * 8, &sc->starts[c]));
         const uint32_t *counts = (const uint32_t *)sc->buf[c];
         sc->starts[c][0] = 0;
@@ -398,7 +403,7 @@ append_piece(scatter *sc, size_t a, uint64_t e0, uint64_t e1, uint32_t *clen)
     cv_scratch_codec(&codec);
     size_t item = sc->arrays[a].item;
     ZB_TRY(zb__codec_encode(&codec, sc->ws->ctx, sc->buf[a] + e0 * item, (size_t)((e1 - e0) * item),
-                           item, &sc->ws->piece));
+                            item, &sc->ws->piece));
     if (sc->ws->piece.len > UINT32_MAX)
         return zb_err(ZB_E_OVERFLOW, "a scratch piece of %zu bytes", sc->ws->piece.len);
     *clen = (uint32_t)sc->ws->piece.len;

@@ -200,8 +200,7 @@ zb__src_matrix_indptr(zb__src_matrix *m, uint64_t start, uint64_t stop, int64_t 
                       (unsigned long long)start, (unsigned long long)stop,
                       (unsigned long long)limit);
     if (m->info.layout == ZB_SRC_DENSE) {
-        for (uint64_t i = start; i <= stop; i++)
-            out[i - start] = (int64_t)(i * m->info.n_cols);
+        for (uint64_t i = start; i <= stop; i++) out[i - start] = (int64_t)(i * m->info.n_cols);
         return ZB_OK;
     }
     return m->methods->indptr(m, start, stop, out);
@@ -217,9 +216,10 @@ check_block(const zb__src_matrix *m, uint64_t start, const zb__csr_block *b)
     const char *unit = csc ? "column" : "row";
     uint64_t bound = csc ? m->info.n_rows : m->info.n_cols;
     if (b->indptr[0] != 0 || (uint64_t)b->indptr[b->n_rows] != b->nnz)
-        return zb_err(ZB_E_CORRUPT, "%s: %s: the block of %ss from %llu holds %llu elements "
-                      "but its pointers span [%lld, %lld]", m->path, m->key, unit,
-                      (unsigned long long)start, (unsigned long long)b->nnz,
+        return zb_err(ZB_E_CORRUPT,
+                      "%s: %s: the block of %ss from %llu holds %llu elements "
+                      "but its pointers span [%lld, %lld]",
+                      m->path, m->key, unit, (unsigned long long)start, (unsigned long long)b->nnz,
                       (long long)b->indptr[0], (long long)b->indptr[b->n_rows]);
     for (uint64_t r = 0; r < b->n_rows; r++) {
         int64_t lo = b->indptr[r], hi = b->indptr[r + 1];
@@ -231,8 +231,9 @@ check_block(const zb__src_matrix *m, uint64_t start, const zb__csr_block *b)
             if (b->indices[e] >= bound)
                 return zb_err(ZB_E_CORRUPT,
                               "%s: %s/indices: %s %llu, element %lld: index %u is outside "
-                              "[0, %llu)", m->path, m->key, unit, (unsigned long long)(start + r),
-                              (long long)e, b->indices[e], (unsigned long long)bound);
+                              "[0, %llu)",
+                              m->path, m->key, unit, (unsigned long long)(start + r), (long long)e,
+                              b->indices[e], (unsigned long long)bound);
     }
     return ZB_OK;
 }
@@ -308,26 +309,54 @@ zb__src_category_text(zb_dtype dtype, const void *value, char *buf, size_t cap)
 {
     const unsigned char *p = value;
     switch (dtype) {
-    case ZB_DT_BOOL: return (size_t)snprintf(buf, cap, "%s", *p ? "True" : "False");
-    case ZB_DT_INT8: return (size_t)snprintf(buf, cap, "%d", *(const int8_t *)p);
-    case ZB_DT_INT16: { int16_t v; memcpy(&v, p, 2); return (size_t)snprintf(buf, cap, "%d", v); }
-    case ZB_DT_INT32: { int32_t v; memcpy(&v, p, 4); return (size_t)snprintf(buf, cap, "%d", v); }
+    case ZB_DT_BOOL:
+        return (size_t)snprintf(buf, cap, "%s", *p ? "True" : "False");
+    case ZB_DT_INT8:
+        return (size_t)snprintf(buf, cap, "%d", *(const int8_t *)p);
+    case ZB_DT_INT16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        return (size_t)snprintf(buf, cap, "%d", v);
+    }
+    case ZB_DT_INT32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        return (size_t)snprintf(buf, cap, "%d", v);
+    }
     case ZB_DT_INT64: {
         int64_t v;
         memcpy(&v, p, 8);
         return (size_t)snprintf(buf, cap, "%lld", (long long)v);
     }
-    case ZB_DT_UINT8: return (size_t)snprintf(buf, cap, "%u", *p);
-    case ZB_DT_UINT16: { uint16_t v; memcpy(&v, p, 2); return (size_t)snprintf(buf, cap, "%u", v); }
-    case ZB_DT_UINT32: { uint32_t v; memcpy(&v, p, 4); return (size_t)snprintf(buf, cap, "%u", v); }
+    case ZB_DT_UINT8:
+        return (size_t)snprintf(buf, cap, "%u", *p);
+    case ZB_DT_UINT16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return (size_t)snprintf(buf, cap, "%u", v);
+    }
+    case ZB_DT_UINT32: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return (size_t)snprintf(buf, cap, "%u", v);
+    }
     case ZB_DT_UINT64: {
         uint64_t v;
         memcpy(&v, p, 8);
         return (size_t)snprintf(buf, cap, "%llu", (unsigned long long)v);
     }
-    case ZB_DT_FLOAT32: { float v; memcpy(&v, p, 4); return float_text(v, true, buf, cap); }
-    case ZB_DT_FLOAT64: { double v; memcpy(&v, p, 8); return float_text(v, false, buf, cap); }
-    default: return (size_t)snprintf(buf, cap, "?");
+    case ZB_DT_FLOAT32: {
+        float v;
+        memcpy(&v, p, 4);
+        return float_text(v, true, buf, cap);
+    }
+    case ZB_DT_FLOAT64: {
+        double v;
+        memcpy(&v, p, 8);
+        return float_text(v, false, buf, cap);
+    }
+    default:
+        return (size_t)snprintf(buf, cap, "?");
     }
 }
 
@@ -387,9 +416,21 @@ static bool
 is_zero(const unsigned char *p, zb_dtype dtype, size_t item)
 {
     switch (dtype) {
-    case ZB_DT_FLOAT32: { float v; memcpy(&v, p, 4); return v == 0.0f; }
-    case ZB_DT_FLOAT64: { double v; memcpy(&v, p, 8); return v == 0.0; }
-    case ZB_DT_FLOAT16: { uint16_t v; memcpy(&v, p, 2); return (v & 0x7fff) == 0; }
+    case ZB_DT_FLOAT32: {
+        float v;
+        memcpy(&v, p, 4);
+        return v == 0.0f;
+    }
+    case ZB_DT_FLOAT64: {
+        double v;
+        memcpy(&v, p, 8);
+        return v == 0.0;
+    }
+    case ZB_DT_FLOAT16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return (v & 0x7fff) == 0;
+    }
     default:
         for (size_t i = 0; i < item; i++)
             if (p[i]) return false;
@@ -399,7 +440,7 @@ is_zero(const unsigned char *p, zb_dtype dtype, size_t item)
 
 zb_status
 zb__csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, zb_dtype dtype,
-                  zb__csr_block *out)
+                   zb__csr_block *out)
 {
     size_t item = zb_dtype_size(dtype);
     const unsigned char *src = rows;

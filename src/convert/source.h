@@ -138,11 +138,11 @@ void zb__col_block_free(zb__col_block *b);
 
 /* What every backend fills at open and the converter reads directly. */
 typedef struct zb__src_common {
-    char *path;            /* as given to zb__src_open */
-    const char *format;    /* "h5ad" or "zarr" */
+    char *path;         /* as given to zb__src_open */
+    const char *format; /* "h5ad" or "zarr" */
     uint64_t n_obs;
     size_t n_columns;      /* obs columns in column-order (the index excluded) */
-    zb__col_info *columns;  /* [n_columns] */
+    zb__col_info *columns; /* [n_columns] */
     /* obs columns left out because their encoding cannot be read (an awkward-array, a 2-d
      * array...): "name\treason" each, in column-order. A conversion keeps the other columns
      * and refuses to be asked for these by name. */
@@ -172,7 +172,7 @@ struct zb__src_matrix {
     zb__src_matrix_info info;
     char *key;            /* "X", "raw/X", ... (for messages) */
     const char *path;     /* the source's path (for messages) */
-    zb__src_matrix *next;  /* the source's list of opened matrices */
+    zb__src_matrix *next; /* the source's list of opened matrices */
 };
 
 struct zb__src {
@@ -230,7 +230,7 @@ size_t zb__src_category_text(zb_dtype dtype, const void *value, char *buf, size_
 /* Fills c->categories (a new zb_strings) with the text of `n` category values of `dtype` and
  * keeps a copy of the values in c->category_values. ZB_E_NOMEM. */
 zb_status zb__src_set_numeric_categories(zb__col_info *c, zb_dtype dtype, const void *values,
-                                        uint64_t n);
+                                         uint64_t n);
 
 /* Grows the column block for `n` rows: values of `value_bytes` bytes each (0 = none), a mask
  * when `mask` is set. Contents are not kept. ZB_E_NOMEM / ZB_E_OVERFLOW. */
@@ -239,7 +239,7 @@ zb_status zb__col_block_reserve(zb__col_block *b, uint64_t n, size_t value_bytes
 /* Turns `n_rows` dense rows of `n_cols` elements of `dtype` (C order, native byte order) into
  * CSR in `out`, dropping elements equal to zero (-0.0 included; NaN is kept). */
 zb_status zb__csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, zb_dtype dtype,
-                            zb__csr_block *out);
+                             zb__csr_block *out);
 
 /* ---- CSC transposed out of core -------------------------------------------------------------- */
 
@@ -251,7 +251,7 @@ zb_status zb__csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols,
  * error when a read fails; ZB_E_CORRUPT when its blocks disagree with its column pointers;
  * ZB_E_IO naming the file (a full disk included). */
 zb_status zb__csc_transpose(zb__src_matrix *m, const char *path, uint64_t memory_bytes,
-                           int num_threads);
+                            int num_threads);
 
 /* Opens a file written by zb__csc_transpose as a CSR matrix (key and path name it in messages;
  * var names come from `names_of`, the CSC matrix it was made from). Close with

@@ -67,7 +67,7 @@ typedef struct zarr_src {
     zb_store *store;
     zb_tree *tree;
     zb_array *obs_names;
-    zarr_col *cols; /* [base.c.n_columns] */
+    zarr_col *cols;     /* [base.c.n_columns] */
     pthread_mutex_t mu; /* guards idle */
     worker *idle;
 } zarr_src;
@@ -198,8 +198,8 @@ widen_unsigned(uint32_t *d, uint64_t n, zb_dtype dt)
  * before it is read); a wider one is read into the worker's scratch. A value outside `want`'s
  * range is ZB_E_CORRUPT naming the store, the array and the element. */
 static zb_status
-read_ints(const zarr_src *s, const zb_array *a, worker *w, uint64_t lo, uint64_t hi,
-          zb_dtype want, void *dst)
+read_ints(const zarr_src *s, const zb_array *a, worker *w, uint64_t lo, uint64_t hi, zb_dtype want,
+          void *dst)
 {
     uint64_t n = hi - lo;
     zb_dtype dt = a->meta.dtype;
@@ -258,8 +258,9 @@ read_text(const zarr_src *s, const zb_array *a, worker *w, uint64_t lo, uint64_t
     out->offsets[0] = 0;
     for (uint64_t i = 0; i < n; i++) {
         const char *v = (const char *)values + i * a->meta.itemsize;
-        out->offsets[i + 1] = out->offsets[i] +
-                              zb__src_category_text(a->meta.dtype, v, out->data + out->offsets[i], 40);
+        out->offsets[i + 1] =
+            out->offsets[i] +
+            zb__src_category_text(a->meta.dtype, v, out->data + out->offsets[i], 40);
     }
     out->n = n;
     return ZB_OK;
@@ -289,12 +290,11 @@ open_vector(const zarr_src *s, const char *path, const char *what, uint64_t n, z
     ZB_TRY(open_array(s, path, what, out));
     const zb_array_meta *m = &(*out)->meta;
     if (m->ndim == 1 && m->shape[0] == n) return ZB_OK;
-    zb_status st = m->ndim != 1
-                       ? zb_err(ZB_E_CORRUPT, "%s: %s: %s is %d-d, not 1-d", s->base.c.path,
-                                what, path, m->ndim)
-                       : zb_err(ZB_E_CORRUPT, "%s: %s: %s holds %llu elements, not %llu",
-                                s->base.c.path, what, path, (unsigned long long)m->shape[0],
-                                (unsigned long long)n);
+    zb_status st = m->ndim != 1 ? zb_err(ZB_E_CORRUPT, "%s: %s: %s is %d-d, not 1-d",
+                                         s->base.c.path, what, path, m->ndim)
+                                : zb_err(ZB_E_CORRUPT, "%s: %s: %s holds %llu elements, not %llu",
+                                         s->base.c.path, what, path,
+                                         (unsigned long long)m->shape[0], (unsigned long long)n);
     zb_array_close(*out);
     *out = NULL;
     return st;
@@ -308,12 +308,14 @@ open_frame_index(const zarr_src *s, const char *frame, zb_array **out)
     const zb_tree_node *nd = zb_tree_find(s->tree, frame);
     if (!nd) return zb_err(ZB_E_NOTFOUND, "%s: no %s dataframe", s->base.c.path, frame);
     if (nd->is_array)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s is an array (a dataframe of anndata < 0.7); "
-                      "rewrite the store with a newer anndata", s->base.c.path, frame);
+        return zb_err(ZB_E_UNSUPPORTED,
+                      "%s: %s is an array (a dataframe of anndata < 0.7); "
+                      "rewrite the store with a newer anndata",
+                      s->base.c.path, frame);
     const char *index = zb__json_string(nd->attrs, "_index");
     if (!index)
-        return zb_err(ZB_E_CORRUPT, "%s: %s: the dataframe has no _index attribute",
-                      s->base.c.path, frame);
+        return zb_err(ZB_E_CORRUPT, "%s: %s: the dataframe has no _index attribute", s->base.c.path,
+                      frame);
     char path[PATH_CAP];
     ZB_TRY(zb__tree_join(path, sizeof path, frame, index));
     ZB_TRY(open_array(s, path, frame, out));
@@ -401,8 +403,10 @@ open_array_column(zarr_src *s, size_t i, const zb_tree_node *nd)
     }
     const char *enc = zb__json_string(nd->attrs, "encoding-type");
     if (enc && strcmp(enc, "array") && strcmp(enc, "string-array"))
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: an array of encoding-type '%s' is not an obs "
-                      "column this reader knows", s->base.c.path, zc->key, enc);
+        return zb_err(ZB_E_UNSUPPORTED,
+                      "%s: %s: an array of encoding-type '%s' is not an obs "
+                      "column this reader knows",
+                      s->base.c.path, zc->key, enc);
     ZB_TRY(open_vector(s, zc->key, zc->key, s->base.c.n_obs, &zc->values));
     c->dtype = zc->values->meta.dtype;
     c->kind = c->dtype == ZB_DT_STRING ? ZB_COL_STRING : ZB_COL_NUMERIC;
@@ -453,9 +457,11 @@ open_column(zarr_src *s, size_t i, const char *name)
     if (enc && (!strcmp(enc, "nullable-integer") || !strcmp(enc, "nullable-boolean") ||
                 !strcmp(enc, "nullable-string-array")))
         return open_nullable(s, i);
-    return zb_err(ZB_E_UNSUPPORTED, "%s: %s: a group of encoding-type '%s' is not an obs column "
+    return zb_err(ZB_E_UNSUPPORTED,
+                  "%s: %s: a group of encoding-type '%s' is not an obs column "
                   "this reader knows (categorical, nullable-integer, nullable-boolean, "
-                  "nullable-string-array)", s->base.c.path, key, enc ? enc : "(none)");
+                  "nullable-string-array)",
+                  s->base.c.path, key, enc ? enc : "(none)");
 }
 
 /* obs: its index (n_obs) and every column of its column-order. */
@@ -507,8 +513,7 @@ blank_masked(zb_strings *t, const uint8_t *mask)
 }
 
 static zb_status
-read_codes(zarr_src *s, size_t column, worker *w, uint64_t start, uint64_t stop,
-           zb__col_block *out)
+read_codes(zarr_src *s, size_t column, worker *w, uint64_t start, uint64_t stop, zb__col_block *out)
 {
     uint64_t n = stop - start, n_cats = s->base.c.columns[column].categories->n;
     ZB_TRY(zb__col_block_reserve(out, n, sizeof(int32_t), false));
@@ -548,12 +553,14 @@ read_column_rows(zarr_src *s, size_t column, worker *w, uint64_t start, uint64_t
     case ZB_COL_NUMERIC:
         ZB_TRY(zb__col_block_reserve(out, stop - start, zb_dtype_size(c->dtype), false));
         return read_rows(s, zc->values, start, stop, out->values, w);
-    case ZB_COL_CATEGORICAL: return read_codes(s, column, w, start, stop, out);
+    case ZB_COL_CATEGORICAL:
+        return read_codes(s, column, w, start, stop, out);
     case ZB_COL_STRING:
         ZB_TRY(zb__col_block_reserve(out, stop - start, 0, false));
         zb_strings_free(&out->strings);
         return read_text(s, zc->values, w, start, stop, &out->strings);
-    case ZB_COL_NULLABLE: return read_nullable(s, column, w, start, stop, out);
+    case ZB_COL_NULLABLE:
+        return read_nullable(s, column, w, start, stop, out);
     }
     return zb_err(ZB_E_INVALID, "%s: %s: unknown column kind", s->base.c.path, zc->key);
 }
@@ -631,9 +638,11 @@ check_missing_pointers(zarr_matrix *m, worker *w, uint64_t start, uint64_t stop)
         bool missing, gone = true;
         ZB_TRY(pointer_at(m, w, c * unit, &fill, &missing));
         uint64_t p = c;
-        while (missing && gone && p-- > 0) ZB_TRY(pointer_at(m, w, (p + 1) * unit - 1, &last, &gone));
+        while (missing && gone && p-- > 0)
+            ZB_TRY(pointer_at(m, w, (p + 1) * unit - 1, &last, &gone));
         if (missing && !gone && last > fill)
-            return zb_err(ZB_E_CORRUPT, "%s: %s/indptr: the chunk of positions [%llu, %llu) is "
+            return zb_err(ZB_E_CORRUPT,
+                          "%s: %s/indptr: the chunk of positions [%llu, %llu) is "
                           "missing; its fill %lld lies below the pointer %lld before it",
                           m->base.path, m->base.key, (unsigned long long)(c * unit),
                           (unsigned long long)((c + 1) * unit), (long long)fill, (long long)last);
@@ -656,8 +665,10 @@ read_indptr(zarr_matrix *m, worker *w, uint64_t start, uint64_t stop, int64_t *o
                           s->base.c.path, m->base.key, (unsigned long long)(start + i),
                           (long long)out[i], (unsigned long long)m->base.info.nnz);
         if (i && out[i] < out[i - 1])
-            return zb_err(ZB_E_CORRUPT, "%s: %s/indptr decreases at position %llu (%lld after "
-                          "%lld)", s->base.c.path, m->base.key, (unsigned long long)(start + i),
+            return zb_err(ZB_E_CORRUPT,
+                          "%s: %s/indptr decreases at position %llu (%lld after "
+                          "%lld)",
+                          s->base.c.path, m->base.key, (unsigned long long)(start + i),
                           (long long)out[i], (long long)out[i - 1]);
     }
     return ZB_OK;
@@ -699,8 +710,8 @@ matrix_read(zb__src_matrix *bm, uint64_t start, uint64_t stop, zb__csr_block *ou
     zarr_matrix *m = (zarr_matrix *)bm;
     worker *w;
     ZB_TRY(worker_take(m->src, &w));
-    zb_status st = m->dense ? read_dense(m, w, start, stop, out)
-                            : read_sparse(m, w, start, stop, out);
+    zb_status st =
+        m->dense ? read_dense(m, w, start, stop, out) : read_sparse(m, w, start, stop, out);
     worker_give(m->src, w);
     return st;
 }
@@ -727,8 +738,8 @@ matrix_var_names(zb__src_matrix *bm, zb_strings *out)
     ZB_TRY(open_frame_index(s, m->var, &index));
     zb_status st = ZB_OK;
     if (index->meta.shape[0] != m->base.info.n_cols)
-        st = zb_err(ZB_E_CORRUPT, "%s: %s names %llu columns, %s has %llu", s->base.c.path,
-                    m->var, (unsigned long long)index->meta.shape[0], m->base.key,
+        st = zb_err(ZB_E_CORRUPT, "%s: %s names %llu columns, %s has %llu", s->base.c.path, m->var,
+                    (unsigned long long)index->meta.shape[0], m->base.key,
                     (unsigned long long)m->base.info.n_cols);
     if (st == ZB_OK) st = worker_take(s, &w);
     if (st == ZB_OK) st = read_text(s, index, w, 0, m->base.info.n_cols, out);
@@ -750,7 +761,10 @@ matrix_close(zb__src_matrix *bm)
 }
 
 static const zb__src_matrix_methods matrix_methods = {
-    matrix_indptr, matrix_read, matrix_var_names, matrix_close,
+    matrix_indptr,
+    matrix_read,
+    matrix_var_names,
+    matrix_close,
 };
 
 /* One array of a sparse group: 1-d, of an integer type when `integer`, else numeric. */
@@ -777,8 +791,10 @@ sparse_shape(const zarr_matrix *m, const zb_tree_node *nd, uint64_t *rows, uint6
     if (!json_object_is_type(shape, json_type_array) || json_object_array_length(shape) != 2 ||
         zb_json_u64(json_object_array_get_idx(shape, 0), "shape", rows) != ZB_OK ||
         zb_json_u64(json_object_array_get_idx(shape, 1), "shape", cols) != ZB_OK)
-        return zb_err(ZB_E_CORRUPT, "%s: %s: the sparse matrix has no [rows, cols] shape "
-                      "attribute", m->base.path, m->base.key);
+        return zb_err(ZB_E_CORRUPT,
+                      "%s: %s: the sparse matrix has no [rows, cols] shape "
+                      "attribute",
+                      m->base.path, m->base.key);
     return ZB_OK;
 }
 
@@ -797,17 +813,16 @@ open_sparse(zarr_matrix *m, const zb_tree_node *nd, bool csc)
     info->nnz = m->data->meta.shape[0];
     uint64_t major = csc ? info->n_cols : info->n_rows, minor = csc ? info->n_rows : info->n_cols;
     if (m->indices->meta.shape[0] != info->nnz)
-        return zb_err(ZB_E_CORRUPT, "%s: %s: data holds %llu elements, indices %llu",
-                      m->base.path, m->base.key, (unsigned long long)info->nnz,
+        return zb_err(ZB_E_CORRUPT, "%s: %s: data holds %llu elements, indices %llu", m->base.path,
+                      m->base.key, (unsigned long long)info->nnz,
                       (unsigned long long)m->indices->meta.shape[0]);
     if (m->indptr->meta.shape[0] != major + 1)
-        return zb_err(ZB_E_CORRUPT, "%s: %s: indptr holds %llu pointers for %llu %s",
-                      m->base.path, m->base.key, (unsigned long long)m->indptr->meta.shape[0],
+        return zb_err(ZB_E_CORRUPT, "%s: %s: indptr holds %llu pointers for %llu %s", m->base.path,
+                      m->base.key, (unsigned long long)m->indptr->meta.shape[0],
                       (unsigned long long)major, csc ? "columns" : "rows");
     if (minor > UINT32_MAX)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: %llu %s do not fit 32-bit indices",
-                      m->base.path, m->base.key, (unsigned long long)minor,
-                      csc ? "rows" : "columns");
+        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: %llu %s do not fit 32-bit indices", m->base.path,
+                      m->base.key, (unsigned long long)minor, csc ? "rows" : "columns");
     int64_t ends[2];
     worker *w;
     ZB_TRY(worker_take(m->src, &w));
@@ -815,9 +830,11 @@ open_sparse(zarr_matrix *m, const zb_tree_node *nd, bool csc)
     if (st == ZB_OK) st = read_indptr(m, w, major, major, &ends[1]);
     worker_give(m->src, w);
     if (st == ZB_OK && (ends[0] != 0 || (uint64_t)ends[1] != info->nnz))
-        st = zb_err(ZB_E_CORRUPT, "%s: %s/indptr runs from %lld to %lld, not from 0 to the %llu "
-                    "elements of data", m->base.path, m->base.key, (long long)ends[0],
-                    (long long)ends[1], (unsigned long long)info->nnz);
+        st = zb_err(ZB_E_CORRUPT,
+                    "%s: %s/indptr runs from %lld to %lld, not from 0 to the %llu "
+                    "elements of data",
+                    m->base.path, m->base.key, (long long)ends[0], (long long)ends[1],
+                    (unsigned long long)info->nnz);
     return st;
 }
 
@@ -828,8 +845,8 @@ open_dense(zarr_matrix *m, const zb_tree_node *nd)
     const zb_array_meta *a = &m->dense->meta;
     zb__src_matrix_info *info = &m->base.info;
     if (a->ndim != 2 || a->dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s is a %d-d array of %s, not a matrix",
-                      m->base.path, m->base.key, a->ndim, zb_dtype_name(a->dtype));
+        return zb_err(ZB_E_UNSUPPORTED, "%s: %s is a %d-d array of %s, not a matrix", m->base.path,
+                      m->base.key, a->ndim, zb_dtype_name(a->dtype));
     if (a->shape[1] > UINT32_MAX)
         return zb_err(ZB_E_UNSUPPORTED, "%s: %s: %llu columns do not fit 32-bit indices",
                       m->base.path, m->base.key, (unsigned long long)a->shape[1]);
@@ -845,8 +862,7 @@ open_dense(zarr_matrix *m, const zb_tree_node *nd)
 static zb_status
 var_frame_of(const zarr_src *s, const char *key, const char **var)
 {
-    if (!strcmp(key, "X") ||
-        (!strncmp(key, "layers/", 7) && key[7] && !strchr(key + 7, '/')))
+    if (!strcmp(key, "X") || (!strncmp(key, "layers/", 7) && key[7] && !strchr(key + 7, '/')))
         *var = "var";
     else if (!strcmp(key, "raw/X"))
         *var = "raw/var";
@@ -862,16 +878,19 @@ open_matrix(zarr_src *s, zarr_matrix *m, const zb_tree_node *nd)
     if (nd->is_array) {
         const char *enc = zb__json_string(nd->attrs, "encoding-type");
         if (enc && strcmp(enc, "array"))
-            return zb_err(ZB_E_UNSUPPORTED, "%s: %s is an array of encoding-type '%s', not a "
-                          "matrix", s->base.c.path, m->base.key, enc);
+            return zb_err(ZB_E_UNSUPPORTED,
+                          "%s: %s is an array of encoding-type '%s', not a "
+                          "matrix",
+                          s->base.c.path, m->base.key, enc);
         ZB_TRY(open_dense(m, nd));
     } else {
         const char *enc = zb__json_string(nd->attrs, "encoding-type");
         bool csr = enc && !strcmp(enc, "csr_matrix"), csc = enc && !strcmp(enc, "csc_matrix");
         if (!csr && !csc)
-            return zb_err(ZB_E_UNSUPPORTED, "%s: %s is a group of encoding-type '%s', not a "
-                          "matrix (csr_matrix, csc_matrix or a 2-d array)", s->base.c.path,
-                          m->base.key, enc ? enc : "(none)");
+            return zb_err(ZB_E_UNSUPPORTED,
+                          "%s: %s is a group of encoding-type '%s', not a "
+                          "matrix (csr_matrix, csc_matrix or a 2-d array)",
+                          s->base.c.path, m->base.key, enc ? enc : "(none)");
         ZB_TRY(open_sparse(m, nd, csc));
     }
     if (m->base.info.n_rows != s->base.c.n_obs)
@@ -927,7 +946,10 @@ src_close(zb__src *bs)
 }
 
 static const zb__src_methods src_methods = {
-    src_matrix_open, src_read_column, src_read_obs_names, src_close,
+    src_matrix_open,
+    src_read_column,
+    src_read_obs_names,
+    src_close,
 };
 
 /* anndata 0.7's write_zarr left the root group without attributes; its obs is a dataframe
@@ -937,8 +959,8 @@ is_unmarked_anndata(const zb_tree *tree)
 {
     const zb_tree_node *root = &tree->nodes[0], *obs = zb_tree_find(tree, "obs");
     const char *enc = obs ? zb__json_string(obs->attrs, "encoding-type") : NULL;
-    return !root->is_array && !zb_json_get(root->attrs, "encoding-type") && obs &&
-           !obs->is_array && enc && !strcmp(enc, "dataframe");
+    return !root->is_array && !zb_json_get(root->attrs, "encoding-type") && obs && !obs->is_array &&
+           enc && !strcmp(enc, "dataframe");
 }
 
 /* The store and its tree; anything but an AnnData group is refused, saying what it is. */
@@ -949,19 +971,26 @@ open_tree(zarr_src *s)
     zb_status st = zb_store_open_file(path, &s->store);
     if (st == ZB_OK) st = zb_tree_load(s->store, "", true, &s->tree);
     if (st == ZB_E_NOTFOUND)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: a directory without zarr.json, .zgroup or .zarray: "
-                      "not a Zarr store", path);
+        return zb_err(ZB_E_UNSUPPORTED,
+                      "%s: a directory without zarr.json, .zgroup or .zarray: "
+                      "not a Zarr store",
+                      path);
     if (st != ZB_OK) return zb_err_context(st, "%s", path);
     const zb_tree_node *root = &s->tree->nodes[0];
-    const char *layout = zb__tree_layout(s->tree), *enc = zb__json_string(root->attrs, "encoding-type");
+    const char *layout = zb__tree_layout(s->tree),
+               *enc = zb__json_string(root->attrs, "encoding-type");
     if (!strcmp(layout, "anndata") || is_unmarked_anndata(s->tree)) return ZB_OK;
     if (root->is_array)
         return zb_err(ZB_E_UNSUPPORTED, "%s: a Zarr array, not an AnnData store", path);
     if (enc)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: not an AnnData store: the root group's encoding-type "
-                      "is '%s', not 'anndata'", path, enc);
-    return zb_err(ZB_E_UNSUPPORTED, "%s: not an AnnData store: the root group has no "
-                  "encoding-type attribute (zbatch sees the layout '%s')", path, layout);
+        return zb_err(ZB_E_UNSUPPORTED,
+                      "%s: not an AnnData store: the root group's encoding-type "
+                      "is '%s', not 'anndata'",
+                      path, enc);
+    return zb_err(ZB_E_UNSUPPORTED,
+                  "%s: not an AnnData store: the root group has no "
+                  "encoding-type attribute (zbatch sees the layout '%s')",
+                  path, layout);
 }
 
 zb_status

@@ -25,8 +25,8 @@ cv_strbuf_push(cv_strbuf *b, const char *p, size_t len)
     if (at + len + 1 > b->cap_bytes) {
         uint64_t cap = b->cap_bytes ? b->cap_bytes : 256;
         while (cap < at + len + 1) cap *= 2;
-        if (cap > ZB_BUF_MAX) return zb_err(ZB_E_OVERFLOW, "a string table of %llu bytes",
-                                            (unsigned long long)cap);
+        if (cap > ZB_BUF_MAX)
+            return zb_err(ZB_E_OVERFLOW, "a string table of %llu bytes", (unsigned long long)cap);
         char *d = realloc(b->s.data, (size_t)cap);
         if (!d) return zb_err(ZB_E_NOMEM, "a string table of %llu bytes", (unsigned long long)cap);
         b->s.data = d;

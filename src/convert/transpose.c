@@ -81,8 +81,7 @@ meter_add(meter *m, uint64_t n)
 {
     uint64_t now = atomic_fetch_add(&m->now, n) + n;
     uint64_t peak = atomic_load(&m->peak);
-    while (now > peak && !atomic_compare_exchange_weak(&m->peak, &peak, now)) {
-    }
+    while (now > peak && !atomic_compare_exchange_weak(&m->peak, &peak, now)) {}
 }
 
 static void *
@@ -902,7 +901,7 @@ run(job *j, uint64_t memory_bytes, int threads, uint64_t band_bytes, zb__transpo
 
 zb_status
 zb__csc_transpose_ex(zb__src_matrix *m, const char *path, const zb__transpose_opts *opts,
-                    zb__transpose_stats *stats)
+                     zb__transpose_stats *stats)
 {
     zb__transpose_stats local;
     if (!stats) stats = &local;

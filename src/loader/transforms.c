@@ -63,15 +63,24 @@ static int64_t
 load_index(const void *p, zb_dtype dt, uint64_t i)
 {
     switch (dt) {
-    case ZB_DT_INT8: return ((const int8_t *)p)[i];
-    case ZB_DT_INT16: return ((const int16_t *)p)[i];
-    case ZB_DT_INT32: return ((const int32_t *)p)[i];
-    case ZB_DT_INT64: return ((const int64_t *)p)[i];
-    case ZB_DT_UINT8: return ((const uint8_t *)p)[i];
-    case ZB_DT_UINT16: return ((const uint16_t *)p)[i];
-    case ZB_DT_UINT32: return ((const uint32_t *)p)[i];
-    case ZB_DT_UINT64: return (int64_t)((const uint64_t *)p)[i];
-    default: return -1;
+    case ZB_DT_INT8:
+        return ((const int8_t *)p)[i];
+    case ZB_DT_INT16:
+        return ((const int16_t *)p)[i];
+    case ZB_DT_INT32:
+        return ((const int32_t *)p)[i];
+    case ZB_DT_INT64:
+        return ((const int64_t *)p)[i];
+    case ZB_DT_UINT8:
+        return ((const uint8_t *)p)[i];
+    case ZB_DT_UINT16:
+        return ((const uint16_t *)p)[i];
+    case ZB_DT_UINT32:
+        return ((const uint32_t *)p)[i];
+    case ZB_DT_UINT64:
+        return (int64_t)((const uint64_t *)p)[i];
+    default:
+        return -1;
     }
 }
 
@@ -79,9 +88,12 @@ static double
 load_value(const void *p, zb_dtype dt, uint64_t i)
 {
     switch (dt) {
-    case ZB_DT_FLOAT32: return ((const float *)p)[i];
-    case ZB_DT_FLOAT64: return ((const double *)p)[i];
-    default: return (double)load_index(p, dt, i);
+    case ZB_DT_FLOAT32:
+        return ((const float *)p)[i];
+    case ZB_DT_FLOAT64:
+        return ((const double *)p)[i];
+    default:
+        return (double)load_index(p, dt, i);
     }
 }
 
@@ -160,8 +172,7 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
      * index the batch, and with it the half-filled field, is dropped by the caller */
     uint64_t shape[1] = {ncols};
     void *mem = NULL;
-    zb_status st =
-        zb_batch_add_pooled_field(b, "X_dense", ZB_DT_FLOAT32, 1, shape, B, false, &mem);
+    zb_status st = zb_batch_add_pooled_field(b, "X_dense", ZB_DT_FLOAT32, 1, shape, B, false, &mem);
     if (st != ZB_OK) {
         free(map);
         return st;
@@ -215,21 +226,50 @@ do_cast(zb_batch *b, const char *field, zb_dtype to)
     if (!out) return zb_err(ZB_E_NOMEM, "cast: out of memory");
     for (uint64_t i = 0; i < n; i++) {
         double x = load_value(v.data, v.dtype, i);
-        int64_t k = v.dtype == ZB_DT_FLOAT32 || v.dtype == ZB_DT_FLOAT64 ? (int64_t)x
-                                                                         : load_index(v.data, v.dtype, i);
+        int64_t k = v.dtype == ZB_DT_FLOAT32 || v.dtype == ZB_DT_FLOAT64
+                        ? (int64_t)x
+                        : load_index(v.data, v.dtype, i);
         uint8_t *o = out + i * osz;
         switch (to) {
-        case ZB_DT_BOOL: *o = x != 0; break;
-        case ZB_DT_INT8: *(int8_t *)o = (int8_t)k; break;
-        case ZB_DT_INT16: { int16_t t = (int16_t)k; memcpy(o, &t, 2); } break;
-        case ZB_DT_INT32: { int32_t t = (int32_t)k; memcpy(o, &t, 4); } break;
-        case ZB_DT_INT64: memcpy(o, &k, 8); break;
-        case ZB_DT_UINT8: *o = (uint8_t)k; break;
-        case ZB_DT_UINT16: { uint16_t t = (uint16_t)k; memcpy(o, &t, 2); } break;
-        case ZB_DT_UINT32: { uint32_t t = (uint32_t)k; memcpy(o, &t, 4); } break;
-        case ZB_DT_UINT64: { uint64_t t = (uint64_t)k; memcpy(o, &t, 8); } break;
-        case ZB_DT_FLOAT32: { float t = (float)x; memcpy(o, &t, 4); } break;
-        case ZB_DT_FLOAT64: memcpy(o, &x, 8); break;
+        case ZB_DT_BOOL:
+            *o = x != 0;
+            break;
+        case ZB_DT_INT8:
+            *(int8_t *)o = (int8_t)k;
+            break;
+        case ZB_DT_INT16: {
+            int16_t t = (int16_t)k;
+            memcpy(o, &t, 2);
+        } break;
+        case ZB_DT_INT32: {
+            int32_t t = (int32_t)k;
+            memcpy(o, &t, 4);
+        } break;
+        case ZB_DT_INT64:
+            memcpy(o, &k, 8);
+            break;
+        case ZB_DT_UINT8:
+            *o = (uint8_t)k;
+            break;
+        case ZB_DT_UINT16: {
+            uint16_t t = (uint16_t)k;
+            memcpy(o, &t, 2);
+        } break;
+        case ZB_DT_UINT32: {
+            uint32_t t = (uint32_t)k;
+            memcpy(o, &t, 4);
+        } break;
+        case ZB_DT_UINT64: {
+            uint64_t t = (uint64_t)k;
+            memcpy(o, &t, 8);
+        } break;
+        case ZB_DT_FLOAT32: {
+            float t = (float)x;
+            memcpy(o, &t, 4);
+        } break;
+        case ZB_DT_FLOAT64:
+            memcpy(o, &x, 8);
+            break;
         default:
             free(out);
             return zb_err(ZB_E_UNSUPPORTED, "cast to %s is not supported", zb_dtype_name(to));
@@ -244,15 +284,20 @@ zb_status
 zb__transform_apply(const zb_transform *t, zb_batch *b)
 {
     switch (t->kind) {
-    case ZB_TRANSFORM_LOG1P: return do_log1p(b);
-    case ZB_TRANSFORM_NORMALIZE_TOTAL: return do_normalize(b, t->target_sum);
-    case ZB_TRANSFORM_DENSIFY: return do_densify(b, t->columns, t->ncolumns);
-    case ZB_TRANSFORM_CAST: return do_cast(b, t->field, t->dtype);
+    case ZB_TRANSFORM_LOG1P:
+        return do_log1p(b);
+    case ZB_TRANSFORM_NORMALIZE_TOTAL:
+        return do_normalize(b, t->target_sum);
+    case ZB_TRANSFORM_DENSIFY:
+        return do_densify(b, t->columns, t->ncolumns);
+    case ZB_TRANSFORM_CAST:
+        return do_cast(b, t->field, t->dtype);
     case ZB_TRANSFORM_CALLBACK: {
         if (!t->fn) return zb_err(ZB_E_INVALID, "callback transform without a function");
         zb_clear_error();
         zb_status st = t->fn(b, t->user);
-        if (st != ZB_OK && !zb_last_error()[0]) zb_err(st, "transform callback: %s", zb_strerror(st));
+        if (st != ZB_OK && !zb_last_error()[0])
+            zb_err(st, "transform callback: %s", zb_strerror(st));
         return st;
     }
     }

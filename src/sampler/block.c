@@ -19,12 +19,12 @@
 typedef struct block_impl {
     uint64_t bs, bpw;
     uint64_t nblocks, nwin;
-    uint64_t short_slot;        /* nblocks - 1 with a short block, UINT64_MAX when none */
-    zb__perm blocks;             /* slot -> block, over the full blocks */
-    bool have_win;              /* win_perm is the bijection of window cached_win */
+    uint64_t short_slot; /* nblocks - 1 with a short block, UINT64_MAX when none */
+    zb__perm blocks;     /* slot -> block, over the full blocks */
+    bool have_win;       /* win_perm is the bijection of window cached_win */
     uint64_t cached_win;
     zb__perm win_perm;
-    uint64_t *win_blocks;       /* the blocks of window cached_win (NULL: bpw too large) */
+    uint64_t *win_blocks; /* the blocks of window cached_win (NULL: bpw too large) */
 } block_impl;
 
 /* Windows of up to this many blocks keep their block ids (8 bytes each) instead of applying
@@ -47,7 +47,7 @@ block_plan(zb_sampler *s)
     b->nblocks = s->n / b->bs + short_block;
     b->nwin = b->nblocks / b->bpw + (b->nblocks % b->bpw != 0);
     zb__perm_init(&b->blocks, b->nblocks - short_block,
-                 zb__stream_key(s->seed, s->epoch, ZB_TAG_BLOCKS, 0, 0));
+                  zb__stream_key(s->seed, s->epoch, ZB_TAG_BLOCKS, 0, 0));
     b->short_slot = short_block ? b->nblocks - 1 : UINT64_MAX;
     b->have_win = false;
     return ZB_OK;

@@ -202,7 +202,7 @@ zb__sampler_batches_for(uint64_t total, uint64_t b, bool drop_last)
 
 zb_status
 zb__sampler_create(const zb_sampler_opts *opts, const zb__sampler_ops *ops, void *impl,
-                  uint64_t global_batches, size_t max_batch, zb_sampler **out)
+                   uint64_t global_batches, size_t max_batch, zb_sampler **out)
 {
     zb_status st;
     zb_sampler *s = NULL;

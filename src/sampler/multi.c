@@ -26,8 +26,8 @@ typedef struct multi_impl {
     uint64_t *count;      /* per child: samples per batch (BATCH) or per epoch (SAMPLE) */
     uint64_t *first;      /* SAMPLE: the child's first position in the mixed stream */
     double *rate;         /* SAMPLE: normalised rates, for the alias table */
-    zb__perm *perm;        /* [k + 1]: each child's permutation, then the mixing one */
-    zb__alias alias;       /* SAMPLE with replacement and shuffle: the child of a draw */
+    zb__perm *perm;       /* [k + 1]: each child's permutation, then the mixing one */
+    zb__alias alias;      /* SAMPLE with replacement and shuffle: the child of a draw */
     bool replacement, shuffle;
     uint64_t total; /* SAMPLE: ids per epoch */
 } multi_impl;
@@ -55,9 +55,10 @@ multi_plan(zb_sampler *s)
     for (size_t i = 0; i < m->k; i++)
         if (m->size[i] > 0)
             zb__perm_init(&m->perm[i], m->size[i],
-                         zb__stream_key(s->seed, s->epoch, ZB_TAG_CHILD, i, 0));
+                          zb__stream_key(s->seed, s->epoch, ZB_TAG_CHILD, i, 0));
     if (m->mode == ZB_MULTI_SAMPLE && m->total > 0)
-        zb__perm_init(&m->perm[m->k], m->total, zb__stream_key(s->seed, s->epoch, ZB_TAG_MIX, 0, 0));
+        zb__perm_init(&m->perm[m->k], m->total,
+                      zb__stream_key(s->seed, s->epoch, ZB_TAG_MIX, 0, 0));
     return ZB_OK;
 }
 
@@ -68,7 +69,7 @@ child_draw(const zb_sampler *s, const multi_impl *m, size_t i, uint64_t q)
     uint64_t len = m->size[i];
     if (m->replacement && m->shuffle)
         return zb__bounded(zb__hash2(zb__stream_key(s->seed, s->epoch, ZB_TAG_CHILDRAW, i, 0), q),
-                          len);
+                           len);
     return m->shuffle ? zb__perm_apply(&m->perm[i], q % len) : q % len;
 }
 
@@ -131,7 +132,7 @@ batch_mixed(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
         uint64_t key = zb__stream_key(s->seed, s->epoch, ZB_TAG_MIX, 1, 0);
         for (uint64_t p = p0; p < p1; p++) {
             size_t i = (size_t)zb__alias_draw(m->alias.prob, m->alias.alias, m->k,
-                                             zb__hash2(key, 2 * p), zb__hash2(key, 2 * p + 1));
+                                              zb__hash2(key, 2 * p), zb__hash2(key, 2 * p + 1));
             ids[p - p0] = m->off[i] + child_draw(s, m, i, p);
         }
     } else {
@@ -375,8 +376,8 @@ zb_sampler_new_multi(const zb_multi_sampler_opts *o, zb_sampler **out)
     if (o->mode == ZB_MULTI_SAMPLE) {
         if ((st = sample_counts(o, m, total_len)) != ZB_OK) goto fail;
         return zb__sampler_create(&base, &mixed_ops, m,
-                                 zb__sampler_batches_for(m->total, b, base.drop_last), (size_t)b,
-                                 out);
+                                  zb__sampler_batches_for(m->total, b, base.drop_last), (size_t)b,
+                                  out);
     }
     uint64_t batches = 0;
     if ((st = batch_counts(o, m, m->rate)) != ZB_OK ||

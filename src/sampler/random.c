@@ -44,6 +44,6 @@ zb_sampler_new_random(const zb_sampler_opts *opts, zb_sampler **out)
     random_impl *r = calloc(1, sizeof *r);
     if (!r) return zb_err(ZB_E_NOMEM, "random sampler");
     return zb__sampler_create(opts, &random_ops, r,
-                             zb__sampler_batches_for(opts->n, opts->batch_size, opts->drop_last),
-                             (size_t)opts->batch_size, out);
+                              zb__sampler_batches_for(opts->n, opts->batch_size, opts->drop_last),
+                              (size_t)opts->batch_size, out);
 }

@@ -62,7 +62,7 @@ struct zb_sampler {
 /* Validates the common options, allocates the sampler around `impl` and plans epoch 0. On
  * failure destroys impl (ops->destroy) and sets *out = NULL. */
 zb_status zb__sampler_create(const zb_sampler_opts *opts, const zb__sampler_ops *ops, void *impl,
-                            uint64_t global_batches, size_t max_batch, zb_sampler **out);
+                             uint64_t global_batches, size_t max_batch, zb_sampler **out);
 
 /* Checks the options of a sampler whose batches are cut from a stream (batch_size >= 1 and
  * small enough for size_t arrays). */
@@ -153,7 +153,7 @@ zb_status zb__alias_build(zb__alias *a, const double *w, uint64_t k);
 /* Builds into caller storage prob/alias of k entries (no allocation besides a scratch
  * stack); used for per-block tables. `scratch` has room for k entries. */
 void zb__alias_build_into(double *prob, uint64_t *alias, uint64_t *scratch, const double *w,
-                         uint64_t k);
+                          uint64_t k);
 /* Draws an outcome from two independent uniform words. */
 static inline uint64_t
 zb__alias_draw(const double *prob, const uint64_t *alias, uint64_t k, uint64_t u1, uint64_t u2)

@@ -26,6 +26,6 @@ zb_sampler_new_sequential(const zb_sampler_opts *opts, zb_sampler **out)
     *out = NULL;
     ZB_TRY(zb__sampler_check_stream("sequential", opts));
     return zb__sampler_create(opts, &sequential_ops, NULL,
-                             zb__sampler_batches_for(opts->n, opts->batch_size, opts->drop_last),
-                             (size_t)opts->batch_size, out);
+                              zb__sampler_batches_for(opts->n, opts->batch_size, opts->drop_last),
+                              (size_t)opts->batch_size, out);
 }

@@ -31,13 +31,13 @@ typedef struct size_impl {
     bool shuffle;
     uint64_t nwin;
     uint64_t *win_first; /* [nwin + 1] first global batch of each window */
-    zb__perm order;       /* the epoch's sample order */
+    zb__perm order;      /* the epoch's sample order */
     /* the packed window `cached_win` */
     bool have_win;
     uint64_t cached_win, nbins;
     uint64_t *win_ids; /* [window] ids grouped by batch */
     uint64_t *bin_off; /* [window + 1] */
-    zb__perm bin_perm;  /* batch order inside the window */
+    zb__perm bin_perm; /* batch order inside the window */
     /* packing scratch */
     pack_item *items, *sorted;        /* permuted order, decreasing size */
     uint64_t *item_bin, *item_bin_ff; /* batch of each item, per packing */

@@ -16,7 +16,7 @@ enum { MODE_SAMPLE, MODE_CLASS, MODE_BLOCK };
 typedef struct weighted_impl {
     int mode;
     uint64_t num_samples;
-    zb__alias table;      /* over samples (SAMPLE), classes (CLASS) or blocks (BLOCK) */
+    zb__alias table;     /* over samples (SAMPLE), classes (CLASS) or blocks (BLOCK) */
     uint64_t *class_off; /* CLASS: [classes + 1] offsets into members */
     uint64_t *members;   /* CLASS: sample ids grouped by class, ascending inside a class */
     double *row_prob;    /* BLOCK: [n] per-block alias tables, side by side */
@@ -58,7 +58,7 @@ weighted_batch(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
         } else {
             uint64_t run = p / w->draws;
             uint64_t b = zb__alias_draw(w->table.prob, w->table.alias, w->table.k,
-                                       zb__hash2(k_run, run), zb__hash2(k_runcoin, run));
+                                        zb__hash2(k_run, run), zb__hash2(k_runcoin, run));
             uint64_t lo = b * w->bs, len = s->n - lo < w->bs ? s->n - lo : w->bs;
             id = lo + zb__alias_draw(w->row_prob + lo, w->row_alias + lo, len, u1, u2);
         }

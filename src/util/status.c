@@ -13,8 +13,8 @@ const char *
 zb_strerror(zb_status status)
 {
     switch (status) {
-#define ZB_STATUS_TEXT_(name, value, text)                                                       \
-    case name:                                                                                   \
+#define ZB_STATUS_TEXT_(name, value, text)                                                         \
+    case name:                                                                                     \
         return text;
         ZB_STATUS_LIST(ZB_STATUS_TEXT_)
 #undef ZB_STATUS_TEXT_
@@ -26,8 +26,8 @@ const char *
 zb_status_name(zb_status status)
 {
     switch (status) {
-#define ZB_STATUS_NAME_(name, value, text)                                                       \
-    case name:                                                                                   \
+#define ZB_STATUS_NAME_(name, value, text)                                                         \
+    case name:                                                                                     \
         return #name;
         ZB_STATUS_LIST(ZB_STATUS_NAME_)
 #undef ZB_STATUS_NAME_

@@ -18,10 +18,10 @@ zb_status zb_err(zb_status status, const char *fmt, ...) ZB_PRINTF(2, 3);
  * returns `status` unchanged. */
 zb_status zb_err_context(zb_status status, const char *fmt, ...) ZB_PRINTF(2, 3);
 
-#define ZB_TRY(expr)                                                                             \
-    do {                                                                                         \
-        zb_status zb_try_st_ = (expr);                                                           \
-        if (zb_try_st_ != ZB_OK) return zb_try_st_;                                              \
+#define ZB_TRY(expr)                                                                               \
+    do {                                                                                           \
+        zb_status zb_try_st_ = (expr);                                                             \
+        if (zb_try_st_ != ZB_OK) return zb_try_st_;                                                \
     } while (0)
 
 #endif

@@ -43,8 +43,8 @@ zb__strmap_build(zb__strmap *m, const zb_strings *keys, uint64_t *dup)
     if (dup) *dup = UINT64_MAX;
     size_t cap = 16;
     while (cap < 2 * keys->n) {
-        if (cap > SIZE_MAX / 4) return zb_err(ZB_E_OVERFLOW, "a map of %llu strings",
-                                              (unsigned long long)keys->n);
+        if (cap > SIZE_MAX / 4)
+            return zb_err(ZB_E_OVERFLOW, "a map of %llu strings", (unsigned long long)keys->n);
         cap *= 2;
     }
     m->slots = calloc(cap, sizeof *m->slots);

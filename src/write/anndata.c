@@ -67,8 +67,8 @@ zb__ad_encoding_attrs(char *buf, size_t cap, const char *type, const char *versi
 
 zb_status
 zb__ad_open_array(zb_anndata_writer *w, const char *rel, zb_dtype dtype, int ndim,
-                 const uint64_t *row_shape, uint64_t chunk_rows, uint64_t shard_rows, int threads,
-                 const char *attrs_json, zb_array_writer **out)
+                  const uint64_t *row_shape, uint64_t chunk_rows, uint64_t shard_rows, int threads,
+                  const char *attrs_json, zb_array_writer **out)
 {
     char key[ZB_AD_KEY_CAP];
     ZB_TRY(zb__ad_key_of(w, key, sizeof key, rel));
@@ -124,7 +124,7 @@ zb__ad_check_name(const char *where, const char *name)
 
 zb_status
 zb__ad_check_strings(const char *what, const char *data, const uint64_t *offsets, uint64_t n,
-                    const uint8_t *mask)
+                     const uint8_t *mask)
 {
     if (n == 0) return ZB_OK;
     if (!offsets) return zb_err(ZB_E_INVALID, "%s: null offsets", what);

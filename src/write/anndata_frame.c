@@ -145,8 +145,8 @@ open_index(zb_anndata_writer *w, zb_anndata_axis axis)
     char rel[64], attrs[128];
     snprintf(rel, sizeof rel, "%s/_index", f->name);
     zb__ad_encoding_attrs(attrs, sizeof attrs, "string-array", "0.2.0");
-    return zb__ad_open_array(w, rel, ZB_DT_STRING, 1, NULL, zb__ad_column_chunk(w, axis), 0, 1, attrs,
-                            &f->index);
+    return zb__ad_open_array(w, rel, ZB_DT_STRING, 1, NULL, zb__ad_column_chunk(w, axis), 0, 1,
+                             attrs, &f->index);
 }
 
 zb_status
@@ -363,8 +363,8 @@ append_mask(zb_anndata_writer *w, zb__ad_column *c, const uint8_t *mask, uint64_
 /* Appends values with the missing ones stored as 0 (anndata's na_value), ZB_AD_STEP at a
  * time through the scratch buffer; straight through when none is missing. */
 static zb_status
-append_masked_values(zb_anndata_writer *w, zb__ad_column *c, const void *values, const uint8_t *mask,
-                     uint64_t n)
+append_masked_values(zb_anndata_writer *w, zb__ad_column *c, const void *values,
+                     const uint8_t *mask, uint64_t n)
 {
     if (!any_set(mask, n)) return zb_array_writer_append(c->array, values, n);
     size_t isz = zb_dtype_size(c->dtype);
@@ -633,7 +633,7 @@ write_categories(zb_anndata_writer *w, zb_anndata_axis axis, const char *name, c
     char rel[ZB_AD_REL_CAP], attrs[128];
     snprintf(rel, sizeof rel, "%s/%s/categories", zb__ad_frame_of(w, axis)->name, name);
     zb__ad_encoding_attrs(attrs, sizeof attrs, k->dtype == ZB_DT_STRING ? "string-array" : "array",
-                         "0.2.0");
+                          "0.2.0");
     uint64_t chunk = w->column_chunk ? w->column_chunk : ZB_AD_DEFAULT_COLUMN_CHUNK;
     if (k->n && chunk > k->n) chunk = k->n;
     zb_array_writer *a = NULL;
@@ -668,7 +668,7 @@ define_categorical(zb_anndata_writer *w, zb_anndata_axis axis, const char *name,
         snprintf(rel, sizeof rel, "%s/%s/codes", f->name, name);
         zb__ad_encoding_attrs(attrs, sizeof attrs, "array", "0.2.0");
         st = zb__ad_open_array(w, rel, dt, 1, NULL, zb__ad_column_chunk(w, axis), 0, 1, attrs,
-                              &c->array);
+                               &c->array);
     }
     if (st != ZB_OK) {
         drop_last_column(f);

@@ -75,7 +75,7 @@ struct zb_anndata_writer {
     zb_anndata_x_kind x_kind;
     zb_dtype x_dtype;
     zb_array_writer *dense; /* a dense X */
-    zb__ad_csr x;            /* a CSR X */
+    zb__ad_csr x;           /* a CSR X */
     uint64_t rows;          /* rows of X, either kind */
 
     zb__ad_csr *layers;
@@ -120,8 +120,8 @@ void zb__ad_encoding_attrs(char *buf, size_t cap, const char *type, const char *
 
 /* Opens an array writer at `rel` with the writer's format and codec, and records the node. */
 zb_status zb__ad_open_array(zb_anndata_writer *w, const char *rel, zb_dtype dtype, int ndim,
-                           const uint64_t *row_shape, uint64_t chunk_rows, uint64_t shard_rows,
-                           int threads, const char *attrs_json, zb_array_writer **out);
+                            const uint64_t *row_shape, uint64_t chunk_rows, uint64_t shard_rows,
+                            int threads, const char *attrs_json, zb_array_writer **out);
 
 /* Writes the group at `rel` with attributes `attrs` and records it. */
 zb_status zb__ad_write_group(zb_anndata_writer *w, const char *rel, const char *attrs);
@@ -138,7 +138,7 @@ zb_status zb__ad_check_name(const char *where, const char *name);
  * UTF-8 of at most 2^32-1 bytes, as the array writer requires; checked up front so that a
  * call is refused before anything is written. `what` names the element in messages. */
 zb_status zb__ad_check_strings(const char *what, const char *data, const uint64_t *offsets,
-                              uint64_t n, const uint8_t *mask);
+                               uint64_t n, const uint8_t *mask);
 
 /* ---- X and layers (anndata_matrix.c) -------------------------------------------------------- */
 

@@ -28,10 +28,10 @@ open_csr(zb_anndata_writer *w, const char *rel, zb__ad_csr *m)
         zb__ad_open_array(w, sub, m->dtype, 1, NULL, chunk, shard, w->num_threads, NULL, &m->data));
     snprintf(sub, sizeof sub, "%s/indices", rel);
     ZB_TRY(zb__ad_open_array(w, sub, w->index_dtype, 1, NULL, chunk, shard, w->num_threads, NULL,
-                            &m->indices));
+                             &m->indices));
     snprintf(sub, sizeof sub, "%s/indptr", rel);
-    ZB_TRY(zb__ad_open_array(w, sub, ZB_DT_INT64, 1, NULL, zb__ad_column_chunk(w, ZB_ANNDATA_OBS), 0,
-                            1, NULL, &m->indptr));
+    ZB_TRY(zb__ad_open_array(w, sub, ZB_DT_INT64, 1, NULL, zb__ad_column_chunk(w, ZB_ANNDATA_OBS),
+                             0, 1, NULL, &m->indptr));
     int64_t zero = 0;
     return zb_array_writer_append(m->indptr, &zero, 1);
 }
@@ -44,7 +44,7 @@ zb__ad_open_x(zb_anndata_writer *w)
         zb__ad_encoding_attrs(attrs, sizeof attrs, "array", "0.2.0");
         uint64_t row[1] = {w->n_vars};
         return zb__ad_open_array(w, "X", w->x_dtype, 2, row, w->x_chunk, w->x_shard, w->num_threads,
-                                attrs, &w->dense);
+                                 attrs, &w->dense);
     }
     w->x.dtype = w->x_dtype;
     return open_csr(w, "X", &w->x);

@@ -130,8 +130,8 @@ struct obj_job {
     char key[KEY_CAP];
     uint8_t *raw; /* owned: the object's bytes (fixed types) or its vlen-utf8 encoding */
     size_t raw_len;
-    uint64_t valid_rows; /* rows of the object that lie inside the array */
-    bool strings_empty;  /* strings: every string is "" (the fill) */
+    uint64_t valid_rows;            /* rows of the object that lie inside the array */
+    bool strings_empty;             /* strings: every string is "" (the fill) */
     atomic_uint_fast64_t remaining; /* tasks still running */
     atomic_bool failed;
     uint64_t npieces;
@@ -717,7 +717,7 @@ build_v3_doc(const zb_array_writer *w, const uint64_t *chunk_shape, json_object 
         json_object *crc = zb__jw_push(ic, json_object_new_object(), &ok);
         zb__jw_add(crc, "name", json_object_new_string("crc32c"), &ok);
         zb__jw_add(scfg, "index_location",
-                  json_object_new_string(w->index_at_start ? "start" : "end"), &ok);
+                   json_object_new_string(w->index_at_start ? "start" : "end"), &ok);
     }
     zb__jw_add(doc, "attributes", json_object_get(attrs), &ok);
     if (!ok) {
@@ -791,8 +791,8 @@ write_metadata(zb_array_writer *w)
         ZB_TRY(zb__write_join_key(key, sizeof key, w->path, ".zattrs"));
         ZB_TRY(zb__write_json(w->store, key, w->attrs));
     }
-    ZB_TRY(
-        zb__write_join_key(key, sizeof key, w->path, w->zarr_format == 2 ? ".zarray" : "zarr.json"));
+    ZB_TRY(zb__write_join_key(key, sizeof key, w->path,
+                              w->zarr_format == 2 ? ".zarray" : "zarr.json"));
     ZB_TRY(zb__write_json(w->store, key, w->doc));
     w->committed_once = true;
     return ZB_OK;

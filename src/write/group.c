@@ -161,7 +161,7 @@ zb__write_mark_nested_group(json_object *doc, int *ok)
 
 zb_status
 zb__write_consolidated_root(zb_store *store, const char *path, int zarr_format,
-                           const char *attributes_json, json_object *meta)
+                            const char *attributes_json, json_object *meta)
 {
     json_object *attrs = NULL, *doc = NULL;
     ZB_TRY(zb__write_parse_attrs(attributes_json, "root attributes", &attrs));

@@ -14,7 +14,7 @@
  * attributes. attributes_json must be a JSON object (bare NaN/Infinity allowed) or NULL (= {}).
  * An existing group is overwritten. ZB_E_INVALID for a bad format or attributes document. */
 zb_status zb__write_group(zb_store *store, const char *path, int zarr_format,
-                         const char *attributes_json);
+                          const char *attributes_json);
 
 /* Parses attributes_json (NULL gives a new empty object) and requires a JSON object; `what`
  * names the option in messages. Release *out with json_object_put. */
@@ -50,6 +50,6 @@ void zb__write_mark_nested_group(json_object *doc, int *ok);
  * relative to `path`, in order): v3 inline in zarr.json, v2 as .zmetadata then .zgroup (the
  * commit point). `meta` is borrowed (v2 adds the root's own entries to it). */
 zb_status zb__write_consolidated_root(zb_store *store, const char *path, int zarr_format,
-                                     const char *attributes_json, json_object *meta);
+                                      const char *attributes_json, json_object *meta);
 
 #endif

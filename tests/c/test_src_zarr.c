@@ -90,9 +90,8 @@ write_store(const char *name, int zarr_format, uint64_t x_shard)
     }
     ZB_ASSERT_OK(zb_anndata_writer_append_csr(w, NOBS, indptr, indices, data));
     ZB_ASSERT_OK(zb_anndata_writer_append_names(w, ZB_ANNDATA_OBS, names, offsets, NOBS));
-    ZB_ASSERT_OK(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "ct", "abc",
-                                                      (const uint64_t[]){0, 1, 2, 3}, NCATS,
-                                                      false));
+    ZB_ASSERT_OK(zb_anndata_writer_define_categorical(
+        w, ZB_ANNDATA_OBS, "ct", "abc", (const uint64_t[]){0, 1, 2, 3}, NCATS, false));
     ZB_ASSERT_OK(zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, "ct", ZB_DT_INT32, codes, NOBS));
     ZB_ASSERT_OK(zb_anndata_writer_append_column(w, ZB_ANNDATA_OBS, "n", ZB_DT_INT32, n, NOBS));
     ZB_ASSERT_OK(zb_anndata_writer_commit(w));
@@ -114,8 +113,8 @@ static char *
 fail_text(const char *what, uint64_t start, uint64_t i)
 {
     char *m = malloc(160);
-    snprintf(m, 160, "%s: block from %llu, item %llu differs (%s)", what,
-             (unsigned long long)start, (unsigned long long)i, zb_last_error());
+    snprintf(m, 160, "%s: block from %llu, item %llu differs (%s)", what, (unsigned long long)start,
+             (unsigned long long)i, zb_last_error());
     return m;
 }
 
@@ -198,8 +197,8 @@ check_store(const char *path)
 
     zb__csr_block b = {0};
     zb__col_block cb = {0};
-    static const uint64_t spans[][2] = {{0, 0}, {0, NOBS}, {NOBS - 1, NOBS}, {NOBS, NOBS},
-                                        {99, 1301}, {255, 257}};
+    static const uint64_t spans[][2] = {{0, 0},       {0, NOBS},  {NOBS - 1, NOBS},
+                                        {NOBS, NOBS}, {99, 1301}, {255, 257}};
     for (size_t i = 0; i < sizeof spans / sizeof spans[0]; i++) {
         char *err = check_rows(x, spans[i][0], spans[i][1], &b);
         if (!err) err = check_obs(src, ct, n, spans[i][0], spans[i][1], &cb);
@@ -272,8 +271,10 @@ test_threads_share_one_source(void **state)
     char *err = NULL;
     for (int i = 0; i < THREADS; i++) {
         pthread_join(t[i], NULL);
-        if (rs[i].err && !err) err = rs[i].err;
-        else free(rs[i].err);
+        if (rs[i].err && !err)
+            err = rs[i].err;
+        else
+            free(rs[i].err);
     }
     zb__src_close(src);
     if (err) fail_msg("%s", err);

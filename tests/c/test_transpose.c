@@ -90,7 +90,7 @@ mock_close(zb__src_matrix *m)
 }
 
 static const zb__src_matrix_methods mock_methods = {mock_indptr, mock_read, mock_var_names,
-                                                   mock_close};
+                                                    mock_close};
 
 /* ---- random matrices and their dense reference ------------------------------------------------
  */
@@ -410,7 +410,7 @@ test_dense_rows_split_bands(void **state)
     for (int threads = 1; threads <= 2; threads++) {
         for (int in_memory = 0; in_memory <= 1; in_memory++) {
             zb__transpose_opts o = {in_memory ? 1 << 30 : 128 << 10, threads,
-                                   in_memory ? 16 << 10 : 0};
+                                    in_memory ? 16 << 10 : 0};
             zb__transpose_stats st;
             ZB_ASSERT_OK(zb__csc_transpose_ex(&k->base, path, &o, &st));
             assert_int_equal(st.in_memory, in_memory);
