@@ -34,7 +34,8 @@ typedef enum zb_transform_kind {
 typedef struct zb_transform {
     zb_transform_kind kind;
     double target_sum;        /* NORMALIZE_TOTAL */
-    const uint64_t *columns;  /* DENSIFY: an optional column subset (NULL = all n_vars) */
+    const uint64_t *columns;  /* DENSIFY: an optional column subset (NULL = all n_vars), in
+                                 the output's order, each column once (ZB_E_INVALID else) */
     size_t ncolumns;
     const char *field;        /* CAST */
     zb_dtype dtype;           /* CAST */

@@ -33,9 +33,8 @@
 #define MAX_REACH 65536
 
 /* Bins are at least the search radius / BIN_SPLIT thick. Thinner bins scan less empty space
- * around an atom but more rows of bins; 2 cost the fewest instructions on four of five fcc
- * crystals of 32 to 4,000 atoms, and 9% more than 1 on the fifth (docs/PERFORMANCE.md,
- * "Neighbour lists and ASE conversion"). */
+ * around an atom but more rows of bins; 2 cost the fewest instructions on most of the fcc
+ * crystals measured (docs/PERFORMANCE.md, "Neighbour lists and ASE conversion"). */
 #define BIN_SPLIT 2.0
 
 typedef struct frame {

@@ -1,8 +1,9 @@
 /* Workspaces of the conversion's tasks (convert_int.h, cv_ws): buffers that outlive a task, so
  * the next task on the same handle writes into memory it already touched. A fresh buffer costs
- * a page fault per 4 KiB on first use; a scatter task freeing and re-allocating its slices drew
- * 1.6 million faults (13 s of system time) from a 2.3 GB conversion on a VM where faults are
- * slow. Workspaces are kept on the handle and freed with it. */
+ * a page fault per 4 KiB on first use, and a scatter task freeing and re-allocating its slices
+ * spent much of a conversion's system time faulting on a VM where faults are slow
+ * (docs/PERFORMANCE.md, "Figures behind the code's decisions"). Workspaces are kept on the
+ * handle and freed with it. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -164,6 +164,14 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
                 return zb_err(ZB_E_RANGE, "densify: column %llu outside [0, %llu)",
                               (unsigned long long)columns[k], (unsigned long long)n_vars);
             }
+            if (map[columns[k]] >= 0) {
+                /* one output place per column: a second would stay zero */
+                zb_status st = zb_err(
+                    ZB_E_INVALID, "densify: column %llu is given twice (positions %lld and %zu)",
+                    (unsigned long long)columns[k], (long long)map[columns[k]], k);
+                free(map);
+                return st;
+            }
             map[columns[k]] = (int64_t)k;
         }
     }

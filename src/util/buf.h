@@ -24,8 +24,7 @@ void zb_buf_free(zb_buf *b);
 /* A destination inside `b` for `n` bytes read from storage offset `offset`: reserves n + 63
  * bytes and sets *dst congruent to `offset` modulo 64. The kernel's copy out of the page cache
  * slows down several-fold when destination and source lie a few bytes apart modulo the page
- * (pread of cached data measured at 1.6 GB/s instead of 11 GB/s on AMD EPYC); congruent
- * addresses never do. */
+ * (docs/PERFORMANCE.md, "Figures behind the code's decisions"); congruent addresses never do. */
 zb_status zb_buf_for_read(zb_buf *b, uint64_t offset, size_t n, uint8_t **dst);
 
 /* Overflow-checked arithmetic: return false on overflow. */

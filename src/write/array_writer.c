@@ -98,8 +98,9 @@ struct zb_array_writer {
 
     zb_pool *pool;
     /* Finished jobs kept for the next object, with their buffers: a fresh 16 MiB shard and its
-     * pieces' outputs cost a page fault per 4 KiB each time (a quarter of a conversion's system
-     * time on a VM). At most SPARE_JOBS; spare_raw is a recycled object buffer for ensure_buf. */
+     * pieces' outputs cost a page fault per 4 KiB each time (docs/PERFORMANCE.md, "Figures
+     * behind the code's decisions"). At most SPARE_JOBS; spare_raw is a recycled object buffer
+     * for ensure_buf. */
     pthread_mutex_t spare_mu;
     struct obj_job *spare;
     int n_spare;
