@@ -1,6 +1,8 @@
 # The README's commands. CMake does the building; this file only strings the steps together.
 #   make        install missing dependencies, build the library, CLI, Python extension, C tests
-#   make test   every test: C tests (plain and under ASan+UBSan) and the Python tests
+#   make test   every test: the format check, C tests (plain, under ASan+UBSan, the threaded
+#               ones under TSan) and the Python tests
+#   make format apply .clang-format (scripts/check-format.sh --fix)
 #   make demo   the main job on a generated dataset
 #   make fuzz   every libFuzzer target for FUZZ_SECONDS each (default 60; clang, build-fuzz/)
 PY      := .venv/bin/python
@@ -14,8 +16,8 @@ FUZZ_SECONDS ?= 60
 # make test runs each fuzz target this long: enough to replay its corpus and mutate a little
 FUZZ_SMOKE_SECONDS ?= 10
 
-.PHONY: all deps build asan fuzz-build fuzz test test-c test-asan test-fuzz test-python demo \
-        format clean
+.PHONY: all deps build asan tsan fuzz-build fuzz test test-c test-asan test-tsan test-fuzz \
+        test-python demo format format-check clean
 
 all: build
 
@@ -35,6 +37,20 @@ asan: deps
 test-c: build
 	@cd build && ctest --output-on-failure -j $(JOBS)
 
+# ThreadSanitizer over the tests that run threads: the pool (writer), the reader, the loader,
+# concatenations (collection), store copies and transforms. ASan and TSan cannot share a build.
+TSAN_TESTS := test_reader test_loader test_writer test_collection test_store_copy test_transforms
+
+tsan: deps
+	@cmake -S . -B build-tsan -G Ninja -DZB_SANITIZE=thread -DZB_BUILD_PYTHON=OFF \
+	    -DZB_BUILD_CLI=OFF -DZB_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	    $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build-tsan -j $(JOBS) --target $(TSAN_TESTS)
+
+test-tsan: tsan
+	@cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	    ctest --output-on-failure -j $(JOBS) -R '^($(subst $(eval) ,|,$(TSAN_TESTS)))$$'
+
 test-asan: asan
 	@cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
@@ -53,13 +69,16 @@ test-fuzz: fuzz-build
 test-python: build
 	@$(PY) -m pytest -q tests/python
 
-test: test-c test-asan test-fuzz test-python
+test: format-check test-c test-asan test-tsan test-fuzz test-python
 
 demo: build
 	@$(PY) scripts/demo.py
 
 format:
-	@clang-format -i include/*.h $$(find src cli tests/c python -name '*.[ch]')
+	@bash scripts/check-format.sh --fix
+
+format-check:
+	@bash scripts/check-format.sh
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-tsan build-fuzz

@@ -21,7 +21,7 @@
 #include "zbatch.h"
 
 typedef struct job {
-    zb_src_matrix *m;
+    zb__src_matrix *m;
     uint64_t rows, block;
     atomic_uint_fast64_t next;
     atomic_uint_fast64_t bytes;
@@ -39,20 +39,20 @@ now(void)
 /* One thread's share: its block is kept across rounds, as the converter keeps its own. */
 typedef struct seat {
     job *j;
-    zb_csr_block b;
+    zb__csr_block b;
 } seat;
 
 static void *
 worker(void *arg)
 {
     job *j = ((seat *)arg)->j;
-    zb_csr_block *b = &((seat *)arg)->b;
-    size_t item = zb_dtype_size(zb_src_matrix_info_of(j->m)->dtype);
+    zb__csr_block *b = &((seat *)arg)->b;
+    size_t item = zb_dtype_size(zb__src_matrix_info_of(j->m)->dtype);
     for (;;) {
         uint64_t start = atomic_fetch_add(&j->next, j->block);
         if (start >= j->rows) break;
         uint64_t stop = start + j->block < j->rows ? start + j->block : j->rows;
-        zb_status st = zb_src_matrix_read(j->m, start, stop, b);
+        zb_status st = zb__src_matrix_read(j->m, start, stop, b);
         if (st != ZB_OK) {
             fprintf(stderr, "rows [%llu, %llu): %s: %s\n", (unsigned long long)start,
                     (unsigned long long)stop, zb_status_name(st), zb_last_error());
@@ -87,16 +87,16 @@ main(int argc, char **argv)
                         "[--rounds R]\n");
         return 2;
     }
-    zb_src *src = NULL;
-    zb_src_matrix *m = NULL;
-    zb_status st = zb_src_open(path, &src);
-    if (st == ZB_OK) st = zb_src_matrix_get(src, key, &m);
+    zb__src *src = NULL;
+    zb__src_matrix *m = NULL;
+    zb_status st = zb__src_open(path, &src);
+    if (st == ZB_OK) st = zb__src_matrix_get(src, key, &m);
     if (st != ZB_OK) {
         fprintf(stderr, "%s: %s\n", zb_status_name(st), zb_last_error());
-        zb_src_close(src);
+        zb__src_close(src);
         return 1;
     }
-    const zb_src_matrix_info *info = zb_src_matrix_info_of(m);
+    const zb__src_matrix_info *info = zb__src_matrix_info_of(m);
     double best = 0;
     uint64_t bytes = 0;
     seat seats[256] = {{0}};
@@ -117,9 +117,9 @@ main(int argc, char **argv)
         if (r > 0 && (best == 0 || dt < best)) best = dt;
         bytes = atomic_load(&j.bytes);
     }
-    for (int t = 0; t < threads; t++) zb_csr_block_free(&seats[t].b);
+    for (int t = 0; t < threads; t++) zb__csr_block_free(&seats[t].b);
     if (failed) {
-        zb_src_close(src);
+        zb__src_close(src);
         return 1;
     }
     printf("{\"file\": \"%s\", \"key\": \"%s\", \"threads\": %d, \"block_rows\": %llu, "
@@ -127,7 +127,7 @@ main(int argc, char **argv)
            "\"MB_per_s\": %.1f, \"libhdf5_threadsafe\": %s}\n",
            path, key, threads, (unsigned long long)block, (unsigned long long)info->n_rows,
            (unsigned long long)info->nnz, (unsigned long long)bytes, best,
-           (double)bytes / best / 1e6, zb_h5_library_threadsafe() ? "true" : "false");
-    zb_src_close(src);
+           (double)bytes / best / 1e6, zb__h5_library_threadsafe() ? "true" : "false");
+    zb__src_close(src);
     return 0;
 }

@@ -77,15 +77,15 @@ static zb_status
 collect_units(zb_dataset *ds, const uint64_t *ids, size_t n, unit_set *s, zb_ctx *ctx)
 {
     for (size_t f = 0; f < ds->nfields; f++) {
-        const zb_field *fd = &ds->fields[f];
+        const zb__field *fd = &ds->fields[f];
         uint64_t U = fd->arr->inner[0];
         for (size_t i = 0; i < n; i++) {
-            uint64_t p = zb_mask_select(&ds->mask, ids[i]);
+            uint64_t p = zb__mask_select(&ds->mask, ids[i]);
             uint64_t r0 = p, r1 = p + 1;
             if (fd->seg >= 0) {
                 int64_t a0, a1;
-                ZB_TRY(zb_segment_get(&ds->segs[fd->seg], ctx, p, &a0));
-                ZB_TRY(zb_segment_get(&ds->segs[fd->seg], ctx, p + 1, &a1));
+                ZB_TRY(zb__segment_get(&ds->segs[fd->seg], ctx, p, &a0));
+                ZB_TRY(zb__segment_get(&ds->segs[fd->seg], ctx, p + 1, &a1));
                 r0 = (uint64_t)a0;
                 r1 = (uint64_t)a1;
             }
@@ -116,12 +116,12 @@ fetch_units(unit_set *s, zb_ctx *ctx)
         const zb_array *a = u->arr;
         uint64_t g[ZB_MAX_DIMS] = {0}, entry = 0, shard[ZB_MAX_DIMS];
         g[0] = u->g0;
-        ZB_TRY(zb_array_unit_object(a, g, key, sizeof key, shard, &entry));
+        ZB_TRY(zb__array_unit_object(a, g, key, sizeof key, shard, &entry));
         uint64_t off = 0, len = 0, size = 0;
         if (a->meta.chain.ab == ZB_AB_SHARDING) {
             uint64_t *e = NULL, nn = 0;
             bool missing = false;
-            ZB_TRY(zb_array_shard_index(a, ctx, shard, &e, &nn, &missing));
+            ZB_TRY(zb__array_shard_index(a, ctx, shard, &e, &nn, &missing));
             if (missing || e[2 * entry] == ZB_SHARD_EMPTY) {
                 u->missing = true;
                 free(e);
@@ -161,18 +161,18 @@ decode_task(void *arg, zb_ctx *ctx)
     for (size_t i = 0; i < t->n && t->st == ZB_OK; i++) {
         unit *u = &t->u[i];
         if (u->missing) continue;
-        t->st = zb_array_decode_unit(u->arr, ctx, u->enc, u->enc_len, t->out, "bench");
+        t->st = zb__array_decode_unit(u->arr, ctx, u->enc, u->enc_len, t->out, "bench");
     }
 }
 
 /* Decodes every unit once on the pool; returns the seconds it took. */
 static double
-decode_only(zb_pool *pool, unit_set *s, int threads, uint64_t *bytes)
+decode_only(zb__pool *pool, unit_set *s, int threads, uint64_t *bytes)
 {
     size_t maxb = 0;
     *bytes = 0;
     for (size_t i = 0; i < s->n; i++) {
-        size_t b = (size_t)zb_array_unit_bytes(s->u[i].arr);
+        size_t b = (size_t)zb__array_unit_bytes(s->u[i].arr);
         if (b > maxb) maxb = b;
         if (!s->u[i].missing) *bytes += b;
     }
@@ -185,8 +185,8 @@ decode_only(zb_pool *pool, unit_set *s, int threads, uint64_t *bytes)
         t[k] = (dec_task){s->u + lo, hi > lo ? hi - lo : 0, malloc(maxb + 1), ZB_OK};
     }
     double t0 = now();
-    for (size_t k = 0; k < ntasks; k++) zb_pool_submit(pool, decode_task, &t[k]);
-    zb_pool_wait(pool);
+    for (size_t k = 0; k < ntasks; k++) zb__pool_submit(pool, decode_task, &t[k]);
+    zb__pool_wait(pool);
     double dt = now() - t0;
     for (size_t k = 0; k < ntasks; k++) {
         if (t[k].st != ZB_OK) fprintf(stderr, "decode-only: %s\n", zb_last_error());
@@ -217,8 +217,10 @@ int
 main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s STORE [--batch B] [--batches K] [--threads T] [--block S] "
-                        "[--seed X] [--patterns sorted,block,random]\n", argv[0]);
+        fprintf(stderr,
+                "usage: %s STORE [--batch B] [--batches K] [--threads T] [--block S] "
+                "[--seed X] [--patterns sorted,block,random]\n",
+                argv[0]);
         return 2;
     }
     const char *path = argv[1];
@@ -231,13 +233,20 @@ main(int argc, char **argv)
         mallopt(M_TRIM_THRESHOLD, 1 << 30);
     }
     for (int i = 2; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--batch")) B = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--batches")) K = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--block")) block = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--patterns")) patterns = argv[i + 1];
-        else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--batch"))
+            B = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--batches"))
+            K = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--threads"))
+            threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--block"))
+            block = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--seed"))
+            seed = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--patterns"))
+            patterns = argv[i + 1];
+        else if (!strcmp(argv[i], "--rounds"))
+            rounds = atoi(argv[i + 1]);
     }
     zb_store *store = NULL;
     zb_dataset *ds = NULL;
@@ -253,8 +262,8 @@ main(int argc, char **argv)
     }
     uint64_t N = 0;
     zb_dataset_len(ds, &N);
-    zb_pool *pool = NULL;
-    zb_pool_new(threads, &pool);
+    zb__pool *pool = NULL;
+    zb__pool_new(threads, &pool);
     zb_ctx *ctx = NULL;
     zb_ctx_new(&ctx);
     char list[256];
@@ -330,7 +339,7 @@ main(int argc, char **argv)
         free(ids);
     }
     zb_ctx_free(ctx);
-    zb_pool_free(pool);
+    zb__pool_free(pool);
     zb_dataset_close(ds);
     zb_store_close(store);
     return 0;

@@ -4,7 +4,7 @@
  *   bench_src_zarr STORE [--key X] [--threads 1,2] [--block ROWS] [--rounds R]
  *
  * Threads take the next block of ROWS rows (default 1024) from a shared counter and read it
- * with zb_src_matrix_read into their own reused zb_csr_block, as the converter's scatter tasks
+ * with zb__src_matrix_read into their own reused zb__csr_block, as the converter's scatter tasks
  * do. One untimed pass warms the page cache; each thread count then keeps its best of R rounds
  * (default 3). "Decoded" counts the bytes of the matrix's arrays in their stored dtypes (data +
  * indices + indptr; a dense matrix's elements), the same figure bench/src_zarr.py gives
@@ -23,7 +23,7 @@
 #include "zarr/array.h"
 
 typedef struct job {
-    zb_src_matrix *m;
+    zb__src_matrix *m;
     uint64_t rows, block;
     atomic_uint_fast64_t next;
     atomic_uint_fast64_t nnz;
@@ -51,28 +51,28 @@ static void *
 reader(void *arg)
 {
     job *j = arg;
-    zb_csr_block b = {0};
+    zb__csr_block b = {0};
     for (;;) {
         uint64_t i = atomic_fetch_add(&j->next, 1);
         uint64_t start = i * j->block;
         if (start >= j->rows || atomic_load(&j->failed)) break;
         uint64_t stop = start + j->block < j->rows ? start + j->block : j->rows;
-        if (zb_src_matrix_read(j->m, start, stop, &b) != ZB_OK) {
+        if (zb__src_matrix_read(j->m, start, stop, &b) != ZB_OK) {
             if (!atomic_exchange(&j->failed, 1)) fprintf(stderr, "read: %s\n", zb_last_error());
             break;
         }
         atomic_fetch_add(&j->nnz, b.nnz);
     }
-    zb_csr_block_free(&b);
+    zb__csr_block_free(&b);
     return NULL;
 }
 
 /* One pass over every row on `threads` threads; seconds (and CPU seconds in *cpu), or a negative
  * number on failure. */
 static double
-pass(zb_src_matrix *m, uint64_t block, int threads, uint64_t *nnz, double *cpu)
+pass(zb__src_matrix *m, uint64_t block, int threads, uint64_t *nnz, double *cpu)
 {
-    job j = {.m = m, .rows = zb_src_matrix_info_of(m)->n_rows, .block = block};
+    job j = {.m = m, .rows = zb__src_matrix_info_of(m)->n_rows, .block = block};
     atomic_init(&j.next, 0);
     atomic_init(&j.nnz, 0);
     atomic_init(&j.failed, 0);
@@ -88,9 +88,9 @@ pass(zb_src_matrix *m, uint64_t block, int threads, uint64_t *nnz, double *cpu)
 
 /* Bytes of the matrix's arrays in their stored dtypes. */
 static double
-decoded_bytes(const zb_src_matrix *m, uint64_t nnz, const char *path, const char *key)
+decoded_bytes(const zb__src_matrix *m, uint64_t nnz, const char *path, const char *key)
 {
-    const zb_src_matrix_info *info = zb_src_matrix_info_of(m);
+    const zb__src_matrix_info *info = zb__src_matrix_info_of(m);
     if (info->layout == ZB_SRC_DENSE) return (double)info->nnz * (double)zb_dtype_size(info->dtype);
     double bytes = (double)nnz * (double)zb_dtype_size(info->dtype);
     static const char *const parts[] = {"indices", "indptr"};
@@ -118,11 +118,16 @@ main(int argc, char **argv)
     uint64_t block = 1024;
     int rounds = 3;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--key") && i + 1 < argc) key = argv[++i];
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads_arg = argv[++i];
-        else if (!strcmp(argv[i], "--block") && i + 1 < argc) block = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
-        else if (!path && argv[i][0] != '-') path = argv[i];
+        if (!strcmp(argv[i], "--key") && i + 1 < argc)
+            key = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            threads_arg = argv[++i];
+        else if (!strcmp(argv[i], "--block") && i + 1 < argc)
+            block = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+            rounds = atoi(argv[++i]);
+        else if (!path && argv[i][0] != '-')
+            path = argv[i];
         else {
             fprintf(stderr, "usage: bench_src_zarr STORE [--key X] [--threads 1,2] "
                             "[--block ROWS] [--rounds R]\n");
@@ -134,18 +139,18 @@ main(int argc, char **argv)
                         "[--rounds R]\n");
         return 2;
     }
-    zb_src *src = NULL;
-    zb_src_matrix *m = NULL;
-    if (zb_src_open(path, &src) != ZB_OK || zb_src_matrix_get(src, key, &m) != ZB_OK) {
+    zb__src *src = NULL;
+    zb__src_matrix *m = NULL;
+    if (zb__src_open(path, &src) != ZB_OK || zb__src_matrix_get(src, key, &m) != ZB_OK) {
         fprintf(stderr, "%s\n", zb_last_error());
-        zb_src_close(src);
+        zb__src_close(src);
         return 1;
     }
     uint64_t nnz = 0;
     double cpu = 0, best_cpu = 0;
     if (pass(m, block, 2, &nnz, &cpu) < 0) return 1; /* warm the page cache */
     double bytes = decoded_bytes(m, nnz, path, key);
-    const zb_src_matrix_info *info = zb_src_matrix_info_of(m);
+    const zb__src_matrix_info *info = zb__src_matrix_info_of(m);
     char list[256];
     snprintf(list, sizeof list, "%s", threads_arg);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
@@ -160,13 +165,14 @@ main(int argc, char **argv)
                 best_cpu = cpu;
             }
         }
-        printf("{\"reader\": \"zbatch-src\", \"key\": \"%s\", \"threads\": %d, \"block_rows\": %llu, "
-               "\"rows\": %llu, \"nnz\": %llu, \"decoded_mb\": %.1f, \"seconds\": %.4f, "
-               "\"mb_per_s\": %.1f, \"cpu_seconds\": %.4f}\n",
-               key, threads, (unsigned long long)block, (unsigned long long)info->n_rows,
-               (unsigned long long)nnz, bytes / 1e6, best, bytes / 1e6 / best, best_cpu);
+        printf(
+            "{\"reader\": \"zbatch-src\", \"key\": \"%s\", \"threads\": %d, \"block_rows\": %llu, "
+            "\"rows\": %llu, \"nnz\": %llu, \"decoded_mb\": %.1f, \"seconds\": %.4f, "
+            "\"mb_per_s\": %.1f, \"cpu_seconds\": %.4f}\n",
+            key, threads, (unsigned long long)block, (unsigned long long)info->n_rows,
+            (unsigned long long)nnz, bytes / 1e6, best, bytes / 1e6 / best, best_cpu);
         fflush(stdout);
     }
-    zb_src_close(src);
+    zb__src_close(src);
     return 0;
 }

@@ -1,4 +1,4 @@
-/* bench_stream_copy: memcpy against zb_stream_copy (util/stream.h) for the reader's copy of
+/* bench_stream_copy: memcpy against zb__stream_copy (util/stream.h) for the reader's copy of
  * decoded rows into a batch that outgrows the cache.
  *
  *   bench_stream_copy [--arena MIB] [--piece BYTES] [--threads T] [--rounds R]
@@ -46,13 +46,13 @@ run(void *arg)
             uint8_t *d = j->arena + k * j->piece;
             const uint8_t *s = j->src + (i & 63) * 64;
             if (j->stream)
-                zb_stream_copy(d, s, j->piece);
+                zb__stream_copy(d, s, j->piece);
             else
                 memcpy(d, s, j->piece);
             j->bytes += j->piece;
         }
     }
-    if (j->stream) zb_stream_fence();
+    if (j->stream) zb__stream_fence();
     return NULL;
 }
 
@@ -84,18 +84,22 @@ main(int argc, char **argv)
             fprintf(stderr, "bench_stream_copy: %s needs a value\n", a);
             return 2;
         }
-        if (!strcmp(a, "--arena")) arena_mib = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--piece")) piece = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--threads")) threads = atoi(v);
-        else if (!strcmp(a, "--rounds")) rounds = atoi(v);
+        if (!strcmp(a, "--arena"))
+            arena_mib = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--piece"))
+            piece = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--threads"))
+            threads = atoi(v);
+        else if (!strcmp(a, "--rounds"))
+            rounds = atoi(v);
         else {
             fprintf(stderr, "bench_stream_copy: unknown option %s\n", a);
             return 2;
         }
         i++;
     }
-    if (threads < 1 || threads > 64 || piece < 1 || piece > 4096 * 16 - 64 * 64 ||
-        rounds < 1 || arena_mib < 1) {
+    if (threads < 1 || threads > 64 || piece < 1 || piece > 4096 * 16 - 64 * 64 || rounds < 1 ||
+        arena_mib < 1) {
         fprintf(stderr, "bench_stream_copy: threads 1-64, piece 1-61440, rounds and arena >= 1\n");
         return 2;
     }
@@ -117,7 +121,8 @@ main(int argc, char **argv)
         if (s > best_s) best_s = s;
     }
     printf("arena %zu MiB x %d thread(s), piece %zu B: memcpy %.2f GB/s, streamed %.2f GB/s, "
-           "ratio %.2f\n", arena_mib, threads, piece, best_m, best_s, best_s / best_m);
+           "ratio %.2f\n",
+           arena_mib, threads, piece, best_m, best_s, best_s / best_m);
     for (int t = 0; t < threads; t++) free(jobs[t].arena);
     free(src);
     return 0;

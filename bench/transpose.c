@@ -1,4 +1,4 @@
-/* bench_transpose: zb_csc_transpose of a synthetic CSC matrix served from memory.
+/* bench_transpose: zb__csc_transpose of a synthetic CSC matrix served from memory.
  *
  *   bench_transpose [--cells N] [--genes G] [--per-cell K] [--dir D] [--rounds R]
  *                   [--memory MIB,...] [--threads T,...] [--band KIB,...] [--per-band-reads]
@@ -29,25 +29,25 @@
 #include "util/status.h"
 
 typedef struct mock {
-    zb_src_matrix base;
+    zb__src_matrix base;
     int64_t *colptr;
     uint32_t *rows;
     float *vals;
 } mock;
 
 static zb_status
-mock_indptr(zb_src_matrix *m, uint64_t start, uint64_t stop, int64_t *out)
+mock_indptr(zb__src_matrix *m, uint64_t start, uint64_t stop, int64_t *out)
 {
     memcpy(out, ((mock *)m)->colptr + start, (size_t)(stop - start + 1) * 8);
     return ZB_OK;
 }
 
 static zb_status
-mock_read(zb_src_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out)
+mock_read(zb__src_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out)
 {
     mock *k = (mock *)m;
     int64_t lo = k->colptr[start], nnz = k->colptr[stop] - lo;
-    ZB_TRY(zb_csr_block_reserve(out, stop - start, (uint64_t)nnz, ZB_DT_FLOAT32));
+    ZB_TRY(zb__csr_block_reserve(out, stop - start, (uint64_t)nnz, ZB_DT_FLOAT32));
     for (uint64_t c = start; c <= stop; c++) out->indptr[c - start] = k->colptr[c] - lo;
     memcpy(out->indices, k->rows + lo, (size_t)nnz * 4);
     memcpy(out->data, k->vals + lo, (size_t)nnz * 4);
@@ -57,20 +57,20 @@ mock_read(zb_src_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out)
 }
 
 static zb_status
-mock_names(zb_src_matrix *m, zb_strings *out)
+mock_names(zb__src_matrix *m, zb_strings *out)
 {
     (void)m;
     (void)out;
-    return zb_err(ZB_E_UNSUPPORTED, "no names");
+    return zb__err(ZB_E_UNSUPPORTED, "no names");
 }
 
 static void
-mock_close(zb_src_matrix *m)
+mock_close(zb__src_matrix *m)
 {
     (void)m;
 }
 
-static const zb_src_matrix_methods methods = {mock_indptr, mock_read, mock_names, mock_close};
+static const zb__src_matrix_methods methods = {mock_indptr, mock_read, mock_names, mock_close};
 
 static uint64_t
 next(uint64_t *s)
@@ -125,7 +125,7 @@ make(mock *k, uint64_t cells, uint64_t genes, double per_cell)
         k->colptr[g + 1] = (int64_t)nnz;
     }
     k->base.methods = &methods;
-    k->base.info = (zb_src_matrix_info){ZB_SRC_CSC, ZB_DT_FLOAT32, cells, genes, nnz};
+    k->base.info = (zb__src_matrix_info){ZB_SRC_CSC, ZB_DT_FLOAT32, cells, genes, nnz};
     k->base.key = "X";
     k->base.path = "synthetic";
 }
@@ -137,11 +137,11 @@ per_band_reads(mock *k, const char *path, uint64_t memory_bytes, uint64_t *passe
     double t0 = now();
     uint64_t n = k->base.info.n_rows, genes = k->base.info.n_cols;
     int64_t *count = calloc(n + 1, 8);
-    zb_csr_block b = {0};
+    zb__csr_block b = {0};
     uint64_t step = 4096;
     for (uint64_t c = 0; c < genes; c += step) {
         uint64_t e = c + step < genes ? c + step : genes;
-        if (zb_src_matrix_read(&k->base, c, e, &b) != ZB_OK) abort();
+        if (zb__src_matrix_read(&k->base, c, e, &b) != ZB_OK) abort();
         for (uint64_t x = 0; x < b.nnz; x++) count[b.indices[x] + 1]++;
     }
     *passes = 1;
@@ -159,7 +159,7 @@ per_band_reads(mock *k, const char *path, uint64_t memory_bytes, uint64_t *passe
         for (uint64_t r = r0; r < r1; r++) ptr[r - r0 + 1] = ptr[r - r0] + count[r + 1];
         for (uint64_t c = 0; c < genes; c += step) {
             uint64_t e = c + step < genes ? c + step : genes;
-            if (zb_src_matrix_read(&k->base, c, e, &b) != ZB_OK) abort();
+            if (zb__src_matrix_read(&k->base, c, e, &b) != ZB_OK) abort();
             const float *d = b.data;
             for (uint64_t j = 0; j < e - c; j++)
                 for (int64_t x = b.indptr[j]; x < b.indptr[j + 1]; x++) {
@@ -183,7 +183,7 @@ per_band_reads(mock *k, const char *path, uint64_t memory_bytes, uint64_t *passe
     free(vals);
     free(ptr);
     free(count);
-    zb_csr_block_free(&b);
+    zb__csr_block_free(&b);
     return now() - t0;
 }
 
@@ -240,23 +240,23 @@ main(int argc, char **argv)
     char path[4096];
     snprintf(path, sizeof path, "%s/bench_transpose.%ld.csr", dir, (long)getpid());
     /* one read pass of the source, for scale */
-    zb_csr_block b = {0};
+    zb__csr_block b = {0};
     t0 = now();
     for (uint64_t c = 0; c < genes; c += 4096)
-        if (zb_src_matrix_read(&k.base, c, c + 4096 < genes ? c + 4096 : genes, &b) != ZB_OK)
+        if (zb__src_matrix_read(&k.base, c, c + 4096 < genes ? c + 4096 : genes, &b) != ZB_OK)
             abort();
     printf("source pass: %.3f s (%.0f MB/s)\n", now() - t0, mb / (now() - t0));
-    zb_csr_block_free(&b);
+    zb__csr_block_free(&b);
     for (int mi = 0; mi < n_mem; mi++)
         for (int ti = 0; ti < n_thr; ti++)
             for (int bi = 0; bi < n_band; bi++)
                 for (int r = 0; r < rounds; r++) {
-                    zb_transpose_opts o = {(uint64_t)(mem[mi] * 1048576), (int)thr[ti],
-                                           (uint64_t)(band[bi] * 1024)};
-                    zb_transpose_stats st;
+                    zb__transpose_opts o = {(uint64_t)(mem[mi] * 1048576), (int)thr[ti],
+                                            (uint64_t)(band[bi] * 1024)};
+                    zb__transpose_stats st;
                     t0 = now();
                     double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
-                    zb_status s = zb_csc_transpose_ex(&k.base, path, &o, &st);
+                    zb_status s = zb__csc_transpose_ex(&k.base, path, &o, &st);
                     double dt = now() - t0, cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
                     if (s != ZB_OK) {
                         fprintf(stderr, "%s: %s\n", zb_status_name(s), zb_last_error());

@@ -125,7 +125,7 @@ parse_transform(const char *v, opts *o)
     } else if (!strncmp(v, "normalize_total", 15) && (v[15] == '\0' || v[15] == ':')) {
         t.kind = ZB_TRANSFORM_NORMALIZE_TOTAL;
         t.target_sum = 1e4;
-        if (v[15] == ':' && zb_bench_parse_double("--transform normalize_total", v + 16, 1e-300,
+        if (v[15] == ':' && zb__bench_parse_double("--transform normalize_total", v + 16, 1e-300,
                                                   1e300, &t.target_sum) != 0)
             return -1;
     } else {
@@ -181,7 +181,7 @@ parse_args(int argc, char **argv, opts *o)
         }
         char flag[64];
         const char *v = NULL;
-        if (zb_bench_flag_value(argc, argv, &i, VALUE_FLAGS, flag, sizeof flag, &v) != 0) return 2;
+        if (zb__bench_flag_value(argc, argv, &i, VALUE_FLAGS, flag, sizeof flag, &v) != 0) return 2;
         int bad = 0;
         if (!strcmp(flag, "--sampler")) {
             o->sampler = NULL;
@@ -196,43 +196,43 @@ parse_args(int argc, char **argv, opts *o)
                 bad = 1;
             }
         } else if (!strcmp(flag, "--block-size")) {
-            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->block_size);
+            bad = zb__bench_parse_u64(flag, v, 1, UINT64_MAX, &o->block_size);
         } else if (!strcmp(flag, "--blocks-per-window")) {
-            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->blocks_per_window);
+            bad = zb__bench_parse_u64(flag, v, 1, UINT64_MAX, &o->blocks_per_window);
         } else if (!strcmp(flag, "--batch")) {
-            bad = zb_bench_parse_u64(flag, v, 1, (uint64_t)1 << 32, &o->batch);
+            bad = zb__bench_parse_u64(flag, v, 1, (uint64_t)1 << 32, &o->batch);
         } else if (!strcmp(flag, "--prefetch")) {
-            bad = zb_bench_parse_u64(flag, v, 1, 1 << 20, &o->prefetch);
+            bad = zb__bench_parse_u64(flag, v, 1, 1 << 20, &o->prefetch);
         } else if (!strcmp(flag, "--depth")) {
-            bad = zb_bench_parse_u64(flag, v, 1, 1 << 10, &o->depth);
+            bad = zb__bench_parse_u64(flag, v, 1, 1 << 10, &o->depth);
         } else if (!strcmp(flag, "--threads")) {
-            bad = zb_bench_parse_u64(flag, v, 1, 256, &o->threads);
+            bad = zb__bench_parse_u64(flag, v, 1, 256, &o->threads);
         } else if (!strcmp(flag, "--transform")) {
             bad = parse_transform(v, o);
         } else if (!strcmp(flag, "--seconds")) {
-            bad = zb_bench_parse_double(flag, v, 1e-3, 1e7, &o->seconds);
+            bad = zb__bench_parse_double(flag, v, 1e-3, 1e7, &o->seconds);
             o->have_seconds = true;
         } else if (!strcmp(flag, "--epochs")) {
-            bad = zb_bench_parse_u64(flag, v, 1, 1 << 30, &o->epochs);
+            bad = zb__bench_parse_u64(flag, v, 1, 1 << 30, &o->epochs);
         } else if (!strcmp(flag, "--seed")) {
-            bad = zb_bench_parse_u64(flag, v, 0, UINT64_MAX, &o->seed);
+            bad = zb__bench_parse_u64(flag, v, 0, UINT64_MAX, &o->seed);
         } else if (!strcmp(flag, "--obs-column")) {
             o->obs_column = v;
             o->obs_explicit = true;
         } else if (!strcmp(flag, "--max-nnz")) {
-            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->max_nnz);
+            bad = zb__bench_parse_u64(flag, v, 1, UINT64_MAX, &o->max_nnz);
         } else if (!strcmp(flag, "--max-atoms")) {
-            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->max_atoms);
+            bad = zb__bench_parse_u64(flag, v, 1, UINT64_MAX, &o->max_atoms);
         } else if (!strcmp(flag, "--max-edges")) {
-            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->max_edges);
+            bad = zb__bench_parse_u64(flag, v, 1, UINT64_MAX, &o->max_edges);
         } else if (!strcmp(flag, "--window-size")) {
-            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->window_size);
+            bad = zb__bench_parse_u64(flag, v, 1, UINT64_MAX, &o->window_size);
         } else if (!strcmp(flag, "--num-samples")) {
-            bad = zb_bench_parse_u64(flag, v, 1, UINT64_MAX, &o->num_samples);
+            bad = zb__bench_parse_u64(flag, v, 1, UINT64_MAX, &o->num_samples);
         } else if (!strcmp(flag, "--results")) {
             o->results = v;
         } else if (!strcmp(flag, "--rounds")) {
-            bad = zb_bench_parse_u64(flag, v, 1, MAX_ROUNDS, &o->rounds);
+            bad = zb__bench_parse_u64(flag, v, 1, MAX_ROUNDS, &o->rounds);
         }
         if (bad) return 2;
     }
@@ -427,7 +427,7 @@ timed_run(zb_dataset *ds, zb_sampler *s, const opts *o, run *r)
     lo.more_epochs = o->epochs ? (size_t)o->epochs - 1 : SIZE_MAX;
     zb_loader *ld = NULL;
     reset_peak_rss();
-    double t_open = zb_bench_now();
+    double t_open = zb__bench_now();
     zb_status st = zb_loader_open(ds, s, &lo, &ld);
     if (st != ZB_OK) return fail_status("loader", st);
     r->epochs_started = 1;
@@ -437,7 +437,7 @@ timed_run(zb_dataset *ds, zb_sampler *s, const opts *o, run *r)
     for (;;) {
         zb_batch *b = NULL;
         st = zb_loader_next(ld, &b);
-        double t = zb_bench_now();
+        double t = zb__bench_now();
         if (st != ZB_OK) {
             zb_loader_close(ld);
             return fail_status("loader", st);
@@ -476,7 +476,7 @@ timed_run(zb_dataset *ds, zb_sampler *s, const opts *o, run *r)
             r->warmup_batches++;
             if (k == o->prefetch) {
                 warm = false;
-                t_start = last = zb_bench_now();
+                t_start = last = zb__bench_now();
                 getrusage(RUSAGE_SELF, &r->r0);
             }
             continue;
@@ -525,7 +525,7 @@ segment_sizes(zb_dataset *ds, const char *segment, uint64_t n, uint64_t batch, u
               uint64_t **sizes)
 {
     *sizes = malloc((size_t)n * sizeof **sizes + 1);
-    if (!*sizes) return zb_err(ZB_E_NOMEM, "bench: out of memory for %s sizes", segment);
+    if (!*sizes) return zb__err(ZB_E_NOMEM, "bench: out of memory for %s sizes", segment);
     zb_status st = zb_dataset_segment_lengths(ds, segment, *sizes);
     if (st != ZB_OK) return st;
     uint64_t total = 0, maxv = 0;
@@ -544,7 +544,7 @@ segment_sizes(zb_dataset *ds, const char *segment, uint64_t n, uint64_t batch, u
 /* Builds the sampler. `codes` (may be NULL) are the shuffle column's, for weighted. Returns 0,
  * or the exit code. The size_aware limits used are left in o (defaults filled in). */
 static int
-make_sampler(zb_dataset *ds, uint64_t n, opts *o, const zb_bench_codes *codes, zb_sampler **out)
+make_sampler(zb_dataset *ds, uint64_t n, opts *o, const zb__bench_codes *codes, zb_sampler **out)
 {
     zb_sampler_opts base = ZB_SAMPLER_OPTS_DEFAULT;
     base.n = n;
@@ -578,7 +578,7 @@ make_sampler(zb_dataset *ds, uint64_t n, opts *o, const zb_bench_codes *codes, z
             wo.weights = w;
         }
         st = (cls || w) ? zb_sampler_new_weighted(&wo, out)
-                        : zb_err(ZB_E_NOMEM, "bench: out of memory for the weights");
+                        : zb__err(ZB_E_NOMEM, "bench: out of memory for the weights");
         free(cls);
         free(w);
     } else {
@@ -638,7 +638,7 @@ typedef struct figures {
     bool dw_streamed; /* some window was written with streamed stores */
     /* latency */
     double p50, p99, lat_mean;
-    zb_bench_shuffle shuffle;
+    zb__bench_shuffle shuffle;
     const char *shuffle_column;
     uint32_t shuffle_codes;
 } figures;
@@ -666,32 +666,32 @@ static zb_status
 measure_reads(zb_dataset *ds, const opts *o, const run *r, figures *fg)
 {
     zb_ctx *ctx = NULL;
-    zb_bench_decoder *dec = NULL;
-    zb_bench_units u = {0};
+    zb__bench_decoder *dec = NULL;
+    zb__bench_units u = {0};
     ZB_TRY(zb_ctx_new(&ctx));
     zb_status st = ZB_OK;
-    if (o->decode_only) st = zb_bench_decoder_new(ds, (int)o->threads, &dec);
+    if (o->decode_only) st = zb__bench_decoder_new(ds, (int)o->threads, &dec);
     double budget = DECODE_BUDGET_SHARE * r->wall;
     if (budget < DECODE_BUDGET_MIN) budget = DECODE_BUDGET_MIN;
     if (budget > DECODE_BUDGET_MAX) budget = DECODE_BUDGET_MAX;
     uint64_t plan_decoded = 0, plan_delivered = 0;
     for (size_t w = 0; w < r->nwin && st == ZB_OK; w++) {
         size_t i0 = r->off[r->win[w]], i1 = r->off[r->win[w + 1]];
-        zb_bench_units_clear(&u);
-        st = zb_bench_units_add(ds, r->ids + i0, i1 - i0, ctx, &u);
+        zb__bench_units_clear(&u);
+        st = zb__bench_units_add(ds, r->ids + i0, i1 - i0, ctx, &u);
         bool decode = dec && (fg->dec_seconds < budget || fg->dec_windows == 0);
-        if (st == ZB_OK) st = zb_bench_units_resolve(&u, ctx);
+        if (st == ZB_OK) st = zb__bench_units_resolve(&u, ctx);
         if (st != ZB_OK) break;
         plan_decoded += u.bytes_decoded;
         plan_delivered += u.bytes_delivered;
         if (!decode) continue;
-        st = zb_bench_units_fetch(&u);
-        zb_bench_decode_result dr, wr;
+        st = zb__bench_units_fetch(&u);
+        zb__bench_decode_result dr, wr;
         /* the first window once untimed each way: codec contexts and scratch warm up */
-        if (st == ZB_OK && w == 0) st = zb_bench_decoder_run(dec, &u, false, &dr);
-        if (st == ZB_OK && w == 0) st = zb_bench_decoder_run(dec, &u, true, &wr);
-        if (st == ZB_OK) st = zb_bench_decoder_run(dec, &u, false, &dr);
-        if (st == ZB_OK) st = zb_bench_decoder_run(dec, &u, true, &wr);
+        if (st == ZB_OK && w == 0) st = zb__bench_decoder_run(dec, &u, false, &dr);
+        if (st == ZB_OK && w == 0) st = zb__bench_decoder_run(dec, &u, true, &wr);
+        if (st == ZB_OK) st = zb__bench_decoder_run(dec, &u, false, &dr);
+        if (st == ZB_OK) st = zb__bench_decoder_run(dec, &u, true, &wr);
         if (st != ZB_OK) break;
         fg->dw_seconds += wr.seconds;
         fg->dw_bytes += wr.bytes_decoded;
@@ -716,8 +716,8 @@ measure_reads(zb_dataset *ds, const opts *o, const run *r, figures *fg)
         fg->delivered = plan_delivered;
         fg->bytes_source = "plan";
     }
-    zb_bench_units_free(&u);
-    zb_bench_decoder_free(dec);
+    zb__bench_units_free(&u);
+    zb__bench_decoder_free(dec);
     zb_ctx_free(ctx);
 #if defined(__GLIBC__)
     malloc_trim(0); /* the fetched units and decode buffers: back to the system before the
@@ -745,40 +745,40 @@ static json_object *
 store_json(zb_dataset *ds, const char *path, uint64_t n)
 {
     json_object *s = json_object_new_object();
-    zb_bench_put_str(s, "path", path);
-    zb_bench_put_str(s, "layout", zb_dataset_layout(ds));
-    zb_bench_put_u64(s, "n_samples", n);
-    zb_bench_put_u64(s, "n_vars", zb_dataset_n_vars(ds));
-    zb_bench_put_u64(s, "children", zb_dataset_nchildren(ds));
+    zb__bench_put_str(s, "path", path);
+    zb__bench_put_str(s, "layout", zb_dataset_layout(ds));
+    zb__bench_put_u64(s, "n_samples", n);
+    zb__bench_put_u64(s, "n_vars", zb_dataset_n_vars(ds));
+    zb__bench_put_u64(s, "children", zb_dataset_nchildren(ds));
     json_object *fields = json_object_new_array();
     const zb_dataset *pr = ds->nchildren ? ds->children[0] : ds;
     static const char *const kinds[] = {"per_sample", "ragged", "index"};
     for (size_t i = 0; i < pr->nfields; i++) {
-        const zb_field *fd = &pr->fields[i];
+        const zb__field *fd = &pr->fields[i];
         zb_array_info ai;
         json_object *f = json_object_new_object();
-        zb_bench_put_str(f, "name", fd->name);
-        zb_bench_put_str(f, "kind", kinds[fd->kind]);
-        zb_bench_put_str(f, "dtype", zb_dtype_name(fd->dtype));
-        zb_bench_put_str(f, "array", fd->arr->path);
+        zb__bench_put_str(f, "name", fd->name);
+        zb__bench_put_str(f, "kind", kinds[fd->kind]);
+        zb__bench_put_str(f, "dtype", zb_dtype_name(fd->dtype));
+        zb__bench_put_str(f, "array", fd->arr->path);
         if (zb_array_get_info(fd->arr, &ai) == ZB_OK) {
-            zb_bench_put_str(f, "codecs", ai.codecs);
+            zb__bench_put_str(f, "codecs", ai.codecs);
             json_object *ch = json_object_new_array();
             for (int d = 0; d < ai.ndim; d++)
                 json_object_array_add(ch, json_object_new_uint64(ai.chunk_shape[d]));
-            zb_bench_put(f, "chunks", ch);
+            zb__bench_put(f, "chunks", ch);
             if (ai.shard_shape) {
                 json_object *sh = json_object_new_array();
                 for (int d = 0; d < ai.ndim; d++)
                     json_object_array_add(sh, json_object_new_uint64(ai.shard_shape[d]));
-                zb_bench_put(f, "shards", sh);
+                zb__bench_put(f, "shards", sh);
             } else {
-                zb_bench_put(f, "shards", NULL);
+                zb__bench_put(f, "shards", NULL);
             }
         }
         json_object_array_add(fields, f);
     }
-    zb_bench_put(s, "fields", fields);
+    zb__bench_put(s, "fields", fields);
     return s;
 }
 
@@ -787,41 +787,41 @@ params_json(const opts *o)
 {
     json_object *p = json_object_new_object();
     bool block = !strcmp(o->sampler, "block"), size = !strcmp(o->sampler, "size_aware");
-    zb_bench_put_str(p, "store", o->store);
-    zb_bench_put_str(p, "sampler", o->sampler);
-    zb_bench_put_u64(p, "batch_size", o->batch);
-    zb_bench_put_u64(p, "prefetch_factor", o->prefetch);
-    zb_bench_put_u64(p, "depth", o->depth);
-    zb_bench_put_u64(p, "threads", o->threads);
+    zb__bench_put_str(p, "store", o->store);
+    zb__bench_put_str(p, "sampler", o->sampler);
+    zb__bench_put_u64(p, "batch_size", o->batch);
+    zb__bench_put_u64(p, "prefetch_factor", o->prefetch);
+    zb__bench_put_u64(p, "depth", o->depth);
+    zb__bench_put_u64(p, "threads", o->threads);
     json_object *t = json_object_new_array();
     for (size_t i = 0; i < o->ntransforms; i++)
         json_object_array_add(t, json_object_new_string(o->transform_names[i]));
-    zb_bench_put(p, "transforms", t);
+    zb__bench_put(p, "transforms", t);
     if (o->epochs) {
-        zb_bench_put(p, "seconds", NULL);
-        zb_bench_put_u64(p, "epochs", o->epochs);
+        zb__bench_put(p, "seconds", NULL);
+        zb__bench_put_u64(p, "epochs", o->epochs);
     } else {
-        zb_bench_put_double(p, "seconds", o->seconds);
-        zb_bench_put(p, "epochs", NULL);
+        zb__bench_put_double(p, "seconds", o->seconds);
+        zb__bench_put(p, "epochs", NULL);
     }
-    zb_bench_put_u64(p, "seed", o->seed);
-    zb_bench_put_u64(p, "rounds", o->rounds);
-    zb_bench_put_str(p, "obs_column", o->obs_column);
-    zb_bench_put(p, "block_size", block ? json_object_new_uint64(o->block_size) : NULL);
-    zb_bench_put(p, "blocks_per_window",
+    zb__bench_put_u64(p, "seed", o->seed);
+    zb__bench_put_u64(p, "rounds", o->rounds);
+    zb__bench_put_str(p, "obs_column", o->obs_column);
+    zb__bench_put(p, "block_size", block ? json_object_new_uint64(o->block_size) : NULL);
+    zb__bench_put(p, "blocks_per_window",
                  block ? json_object_new_uint64(o->blocks_per_window) : NULL);
-    zb_bench_put(p, "max_nnz", size && o->max_nnz ? json_object_new_uint64(o->max_nnz) : NULL);
-    zb_bench_put(p, "max_atoms",
+    zb__bench_put(p, "max_nnz", size && o->max_nnz ? json_object_new_uint64(o->max_nnz) : NULL);
+    zb__bench_put(p, "max_atoms",
                  size && o->max_atoms ? json_object_new_uint64(o->max_atoms) : NULL);
-    zb_bench_put(p, "max_edges",
+    zb__bench_put(p, "max_edges",
                  size && o->max_edges ? json_object_new_uint64(o->max_edges) : NULL);
-    zb_bench_put(p, "window_size", size ? json_object_new_uint64(o->window_size) : NULL);
-    zb_bench_put(p, "num_samples",
+    zb__bench_put(p, "window_size", size ? json_object_new_uint64(o->window_size) : NULL);
+    zb__bench_put(p, "num_samples",
                  !strcmp(o->sampler, "weighted") && o->num_samples
                      ? json_object_new_uint64(o->num_samples)
                      : NULL);
-    zb_bench_put(p, "decode_only", json_object_new_boolean(o->decode_only));
-    zb_bench_put_str(p, "results", o->results);
+    zb__bench_put(p, "decode_only", json_object_new_boolean(o->decode_only));
+    zb__bench_put_str(p, "results", o->results);
     return p;
 }
 
@@ -867,70 +867,70 @@ static json_object *
 figures_json(const run *r, const figures *fg, const derived *d)
 {
     json_object *f = json_object_new_object();
-    zb_bench_put_u64(f, "timed_batches", r->nbatches);
-    zb_bench_put_u64(f, "timed_samples", fg->samples);
-    zb_bench_put_u64(f, "timed_windows", r->nwin);
-    zb_bench_put_double(f, "timed_seconds", r->wall);
-    zb_bench_put_u64(f, "warmup_batches", r->warmup_batches);
-    zb_bench_put_u64(f, "epochs_started", r->epochs_started);
-    zb_bench_put_double(f, "samples_per_s", d->samples_per_s);
-    zb_bench_put_u64(f, "bytes_decoded", fg->decoded);
-    zb_bench_put_u64(f, "bytes_delivered", fg->delivered);
-    zb_bench_put_str(f, "bytes_source", fg->bytes_source);
-    zb_bench_put_double(f, "decoded_gb_s", d->decoded_gb_s);
-    zb_bench_put_double(f, "delivered_gb_s", d->delivered_gb_s);
-    zb_bench_put_double(f, "amplification", d->amplification);
-    zb_bench_put_double(f, "cpu_seconds", d->cpu_s);
-    zb_bench_put_double(f, "cpu_utilisation", d->cpu_util);
-    zb_bench_put_double(f, "cpu_percent_of_one_core", d->cpu_core_pct);
-    zb_bench_put_u64(f, "peak_rss_bytes", d->peak_rss);
-    zb_bench_put_u64(f, "peak_anon_rss_bytes", d->peak_anon);
-    zb_bench_put_u64(f, "bench_records_bytes", d->records);
-    zb_bench_put_double(f, "page_faults_per_batch", d->faults_per_batch);
-    zb_bench_put_double(f, "major_faults_per_batch", d->major_per_batch);
-    zb_bench_put_double(f, "time_to_first_batch_s", r->ttfb);
-    zb_bench_put_double(f, "batch_latency_p50_s", fg->p50);
-    zb_bench_put_double(f, "batch_latency_p99_s", fg->p99);
-    zb_bench_put_double(f, "batch_latency_mean_s", fg->lat_mean);
+    zb__bench_put_u64(f, "timed_batches", r->nbatches);
+    zb__bench_put_u64(f, "timed_samples", fg->samples);
+    zb__bench_put_u64(f, "timed_windows", r->nwin);
+    zb__bench_put_double(f, "timed_seconds", r->wall);
+    zb__bench_put_u64(f, "warmup_batches", r->warmup_batches);
+    zb__bench_put_u64(f, "epochs_started", r->epochs_started);
+    zb__bench_put_double(f, "samples_per_s", d->samples_per_s);
+    zb__bench_put_u64(f, "bytes_decoded", fg->decoded);
+    zb__bench_put_u64(f, "bytes_delivered", fg->delivered);
+    zb__bench_put_str(f, "bytes_source", fg->bytes_source);
+    zb__bench_put_double(f, "decoded_gb_s", d->decoded_gb_s);
+    zb__bench_put_double(f, "delivered_gb_s", d->delivered_gb_s);
+    zb__bench_put_double(f, "amplification", d->amplification);
+    zb__bench_put_double(f, "cpu_seconds", d->cpu_s);
+    zb__bench_put_double(f, "cpu_utilisation", d->cpu_util);
+    zb__bench_put_double(f, "cpu_percent_of_one_core", d->cpu_core_pct);
+    zb__bench_put_u64(f, "peak_rss_bytes", d->peak_rss);
+    zb__bench_put_u64(f, "peak_anon_rss_bytes", d->peak_anon);
+    zb__bench_put_u64(f, "bench_records_bytes", d->records);
+    zb__bench_put_double(f, "page_faults_per_batch", d->faults_per_batch);
+    zb__bench_put_double(f, "major_faults_per_batch", d->major_per_batch);
+    zb__bench_put_double(f, "time_to_first_batch_s", r->ttfb);
+    zb__bench_put_double(f, "batch_latency_p50_s", fg->p50);
+    zb__bench_put_double(f, "batch_latency_p99_s", fg->p99);
+    zb__bench_put_double(f, "batch_latency_mean_s", fg->lat_mean);
 
     json_object *sh = json_object_new_object();
-    zb_bench_put_str(sh, "column", fg->shuffle_column);
-    zb_bench_put(sh, "codes",
+    zb__bench_put_str(sh, "column", fg->shuffle_column);
+    zb__bench_put(sh, "codes",
                  fg->shuffle_column ? json_object_new_uint64(fg->shuffle_codes) : NULL);
-    zb_bench_put_double(sh, "entropy_bits", fg->shuffle.entropy);
-    zb_bench_put_double(sh, "random_entropy_bits", fg->shuffle.random_entropy);
-    zb_bench_put_double(sh, "entropy_ratio",
+    zb__bench_put_double(sh, "entropy_bits", fg->shuffle.entropy);
+    zb__bench_put_double(sh, "random_entropy_bits", fg->shuffle.random_entropy);
+    zb__bench_put_double(sh, "entropy_ratio",
                         ratio(fg->shuffle.entropy, fg->shuffle.random_entropy));
-    zb_bench_put_double(sh, "index_gap_score", fg->shuffle.gap_score);
-    zb_bench_put_double(sh, "random_index_gap_score", fg->shuffle.random_gap_score);
-    zb_bench_put_u64(sh, "random_batches", fg->shuffle.random_batches);
-    zb_bench_put(f, "shuffle", sh);
+    zb__bench_put_double(sh, "index_gap_score", fg->shuffle.gap_score);
+    zb__bench_put_double(sh, "random_index_gap_score", fg->shuffle.random_gap_score);
+    zb__bench_put_u64(sh, "random_batches", fg->shuffle.random_batches);
+    zb__bench_put(f, "shuffle", sh);
 
     if (fg->dec_done) {
         json_object *dj = json_object_new_object();
-        zb_bench_put_u64(dj, "windows", fg->dec_windows);
-        zb_bench_put_u64(dj, "samples", fg->dec_samples);
-        zb_bench_put_u64(dj, "units", fg->dec_units);
-        zb_bench_put_u64(dj, "units_skipped", fg->dec_skipped);
-        zb_bench_put_u64(dj, "bytes_decoded", fg->dec_bytes);
-        zb_bench_put_u64(dj, "bytes_encoded", fg->dec_encoded);
-        zb_bench_put_double(dj, "seconds", fg->dec_seconds);
-        zb_bench_put_double(dj, "gb_s", d->dec_gb_s);
-        zb_bench_put_double(dj, "samples_per_s", d->dec_samples_per_s);
-        zb_bench_put_double(dj, "ratio", d->dec_ratio);
-        zb_bench_put(f, "decode_only", dj);
+        zb__bench_put_u64(dj, "windows", fg->dec_windows);
+        zb__bench_put_u64(dj, "samples", fg->dec_samples);
+        zb__bench_put_u64(dj, "units", fg->dec_units);
+        zb__bench_put_u64(dj, "units_skipped", fg->dec_skipped);
+        zb__bench_put_u64(dj, "bytes_decoded", fg->dec_bytes);
+        zb__bench_put_u64(dj, "bytes_encoded", fg->dec_encoded);
+        zb__bench_put_double(dj, "seconds", fg->dec_seconds);
+        zb__bench_put_double(dj, "gb_s", d->dec_gb_s);
+        zb__bench_put_double(dj, "samples_per_s", d->dec_samples_per_s);
+        zb__bench_put_double(dj, "ratio", d->dec_ratio);
+        zb__bench_put(f, "decode_only", dj);
         json_object *wj = json_object_new_object();
-        zb_bench_put_u64(wj, "bytes_decoded", fg->dw_bytes);
-        zb_bench_put_u64(wj, "bytes_written", fg->dw_written);
-        zb_bench_put_double(wj, "seconds", fg->dw_seconds);
-        zb_bench_put_double(wj, "gb_s", d->dw_gb_s);
-        zb_bench_put_double(wj, "samples_per_s", d->dw_samples_per_s);
-        zb_bench_put_double(wj, "ratio", d->dw_ratio);
-        zb_bench_put(wj, "streamed", json_object_new_boolean(fg->dw_streamed));
-        zb_bench_put(f, "decode_write", wj);
+        zb__bench_put_u64(wj, "bytes_decoded", fg->dw_bytes);
+        zb__bench_put_u64(wj, "bytes_written", fg->dw_written);
+        zb__bench_put_double(wj, "seconds", fg->dw_seconds);
+        zb__bench_put_double(wj, "gb_s", d->dw_gb_s);
+        zb__bench_put_double(wj, "samples_per_s", d->dw_samples_per_s);
+        zb__bench_put_double(wj, "ratio", d->dw_ratio);
+        zb__bench_put(wj, "streamed", json_object_new_boolean(fg->dw_streamed));
+        zb__bench_put(f, "decode_write", wj);
     } else {
-        zb_bench_put(f, "decode_only", NULL);
-        zb_bench_put(f, "decode_write", NULL);
+        zb__bench_put(f, "decode_only", NULL);
+        zb__bench_put(f, "decode_write", NULL);
     }
     return f;
 }
@@ -965,11 +965,11 @@ print_table(const opts *o, zb_dataset *ds, uint64_t n, const run *r, const figur
     printf("  %-24s %12.3f  (%s)\n", "read amplification", d->amplification, fg->bytes_source);
     printf("  %-24s %12.2f  (%.0f%% of one core, %.2f s CPU)\n", "CPU utilisation / thread",
            d->cpu_util, d->cpu_core_pct, d->cpu_s);
-    zb_bench_human_bytes((double)d->peak_rss, b1, sizeof b1);
+    zb__bench_human_bytes((double)d->peak_rss, b1, sizeof b1);
     char b2[32];
-    zb_bench_human_bytes((double)d->peak_anon, b2, sizeof b2);
+    zb__bench_human_bytes((double)d->peak_anon, b2, sizeof b2);
     char b3[32];
-    zb_bench_human_bytes((double)d->records, b3, sizeof b3);
+    zb__bench_human_bytes((double)d->records, b3, sizeof b3);
     printf("  %-24s %12s  (anonymous %s, not counting the bench's %s of batch records; the "
            "rest is mapped store files)\n", "peak RSS", b1, b2, b3);
     printf("  %-24s %12.1f  (major %.2f)\n", "page faults / batch", d->faults_per_batch,
@@ -1053,9 +1053,9 @@ shuffle_field(const zb_dataset *ds, const opts *o, char *field, size_t cap)
 
 /* Reads the shuffle column's codes; 0, or the exit code (2 for a column of the wrong kind). */
 static int
-read_codes(zb_dataset *ds, const char *field, zb_bench_codes *codes)
+read_codes(zb_dataset *ds, const char *field, zb__bench_codes *codes)
 {
-    zb_status st = zb_bench_codes_read(ds, field, codes);
+    zb_status st = zb__bench_codes_read(ds, field, codes);
     if (st == ZB_OK) return 0;
     int rc = fail_status(field, st);
     return st == ZB_E_TYPE ? 2 : rc;
@@ -1111,7 +1111,7 @@ print_rounds(double (*fig)[NFIG], size_t rounds)
  * samples/s and their ratio. Returns 0 or the exit code. */
 static int
 bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *o, const char *field,
-            bool weighted, zb_bench_codes *codes, uint64_t k, json_object *all, double fig[NFIG])
+            bool weighted, zb__bench_codes *codes, uint64_t k, json_object *all, double fig[NFIG])
 {
     run r;
     memset(&r, 0, sizeof r);
@@ -1147,7 +1147,7 @@ bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *o, cons
     fg.p99 = percentile(r.lat, r.nbatches, 0.99);
     fg.shuffle_column = o->obs_column;
     fg.shuffle_codes = codes->ncodes;
-    st = zb_bench_shuffle_measure(r.ids, r.off, r.nbatches, n, codes->code ? codes : NULL, o->seed,
+    st = zb__bench_shuffle_measure(r.ids, r.off, r.nbatches, n, codes->code ? codes : NULL, o->seed,
                                   MAX_REF_BATCHES, &fg.shuffle);
     if (st != ZB_OK) {
         rc = fail_status("shuffle", st);
@@ -1156,12 +1156,12 @@ bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *o, cons
 
     derived d;
     derive(o, &r, &fg, &d);
-    rec = zb_bench_record_new("read", stamp, sizeof stamp);
-    zb_bench_put(rec, "parameters", params_json(o));
-    if (o->rounds > 1) zb_bench_put_u64(rec, "round", k + 1);
-    zb_bench_put(rec, "store", store_json(ds, o->store, n));
-    zb_bench_put(rec, "figures", figures_json(&r, &fg, &d));
-    if (zb_bench_record_write(rec, o->results, stamp, o->sampler, file, sizeof file) != 0) {
+    rec = zb__bench_record_new("read", stamp, sizeof stamp);
+    zb__bench_put(rec, "parameters", params_json(o));
+    if (o->rounds > 1) zb__bench_put_u64(rec, "round", k + 1);
+    zb__bench_put(rec, "store", store_json(ds, o->store, n));
+    zb__bench_put(rec, "figures", figures_json(&r, &fg, &d));
+    if (zb__bench_record_write(rec, o->results, stamp, o->sampler, file, sizeof file) != 0) {
         rc = 1;
         goto done;
     }
@@ -1187,10 +1187,10 @@ done:
 }
 
 int
-zb_cli_bench(int argc, char **argv)
+zb__cli_bench(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--write")) return zb_bench_write_main(argc, argv);
+        if (!strcmp(argv[i], "--write")) return zb__bench_write_main(argc, argv);
     opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
@@ -1198,14 +1198,14 @@ zb_cli_bench(int argc, char **argv)
     zb_store *store = NULL;
     zb_dataset *ds = NULL;
     zb_sampler *sampler = NULL;
-    zb_bench_codes codes = {0};
+    zb__bench_codes codes = {0};
     json_object *all = NULL; /* --json with --rounds: the records */
     char field[512];
     uint64_t n = 0;
 
     zb_dataset_opts dopts = ZB_DATASET_OPTS_DEFAULT;
     dopts.num_threads = (int)o.threads;
-    zb_status st = zb_store_open(o.store, &store);
+    zb_status st = zb__cli_store_open(o.store, &store);
     if (st == ZB_OK) st = zb_dataset_open(store, "", &dopts, &ds);
     if (st == ZB_OK) st = zb_dataset_len(ds, &n);
     if (st != ZB_OK) {
@@ -1251,7 +1251,7 @@ zb_cli_bench(int argc, char **argv)
     free(fig);
 done:
     json_object_put(all);
-    zb_bench_codes_free(&codes);
+    zb__bench_codes_free(&codes);
     zb_sampler_free(sampler);
     zb_dataset_close(ds);
     zb_store_close(store);

@@ -9,7 +9,7 @@
 #include "bench_common.h"
 
 int
-zb_bench_parse_u64(const char *flag, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
+zb__bench_parse_u64(const char *flag, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
 {
     char *end = NULL;
     errno = 0;
@@ -24,7 +24,7 @@ zb_bench_parse_u64(const char *flag, const char *s, uint64_t lo, uint64_t hi, ui
 }
 
 int
-zb_bench_parse_double(const char *flag, const char *s, double lo, double hi, double *out)
+zb__bench_parse_double(const char *flag, const char *s, double lo, double hi, double *out)
 {
     char *end = NULL;
     errno = 0;
@@ -38,8 +38,8 @@ zb_bench_parse_double(const char *flag, const char *s, double lo, double hi, dou
 }
 
 int
-zb_bench_flag_value(int argc, char **argv, int *i, const char *const *known, char *flag, size_t cap,
-                    const char **val)
+zb__bench_flag_value(int argc, char **argv, int *i, const char *const *known, char *flag,
+                     size_t cap, const char **val)
 {
     const char *a = argv[*i];
     const char *eq = strncmp(a, "--", 2) ? NULL : strchr(a, '=');

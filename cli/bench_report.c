@@ -23,31 +23,31 @@
 #define SCHEMA "zbatch-bench/1"
 
 void
-zb_bench_put(json_object *obj, const char *key, json_object *val)
+zb__bench_put(json_object *obj, const char *key, json_object *val)
 {
     json_object_object_add(obj, key, val);
 }
 
 void
-zb_bench_put_u64(json_object *obj, const char *key, uint64_t v)
+zb__bench_put_u64(json_object *obj, const char *key, uint64_t v)
 {
     json_object_object_add(obj, key, json_object_new_uint64(v));
 }
 
 void
-zb_bench_put_double(json_object *obj, const char *key, double v)
+zb__bench_put_double(json_object *obj, const char *key, double v)
 {
     json_object_object_add(obj, key, isfinite(v) ? json_object_new_double(v) : NULL);
 }
 
 void
-zb_bench_put_str(json_object *obj, const char *key, const char *s)
+zb__bench_put_str(json_object *obj, const char *key, const char *s)
 {
     json_object_object_add(obj, key, s ? json_object_new_string(s) : NULL);
 }
 
 void
-zb_bench_human_bytes(double n, char *buf, size_t cap)
+zb__bench_human_bytes(double n, char *buf, size_t cap)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
     int u = 0;
@@ -62,7 +62,7 @@ zb_bench_human_bytes(double n, char *buf, size_t cap)
 }
 
 int
-zb_bench_make_dirs(const char *path)
+zb__bench_make_dirs(const char *path)
 {
     char buf[4096];
     if (!*path || snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
@@ -127,21 +127,21 @@ machine(void)
 {
     json_object *m = json_object_new_object();
     char buf[512];
-    zb_bench_put_str(m, "cpu_model",
-                     proc_field("/proc/cpuinfo", "model name", buf, sizeof buf) ? buf : NULL);
+    zb__bench_put_str(m, "cpu_model",
+                      proc_field("/proc/cpuinfo", "model name", buf, sizeof buf) ? buf : NULL);
     long np = sysconf(_SC_NPROCESSORS_ONLN);
-    zb_bench_put(m, "nproc", np > 0 ? json_object_new_int64(np) : NULL);
+    zb__bench_put(m, "nproc", np > 0 ? json_object_new_int64(np) : NULL);
     /* MemTotal is given in kB (KiB) */
     if (proc_field("/proc/meminfo", "MemTotal", buf, sizeof buf))
-        zb_bench_put_u64(m, "mem_total_bytes", strtoull(buf, NULL, 10) * 1024ull);
+        zb__bench_put_u64(m, "mem_total_bytes", strtoull(buf, NULL, 10) * 1024ull);
     else
-        zb_bench_put(m, "mem_total_bytes", NULL);
+        zb__bench_put(m, "mem_total_bytes", NULL);
     struct utsname u;
     if (uname(&u) == 0) {
         snprintf(buf, sizeof buf, "%s %s %s", u.sysname, u.release, u.machine);
-        zb_bench_put_str(m, "kernel", buf);
+        zb__bench_put_str(m, "kernel", buf);
     } else {
-        zb_bench_put(m, "kernel", NULL);
+        zb__bench_put(m, "kernel", NULL);
     }
     return m;
 }
@@ -150,16 +150,16 @@ static json_object *
 libraries(void)
 {
     json_object *l = json_object_new_object();
-    zb_bench_put_str(l, "blosc", blosc_get_version_string());
-    zb_bench_put_str(l, "zstd", ZSTD_versionString());
-    zb_bench_put_str(l, "lz4", LZ4_versionString());
-    zb_bench_put_str(l, "libdeflate", LIBDEFLATE_VERSION_STRING);
-    zb_bench_put_str(l, "json-c", json_c_version());
+    zb__bench_put_str(l, "blosc", blosc_get_version_string());
+    zb__bench_put_str(l, "zstd", ZSTD_versionString());
+    zb__bench_put_str(l, "lz4", LZ4_versionString());
+    zb__bench_put_str(l, "libdeflate", LIBDEFLATE_VERSION_STRING);
+    zb__bench_put_str(l, "json-c", json_c_version());
     return l;
 }
 
 json_object *
-zb_bench_record_new(const char *mode, char *stamp, size_t cap)
+zb__bench_record_new(const char *mode, char *stamp, size_t cap)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -170,21 +170,21 @@ zb_bench_record_new(const char *mode, char *stamp, size_t cap)
     strftime(stamp, cap, "%Y%m%dT%H%M%SZ", &tm);
 
     json_object *r = json_object_new_object();
-    zb_bench_put_str(r, "schema", SCHEMA);
-    zb_bench_put_str(r, "mode", mode);
-    zb_bench_put_str(r, "timestamp", iso);
-    zb_bench_put_str(r, "zbatch_version", ZB_VERSION_STRING);
-    zb_bench_put(r, "git_commit", git_commit());
-    zb_bench_put(r, "libraries", libraries());
-    zb_bench_put(r, "machine", machine());
+    zb__bench_put_str(r, "schema", SCHEMA);
+    zb__bench_put_str(r, "mode", mode);
+    zb__bench_put_str(r, "timestamp", iso);
+    zb__bench_put_str(r, "zbatch_version", ZB_VERSION_STRING);
+    zb__bench_put(r, "git_commit", git_commit());
+    zb__bench_put(r, "libraries", libraries());
+    zb__bench_put(r, "machine", machine());
     return r;
 }
 
 int
-zb_bench_record_write(json_object *rec, const char *dir, const char *stamp, const char *suffix,
-                      char *path, size_t cap)
+zb__bench_record_write(json_object *rec, const char *dir, const char *stamp, const char *suffix,
+                       char *path, size_t cap)
 {
-    if (zb_bench_make_dirs(dir) != 0) {
+    if (zb__bench_make_dirs(dir) != 0) {
         fprintf(stderr, "zbatch bench: cannot create %s: %s\n", dir, strerror(errno));
         return -1;
     }

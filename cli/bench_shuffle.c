@@ -68,16 +68,16 @@ value_at(const uint8_t *p, zb_dtype t)
 static zb_status
 read_child(zb_dataset *ds, size_t f, uint64_t n, int64_t *out)
 {
-    const zb_field *fd = &ds->fields[f];
+    const zb__field *fd = &ds->fields[f];
     size_t isz = fd->itemsize;
     uint8_t *buf = malloc(READ_ROWS * isz);
-    if (!buf) return zb_err(ZB_E_NOMEM, "bench: out of memory");
+    if (!buf) return zb__err(ZB_E_NOMEM, "bench: out of memory");
     uint64_t b0 = 0, b1 = 0, rows = fd->arr->meta.shape[0];
     zb_status st = ZB_OK;
     for (uint64_t i = 0; i < n && st == ZB_OK; i++) {
-        uint64_t p = zb_mask_select(&ds->mask, i);
+        uint64_t p = zb__mask_select(&ds->mask, i);
         if (p >= rows) {
-            st = zb_err(ZB_E_CORRUPT, "%s: sample row %llu past its %llu rows", fd->arr->path,
+            st = zb__err(ZB_E_CORRUPT, "%s: sample row %llu past its %llu rows", fd->arr->path,
                         (unsigned long long)p, (unsigned long long)rows);
             break;
         }
@@ -93,15 +93,15 @@ read_child(zb_dataset *ds, size_t f, uint64_t n, int64_t *out)
 }
 
 zb_status
-zb_bench_codes_read(zb_dataset *ds, const char *field, zb_bench_codes *out)
+zb__bench_codes_read(zb_dataset *ds, const char *field, zb__bench_codes *out)
 {
     memset(out, 0, sizeof *out);
     size_t f = 0;
     ZB_TRY(zb_dataset_find_field(ds, field, &f));
     const zb_dataset *pr = ds->nchildren ? ds->children[0] : ds;
-    const zb_field *fd = &pr->fields[f];
+    const zb__field *fd = &pr->fields[f];
     if (fd->kind != ZB_FIELD_PER_SAMPLE || fd->ndim != 0 || !integer_dtype(fd->dtype))
-        return zb_err(ZB_E_TYPE,
+        return zb__err(ZB_E_TYPE,
                       "%s: the shuffle column must be a per-sample integer scalar "
                       "(categorical codes)",
                       field);
@@ -109,12 +109,12 @@ zb_bench_codes_read(zb_dataset *ds, const char *field, zb_bench_codes *out)
     ZB_TRY(zb_dataset_len(ds, &n));
     int64_t *raw = malloc((size_t)n * sizeof *raw + 1);
     if (!raw)
-        return zb_err(ZB_E_NOMEM, "bench: out of memory for %llu codes", (unsigned long long)n);
+        return zb__err(ZB_E_NOMEM, "bench: out of memory for %llu codes", (unsigned long long)n);
     zb_status st = ZB_OK;
     if (ds->nchildren) {
         for (size_t c = 0; c < ds->nchildren && st == ZB_OK; c++) {
             zb_dataset *ch = ds->children[c];
-            st = zb_mask_load(ch);
+            st = zb__mask_load(ch);
             if (st == ZB_OK)
                 st = read_child(ch, f, ds->child_start[c + 1] - ds->child_start[c],
                                 raw + ds->child_start[c]);
@@ -135,11 +135,11 @@ zb_bench_codes_read(zb_dataset *ds, const char *field, zb_bench_codes *out)
     uint64_t ncodes = lo <= hi ? (uint64_t)(hi - lo) + 1 : 0;
     if (negative) ncodes++;
     if (st == ZB_OK && ncodes > MAX_CODES)
-        st = zb_err(ZB_E_TYPE, "%s: values span %llu codes (at most %u)", field,
+        st = zb__err(ZB_E_TYPE, "%s: values span %llu codes (at most %u)", field,
                     (unsigned long long)ncodes, MAX_CODES);
     if (st == ZB_OK) {
         out->code = malloc((size_t)n * sizeof *out->code + 1);
-        if (!out->code) st = zb_err(ZB_E_NOMEM, "bench: out of memory for codes");
+        if (!out->code) st = zb__err(ZB_E_NOMEM, "bench: out of memory for codes");
     }
     if (st == ZB_OK) {
         /* "missing" (negative) codes share the last value */
@@ -149,12 +149,12 @@ zb_bench_codes_read(zb_dataset *ds, const char *field, zb_bench_codes *out)
         out->ncodes = (uint32_t)ncodes;
     }
     free(raw);
-    if (st != ZB_OK) zb_bench_codes_free(out);
+    if (st != ZB_OK) zb__bench_codes_free(out);
     return st;
 }
 
 void
-zb_bench_codes_free(zb_bench_codes *c)
+zb__bench_codes_free(zb__bench_codes *c)
 {
     free(c->code);
     memset(c, 0, sizeof *c);
@@ -179,7 +179,7 @@ typedef struct acc {
 /* Adds one batch's entropy (bits of the empirical code distribution) and mean neighbour gap.
  * `hist` has ncodes zeroed counters and is left zeroed. */
 static void
-measure_batch(const uint64_t *ids, size_t B, const zb_bench_codes *codes, uint32_t *hist, acc *a)
+measure_batch(const uint64_t *ids, size_t B, const zb__bench_codes *codes, uint32_t *hist, acc *a)
 {
     if (!B) return;
     if (codes) {
@@ -205,9 +205,9 @@ measure_batch(const uint64_t *ids, size_t B, const zb_bench_codes *codes, uint32
 }
 
 zb_status
-zb_bench_shuffle_measure(const uint64_t *ids, const size_t *off, size_t nbatches, uint64_t n,
-                         const zb_bench_codes *codes, uint64_t seed, size_t max_ref,
-                         zb_bench_shuffle *out)
+zb__bench_shuffle_measure(const uint64_t *ids, const size_t *off, size_t nbatches, uint64_t n,
+                          const zb__bench_codes *codes, uint64_t seed, size_t max_ref,
+                          zb__bench_shuffle *out)
 {
     out->entropy = out->random_entropy = NAN;
     out->gap_score = out->random_gap_score = NAN;
@@ -222,7 +222,7 @@ zb_bench_shuffle_measure(const uint64_t *ids, const size_t *off, size_t nbatches
     if ((codes && !hist) || !ref) {
         free(hist);
         free(ref);
-        return zb_err(ZB_E_NOMEM, "bench: out of memory");
+        return zb__err(ZB_E_NOMEM, "bench: out of memory");
     }
     double expected_gap = (double)n / 3.0;
     acc a = {0};

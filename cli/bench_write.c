@@ -1,5 +1,5 @@
-/* zbatch bench --write: writes synthetic stores with the synth generators (zb_cli_synth_cells,
- * zb_cli_synth_atoms, called with a constructed argv) for every codec x chunk x shard setting
+/* zbatch bench --write: writes synthetic stores with the synth generators (zb__cli_synth_cells,
+ * zb__cli_synth_atoms, called with a constructed argv) for every codec x chunk x shard setting
  * and reports write throughput, bytes on disk, compression ratio and file count.
  *
  * The time is the whole synth run, generation included (the generators are the synth command's
@@ -79,7 +79,7 @@ add_u64(const char *flag, const char *v, uint64_t lo, uint64_t *list, size_t *n)
         fprintf(stderr, "zbatch bench: at most %d %s\n", MAX_SETTINGS, flag);
         return -1;
     }
-    return zb_bench_parse_u64(flag, v, lo, (uint64_t)1 << 40, &list[(*n)++]);
+    return zb__bench_parse_u64(flag, v, lo, (uint64_t)1 << 40, &list[(*n)++]);
 }
 
 /* Returns 0 to go on, else the exit code (-1 for --help). */
@@ -106,7 +106,7 @@ parse_args(int argc, char **argv, wopts *o)
         }
         char flag[64];
         const char *v = NULL;
-        if (zb_bench_flag_value(argc, argv, &i, VALUE_FLAGS, flag, sizeof flag, &v) != 0) return 2;
+        if (zb__bench_flag_value(argc, argv, &i, VALUE_FLAGS, flag, sizeof flag, &v) != 0) return 2;
         int bad = 0;
         if (!strcmp(flag, "--kind")) {
             if (strcmp(v, "cells") && strcmp(v, "atoms")) {
@@ -115,7 +115,7 @@ parse_args(int argc, char **argv, wopts *o)
             }
             o->kind = v;
         } else if (!strcmp(flag, "--n")) {
-            bad = zb_bench_parse_u64(flag, v, 1, (uint64_t)1 << 40, &o->n);
+            bad = zb__bench_parse_u64(flag, v, 1, (uint64_t)1 << 40, &o->n);
             o->have_n = true;
         } else if (!strcmp(flag, "--codec")) {
             if (o->ncodecs == MAX_SETTINGS) {
@@ -129,7 +129,7 @@ parse_args(int argc, char **argv, wopts *o)
         } else if (!strcmp(flag, "--shard-nnz")) {
             bad = add_u64(flag, v, 0, o->shards, &o->nshards);
         } else if (!strcmp(flag, "--genes")) {
-            bad = zb_bench_parse_u64(flag, v, 1, INT32_MAX, &o->genes);
+            bad = zb__bench_parse_u64(flag, v, 1, INT32_MAX, &o->genes);
             o->have_genes = true;
         } else if (!strcmp(flag, "--format")) {
             if (strcmp(v, "v2") && strcmp(v, "v3")) {
@@ -138,9 +138,9 @@ parse_args(int argc, char **argv, wopts *o)
             }
             o->format = v;
         } else if (!strcmp(flag, "--seed")) {
-            bad = zb_bench_parse_u64(flag, v, 0, UINT64_MAX, &o->seed);
+            bad = zb__bench_parse_u64(flag, v, 0, UINT64_MAX, &o->seed);
         } else if (!strcmp(flag, "--threads")) {
-            bad = zb_bench_parse_u64(flag, v, 1, 64, &o->threads);
+            bad = zb__bench_parse_u64(flag, v, 1, 64, &o->threads);
         } else if (!strcmp(flag, "-o") || !strcmp(flag, "--out")) {
             o->out = v;
         } else if (!strcmp(flag, "--results")) {
@@ -214,7 +214,7 @@ run_synth(int argc, char **argv, bool cells)
     int saved = dup(STDOUT_FILENO), nul = open("/dev/null", O_WRONLY);
     if (saved >= 0 && nul >= 0) dup2(nul, STDOUT_FILENO);
     if (nul >= 0) close(nul);
-    int rc = cells ? zb_cli_synth_cells(argc, argv) : zb_cli_synth_atoms(argc, argv);
+    int rc = cells ? zb__cli_synth_cells(argc, argv) : zb__cli_synth_atoms(argc, argv);
     fflush(stdout);
     if (saved >= 0) {
         dup2(saved, STDOUT_FILENO);
@@ -227,7 +227,7 @@ static uint64_t
 json_u64(json_object *v)
 {
     if (!v || !json_object_is_type(v, json_type_int)) return 0;
-    return zb_json_is_big_uint(v) ? json_object_get_uint64(v) : (uint64_t)json_object_get_int64(v);
+    return zb__json_is_big_uint(v) ? json_object_get_uint64(v) : (uint64_t)json_object_get_int64(v);
 }
 
 /* Sums the logical and stored bytes of the store's arrays. */
@@ -238,18 +238,18 @@ array_bytes(const char *path, uint64_t *logical, uint64_t *stored_fixed, uint64_
     zb_store *store = NULL;
     char *text = NULL;
     json_object *doc = NULL;
-    zb_status st = zb_store_open(path, &store);
+    zb_status st = zb__cli_store_open(path, &store);
     if (st == ZB_OK) st = zb_info_json(store, "", &text);
-    if (st == ZB_OK) st = zb_json_parse(text, strlen(text), "info", &doc);
-    json_object *nodes = st == ZB_OK ? zb_json_get(doc, "nodes") : NULL;
+    if (st == ZB_OK) st = zb__json_parse(text, strlen(text), "info", &doc);
+    json_object *nodes = st == ZB_OK ? zb__json_get(doc, "nodes") : NULL;
     size_t nn =
         nodes && json_object_is_type(nodes, json_type_array) ? json_object_array_length(nodes) : 0;
     for (size_t i = 0; i < nn; i++) {
         json_object *node = json_object_array_get_idx(nodes, i);
-        const char *type = json_object_get_string(zb_json_get(node, "type"));
+        const char *type = json_object_get_string(zb__json_get(node, "type"));
         if (!type || strcmp(type, "array")) continue;
-        json_object *lb = zb_json_get(node, "logical_bytes");
-        uint64_t sb = json_u64(zb_json_get(node, "stored_bytes"));
+        json_object *lb = zb__json_get(node, "logical_bytes");
+        uint64_t sb = json_u64(zb__json_get(node, "stored_bytes"));
         *stored_all += sb;
         if (lb && json_object_is_type(lb, json_type_int)) {
             *logical += json_u64(lb);
@@ -341,9 +341,9 @@ write_one(const wopts *o, const char *dir, const setting *s, json_object *runs, 
     }
     av[ac] = NULL;
 
-    double t0 = zb_bench_now();
+    double t0 = zb__bench_now();
     int rc = run_synth(ac, av, cells);
-    double secs = zb_bench_now() - t0;
+    double secs = zb__bench_now() - t0;
     if (rc) {
         fprintf(stderr, "zbatch bench --write: writing %s failed\n", path);
         return rc;
@@ -361,22 +361,22 @@ write_one(const wopts *o, const char *dir, const setting *s, json_object *runs, 
         return 1;
     }
     json_object *r = json_object_new_object();
-    zb_bench_put_str(r, "codec", s->codec);
-    zb_bench_put(r, "chunk_nnz", s->chunk ? json_object_new_uint64(s->chunk) : NULL);
-    zb_bench_put(r, "shard_nnz", s->shard ? json_object_new_uint64(s->shard) : NULL);
-    zb_bench_put_str(r, "path", keep ? path : NULL);
-    zb_bench_put_str(r, "name", name);
-    zb_bench_put_u64(r, "samples", o->n);
-    zb_bench_put_double(r, "seconds", secs);
-    zb_bench_put_u64(r, "uncompressed_bytes", logical);
-    zb_bench_put_u64(r, "stored_bytes", stored_fixed);
-    zb_bench_put_u64(r, "array_stored_bytes", stored_all);
-    zb_bench_put_u64(r, "bytes_on_disk", walk_bytes);
-    zb_bench_put_u64(r, "files", walk_files);
-    zb_bench_put_double(r, "compression_ratio",
-                        stored_fixed ? (double)logical / (double)stored_fixed : NAN);
-    zb_bench_put_double(r, "write_mb_s", secs > 0 ? (double)logical / 1e6 / secs : NAN);
-    zb_bench_put_double(r, "samples_per_s", secs > 0 ? (double)o->n / secs : NAN);
+    zb__bench_put_str(r, "codec", s->codec);
+    zb__bench_put(r, "chunk_nnz", s->chunk ? json_object_new_uint64(s->chunk) : NULL);
+    zb__bench_put(r, "shard_nnz", s->shard ? json_object_new_uint64(s->shard) : NULL);
+    zb__bench_put_str(r, "path", keep ? path : NULL);
+    zb__bench_put_str(r, "name", name);
+    zb__bench_put_u64(r, "samples", o->n);
+    zb__bench_put_double(r, "seconds", secs);
+    zb__bench_put_u64(r, "uncompressed_bytes", logical);
+    zb__bench_put_u64(r, "stored_bytes", stored_fixed);
+    zb__bench_put_u64(r, "array_stored_bytes", stored_all);
+    zb__bench_put_u64(r, "bytes_on_disk", walk_bytes);
+    zb__bench_put_u64(r, "files", walk_files);
+    zb__bench_put_double(r, "compression_ratio",
+                         stored_fixed ? (double)logical / (double)stored_fixed : NAN);
+    zb__bench_put_double(r, "write_mb_s", secs > 0 ? (double)logical / 1e6 / secs : NAN);
+    zb__bench_put_double(r, "samples_per_s", secs > 0 ? (double)o->n / secs : NAN);
     json_object_array_add(runs, r);
     if (!keep) nftw(path, walk_remove, 32, FTW_DEPTH | FTW_PHYS);
     return 0;
@@ -386,25 +386,25 @@ static json_object *
 params_json(const wopts *o, bool keep)
 {
     json_object *p = json_object_new_object();
-    zb_bench_put_str(p, "kind", o->kind);
-    zb_bench_put_u64(p, "n", o->n);
+    zb__bench_put_str(p, "kind", o->kind);
+    zb__bench_put_u64(p, "n", o->n);
     json_object *c = json_object_new_array();
     for (size_t i = 0; i < o->ncodecs; i++)
         json_object_array_add(c, json_object_new_string(o->codecs[i]));
-    zb_bench_put(p, "codecs", c);
+    zb__bench_put(p, "codecs", c);
     json_object *ch = json_object_new_array(), *sh = json_object_new_array();
     for (size_t i = 0; i < o->nchunks; i++)
         json_object_array_add(ch, json_object_new_uint64(o->chunks[i]));
     for (size_t i = 0; i < o->nshards; i++)
         json_object_array_add(sh, json_object_new_uint64(o->shards[i]));
-    zb_bench_put(p, "chunk_nnz", ch);
-    zb_bench_put(p, "shard_nnz", sh);
-    zb_bench_put(p, "genes", o->have_genes ? json_object_new_uint64(o->genes) : NULL);
-    zb_bench_put_str(p, "format", o->format);
-    zb_bench_put_u64(p, "seed", o->seed);
-    zb_bench_put_u64(p, "threads", o->threads);
-    zb_bench_put_str(p, "out", keep ? o->out : NULL);
-    zb_bench_put_str(p, "results", o->results);
+    zb__bench_put(p, "chunk_nnz", ch);
+    zb__bench_put(p, "shard_nnz", sh);
+    zb__bench_put(p, "genes", o->have_genes ? json_object_new_uint64(o->genes) : NULL);
+    zb__bench_put_str(p, "format", o->format);
+    zb__bench_put_u64(p, "seed", o->seed);
+    zb__bench_put_u64(p, "threads", o->threads);
+    zb__bench_put_str(p, "out", keep ? o->out : NULL);
+    zb__bench_put_str(p, "results", o->results);
     return p;
 }
 
@@ -418,24 +418,24 @@ print_table(const wopts *o, json_object *runs, const char *file)
     size_t n = json_object_array_length(runs);
     for (size_t i = 0; i < n; i++) {
         json_object *r = json_object_array_get_idx(runs, i);
-        json_object *codec = zb_json_get(r, "codec"), *ch = zb_json_get(r, "chunk_nnz"),
-                    *sh = zb_json_get(r, "shard_nnz");
+        json_object *codec = zb__json_get(r, "codec"), *ch = zb__json_get(r, "chunk_nnz"),
+                    *sh = zb__json_get(r, "shard_nnz");
         char disk[32];
-        zb_bench_human_bytes((double)json_u64(zb_json_get(r, "bytes_on_disk")), disk, sizeof disk);
+        zb__bench_human_bytes((double)json_u64(zb__json_get(r, "bytes_on_disk")), disk, sizeof disk);
         printf("  %-24s %9s %9s %8.2f %9.1f %11.0f %11s %7.2f %6" PRIu64 "\n",
                codec ? json_object_get_string(codec) : "(default)",
                ch ? json_object_get_string(ch) : "default", sh ? json_object_get_string(sh) : "-",
-               json_object_get_double(zb_json_get(r, "seconds")),
-               json_object_get_double(zb_json_get(r, "write_mb_s")),
-               json_object_get_double(zb_json_get(r, "samples_per_s")), disk,
-               json_object_get_double(zb_json_get(r, "compression_ratio")),
-               json_u64(zb_json_get(r, "files")));
+               json_object_get_double(zb__json_get(r, "seconds")),
+               json_object_get_double(zb__json_get(r, "write_mb_s")),
+               json_object_get_double(zb__json_get(r, "samples_per_s")), disk,
+               json_object_get_double(zb__json_get(r, "compression_ratio")),
+               json_u64(zb__json_get(r, "files")));
     }
     printf("\n  record: %s\n", file);
 }
 
 int
-zb_bench_write_main(int argc, char **argv)
+zb__bench_write_main(int argc, char **argv)
 {
     wopts o;
     int rc = parse_args(argc, argv, &o);
@@ -443,7 +443,7 @@ zb_bench_write_main(int argc, char **argv)
     bool keep = o.out != NULL;
     char dir[4096];
     if (keep) {
-        if (zb_bench_make_dirs(o.out) != 0) {
+        if (zb__bench_make_dirs(o.out) != 0) {
             fprintf(stderr, "zbatch bench --write: cannot create %s: %s\n", o.out, strerror(errno));
             return 1;
         }
@@ -458,7 +458,7 @@ zb_bench_write_main(int argc, char **argv)
         }
     }
     char stamp[32], suffix[32], file[4200];
-    json_object *rec = zb_bench_record_new("write", stamp, sizeof stamp);
+    json_object *rec = zb__bench_record_new("write", stamp, sizeof stamp);
     json_object *runs = json_object_new_array();
     size_t nc = o.ncodecs ? o.ncodecs : 1, nk = o.nchunks ? o.nchunks : 1,
            ns = o.nshards ? o.nshards : 1;
@@ -475,10 +475,10 @@ zb_bench_write_main(int argc, char **argv)
         json_object_put(rec);
         return rc;
     }
-    zb_bench_put(rec, "parameters", params_json(&o, keep));
-    zb_bench_put(rec, "runs", runs);
+    zb__bench_put(rec, "parameters", params_json(&o, keep));
+    zb__bench_put(rec, "runs", runs);
     snprintf(suffix, sizeof suffix, "write-%s", o.kind);
-    if (zb_bench_record_write(rec, o.results, stamp, suffix, file, sizeof file) != 0) {
+    if (zb__bench_record_write(rec, o.results, stamp, suffix, file, sizeof file) != 0) {
         json_object_put(rec);
         return 1;
     }

@@ -3,15 +3,22 @@
 #ifndef ZB_CLI_H
 #define ZB_CLI_H
 
-int zb_cli_info(int argc, char **argv);
-int zb_cli_synth(int argc, char **argv);
-int zb_cli_synth_cells(int argc, char **argv);
-int zb_cli_synth_atoms(int argc, char **argv);
-int zb_cli_verify(int argc, char **argv);
-int zb_cli_convert(int argc, char **argv);
-int zb_cli_bench(int argc, char **argv);
+#include "zbatch.h"
+
+int zb__cli_info(int argc, char **argv);
+int zb__cli_synth(int argc, char **argv);
+int zb__cli_synth_cells(int argc, char **argv);
+int zb__cli_synth_atoms(int argc, char **argv);
+int zb__cli_verify(int argc, char **argv);
+int zb__cli_convert(int argc, char **argv);
+int zb__cli_bench(int argc, char **argv);
 /* Runs `python -m zbatch ARGV...` (argv[0] is the subcommand) for the jobs the Python package
  * does; returns only when Python cannot be started. */
-int zb_cli_python(int argc, char **argv);
+int zb__cli_python(int argc, char **argv);
+
+/* zb_store_open with the options of the environment: ZBATCH_MMAP_BYTES (bytes of data files
+ * one store may map; 0 = pread only) becomes zb_store_opts.mmap_bytes. A value that is not a
+ * number of bytes is ZB_E_INVALID naming the variable. */
+zb_status zb__cli_store_open(const char *url, zb_store **out);
 
 #endif

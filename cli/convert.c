@@ -28,53 +28,54 @@
 static void
 usage(FILE *f)
 {
-    fprintf(f,
-            "usage: zbatch convert INPUT... -o OUTPUT [options]\n"
-            "       zbatch convert SRC DST [--codec CODEC] [--format v2|v3] [--chunk-bytes N]\n"
-            "                              [--threads T]\n"
-            "       zbatch convert --from ase FILE... -o OUTPUT --cutoff R [options]\n"
-            "       zbatch convert --from lmdb LMDB... -o OUTPUT [--cutoff R] [options]\n"
-            "\n"
-            "AnnData inputs (.h5ad files or anndata Zarr stores) into a pre-shuffled collection\n"
-            "of sharded AnnData datasets (annbatch's layout): every cell at a uniformly random\n"
-            "place, genes aligned by name, categories merged, memory bounded, restartable (run\n"
-            "the same command again after a crash).\n"
-            "\n"
-            "  -o, --output DIR      the collection to write (a new or empty directory)\n"
-            "  --dataset-size CELLS  cells per dataset (default %" PRIu64 ")\n"
-            "  --var-join outer|inner  genes of any input (default) or of every input\n"
-            "  --genes FILE          the output's genes, one per line, in that order\n"
-            "  --obs COLUMNS         obs columns to keep, comma-separated (default: every\n"
-            "                        column all inputs have; \"\" for none)\n"
-            "  --x KEY               the input matrix that becomes X: X (default), raw/X,\n"
-            "                        layers/NAME\n"
-            "  --layers NAMES        input layers to carry along, comma-separated\n"
-            "  --memory SIZE         memory for data in flight, e.g. 4G, 512M (default 4G)\n"
-            "  --seed S              of the cells' positions (default 0)\n"
-            "  --no-shuffle          keep the inputs' order\n"
-            "  --format v2|v3        Zarr format of the output (default v3; annbatch reads v3)\n"
-            "  --codec CODEC         none, zstd:L, lz4, gzip:L, zlib:L, blosc:CNAME:CLEVEL:SHUFFLE\n"
-            "                        (default blosc:lz4:5:shuffle)\n"
-            "  --chunk N             elements per chunk of X/data and X/indices (default %d)\n"
-            "  --shard N             elements per shard (default 1,024 chunks; 0 = unsharded)\n"
-            "  --threads T           threads (default: every CPU)\n"
-            "  --data-dtype D        X/data and the layers' data: auto (default: uint8 when\n"
-            "                        every value is an integer in [0, 255], uint16 in [0, 65535],\n"
-            "                        else the inputs' type), keep, uint8, uint16 (refused when a\n"
-            "                        value does not fit exactly) or float32\n"
-            "  --index-dtype D       X/indices: auto (default: uint8/uint16 up to 65,535 genes,\n"
-            "                        else int32), narrow (anndata's smallest unsigned type) or\n"
-            "                        int32\n"
-            "  --quiet               no progress display\n"
-            "  --limit               measure this machine's limit for these inputs instead (the\n"
-            "                        inputs read alone, the output's X compressed alone) and\n"
-            "                        print it as one JSON line\n"
-            "  --scheduler ADDRESS   run the tasks on a Dask cluster (needs the Python package)\n"
-            "  --from ase            structures ASE reads, with neighbour lists from --cutoff\n"
-            "                        (needs the Python package; see its --help)\n"
-            "  --from lmdb           fairchem-style LMDBs (pickled dicts or PyG Data), edges\n"
-            "                        kept, --cutoff for entries without them (Python package)\n",
-            ZB_CONVERT_DEFAULT_DATASET_SIZE, ZB_ANNDATA_DEFAULT_X_CHUNK);
+    fprintf(
+        f,
+        "usage: zbatch convert INPUT... -o OUTPUT [options]\n"
+        "       zbatch convert SRC DST [--codec CODEC] [--format v2|v3] [--chunk-bytes N]\n"
+        "                              [--threads T]\n"
+        "       zbatch convert --from ase FILE... -o OUTPUT --cutoff R [options]\n"
+        "       zbatch convert --from lmdb LMDB... -o OUTPUT [--cutoff R] [options]\n"
+        "\n"
+        "AnnData inputs (.h5ad files or anndata Zarr stores) into a pre-shuffled collection\n"
+        "of sharded AnnData datasets (annbatch's layout): every cell at a uniformly random\n"
+        "place, genes aligned by name, categories merged, memory bounded, restartable (run\n"
+        "the same command again after a crash).\n"
+        "\n"
+        "  -o, --output DIR      the collection to write (a new or empty directory)\n"
+        "  --dataset-size CELLS  cells per dataset (default %" PRIu64 ")\n"
+        "  --var-join outer|inner  genes of any input (default) or of every input\n"
+        "  --genes FILE          the output's genes, one per line, in that order\n"
+        "  --obs COLUMNS         obs columns to keep, comma-separated (default: every\n"
+        "                        column all inputs have; \"\" for none)\n"
+        "  --x KEY               the input matrix that becomes X: X (default), raw/X,\n"
+        "                        layers/NAME\n"
+        "  --layers NAMES        input layers to carry along, comma-separated\n"
+        "  --memory SIZE         memory for data in flight, e.g. 4G, 512M (default 4G)\n"
+        "  --seed S              of the cells' positions (default 0)\n"
+        "  --no-shuffle          keep the inputs' order\n"
+        "  --format v2|v3        Zarr format of the output (default v3; annbatch reads v3)\n"
+        "  --codec CODEC         none, zstd:L, lz4, gzip:L, zlib:L, blosc:CNAME:CLEVEL:SHUFFLE\n"
+        "                        (default blosc:lz4:5:shuffle)\n"
+        "  --chunk N             elements per chunk of X/data and X/indices (default %d)\n"
+        "  --shard N             elements per shard (default 1,024 chunks; 0 = unsharded)\n"
+        "  --threads T           threads (default: every CPU)\n"
+        "  --data-dtype D        X/data and the layers' data: auto (default: uint8 when\n"
+        "                        every value is an integer in [0, 255], uint16 in [0, 65535],\n"
+        "                        else the inputs' type), keep, uint8, uint16 (refused when a\n"
+        "                        value does not fit exactly) or float32\n"
+        "  --index-dtype D       X/indices: auto (default: uint8/uint16 up to 65,535 genes,\n"
+        "                        else int32), narrow (anndata's smallest unsigned type) or\n"
+        "                        int32\n"
+        "  --quiet               no progress display\n"
+        "  --limit               measure this machine's limit for these inputs instead (the\n"
+        "                        inputs read alone, the output's X compressed alone) and\n"
+        "                        print it as one JSON line\n"
+        "  --scheduler ADDRESS   run the tasks on a Dask cluster (needs the Python package)\n"
+        "  --from ase            structures ASE reads, with neighbour lists from --cutoff\n"
+        "                        (needs the Python package; see its --help)\n"
+        "  --from lmdb           fairchem-style LMDBs (pickled dicts or PyG Data), edges\n"
+        "                        kept, --cutoff for entries without them (Python package)\n",
+        ZB_CONVERT_DEFAULT_DATASET_SIZE, ZB_ANNDATA_DEFAULT_X_CHUNK);
 }
 
 /* ---- the Python package's jobs ----------------------------------------------------------------- */
@@ -89,7 +90,7 @@ executable(const char *path)
  * else a python beside this program (an installed package's scripts directory), else the
  * checkout's .venv, else python3. */
 int
-zb_cli_python(int argc, char **argv)
+zb__cli_python(int argc, char **argv)
 {
     char python[PATH_MAX + 32] = "";
     const char *env = getenv("ZBATCH_PYTHON");
@@ -213,10 +214,11 @@ show_progress(void *ctx, const zb_convert_progress *p)
     if (s->tty && !done && s->last.tv_sec && seconds_between(s->last, now) < 0.2) return;
     s->last = now;
     double t = seconds_between(s->phase_start, now);
-    double frac = p->bytes_total ? (double)p->bytes_done / (double)p->bytes_total
-                                 : p->tasks_total ? (double)p->tasks_done / (double)p->tasks_total
-                                                  : 1;
-    double rate = t > 0 ? (double)p->cells_done / t : 0, mbs = t > 0 ? (double)p->bytes_done / t / 1e6 : 0;
+    double frac = p->bytes_total   ? (double)p->bytes_done / (double)p->bytes_total
+                  : p->tasks_total ? (double)p->tasks_done / (double)p->tasks_total
+                                   : 1;
+    double rate = t > 0 ? (double)p->cells_done / t : 0,
+           mbs = t > 0 ? (double)p->bytes_done / t / 1e6 : 0;
     double eta = frac > 0 && frac < 1 ? t / frac - t : 0;
     fprintf(stderr,
             "%s%-7s %5.1f%%  %" PRIu64 "/%" PRIu64 " tasks  %.0f cells/s  %.0f MB/s  %s%.0f s%s",
@@ -242,8 +244,8 @@ convert_store(const char *src, const char *dst, const zb_copy_opts *o)
     zb_store *in = NULL, *out = NULL;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    zb_status st = zb_store_open(src, &in);
-    if (st == ZB_OK) st = zb_store_open(dst, &out);
+    zb_status st = zb__cli_store_open(src, &in);
+    if (st == ZB_OK) st = zb__cli_store_open(dst, &out);
     if (st == ZB_OK) st = zb_store_copy(in, "", out, "", o);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     zb_store_close(in);
@@ -263,7 +265,8 @@ print_dtypes(const char *output)
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/zbatch-manifest.json", output);
     json_object *m = json_object_from_file(path), *dt = NULL;
-    if (m && json_object_object_get_ex(m, "dtypes", &dt) && json_object_is_type(dt, json_type_object)) {
+    if (m && json_object_object_get_ex(m, "dtypes", &dt) &&
+        json_object_is_type(dt, json_type_object)) {
         const char *sep = "stored ";
         json_object_object_foreach(dt, key, val)
         {
@@ -316,7 +319,7 @@ convert_collection(const char *const *inputs, size_t n, const char *output, zb_c
 }
 
 int
-zb_cli_convert(int argc, char **argv)
+zb__cli_convert(int argc, char **argv)
 {
     zb_copy_opts co = ZB_COPY_OPTS_DEFAULT;
     zb_convert_opts o = ZB_CONVERT_OPTS_DEFAULT;
@@ -331,7 +334,7 @@ zb_cli_convert(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "--from") || !strcmp(a, "--scheduler")) {
             free(pos);
-            return zb_cli_python(argc, argv);
+            return zb__cli_python(argc, argv);
         }
     }
     for (int i = 1; i < argc; i++) {
@@ -414,8 +417,10 @@ zb_cli_convert(int argc, char **argv)
             for (int k = 0; k < 5; k++)
                 if (!strcmp(v, names[k])) found = k;
             if (found < 0) {
-                fprintf(stderr, "zbatch convert: --data-dtype is auto, keep, uint8, uint16 or "
-                                "float32, not '%s'\n", v);
+                fprintf(stderr,
+                        "zbatch convert: --data-dtype is auto, keep, uint8, uint16 or "
+                        "float32, not '%s'\n",
+                        v);
                 goto done;
             }
             o.data_dtype = (zb_convert_data_dtype)found;
@@ -429,8 +434,10 @@ zb_cli_convert(int argc, char **argv)
             else if (!strcmp(v, "int32"))
                 o.index_dtype = ZB_CONVERT_INDEX_INT32;
             else {
-                fprintf(stderr, "zbatch convert: --index-dtype is auto, narrow or int32, not "
-                                "'%s'\n", v);
+                fprintf(stderr,
+                        "zbatch convert: --index-dtype is auto, narrow or int32, not "
+                        "'%s'\n",
+                        v);
                 goto done;
             }
         } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {

@@ -66,7 +66,7 @@ print_size(const char *label, json_object *v)
         printf("  %s -", label);
         return;
     }
-    human_bytes(zb_json_is_big_uint(v) ? json_object_get_uint64(v)
+    human_bytes(zb__json_is_big_uint(v) ? json_object_get_uint64(v)
                                        : (uint64_t)json_object_get_int64(v),
                 buf, sizeof buf);
     printf("  %s %s", label, buf);
@@ -75,8 +75,8 @@ print_size(const char *label, json_object *v)
 static void
 print_node(json_object *node, const char *root)
 {
-    const char *path = json_object_get_string(zb_json_get(node, "path"));
-    bool is_array = !strcmp(json_object_get_string(zb_json_get(node, "type")), "array");
+    const char *path = json_object_get_string(zb__json_get(node, "path"));
+    bool is_array = !strcmp(json_object_get_string(zb__json_get(node, "type")), "array");
     /* depth below the root, and the last segment as the name */
     const char *rel = path + strlen(root);
     if (*rel == '/') rel++;
@@ -90,30 +90,30 @@ print_node(json_object *node, const char *root)
     if (*rel) depth++;
     printf("%*s%s%s", 2 * depth, "", *rel ? name : "/", is_array || !*rel ? "" : "/");
 
-    json_object *attrs = zb_json_get(node, "attributes");
-    json_object *et = zb_json_get(attrs, "encoding-type");
+    json_object *attrs = zb__json_get(node, "attributes");
+    json_object *et = zb__json_get(attrs, "encoding-type");
     if (!is_array) {
         if (json_object_is_type(et, json_type_string)) printf("  (%s)", json_object_get_string(et));
         putchar('\n');
         return;
     }
-    json_object *err = zb_json_get(node, "error");
+    json_object *err = zb__json_get(node, "error");
     if (err) {
         printf("  error: %s\n", json_object_get_string(err));
         return;
     }
-    printf("  %s ", json_object_get_string(zb_json_get(node, "dtype")));
-    print_dims(zb_json_get(node, "shape"));
+    printf("  %s ", json_object_get_string(zb__json_get(node, "dtype")));
+    print_dims(zb__json_get(node, "shape"));
     printf("  chunks ");
-    print_dims(zb_json_get(node, "chunks"));
-    json_object *shards = zb_json_get(node, "shards");
+    print_dims(zb__json_get(node, "chunks"));
+    json_object *shards = zb__json_get(node, "shards");
     if (shards) {
         printf("  shards ");
         print_dims(shards);
     }
-    printf("  %s", json_object_get_string(zb_json_get(node, "codecs")));
-    print_size("stored", zb_json_get(node, "stored_bytes"));
-    print_size("logical", zb_json_get(node, "logical_bytes"));
+    printf("  %s", json_object_get_string(zb__json_get(node, "codecs")));
+    print_size("stored", zb__json_get(node, "stored_bytes"));
+    print_size("logical", zb__json_get(node, "logical_bytes"));
     if (json_object_is_type(et, json_type_string)) printf("  (%s)", json_object_get_string(et));
     putchar('\n');
 }
@@ -122,15 +122,15 @@ static int
 print_tree(const char *store_path, const char *text)
 {
     json_object *doc = NULL;
-    zb_status st = zb_json_parse(text, strlen(text), "info", &doc);
+    zb_status st = zb__json_parse(text, strlen(text), "info", &doc);
     if (st != ZB_OK) return fail(st);
-    const char *root = json_object_get_string(zb_json_get(doc, "path"));
+    const char *root = json_object_get_string(zb__json_get(doc, "path"));
     printf("%s: zarr v%d, layout %s%s\n", store_path,
-           json_object_get_int(zb_json_get(doc, "zarr_format")),
-           json_object_get_string(zb_json_get(doc, "layout")),
-           json_object_get_boolean(zb_json_get(doc, "consolidated")) ? ", consolidated metadata"
+           json_object_get_int(zb__json_get(doc, "zarr_format")),
+           json_object_get_string(zb__json_get(doc, "layout")),
+           json_object_get_boolean(zb__json_get(doc, "consolidated")) ? ", consolidated metadata"
                                                                      : "");
-    json_object *nodes = zb_json_get(doc, "nodes");
+    json_object *nodes = zb__json_get(doc, "nodes");
     size_t n = json_object_array_length(nodes);
     for (size_t i = 0; i < n; i++) print_node(json_object_array_get_idx(nodes, i), root);
     json_object_put(doc);
@@ -138,7 +138,7 @@ print_tree(const char *store_path, const char *text)
 }
 
 int
-zb_cli_info(int argc, char **argv)
+zb__cli_info(int argc, char **argv)
 {
     const char *path = NULL;
     bool json = false;
@@ -167,7 +167,7 @@ zb_cli_info(int argc, char **argv)
         return 2;
     }
     zb_store *store = NULL;
-    zb_status st = zb_store_open(path, &store);
+    zb_status st = zb__cli_store_open(path, &store);
     if (st != ZB_OK) return fail(st);
     char *text = NULL;
     st = zb_info_json(store, "", &text);

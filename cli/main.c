@@ -45,12 +45,12 @@ main(int argc, char **argv)
         printf("zbatch %s\n", ZB_VERSION_STRING);
         return 0;
     }
-    if (!strcmp(cmd, "info")) return zb_cli_info(argc - 1, argv + 1);
-    if (!strcmp(cmd, "synth")) return zb_cli_synth(argc - 1, argv + 1);
-    if (!strcmp(cmd, "verify")) return zb_cli_verify(argc - 1, argv + 1);
-    if (!strcmp(cmd, "convert")) return zb_cli_convert(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench")) return zb_cli_bench(argc - 1, argv + 1);
-    if (!strcmp(cmd, "repair")) return zb_cli_python(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info")) return zb__cli_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "synth")) return zb__cli_synth(argc - 1, argv + 1);
+    if (!strcmp(cmd, "verify")) return zb__cli_verify(argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert")) return zb__cli_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return zb__cli_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "repair")) return zb__cli_python(argc - 1, argv + 1);
     fprintf(stderr, "zbatch: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

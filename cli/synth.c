@@ -17,7 +17,7 @@ usage(FILE *f)
 }
 
 int
-zb_cli_synth(int argc, char **argv)
+zb__cli_synth(int argc, char **argv)
 {
     const char *kind = NULL;
     for (int i = 1; i < argc; i++) {
@@ -31,8 +31,8 @@ zb_cli_synth(int argc, char **argv)
         usage(help ? stdout : stderr);
         return help ? 0 : 2;
     }
-    if (!strcmp(kind, "cells")) return zb_cli_synth_cells(argc, argv);
-    if (!strcmp(kind, "atoms")) return zb_cli_synth_atoms(argc, argv);
+    if (!strcmp(kind, "cells")) return zb__cli_synth_cells(argc, argv);
+    if (!strcmp(kind, "atoms")) return zb__cli_synth_atoms(argc, argv);
     fprintf(stderr, "zbatch synth: unknown --kind '%s' (cells or atoms)\n", kind);
     return 2;
 }

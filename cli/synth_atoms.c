@@ -441,7 +441,7 @@ add_block(zb_atomic_writer *w, const opts *o, uint64_t first, uint64_t count, st
 }
 
 int
-zb_cli_synth_atoms(int argc, char **argv)
+zb__cli_synth_atoms(int argc, char **argv)
 {
     opts o;
     int rc = parse_args(argc, argv, &o);

@@ -149,8 +149,8 @@ typedef struct block {
     int8_t plate[BLOCK_CELLS];
     int32_t *ids;
     float *counts;
-    size_t cap;       /* elements of ids/counts */
-    void *stored;     /* the counts in the stored dtype, when it is not float32 */
+    size_t cap;        /* elements of ids/counts */
+    void *stored;      /* the counts in the stored dtype, when it is not float32 */
     size_t stored_cap; /* bytes */
 } block;
 
@@ -277,35 +277,35 @@ block_counts(block *b, zb_dtype dtype)
 static void
 usage(FILE *f)
 {
-    fprintf(f,
-            "usage: zbatch synth --kind cells --n N -o PATH [options]\n"
-            "\n"
-            "Writes a Tahoe-like AnnData store: CSR X (integer counts up to %d, gene ids, int64\n"
-            "indptr), lognormal nonzeros per cell (mean %.0f), obs columns cell_line (%d\n"
-            "categories), drug (%d), plate (%d) and n_genes. The same seed and options give a\n"
-            "byte-identical store. Memory does not grow with N.\n"
-            "\n"
-            "  --n N            cells (rows of X)\n"
-            "  -o, --out PATH   output directory (created; must not hold a store)\n"
-            "  --seed S         random seed (default 0)\n"
-            "  --format v2|v3   Zarr format (default v3)\n"
-            "  --codec CODEC    e.g. zstd:3, blosc:lz4:5:shuffle, none (default: the library's)\n"
-            "  --genes G        columns of X (default %d)\n"
-            "  --chunk-nnz K    elements per chunk of X/data and X/indices (default: the library's,\n"
-            "                   %d)\n"
-            "  --shard-nnz K    v3: elements per shard, a multiple of --chunk-nnz; 0 = unsharded\n"
-            "                   (default %llu elements: %llu inner chunks of the default size)\n"
-            "  --threads T      generation and compression threads (default 1)\n"
-            "  --data-dtype D   X/data: uint8 (default: the narrowest type holding every count\n"
-            "                   exactly), uint16 or float32 (the wide store of old)\n"
-            "  --index-dtype D  X/indices: narrow (default: anndata's smallest unsigned type for\n"
-            "                   G genes, uint16 for the default G; int32 past 65,535 genes) or\n"
-            "                   int32\n"
-            "  -h, --help       this text\n",
-            MAX_COUNT, MEAN_NNZ, N_CELL_LINES, N_DRUGS, N_PLATES, DEFAULT_GENES,
-            ZB_ANNDATA_DEFAULT_X_CHUNK,
-            (unsigned long long)SHARD_ELEMS,
-            (unsigned long long)(SHARD_ELEMS / ZB_ANNDATA_DEFAULT_X_CHUNK));
+    fprintf(
+        f,
+        "usage: zbatch synth --kind cells --n N -o PATH [options]\n"
+        "\n"
+        "Writes a Tahoe-like AnnData store: CSR X (integer counts up to %d, gene ids, int64\n"
+        "indptr), lognormal nonzeros per cell (mean %.0f), obs columns cell_line (%d\n"
+        "categories), drug (%d), plate (%d) and n_genes. The same seed and options give a\n"
+        "byte-identical store. Memory does not grow with N.\n"
+        "\n"
+        "  --n N            cells (rows of X)\n"
+        "  -o, --out PATH   output directory (created; must not hold a store)\n"
+        "  --seed S         random seed (default 0)\n"
+        "  --format v2|v3   Zarr format (default v3)\n"
+        "  --codec CODEC    e.g. zstd:3, blosc:lz4:5:shuffle, none (default: the library's)\n"
+        "  --genes G        columns of X (default %d)\n"
+        "  --chunk-nnz K    elements per chunk of X/data and X/indices (default: the library's,\n"
+        "                   %d)\n"
+        "  --shard-nnz K    v3: elements per shard, a multiple of --chunk-nnz; 0 = unsharded\n"
+        "                   (default %llu elements: %llu inner chunks of the default size)\n"
+        "  --threads T      generation and compression threads (default 1)\n"
+        "  --data-dtype D   X/data: uint8 (default: the narrowest type holding every count\n"
+        "                   exactly), uint16 or float32 (the wide store of old)\n"
+        "  --index-dtype D  X/indices: narrow (default: anndata's smallest unsigned type for\n"
+        "                   G genes, uint16 for the default G; int32 past 65,535 genes) or\n"
+        "                   int32\n"
+        "  -h, --help       this text\n",
+        MAX_COUNT, MEAN_NNZ, N_CELL_LINES, N_DRUGS, N_PLATES, DEFAULT_GENES,
+        ZB_ANNDATA_DEFAULT_X_CHUNK, (unsigned long long)SHARD_ELEMS,
+        (unsigned long long)(SHARD_ELEMS / ZB_ANNDATA_DEFAULT_X_CHUNK));
 }
 
 typedef struct opts {
@@ -315,8 +315,8 @@ typedef struct opts {
     int format;
     const char *codec;
     uint64_t genes, chunk_nnz, shard_nnz, threads;
-    zb_dtype data_dtype;   /* of X/data */
-    int narrow_indices;    /* 1 narrow, 0 int32, -1 by the number of genes */
+    zb_dtype data_dtype; /* of X/data */
+    int narrow_indices;  /* 1 narrow, 0 int32, -1 by the number of genes */
     bool have_n;
 } opts;
 
@@ -343,7 +343,7 @@ parse_args(int argc, char **argv, opts *o)
     o->format = 3;
     o->genes = DEFAULT_GENES;
     o->threads = 1;
-    o->shard_nnz = UINT64_MAX; /* the Tahoe layout unless told otherwise */
+    o->shard_nnz = UINT64_MAX;   /* the Tahoe layout unless told otherwise */
     o->data_dtype = ZB_DT_UINT8; /* counts are integers in [1, MAX_COUNT] */
     o->narrow_indices = -1;
     for (int i = 1; i < argc; i++) {
@@ -403,8 +403,10 @@ parse_args(int argc, char **argv, opts *o)
             else if (!strcmp(val, "float32"))
                 o->data_dtype = ZB_DT_FLOAT32;
             else {
-                fprintf(stderr, "zbatch synth: --data-dtype: '%s' is not uint8, uint16 or "
-                        "float32\n", val);
+                fprintf(stderr,
+                        "zbatch synth: --data-dtype: '%s' is not uint8, uint16 or "
+                        "float32\n",
+                        val);
                 bad = 1;
             }
         } else if (!strcmp(flag, "--index-dtype")) {
@@ -483,7 +485,7 @@ now_seconds(void)
 }
 
 int
-zb_cli_synth_cells(int argc, char **argv)
+zb__cli_synth_cells(int argc, char **argv)
 {
     opts o;
     int rc = parse_args(argc, argv, &o);
@@ -537,8 +539,7 @@ zb_cli_synth_cells(int argc, char **argv)
             break;
         }
         const void *counts = block_counts(b, o.data_dtype);
-        st = counts ? zb_anndata_writer_append_csr(w, b->n, b->indptr, b->ids, counts)
-                    : ZB_E_NOMEM;
+        st = counts ? zb_anndata_writer_append_csr(w, b->n, b->indptr, b->ids, counts) : ZB_E_NOMEM;
         if (st == ZB_OK)
             st = zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, "cell_line", ZB_DT_INT8,
                                                 b->cell_line, b->n);

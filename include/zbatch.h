@@ -39,6 +39,15 @@
 extern "C" {
 #endif
 
+/* Marks what libzbatch exports. The library is built with -fvisibility=hidden, so a function
+ * this header (or one it includes) declares with ZB_API is the whole of its ABI; everything
+ * else in the library is internal, named zb__*, and invisible to the dynamic linker. */
+#if defined(__GNUC__) || defined(__clang__)
+#define ZB_API __attribute__((visibility("default")))
+#else
+#define ZB_API
+#endif
+
 /* The project's one version: CMakeLists.txt and pyproject.toml read these three lines, the
  * command's --version and zbatch.__version__ print ZB_VERSION_STRING. */
 #define ZB_VERSION_MAJOR 0
@@ -81,17 +90,17 @@ typedef enum zb_status {
 } zb_status;
 
 /* A static description of a status code; never NULL (unknown codes give "unknown status"). */
-const char *zb_strerror(zb_status status);
+ZB_API const char *zb_strerror(zb_status status);
 
 /* The symbolic name of a status code ("ZB_E_CORRUPT"); never NULL. */
-const char *zb_status_name(zb_status status);
+ZB_API const char *zb_status_name(zb_status status);
 
 /* The detail message of the last failing call on this thread ("" if none). The pointer stays
  * valid until the next zbatch call on this thread. */
-const char *zb_last_error(void);
+ZB_API const char *zb_last_error(void);
 
 /* Clears this thread's detail message. */
-void zb_clear_error(void);
+ZB_API void zb_clear_error(void);
 
 /* ---------------------------------------------------------------------------------------------
  * Stores: bytes under keys.
@@ -154,47 +163,60 @@ typedef struct zb_store_methods {
 
 /* Wraps a custom backend. On success the store owns `self` and calls methods->close(self) when
  * it closes; on failure `self` is left to the caller. */
-zb_status zb_store_new(const zb_store_methods *methods, void *self, zb_store **out);
+ZB_API zb_status zb_store_new(const zb_store_methods *methods, void *self, zb_store **out);
 
-/* Opens a store by URL: a file path or file:// URL (a directory). Other schemes
- * (http, https, s3) return ZB_E_UNSUPPORTED until their backends land. */
-zb_status zb_store_open(const char *url, zb_store **out);
-
-/* A store over a directory. Reads use pread on a fresh descriptor per call (thread-safe).
- * Only regular files are data: a FIFO, socket or device at a key is ZB_E_CORRUPT naming the key
- * (never a hang, never a missing chunk); a directory at a key is ZB_E_NOTFOUND. A key whose path
- * leaves the root through a symbolic link (`sub -> /elsewhere`, `chunk -> /dev/zero`) is
- * ZB_E_BADKEY, for reads and writes alike, unless zb_store_opts.allow_links_outside. */
-zb_status zb_store_open_file(const char *root, zb_store **out);
-
-/* Options of a store. Start from ZB_STORE_OPTS_DEFAULT. */
+/* Options of a store opened by URL or path. Start from ZB_STORE_OPTS_DEFAULT. */
 typedef struct zb_store_opts {
+    /* The file backend's mapping budget: how many bytes of data files one store may keep
+     * memory-mapped for zb_store_view (ZB_STORE_DEFAULT_MMAP_BYTES, 1 GiB); beyond it views are
+     * declined and readers use pread; 0 turns views off. Other backends ignore it. The CLI and
+     * the Python package fill it from the environment variable ZBATCH_MMAP_BYTES. */
+    uint64_t mmap_bytes;
     /* The file backend: follow symbolic links that lead out of the root (a store that is a farm
      * of links into other directories); what they lead to must still be a regular file.
      * Default false: such a key is ZB_E_BADKEY. */
     bool allow_links_outside;
 } zb_store_opts;
 
-#define ZB_STORE_OPTS_DEFAULT {false}
+#define ZB_STORE_DEFAULT_MMAP_BYTES ((uint64_t)1 << 30)
+#define ZB_STORE_OPTS_DEFAULT {ZB_STORE_DEFAULT_MMAP_BYTES, false}
+
+/* Opens a store by URL: a file path or file:// URL (a directory). Other schemes
+ * (http, https, s3) return ZB_E_UNSUPPORTED until their backends land. The options are
+ * ZB_STORE_OPTS_DEFAULT. */
+ZB_API zb_status zb_store_open(const char *url, zb_store **out);
+
+/* zb_store_open with options (NULL: ZB_STORE_OPTS_DEFAULT). */
+ZB_API zb_status zb_store_open_opts(const char *url, const zb_store_opts *opts, zb_store **out);
+
+/* A store over a directory. Reads use pread on a fresh descriptor per call (thread-safe).
+ * Only regular files are data: a FIFO, socket or device at a key is ZB_E_CORRUPT naming the key
+ * (never a hang, never a missing chunk); a directory at a key is ZB_E_NOTFOUND. A key whose path
+ * leaves the root through a symbolic link (`sub -> /elsewhere`, `chunk -> /dev/zero`) is
+ * ZB_E_BADKEY, for reads and writes alike, unless zb_store_opts.allow_links_outside. The
+ * options are ZB_STORE_OPTS_DEFAULT. */
+ZB_API zb_status zb_store_open_file(const char *root, zb_store **out);
 
 /* zb_store_open_file with options (NULL: ZB_STORE_OPTS_DEFAULT). */
-zb_status zb_store_open_file_opts(const char *root, const zb_store_opts *opts, zb_store **out);
+ZB_API zb_status zb_store_open_file_opts(const char *root, const zb_store_opts *opts,
+                                         zb_store **out);
+
 
 /* An empty in-memory store (thread-safe: a mutex guards the key table). */
-zb_status zb_store_open_memory(zb_store **out);
+ZB_API zb_status zb_store_open_memory(zb_store **out);
 
-void zb_store_close(zb_store *store);
+ZB_API void zb_store_close(zb_store *store);
 
 /* The backend's scheme ("file", "memory"). */
-const char *zb_store_scheme(const zb_store *store);
+ZB_API const char *zb_store_scheme(const zb_store *store);
 
 /* The store's name in messages: the directory given to zb_store_open / zb_store_open_file,
  * else "SCHEME://" (a memory store, a custom backend). Lives as long as the store. */
-const char *zb_store_name(const zb_store *store);
+ZB_API const char *zb_store_name(const zb_store *store);
 
-zb_status zb_store_get(zb_store *store, const char *key, uint64_t offset, uint64_t length,
-                       void *dst, uint64_t *nread);
-zb_status zb_store_size(zb_store *store, const char *key, uint64_t *size);
+ZB_API zb_status zb_store_get(zb_store *store, const char *key, uint64_t offset, uint64_t length,
+                              void *dst, uint64_t *nread);
+ZB_API zb_status zb_store_size(zb_store *store, const char *key, uint64_t *size);
 /* Reads a list of byte ranges (of one or many keys) in one call: the one place where a reader
  * hands a whole window of reads to the store, which a remote backend serves concurrently (a
  * backend without get_ranges is called once per range, in order). Keys are normalised first.
@@ -203,29 +225,30 @@ zb_status zb_store_size(zb_store *store, const char *key, uint64_t *size);
  * before the last arrive; when done returns non-zero, the ranges not yet complete are
  * cancelled (status ZB_E_CANCELLED). Returns the status of the first failed range in list
  * order (its message in zb_last_error), ZB_E_CANCELLED when the caller cancelled, else ZB_OK. */
-zb_status zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n, zb_range_fn done,
-                              void *ctx);
+ZB_API zb_status zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n, zb_range_fn done,
+                                     void *ctx);
 /* A view of bytes of `key` (zb_store_methods.view); ZB_E_UNSUPPORTED when the backend offers
  * none for this key. Release it with zb_store_release. The file backend maps data files
- * (mmap) up to a per-store budget: ZBATCH_MMAP_BYTES bytes (default 1 GiB; 0 turns views
+ * (mmap) up to a per-store budget: zb_store_opts.mmap_bytes (default 1 GiB; 0 turns views
  * off). A mapped file that another process truncates in place while it is mapped raises
  * SIGBUS in the reader, as with any mmap reader; zbatch's writers replace files by rename,
  * which is safe (a replaced file is noticed within a second, and its old mapping dropped). */
-zb_status zb_store_view(zb_store *store, const char *key, uint64_t offset, uint64_t length,
-                        const uint8_t **data, uint64_t *nread, void **token);
-void zb_store_release(zb_store *store, void *token);
-zb_status zb_store_list(zb_store *store, const char *prefix, zb_list_fn fn, void *ctx);
-zb_status zb_store_put(zb_store *store, const char *key, const void *data, uint64_t length);
-zb_status zb_store_erase(zb_store *store, const char *key);
-zb_status zb_store_rename(zb_store *store, const char *from, const char *to);
+ZB_API zb_status zb_store_view(zb_store *store, const char *key, uint64_t offset, uint64_t length,
+                               const uint8_t **data, uint64_t *nread, void **token);
+ZB_API void zb_store_release(zb_store *store, void *token);
+ZB_API zb_status zb_store_list(zb_store *store, const char *prefix, zb_list_fn fn, void *ctx);
+ZB_API zb_status zb_store_put(zb_store *store, const char *key, const void *data, uint64_t length);
+ZB_API zb_status zb_store_erase(zb_store *store, const char *key);
+ZB_API zb_status zb_store_rename(zb_store *store, const char *from, const char *to);
 
 /* Reads a whole object into a new buffer (malloc'd; free with free()). A NUL byte is appended
  * after the data (not counted in *length), so JSON documents can be parsed in place. */
-zb_status zb_store_read_all(zb_store *store, const char *key, uint8_t **data, uint64_t *length);
+ZB_API zb_status zb_store_read_all(zb_store *store, const char *key, uint8_t **data,
+                                   uint64_t *length);
 
 /* Normalises `key` into `out` (size `cap`, NUL-terminated); ZB_E_BADKEY on "." / ".." segments,
  * ZB_E_INVALID if it does not fit. */
-zb_status zb_key_normalize(const char *key, char *out, size_t cap);
+ZB_API zb_status zb_key_normalize(const char *key, char *out, size_t cap);
 
 /* ---------------------------------------------------------------------------------------------
  * Data types.
@@ -248,11 +271,11 @@ typedef enum zb_dtype {
 } zb_dtype;
 
 /* Bytes per element (0 for strings). */
-size_t zb_dtype_size(zb_dtype dtype);
+ZB_API size_t zb_dtype_size(zb_dtype dtype);
 /* The v3 name ("float32", "string", ...). */
-const char *zb_dtype_name(zb_dtype dtype);
+ZB_API const char *zb_dtype_name(zb_dtype dtype);
 /* The NumPy typestr of the in-memory form ("<f4", "|b1", "|O" for strings). */
-const char *zb_dtype_typestr(zb_dtype dtype);
+ZB_API const char *zb_dtype_typestr(zb_dtype dtype);
 
 #define ZB_MAX_DIMS 32
 
@@ -262,8 +285,8 @@ const char *zb_dtype_typestr(zb_dtype dtype);
  * ------------------------------------------------------------------------------------------- */
 typedef struct zb_ctx zb_ctx;
 
-zb_status zb_ctx_new(zb_ctx **out);
-void zb_ctx_free(zb_ctx *ctx);
+ZB_API zb_status zb_ctx_new(zb_ctx **out);
+ZB_API void zb_ctx_free(zb_ctx *ctx);
 
 /* ---------------------------------------------------------------------------------------------
  * Arrays. A zb_array is opened from metadata (v2 .zarray or v3 zarr.json) and is immutable
@@ -273,15 +296,15 @@ typedef struct zb_array zb_array;
 
 /* Opens the array at `path` in `store` (v2 or v3, detected from the keys present). The array
  * keeps a reference to `store`, which must outlive it. */
-zb_status zb_array_open(zb_store *store, const char *path, zb_array **out);
+ZB_API zb_status zb_array_open(zb_store *store, const char *path, zb_array **out);
 
 /* Opens an array from an already parsed metadata document (e.g. from consolidated metadata);
  * `json` is the text of .zarray (zarr_format 2, with `attrs_json` the .zattrs text or NULL) or
  * of zarr.json (zarr_format 3, attrs_json ignored). */
-zb_status zb_array_open_json(zb_store *store, const char *path, int zarr_format,
-                             const char *json, const char *attrs_json, zb_array **out);
+ZB_API zb_status zb_array_open_json(zb_store *store, const char *path, int zarr_format,
+                                    const char *json, const char *attrs_json, zb_array **out);
 
-void zb_array_close(zb_array *array);
+ZB_API void zb_array_close(zb_array *array);
 
 /* Facts about an opened array. The returned pointers live as long as the array. */
 typedef struct zb_array_info {
@@ -297,18 +320,18 @@ typedef struct zb_array_info {
     const uint8_t *fill_value;    /* itemsize bytes, native byte order (NULL for strings) */
 } zb_array_info;
 
-zb_status zb_array_get_info(const zb_array *array, zb_array_info *info);
+ZB_API zb_status zb_array_get_info(const zb_array *array, zb_array_info *info);
 
 /* Elements per row: the product of shape[1:] (1 for 1-d arrays, 1 for 0-d). */
-uint64_t zb_array_row_elems(const zb_array *array);
+ZB_API uint64_t zb_array_row_elems(const zb_array *array);
 
 /* Reads rows [start, stop) along axis 0 (all of the other axes) into dst, C order, native byte
  * order. dst must hold (stop-start) * row_elems * itemsize bytes (`dst_size`). For a 0-d array
  * use start=0, stop=1. Chunks that map onto one contiguous run of dst are decoded straight into
  * it. Missing chunks and empty shard entries read as the fill value.
  * `ctx` may be NULL (a temporary one is made). Thread-safe for distinct ctx. */
-zb_status zb_array_read_rows(const zb_array *array, uint64_t start, uint64_t stop, void *dst,
-                             size_t dst_size, zb_ctx *ctx);
+ZB_API zb_status zb_array_read_rows(const zb_array *array, uint64_t start, uint64_t stop, void *dst,
+                                    size_t dst_size, zb_ctx *ctx);
 
 /* Strings read from a string array: item i is data[offsets[i] .. offsets[i+1]) (not
  * NUL-terminated). Free with zb_strings_free. */
@@ -319,9 +342,9 @@ typedef struct zb_strings {
 } zb_strings;
 
 /* Reads rows [start, stop) of a string array (every element of those rows, C order). */
-zb_status zb_array_read_strings(const zb_array *array, uint64_t start, uint64_t stop,
-                                zb_strings *out, zb_ctx *ctx);
-void zb_strings_free(zb_strings *strings);
+ZB_API zb_status zb_array_read_strings(const zb_array *array, uint64_t start, uint64_t stop,
+                                       zb_strings *out, zb_ctx *ctx);
+ZB_API void zb_strings_free(zb_strings *strings);
 
 /* Statistics of a zb_ctx since it was made (or last reset), for tests and benchmarks. */
 typedef struct zb_ctx_stats {
@@ -332,9 +355,8 @@ typedef struct zb_ctx_stats {
     uint64_t bytes_decoded;  /* decoded bytes produced */
 } zb_ctx_stats;
 
-void zb_ctx_get_stats(const zb_ctx *ctx, zb_ctx_stats *stats);
-void zb_ctx_reset_stats(zb_ctx *ctx);
-
+ZB_API void zb_ctx_get_stats(const zb_ctx *ctx, zb_ctx_stats *stats);
+ZB_API void zb_ctx_reset_stats(zb_ctx *ctx);
 
 /* ---------------------------------------------------------------------------------------------
  * Writing arrays.
@@ -377,35 +399,35 @@ typedef struct zb_array_writer zb_array_writer;
 /* Starts a new array at `path` (which must not hold an array yet: ZB_E_INVALID) with elements
  * of `dtype` and rows of shape row_shape[0..ndim-2] (ndim >= 1; row_shape may be NULL for
  * ndim 1). The store must outlive the writer. Not thread-safe: one thread drives a writer. */
-zb_status zb_array_writer_open(zb_store *store, const char *path, zb_dtype dtype, int ndim,
-                               const uint64_t *row_shape, const zb_array_write_opts *opts,
-                               zb_array_writer **out);
+ZB_API zb_status zb_array_writer_open(zb_store *store, const char *path, zb_dtype dtype, int ndim,
+                                      const uint64_t *row_shape, const zb_array_write_opts *opts,
+                                      zb_array_writer **out);
 
 /* Reopens an existing array (written by zbatch or anyone else, v2 or v3, chunked along axis 0
  * only) to append rows to it. Its codec, chunking and format are kept; opts may be NULL (only
  * num_threads is read from it). The last partial chunk (or shard) is rewritten with the new
  * rows. */
-zb_status zb_array_writer_open_append(zb_store *store, const char *path,
-                                      const zb_array_write_opts *opts, zb_array_writer **out);
+ZB_API zb_status zb_array_writer_open_append(zb_store *store, const char *path,
+                                             const zb_array_write_opts *opts,
+                                             zb_array_writer **out);
 
 /* Appends `nrows` rows (C order, native byte order) of fixed-size elements. */
-zb_status zb_array_writer_append(zb_array_writer *w, const void *rows, uint64_t nrows);
+ZB_API zb_status zb_array_writer_append(zb_array_writer *w, const void *rows, uint64_t nrows);
 
 /* Appends `n` strings to a string array (1-d): string i is data[offsets[i] .. offsets[i+1]). */
-zb_status zb_array_writer_append_strings(zb_array_writer *w, const char *data,
-                                         const uint64_t *offsets, uint64_t n);
+ZB_API zb_status zb_array_writer_append_strings(zb_array_writer *w, const char *data,
+                                                const uint64_t *offsets, uint64_t n);
 
 /* Rows appended so far plus the rows the array had when opened. */
-uint64_t zb_array_writer_rows(const zb_array_writer *w);
+ZB_API uint64_t zb_array_writer_rows(const zb_array_writer *w);
 
 /* Flushes every pending chunk and writes the metadata (the commit point). The writer can take
  * more rows after a commit and commit again. */
-zb_status zb_array_writer_commit(zb_array_writer *w);
+ZB_API zb_status zb_array_writer_commit(zb_array_writer *w);
 
 /* Frees the writer. Rows appended since the last commit are discarded (their chunks may remain
  * as unreferenced objects that readers never see). */
-void zb_array_writer_close(zb_array_writer *w);
-
+ZB_API void zb_array_writer_close(zb_array_writer *w);
 
 /* ---------------------------------------------------------------------------------------------
  * Datasets: N logical samples and named fields (DESIGN.md §2).
@@ -528,28 +550,28 @@ typedef struct zb_field_info {
                                   for other fields. */
 } zb_field_info;
 
-zb_status zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts,
-                          zb_dataset **out);
-void zb_dataset_close(zb_dataset *ds);
+ZB_API zb_status zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts,
+                                 zb_dataset **out);
+ZB_API void zb_dataset_close(zb_dataset *ds);
 
 /* The layout name ("anndata", "atomic", "collection", "generic"); lives as long as ds. */
-const char *zb_dataset_layout(const zb_dataset *ds);
+ZB_API const char *zb_dataset_layout(const zb_dataset *ds);
 
 /* Logical samples (soft-deleted samples excluded). May read the mask on first call. */
-zb_status zb_dataset_len(zb_dataset *ds, uint64_t *n);
+ZB_API zb_status zb_dataset_len(zb_dataset *ds, uint64_t *n);
 
-size_t zb_dataset_nfields(const zb_dataset *ds);
-zb_status zb_dataset_field(const zb_dataset *ds, size_t i, zb_field_info *info);
+ZB_API size_t zb_dataset_nfields(const zb_dataset *ds);
+ZB_API zb_status zb_dataset_field(const zb_dataset *ds, size_t i, zb_field_info *info);
 /* The index of the field named `name`; ZB_E_NOTFOUND. */
-zb_status zb_dataset_find_field(const zb_dataset *ds, const char *name, size_t *index);
+ZB_API zb_status zb_dataset_find_field(const zb_dataset *ds, const char *name, size_t *index);
 
 /* Number of columns of an anndata X (n_vars); 0 for other layouts. */
-uint64_t zb_dataset_n_vars(const zb_dataset *ds);
+ZB_API uint64_t zb_dataset_n_vars(const zb_dataset *ds);
 
 /* Where the dataset lives, for messages: the store's name (zb_store_name) and the dataset's
  * group in it ("/data/atlas.zarr", "/data/atlas.zarr/dataset_3"); a concatenation's is its
  * first child's followed by "+" and the number of others. Lives as long as ds. */
-const char *zb_dataset_name(const zb_dataset *ds);
+ZB_API const char *zb_dataset_name(const zb_dataset *ds);
 
 /* The labels of a categorical field, typed: strings (an anndata categorical of str) or numbers
  * and booleans of `dtype` (integer leiden clusters, float or bool categories). Pointers live as
@@ -566,16 +588,17 @@ typedef struct zb_category_table {
                                   first child's when the tables agree, else false) */
 } zb_category_table;
 
-zb_status zb_dataset_category_table(zb_dataset *ds, const char *field, zb_category_table *out);
+ZB_API zb_status zb_dataset_category_table(zb_dataset *ds, const char *field,
+                                           zb_category_table *out);
 
 /* The string labels of a categorical field (zb_dataset_category_table's strings);
  * ZB_E_TYPE naming the labels' dtype when they are not strings. */
-zb_status zb_dataset_categories(zb_dataset *ds, const char *field, const zb_strings **out);
+ZB_API zb_status zb_dataset_categories(zb_dataset *ds, const char *field, const zb_strings **out);
 
 /* The var names of an anndata dataset or collection (var's index; raw/var's with layer "raw"):
  * zb_dataset_n_vars strings, the column order of X in batches. Read on first call; owned by
  * ds. ZB_E_NOTFOUND for other layouts. */
-zb_status zb_dataset_var_names(zb_dataset *ds, const zb_strings **out);
+ZB_API zb_status zb_dataset_var_names(zb_dataset *ds, const zb_strings **out);
 
 /* The columns of obs (anndata layouts and collections of them), as anndata lists them: the
  * index first ("obs_names"), then every column of obs's column-order that zbatch reads, named
@@ -595,29 +618,29 @@ typedef struct zb_column_info {
     zb_dtype dtype;   /* of the values (codes for a categorical); ZB_DT_STRING for strings */
 } zb_column_info;
 
-size_t zb_dataset_ncolumns(const zb_dataset *ds);
-zb_status zb_dataset_column(const zb_dataset *ds, size_t i, zb_column_info *info);
+ZB_API size_t zb_dataset_ncolumns(const zb_dataset *ds);
+ZB_API zb_status zb_dataset_column(const zb_dataset *ds, size_t i, zb_column_info *info);
 
 /* Reads logical samples [start, stop) of a per-sample field into dst (`dst_size` bytes, at
  * least (stop - start) * row elements * item size of the field's dtype as zb_dataset_field
  * tells it), in sample order, as batches carry it: a collection's categorical codes remapped to
  * its table, soft-deleted samples skipped. Whole columns for class-balanced sampling or a data
  * frame, without reading anything else. Thread-safe. ZB_E_TYPE for ragged and string fields. */
-zb_status zb_dataset_read_field(zb_dataset *ds, const char *field, uint64_t start, uint64_t stop,
-                                void *dst, size_t dst_size);
+ZB_API zb_status zb_dataset_read_field(zb_dataset *ds, const char *field, uint64_t start,
+                                       uint64_t stop, void *dst, size_t dst_size);
 
 /* Reads logical samples [start, stop) of a string column ("obs_names", or a string or
  * nullable-string obs column: zb_dataset_column) into *out (free with zb_strings_free), whether
  * or not load_strings made it a field. `missing` (NULL, or stop - start bytes) receives 1 for a
  * missing value (nullable-string-array's mask; a missing value's string is empty), else 0.
  * Thread-safe. */
-zb_status zb_dataset_read_strings(zb_dataset *ds, const char *column, uint64_t start,
-                                  uint64_t stop, zb_strings *out, uint8_t *missing);
+ZB_API zb_status zb_dataset_read_strings(zb_dataset *ds, const char *column, uint64_t start,
+                                         uint64_t stop, zb_strings *out, uint8_t *missing);
 
 /* The length of every logical sample in segment `segment` ("X" nonzeros, "atoms", "edges"):
  * out[i] = ptr[p+1] - ptr[p] for the physical row p of logical sample i; `out` holds
  * zb_dataset_len entries. Reads the pointer arrays (8 bytes per sample), not the values. */
-zb_status zb_dataset_segment_lengths(zb_dataset *ds, const char *segment, uint64_t *out);
+ZB_API zb_status zb_dataset_segment_lengths(zb_dataset *ds, const char *segment, uint64_t *out);
 
 /* A dataset over `n` datasets in order: one index space, the child of each sample in batches
  * ("dataset"). The children are borrowed: they must outlive the result and offer the same
@@ -630,14 +653,14 @@ zb_status zb_dataset_segment_lengths(zb_dataset *ds, const char *segment, uint64
  * merged table. The opts' num_threads, cache_bytes, inline_work_bytes and reorder_vars apply;
  * the children's own options decide their fields. Opening reads every child's var names and
  * category tables. */
-zb_status zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *opts,
-                            zb_dataset **out);
+ZB_API zb_status zb_dataset_concat(zb_dataset *const *children, size_t n,
+                                   const zb_dataset_opts *opts, zb_dataset **out);
 
 /* Replaces the decode thread pool (waits for a read in progress). */
-zb_status zb_dataset_set_threads(zb_dataset *ds, int num_threads);
+ZB_API zb_status zb_dataset_set_threads(zb_dataset *ds, int num_threads);
 
 /* Number of child datasets (collections), else 1. */
-size_t zb_dataset_nchildren(const zb_dataset *ds);
+ZB_API size_t zb_dataset_nchildren(const zb_dataset *ds);
 
 /* ---------------------------------------------------------------------------------------------
  * Batches and the coalesced reader.
@@ -682,23 +705,23 @@ typedef struct zb_read_stats {
  * zb_read_stats.samples_skipped. A request over zb_dataset_opts.max_request_bytes is
  * ZB_E_INVALID before anything is allocated.
  * Thread-safe: any number of threads may read one dataset at once. */
-zb_status zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **out);
+ZB_API zb_status zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n,
+                                      zb_batch **out);
 
-void zb_batch_free(zb_batch *batch);
-size_t zb_batch_size(const zb_batch *batch);          /* B */
-size_t zb_batch_nfields(const zb_batch *batch);
-zb_status zb_batch_field(const zb_batch *batch, size_t i, zb_batch_view *view);
-zb_status zb_batch_find(const zb_batch *batch, const char *name, zb_batch_view *view);
+ZB_API void zb_batch_free(zb_batch *batch);
+ZB_API size_t zb_batch_size(const zb_batch *batch); /* B */
+ZB_API size_t zb_batch_nfields(const zb_batch *batch);
+ZB_API zb_status zb_batch_field(const zb_batch *batch, size_t i, zb_batch_view *view);
+ZB_API zb_status zb_batch_find(const zb_batch *batch, const char *name, zb_batch_view *view);
 /* The logical ids [B], and for collections the child index of each sample [B] (else NULL). */
-const uint64_t *zb_batch_index(const zb_batch *batch);
-const int32_t *zb_batch_dataset(const zb_batch *batch);
+ZB_API const uint64_t *zb_batch_index(const zb_batch *batch);
+ZB_API const int32_t *zb_batch_dataset(const zb_batch *batch);
 /* A segment's batch pointer array [B+1] ("X", "atoms", "edges"), or NULL. */
-const int64_t *zb_batch_segment(const zb_batch *batch, const char *segment);
+ZB_API const int64_t *zb_batch_segment(const zb_batch *batch, const char *segment);
 /* The segments of a batch by position: name and pointer array [B+1]; NULL past the end. */
-size_t zb_batch_nsegments(const zb_batch *batch);
-const char *zb_batch_segment_at(const zb_batch *batch, size_t i, const int64_t **ptr);
-void zb_batch_stats(const zb_batch *batch, zb_read_stats *stats);
-
+ZB_API size_t zb_batch_nsegments(const zb_batch *batch);
+ZB_API const char *zb_batch_segment_at(const zb_batch *batch, size_t i, const int64_t **ptr);
+ZB_API void zb_batch_stats(const zb_batch *batch, zb_read_stats *stats);
 
 /* ---------------------------------------------------------------------------------------------
  * Copying and converting stores.
@@ -717,8 +740,8 @@ typedef struct zb_copy_opts {
  * attributes, every array decoded and re-encoded with the options (row blocks of 64 MiB, so
  * memory is bounded). Arrays are committed first, groups after their contents, the root last.
  * Consolidated metadata is not written. */
-zb_status zb_store_copy(zb_store *src, const char *src_path, zb_store *dst, const char *dst_path,
-                        const zb_copy_opts *opts);
+ZB_API zb_status zb_store_copy(zb_store *src, const char *src_path, zb_store *dst,
+                               const char *dst_path, const zb_copy_opts *opts);
 
 /* ---------------------------------------------------------------------------------------------
  * Store inspection (what `zbatch info` prints).
@@ -729,7 +752,7 @@ zb_status zb_store_copy(zb_store *src, const char *src_path, zb_store *dst, cons
  * has "path", "type" ("group"/"array"), "attributes", and arrays also "shape", "dtype",
  * "chunks", "shards", "codecs", "stored_bytes", "logical_bytes". `layout` is "anndata",
  * "atomic", "annbatch-collection" or "plain". */
-zb_status zb_info_json(zb_store *store, const char *path, char **json_out);
+ZB_API zb_status zb_info_json(zb_store *store, const char *path, char **json_out);
 
 #ifdef __cplusplus
 }

@@ -121,9 +121,9 @@ typedef struct zb_anndata_writer zb_anndata_writer;
  * shard that is not a multiple of the chunk, sharding with zarr_format 2, n_vars above
  * INT32_MAX for CSR), or when `path` already holds a group or an array; the store's errors for
  * the marker's put. */
-zb_status zb_anndata_writer_open(zb_store *store, const char *path, uint64_t n_vars,
-                                 zb_anndata_x_kind x_kind, zb_dtype x_dtype,
-                                 const zb_anndata_write_opts *opts, zb_anndata_writer **out);
+ZB_API zb_status zb_anndata_writer_open(zb_store *store, const char *path, uint64_t n_vars,
+                                        zb_anndata_x_kind x_kind, zb_dtype x_dtype,
+                                        const zb_anndata_write_opts *opts, zb_anndata_writer **out);
 
 /* Appends `nrows` rows to a CSR X. indptr[0..nrows] are the row boundaries of this block; they
  * may start anywhere (a slice of a larger indptr), and the block holds
@@ -136,47 +136,50 @@ zb_status zb_anndata_writer_open(zb_store *store, const char *path, uint64_t n_v
  * Errors: ZB_E_TYPE if X is dense; ZB_E_INVALID for a decreasing or negative indptr, or a column
  * id outside [0, n_vars) (the message names the row and element); ZB_E_OVERFLOW past 2^63
  * elements; the array writer's errors. */
-zb_status zb_anndata_writer_append_csr(zb_anndata_writer *w, uint64_t nrows, const int64_t *indptr,
-                                       const int32_t *indices, const void *data);
+ZB_API zb_status zb_anndata_writer_append_csr(zb_anndata_writer *w, uint64_t nrows,
+                                              const int64_t *indptr, const int32_t *indices,
+                                              const void *data);
 
 /* Appends `nrows` rows of a dense X: nrows * n_vars elements of x_dtype, C order, native byte
  * order. Errors: ZB_E_TYPE if X is CSR; the array writer's errors. */
-zb_status zb_anndata_writer_append_dense(zb_anndata_writer *w, uint64_t nrows, const void *rows);
+ZB_API zb_status zb_anndata_writer_append_dense(zb_anndata_writer *w, uint64_t nrows,
+                                                const void *rows);
 
 /* Rows of X appended so far (n_obs once committed). */
-uint64_t zb_anndata_writer_rows(const zb_anndata_writer *w);
+ZB_API uint64_t zb_anndata_writer_rows(const zb_anndata_writer *w);
 
 /* Stored elements of a CSR X appended so far (0 for dense). */
-uint64_t zb_anndata_writer_nnz(const zb_anndata_writer *w);
+ZB_API uint64_t zb_anndata_writer_nnz(const zb_anndata_writer *w);
 
 /* The dtype the column ids of X and the layers are stored in (int32, or the narrow type of
  * zb_anndata_write_opts.narrow_indices); int32 for a NULL writer. */
-zb_dtype zb_anndata_writer_index_dtype(const zb_anndata_writer *w);
+ZB_API zb_dtype zb_anndata_writer_index_dtype(const zb_anndata_writer *w);
 
 /* Appends `n` row names to obs (obs_names) or var (var_names): name i is
  * data[offsets[i] .. offsets[i+1]) in UTF-8 (offsets has n+1 entries and may start anywhere).
  * An axis whose names were never given gets anndata's default, the row numbers "0", "1", ...
  * Errors: ZB_E_INVALID for decreasing offsets, a name that is not valid UTF-8 (checked before
  * any is written), or names beyond n_vars on the var axis. */
-zb_status zb_anndata_writer_append_names(zb_anndata_writer *w, zb_anndata_axis axis,
-                                         const char *data, const uint64_t *offsets, uint64_t n);
+ZB_API zb_status zb_anndata_writer_append_names(zb_anndata_writer *w, zb_anndata_axis axis,
+                                                const char *data, const uint64_t *offsets,
+                                                uint64_t n);
 
 /* Appends `n` values of `dtype` (any fixed-size type, bool included; native byte order) to the
  * numeric column `name` of `axis`, creating it on the first call. Bool values must be 0 or 1.
  * Column names must be non-empty, contain no '/', not be "_index" and not start with "__".
  * Errors: ZB_E_INVALID for a bad name, a bool byte other than 0/1, or values beyond n_vars on
  * the var axis; ZB_E_TYPE if `name` exists with another dtype or kind. */
-zb_status zb_anndata_writer_append_column(zb_anndata_writer *w, zb_anndata_axis axis,
-                                          const char *name, zb_dtype dtype, const void *values,
-                                          uint64_t n);
+ZB_API zb_status zb_anndata_writer_append_column(zb_anndata_writer *w, zb_anndata_axis axis,
+                                                 const char *name, zb_dtype dtype,
+                                                 const void *values, uint64_t n);
 
 /* Appends `n` strings (layout as in zb_anndata_writer_append_names) to the string column `name`
  * (a string-array, as anndata stores a non-categorical str column), creating it on the first
  * call. Errors as for zb_anndata_writer_append_column, plus ZB_E_INVALID for a string that is
  * not valid UTF-8 (checked before any is written, so the writer stays usable). */
-zb_status zb_anndata_writer_append_string_column(zb_anndata_writer *w, zb_anndata_axis axis,
-                                                 const char *name, const char *data,
-                                                 const uint64_t *offsets, uint64_t n);
+ZB_API zb_status zb_anndata_writer_append_string_column(zb_anndata_writer *w, zb_anndata_axis axis,
+                                                        const char *name, const char *data,
+                                                        const uint64_t *offsets, uint64_t n);
 
 /* Creates the categorical column `name` with `n_categories` categories (strings, layout as in
  * zb_anndata_writer_append_names; they must be distinct) and `ordered`. Its codes are appended
@@ -184,10 +187,10 @@ zb_status zb_anndata_writer_append_string_column(zb_anndata_writer *w, zb_anndat
  * pandas gives them (int8 below 127 categories, int16 below 32767, else int32).
  * Errors: ZB_E_INVALID for a bad name, an existing column of that name, duplicate categories,
  * a category that is not valid UTF-8, or more than INT32_MAX - 1 categories. */
-zb_status zb_anndata_writer_define_categorical(zb_anndata_writer *w, zb_anndata_axis axis,
-                                               const char *name, const char *categories,
-                                               const uint64_t *offsets, uint64_t n_categories,
-                                               bool ordered);
+ZB_API zb_status zb_anndata_writer_define_categorical(zb_anndata_writer *w, zb_anndata_axis axis,
+                                                      const char *name, const char *categories,
+                                                      const uint64_t *offsets,
+                                                      uint64_t n_categories, bool ordered);
 
 /* Appends `n` codes of the categorical column `name`: signed integers of `codes_dtype`
  * (ZB_DT_INT8/16/32/64) indexing its categories, -1 meaning missing. They are converted to the
@@ -195,9 +198,9 @@ zb_status zb_anndata_writer_define_categorical(zb_anndata_writer *w, zb_anndata_
  * names its position) or values beyond n_vars on the var axis; ZB_E_TYPE if `name` is not a
  * categorical column or codes_dtype is not a signed integer type; ZB_E_NOTFOUND if no column
  * `name` was defined. */
-zb_status zb_anndata_writer_append_codes(zb_anndata_writer *w, zb_anndata_axis axis,
-                                         const char *name, zb_dtype codes_dtype, const void *codes,
-                                         uint64_t n);
+ZB_API zb_status zb_anndata_writer_append_codes(zb_anndata_writer *w, zb_anndata_axis axis,
+                                                const char *name, zb_dtype codes_dtype,
+                                                const void *codes, uint64_t n);
 
 /* Appends `nrows` rows to the CSR layer `name` (layers/NAME), creating it on the first call
  * (a call with nrows 0 creates it empty). The block is laid out as in
@@ -213,9 +216,10 @@ zb_status zb_anndata_writer_append_codes(zb_anndata_writer *w, zb_anndata_axis a
  * Errors: ZB_E_INVALID for a bad name, a non-fixed-size dtype, n_vars above INT32_MAX, or the
  * block errors of append_csr (message prefixed "layers/NAME"); ZB_E_TYPE if the layer exists
  * with another dtype; ZB_E_OVERFLOW past 2^63 elements; the array writer's errors. */
-zb_status zb_anndata_writer_append_layer_csr(zb_anndata_writer *w, const char *name, zb_dtype dtype,
-                                             uint64_t nrows, const int64_t *indptr,
-                                             const int32_t *indices, const void *data);
+ZB_API zb_status zb_anndata_writer_append_layer_csr(zb_anndata_writer *w, const char *name,
+                                                    zb_dtype dtype, uint64_t nrows,
+                                                    const int64_t *indptr, const int32_t *indices,
+                                                    const void *data);
 
 /* Appends `n` values of a nullable column `name` of `axis` (pandas' Int8..Int64, UInt8..UInt64
  * or boolean dtype), creating it on the first call. `dtype` is an integer type (stored as
@@ -230,10 +234,11 @@ zb_status zb_anndata_writer_append_layer_csr(zb_anndata_writer *w, const char *n
  * a mask byte other than 0/1, a present bool other than 0/1, or values beyond n_vars on the var
  * axis; ZB_E_TYPE for a float or string dtype (anndata 0.12 has no nullable-float encoding; a
  * float column carries NaN instead), or if `name` exists as another kind or dtype. */
-zb_status zb_anndata_writer_append_nullable_column(zb_anndata_writer *w, zb_anndata_axis axis,
-                                                   const char *name, zb_dtype dtype,
-                                                   const void *values, uint64_t n,
-                                                   const uint8_t *mask, uint64_t n_mask);
+ZB_API zb_status zb_anndata_writer_append_nullable_column(zb_anndata_writer *w,
+                                                          zb_anndata_axis axis, const char *name,
+                                                          zb_dtype dtype, const void *values,
+                                                          uint64_t n, const uint8_t *mask,
+                                                          uint64_t n_mask);
 
 /* Appends `n` strings (layout as in zb_anndata_writer_append_names) with their mask to the
  * nullable string column `name` (pandas' string dtype with NA), creating it on the first call:
@@ -243,11 +248,9 @@ zb_status zb_anndata_writer_append_nullable_column(zb_anndata_writer *w, zb_annd
  * na_value), and the bytes the caller has there are neither read nor checked (its offsets
  * still must not decrease). Errors as for zb_anndata_writer_append_nullable_column, plus
  * ZB_E_INVALID for a present string that is not valid UTF-8. */
-zb_status zb_anndata_writer_append_nullable_string_column(zb_anndata_writer *w,
-                                                          zb_anndata_axis axis, const char *name,
-                                                          const char *data, const uint64_t *offsets,
-                                                          uint64_t n, const uint8_t *mask,
-                                                          uint64_t n_mask);
+ZB_API zb_status zb_anndata_writer_append_nullable_string_column(
+    zb_anndata_writer *w, zb_anndata_axis axis, const char *name, const char *data,
+    const uint64_t *offsets, uint64_t n, const uint8_t *mask, uint64_t n_mask);
 
 /* Creates the categorical column `name` whose categories are `n_categories` numbers of `dtype`
  * (native byte order): integers of any width, ZB_DT_BOOL (0 or 1), ZB_DT_FLOAT32 or
@@ -261,10 +264,10 @@ zb_status zb_anndata_writer_append_nullable_string_column(zb_anndata_writer *w,
  * message names the value), a NaN (naming its position), a bool other than 0/1, or more than
  * INT32_MAX - 1 categories; ZB_E_TYPE for ZB_DT_FLOAT16 (pandas has no float16 index) or
  * ZB_DT_STRING (use zb_anndata_writer_define_categorical). */
-zb_status zb_anndata_writer_define_categorical_values(zb_anndata_writer *w, zb_anndata_axis axis,
-                                                      const char *name, zb_dtype dtype,
-                                                      const void *categories, uint64_t n_categories,
-                                                      bool ordered);
+ZB_API zb_status zb_anndata_writer_define_categorical_values(zb_anndata_writer *w,
+                                                             zb_anndata_axis axis, const char *name,
+                                                             zb_dtype dtype, const void *categories,
+                                                             uint64_t n_categories, bool ordered);
 
 /* Writes everything that is still pending (the commit point is the root group document) and
  * erases the marker. Every obs column and obs_names must then hold n_obs values, every layer
@@ -272,11 +275,11 @@ zb_status zb_anndata_writer_define_categorical_values(zb_anndata_writer *w, zb_a
  * or layer otherwise; nothing is committed and the writer stays usable, so the missing values
  * can still be appended). After a
  * successful commit the writer accepts nothing more (ZB_E_INVALID); close it. */
-zb_status zb_anndata_writer_commit(zb_anndata_writer *w);
+ZB_API zb_status zb_anndata_writer_commit(zb_anndata_writer *w);
 
 /* Frees the writer. Without a successful commit the store is left incomplete: its marker stays
  * and readers refuse it. NULL is a no-op. */
-void zb_anndata_writer_close(zb_anndata_writer *w);
+ZB_API void zb_anndata_writer_close(zb_anndata_writer *w);
 
 #ifdef __cplusplus
 }

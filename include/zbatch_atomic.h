@@ -108,7 +108,7 @@ typedef enum zb_atomic_level {
 } zb_atomic_level;
 
 /* "atom", "edge" or "system" (the strings of the `fields` attribute); "?" otherwise. */
-const char *zb_atomic_level_name(zb_atomic_level level);
+ZB_API const char *zb_atomic_level_name(zb_atomic_level level);
 
 /* A shard_rows value that turns sharding off explicitly (0 means "inherit"). */
 #define ZB_ATOMIC_NO_SHARDS UINT64_MAX
@@ -186,8 +186,8 @@ typedef struct zb_atomic_writer zb_atomic_writer;
  * a shard that is not a multiple of its chunk), when `path` already holds a group, an array or
  * other keys, or when an interrupted defragment left the dataset under `<path>.zbatch-new` /
  * `<path>.zbatch-old` (run zb_atomic_recover); the store's errors. On failure *out is NULL. */
-zb_status zb_atomic_writer_open(zb_store *store, const char *path,
-                                const zb_atomic_write_config *cfg, zb_atomic_writer **out);
+ZB_API zb_status zb_atomic_writer_open(zb_store *store, const char *path,
+                                       const zb_atomic_write_config *cfg, zb_atomic_writer **out);
 
 /* Opens an existing dataset (written by zbatch or by nvalchemi's AtomicDataZarrWriter) to
  * append samples to it. Runs zb_atomic_recover first, then opens every array for appending:
@@ -200,9 +200,9 @@ zb_status zb_atomic_writer_open(zb_store *store, const char *path,
  * shorter than the committed samples need, e.g. one nvalchemi's append did not extend; pointers
  * that do not start at 0 or decrease); ZB_E_UNSUPPORTED for an array that cannot be appended to
  * (chunked along another axis, a string array). */
-zb_status zb_atomic_writer_open_append(zb_store *store, const char *path,
-                                       const zb_atomic_write_config *cfg,
-                                       zb_atomic_writer **out);
+ZB_API zb_status zb_atomic_writer_open_append(zb_store *store, const char *path,
+                                              const zb_atomic_write_config *cfg,
+                                              zb_atomic_writer **out);
 
 /* Adds `n_samples` samples: atoms_per_sample[n_samples] and edges_per_sample[n_samples] (NULL =
  * no edges) give their sizes, and fields[n_fields] their rows (see zb_atomic_field). The first
@@ -221,25 +221,26 @@ zb_status zb_atomic_writer_open_append(zb_store *store, const char *path,
  * a duplicate field, a bad name, a non-finite value, a malformed positions / atomic_numbers, or
  * a neighbor_list index outside its sample (the message names the sample and the edge); ZB_E_OVERFLOW when totals or stored indices overflow; the array
  * writer's and store's errors (after which the writer is unusable: close it). */
-zb_status zb_atomic_writer_add(zb_atomic_writer *w, uint64_t n_samples,
-                               const int64_t *atoms_per_sample, const int64_t *edges_per_sample,
-                               size_t n_fields, const zb_atomic_field *fields);
+ZB_API zb_status zb_atomic_writer_add(zb_atomic_writer *w, uint64_t n_samples,
+                                      const int64_t *atoms_per_sample,
+                                      const int64_t *edges_per_sample, size_t n_fields,
+                                      const zb_atomic_field *fields);
 
 /* Commits everything added so far, in the order described above (the root zarr.json with
  * num_samples last; a new store's marker is erased after it). The writer may take more samples
  * and commit again; each later commit is an append with the same crash safety.
  * Errors: the array writer's and store's errors; a failed commit leaves the last committed state
  * readable. */
-zb_status zb_atomic_writer_commit(zb_atomic_writer *w);
+ZB_API zb_status zb_atomic_writer_commit(zb_atomic_writer *w);
 
 /* Samples in the dataset: committed plus added since the last commit (deleted ones included). */
-uint64_t zb_atomic_writer_num_samples(const zb_atomic_writer *w);
+ZB_API uint64_t zb_atomic_writer_num_samples(const zb_atomic_writer *w);
 
 /* Frees the writer. Samples added since the last commit are discarded: an opened store keeps
  * its last committed state (chunks already put past it are unreferenced); a new store that was
  * never committed keeps its marker and is refused by readers (zb_atomic_writer_open or
  * zb_atomic_recover clears it). NULL is a no-op. */
-void zb_atomic_writer_close(zb_atomic_writer *w);
+ZB_API void zb_atomic_writer_close(zb_atomic_writer *w);
 
 /* Soft-deletes samples by LOGICAL index: logical index i is the i-th sample whose samples_mask
  * entry is true (what readers number 0..len-1; nvalchemi's writer deletes by physical index,
@@ -252,8 +253,8 @@ void zb_atomic_writer_close(zb_atomic_writer *w);
  * Reads samples_mask and the two pointer arrays whole (17 bytes per sample).
  * Errors: ZB_E_RANGE (before anything is written) for an index >= the number of live samples;
  * the errors of zb_atomic_writer_open_append. */
-zb_status zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids,
-                           size_t n);
+ZB_API zb_status zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids,
+                                  size_t n);
 
 /* Rewrites the dataset with only its live samples (the committed ones whose samples_mask is
  * true), neighbor_list re-offset for the new atom positions, all masks true and num_samples the
@@ -264,8 +265,8 @@ zb_status zb_atomic_delete(zb_store *store, const char *path, const uint64_t *lo
  * "" (the swap renames it). Errors: ZB_E_INVALID for path ""; ZB_E_CORRUPT (naming the array and
  * the sample) for a stored neighbor_list index outside its sample, as nvalchemi appends leave
  * them; the errors of zb_atomic_writer_open_append and of the writer. */
-zb_status zb_atomic_defragment(zb_store *store, const char *path,
-                               const zb_atomic_write_config *cfg);
+ZB_API zb_status zb_atomic_defragment(zb_store *store, const char *path,
+                                      const zb_atomic_write_config *cfg);
 
 /* Adds the custom field `field` (group NULL or "custom") to an existing dataset. `n_rows` is the
  * number of rows of field->data; it must cover every committed sample exactly (num_samples rows
@@ -276,9 +277,9 @@ zb_status zb_atomic_defragment(zb_store *store, const char *path,
  * Errors: ZB_E_INVALID for the wrong number of rows for its level (the message gives both), a
  * name that exists in core/ or custom/, a bad name or group; the errors of
  * zb_atomic_writer_open_append. */
-zb_status zb_atomic_add_custom(zb_store *store, const char *path,
-                               const zb_atomic_write_config *cfg, const zb_atomic_field *field,
-                               uint64_t n_rows);
+ZB_API zb_status zb_atomic_add_custom(zb_store *store, const char *path,
+                                      const zb_atomic_write_config *cfg,
+                                      const zb_atomic_field *field, uint64_t n_rows);
 
 /* What zb_atomic_check found. */
 typedef struct zb_atomic_summary {
@@ -303,7 +304,7 @@ typedef struct zb_atomic_summary {
  * ZB_E_METADATA for a missing or malformed num_samples / fields attribute; ZB_E_INCOMPLETE for
  * an uncommitted new store (marker present, no root zarr.json); ZB_E_NOTFOUND when `path` holds
  * no dataset (e.g. in the middle of a defragment swap: run zb_atomic_recover). */
-zb_status zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out);
+ZB_API zb_status zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out);
 
 /* Repairs what a crash left behind, following the rules above: an interrupted defragment (the
  * `.zbatch-new` / `.zbatch-old*` siblings; `.zbatch-old.<k>` is used when a backend kept an
@@ -313,7 +314,7 @@ zb_status zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *
  * as it is (zb_atomic_writer_open clears it).
  * Errors: ZB_E_INCOMPLETE for an uncommitted new store; ZB_E_NOTFOUND if no dataset is found
  * under any of the names; the store's errors. */
-zb_status zb_atomic_recover(zb_store *store, const char *path);
+ZB_API zb_status zb_atomic_recover(zb_store *store, const char *path);
 
 #ifdef __cplusplus
 }

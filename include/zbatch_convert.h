@@ -172,42 +172,43 @@ typedef struct zb_convert zb_convert;
  * that is not AnnData), ZB_E_INVALID (duplicate var names in an input, an empty gene list,
  * columns whose types cannot be merged, `output` holding something else, options differing
  * from the conversion in progress, an input changed since it was planned). */
-zb_status zb_convert_plan(const char *const *inputs, size_t n_inputs, const char *output,
-                          const zb_convert_opts *opts, zb_convert **out);
+ZB_API zb_status zb_convert_plan(const char *const *inputs, size_t n_inputs, const char *output,
+                                 const zb_convert_opts *opts, zb_convert **out);
 
 /* Opens the conversion planned in `output` (by zb_convert_plan, possibly in another process or
  * on another machine sharing the directory), to run its tasks. ZB_E_NOTFOUND when none is. */
-zb_status zb_convert_open(const char *output, zb_convert **out);
+ZB_API zb_status zb_convert_open(const char *output, zb_convert **out);
 
 /* Tasks of a phase. */
-size_t zb_convert_ntasks(const zb_convert *cv, zb_convert_phase phase);
+ZB_API size_t zb_convert_ntasks(const zb_convert *cv, zb_convert_phase phase);
 
 /* True when task `i` of `phase` finished (in this or an earlier run). */
-bool zb_convert_task_done(const zb_convert *cv, zb_convert_phase phase, size_t i);
+ZB_API bool zb_convert_task_done(const zb_convert *cv, zb_convert_phase phase, size_t i);
 
 /* Runs task `i` of `phase` unless it finished already; the tasks of a phase need the previous
  * phase finished (ZB_E_INVALID otherwise). A task's work appears complete or not at all, so a
  * task killed half-way is simply run again. `num_threads` threads may be used inside it
  * (gather compresses with them). Thread-safety: distinct tasks may run at once on one handle
  * or in several processes; one task must not run twice at the same time. */
-zb_status zb_convert_run_task(zb_convert *cv, zb_convert_phase phase, size_t i, int num_threads);
+ZB_API zb_status zb_convert_run_task(zb_convert *cv, zb_convert_phase phase, size_t i,
+                                     int num_threads);
 
 /* The memory one task run through this handle may use from now on (a gather's passes are
  * sized by it); 0 = the plan's memory_bytes. A caller running several tasks at once in one
  * process gives each its share. */
-void zb_convert_set_task_memory(zb_convert *cv, uint64_t bytes);
+ZB_API void zb_convert_set_task_memory(zb_convert *cv, uint64_t bytes);
 
 /* Finishes a conversion whose tasks all finished: writes the root group and its consolidated
  * metadata, writes the manifest, verifies every dataset's files against it (ZB_E_CHECKSUM
  * naming the file otherwise), removes the scratch directory and the marker. */
-zb_status zb_convert_finish(zb_convert *cv);
+ZB_API zb_status zb_convert_finish(zb_convert *cv);
 
 /* Everything: plan (or resume), the three phases on `num_threads` threads, finish. A
  * collection already finished in `output` with the same inputs and options is verified
  * against its manifest and left as it is. The run holds a lock on the work directory: a
  * second run into the same output at the same time is refused (ZB_E_INVALID). */
-zb_status zb_convert_run(const char *const *inputs, size_t n_inputs, const char *output,
-                         const zb_convert_opts *opts);
+ZB_API zb_status zb_convert_run(const char *const *inputs, size_t n_inputs, const char *output,
+                                const zb_convert_opts *opts);
 
 /* Facts of a planned conversion. */
 typedef struct zb_convert_info {
@@ -218,9 +219,9 @@ typedef struct zb_convert_info {
     const char *work_dir; /* lives as long as the handle */
 } zb_convert_info;
 
-void zb_convert_get_info(const zb_convert *cv, zb_convert_info *info);
+ZB_API void zb_convert_get_info(const zb_convert *cv, zb_convert_info *info);
 
-void zb_convert_close(zb_convert *cv);
+ZB_API void zb_convert_close(zb_convert *cv);
 
 /* The conversion's own limit on this machine: the time to read every input cell alone
  * (`read_s`: the scatter's reads on the same threads, nothing written), and an ordered copy
@@ -236,8 +237,9 @@ typedef struct zb_convert_limit {
     uint64_t output_bytes; /* uncompressed bytes of the output's X (data and indices) */
 } zb_convert_limit;
 
-zb_status zb_convert_measure_limit(const char *const *inputs, size_t n_inputs, const char *output,
-                                   const zb_convert_opts *opts, zb_convert_limit *out);
+ZB_API zb_status zb_convert_measure_limit(const char *const *inputs, size_t n_inputs,
+                                          const char *output, const zb_convert_opts *opts,
+                                          zb_convert_limit *out);
 
 #ifdef __cplusplus
 }

@@ -34,7 +34,8 @@ typedef enum zb_transform_kind {
 typedef struct zb_transform {
     zb_transform_kind kind;
     double target_sum;        /* NORMALIZE_TOTAL */
-    const uint64_t *columns;  /* DENSIFY: an optional column subset (NULL = all n_vars) */
+    const uint64_t *columns;  /* DENSIFY: an optional column subset (NULL = all n_vars), in
+                                 the output's order, each column once (ZB_E_INVALID else) */
     size_t ncolumns;
     const char *field;        /* CAST */
     zb_dtype dtype;           /* CAST */
@@ -70,31 +71,32 @@ typedef struct zb_loader zb_loader;
  * continues from the sampler's current state). ZB_E_INVALID for prefetch_factor or depth 0, or a
  * window over ZB_LOADER_MAX_WINDOW samples. The loader borrows both: they must outlive it,
  * and the sampler must not be used by anyone else until zb_loader_close. */
-zb_status zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts,
-                         zb_loader **out);
+ZB_API zb_status zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts,
+                                zb_loader **out);
 
 /* The next batch in sampler order: *out is a batch to release with zb_batch_free (its memory
  * returns to the loader's window ring), or NULL at the end of the epoch (with more_epochs, the
  * next call goes on with the following epoch; NULL again once none is left). An I/O, decode
  * or transform error in the worker is returned here with its detail message. */
-zb_status zb_loader_next(zb_loader *ld, zb_batch **out);
+ZB_API zb_status zb_loader_next(zb_loader *ld, zb_batch **out);
 
 /* The sampler state after the last batch handed out by zb_loader_next (not the prefetched
  * ones): restoring it into a sampler continues exactly after that batch. At an epoch end
  * (zb_loader_next gave NULL) it is that epoch's end, even while the worker reads the next. */
-void zb_loader_state(const zb_loader *ld, zb_sampler_state *state);
+ZB_API void zb_loader_state(const zb_loader *ld, zb_sampler_state *state);
 
 /* Stops the worker, waits for it, frees every window not handed out. Batches already handed
  * out stay valid until released. NULL is a no-op. */
-void zb_loader_close(zb_loader *ld);
+ZB_API void zb_loader_close(zb_loader *ld);
 
 /* Adds a field to a batch (transforms use it): `data` (nrows * row elements * itemsize bytes,
  * malloc'd) becomes the batch's and is freed with it. */
-zb_status zb_batch_add_field(zb_batch *batch, const char *name, zb_dtype dtype, int ndim,
-                             const uint64_t *row_shape, uint64_t nrows, void *data);
+ZB_API zb_status zb_batch_add_field(zb_batch *batch, const char *name, zb_dtype dtype, int ndim,
+                                    const uint64_t *row_shape, uint64_t nrows, void *data);
 
 /* Replaces the buffer of an existing field (CAST): same row count and shape, new dtype. */
-zb_status zb_batch_replace_field(zb_batch *batch, const char *name, zb_dtype dtype, void *data);
+ZB_API zb_status zb_batch_replace_field(zb_batch *batch, const char *name, zb_dtype dtype,
+                                        void *data);
 
 #ifdef __cplusplus
 }

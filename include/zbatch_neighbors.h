@@ -80,12 +80,12 @@ typedef struct zb_neighbor_list {
  * - ZB_E_OVERFLOW: more than max_pairs pairs, or a cutoff that spans more than 65,536 lattice
  *   planes along an axis;
  * - ZB_E_NOMEM. */
-zb_status zb_neighbor_list_build(const zb_structure *s, double cutoff, uint64_t max_pairs,
-                                 zb_neighbor_list *nl);
+ZB_API zb_status zb_neighbor_list_build(const zb_structure *s, double cutoff, uint64_t max_pairs,
+                                        zb_neighbor_list *nl);
 
 /* Frees the arrays of `nl` and resets it to ZB_NEIGHBOR_LIST_INIT (it may be built into
  * again). NULL is a no-op. */
-void zb_neighbor_list_free(zb_neighbor_list *nl);
+ZB_API void zb_neighbor_list_free(zb_neighbor_list *nl);
 
 #ifdef __cplusplus
 }

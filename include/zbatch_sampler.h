@@ -82,51 +82,51 @@ typedef struct zb_sampler_state {
  * advances. *n = 0 (and ZB_OK) at the end of the epoch; call zb_sampler_set_epoch to start the
  * next one. `cap` must be >= zb_sampler_max_batch(s) (ZB_E_INVALID otherwise). On error
  * nothing advances. Not thread-safe. */
-zb_status zb_sampler_next(zb_sampler *s, uint64_t *ids, size_t cap, size_t *n);
+ZB_API zb_status zb_sampler_next(zb_sampler *s, uint64_t *ids, size_t cap, size_t *n);
 
 /* The largest batch zb_sampler_next can return. */
-size_t zb_sampler_max_batch(const zb_sampler *s);
+ZB_API size_t zb_sampler_max_batch(const zb_sampler *s);
 
 /* The batches this rank yields in a whole epoch (ceil or floor of G / world_size). */
-uint64_t zb_sampler_num_batches(const zb_sampler *s);
+ZB_API uint64_t zb_sampler_num_batches(const zb_sampler *s);
 
 /* The batches this rank still yields in the current epoch (after a restore: those left of the
  * resumed epoch). */
-uint64_t zb_sampler_remaining(const zb_sampler *s);
+ZB_API uint64_t zb_sampler_remaining(const zb_sampler *s);
 
 /* G: the global batches of the current epoch (all ranks together, before padding/dropping). */
-uint64_t zb_sampler_epoch_batches(const zb_sampler *s);
+ZB_API uint64_t zb_sampler_epoch_batches(const zb_sampler *s);
 
 /* The dataset length n the sampler draws ids from (ids are < n). */
-uint64_t zb_sampler_len(const zb_sampler *s);
+ZB_API uint64_t zb_sampler_len(const zb_sampler *s);
 
 /* Starts `epoch` from its beginning (position 0); any epoch number, also an earlier one.
  * Size-aware samplers pack the epoch here (O(n) time); the others do O(1) work. Errors:
  * ZB_E_NOMEM. Not thread-safe. */
-zb_status zb_sampler_set_epoch(zb_sampler *s, uint64_t epoch);
+ZB_API zb_status zb_sampler_set_epoch(zb_sampler *s, uint64_t epoch);
 
 /* The current seed, epoch and global position. */
-void zb_sampler_get_state(const zb_sampler *s, zb_sampler_state *st);
+ZB_API void zb_sampler_get_state(const zb_sampler *s, zb_sampler_state *st);
 
 /* Continues from a saved state: adopts its seed and epoch and resumes at its global position
  * (which may come from a run with another world size). A position at or past the epoch's end
  * leaves nothing to yield in this epoch. Errors: ZB_E_INVALID for a NULL state, ZB_E_NOMEM.
  * Not thread-safe. */
-zb_status zb_sampler_restore(zb_sampler *s, const zb_sampler_state *st);
+ZB_API zb_status zb_sampler_restore(zb_sampler *s, const zb_sampler_state *st);
 
 /* Frees the sampler; NULL is a no-op. */
-void zb_sampler_free(zb_sampler *s);
+ZB_API void zb_sampler_free(zb_sampler *s);
 
 /* ---- sequential and random ------------------------------------------------------------------ */
 
 /* Ids 0..n-1 in order, cut into batches of batch_size. O(1) memory. */
-zb_status zb_sampler_new_sequential(const zb_sampler_opts *opts, zb_sampler **out);
+ZB_API zb_status zb_sampler_new_sequential(const zb_sampler_opts *opts, zb_sampler **out);
 
 /* A full permutation of 0..n-1 per epoch, different for every (seed, epoch), in O(1) memory
  * for any n up to 2^64-1: a 6-round balanced Feistel network over the smallest power of 4
  * >= n, with cycle walking back into [0, n), round keys derived from (seed, epoch) with
  * splitmix64. Construction is O(1). */
-zb_status zb_sampler_new_random(const zb_sampler_opts *opts, zb_sampler **out);
+ZB_API zb_status zb_sampler_new_random(const zb_sampler_opts *opts, zb_sampler **out);
 
 /* ---- block (annbatch / scDataset style) ---------------------------------------------------- */
 
@@ -157,7 +157,7 @@ typedef struct zb_block_sampler_opts {
         .base = ZB_SAMPLER_OPTS_DEFAULT, .block_size = 256, .blocks_per_window = 16                \
     }
 
-zb_status zb_sampler_new_block(const zb_block_sampler_opts *opts, zb_sampler **out);
+ZB_API zb_status zb_sampler_new_block(const zb_block_sampler_opts *opts, zb_sampler **out);
 
 /* ---- weighted, with replacement ------------------------------------------------------------- */
 
@@ -193,7 +193,7 @@ typedef struct zb_weighted_sampler_opts {
         .block_draws = 0                                                                           \
     }
 
-zb_status zb_sampler_new_weighted(const zb_weighted_sampler_opts *opts, zb_sampler **out);
+ZB_API zb_status zb_sampler_new_weighted(const zb_weighted_sampler_opts *opts, zb_sampler **out);
 
 /* ---- size-aware (bin packing) --------------------------------------------------------------- */
 
@@ -235,7 +235,7 @@ typedef struct zb_size_sampler_opts {
         .max_edges = 0, .nnz = NULL, .max_nnz = 0, .window_size = 8192, .shuffle = true            \
     }
 
-zb_status zb_sampler_new_size_aware(const zb_size_sampler_opts *opts, zb_sampler **out);
+ZB_API zb_status zb_sampler_new_size_aware(const zb_size_sampler_opts *opts, zb_sampler **out);
 
 /* Inflight batching for dynamics loops (nvalchemi's SizeAwareSampler.request_replacement):
  * finds a sample of this epoch that this rank has not yet used and that fits the room, i.e.
@@ -249,8 +249,8 @@ zb_status zb_sampler_new_size_aware(const zb_size_sampler_opts *opts, zb_sampler
  * time, 16 bytes per remaining sample plus n/4 bytes). Replacements are not part of
  * zb_sampler_state: set_epoch and restore forget them. *found = false (ZB_OK) when nothing fits.
  * ZB_E_TYPE if `s` is not a size-aware sampler. Not thread-safe. */
-zb_status zb_sampler_request_replacement(zb_sampler *s, uint64_t room_atoms, uint64_t room_edges,
-                                         uint64_t *id, bool *found);
+ZB_API zb_status zb_sampler_request_replacement(zb_sampler *s, uint64_t room_atoms,
+                                                uint64_t room_edges, uint64_t *id, bool *found);
 
 /* ---- multi-dataset -------------------------------------------------------------------------- */
 
@@ -323,11 +323,11 @@ typedef struct zb_multi_sampler_opts {
         .replacement = true, .shuffle = true                                                       \
     }
 
-zb_status zb_sampler_new_multi(const zb_multi_sampler_opts *opts, zb_sampler **out);
+ZB_API zb_status zb_sampler_new_multi(const zb_multi_sampler_opts *opts, zb_sampler **out);
 
 /* The per-batch sample counts c_i of a multi-dataset sampler: writes min(cap, children) of them
  * to counts and returns the number of children (0 if `s` is not a multi-dataset sampler). */
-size_t zb_sampler_child_counts(const zb_sampler *s, uint64_t *counts, size_t cap);
+ZB_API size_t zb_sampler_child_counts(const zb_sampler *s, uint64_t *counts, size_t cap);
 
 #ifdef __cplusplus
 }

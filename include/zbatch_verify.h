@@ -111,11 +111,11 @@ typedef struct zb_verify_report {
  * as zb_dataset_open opens it, and a refusal is a problem. The store is only
  * read. Thread-safety: one report per call; concurrent calls on one store are fine (stores are
  * thread-safe), but a store being written meanwhile may be reported inconsistent. */
-zb_status zb_verify(zb_store *store, const char *path, zb_verify_report *report);
+ZB_API zb_status zb_verify(zb_store *store, const char *path, zb_verify_report *report);
 
 /* Frees the findings of a report and zeroes its results (the options are kept, so it can be
  * passed to zb_verify again). NULL is a no-op. */
-void zb_verify_report_free(zb_verify_report *report);
+ZB_API void zb_verify_report_free(zb_verify_report *report);
 
 #ifdef __cplusplus
 }

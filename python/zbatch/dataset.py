@@ -192,6 +192,10 @@ class Dataset:
             ``batch.stats["samples_skipped"]``.
         max_request_bytes: the cap on one request's batch memory (a ``read_many``, a loader
             window); larger requests raise ``ZB_E_INVALID`` before allocating (16 GiB).
+        mmap_bytes: how many bytes of the store's data files may be memory-mapped (read
+            without a copy); beyond it reads use pread, and ``0`` reads everything with pread
+            (for stores rewritten in place under a reader). ``None`` (default): the environment
+            variable ``ZBATCH_MMAP_BYTES`` if set, else 1 GiB.
 
     Example::
 
@@ -216,14 +220,15 @@ class Dataset:
                  load_strings: bool = False, layer: Optional[str] = None,
                  reorder_vars: bool = False, x_dtype: Optional[str] = None,
                  index_dtype: Optional[str] = None, on_invalid: str = "error",
-                 max_request_bytes: int = 16 << 30):
+                 max_request_bytes: int = 16 << 30, mmap_bytes: Optional[int] = None):
         path = _store_path(path)
         _check_threads(num_threads)
         self._c = _zbatch._Dataset(path, group, int(cache_bytes), int(num_threads),
                                    bool(load_layers), bool(use_consolidated), bool(load_strings),
                                    None if layer is None else str(layer), bool(reorder_vars),
                                    _dtype_option(x_dtype), _dtype_option(index_dtype),
-                                   str(on_invalid), int(max_request_bytes))
+                                   str(on_invalid), int(max_request_bytes),
+                                   _mmap_bytes(mmap_bytes))
         self.path = path
         self._remember((path, group), dict(cache_bytes=cache_bytes, num_threads=num_threads,
                                            load_layers=load_layers,
@@ -231,7 +236,8 @@ class Dataset:
                                            load_strings=load_strings, layer=layer,
                                            reorder_vars=reorder_vars, x_dtype=x_dtype,
                                            index_dtype=index_dtype, on_invalid=on_invalid,
-                                           max_request_bytes=max_request_bytes))
+                                           max_request_bytes=max_request_bytes,
+                                           mmap_bytes=mmap_bytes))
         self._load_info()
 
     # -- pickling and processes ------------------------------------------------------------
@@ -568,6 +574,24 @@ def _store_path(path: Any) -> str:
                         "memory or behind a URL are not read by zbatch: write them to a "
                         "directory first)")
     raise TypeError(f"expected a store path, got {name}; {accepted}")
+
+
+def _mmap_bytes(value: Optional[int]) -> Optional[int]:
+    """The mapping budget a store opens with: ``value``, else ``ZBATCH_MMAP_BYTES`` from the
+    environment (read here: the C library reads none), else None (the library's 1 GiB)."""
+    where = "mmap_bytes"
+    if value is None:
+        env = os.environ.get("ZBATCH_MMAP_BYTES", "")
+        if not env:
+            return None
+        where = "ZBATCH_MMAP_BYTES"
+        try:
+            value = int(env, 10)
+        except ValueError:
+            raise ValueError(f"ZBATCH_MMAP_BYTES={env!r}: not a number of bytes") from None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{where} must be an integer >= 0 (bytes), got {value!r}")
+    return int(value)
 
 
 def _check_threads(n: Any) -> None:

@@ -195,10 +195,11 @@ writer_init(AnndataWriter *self, PyObject *args, PyObject *kwds)
     zb_store *store = NULL;
     zb_anndata_writer *w = NULL;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_store_open(store_path, &store);
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_store_open(store_path, &store);
     if (st == ZB_OK) st = zb_anndata_writer_open(store, path, n_vars, kind, dt, &o, &w);
-    Py_END_ALLOW_THREADS if (st != ZB_OK)
-    {
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
         zb_store_close(store);
         zbpy_raise(st, NULL);
         return -1;
@@ -239,11 +240,13 @@ csr_call(AnndataWriter *self, const char *layer, zb_dtype dt, PyObject *o_indptr
         goto done;
     }
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS if (layer) st =
-        zb_anndata_writer_append_layer_csr(self->w, layer, dt, nrows, indptr, ix.buf, dv.buf);
-    else st = zb_anndata_writer_append_csr(self->w, nrows, indptr, ix.buf, dv.buf);
-    Py_END_ALLOW_THREADS if (st != ZB_OK)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    if (layer)
+        st = zb_anndata_writer_append_layer_csr(self->w, layer, dt, nrows, indptr, ix.buf, dv.buf);
+    else
+        st = zb_anndata_writer_append_csr(self->w, nrows, indptr, ix.buf, dv.buf);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
         zbpy_raise(st, NULL);
         goto done;
     }
@@ -295,10 +298,10 @@ writer_append_dense(AnndataWriter *self, PyObject *args)
         goto done;
     }
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st =
-        zb_anndata_writer_append_dense(self->w, (uint64_t)v.len / row_bytes, v.buf);
-    Py_END_ALLOW_THREADS if (st != ZB_OK)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_anndata_writer_append_dense(self->w, (uint64_t)v.len / row_bytes, v.buf);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
         zbpy_raise(st, NULL);
         goto done;
     }
@@ -321,13 +324,15 @@ strings_call(AnndataWriter *self, int kind, const char *axis_s, const char *name
     PyObject *result = NULL;
     if (pack_strings(seq, &p, kind == 0 ? "names" : name) != 0) goto done;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS if (kind == 0) st =
-        zb_anndata_writer_append_names(self->w, axis, p.data, p.offsets, p.n);
-    else if (kind == 1) st =
-        zb_anndata_writer_append_string_column(self->w, axis, name, p.data, p.offsets, p.n);
+    Py_BEGIN_ALLOW_THREADS
+    if (kind == 0)
+        st = zb_anndata_writer_append_names(self->w, axis, p.data, p.offsets, p.n);
+    else if (kind == 1)
+        st = zb_anndata_writer_append_string_column(self->w, axis, name, p.data, p.offsets, p.n);
     else st = zb_anndata_writer_define_categorical(self->w, axis, name, p.data, p.offsets, p.n,
                                                    ordered != 0);
-    Py_END_ALLOW_THREADS packed_free(&p);
+    Py_END_ALLOW_THREADS
+    packed_free(&p);
     if (st != ZB_OK) {
         zbpy_raise(st, NULL);
         goto done;
@@ -391,11 +396,13 @@ values_call(AnndataWriter *self, PyObject *args, int kind)
     }
     uint64_t n = (uint64_t)v.len / itemsize;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS if (kind == 0) st =
-        zb_anndata_writer_append_column(self->w, axis, name, dt, v.buf, n);
-    else st = zb_anndata_writer_append_codes(self->w, axis, name, dt, v.buf, n);
-    Py_END_ALLOW_THREADS if (st != ZB_OK)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    if (kind == 0)
+        st = zb_anndata_writer_append_column(self->w, axis, name, dt, v.buf, n);
+    else
+        st = zb_anndata_writer_append_codes(self->w, axis, name, dt, v.buf, n);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
         zbpy_raise(st, NULL);
         goto done;
     }
@@ -435,11 +442,12 @@ writer_append_nullable_column(AnndataWriter *self, PyObject *args)
         goto done;
     }
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_anndata_writer_append_nullable_column(
-        self->w, axis, name, dt, v.buf, (uint64_t)v.len / itemsize, m.obj ? m.buf : NULL,
-        (uint64_t)m.len);
-    Py_END_ALLOW_THREADS if (st != ZB_OK)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_anndata_writer_append_nullable_column(self->w, axis, name, dt, v.buf,
+                                                  (uint64_t)v.len / itemsize, m.obj ? m.buf : NULL,
+                                                  (uint64_t)m.len);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
         zbpy_raise(st, NULL);
         goto done;
     }
@@ -468,10 +476,11 @@ writer_append_nullable_string_column(AnndataWriter *self, PyObject *args)
     if (get_mask(o_mask, &m) != 0) goto done;
     if (pack_strings(seq, &p, name) != 0) goto done;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_anndata_writer_append_nullable_string_column(
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_anndata_writer_append_nullable_string_column(
         self->w, axis, name, p.data, p.offsets, p.n, m.obj ? m.buf : NULL, (uint64_t)m.len);
-    Py_END_ALLOW_THREADS if (st != ZB_OK)
-    {
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
         zbpy_raise(st, NULL);
         goto done;
     }
@@ -505,10 +514,11 @@ writer_define_categorical_values(AnndataWriter *self, PyObject *args)
         goto done;
     }
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_anndata_writer_define_categorical_values(
-        self->w, axis, name, dt, v.buf, (uint64_t)v.len / itemsize, ordered != 0);
-    Py_END_ALLOW_THREADS if (st != ZB_OK)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_anndata_writer_define_categorical_values(self->w, axis, name, dt, v.buf,
+                                                     (uint64_t)v.len / itemsize, ordered != 0);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
         zbpy_raise(st, NULL);
         goto done;
     }
@@ -539,8 +549,10 @@ writer_commit(AnndataWriter *self, PyObject *noargs)
     (void)noargs;
     if (claim(self) != 0) return NULL;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_anndata_writer_commit(self->w);
-    Py_END_ALLOW_THREADS self->busy = 0;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_anndata_writer_commit(self->w);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
     if (st != ZB_OK) return zbpy_raise(st, NULL);
     Py_RETURN_NONE;
 }

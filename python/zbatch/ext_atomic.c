@@ -336,11 +336,13 @@ py_writer_open(PyObject *self, PyObject *args)
         return PyErr_NoMemory();
     }
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_store_open(root, &pw->store);
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_store_open(root, &pw->store);
     if (st == ZB_OK)
         st = append ? zb_atomic_writer_open_append(pw->store, path, use ? &c.cfg : NULL, &pw->w)
                     : zb_atomic_writer_open(pw->store, path, use ? &c.cfg : NULL, &pw->w);
-    Py_END_ALLOW_THREADS py_cfg_free(&c);
+    Py_END_ALLOW_THREADS
+    py_cfg_free(&c);
     if (st != ZB_OK) {
         zbpy_raise(st, NULL);
         writer_release(pw);
@@ -380,8 +382,10 @@ py_writer_add(PyObject *self, PyObject *args)
     }
     zb_status st;
     pw->busy = 1;
-    Py_BEGIN_ALLOW_THREADS st = zb_atomic_writer_add(pw->w, n, atoms.buf, edges.buf, pf.n, pf.f);
-    Py_END_ALLOW_THREADS pw->busy = 0;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_atomic_writer_add(pw->w, n, atoms.buf, edges.buf, pf.n, pf.f);
+    Py_END_ALLOW_THREADS
+    pw->busy = 0;
     if (st != ZB_OK) {
         zbpy_raise(st, NULL);
         goto done;
@@ -404,8 +408,10 @@ py_writer_commit(PyObject *self, PyObject *cap)
     if (!pw) return NULL;
     zb_status st;
     pw->busy = 1;
-    Py_BEGIN_ALLOW_THREADS st = zb_atomic_writer_commit(pw->w);
-    Py_END_ALLOW_THREADS pw->busy = 0;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_atomic_writer_commit(pw->w);
+    Py_END_ALLOW_THREADS
+    pw->busy = 0;
     if (st != ZB_OK) return zbpy_raise(st, NULL);
     return PyLong_FromUnsignedLongLong(zb_atomic_writer_num_samples(pw->w));
 }
@@ -421,8 +427,10 @@ py_writer_close(PyObject *self, PyObject *cap)
         PyErr_SetString(PyExc_RuntimeError, "the atomic writer is in use by another thread");
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS writer_release(pw);
-    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS
+    writer_release(pw);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------------------------------- */
@@ -444,10 +452,12 @@ py_delete(PyObject *self, PyObject *args)
     }
     zb_store *store = NULL;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_store_open(root, &store);
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_store_open(root, &store);
     if (st == ZB_OK) st = zb_atomic_delete(store, path, ids.buf, (size_t)ids.len / 8);
     zb_store_close(store);
-    Py_END_ALLOW_THREADS PyBuffer_Release(&ids);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&ids);
     if (st != ZB_OK) return zbpy_raise(st, NULL);
     Py_RETURN_NONE;
 }
@@ -468,10 +478,12 @@ py_defragment(PyObject *self, PyObject *args)
     }
     zb_store *store = NULL;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_store_open(root, &store);
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_store_open(root, &store);
     if (st == ZB_OK) st = zb_atomic_defragment(store, path, use ? &c.cfg : NULL);
     zb_store_close(store);
-    Py_END_ALLOW_THREADS py_cfg_free(&c);
+    Py_END_ALLOW_THREADS
+    py_cfg_free(&c);
     if (st != ZB_OK) return zbpy_raise(st, NULL);
     Py_RETURN_NONE;
 }
@@ -499,11 +511,12 @@ py_add_custom(PyObject *self, PyObject *args)
     if (parse_fields(list, &pf) < 0) goto done;
     zb_store *store = NULL;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_store_open(root, &store);
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_store_open(root, &store);
     if (st == ZB_OK) st = zb_atomic_add_custom(store, path, use ? &c.cfg : NULL, &pf.f[0], n_rows);
     zb_store_close(store);
-    Py_END_ALLOW_THREADS if (st != ZB_OK)
-    {
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
         zbpy_raise(st, NULL);
         goto done;
     }
@@ -526,10 +539,12 @@ py_check(PyObject *self, PyObject *args)
     zb_store *store = NULL;
     zb_atomic_summary sum;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_store_open(root, &store);
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_store_open(root, &store);
     if (st == ZB_OK) st = zb_atomic_check(store, path, &sum);
     zb_store_close(store);
-    Py_END_ALLOW_THREADS if (st != ZB_OK) return zbpy_raise(st, NULL);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
     return Py_BuildValue("{sKsKsKsKsKsO}", "num_samples", (unsigned long long)sum.num_samples,
                          "num_live", (unsigned long long)sum.num_live, "num_atoms",
                          (unsigned long long)sum.num_atoms, "num_edges",
@@ -547,10 +562,12 @@ py_recover(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "ss", &root, &path)) return NULL;
     zb_store *store = NULL;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_store_open(root, &store);
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_store_open(root, &store);
     if (st == ZB_OK) st = zb_atomic_recover(store, path);
     zb_store_close(store);
-    Py_END_ALLOW_THREADS if (st != ZB_OK) return zbpy_raise(st, NULL);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
     Py_RETURN_NONE;
 }
 

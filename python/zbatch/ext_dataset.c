@@ -221,20 +221,31 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"path", "group", "cache_bytes", "num_threads", "load_layers",
                              "use_consolidated", "load_strings", "layer", "reorder_vars",
-                             "x_dtype", "index_dtype", "on_invalid", "max_request_bytes", NULL};
+                             "x_dtype", "index_dtype", "on_invalid", "max_request_bytes",
+                             "mmap_bytes", NULL};
     const char *path, *group = "", *layer = NULL, *x_dtype = NULL, *index_dtype = NULL;
     const char *on_invalid = "error";
     unsigned long long cache = 0, max_request = ZB_MAX_REQUEST_BYTES_DEFAULT;
     int threads = 1, layers = 0, consolidated = 1, strings = 0, reorder = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sO&ipppzpzzsO&", kwlist, &path, &group, zbpy_u64,
-                                     &cache, &threads, &layers, &consolidated, &strings, &layer,
-                                     &reorder, &x_dtype, &index_dtype, &on_invalid, zbpy_u64,
-                                     &max_request))
+    PyObject *mmap_bytes = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sO&ipppzpzzsO&O", kwlist, &path, &group,
+                                     zbpy_u64, &cache, &threads, &layers, &consolidated, &strings,
+                                     &layer, &reorder, &x_dtype, &index_dtype, &on_invalid,
+                                     zbpy_u64, &max_request, &mmap_bytes))
         return -1;
     if (strcmp(on_invalid, "error") && strcmp(on_invalid, "skip")) {
         PyErr_Format(PyExc_ValueError, "on_invalid must be \"error\" or \"skip\", not \"%s\"",
                      on_invalid);
         return -1;
+    }
+    zb_store_opts so = ZB_STORE_OPTS_DEFAULT;
+    if (mmap_bytes != Py_None) {
+        so.mmap_bytes = PyLong_AsUnsignedLongLong(mmap_bytes);
+        if (PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "mmap_bytes must be an integer >= 0, got %R",
+                         mmap_bytes);
+            return -1;
+        }
     }
     zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
     o.cache_bytes = (size_t)cache;
@@ -250,7 +261,7 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
     o.max_request_bytes = max_request;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open(path, &self->store);
+    st = zb_store_open_opts(path, &so, &self->store);
     if (st == ZB_OK) st = zb_dataset_open(self->store, group, &o, &self->ds);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK) {

@@ -234,7 +234,7 @@ read_transformed(PyObject *module, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     st = zb_dataset_read_many(ds, ids.buf, (size_t)ids.len / sizeof(uint64_t), &b);
     for (size_t i = 0; st == ZB_OK && i < tl.ntransforms; i++)
-        st = zb_transform_apply(&tl.transforms[i], b);
+        st = zb__transform_apply(&tl.transforms[i], b);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&ids);
     transform_list_free(&tl);

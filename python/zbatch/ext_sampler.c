@@ -341,8 +341,10 @@ py_sampler_weighted(PyObject *self, PyObject *args, PyObject *kw)
     o.block_draws = draws;
     zb_sampler *s = NULL;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_sampler_new_weighted(&o, &s);
-    Py_END_ALLOW_THREADS release(&w);
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_sampler_new_weighted(&o, &s);
+    Py_END_ALLOW_THREADS
+    release(&w);
     release(&c);
     release(&cw);
     return wrap(st, s);
@@ -388,8 +390,10 @@ py_sampler_size_aware(PyObject *self, PyObject *args, PyObject *kw)
     o.shuffle = shuffle != 0;
     zb_sampler *s = NULL;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_sampler_new_size_aware(&o, &s);
-    Py_END_ALLOW_THREADS release(&a);
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_sampler_new_size_aware(&o, &s);
+    Py_END_ALLOW_THREADS
+    release(&a);
     release(&e);
     release(&z);
     return wrap(st, s);

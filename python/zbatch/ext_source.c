@@ -12,11 +12,11 @@ static const char *const kind_names[] = {"numeric", "categorical", "string", "nu
 static const char *const layout_names[] = {"csr", "csc", "dense"};
 
 static PyObject *
-open_source(const char *path, zb_src **src)
+open_source(const char *path, zb__src **src)
 {
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_src_open(path, src);
+    st = zb__src_open(path, src);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK) return zbpy_raise(st, NULL);
     return Py_None;
@@ -41,7 +41,7 @@ strings_list(const zb_strings *s)
 }
 
 static PyObject *
-column_dict(const zb_col_info *c)
+column_dict(const zb__col_info *c)
 {
     PyObject *cats = Py_None, *values = Py_None;
     Py_INCREF(Py_None);
@@ -76,7 +76,7 @@ py_src_info(PyObject *self, PyObject *args)
     (void)self;
     const char *path;
     if (!PyArg_ParseTuple(args, "s", &path)) return NULL;
-    zb_src *src = NULL;
+    zb__src *src = NULL;
     if (!open_source(path, &src)) return NULL;
     PyObject *cols = PyList_New((Py_ssize_t)src->c.n_columns), *out = NULL;
     if (!cols) goto done;
@@ -99,13 +99,13 @@ py_src_info(PyObject *self, PyObject *args)
                         (unsigned long long)src->c.n_obs, "columns", cols, "skipped", skipped);
 done:
     Py_XDECREF(cols);
-    zb_src_close(src);
+    zb__src_close(src);
     return out;
 }
 
 /* _src_matrix(path, key, start, stop) -> {"layout", "dtype", "shape", "nnz", "indptr" (bytes,
  * int64), "indices" (bytes, uint32), "data" (bytes), "var_names"}: rows [start, stop) (columns
- * for a CSC matrix) as zb_src_matrix_read returns them; stop < 0 = the end. */
+ * for a CSC matrix) as zb__src_matrix_read returns them; stop < 0 = the end. */
 static PyObject *
 py_src_matrix(PyObject *self, PyObject *args)
 {
@@ -113,23 +113,23 @@ py_src_matrix(PyObject *self, PyObject *args)
     const char *path, *key;
     long long start, stop;
     if (!PyArg_ParseTuple(args, "ssLL", &path, &key, &start, &stop)) return NULL;
-    zb_src *src = NULL;
+    zb__src *src = NULL;
     if (!open_source(path, &src)) return NULL;
-    zb_src_matrix *m = NULL;
-    zb_csr_block b = {0};
+    zb__src_matrix *m = NULL;
+    zb__csr_block b = {0};
     zb_strings names = {0};
     PyObject *out = NULL;
-    const zb_src_matrix_info *info = NULL;
+    const zb__src_matrix_info *info = NULL;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_src_matrix_get(src, key, &m);
+    st = zb__src_matrix_get(src, key, &m);
     if (st == ZB_OK) {
-        info = zb_src_matrix_info_of(m);
+        info = zb__src_matrix_info_of(m);
         uint64_t limit = info->layout == ZB_SRC_CSC ? info->n_cols : info->n_rows;
         uint64_t a = start < 0 ? 0 : (uint64_t)start, e = stop < 0 ? limit : (uint64_t)stop;
-        st = zb_src_matrix_read(m, a, e, &b);
+        st = zb__src_matrix_read(m, a, e, &b);
     }
-    if (st == ZB_OK) st = zb_src_matrix_var_names(m, &names);
+    if (st == ZB_OK) st = zb__src_matrix_var_names(m, &names);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK) {
         zbpy_raise(st, NULL);
@@ -146,8 +146,8 @@ py_src_matrix(PyObject *self, PyObject *args)
         (const char *)b.data, (Py_ssize_t)(b.nnz * zb_dtype_size(info->dtype)), "var_names", var);
 done:
     zb_strings_free(&names);
-    zb_csr_block_free(&b);
-    zb_src_close(src);
+    zb__csr_block_free(&b);
+    zb__src_close(src);
     return out;
 }
 
@@ -160,22 +160,22 @@ py_src_column(PyObject *self, PyObject *args)
     const char *path, *name;
     long long start, stop;
     if (!PyArg_ParseTuple(args, "ssLL", &path, &name, &start, &stop)) return NULL;
-    zb_src *src = NULL;
+    zb__src *src = NULL;
     if (!open_source(path, &src)) return NULL;
-    zb_col_block b = {0};
+    zb__col_block b = {0};
     PyObject *out = NULL;
     size_t col = 0;
     uint64_t a = start < 0 ? 0 : (uint64_t)start, e = stop < 0 ? src->c.n_obs : (uint64_t)stop;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_src_find_column(src, name, &col);
-    if (st == ZB_OK) st = zb_src_read_column(src, col, a, e, &b);
+    st = zb__src_find_column(src, name, &col);
+    if (st == ZB_OK) st = zb__src_read_column(src, col, a, e, &b);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK) {
         zbpy_raise(st, NULL);
         goto done;
     }
-    const zb_col_info *c = &src->c.columns[col];
+    const zb__col_info *c = &src->c.columns[col];
     PyObject *values = Py_None, *strings = Py_None, *mask = Py_None;
     Py_INCREF(Py_None);
     Py_INCREF(Py_None);
@@ -201,8 +201,8 @@ py_src_column(PyObject *self, PyObject *args)
         Py_XDECREF(mask);
     }
 done:
-    zb_col_block_free(&b);
-    zb_src_close(src);
+    zb__col_block_free(&b);
+    zb__src_close(src);
     return out;
 }
 
@@ -214,7 +214,7 @@ py_src_obs_names(PyObject *self, PyObject *args)
     const char *path;
     long long start, stop;
     if (!PyArg_ParseTuple(args, "sLL", &path, &start, &stop)) return NULL;
-    zb_src *src = NULL;
+    zb__src *src = NULL;
     if (!open_source(path, &src)) return NULL;
     zb_strings s = {0};
     PyObject *out = NULL;
@@ -222,14 +222,14 @@ py_src_obs_names(PyObject *self, PyObject *args)
     uint64_t e = stop < 0 ? src->c.n_obs : (uint64_t)stop;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_src_read_obs_names(src, a, e, &s);
+    st = zb__src_read_obs_names(src, a, e, &s);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK)
         zbpy_raise(st, NULL);
     else
         out = strings_list(&s);
     zb_strings_free(&s);
-    zb_src_close(src);
+    zb__src_close(src);
     return out;
 }
 

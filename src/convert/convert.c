@@ -24,13 +24,13 @@ zb_status
 cv_path(const zb_convert *cv, char *buf, size_t cap, const char *fmt, ...)
 {
     int n = snprintf(buf, cap, "%s/", cv->work);
-    if (n < 0 || (size_t)n >= cap) return zb_err(ZB_E_INVALID, "%s: path too long", cv->work);
+    if (n < 0 || (size_t)n >= cap) return zb__err(ZB_E_INVALID, "%s: path too long", cv->work);
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(buf + n, cap - (size_t)n, fmt, ap);
     va_end(ap);
     if (m < 0 || (size_t)m >= cap - (size_t)n)
-        return zb_err(ZB_E_INVALID, "%s: path too long", cv->work);
+        return zb__err(ZB_E_INVALID, "%s: path too long", cv->work);
     return ZB_OK;
 }
 
@@ -46,15 +46,15 @@ online_cpus(void)
 static zb_status
 get_u64(json_object *obj, const char *key, uint64_t *out)
 {
-    json_object *v = zb_json_get(obj, key);
-    if (!v) return zb_err(ZB_E_CORRUPT, "plan.json: no '%s'", key);
-    return zb_json_u64(v, key, out);
+    json_object *v = zb__json_get(obj, key);
+    if (!v) return zb__err(ZB_E_CORRUPT, "plan.json: no '%s'", key);
+    return zb__json_u64(v, key, out);
 }
 
 static const char *
 get_str(json_object *obj, const char *key)
 {
-    json_object *v = zb_json_get(obj, key);
+    json_object *v = zb__json_get(obj, key);
     return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
 }
 
@@ -66,7 +66,7 @@ dtype_of(const char *name, zb_dtype *out)
             *out = (zb_dtype)t;
             return ZB_OK;
         }
-    return zb_err(ZB_E_CORRUPT, "plan.json: unknown dtype '%s'", name ? name : "(none)");
+    return zb__err(ZB_E_CORRUPT, "plan.json: unknown dtype '%s'", name ? name : "(none)");
 }
 
 static int
@@ -103,7 +103,7 @@ category_values(cv_column *c)
 {
     size_t item = zb_dtype_size(c->dtype);
     c->category_values = malloc((size_t)(c->categories.n ? c->categories.n : 1) * item);
-    if (!c->category_values) return zb_err(ZB_E_NOMEM, "obs column '%s'", c->name);
+    if (!c->category_values) return zb__err(ZB_E_NOMEM, "obs column '%s'", c->name);
     for (uint64_t i = 0; i < c->categories.n; i++) {
         char buf[64];
         size_t len = (size_t)(c->categories.offsets[i + 1] - c->categories.offsets[i]);
@@ -132,23 +132,23 @@ load_column(zb_convert *cv, json_object *jc, cv_column *c)
 {
     const char *name = get_str(jc, "name");
     int kind = kind_of(get_str(jc, "kind"));
-    if (!name || kind < 0) return zb_err(ZB_E_CORRUPT, "plan.json: a malformed column");
-    if (!(c->name = strdup(name))) return zb_err(ZB_E_NOMEM, "plan");
-    c->kind = (zb_col_kind)kind;
+    if (!name || kind < 0) return zb__err(ZB_E_CORRUPT, "plan.json: a malformed column");
+    if (!(c->name = strdup(name))) return zb__err(ZB_E_NOMEM, "plan");
+    c->kind = (zb__col_kind)kind;
     ZB_TRY(dtype_of(get_str(jc, "dtype"), &c->dtype));
-    json_object *sources = zb_json_get(jc, "sources");
+    json_object *sources = zb__json_get(jc, "sources");
     if (!sources || json_object_array_length(sources) != cv->n_inputs)
-        return zb_err(ZB_E_CORRUPT, "plan.json: column '%s': sources", name);
+        return zb__err(ZB_E_CORRUPT, "plan.json: column '%s': sources", name);
     c->src_index = calloc(cv->n_inputs, sizeof *c->src_index);
-    if (!c->src_index) return zb_err(ZB_E_NOMEM, "plan");
+    if (!c->src_index) return zb__err(ZB_E_NOMEM, "plan");
     if (c->kind == ZB_COL_CATEGORICAL) {
-        json_object *o = zb_json_get(jc, "ordered");
+        json_object *o = zb__json_get(jc, "ordered");
         c->ordered = o && json_object_get_boolean(o);
-        ZB_TRY(strings_of(zb_json_get(jc, "categories"), &c->categories));
+        ZB_TRY(strings_of(zb__json_get(jc, "categories"), &c->categories));
         if (c->dtype != ZB_DT_STRING) ZB_TRY(category_values(c));
         c->code_map = calloc(cv->n_inputs, sizeof *c->code_map);
         c->n_src_codes = calloc(cv->n_inputs, sizeof *c->n_src_codes);
-        if (!c->code_map || !c->n_src_codes) return zb_err(ZB_E_NOMEM, "plan");
+        if (!c->code_map || !c->n_src_codes) return zb__err(ZB_E_NOMEM, "plan");
     }
     for (size_t k = 0; k < cv->n_inputs; k++) {
         json_object *s = json_object_array_get_idx(sources, k);
@@ -156,11 +156,11 @@ load_column(zb_convert *cv, json_object *jc, cv_column *c)
         ZB_TRY(get_u64(s, "index", &idx));
         c->src_index[k] = (size_t)idx;
         if (c->kind != ZB_COL_CATEGORICAL) continue;
-        json_object *codes = zb_json_get(s, "codes");
+        json_object *codes = zb__json_get(s, "codes");
         size_t n = codes ? json_object_array_length(codes) : 0;
         c->n_src_codes[k] = n;
         c->code_map[k] = malloc((n ? n : 1) * sizeof(int32_t));
-        if (!c->code_map[k]) return zb_err(ZB_E_NOMEM, "plan");
+        if (!c->code_map[k]) return zb__err(ZB_E_NOMEM, "plan");
         for (size_t i = 0; i < n; i++)
             c->code_map[k][i] = (int32_t)json_object_get_int64(json_object_array_get_idx(codes, i));
     }
@@ -170,8 +170,8 @@ load_column(zb_convert *cv, json_object *jc, cv_column *c)
 static zb_status
 load_inputs(zb_convert *cv, json_object *doc)
 {
-    json_object *ins = zb_json_get(doc, "inputs"), *mats = zb_json_get(doc, "matrices");
-    if (!ins || !mats) return zb_err(ZB_E_CORRUPT, "plan.json: no inputs or matrices");
+    json_object *ins = zb__json_get(doc, "inputs"), *mats = zb__json_get(doc, "matrices");
+    if (!ins || !mats) return zb__err(ZB_E_CORRUPT, "plan.json: no inputs or matrices");
     cv->n_inputs = json_object_array_length(ins);
     cv->n_mats = json_object_array_length(mats);
     cv->inputs = calloc(cv->n_inputs, sizeof *cv->inputs);
@@ -179,14 +179,14 @@ load_inputs(zb_convert *cv, json_object *doc)
     cv->mat_names = calloc(cv->n_mats, sizeof *cv->mat_names);
     cv->mat_dtypes = calloc(cv->n_mats, sizeof *cv->mat_dtypes);
     if (!cv->inputs || !cv->mat_keys || !cv->mat_names || !cv->mat_dtypes)
-        return zb_err(ZB_E_NOMEM, "plan");
+        return zb__err(ZB_E_NOMEM, "plan");
     for (size_t j = 0; j < cv->n_mats; j++) {
         json_object *m = json_object_array_get_idx(mats, j);
         const char *key = get_str(m, "key"), *name = get_str(m, "name");
-        if (!key || !name) return zb_err(ZB_E_CORRUPT, "plan.json: matrix %zu", j);
+        if (!key || !name) return zb__err(ZB_E_CORRUPT, "plan.json: matrix %zu", j);
         cv->mat_keys[j] = strdup(key);
         cv->mat_names[j] = strdup(name);
-        if (!cv->mat_keys[j] || !cv->mat_names[j]) return zb_err(ZB_E_NOMEM, "plan");
+        if (!cv->mat_keys[j] || !cv->mat_names[j]) return zb__err(ZB_E_NOMEM, "plan");
         ZB_TRY(dtype_of(get_str(m, "dtype"), &cv->mat_dtypes[j]));
     }
     uint64_t base = 0;
@@ -194,20 +194,20 @@ load_inputs(zb_convert *cv, json_object *doc)
         json_object *in = json_object_array_get_idx(ins, k);
         cv_input *x = &cv->inputs[k];
         const char *path = get_str(in, "path"), *format = get_str(in, "format");
-        if (!path || !format) return zb_err(ZB_E_CORRUPT, "plan.json: input %zu", k);
+        if (!path || !format) return zb__err(ZB_E_CORRUPT, "plan.json: input %zu", k);
         x->path = strdup(path);
         x->format = strdup(format);
         x->mats = calloc(cv->n_mats, sizeof *x->mats);
-        if (!x->path || !x->format || !x->mats) return zb_err(ZB_E_NOMEM, "plan");
+        if (!x->path || !x->format || !x->mats) return zb__err(ZB_E_NOMEM, "plan");
         ZB_TRY(get_u64(in, "size", &x->size));
-        json_object *mt = zb_json_get(in, "mtime_ns");
+        json_object *mt = zb__json_get(in, "mtime_ns");
         x->mtime_ns = mt ? json_object_get_int64(mt) : 0;
         ZB_TRY(get_u64(in, "n_obs", &x->n_obs));
         x->base = base;
         base += x->n_obs;
-        json_object *ms = zb_json_get(in, "matrices");
+        json_object *ms = zb__json_get(in, "matrices");
         if (!ms || json_object_array_length(ms) != cv->n_mats)
-            return zb_err(ZB_E_CORRUPT, "plan.json: input %zu: matrices", k);
+            return zb__err(ZB_E_CORRUPT, "plan.json: input %zu: matrices", k);
         for (size_t j = 0; j < cv->n_mats; j++) {
             json_object *m = json_object_array_get_idx(ms, j);
             const char *layout = get_str(m, "layout");
@@ -217,9 +217,9 @@ load_inputs(zb_convert *cv, json_object *doc)
             ZB_TRY(dtype_of(get_str(m, "dtype"), &x->mats[j].dtype));
             ZB_TRY(get_u64(m, "n_cols", &x->mats[j].n_cols));
             ZB_TRY(get_u64(m, "nnz", &x->mats[j].nnz));
-            json_object *mono = zb_json_get(m, "monotone");
+            json_object *mono = zb__json_get(m, "monotone");
             x->mats[j].monotone = mono && json_object_get_boolean(mono);
-            json_object *ident = zb_json_get(m, "identity");
+            json_object *ident = zb__json_get(m, "identity");
             x->mats[j].identity = ident && json_object_get_boolean(ident);
         }
     }
@@ -229,21 +229,21 @@ load_inputs(zb_convert *cv, json_object *doc)
 static zb_status
 load_slices(zb_convert *cv, json_object *doc)
 {
-    json_object *sl = zb_json_get(doc, "slices");
-    if (!sl) return zb_err(ZB_E_CORRUPT, "plan.json: no slices");
+    json_object *sl = zb__json_get(doc, "slices");
+    if (!sl) return zb__err(ZB_E_CORRUPT, "plan.json: no slices");
     cv->n_slices = json_object_array_length(sl);
     cv->slices = calloc(cv->n_slices ? cv->n_slices : 1, sizeof *cv->slices);
-    if (!cv->slices) return zb_err(ZB_E_NOMEM, "plan");
+    if (!cv->slices) return zb__err(ZB_E_NOMEM, "plan");
     for (size_t t = 0; t < cv->n_slices; t++) {
         json_object *s = json_object_array_get_idx(sl, t);
         uint64_t v[4];
         for (size_t i = 0; i < 4; i++) {
             json_object *e = json_object_array_get_idx(s, i);
-            if (!e) return zb_err(ZB_E_CORRUPT, "plan.json: slice %zu", t);
-            ZB_TRY(zb_json_u64(e, "slice", &v[i]));
+            if (!e) return zb__err(ZB_E_CORRUPT, "plan.json: slice %zu", t);
+            ZB_TRY(zb__json_u64(e, "slice", &v[i]));
         }
         if (v[0] >= cv->n_inputs || v[1] >= v[2] || v[2] > cv->inputs[v[0]].n_obs)
-            return zb_err(ZB_E_CORRUPT, "plan.json: slice %zu is out of range", t);
+            return zb__err(ZB_E_CORRUPT, "plan.json: slice %zu is out of range", t);
         cv->slices[t] = (cv_slice){(uint32_t)v[0], v[1], v[2], v[3]};
     }
     return ZB_OK;
@@ -257,27 +257,27 @@ cv_plan_load(zb_convert *cv)
     char *text;
     size_t len;
     ZB_TRY(cv_read_file(path, &text, &len));
-    zb_status st = zb_json_parse(text, len, path, &cv->plan_doc);
+    zb_status st = zb__json_parse(text, len, path, &cv->plan_doc);
     free(text);
     if (st != ZB_OK) return st;
-    json_object *doc = cv->plan_doc, *args = zb_json_get(doc, "args");
+    json_object *doc = cv->plan_doc, *args = zb__json_get(doc, "args");
     const char *format = get_str(doc, "format");
     uint64_t version = 0;
     if (!format || strcmp(format, "zbatch-convert-plan") || !args ||
         get_u64(doc, "version", &version) != ZB_OK || version != CV_PLAN_VERSION)
-        return zb_err(ZB_E_CORRUPT, "%s: not a plan this zbatch (%s) can run", path,
+        return zb__err(ZB_E_CORRUPT, "%s: not a plan this zbatch (%s) can run", path,
                       ZB_VERSION_STRING);
     cv->args_text = json_object_to_json_string_ext(args, JSON_C_TO_STRING_PLAIN);
     ZB_TRY(load_inputs(cv, doc));
-    ZB_TRY(strings_of(zb_json_get(args, "inputs"), &cv->input_names));
+    ZB_TRY(strings_of(zb__json_get(args, "inputs"), &cv->input_names));
     if (cv->input_names.n != cv->n_inputs)
-        return zb_err(ZB_E_CORRUPT, "%s: %" PRIu64 " input names for %zu inputs", path,
+        return zb__err(ZB_E_CORRUPT, "%s: %" PRIu64 " input names for %zu inputs", path,
                       cv->input_names.n, cv->n_inputs);
-    ZB_TRY(strings_of(zb_json_get(doc, "genes"), &cv->genes));
-    json_object *cols = zb_json_get(doc, "columns");
+    ZB_TRY(strings_of(zb__json_get(doc, "genes"), &cv->genes));
+    json_object *cols = zb__json_get(doc, "columns");
     cv->n_cols = cols ? json_object_array_length(cols) : 0;
     cv->cols = calloc(cv->n_cols ? cv->n_cols : 1, sizeof *cv->cols);
-    if (!cv->cols) return zb_err(ZB_E_NOMEM, "plan");
+    if (!cv->cols) return zb__err(ZB_E_NOMEM, "plan");
     for (size_t c = 0; c < cv->n_cols; c++)
         ZB_TRY(load_column(cv, json_object_array_get_idx(cols, c), &cv->cols[c]));
     ZB_TRY(load_slices(cv, doc));
@@ -286,7 +286,7 @@ cv_plan_load(zb_convert *cv)
     ZB_TRY(get_u64(doc, "memory_bytes", &cv->memory_bytes));
     ZB_TRY(get_u64(doc, "block_bytes", &cv->block_bytes));
     if (cv->block_bytes < CV_MIN_BLOCK_BYTES || cv->block_bytes > CV_MAX_BLOCK_BYTES)
-        return zb_err(ZB_E_CORRUPT, "%s: block_bytes %" PRIu64 " is out of range", path,
+        return zb__err(ZB_E_CORRUPT, "%s: block_bytes %" PRIu64 " is out of range", path,
                       cv->block_bytes);
     ZB_TRY(get_u64(args, "dataset_size", &cv->dataset_size));
     ZB_TRY(get_u64(args, "seed", &cv->seed));
@@ -295,24 +295,24 @@ cv_plan_load(zb_convert *cv)
     uint64_t fmt;
     ZB_TRY(get_u64(args, "zarr_format", &fmt));
     cv->zarr_format = (int)fmt;
-    json_object *sh = zb_json_get(args, "shuffle");
+    json_object *sh = zb__json_get(args, "shuffle");
     cv->shuffle = !sh || json_object_get_boolean(sh);
     ZB_TRY(cv_choices_of(get_str(args, "data_dtype"), get_str(args, "index_dtype"),
                          &cv->data_choice, &cv->index_choice));
     const char *codec = get_str(args, "codec");
-    if (codec && !(cv->codec = strdup(codec))) return zb_err(ZB_E_NOMEM, "plan");
+    if (codec && !(cv->codec = strdup(codec))) return zb__err(ZB_E_NOMEM, "plan");
     if (cv->dataset_size == 0 || cv->n_cells == 0)
-        return zb_err(ZB_E_CORRUPT, "%s: no cells or no dataset size", path);
+        return zb__err(ZB_E_CORRUPT, "%s: no cells or no dataset size", path);
     cv->n_datasets = (cv->n_cells + cv->dataset_size - 1) / cv->dataset_size;
-    zb_perm_init(&cv->perm, cv->n_cells, zb_stream_key(cv->seed, 0, ZB_TAG_CONVERT, 0, 0));
+    zb__perm_init(&cv->perm, cv->n_cells, zb__stream_key(cv->seed, 0, ZB_TAG_CONVERT, 0, 0));
     cv->srcs = calloc(cv->n_inputs, sizeof *cv->srcs);
     cv->matrices = calloc(cv->n_inputs, sizeof *cv->matrices);
     cv->maps = calloc(cv->n_inputs, sizeof *cv->maps);
-    if (!cv->srcs || !cv->matrices || !cv->maps) return zb_err(ZB_E_NOMEM, "plan");
+    if (!cv->srcs || !cv->matrices || !cv->maps) return zb__err(ZB_E_NOMEM, "plan");
     for (size_t k = 0; k < cv->n_inputs; k++) {
         cv->matrices[k] = calloc(cv->n_mats, sizeof **cv->matrices);
         cv->maps[k] = calloc(cv->n_mats, sizeof **cv->maps);
-        if (!cv->matrices[k] || !cv->maps[k]) return zb_err(ZB_E_NOMEM, "plan");
+        if (!cv->matrices[k] || !cv->maps[k]) return zb__err(ZB_E_NOMEM, "plan");
     }
     return ZB_OK;
 }
@@ -320,13 +320,13 @@ cv_plan_load(zb_convert *cv)
 /* ---- run-time lookups ------------------------------------------------------------------------ */
 
 zb_status
-cv_source(zb_convert *cv, uint32_t k, zb_src **out)
+cv_source(zb_convert *cv, uint32_t k, zb__src **out)
 {
     pthread_mutex_lock(&cv->lock);
     zb_status st = ZB_OK;
-    if (!cv->srcs[k]) st = zb_src_open(cv->inputs[k].path, &cv->srcs[k]);
+    if (!cv->srcs[k]) st = zb__src_open(cv->inputs[k].path, &cv->srcs[k]);
     if (st == ZB_OK && cv->srcs[k]->c.n_obs != cv->inputs[k].n_obs)
-        st = zb_err(ZB_E_INVALID, "%s: %" PRIu64 " cells now, %" PRIu64 " when planned",
+        st = zb__err(ZB_E_INVALID, "%s: %" PRIu64 " cells now, %" PRIu64 " when planned",
                     cv->inputs[k].path, cv->srcs[k]->c.n_obs, cv->inputs[k].n_obs);
     *out = cv->srcs[k];
     pthread_mutex_unlock(&cv->lock);
@@ -334,20 +334,20 @@ cv_source(zb_convert *cv, uint32_t k, zb_src **out)
 }
 
 zb_status
-cv_matrix(zb_convert *cv, uint32_t k, size_t j, zb_src_matrix **out)
+cv_matrix(zb_convert *cv, uint32_t k, size_t j, zb__src_matrix **out)
 {
-    zb_src *src;
+    zb__src *src;
     ZB_TRY(cv_source(cv, k, &src));
     pthread_mutex_lock(&cv->lock);
     zb_status st = ZB_OK;
     if (!cv->matrices[k][j]) {
-        zb_src_matrix *m = NULL;
-        st = zb_src_matrix_get(src, cv->mat_keys[j], &m);
+        zb__src_matrix *m = NULL;
+        st = zb__src_matrix_get(src, cv->mat_keys[j], &m);
         if (st == ZB_OK && cv->inputs[k].mats[j].layout == ZB_SRC_CSC) {
             char path[4200];
             st = cv_path(cv, path, sizeof path, "prepare/i%u-m%zu.csr", k, j);
-            zb_src_matrix *t = NULL;
-            if (st == ZB_OK) st = zb_csr_file_open(path, m, &t);
+            zb__src_matrix *t = NULL;
+            if (st == ZB_OK) st = zb__csr_file_open(path, m, &t);
             m = t;
         }
         cv->matrices[k][j] = m;
@@ -369,14 +369,14 @@ cv_gene_map(zb_convert *cv, uint32_t k, size_t j, const int32_t **out)
         st = cv_path(cv, path, sizeof path, "maps/i%u-m%zu.bin", k, j);
         if (st == ZB_OK) st = cv_read_file(path, &text, &len);
         if (st == ZB_OK && len != cv->inputs[k].mats[j].n_cols * sizeof(int32_t))
-            st = zb_err(ZB_E_CORRUPT, "%s: %zu bytes for %" PRIu64 " columns", path, len,
+            st = zb__err(ZB_E_CORRUPT, "%s: %zu bytes for %" PRIu64 " columns", path, len,
                         cv->inputs[k].mats[j].n_cols);
         if (st == ZB_OK) {
             const int32_t *m = (const int32_t *)text;
             for (uint64_t i = 0; i < cv->inputs[k].mats[j].n_cols && st == ZB_OK; i++)
                 if (m[i] < -1 || (int64_t)m[i] >= (int64_t)cv->genes.n)
-                    st = zb_err(ZB_E_CORRUPT, "%s: column %" PRIu64 " maps outside the genes",
-                                path, i);
+                    st = zb__err(ZB_E_CORRUPT, "%s: column %" PRIu64 " maps outside the genes", path,
+                                i);
         }
         if (st == ZB_OK)
             cv->maps[k][j] = (int32_t *)text;
@@ -419,12 +419,12 @@ zb_convert_close(zb_convert *cv)
         for (size_t j = 0; j < cv->n_mats; j++) {
             if (cv->matrices && cv->matrices[k] && cv->matrices[k][j] &&
                 cv->inputs[k].mats[j].layout == ZB_SRC_CSC)
-                zb_src_matrix_close(cv->matrices[k][j]);
+                zb__src_matrix_close(cv->matrices[k][j]);
             if (cv->maps && cv->maps[k]) free(cv->maps[k][j]);
         }
         if (cv->matrices) free(cv->matrices[k]);
         if (cv->maps) free(cv->maps[k]);
-        if (cv->srcs) zb_src_close(cv->srcs[k]);
+        if (cv->srcs) zb__src_close(cv->srcs[k]);
         free(cv->inputs[k].path);
         free(cv->inputs[k].format);
         free(cv->inputs[k].mats);
@@ -480,28 +480,29 @@ normalize(const zb_convert_opts *opts, zb_convert_opts *o)
         o->x_shard = o->x_chunk * 1024;
     if (!o->num_threads) o->num_threads = online_cpus();
     if (o->memory_bytes < ZB_CONVERT_MIN_MEMORY)
-        return zb_err(ZB_E_INVALID, "memory %" PRIu64 " bytes: at least %" PRIu64 " (64 MiB)",
+        return zb__err(ZB_E_INVALID, "memory %" PRIu64 " bytes: at least %" PRIu64 " (64 MiB)",
                       o->memory_bytes, ZB_CONVERT_MIN_MEMORY);
     if (o->zarr_format != 2 && o->zarr_format != 3)
-        return zb_err(ZB_E_INVALID, "zarr_format %d: 2 or 3", o->zarr_format);
+        return zb__err(ZB_E_INVALID, "zarr_format %d: 2 or 3", o->zarr_format);
     if (o->x_shard != UINT64_MAX && o->x_shard % o->x_chunk)
-        return zb_err(ZB_E_INVALID, "a shard of %" PRIu64 " elements is not a multiple of the "
-                      "chunk (%" PRIu64 ")", o->x_shard, o->x_chunk);
+        return zb__err(ZB_E_INVALID,
+                      "a shard of %" PRIu64 " elements is not a multiple of the "
+                      "chunk (%" PRIu64 ")",
+                      o->x_shard, o->x_chunk);
     if (o->var_join != ZB_VAR_OUTER && o->var_join != ZB_VAR_INNER)
-        return zb_err(ZB_E_INVALID, "var_join %d", (int)o->var_join);
+        return zb__err(ZB_E_INVALID, "var_join %d", (int)o->var_join);
     if ((unsigned)o->data_dtype > ZB_CONVERT_DATA_FLOAT32)
-        return zb_err(ZB_E_INVALID, "data_dtype %d", (int)o->data_dtype);
+        return zb__err(ZB_E_INVALID, "data_dtype %d", (int)o->data_dtype);
     if ((unsigned)o->index_dtype > ZB_CONVERT_INDEX_NARROW)
-        return zb_err(ZB_E_INVALID, "index_dtype %d", (int)o->index_dtype);
+        return zb__err(ZB_E_INVALID, "index_dtype %d", (int)o->index_dtype);
     if (o->num_threads < 0 || o->num_threads > ZB_POOL_MAX_THREADS)
-        return zb_err(ZB_E_INVALID, "num_threads %d: 0 to %d", o->num_threads,
-                      ZB_POOL_MAX_THREADS);
-    zb_codec codec;
+        return zb__err(ZB_E_INVALID, "num_threads %d: 0 to %d", o->num_threads, ZB_POOL_MAX_THREADS);
+    zb__codec codec;
     bool has;
-    ZB_TRY(zb_codec_spec_parse(o->codec, o->zarr_format, &codec, &has));
+    ZB_TRY(zb__codec_spec_parse(o->codec, o->zarr_format, &codec, &has));
     for (size_t i = 0; i < o->n_layers; i++)
         if (!o->layers[i] || !*o->layers[i] || strchr(o->layers[i], '/'))
-            return zb_err(ZB_E_INVALID, "layer name '%s'", o->layers[i] ? o->layers[i] : "");
+            return zb__err(ZB_E_INVALID, "layer name '%s'", o->layers[i] ? o->layers[i] : "");
     return ZB_OK;
 }
 
@@ -511,7 +512,7 @@ cv_args_difference(json_object *a, json_object *b, char *buf, size_t cap)
     snprintf(buf, cap, "the arguments");
     json_object_object_foreach(a, key, va)
     {
-        json_object *vb = zb_json_get(b, key);
+        json_object *vb = zb__json_get(b, key);
         const char *ta = va ? json_object_to_json_string(va) : "null";
         const char *tb = vb ? json_object_to_json_string(vb) : "null";
         if (strcmp(ta, tb)) {
@@ -528,9 +529,11 @@ check_resume(zb_convert *cv, json_object *args, const char *const *inputs)
     const char *now = json_object_to_json_string_ext(args, JSON_C_TO_STRING_PLAIN);
     if (strcmp(now, cv->args_text)) {
         char diff[512];
-        cv_args_difference(zb_json_get(cv->plan_doc, "args"), args, diff, sizeof diff);
-        return zb_err(ZB_E_INVALID, "%s holds a conversion of other inputs or options (%s); "
-                      "run the same command again, or remove it to start afresh", cv->output, diff);
+        cv_args_difference(zb__json_get(cv->plan_doc, "args"), args, diff, sizeof diff);
+        return zb__err(ZB_E_INVALID,
+                      "%s holds a conversion of other inputs or options (%s); "
+                      "run the same command again, or remove it to start afresh",
+                      cv->output, diff);
     }
     for (size_t k = 0; k < cv->n_inputs; k++) {
         char real[PATH_MAX];
@@ -540,8 +543,10 @@ check_resume(zb_convert *cv, json_object *args, const char *const *inputs)
         ZB_TRY(cv_fingerprint(inputs[k], &size, &mtime, NULL));
         if (strcmp(real, cv->inputs[k].path) || size != cv->inputs[k].size ||
             mtime != cv->inputs[k].mtime_ns)
-            return zb_err(ZB_E_INVALID, "%s changed since the conversion in %s was planned "
-                          "(%s); remove %s to start afresh", inputs[k], cv->output,
+            return zb__err(ZB_E_INVALID,
+                          "%s changed since the conversion in %s was planned "
+                          "(%s); remove %s to start afresh",
+                          inputs[k], cv->output,
                           strcmp(real, cv->inputs[k].path) ? "another file"
                           : size != cv->inputs[k].size     ? "its size"
                                                            : "its modification time",
@@ -569,16 +574,19 @@ check_output_free(const char *output)
 {
     struct stat sb;
     if (stat(output, &sb) != 0) return ZB_OK;
-    if (!S_ISDIR(sb.st_mode)) return zb_err(ZB_E_INVALID, "%s exists and is not a directory", output);
+    if (!S_ISDIR(sb.st_mode))
+        return zb__err(ZB_E_INVALID, "%s exists and is not a directory", output);
     char probe[4200];
     snprintf(probe, sizeof probe, "%s/%s", output, CV_MANIFEST);
     if (cv_exists(probe))
-        return zb_err(ZB_E_INVALID, "%s holds a finished conversion of other inputs or options; "
-                      "remove it first", output);
+        return zb__err(ZB_E_INVALID,
+                      "%s holds a finished conversion of other inputs or options; "
+                      "remove it first",
+                      output);
     uint64_t size;
     int64_t mtime;
     ZB_TRY(cv_fingerprint(output, &size, &mtime, NULL));
-    if (size) return zb_err(ZB_E_INVALID, "%s exists and is not empty; give a new path", output);
+    if (size) return zb__err(ZB_E_INVALID, "%s exists and is not empty; give a new path", output);
     return ZB_OK;
 }
 
@@ -586,18 +594,18 @@ zb_status
 zb_convert_plan(const char *const *inputs, size_t n_inputs, const char *output,
                 const zb_convert_opts *opts, zb_convert **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_convert_plan: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_convert_plan: null out");
     *out = NULL;
     if (!inputs || !n_inputs || !output || !*output)
-        return zb_err(ZB_E_INVALID, "zb_convert_plan: no inputs or no output");
+        return zb__err(ZB_E_INVALID, "zb_convert_plan: no inputs or no output");
     for (size_t k = 0; k < n_inputs; k++)
-        if (!inputs[k] || !*inputs[k]) return zb_err(ZB_E_INVALID, "input %zu: empty path", k);
+        if (!inputs[k] || !*inputs[k]) return zb__err(ZB_E_INVALID, "input %zu: empty path", k);
     zb_convert_opts o;
     ZB_TRY(normalize(opts, &o));
     json_object *args = NULL;
     ZB_TRY(cv_args_json(inputs, n_inputs, &o, &args));
     zb_convert *cv = convert_alloc(output);
-    zb_status st = cv ? ZB_OK : zb_err(ZB_E_NOMEM, "zb_convert_plan");
+    zb_status st = cv ? ZB_OK : zb__err(ZB_E_NOMEM, "zb_convert_plan");
     char path[4200];
     if (st == ZB_OK) st = cv_path(cv, path, sizeof path, "plan.json");
     if (st == ZB_OK && cv_exists(path)) {
@@ -612,7 +620,8 @@ zb_convert_plan(const char *const *inputs, size_t n_inputs, const char *output,
             if (!cv_exists(cv->work)) st = check_output_free(cv->output);
             if (st == ZB_OK) st = cv_mkdirs(cv->work);
             if (st == ZB_OK) st = write_root_marker(cv->output);
-            if (st == ZB_OK) st = cv_plan_write(inputs, n_inputs, &o, cv->work, args, o.num_threads);
+            if (st == ZB_OK)
+                st = cv_plan_write(inputs, n_inputs, &o, cv->work, args, o.num_threads);
             if (st == ZB_OK) st = cv_plan_load(cv);
         }
     }
@@ -628,15 +637,15 @@ zb_convert_plan(const char *const *inputs, size_t n_inputs, const char *output,
 zb_status
 zb_convert_open(const char *output, zb_convert **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_convert_open: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_convert_open: null out");
     *out = NULL;
-    if (!output) return zb_err(ZB_E_INVALID, "zb_convert_open: null output");
+    if (!output) return zb__err(ZB_E_INVALID, "zb_convert_open: null output");
     zb_convert *cv = convert_alloc(output);
-    if (!cv) return zb_err(ZB_E_NOMEM, "zb_convert_open");
+    if (!cv) return zb__err(ZB_E_NOMEM, "zb_convert_open");
     char path[4200];
     zb_status st = cv_path(cv, path, sizeof path, "plan.json");
     if (st == ZB_OK && !cv_exists(path))
-        st = zb_err(ZB_E_NOTFOUND, "%s: no conversion is planned there", output);
+        st = zb__err(ZB_E_NOTFOUND, "%s: no conversion is planned there", output);
     if (st == ZB_OK) st = cv_plan_load(cv);
     if (st != ZB_OK) {
         zb_convert_close(cv);
@@ -669,10 +678,14 @@ zb_convert_ntasks(const zb_convert *cv, zb_convert_phase phase)
 {
     if (!cv || cv->finished) return 0;
     switch (phase) {
-    case ZB_CONVERT_PREPARE: return cv->n_inputs;
-    case ZB_CONVERT_SCATTER: return cv->n_slices;
-    case ZB_CONVERT_GATHER: return (size_t)cv->n_datasets;
-    default: return 0;
+    case ZB_CONVERT_PREPARE:
+        return cv->n_inputs;
+    case ZB_CONVERT_SCATTER:
+        return cv->n_slices;
+    case ZB_CONVERT_GATHER:
+        return (size_t)cv->n_datasets;
+    default:
+        return 0;
     }
 }
 
@@ -680,10 +693,14 @@ static zb_status
 done_path(const zb_convert *cv, zb_convert_phase phase, size_t i, char *buf, size_t cap)
 {
     switch (phase) {
-    case ZB_CONVERT_PREPARE: return cv_path(cv, buf, cap, "prepare/i%zu.json", i);
-    case ZB_CONVERT_SCATTER: return cv_path(cv, buf, cap, "scatter/t%zu.bin", i);
-    case ZB_CONVERT_GATHER: return cv_path(cv, buf, cap, "gather/d%zu.json", i);
-    default: return zb_err(ZB_E_INVALID, "phase %d", (int)phase);
+    case ZB_CONVERT_PREPARE:
+        return cv_path(cv, buf, cap, "prepare/i%zu.json", i);
+    case ZB_CONVERT_SCATTER:
+        return cv_path(cv, buf, cap, "scatter/t%zu.bin", i);
+    case ZB_CONVERT_GATHER:
+        return cv_path(cv, buf, cap, "gather/d%zu.json", i);
+    default:
+        return zb__err(ZB_E_INVALID, "phase %d", (int)phase);
     }
 }
 
@@ -706,19 +723,25 @@ phase_done(const zb_convert *cv, zb_convert_phase phase)
 zb_status
 zb_convert_run_task(zb_convert *cv, zb_convert_phase phase, size_t i, int num_threads)
 {
-    if (!cv) return zb_err(ZB_E_INVALID, "zb_convert_run_task: null handle");
+    if (!cv) return zb__err(ZB_E_INVALID, "zb_convert_run_task: null handle");
     if (i >= zb_convert_ntasks(cv, phase))
-        return zb_err(ZB_E_RANGE, "task %zu of phase %d: the phase has %zu", i, (int)phase,
+        return zb__err(ZB_E_RANGE, "task %zu of phase %d: the phase has %zu", i, (int)phase,
                       zb_convert_ntasks(cv, phase));
     if (zb_convert_task_done(cv, phase, i)) return ZB_OK;
     if (phase > ZB_CONVERT_PREPARE && !phase_done(cv, (zb_convert_phase)(phase - 1)))
-        return zb_err(ZB_E_INVALID, "task %zu of phase %d: the previous phase is not finished", i,
+        return zb__err(ZB_E_INVALID, "task %zu of phase %d: the previous phase is not finished", i,
                       (int)phase);
     zb_status st;
     switch (phase) {
-    case ZB_CONVERT_PREPARE: st = cv_prepare_task(cv, i); break;
-    case ZB_CONVERT_SCATTER: st = cv_scatter_task(cv, i); break;
-    default: st = cv_gather_task(cv, i, num_threads < 1 ? 1 : num_threads); break;
+    case ZB_CONVERT_PREPARE:
+        st = cv_prepare_task(cv, i);
+        break;
+    case ZB_CONVERT_SCATTER:
+        st = cv_scatter_task(cv, i);
+        break;
+    default:
+        st = cv_gather_task(cv, i, num_threads < 1 ? 1 : num_threads);
+        break;
     }
     return st;
 }
@@ -791,7 +814,7 @@ run_phase(runner *r, zb_convert_phase phase, int concurrency, int task_threads)
     zb_convert *cv = r->cv;
     size_t n = zb_convert_ntasks(cv, phase);
     job *jobs = calloc(n ? n : 1, sizeof *jobs);
-    if (!jobs) return zb_err(ZB_E_NOMEM, "the task list");
+    if (!jobs) return zb__err(ZB_E_NOMEM, "the task list");
     memset(&r->progress, 0, sizeof r->progress);
     r->progress.phase = phase;
     r->progress.tasks_total = n;
@@ -808,18 +831,18 @@ run_phase(runner *r, zb_convert_phase phase, int concurrency, int task_threads)
         }
     }
     if (r->o->progress) r->o->progress(r->o->progress_ctx, &r->progress);
-    zb_pool *pool = NULL;
+    zb__pool *pool = NULL;
     int workers = concurrency < 1 ? 1 : concurrency;
     if ((size_t)workers > n) workers = n ? (int)n : 1;
-    zb_status st = zb_pool_new(workers > 1 ? workers : 0, &pool);
+    zb_status st = zb__pool_new(workers > 1 ? workers : 0, &pool);
     for (size_t i = 0; st == ZB_OK && i < n; i++)
-        if (jobs[i].phase != ZB_CONVERT_PHASES_) zb_pool_submit(pool, run_job, &jobs[i]);
-    zb_pool_free(pool);
+        if (jobs[i].phase != ZB_CONVERT_PHASES_) zb__pool_submit(pool, run_job, &jobs[i]);
+    zb__pool_free(pool);
     free(jobs);
     /* the next phase's tasks need other buffers: this phase's go back to the system */
     cv_ws_free_all(cv);
     if (st != ZB_OK) return st;
-    if (r->status != ZB_OK) return zb_err(r->status, "%s", r->message);
+    if (r->status != ZB_OK) return zb__err(r->status, "%s", r->message);
     return ZB_OK;
 }
 
@@ -844,12 +867,12 @@ lock_work(const zb_convert *cv, int *fd)
     char path[4200];
     ZB_TRY(cv_path(cv, path, sizeof path, "lock"));
     *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (*fd < 0) return zb_err(ZB_E_IO, "%s: %s", path, strerror(errno));
+    if (*fd < 0) return zb__err(ZB_E_IO, "%s: %s", path, strerror(errno));
     if (flock(*fd, LOCK_EX | LOCK_NB) == 0) return ZB_OK;
     close(*fd);
     *fd = -1;
-    return zb_err(ZB_E_INVALID, "another conversion is running into %s (it holds %s)",
-                  cv->output, path);
+    return zb__err(ZB_E_INVALID, "another conversion is running into %s (it holds %s)", cv->output,
+                  path);
 }
 
 zb_status
@@ -877,11 +900,12 @@ zb_convert_run(const char *const *inputs, size_t n_inputs, const char *output,
     uint64_t fit = o.memory_bytes / (3 * biggest);
     int scatter = fit < (uint64_t)t ? (int)(fit ? fit : 1) : t;
     if (st == ZB_OK) st = run_phase(&r, ZB_CONVERT_SCATTER, scatter, 1);
-    uint64_t gathers = cv_concurrent_gathers(o.memory_bytes, cv_gather_overhead(cv),
-                                             cv->n_datasets, t);
+    uint64_t gathers =
+        cv_concurrent_gathers(o.memory_bytes, cv_gather_overhead(cv), cv->n_datasets, t);
     cv->task_memory = o.memory_bytes / gathers;
     if (st == ZB_OK)
-        st = run_phase(&r, ZB_CONVERT_GATHER, (int)gathers, t / (int)gathers ? t / (int)gathers : 1);
+        st =
+            run_phase(&r, ZB_CONVERT_GATHER, (int)gathers, t / (int)gathers ? t / (int)gathers : 1);
     if (st == ZB_OK) st = zb_convert_finish(cv);
     pthread_mutex_destroy(&r.lock);
     zb_convert_close(cv);

@@ -34,7 +34,7 @@
 
 /* An input matrix (X or a layer) as the plan saw it. */
 typedef struct cv_in_matrix {
-    zb_src_layout layout;
+    zb__src_layout layout;
     zb_dtype dtype;
     uint64_t n_cols, nnz;
     bool monotone; /* the gene map keeps column order (no sort needed after remapping) */
@@ -53,14 +53,14 @@ typedef struct cv_input {
 /* One obs column of the output, and where each input keeps it. */
 typedef struct cv_column {
     char *name;
-    zb_col_kind kind;        /* of the output */
-    zb_dtype dtype;          /* numeric/nullable values; categorical: the categories' dtype */
-    zb_strings categories;   /* categorical: the output's table (text) */
-    void *category_values;   /* categorical, non-string: the table as values of dtype */
+    zb__col_kind kind;     /* of the output */
+    zb_dtype dtype;        /* numeric/nullable values; categorical: the categories' dtype */
+    zb_strings categories; /* categorical: the output's table (text) */
+    void *category_values; /* categorical, non-string: the table as values of dtype */
     bool ordered;
-    size_t *src_index;       /* [n_inputs] the column's index in each source */
-    int32_t **code_map;      /* categorical: [n_inputs][input categories] -> output code */
-    uint64_t *n_src_codes;   /* categorical: [n_inputs] input table sizes */
+    size_t *src_index;     /* [n_inputs] the column's index in each source */
+    int32_t **code_map;    /* categorical: [n_inputs][input categories] -> output code */
+    uint64_t *n_src_codes; /* categorical: [n_inputs] input table sizes */
 } cv_column;
 
 /* A scatter task: rows [start, stop) of one input. */
@@ -71,17 +71,17 @@ typedef struct cv_slice {
 } cv_slice;
 
 struct zb_convert {
-    char *output;   /* the collection directory */
-    char *work;     /* output/.zbatch-convert */
+    char *output;          /* the collection directory */
+    char *work;            /* output/.zbatch-convert */
     json_object *plan_doc; /* the parsed plan (owned) */
     const char *args_text; /* its "args", compact (lives with plan_doc) */
 
     size_t n_inputs;
     cv_input *inputs;
-    size_t n_mats;          /* X, then the layers */
-    char **mat_keys;        /* input keys: "X" / "raw/X" / "layers/A", then "layers/B"... */
-    char **mat_names;       /* output names: "X", then the layer names */
-    zb_dtype *mat_dtypes;   /* the inputs' promoted dtypes: of the scratch files' values */
+    size_t n_mats;        /* X, then the layers */
+    char **mat_keys;      /* input keys: "X" / "raw/X" / "layers/A", then "layers/B"... */
+    char **mat_names;     /* output names: "X", then the layer names */
+    zb_dtype *mat_dtypes; /* the inputs' promoted dtypes: of the scratch files' values */
     zb_convert_data_dtype data_choice;   /* the options' data_dtype */
     zb_convert_index_dtype index_choice; /* the options' index_dtype */
     /* the stored types (dtypes.c), found by the first gather from the scatter files */
@@ -95,9 +95,9 @@ struct zb_convert {
     uint64_t n_cells, dataset_size, n_datasets, input_bytes;
     uint64_t seed;
     bool shuffle;
-    zb_perm perm;
+    zb__perm perm;
     int zarr_format;
-    char *codec;            /* NULL = default */
+    char *codec; /* NULL = default */
     uint64_t x_chunk, x_shard;
     uint64_t memory_bytes;
     uint64_t block_bytes;   /* of the scatter files' blocks */
@@ -111,10 +111,10 @@ struct zb_convert {
 
     /* run time: sources and gene maps, opened on first use by any thread */
     pthread_mutex_t lock;
-    zb_src **srcs;             /* [n_inputs] */
-    zb_src_matrix ***matrices; /* [n_inputs][n_mats]: the source's or a transposed file's */
-    int32_t ***maps;           /* [n_inputs][n_mats] gene maps */
-    struct cv_ws *ws_free;     /* workspaces no task holds */
+    zb__src **srcs;             /* [n_inputs] */
+    zb__src_matrix ***matrices; /* [n_inputs][n_mats]: the source's or a transposed file's */
+    int32_t ***maps;            /* [n_inputs][n_mats] gene maps */
+    struct cv_ws *ws_free;      /* workspaces no task holds */
 };
 
 /* ---- the scatter file (scatter.c) ----------------------------------------------------------
@@ -157,7 +157,7 @@ typedef struct cv_scatter_header {
 } cv_scatter_header;
 
 /* The codec of the scatter pieces (blosc lz4 level 5, byte shuffle). */
-void cv_scratch_codec(zb_codec *codec);
+void cv_scratch_codec(zb__codec *codec);
 
 /* One array of a section: `item` bytes per element; one element per cell (count < 0) or as
  * many as the uint32 array `count` says for each cell. */
@@ -223,9 +223,24 @@ zb_status cv_stored_types(zb_convert *cv);
  * arrays; the named ones above hold the rest. */
 
 enum {
-    CV_WS_ORDER = CV_MAX_ARRAYS, CV_WS_POS, CV_WS_SECTION, CV_WS_KEYS, CV_WS_RAW,
-    CV_WS_ARENA, CV_WS_WHO, CV_WS_INDPTR, CV_WS_INDICES, CV_WS_VALUES, CV_WS_OFFSETS, CV_WS_TEXT,
-    CV_WS_MASK, CV_WS_TABLE, CV_WS_PACKED, CV_WS_CUTS, CV_WS_JOBS, CV_WS_STARTS0,
+    CV_WS_ORDER = CV_MAX_ARRAYS,
+    CV_WS_POS,
+    CV_WS_SECTION,
+    CV_WS_KEYS,
+    CV_WS_RAW,
+    CV_WS_ARENA,
+    CV_WS_WHO,
+    CV_WS_INDPTR,
+    CV_WS_INDICES,
+    CV_WS_VALUES,
+    CV_WS_OFFSETS,
+    CV_WS_TEXT,
+    CV_WS_MASK,
+    CV_WS_TABLE,
+    CV_WS_PACKED,
+    CV_WS_CUTS,
+    CV_WS_JOBS,
+    CV_WS_STARTS0,
     CV_WS_STARTS_N = 64, /* prefix sums of up to 64 count arrays */
     CV_WS_SLOTS = CV_WS_STARTS0 + CV_WS_STARTS_N
 };
@@ -234,13 +249,13 @@ typedef struct cv_ws {
     struct cv_ws *next;
     void *slot[CV_WS_SLOTS];
     size_t cap[CV_WS_SLOTS];
-    zb_csr_block *mats; /* read blocks, capacities kept */
+    zb__csr_block *mats; /* read blocks, capacities kept */
     size_t n_mats;
-    zb_col_block *cols;
+    zb__col_block *cols;
     size_t n_cols;
     zb_ctx *ctx;  /* codec contexts for the scratch pieces */
-    zb_buf piece; /* one compressed piece */
-    zb_buf blob;  /* a scatter file's pieces */
+    zb__buf piece; /* one compressed piece */
+    zb__buf blob;  /* a scatter file's pieces */
 } cv_ws;
 
 zb_status cv_ws_take(zb_convert *cv, cv_ws **out);
@@ -272,9 +287,9 @@ void cv_args_difference(json_object *had, json_object *now, char *buf, size_t ca
 zb_status cv_plan_load(zb_convert *cv);
 
 /* The source of input k (opened on first use; thread-safe). */
-zb_status cv_source(zb_convert *cv, uint32_t k, zb_src **out);
+zb_status cv_source(zb_convert *cv, uint32_t k, zb__src **out);
 /* Matrix j of input k: the source's, or the CSR file prepare made of a CSC one. */
-zb_status cv_matrix(zb_convert *cv, uint32_t k, size_t j, zb_src_matrix **out);
+zb_status cv_matrix(zb_convert *cv, uint32_t k, size_t j, zb__src_matrix **out);
 /* Gene map of input k's matrix j (loaded on first use). */
 zb_status cv_gene_map(zb_convert *cv, uint32_t k, size_t j, const int32_t **out);
 
@@ -286,7 +301,7 @@ zb_status cv_path(const zb_convert *cv, char *buf, size_t cap, const char *fmt, 
 static inline void
 cv_position(const zb_convert *cv, uint64_t g, uint64_t *dataset, uint64_t *row)
 {
-    uint64_t p = cv->shuffle ? zb_perm_apply(&cv->perm, g) : g;
+    uint64_t p = cv->shuffle ? zb__perm_apply(&cv->perm, g) : g;
     *dataset = p / cv->dataset_size;
     *row = p % cv->dataset_size;
 }

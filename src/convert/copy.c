@@ -16,24 +16,24 @@
 
 static zb_status
 copy_array(zb_store *src, const char *spath, zb_store *dst, const char *dpath,
-           const zb_copy_opts *o, const zb_tree_node *nd)
+           const zb_copy_opts *o, const zb__tree_node *nd)
 {
     zb_array *a = NULL;
-    zb_array_meta m;
-    zb_status st = nd->zarr_format == 2 ? zb_meta_from_v2_obj(nd->doc, nd->attrs, spath, &m)
-                                        : zb_meta_from_v3_obj(nd->doc, spath, &m);
+    zb__array_meta m;
+    zb_status st = nd->zarr_format == 2 ? zb__meta_from_v2_obj(nd->doc, nd->attrs, spath, &m)
+                                        : zb__meta_from_v3_obj(nd->doc, spath, &m);
     if (st == ZB_E_UNSUPPORTED && o->skip_unsupported) {
         zb_clear_error();
         return ZB_OK;
     }
     if (st != ZB_OK) return st;
-    ZB_TRY(zb_array_open_meta(src, spath, &m, &a));
+    ZB_TRY(zb__array_open_meta(src, spath, &m, &a));
     zb_array_info info;
     zb_array_get_info(a, &info);
     if (info.ndim == 0) {
         zb_array_close(a);
         if (o->skip_unsupported) return ZB_OK;
-        return zb_err(ZB_E_UNSUPPORTED, "%s: 0-d arrays are not copied", spath);
+        return zb__err(ZB_E_UNSUPPORTED, "%s: 0-d arrays are not copied", spath);
     }
     zb_array_write_opts wo = ZB_ARRAY_WRITE_OPTS_DEFAULT;
     wo.zarr_format = o->zarr_format;
@@ -55,7 +55,7 @@ copy_array(zb_store *src, const char *spath, zb_store *dst, const char *dpath,
     void *buf = NULL;
     if (st == ZB_OK && info.dtype != ZB_DT_STRING) {
         buf = malloc((size_t)(block * row_bytes) + 1);
-        if (!buf) st = zb_err(ZB_E_NOMEM, "%s: out of memory for a copy block", spath);
+        if (!buf) st = zb__err(ZB_E_NOMEM, "%s: out of memory for a copy block", spath);
     }
     zb_ctx *ctx = NULL;
     if (st == ZB_OK) st = zb_ctx_new(&ctx);
@@ -92,34 +92,34 @@ zb_status
 zb_store_copy(zb_store *src, const char *src_path, zb_store *dst, const char *dst_path,
               const zb_copy_opts *opts)
 {
-    if (!src || !dst) return zb_err(ZB_E_INVALID, "zb_store_copy: null store");
+    if (!src || !dst) return zb__err(ZB_E_INVALID, "zb_store_copy: null store");
     zb_copy_opts o = ZB_COPY_OPTS_DEFAULT;
     if (opts) o = *opts;
     char sroot[4096], droot[4096];
     ZB_TRY(zb_key_normalize(src_path ? src_path : "", sroot, sizeof sroot));
     ZB_TRY(zb_key_normalize(dst_path ? dst_path : "", droot, sizeof droot));
-    zb_tree *tree = NULL;
-    ZB_TRY(zb_tree_load(src, sroot, true, &tree));
+    zb__tree *tree = NULL;
+    ZB_TRY(zb__tree_load(src, sroot, true, &tree));
     zb_status st = ZB_OK;
     size_t plen = strlen(tree->nodes[0].path);
     char dpath[8400];
     /* arrays first, then groups deepest first, so every group appears after its contents and
      * the root document (the commit point of layouts) comes last */
     for (size_t i = 0; i < tree->n && st == ZB_OK; i++) {
-        const zb_tree_node *nd = &tree->nodes[i];
+        const zb__tree_node *nd = &tree->nodes[i];
         if (!nd->is_array) continue;
         const char *rel = nd->path + plen + (plen && nd->path[plen] == '/' ? 1 : 0);
         rel_join(dpath, sizeof dpath, droot, rel);
         st = copy_array(src, nd->path, dst, dpath, &o, nd);
-        if (st != ZB_OK) zb_err_context(st, "copying %s", nd->path);
+        if (st != ZB_OK) zb__err_context(st, "copying %s", nd->path);
     }
     for (size_t k = tree->n; k-- > 0 && st == ZB_OK;) {
-        const zb_tree_node *nd = &tree->nodes[k];
+        const zb__tree_node *nd = &tree->nodes[k];
         if (nd->is_array) continue;
         const char *rel = nd->path + plen + (plen && nd->path[plen] == '/' ? 1 : 0);
         rel_join(dpath, sizeof dpath, droot, rel);
-        st = zb_write_group(dst, dpath, o.zarr_format, zb_json_text(nd->attrs));
+        st = zb__write_group(dst, dpath, o.zarr_format, zb__json_text(nd->attrs));
     }
-    zb_tree_free(tree);
+    zb__tree_free(tree);
     return st;
 }

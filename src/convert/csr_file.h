@@ -12,23 +12,23 @@
 #define ZB_CSR_FILE_HEADER_BYTES 64
 
 /* Byte offsets of the parts of a file of n_rows rows and nnz elements of `item` bytes. */
-typedef struct zb_csr_file_layout {
+typedef struct zb__csr_file_layout {
     uint64_t indptr;  /* int64 [n_rows + 1] */
     uint64_t indices; /* uint32 [nnz] */
     uint64_t data;    /* item [nnz] */
     uint64_t size;    /* of the whole file */
-} zb_csr_file_layout;
+} zb__csr_file_layout;
 
 /* ZB_E_OVERFLOW when the file would not fit in 2^63 bytes. */
-zb_status zb_csr_file_layout_of(uint64_t n_rows, uint64_t nnz, size_t item,
-                                zb_csr_file_layout *out);
+zb_status zb__csr_file_layout_of(uint64_t n_rows, uint64_t nnz, size_t item,
+                                 zb__csr_file_layout *out);
 
 /* The header of a file holding an n_rows x n_cols matrix of nnz elements of `dtype`. */
-void zb_csr_file_header(uint8_t out[ZB_CSR_FILE_HEADER_BYTES], zb_dtype dtype, uint64_t n_rows,
-                        uint64_t n_cols, uint64_t nnz);
+void zb__csr_file_header(uint8_t out[ZB_CSR_FILE_HEADER_BYTES], zb_dtype dtype, uint64_t n_rows,
+                         uint64_t n_cols, uint64_t nnz);
 
 /* What one transposition did, for tests and benchmarks. */
-typedef struct zb_transpose_stats {
+typedef struct zb__transpose_stats {
     uint64_t bands;         /* row bands of the first distribution */
     uint64_t bands_split;   /* bands too dense for memory, distributed again into narrower ones */
     uint64_t scratch_bytes; /* written to the scratch file (0 when the triples stayed in memory) */
@@ -37,22 +37,22 @@ typedef struct zb_transpose_stats {
     bool in_memory;         /* the distributed triples fitted memory_bytes: no scratch file */
     double seconds[3];      /* wall time of pass 1 (read and distribute), pass 2 (transpose and
                                write the bands), and the commit (fsync and rename) */
-} zb_transpose_stats;
+} zb__transpose_stats;
 
-/* zb_csc_transpose's parameters, and the size of a band for measuring it. */
-typedef struct zb_transpose_opts {
+/* zb__csc_transpose's parameters, and the size of a band for measuring it. */
+typedef struct zb__transpose_opts {
     uint64_t memory_bytes;
     int num_threads;
     uint64_t band_bytes; /* CSR bytes a band of rows aims at; 0 = the default (transpose.c) */
-} zb_transpose_opts;
+} zb__transpose_opts;
 
-/* zb_csc_transpose with every parameter, filling *stats (which may be NULL). */
-zb_status zb_csc_transpose_ex(zb_src_matrix *m, const char *path, const zb_transpose_opts *opts,
-                              zb_transpose_stats *stats);
+/* zb__csc_transpose with every parameter, filling *stats (which may be NULL). */
+zb_status zb__csc_transpose_ex(zb__src_matrix *m, const char *path, const zb__transpose_opts *opts,
+                               zb__transpose_stats *stats);
 
 /* For tests (fault injection, SQLite's habit): from now on the write-like call (fallocate,
  * pwrite, fsync) number `nth` (0 = the next) that a transposition makes fails with errno `err`,
  * once; a negative nth turns injection off. Process-wide: set it while no transposition runs. */
-void zb_transpose_fail_write(int64_t nth, int err);
+void zb__transpose_fail_write(int64_t nth, int err);
 
 #endif

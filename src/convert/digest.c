@@ -80,13 +80,13 @@ d_put(void *self, const char *key, const void *data, uint64_t length)
         if (dg->n == dg->cap) {
             size_t cap = dg->cap ? 2 * dg->cap : 64;
             record *p = realloc(dg->recs, cap * sizeof *p);
-            if (!p) st = zb_err(ZB_E_NOMEM, "digest of %s", key);
+            if (!p) st = zb__err(ZB_E_NOMEM, "digest of %s", key);
             if (p) dg->recs = p, dg->cap = cap;
         }
         if (st == ZB_OK) {
             r = &dg->recs[dg->n];
             if (!(r->key = strdup(rel)))
-                st = zb_err(ZB_E_NOMEM, "digest of %s", key);
+                st = zb__err(ZB_E_NOMEM, "digest of %s", key);
             else
                 dg->n++;
         }
@@ -126,12 +126,12 @@ d_rename(void *self, const char *from, const char *to)
     record *r = rf ? find(dg, rf) : NULL;
     if (r && rt) {
         char *k = strdup(rt);
-        if (!k) st = zb_err(ZB_E_NOMEM, "digest of %s", to);
+        if (!k) st = zb__err(ZB_E_NOMEM, "digest of %s", to);
         if (k) free(r->key), r->key = k;
     } else if (r) {
         drop(dg, r);
     } else if (rt) { /* renamed in from outside the prefix: not seen being written */
-        st = zb_err(ZB_E_INVALID, "digest: %s was renamed into the dataset from %s", to, from);
+        st = zb__err(ZB_E_INVALID, "digest: %s was renamed into the dataset from %s", to, from);
     }
     pthread_mutex_unlock(&dg->lock);
     return st;
@@ -177,7 +177,7 @@ cv_digest_open(const char *root, const char *prefix, cv_digest **out, zb_store *
     *out = NULL;
     *store = NULL;
     cv_digest *dg = calloc(1, sizeof *dg);
-    if (!dg) return zb_err(ZB_E_NOMEM, "digest");
+    if (!dg) return zb__err(ZB_E_NOMEM, "digest");
     snprintf(dg->prefix, sizeof dg->prefix, "%s", prefix);
     dg->prefix_len = strlen(dg->prefix);
     pthread_mutex_init(&dg->lock, NULL);

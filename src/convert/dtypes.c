@@ -53,16 +53,36 @@ cv_stats_add(cv_value_stats *s, const void *values, zb_dtype dtype, uint64_t n)
     uint64_t max = 0;
     switch (dtype) {
     case ZB_DT_BOOL:
-    case ZB_DT_UINT8: FOLD_INT(uint8_t, AS_UNSIGNED); break;
-    case ZB_DT_UINT16: FOLD_INT(uint16_t, AS_UNSIGNED); break;
-    case ZB_DT_UINT32: FOLD_INT(uint32_t, AS_UNSIGNED); break;
-    case ZB_DT_UINT64: FOLD_INT(uint64_t, AS_UNSIGNED); break;
-    case ZB_DT_INT8: FOLD_INT(int8_t, AS_SIGNED); break;
-    case ZB_DT_INT16: FOLD_INT(int16_t, AS_SIGNED); break;
-    case ZB_DT_INT32: FOLD_INT(int32_t, AS_SIGNED); break;
-    case ZB_DT_INT64: FOLD_INT(int64_t, AS_SIGNED); break;
-    case ZB_DT_FLOAT32: FOLD_FLOAT(float); break;
-    case ZB_DT_FLOAT64: FOLD_FLOAT(double); break;
+    case ZB_DT_UINT8:
+        FOLD_INT(uint8_t, AS_UNSIGNED);
+        break;
+    case ZB_DT_UINT16:
+        FOLD_INT(uint16_t, AS_UNSIGNED);
+        break;
+    case ZB_DT_UINT32:
+        FOLD_INT(uint32_t, AS_UNSIGNED);
+        break;
+    case ZB_DT_UINT64:
+        FOLD_INT(uint64_t, AS_UNSIGNED);
+        break;
+    case ZB_DT_INT8:
+        FOLD_INT(int8_t, AS_SIGNED);
+        break;
+    case ZB_DT_INT16:
+        FOLD_INT(int16_t, AS_SIGNED);
+        break;
+    case ZB_DT_INT32:
+        FOLD_INT(int32_t, AS_SIGNED);
+        break;
+    case ZB_DT_INT64:
+        FOLD_INT(int64_t, AS_SIGNED);
+        break;
+    case ZB_DT_FLOAT32:
+        FOLD_FLOAT(float);
+        break;
+    case ZB_DT_FLOAT64:
+        FOLD_FLOAT(double);
+        break;
     case ZB_DT_FLOAT16: { /* rare: through float64 in steps */
         double buf[256];
         const unsigned char *p = values;
@@ -73,7 +93,9 @@ cv_stats_add(cv_value_stats *s, const void *values, zb_dtype dtype, uint64_t n)
         }
         return;
     }
-    default: wide = 1; break;
+    default:
+        wide = 1;
+        break;
     }
     s->flags |= CV_VALUES_ANY | (wide ? CV_VALUES_WIDE : 0);
     if (max > s->max) s->max = max;
@@ -107,10 +129,14 @@ zb_dtype
 cv_explicit_dtype(zb_convert_data_dtype choice)
 {
     switch (choice) {
-    case ZB_CONVERT_DATA_UINT8: return ZB_DT_UINT8;
-    case ZB_CONVERT_DATA_UINT16: return ZB_DT_UINT16;
-    case ZB_CONVERT_DATA_FLOAT32: return ZB_DT_FLOAT32;
-    default: return ZB_DT_COUNT_;
+    case ZB_CONVERT_DATA_UINT8:
+        return ZB_DT_UINT8;
+    case ZB_CONVERT_DATA_UINT16:
+        return ZB_DT_UINT16;
+    case ZB_CONVERT_DATA_FLOAT32:
+        return ZB_DT_FLOAT32;
+    default:
+        return ZB_DT_COUNT_;
     }
 }
 
@@ -121,19 +147,19 @@ fold_task(const zb_convert *cv, size_t t, cv_value_stats *all)
     char path[4200];
     ZB_TRY(cv_path(cv, path, sizeof path, "scatter/t%zu.bin", t));
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return zb_err(ZB_E_IO, "%s: %s", path, strerror(errno));
+    if (fd < 0) return zb__err(ZB_E_IO, "%s: %s", path, strerror(errno));
     cv_scatter_header h;
     size_t bytes = cv->n_mats * sizeof(cv_value_stats);
     cv_value_stats *s = malloc(bytes + 1);
-    zb_status st = s ? ZB_OK : zb_err(ZB_E_NOMEM, "the stored types");
+    zb_status st = s ? ZB_OK : zb__err(ZB_E_NOMEM, "the stored types");
     if (st == ZB_OK && pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
-        st = zb_err(ZB_E_TRUNCATED, "%s: a short header", path);
+        st = zb__err(ZB_E_TRUNCATED, "%s: a short header", path);
     if (st == ZB_OK && (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != CV_SCATTER_VERSION ||
                         h.n_datasets != cv->n_datasets))
-        st = zb_err(ZB_E_CORRUPT, "%s: not a scatter file of this conversion", path);
+        st = zb__err(ZB_E_CORRUPT, "%s: not a scatter file of this conversion", path);
     off_t at = (off_t)(sizeof h + cv->n_datasets * 4 * 8);
     if (st == ZB_OK && pread(fd, s, bytes, at) != (ssize_t)bytes)
-        st = zb_err(ZB_E_TRUNCATED, "%s: no value stats", path);
+        st = zb__err(ZB_E_TRUNCATED, "%s: no value stats", path);
     for (size_t j = 0; st == ZB_OK && j < cv->n_mats; j++) {
         all[j].flags |= s[j].flags;
         if (s[j].max > all[j].max) all[j].max = s[j].max;
@@ -175,7 +201,7 @@ choose(zb_convert *cv)
 {
     zb_dtype *out = calloc(cv->n_mats, sizeof *out);
     cv_value_stats *all = calloc(cv->n_mats, sizeof *all);
-    zb_status st = out && all ? ZB_OK : zb_err(ZB_E_NOMEM, "the stored types");
+    zb_status st = out && all ? ZB_OK : zb__err(ZB_E_NOMEM, "the stored types");
     bool fold = cv->data_choice == ZB_CONVERT_DATA_AUTO;
     for (size_t t = 0; st == ZB_OK && fold && t < cv->n_slices; t++) st = fold_task(cv, t, all);
     for (size_t j = 0; st == ZB_OK && j < cv->n_mats; j++)

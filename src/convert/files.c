@@ -34,14 +34,14 @@ cv_mkdirs(const char *path)
 {
     char buf[4096];
     size_t n = strlen(path);
-    if (n >= sizeof buf) return zb_err(ZB_E_INVALID, "%.64s...: path too long", path);
+    if (n >= sizeof buf) return zb__err(ZB_E_INVALID, "%.64s...: path too long", path);
     memcpy(buf, path, n + 1);
     for (size_t i = 1; i <= n; i++) {
         if (buf[i] != '/' && buf[i] != '\0') continue;
         char c = buf[i];
         buf[i] = '\0';
         if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-            return zb_err(ZB_E_IO, "%s: cannot create the directory: %s", buf, strerror(errno));
+            return zb__err(ZB_E_IO, "%s: cannot create the directory: %s", buf, strerror(errno));
         buf[i] = c;
     }
     return ZB_OK;
@@ -54,7 +54,7 @@ write_all(int fd, const char *path, const void *buf, size_t len)
     while (len) {
         ssize_t w = write(fd, p, len > ((size_t)1 << 30) ? (size_t)1 << 30 : len);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return zb_err(ZB_E_IO, "%s: write: %s", path, strerror(errno));
+        if (w <= 0) return zb__err(ZB_E_IO, "%s: write: %s", path, strerror(errno));
         p += w;
         len -= (size_t)w;
     }
@@ -67,15 +67,15 @@ cv_write_file(const char *path, const void *const *bufs, const size_t *lens, siz
     char tmp[4200];
     int len = snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
     if (len < 0 || (size_t)len >= sizeof tmp)
-        return zb_err(ZB_E_INVALID, "%.64s...: path too long", path);
+        return zb__err(ZB_E_INVALID, "%.64s...: path too long", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) return zb_err(ZB_E_IO, "%s: %s", tmp, strerror(errno));
+    if (fd < 0) return zb__err(ZB_E_IO, "%s: %s", tmp, strerror(errno));
     zb_status st = ZB_OK;
     for (size_t i = 0; i < n && st == ZB_OK; i++) st = write_all(fd, path, bufs[i], lens[i]);
-    if (st == ZB_OK && fsync(fd) != 0) st = zb_err(ZB_E_IO, "%s: fsync: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && st == ZB_OK) st = zb_err(ZB_E_IO, "%s: close: %s", tmp, strerror(errno));
+    if (st == ZB_OK && fsync(fd) != 0) st = zb__err(ZB_E_IO, "%s: fsync: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && st == ZB_OK) st = zb__err(ZB_E_IO, "%s: close: %s", tmp, strerror(errno));
     if (st == ZB_OK && rename(tmp, path) != 0)
-        st = zb_err(ZB_E_IO, "%s: rename: %s", path, strerror(errno));
+        st = zb__err(ZB_E_IO, "%s: rename: %s", path, strerror(errno));
     if (st != ZB_OK) unlink(tmp);
     return st;
 }
@@ -86,16 +86,15 @@ cv_read_file(const char *path, char **text, size_t *len)
     *text = NULL;
     FILE *f = fopen(path, "rb");
     if (!f)
-        return zb_err(errno == ENOENT ? ZB_E_NOTFOUND : ZB_E_IO, "%s: %s", path, strerror(errno));
+        return zb__err(errno == ENOENT ? ZB_E_NOTFOUND : ZB_E_IO, "%s: %s", path, strerror(errno));
     zb_status st = ZB_OK;
     char *buf = NULL;
     long n = -1;
     if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0)
-        st = zb_err(ZB_E_IO, "%s: cannot size it", path);
-    if (st == ZB_OK && !(buf = malloc((size_t)n + 1))) st = zb_err(ZB_E_NOMEM, "%s", path);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) st = zb__err(ZB_E_IO, "%s: cannot size it", path);
+    if (st == ZB_OK && !(buf = malloc((size_t)n + 1))) st = zb__err(ZB_E_NOMEM, "%s", path);
     if (st == ZB_OK && fread(buf, 1, (size_t)n, f) != (size_t)n)
-        st = zb_err(ZB_E_IO, "%s: short read", path);
+        st = zb__err(ZB_E_IO, "%s: short read", path);
     fclose(f);
     if (st != ZB_OK) {
         free(buf);
@@ -112,14 +111,14 @@ cv_remove_tree(const char *path)
 {
     struct stat sb;
     if (lstat(path, &sb) != 0)
-        return errno == ENOENT ? ZB_OK : zb_err(ZB_E_IO, "%s: %s", path, strerror(errno));
+        return errno == ENOENT ? ZB_OK : zb__err(ZB_E_IO, "%s: %s", path, strerror(errno));
     if (!S_ISDIR(sb.st_mode)) {
         if (unlink(path) != 0 && errno != ENOENT)
-            return zb_err(ZB_E_IO, "%s: cannot remove it: %s", path, strerror(errno));
+            return zb__err(ZB_E_IO, "%s: cannot remove it: %s", path, strerror(errno));
         return ZB_OK;
     }
     DIR *d = opendir(path);
-    if (!d) return zb_err(ZB_E_IO, "%s: %s", path, strerror(errno));
+    if (!d) return zb__err(ZB_E_IO, "%s: %s", path, strerror(errno));
     zb_status st = ZB_OK;
     struct dirent *e;
     while (st == ZB_OK && (e = readdir(d))) {
@@ -127,14 +126,14 @@ cv_remove_tree(const char *path)
         char child[4096];
         int n = snprintf(child, sizeof child, "%s/%s", path, e->d_name);
         if (n < 0 || (size_t)n >= sizeof child) {
-            st = zb_err(ZB_E_INVALID, "%s: path too long", path);
+            st = zb__err(ZB_E_INVALID, "%s: path too long", path);
             break;
         }
         st = cv_remove_tree(child);
     }
     closedir(d);
     if (st == ZB_OK && rmdir(path) != 0 && errno != ENOENT)
-        st = zb_err(ZB_E_IO, "%s: cannot remove it: %s", path, strerror(errno));
+        st = zb__err(ZB_E_IO, "%s: cannot remove it: %s", path, strerror(errno));
     return st;
 }
 
@@ -144,12 +143,12 @@ static zb_status
 file_crc(const char *path, uint64_t *crc)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return zb_err(ZB_E_IO, "%s: %s", path, strerror(errno));
+    if (fd < 0) return zb__err(ZB_E_IO, "%s: %s", path, strerror(errno));
     enum { BLOCK = 4 << 20 };
     unsigned char *buf = malloc(BLOCK);
     if (!buf) {
         close(fd);
-        return zb_err(ZB_E_NOMEM, "%s: a read buffer", path);
+        return zb__err(ZB_E_NOMEM, "%s: a read buffer", path);
     }
     zb_status st = ZB_OK;
     uint64_t c = 0;
@@ -157,7 +156,7 @@ file_crc(const char *path, uint64_t *crc)
         ssize_t r = read(fd, buf, BLOCK);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
-            st = zb_err(ZB_E_IO, "%s: read: %s", path, strerror(errno));
+            st = zb__err(ZB_E_IO, "%s: read: %s", path, strerror(errno));
             break;
         }
         if (r == 0) break;
@@ -182,7 +181,7 @@ sorted_entries(const char *dir, char ***names, size_t *n)
     *names = NULL;
     *n = 0;
     DIR *d = opendir(dir);
-    if (!d) return zb_err(ZB_E_IO, "%s: %s", dir, strerror(errno));
+    if (!d) return zb__err(ZB_E_IO, "%s: %s", dir, strerror(errno));
     size_t cap = 0;
     zb_status st = ZB_OK;
     struct dirent *e;
@@ -192,13 +191,13 @@ sorted_entries(const char *dir, char ***names, size_t *n)
             cap = cap ? 2 * cap : 16;
             char **p = realloc(*names, cap * sizeof *p);
             if (!p) {
-                st = zb_err(ZB_E_NOMEM, "%s: listing", dir);
+                st = zb__err(ZB_E_NOMEM, "%s: listing", dir);
                 break;
             }
             *names = p;
         }
         if (!((*names)[*n] = strdup(e->d_name))) {
-            st = zb_err(ZB_E_NOMEM, "%s: listing", dir);
+            st = zb__err(ZB_E_NOMEM, "%s: listing", dir);
             break;
         }
         (*n)++;
@@ -214,7 +213,8 @@ walk(const char *root, const char *rel, uint64_t *size, int64_t *mtime, uint64_t
 {
     char dir[4096];
     int len = snprintf(dir, sizeof dir, "%s%s%s", root, rel[0] ? "/" : "", rel);
-    if (len < 0 || (size_t)len >= sizeof dir) return zb_err(ZB_E_INVALID, "%s: path too long", root);
+    if (len < 0 || (size_t)len >= sizeof dir)
+        return zb__err(ZB_E_INVALID, "%s: path too long", root);
     char **names;
     size_t n;
     ZB_TRY(sorted_entries(dir, &names, &n));
@@ -225,7 +225,7 @@ walk(const char *root, const char *rel, uint64_t *size, int64_t *mtime, uint64_t
         snprintf(full, sizeof full, "%s/%s", root, crel);
         struct stat sb;
         if (stat(full, &sb) != 0) {
-            st = zb_err(ZB_E_IO, "%s: %s", full, strerror(errno));
+            st = zb__err(ZB_E_IO, "%s: %s", full, strerror(errno));
             break;
         }
         if (S_ISDIR(sb.st_mode)) {
@@ -253,7 +253,7 @@ cv_fingerprint(const char *path, uint64_t *size, int64_t *mtime_ns, uint64_t *cr
 {
     struct stat sb;
     if (stat(path, &sb) != 0)
-        return zb_err(errno == ENOENT ? ZB_E_NOTFOUND : ZB_E_IO, "%s: %s", path, strerror(errno));
+        return zb__err(errno == ENOENT ? ZB_E_NOTFOUND : ZB_E_IO, "%s: %s", path, strerror(errno));
     *size = 0;
     *mtime_ns = 0;
     if (crc) *crc = 0;

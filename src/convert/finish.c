@@ -22,7 +22,7 @@ load_json(const char *path, json_object **out)
     char *text;
     size_t len;
     ZB_TRY(cv_read_file(path, &text, &len));
-    zb_status st = zb_json_parse(text, len, path, out);
+    zb_status st = zb__json_parse(text, len, path, out);
     free(text);
     return st;
 }
@@ -30,7 +30,7 @@ load_json(const char *path, json_object **out)
 static const char *
 str_of(json_object *o, const char *key)
 {
-    json_object *v = zb_json_get(o, key);
+    json_object *v = zb__json_get(o, key);
     return v ? json_object_get_string(v) : "";
 }
 
@@ -45,12 +45,13 @@ verify_dataset(const zb_convert *cv, size_t d, json_object *expect)
     ZB_TRY(cv_fingerprint(dir, &size, &mtime, &crc));
     char hex[20];
     snprintf(hex, sizeof hex, "%016" PRIx64, crc);
-    json_object *b = zb_json_get(expect, "bytes");
-    if (b) zb_json_u64(b, "bytes", &want_bytes);
+    json_object *b = zb__json_get(expect, "bytes");
+    if (b) zb__json_u64(b, "bytes", &want_bytes);
     if (!strcmp(hex, str_of(expect, "crc64")) && size == want_bytes) return ZB_OK;
-    return zb_err(ZB_E_CHECKSUM, "%s: its files (%" PRIu64 " bytes, CRC-64 %s) differ from what "
-                  "was written (%" PRIu64 " bytes, CRC-64 %s)", dir, size, hex, want_bytes,
-                  str_of(expect, "crc64"));
+    return zb__err(ZB_E_CHECKSUM,
+                  "%s: its files (%" PRIu64 " bytes, CRC-64 %s) differ from what "
+                  "was written (%" PRIu64 " bytes, CRC-64 %s)",
+                  dir, size, hex, want_bytes, str_of(expect, "crc64"));
 }
 
 /* ---- root group ------------------------------------------------------------------------------ */
@@ -63,7 +64,7 @@ typedef struct entry {
 static int
 cmp_entry(const void *a, const void *b)
 {
-    return zb_write_cmp_consolidated(((const entry *)a)->key, ((const entry *)b)->key);
+    return zb__write_cmp_consolidated(((const entry *)a)->key, ((const entry *)b)->key);
 }
 
 static zb_status
@@ -72,16 +73,16 @@ push_entry(entry **list, size_t *n, size_t *cap, const char *key, json_object *d
     if (*n == *cap) {
         size_t c = *cap ? 2 * *cap : 256;
         entry *p = realloc(*list, c * sizeof *p);
-        if (!p) return zb_err(ZB_E_NOMEM, "consolidated metadata");
+        if (!p) return zb__err(ZB_E_NOMEM, "consolidated metadata");
         *list = p;
         *cap = c;
     }
-    snprintf((*list)[*n].key, sizeof (*list)[*n].key, "%s", key);
+    snprintf((*list)[*n].key, sizeof(*list)[*n].key, "%s", key);
     (*list)[(*n)++].doc = doc;
     return ZB_OK;
 }
 
-/* Every node of every dataset, in the order zb_write_cmp_consolidated gives (v3 keys: paths
+/* Every node of every dataset, in the order zb__write_cmp_consolidated gives (v3 keys: paths
  * relative to the root, nested groups with an empty consolidated_metadata; v2: keys with the
  * document's name). */
 static zb_status
@@ -94,15 +95,15 @@ consolidate_datasets(const zb_convert *cv, zb_store *store, json_object *meta)
     for (uint64_t d = 0; d < cv->n_datasets && st == ZB_OK; d++) {
         char name[64], key[4200];
         snprintf(name, sizeof name, "dataset_%" PRIu64, d);
-        zb_tree *tree = NULL;
-        st = zb_tree_load(store, name, false, &tree);
+        zb__tree *tree = NULL;
+        st = zb__tree_load(store, name, false, &tree);
         for (size_t i = 0; st == ZB_OK && i < tree->n; i++) {
-            const zb_tree_node *nd = &tree->nodes[i];
+            const zb__tree_node *nd = &tree->nodes[i];
             if (cv->zarr_format == 3) {
                 const char *text = json_object_to_json_string_ext(nd->doc, JSON_C_TO_STRING_PLAIN);
                 json_object *doc = NULL;
-                st = zb_json_parse(text, strlen(text), nd->path, &doc);
-                if (st == ZB_OK && !nd->is_array) zb_write_mark_nested_group(doc, &ok);
+                st = zb__json_parse(text, strlen(text), nd->path, &doc);
+                if (st == ZB_OK && !nd->is_array) zb__write_mark_nested_group(doc, &ok);
                 if (st == ZB_OK) st = push_entry(&list, &n, &cap, nd->path, doc);
             } else {
                 snprintf(key, sizeof key, "%s/%s", nd->path, nd->is_array ? ".zarray" : ".zgroup");
@@ -113,15 +114,17 @@ consolidate_datasets(const zb_convert *cv, zb_store *store, json_object *meta)
                 }
             }
         }
-        zb_tree_free(tree);
+        zb__tree_free(tree);
     }
     if (st == ZB_OK && n) qsort(list, n, sizeof *list, cmp_entry);
     for (size_t i = 0; i < n; i++) {
-        if (st == ZB_OK) zb_jw_add(meta, list[i].key, list[i].doc, &ok);
-        else json_object_put(list[i].doc);
+        if (st == ZB_OK)
+            zb__jw_add(meta, list[i].key, list[i].doc, &ok);
+        else
+            json_object_put(list[i].doc);
     }
     free(list);
-    if (st == ZB_OK && !ok) st = zb_err(ZB_E_NOMEM, "consolidated metadata");
+    if (st == ZB_OK && !ok) st = zb__err(ZB_E_NOMEM, "consolidated metadata");
     return st;
 }
 
@@ -131,10 +134,10 @@ write_root(const zb_convert *cv)
     zb_store *store = NULL;
     ZB_TRY(zb_store_open_file(cv->output, &store));
     json_object *meta = json_object_new_object();
-    zb_status st = meta ? consolidate_datasets(cv, store, meta)
-                        : zb_err(ZB_E_NOMEM, "the root group");
+    zb_status st =
+        meta ? consolidate_datasets(cv, store, meta) : zb__err(ZB_E_NOMEM, "the root group");
     if (st == ZB_OK)
-        st = zb_write_consolidated_root(store, "", cv->zarr_format, collection_attrs, meta);
+        st = zb__write_consolidated_root(store, "", cv->zarr_format, collection_attrs, meta);
     json_object_put(meta);
     zb_store_close(store);
     return st;
@@ -154,23 +157,23 @@ manifest_dtypes(const zb_convert *cv, json_object *m)
         st = cv_path(cv, path, sizeof path, "gather/d%" PRIu64 ".json", d);
         if (st == ZB_OK) st = load_json(path, &done);
         if (st != ZB_OK) break;
-        json_object *dt = zb_json_get(done, "dtypes");
+        json_object *dt = zb__json_get(done, "dtypes");
         if (!dt) {
-            st = zb_err(ZB_E_CORRUPT, "%s: no stored types", path);
+            st = zb__err(ZB_E_CORRUPT, "%s: no stored types", path);
         } else if (!first) {
             first = json_object_get(dt);
         } else if (strcmp(json_object_to_json_string_ext(dt, JSON_C_TO_STRING_PLAIN),
                           json_object_to_json_string_ext(first, JSON_C_TO_STRING_PLAIN))) {
-            st = zb_err(ZB_E_CORRUPT, "%s: stored types %s, but dataset_0 has %s", path,
+            st = zb__err(ZB_E_CORRUPT, "%s: stored types %s, but dataset_0 has %s", path,
                         json_object_to_json_string_ext(dt, JSON_C_TO_STRING_PLAIN),
                         json_object_to_json_string_ext(first, JSON_C_TO_STRING_PLAIN));
         }
         json_object_put(done);
     }
     int ok = 1;
-    if (st == ZB_OK) zb_jw_add(m, "dtypes", json_object_get(first), &ok);
+    if (st == ZB_OK) zb__jw_add(m, "dtypes", json_object_get(first), &ok);
     json_object_put(first);
-    if (st == ZB_OK && !ok) st = zb_err(ZB_E_NOMEM, "the manifest");
+    if (st == ZB_OK && !ok) st = zb__err(ZB_E_NOMEM, "the manifest");
     return st;
 }
 
@@ -180,35 +183,35 @@ build_manifest(const zb_convert *cv, json_object **out)
     int ok = 1;
     zb_status st = ZB_OK;
     json_object *m = json_object_new_object();
-    zb_jw_add(m, "format", json_object_new_string("zbatch-convert-manifest"), &ok);
-    zb_jw_add(m, "version", json_object_new_int(1), &ok);
-    zb_jw_add(m, "checksum", json_object_new_string("crc64-xz"), &ok);
-    zb_jw_add(m, "args", json_object_get(zb_json_get(cv->plan_doc, "args")), &ok);
-    json_object *ins = zb_jw_add(m, "inputs", json_object_new_array(), &ok);
+    zb__jw_add(m, "format", json_object_new_string("zbatch-convert-manifest"), &ok);
+    zb__jw_add(m, "version", json_object_new_int(1), &ok);
+    zb__jw_add(m, "checksum", json_object_new_string("crc64-xz"), &ok);
+    zb__jw_add(m, "args", json_object_get(zb__json_get(cv->plan_doc, "args")), &ok);
+    json_object *ins = zb__jw_add(m, "inputs", json_object_new_array(), &ok);
     for (size_t k = 0; k < cv->n_inputs && st == ZB_OK && ok; k++) {
         char path[4200];
         json_object *done = NULL;
         st = cv_path(cv, path, sizeof path, "prepare/i%zu.json", k);
         if (st == ZB_OK) st = load_json(path, &done);
         if (st != ZB_OK) break;
-        json_object *in = zb_jw_push(ins, json_object_new_object(), &ok);
-        zb_jw_add(in, "path",
-                  json_object_new_string_len(cv->input_names.data + cv->input_names.offsets[k],
-                                             (int)(cv->input_names.offsets[k + 1] -
-                                                   cv->input_names.offsets[k])),
-                  &ok);
-        zb_jw_add(in, "format", json_object_new_string(cv->inputs[k].format), &ok);
-        zb_jw_add(in, "bytes", zb_jw_u64(cv->inputs[k].size), &ok);
-        zb_jw_add(in, "crc64", json_object_new_string(str_of(done, "crc64")), &ok);
-        zb_jw_add(in, "cells", zb_jw_u64(cv->inputs[k].n_obs), &ok);
+        json_object *in = zb__jw_push(ins, json_object_new_object(), &ok);
+        zb__jw_add(in, "path",
+                   json_object_new_string_len(
+                       cv->input_names.data + cv->input_names.offsets[k],
+                       (int)(cv->input_names.offsets[k + 1] - cv->input_names.offsets[k])),
+                   &ok);
+        zb__jw_add(in, "format", json_object_new_string(cv->inputs[k].format), &ok);
+        zb__jw_add(in, "bytes", zb__jw_u64(cv->inputs[k].size), &ok);
+        zb__jw_add(in, "crc64", json_object_new_string(str_of(done, "crc64")), &ok);
+        zb__jw_add(in, "cells", zb__jw_u64(cv->inputs[k].n_obs), &ok);
         json_object_put(done);
     }
     if (st == ZB_OK && ok) st = manifest_dtypes(cv, m);
-    zb_jw_add(m, "skipped_columns",
-              json_object_get(zb_json_get(cv->plan_doc, "skipped_columns")), &ok);
-    zb_jw_add(m, "n_cells", zb_jw_u64(cv->n_cells), &ok);
-    zb_jw_add(m, "n_genes", zb_jw_u64(cv->genes.n), &ok);
-    json_object *ds = zb_jw_add(m, "datasets", json_object_new_array(), &ok);
+    zb__jw_add(m, "skipped_columns", json_object_get(zb__json_get(cv->plan_doc, "skipped_columns")),
+               &ok);
+    zb__jw_add(m, "n_cells", zb__jw_u64(cv->n_cells), &ok);
+    zb__jw_add(m, "n_genes", zb__jw_u64(cv->genes.n), &ok);
+    json_object *ds = zb__jw_add(m, "datasets", json_object_new_array(), &ok);
     for (uint64_t d = 0; d < cv->n_datasets && st == ZB_OK && ok; d++) {
         char path[4200], name[64];
         json_object *done = NULL;
@@ -216,14 +219,14 @@ build_manifest(const zb_convert *cv, json_object **out)
         if (st == ZB_OK) st = load_json(path, &done);
         if (st != ZB_OK) break;
         snprintf(name, sizeof name, "dataset_%" PRIu64, d);
-        json_object *e = zb_jw_push(ds, json_object_new_object(), &ok);
-        zb_jw_add(e, "name", json_object_new_string(name), &ok);
+        json_object *e = zb__jw_push(ds, json_object_new_object(), &ok);
+        zb__jw_add(e, "name", json_object_new_string(name), &ok);
         static const char *const keys[] = {"cells", "nnz", "files", "bytes", "crc64"};
         for (size_t i = 0; i < 5; i++)
-            zb_jw_add(e, keys[i], json_object_get(zb_json_get(done, keys[i])), &ok);
+            zb__jw_add(e, keys[i], json_object_get(zb__json_get(done, keys[i])), &ok);
         json_object_put(done);
     }
-    if (st == ZB_OK && !ok) st = zb_err(ZB_E_NOMEM, "the manifest");
+    if (st == ZB_OK && !ok) st = zb__err(ZB_E_NOMEM, "the manifest");
     if (st != ZB_OK) {
         json_object_put(m);
         return st;
@@ -248,11 +251,11 @@ write_manifest(const zb_convert *cv, json_object *m)
 static zb_status
 verify_manifest(const zb_convert *cv, json_object *m)
 {
-    json_object *ds = zb_json_get(m, "datasets");
+    json_object *ds = zb__json_get(m, "datasets");
     size_t n = ds ? json_object_array_length(ds) : 0;
     if (n != cv->n_datasets)
-        return zb_err(ZB_E_CORRUPT, "%s/%s: %zu datasets listed, %" PRIu64 " expected",
-                      cv->output, CV_MANIFEST, n, cv->n_datasets);
+        return zb__err(ZB_E_CORRUPT, "%s/%s: %zu datasets listed, %" PRIu64 " expected", cv->output,
+                      CV_MANIFEST, n, cv->n_datasets);
     for (size_t d = 0; d < n; d++) ZB_TRY(verify_dataset(cv, d, json_object_array_get_idx(ds, d)));
     return ZB_OK;
 }
@@ -260,20 +263,20 @@ verify_manifest(const zb_convert *cv, json_object *m)
 zb_status
 zb_convert_finish(zb_convert *cv)
 {
-    if (!cv) return zb_err(ZB_E_INVALID, "zb_convert_finish: null handle");
+    if (!cv) return zb__err(ZB_E_INVALID, "zb_convert_finish: null handle");
     if (cv->finished) return verify_manifest(cv, cv->manifest);
     for (zb_convert_phase p = ZB_CONVERT_PREPARE; p < ZB_CONVERT_PHASES_; p++)
         for (size_t i = 0; i < zb_convert_ntasks(cv, p); i++)
             if (!zb_convert_task_done(cv, p, i))
-                return zb_err(ZB_E_INVALID, "%s: task %zu of phase %d is not finished",
-                              cv->output, i, (int)p);
+                return zb__err(ZB_E_INVALID, "%s: task %zu of phase %d is not finished", cv->output,
+                              i, (int)p);
     json_object *m = NULL;
     ZB_TRY(build_manifest(cv, &m));
     zb_status st = verify_manifest(cv, m);
     if (st == ZB_E_CHECKSUM) {
         /* a dataset whose files changed after it was written is rewritten by the next run */
         for (uint64_t d = 0; d < cv->n_datasets; d++) {
-            json_object *e = json_object_array_get_idx(zb_json_get(m, "datasets"), d);
+            json_object *e = json_object_array_get_idx(zb__json_get(m, "datasets"), d);
             if (verify_dataset(cv, d, e) != ZB_OK) {
                 char path[4200];
                 if (cv_path(cv, path, sizeof path, "gather/d%" PRIu64 ".json", d) == ZB_OK)
@@ -289,9 +292,9 @@ zb_convert_finish(zb_convert *cv)
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", cv->output, ZB_INCOMPLETE_MARKER);
     if (st == ZB_OK && remove(path) != 0 && cv_exists(path))
-        st = zb_err(ZB_E_IO, "%s: cannot remove it", path);
+        st = zb__err(ZB_E_IO, "%s: cannot remove it", path);
     if (st == ZB_OK) st = cv_remove_tree(cv->work);
-    if (st != ZB_OK) return zb_err_context(st, "finishing %s", cv->output);
+    if (st != ZB_OK) return zb__err_context(st, "finishing %s", cv->output);
     return ZB_OK;
 }
 
@@ -301,15 +304,17 @@ cv_finished_open(zb_convert *cv, json_object *args)
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", cv->output, CV_MANIFEST);
     ZB_TRY(load_json(path, &cv->manifest));
-    json_object *had = zb_json_get(cv->manifest, "args");
+    json_object *had = zb__json_get(cv->manifest, "args");
     const char *a = had ? json_object_to_json_string_ext(had, JSON_C_TO_STRING_PLAIN) : "";
     if (strcmp(a, json_object_to_json_string_ext(args, JSON_C_TO_STRING_PLAIN))) {
         char diff[512];
         cv_args_difference(had, args, diff, sizeof diff);
-        return zb_err(ZB_E_INVALID, "%s holds a finished conversion of other inputs or options "
-                      "(%s); remove it first", cv->output, diff);
+        return zb__err(ZB_E_INVALID,
+                      "%s holds a finished conversion of other inputs or options "
+                      "(%s); remove it first",
+                      cv->output, diff);
     }
-    json_object *ds = zb_json_get(cv->manifest, "datasets");
+    json_object *ds = zb__json_get(cv->manifest, "datasets");
     cv->n_datasets = ds ? json_object_array_length(ds) : 0;
     cv->finished = true;
     return ZB_OK;

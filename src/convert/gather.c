@@ -20,9 +20,9 @@
 
 /* One scatter file's section of this dataset. */
 typedef struct part {
-    size_t t;             /* the scatter task */
+    size_t t; /* the scatter task */
     uint32_t input;
-    uint64_t n;           /* cells */
+    uint64_t n; /* cells */
     uint64_t n_blocks;
     uint32_t *table;      /* [n_blocks][1 + n_arrays]: cells, compressed length per array */
     uint64_t *first;      /* [n_blocks + 1]: first cell of each block */
@@ -53,8 +53,8 @@ typedef struct gather {
     uint64_t *offsets;
     char *text;
     uint8_t *mask;
-    cv_ws *ws; /* the buffers above live in it */
-    zb_pool *pool; /* decompresses the parts of a pass */
+    cv_ws *ws;     /* the buffers above live in it */
+    zb__pool *pool; /* decompresses the parts of a pass */
     bool index[CV_MAX_ARRAYS];
     uint64_t nnz[64]; /* per matrix, for the done marker */
 } gather;
@@ -64,11 +64,12 @@ pread_all(int fd, const char *path, void *dst, uint64_t len, uint64_t off)
 {
     unsigned char *p = dst;
     while (len) {
-        ssize_t r = pread(fd, p, len > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)len,
-                          (off_t)off);
+        ssize_t r =
+            pread(fd, p, len > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)len, (off_t)off);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return zb_err(ZB_E_IO, "%s: read at %" PRIu64 ": %s", path, off, strerror(errno));
-        if (r == 0) return zb_err(ZB_E_TRUNCATED, "%s: ends before byte %" PRIu64, path, off + len);
+        if (r < 0)
+            return zb__err(ZB_E_IO, "%s: read at %" PRIu64 ": %s", path, off, strerror(errno));
+        if (r == 0) return zb__err(ZB_E_TRUNCATED, "%s: ends before byte %" PRIu64, path, off + len);
         p += r;
         off += (uint64_t)r;
         len -= (uint64_t)r;
@@ -79,7 +80,7 @@ pread_all(int fd, const char *path, void *dst, uint64_t len, uint64_t off)
 static zb_status
 grow(gather *g, size_t slot, uint64_t bytes, void *out)
 {
-    if (bytes > ZB_BUF_MAX) return zb_err(ZB_E_OVERFLOW, "gather: %" PRIu64 " bytes", bytes);
+    if (bytes > ZB_BUF_MAX) return zb__err(ZB_E_OVERFLOW, "gather: %" PRIu64 " bytes", bytes);
     return cv_ws_grow(g->ws, slot, (size_t)bytes, (void **)out);
 }
 
@@ -88,7 +89,7 @@ open_part_file(gather *g, size_t t, int *fd, char *path, size_t cap)
 {
     ZB_TRY(cv_path(g->cv, path, cap, "scatter/t%zu.bin", t));
     *fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (*fd < 0) return zb_err(ZB_E_IO, "%s: %s", path, strerror(errno));
+    if (*fd < 0) return zb__err(ZB_E_IO, "%s: %s", path, strerror(errno));
     return ZB_OK;
 }
 
@@ -97,14 +98,14 @@ static zb_status
 decode_piece(const gather *g, zb_ctx *ctx, const char *path, uint64_t block, size_t a,
              const unsigned char *src, uint64_t clen, unsigned char *dst, uint64_t want)
 {
-    zb_codec codec;
+    zb__codec codec;
     cv_scratch_codec(&codec);
     size_t out = 0;
     char where[4300];
     snprintf(where, sizeof where, "%s: dataset %zu, block %" PRIu64 ", array %zu", path, g->d,
              block, a);
-    return zb_codec_decode(&codec, ctx, src, (size_t)clen, dst, (size_t)want,
-                           (size_t)want, &out, where);
+    return zb__codec_decode(&codec, ctx, src, (size_t)clen, dst, (size_t)want, (size_t)want, &out,
+                           where);
 }
 
 /* The index part of the section: block table, rows, count arrays' prefix sums. */
@@ -115,7 +116,7 @@ load_index(gather *g, part *p, const char *path, const unsigned char *buf, uint6
     size_t na = g->n_arrays, n_index = 0;
     for (size_t a = 0; a < na; a++) n_index += g->index[a];
     uint64_t head = (n_index + p->n_blocks * (1 + na)) * 4;
-    if (head > len) return zb_err(ZB_E_CORRUPT, "%s: dataset %zu: a short index", path, g->d);
+    if (head > len) return zb__err(ZB_E_CORRUPT, "%s: dataset %zu: a short index", path, g->d);
     const uint32_t *clens = (const uint32_t *)buf;
     memcpy(p->table, buf + n_index * 4, (size_t)(p->n_blocks * (1 + na) * 4));
     p->first[0] = 0;
@@ -125,36 +126,35 @@ load_index(gather *g, part *p, const char *path, const unsigned char *buf, uint6
         uint64_t bytes = 0;
         for (size_t a = 0; a < na; a++) bytes += r[1 + a];
         if (r[0] == 0 || r[0] > p->n - p->first[b])
-            return zb_err(ZB_E_CORRUPT, "%s: dataset %zu: block %" PRIu64 " holds %u cells",
-                          path, g->d, b, r[0]);
+            return zb__err(ZB_E_CORRUPT, "%s: dataset %zu: block %" PRIu64 " holds %u cells", path,
+                          g->d, b, r[0]);
         p->first[b + 1] = p->first[b] + r[0];
         p->at[b + 1] = p->at[b] + bytes;
     }
     if (p->first[p->n_blocks] != p->n)
-        return zb_err(ZB_E_CORRUPT, "%s: dataset %zu: the blocks hold %" PRIu64 " of %" PRIu64
-                      " cells", path, g->d, p->first[p->n_blocks], p->n);
+        return zb__err(ZB_E_CORRUPT,
+                      "%s: dataset %zu: the blocks hold %" PRIu64 " of %" PRIu64 " cells", path,
+                      g->d, p->first[p->n_blocks], p->n);
     uint32_t *counts = malloc((size_t)p->n * 4 + 4);
-    if (!counts) return zb_err(ZB_E_NOMEM, "gather");
+    if (!counts) return zb__err(ZB_E_NOMEM, "gather");
     zb_status st = ZB_OK;
     uint64_t at = head;
     for (size_t a = 0, k = 0; a < na && st == ZB_OK; a++) {
         if (!g->index[a]) continue;
         uint64_t clen = clens[k++];
         if (clen > len - at) {
-            st = zb_err(ZB_E_CORRUPT, "%s: dataset %zu: index array %zu runs past its part", path,
+            st = zb__err(ZB_E_CORRUPT, "%s: dataset %zu: index array %zu runs past its part", path,
                         g->d, a);
             break;
         }
         if (a == CV_A_ROW) {
             st = decode_piece(g, g->ws->ctx, path, UINT64_MAX, a, buf + at, clen,
-                              (unsigned char *)p->rows,
-                              p->n * 8);
+                              (unsigned char *)p->rows, p->n * 8);
         } else {
             st = decode_piece(g, g->ws->ctx, path, UINT64_MAX, a, buf + at, clen,
-                              (unsigned char *)counts,
-                              p->n * 4);
+                              (unsigned char *)counts, p->n * 4);
             if (st == ZB_OK && !(p->prefix[a] = malloc((size_t)(p->n + 1) * 8)))
-                st = zb_err(ZB_E_NOMEM, "gather");
+                st = zb__err(ZB_E_NOMEM, "gather");
             for (uint64_t i = 0; st == ZB_OK && i < p->n; i++) {
                 if (i == 0) p->prefix[a][0] = 0;
                 p->prefix[a][i + 1] = p->prefix[a][i] + counts[i];
@@ -180,14 +180,14 @@ load_part(gather *g, size_t t)
     cv_scatter_header h;
     uint64_t sec[4];
     zb_status st = pread_all(fd, path, &h, sizeof h, 0);
-    if (st == ZB_OK && (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != CV_SCATTER_VERSION ||
-                        h.n_arrays != na || h.n_datasets != cv->n_datasets ||
-                        h.input != cv->slices[t].input))
-        st = zb_err(ZB_E_CORRUPT, "%s: not a scatter file of this conversion", path);
+    if (st == ZB_OK &&
+        (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != CV_SCATTER_VERSION ||
+         h.n_arrays != na || h.n_datasets != cv->n_datasets || h.input != cv->slices[t].input))
+        st = zb__err(ZB_E_CORRUPT, "%s: not a scatter file of this conversion", path);
     if (st == ZB_OK) st = pread_all(fd, path, sec, sizeof sec, sizeof h + g->d * 4 * 8);
-    if (st == ZB_OK && (sec[0] > cv->dataset_size || sec[1] > sec[0] ||
-                        sec[3] > ((uint64_t)1 << 36)))
-        st = zb_err(ZB_E_CORRUPT, "%s: section %zu is out of range", path, g->d);
+    if (st == ZB_OK &&
+        (sec[0] > cv->dataset_size || sec[1] > sec[0] || sec[3] > ((uint64_t)1 << 36)))
+        st = zb__err(ZB_E_CORRUPT, "%s: section %zu is out of range", path, g->d);
     part *p = &g->parts[g->n_parts];
     memset(p, 0, sizeof *p);
     if (st != ZB_OK || sec[0] == 0) {
@@ -206,7 +206,7 @@ load_part(gather *g, size_t t)
     p->pass = calloc(na, sizeof *p->pass);
     p->rows = malloc((size_t)p->n * 8);
     if (!p->table || !p->first || !p->at || !p->prefix || !p->pass || !p->rows)
-        st = zb_err(ZB_E_NOMEM, "gather");
+        st = zb__err(ZB_E_NOMEM, "gather");
     unsigned char *buf = NULL;
     if (st == ZB_OK) st = grow(g, CV_WS_PACKED, sec[3] + 1, &buf);
     if (st == ZB_OK) st = pread_all(fd, path, buf, sec[3], sec[2]);
@@ -286,11 +286,11 @@ fill_part(void *arg, zb_ctx *ctx)
     int fd = -1;
     size_t na = g->n_arrays;
     uint64_t lo = p->at[p->b0], hi = p->at[p->b1];
-    zb_buf *packed = &ctx->ws.packed;
+    zb__buf *packed = &ctx->ws.packed;
     zb_status st = cv_path(g->cv, path, sizeof path, "scatter/t%zu.bin", p->t);
     if (st == ZB_OK && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        st = zb_err(ZB_E_IO, "%s: %s", path, strerror(errno));
-    if (st == ZB_OK) st = zb_buf_reserve(packed, (size_t)(hi - lo) + 1);
+        st = zb__err(ZB_E_IO, "%s: %s", path, strerror(errno));
+    if (st == ZB_OK) st = zb__buf_reserve(packed, (size_t)(hi - lo) + 1);
     if (st == ZB_OK) st = pread_all(fd, path, packed->data, hi - lo, lo);
     if (fd >= 0) close(fd);
     unsigned char *at = j->at;
@@ -339,26 +339,29 @@ read_pass(gather *g, uint64_t r0, uint64_t r1)
         if (p->p1 == p->p0) continue;
         jobs[n_jobs] = (fill_job){g, p, at, ZB_OK, ""};
         at += part_pass_bytes(g, p);
-        zb_pool_submit(g->pool, fill_part, &jobs[n_jobs++]);
+        zb__pool_submit(g->pool, fill_part, &jobs[n_jobs++]);
     }
-    zb_pool_wait(g->pool);
+    zb__pool_wait(g->pool);
     for (size_t k = 0; k < n_jobs; k++)
-        if (jobs[k].st != ZB_OK) return zb_err(jobs[k].st, "%s", jobs[k].msg);
+        if (jobs[k].st != ZB_OK) return zb__err(jobs[k].st, "%s", jobs[k].msg);
     for (uint64_t r = 0; r < r1 - r0; r++) g->who[r] = UINT64_MAX;
     for (size_t i = 0; i < g->n_parts; i++) {
         part *p = &g->parts[i];
         for (uint64_t c = p->p0; c < p->p1; c++) {
             uint64_t r = p->rows[c];
             if (r < r0 || r >= r1 || g->who[r - r0] != UINT64_MAX)
-                return zb_err(ZB_E_CORRUPT, "scatter file t%zu: dataset %zu, row %" PRIu64
-                              " is given twice or out of order", p->t, g->d, r);
+                return zb__err(ZB_E_CORRUPT,
+                              "scatter file t%zu: dataset %zu, row %" PRIu64
+                              " is given twice or out of order",
+                              p->t, g->d, r);
             g->who[r - r0] = (uint64_t)i << 40 | c;
         }
     }
     for (uint64_t r = 0; r < r1 - r0; r++)
         if (g->who[r] == UINT64_MAX)
-            return zb_err(ZB_E_CORRUPT, "dataset %zu: no cell for row %" PRIu64
-                          " in the scatter files", g->d, r0 + r);
+            return zb__err(ZB_E_CORRUPT,
+                          "dataset %zu: no cell for row %" PRIu64 " in the scatter files", g->d,
+                          r0 + r);
     return ZB_OK;
 }
 
@@ -492,8 +495,8 @@ append_column(gather *g, zb_anndata_writer *w, size_t c, uint64_t rows)
     size_t a = g->col_start[c];
     if (col->kind == ZB_COL_CATEGORICAL) {
         ZB_TRY(assemble_fixed(g, a, rows));
-        return zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, col->name, ZB_DT_INT32,
-                                              g->values, rows);
+        return zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, col->name, ZB_DT_INT32, g->values,
+                                              rows);
     }
     bool nullable = col->kind == ZB_COL_NULLABLE;
     size_t mask_a = a + (col->dtype == ZB_DT_STRING ? 2 : 1);
@@ -561,30 +564,28 @@ define_frame(gather *g, zb_anndata_writer *w)
         const cv_column *col = &cv->cols[c];
         const char *name = col->name;
         if (col->kind == ZB_COL_CATEGORICAL && col->dtype == ZB_DT_STRING)
-            ZB_TRY(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, name,
-                                                        col->categories.data,
-                                                        col->categories.offsets,
-                                                        col->categories.n, col->ordered));
+            ZB_TRY(zb_anndata_writer_define_categorical(
+                w, ZB_ANNDATA_OBS, name, col->categories.data, col->categories.offsets,
+                col->categories.n, col->ordered));
         else if (col->kind == ZB_COL_CATEGORICAL)
-            ZB_TRY(zb_anndata_writer_define_categorical_values(w, ZB_ANNDATA_OBS, name,
-                                                               col->dtype, col->category_values,
+            ZB_TRY(zb_anndata_writer_define_categorical_values(w, ZB_ANNDATA_OBS, name, col->dtype,
+                                                               col->category_values,
                                                                col->categories.n, col->ordered));
         else if (col->dtype == ZB_DT_STRING && col->kind == ZB_COL_NULLABLE)
             ZB_TRY(zb_anndata_writer_append_nullable_string_column(w, ZB_ANNDATA_OBS, name, "",
                                                                    no_strings, 0, NULL, 0));
         else if (col->dtype == ZB_DT_STRING)
-            ZB_TRY(zb_anndata_writer_append_string_column(w, ZB_ANNDATA_OBS, name, "",
-                                                          no_strings, 0));
+            ZB_TRY(
+                zb_anndata_writer_append_string_column(w, ZB_ANNDATA_OBS, name, "", no_strings, 0));
         else if (col->kind == ZB_COL_NULLABLE && !is_float(col->dtype))
-            ZB_TRY(zb_anndata_writer_append_nullable_column(w, ZB_ANNDATA_OBS, name, col->dtype,
-                                                            "", 0, NULL, 0));
+            ZB_TRY(zb_anndata_writer_append_nullable_column(w, ZB_ANNDATA_OBS, name, col->dtype, "",
+                                                            0, NULL, 0));
         else
             ZB_TRY(zb_anndata_writer_append_column(w, ZB_ANNDATA_OBS, name, col->dtype, "", 0));
     }
     /* src_path: the inputs as the command named them */
-    ZB_TRY(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "src_path",
-                                                cv->input_names.data, cv->input_names.offsets,
-                                                cv->input_names.n, false));
+    ZB_TRY(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "src_path", cv->input_names.data,
+                                                cv->input_names.offsets, cv->input_names.n, false));
     ZB_TRY(zb_anndata_writer_append_column(w, ZB_ANNDATA_OBS, "src_row", ZB_DT_INT64, "", 0));
     return zb_anndata_writer_append_names(w, ZB_ANNDATA_VAR, cv->genes.data, cv->genes.offsets,
                                           cv->genes.n);
@@ -617,23 +618,23 @@ write_done(gather *g, uint64_t files, uint64_t bytes, uint64_t crc, zb_dtype ind
     snprintf(hex, sizeof hex, "%016" PRIx64, crc);
     int ok = 1;
     json_object *doc = json_object_new_object();
-    zb_jw_add(doc, "cells", zb_jw_u64(g->cells), &ok);
-    zb_jw_add(doc, "files", zb_jw_u64(files), &ok);
-    zb_jw_add(doc, "bytes", zb_jw_u64(bytes), &ok);
-    zb_jw_add(doc, "crc64", json_object_new_string(hex), &ok);
-    json_object *nnz = zb_jw_add(doc, "nnz", json_object_new_array(), &ok);
-    for (size_t j = 0; j < cv->n_mats && j < 64; j++) zb_jw_push(nnz, zb_jw_u64(g->nnz[j]), &ok);
-    json_object *dt = zb_jw_add(doc, "dtypes", json_object_new_object(), &ok);
+    zb__jw_add(doc, "cells", zb__jw_u64(g->cells), &ok);
+    zb__jw_add(doc, "files", zb__jw_u64(files), &ok);
+    zb__jw_add(doc, "bytes", zb__jw_u64(bytes), &ok);
+    zb__jw_add(doc, "crc64", json_object_new_string(hex), &ok);
+    json_object *nnz = zb__jw_add(doc, "nnz", json_object_new_array(), &ok);
+    for (size_t j = 0; j < cv->n_mats && j < 64; j++) zb__jw_push(nnz, zb__jw_u64(g->nnz[j]), &ok);
+    json_object *dt = zb__jw_add(doc, "dtypes", json_object_new_object(), &ok);
     for (size_t j = 0; j < cv->n_mats; j++) {
         char key[1200];
         const char *pre = j ? "layers/" : "", *name = j ? cv->mat_names[j] : "X";
         snprintf(key, sizeof key, "%s%s/data", pre, name);
-        zb_jw_add(dt, key, json_object_new_string(zb_dtype_name(cv->stored_dtypes[j])), &ok);
+        zb__jw_add(dt, key, json_object_new_string(zb_dtype_name(cv->stored_dtypes[j])), &ok);
         snprintf(key, sizeof key, "%s%s/indices", pre, name);
-        zb_jw_add(dt, key, json_object_new_string(zb_dtype_name(index_dtype)), &ok);
+        zb__jw_add(dt, key, json_object_new_string(zb_dtype_name(index_dtype)), &ok);
     }
     zb_status st = ok ? cv_path(cv, path, sizeof path, "gather/d%zu.json", g->d)
-                      : zb_err(ZB_E_NOMEM, "gather");
+                      : zb__err(ZB_E_NOMEM, "gather");
     if (st == ZB_OK) {
         const char *text = json_object_to_json_string_ext(doc, JSON_C_TO_STRING_PLAIN |
                                                                    JSON_C_TO_STRING_NOSLASHESCAPE);
@@ -683,7 +684,6 @@ gather_rows(gather *g, zb_anndata_writer *w, uint64_t memory)
         uint64_t r1 = g->cells - r0 < per_pass ? g->cells : r0 + per_pass;
         ZB_TRY(read_pass(g, r0, r1));
         ZB_TRY(write_pass(g, w, r1 - r0));
-
     }
     return ZB_OK;
 }
@@ -705,17 +705,18 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     g.n_arrays = cv_arrays(cv, g.arrays, g.col_start);
     cv_index_arrays(g.arrays, g.n_arrays, g.index);
     g.parts = calloc(cv->n_slices ? cv->n_slices : 1, sizeof *g.parts);
-    zb_status st = g.parts ? cv_ws_take(cv, &g.ws) : zb_err(ZB_E_NOMEM, "gather");
+    zb_status st = g.parts ? cv_ws_take(cv, &g.ws) : zb__err(ZB_E_NOMEM, "gather");
     for (size_t t = 0; t < cv->n_slices && st == ZB_OK; t++) st = load_part(&g, t);
     uint64_t have = 0;
     for (size_t i = 0; i < g.n_parts; i++) have += g.parts[i].n;
     if (st == ZB_OK && have != g.cells)
-        st = zb_err(ZB_E_CORRUPT, "dataset %zu: the scatter files hold %" PRIu64 " of its %" PRIu64
-                    " cells", d, have, g.cells);
+        st = zb__err(ZB_E_CORRUPT,
+                    "dataset %zu: the scatter files hold %" PRIu64 " of its %" PRIu64 " cells", d,
+                    have, g.cells);
     cv_digest *dg = NULL;
     zb_store *store = NULL;
     zb_anndata_writer *w = NULL;
-    if (st == ZB_OK) st = zb_pool_new(num_threads > 1 ? num_threads : 0, &g.pool);
+    if (st == ZB_OK) st = zb__pool_new(num_threads > 1 ? num_threads : 0, &g.pool);
     if (st == ZB_OK) st = cv_digest_open(cv->output, name, &dg, &store);
     if (st == ZB_OK) st = cv_stored_types(cv);
     zb_anndata_write_opts o = ZB_ANNDATA_WRITE_OPTS_DEFAULT;
@@ -738,9 +739,9 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     zb_store_close(store);
     cv_digest_free(dg);
     if (st == ZB_OK) st = write_done(&g, files, bytes, crc, index_dtype);
-    zb_pool_free(g.pool);
+    zb__pool_free(g.pool);
     parts_free(&g);
     cv_ws_give(cv, g.ws);
-    if (st != ZB_OK) return zb_err_context(st, "gather of %s", name);
+    if (st != ZB_OK) return zb__err_context(st, "gather of %s", name);
     return ZB_OK;
 }

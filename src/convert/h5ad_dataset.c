@@ -81,17 +81,17 @@ type_dtype(hid_t t, const char *path, const char *key, zb_dtype *out)
             *out = ints[H5Tget_sign(t) == H5T_SGN_NONE][log2];
             return ZB_OK;
         }
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: %zu-byte integers are not supported", path, key,
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %zu-byte integers are not supported", path, key,
                       size);
     case H5T_FLOAT:
         if (!is_ieee_float(t, size))
-            return zb_err(ZB_E_UNSUPPORTED, "%s: %s: a %zu-byte non-IEEE float type", path, key,
+            return zb__err(ZB_E_UNSUPPORTED, "%s: %s: a %zu-byte non-IEEE float type", path, key,
                           size);
         *out = size == 2 ? ZB_DT_FLOAT16 : size == 4 ? ZB_DT_FLOAT32 : ZB_DT_FLOAT64;
         return ZB_OK;
     case H5T_ENUM:
         if (!is_bool_enum(t))
-            return zb_err(ZB_E_UNSUPPORTED, "%s: %s: an enum type other than h5py's bool", path,
+            return zb__err(ZB_E_UNSUPPORTED, "%s: %s: an enum type other than h5py's bool", path,
                           key);
         *out = ZB_DT_BOOL;
         return ZB_OK;
@@ -99,7 +99,7 @@ type_dtype(hid_t t, const char *path, const char *key, zb_dtype *out)
         *out = ZB_DT_STRING;
         return ZB_OK;
     default:
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: elements of HDF5 %s type are not supported", path,
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s: elements of HDF5 %s type are not supported", path,
                       key, class_name(c));
     }
 }
@@ -107,7 +107,7 @@ type_dtype(hid_t t, const char *path, const char *key, zb_dtype *out)
 /* ---- datasets -------------------------------------------------------------------------------- */
 
 static void
-ds_reset(zb_h5_ds *d)
+ds_reset(zb__h5_ds *d)
 {
     memset(d, 0, sizeof *d);
     d->id = H5I_INVALID_HID;
@@ -117,23 +117,23 @@ ds_reset(zb_h5_ds *d)
 /* Reads the chunk layout and filter pipeline; sets d->direct when every filter is one the direct
  * path decodes. */
 static zb_status
-read_layout(zb_h5_ds *d)
+read_layout(zb__h5_ds *d)
 {
     hid_t dcpl = H5Dget_create_plist(d->id);
-    if (dcpl < 0) return zb_h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading its creation list");
+    if (dcpl < 0) return zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading its creation list");
     zb_status st = ZB_OK;
     if (H5Pget_layout(dcpl) != H5D_CHUNKED || d->dtype == ZB_DT_STRING) goto done;
     hsize_t cdims[2] = {1, 1};
     if (H5Pget_chunk(dcpl, 2, cdims) != d->rank) {
-        st = zb_h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading its chunk shape");
+        st = zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading its chunk shape");
         goto done;
     }
     d->chunk[0] = cdims[0];
     d->chunk[1] = d->rank == 2 ? cdims[1] : 1;
     uint64_t elems, bytes;
-    if (!d->chunk[0] || !d->chunk[1] || !zb_mul_u64(d->chunk[0], d->chunk[1], &elems) ||
-        !zb_mul_u64(elems, d->item, &bytes) || bytes > ZB_BUF_MAX) {
-        st = zb_err(ZB_E_CORRUPT, "%s: %s: chunk shape %llu x %llu is invalid", d->path, d->key,
+    if (!d->chunk[0] || !d->chunk[1] || !zb__mul_u64(d->chunk[0], d->chunk[1], &elems) ||
+        !zb__mul_u64(elems, d->item, &bytes) || bytes > ZB_BUF_MAX) {
+        st = zb__err(ZB_E_CORRUPT, "%s: %s: chunk shape %llu x %llu is invalid", d->path, d->key,
                     (unsigned long long)d->chunk[0], (unsigned long long)d->chunk[1]);
         goto done;
     }
@@ -157,53 +157,53 @@ done:
 
 /* The memory type H5Dread converts to: the file's own numbers, in native byte order. */
 static zb_status
-numeric_memtype(zb_h5_ds *d, hid_t ftype)
+numeric_memtype(zb__h5_ds *d, hid_t ftype)
 {
     d->memtype = H5Tcopy(ftype);
-    if (d->memtype < 0) return zb_h5_fail(ZB_E_CORRUPT, d->path, d->key, "copying its type");
+    if (d->memtype < 0) return zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, "copying its type");
     H5T_order_t native = H5Tget_order(H5T_NATIVE_INT);
     if (d->item > 1 && d->dtype != ZB_DT_BOOL) {
         d->swap = H5Tget_order(ftype) != native;
         if (H5Tset_order(d->memtype, native) < 0)
-            return zb_h5_fail(ZB_E_CORRUPT, d->path, d->key, "setting its byte order");
+            return zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, "setting its byte order");
     }
     return ZB_OK;
 }
 
 static zb_status
-string_memtype(zb_h5_ds *d, hid_t ftype)
+string_memtype(zb__h5_ds *d, hid_t ftype)
 {
     if (d->rank != 1)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: a %d-d string array", d->path, d->key, d->rank);
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s: a %d-d string array", d->path, d->key, d->rank);
     d->vlen = H5Tis_variable_str(ftype) > 0;
     if (d->vlen) {
         d->memtype = H5Tcopy(H5T_C_S1);
         if (d->memtype < 0 || H5Tset_size(d->memtype, H5T_VARIABLE) < 0 ||
             H5Tset_cset(d->memtype, H5Tget_cset(ftype)) < 0)
-            return zb_h5_fail(ZB_E_CORRUPT, d->path, d->key, "making its string type");
+            return zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, "making its string type");
         return ZB_OK;
     }
     d->fixed_size = H5Tget_size(ftype);
     d->space_padded = H5Tget_strpad(ftype) == H5T_STR_SPACEPAD;
     d->memtype = H5Tcopy(ftype);
     if (d->memtype < 0 || d->fixed_size == 0)
-        return zb_h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading its string type");
+        return zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading its string type");
     return ZB_OK;
 }
 
 /* Shape and types of the dataset in d->id. */
 static zb_status
-describe(zb_h5_ds *d)
+describe(zb__h5_ds *d)
 {
     hid_t space = H5Dget_space(d->id), ftype = H5Dget_type(d->id);
     zb_status st = ZB_OK;
     if (space < 0 || ftype < 0) {
-        st = zb_h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading its shape and type");
+        st = zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading its shape and type");
         goto done;
     }
     d->rank = H5Sget_simple_extent_ndims(space);
     if (d->rank < 1 || d->rank > 2) {
-        st = zb_err(ZB_E_UNSUPPORTED, "%s: %s: %d-d arrays are not supported here", d->path, d->key,
+        st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: %d-d arrays are not supported here", d->path, d->key,
                     d->rank);
         goto done;
     }
@@ -227,61 +227,61 @@ done:
 }
 
 zb_status
-zb_h5_ds_from_id(hid_t id, const char *path, const char *key, zb_h5_ds *out)
+zb__h5_ds_from_id(hid_t id, const char *path, const char *key, zb__h5_ds *out)
 {
     ds_reset(out);
     out->id = id;
     out->path = path;
     out->key = strdup(key);
     if (!out->key) {
-        zb_h5_ds_close(out);
-        return zb_err(ZB_E_NOMEM, "%s: %s", path, key);
+        zb__h5_ds_close(out);
+        return zb__err(ZB_E_NOMEM, "%s: %s", path, key);
     }
     zb_status st = describe(out);
-    if (st != ZB_OK) zb_h5_ds_close(out);
+    if (st != ZB_OK) zb__h5_ds_close(out);
     return st;
 }
 
 zb_status
-zb_h5_ds_open(hid_t loc, const char *name, const char *path, const char *key, zb_h5_ds *out)
+zb__h5_ds_open(hid_t loc, const char *name, const char *path, const char *key, zb__h5_ds *out)
 {
     ds_reset(out);
-    if (!zb_h5_exists(loc, name)) return zb_err(ZB_E_NOTFOUND, "%s: no %s", path, key);
+    if (!zb__h5_exists(loc, name)) return zb__err(ZB_E_NOTFOUND, "%s: no %s", path, key);
     hid_t id = H5Oopen(loc, name, H5P_DEFAULT);
-    if (id < 0) return zb_h5_fail(ZB_E_CORRUPT, path, key, "opening it");
+    if (id < 0) return zb__h5_fail(ZB_E_CORRUPT, path, key, "opening it");
     if (H5Iget_type(id) != H5I_DATASET) {
         H5Oclose(id);
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s is a group (or a type), not an array", path, key);
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s is a group (or a type), not an array", path, key);
     }
-    return zb_h5_ds_from_id(id, path, key, out);
+    return zb__h5_ds_from_id(id, path, key, out);
 }
 
 zb_status
-zb_h5_part_open(hid_t g, const char *gkey, const char *name, const char *path, zb_h5_ds *out)
+zb__h5_part_open(hid_t g, const char *gkey, const char *name, const char *path, zb__h5_ds *out)
 {
     char key[1024];
     ds_reset(out);
     if (snprintf(key, sizeof key, "%s/%s", gkey, name) >= (int)sizeof key)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s/%s: the name is too long", path, gkey, name);
-    zb_status st = zb_h5_ds_open(g, name, path, key, out);
-    if (st == ZB_E_NOTFOUND) return zb_err(ZB_E_CORRUPT, "%s: %s is missing", path, key);
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s/%s: the name is too long", path, gkey, name);
+    zb_status st = zb__h5_ds_open(g, name, path, key, out);
+    if (st == ZB_E_NOTFOUND) return zb__err(ZB_E_CORRUPT, "%s: %s is missing", path, key);
     if (st == ZB_OK && out->rank != 1) {
-        st = zb_err(ZB_E_UNSUPPORTED, "%s: %s is %d-d where a 1-d array was expected", path, key,
+        st = zb__err(ZB_E_UNSUPPORTED, "%s: %s is %d-d where a 1-d array was expected", path, key,
                     out->rank);
-        zb_h5_ds_close(out);
+        zb__h5_ds_close(out);
     }
     return st;
 }
 
 void
-zb_h5_ds_close(zb_h5_ds *d)
+zb__h5_ds_close(zb__h5_ds *d)
 {
     if (!d) return;
-    zb_h5_lock();
+    zb__h5_lock();
     /* libhdf5 ids are positive: 0 is a zeroed struct that never held one */
     if (d->memtype > 0) H5Tclose(d->memtype);
     if (d->id > 0) H5Oclose(d->id);
-    zb_h5_unlock();
+    zb__h5_unlock();
     free(d->key);
     ds_reset(d);
 }
@@ -291,24 +291,24 @@ zb_h5_ds_close(zb_h5_ds *d)
 /* Under the lock: the n strings of `raw` (vlen: char *[n]; fixed: n * fixed_size bytes) into
  * out. */
 static zb_status
-gather_strings(const zb_h5_ds *d, const void *raw, uint64_t n, zb_strings *out)
+gather_strings(const zb__h5_ds *d, const void *raw, uint64_t n, zb_strings *out)
 {
     char *const *ptrs = raw;
     const char *fixed = raw;
     uint64_t total = 0;
     out->offsets = malloc((size_t)(n + 1) * sizeof *out->offsets);
     if (!out->offsets)
-        return zb_err(ZB_E_NOMEM, "%s: %s: %llu strings", d->path, d->key, (unsigned long long)n);
+        return zb__err(ZB_E_NOMEM, "%s: %s: %llu strings", d->path, d->key, (unsigned long long)n);
     out->offsets[0] = 0;
     for (uint64_t i = 0; i < n; i++) {
         total += d->vlen
                      ? (ptrs[i] ? strlen(ptrs[i]) : 0)
-                     : zb_h5_fixed_len(fixed + i * d->fixed_size, d->fixed_size, d->space_padded);
+                     : zb__h5_fixed_len(fixed + i * d->fixed_size, d->fixed_size, d->space_padded);
         out->offsets[i + 1] = total;
     }
     if (total > ZB_BUF_MAX || !(out->data = malloc(total ? (size_t)total : 1))) {
         zb_strings_free(out);
-        return zb_err(ZB_E_NOMEM, "%s: %s: %llu bytes of strings", d->path, d->key,
+        return zb__err(ZB_E_NOMEM, "%s: %s: %llu bytes of strings", d->path, d->key,
                       (unsigned long long)total);
     }
     for (uint64_t i = 0; i < n; i++) {
@@ -321,29 +321,29 @@ gather_strings(const zb_h5_ds *d, const void *raw, uint64_t n, zb_strings *out)
 }
 
 zb_status
-zb_h5_ds_read_strings(const zb_h5_ds *d, uint64_t start, uint64_t stop, zb_strings *out)
+zb__h5_ds_read_strings(const zb__h5_ds *d, uint64_t start, uint64_t stop, zb_strings *out)
 {
     memset(out, 0, sizeof *out);
     if (d->dtype != ZB_DT_STRING)
-        return zb_err(ZB_E_TYPE, "%s: %s holds numbers, not strings", d->path, d->key);
+        return zb__err(ZB_E_TYPE, "%s: %s holds numbers, not strings", d->path, d->key);
     if (start > stop || stop > d->dims[0])
-        return zb_err(ZB_E_RANGE, "%s: %s: rows [%llu, %llu) of %llu", d->path, d->key,
+        return zb__err(ZB_E_RANGE, "%s: %s: rows [%llu, %llu) of %llu", d->path, d->key,
                       (unsigned long long)start, (unsigned long long)stop,
                       (unsigned long long)d->dims[0]);
     uint64_t n = stop - start, bytes;
     size_t each = d->vlen ? sizeof(char *) : d->fixed_size;
-    if (!zb_mul_u64(n, each, &bytes) || bytes > ZB_BUF_MAX)
-        return zb_err(ZB_E_OVERFLOW, "%s: %s: %llu strings", d->path, d->key,
+    if (!zb__mul_u64(n, each, &bytes) || bytes > ZB_BUF_MAX)
+        return zb__err(ZB_E_OVERFLOW, "%s: %s: %llu strings", d->path, d->key,
                       (unsigned long long)n);
     if (n == 0) {
         out->offsets = calloc(1, sizeof *out->offsets);
-        return out->offsets ? ZB_OK : zb_err(ZB_E_NOMEM, "%s: %s", d->path, d->key);
+        return out->offsets ? ZB_OK : zb__err(ZB_E_NOMEM, "%s: %s", d->path, d->key);
     }
     void *raw = calloc(1, (size_t)bytes);
     if (!raw)
-        return zb_err(ZB_E_NOMEM, "%s: %s: %llu strings", d->path, d->key, (unsigned long long)n);
+        return zb__err(ZB_E_NOMEM, "%s: %s: %llu strings", d->path, d->key, (unsigned long long)n);
     hsize_t hstart = start, count = n;
-    zb_h5_lock();
+    zb__h5_lock();
     hid_t fspace = H5Dget_space(d->id), mspace = H5Screate_simple(1, &count, NULL);
     zb_status st = ZB_OK;
     bool read = false;
@@ -353,15 +353,15 @@ zb_h5_ds_read_strings(const zb_h5_ds *d, uint64_t start, uint64_t stop, zb_strin
         char what[96];
         snprintf(what, sizeof what, "reading strings [%llu, %llu)", (unsigned long long)start,
                  (unsigned long long)stop);
-        st = zb_h5_fail(ZB_E_CORRUPT, d->path, d->key, what);
+        st = zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, what);
     } else {
         read = true;
         st = gather_strings(d, raw, n, out);
     }
-    if (read && d->vlen) zb_h5_reclaim(d->memtype, mspace, raw);
+    if (read && d->vlen) zb__h5_reclaim(d->memtype, mspace, raw);
     if (fspace >= 0) H5Sclose(fspace);
     if (mspace >= 0) H5Sclose(mspace);
-    zb_h5_unlock();
+    zb__h5_unlock();
     free(raw);
     return st;
 }

@@ -8,7 +8,7 @@
  *
  * libhdf5 prints its error stack to stderr by default; the printing is turned off (per thread in
  * a thread-safe build, where error stacks are per thread) the first time a thread takes the lock,
- * and every failure is turned into a zbatch detail message by zb_h5_fail. */
+ * and every failure is turned into a zbatch detail message by zb__h5_fail. */
 #include "convert/h5ad_io.h"
 
 #include <pthread.h>
@@ -43,7 +43,7 @@ init_once(void)
 }
 
 void
-zb_h5_lock(void)
+zb__h5_lock(void)
 {
     pthread_once(&once, init_once);
     pthread_mutex_lock(&lock);
@@ -54,13 +54,13 @@ zb_h5_lock(void)
 }
 
 void
-zb_h5_unlock(void)
+zb__h5_unlock(void)
 {
     pthread_mutex_unlock(&lock);
 }
 
 bool
-zb_h5_library_threadsafe(void)
+zb__h5_library_threadsafe(void)
 {
     pthread_once(&once, init_once);
     return threadsafe;
@@ -91,7 +91,7 @@ walk_error(unsigned n, const H5E_error2_t *e, void *ctx)
 }
 
 zb_status
-zb_h5_fail(zb_status fallback, const char *path, const char *key, const char *what)
+zb__h5_fail(zb_status fallback, const char *path, const char *key, const char *what)
 {
     err_walk w = {0};
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk_error, &w);
@@ -100,15 +100,15 @@ zb_h5_fail(zb_status fallback, const char *path, const char *key, const char *wh
                    : w.truncated ? ZB_E_CORRUPT
                    : w.io        ? ZB_E_IO
                                  : fallback;
-    if (!w.have) return zb_err(st, "%s: %s: %s (libhdf5 gave no detail)", path, key, what);
-    return zb_err(st, "%s: %s: %s (libhdf5: %s%s%s)", path, key, what, w.desc,
+    if (!w.have) return zb__err(st, "%s: %s: %s (libhdf5 gave no detail)", path, key, what);
+    return zb__err(st, "%s: %s: %s (libhdf5: %s%s%s)", path, key, what, w.desc,
                   w.minor[0] ? ": " : "", w.minor);
 }
 
 /* ---- objects and attributes ------------------------------------------------------------------ */
 
 herr_t
-zb_h5_reclaim(hid_t type, hid_t space, void *buf)
+zb__h5_reclaim(hid_t type, hid_t space, void *buf)
 {
 #if H5_VERSION_GE(1, 12, 0)
     return H5Treclaim(type, space, H5P_DEFAULT, buf);
@@ -118,7 +118,7 @@ zb_h5_reclaim(hid_t type, hid_t space, void *buf)
 }
 
 size_t
-zb_h5_fixed_len(const char *s, size_t size, bool space_padded)
+zb__h5_fixed_len(const char *s, size_t size, bool space_padded)
 {
     size_t n = space_padded ? size : strnlen(s, size);
     while (space_padded && n > 0 && s[n - 1] == ' ') n--;
@@ -126,7 +126,7 @@ zb_h5_fixed_len(const char *s, size_t size, bool space_padded)
 }
 
 bool
-zb_h5_exists(hid_t loc, const char *name)
+zb__h5_exists(hid_t loc, const char *name)
 {
     /* H5Lexists fails (instead of saying no) when a link on the way is missing: test each. */
     char buf[1024];
@@ -148,7 +148,7 @@ zb_h5_exists(hid_t loc, const char *name)
 }
 
 bool
-zb_h5_attr_exists(hid_t obj, const char *name)
+zb__h5_attr_exists(hid_t obj, const char *name)
 {
     bool yes = H5Aexists(obj, name) > 0;
     H5Eclear2(H5E_DEFAULT);
@@ -174,8 +174,8 @@ static zb_status
 attr_open(hid_t obj, const char *name, const char *path, const char *key, attr *a)
 {
     a->id = a->type = a->space = H5I_INVALID_HID;
-    if (!zb_h5_attr_exists(obj, name))
-        return zb_err(ZB_E_NOTFOUND, "%s: %s has no attribute '%s'", path, key, name);
+    if (!zb__h5_attr_exists(obj, name))
+        return zb__err(ZB_E_NOTFOUND, "%s: %s has no attribute '%s'", path, key, name);
     a->id = H5Aopen(obj, name, H5P_DEFAULT);
     if (a->id >= 0) a->type = H5Aget_type(a->id);
     if (a->id >= 0) a->space = H5Aget_space(a->id);
@@ -183,7 +183,7 @@ attr_open(hid_t obj, const char *name, const char *path, const char *key, attr *
         attr_close(a);
         char what[128];
         snprintf(what, sizeof what, "reading its attribute '%s'", name);
-        return zb_h5_fail(ZB_E_CORRUPT, path, key, what);
+        return zb__h5_fail(ZB_E_CORRUPT, path, key, what);
     }
     a->cls = H5Tget_class(a->type);
     a->n = H5Sget_simple_extent_npoints(a->space);
@@ -206,36 +206,36 @@ attr_read_texts(attr *a, const char *name, const char *path, const char *key, ch
         H5Aread(a->id, mem, raw) < 0) {
         char what[128];
         snprintf(what, sizeof what, "reading its attribute '%s'", name);
-        st = raw ? zb_h5_fail(ZB_E_CORRUPT, path, key, what)
-                 : zb_err(ZB_E_NOMEM, "%s: %s: attribute '%s'", path, key, name);
+        st = raw ? zb__h5_fail(ZB_E_CORRUPT, path, key, what)
+                 : zb__err(ZB_E_NOMEM, "%s: %s: attribute '%s'", path, key, name);
         vlen = false; /* nothing to reclaim */
     }
     bool padded = !vlen && H5Tget_strpad(a->type) == H5T_STR_SPACEPAD;
     for (size_t i = 0; st == ZB_OK && i < n; i++) {
         const char *s = vlen ? ((char **)raw)[i] : (const char *)raw + i * size;
-        size_t len = vlen ? (s ? strlen(s) : 0) : zb_h5_fixed_len(s, size, padded);
+        size_t len = vlen ? (s ? strlen(s) : 0) : zb__h5_fixed_len(s, size, padded);
         if (!(out[i] = malloc(len + 1))) {
-            st = zb_err(ZB_E_NOMEM, "%s: %s: attribute '%s'", path, key, name);
+            st = zb__err(ZB_E_NOMEM, "%s: %s: attribute '%s'", path, key, name);
             break;
         }
         if (len) memcpy(out[i], s, len);
         out[i][len] = '\0';
     }
-    if (vlen) zb_h5_reclaim(mem, a->space, raw);
+    if (vlen) zb__h5_reclaim(mem, a->space, raw);
     if (mem >= 0) H5Tclose(mem);
     free(raw);
     return st;
 }
 
 zb_status
-zb_h5_attr_text(hid_t obj, const char *name, const char *path, const char *key, char **out)
+zb__h5_attr_text(hid_t obj, const char *name, const char *path, const char *key, char **out)
 {
     *out = NULL;
     attr a;
     ZB_TRY(attr_open(obj, name, path, key, &a));
     zb_status st = ZB_OK;
     if (a.cls != H5T_STRING || a.n != 1)
-        st = zb_err(ZB_E_UNSUPPORTED, "%s: %s: attribute '%s' is not one string", path, key, name);
+        st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: attribute '%s' is not one string", path, key, name);
     else
         st = attr_read_texts(&a, name, path, key, out);
     attr_close(&a);
@@ -243,8 +243,8 @@ zb_h5_attr_text(hid_t obj, const char *name, const char *path, const char *key, 
 }
 
 zb_status
-zb_h5_attr_texts(hid_t obj, const char *name, const char *path, const char *key, char ***out,
-                 size_t *n)
+zb__h5_attr_texts(hid_t obj, const char *name, const char *path, const char *key, char ***out,
+                  size_t *n)
 {
     *out = NULL;
     *n = 0;
@@ -254,13 +254,13 @@ zb_h5_attr_texts(hid_t obj, const char *name, const char *path, const char *key,
     /* h5py writes an empty list as an empty float64 array */
     if (a.n == 0) goto done;
     if (a.cls != H5T_STRING || a.n < 0) {
-        st = zb_err(ZB_E_UNSUPPORTED, "%s: %s: attribute '%s' is not a list of strings", path, key,
+        st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: attribute '%s' is not a list of strings", path, key,
                     name);
         goto done;
     }
     *out = calloc((size_t)a.n, sizeof **out);
     if (!*out) {
-        st = zb_err(ZB_E_NOMEM, "%s: %s: attribute '%s'", path, key, name);
+        st = zb__err(ZB_E_NOMEM, "%s: %s: attribute '%s'", path, key, name);
         goto done;
     }
     st = attr_read_texts(&a, name, path, key, *out);
@@ -277,21 +277,21 @@ done:
 }
 
 zb_status
-zb_h5_attr_u64s(hid_t obj, const char *name, const char *path, const char *key, uint64_t *out,
-                size_t n)
+zb__h5_attr_u64s(hid_t obj, const char *name, const char *path, const char *key, uint64_t *out,
+                 size_t n)
 {
     attr a;
     ZB_TRY(attr_open(obj, name, path, key, &a));
     zb_status st = ZB_OK;
     int64_t v[8];
     if (a.cls != H5T_INTEGER || a.n != (hssize_t)n || n > 8) {
-        st = zb_err(ZB_E_CORRUPT, "%s: %s: attribute '%s' is not %zu integers", path, key, name, n);
+        st = zb__err(ZB_E_CORRUPT, "%s: %s: attribute '%s' is not %zu integers", path, key, name, n);
     } else if (H5Aread(a.id, H5T_NATIVE_INT64, v) < 0) {
-        st = zb_h5_fail(ZB_E_CORRUPT, path, key, "reading an integer attribute");
+        st = zb__h5_fail(ZB_E_CORRUPT, path, key, "reading an integer attribute");
     } else {
         for (size_t i = 0; i < n && st == ZB_OK; i++) {
             if (v[i] < 0)
-                st = zb_err(ZB_E_CORRUPT, "%s: %s: attribute '%s' holds %lld", path, key, name,
+                st = zb__err(ZB_E_CORRUPT, "%s: %s: attribute '%s' holds %lld", path, key, name,
                             (long long)v[i]);
             out[i] = (uint64_t)v[i];
         }
@@ -301,7 +301,7 @@ zb_h5_attr_u64s(hid_t obj, const char *name, const char *path, const char *key, 
 }
 
 zb_status
-zb_h5_attr_bool(hid_t obj, const char *name, const char *path, const char *key, bool *out)
+zb__h5_attr_bool(hid_t obj, const char *name, const char *path, const char *key, bool *out)
 {
     attr a;
     ZB_TRY(attr_open(obj, name, path, key, &a));
@@ -311,9 +311,9 @@ zb_h5_attr_bool(hid_t obj, const char *name, const char *path, const char *key, 
     /* read in the attribute's own type (libhdf5 converts no enum to an integer): any non-zero
      * byte is true, whatever the byte order */
     if ((a.cls != H5T_ENUM && a.cls != H5T_INTEGER) || a.n != 1 || size > sizeof raw)
-        st = zb_err(ZB_E_CORRUPT, "%s: %s: attribute '%s' is not a bool", path, key, name);
+        st = zb__err(ZB_E_CORRUPT, "%s: %s: attribute '%s' is not a bool", path, key, name);
     else if (H5Aread(a.id, a.type, raw) < 0)
-        st = zb_h5_fail(ZB_E_CORRUPT, path, key, "reading a bool attribute");
+        st = zb__h5_fail(ZB_E_CORRUPT, path, key, "reading a bool attribute");
     *out = false;
     for (size_t i = 0; st == ZB_OK && i < size; i++)
         if (raw[i]) *out = true;
@@ -322,8 +322,8 @@ zb_h5_attr_bool(hid_t obj, const char *name, const char *path, const char *key, 
 }
 
 zb_status
-zb_h5_attr_deref(hid_t obj, const char *name, hid_t base, const char *path, const char *key,
-                 hid_t *out)
+zb__h5_attr_deref(hid_t obj, const char *name, hid_t base, const char *path, const char *key,
+                  hid_t *out)
 {
     *out = H5I_INVALID_HID;
     attr a;
@@ -334,16 +334,16 @@ zb_h5_attr_deref(hid_t obj, const char *name, hid_t base, const char *path, cons
         hobj_ref_t ref;
         if (H5Aread(a.id, H5T_STD_REF_OBJ, &ref) < 0 ||
             (*out = H5Rdereference2(obj, H5P_DEFAULT, H5R_OBJECT, &ref)) < 0)
-            st = zb_h5_fail(ZB_E_CORRUPT, path, key, "following its 'categories' reference");
+            st = zb__h5_fail(ZB_E_CORRUPT, path, key, "following its 'categories' reference");
     } else if (a.cls == H5T_STRING && a.n == 1) {
         st = attr_read_texts(&a, name, path, key, &target);
-        if (st == ZB_OK && !zb_h5_exists(base, target))
-            st = zb_err(ZB_E_CORRUPT, "%s: %s: attribute '%s' names '%s', which does not exist",
+        if (st == ZB_OK && !zb__h5_exists(base, target))
+            st = zb__err(ZB_E_CORRUPT, "%s: %s: attribute '%s' names '%s', which does not exist",
                         path, key, name, target);
         if (st == ZB_OK && (*out = H5Oopen(base, target, H5P_DEFAULT)) < 0)
-            st = zb_h5_fail(ZB_E_CORRUPT, path, key, "opening what its attribute names");
+            st = zb__h5_fail(ZB_E_CORRUPT, path, key, "opening what its attribute names");
     } else {
-        st = zb_err(ZB_E_UNSUPPORTED, "%s: %s: attribute '%s' is neither a reference nor a path",
+        st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: attribute '%s' is neither a reference nor a path",
                     path, key, name);
     }
     free(target);
@@ -354,18 +354,18 @@ zb_h5_attr_deref(hid_t obj, const char *name, hid_t base, const char *path, cons
 /* ---- files ----------------------------------------------------------------------------------- */
 
 zb_status
-zb_h5_file_open(const char *path, hid_t *out)
+zb__h5_file_open(const char *path, hid_t *out)
 {
     *out = H5I_INVALID_HID;
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-    if (fapl < 0) return zb_h5_fail(ZB_E_NOMEM, path, "/", "making a file access list");
+    if (fapl < 0) return zb__h5_fail(ZB_E_NOMEM, path, "/", "making a file access list");
     H5Pset_cache(fapl, 0, 4099, CHUNK_CACHE_BYTES, 0.75);
 #if H5_VERSION_GE(1, 10, 7)
     /* keep libhdf5's file locks, but do not fail on file systems without them (NFS, Lustre) */
     H5Pset_file_locking(fapl, true, true);
 #endif
     *out = H5Fopen(path, H5F_ACC_RDONLY, fapl);
-    zb_status st = *out < 0 ? zb_h5_fail(ZB_E_CORRUPT, path, "/", "opening the file") : ZB_OK;
+    zb_status st = *out < 0 ? zb__h5_fail(ZB_E_CORRUPT, path, "/", "opening the file") : ZB_OK;
     H5Pclose(fapl);
     return st;
 }

@@ -11,7 +11,7 @@
  * indptr[stop]) of data and indices, so a read costs what it returns. Every indptr value handed
  * out is checked (0 <= v <= nnz, never decreasing) and every index is checked to fit; the
  * bounds of indices against the other dimension are checked once for all backends in
- * zb_src_matrix_read. */
+ * zb__src_matrix_read. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,11 +22,11 @@
 #include "util/status.h"
 
 typedef struct h5ad_matrix {
-    zb_src_matrix base;
-    hid_t file;                     /* the source's (borrowed) */
-    const char *var_frame;          /* whose index names the columns: "var" or "raw/var" */
-    zb_h5_ds data, indices, indptr; /* sparse */
-    zb_h5_ds dense;
+    zb__src_matrix base;
+    hid_t file;                      /* the source's (borrowed) */
+    const char *var_frame;           /* whose index names the columns: "var" or "raw/var" */
+    zb__h5_ds data, indices, indptr; /* sparse */
+    zb__h5_ds dense;
 } h5ad_matrix;
 
 static bool
@@ -37,17 +37,17 @@ is_integer(zb_dtype t)
 
 /* Elements [start, stop) of an integer dataset as int64 (a uint64 above INT64_MAX is corrupt). */
 static zb_status
-ints_read(const zb_h5_ds *d, uint64_t start, uint64_t stop, int64_t *out)
+ints_read(const zb__h5_ds *d, uint64_t start, uint64_t stop, int64_t *out)
 {
     uint64_t n = stop - start;
-    if (d->dtype == ZB_DT_INT64) return zb_h5_ds_read(d, start, stop, out);
+    if (d->dtype == ZB_DT_INT64) return zb__h5_ds_read(d, start, stop, out);
     /* narrower values are widened in place, from the last one backwards */
-    ZB_TRY(zb_h5_ds_read(d, start, stop, out));
+    ZB_TRY(zb__h5_ds_read(d, start, stop, out));
     const uint8_t *raw = (const uint8_t *)out;
     for (uint64_t i = n; i-- > 0;) {
         int64_t v;
-        if (!zb_load_int(raw + i * d->item, d->dtype, &v))
-            return zb_err(ZB_E_CORRUPT, "%s: %s: element %llu holds a value beyond int64", d->path,
+        if (!zb__load_int(raw + i * d->item, d->dtype, &v))
+            return zb__err(ZB_E_CORRUPT, "%s: %s: element %llu holds a value beyond int64", d->path,
                           d->key, (unsigned long long)(start + i));
         out[i] = v;
     }
@@ -70,21 +70,21 @@ any_negative(const void *p, uint64_t n)
 static zb_status
 indices_read(const h5ad_matrix *m, uint64_t lo, uint64_t hi, uint32_t *out)
 {
-    const zb_h5_ds *d = &m->indices;
+    const zb__h5_ds *d = &m->indices;
     uint64_t n = hi - lo;
     void *raw = d->item == sizeof *out ? (void *)out : malloc(n ? (size_t)(n * d->item) : 1);
     if (!raw)
-        return zb_err(ZB_E_NOMEM, "%s: %s: %llu indices", d->path, d->key, (unsigned long long)n);
-    zb_status st = zb_h5_ds_read(d, lo, hi, raw);
+        return zb__err(ZB_E_NOMEM, "%s: %s: %llu indices", d->path, d->key, (unsigned long long)n);
+    zb_status st = zb__h5_ds_read(d, lo, hi, raw);
     if (st == ZB_OK && d->dtype == ZB_DT_UINT32) return ZB_OK; /* read as they are */
     if (st == ZB_OK && d->dtype == ZB_DT_INT32 && !any_negative(raw, n)) return ZB_OK;
     for (uint64_t i = 0; st == ZB_OK && i < n; i++) {
         int64_t v;
-        bool ok = zb_load_int((const uint8_t *)raw + i * d->item, d->dtype, &v);
+        bool ok = zb__load_int((const uint8_t *)raw + i * d->item, d->dtype, &v);
         if (!ok || v < 0 || v > UINT32_MAX) {
             uint64_t bound =
                 m->base.info.layout == ZB_SRC_CSC ? m->base.info.n_rows : m->base.info.n_cols;
-            st = zb_err(ZB_E_CORRUPT, "%s: %s: element %llu: index %lld is outside [0, %llu)",
+            st = zb__err(ZB_E_CORRUPT, "%s: %s: element %llu: index %lld is outside [0, %llu)",
                         d->path, d->key, (unsigned long long)(lo + i), (long long)v,
                         (unsigned long long)bound);
             break;
@@ -98,19 +98,19 @@ indices_read(const h5ad_matrix *m, uint64_t lo, uint64_t hi, uint32_t *out)
 /* ---- methods --------------------------------------------------------------------------------- */
 
 static zb_status
-m_indptr(zb_src_matrix *base, uint64_t start, uint64_t stop, int64_t *out)
+m_indptr(zb__src_matrix *base, uint64_t start, uint64_t stop, int64_t *out)
 {
     h5ad_matrix *m = (h5ad_matrix *)base;
-    const zb_h5_ds *d = &m->indptr;
+    const zb__h5_ds *d = &m->indptr;
     ZB_TRY(ints_read(d, start, stop + 1, out));
     int64_t nnz = (int64_t)base->info.nnz;
     for (uint64_t i = 0; i <= stop - start; i++) {
         if (out[i] < 0 || out[i] > nnz)
-            return zb_err(ZB_E_CORRUPT, "%s: %s: position %llu holds %lld, outside [0, %lld]",
+            return zb__err(ZB_E_CORRUPT, "%s: %s: position %llu holds %lld, outside [0, %lld]",
                           d->path, d->key, (unsigned long long)(start + i), (long long)out[i],
                           (long long)nnz);
         if (i > 0 && out[i] < out[i - 1])
-            return zb_err(ZB_E_CORRUPT, "%s: %s decreases at position %llu (%lld after %lld)",
+            return zb__err(ZB_E_CORRUPT, "%s: %s decreases at position %llu (%lld after %lld)",
                           d->path, d->key, (unsigned long long)(start + i), (long long)out[i],
                           (long long)out[i - 1]);
     }
@@ -118,17 +118,17 @@ m_indptr(zb_src_matrix *base, uint64_t start, uint64_t stop, int64_t *out)
 }
 
 static zb_status
-sparse_read(h5ad_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out)
+sparse_read(h5ad_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out)
 {
     uint64_t n = stop - start;
     zb_dtype dtype = m->base.info.dtype;
-    ZB_TRY(zb_csr_block_reserve(out, n, 0, dtype));
+    ZB_TRY(zb__csr_block_reserve(out, n, 0, dtype));
     ZB_TRY(m_indptr(&m->base, start, stop, out->indptr));
     int64_t lo = out->indptr[0], hi = out->indptr[n];
     uint64_t nnz = (uint64_t)(hi - lo);
-    ZB_TRY(zb_csr_block_reserve(out, n, nnz, dtype));
+    ZB_TRY(zb__csr_block_reserve(out, n, nnz, dtype));
     for (uint64_t r = 0; r <= n; r++) out->indptr[r] -= lo;
-    ZB_TRY(zb_h5_ds_read(&m->data, (uint64_t)lo, (uint64_t)hi, out->data));
+    ZB_TRY(zb__h5_ds_read(&m->data, (uint64_t)lo, (uint64_t)hi, out->data));
     uint8_t *flags = out->data;
     for (uint64_t i = 0; dtype == ZB_DT_BOOL && i < nnz; i++) flags[i] = flags[i] != 0;
     ZB_TRY(indices_read(m, (uint64_t)lo, (uint64_t)hi, out->indices));
@@ -138,26 +138,26 @@ sparse_read(h5ad_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out)
 }
 
 static zb_status
-dense_read(h5ad_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out)
+dense_read(h5ad_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out)
 {
-    const zb_h5_ds *d = &m->dense;
+    const zb__h5_ds *d = &m->dense;
     uint64_t n = stop - start, elems, bytes;
-    if (!zb_mul_u64(n, d->dims[1], &elems) || !zb_mul_u64(elems, d->item, &bytes) ||
+    if (!zb__mul_u64(n, d->dims[1], &elems) || !zb__mul_u64(elems, d->item, &bytes) ||
         bytes > ZB_BUF_MAX)
-        return zb_err(ZB_E_OVERFLOW, "%s: %s: %llu dense rows", d->path, d->key,
+        return zb__err(ZB_E_OVERFLOW, "%s: %s: %llu dense rows", d->path, d->key,
                       (unsigned long long)n);
     void *rows = malloc(bytes ? (size_t)bytes : 1);
     if (!rows)
-        return zb_err(ZB_E_NOMEM, "%s: %s: %llu dense rows", d->path, d->key,
+        return zb__err(ZB_E_NOMEM, "%s: %s: %llu dense rows", d->path, d->key,
                       (unsigned long long)n);
-    zb_status st = zb_h5_ds_read(d, start, stop, rows);
-    if (st == ZB_OK) st = zb_csr_from_dense(rows, n, d->dims[1], d->dtype, out);
+    zb_status st = zb__h5_ds_read(d, start, stop, rows);
+    if (st == ZB_OK) st = zb__csr_from_dense(rows, n, d->dims[1], d->dtype, out);
     free(rows);
     return st;
 }
 
 static zb_status
-m_read(zb_src_matrix *base, uint64_t start, uint64_t stop, zb_csr_block *out)
+m_read(zb__src_matrix *base, uint64_t start, uint64_t stop, zb__csr_block *out)
 {
     h5ad_matrix *m = (h5ad_matrix *)base;
     if (base->info.layout == ZB_SRC_DENSE) return dense_read(m, start, stop, out);
@@ -165,25 +165,25 @@ m_read(zb_src_matrix *base, uint64_t start, uint64_t stop, zb_csr_block *out)
 }
 
 static zb_status
-m_var_names(zb_src_matrix *base, zb_strings *out)
+m_var_names(zb__src_matrix *base, zb_strings *out)
 {
     h5ad_matrix *m = (h5ad_matrix *)base;
-    return zb_h5ad_frame_names(m->file, base->path, m->var_frame, base->info.n_cols, out);
+    return zb__h5ad_frame_names(m->file, base->path, m->var_frame, base->info.n_cols, out);
 }
 
 static void
-m_close(zb_src_matrix *base)
+m_close(zb__src_matrix *base)
 {
     h5ad_matrix *m = (h5ad_matrix *)base;
-    zb_h5_ds_close(&m->data);
-    zb_h5_ds_close(&m->indices);
-    zb_h5_ds_close(&m->indptr);
-    zb_h5_ds_close(&m->dense);
+    zb__h5_ds_close(&m->data);
+    zb__h5_ds_close(&m->indices);
+    zb__h5_ds_close(&m->indptr);
+    zb__h5_ds_close(&m->dense);
     free(base->key);
     free(m);
 }
 
-static const zb_src_matrix_methods h5ad_matrix_methods = {
+static const zb__src_matrix_methods h5ad_matrix_methods = {
     .indptr = m_indptr,
     .read = m_read,
     .var_names = m_var_names,
@@ -194,24 +194,24 @@ static const zb_src_matrix_methods h5ad_matrix_methods = {
 
 /* The layout and shape of a sparse group, from encoding-type + shape or the h5sparse attrs. */
 static zb_status
-sparse_kind(hid_t g, const char *path, const char *key, zb_src_layout *layout, uint64_t shape[2])
+sparse_kind(hid_t g, const char *path, const char *key, zb__src_layout *layout, uint64_t shape[2])
 {
-    bool modern = zb_h5_attr_exists(g, "encoding-type");
-    if (!modern && !zb_h5_attr_exists(g, "h5sparse_format"))
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s is a group without an encoding-type", path, key);
+    bool modern = zb__h5_attr_exists(g, "encoding-type");
+    if (!modern && !zb__h5_attr_exists(g, "h5sparse_format"))
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s is a group without an encoding-type", path, key);
     char *enc = NULL;
-    ZB_TRY(zb_h5_attr_text(g, modern ? "encoding-type" : "h5sparse_format", path, key, &enc));
+    ZB_TRY(zb__h5_attr_text(g, modern ? "encoding-type" : "h5sparse_format", path, key, &enc));
     zb_status st = ZB_OK;
     if (!strcmp(enc, modern ? "csr_matrix" : "csr"))
         *layout = ZB_SRC_CSR;
     else if (!strcmp(enc, modern ? "csc_matrix" : "csc"))
         *layout = ZB_SRC_CSC;
     else
-        st = zb_err(ZB_E_UNSUPPORTED, "%s: %s: %s '%s' is not a matrix", path, key,
+        st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: %s '%s' is not a matrix", path, key,
                     modern ? "encoding-type" : "h5sparse_format", enc);
     free(enc);
     if (st == ZB_OK)
-        st = zb_h5_attr_u64s(g, modern ? "shape" : "h5sparse_shape", path, key, shape, 2);
+        st = zb__h5_attr_u64s(g, modern ? "shape" : "h5sparse_shape", path, key, shape, 2);
     return st;
 }
 
@@ -219,37 +219,37 @@ static zb_status
 sparse_open(h5ad_matrix *m, hid_t g)
 {
     const char *path = m->base.path, *key = m->base.key;
-    zb_src_layout layout = ZB_SRC_CSR;
+    zb__src_layout layout = ZB_SRC_CSR;
     uint64_t shape[2];
     ZB_TRY(sparse_kind(g, path, key, &layout, shape));
-    ZB_TRY(zb_h5_part_open(g, key, "data", path, &m->data));
-    ZB_TRY(zb_h5_part_open(g, key, "indices", path, &m->indices));
-    ZB_TRY(zb_h5_part_open(g, key, "indptr", path, &m->indptr));
+    ZB_TRY(zb__h5_part_open(g, key, "data", path, &m->data));
+    ZB_TRY(zb__h5_part_open(g, key, "indices", path, &m->indices));
+    ZB_TRY(zb__h5_part_open(g, key, "indptr", path, &m->indptr));
     if (m->data.dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: string data", path, m->data.key);
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s: string data", path, m->data.key);
     if (!is_integer(m->indices.dtype) || !is_integer(m->indptr.dtype))
-        return zb_err(ZB_E_CORRUPT, "%s: %s: indices of %s and indptr of %s, not integers", path,
+        return zb__err(ZB_E_CORRUPT, "%s: %s: indices of %s and indptr of %s, not integers", path,
                       key, zb_dtype_name(m->indices.dtype), zb_dtype_name(m->indptr.dtype));
     uint64_t major = layout == ZB_SRC_CSC ? shape[1] : shape[0];
     uint64_t minor = layout == ZB_SRC_CSC ? shape[0] : shape[1];
     uint64_t nnz = m->data.dims[0];
     if (m->indptr.dims[0] != major + 1)
-        return zb_err(ZB_E_CORRUPT, "%s: %s holds %llu pointers for %llu %s", path, m->indptr.key,
+        return zb__err(ZB_E_CORRUPT, "%s: %s holds %llu pointers for %llu %s", path, m->indptr.key,
                       (unsigned long long)m->indptr.dims[0], (unsigned long long)major,
                       layout == ZB_SRC_CSC ? "columns" : "rows");
     if (m->indices.dims[0] != nnz)
-        return zb_err(ZB_E_CORRUPT, "%s: %s: %llu indices but %llu data elements", path, key,
+        return zb__err(ZB_E_CORRUPT, "%s: %s: %llu indices but %llu data elements", path, key,
                       (unsigned long long)m->indices.dims[0], (unsigned long long)nnz);
     if (minor > UINT32_MAX)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: %llu %s do not fit 32-bit indices", path, key,
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %llu %s do not fit 32-bit indices", path, key,
                       (unsigned long long)minor, layout == ZB_SRC_CSC ? "rows" : "columns");
-    m->base.info = (zb_src_matrix_info){layout, m->data.dtype, shape[0], shape[1], nnz};
+    m->base.info = (zb__src_matrix_info){layout, m->data.dtype, shape[0], shape[1], nnz};
     /* FORMATS.md §6: indptr starts at 0 and ends at len(data) */
     int64_t ends[2];
     ZB_TRY(ints_read(&m->indptr, 0, 1, &ends[0]));
     ZB_TRY(ints_read(&m->indptr, major, major + 1, &ends[1]));
     if (ends[0] != 0 || ends[1] != (int64_t)nnz)
-        return zb_err(ZB_E_CORRUPT,
+        return zb__err(ZB_E_CORRUPT,
                       "%s: %s runs from %lld to %lld, not from 0 to %llu (the "
                       "length of data)",
                       path, m->indptr.key, (long long)ends[0], (long long)ends[1],
@@ -263,11 +263,11 @@ dense_open(h5ad_matrix *m, hid_t obj)
 {
     const char *path = m->base.path, *key = m->base.key;
     zb_status st = ZB_OK;
-    if (zb_h5_attr_exists(obj, "encoding-type")) {
+    if (zb__h5_attr_exists(obj, "encoding-type")) {
         char *enc = NULL;
-        st = zb_h5_attr_text(obj, "encoding-type", path, key, &enc);
+        st = zb__h5_attr_text(obj, "encoding-type", path, key, &enc);
         if (st == ZB_OK && strcmp(enc, "array"))
-            st = zb_err(ZB_E_UNSUPPORTED, "%s: %s: encoding-type '%s' is not a matrix", path, key,
+            st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: encoding-type '%s' is not a matrix", path, key,
                         enc);
         free(enc);
     }
@@ -275,16 +275,16 @@ dense_open(h5ad_matrix *m, hid_t obj)
         H5Oclose(obj);
         return st;
     }
-    ZB_TRY(zb_h5_ds_from_id(obj, path, key, &m->dense));
-    const zb_h5_ds *d = &m->dense;
+    ZB_TRY(zb__h5_ds_from_id(obj, path, key, &m->dense));
+    const zb__h5_ds *d = &m->dense;
     if (d->rank != 2 || d->dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s is a %d-d array of %s, not a matrix", path, key,
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s is a %d-d array of %s, not a matrix", path, key,
                       d->rank, zb_dtype_name(d->dtype));
     uint64_t nnz;
-    if (d->dims[1] > UINT32_MAX || !zb_mul_u64(d->dims[0], d->dims[1], &nnz))
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: %llu columns do not fit 32-bit indices", path, key,
+    if (d->dims[1] > UINT32_MAX || !zb__mul_u64(d->dims[0], d->dims[1], &nnz))
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %llu columns do not fit 32-bit indices", path, key,
                       (unsigned long long)d->dims[1]);
-    m->base.info = (zb_src_matrix_info){ZB_SRC_DENSE, d->dtype, d->dims[0], d->dims[1], nnz};
+    m->base.info = (zb__src_matrix_info){ZB_SRC_DENSE, d->dtype, d->dims[0], d->dims[1], nnz};
     return ZB_OK;
 }
 
@@ -302,9 +302,9 @@ static zb_status
 open_locked(h5ad_matrix *m, uint64_t n_obs)
 {
     const char *path = m->base.path, *key = m->base.key;
-    if (!zb_h5_exists(m->file, key)) return zb_err(ZB_E_NOTFOUND, "%s: no matrix %s", path, key);
+    if (!zb__h5_exists(m->file, key)) return zb__err(ZB_E_NOTFOUND, "%s: no matrix %s", path, key);
     hid_t obj = H5Oopen(m->file, key, H5P_DEFAULT);
-    if (obj < 0) return zb_h5_fail(ZB_E_CORRUPT, path, key, "opening it");
+    if (obj < 0) return zb__h5_fail(ZB_E_CORRUPT, path, key, "opening it");
     zb_status st;
     if (H5Iget_type(obj) == H5I_GROUP) {
         st = sparse_open(m, obj);
@@ -313,32 +313,32 @@ open_locked(h5ad_matrix *m, uint64_t n_obs)
         st = dense_open(m, obj);
     }
     if (st == ZB_OK && m->base.info.n_rows != n_obs)
-        st = zb_err(ZB_E_CORRUPT, "%s: %s has %llu rows but obs has %llu", path, key,
+        st = zb__err(ZB_E_CORRUPT, "%s: %s has %llu rows but obs has %llu", path, key,
                     (unsigned long long)m->base.info.n_rows, (unsigned long long)n_obs);
     return st;
 }
 
 zb_status
-zb_h5ad_matrix_open(hid_t file, const char *path, uint64_t n_obs, const char *key,
-                    zb_src_matrix **out)
+zb__h5ad_matrix_open(hid_t file, const char *path, uint64_t n_obs, const char *key,
+                     zb__src_matrix **out)
 {
     *out = NULL;
     const char *var_frame = var_frame_of(key);
     if (!var_frame)
-        return zb_err(ZB_E_INVALID, "%s: '%s' is not a matrix key (X, raw/X or layers/NAME)", path,
+        return zb__err(ZB_E_INVALID, "%s: '%s' is not a matrix key (X, raw/X or layers/NAME)", path,
                       key);
     h5ad_matrix *m = calloc(1, sizeof *m);
     if (!m || !(m->base.key = strdup(key))) {
         free(m);
-        return zb_err(ZB_E_NOMEM, "%s: %s", path, key);
+        return zb__err(ZB_E_NOMEM, "%s: %s", path, key);
     }
     m->base.methods = &h5ad_matrix_methods;
     m->base.path = path;
     m->file = file;
     m->var_frame = var_frame;
-    zb_h5_lock();
+    zb__h5_lock();
     zb_status st = open_locked(m, n_obs);
-    zb_h5_unlock();
+    zb__h5_unlock();
     if (st != ZB_OK) {
         m_close(&m->base);
         return st;

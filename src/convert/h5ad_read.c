@@ -1,4 +1,4 @@
-/* Numbers out of a dataset by row range (h5ad_io.h: zb_h5_ds_read).
+/* Numbers out of a dataset by row range (h5ad_io.h: zb__h5_ds_read).
  *
  * Why chunks are decoded here: the converter reads terabytes from several threads. libhdf5 would
  * inflate every chunk inside its lock, one thread at a time; for a chunked dataset whose filters
@@ -24,7 +24,7 @@
 /* Under the lock: H5Dread of the box rows [a, b) x columns [k0, k1) into dst, which holds rows
  * [start, stop) x every column. */
 static zb_status
-read_box(const zb_h5_ds *d, uint64_t start, uint64_t stop, uint64_t a, uint64_t b, uint64_t k0,
+read_box(const zb__h5_ds *d, uint64_t start, uint64_t stop, uint64_t a, uint64_t b, uint64_t k0,
          uint64_t k1, void *dst)
 {
     hsize_t fstart[2] = {a, k0}, count[2] = {b - a, k1 - k0};
@@ -38,7 +38,7 @@ read_box(const zb_h5_ds *d, uint64_t start, uint64_t stop, uint64_t a, uint64_t 
         char what[96];
         snprintf(what, sizeof what, "reading rows [%llu, %llu)", (unsigned long long)a,
                  (unsigned long long)b);
-        st = zb_h5_fail(ZB_E_CORRUPT, d->path, d->key, what);
+        st = zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, what);
     }
     if (fspace >= 0) H5Sclose(fspace);
     if (mspace >= 0) H5Sclose(mspace);
@@ -76,24 +76,24 @@ swap_bytes(uint8_t *p, size_t n, size_t item)
 /* One reader's scratch for the direct path. */
 typedef struct chunk_io {
     struct libdeflate_decompressor *inflater;
-    zb_buf packed;   /* the chunk as stored */
-    zb_buf stage[2]; /* intermediate results of the filter pipeline */
-    zb_buf plain;    /* the decoded chunk, when it does not land in dst directly */
+    zb__buf packed;   /* the chunk as stored */
+    zb__buf stage[2]; /* intermediate results of the filter pipeline */
+    zb__buf plain;    /* the decoded chunk, when it does not land in dst directly */
 } chunk_io;
 
 static void
 chunk_io_free(chunk_io *io)
 {
     libdeflate_free_decompressor(io->inflater);
-    zb_buf_free(&io->packed);
-    zb_buf_free(&io->stage[0]);
-    zb_buf_free(&io->stage[1]);
-    zb_buf_free(&io->plain);
+    zb__buf_free(&io->packed);
+    zb__buf_free(&io->stage[0]);
+    zb__buf_free(&io->stage[1]);
+    zb__buf_free(&io->plain);
 }
 
 /* "the chunk at element 14" (1-d) or "the chunk at row 14, column 0" (2-d), for messages. */
 static const char *
-chunk_where(const zb_h5_ds *d, const hsize_t *off, char *buf, size_t cap)
+chunk_where(const zb__h5_ds *d, const hsize_t *off, char *buf, size_t cap)
 {
     if (d->rank == 1)
         snprintf(buf, cap, "the chunk at element %llu", (unsigned long long)off[0]);
@@ -106,7 +106,7 @@ chunk_where(const zb_h5_ds *d, const hsize_t *off, char *buf, size_t cap)
 /* Runs the filter pipeline backwards over the stored chunk (`n` bytes at `in`, `mask` the filters
  * that were skipped when it was written) into `out` (chunk_bytes). */
 static zb_status
-decode_chunk(const zb_h5_ds *d, chunk_io *io, const uint8_t *in, size_t n, uint32_t mask,
+decode_chunk(const zb__h5_ds *d, chunk_io *io, const uint8_t *in, size_t n, uint32_t mask,
              uint8_t *out, size_t chunk_bytes, const hsize_t *off)
 {
     int last = -1; /* the first active filter in write order is the last one undone */
@@ -123,18 +123,18 @@ decode_chunk(const zb_h5_ds *d, chunk_io *io, const uint8_t *in, size_t n, uint3
         if (mask & (1u << i)) continue;
         uint8_t *to = out;
         if (i != last) {
-            ZB_TRY(zb_buf_reserve(&io->stage[flip], chunk_bytes));
+            ZB_TRY(zb__buf_reserve(&io->stage[flip], chunk_bytes));
             to = io->stage[flip].data;
             flip ^= 1;
         }
         if (d->filters[i] == H5Z_FILTER_DEFLATE) {
             if (!io->inflater && !(io->inflater = libdeflate_alloc_decompressor()))
-                return zb_err(ZB_E_NOMEM, "%s: %s: a libdeflate decompressor", d->path, d->key);
+                return zb__err(ZB_E_NOMEM, "%s: %s: a libdeflate decompressor", d->path, d->key);
             size_t got = 0;
             enum libdeflate_result r =
                 libdeflate_zlib_decompress(io->inflater, cur, cur_n, to, chunk_bytes, &got);
             if (r != LIBDEFLATE_SUCCESS || got != chunk_bytes)
-                return zb_err(ZB_E_CORRUPT,
+                return zb__err(ZB_E_CORRUPT,
                               "%s: %s: %s (%zu bytes stored) does not inflate to its %zu "
                               "bytes%s",
                               d->path, d->key, chunk_where(d, off, where, sizeof where), n,
@@ -147,7 +147,7 @@ decode_chunk(const zb_h5_ds *d, chunk_io *io, const uint8_t *in, size_t n, uint3
         cur_n = chunk_bytes;
     }
     if (cur_n != chunk_bytes)
-        return zb_err(ZB_E_CORRUPT, "%s: %s: %s holds %zu bytes, not %zu", d->path, d->key,
+        return zb__err(ZB_E_CORRUPT, "%s: %s: %s holds %zu bytes, not %zu", d->path, d->key,
                       chunk_where(d, off, where, sizeof where), cur_n, chunk_bytes);
     if (cur != out) memcpy(out, cur, chunk_bytes);
     if (d->swap) swap_bytes(out, chunk_bytes / d->item, d->item);
@@ -157,14 +157,14 @@ decode_chunk(const zb_h5_ds *d, chunk_io *io, const uint8_t *in, size_t n, uint3
 /* Reads the chunk at `off` raw under the lock and decodes it outside into `out`; *allocated is
  * false (out untouched) for a chunk never written, which reads as the fill value. */
 static zb_status
-chunk_get(const zb_h5_ds *d, chunk_io *io, const hsize_t *off, uint8_t *out, size_t chunk_bytes,
+chunk_get(const zb__h5_ds *d, chunk_io *io, const hsize_t *off, uint8_t *out, size_t chunk_bytes,
           bool *allocated)
 {
     hsize_t stored = 0;
     uint32_t mask = 0;
     zb_status st = ZB_OK;
     uint8_t *in = NULL;
-    zb_h5_lock();
+    zb__h5_lock();
     if (H5Dget_chunk_storage_size(d->id, off, &stored) < 0) {
         /* libhdf5 1.10 fails here for a chunk never written (its index has no entry); H5Dread
          * then serves it as the fill value, or reports the real trouble */
@@ -172,19 +172,19 @@ chunk_get(const zb_h5_ds *d, chunk_io *io, const hsize_t *off, uint8_t *out, siz
         stored = 0;
     } else if (stored > 2 * (hsize_t)chunk_bytes + 4096) {
         char where[96];
-        st = zb_err(ZB_E_CORRUPT, "%s: %s: %s claims %llu bytes for %zu", d->path, d->key,
+        st = zb__err(ZB_E_CORRUPT, "%s: %s: %s claims %llu bytes for %zu", d->path, d->key,
                     chunk_where(d, off, where, sizeof where), (unsigned long long)stored,
                     chunk_bytes);
     } else if (stored > 0) {
         /* without filters the stored chunk is the chunk: read it straight into place */
         bool raw = d->n_filters == 0 && stored == chunk_bytes && !d->swap;
-        st = raw ? ZB_OK : zb_buf_reserve(&io->packed, (size_t)stored);
+        st = raw ? ZB_OK : zb__buf_reserve(&io->packed, (size_t)stored);
         in = raw ? out : io->packed.data;
         if (st == ZB_OK && H5Dread_chunk(d->id, H5P_DEFAULT, off, &mask, in) < 0)
-            st = zb_h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading a chunk");
+            st = zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading a chunk");
         if (raw && st == ZB_OK) in = NULL; /* nothing left to decode */
     }
-    zb_h5_unlock();
+    zb__h5_unlock();
     *allocated = stored > 0;
     if (st != ZB_OK || !in) return st;
     return decode_chunk(d, io, in, (size_t)stored, mask, out, chunk_bytes, off);
@@ -193,7 +193,7 @@ chunk_get(const zb_h5_ds *d, chunk_io *io, const hsize_t *off, uint8_t *out, siz
 /* Copies rows [a, b) x columns [k0, k1) of a decoded chunk whose corner is (r0, k0) into dst
  * (rows [start, ...) x every column). */
 static void
-copy_box(const zb_h5_ds *d, const uint8_t *chunk, uint64_t r0, uint64_t a, uint64_t b, uint64_t k0,
+copy_box(const zb__h5_ds *d, const uint8_t *chunk, uint64_t r0, uint64_t a, uint64_t b, uint64_t k0,
          uint64_t k1, uint64_t start, uint8_t *dst)
 {
     size_t item = d->item, width = (size_t)(k1 - k0) * item;
@@ -204,7 +204,7 @@ copy_box(const zb_h5_ds *d, const uint8_t *chunk, uint64_t r0, uint64_t a, uint6
 }
 
 static zb_status
-read_direct(const zb_h5_ds *d, uint64_t start, uint64_t stop, uint8_t *dst)
+read_direct(const zb__h5_ds *d, uint64_t start, uint64_t stop, uint8_t *dst)
 {
     const uint64_t c0 = d->chunk[0], c1 = d->chunk[1], cols = d->dims[1];
     const size_t chunk_bytes = (size_t)(c0 * c1) * d->item;
@@ -218,16 +218,16 @@ read_direct(const zb_h5_ds *d, uint64_t start, uint64_t stop, uint8_t *dst)
             bool whole = a == r0 && b == r0 + c0 && c1 == cols;
             uint8_t *to = whole ? dst + (size_t)((a - start) * cols) * d->item : NULL;
             if (!whole) {
-                st = zb_buf_reserve(&io.plain, chunk_bytes);
+                st = zb__buf_reserve(&io.plain, chunk_bytes);
                 to = io.plain.data;
             }
             hsize_t off[2] = {r0, k0};
             bool allocated = true;
             if (st == ZB_OK) st = chunk_get(d, &io, off, to, chunk_bytes, &allocated);
             if (st == ZB_OK && !allocated) {
-                zb_h5_lock();
+                zb__h5_lock();
                 st = read_box(d, start, stop, a, b, k0, k1, dst);
-                zb_h5_unlock();
+                zb__h5_unlock();
             } else if (st == ZB_OK && !whole) {
                 copy_box(d, to, r0, a, b, k0, k1, start, dst);
             }
@@ -238,18 +238,18 @@ read_direct(const zb_h5_ds *d, uint64_t start, uint64_t stop, uint8_t *dst)
 }
 
 zb_status
-zb_h5_ds_read(const zb_h5_ds *d, uint64_t start, uint64_t stop, void *dst)
+zb__h5_ds_read(const zb__h5_ds *d, uint64_t start, uint64_t stop, void *dst)
 {
     if (d->dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_TYPE, "%s: %s holds strings, not numbers", d->path, d->key);
+        return zb__err(ZB_E_TYPE, "%s: %s holds strings, not numbers", d->path, d->key);
     if (start > stop || stop > d->dims[0])
-        return zb_err(ZB_E_RANGE, "%s: %s: rows [%llu, %llu) of %llu", d->path, d->key,
+        return zb__err(ZB_E_RANGE, "%s: %s: rows [%llu, %llu) of %llu", d->path, d->key,
                       (unsigned long long)start, (unsigned long long)stop,
                       (unsigned long long)d->dims[0]);
     if (start == stop || d->dims[1] == 0) return ZB_OK;
     if (d->direct) return read_direct(d, start, stop, dst);
-    zb_h5_lock();
+    zb__h5_lock();
     zb_status st = read_box(d, start, stop, start, stop, 0, d->dims[1], dst);
-    zb_h5_unlock();
+    zb__h5_unlock();
     return st;
 }

@@ -31,22 +31,22 @@ read_slice(void *arg, zb_ctx *ctx)
     read_job *j = arg;
     zb_convert *cv = j->cv;
     const cv_slice *s = &cv->slices[j->t];
-    zb_csr_block b = {0};
-    zb_col_block c = {0};
+    zb__csr_block b = {0};
+    zb__col_block c = {0};
     zb_strings names = {0};
-    zb_src *src = NULL;
+    zb__src *src = NULL;
     zb_status st = cv_source(cv, s->input, &src);
     for (size_t m = 0; st == ZB_OK && m < cv->n_mats; m++) {
-        zb_src_matrix *mat;
+        zb__src_matrix *mat;
         st = cv_matrix(cv, s->input, m, &mat);
-        if (st == ZB_OK) st = zb_src_matrix_read(mat, s->start, s->stop, &b);
+        if (st == ZB_OK) st = zb__src_matrix_read(mat, s->start, s->stop, &b);
         if (st == ZB_OK && m == 0) cv_stats_add(&j->x, b.data, b.dtype, b.nnz);
     }
     for (size_t k = 0; st == ZB_OK && k < cv->n_cols; k++)
-        st = zb_src_read_column(src, cv->cols[k].src_index[s->input], s->start, s->stop, &c);
-    if (st == ZB_OK) st = zb_src_read_obs_names(src, s->start, s->stop, &names);
-    zb_csr_block_free(&b);
-    zb_col_block_free(&c);
+        st = zb__src_read_column(src, cv->cols[k].src_index[s->input], s->start, s->stop, &c);
+    if (st == ZB_OK) st = zb__src_read_obs_names(src, s->start, s->stop, &names);
+    zb__csr_block_free(&b);
+    zb__col_block_free(&c);
     zb_strings_free(&names);
     j->st = st;
     if (st != ZB_OK) snprintf(j->msg, sizeof j->msg, "%s", zb_last_error());
@@ -64,19 +64,19 @@ static zb_status
 measure_read(zb_convert *cv, int threads, double *seconds, cv_value_stats *x)
 {
     read_job *jobs = calloc(cv->n_slices, sizeof *jobs);
-    if (!jobs) return zb_err(ZB_E_NOMEM, "the limit");
-    zb_pool *pool = NULL;
-    zb_status st = zb_pool_new(threads > 1 ? threads : 0, &pool);
+    if (!jobs) return zb__err(ZB_E_NOMEM, "the limit");
+    zb__pool *pool = NULL;
+    zb_status st = zb__pool_new(threads > 1 ? threads : 0, &pool);
     double t0 = now_s();
     for (size_t t = 0; st == ZB_OK && t < cv->n_slices; t++) {
         jobs[t] = (read_job){cv, t, ZB_OK, "", {0, 0}};
-        zb_pool_submit(pool, read_slice, &jobs[t]);
+        zb__pool_submit(pool, read_slice, &jobs[t]);
     }
-    zb_pool_free(pool);
+    zb__pool_free(pool);
     *seconds = now_s() - t0;
     *x = (cv_value_stats){0, 0};
     for (size_t t = 0; st == ZB_OK && t < cv->n_slices; t++) {
-        if (jobs[t].st != ZB_OK) st = zb_err(jobs[t].st, "%s", jobs[t].msg);
+        if (jobs[t].st != ZB_OK) st = zb__err(jobs[t].st, "%s", jobs[t].msg);
         x->flags |= jobs[t].x.flags;
         if (jobs[t].x.max > x->max) x->max = jobs[t].x.max;
     }
@@ -89,8 +89,8 @@ measure_read(zb_convert *cv, int threads, double *seconds, cv_value_stats *x)
  * the values the read pass saw, by the conversion's rule), so the time is what reading,
  * compressing and writing the output take without the shuffle. */
 static zb_status
-measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats *x,
-             double *seconds, uint64_t *x_bytes)
+measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats *x, double *seconds,
+             uint64_t *x_bytes)
 {
     uint64_t n_vars = 1;
     zb_dtype dtype = cv_stored_dtype(cv, 0, x);
@@ -110,7 +110,7 @@ measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats 
     o.x_shard = cv->x_shard == UINT64_MAX ? 0 : cv->x_shard;
     o.num_threads = threads;
     o.narrow_indices = narrow;
-    zb_csr_block b = {0};
+    zb__csr_block b = {0};
     int32_t *idx = NULL;
     unsigned char *data = NULL;
     size_t cap = 0;
@@ -121,16 +121,16 @@ measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats 
         st = zb_anndata_writer_open(store, "copy", n_vars, ZB_ANNDATA_X_CSR, dtype, &o, &w);
     for (size_t t = 0; st == ZB_OK && t < cv->n_slices; t++) {
         const cv_slice *s = &cv->slices[t];
-        zb_src_matrix *m;
+        zb__src_matrix *m;
         st = cv_matrix(cv, s->input, 0, &m);
-        if (st == ZB_OK) st = zb_src_matrix_read(m, s->start, s->stop, &b);
+        if (st == ZB_OK) st = zb__src_matrix_read(m, s->start, s->stop, &b);
         if (st == ZB_OK && b.nnz + 1 > cap) {
             cap = (size_t)b.nnz + 1;
             int32_t *pi = realloc(idx, cap * 4);
             unsigned char *pd = pi ? realloc(data, cap * item) : NULL;
             if (pi) idx = pi;
             if (pd) data = pd;
-            if (!pi || !pd) st = zb_err(ZB_E_NOMEM, "the limit");
+            if (!pi || !pd) st = zb__err(ZB_E_NOMEM, "the limit");
         }
         if (st != ZB_OK) break;
         for (uint64_t e = 0; e < b.nnz; e++) idx[e] = (int32_t)b.indices[e];
@@ -141,7 +141,7 @@ measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats 
     *seconds = now_s() - t0;
     zb_anndata_writer_close(w);
     zb_store_close(store);
-    zb_csr_block_free(&b);
+    zb__csr_block_free(&b);
     free(idx);
     free(data);
     return st;
@@ -151,9 +151,9 @@ zb_status
 zb_convert_measure_limit(const char *const *inputs, size_t n_inputs, const char *output,
                          const zb_convert_opts *opts, zb_convert_limit *out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_convert_measure_limit: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_convert_measure_limit: null out");
     memset(out, 0, sizeof *out);
-    if (!output) return zb_err(ZB_E_INVALID, "zb_convert_measure_limit: null output");
+    if (!output) return zb__err(ZB_E_INVALID, "zb_convert_measure_limit: null output");
     zb_convert_opts o = ZB_CONVERT_OPTS_DEFAULT;
     if (opts) o = *opts;
     o.progress = NULL;

@@ -33,9 +33,8 @@
 #define MAX_REACH 65536
 
 /* Bins are at least the search radius / BIN_SPLIT thick. Thinner bins scan less empty space
- * around an atom but more rows of bins; 2 cost the fewest instructions on four of five fcc
- * crystals of 32 to 4,000 atoms, and 9% more than 1 on the fifth (docs/PERFORMANCE.md,
- * "Neighbour lists and ASE conversion"). */
+ * around an atom but more rows of bins; 2 cost the fewest instructions on most of the fcc
+ * crystals measured (docs/PERFORMANCE.md, "Neighbour lists and ASE conversion"). */
 #define BIN_SPLIT 2.0
 
 typedef struct frame {
@@ -96,8 +95,10 @@ frame_complete(frame *f)
     for (int p = 0; p < np; p++) {
         memcpy(f->axis[per[p]], f->cell[per[p]], sizeof f->axis[0]);
         if (dot3(f->axis[per[p]], f->axis[per[p]]) == 0)
-            return zb_err(ZB_E_INVALID, "singular periodic cell: lattice vector %d is zero but "
-                          "axis %d is periodic", per[p], per[p]);
+            return zb__err(ZB_E_INVALID,
+                          "singular periodic cell: lattice vector %d is zero but "
+                          "axis %d is periodic",
+                          per[p], per[p]);
     }
     if (np == 0) {
         for (int k = 0; k < 3; k++)
@@ -120,8 +121,10 @@ frame_complete(frame *f)
         double scale =
             sqrt(dot3(f->axis[per[0]], f->axis[per[0]]) * dot3(f->axis[per[1]], f->axis[per[1]]));
         if (!(len > 1e-12 * scale))
-            return zb_err(ZB_E_INVALID, "singular periodic cell: lattice vectors %d and %d "
-                          "are parallel", per[0], per[1]);
+            return zb__err(ZB_E_INVALID,
+                          "singular periodic cell: lattice vectors %d and %d "
+                          "are parallel",
+                          per[0], per[1]);
         normalize3(f->axis[non[0]]);
     }
     return ZB_OK;
@@ -137,8 +140,10 @@ frame_invert(frame *f)
     double scale = 1;
     for (int k = 0; k < 3; k++) scale *= sqrt(dot3(f->axis[k], f->axis[k]));
     if (!(fabs(det) > 1e-12 * scale))
-        return zb_err(ZB_E_INVALID, "singular periodic cell: the periodic lattice vectors are "
-                      "linearly dependent (volume %g)", det);
+        return zb__err(ZB_E_INVALID,
+                      "singular periodic cell: the periodic lattice vectors are "
+                      "linearly dependent (volume %g)",
+                      det);
     for (int k = 0; k < 3; k++) {
         for (int c = 0; c < 3; c++) f->inv[c][k] = rec[k][c] / det;
         f->height[k] = fabs(det) / sqrt(dot3(rec[k], rec[k]));
@@ -156,11 +161,11 @@ frame_init(frame *f, const zb_structure *s)
             for (int c = 0; c < 3; c++) {
                 f->cell[k][c] = s->cell[3 * k + c];
                 if (!isfinite(f->cell[k][c]))
-                    return zb_err(ZB_E_INVALID, "cell[%d][%d] is %g, not a finite number", k, c,
+                    return zb__err(ZB_E_INVALID, "cell[%d][%d] is %g, not a finite number", k, c,
                                   f->cell[k][c]);
             }
     } else if (f->pbc[0] || f->pbc[1] || f->pbc[2]) {
-        return zb_err(ZB_E_INVALID, "a periodic structure needs a cell (cell is NULL)");
+        return zb__err(ZB_E_INVALID, "a periodic structure needs a cell (cell is NULL)");
     }
     ZB_TRY(frame_complete(f));
     return frame_invert(f);
@@ -179,11 +184,11 @@ atoms_alloc(atoms *a, uint64_t n)
 {
     memset(a, 0, sizeof *a);
     /* 3 + 3 + 3 + 1 + 3 + 1 eight-byte values per atom */
-    if (n > SIZE_MAX / (14 * 8)) return zb_err(ZB_E_OVERFLOW, "%llu atoms", (unsigned long long)n);
+    if (n > SIZE_MAX / (14 * 8)) return zb__err(ZB_E_OVERFLOW, "%llu atoms", (unsigned long long)n);
     size_t m = (size_t)n ? (size_t)n : 1;
     char *p = malloc(m * 14 * 8);
     if (!p)
-        return zb_err(ZB_E_NOMEM, "neighbour list scratch for %llu atoms", (unsigned long long)n);
+        return zb__err(ZB_E_NOMEM, "neighbour list scratch for %llu atoms", (unsigned long long)n);
     a->offset = (int64_t *)(void *)p;
     a->wrapped = (double *)(void *)(p + m * 24);
     a->unit = (double *)(void *)(p + m * 48);
@@ -204,7 +209,7 @@ atoms_wrap(atoms *a, frame *f, const zb_structure *s, double *size)
     for (uint64_t i = 0; i < s->n_atoms; i++) {
         const double *r = s->positions + 3 * i;
         if (!isfinite(r[0]) || !isfinite(r[1]) || !isfinite(r[2]))
-            return zb_err(ZB_E_INVALID, "atom %llu: position (%g, %g, %g) is not finite",
+            return zb__err(ZB_E_INVALID, "atom %llu: position (%g, %g, %g) is not finite",
                           (unsigned long long)i, r[0], r[1], r[2]);
         for (int c = 0; c < 3; c++) far = fmax(far, fabs(r[c]));
         for (int k = 0; k < 3; k++) {
@@ -213,8 +218,10 @@ atoms_wrap(atoms *a, frame *f, const zb_structure *s, double *size)
             if (f->pbc[k]) {
                 o = floor(x);
                 if (!(fabs(o) < MAX_CELLS_AWAY))
-                    return zb_err(ZB_E_INVALID, "atom %llu lies %g cells outside the periodic "
-                                  "cell along axis %d", (unsigned long long)i, o, k);
+                    return zb__err(ZB_E_INVALID,
+                                  "atom %llu lies %g cells outside the periodic "
+                                  "cell along axis %d",
+                                  (unsigned long long)i, o, k);
                 x -= o;
                 cells[k] = fmax(cells[k], fabs(o));
             }
@@ -256,8 +263,10 @@ frame_bins(frame *f, uint64_t n, double radius)
             continue;
         }
         if (!(radius / f->height[k] <= MAX_REACH))
-            return zb_err(ZB_E_OVERFLOW, "the cutoff spans %g lattice planes along axis %d (at "
-                          "most %d)", radius / f->height[k], k, MAX_REACH);
+            return zb__err(ZB_E_OVERFLOW,
+                          "the cutoff spans %g lattice planes along axis %d (at "
+                          "most %d)",
+                          radius / f->height[k], k, MAX_REACH);
         f->reach[k] = radius * (double)f->nbins[k] / f->height[k];
     }
     return ZB_OK;
@@ -270,7 +279,7 @@ atoms_bin(atoms *a, const frame *f, const zb_structure *s)
 {
     size_t nb = (size_t)(f->nbins[0] * f->nbins[1] * f->nbins[2]);
     a->start = calloc(nb + 1, sizeof *a->start);
-    if (!a->start) return zb_err(ZB_E_NOMEM, "%zu neighbour-list bins", nb);
+    if (!a->start) return zb__err(ZB_E_NOMEM, "%zu neighbour-list bins", nb);
     uint64_t n = s->n_atoms;
     for (uint64_t i = 0; i < n; i++) {
         int64_t b[3];
@@ -307,19 +316,21 @@ list_reserve(zb_neighbor_list *nl, uint64_t max_pairs, double cutoff)
 {
     if (max_pairs && nl->n_pairs >= max_pairs) /* before the capacity: a reused list may be
                                                    larger than this call's cap */
-        return zb_err(ZB_E_OVERFLOW, "more than %llu neighbour pairs within the cutoff %g "
-                      "(max_pairs)", (unsigned long long)max_pairs, cutoff);
+        return zb__err(ZB_E_OVERFLOW,
+                      "more than %llu neighbour pairs within the cutoff %g "
+                      "(max_pairs)",
+                      (unsigned long long)max_pairs, cutoff);
     if (nl->n_pairs < nl->capacity) return ZB_OK;
     uint64_t cap = nl->capacity ? nl->capacity * 2 : 4096;
     if (max_pairs && cap > max_pairs) cap = max_pairs;
     if (cap > SIZE_MAX / (3 * sizeof(int64_t)))
-        return zb_err(ZB_E_OVERFLOW, "%llu neighbour pairs", (unsigned long long)cap);
+        return zb__err(ZB_E_OVERFLOW, "%llu neighbour pairs", (unsigned long long)cap);
     int64_t *p = realloc(nl->i, (size_t)cap * sizeof *p);
     if (p) nl->i = p;
     int64_t *q = p ? realloc(nl->j, (size_t)cap * sizeof *q) : NULL;
     if (q) nl->j = q;
     int64_t *s = q ? realloc(nl->cell_shifts, (size_t)cap * 3 * sizeof *s) : NULL;
-    if (!s) return zb_err(ZB_E_NOMEM, "a neighbour list of %llu pairs", (unsigned long long)cap);
+    if (!s) return zb__err(ZB_E_NOMEM, "a neighbour list of %llu pairs", (unsigned long long)cap);
     nl->cell_shifts = s;
     nl->capacity = cap;
     return ZB_OK;
@@ -461,14 +472,14 @@ zb_status
 zb_neighbor_list_build(const zb_structure *s, double cutoff, uint64_t max_pairs,
                        zb_neighbor_list *nl)
 {
-    if (!nl) return zb_err(ZB_E_INVALID, "neighbour list: nl is NULL");
+    if (!nl) return zb__err(ZB_E_INVALID, "neighbour list: nl is NULL");
     nl->n_pairs = 0;
-    if (!s) return zb_err(ZB_E_INVALID, "neighbour list: the structure is NULL");
+    if (!s) return zb__err(ZB_E_INVALID, "neighbour list: the structure is NULL");
     if (!(cutoff > 0) || !isfinite(cutoff))
-        return zb_err(ZB_E_INVALID, "neighbour list: the cutoff %g is not a finite number > 0",
+        return zb__err(ZB_E_INVALID, "neighbour list: the cutoff %g is not a finite number > 0",
                       cutoff);
     if (s->n_atoms && !s->positions)
-        return zb_err(ZB_E_INVALID, "neighbour list: positions are NULL for %llu atoms",
+        return zb__err(ZB_E_INVALID, "neighbour list: positions are NULL for %llu atoms",
                       (unsigned long long)s->n_atoms);
     frame f;
     atoms a;
@@ -485,10 +496,10 @@ zb_neighbor_list_build(const zb_structure *s, double cutoff, uint64_t max_pairs,
     /* an atom's range along a periodic first axis spans at most 2·(reach + slack) + 2 bins, so
      * as many runs; along a non-periodic one it is one run */
     search q = {NULL, &f, &a, s, radius * radius, inner * inner, cutoff, max_pairs, nl};
-    size_t nruns = f.pbc[0] ? (size_t)ceil(2 * (f.reach[0] + 1e-9 * (2 + (double)f.nbins[0]))) + 4
-                            : 1;
+    size_t nruns =
+        f.pbc[0] ? (size_t)ceil(2 * (f.reach[0] + 1e-9 * (2 + (double)f.nbins[0]))) + 4 : 1;
     if (st == ZB_OK && !(q.runs = malloc(nruns * sizeof *q.runs)))
-        st = zb_err(ZB_E_NOMEM, "neighbour search runs");
+        st = zb__err(ZB_E_NOMEM, "neighbour search runs");
     for (uint64_t i = 0; st == ZB_OK && i < s->n_atoms; i++) st = search_atom(&q, i);
     free(q.runs);
     atoms_free(&a);

@@ -19,15 +19,15 @@ cv_prepare_task(zb_convert *cv, size_t k)
     int64_t mtime;
     ZB_TRY(cv_fingerprint(in->path, &size, &mtime, &crc));
     if (size != in->size || mtime != in->mtime_ns)
-        return zb_err(ZB_E_INVALID, "%s changed since the conversion was planned", in->path);
-    zb_src *src;
+        return zb__err(ZB_E_INVALID, "%s changed since the conversion was planned", in->path);
+    zb__src *src;
     ZB_TRY(cv_source(cv, (uint32_t)k, &src));
     for (size_t j = 0; j < cv->n_mats; j++) {
         if (in->mats[j].layout != ZB_SRC_CSC) continue;
-        zb_src_matrix *m;
-        ZB_TRY(zb_src_matrix_get(src, cv->mat_keys[j], &m));
+        zb__src_matrix *m;
+        ZB_TRY(zb__src_matrix_get(src, cv->mat_keys[j], &m));
         ZB_TRY(cv_path(cv, path, sizeof path, "prepare/i%zu-m%zu.csr", k, j));
-        if (!cv_exists(path)) ZB_TRY(zb_csc_transpose(m, path, cv->memory_bytes / 2, 1));
+        if (!cv_exists(path)) ZB_TRY(zb__csc_transpose(m, path, cv->memory_bytes / 2, 1));
     }
     char text[256];
     int n = snprintf(text, sizeof text, "{\"crc64\": \"%016" PRIx64 "\", \"size\": %" PRIu64 "}\n",

@@ -83,29 +83,29 @@ sort_by_gene(uint64_t *keys, uint64_t *tmp, size_t n)
 
 typedef struct scatter {
     zb_convert *cv;
-    cv_ws *ws;              /* every buffer below lives in it */
+    cv_ws *ws; /* every buffer below lives in it */
     size_t t, n_arrays, col_start[CV_MAX_ARRAYS];
     cv_array arrays[CV_MAX_ARRAYS];
     cv_slice s;
-    uint64_t n;             /* cells */
-    zb_csr_block *mats;     /* [n_mats] as read */
-    zb_col_block *cols;     /* [n_cols] as read */
+    uint64_t n;          /* cells */
+    zb__csr_block *mats; /* [n_mats] as read */
+    zb__col_block *cols; /* [n_cols] as read */
     zb_strings names;
-    uint64_t *order;        /* [2n]: (position, input index) pairs, then the input indices */
-    uint64_t *pos;          /* [n]: the output position of each cell in sorted order */
-    uint64_t *section;      /* [n_datasets + 1]: first sorted cell of each dataset */
+    uint64_t *order;   /* [2n]: (position, input index) pairs, then the input indices */
+    uint64_t *pos;     /* [n]: the output position of each cell in sorted order */
+    uint64_t *section; /* [n_datasets + 1]: first sorted cell of each dataset */
     unsigned char *buf[CV_MAX_ARRAYS]; /* the arrays, all sections */
     uint64_t count[CV_MAX_ARRAYS];     /* elements in each */
-    uint64_t *starts[CV_MAX_ARRAYS]; /* count arrays' prefix sums [n + 1], by count array */
-    bool index[CV_MAX_ARRAYS];       /* index arrays (cv_index_arrays) */
-    cv_value_stats stats[65];        /* [n_mats] what the values are (dtypes.c) */
+    uint64_t *starts[CV_MAX_ARRAYS];   /* count arrays' prefix sums [n + 1], by count array */
+    bool index[CV_MAX_ARRAYS];         /* index arrays (cv_index_arrays) */
+    cv_value_stats stats[65];          /* [n_mats] what the values are (dtypes.c) */
 } scatter;
 
 static zb_status
 grow(scatter *sc, size_t slot, uint64_t bytes, void *out)
 {
     if (bytes > ZB_BUF_MAX)
-        return zb_err(ZB_E_OVERFLOW, "a scatter task of %" PRIu64 " bytes", bytes);
+        return zb__err(ZB_E_OVERFLOW, "a scatter task of %" PRIu64 " bytes", bytes);
     return cv_ws_grow(sc->ws, slot, (size_t)bytes, (void **)out);
 }
 
@@ -114,17 +114,17 @@ read_cells(scatter *sc)
 {
     zb_convert *cv = sc->cv;
     uint32_t k = sc->s.input;
-    zb_src *src;
+    zb__src *src;
     ZB_TRY(cv_source(cv, k, &src));
     for (size_t j = 0; j < cv->n_mats; j++) {
-        zb_src_matrix *m;
+        zb__src_matrix *m;
         ZB_TRY(cv_matrix(cv, k, j, &m));
-        ZB_TRY(zb_src_matrix_read(m, sc->s.start, sc->s.stop, &sc->mats[j]));
+        ZB_TRY(zb__src_matrix_read(m, sc->s.start, sc->s.stop, &sc->mats[j]));
     }
     for (size_t c = 0; c < cv->n_cols; c++)
-        ZB_TRY(zb_src_read_column(src, cv->cols[c].src_index[k], sc->s.start, sc->s.stop,
-                                  &sc->cols[c]));
-    return zb_src_read_obs_names(src, sc->s.start, sc->s.stop, &sc->names);
+        ZB_TRY(zb__src_read_column(src, cv->cols[c].src_index[k], sc->s.start, sc->s.stop,
+                                   &sc->cols[c]));
+    return zb__src_read_obs_names(src, sc->s.start, sc->s.stop, &sc->names);
 }
 
 /* Output positions, the sorted order and where each dataset's section starts. */
@@ -183,7 +183,7 @@ fill_fixed(scatter *sc)
         row[q] = sc->pos[q] % sc->cv->dataset_size;
         src[q] = sc->s.start + i;
         uint64_t l = nm->offsets[i + 1] - nm->offsets[i];
-        if (l > UINT32_MAX) return zb_err(ZB_E_INVALID, "an obs name of %" PRIu64 " bytes", l);
+        if (l > UINT32_MAX) return zb__err(ZB_E_INVALID, "an obs name of %" PRIu64 " bytes", l);
         len[q] = (uint32_t)l;
         memcpy(bytes, nm->data + nm->offsets[i], (size_t)l);
         bytes += l;
@@ -197,7 +197,7 @@ static zb_status
 fill_matrix(scatter *sc, size_t j)
 {
     zb_convert *cv = sc->cv;
-    const zb_csr_block *b = &sc->mats[j];
+    const zb__csr_block *b = &sc->mats[j];
     const int32_t *map;
     ZB_TRY(cv_gene_map(cv, sc->s.input, j, &map));
     bool monotone = cv->inputs[sc->s.input].mats[j].monotone;
@@ -282,7 +282,8 @@ check_values(scatter *sc, size_t j)
     }
     double v = 0;
     cv_convert_values(&v, ZB_DT_FLOAT64, vals + value_at * item, dtype, 1);
-    return zb_err(ZB_E_INVALID, "%s: %s, row %" PRIu64 ": the value %.17g is not an integer in "
+    return zb__err(ZB_E_INVALID,
+                  "%s: %s, row %" PRIu64 ": the value %.17g is not an integer in "
                   "[0, %s], so %s cannot hold it exactly (choose a wider data dtype, or auto)",
                   cv->inputs[sc->s.input].path, cv->mat_keys[j], sc->s.start + row, v,
                   asked == ZB_DT_UINT8 ? "255" : "65535", zb_dtype_name(asked));
@@ -294,7 +295,7 @@ fill_column(scatter *sc, size_t c)
 {
     zb_convert *cv = sc->cv;
     const cv_column *col = &cv->cols[c];
-    const zb_col_block *b = &sc->cols[c];
+    const zb__col_block *b = &sc->cols[c];
     size_t a = sc->col_start[c];
     uint32_t k = sc->s.input;
     if (col->kind == ZB_COL_CATEGORICAL) {
@@ -304,9 +305,11 @@ fill_column(scatter *sc, size_t c)
         for (uint64_t q = 0; q < sc->n; q++) {
             int32_t code = codes[sc->order[q]];
             if (code >= 0 && (uint64_t)code >= col->n_src_codes[k])
-                return zb_err(ZB_E_CORRUPT, "%s: obs column '%s', row %" PRIu64 ": code %d of "
-                              "%" PRIu64 " categories", cv->inputs[k].path, col->name,
-                              sc->s.start + sc->order[q], code, col->n_src_codes[k]);
+                return zb__err(ZB_E_CORRUPT,
+                              "%s: obs column '%s', row %" PRIu64 ": code %d of "
+                              "%" PRIu64 " categories",
+                              cv->inputs[k].path, col->name, sc->s.start + sc->order[q], code,
+                              col->n_src_codes[k]);
             out[q] = code < 0 ? -1 : col->code_map[k][code];
         }
         return ZB_OK;
@@ -320,7 +323,7 @@ fill_column(scatter *sc, size_t c)
         for (uint64_t q = 0; q < sc->n; q++) {
             uint64_t i = sc->order[q], l = s->offsets[i + 1] - s->offsets[i];
             if (l > UINT32_MAX)
-                return zb_err(ZB_E_INVALID, "obs column '%s': a string of %" PRIu64 " bytes",
+                return zb__err(ZB_E_INVALID, "obs column '%s': a string of %" PRIu64 " bytes",
                               col->name, l);
             len[q] = (uint32_t)l;
             memcpy(bytes, s->data + s->offsets[i], (size_t)l);
@@ -345,7 +348,7 @@ fill_column(scatter *sc, size_t c)
 }
 
 void
-cv_scratch_codec(zb_codec *codec)
+cv_scratch_codec(zb__codec *codec)
 {
     memset(codec, 0, sizeof *codec);
     codec->id = ZB_CODEC_BLOSC;
@@ -364,8 +367,10 @@ element_starts(scatter *sc)
         int c = sc->arrays[a].count;
         if (c < 0 || sc->starts[c]) continue;
         if (k == CV_WS_STARTS_N)
-            return zb_err(ZB_E_UNSUPPORTED, "more than %d variable-length obs columns and "
-                          "matrices", CV_WS_STARTS_N);
+            return zb__err(ZB_E_UNSUPPORTED,
+                          "more than %d variable-length obs columns and "
+                          "matrices",
+                          CV_WS_STARTS_N);
         ZB_TRY(grow(sc, CV_WS_STARTS0 + k++, (sc->n + 1) * 8, &sc->starts[c]));
         const uint32_t *counts = (const uint32_t *)sc->buf[c];
         sc->starts[c][0] = 0;
@@ -394,15 +399,15 @@ cv_index_arrays(const cv_array *arrays, size_t n, bool *index)
 static zb_status
 append_piece(scatter *sc, size_t a, uint64_t e0, uint64_t e1, uint32_t *clen)
 {
-    zb_codec codec;
+    zb__codec codec;
     cv_scratch_codec(&codec);
     size_t item = sc->arrays[a].item;
-    ZB_TRY(zb_codec_encode(&codec, sc->ws->ctx, sc->buf[a] + e0 * item, (size_t)((e1 - e0) * item),
-                           item, &sc->ws->piece));
+    ZB_TRY(zb__codec_encode(&codec, sc->ws->ctx, sc->buf[a] + e0 * item, (size_t)((e1 - e0) * item),
+                            item, &sc->ws->piece));
     if (sc->ws->piece.len > UINT32_MAX)
-        return zb_err(ZB_E_OVERFLOW, "a scratch piece of %zu bytes", sc->ws->piece.len);
+        return zb__err(ZB_E_OVERFLOW, "a scratch piece of %zu bytes", sc->ws->piece.len);
     *clen = (uint32_t)sc->ws->piece.len;
-    return zb_buf_append(&sc->ws->blob, sc->ws->piece.data, sc->ws->piece.len);
+    return zb__buf_append(&sc->ws->blob, sc->ws->piece.data, sc->ws->piece.len);
 }
 
 /* Uncompressed bytes of sorted cell q in the blocks (the non-index arrays). */
@@ -433,9 +438,9 @@ write_section(scatter *sc, uint64_t s0, uint64_t s1, uint64_t base, uint64_t *ro
             bytes = 0;
         }
     }
-    zb_buf *blob = &sc->ws->blob;
+    zb__buf *blob = &sc->ws->blob;
     size_t start = blob->len, head = (n_index + n_blocks * (1 + na)) * 4;
-    ZB_TRY(zb_buf_reserve(blob, start + head));
+    ZB_TRY(zb__buf_reserve(blob, start + head));
     memset(blob->data + start, 0, head);
     blob->len = start + head;
     uint32_t clen;
@@ -493,7 +498,7 @@ write_sections(scatter *sc)
         st = write_section(sc, sc->section[d], sc->section[d + 1], base, sections + 4 * d);
     }
     if (st == ZB_OK) {
-        zb_buf *blob = &sc->ws->blob;
+        zb__buf *blob = &sc->ws->blob;
         const void *bufs[4] = {&h, sections, sc->stats, blob->data ? blob->data : (const void *)""};
         size_t lens[4] = {sizeof h, (size_t)(nd * 4 * 8), stats_len, blob->len};
         char path[4200];
@@ -533,7 +538,7 @@ cv_scatter_task(zb_convert *cv, size_t t)
     zb_strings_free(&sc.names);
     cv_ws_give(cv, sc.ws);
     if (st != ZB_OK)
-        return zb_err_context(st, "scatter task %zu (%s, rows %" PRIu64 "-%" PRIu64 ")", t,
+        return zb__err_context(st, "scatter task %zu (%s, rows %" PRIu64 "-%" PRIu64 ")", t,
                               cv->inputs[cv->slices[t].input].path, cv->slices[t].start,
                               cv->slices[t].stop);
     return ZB_OK;

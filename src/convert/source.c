@@ -12,29 +12,29 @@
 #include "util/status.h"
 
 zb_status
-zb_csr_block_reserve(zb_csr_block *b, uint64_t n_rows, uint64_t nnz, zb_dtype dtype)
+zb__csr_block_reserve(zb__csr_block *b, uint64_t n_rows, uint64_t nnz, zb_dtype dtype)
 {
     size_t item = zb_dtype_size(dtype);
     uint64_t data_bytes;
-    if (n_rows >= ZB_BUF_MAX / 8 || nnz >= ZB_BUF_MAX / 4 || !zb_mul_u64(nnz, item, &data_bytes) ||
+    if (n_rows >= ZB_BUF_MAX / 8 || nnz >= ZB_BUF_MAX / 4 || !zb__mul_u64(nnz, item, &data_bytes) ||
         data_bytes > ZB_BUF_MAX)
-        return zb_err(ZB_E_OVERFLOW, "a block of %llu rows and %llu elements is too large",
+        return zb__err(ZB_E_OVERFLOW, "a block of %llu rows and %llu elements is too large",
                       (unsigned long long)n_rows, (unsigned long long)nnz);
     if (n_rows + 1 > b->cap_rows) {
         int64_t *p = realloc(b->indptr, (size_t)(n_rows + 1) * sizeof *p);
-        if (!p) return zb_err(ZB_E_NOMEM, "a block of %llu rows", (unsigned long long)n_rows);
+        if (!p) return zb__err(ZB_E_NOMEM, "a block of %llu rows", (unsigned long long)n_rows);
         b->indptr = p;
         b->cap_rows = n_rows + 1;
     }
     if (nnz > b->cap_nnz || !b->indices) {
         uint32_t *p = realloc(b->indices, (size_t)(nnz ? nnz : 1) * sizeof *p);
-        if (!p) return zb_err(ZB_E_NOMEM, "a block of %llu elements", (unsigned long long)nnz);
+        if (!p) return zb__err(ZB_E_NOMEM, "a block of %llu elements", (unsigned long long)nnz);
         b->indices = p;
         b->cap_nnz = nnz ? nnz : 1;
     }
     if (data_bytes > b->cap_data_bytes || !b->data) {
         void *p = realloc(b->data, data_bytes ? (size_t)data_bytes : 1);
-        if (!p) return zb_err(ZB_E_NOMEM, "a block of %llu elements", (unsigned long long)nnz);
+        if (!p) return zb__err(ZB_E_NOMEM, "a block of %llu elements", (unsigned long long)nnz);
         b->data = p;
         b->cap_data_bytes = data_bytes ? (size_t)data_bytes : 1;
     }
@@ -43,7 +43,7 @@ zb_csr_block_reserve(zb_csr_block *b, uint64_t n_rows, uint64_t nnz, zb_dtype dt
 }
 
 void
-zb_csr_block_free(zb_csr_block *b)
+zb__csr_block_free(zb__csr_block *b)
 {
     if (!b) return;
     free(b->indptr);
@@ -53,7 +53,7 @@ zb_csr_block_free(zb_csr_block *b)
 }
 
 void
-zb_col_block_free(zb_col_block *b)
+zb__col_block_free(zb__col_block *b)
 {
     if (!b) return;
     free(b->values);
@@ -63,7 +63,7 @@ zb_col_block_free(zb_col_block *b)
 }
 
 void
-zb_col_info_free(zb_col_info *ci)
+zb__col_info_free(zb__col_info *ci)
 {
     free((char *)ci->name);
     if (ci->categories) {
@@ -75,10 +75,10 @@ zb_col_info_free(zb_col_info *ci)
 }
 
 void
-zb_src_common_free(zb_src_common *c)
+zb__src_common_free(zb__src_common *c)
 {
     free(c->path);
-    for (size_t i = 0; i < c->n_columns; i++) zb_col_info_free(&c->columns[i]);
+    for (size_t i = 0; i < c->n_columns; i++) zb__col_info_free(&c->columns[i]);
     free(c->columns);
     for (size_t i = 0; i < c->n_skipped; i++) free(c->skipped[i]);
     free(c->skipped);
@@ -86,7 +86,7 @@ zb_src_common_free(zb_src_common *c)
 }
 
 zb_status
-zb_src_skip_column(zb_src_common *c, const char *name)
+zb__src_skip_column(zb__src_common *c, const char *name)
 {
     const char *why = zb_last_error();
     size_t len = strlen(name) + strlen(why) + 2;
@@ -94,7 +94,7 @@ zb_src_skip_column(zb_src_common *c, const char *name)
     if (list) c->skipped = list;
     if (!entry || !list) {
         free(entry);
-        return zb_err(ZB_E_NOMEM, "%s: obs column %s", c->path, name);
+        return zb__err(ZB_E_NOMEM, "%s: obs column %s", c->path, name);
     }
     snprintf(entry, len, "%s\t%s", name, why);
     c->skipped[c->n_skipped++] = entry;
@@ -103,7 +103,7 @@ zb_src_skip_column(zb_src_common *c, const char *name)
 }
 
 const char *
-zb_src_skipped_reason(const zb_src_common *c, const char *name)
+zb__src_skipped_reason(const zb__src_common *c, const char *name)
 {
     size_t n = strlen(name);
     for (size_t i = 0; i < c->n_skipped; i++)
@@ -127,28 +127,28 @@ is_hdf5(const char *path)
 }
 
 zb_status
-zb_src_open(const char *path, zb_src **out)
+zb__src_open(const char *path, zb__src **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_src_open: NULL out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb__src_open: NULL out");
     *out = NULL;
-    if (!path || !*path) return zb_err(ZB_E_INVALID, "zb_src_open: empty path");
+    if (!path || !*path) return zb__err(ZB_E_INVALID, "zb__src_open: empty path");
     struct stat sb;
     if (stat(path, &sb) != 0)
-        return zb_err(errno == ENOENT ? ZB_E_NOTFOUND : ZB_E_IO, "%s: %s", path, strerror(errno));
-    if (S_ISDIR(sb.st_mode)) return zb_src_open_zarr(path, out);
-    if (S_ISREG(sb.st_mode) && is_hdf5(path)) return zb_src_open_h5ad(path, out);
-    return zb_err(ZB_E_UNSUPPORTED,
+        return zb__err(errno == ENOENT ? ZB_E_NOTFOUND : ZB_E_IO, "%s: %s", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) return zb__src_open_zarr(path, out);
+    if (S_ISREG(sb.st_mode) && is_hdf5(path)) return zb__src_open_h5ad(path, out);
+    return zb__err(ZB_E_UNSUPPORTED,
                   "%s: neither an .h5ad file (no HDF5 signature) nor a Zarr store directory", path);
 }
 
 void
-zb_src_close(zb_src *src)
+zb__src_close(zb__src *src)
 {
     if (!src) return;
-    zb_src_matrix *m = src->matrices;
+    zb__src_matrix *m = src->matrices;
     while (m) {
-        zb_src_matrix *next = m->next;
-        zb_src_matrix_close(m);
+        zb__src_matrix *next = m->next;
+        zb__src_matrix_close(m);
         m = next;
     }
     src->matrices = NULL;
@@ -156,7 +156,7 @@ zb_src_close(zb_src *src)
 }
 
 zb_status
-zb_src_find_column(const zb_src *src, const char *name, size_t *index)
+zb__src_find_column(const zb__src *src, const char *name, size_t *index)
 {
     for (size_t i = 0; i < src->c.n_columns; i++) {
         if (!strcmp(src->c.columns[i].name, name)) {
@@ -164,20 +164,20 @@ zb_src_find_column(const zb_src *src, const char *name, size_t *index)
             return ZB_OK;
         }
     }
-    return zb_err(ZB_E_NOTFOUND, "%s: no obs column '%s'", src->c.path, name);
+    return zb__err(ZB_E_NOTFOUND, "%s: no obs column '%s'", src->c.path, name);
 }
 
 zb_status
-zb_src_matrix_get(zb_src *src, const char *key, zb_src_matrix **out)
+zb__src_matrix_get(zb__src *src, const char *key, zb__src_matrix **out)
 {
     *out = NULL;
-    for (zb_src_matrix *m = src->matrices; m; m = m->next) {
+    for (zb__src_matrix *m = src->matrices; m; m = m->next) {
         if (!strcmp(m->key, key)) {
             *out = m;
             return ZB_OK;
         }
     }
-    zb_src_matrix *m = NULL;
+    zb__src_matrix *m = NULL;
     ZB_TRY(src->methods->matrix_open(src, key, &m));
     m->next = src->matrices;
     src->matrices = m;
@@ -185,23 +185,22 @@ zb_src_matrix_get(zb_src *src, const char *key, zb_src_matrix **out)
     return ZB_OK;
 }
 
-const zb_src_matrix_info *
-zb_src_matrix_info_of(const zb_src_matrix *m)
+const zb__src_matrix_info *
+zb__src_matrix_info_of(const zb__src_matrix *m)
 {
     return &m->info;
 }
 
 zb_status
-zb_src_matrix_indptr(zb_src_matrix *m, uint64_t start, uint64_t stop, int64_t *out)
+zb__src_matrix_indptr(zb__src_matrix *m, uint64_t start, uint64_t stop, int64_t *out)
 {
     uint64_t limit = m->info.layout == ZB_SRC_CSC ? m->info.n_cols : m->info.n_rows;
     if (start > stop || stop > limit)
-        return zb_err(ZB_E_RANGE, "%s: %s: pointers [%llu, %llu] of %llu", m->path, m->key,
+        return zb__err(ZB_E_RANGE, "%s: %s: pointers [%llu, %llu] of %llu", m->path, m->key,
                       (unsigned long long)start, (unsigned long long)stop,
                       (unsigned long long)limit);
     if (m->info.layout == ZB_SRC_DENSE) {
-        for (uint64_t i = start; i <= stop; i++)
-            out[i - start] = (int64_t)(i * m->info.n_cols);
+        for (uint64_t i = start; i <= stop; i++) out[i - start] = (int64_t)(i * m->info.n_cols);
         return ZB_OK;
     }
     return m->methods->indptr(m, start, stop, out);
@@ -211,56 +210,58 @@ zb_src_matrix_indptr(zb_src_matrix *m, uint64_t start, uint64_t stop, int64_t *o
  * every index inside the other dimension. Storage is hostile (STYLE.md habit 6); a bad block
  * never reaches the converter. */
 static zb_status
-check_block(const zb_src_matrix *m, uint64_t start, const zb_csr_block *b)
+check_block(const zb__src_matrix *m, uint64_t start, const zb__csr_block *b)
 {
     bool csc = m->info.layout == ZB_SRC_CSC;
     const char *unit = csc ? "column" : "row";
     uint64_t bound = csc ? m->info.n_rows : m->info.n_cols;
     if (b->indptr[0] != 0 || (uint64_t)b->indptr[b->n_rows] != b->nnz)
-        return zb_err(ZB_E_CORRUPT, "%s: %s: the block of %ss from %llu holds %llu elements "
-                      "but its pointers span [%lld, %lld]", m->path, m->key, unit,
-                      (unsigned long long)start, (unsigned long long)b->nnz,
+        return zb__err(ZB_E_CORRUPT,
+                      "%s: %s: the block of %ss from %llu holds %llu elements "
+                      "but its pointers span [%lld, %lld]",
+                      m->path, m->key, unit, (unsigned long long)start, (unsigned long long)b->nnz,
                       (long long)b->indptr[0], (long long)b->indptr[b->n_rows]);
     for (uint64_t r = 0; r < b->n_rows; r++) {
         int64_t lo = b->indptr[r], hi = b->indptr[r + 1];
         if (hi < lo)
-            return zb_err(ZB_E_CORRUPT, "%s: %s/indptr decreases at %s %llu (%lld after %lld)",
+            return zb__err(ZB_E_CORRUPT, "%s: %s/indptr decreases at %s %llu (%lld after %lld)",
                           m->path, m->key, unit, (unsigned long long)(start + r), (long long)hi,
                           (long long)lo);
         for (int64_t e = lo; e < hi; e++)
             if (b->indices[e] >= bound)
-                return zb_err(ZB_E_CORRUPT,
+                return zb__err(ZB_E_CORRUPT,
                               "%s: %s/indices: %s %llu, element %lld: index %u is outside "
-                              "[0, %llu)", m->path, m->key, unit, (unsigned long long)(start + r),
-                              (long long)e, b->indices[e], (unsigned long long)bound);
+                              "[0, %llu)",
+                              m->path, m->key, unit, (unsigned long long)(start + r), (long long)e,
+                              b->indices[e], (unsigned long long)bound);
     }
     return ZB_OK;
 }
 
 zb_status
-zb_src_matrix_read(zb_src_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out)
+zb__src_matrix_read(zb__src_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out)
 {
     uint64_t limit = m->info.layout == ZB_SRC_CSC ? m->info.n_cols : m->info.n_rows;
     if (start > stop || stop > limit)
-        return zb_err(ZB_E_RANGE, "%s: %s: rows [%llu, %llu) of %llu", m->path, m->key,
+        return zb__err(ZB_E_RANGE, "%s: %s: rows [%llu, %llu) of %llu", m->path, m->key,
                       (unsigned long long)start, (unsigned long long)stop,
                       (unsigned long long)limit);
     ZB_TRY(m->methods->read(m, start, stop, out));
     if (out->n_rows != stop - start)
-        return zb_err(ZB_E_CORRUPT, "%s: %s: asked for %llu rows from %llu, got %llu", m->path,
+        return zb__err(ZB_E_CORRUPT, "%s: %s: asked for %llu rows from %llu, got %llu", m->path,
                       m->key, (unsigned long long)(stop - start), (unsigned long long)start,
                       (unsigned long long)out->n_rows);
     return check_block(m, start, out);
 }
 
 zb_status
-zb_src_matrix_var_names(zb_src_matrix *m, zb_strings *out)
+zb__src_matrix_var_names(zb__src_matrix *m, zb_strings *out)
 {
     return m->methods->var_names(m, out);
 }
 
 void
-zb_src_matrix_close(zb_src_matrix *m)
+zb__src_matrix_close(zb__src_matrix *m)
 {
     if (!m) return;
     m->methods->close(m);
@@ -304,35 +305,63 @@ float_text(double v, bool single, char *buf, size_t cap)
 }
 
 size_t
-zb_src_category_text(zb_dtype dtype, const void *value, char *buf, size_t cap)
+zb__src_category_text(zb_dtype dtype, const void *value, char *buf, size_t cap)
 {
     const unsigned char *p = value;
     switch (dtype) {
-    case ZB_DT_BOOL: return (size_t)snprintf(buf, cap, "%s", *p ? "True" : "False");
-    case ZB_DT_INT8: return (size_t)snprintf(buf, cap, "%d", *(const int8_t *)p);
-    case ZB_DT_INT16: { int16_t v; memcpy(&v, p, 2); return (size_t)snprintf(buf, cap, "%d", v); }
-    case ZB_DT_INT32: { int32_t v; memcpy(&v, p, 4); return (size_t)snprintf(buf, cap, "%d", v); }
+    case ZB_DT_BOOL:
+        return (size_t)snprintf(buf, cap, "%s", *p ? "True" : "False");
+    case ZB_DT_INT8:
+        return (size_t)snprintf(buf, cap, "%d", *(const int8_t *)p);
+    case ZB_DT_INT16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        return (size_t)snprintf(buf, cap, "%d", v);
+    }
+    case ZB_DT_INT32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        return (size_t)snprintf(buf, cap, "%d", v);
+    }
     case ZB_DT_INT64: {
         int64_t v;
         memcpy(&v, p, 8);
         return (size_t)snprintf(buf, cap, "%lld", (long long)v);
     }
-    case ZB_DT_UINT8: return (size_t)snprintf(buf, cap, "%u", *p);
-    case ZB_DT_UINT16: { uint16_t v; memcpy(&v, p, 2); return (size_t)snprintf(buf, cap, "%u", v); }
-    case ZB_DT_UINT32: { uint32_t v; memcpy(&v, p, 4); return (size_t)snprintf(buf, cap, "%u", v); }
+    case ZB_DT_UINT8:
+        return (size_t)snprintf(buf, cap, "%u", *p);
+    case ZB_DT_UINT16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return (size_t)snprintf(buf, cap, "%u", v);
+    }
+    case ZB_DT_UINT32: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return (size_t)snprintf(buf, cap, "%u", v);
+    }
     case ZB_DT_UINT64: {
         uint64_t v;
         memcpy(&v, p, 8);
         return (size_t)snprintf(buf, cap, "%llu", (unsigned long long)v);
     }
-    case ZB_DT_FLOAT32: { float v; memcpy(&v, p, 4); return float_text(v, true, buf, cap); }
-    case ZB_DT_FLOAT64: { double v; memcpy(&v, p, 8); return float_text(v, false, buf, cap); }
-    default: return (size_t)snprintf(buf, cap, "?");
+    case ZB_DT_FLOAT32: {
+        float v;
+        memcpy(&v, p, 4);
+        return float_text(v, true, buf, cap);
+    }
+    case ZB_DT_FLOAT64: {
+        double v;
+        memcpy(&v, p, 8);
+        return float_text(v, false, buf, cap);
+    }
+    default:
+        return (size_t)snprintf(buf, cap, "?");
     }
 }
 
 zb_status
-zb_src_set_numeric_categories(zb_col_info *c, zb_dtype dtype, const void *values, uint64_t n)
+zb__src_set_numeric_categories(zb__col_info *c, zb_dtype dtype, const void *values, uint64_t n)
 {
     size_t item = zb_dtype_size(dtype);
     zb_strings *s = calloc(1, sizeof *s);
@@ -343,13 +372,13 @@ zb_src_set_numeric_categories(zb_col_info *c, zb_dtype dtype, const void *values
         if (s) zb_strings_free(s);
         free(s);
         free(copy);
-        return zb_err(ZB_E_NOMEM, "%s: %llu categories", c->name, (unsigned long long)n);
+        return zb__err(ZB_E_NOMEM, "%s: %llu categories", c->name, (unsigned long long)n);
     }
     memcpy(copy, values, (size_t)n * item);
     uint64_t at = 0;
     s->offsets[0] = 0;
     for (uint64_t i = 0; i < n; i++) {
-        at += zb_src_category_text(dtype, (const char *)values + i * item, s->data + at, 40);
+        at += zb__src_category_text(dtype, (const char *)values + i * item, s->data + at, 40);
         s->offsets[i + 1] = at;
     }
     s->n = n;
@@ -360,20 +389,20 @@ zb_src_set_numeric_categories(zb_col_info *c, zb_dtype dtype, const void *values
 }
 
 zb_status
-zb_col_block_reserve(zb_col_block *b, uint64_t n, size_t value_bytes, bool mask)
+zb__col_block_reserve(zb__col_block *b, uint64_t n, size_t value_bytes, bool mask)
 {
     uint64_t bytes;
-    if (!zb_mul_u64(n, value_bytes, &bytes) || bytes > ZB_BUF_MAX || n > ZB_BUF_MAX)
-        return zb_err(ZB_E_OVERFLOW, "a column block of %llu values", (unsigned long long)n);
+    if (!zb__mul_u64(n, value_bytes, &bytes) || bytes > ZB_BUF_MAX || n > ZB_BUF_MAX)
+        return zb__err(ZB_E_OVERFLOW, "a column block of %llu values", (unsigned long long)n);
     if (value_bytes && bytes > b->cap_values_bytes) {
         void *p = realloc(b->values, (size_t)bytes);
-        if (!p) return zb_err(ZB_E_NOMEM, "a column block of %llu values", (unsigned long long)n);
+        if (!p) return zb__err(ZB_E_NOMEM, "a column block of %llu values", (unsigned long long)n);
         b->values = p;
         b->cap_values_bytes = (size_t)bytes;
     }
     if (mask && (n > b->cap_mask || !b->mask)) {
         uint8_t *p = realloc(b->mask, n ? (size_t)n : 1);
-        if (!p) return zb_err(ZB_E_NOMEM, "a column mask of %llu values", (unsigned long long)n);
+        if (!p) return zb__err(ZB_E_NOMEM, "a column mask of %llu values", (unsigned long long)n);
         b->mask = p;
         b->cap_mask = n ? (size_t)n : 1;
     }
@@ -387,9 +416,21 @@ static bool
 is_zero(const unsigned char *p, zb_dtype dtype, size_t item)
 {
     switch (dtype) {
-    case ZB_DT_FLOAT32: { float v; memcpy(&v, p, 4); return v == 0.0f; }
-    case ZB_DT_FLOAT64: { double v; memcpy(&v, p, 8); return v == 0.0; }
-    case ZB_DT_FLOAT16: { uint16_t v; memcpy(&v, p, 2); return (v & 0x7fff) == 0; }
+    case ZB_DT_FLOAT32: {
+        float v;
+        memcpy(&v, p, 4);
+        return v == 0.0f;
+    }
+    case ZB_DT_FLOAT64: {
+        double v;
+        memcpy(&v, p, 8);
+        return v == 0.0;
+    }
+    case ZB_DT_FLOAT16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return (v & 0x7fff) == 0;
+    }
     default:
         for (size_t i = 0; i < item; i++)
             if (p[i]) return false;
@@ -398,18 +439,18 @@ is_zero(const unsigned char *p, zb_dtype dtype, size_t item)
 }
 
 zb_status
-zb_csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, zb_dtype dtype,
-                  zb_csr_block *out)
+zb__csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, zb_dtype dtype,
+                   zb__csr_block *out)
 {
     size_t item = zb_dtype_size(dtype);
     const unsigned char *src = rows;
     uint64_t nnz = 0, total;
-    if (!zb_mul_u64(n_rows, n_cols, &total))
-        return zb_err(ZB_E_OVERFLOW, "a dense block of %llu x %llu", (unsigned long long)n_rows,
+    if (!zb__mul_u64(n_rows, n_cols, &total))
+        return zb__err(ZB_E_OVERFLOW, "a dense block of %llu x %llu", (unsigned long long)n_rows,
                       (unsigned long long)n_cols);
     for (uint64_t i = 0; i < total; i++)
         if (!is_zero(src + i * item, dtype, item)) nnz++;
-    ZB_TRY(zb_csr_block_reserve(out, n_rows, nnz, dtype));
+    ZB_TRY(zb__csr_block_reserve(out, n_rows, nnz, dtype));
     uint64_t k = 0;
     out->indptr[0] = 0;
     for (uint64_t r = 0; r < n_rows; r++) {

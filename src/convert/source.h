@@ -4,14 +4,14 @@
  * by row block, for its obs columns by row block, and for its obs and var names; it never
  * looks at the storage behind them.
  *
- * A source is a methods table (zb_src_methods) plus the shared facts every backend fills at
+ * A source is a methods table (zb__src_methods) plus the shared facts every backend fills at
  * open (n_obs, the obs columns with their categories). Backends: src_h5ad.c, src_zarr.c;
  * csr_file.c serves a matrix transposed out of core from CSC (transpose.c) as a CSR matrix.
  *
  * Thread-safety: every read function may be called from several threads at once on the same
  * source and matrix (scatter tasks read different row slices of one input concurrently); a
  * backend serialises what its library needs serialised (libhdf5) internally. Open, close and
- * zb_src_matrix_get are called by one thread.
+ * zb__src_matrix_get are called by one thread.
  */
 #ifndef ZB_CONVERT_SOURCE_H
 #define ZB_CONVERT_SOURCE_H
@@ -22,84 +22,84 @@
 
 #include "zbatch.h"
 
-typedef struct zb_src zb_src;
-typedef struct zb_src_matrix zb_src_matrix;
+typedef struct zb__src zb__src;
+typedef struct zb__src_matrix zb__src_matrix;
 
 /* ---- row blocks ------------------------------------------------------------------------------ */
 
 /* A block of rows in CSR form, owned by the caller and reused across reads: a read grows the
  * buffers as needed and sets n_rows/nnz. Row r holds indices[indptr[r] .. indptr[r+1]) and the
  * same range of data. indptr[0] is 0. Column ids keep the order they have in storage. */
-typedef struct zb_csr_block {
+typedef struct zb__csr_block {
     uint64_t n_rows;
     uint64_t nnz;
     int64_t *indptr;   /* [n_rows + 1] */
     uint32_t *indices; /* [nnz] column ids, each < the matrix's n_cols */
     void *data;        /* [nnz] elements of `dtype`, native byte order */
     zb_dtype dtype;    /* the matrix's stored dtype (a read never converts values) */
-    /* capacities (elements), managed by zb_csr_block_reserve */
+    /* capacities (elements), managed by zb__csr_block_reserve */
     uint64_t cap_rows, cap_nnz;
     size_t cap_data_bytes;
-} zb_csr_block;
+} zb__csr_block;
 
 /* Grows b to hold n_rows rows and nnz elements of `dtype` (contents of indptr/indices/data up
  * to their old sizes kept). ZB_E_NOMEM / ZB_E_OVERFLOW. */
-zb_status zb_csr_block_reserve(zb_csr_block *b, uint64_t n_rows, uint64_t nnz, zb_dtype dtype);
-void zb_csr_block_free(zb_csr_block *b);
+zb_status zb__csr_block_reserve(zb__csr_block *b, uint64_t n_rows, uint64_t nnz, zb_dtype dtype);
+void zb__csr_block_free(zb__csr_block *b);
 
 /* ---- matrices -------------------------------------------------------------------------------- */
 
-typedef enum zb_src_layout {
+typedef enum zb__src_layout {
     ZB_SRC_CSR = 0,  /* csr_matrix: rows are cells */
     ZB_SRC_CSC = 1,  /* csc_matrix: stored by column (gene); read by column block */
     ZB_SRC_DENSE = 2 /* a 2-d array [n_obs, n_vars] */
-} zb_src_layout;
+} zb__src_layout;
 
-typedef struct zb_src_matrix_info {
-    zb_src_layout layout;
+typedef struct zb__src_matrix_info {
+    zb__src_layout layout;
     zb_dtype dtype;  /* of data (CSR/CSC) or of the dense array; never ZB_DT_STRING */
     uint64_t n_rows; /* n_obs */
     uint64_t n_cols; /* n_vars of this matrix (raw/X may have its own var) */
     uint64_t nnz;    /* stored elements (CSR/CSC); n_rows * n_cols for dense */
-} zb_src_matrix_info;
+} zb__src_matrix_info;
 
 /* The matrix at `key` ("X", "raw/X", "layers/NAME") of `src`, opened on first use and kept by
  * the source (the pointer lives as long as the source; do not free it). ZB_E_NOTFOUND (naming
  * the file and key) when there is none; ZB_E_UNSUPPORTED for an encoding that is not a matrix
  * (naming it). */
-zb_status zb_src_matrix_get(zb_src *src, const char *key, zb_src_matrix **out);
+zb_status zb__src_matrix_get(zb__src *src, const char *key, zb__src_matrix **out);
 
-const zb_src_matrix_info *zb_src_matrix_info_of(const zb_src_matrix *m);
+const zb__src_matrix_info *zb__src_matrix_info_of(const zb__src_matrix *m);
 
 /* indptr[start .. stop] of a CSR (rows) or CSC (columns) matrix as stored (not rebased), as
  * int64 into out[0 .. stop-start]; stop <= n_rows (CSR) or n_cols (CSC). For a dense matrix:
  * out[i] = (start + i) * n_cols (every element counts as stored). Checked: monotone, within
  * [0, nnz] (ZB_E_CORRUPT naming the file, key and position). */
-zb_status zb_src_matrix_indptr(zb_src_matrix *m, uint64_t start, uint64_t stop, int64_t *out);
+zb_status zb__src_matrix_indptr(zb__src_matrix *m, uint64_t start, uint64_t stop, int64_t *out);
 
 /* Rows [start, stop) of a CSR or dense matrix, or columns [start, stop) of a CSC matrix (then
  * out->indices are row ids and out->n_rows counts columns), into `out`. A dense matrix is
  * returned in CSR form with its zeros dropped (values equal to 0, -0.0 included; NaN kept).
- * Checked: indptr as in zb_src_matrix_indptr, every index < the other dimension (ZB_E_CORRUPT
+ * Checked: indptr as in zb__src_matrix_indptr, every index < the other dimension (ZB_E_CORRUPT
  * naming file, key, row and element). */
-zb_status zb_src_matrix_read(zb_src_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out);
+zb_status zb__src_matrix_read(zb__src_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out);
 
 /* The names of the matrix's columns: var/_index (raw/var/_index for raw/X), n_cols strings. */
-zb_status zb_src_matrix_var_names(zb_src_matrix *m, zb_strings *out);
+zb_status zb__src_matrix_var_names(zb__src_matrix *m, zb_strings *out);
 
 /* ---- obs columns ----------------------------------------------------------------------------- */
 
-typedef enum zb_col_kind {
+typedef enum zb__col_kind {
     ZB_COL_NUMERIC = 0,     /* numeric or bool array */
     ZB_COL_CATEGORICAL = 1, /* codes (-1 = missing) into a table of categories */
     ZB_COL_STRING = 2,      /* string-array */
     ZB_COL_NULLABLE = 3     /* nullable-integer / nullable-boolean / nullable-string-array:
                                values + mask (1 = missing) */
-} zb_col_kind;
+} zb__col_kind;
 
-typedef struct zb_col_info {
+typedef struct zb__col_info {
     const char *name;
-    zb_col_kind kind;
+    zb__col_kind kind;
     /* NUMERIC / NULLABLE: the value dtype (ZB_DT_STRING for a nullable-string-array).
      * CATEGORICAL: the dtype of the categories as stored (ZB_DT_STRING, or a numeric/bool type
      * for e.g. integer cluster labels). STRING: ZB_DT_STRING. */
@@ -114,11 +114,11 @@ typedef struct zb_col_info {
      * source. */
     const void *category_values;
     bool ordered; /* CATEGORICAL: the `ordered` attribute */
-} zb_col_info;
+} zb__col_info;
 
 /* Values of rows [start, stop) of one obs column, owned by the caller and reused across reads
- * (zb_col_block_free releases it). */
-typedef struct zb_col_block {
+ * (zb__col_block_free releases it). */
+typedef struct zb__col_block {
     uint64_t n;
     /* NUMERIC / NULLABLE (non-string): n values of the column's dtype (bool as 0/1 bytes);
      * CATEGORICAL: n int32 codes, each in [-1, n_categories) (checked: ZB_E_CORRUPT naming
@@ -130,116 +130,116 @@ typedef struct zb_col_block {
     zb_strings strings;
     size_t cap_values_bytes, cap_mask; /* managed by the backends */
     uint64_t cap_strings, cap_string_bytes;
-} zb_col_block;
+} zb__col_block;
 
-void zb_col_block_free(zb_col_block *b);
+void zb__col_block_free(zb__col_block *b);
 
 /* ---- the source ------------------------------------------------------------------------------ */
 
 /* What every backend fills at open and the converter reads directly. */
-typedef struct zb_src_common {
-    char *path;            /* as given to zb_src_open */
-    const char *format;    /* "h5ad" or "zarr" */
+typedef struct zb__src_common {
+    char *path;         /* as given to zb__src_open */
+    const char *format; /* "h5ad" or "zarr" */
     uint64_t n_obs;
     size_t n_columns;      /* obs columns in column-order (the index excluded) */
-    zb_col_info *columns;  /* [n_columns] */
+    zb__col_info *columns; /* [n_columns] */
     /* obs columns left out because their encoding cannot be read (an awkward-array, a 2-d
      * array...): "name\treason" each, in column-order. A conversion keeps the other columns
      * and refuses to be asked for these by name. */
     char **skipped;
     size_t n_skipped;
-} zb_src_common;
+} zb__src_common;
 
-typedef struct zb_src_methods {
-    zb_status (*matrix_open)(zb_src *src, const char *key, zb_src_matrix **out);
-    zb_status (*read_column)(zb_src *src, size_t column, uint64_t start, uint64_t stop,
-                             zb_col_block *out);
+typedef struct zb__src_methods {
+    zb_status (*matrix_open)(zb__src *src, const char *key, zb__src_matrix **out);
+    zb_status (*read_column)(zb__src *src, size_t column, uint64_t start, uint64_t stop,
+                             zb__col_block *out);
     /* obs names (obs/_index, or the dataframe's `_index` attribute's child), rows [start, stop) */
-    zb_status (*read_obs_names)(zb_src *src, uint64_t start, uint64_t stop, zb_strings *out);
-    void (*close)(zb_src *src);
-} zb_src_methods;
+    zb_status (*read_obs_names)(zb__src *src, uint64_t start, uint64_t stop, zb_strings *out);
+    void (*close)(zb__src *src);
+} zb__src_methods;
 
 /* A matrix backend (each source's matrices, and csr_file.c's). */
-typedef struct zb_src_matrix_methods {
-    zb_status (*indptr)(zb_src_matrix *m, uint64_t start, uint64_t stop, int64_t *out);
-    zb_status (*read)(zb_src_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out);
-    zb_status (*var_names)(zb_src_matrix *m, zb_strings *out);
-    void (*close)(zb_src_matrix *m);
-} zb_src_matrix_methods;
+typedef struct zb__src_matrix_methods {
+    zb_status (*indptr)(zb__src_matrix *m, uint64_t start, uint64_t stop, int64_t *out);
+    zb_status (*read)(zb__src_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out);
+    zb_status (*var_names)(zb__src_matrix *m, zb_strings *out);
+    void (*close)(zb__src_matrix *m);
+} zb__src_matrix_methods;
 
-struct zb_src_matrix {
-    const zb_src_matrix_methods *methods;
-    zb_src_matrix_info info;
+struct zb__src_matrix {
+    const zb__src_matrix_methods *methods;
+    zb__src_matrix_info info;
     char *key;            /* "X", "raw/X", ... (for messages) */
     const char *path;     /* the source's path (for messages) */
-    zb_src_matrix *next;  /* the source's list of opened matrices */
+    zb__src_matrix *next; /* the source's list of opened matrices */
 };
 
-struct zb_src {
-    const zb_src_methods *methods;
-    zb_src_common c;
-    zb_src_matrix *matrices; /* opened so far (closed with the source) */
+struct zb__src {
+    const zb__src_methods *methods;
+    zb__src_common c;
+    zb__src_matrix *matrices; /* opened so far (closed with the source) */
 };
 
 /* Opens `path`: a file starting with the HDF5 signature is read as .h5ad; a directory as an
  * anndata Zarr store (root attribute encoding-type "anndata"). ZB_E_NOTFOUND for a missing
  * path; ZB_E_UNSUPPORTED (naming the path and what it found) for anything else. */
-zb_status zb_src_open(const char *path, zb_src **out);
-zb_status zb_src_open_h5ad(const char *path, zb_src **out);
-zb_status zb_src_open_zarr(const char *path, zb_src **out);
+zb_status zb__src_open(const char *path, zb__src **out);
+zb_status zb__src_open_h5ad(const char *path, zb__src **out);
+zb_status zb__src_open_zarr(const char *path, zb__src **out);
 
 /* Closes the source and every matrix it opened. NULL is a no-op. */
-void zb_src_close(zb_src *src);
+void zb__src_close(zb__src *src);
 
 /* Index of the obs column `name`, or ZB_E_NOTFOUND. */
-zb_status zb_src_find_column(const zb_src *src, const char *name, size_t *index);
+zb_status zb__src_find_column(const zb__src *src, const char *name, size_t *index);
 
 static inline zb_status
-zb_src_read_column(zb_src *src, size_t column, uint64_t start, uint64_t stop, zb_col_block *out)
+zb__src_read_column(zb__src *src, size_t column, uint64_t start, uint64_t stop, zb__col_block *out)
 {
     return src->methods->read_column(src, column, start, stop, out);
 }
 
 static inline zb_status
-zb_src_read_obs_names(zb_src *src, uint64_t start, uint64_t stop, zb_strings *out)
+zb__src_read_obs_names(zb__src *src, uint64_t start, uint64_t stop, zb_strings *out)
 {
     return src->methods->read_obs_names(src, start, stop, out);
 }
 
 /* ---- for backends ----------------------------------------------------------------------------- */
 
-/* Frees what zb_src_common holds (path, columns, their names and categories). */
-void zb_src_common_free(zb_src_common *c);
+/* Frees what zb__src_common holds (path, columns, their names and categories). */
+void zb__src_common_free(zb__src_common *c);
 
 /* Frees a column's name and categories and zeroes it. */
-void zb_col_info_free(zb_col_info *ci);
+void zb__col_info_free(zb__col_info *ci);
 
 /* Records obs column `name` as left out, with this thread's detail message as the reason, and
  * clears the error. ZB_E_NOMEM. */
-zb_status zb_src_skip_column(zb_src_common *c, const char *name);
+zb_status zb__src_skip_column(zb__src_common *c, const char *name);
 
 /* The reason column `name` was left out, or NULL when it was not. */
-const char *zb_src_skipped_reason(const zb_src_common *c, const char *name);
+const char *zb__src_skipped_reason(const zb__src_common *c, const char *name);
 
-/* The text of one numeric or bool category value (zb_col_info.categories): integers in decimal,
+/* The text of one numeric or bool category value (zb__col_info.categories): integers in decimal,
  * bools as "True"/"False", floats as the shortest decimal that reads back to the same value of
  * their type (Python's repr rules: "0.5", "100.0", "1e-05", "1e+16", "nan", "inf", "-inf").
  * Writes at most `cap` bytes including the NUL; returns the length. */
-size_t zb_src_category_text(zb_dtype dtype, const void *value, char *buf, size_t cap);
+size_t zb__src_category_text(zb_dtype dtype, const void *value, char *buf, size_t cap);
 
 /* Fills c->categories (a new zb_strings) with the text of `n` category values of `dtype` and
  * keeps a copy of the values in c->category_values. ZB_E_NOMEM. */
-zb_status zb_src_set_numeric_categories(zb_col_info *c, zb_dtype dtype, const void *values,
-                                        uint64_t n);
+zb_status zb__src_set_numeric_categories(zb__col_info *c, zb_dtype dtype, const void *values,
+                                         uint64_t n);
 
 /* Grows the column block for `n` rows: values of `value_bytes` bytes each (0 = none), a mask
  * when `mask` is set. Contents are not kept. ZB_E_NOMEM / ZB_E_OVERFLOW. */
-zb_status zb_col_block_reserve(zb_col_block *b, uint64_t n, size_t value_bytes, bool mask);
+zb_status zb__col_block_reserve(zb__col_block *b, uint64_t n, size_t value_bytes, bool mask);
 
 /* Turns `n_rows` dense rows of `n_cols` elements of `dtype` (C order, native byte order) into
  * CSR in `out`, dropping elements equal to zero (-0.0 included; NaN is kept). */
-zb_status zb_csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, zb_dtype dtype,
-                            zb_csr_block *out);
+zb_status zb__csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, zb_dtype dtype,
+                             zb__csr_block *out);
 
 /* ---- CSC transposed out of core -------------------------------------------------------------- */
 
@@ -250,14 +250,14 @@ zb_status zb_csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, 
  * values are copied bit for bit. Errors: ZB_E_INVALID when m is not CSC; the source's own
  * error when a read fails; ZB_E_CORRUPT when its blocks disagree with its column pointers;
  * ZB_E_IO naming the file (a full disk included). */
-zb_status zb_csc_transpose(zb_src_matrix *m, const char *path, uint64_t memory_bytes,
-                           int num_threads);
+zb_status zb__csc_transpose(zb__src_matrix *m, const char *path, uint64_t memory_bytes,
+                            int num_threads);
 
-/* Opens a file written by zb_csc_transpose as a CSR matrix (key and path name it in messages;
+/* Opens a file written by zb__csc_transpose as a CSR matrix (key and path name it in messages;
  * var names come from `names_of`, the CSC matrix it was made from). Close with
- * zb_src_matrix_close. A foreign, damaged or truncated file: ZB_E_CORRUPT naming it. Reads
+ * zb__src_matrix_close. A foreign, damaged or truncated file: ZB_E_CORRUPT naming it. Reads
  * may run on several threads at once. */
-zb_status zb_csr_file_open(const char *path, zb_src_matrix *names_of, zb_src_matrix **out);
-void zb_src_matrix_close(zb_src_matrix *m);
+zb_status zb__csr_file_open(const char *path, zb__src_matrix *names_of, zb__src_matrix **out);
+void zb__src_matrix_close(zb__src_matrix *m);
 
 #endif

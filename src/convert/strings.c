@@ -11,13 +11,13 @@ cv_strbuf_push(cv_strbuf *b, const char *p, size_t len)
 {
     if (!b->s.offsets) {
         b->s.offsets = malloc(16 * sizeof *b->s.offsets);
-        if (!b->s.offsets) return zb_err(ZB_E_NOMEM, "a string table");
+        if (!b->s.offsets) return zb__err(ZB_E_NOMEM, "a string table");
         b->s.offsets[0] = 0;
         b->cap_n = 15;
     }
     if (b->s.n == b->cap_n) {
         uint64_t *o = realloc(b->s.offsets, (size_t)(2 * b->cap_n + 1) * sizeof *o);
-        if (!o) return zb_err(ZB_E_NOMEM, "a string table of %llu", (unsigned long long)b->s.n);
+        if (!o) return zb__err(ZB_E_NOMEM, "a string table of %llu", (unsigned long long)b->s.n);
         b->s.offsets = o;
         b->cap_n *= 2;
     }
@@ -25,10 +25,10 @@ cv_strbuf_push(cv_strbuf *b, const char *p, size_t len)
     if (at + len + 1 > b->cap_bytes) {
         uint64_t cap = b->cap_bytes ? b->cap_bytes : 256;
         while (cap < at + len + 1) cap *= 2;
-        if (cap > ZB_BUF_MAX) return zb_err(ZB_E_OVERFLOW, "a string table of %llu bytes",
-                                            (unsigned long long)cap);
+        if (cap > ZB_BUF_MAX)
+            return zb__err(ZB_E_OVERFLOW, "a string table of %llu bytes", (unsigned long long)cap);
         char *d = realloc(b->s.data, (size_t)cap);
-        if (!d) return zb_err(ZB_E_NOMEM, "a string table of %llu bytes", (unsigned long long)cap);
+        if (!d) return zb__err(ZB_E_NOMEM, "a string table of %llu bytes", (unsigned long long)cap);
         b->s.data = d;
         b->cap_bytes = cap;
     }

@@ -56,7 +56,7 @@ static _Atomic int64_t fail_nth = -1;
 static _Atomic int fail_errno;
 
 void
-zb_transpose_fail_write(int64_t nth, int err)
+zb__transpose_fail_write(int64_t nth, int err)
 {
     atomic_store(&fail_errno, err);
     atomic_store(&fail_nth, nth);
@@ -81,8 +81,7 @@ meter_add(meter *m, uint64_t n)
 {
     uint64_t now = atomic_fetch_add(&m->now, n) + n;
     uint64_t peak = atomic_load(&m->peak);
-    while (now > peak && !atomic_compare_exchange_weak(&m->peak, &peak, now)) {
-    }
+    while (now > peak && !atomic_compare_exchange_weak(&m->peak, &peak, now)) {}
 }
 
 static void *
@@ -118,7 +117,7 @@ typedef struct chunk_list {
 } chunk_list;
 
 typedef struct job {
-    zb_src_matrix *m;
+    zb__src_matrix *m;
     const char *path;
     size_t item, triple; /* bytes of a value; of a (row, column, value) triple */
     uint64_t n_rows, nnz;
@@ -134,7 +133,7 @@ typedef struct job {
     _Atomic uint64_t scratch_end;
     int out_fd;
     char *tmp_path;
-    zb_csr_file_layout lay;
+    zb__csr_file_layout lay;
     meter mem;
     _Atomic uint64_t bands_split;
     _Atomic bool failed; /* tasks stop early once one failed */
@@ -167,7 +166,7 @@ static zb_status
 job_status(job *j)
 {
     if (j->st == ZB_OK) return ZB_OK;
-    return zb_err(j->st, "%s", j->msg);
+    return zb__err(j->st, "%s", j->msg);
 }
 
 /* ---- file I/O -------------------------------------------------------------------------------- */
@@ -183,7 +182,7 @@ write_at(int fd, const char *path, const void *src, size_t n, uint64_t offset)
         if (put < 0 && !e) e = errno;
         if (put < 0 && e == EINTR) continue;
         if (put <= 0)
-            return zb_err(ZB_E_IO, "%s: write of %zu bytes at %llu: %s", path, want,
+            return zb__err(ZB_E_IO, "%s: write of %zu bytes at %llu: %s", path, want,
                           (unsigned long long)offset, strerror(put < 0 ? e : ENOSPC));
         p += put;
         n -= (size_t)put;
@@ -200,7 +199,7 @@ read_scratch(job *j, void *dst, size_t n, uint64_t offset)
         ssize_t got = pread(j->scratch_fd, p, n, (off_t)offset);
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0)
-            return zb_err(got < 0 ? ZB_E_IO : ZB_E_CORRUPT, "%s: read of %zu bytes at %llu: %s",
+            return zb__err(got < 0 ? ZB_E_IO : ZB_E_CORRUPT, "%s: read of %zu bytes at %llu: %s",
                           j->scratch_path, n, (unsigned long long)offset,
                           got < 0 ? strerror(errno) : "the file ends");
         p += got;
@@ -229,10 +228,10 @@ static zb_status
 open_output(job *j)
 {
     j->tmp_path = temp_name(j->path, ".zbtmp");
-    if (!j->tmp_path) return zb_err(ZB_E_NOMEM, "%s: out of memory", j->path);
+    if (!j->tmp_path) return zb__err(ZB_E_NOMEM, "%s: out of memory", j->path);
     j->out_fd = open(j->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (j->out_fd < 0)
-        return zb_err(errno == ENOENT ? ZB_E_NOTFOUND : ZB_E_IO, "%s: create: %s", j->tmp_path,
+        return zb__err(errno == ENOENT ? ZB_E_NOTFOUND : ZB_E_IO, "%s: create: %s", j->tmp_path,
                       strerror(errno));
     int e = injected();
     if (!e && fallocate(j->out_fd, 0, 0, (off_t)j->lay.size) == 0) return ZB_OK;
@@ -241,7 +240,7 @@ open_output(job *j)
         if (ftruncate(j->out_fd, (off_t)j->lay.size) == 0) return ZB_OK;
         e = errno;
     }
-    return zb_err(ZB_E_IO, "%s: reserving %llu bytes: %s", j->tmp_path,
+    return zb__err(ZB_E_IO, "%s: reserving %llu bytes: %s", j->tmp_path,
                   (unsigned long long)j->lay.size, strerror(e));
 }
 
@@ -249,10 +248,10 @@ static zb_status
 open_scratch(job *j)
 {
     j->scratch_path = temp_name(j->path, ".bands.zbtmp");
-    if (!j->scratch_path) return zb_err(ZB_E_NOMEM, "%s: out of memory", j->path);
+    if (!j->scratch_path) return zb__err(ZB_E_NOMEM, "%s: out of memory", j->path);
     j->scratch_fd = open(j->scratch_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (j->scratch_fd < 0)
-        return zb_err(ZB_E_IO, "%s: create: %s", j->scratch_path, strerror(errno));
+        return zb__err(ZB_E_IO, "%s: create: %s", j->scratch_path, strerror(errno));
     unlink(j->scratch_path); /* the descriptor keeps it; nothing is left behind */
     return ZB_OK;
 }
@@ -265,12 +264,12 @@ sync_dir(const char *path)
     char *dir = slash == path ? strdup("/")
                 : slash       ? strndup(path, (size_t)(slash - path))
                               : strdup(".");
-    if (!dir) return zb_err(ZB_E_NOMEM, "%s: out of memory", path);
+    if (!dir) return zb__err(ZB_E_NOMEM, "%s: out of memory", path);
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     int e = fd < 0 ? errno : injected();
     if (fd >= 0 && !e && fsync(fd) != 0 && errno != EINVAL) e = errno;
     if (fd >= 0) close(fd);
-    zb_status st = e ? zb_err(ZB_E_IO, "%s: fsync: %s", dir, strerror(e)) : ZB_OK;
+    zb_status st = e ? zb__err(ZB_E_IO, "%s: fsync: %s", dir, strerror(e)) : ZB_OK;
     free(dir);
     return st;
 }
@@ -281,7 +280,7 @@ static zb_status
 commit_output(job *j)
 {
     uint8_t h[ZB_CSR_FILE_HEADER_BYTES];
-    zb_csr_file_header(h, j->m->info.dtype, j->n_rows, j->m->info.n_cols, j->nnz);
+    zb__csr_file_header(h, j->m->info.dtype, j->n_rows, j->m->info.n_cols, j->nnz);
     int64_t last = (int64_t)j->nnz;
     ZB_TRY(write_at(j->out_fd, j->tmp_path, &last, 8, j->lay.indptr + 8 * j->n_rows));
     ZB_TRY(write_at(j->out_fd, j->tmp_path, h, sizeof h, 0));
@@ -290,9 +289,9 @@ commit_output(job *j)
     int fd = j->out_fd;
     j->out_fd = -1;
     if (close(fd) != 0 && !e) e = errno;
-    if (e) return zb_err(ZB_E_IO, "%s: fsync: %s", j->tmp_path, strerror(e));
+    if (e) return zb__err(ZB_E_IO, "%s: fsync: %s", j->tmp_path, strerror(e));
     if (rename(j->tmp_path, j->path) != 0)
-        return zb_err(ZB_E_IO, "%s: rename to %s: %s", j->tmp_path, j->path, strerror(errno));
+        return zb__err(ZB_E_IO, "%s: rename to %s: %s", j->tmp_path, j->path, strerror(errno));
     zb_status st = sync_dir(j->path);
     if (st != ZB_OK) unlink(j->path); /* an error means no file */
     return st;
@@ -306,7 +305,7 @@ chunk_push(chunk_list *l, chunk c)
     if (l->n == l->cap) {
         size_t cap = l->cap ? 2 * l->cap : 8;
         chunk *v = realloc(l->v, cap * sizeof *v);
-        if (!v) return zb_err(ZB_E_NOMEM, "out of memory for %zu chunks", cap);
+        if (!v) return zb__err(ZB_E_NOMEM, "out of memory for %zu chunks", cap);
         l->v = v;
         l->cap = cap;
     }
@@ -352,7 +351,7 @@ chunk_buffer(job *j, const chunk_list *l, uint8_t **buf, size_t *bytes)
     *bytes = most * j->triple;
     *buf = NULL;
     if (most && !(*buf = meter_alloc(&j->mem, *bytes, false)))
-        return zb_err(ZB_E_NOMEM, "%s: out of memory for a chunk of %zu bytes", j->path, *bytes);
+        return zb__err(ZB_E_NOMEM, "%s: out of memory for a chunk of %zu bytes", j->path, *bytes);
     return ZB_OK;
 }
 
@@ -385,7 +384,7 @@ dist_init(dist *d, job *j, uint64_t base, unsigned shift, size_t k)
     d->fill = calloc(k + 1, sizeof *d->fill);
     d->out = calloc(k + 1, sizeof *d->out);
     if (!d->buf || !d->fill || !d->out)
-        return zb_err(ZB_E_NOMEM, "%s: out of memory for %zu bands", j->path, k);
+        return zb__err(ZB_E_NOMEM, "%s: out of memory for %zu bands", j->path, k);
     return ZB_OK;
 }
 
@@ -436,7 +435,7 @@ refill(dist *d, size_t b)
 {
     ZB_TRY(flush(d, b));
     if (!d->buf[b] && !(d->buf[b] = meter_alloc(&d->j->mem, (size_t)d->cap * d->j->triple, false)))
-        return zb_err(ZB_E_NOMEM, "%s: out of memory for a band buffer", d->j->path);
+        return zb__err(ZB_E_NOMEM, "%s: out of memory for a band buffer", d->j->path);
     return ZB_OK;
 }
 
@@ -488,7 +487,7 @@ distribute(dist *d, const uint32_t *rows, const uint32_t *cols, uint32_t col, co
     for (size_t i = 0; i < n; i++) {
         uint64_t b = ((uint64_t)rows[i] - base) >> shift;
         if (rows[i] < base || b >= k)
-            return zb_err(ZB_E_CORRUPT, "%s: row %u outside the bands from row %llu",
+            return zb__err(ZB_E_CORRUPT, "%s: row %u outside the bands from row %llu",
                           scratch_name(d->j), rows[i], (unsigned long long)base);
         uint32_t at = fill[b];
         uint8_t *p = buf[b];
@@ -523,7 +522,7 @@ read_end(const job *j, uint64_t c, uint64_t stop)
 }
 
 static uint64_t
-block_bytes(const zb_csr_block *b)
+block_bytes(const zb__csr_block *b)
 {
     return b->cap_rows * 8 + b->cap_nnz * 4 + b->cap_data_bytes;
 }
@@ -532,17 +531,17 @@ static zb_status
 produce(producer *pr)
 {
     job *j = pr->j;
-    zb_csr_block blk = {0};
+    zb__csr_block blk = {0};
     uint64_t held = 0;
     zb_status st = ZB_OK;
     for (uint64_t c = pr->c0; c < pr->c1 && st == ZB_OK && !atomic_load(&j->failed);) {
         uint64_t e = read_end(j, c, pr->c1);
-        st = zb_src_matrix_read(j->m, c, e, &blk);
+        st = zb__src_matrix_read(j->m, c, e, &blk);
         meter_add(&j->mem, block_bytes(&blk) - held);
         held = block_bytes(&blk);
         uint64_t want = (uint64_t)(j->colptr[e] - j->colptr[c]);
         if (st == ZB_OK && blk.nnz != want)
-            st = zb_err(ZB_E_CORRUPT,
+            st = zb__err(ZB_E_CORRUPT,
                         "%s: %s: columns [%llu, %llu) hold %llu elements, but "
                         "their pointers say %llu",
                         j->m->path, j->m->key, (unsigned long long)c, (unsigned long long)e,
@@ -556,7 +555,7 @@ produce(producer *pr)
         c = e;
     }
     if (st == ZB_OK) st = flush_all(&pr->d);
-    zb_csr_block_free(&blk);
+    zb__csr_block_free(&blk);
     atomic_fetch_sub(&j->mem.now, held);
     return st;
 }
@@ -635,7 +634,7 @@ count_rows(job *j, band *b, uint8_t *buf, int64_t *ptr)
         for (uint32_t e = 0; e < c->n; e++) {
             uint64_t x = (uint64_t)r[e] - b->r0;
             if (r[e] < b->r0 || x >= rows)
-                return zb_err(ZB_E_CORRUPT, "%s: row %u in the band of rows [%llu, %llu)",
+                return zb__err(ZB_E_CORRUPT, "%s: row %u in the band of rows [%llu, %llu)",
                               scratch_name(j), r[e], (unsigned long long)b->r0,
                               (unsigned long long)b->r1);
             ptr[x + 2]++;
@@ -660,7 +659,7 @@ place(job *j, band *b, uint8_t *buf, int64_t *ptr, uint32_t *cols, uint8_t *vals
             uint64_t x = (uint64_t)r[e] - b->r0;
             int64_t k = x < rows ? ptr[x + 1]++ : nnz;
             if (k >= nnz)
-                return zb_err(ZB_E_CORRUPT,
+                return zb__err(ZB_E_CORRUPT,
                               "%s: the band of rows [%llu, %llu) changed between "
                               "two reads",
                               scratch_name(j), (unsigned long long)b->r0,
@@ -686,7 +685,7 @@ transpose_band(job *j, band *b)
     uint8_t *vals = meter_alloc(&j->mem, val_bytes, false), *buf = NULL;
     zb_status st = ZB_OK;
     if (!ptr || !cols || !vals)
-        st = zb_err(ZB_E_NOMEM, "%s: out of memory for a band of %llu bytes", j->path,
+        st = zb__err(ZB_E_NOMEM, "%s: out of memory for a band of %llu bytes", j->path,
                     (unsigned long long)out_bytes);
     if (st == ZB_OK) st = chunk_buffer(j, &b->chunks, &buf, &buf_bytes);
     if (st == ZB_OK) st = count_rows(j, b, buf, ptr);
@@ -754,10 +753,10 @@ fits_in_memory(const job *j, uint64_t memory_bytes, int threads)
     uint64_t cap = j->buffers / ((j->n_bands ? j->n_bands : 1) * j->triple);
     cap = cap < BUF_MIN ? BUF_MIN : cap > BUF_MAX ? BUF_MAX : cap;
     uint64_t triples, slack, need;
-    return zb_mul_u64(j->nnz, j->triple, &triples) &&
-           zb_mul_u64((uint64_t)threads * j->n_bands, cap * j->triple, &slack) &&
-           zb_add_u64(triples, slack, &need) &&
-           zb_add_u64(need, (uint64_t)threads * 2 * j->band_target, &need) && need <= memory_bytes;
+    return zb__mul_u64(j->nnz, j->triple, &triples) &&
+           zb__mul_u64((uint64_t)threads * j->n_bands, cap * j->triple, &slack) &&
+           zb__add_u64(triples, slack, &need) &&
+           zb__add_u64(need, (uint64_t)threads * 2 * j->band_target, &need) && need <= memory_bytes;
 }
 
 /* The first column of producer p's run: runs hold equal shares of the elements. */
@@ -780,11 +779,11 @@ run_start(const job *j, int p, int threads, uint64_t n_cols)
 
 /* Pass 1: the producers fill each band's chunks; bands[b] gets them in column order. */
 static zb_status
-distribute_source(job *j, zb_pool *pool, int threads, band *bands)
+distribute_source(job *j, zb__pool *pool, int threads, band *bands)
 {
     uint64_t n_cols = j->m->info.n_cols;
     producer *pr = calloc((size_t)threads, sizeof *pr);
-    if (!pr) return zb_err(ZB_E_NOMEM, "%s: out of memory", j->path);
+    if (!pr) return zb__err(ZB_E_NOMEM, "%s: out of memory", j->path);
     zb_status st = ZB_OK;
     int started = 0;
     for (; started < threads && st == ZB_OK; started++) {
@@ -794,8 +793,8 @@ distribute_source(job *j, zb_pool *pool, int threads, band *bands)
         p->c1 = run_start(j, started + 1, threads, n_cols);
         st = dist_init(&p->d, j, 0, j->shift, j->n_bands);
     }
-    for (int p = 0; st == ZB_OK && p < threads; p++) zb_pool_submit(pool, produce_task, &pr[p]);
-    zb_pool_wait(pool);
+    for (int p = 0; st == ZB_OK && p < threads; p++) zb__pool_submit(pool, produce_task, &pr[p]);
+    zb__pool_wait(pool);
     if (st == ZB_OK) st = job_status(j);
     for (size_t b = 0; st == ZB_OK && b < j->n_bands; b++) {
         band *bd = &bands[b];
@@ -819,7 +818,7 @@ distribute_source(job *j, zb_pool *pool, int threads, band *bands)
 
 /* Pass 2: every band transposed and written, in parallel. */
 static zb_status
-transpose_bands(job *j, zb_pool *pool, band *bands)
+transpose_bands(job *j, zb__pool *pool, band *bands)
 {
     uint64_t at = 0;
     for (size_t b = 0; b < j->n_bands; b++) {
@@ -827,10 +826,10 @@ transpose_bands(job *j, zb_pool *pool, band *bands)
         at += bands[b].chunks.nnz;
     }
     if (at != j->nnz)
-        return zb_err(ZB_E_CORRUPT, "%s: %s: %llu elements read, %llu announced", j->m->path,
+        return zb__err(ZB_E_CORRUPT, "%s: %s: %llu elements read, %llu announced", j->m->path,
                       j->m->key, (unsigned long long)at, (unsigned long long)j->nnz);
-    for (size_t b = 0; b < j->n_bands; b++) zb_pool_submit(pool, band_task, &bands[b]);
-    zb_pool_wait(pool);
+    for (size_t b = 0; b < j->n_bands; b++) zb__pool_submit(pool, band_task, &bands[b]);
+    zb__pool_wait(pool);
     return job_status(j);
 }
 
@@ -838,30 +837,30 @@ transpose_bands(job *j, zb_pool *pool, band *bands)
 static zb_status
 prepare(job *j)
 {
-    const zb_src_matrix_info *info = &j->m->info;
+    const zb__src_matrix_info *info = &j->m->info;
     if (info->layout != ZB_SRC_CSC)
-        return zb_err(ZB_E_INVALID, "%s: %s is not a CSC matrix", j->m->path, j->m->key);
+        return zb__err(ZB_E_INVALID, "%s: %s is not a CSC matrix", j->m->path, j->m->key);
     if (j->item == 0 || j->item > 8 || (j->item & (j->item - 1)))
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: values of dtype %s", j->m->path, j->m->key,
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s: values of dtype %s", j->m->path, j->m->key,
                       zb_dtype_name(info->dtype));
     if (info->n_rows > (uint64_t)UINT32_MAX + 1 || info->n_cols > (uint64_t)UINT32_MAX + 1 ||
         info->n_cols >= ZB_BUF_MAX / 8)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: %s: %llu x %llu is beyond 2^32 rows or columns",
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %llu x %llu is beyond 2^32 rows or columns",
                       j->m->path, j->m->key, (unsigned long long)info->n_rows,
                       (unsigned long long)info->n_cols);
     if (info->n_rows == 0 && info->nnz != 0)
-        return zb_err(ZB_E_CORRUPT, "%s: %s: %llu elements in no rows", j->m->path, j->m->key,
+        return zb__err(ZB_E_CORRUPT, "%s: %s: %llu elements in no rows", j->m->path, j->m->key,
                       (unsigned long long)info->nnz);
     size_t bytes = (size_t)(info->n_cols + 1) * 8;
     if (!(j->colptr = meter_alloc(&j->mem, bytes, false)))
-        return zb_err(ZB_E_NOMEM, "%s: %s: out of memory for %llu column pointers", j->m->path,
+        return zb__err(ZB_E_NOMEM, "%s: %s: out of memory for %llu column pointers", j->m->path,
                       j->m->key, (unsigned long long)info->n_cols);
-    ZB_TRY(zb_src_matrix_indptr(j->m, 0, info->n_cols, j->colptr));
+    ZB_TRY(zb__src_matrix_indptr(j->m, 0, info->n_cols, j->colptr));
     if ((uint64_t)(j->colptr[info->n_cols] - j->colptr[0]) != info->nnz)
-        return zb_err(ZB_E_CORRUPT, "%s: %s: column pointers span %lld elements, not %llu",
+        return zb__err(ZB_E_CORRUPT, "%s: %s: column pointers span %lld elements, not %llu",
                       j->m->path, j->m->key, (long long)(j->colptr[info->n_cols] - j->colptr[0]),
                       (unsigned long long)info->nnz);
-    return zb_csr_file_layout_of(info->n_rows, info->nnz, j->item, &j->lay);
+    return zb__csr_file_layout_of(info->n_rows, info->nnz, j->item, &j->lay);
 }
 
 static double
@@ -873,7 +872,7 @@ now(void)
 }
 
 static zb_status
-run(job *j, uint64_t memory_bytes, int threads, uint64_t band_bytes, zb_transpose_stats *stats)
+run(job *j, uint64_t memory_bytes, int threads, uint64_t band_bytes, zb__transpose_stats *stats)
 {
     ZB_TRY(prepare(j));
     plan(j, memory_bytes, threads, band_bytes);
@@ -881,16 +880,16 @@ run(job *j, uint64_t memory_bytes, int threads, uint64_t band_bytes, zb_transpos
     stats->in_memory = fits_in_memory(j, memory_bytes, threads);
     ZB_TRY(open_output(j));
     if (!stats->in_memory) ZB_TRY(open_scratch(j));
-    zb_pool *pool = NULL;
-    ZB_TRY(zb_pool_new(threads, &pool));
+    zb__pool *pool = NULL;
+    ZB_TRY(zb__pool_new(threads, &pool));
     double t0 = now();
     band *bands = calloc(j->n_bands + 1, sizeof *bands);
     zb_status st = bands ? distribute_source(j, pool, threads, bands)
-                         : zb_err(ZB_E_NOMEM, "%s: out of memory", j->path);
+                         : zb__err(ZB_E_NOMEM, "%s: out of memory", j->path);
     double t1 = now();
     if (st == ZB_OK) st = transpose_bands(j, pool, bands);
     double t2 = now();
-    zb_pool_free(pool);
+    zb__pool_free(pool);
     for (size_t b = 0; bands && b < j->n_bands; b++) chunk_list_free(j, &bands[b].chunks);
     free(bands);
     if (st == ZB_OK) st = commit_output(j);
@@ -901,16 +900,16 @@ run(job *j, uint64_t memory_bytes, int threads, uint64_t band_bytes, zb_transpos
 }
 
 zb_status
-zb_csc_transpose_ex(zb_src_matrix *m, const char *path, const zb_transpose_opts *opts,
-                    zb_transpose_stats *stats)
+zb__csc_transpose_ex(zb__src_matrix *m, const char *path, const zb__transpose_opts *opts,
+                     zb__transpose_stats *stats)
 {
-    zb_transpose_stats local;
+    zb__transpose_stats local;
     if (!stats) stats = &local;
     memset(stats, 0, sizeof *stats);
     if (!m || !path || !*path || !opts)
-        return zb_err(ZB_E_INVALID, "zb_csc_transpose: no matrix, path or options");
+        return zb__err(ZB_E_INVALID, "zb__csc_transpose: no matrix, path or options");
     job *j = calloc(1, sizeof *j);
-    if (!j) return zb_err(ZB_E_NOMEM, "%s: out of memory", path);
+    if (!j) return zb__err(ZB_E_NOMEM, "%s: out of memory", path);
     j->m = m;
     j->path = path;
     j->item = zb_dtype_size(m->info.dtype);
@@ -937,8 +936,8 @@ zb_csc_transpose_ex(zb_src_matrix *m, const char *path, const zb_transpose_opts 
 }
 
 zb_status
-zb_csc_transpose(zb_src_matrix *m, const char *path, uint64_t memory_bytes, int num_threads)
+zb__csc_transpose(zb__src_matrix *m, const char *path, uint64_t memory_bytes, int num_threads)
 {
-    zb_transpose_opts o = {memory_bytes, num_threads, 0};
-    return zb_csc_transpose_ex(m, path, &o, NULL);
+    zb__transpose_opts o = {memory_bytes, num_threads, 0};
+    return zb__csc_transpose_ex(m, path, &o, NULL);
 }

@@ -27,7 +27,10 @@ is_float(zb_dtype t)
 static zb_dtype
 signed_of_size(size_t bytes)
 {
-    return bytes <= 1 ? ZB_DT_INT8 : bytes == 2 ? ZB_DT_INT16 : bytes == 4 ? ZB_DT_INT32 : ZB_DT_INT64;
+    return bytes <= 1   ? ZB_DT_INT8
+           : bytes == 2 ? ZB_DT_INT16
+           : bytes == 4 ? ZB_DT_INT32
+                        : ZB_DT_INT64;
 }
 
 static zb_dtype
@@ -92,9 +95,10 @@ load_double(const unsigned char *p, zb_dtype t)
     case ZB_DT_FLOAT16: {
         uint16_t v;
         memcpy(&v, p, 2);
-        return zb_half_to_double(v);
+        return zb__half_to_double(v);
     }
-    default: return 0;
+    default:
+        return 0;
     }
 }
 
@@ -119,7 +123,7 @@ cv_convert_values(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64
         for (uint64_t i = 0; i < n; i++) {
             double v = load_double(s + i * fs, from);
             if (to == ZB_DT_FLOAT16) {
-                uint16_t h = zb_half_from_double(v);
+                uint16_t h = zb__half_from_double(v);
                 memcpy(d + i * ts, &h, 2);
             } else if (to == ZB_DT_BOOL) {
                 d[i] = v != 0;
@@ -132,18 +136,41 @@ cv_convert_values(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64
 #define CV_PAIR(tcode, ttype)                                                                      \
     if (to == tcode) {                                                                             \
         switch (from) {                                                                            \
-        case ZB_DT_BOOL: CV_LOOP(uint8_t, ttype); return;                                          \
-        case ZB_DT_INT8: CV_LOOP(int8_t, ttype); return;                                           \
-        case ZB_DT_INT16: CV_LOOP(int16_t, ttype); return;                                         \
-        case ZB_DT_INT32: CV_LOOP(int32_t, ttype); return;                                         \
-        case ZB_DT_INT64: CV_LOOP(int64_t, ttype); return;                                         \
-        case ZB_DT_UINT8: CV_LOOP(uint8_t, ttype); return;                                         \
-        case ZB_DT_UINT16: CV_LOOP(uint16_t, ttype); return;                                       \
-        case ZB_DT_UINT32: CV_LOOP(uint32_t, ttype); return;                                       \
-        case ZB_DT_UINT64: CV_LOOP(uint64_t, ttype); return;                                       \
-        case ZB_DT_FLOAT32: CV_LOOP(float, ttype); return;                                         \
-        case ZB_DT_FLOAT64: CV_LOOP(double, ttype); return;                                        \
-        default: return;                                                                           \
+        case ZB_DT_BOOL:                                                                           \
+            CV_LOOP(uint8_t, ttype);                                                               \
+            return;                                                                                \
+        case ZB_DT_INT8:                                                                           \
+            CV_LOOP(int8_t, ttype);                                                                \
+            return;                                                                                \
+        case ZB_DT_INT16:                                                                          \
+            CV_LOOP(int16_t, ttype);                                                               \
+            return;                                                                                \
+        case ZB_DT_INT32:                                                                          \
+            CV_LOOP(int32_t, ttype);                                                               \
+            return;                                                                                \
+        case ZB_DT_INT64:                                                                          \
+            CV_LOOP(int64_t, ttype);                                                               \
+            return;                                                                                \
+        case ZB_DT_UINT8:                                                                          \
+            CV_LOOP(uint8_t, ttype);                                                               \
+            return;                                                                                \
+        case ZB_DT_UINT16:                                                                         \
+            CV_LOOP(uint16_t, ttype);                                                              \
+            return;                                                                                \
+        case ZB_DT_UINT32:                                                                         \
+            CV_LOOP(uint32_t, ttype);                                                              \
+            return;                                                                                \
+        case ZB_DT_UINT64:                                                                         \
+            CV_LOOP(uint64_t, ttype);                                                              \
+            return;                                                                                \
+        case ZB_DT_FLOAT32:                                                                        \
+            CV_LOOP(float, ttype);                                                                 \
+            return;                                                                                \
+        case ZB_DT_FLOAT64:                                                                        \
+            CV_LOOP(double, ttype);                                                                \
+            return;                                                                                \
+        default:                                                                                   \
+            return;                                                                                \
         }                                                                                          \
     }
     CV_TYPES(CV_PAIR)

@@ -21,7 +21,7 @@
  * so a loader of depth windows of prefetch dense batches keeps exactly its working set however
  * many blocks that is, and a pool never holds more than its busiest moment needed. */
 #define ARENA_MAX 1024
-struct zb_arena_pool {
+struct zb__arena_pool {
     pthread_mutex_t mu;
     int refs;
     size_t n;
@@ -31,10 +31,10 @@ struct zb_arena_pool {
 };
 
 zb_status
-zb_arena_pool_new(zb_arena_pool **out)
+zb__arena_pool_new(zb__arena_pool **out)
 {
-    zb_arena_pool *p = calloc(1, sizeof *p);
-    if (!p) return zb_err(ZB_E_NOMEM, "arena pool: out of memory");
+    zb__arena_pool *p = calloc(1, sizeof *p);
+    if (!p) return zb__err(ZB_E_NOMEM, "arena pool: out of memory");
     pthread_mutex_init(&p->mu, NULL);
     p->refs = 1;
     *out = p;
@@ -42,7 +42,7 @@ zb_arena_pool_new(zb_arena_pool **out)
 }
 
 void
-zb_arena_pool_unref(zb_arena_pool *p)
+zb__arena_pool_unref(zb__arena_pool *p)
 {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
@@ -56,7 +56,7 @@ zb_arena_pool_unref(zb_arena_pool *p)
 
 /* Counts `cap` bytes as taken out (pool lock held). */
 static void
-arena_out(zb_arena_pool *p, size_t cap)
+arena_out(zb__arena_pool *p, size_t cap)
 {
     p->out += cap;
     if (p->out > p->peak) p->peak = p->out;
@@ -64,7 +64,7 @@ arena_out(zb_arena_pool *p, size_t cap)
 
 /* A block of at least `need` bytes: the smallest kept one that fits, else a new one. */
 void *
-zb_arena_take(zb_arena_pool *p, size_t need, size_t *cap)
+zb__arena_take(zb__arena_pool *p, size_t need, size_t *cap)
 {
     pthread_mutex_lock(&p->mu);
     size_t best = SIZE_MAX;
@@ -99,7 +99,7 @@ zb_arena_take(zb_arena_pool *p, size_t need, size_t *cap)
 /* Returns a block (kept while the pool's bound allows, smallest freed first) and drops the
  * batch's reference. */
 void
-zb_arena_give(zb_arena_pool *p, void *blk, size_t cap)
+zb__arena_give(zb__arena_pool *p, void *blk, size_t cap)
 {
     void *drop[8];
     size_t ndrop = 0;
@@ -124,7 +124,7 @@ zb_arena_give(zb_arena_pool *p, void *blk, size_t cap)
     pthread_mutex_unlock(&p->mu);
     free(blk);
     for (size_t i = 0; i < ndrop; i++) free(drop[i]);
-    zb_arena_pool_unref(p);
+    zb__arena_pool_unref(p);
 }
 
 /* ------------------------------------------------------------------------------------------- */
@@ -147,14 +147,14 @@ zb_batch_free(zb_batch *b)
         free(b->dataset);
     }
     free(b->groups);
-    if (b->arena) zb_arena_give(b->arenas, b->arena, b->arena_cap);
+    if (b->arena) zb__arena_give(b->arenas, b->arena, b->arena_cap);
     zb_batch *parent = b->parent;
     free(b);
     zb_batch_free(parent);
 }
 
 uint64_t
-zb_batch_n_vars(const zb_batch *b)
+zb__batch_n_vars(const zb_batch *b)
 {
     return b ? b->n_vars : 0;
 }
@@ -163,7 +163,7 @@ static zb_status
 grow_fields(zb_batch *b)
 {
     bfield *n = realloc(b->fields, (b->nfields + 2) * sizeof *n);
-    if (!n) return zb_err(ZB_E_NOMEM, "batch: out of memory for a field");
+    if (!n) return zb__err(ZB_E_NOMEM, "batch: out of memory for a field");
     b->fields = n;
     return ZB_OK;
 }
@@ -173,15 +173,15 @@ zb_batch_add_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
                    const uint64_t *row_shape, uint64_t nrows, void *data)
 {
     if (!b || !name || ndim < 0 || ndim >= ZB_MAX_DIMS || dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_INVALID, "zb_batch_add_field: bad argument");
+        return zb__err(ZB_E_INVALID, "zb_batch_add_field: bad argument");
     for (size_t i = 0; i < b->nfields; i++)
         if (!strcmp(b->fields[i].name, name))
-            return zb_err(ZB_E_INVALID, "batch already has a field '%s'", name);
+            return zb__err(ZB_E_INVALID, "batch already has a field '%s'", name);
     ZB_TRY(grow_fields(b));
     bfield *f = &b->fields[b->nfields];
     memset(f, 0, sizeof *f);
     f->name = strdup(name);
-    if (!f->name) return zb_err(ZB_E_NOMEM, "batch: out of memory");
+    if (!f->name) return zb__err(ZB_E_NOMEM, "batch: out of memory");
     f->owned = true;
     f->kind = ZB_FIELD_PER_SAMPLE;
     f->dtype = dtype;
@@ -200,33 +200,33 @@ zb_batch_add_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
 }
 
 zb_status
-zb_batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
+zb__batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
                           const uint64_t *row_shape, uint64_t nrows, bool zero, void **data)
 {
     *data = NULL;
     if (!b || ndim < 0 || ndim >= ZB_MAX_DIMS || dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_INVALID, "zb_batch_add_pooled_field: bad argument");
+        return zb__err(ZB_E_INVALID, "zb__batch_add_pooled_field: bad argument");
     uint64_t bytes = nrows * (uint64_t)zb_dtype_size(dtype);
     for (int d = 0; d < ndim; d++)
-        if (!zb_mul_u64(bytes, row_shape[d], &bytes) || bytes > ZB_BUF_MAX)
-            return zb_err(ZB_E_OVERFLOW, "batch field '%s' is too large", name);
-    zb_arena_pool *pool = NULL;
+        if (!zb__mul_u64(bytes, row_shape[d], &bytes) || bytes > ZB_BUF_MAX)
+            return zb__err(ZB_E_OVERFLOW, "batch field '%s' is too large", name);
+    zb__arena_pool *pool = NULL;
     for (const zb_batch *p = b; p && !pool; p = p->parent) pool = p->arenas;
     void *mem;
     bool pooled = pool && !b->arena;
     if (pooled) {
         size_t cap = 0;
-        mem = zb_arena_take(pool, (size_t)bytes + 64, &cap);
+        mem = zb__arena_take(pool, (size_t)bytes + 64, &cap);
         if (!mem) {
-            zb_arena_pool_unref(pool);
-            return zb_err(ZB_E_NOMEM, "batch field '%s': out of memory for %llu bytes", name,
+            zb__arena_pool_unref(pool);
+            return zb__err(ZB_E_NOMEM, "batch field '%s': out of memory for %llu bytes", name,
                           (unsigned long long)bytes);
         }
         uint8_t *data8 = (uint8_t *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
         if (zero) memset(data8, 0, (size_t)bytes);
         zb_status st = zb_batch_add_field(b, name, dtype, ndim, row_shape, nrows, data8);
         if (st != ZB_OK) {
-            zb_arena_give(pool, mem, cap);
+            zb__arena_give(pool, mem, cap);
             return st;
         }
         b->fields[b->nfields - 1].owned = false; /* in the batch's arena */
@@ -238,7 +238,7 @@ zb_batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int ndi
     }
     mem = calloc((size_t)bytes + 1, 1);
     if (!mem)
-        return zb_err(ZB_E_NOMEM, "batch field '%s': out of memory for %llu bytes", name,
+        return zb__err(ZB_E_NOMEM, "batch field '%s': out of memory for %llu bytes", name,
                       (unsigned long long)bytes);
     zb_status st = zb_batch_add_field(b, name, dtype, ndim, row_shape, nrows, mem);
     if (st != ZB_OK) {
@@ -253,7 +253,7 @@ zb_status
 zb_batch_replace_field(zb_batch *b, const char *name, zb_dtype dtype, void *data)
 {
     if (!b || !name || dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_INVALID, "zb_batch_replace_field: bad argument");
+        return zb__err(ZB_E_INVALID, "zb_batch_replace_field: bad argument");
     for (size_t i = 0; i < b->nfields; i++) {
         bfield *f = &b->fields[i];
         if (strcmp(f->name, name)) continue;
@@ -264,12 +264,12 @@ zb_batch_replace_field(zb_batch *b, const char *name, zb_dtype dtype, void *data
         f->itemsize = zb_dtype_size(dtype);
         return ZB_OK;
     }
-    return zb_err(ZB_E_NOTFOUND, "batch has no field '%s'", name);
+    return zb__err(ZB_E_NOTFOUND, "batch has no field '%s'", name);
 }
 
 /* Makes index field `wf`'s values for samples [b0, b1) of `whole` count from the target rows
  * of sample b0. They count from the start of their re-basing group (the whole batch, or each
- * batch of zb_dataset_read_batches), so a view that is one such batch needs nothing, and the
+ * batch of zb__dataset_read_batches), so a view that is one such batch needs nothing, and the
  * loader's views never do: only a view starting inside a group is shifted. */
 static void
 rebase_view(zb_batch *whole, const bfield *wf, size_t b0, size_t b1)
@@ -294,13 +294,13 @@ rebase_view(zb_batch *whole, const bfield *wf, size_t b0, size_t b1)
 }
 
 zb_status
-zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out)
+zb__batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out)
 {
     *out = NULL;
     if (!whole || b0 > b1 || b1 > whole->B)
-        return zb_err(ZB_E_RANGE, "batch view [%zu, %zu) of %zu", b0, b1, whole ? whole->B : 0);
+        return zb__err(ZB_E_RANGE, "batch view [%zu, %zu) of %zu", b0, b1, whole ? whole->B : 0);
     zb_batch *v = calloc(1, sizeof *v);
-    if (!v) return zb_err(ZB_E_NOMEM, "batch view: out of memory");
+    if (!v) return zb__err(ZB_E_NOMEM, "batch view: out of memory");
     v->refs = 1;
     v->B = b1 - b0;
     v->n_vars = whole->n_vars;
@@ -351,7 +351,7 @@ zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out)
     return ZB_OK;
 oom:
     zb_batch_free(v);
-    return zb_err(ZB_E_NOMEM, "batch view: out of memory");
+    return zb__err(ZB_E_NOMEM, "batch view: out of memory");
 }
 
 size_t
@@ -369,7 +369,7 @@ zb_batch_nfields(const zb_batch *b)
 zb_status
 zb_batch_field(const zb_batch *b, size_t i, zb_batch_view *v)
 {
-    if (!b || !v || i >= b->nfields) return zb_err(ZB_E_RANGE, "batch field %zu", i);
+    if (!b || !v || i >= b->nfields) return zb__err(ZB_E_RANGE, "batch field %zu", i);
     const bfield *f = &b->fields[i];
     v->name = f->name;
     v->kind = f->kind;
@@ -385,10 +385,10 @@ zb_batch_field(const zb_batch *b, size_t i, zb_batch_view *v)
 zb_status
 zb_batch_find(const zb_batch *b, const char *name, zb_batch_view *v)
 {
-    if (!b || !name) return zb_err(ZB_E_INVALID, "zb_batch_find: null argument");
+    if (!b || !name) return zb__err(ZB_E_INVALID, "zb_batch_find: null argument");
     for (size_t i = 0; i < b->nfields; i++)
         if (!strcmp(b->fields[i].name, name)) return zb_batch_field(b, i, v);
-    return zb_err(ZB_E_NOTFOUND, "batch has no field '%s'", name);
+    return zb__err(ZB_E_NOTFOUND, "batch has no field '%s'", name);
 }
 
 const uint64_t *
@@ -427,7 +427,7 @@ zb_batch_segment_at(const zb_batch *b, size_t i, const int64_t **ptr)
 }
 
 void
-zb_batch_count_skipped(zb_batch *b, uint64_t n)
+zb__batch_count_skipped(zb_batch *b, uint64_t n)
 {
     b->stats.samples_skipped += n;
 }

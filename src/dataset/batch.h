@@ -9,17 +9,17 @@
  * buffers, its segment pointers and index fields are re-based to start at 0, and it holds a
  * reference to whole's buffers, which live until whole and every view of it are freed. Index
  * field values are re-based in place (views of one batch cover disjoint rows). */
-zb_status zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out);
+zb_status zb__batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out);
 
 /* zb_dataset_read_many of ids[0..n), read as `nbatches` consecutive batches of sizes[k]
  * samples (adding up to n; nbatches 0 = one batch): index fields are re-based to each batch,
- * so zb_batch_slice of exactly those batches leaves their values as they are (the loader's
+ * so zb__batch_slice of exactly those batches leaves their values as they are (the loader's
  * windows: one pass over the index values instead of two). */
-zb_status zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n,
+zb_status zb__dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n,
                                   const size_t *sizes, size_t nbatches, zb_batch **out);
 
 /* Columns of the anndata X behind the batch (0 if none). */
-uint64_t zb_batch_n_vars(const zb_batch *b);
+uint64_t zb__batch_n_vars(const zb_batch *b);
 
 /* Adds a per-sample field of `nrows` rows of `row_shape` whose buffer (64-byte aligned; zeroed
  * when `zero`, else left as found: the caller writes every byte) comes from the batch memory
@@ -27,11 +27,11 @@ uint64_t zb_batch_n_vars(const zb_batch *b);
  * makes a new multi-megabyte field per batch reuses memory touched before instead of faulting
  * in fresh pages every batch (one pooled buffer per batch; later ones are calloc'd). *data is
  * the buffer, owned by the batch. */
-zb_status zb_batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
+zb_status zb__batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
                                     const uint64_t *row_shape, uint64_t nrows, bool zero,
                                     void **data);
 
 /* Runs one transform on a batch (transforms.c). */
-zb_status zb_transform_apply(const zb_transform *t, zb_batch *b);
+zb_status zb__transform_apply(const zb_transform *t, zb_batch *b);
 
 #endif

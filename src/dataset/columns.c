@@ -9,7 +9,7 @@
 #include "util/status.h"
 
 void
-zb_cattab_free(zb_cattab *t)
+zb__cattab_free(zb__cattab *t)
 {
     if (!t) return;
     zb_strings_free(&t->strings);
@@ -25,16 +25,16 @@ proto(const zb_dataset *ds)
 }
 
 zb_status
-zb_field_load_categories(zb_dataset *ds, zb_field *f)
+zb__field_load_categories(zb_dataset *ds, zb__field *f)
 {
     zb_status st = ZB_OK;
     pthread_mutex_lock(&ds->var_mu);
     if (!f->cats_loaded) {
         zb_array *a = NULL;
-        zb_cattab *t = &f->cats;
+        zb__cattab *t = &f->cats;
         st = zb_array_open(ds->store, f->cats_path, &a);
         if (st == ZB_OK && a->meta.ndim != 1)
-            st = zb_err(ZB_E_CORRUPT, "%s: categories must be 1-d", f->cats_path);
+            st = zb__err(ZB_E_CORRUPT, "%s: categories must be 1-d", f->cats_path);
         if (st == ZB_OK) {
             t->dtype = a->meta.dtype;
             t->n = a->meta.shape[0];
@@ -46,10 +46,10 @@ zb_field_load_categories(zb_dataset *ds, zb_field *f)
             size_t bytes = (size_t)t->n * a->meta.itemsize;
             t->values = malloc(bytes ? bytes : 1);
             st = t->values ? zb_array_read_rows(a, 0, t->n, t->values, bytes, NULL)
-                           : zb_err(ZB_E_NOMEM, "%s: out of memory", f->cats_path);
+                           : zb__err(ZB_E_NOMEM, "%s: out of memory", f->cats_path);
         }
         zb_array_close(a);
-        if (st != ZB_OK) zb_cattab_free(t);
+        if (st != ZB_OK) zb__cattab_free(t);
         f->cats_loaded = st == ZB_OK;
     }
     pthread_mutex_unlock(&ds->var_mu);
@@ -59,19 +59,19 @@ zb_field_load_categories(zb_dataset *ds, zb_field *f)
 zb_status
 zb_dataset_category_table(zb_dataset *ds, const char *field, zb_category_table *out)
 {
-    if (!ds || !field || !out) return zb_err(ZB_E_INVALID, "zb_dataset_category_table: null");
+    if (!ds || !field || !out) return zb__err(ZB_E_INVALID, "zb_dataset_category_table: null");
     memset(out, 0, sizeof *out);
     size_t i;
     ZB_TRY(zb_dataset_find_field(ds, field, &i));
     zb_dataset *p = ds->nchildren ? ds->children[0] : ds;
-    zb_field *f = &p->fields[i];
+    zb__field *f = &p->fields[i];
     if (!f->categorical)
-        return zb_err(ZB_E_TYPE, "%s: %s is not categorical", zb_dataset_name(ds), field);
-    const zb_cattab *t;
+        return zb__err(ZB_E_TYPE, "%s: %s is not categorical", zb_dataset_name(ds), field);
+    const zb__cattab *t;
     if (ds->maps) {
         t = ds->maps[i].table; /* merged at open (merge.c) */
     } else {
-        ZB_TRY(zb_field_load_categories(p, f));
+        ZB_TRY(zb__field_load_categories(p, f));
         t = &f->cats;
     }
     out->dtype = t->dtype;
@@ -85,12 +85,12 @@ zb_dataset_category_table(zb_dataset *ds, const char *field, zb_category_table *
 zb_status
 zb_dataset_categories(zb_dataset *ds, const char *field, const zb_strings **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_dataset_categories: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_dataset_categories: null out");
     *out = NULL;
     zb_category_table t;
     ZB_TRY(zb_dataset_category_table(ds, field, &t));
     if (t.dtype != ZB_DT_STRING)
-        return zb_err(ZB_E_TYPE, "%s: the categories of %s are %s, not strings "
+        return zb__err(ZB_E_TYPE, "%s: the categories of %s are %s, not strings "
                       "(zb_dataset_category_table)", zb_dataset_name(ds), field,
                       zb_dtype_name(t.dtype));
     *out = t.strings;
@@ -100,19 +100,19 @@ zb_dataset_categories(zb_dataset *ds, const char *field, const zb_strings **out)
 zb_status
 zb_dataset_var_names(zb_dataset *ds, const zb_strings **out)
 {
-    if (!ds || !out) return zb_err(ZB_E_INVALID, "zb_dataset_var_names: null argument");
+    if (!ds || !out) return zb__err(ZB_E_INVALID, "zb_dataset_var_names: null argument");
     *out = NULL;
     if (ds->nchildren) return zb_dataset_var_names(ds->children[0], out); /* merge.c: agreed */
-    if (!ds->var_index) return zb_err(ZB_E_NOTFOUND, "%s: no var names", zb_dataset_name(ds));
+    if (!ds->var_index) return zb__err(ZB_E_NOTFOUND, "%s: no var names", zb_dataset_name(ds));
     zb_status st = ZB_OK;
     pthread_mutex_lock(&ds->var_mu);
     if (!ds->var_loaded) {
         zb_array *a = NULL;
         st = zb_array_open(ds->store, ds->var_index, &a);
         if (st == ZB_OK && (a->meta.dtype != ZB_DT_STRING || a->meta.ndim != 1))
-            st = zb_err(ZB_E_CORRUPT, "%s: var names must be a 1-d string array", ds->var_index);
+            st = zb__err(ZB_E_CORRUPT, "%s: var names must be a 1-d string array", ds->var_index);
         if (st == ZB_OK && a->meta.shape[0] != ds->n_vars)
-            st = zb_err(ZB_E_CORRUPT, "%s: %llu var names for %llu columns of X", ds->var_index,
+            st = zb__err(ZB_E_CORRUPT, "%s: %llu var names for %llu columns of X", ds->var_index,
                         (unsigned long long)a->meta.shape[0], (unsigned long long)ds->n_vars);
         if (st == ZB_OK) st = zb_array_read_strings(a, 0, ds->n_vars, &ds->var_names, NULL);
         zb_array_close(a);
@@ -132,9 +132,9 @@ zb_dataset_ncolumns(const zb_dataset *ds)
 zb_status
 zb_dataset_column(const zb_dataset *ds, size_t i, zb_column_info *info)
 {
-    if (!ds || !info) return zb_err(ZB_E_INVALID, "zb_dataset_column: null argument");
+    if (!ds || !info) return zb__err(ZB_E_INVALID, "zb_dataset_column: null argument");
     const zb_dataset *p = proto(ds);
-    if (i >= p->ncols) return zb_err(ZB_E_RANGE, "column %zu of %zu", i, p->ncols);
+    if (i >= p->ncols) return zb__err(ZB_E_RANGE, "column %zu of %zu", i, p->ncols);
     info->name = p->cols[i].name;
     info->kind = p->cols[i].kind;
     info->dtype = p->cols[i].dtype;
@@ -145,13 +145,13 @@ zb_dataset_column(const zb_dataset *ds, size_t i, zb_column_info *info)
     if (info->kind == ZB_COLUMN_CATEGORICAL) {
         size_t f;
         if (zb_dataset_find_field(ds, info->name, &f) == ZB_OK)
-            info->dtype = zb_dataset_field_dtype(ds, f);
+            info->dtype = zb__dataset_field_dtype(ds, f);
     }
     return ZB_OK;
 }
 
 /* The column named `name` of `ds` itself (not its children), or NULL. */
-static const zb_column *
+static const zb__column *
 find_column(const zb_dataset *ds, const char *name)
 {
     for (size_t i = 0; i < ds->ncols; i++)
@@ -170,7 +170,7 @@ for_children(zb_dataset *ds, uint64_t start, uint64_t stop, child_fn fn, void *c
     uint64_t n = 0;
     ZB_TRY(zb_dataset_len(ds, &n));
     if (start > stop || stop > n)
-        return zb_err(ZB_E_RANGE, "%s: samples [%llu, %llu) outside [0, %llu)",
+        return zb__err(ZB_E_RANGE, "%s: samples [%llu, %llu) outside [0, %llu)",
                       zb_dataset_name(ds), (unsigned long long)start, (unsigned long long)stop,
                       (unsigned long long)n);
     if (!ds->nchildren) return fn(ctx, ds, 0, start, stop, 0);
@@ -190,17 +190,17 @@ read_logical_rows(zb_dataset *ch, const zb_array *a, uint64_t lo, uint64_t hi, u
                   size_t row_bytes)
 {
     if (lo == hi) return ZB_OK;
-    ZB_TRY(zb_mask_load(ch));
-    uint64_t p0 = zb_mask_select(&ch->mask, lo), p1 = zb_mask_select(&ch->mask, hi - 1) + 1;
+    ZB_TRY(zb__mask_load(ch));
+    uint64_t p0 = zb__mask_select(&ch->mask, lo), p1 = zb__mask_select(&ch->mask, hi - 1) + 1;
     if (p1 - p0 == hi - lo) return zb_array_read_rows(a, p0, p1, dst, (size_t)(hi - lo) * row_bytes,
                                                       NULL);
     size_t span = (size_t)(p1 - p0) * row_bytes;
     uint8_t *tmp = malloc(span ? span : 1);
-    if (!tmp) return zb_err(ZB_E_NOMEM, "%s: out of memory for %zu bytes", a->path, span);
+    if (!tmp) return zb__err(ZB_E_NOMEM, "%s: out of memory for %zu bytes", a->path, span);
     zb_status st = zb_array_read_rows(a, p0, p1, tmp, span, NULL);
     for (uint64_t l = lo; st == ZB_OK && l < hi; l++)
         memcpy(dst + (l - lo) * row_bytes,
-               tmp + (zb_mask_select(&ch->mask, l) - p0) * row_bytes, row_bytes);
+               tmp + (zb__mask_select(&ch->mask, l) - p0) * row_bytes, row_bytes);
     free(tmp);
     return st;
 }
@@ -217,10 +217,10 @@ static zb_status
 read_field_child(void *ctx, zb_dataset *ch, size_t c, uint64_t lo, uint64_t hi, uint64_t at)
 {
     field_read *r = ctx;
-    const zb_field *f = &ch->fields[r->f];
+    const zb__field *f = &ch->fields[r->f];
     uint8_t *dst = r->dst + at * r->row_bytes;
     uint64_t nlut = 0;
-    const int64_t *lut = zb_dataset_lut(r->ds, r->f, c, &nlut);
+    const int64_t *lut = zb__dataset_lut(r->ds, r->f, c, &nlut);
     size_t own_bytes = (size_t)(f->row_elems * f->itemsize);
     if (!lut && f->dtype == r->dtype) {
         ZB_TRY(read_logical_rows(ch, f->arr, lo, hi, dst, own_bytes));
@@ -228,10 +228,10 @@ read_field_child(void *ctx, zb_dataset *ch, size_t c, uint64_t lo, uint64_t hi, 
         /* stored in another type (narrow values, codes of another width) or codes through the
          * collection's table: read, then convert as batches do */
         uint8_t *tmp = malloc((size_t)(hi - lo) * own_bytes + 1);
-        if (!tmp) return zb_err(ZB_E_NOMEM, "%s: out of memory", f->arr->path);
+        if (!tmp) return zb__err(ZB_E_NOMEM, "%s: out of memory", f->arr->path);
         zb_status st = read_logical_rows(ch, f->arr, lo, hi, tmp, own_bytes);
         if (st == ZB_OK)
-            st = zb_values_convert(dst, r->dtype, tmp, f->dtype, (hi - lo) * f->row_elems, lut,
+            st = zb__values_convert(dst, r->dtype, tmp, f->dtype, (hi - lo) * f->row_elems, lut,
                                    nlut, f->arr->path);
         free(tmp);
         ZB_TRY(st);
@@ -239,9 +239,9 @@ read_field_child(void *ctx, zb_dataset *ch, size_t c, uint64_t lo, uint64_t hi, 
     const int64_t *vl = r->ds->vars.lut ? r->ds->vars.lut[c] : NULL;
     if (vl && f->var_cols && f->kind == ZB_FIELD_PER_SAMPLE) {
         uint8_t *scratch = malloc(r->row_bytes ? r->row_bytes : 1);
-        if (!scratch) return zb_err(ZB_E_NOMEM, "%s: out of memory", f->arr->path);
+        if (!scratch) return zb__err(ZB_E_NOMEM, "%s: out of memory", f->arr->path);
         for (uint64_t i = 0; i < hi - lo; i++)
-            zb_var_reorder_dense(dst + i * r->row_bytes, f->row_elems, f->itemsize, vl, scratch);
+            zb__var_reorder_dense(dst + i * r->row_bytes, f->row_elems, f->itemsize, vl, scratch);
         free(scratch);
     }
     return ZB_OK;
@@ -252,18 +252,18 @@ zb_dataset_read_field(zb_dataset *ds, const char *field, uint64_t start, uint64_
                       size_t dst_size)
 {
     if (!ds || !field || (!dst && stop > start))
-        return zb_err(ZB_E_INVALID, "zb_dataset_read_field: null argument");
+        return zb__err(ZB_E_INVALID, "zb_dataset_read_field: null argument");
     size_t i;
     ZB_TRY(zb_dataset_find_field(ds, field, &i));
-    const zb_field *f = &proto(ds)->fields[i];
+    const zb__field *f = &proto(ds)->fields[i];
     if (f->kind != ZB_FIELD_PER_SAMPLE || f->dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_TYPE, "%s: %s is not a per-sample field of fixed-size values%s",
+        return zb__err(ZB_E_TYPE, "%s: %s is not a per-sample field of fixed-size values%s",
                       zb_dataset_name(ds), field,
                       f->dtype == ZB_DT_STRING ? " (zb_dataset_read_strings)" : "");
-    zb_dtype dt = zb_dataset_field_dtype(ds, i);
+    zb_dtype dt = zb__dataset_field_dtype(ds, i);
     field_read r = {ds, i, dst, (size_t)(f->row_elems * zb_dtype_size(dt)), dt};
     if (stop > start && dst_size / r.row_bytes < stop - start)
-        return zb_err(ZB_E_INVALID, "zb_dataset_read_field: %zu bytes hold fewer than %llu rows "
+        return zb__err(ZB_E_INVALID, "zb_dataset_read_field: %zu bytes hold fewer than %llu rows "
                       "of %s", dst_size, (unsigned long long)(stop - start), field);
     return for_children(ds, start, stop, read_field_child, &r);
 }
@@ -280,12 +280,12 @@ read_strings_child(void *ctx, zb_dataset *ch, size_t c, uint64_t lo, uint64_t hi
 {
     (void)c;
     strings_read *r = ctx;
-    const zb_column *col = find_column(ch, r->name);
+    const zb__column *col = find_column(ch, r->name);
     if (!col || !col->values)
-        return zb_err(ZB_E_NOTFOUND, "%s: no string column '%s'", zb_dataset_name(ch), r->name);
-    ZB_TRY(zb_mask_load(ch));
+        return zb__err(ZB_E_NOTFOUND, "%s: no string column '%s'", zb_dataset_name(ch), r->name);
+    ZB_TRY(zb__mask_load(ch));
     zb_strings got = {0};
-    uint64_t p0 = zb_mask_select(&ch->mask, lo), p1 = lo < hi ? zb_mask_select(&ch->mask, hi - 1) + 1 : p0;
+    uint64_t p0 = zb__mask_select(&ch->mask, lo), p1 = lo < hi ? zb__mask_select(&ch->mask, hi - 1) + 1 : p0;
     ZB_TRY(zb_array_read_strings(col->values, p0, p1, &got, NULL));
     zb_status st = ZB_OK;
     uint8_t *flags = NULL;
@@ -293,7 +293,7 @@ read_strings_child(void *ctx, zb_dataset *ch, size_t c, uint64_t lo, uint64_t hi
         if (col->mask) {
             flags = malloc((size_t)(p1 - p0) + 1);
             st = flags ? zb_array_read_rows(col->mask, p0, p1, flags, (size_t)(p1 - p0), NULL)
-                       : zb_err(ZB_E_NOMEM, "%s: out of memory", col->mask->path);
+                       : zb__err(ZB_E_NOMEM, "%s: out of memory", col->mask->path);
         }
     }
     /* append the logical rows: the range, less any soft-deleted rows */
@@ -301,14 +301,14 @@ read_strings_child(void *ctx, zb_dataset *ch, size_t c, uint64_t lo, uint64_t hi
     uint64_t need = out->offsets[out->n] + got.offsets[got.n];
     if (st == ZB_OK && need > r->cap_data) {
         char *d = realloc(out->data, (size_t)need + 1);
-        if (!d) st = zb_err(ZB_E_NOMEM, "%s: out of memory for strings", col->values->path);
+        if (!d) st = zb__err(ZB_E_NOMEM, "%s: out of memory for strings", col->values->path);
         else {
             out->data = d;
             r->cap_data = need;
         }
     }
     for (uint64_t l = lo; st == ZB_OK && l < hi; l++) {
-        uint64_t p = zb_mask_select(&ch->mask, l) - p0;
+        uint64_t p = zb__mask_select(&ch->mask, l) - p0;
         uint64_t len = got.offsets[p + 1] - got.offsets[p], o = out->offsets[out->n];
         memcpy(out->data + o, got.data + got.offsets[p], (size_t)len);
         out->offsets[out->n + 1] = o + len;
@@ -324,18 +324,18 @@ zb_status
 zb_dataset_read_strings(zb_dataset *ds, const char *column, uint64_t start, uint64_t stop,
                         zb_strings *out, uint8_t *missing)
 {
-    if (!ds || !column || !out) return zb_err(ZB_E_INVALID, "zb_dataset_read_strings: null");
+    if (!ds || !column || !out) return zb__err(ZB_E_INVALID, "zb_dataset_read_strings: null");
     memset(out, 0, sizeof *out);
-    const zb_column *col = find_column(proto(ds), column);
+    const zb__column *col = find_column(proto(ds), column);
     if (!col || !col->values)
-        return zb_err(ZB_E_NOTFOUND, "%s: no string column '%s'", zb_dataset_name(ds), column);
+        return zb__err(ZB_E_NOTFOUND, "%s: no string column '%s'", zb_dataset_name(ds), column);
     strings_read r = {.name = column, .missing = missing};
     uint64_t n = stop > start ? stop - start : 0;
     r.parts.offsets = calloc((size_t)n + 1, sizeof *r.parts.offsets);
     r.parts.data = malloc(1);
     if (!r.parts.offsets || !r.parts.data) {
         zb_strings_free(&r.parts);
-        return zb_err(ZB_E_NOMEM, "%s: out of memory for %llu strings", column,
+        return zb__err(ZB_E_NOMEM, "%s: out of memory for %llu strings", column,
                       (unsigned long long)n);
     }
     zb_status st = for_children(ds, start, stop, read_strings_child, &r);

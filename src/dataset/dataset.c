@@ -14,12 +14,12 @@
 #define INDEX_CACHE_BYTES ((size_t)64 << 20)
 
 static void
-field_free(zb_field *f)
+field_free(zb__field *f)
 {
     free(f->name);
     free(f->mask);
     free(f->cats_path);
-    zb_cattab_free(&f->cats);
+    zb__cattab_free(&f->cats);
     zb_array_close(f->arr);
 }
 
@@ -31,7 +31,7 @@ maps_free(zb_dataset *ds)
         for (size_t c = 0; ds->maps[f].lut && c < ds->nchildren; c++) free(ds->maps[f].lut[c]);
         free(ds->maps[f].lut);
         free(ds->maps[f].nlut);
-        zb_cattab_free(&ds->maps[f].cats);
+        zb__cattab_free(&ds->maps[f].cats);
     }
     free(ds->maps);
     for (size_t c = 0; ds->vars.lut && c < ds->nchildren; c++) free(ds->vars.lut[c]);
@@ -55,7 +55,7 @@ zb_dataset_close(zb_dataset *ds)
     zb_strings_free(&ds->var_names);
     pthread_mutex_destroy(&ds->var_mu);
     for (size_t i = 0; i < ds->nsegs; i++) {
-        zb_segment *s = &ds->segs[i];
+        zb__segment *s = &ds->segs[i];
         for (uint64_t b = 0; s->blocks && b < s->nblocks; b++) free(s->blocks[b]);
         free(s->blocks);
         zb_array_close(s->ptr);
@@ -68,11 +68,11 @@ zb_dataset_close(zb_dataset *ds)
     free(ds->mask.bits);
     free(ds->mask.rank);
     pthread_mutex_destroy(&ds->mask.mu);
-    zb_pool_free(ds->pool);
-    zb_cache_free(ds->cache);
-    zb_cache_free(ds->index_cache);
-    zb_arena_pool_unref(ds->arenas);
-    zb_plan_mem_release_all(ds);
+    zb__pool_free(ds->pool);
+    zb__cache_free(ds->cache);
+    zb__cache_free(ds->index_cache);
+    zb__arena_pool_unref(ds->arenas);
+    zb__plan_mem_release_all(ds);
     pthread_mutex_destroy(&ds->plan_mu);
     pthread_mutex_destroy(&ds->pool_mu);
     free(ds->layer);
@@ -82,10 +82,10 @@ zb_dataset_close(zb_dataset *ds)
 }
 
 static const char *
-root_encoding(const zb_tree *tree, const char *base)
+root_encoding(const zb__tree *tree, const char *base)
 {
-    const zb_tree_node *root = zb_tree_find(tree, base);
-    json_object *v = root ? zb_json_get(root->attrs, "encoding-type") : NULL;
+    const zb__tree_node *root = zb__tree_find(tree, base);
+    json_object *v = root ? zb__json_get(root->attrs, "encoding-type") : NULL;
     return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : "";
 }
 
@@ -146,17 +146,17 @@ cmp_child(const void *a, const void *b)
     return x->k < y->k ? -1 : x->k > y->k;
 }
 
-static zb_status open_layout(zb_dataset *ds, const zb_tree *tree, const char *base);
+static zb_status open_layout(zb_dataset *ds, const zb__tree *tree, const char *base);
 
 static zb_status
-open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
+open_collection(zb_dataset *ds, const zb__tree *tree, const char *base)
 {
     size_t plen = strlen(base);
     child_name *names = calloc(tree->n + 1, sizeof *names);
-    if (!names) return zb_err(ZB_E_NOMEM, "out of memory");
+    if (!names) return zb__err(ZB_E_NOMEM, "out of memory");
     size_t n = 0;
     for (size_t i = 0; i < tree->n; i++) {
-        const zb_tree_node *nd = &tree->nodes[i];
+        const zb__tree_node *nd = &tree->nodes[i];
         const char *rel = nd->path + plen + (plen ? 1 : 0);
         if (nd->is_array || (plen && (strncmp(nd->path, base, plen) || nd->path[plen] != '/')) ||
             strchr(rel, '/') || strncmp(rel, "dataset_", 8) || !rel[8])
@@ -170,7 +170,7 @@ open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
     }
     zb_status st = ZB_OK;
     if (n == 0) {
-        st = zb_err(ZB_E_CORRUPT, "%s: a collection without dataset_<k> children",
+        st = zb__err(ZB_E_CORRUPT, "%s: a collection without dataset_<k> children",
                     zb_dataset_name(ds));
         goto done;
     }
@@ -178,13 +178,13 @@ open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
     ds->children = calloc(n, sizeof *ds->children);
     ds->child_start = calloc(n + 1, sizeof *ds->child_start);
     if (!ds->children || !ds->child_start) {
-        st = zb_err(ZB_E_NOMEM, "out of memory");
+        st = zb__err(ZB_E_NOMEM, "out of memory");
         goto done;
     }
     for (size_t c = 0; c < n; c++) {
         zb_dataset *ch = dataset_alloc(ds->store, names[c].path, &ds->opts, NULL);
         if (!ch) {
-            st = zb_err(ZB_E_NOMEM, "out of memory");
+            st = zb__err(ZB_E_NOMEM, "out of memory");
             goto done;
         }
         ch->is_child = true;
@@ -194,40 +194,40 @@ open_collection(zb_dataset *ds, const zb_tree *tree, const char *base)
         st = open_layout(ch, tree, names[c].path);
         if (st != ZB_OK) goto done;
         if (ch->nchildren) {
-            st = zb_err(ZB_E_UNSUPPORTED, "%s: nested collections", names[c].path);
+            st = zb__err(ZB_E_UNSUPPORTED, "%s: nested collections", names[c].path);
             goto done;
         }
     }
     snprintf(ds->layout, sizeof ds->layout, "collection");
     ds->n_vars = ds->children[0]->n_vars;
-    st = zb_collection_merge(ds, ZB_E_CORRUPT);
+    st = zb__collection_merge(ds, ZB_E_CORRUPT);
 done:
     free(names);
     return st;
 }
 
 static zb_status
-open_layout(zb_dataset *ds, const zb_tree *tree, const char *base)
+open_layout(zb_dataset *ds, const zb__tree *tree, const char *base)
 {
     const char *enc = root_encoding(tree, base);
-    const zb_tree_node *root = zb_tree_find(tree, base);
+    const zb__tree_node *root = zb__tree_find(tree, base);
     char p[4200];
     snprintf(p, sizeof p, "%s%smeta/atoms_ptr", base, base[0] ? "/" : "");
     if (!strcmp(enc, "anndata")) {
         snprintf(ds->layout, sizeof ds->layout, "anndata");
-        return zb_layout_anndata(ds, tree, base);
+        return zb__layout_anndata(ds, tree, base);
     }
     if (!strcmp(enc, "annbatch-preshuffled") || !strcmp(enc, "zbatch-collection"))
         return open_collection(ds, tree, base);
-    if (zb_tree_find(tree, p)) {
+    if (zb__tree_find(tree, p)) {
         snprintf(ds->layout, sizeof ds->layout, "atomic");
-        return zb_layout_atomic(ds, tree, base);
+        return zb__layout_atomistic(ds, tree, base);
     }
-    if (root && zb_json_get(root->attrs, "zbatch")) {
+    if (root && zb__json_get(root->attrs, "zbatch")) {
         snprintf(ds->layout, sizeof ds->layout, "generic");
-        return zb_layout_generic(ds, tree, base);
+        return zb__layout_generic(ds, tree, base);
     }
-    return zb_err(ZB_E_UNSUPPORTED, "%s: no dataset layout recognised (anndata, atomic, "
+    return zb__err(ZB_E_UNSUPPORTED, "%s: no dataset layout recognised (anndata, atomic, "
                   "collection, or a 'zbatch' attribute)", zb_dataset_name(ds));
 }
 
@@ -246,11 +246,11 @@ want_dtype(const char *name, const char *opt, const char *const *allowed, const 
     for (size_t i = 0; allowed[i]; i++) {
         if (strcmp(name, allowed[i])) continue;
         zb_dtype dt;
-        ZB_TRY(zb_dtype_parse_v3(name, opt, &dt));
+        ZB_TRY(zb__dtype_parse_v3(name, opt, &dt));
         *out = (int)dt;
         return ZB_OK;
     }
-    return zb_err(ZB_E_INVALID, "%s \"%.40s\": expected \"stored\", %s", opt, name, listed);
+    return zb__err(ZB_E_INVALID, "%s \"%.40s\": expected \"stored\", %s", opt, name, listed);
 }
 
 static zb_status
@@ -267,22 +267,22 @@ want_dtypes(zb_dataset *ds, const zb_dataset_opts *opts)
 zb_status
 zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts, zb_dataset **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_dataset_open: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_dataset_open: null out");
     *out = NULL;
-    if (!store) return zb_err(ZB_E_INVALID, "zb_dataset_open: null store");
+    if (!store) return zb__err(ZB_E_INVALID, "zb_dataset_open: null store");
     char norm[4096];
     ZB_TRY(zb_key_normalize(path ? path : "", norm, sizeof norm));
     zb_dataset *ds = dataset_alloc(store, norm, opts, NULL);
-    if (!ds) return zb_err(ZB_E_NOMEM, "zb_dataset_open: out of memory");
-    zb_tree *tree = NULL;
+    if (!ds) return zb__err(ZB_E_NOMEM, "zb_dataset_open: out of memory");
+    zb__tree *tree = NULL;
     zb_status st = want_dtypes(ds, opts);
-    if (st == ZB_OK) st = zb_tree_load(store, norm, ds->opts.use_consolidated, &tree);
+    if (st == ZB_OK) st = zb__tree_load(store, norm, ds->opts.use_consolidated, &tree);
     if (st == ZB_OK) st = open_layout(ds, tree, tree->nodes[0].path);
-    zb_tree_free(tree);
-    if (st == ZB_OK && ds->opts.cache_bytes) st = zb_cache_new(ds->opts.cache_bytes, &ds->cache);
-    if (st == ZB_OK) st = zb_pool_new(ds->opts.num_threads, &ds->pool);
-    if (st == ZB_OK) st = zb_arena_pool_new(&ds->arenas);
-    if (st == ZB_OK) st = zb_cache_new(INDEX_CACHE_BYTES, &ds->index_cache);
+    zb__tree_free(tree);
+    if (st == ZB_OK && ds->opts.cache_bytes) st = zb__cache_new(ds->opts.cache_bytes, &ds->cache);
+    if (st == ZB_OK) st = zb__pool_new(ds->opts.num_threads, &ds->pool);
+    if (st == ZB_OK) st = zb__arena_pool_new(&ds->arenas);
+    if (st == ZB_OK) st = zb__cache_new(INDEX_CACHE_BYTES, &ds->index_cache);
     if (st == ZB_OK && ds->nchildren) {
         uint64_t total = 0;
         for (size_t c = 0; c < ds->nchildren && st == ZB_OK; c++) {
@@ -318,13 +318,13 @@ proto(const zb_dataset *ds)
 zb_status
 zb_dataset_len(zb_dataset *ds, uint64_t *n)
 {
-    if (!ds || !n) return zb_err(ZB_E_INVALID, "zb_dataset_len: null argument");
+    if (!ds || !n) return zb__err(ZB_E_INVALID, "zb_dataset_len: null argument");
     if (ds->nchildren) {
         *n = ds->child_start[ds->nchildren];
         return ZB_OK;
     }
     if (ds->mask.arr) {
-        ZB_TRY(zb_mask_load(ds));
+        ZB_TRY(zb__mask_load(ds));
         *n = ds->mask.nlogical;
         return ZB_OK;
     }
@@ -353,14 +353,14 @@ zb_dataset_nchildren(const zb_dataset *ds)
 zb_status
 zb_dataset_field(const zb_dataset *ds, size_t i, zb_field_info *info)
 {
-    if (!ds || !info) return zb_err(ZB_E_INVALID, "zb_dataset_field: null argument");
+    if (!ds || !info) return zb__err(ZB_E_INVALID, "zb_dataset_field: null argument");
     const zb_dataset *p = proto(ds);
     if (i >= p->nfields)
-        return zb_err(ZB_E_RANGE, "field %zu of %zu", i, p->nfields);
-    const zb_field *f = &p->fields[i];
+        return zb__err(ZB_E_RANGE, "field %zu of %zu", i, p->nfields);
+    const zb__field *f = &p->fields[i];
     info->name = f->name;
     info->kind = f->kind;
-    info->dtype = zb_dataset_field_dtype(ds, i);
+    info->dtype = zb__dataset_field_dtype(ds, i);
     info->ndim = f->ndim;
     info->row_shape = f->row_shape;
     info->segment = f->seg >= 0 ? p->segs[f->seg].name : NULL;
@@ -374,28 +374,28 @@ zb_dataset_field(const zb_dataset *ds, size_t i, zb_field_info *info)
 zb_status
 zb_dataset_find_field(const zb_dataset *ds, const char *name, size_t *index)
 {
-    if (!ds || !name || !index) return zb_err(ZB_E_INVALID, "zb_dataset_find_field: null");
+    if (!ds || !name || !index) return zb__err(ZB_E_INVALID, "zb_dataset_find_field: null");
     const zb_dataset *p = proto(ds);
     for (size_t i = 0; i < p->nfields; i++)
         if (!strcmp(p->fields[i].name, name)) {
             *index = i;
             return ZB_OK;
         }
-    return zb_err(ZB_E_NOTFOUND, "%s: no field '%s'", zb_dataset_name(ds), name);
+    return zb__err(ZB_E_NOTFOUND, "%s: no field '%s'", zb_dataset_name(ds), name);
 }
 
 zb_status
 zb_dataset_set_threads(zb_dataset *ds, int num_threads)
 {
-    if (!ds) return zb_err(ZB_E_INVALID, "zb_dataset_set_threads: null dataset");
-    zb_pool *p = NULL;
-    ZB_TRY(zb_pool_new(num_threads, &p));
+    if (!ds) return zb__err(ZB_E_INVALID, "zb_dataset_set_threads: null dataset");
+    zb__pool *p = NULL;
+    ZB_TRY(zb__pool_new(num_threads, &p));
     pthread_mutex_lock(&ds->pool_mu);
-    zb_pool *old = ds->pool;
+    zb__pool *old = ds->pool;
     ds->pool = p;
     ds->opts.num_threads = num_threads;
     pthread_mutex_unlock(&ds->pool_mu);
-    zb_pool_free(old);
+    zb__pool_free(old);
     return ZB_OK;
 }
 
@@ -405,9 +405,9 @@ child_lengths(zb_dataset *ds, const char *segment, uint64_t *out)
     size_t s = 0;
     while (s < ds->nsegs && strcmp(ds->segs[s].name, segment)) s++;
     if (s == ds->nsegs)
-        return zb_err(ZB_E_NOTFOUND, "%s: no segment '%s'", zb_dataset_name(ds),
+        return zb__err(ZB_E_NOTFOUND, "%s: no segment '%s'", zb_dataset_name(ds),
                       segment);
-    ZB_TRY(zb_mask_load(ds));
+    ZB_TRY(zb__mask_load(ds));
     uint64_t n = 0;
     ZB_TRY(zb_dataset_len(ds, &n));
     zb_ctx *ctx = NULL;
@@ -416,16 +416,16 @@ child_lengths(zb_dataset *ds, const char *segment, uint64_t *out)
     int64_t prev = 0;
     uint64_t prev_p = UINT64_MAX;
     for (uint64_t i = 0; i < n && st == ZB_OK; i++) {
-        uint64_t p = zb_mask_select(&ds->mask, i);
+        uint64_t p = zb__mask_select(&ds->mask, i);
         int64_t a0 = 0, a1 = 0;
         if (p == prev_p + 1) {
             a0 = prev; /* consecutive rows share a pointer */
         } else {
-            st = zb_segment_get(&ds->segs[s], ctx, p, &a0);
+            st = zb__segment_get(&ds->segs[s], ctx, p, &a0);
         }
-        if (st == ZB_OK) st = zb_segment_get(&ds->segs[s], ctx, p + 1, &a1);
+        if (st == ZB_OK) st = zb__segment_get(&ds->segs[s], ctx, p + 1, &a1);
         if (st == ZB_OK && a1 < a0)
-            st = zb_err(ZB_E_CORRUPT, "%s: pointers decrease at row %llu",
+            st = zb__err(ZB_E_CORRUPT, "%s: pointers decrease at row %llu",
                         ds->segs[s].ptr->path, (unsigned long long)p);
         out[i] = (uint64_t)(a1 - a0);
         prev = a1;
@@ -438,7 +438,7 @@ child_lengths(zb_dataset *ds, const char *segment, uint64_t *out)
 zb_status
 zb_dataset_segment_lengths(zb_dataset *ds, const char *segment, uint64_t *out)
 {
-    if (!ds || !segment || !out) return zb_err(ZB_E_INVALID, "zb_dataset_segment_lengths: null");
+    if (!ds || !segment || !out) return zb__err(ZB_E_INVALID, "zb_dataset_segment_lengths: null");
     if (!ds->nchildren) return child_lengths(ds, segment, out);
     for (size_t c = 0; c < ds->nchildren; c++)
         ZB_TRY(child_lengths(ds->children[c], segment, out + ds->child_start[c]));
@@ -449,30 +449,30 @@ zb_status
 zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *opts,
                   zb_dataset **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_dataset_concat: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_dataset_concat: null out");
     *out = NULL;
-    if (!children || n == 0) return zb_err(ZB_E_INVALID, "zb_dataset_concat: no datasets");
+    if (!children || n == 0) return zb__err(ZB_E_INVALID, "zb_dataset_concat: no datasets");
     for (size_t c = 0; c < n; c++) {
-        if (!children[c]) return zb_err(ZB_E_INVALID, "zb_dataset_concat: dataset %zu is null", c);
+        if (!children[c]) return zb__err(ZB_E_INVALID, "zb_dataset_concat: dataset %zu is null", c);
         if (children[c]->nchildren)
-            return zb_err(ZB_E_UNSUPPORTED, "zb_dataset_concat: dataset %zu is a collection", c);
+            return zb__err(ZB_E_UNSUPPORTED, "zb_dataset_concat: dataset %zu is a collection", c);
     }
     char name[4200];
     snprintf(name, sizeof name, "%s", zb_dataset_name(children[0]));
     if (n > 1) snprintf(name + strlen(name), sizeof name - strlen(name), "+%zu", n - 1);
     zb_dataset *ds = dataset_alloc(children[0]->store, "", opts, name);
-    if (!ds) return zb_err(ZB_E_NOMEM, "zb_dataset_concat: out of memory");
+    if (!ds) return zb__err(ZB_E_NOMEM, "zb_dataset_concat: out of memory");
     ds->borrowed = true;
     snprintf(ds->layout, sizeof ds->layout, "%s", children[0]->layout);
     ds->children = calloc(n, sizeof *ds->children);
     ds->child_start = calloc(n + 1, sizeof *ds->child_start);
     zb_status st = ds->children && ds->child_start ? ZB_OK
-                                                   : zb_err(ZB_E_NOMEM, "zb_dataset_concat: oom");
+                                                   : zb__err(ZB_E_NOMEM, "zb_dataset_concat: oom");
     if (st == ZB_OK) {
         memcpy(ds->children, children, n * sizeof *children);
         ds->nchildren = n;
         ds->n_vars = children[0]->n_vars;
-        st = zb_collection_merge(ds, ZB_E_INVALID);
+        st = zb__collection_merge(ds, ZB_E_INVALID);
     }
     uint64_t total = 0;
     for (size_t c = 0; c < n && st == ZB_OK; c++) {
@@ -484,11 +484,11 @@ zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *
     if (st == ZB_OK) {
         ds->child_start[n] = total;
         ds->nphys = total;
-        if (ds->opts.cache_bytes) st = zb_cache_new(ds->opts.cache_bytes, &ds->cache);
+        if (ds->opts.cache_bytes) st = zb__cache_new(ds->opts.cache_bytes, &ds->cache);
     }
-    if (st == ZB_OK) st = zb_pool_new(ds->opts.num_threads, &ds->pool);
-    if (st == ZB_OK) st = zb_arena_pool_new(&ds->arenas);
-    if (st == ZB_OK) st = zb_cache_new(INDEX_CACHE_BYTES, &ds->index_cache);
+    if (st == ZB_OK) st = zb__pool_new(ds->opts.num_threads, &ds->pool);
+    if (st == ZB_OK) st = zb__arena_pool_new(&ds->arenas);
+    if (st == ZB_OK) st = zb__cache_new(INDEX_CACHE_BYTES, &ds->index_cache);
     if (st != ZB_OK) {
         zb_dataset_close(ds);
         return st;

@@ -15,28 +15,28 @@
 #define ZB_MAX_SEGMENTS 8
 
 /* A pointer array ptr[N+1], read lazily chunk by chunk and kept as int64. */
-typedef struct zb_segment {
+typedef struct zb__segment {
     char name[32];
     zb_array *ptr;
     uint64_t chunk_rows; /* rows per cached block (the array's read unit along axis 0) */
     uint64_t nblocks;
     int64_t **blocks;    /* [nblocks], NULL until loaded; guarded by mu */
     pthread_mutex_t mu;
-} zb_segment;
+} zb__segment;
 
 /* A category table (the labels of a categorical field): strings, or numbers of `dtype`. */
-typedef struct zb_cattab {
+typedef struct zb__cattab {
     zb_dtype dtype;     /* ZB_DT_STRING, or the labels' numeric dtype */
     uint64_t n;
     zb_strings strings; /* ZB_DT_STRING */
     uint8_t *values;    /* numeric: n * zb_dtype_size(dtype) bytes, native order */
     bool ordered;
-} zb_cattab;
+} zb__cattab;
 
-void zb_cattab_free(zb_cattab *t);
+void zb__cattab_free(zb__cattab *t);
 
 /* One field of one child: the array behind it. */
-typedef struct zb_field {
+typedef struct zb__field {
     char *name;
     zb_field_kind kind;
     zb_dtype dtype;
@@ -58,22 +58,22 @@ typedef struct zb_field {
     char *mask;                       /* nullable: the name of the companion mask field */
     char *cats_path;                  /* categorical: the categories array path */
     bool cats_ordered;                /* categorical: the `ordered` attribute */
-    zb_cattab cats;                   /* loaded on first request (zb_dataset_category_table) */
+    zb__cattab cats;                   /* loaded on first request (zb_dataset_category_table) */
     bool cats_loaded;
-} zb_field;
+} zb__field;
 
 /* An obs column as anndata lists it (zb_dataset_column). Non-string columns are read through
  * the field of the same name; string columns through their own arrays. */
-typedef struct zb_column {
+typedef struct zb__column {
     char *name;           /* "obs_names" or "obs/NAME" */
     zb_column_kind kind;
     zb_dtype dtype;
     zb_array *values;     /* strings: the string array (NULL for the other kinds) */
     zb_array *mask;       /* nullable strings: the mask */
-} zb_column;
+} zb__column;
 
 /* A soft-delete mask: logical i is the i-th true (FORMATS.md §8.2). Loaded on first use. */
-typedef struct zb_mask {
+typedef struct zb__mask {
     zb_array *arr;        /* NULL: no mask, logical == physical */
     bool loaded;
     uint8_t *bits;        /* [nphys] 0/1 */
@@ -81,48 +81,48 @@ typedef struct zb_mask {
     uint64_t nlogical;
     uint64_t n;           /* entries used: the committed samples */
     pthread_mutex_t mu;
-} zb_mask;
+} zb__mask;
 
-typedef struct zb_arena_pool zb_arena_pool;
+typedef struct zb__arena_pool zb__arena_pool;
 
 /* Reused batch memory (reader.c): a pool of blocks shared by a dataset and its batches. */
-zb_status zb_arena_pool_new(zb_arena_pool **out);
-void zb_arena_pool_unref(zb_arena_pool *p);
+zb_status zb__arena_pool_new(zb__arena_pool **out);
+void zb__arena_pool_unref(zb__arena_pool *p);
 
-/* A unit row a read touches (zb_dataset_plan_units): unit g0 along axis 0 of `arr`, with
+/* A unit row a read touches (zb__dataset_plan_units): unit g0 along axis 0 of `arr`, with
  * every unit of its other axes. */
-typedef struct zb_plan_unit {
+typedef struct zb__plan_unit {
     const zb_array *arr;
     uint64_t g0;
-} zb_plan_unit;
+} zb__plan_unit;
 
 /* The unit rows a read of ids[0..n) touches, each listed once, exactly as the reader plans the
  * read (plan.c; string fields are not read into batches), and the stored bytes of the rows it
  * delivers. *units is malloc'd (free with free()). For `zbatch bench`'s decode-only limits. */
-zb_status zb_dataset_plan_units(zb_dataset *ds, const uint64_t *ids, size_t n,
-                                zb_plan_unit **units, size_t *nunits, uint64_t *bytes_delivered);
+zb_status zb__dataset_plan_units(zb_dataset *ds, const uint64_t *ids, size_t n,
+                                zb__plan_unit **units, size_t *nunits, uint64_t *bytes_delivered);
 
 /* read_many's plan memory kept between requests (reader.c); freed by zb_dataset_close. */
-typedef struct zb_plan_mem zb_plan_mem;
-void zb_plan_mem_release_all(zb_dataset *ds);
+typedef struct zb__plan_mem zb__plan_mem;
+void zb__plan_mem_release_all(zb_dataset *ds);
 
 /* How a collection delivers field f of its children (merge.c): the dtype batches carry and,
  * per child, the table its stored values go through (categorical codes: child code -> the
  * collection's code). A NULL table: the child's values are delivered as stored. */
-typedef struct zb_fieldmap {
+typedef struct zb__fieldmap {
     zb_dtype dtype;  /* delivered */
     int64_t **lut;   /* [nchildren] */
     uint64_t *nlut;  /* [nchildren] entries of each table */
-    zb_cattab cats;          /* categorical, when the children's tables differ: their union */
-    const zb_cattab *table;  /* categorical: the collection's table (cats, or the first
+    zb__cattab cats;          /* categorical, when the children's tables differ: their union */
+    const zb__cattab *table;  /* categorical: the collection's table (cats, or the first
                                 child's when every child has the same one) */
-} zb_fieldmap;
+} zb__fieldmap;
 
 /* A collection's var order (reorder_vars): child c's gene j is the collection's gene
  * var_lut[c][j]; var_lut[c] NULL: the child's order is the collection's. */
-typedef struct zb_varmap {
+typedef struct zb__varmap {
     int64_t **lut; /* [nchildren] */
-} zb_varmap;
+} zb__varmap;
 
 struct zb_dataset {
     zb_store *store;
@@ -135,14 +135,14 @@ struct zb_dataset {
                                 zb_dtype); opts' pointers are not kept */
     uint64_t nphys;          /* physical samples */
     uint64_t n_vars;
-    zb_mask mask;
+    zb__mask mask;
     size_t nfields;
-    zb_field fields[ZB_MAX_FIELDS];
+    zb__field fields[ZB_MAX_FIELDS];
     size_t nsegs;
-    zb_segment segs[ZB_MAX_SEGMENTS];
+    zb__segment segs[ZB_MAX_SEGMENTS];
     /* anndata: obs columns (zb_dataset_column) and var names */
     size_t ncols;
-    zb_column *cols;
+    zb__column *cols;
     char *var_frame;         /* the var data frame's group (raw/var with layer "raw") */
     char *var_index;         /* the var index array's path, NULL when unknown */
     zb_strings var_names;    /* loaded on first request (var_mu) */
@@ -152,16 +152,16 @@ struct zb_dataset {
     size_t nchildren;
     zb_dataset **children;
     uint64_t *child_start;   /* [nchildren+1] */
-    zb_fieldmap *maps;       /* [children[0]->nfields]: how each field is delivered (merge.c) */
-    zb_varmap vars;          /* reorder_vars */
+    zb__fieldmap *maps;       /* [children[0]->nfields]: how each field is delivered (merge.c) */
+    zb__varmap vars;          /* reorder_vars */
     /* shared by every read */
-    zb_pool *pool;
+    zb__pool *pool;
     pthread_mutex_t pool_mu; /* one read_many at a time drives the pool */
-    zb_cache *cache;
-    zb_cache *index_cache;   /* decoded shard indexes, always on (bounded) */
-    zb_arena_pool *arenas;   /* batch memory, reused across reads */
+    zb__cache *cache;
+    zb__cache *index_cache;   /* decoded shard indexes, always on (bounded) */
+    zb__arena_pool *arenas;   /* batch memory, reused across reads */
     pthread_mutex_t plan_mu;
-    struct zb_plan_mem *plan_free; /* read_many's plan memory, reused across reads (reader.c) */
+    struct zb__plan_mem *plan_free; /* read_many's plan memory, reused across reads (reader.c) */
     size_t plan_nfree;
     bool is_child;
     bool borrowed;           /* children belong to the caller (zb_dataset_concat) */
@@ -175,15 +175,15 @@ struct zb_dataset {
  * builds ds->maps (one category table per categorical field, codes remapped) and ds->vars.
  * `code` is the status for disagreeing children (ZB_E_CORRUPT for a stored collection,
  * ZB_E_INVALID for a concatenation). */
-zb_status zb_collection_merge(zb_dataset *ds, zb_status code);
+zb_status zb__collection_merge(zb_dataset *ds, zb_status code);
 
 /* The dtype batches carry for field f (the children's delivered dtype, or a collection's wider
  * codes). */
-zb_dtype zb_dataset_field_dtype(const zb_dataset *ds, size_t f);
+zb_dtype zb__dataset_field_dtype(const zb_dataset *ds, size_t f);
 
 /* A collection's table for child c's values of field f (NULL: delivered as stored). */
 static inline const int64_t *
-zb_dataset_lut(const zb_dataset *ds, size_t f, size_t c, uint64_t *n)
+zb__dataset_lut(const zb_dataset *ds, size_t f, size_t c, uint64_t *n)
 {
     if (!ds->maps || !ds->maps[f].lut || !ds->maps[f].lut[c]) return NULL;
     *n = ds->maps[f].nlut[c];
@@ -193,18 +193,18 @@ zb_dataset_lut(const zb_dataset *ds, size_t f, size_t c, uint64_t *n)
 /* Codes (any integer dtype `from`, n of them) through a table into dtype `to`: -1 (missing)
  * stays -1; others must index the table (ZB_E_CORRUPT naming `what` otherwise). A NULL table
  * converts the values as they are. */
-zb_status zb_codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
+zb_status zb__codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
                            const int64_t *lut, uint64_t nlut, const char *what);
 
 /* Whether dtype `to` holds every value of `from` exactly (the widenings the reader does as it
  * copies, widen.c; true when they are the same). */
-bool zb_widen_exact(zb_dtype from, zb_dtype to);
-/* n values of `from` at src (any alignment) into `to` at dst, when zb_widen_exact and they
+bool zb__widen_exact(zb_dtype from, zb_dtype to);
+/* n values of `from` at src (any alignment) into `to` at dst, when zb__widen_exact and they
  * differ; false (nothing written) for any other pair. */
-bool zb_values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n);
-/* n stored values of `from` as `to`, as batches carry them: widened (zb_values_widen) unless a
- * table is given, else codes converted through `lut` (zb_codes_convert). */
-zb_status zb_values_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
+bool zb__values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n);
+/* n stored values of `from` as `to`, as batches carry them: widened (zb__values_widen) unless a
+ * table is given, else codes converted through `lut` (zb__codes_convert). */
+zb_status zb__values_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
                             const int64_t *lut, uint64_t nlut, const char *what);
 
 /* Moves one child's gene order to the collection's (reorder_vars, merge.c). A dense row of
@@ -212,46 +212,46 @@ zb_status zb_values_convert(void *dst, zb_dtype to, const void *src, zb_dtype fr
  * `nnz` gene ids (`idx`, integers of dtype idx_dtype) are mapped and the row re-sorted with its
  * values (`vals`, itemsize bytes each) so the ids ascend again; ZB_E_CORRUPT (naming `what`)
  * for an id outside [0, n_vars). */
-void zb_var_reorder_dense(uint8_t *row, uint64_t n_vars, size_t itemsize, const int64_t *lut,
+void zb__var_reorder_dense(uint8_t *row, uint64_t n_vars, size_t itemsize, const int64_t *lut,
                           uint8_t *scratch);
-struct zb_buf;
-zb_status zb_var_reorder_csr(void *idx, zb_dtype idx_dtype, uint8_t *vals, size_t itemsize,
+struct zb__buf;
+zb_status zb__var_reorder_csr(void *idx, zb_dtype idx_dtype, uint8_t *vals, size_t itemsize,
                              uint64_t nnz, const int64_t *lut, uint64_t n_vars,
-                             struct zb_buf *scratch, const char *what);
+                             struct zb__buf *scratch, const char *what);
 
 /* Category tables (columns.c): the field's own table, loaded once. */
-zb_status zb_field_load_categories(zb_dataset *ds, zb_field *f);
+zb_status zb__field_load_categories(zb_dataset *ds, zb__field *f);
 
 /* Layout builders (layouts.c). Each fills fields/segments of ds from the tree. */
-struct zb_tree;
-zb_status zb_layout_anndata(zb_dataset *ds, const struct zb_tree *tree, const char *base);
-zb_status zb_layout_atomic(zb_dataset *ds, const struct zb_tree *tree, const char *base);
-zb_status zb_layout_generic(zb_dataset *ds, const struct zb_tree *tree, const char *base);
+struct zb__tree;
+zb_status zb__layout_anndata(zb_dataset *ds, const struct zb__tree *tree, const char *base);
+zb_status zb__layout_atomistic(zb_dataset *ds, const struct zb__tree *tree, const char *base);
+zb_status zb__layout_generic(zb_dataset *ds, const struct zb__tree *tree, const char *base);
 
 /* The level ("atom", "edge", "system" or the attribute's own word) of array `name` in group
  * `group` ("core" or "custom") of an atomic store whose root `fields` attribute is `fields`
  * (may be NULL), per FORMATS.md §8.1-8.2. The reader and `zbatch verify` share it. */
 struct json_object;
-const char *zb_atomic_array_level(struct json_object *fields, const char *group, const char *name);
+const char *zb__atomistic_array_level(struct json_object *fields, const char *group, const char *name);
 
 /* Metadata rules of an atomic store shared by the reader (at open) and `zbatch verify`; no
  * data is read. `store` names the store in the message.
- * zb_atomic_check_fields_attr: the root `fields` attribute (may be NULL, read as empty, as
+ * zb__atomistic_check_fields_attr: the root `fields` attribute (may be NULL, read as empty, as
  * nvalchemi does) is an object of groups, each an object of name -> "atom" / "node" / "edge" /
  * "system"; ZB_E_METADATA naming the entry otherwise.
- * zb_atomic_check_required: core/positions ([V, 3] floats) and core/atomic_numbers ([V]
+ * zb__atomistic_check_required: core/positions ([V, 3] floats) and core/atomic_numbers ([V]
  * integers) exist (NULL meta = missing) and are atom-level: nvalchemi's AtomicData requires
  * both. ZB_E_CORRUPT naming the array and what is wrong otherwise. */
-zb_status zb_atomic_check_fields_attr(const char *store, struct json_object *fields);
-zb_status zb_atomic_check_required(const char *store, struct json_object *fields,
-                                   const zb_array_meta *positions,
-                                   const zb_array_meta *atomic_numbers);
+zb_status zb__atomistic_check_fields_attr(const char *store, struct json_object *fields);
+zb_status zb__atomistic_check_required(const char *store, struct json_object *fields,
+                                   const zb__array_meta *positions,
+                                   const zb__array_meta *atomic_numbers);
 
 /* Segment access: ptr[i] for i in [0, N]; thread-safe. */
-zb_status zb_segment_get(zb_segment *seg, zb_ctx *ctx, uint64_t i, int64_t *value);
+zb_status zb__segment_get(zb__segment *seg, zb_ctx *ctx, uint64_t i, int64_t *value);
 
 /* Logical -> physical through the mask (thread-safe, loads the mask on first use). */
-zb_status zb_mask_load(zb_dataset *ds);
-uint64_t zb_mask_select(const zb_mask *m, uint64_t logical);
+zb_status zb__mask_load(zb_dataset *ds);
+uint64_t zb__mask_select(const zb__mask *m, uint64_t logical);
 
 #endif

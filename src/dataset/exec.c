@@ -4,7 +4,7 @@
  * the batch when it maps onto one contiguous run of it, else into the thread's `unit`
  * workspace) and copied out, converted and re-based as the rows land.
  *
- * Two ways to fetch. A store served in place (file, memory: zb_unit_lists_ranges false) keeps
+ * Two ways to fetch. A store served in place (file, memory: zb__unit_lists_ranges false) keeps
  * each task's reads on the thread that decodes them: a view of a mapped file, or pread. A store
  * that reads lists itself (a remote backend) gets the window's reads in one zb_store_get_ranges
  * call on the calling thread (listed path, below): each task first serves what needs no fetch
@@ -32,7 +32,7 @@ task_fail(task *t, zb_status st)
 
 /* Whether the unit at g spans every other axis exactly, so its rows are whole batch rows. */
 static bool
-unit_spans_rows(const zb_unit_geom *u, const uint64_t *g)
+unit_spans_rows(const zb__unit_geom *u, const uint64_t *g)
 {
     for (int d = 1; d < u->ndim; d++)
         if (u->inner[d] != u->shape[d] || g[d] != 0) return false;
@@ -47,37 +47,37 @@ static zb_status
 unit_into(exec *x, const zb_array *a, const uint64_t *g, const uint8_t *enc, size_t enc_len,
           bool missing, const char *key, const uint64_t *entry, uint8_t *target)
 {
-    const zb_unit_geom *u = zb_array_units(a);
+    const zb__unit_geom *u = zb__array_units(a);
     size_t unit_bytes = (size_t)u->unit_bytes;
-    uint64_t grid_lin = zb_unit_linear(u, g);
-    zb_cache *cache = x->p->ds->cache;
-    if (cache && zb_cache_get(cache, a, grid_lin, target, unit_bytes)) {
+    uint64_t grid_lin = zb__unit_linear(u, g);
+    zb__cache *cache = x->p->ds->cache;
+    if (cache && zb__cache_get(cache, a, grid_lin, target, unit_bytes)) {
         x->t->stats.chunks_cached++;
         return ZB_OK;
     }
     void *tok = NULL;
     if (!enc && !missing) {
         if (entry) {
-            ZB_TRY(zb_unit_fetch(a, key, entry[0], entry[1], &x->ctx->ws.fetch, &enc, &tok,
+            ZB_TRY(zb__unit_fetch(a, key, entry[0], entry[1], &x->ctx->ws.fetch, &enc, &tok,
                                  &x->t->stats));
             enc_len = (size_t)entry[1];
         } else {
-            ZB_TRY(zb_unit_fetch_whole(a, key, &x->ctx->ws.fetch, &enc, &enc_len, &missing, &tok,
+            ZB_TRY(zb__unit_fetch_whole(a, key, &x->ctx->ws.fetch, &enc, &enc_len, &missing, &tok,
                                        &x->t->stats));
         }
     }
     if (missing) {
-        zb_array_fill_unit(a, target);
+        zb__array_fill_unit(a, target);
         x->t->stats.chunks_filled++;
         return ZB_OK;
     }
     uint64_t before = x->ctx->stats.bytes_decoded;
-    zb_status st = zb_array_decode_unit(a, x->ctx, enc, enc_len, target, key);
+    zb_status st = zb__array_decode_unit(a, x->ctx, enc, enc_len, target, key);
     zb_store_release(u->store, tok);
     if (st != ZB_OK) return st;
     x->t->stats.chunks_decoded++;
     x->t->stats.bytes_decoded += x->ctx->stats.bytes_decoded - before;
-    if (cache) zb_cache_put(cache, a, grid_lin, target, unit_bytes);
+    if (cache) zb__cache_put(cache, a, grid_lin, target, unit_bytes);
     return ZB_OK;
 }
 
@@ -90,8 +90,8 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
 {
     plan *p = x->p;
     const copy *cp = &p->copies[c0];
-    const zb_field *f = &child_of(p->ds, cp->child)->fields[cp->field];
-    const zb_unit_geom *u = zb_array_units(f->arr);
+    const zb__field *f = &child_of(p->ds, cp->child)->fields[cp->field];
+    const zb__unit_geom *u = zb__array_units(f->arr);
     bfield *bf = &p->b->fields[cp->field];
     bool reb = rebased_here(p, cp->field);
     /* the unit's columns of each row (re-based here only when 2-d, plan_rebase) */
@@ -106,7 +106,7 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
         const copy *c = &p->copies[i];
         if (conv) {
             /* values converted in the copy (1-d fields only: units hold whole rows) */
-            ZB_TRY(zb_values_convert(bf->data + c->dst_row * bf->itemsize, bf->dtype,
+            ZB_TRY(zb__values_convert(bf->data + c->dst_row * bf->itemsize, bf->dtype,
                                      unit + c->src_row * f->itemsize, f->dtype, c->nrows, lut,
                                      nlut, u->path));
         } else if (whole) {
@@ -119,10 +119,10 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
             else
                 put_bytes(p, c->field, o, src, (size_t)c->nrows * rb);
         } else {
-            zb_rows_copy_box(u, bf, unit, g, c->src_row, c->dst_row, c->nrows);
+            zb__rows_copy_box(u, bf, unit, g, c->src_row, c->dst_row, c->nrows);
         }
         *rows += c->nrows;
-        if (reb) ZB_TRY(zb_rows_rebase(p, c->field, c->dst_row, c->nrows, lo1, hi1));
+        if (reb) ZB_TRY(zb__rows_rebase(p, c->field, c->dst_row, c->nrows, lo1, hi1));
     }
     return ZB_OK;
 }
@@ -138,7 +138,7 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     plan *p = x->p;
     const copy *cp = &p->copies[c0];
     const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
-    const zb_unit_geom *u = zb_array_units(a);
+    const zb__unit_geom *u = zb__array_units(a);
     bfield *bf = &p->b->fields[cp->field];
     const int64_t *lut;
     uint64_t nlut;
@@ -150,7 +150,7 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
         target = bf->data + cp->dst_row * bf->row_elems * bf->itemsize;
     } else {
         size_t unit_bytes = (size_t)u->unit_bytes;
-        ZB_TRY(zb_buf_reserve(&x->ctx->ws.unit, unit_bytes ? unit_bytes : 1));
+        ZB_TRY(zb__buf_reserve(&x->ctx->ws.unit, unit_bytes ? unit_bytes : 1));
         target = x->ctx->ws.unit.data;
     }
     ZB_TRY(unit_into(x, a, g, enc, enc_len, missing, key, entry, target));
@@ -163,7 +163,7 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     if (direct) {
         rows = cp->nrows;
         if (rebased_here(p, cp->field))
-            ZB_TRY(zb_rows_rebase(p, cp->field, cp->dst_row, cp->nrows, 0, bf->row_elems));
+            ZB_TRY(zb__rows_rebase(p, cp->field, cp->dst_row, cp->nrows, 0, bf->row_elems));
     } else {
         ZB_TRY(copy_out(x, c0, c1, g, target, conv, lut, nlut, row_bytes, &rows));
     }
@@ -185,7 +185,7 @@ next_other(uint64_t *g, const uint64_t *grid, int nd)
 static zb_status
 truncated(const char *key, uint64_t got, uint64_t want, uint64_t off)
 {
-    return zb_err(ZB_E_TRUNCATED, "%s: holds %llu of the %llu bytes at offset %llu", key,
+    return zb__err(ZB_E_TRUNCATED, "%s: holds %llu of the %llu bytes at offset %llu", key,
                   (unsigned long long)got, (unsigned long long)want, (unsigned long long)off);
 }
 
@@ -193,7 +193,7 @@ truncated(const char *key, uint64_t got, uint64_t want, uint64_t off)
  * from byte s0 on, into the batch (converted as they land for a converted field);
  * *delivered: the bytes delivered. */
 static zb_status
-raw_copy_out(exec *x, const zb_unit_geom *u, bfield *bf, size_t c0, size_t c1,
+raw_copy_out(exec *x, const zb__unit_geom *u, bfield *bf, size_t c0, size_t c1,
              const uint8_t *src, uint64_t s0, uint64_t *delivered)
 {
     const copy *cp = &x->p->copies[c0];
@@ -208,20 +208,20 @@ raw_copy_out(exec *x, const zb_unit_geom *u, bfield *bf, size_t c0, size_t c1,
         uint8_t *to = bf->data + c->dst_row * drb;
         const uint8_t *from = src + (c->src_row * srb - s0);
         if (conv)
-            ZB_TRY(zb_values_convert(to, bf->dtype, from, u->dtype, c->nrows * bf->row_elems,
+            ZB_TRY(zb__values_convert(to, bf->dtype, from, u->dtype, c->nrows * bf->row_elems,
                                   lut, nlut, u->path));
         else
             put_bytes(x->p, c->field, to, from, (size_t)n);
         total += n;
         if (rebased_here(x->p, c->field))
-            ZB_TRY(zb_rows_rebase(x->p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+            ZB_TRY(zb__rows_rebase(x->p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
     }
     x->t->stats.bytes_delivered += total;
     if (delivered) *delivered = total;
     return ZB_OK;
 }
 
-/* Serves the copies [c0, c1) of one raw unit (zb_unit_geom.raw_rows) that starts at byte
+/* Serves the copies [c0, c1) of one raw unit (zb__unit_geom.raw_rows) that starts at byte
  * `base` of the object `key` (0 for a chunk object, the inner chunk's offset in a shard): from
  * `obj` (the caller's view of the whole object) or a view of the store, else with reads merged
  * under ZB_MERGE_RAW_ROWS (copies come sorted by source row) into scratch, a lone copy read
@@ -232,7 +232,7 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
 {
     plan *p = x->p;
     const copy *cp = &p->copies[c0];
-    const zb_unit_geom *u = field_units(p, cp->field, cp->child);
+    const zb__unit_geom *u = field_units(p, cp->field, cp->child);
     bfield *bf = &p->b->fields[cp->field];
     uint64_t row_bytes = u->row_elems * u->itemsize; /* as stored */
     const int64_t *lut;
@@ -284,17 +284,17 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
         uint64_t e0 = s0 + p->copies[i].nrows * row_bytes;
         size_t k = i + 1;
         for (; k < c1; k++)
-            if (!zb_merge_joins(ZB_MERGE_RAW_ROWS, s0, &e0, p->copies[k].src_row * row_bytes,
+            if (!zb__merge_joins(ZB_MERGE_RAW_ROWS, s0, &e0, p->copies[k].src_row * row_bytes,
                                 p->copies[k].nrows * row_bytes))
                 break;
         uint64_t off = base + s0, len = e0 - s0;
         uint8_t *to = bf->data + p->copies[i].dst_row * bf->row_elems * bf->itemsize;
         /* a destination a few bytes off the source modulo the page slows the kernel's copy
-         * several-fold (zb_buf_for_read): such a lone copy goes through scratch too, as do
+         * several-fold (zb__buf_for_read): such a lone copy goes through scratch too, as do
          * converted values */
         uintptr_t skew = ((uintptr_t)to - (uintptr_t)off) & 4095;
         bool direct = !conv && k == i + 1 && (skew == 0 || (skew >= 64 && skew <= 4096 - 64));
-        if (!direct) ZB_TRY(zb_buf_for_read(&x->ctx->ws.fetch, off, (size_t)len, &to));
+        if (!direct) ZB_TRY(zb__buf_for_read(&x->ctx->ws.fetch, off, (size_t)len, &to));
         got = 0;
         zb_status st = zb_store_get(u->store, key, off, len, to, &got);
         if (st == ZB_E_NOTFOUND && i == c0 && base == 0) {
@@ -312,7 +312,7 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
             x->t->stats.bytes_delivered += len;
             const copy *c = &p->copies[i];
             if (rebased_here(p, c->field))
-                ZB_TRY(zb_rows_rebase(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+                ZB_TRY(zb__rows_rebase(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
         }
         i = k;
     }
@@ -325,12 +325,12 @@ static bool
 unit_cached(exec *x, const zb_array *a, const uint64_t *g)
 {
     return x->p->ds->cache &&
-           zb_cache_contains(x->p->ds->cache, a, zb_unit_linear(zb_array_units(a), g));
+           zb__cache_contains(x->p->ds->cache, a, zb__unit_linear(zb__array_units(a), g));
 }
 
 /* A unit a task must fetch: its bytes in the object, the copies it serves, its coordinates. */
 typedef struct want {
-    zb_span at; /* first: zb_merge_next reads wants as spans */
+    zb__span at; /* first: zb__merge_next reads wants as spans */
     size_t c0, c1;
     uint64_t g[ZB_MAX_DIMS];
 } want;
@@ -353,50 +353,50 @@ typedef struct wants {
     bool own;
 } wants;
 
-#define KEY_CAP 4600 /* a chunk key's bound (zb_meta_chunk_key) */
+#define KEY_CAP 4600 /* a chunk key's bound (zb__meta_chunk_key) */
 
 /* Fetches plain unit g (its object, whole: a view, or one read) and serves copies [c0, c1). */
 static zb_status
 plain_one(exec *x, const zb_array *a, const uint64_t *g, size_t c0, size_t c1, char *key,
           size_t cap)
 {
-    ZB_TRY(zb_array_unit_object(a, g, key, cap, NULL, NULL));
+    ZB_TRY(zb__array_unit_object(a, g, key, cap, NULL, NULL));
     const uint8_t *data = NULL;
     size_t len = 0;
     bool missing = false;
     void *tok = NULL;
-    ZB_TRY(zb_unit_fetch_whole(a, key, &x->ctx->ws.fetch, &data, &len, &missing, &tok,
+    ZB_TRY(zb__unit_fetch_whole(a, key, &x->ctx->ws.fetch, &data, &len, &missing, &tok,
                                &x->t->stats));
     zb_status st = serve_unit(x, c0, c1, g, data, len, missing, key, NULL);
-    zb_store_release(zb_array_units(a)->store, tok);
+    zb_store_release(zb__array_units(a)->store, tok);
     return st;
 }
 
 /* The unit rows [c0, c1) of a plain (unsharded) array: raw rows and cached units are served
  * at once, and so is every unit when ws->now (fetched as met); else the units to fetch are
- * listed in *ws (at: the whole object, up to zb_unit_fetch_bound bytes). */
+ * listed in *ws (at: the whole object, up to zb__unit_fetch_bound bytes). */
 static zb_status
 plain_collect(exec *x, size_t c0, size_t c1, wants *ws)
 {
     plan *p = x->p;
     const copy *cp = &p->copies[c0];
     const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
-    const zb_unit_geom *u = zb_array_units(a);
+    const zb__unit_geom *u = zb__array_units(a);
     ws->n = 0;
     ws->w = NULL;
     if (!ws->now) {
         uint64_t rows = 0;
         for (size_t i = c0; i < c1; i++)
             rows += i == c0 || p->copies[i].unit != p->copies[i - 1].unit;
-        ws->w = malloc((size_t)(rows * zb_unit_row_units(u)) * sizeof *ws->w + 1);
-        if (!ws->w) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        ws->w = malloc((size_t)(rows * zb__unit_row_units(u)) * sizeof *ws->w + 1);
+        if (!ws->w) return zb__err(ZB_E_NOMEM, "read_many: out of memory");
     }
     for (size_t i = c0, j; i < c1; i = j) {
         for (j = i + 1; j < c1 && p->copies[j].unit == p->copies[i].unit; j++) {}
         uint64_t g[ZB_MAX_DIMS] = {0};
         g[0] = p->copies[i].unit;
         if (u->raw_rows) { /* serve_raw converts as it copies */
-            ZB_TRY(zb_array_unit_object(a, g, ws->key, ws->cap, NULL, NULL));
+            ZB_TRY(zb__array_unit_object(a, g, ws->key, ws->cap, NULL, NULL));
             zb_status st = serve_raw(x, i, j, ws->key, 0, NULL, 0);
             if (st == ZB_E_NOTFOUND) st = serve_unit(x, i, j, g, NULL, 0, true, ws->key, NULL);
             ZB_TRY(st);
@@ -404,7 +404,7 @@ plain_collect(exec *x, size_t c0, size_t c1, wants *ws)
         }
         do {
             if (unit_cached(x, a, g)) {
-                ZB_TRY(zb_array_unit_object(a, g, ws->key, ws->cap, NULL, NULL));
+                ZB_TRY(zb__array_unit_object(a, g, ws->key, ws->cap, NULL, NULL));
                 ZB_TRY(serve_unit(x, i, j, g, NULL, 0, false, ws->key, NULL));
                 continue;
             }
@@ -413,7 +413,7 @@ plain_collect(exec *x, size_t c0, size_t c1, wants *ws)
                 continue;
             }
             want *w = &ws->w[ws->n++];
-            *w = (want){.at = {0, zb_unit_fetch_bound(a)}, .c0 = i, .c1 = j};
+            *w = (want){.at = {0, zb__unit_fetch_bound(a)}, .c0 = i, .c1 = j};
             memcpy(w->g, g, sizeof g);
         } while (u->ndim > 1 && next_other(g, u->grid, u->ndim));
     }
@@ -429,7 +429,7 @@ shard_walk(exec *x, size_t c0, size_t c1, const uint64_t *entries, uint64_t e_lo
 {
     plan *p = x->p;
     const zb_array *a = child_of(p->ds, p->copies[c0].child)->fields[p->copies[c0].field].arr;
-    const zb_unit_geom *u = zb_array_units(a);
+    const zb__unit_geom *u = zb__array_units(a);
     const char *key = ws->key;
     zb_status st = ZB_OK;
     for (size_t i = c0, j; i < c1 && st == ZB_OK; i = j) {
@@ -438,14 +438,14 @@ shard_walk(exec *x, size_t c0, size_t c1, const uint64_t *entries, uint64_t e_lo
         g[0] = p->copies[i].unit;
         do {
             uint64_t e;
-            st = zb_array_unit_object(a, g, NULL, 0, NULL, &e); /* key: the task's shard */
+            st = zb__array_unit_object(a, g, NULL, 0, NULL, &e); /* key: the task's shard */
             if (st != ZB_OK) break;
             const uint64_t *ent = &entries[2 * (e - e_lo)]; /* the task's part of the index */
             if (ent[0] == ZB_SHARD_EMPTY) {
                 st = serve_unit(x, i, j, g, NULL, 0, true, key, NULL);
             } else if (u->raw_rows) {
                 if (ent[1] != u->unit_bytes)
-                    st = zb_err(ZB_E_CORRUPT, "%s: inner chunk at offset %llu holds %llu bytes, "
+                    st = zb__err(ZB_E_CORRUPT, "%s: inner chunk at offset %llu holds %llu bytes, "
                                 "expected %llu", key, (unsigned long long)ent[0],
                                 (unsigned long long)ent[1], (unsigned long long)u->unit_bytes);
                 else
@@ -472,7 +472,7 @@ shard_collect(exec *x, size_t c0, size_t c1, wants *ws)
     plan *p = x->p;
     const copy *cp = &p->copies[c0];
     const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
-    const zb_unit_geom *u = zb_array_units(a);
+    const zb__unit_geom *u = zb__array_units(a);
     /* the task's unit rows, and the index entries they cover: the shard's inner chunks are
      * numbered in C order, so rows [r_lo, r_hi] of it hold entries [r_lo * m, (r_hi + 1) * m)
      * with m the inner chunks per row */
@@ -491,16 +491,16 @@ shard_collect(exec *x, size_t c0, size_t c1, wants *ws)
     void *obj_tok = NULL;
     uint64_t *entries = malloc((size_t)(2 * e_n * sizeof(uint64_t)));
     ws->n = 0;
-    ws->w = malloc(rows_u * (size_t)zb_unit_row_units(u) * sizeof *ws->w + 1);
+    ws->w = malloc(rows_u * (size_t)zb__unit_row_units(u) * sizeof *ws->w + 1);
     if (!entries || !ws->w) {
         free(entries);
-        return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        return zb__err(ZB_E_NOMEM, "read_many: out of memory");
     }
     uint64_t g[ZB_MAX_DIMS] = {0};
     g[0] = cp->unit;
-    zb_status st = zb_array_unit_object(a, g, ws->key, ws->cap, NULL, NULL);
+    zb_status st = zb__array_unit_object(a, g, ws->key, ws->cap, NULL, NULL);
     if (st == ZB_OK)
-        st = zb_unit_shard_entries(a, x->ctx, p->ds->index_cache, g, e_lo, e_n, entries,
+        st = zb__unit_shard_entries(a, x->ctx, p->ds->index_cache, g, e_lo, e_n, entries,
                                    &x->t->stats);
     /* raw inner chunks: one view of the whole shard serves every unit of the task */
     if (st == ZB_OK && u->raw_rows) {
@@ -528,17 +528,17 @@ shard_serve(exec *x, const zb_array *a, const wants *ws)
     zb_status st = ZB_OK;
     for (size_t i = 0, k; i < ws->n && st == ZB_OK; i = k) {
         uint64_t ms, me;
-        k = zb_merge_next(ws->w, sizeof *ws->w, i, ws->n, ZB_MERGE_UNITS, &ms, &me);
+        k = zb__merge_next(ws->w, sizeof *ws->w, i, ws->n, ZB_MERGE_UNITS, &ms, &me);
         const uint8_t *dst = NULL;
         void *tok = NULL;
-        st = zb_unit_fetch(a, ws->key, ms, me - ms, &x->ctx->ws.fetch, &dst, &tok,
+        st = zb__unit_fetch(a, ws->key, ms, me - ms, &x->ctx->ws.fetch, &dst, &tok,
                            &x->t->stats);
         for (size_t j = i; st == ZB_OK && j < k; j++) {
             const want *w = &ws->w[j];
             st = serve_unit(x, w->c0, w->c1, w->g, dst + (w->at.off - ms), (size_t)w->at.len,
                             false, ws->key, NULL);
         }
-        zb_store_release(zb_array_units(a)->store, tok);
+        zb_store_release(zb__array_units(a)->store, tok);
     }
     return st;
 }
@@ -551,7 +551,7 @@ run_units(exec *x, size_t c0, size_t c1)
     const zb_array *a = child_of(x->p->ds, cp->child)->fields[cp->field].arr;
     char key[KEY_CAP];
     wants ws = {.now = true, .key = key, .cap = sizeof key};
-    if (zb_array_units(a)->kind == ZB_UNITS_PLAIN) return plain_collect(x, c0, c1, &ws);
+    if (zb__array_units(a)->kind == ZB_UNITS_PLAIN) return plain_collect(x, c0, c1, &ws);
     zb_status st = shard_collect(x, c0, c1, &ws);
     if (st == ZB_OK) st = shard_serve(x, a, &ws);
     free(ws.w);
@@ -568,7 +568,7 @@ run_rows(exec *x, size_t c0, size_t c1)
     plan *p = x->p;
     const copy *cp = &p->copies[c0];
     const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
-    const zb_unit_geom *u = zb_array_units(a);
+    const zb__unit_geom *u = zb__array_units(a);
     bfield *bf = &p->b->fields[cp->field];
     const int64_t *lut;
     uint64_t nlut;
@@ -586,7 +586,7 @@ run_rows(exec *x, size_t c0, size_t c1)
     if (c1 - c0 == 1 && !conv) {
         band = bf->data + cp->dst_row * row_bytes;
     } else {
-        ZB_TRY(zb_buf_reserve(&x->ctx->ws.unit, bytes ? bytes : 1));
+        ZB_TRY(zb__buf_reserve(&x->ctx->ws.unit, bytes ? bytes : 1));
         band = x->ctx->ws.unit.data;
     }
     zb_ctx_stats before = x->ctx->stats;
@@ -600,7 +600,7 @@ run_rows(exec *x, size_t c0, size_t c1)
         const copy *c = &p->copies[i];
         uint64_t r0 = c->unit * u->inner[0] + c->src_row;
         if (conv)
-            ZB_TRY(zb_values_convert(bf->data + c->dst_row * row_bytes, bf->dtype,
+            ZB_TRY(zb__values_convert(bf->data + c->dst_row * row_bytes, bf->dtype,
                                   band + (r0 - lo) * src_row_bytes, u->dtype,
                                   c->nrows * bf->row_elems, lut, nlut, u->path));
         else if (c1 - c0 > 1)
@@ -608,7 +608,7 @@ run_rows(exec *x, size_t c0, size_t c1)
                    (size_t)c->nrows * row_bytes);
         x->t->stats.bytes_delivered += c->nrows * row_bytes;
         if (rebased_here(p, c->field))
-            ZB_TRY(zb_rows_rebase(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+            ZB_TRY(zb__rows_rebase(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
     }
     return ZB_OK;
 }
@@ -626,7 +626,7 @@ static bool
 task_listed(const plan *p, const task *t)
 {
     const zb_array *a = task_array(p, t);
-    return zb_array_units(a)->kind != ZB_UNITS_ROWS && zb_unit_lists_ranges(a);
+    return zb__array_units(a)->kind != ZB_UNITS_ROWS && zb__unit_lists_ranges(a);
 }
 
 /* Runs one task of the in-place path (listed tasks are left to run_listed). */
@@ -637,9 +637,9 @@ run_task(void *arg, zb_ctx *ctx)
     plan *p = x->p;
     x->ctx = ctx;
     const zb_array *a = task_array(p, x->t);
-    if (zb_unit_lists_ranges(a) && zb_array_units(a)->kind != ZB_UNITS_ROWS) return;
+    if (zb__unit_lists_ranges(a) && zb__array_units(a)->kind != ZB_UNITS_ROWS) return;
     zb_status st;
-    if (zb_array_units(a)->kind == ZB_UNITS_ROWS)
+    if (zb__array_units(a)->kind == ZB_UNITS_ROWS)
         st = run_rows(x, x->t->c0, x->t->c1);
     else
         st = run_units(x, x->t->c0, x->t->c1);
@@ -657,7 +657,7 @@ run_drain(void *arg, zb_ctx *ctx)
 {
     drain *d = arg;
     for (size_t t; (t = atomic_fetch_add(&d->next, 1)) < d->n;) run_task(&d->xs[t], ctx);
-    zb_stream_fence(); /* this worker's streamed rows before the request completes */
+    zb__stream_fence(); /* this worker's streamed rows before the request completes */
 }
 
 /* ---- the listed path ------------------------------------------------------------------------ */
@@ -698,7 +698,7 @@ serve_read(void *arg, zb_ctx *ctx)
     rd->x.ctx = ctx;
     const zb_range *r = rd->r;
     zb_status st = ZB_OK;
-    bool plain = zb_array_units(rd->a)->kind == ZB_UNITS_PLAIN;
+    bool plain = zb__array_units(rd->a)->kind == ZB_UNITS_PLAIN;
     if (plain) {
         /* a missing object is fill; one that filled the bound is fetched again whole */
         const want *w = rd->w;
@@ -714,7 +714,7 @@ serve_read(void *arg, zb_ctx *ctx)
                         (size_t)w->at.len, false, rd->key, NULL);
     }
     if (st != ZB_OK) task_fail(&rd->t, st);
-    zb_stream_fence();
+    zb__stream_fence();
 }
 
 /* A range completed (on the calling thread): its units go to the pool. */
@@ -725,7 +725,7 @@ read_done(void *arg, size_t i)
     lread *rd = &l->reads[l->order[l->base + i]];
     const zb_range *r = rd->r;
     l->ndone++;
-    bool plain = zb_array_units(rd->a)->kind == ZB_UNITS_PLAIN;
+    bool plain = zb__array_units(rd->a)->kind == ZB_UNITS_PLAIN;
     if (r->status != ZB_OK && !(plain && r->status == ZB_E_NOTFOUND)) {
         task_fail(&rd->t, r->status); /* the message describes range i during this call */
         return 0;
@@ -735,7 +735,7 @@ read_done(void *arg, size_t i)
         rd->t.stats.bytes_fetched += r->nread;
     }
     if (l->pooled)
-        zb_pool_submit(l->p->ds->pool, serve_read, rd);
+        zb__pool_submit(l->p->ds->pool, serve_read, rd);
     else
         serve_read(rd, l->p->ctx);
     return 0;
@@ -747,20 +747,20 @@ list_task(listed *l, size_t t, size_t *nr, uint64_t *bytes)
 {
     wants *ws = &l->ws[t];
     const zb_array *a = task_array(l->p, &l->p->tasks[t]);
-    bool plain = zb_array_units(a)->kind == ZB_UNITS_PLAIN;
+    bool plain = zb__array_units(a)->kind == ZB_UNITS_PLAIN;
     for (size_t i = 0, k; i < ws->n; i = k) {
         uint64_t ms = ws->w[i].at.off, me = ms + ws->w[i].at.len;
         k = i + 1;
-        if (!plain) k = zb_merge_next(ws->w, sizeof *ws->w, i, ws->n, ZB_MERGE_UNITS, &ms, &me);
+        if (!plain) k = zb__merge_next(ws->w, sizeof *ws->w, i, ws->n, ZB_MERGE_UNITS, &ms, &me);
         if (l->reads) {
             lread *rd = &l->reads[*nr];
             *rd = (lread){.x = {l->p, &rd->t, NULL}, .a = a, .w = &ws->w[i], .nw = k - i,
                           .key = ws->key, .off = ms, .len = me - ms};
             if (plain) {
-                ZB_TRY(zb_array_unit_object(a, ws->w[i].g, ws->key, ws->cap, NULL, NULL));
+                ZB_TRY(zb__array_unit_object(a, ws->w[i].g, ws->key, ws->cap, NULL, NULL));
                 rd->key = strdup(ws->key);
                 rd->own_key = true;
-                if (!rd->key) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+                if (!rd->key) return zb__err(ZB_E_NOMEM, "read_many: out of memory");
             }
         }
         (*nr)++;
@@ -781,7 +781,7 @@ collect_listed(listed *l)
         if (!task_listed(p, &p->tasks[t])) continue;
         exec x = {p, &p->tasks[t], p->ctx};
         const zb_array *a = task_array(p, &p->tasks[t]);
-        bool plain = zb_array_units(a)->kind == ZB_UNITS_PLAIN;
+        bool plain = zb__array_units(a)->kind == ZB_UNITS_PLAIN;
         wants *ws = &l->ws[t];
         ws->key = l->keybuf; /* plain tasks keep it as scratch (each read has its own key) */
         ws->cap = sizeof l->keybuf;
@@ -791,7 +791,7 @@ collect_listed(listed *l)
             ws->key = strdup(l->keybuf);
             ws->cap = strlen(l->keybuf) + 1;
             ws->own = ws->key != NULL;
-            if (!ws->key) st = zb_err(ZB_E_NOMEM, "read_many: out of memory");
+            if (!ws->key) st = zb__err(ZB_E_NOMEM, "read_many: out of memory");
         }
         if (st != ZB_OK) return task_fail(&p->tasks[t], st);
         ZB_TRY(list_task(l, t, &nr, &bytes));
@@ -802,7 +802,7 @@ collect_listed(listed *l)
     l->order = calloc(nr + 1, sizeof *l->order);
     l->buf = malloc(bytes + 1);
     if (!l->reads || !l->ranges || !l->order || !l->buf)
-        return zb_err(ZB_E_NOMEM, "read_many: out of memory for %llu bytes of range reads",
+        return zb__err(ZB_E_NOMEM, "read_many: out of memory for %llu bytes of range reads",
                       (unsigned long long)bytes);
     nr = 0;
     bytes = 0;
@@ -824,8 +824,8 @@ fetch_listed(listed *l)
         size_t n0 = done;
         for (size_t i = 0; i < l->nreads; i++) {
             lread *rd = &l->reads[i];
-            if (rd->r || (store && zb_array_units(rd->a)->store != store)) continue;
-            store = zb_array_units(rd->a)->store;
+            if (rd->r || (store && zb__array_units(rd->a)->store != store)) continue;
+            store = zb__array_units(rd->a)->store;
             rd->r = &l->ranges[done];
             *rd->r = (zb_range){.key = rd->key, .offset = rd->off, .length = rd->len,
                                 .dst = l->buf + at};
@@ -896,12 +896,12 @@ run_listed(plan *p)
 {
     listed l = {.p = p, .pooled = p->work > p->ds->opts.inline_work_bytes};
     l.ws = calloc(p->ntasks + 1, sizeof *l.ws);
-    zb_status st = l.ws ? collect_listed(&l) : zb_err(ZB_E_NOMEM, "read_many: out of memory");
+    zb_status st = l.ws ? collect_listed(&l) : zb__err(ZB_E_NOMEM, "read_many: out of memory");
     if (st == ZB_OK) {
         if (l.pooled) pthread_mutex_lock(&p->ds->pool_mu);
         st = fetch_listed(&l);
         if (l.pooled) {
-            zb_pool_wait(p->ds->pool);
+            zb__pool_wait(p->ds->pool);
             pthread_mutex_unlock(&p->ds->pool_mu);
         }
     }
@@ -932,19 +932,19 @@ run_in_place(plan *p, exec *xs)
         return;
     }
     pthread_mutex_lock(&p->ds->pool_mu);
-    size_t jobs = (size_t)zb_pool_threads(p->ds->pool);
+    size_t jobs = (size_t)zb__pool_threads(p->ds->pool);
     if (jobs > p->ntasks) jobs = p->ntasks;
-    for (size_t j = 0; j < jobs; j++) zb_pool_submit(p->ds->pool, run_drain, &dr);
-    zb_pool_wait(p->ds->pool);
+    for (size_t j = 0; j < jobs; j++) zb__pool_submit(p->ds->pool, run_drain, &dr);
+    zb__pool_wait(p->ds->pool);
     pthread_mutex_unlock(&p->ds->pool_mu);
 }
 
 zb_status
-zb_exec_run(plan *p)
+zb__exec_run(plan *p)
 {
-    zb_plan_mem *m = p->m;
+    zb__plan_mem *m = p->m;
     if (!grow_array((void **)&m->xs, &m->xs_cap, p->ntasks + 1, sizeof *m->xs))
-        return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        return zb__err(ZB_E_NOMEM, "read_many: out of memory");
     bool any_listed = false;
     for (size_t t = 0; t < p->ntasks; t++) {
         m->xs[t] = (exec){p, &p->tasks[t], NULL};
@@ -966,7 +966,7 @@ zb_exec_run(plan *p)
     for (size_t t = 0; t < p->ntasks; t++)
         if (p->tasks[t].st != ZB_OK) {
             const char *msg = p->tasks[t].msg;
-            return zb_err(p->tasks[t].st, "%s", msg ? msg : "read_many: a read failed");
+            return zb__err(p->tasks[t].st, "%s", msg ? msg : "read_many: a read failed");
         }
     return ZB_OK;
 }

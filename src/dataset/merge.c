@@ -31,10 +31,10 @@ is_int(zb_dtype t)
 }
 
 /* What differs between field a (of the first child) and b, or NULL. Categorical codes may
- * differ in width: the collection delivers them in one (zb_dataset_field_dtype); other values
+ * differ in width: the collection delivers them in one (zb__dataset_field_dtype); other values
  * are compared as delivered (a uint8 X/data delivered as float32 joins a float32 one). */
 static const char *
-field_difference(const zb_field *a, const zb_field *b)
+field_difference(const zb__field *a, const zb__field *b)
 {
     if (strcmp(a->name, b->name)) return "name";
     if (a->kind != b->kind) return "kind";
@@ -79,41 +79,41 @@ check_same_fields(const zb_dataset *ds, zb_status code)
         const zb_dataset *ch = ds->children[c];
         const char *nc = zb_dataset_name(ch);
         if (strcmp(ch->layout, c0->layout))
-            return zb_err(code, "%s and %s: layouts differ (%s and %s)", n0, nc, c0->layout,
+            return zb__err(code, "%s and %s: layouts differ (%s and %s)", n0, nc, c0->layout,
                           ch->layout);
         if (ch->n_vars != c0->n_vars)
-            return zb_err(code, "%s and %s: n_vars differ (%llu and %llu)", n0, nc,
+            return zb__err(code, "%s and %s: n_vars differ (%llu and %llu)", n0, nc,
                           (unsigned long long)c0->n_vars, (unsigned long long)ch->n_vars);
         size_t nf = c0->nfields < ch->nfields ? c0->nfields : ch->nfields;
         for (size_t f = 0; f < nf; f++) {
-            const zb_field *a = &c0->fields[f], *b = &ch->fields[f];
+            const zb__field *a = &c0->fields[f], *b = &ch->fields[f];
             const char *what = field_difference(a, b);
             if (what)
-                return zb_err(code, "%s and %s: field %zu differs in %s: %s (%s%s) and %s (%s%s)",
+                return zb__err(code, "%s and %s: field %zu differs in %s: %s (%s%s) and %s (%s%s)",
                               n0, nc, f, what, a->name, a->categorical ? "codes " : "",
                               zb_dtype_name(a->out_dtype), b->name,
                               b->categorical ? "codes " : "", zb_dtype_name(b->out_dtype));
         }
         if (ch->nfields != c0->nfields) {
             const zb_dataset *more = ch->nfields > c0->nfields ? ch : c0;
-            return zb_err(code, "%s and %s: only %s has field %s", n0, nc, zb_dataset_name(more),
+            return zb__err(code, "%s and %s: only %s has field %s", n0, nc, zb_dataset_name(more),
                           more->fields[nf].name);
         }
         bool same = ch->nsegs == c0->nsegs && ch->ncols == c0->ncols;
         for (size_t s = 0; same && s < c0->nsegs; s++)
             same = !strcmp(c0->segs[s].name, ch->segs[s].name);
         if (!same)
-            return zb_err(code, "%s and %s: their segments or obs columns differ (%zu and %zu "
+            return zb__err(code, "%s and %s: their segments or obs columns differ (%zu and %zu "
                           "columns)", n0, nc, c0->ncols, ch->ncols);
         for (size_t k = 0; k < c0->ncols; k++) {
-            const zb_column *a = &c0->cols[k], *b = &ch->cols[k];
+            const zb__column *a = &c0->cols[k], *b = &ch->cols[k];
             if (strcmp(a->name, b->name))
-                return zb_err(code, "%s and %s: obs column %zu is %s in one and %s in the other",
+                return zb__err(code, "%s and %s: obs column %zu is %s in one and %s in the other",
                               n0, nc, k, a->name, b->name);
             /* a string column with missing values in one child only is nullable in the
              * collection (zb_dataset_column); each child's own flags are read */
             if (a->kind != b->kind && !(is_string_kind(a->kind) && is_string_kind(b->kind)))
-                return zb_err(code, "%s and %s: obs column %s is encoded differently (%s and "
+                return zb__err(code, "%s and %s: obs column %s is encoded differently (%s and "
                               "%s)", n0, nc, a->name, column_kind_name(a->kind),
                               column_kind_name(b->kind));
         }
@@ -139,25 +139,25 @@ string_at_equal(const zb_strings *a, uint64_t i, const zb_strings *b, uint64_t j
 /* Child c's genes, which differ from the first child's at position `at`, in the first child's
  * order: ds->vars.lut[c] (reorder_vars), or the refusal naming both. */
 static zb_status
-reorder_child(zb_dataset *ds, size_t c, const zb_strmap *m0, const zb_strings *v0,
+reorder_child(zb_dataset *ds, size_t c, const zb__strmap *m0, const zb_strings *v0,
               const zb_strings *vc, uint64_t at, zb_status code)
 {
     const char *n0 = zb_dataset_name(ds->children[0]), *nc = zb_dataset_name(ds->children[c]);
     if (!ds->opts.reorder_vars)
-        return zb_err(code, "%s and %s: var names differ at position %llu ('%.*s' and '%.*s'); "
+        return zb__err(code, "%s and %s: var names differ at position %llu ('%.*s' and '%.*s'); "
                       "reorder_vars delivers the second in the first's gene order", n0, nc,
                       (unsigned long long)at, STR_ARG(v0, at), STR_ARG(vc, at));
     int64_t *lut = malloc((size_t)(vc->n ? vc->n : 1) * sizeof *lut);
     uint8_t *seen = calloc((size_t)vc->n + 1, 1);
-    zb_status st = lut && seen ? ZB_OK : zb_err(ZB_E_NOMEM, "%s: out of memory", nc);
+    zb_status st = lut && seen ? ZB_OK : zb__err(ZB_E_NOMEM, "%s: out of memory", nc);
     for (uint64_t j = 0; j < vc->n && st == ZB_OK; j++) {
-        int64_t k = zb_strmap_find(m0, vc->data + vc->offsets[j],
+        int64_t k = zb__strmap_find(m0, vc->data + vc->offsets[j],
                                    (size_t)(vc->offsets[j + 1] - vc->offsets[j]));
         if (k < 0)
-            st = zb_err(code, "%s: gene '%.*s' (position %llu) is not among the var names of %s",
+            st = zb__err(code, "%s: gene '%.*s' (position %llu) is not among the var names of %s",
                         nc, STR_ARG(vc, j), (unsigned long long)j, n0);
         else if (seen[k])
-            st = zb_err(code, "%s: gene '%.*s' appears twice (the second at position %llu)", nc,
+            st = zb__err(code, "%s: gene '%.*s' appears twice (the second at position %llu)", nc,
                         STR_ARG(vc, j), (unsigned long long)j);
         else {
             seen[k] = 1;
@@ -182,13 +182,13 @@ check_vars(zb_dataset *ds, zb_status code)
     if (!c0->var_index) return ZB_OK; /* not anndata, or no var index: nothing to compare */
     const zb_strings *v0 = NULL;
     ZB_TRY(zb_dataset_var_names(c0, &v0));
-    zb_strmap m0 = {0};
+    zb__strmap m0 = {0};
     zb_status st = ZB_OK;
     for (size_t c = 1; c < ds->nchildren && st == ZB_OK; c++) {
         zb_dataset *ch = ds->children[c];
         const zb_strings *vc = NULL;
         if (!ch->var_index) {
-            st = zb_err(code, "%s and %s: only the first has var names", zb_dataset_name(c0),
+            st = zb__err(code, "%s and %s: only the first has var names", zb_dataset_name(c0),
                         zb_dataset_name(ch));
             break;
         }
@@ -199,24 +199,24 @@ check_vars(zb_dataset *ds, zb_status code)
         if (!ds->vars.lut) {
             uint64_t dup = UINT64_MAX;
             ds->vars.lut = calloc(ds->nchildren, sizeof *ds->vars.lut);
-            st = ds->vars.lut ? zb_strmap_build(&m0, v0, &dup)
-                              : zb_err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
+            st = ds->vars.lut ? zb__strmap_build(&m0, v0, &dup)
+                              : zb__err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
             if (st == ZB_OK && dup != UINT64_MAX && ds->opts.reorder_vars)
-                st = zb_err(code, "%s: gene '%.*s' appears twice (the second at position %llu): "
+                st = zb__err(code, "%s: gene '%.*s' appears twice (the second at position %llu): "
                             "genes cannot be matched by name", zb_dataset_name(c0),
                             STR_ARG(v0, dup), (unsigned long long)dup);
             if (st != ZB_OK) break;
         }
         st = reorder_child(ds, c, &m0, v0, vc, at, code);
     }
-    zb_strmap_free(&m0);
+    zb__strmap_free(&m0);
     return st;
 }
 
 /* ---- category tables ------------------------------------------------------------------------- */
 
 static bool
-tables_equal(const zb_cattab *a, const zb_cattab *b)
+tables_equal(const zb__cattab *a, const zb__cattab *b)
 {
     if (a->dtype != b->dtype || a->n != b->n) return false;
     if (a->dtype != ZB_DT_STRING)
@@ -270,7 +270,7 @@ cmp_label(const void *x, const void *y, void *arg)
 }
 
 static label
-label_at(const zb_cattab *t, uint64_t i)
+label_at(const zb__cattab *t, uint64_t i)
 {
     if (t->dtype == ZB_DT_STRING)
         return (label){(const uint8_t *)t->strings.data + t->strings.offsets[i],
@@ -299,16 +299,16 @@ wider(zb_dtype a, zb_dtype b)
 /* The sorted union of every child's table of field f into `out` (anndata.concat's table for
  * categoricals that differ). */
 static zb_status
-union_tables(zb_dataset *ds, size_t f, zb_cattab *out)
+union_tables(zb_dataset *ds, size_t f, zb__cattab *out)
 {
     zb_dtype dt = ds->children[0]->fields[f].cats.dtype;
     uint64_t total = 0;
     for (size_t c = 0; c < ds->nchildren; c++) total += ds->children[c]->fields[f].cats.n;
     label *all = malloc((size_t)(total ? total : 1) * sizeof *all);
-    if (!all) return zb_err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
+    if (!all) return zb__err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
     uint64_t n = 0;
     for (size_t c = 0; c < ds->nchildren; c++) {
-        const zb_cattab *t = &ds->children[c]->fields[f].cats;
+        const zb__cattab *t = &ds->children[c]->fields[f].cats;
         for (uint64_t i = 0; i < t->n; i++) all[n++] = label_at(t, i);
     }
     qsort_r(all, (size_t)n, sizeof *all, cmp_label, &dt);
@@ -326,7 +326,7 @@ union_tables(zb_dataset *ds, size_t f, zb_cattab *out)
         out->strings.offsets = malloc((size_t)(m + 1) * sizeof(uint64_t));
         out->strings.data = malloc((size_t)bytes + 1);
         if (!out->strings.offsets || !out->strings.data) {
-            st = zb_err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
+            st = zb__err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
         } else {
             out->strings.n = m;
             out->strings.offsets[0] = 0;
@@ -337,12 +337,12 @@ union_tables(zb_dataset *ds, size_t f, zb_cattab *out)
         }
     } else {
         out->values = malloc((size_t)(m ? m : 1) * isz);
-        if (!out->values) st = zb_err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
+        if (!out->values) st = zb__err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
         for (uint64_t i = 0; st == ZB_OK && i < m; i++)
             memcpy(out->values + i * isz, all[i].p, isz);
     }
     free(all);
-    if (st != ZB_OK) zb_cattab_free(out);
+    if (st != ZB_OK) zb__cattab_free(out);
     return st;
 }
 
@@ -365,9 +365,9 @@ find_label(const label *l, const label *sorted, uint64_t n, zb_dtype *dt)
 
 /* Child c's table of field f as positions in the collection's table `to` (sorted). */
 static zb_status
-table_lut(zb_dataset *ds, size_t f, size_t c, const zb_cattab *to, int64_t **lut)
+table_lut(zb_dataset *ds, size_t f, size_t c, const zb__cattab *to, int64_t **lut)
 {
-    const zb_cattab *t = &ds->children[c]->fields[f].cats;
+    const zb__cattab *t = &ds->children[c]->fields[f].cats;
     zb_dtype dt = to->dtype;
     label *sorted = malloc((size_t)(to->n ? to->n : 1) * sizeof *sorted);
     *lut = malloc((size_t)(t->n ? t->n : 1) * sizeof **lut);
@@ -375,7 +375,7 @@ table_lut(zb_dataset *ds, size_t f, size_t c, const zb_cattab *to, int64_t **lut
         free(sorted);
         free(*lut);
         *lut = NULL;
-        return zb_err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
+        return zb__err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
     }
     for (uint64_t i = 0; i < to->n; i++) sorted[i] = label_at(to, i);
     bool identity = t->n == to->n;
@@ -397,18 +397,18 @@ table_lut(zb_dataset *ds, size_t f, size_t c, const zb_cattab *to, int64_t **lut
 static zb_status
 merge_field(zb_dataset *ds, size_t f, zb_status code)
 {
-    zb_fieldmap *m = &ds->maps[f];
+    zb__fieldmap *m = &ds->maps[f];
     zb_dataset *c0 = ds->children[0];
-    const zb_field *f0 = &c0->fields[f];
+    const zb__field *f0 = &c0->fields[f];
     m->dtype = f0->out_dtype;
     if (!f0->categorical) return ZB_OK;
     bool same = true;
     for (size_t c = 0; c < ds->nchildren; c++) {
         zb_dataset *ch = ds->children[c];
-        zb_field *fc = &ch->fields[f];
-        ZB_TRY(zb_field_load_categories(ch, fc));
+        zb__field *fc = &ch->fields[f];
+        ZB_TRY(zb__field_load_categories(ch, fc));
         if (fc->cats.dtype != f0->cats.dtype)
-            return zb_err(code, "%s and %s: the categories of %s are %s and %s",
+            return zb__err(code, "%s and %s: the categories of %s are %s and %s",
                           zb_dataset_name(c0), zb_dataset_name(ch), f0->name,
                           zb_dtype_name(f0->cats.dtype), zb_dtype_name(fc->cats.dtype));
         same = same && tables_equal(&f0->cats, &fc->cats);
@@ -424,7 +424,7 @@ merge_field(zb_dataset *ds, size_t f, zb_status code)
     }
     m->lut = calloc(ds->nchildren, sizeof *m->lut);
     m->nlut = calloc(ds->nchildren, sizeof *m->nlut);
-    if (!m->lut || !m->nlut) return zb_err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
+    if (!m->lut || !m->nlut) return zb__err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
     for (size_t c = 0; c < ds->nchildren && !same; c++) {
         ZB_TRY(table_lut(ds, f, c, m->table, &m->lut[c]));
         m->nlut[c] = ds->children[c]->fields[f].cats.n;
@@ -433,19 +433,19 @@ merge_field(zb_dataset *ds, size_t f, zb_status code)
 }
 
 zb_status
-zb_collection_merge(zb_dataset *ds, zb_status code)
+zb__collection_merge(zb_dataset *ds, zb_status code)
 {
     ZB_TRY(check_same_fields(ds, code));
     ZB_TRY(check_vars(ds, code));
     size_t nf = ds->children[0]->nfields;
     ds->maps = calloc(nf + 1, sizeof *ds->maps);
-    if (!ds->maps) return zb_err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
+    if (!ds->maps) return zb__err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
     for (size_t f = 0; f < nf; f++) ZB_TRY(merge_field(ds, f, code));
     return ZB_OK;
 }
 
 zb_dtype
-zb_dataset_field_dtype(const zb_dataset *ds, size_t f)
+zb__dataset_field_dtype(const zb_dataset *ds, size_t f)
 {
     if (ds->maps) return ds->maps[f].dtype;
     return (ds->nchildren ? ds->children[0] : ds)->fields[f].out_dtype;
@@ -466,7 +466,7 @@ store_int(void *p, zb_dtype dt, int64_t v)
 }
 
 zb_status
-zb_codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
+zb__codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
                  const int64_t *lut, uint64_t nlut, const char *what)
 {
     size_t si = zb_dtype_size(from), di = zb_dtype_size(to);
@@ -474,10 +474,10 @@ zb_codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_
     uint8_t *d = dst;
     for (uint64_t i = 0; i < n; i++, s += si, d += di) {
         int64_t v;
-        zb_load_int(s, from, &v);
+        zb__load_int(s, from, &v);
         if (lut && v != -1) {
             if (v < 0 || (uint64_t)v >= nlut)
-                return zb_err(ZB_E_CORRUPT, "%s: code %lld outside its %llu categories", what,
+                return zb__err(ZB_E_CORRUPT, "%s: code %lld outside its %llu categories", what,
                               (long long)v, (unsigned long long)nlut);
             v = lut[v];
         }
@@ -487,7 +487,7 @@ zb_codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_
 }
 
 void
-zb_var_reorder_dense(uint8_t *row, uint64_t n_vars, size_t itemsize, const int64_t *lut,
+zb__var_reorder_dense(uint8_t *row, uint64_t n_vars, size_t itemsize, const int64_t *lut,
                      uint8_t *scratch)
 {
     for (uint64_t j = 0; j < n_vars; j++)
@@ -517,23 +517,23 @@ sort_genes(gene_pos *a, gene_pos *tmp, uint64_t n, uint64_t n_vars)
 }
 
 zb_status
-zb_var_reorder_csr(void *idx, zb_dtype idx_dtype, uint8_t *vals, size_t itemsize, uint64_t nnz,
-                   const int64_t *lut, uint64_t n_vars, zb_buf *scratch, const char *what)
+zb__var_reorder_csr(void *idx, zb_dtype idx_dtype, uint8_t *vals, size_t itemsize, uint64_t nnz,
+                   const int64_t *lut, uint64_t n_vars, zb__buf *scratch, const char *what)
 {
     if (nnz == 0) return ZB_OK;
     if (n_vars > UINT32_MAX || nnz > UINT32_MAX)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: reorder_vars handles rows of up to 2^32 genes",
+        return zb__err(ZB_E_UNSUPPORTED, "%s: reorder_vars handles rows of up to 2^32 genes",
                       what);
     size_t isz = zb_dtype_size(idx_dtype);
     size_t pairs = (size_t)nnz * sizeof(gene_pos);
-    ZB_TRY(zb_buf_reserve(scratch, 2 * pairs + (size_t)nnz * itemsize));
+    ZB_TRY(zb__buf_reserve(scratch, 2 * pairs + (size_t)nnz * itemsize));
     gene_pos *a = (gene_pos *)(void *)scratch->data, *tmp = a + nnz;
     uint8_t *v = scratch->data + 2 * pairs;
     uint8_t *ix = idx;
     for (uint64_t k = 0; k < nnz; k++) {
         int64_t g;
-        if (!zb_load_int(ix + k * isz, idx_dtype, &g) || g < 0 || (uint64_t)g >= n_vars)
-            return zb_err(ZB_E_CORRUPT, "%s: gene id %lld outside [0, %llu)", what, (long long)g,
+        if (!zb__load_int(ix + k * isz, idx_dtype, &g) || g < 0 || (uint64_t)g >= n_vars)
+            return zb__err(ZB_E_CORRUPT, "%s: gene id %lld outside [0, %llu)", what, (long long)g,
                           (unsigned long long)n_vars);
         a[k] = (gene_pos){(uint32_t)lut[g], (uint32_t)k};
     }

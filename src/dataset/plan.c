@@ -1,10 +1,10 @@
 /* Planning a read (DESIGN.md §3, step 2), on the calling thread, no I/O beyond cached pointer
- * chunks: logical ids -> (child, physical row) (zb_plan_locate); per segment each sample's
+ * chunks: logical ids -> (child, physical row) (zb__plan_locate); per segment each sample's
  * element range and the batch pointer arrays; the batch's buffers; per field the runs of source
  * rows and their destination rows, split at unit bounds into copies and sorted so that every
  * unit the request touches appears once with all the copies it serves; the copies grouped into
  * tasks (a unit row, or a few unit rows of one shard); the re-base plan of index fields. The
- * plan's memory is kept by the dataset between requests (zb_plan_mem). */
+ * plan's memory is kept by the dataset between requests (zb__plan_mem). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +19,7 @@
 /* ---- the plan's memory --------------------------------------------------------------------- */
 
 static size_t
-plan_mem_bytes(const zb_plan_mem *m)
+plan_mem_bytes(const zb__plan_mem *m)
 {
     return m->copies_cap * sizeof *m->copies + m->keys_cap * sizeof *m->keys +
            m->sorted_cap * sizeof *m->sorted + m->tasks_cap * sizeof *m->tasks +
@@ -30,7 +30,7 @@ plan_mem_bytes(const zb_plan_mem *m)
 }
 
 static void
-plan_mem_free(zb_plan_mem *m)
+plan_mem_free(zb__plan_mem *m)
 {
     if (!m) return;
     free(m->copies);
@@ -48,16 +48,16 @@ plan_mem_free(zb_plan_mem *m)
     free(m);
 }
 
-zb_plan_mem *
-zb_plan_mem_take(zb_dataset *ds)
+zb__plan_mem *
+zb__plan_mem_take(zb_dataset *ds)
 {
     /* the one this thread used last, if kept: its lines may still be in this core's cache */
     pthread_t self = pthread_self();
     pthread_mutex_lock(&ds->plan_mu);
-    zb_plan_mem **pp = &ds->plan_free;
+    zb__plan_mem **pp = &ds->plan_free;
     while (*pp && !pthread_equal((*pp)->owner, self)) pp = &(*pp)->next;
     if (!*pp) pp = &ds->plan_free;
-    zb_plan_mem *m = *pp;
+    zb__plan_mem *m = *pp;
     if (m) {
         *pp = m->next;
         ds->plan_nfree--;
@@ -78,7 +78,7 @@ zb_plan_mem_take(zb_dataset *ds)
 }
 
 void
-zb_plan_mem_give(zb_dataset *ds, zb_plan_mem *m)
+zb__plan_mem_give(zb_dataset *ds, zb__plan_mem *m)
 {
     if (!m) return;
     if (plan_mem_bytes(m) <= PLAN_MEM_MAX_BYTES) {
@@ -95,11 +95,11 @@ zb_plan_mem_give(zb_dataset *ds, zb_plan_mem *m)
 }
 
 void
-zb_plan_mem_release_all(zb_dataset *ds)
+zb__plan_mem_release_all(zb_dataset *ds)
 {
-    zb_plan_mem *m = ds->plan_free;
+    zb__plan_mem *m = ds->plan_free;
     while (m) {
-        zb_plan_mem *n = m->next;
+        zb__plan_mem *n = m->next;
         plan_mem_free(m);
         m = n;
     }
@@ -112,7 +112,7 @@ push_copy(plan *p, copy c)
 {
     if (p->ncopies == p->cap &&
         !grow_array((void **)&p->copies, &p->cap, p->ncopies + 1, sizeof *p->copies))
-        return zb_err(ZB_E_NOMEM, "read_many: out of memory for the plan");
+        return zb__err(ZB_E_NOMEM, "read_many: out of memory for the plan");
     p->copies[p->ncopies++] = c;
     return ZB_OK;
 }
@@ -161,7 +161,7 @@ static bool
 copy_key(const plan *p, const copy *c, key_child *kc, uint64_t *key)
 {
     if (kc->child != (int64_t)c->child) {
-        const zb_unit_geom *u = field_units(p, c->field, c->child);
+        const zb__unit_geom *u = field_units(p, c->field, c->child);
         kc->child = c->child;
         kc->raw = u->raw_rows;
         kc->U = u->inner[0];
@@ -222,10 +222,10 @@ sort_copies(plan *p)
         qsort(p->copies, n, sizeof *p->copies, cmp_copy);
         return ZB_OK;
     }
-    zb_plan_mem *m = p->m;
+    zb__plan_mem *m = p->m;
     if (!grow_array((void **)&m->keys, &m->keys_cap, 2 * n, sizeof *m->keys) ||
         !grow_array((void **)&m->sorted, &m->sorted_cap, n, sizeof *m->sorted))
-        return zb_err(ZB_E_NOMEM, "read_many: out of memory sorting the plan");
+        return zb__err(ZB_E_NOMEM, "read_many: out of memory sorting the plan");
     for (size_t c0 = 0, c1; c0 < n; c0 = c1) {
         for (c1 = c0 + 1; c1 < n && p->copies[c1].field == p->copies[c0].field; c1++) {}
         sort_field(p, c0, c1, m->keys, m->keys + n, m->sorted);
@@ -239,8 +239,8 @@ static size_t
 task_end(const plan *p, size_t i)
 {
     const copy *c = &p->copies[i];
-    const zb_unit_geom *u = field_units(p, c->field, c->child);
-    zb_unit_kind pk = u->kind;
+    const zb__unit_geom *u = field_units(p, c->field, c->child);
+    zb__unit_kind pk = u->kind;
     /* the units [lo, hi) one task may span: c's unit row, or c's shard row */
     uint64_t lo = c->unit, hi = c->unit + 1;
     if (pk == ZB_UNITS_SHARD) {
@@ -273,13 +273,13 @@ make_tasks(plan *p)
         j = task_end(p, i);
         /* the work estimate: the decoded bytes of the task's unit rows */
         const copy *c = &p->copies[i];
-        const zb_unit_geom *u = field_units(p, c->field, c->child);
-        uint64_t rows = 1, row_bytes = u->unit_bytes * zb_unit_row_units(u);
+        const zb__unit_geom *u = field_units(p, c->field, c->child);
+        uint64_t rows = 1, row_bytes = u->unit_bytes * zb__unit_row_units(u);
         for (size_t k = i + 1; k < j; k++) rows += p->copies[k].unit != p->copies[k - 1].unit;
         p->work += rows * row_bytes;
         if (p->ntasks == p->tasks_cap &&
             !grow_array((void **)&p->tasks, &p->tasks_cap, p->ntasks + 1, sizeof *p->tasks))
-            return zb_err(ZB_E_NOMEM, "read_many: out of memory for tasks");
+            return zb__err(ZB_E_NOMEM, "read_many: out of memory for tasks");
         p->tasks[p->ntasks++] = (task){.c0 = i, .c1 = j};
     }
     return ZB_OK;
@@ -287,22 +287,22 @@ make_tasks(plan *p)
 
 
 void
-zb_plan_end(plan *p)
+zb__plan_end(plan *p)
 {
     for (size_t t = 0; t < p->ntasks; t++) free(p->tasks[t].msg);
-    zb_plan_mem *m = p->m;
+    zb__plan_mem *m = p->m;
     m->copies = p->copies;
     m->copies_cap = p->cap;
     m->tasks = p->tasks;
     m->tasks_cap = p->tasks_cap;
-    zb_plan_mem_give(p->ds, m);
+    zb__plan_mem_give(p->ds, m);
 }
 
 zb_status
-zb_plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child, uint64_t *phys)
+zb__plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child, uint64_t *phys)
 {
     if (id >= nlogical)
-        return zb_err(ZB_E_RANGE, "%s: sample id %llu outside [0, %llu)",
+        return zb__err(ZB_E_RANGE, "%s: sample id %llu outside [0, %llu)",
                       zb_dataset_name(ds), (unsigned long long)id,
                       (unsigned long long)nlogical);
     if (ds->nchildren) {
@@ -316,11 +316,11 @@ zb_plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *c
         }
         *child = (uint32_t)lo;
         zb_dataset *ch = ds->children[lo];
-        *phys = zb_mask_select(&ch->mask, id - ds->child_start[lo]);
+        *phys = zb__mask_select(&ch->mask, id - ds->child_start[lo]);
         return ZB_OK;
     }
     *child = 0;
-    *phys = zb_mask_select(&ds->mask, id);
+    *phys = zb__mask_select(&ds->mask, id);
     return ZB_OK;
 }
 
@@ -332,7 +332,7 @@ can_rebase_in_tasks(const zb_dataset *ds, size_t f)
 {
     size_t nc = ds->nchildren ? ds->nchildren : 1;
     for (size_t c = 0; c < nc; c++) {
-        const zb_unit_geom *u = zb_array_units(child_of(ds, (uint32_t)c)->fields[f].arr);
+        const zb__unit_geom *u = zb__array_units(child_of(ds, (uint32_t)c)->fields[f].arr);
         if (u->ndim > 2 && !u->spans_rows) return false;
     }
     return true;
@@ -345,18 +345,18 @@ plan_rebase(plan *p)
 {
     const zb_dataset *pr = child_of(p->ds, 0);
     zb_batch *b = p->b;
-    zb_plan_mem *m = p->m;
+    zb__plan_mem *m = p->m;
     size_t n = p->n, nidx = 0;
     for (size_t f = 0; f < pr->nfields; f++) nidx += pr->fields[f].kind == ZB_FIELD_INDEX;
     if (!nidx) return ZB_OK;
     if (!grow_array((void **)&m->rb, &m->rb_cap, pr->nfields, sizeof *m->rb) ||
         !grow_array((void **)&m->rb_vals, &m->rb_vals_cap, 3 * nidx * n + 1,
                     sizeof *m->rb_vals))
-        return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        return zb__err(ZB_E_NOMEM, "read_many: out of memory");
     p->rb = m->rb;
     int64_t *vals = m->rb_vals;
     for (size_t f = 0; f < pr->nfields; f++) {
-        const zb_field *fd = &pr->fields[f];
+        const zb__field *fd = &pr->fields[f];
         rebase *r = &p->rb[f];
         memset(r, 0, sizeof *r);
         if (fd->kind != ZB_FIELD_INDEX) continue;
@@ -383,15 +383,15 @@ plan_rebase(plan *p)
 /* ---- the request --------------------------------------------------------------------------- */
 
 zb_status
-zb_plan_begin(plan *p, zb_dataset *ds, size_t n)
+zb__plan_begin(plan *p, zb_dataset *ds, size_t n)
 {
     memset(p, 0, sizeof *p);
     const zb_dataset *pr = child_of(ds, 0);
-    zb_plan_mem *m = zb_plan_mem_take(ds);
+    zb__plan_mem *m = zb__plan_mem_take(ds);
     zb_batch *b = m ? calloc(1, sizeof *b) : NULL;
     if (!b) {
-        zb_plan_mem_give(ds, m);
-        return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        zb__plan_mem_give(ds, m);
+        return zb__err(ZB_E_NOMEM, "read_many: out of memory");
     }
     *p = (plan){.ds = ds, .b = b, .m = m, .copies = m->copies, .cap = m->copies_cap,
                 .tasks = m->tasks, .tasks_cap = m->tasks_cap, .n = n, .ctx = m->ctx};
@@ -413,7 +413,7 @@ zb_plan_begin(plan *p, zb_dataset *ds, size_t n)
     if (ds->nchildren) b->dataset = malloc((n + 1) * sizeof *b->dataset);
     if (!b->fields || !b->segs || !b->index || !p->child || !p->phys || !p->seg_start ||
         (ds->nchildren && !b->dataset))
-        return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        return zb__err(ZB_E_NOMEM, "read_many: out of memory");
     return ZB_OK;
 }
 
@@ -425,7 +425,7 @@ plan_ids(plan *p, const uint64_t *ids, uint64_t nlogical)
     uint64_t *phys = p->m->phys;
     zb_batch *b = p->b;
     for (size_t i = 0; i < p->n; i++) {
-        ZB_TRY(zb_plan_locate(p->ds, ids[i], nlogical, &child[i], &phys[i]));
+        ZB_TRY(zb__plan_locate(p->ds, ids[i], nlogical, &child[i], &phys[i]));
         b->index[i] = ids[i];
         if (b->dataset) b->dataset[i] = (int32_t)child[i];
     }
@@ -444,21 +444,21 @@ plan_segments(plan *p)
         bseg *bs = &b->segs[s];
         snprintf(bs->name, sizeof bs->name, "%s", pr->segs[s].name);
         bs->ptr = malloc((n + 1) * sizeof *bs->ptr);
-        if (!bs->ptr) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        if (!bs->ptr) return zb__err(ZB_E_NOMEM, "read_many: out of memory");
         bs->ptr[0] = 0;
         for (size_t i = 0; i < n; i++) {
-            zb_segment *seg = &((zb_dataset *)child_of(p->ds, p->child[i]))->segs[s];
+            zb__segment *seg = &((zb_dataset *)child_of(p->ds, p->child[i]))->segs[s];
             int64_t a0, a1;
-            ZB_TRY(zb_segment_get(seg, p->ctx, p->phys[i], &a0));
-            ZB_TRY(zb_segment_get(seg, p->ctx, p->phys[i] + 1, &a1));
+            ZB_TRY(zb__segment_get(seg, p->ctx, p->phys[i], &a0));
+            ZB_TRY(zb__segment_get(seg, p->ctx, p->phys[i] + 1, &a1));
             if (a1 < a0 || a0 < 0)
-                return zb_err(ZB_E_CORRUPT, "%s: pointers [%lld, %lld] at sample %llu are not "
-                              "monotone", zb_array_units(seg->ptr)->path, (long long)a0,
+                return zb__err(ZB_E_CORRUPT, "%s: pointers [%lld, %lld] at sample %llu are not "
+                              "monotone", zb__array_units(seg->ptr)->path, (long long)a0,
                               (long long)a1, (unsigned long long)p->phys[i]);
             seg_start[s * n + i] = a0;
             bs->ptr[i + 1] = bs->ptr[i] + (a1 - a0);
         }
-        ZB_TRY(zb_validate_segment(p->ds, s, n, b->index, p->child, p->phys, seg_start + s * n,
+        ZB_TRY(zb__validate_segment(p->ds, s, n, b->index, p->child, p->phys, seg_start + s * n,
                                    bs->ptr));
     }
     return ZB_OK;
@@ -470,32 +470,32 @@ plan_buffers(plan *p)
 {
     const zb_dataset *pr = child_of(p->ds, 0);
     zb_batch *b = p->b;
-    zb_plan_mem *m = p->m;
+    zb__plan_mem *m = p->m;
     size_t n = p->n;
     if (!grow_array((void **)&m->arena_off, &m->off_cap, pr->nfields + 1, sizeof *m->arena_off))
-        return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        return zb__err(ZB_E_NOMEM, "read_many: out of memory");
     size_t *arena_off = m->arena_off, arena_need = 0;
     for (size_t f = 0; f < pr->nfields; f++) {
-        const zb_field *fd = &pr->fields[f];
+        const zb__field *fd = &pr->fields[f];
         uint64_t rows = fd->seg >= 0 ? (uint64_t)b->segs[fd->seg].ptr[n] : n;
-        size_t isz = zb_dtype_size(zb_dataset_field_dtype(p->ds, f)); /* 0 for strings */
+        size_t isz = zb_dtype_size(zb__dataset_field_dtype(p->ds, f)); /* 0 for strings */
         arena_off[f] = arena_need;
-        ZB_TRY(zb_request_bytes_add(p->ds, fd->name, rows, fd->row_elems, isz, &arena_need));
+        ZB_TRY(zb__request_bytes_add(p->ds, fd->name, rows, fd->row_elems, isz, &arena_need));
     }
     p->stream = arena_need >= ZB_STREAM_MIN_BATCH_BYTES;
     b->arenas = p->ds->arenas;
-    b->arena = zb_arena_take(p->ds->arenas, arena_need + 64, &b->arena_cap);
+    b->arena = zb__arena_take(p->ds->arenas, arena_need + 64, &b->arena_cap);
     if (!b->arena) {
-        zb_arena_pool_unref(p->ds->arenas);
+        zb__arena_pool_unref(p->ds->arenas);
         b->arenas = NULL;
-        return zb_err(ZB_E_NOMEM, "read_many: out of memory for a %zu-byte batch", arena_need);
+        return zb__err(ZB_E_NOMEM, "read_many: out of memory for a %zu-byte batch", arena_need);
     }
     for (size_t f = 0; f < pr->nfields; f++) {
-        const zb_field *fd = &pr->fields[f];
+        const zb__field *fd = &pr->fields[f];
         bfield *bf = &b->fields[f];
         bf->name = strdup(fd->name);
         bf->kind = fd->kind;
-        bf->dtype = zb_dataset_field_dtype(p->ds, f);
+        bf->dtype = zb__dataset_field_dtype(p->ds, f);
         bf->itemsize = zb_dtype_size(bf->dtype);
         bf->ndim = fd->ndim;
         memcpy(bf->row_shape, fd->row_shape, sizeof bf->row_shape);
@@ -506,7 +506,7 @@ plan_buffers(plan *p)
         bf->nrows = fd->seg >= 0 ? (uint64_t)b->segs[fd->seg].ptr[n] : n;
         bf->data = (uint8_t *)b->arena + arena_off[f];
         if (!bf->name)
-            return zb_err(ZB_E_NOMEM, "read_many: out of memory for %s", fd->name);
+            return zb__err(ZB_E_NOMEM, "read_many: out of memory for %s", fd->name);
     }
     return ZB_OK;
 }
@@ -515,7 +515,7 @@ plan_buffers(plan *p)
 static zb_status
 sample_rows(const plan *p, size_t f, size_t i, uint64_t *src, uint64_t *len, uint64_t *dst)
 {
-    const zb_field *fd = &child_of(p->ds, 0)->fields[f];
+    const zb__field *fd = &child_of(p->ds, 0)->fields[f];
     if (fd->seg < 0) {
         *src = p->phys[i];
         *len = 1;
@@ -529,10 +529,10 @@ sample_rows(const plan *p, size_t f, size_t i, uint64_t *src, uint64_t *len, uin
     /* monotone pointers can still run past the values (a pointer larger than the last one):
      * that is corruption, not rows to read as fill */
     const zb_dataset *ch = child_of(p->ds, p->child[i]);
-    const zb_unit_geom *u = zb_array_units(ch->fields[f].arr);
+    const zb__unit_geom *u = zb__array_units(ch->fields[f].arr);
     if (*src + *len > u->shape[0])
-        return zb_err(ZB_E_CORRUPT, "%s: pointers of sample %llu end at %llu, past the %llu "
-                      "rows of %s", zb_array_units(ch->segs[fd->seg].ptr)->path,
+        return zb__err(ZB_E_CORRUPT, "%s: pointers of sample %llu end at %llu, past the %llu "
+                      "rows of %s", zb__array_units(ch->segs[fd->seg].ptr)->path,
                       (unsigned long long)p->phys[i], (unsigned long long)(*src + *len),
                       (unsigned long long)u->shape[0], u->path);
     return ZB_OK;
@@ -564,7 +564,7 @@ plan_field(plan *p, uint32_t f)
 }
 
 zb_status
-zb_plan_request(plan *p, const uint64_t *ids, uint64_t nlogical)
+zb__plan_request(plan *p, const uint64_t *ids, uint64_t nlogical)
 {
     ZB_TRY(plan_ids(p, ids, nlogical));
     ZB_TRY(plan_segments(p));
@@ -580,7 +580,7 @@ zb_plan_request(plan *p, const uint64_t *ids, uint64_t nlogical)
 /* ---- the units of a request, for `zbatch bench` -------------------------------------------- */
 
 zb_status
-zb_dataset_plan_units(zb_dataset *ds, const uint64_t *ids, size_t n, zb_plan_unit **units,
+zb__dataset_plan_units(zb_dataset *ds, const uint64_t *ids, size_t n, zb__plan_unit **units,
                       size_t *nunits, uint64_t *bytes_delivered)
 {
     *units = NULL;
@@ -588,28 +588,28 @@ zb_dataset_plan_units(zb_dataset *ds, const uint64_t *ids, size_t n, zb_plan_uni
     *bytes_delivered = 0;
     uint64_t nlogical;
     ZB_TRY(zb_dataset_len(ds, &nlogical));
-    for (size_t c = 0; c < ds->nchildren; c++) ZB_TRY(zb_mask_load(ds->children[c]));
+    for (size_t c = 0; c < ds->nchildren; c++) ZB_TRY(zb__mask_load(ds->children[c]));
     plan p;
-    zb_status st = zb_plan_begin(&p, ds, n);
+    zb_status st = zb__plan_begin(&p, ds, n);
     if (st == ZB_OK) st = plan_ids(&p, ids, nlogical);
     if (st == ZB_OK) st = plan_segments(&p);
     for (size_t f = 0; st == ZB_OK && f < p.b->nfields; f++)
-        if (zb_dataset_field_dtype(ds, f) != ZB_DT_STRING) st = plan_field(&p, (uint32_t)f);
+        if (zb__dataset_field_dtype(ds, f) != ZB_DT_STRING) st = plan_field(&p, (uint32_t)f);
     if (st == ZB_OK) st = sort_copies(&p);
-    zb_plan_unit *u = st == ZB_OK ? malloc((p.ncopies + 1) * sizeof *u) : NULL;
-    if (st == ZB_OK && !u) st = zb_err(ZB_E_NOMEM, "plan: out of memory");
+    zb__plan_unit *u = st == ZB_OK ? malloc((p.ncopies + 1) * sizeof *u) : NULL;
+    if (st == ZB_OK && !u) st = zb__err(ZB_E_NOMEM, "plan: out of memory");
     size_t k = 0;
     for (size_t i = 0; st == ZB_OK && i < p.ncopies; i++) {
         const copy *c = &p.copies[i], *prev = i ? &p.copies[i - 1] : NULL;
         const zb_array *a = child_of(ds, c->child)->fields[c->field].arr;
-        const zb_unit_geom *g = zb_array_units(a);
+        const zb__unit_geom *g = zb__array_units(a);
         *bytes_delivered += c->nrows * g->row_elems * g->itemsize;
         if (prev && prev->field == c->field && prev->child == c->child && prev->unit == c->unit)
             continue;
-        u[k++] = (zb_plan_unit){.arr = a, .g0 = c->unit};
+        u[k++] = (zb__plan_unit){.arr = a, .g0 = c->unit};
     }
     zb_batch *b = p.b;
-    if (p.m) zb_plan_end(&p);
+    if (p.m) zb__plan_end(&p);
     zb_batch_free(b);
     if (st != ZB_OK) {
         free(u);

@@ -6,10 +6,10 @@
  *   exec.c    execution: tasks on the pool, each serving and fetching its units through the
  *             zarr unit API (src/zarr/unit.h); the list path for stores that read lists
  *   rows.c    landing rows in the batch: box copies, index fields re-based
- *   reader.c  zb_dataset_read_batches: plan -> execute -> finish (strings, gene order)
+ *   reader.c  zb__dataset_read_batches: plan -> execute -> finish (strings, gene order)
  *
  * The flow is DESIGN.md §3. Nothing here reaches inside a zb_array: the unit geometry
- * (zb_array_units) and the unit API are the reader's view of the zarr layer. */
+ * (zb__array_units) and the unit API are the reader's view of the zarr layer. */
 #ifndef ZB_DATASET_READ_INT_H
 #define ZB_DATASET_READ_INT_H
 
@@ -59,10 +59,10 @@ struct zb_batch {
      * holds one of its references; a batch is freed when its last reference goes */
     zb_batch *parent;
     _Atomic int refs;
-    zb_arena_pool *arenas; /* where `arena` returns (NULL: malloc'd) */
+    zb__arena_pool *arenas; /* where `arena` returns (NULL: malloc'd) */
     void *arena;
     size_t arena_cap;
-    /* zb_dataset_read_batches: index fields are re-based to each of these batches,
+    /* zb__dataset_read_batches: index fields are re-based to each of these batches,
      * [groups[k], groups[k+1]) for k < ngroups; NULL: to the whole batch */
     size_t *groups;
     size_t ngroups;
@@ -116,7 +116,7 @@ typedef struct rebase {
  * none larger than PLAN_MEM_MAX_BYTES. */
 #define PLAN_MEM_KEPT 4
 #define PLAN_MEM_MAX_BYTES ((size_t)256 << 20)
-struct zb_plan_mem {
+struct zb__plan_mem {
     copy *copies;
     size_t copies_cap;
     keyed *keys;
@@ -141,13 +141,13 @@ struct zb_plan_mem {
     size_t rb_vals_cap;
     zb_ctx *ctx;
     pthread_t owner; /* the thread that used it last */
-    zb_plan_mem *next;
+    zb__plan_mem *next;
 };
 
 struct plan {
     zb_dataset *ds;
     zb_batch *b;
-    zb_plan_mem *m; /* where copies, tasks and the sort's scratch live between requests */
+    zb__plan_mem *m; /* where copies, tasks and the sort's scratch live between requests */
     copy *copies;
     size_t ncopies, cap;
     task *tasks;
@@ -170,10 +170,10 @@ child_of(const zb_dataset *ds, uint32_t c)
 }
 
 /* The unit geometry of field f of child c. */
-static inline const zb_unit_geom *
+static inline const zb__unit_geom *
 field_units(const plan *p, uint32_t f, uint32_t c)
 {
-    return zb_array_units(child_of(p->ds, c)->fields[f].arr);
+    return zb__array_units(child_of(p->ds, c)->fields[f].arr);
 }
 
 /* Ensures *a holds n elements of `size` bytes (grown by doubling, contents kept). */
@@ -231,14 +231,14 @@ rebased_here(const plan *p, uint32_t f)
  * codes: another width, or through its table, merge.c; narrow stored values widened to the
  * delivered dtype, widen.c), and the table (NULL: none). A converted field loses the paths
  * that land stored bytes in the batch as they are (a unit decoded straight into it, raw rows
- * read into it): its units decode into per-thread scratch and zb_values_convert copies them out
+ * read into it): its units decode into per-thread scratch and zb__values_convert copies them out
  * while they are hot in cache. */
 static inline bool
 converted(const plan *p, uint32_t f, uint32_t c, const int64_t **lut, uint64_t *nlut)
 {
     *lut = NULL;
     *nlut = 0;
-    if (p->ds->maps) *lut = zb_dataset_lut(p->ds, f, c, nlut);
+    if (p->ds->maps) *lut = zb__dataset_lut(p->ds, f, c, nlut);
     return *lut || child_of(p->ds, c)->fields[f].dtype != p->b->fields[f].dtype;
 }
 
@@ -248,7 +248,7 @@ static inline void
 put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
 {
     if (p->stream && !rebased_here(p, f))
-        zb_stream_copy(dst, src, n);
+        zb__stream_copy(dst, src, n);
     else
         memcpy(dst, src, n);
 }
@@ -257,48 +257,48 @@ put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
 
 /* Copies rows [src_row, src_row + n) of a decoded unit at unit coordinates g (logical C order,
  * shape u->inner) that covers part of the other axes into batch field bf from dst_row on. */
-void zb_rows_copy_box(const zb_unit_geom *u, const bfield *bf, const uint8_t *unit,
+void zb__rows_copy_box(const zb__unit_geom *u, const bfield *bf, const uint8_t *unit,
                       const uint64_t *g, uint64_t src_row, uint64_t dst_row, uint64_t n);
 
 /* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f, sample by sample:
  * in the tasks, the rows one copy has just written (still in cache); after them (reader.c),
  * every row of a field the tasks do not re-base. A value outside its sample's target rows is
  * ZB_E_CORRUPT naming the sample and field. */
-zb_status zb_rows_rebase(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0,
+zb_status zb__rows_rebase(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0,
                          uint64_t c1);
 
 /* ---- batch.c ------------------------------------------------------------------------------- */
 
 /* A block of at least `need` bytes from the pool (*cap: its size), which takes a reference
  * for the batch; NULL when out of memory (the reference is still taken: drop it with
- * zb_arena_pool_unref). */
-void *zb_arena_take(zb_arena_pool *p, size_t need, size_t *cap);
+ * zb__arena_pool_unref). */
+void *zb__arena_take(zb__arena_pool *p, size_t need, size_t *cap);
 
 /* Returns a block and drops the batch's reference. */
-void zb_arena_give(zb_arena_pool *p, void *blk, size_t cap);
+void zb__arena_give(zb__arena_pool *p, void *blk, size_t cap);
 
 /* ---- plan.c -------------------------------------------------------------------------------- */
 
 /* A kept plan memory of the dataset, or a new empty one (NULL when out of memory). */
-zb_plan_mem *zb_plan_mem_take(zb_dataset *ds);
+zb__plan_mem *zb__plan_mem_take(zb_dataset *ds);
 
 /* Returns a plan memory to the dataset (kept within its bounds, freed otherwise). */
-void zb_plan_mem_give(zb_dataset *ds, zb_plan_mem *m);
+void zb__plan_mem_give(zb_dataset *ds, zb__plan_mem *m);
 
-/* Plans a request of ids[0..n) into p (set up by zb_plan_begin): the batch's index, segments,
+/* Plans a request of ids[0..n) into p (set up by zb__plan_begin): the batch's index, segments,
  * field buffers, the sorted copies, the tasks and the re-base plan of index fields (to the
  * caller's batches, b->groups, set before). */
-zb_status zb_plan_request(plan *p, const uint64_t *ids, uint64_t nlogical);
+zb_status zb__plan_request(plan *p, const uint64_t *ids, uint64_t nlogical);
 
 /* Starts a plan of n samples over ds: a new batch (p->b) and the plan's memory (p->m, kept
  * by ds). On failure p->m may be set: end the plan and free the batch as after a request. */
-zb_status zb_plan_begin(plan *p, zb_dataset *ds, size_t n);
+zb_status zb__plan_begin(plan *p, zb_dataset *ds, size_t n);
 
 /* Hands the plan's memory back to the dataset (the tasks' messages freed). */
-void zb_plan_end(plan *p);
+void zb__plan_end(plan *p);
 
 /* Logical id -> (child, physical row); ZB_E_RANGE naming the id when id >= nlogical. */
-zb_status zb_plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child,
+zb_status zb__plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child,
                          uint64_t *phys);
 
 /* ---- exec.c -------------------------------------------------------------------------------- */
@@ -306,7 +306,7 @@ zb_status zb_plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, u
 /* Runs the plan's tasks (on the dataset's pool, or inline when the work is small; through one
  * list read for stores that read lists themselves), adds their statistics to the batch and
  * returns the first task's failure. */
-zb_status zb_exec_run(plan *p);
+zb_status zb__exec_run(plan *p);
 
 
 #endif

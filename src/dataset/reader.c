@@ -39,13 +39,13 @@ read_strings(plan *p, uint32_t f)
     size_t n = p->n;
     bfield *bf = &p->b->fields[f];
     str_req *rq = malloc((n + 1) * sizeof *rq);
-    zb_buf got = {0};
-    zb_status st = rq ? ZB_OK : zb_err(ZB_E_NOMEM, "read_many: out of memory for %s", bf->name);
+    zb__buf got = {0};
+    zb_status st = rq ? ZB_OK : zb__err(ZB_E_NOMEM, "read_many: out of memory for %s", bf->name);
     for (size_t i = 0; i < n && st == ZB_OK; i++) rq[i] = (str_req){p->child[i], p->phys[i], i, 0, 0};
     if (st == ZB_OK) qsort(rq, n, sizeof *rq, cmp_str_req);
     for (size_t i = 0, j; i < n && st == ZB_OK; i = j) {
         const zb_array *a = child_of(p->ds, rq[i].child)->fields[f].arr;
-        uint64_t U = zb_array_units(a)->inner[0], unit = rq[i].row / U;
+        uint64_t U = zb__array_units(a)->inner[0], unit = rq[i].row / U;
         for (j = i + 1; j < n && rq[j].child == rq[i].child && rq[j].row / U == unit; j++) {}
         zb_strings s = {0};
         st = zb_array_read_strings(a, rq[i].row, rq[j - 1].row + 1, &s, NULL);
@@ -53,14 +53,14 @@ read_strings(plan *p, uint32_t f)
             uint64_t r = rq[k].row - rq[i].row;
             rq[k].off = got.len;
             rq[k].len = s.offsets[r + 1] - s.offsets[r];
-            st = zb_buf_append(&got, s.data + s.offsets[r], (size_t)rq[k].len);
+            st = zb__buf_append(&got, s.data + s.offsets[r], (size_t)rq[k].len);
         }
         zb_strings_free(&s);
     }
     bf->offs = st == ZB_OK ? malloc((n + 1) * sizeof *bf->offs) : NULL;
     bf->data = st == ZB_OK ? malloc(got.len + 1) : NULL;
     if (st == ZB_OK && (!bf->offs || !bf->data))
-        st = zb_err(ZB_E_NOMEM, "read_many: out of memory for %s", bf->name);
+        st = zb__err(ZB_E_NOMEM, "read_many: out of memory for %s", bf->name);
     bf->owns_offs = bf->offs != NULL;
     bf->owned = bf->data != NULL;
     if (st == ZB_OK) {
@@ -74,7 +74,7 @@ read_strings(plan *p, uint32_t f)
         p->b->stats.bytes_delivered += got.len;
     }
     free(rq);
-    zb_buf_free(&got);
+    zb__buf_free(&got);
     return st;
 }
 
@@ -86,10 +86,10 @@ reorder_vars(plan *p)
     zb_dataset *ds = p->ds;
     const zb_dataset *pr = child_of(ds, 0);
     zb_batch *b = p->b;
-    zb_buf scratch = {0};
+    zb__buf scratch = {0};
     zb_status st = ZB_OK;
     for (size_t f = 0; f < pr->nfields && st == ZB_OK; f++) {
-        const zb_field *fd = &pr->fields[f];
+        const zb__field *fd = &pr->fields[f];
         if (!fd->var_cols) continue;
         bfield *bf = &b->fields[f];
         bfield *vals = NULL; /* CSR: the values sharing the gene ids' segment */
@@ -97,30 +97,30 @@ reorder_vars(plan *p)
             if (k != f && pr->fields[k].seg == fd->seg) vals = &b->fields[k];
         if (fd->seg >= 0 && !vals) continue;
         size_t row_bytes = (size_t)(bf->row_elems * bf->itemsize);
-        if (fd->seg < 0) st = zb_buf_reserve(&scratch, row_bytes);
+        if (fd->seg < 0) st = zb__buf_reserve(&scratch, row_bytes);
         for (size_t i = 0; i < p->n && st == ZB_OK; i++) {
             const int64_t *lut = ds->vars.lut[p->child[i]];
             if (!lut) continue;
             if (fd->seg < 0) {
-                zb_var_reorder_dense(bf->data + i * row_bytes, bf->row_elems, bf->itemsize, lut,
+                zb__var_reorder_dense(bf->data + i * row_bytes, bf->row_elems, bf->itemsize, lut,
                                      scratch.data);
                 continue;
             }
             const int64_t *ptr = b->segs[fd->seg].ptr;
-            st = zb_var_reorder_csr(bf->data + (size_t)ptr[i] * bf->itemsize, bf->dtype,
+            st = zb__var_reorder_csr(bf->data + (size_t)ptr[i] * bf->itemsize, bf->dtype,
                                     vals->data + (size_t)ptr[i] * vals->itemsize, vals->itemsize,
                                     (uint64_t)(ptr[i + 1] - ptr[i]), lut, ds->n_vars, &scratch,
-                                    zb_array_units(child_of(ds, p->child[i])->fields[f].arr)->path);
+                                    zb__array_units(child_of(ds, p->child[i])->fields[f].arr)->path);
         }
     }
-    zb_buf_free(&scratch);
+    zb__buf_free(&scratch);
     return st;
 }
 
 zb_status
 zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **out)
 {
-    return zb_dataset_read_batches(ds, ids, n, NULL, 0, out);
+    return zb__dataset_read_batches(ds, ids, n, NULL, 0, out);
 }
 
 
@@ -133,11 +133,11 @@ finish(plan *p)
     for (size_t f = 0; f < b->nfields && p->rb; f++) {
         const rebase *r = &p->rb[f];
         if (r->shift && !r->in_tasks)
-            ZB_TRY(zb_rows_rebase(p, (uint32_t)f, 0, (uint64_t)r->rows[p->n], 0,
+            ZB_TRY(zb__rows_rebase(p, (uint32_t)f, 0, (uint64_t)r->rows[p->n], 0,
                                   b->fields[f].row_elems));
     }
     /* column ids and categorical codes within their bounds (validate.c) */
-    ZB_TRY(zb_validate_batch(p->ds, b, p->phys, p->seg_start));
+    ZB_TRY(zb__validate_batch(p->ds, b, p->phys, p->seg_start));
     for (size_t f = 0; f < b->nfields; f++)
         if (b->fields[f].dtype == ZB_DT_STRING) ZB_TRY(read_strings(p, (uint32_t)f));
     if (p->ds->vars.lut) ZB_TRY(reorder_vars(p));
@@ -150,7 +150,7 @@ set_groups(zb_batch *b, const size_t *sizes, size_t nbatches)
 {
     if (!nbatches) return ZB_OK;
     b->groups = malloc((nbatches + 1) * sizeof *b->groups);
-    if (!b->groups) return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+    if (!b->groups) return zb__err(ZB_E_NOMEM, "read_many: out of memory");
     b->groups[0] = 0;
     for (size_t k = 0; k < nbatches; k++) b->groups[k + 1] = b->groups[k] + sizes[k];
     b->ngroups = nbatches;
@@ -158,30 +158,30 @@ set_groups(zb_batch *b, const size_t *sizes, size_t nbatches)
 }
 
 zb_status
-zb_reader_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
+zb__reader_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
                        size_t nbatches, zb_batch **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "read_many: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "read_many: null out");
     *out = NULL;
     if (!ds || (!ids && n) || (nbatches && !sizes))
-        return zb_err(ZB_E_INVALID, "read_many: null argument");
+        return zb__err(ZB_E_INVALID, "read_many: null argument");
     size_t total = 0;
     for (size_t k = 0; k < nbatches; k++) total += sizes[k];
     if (nbatches && total != n)
-        return zb_err(ZB_E_INVALID, "zb_dataset_read_batches: batch sizes add up to %zu, not %zu",
+        return zb__err(ZB_E_INVALID, "zb__dataset_read_batches: batch sizes add up to %zu, not %zu",
                       total, n);
     uint64_t nlogical;
     ZB_TRY(zb_dataset_len(ds, &nlogical));
-    for (size_t c = 0; c < ds->nchildren; c++) ZB_TRY(zb_mask_load(ds->children[c]));
+    for (size_t c = 0; c < ds->nchildren; c++) ZB_TRY(zb__mask_load(ds->children[c]));
 
     plan p;
-    zb_status st = zb_plan_begin(&p, ds, n);
+    zb_status st = zb__plan_begin(&p, ds, n);
     if (st == ZB_OK) st = set_groups(p.b, sizes, nbatches);
-    if (st == ZB_OK) st = zb_plan_request(&p, ids, nlogical);
-    if (st == ZB_OK) st = zb_exec_run(&p);
+    if (st == ZB_OK) st = zb__plan_request(&p, ids, nlogical);
+    if (st == ZB_OK) st = zb__exec_run(&p);
     if (st == ZB_OK) st = finish(&p);
     zb_batch *b = p.b;
-    if (p.m) zb_plan_end(&p);
+    if (p.m) zb__plan_end(&p);
     if (st != ZB_OK) {
         zb_batch_free(b);
         return st;

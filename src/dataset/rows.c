@@ -13,7 +13,7 @@
  * shape u->inner) that covers part of the other axes (serve_unit moves units holding whole
  * rows itself) into the batch rows starting at dst_row. */
 void
-zb_rows_copy_box(const zb_unit_geom *u, const bfield *bf, const uint8_t *unit, const uint64_t *g,
+zb__rows_copy_box(const zb__unit_geom *u, const bfield *bf, const uint8_t *unit, const uint64_t *g,
           uint64_t src_row, uint64_t dst_row, uint64_t n)
 {
     int nd = u->ndim;
@@ -125,7 +125,7 @@ rebase_error(const plan *p, uint32_t f, size_t i, uint64_t r0, uint64_t r1, uint
     const rebase *r = &p->rb[f];
     const bfield *bf = &p->b->fields[f];
     const zb_dataset *ch = child_of(p->ds, p->child[i]);
-    const zb_field *fd = &ch->fields[f];
+    const zb__field *fd = &ch->fields[f];
     bool wide = bf->dtype == ZB_DT_INT64;
     for (uint64_t row = r0; row < r1; row++)
         for (uint64_t k = row * bf->row_elems + c0; k < row * bf->row_elems + c1; k++) {
@@ -134,17 +134,17 @@ rebase_error(const plan *p, uint32_t f, size_t i, uint64_t r0, uint64_t r1, uint
             if (x < r->lo[i] || x - r->lo[i] >= r->len[i]) {
                 /* x - lo as the store meant it; reported, never used */
                 long long local = (long long)((uint64_t)x - (uint64_t)r->lo[i]);
-                return zb_err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field "
+                return zb__err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field "
                               "%s: value %lld is outside its %lld atoms (stored %s)",
                               zb_dataset_name(ch), (unsigned long long)p->b->index[i], i,
                               fd->name, local, (long long)r->len[i],
                               fd->global_index ? "store-global" : "local");
             }
             if (!wide && x + r->shift[i] > INT32_MAX)
-                return zb_err(ZB_E_OVERFLOW, "%s: batch index %lld does not fit int32", fd->name,
+                return zb__err(ZB_E_OVERFLOW, "%s: batch index %lld does not fit int32", fd->name,
                               (long long)(x + r->shift[i]));
         }
-    return zb_err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field %s: bad "
+    return zb__err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field %s: bad "
                   "index values", zb_dataset_name(ch), (unsigned long long)p->b->index[i], i,
                   fd->name);
 }
@@ -153,7 +153,7 @@ rebase_error(const plan *p, uint32_t f, size_t i, uint64_t r0, uint64_t r1, uint
  * copy may span several): in the tasks, the rows one copy has just written (still in cache);
  * after them, every row of a field the tasks do not re-base. */
 zb_status
-zb_rows_rebase(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0, uint64_t c1)
+zb__rows_rebase(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0, uint64_t c1)
 {
     const rebase *r = &p->rb[f];
     bfield *bf = &p->b->fields[f];

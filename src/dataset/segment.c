@@ -7,7 +7,7 @@
 #include "util/status.h"
 
 static zb_status
-load_block(zb_segment *seg, zb_ctx *ctx, uint64_t b)
+load_block(zb__segment *seg, zb_ctx *ctx, uint64_t b)
 {
     const zb_array *a = seg->ptr;
     uint64_t total = a->meta.shape[0];
@@ -20,7 +20,7 @@ load_block(zb_segment *seg, zb_ctx *ctx, uint64_t b)
     if (!raw || !vals) {
         free(raw);
         free(vals);
-        return zb_err(ZB_E_NOMEM, "%s: out of memory for pointer block", a->path);
+        return zb__err(ZB_E_NOMEM, "%s: out of memory for pointer block", a->path);
     }
     zb_status st = zb_array_read_rows(a, r0, r1, raw, (size_t)(n * isz), ctx);
     if (st != ZB_OK) {
@@ -31,15 +31,15 @@ load_block(zb_segment *seg, zb_ctx *ctx, uint64_t b)
     for (uint64_t i = 0; i < n; i++) {
         const uint8_t *p = raw + i * isz;
         int64_t v;
-        if (a->meta.dtype == ZB_DT_BOOL || !zb_load_int(p, a->meta.dtype, &v)) {
+        if (a->meta.dtype == ZB_DT_BOOL || !zb__load_int(p, a->meta.dtype, &v)) {
             uint64_t t = 0;
             if (a->meta.dtype == ZB_DT_UINT64) memcpy(&t, p, 8); /* before raw goes */
             free(raw);
             free(vals);
             if (a->meta.dtype == ZB_DT_UINT64)
-                return zb_err(ZB_E_CORRUPT, "%s: pointer %llu at row %llu exceeds int64", a->path,
+                return zb__err(ZB_E_CORRUPT, "%s: pointer %llu at row %llu exceeds int64", a->path,
                               (unsigned long long)t, (unsigned long long)(r0 + i));
-            return zb_err(ZB_E_TYPE, "%s: a pointer array must be integer, not %s", a->path,
+            return zb__err(ZB_E_TYPE, "%s: a pointer array must be integer, not %s", a->path,
                           zb_dtype_name(a->meta.dtype));
         }
         vals[i] = v;
@@ -50,11 +50,11 @@ load_block(zb_segment *seg, zb_ctx *ctx, uint64_t b)
 }
 
 zb_status
-zb_segment_get(zb_segment *seg, zb_ctx *ctx, uint64_t i, int64_t *value)
+zb__segment_get(zb__segment *seg, zb_ctx *ctx, uint64_t i, int64_t *value)
 {
     uint64_t total = seg->ptr->meta.shape[0];
     if (i >= total)
-        return zb_err(ZB_E_RANGE, "%s: pointer %llu outside [0, %llu)", seg->ptr->path,
+        return zb__err(ZB_E_RANGE, "%s: pointer %llu outside [0, %llu)", seg->ptr->path,
                       (unsigned long long)i, (unsigned long long)total);
     uint64_t b = i / seg->chunk_rows;
     zb_status st = ZB_OK;
@@ -72,23 +72,23 @@ zb_segment_get(zb_segment *seg, zb_ctx *ctx, uint64_t i, int64_t *value)
 #define MASK_BLOCK 256
 
 zb_status
-zb_mask_load(zb_dataset *ds)
+zb__mask_load(zb_dataset *ds)
 {
-    zb_mask *m = &ds->mask;
+    zb__mask *m = &ds->mask;
     if (!m->arr) return ZB_OK;
     zb_status st = ZB_OK;
     pthread_mutex_lock(&m->mu);
     if (m->loaded) goto out;
     uint64_t n = ds->nphys; /* entries past the committed samples are ignored */
     if (m->arr->meta.itemsize != 1) {
-        st = zb_err(ZB_E_TYPE, "%s: a mask must be bool", m->arr->path);
+        st = zb__err(ZB_E_TYPE, "%s: a mask must be bool", m->arr->path);
         goto out;
     }
     uint64_t nblocks = (n + MASK_BLOCK - 1) / MASK_BLOCK;
     m->bits = malloc((size_t)n + 1);
     m->rank = calloc((size_t)nblocks + 1, sizeof *m->rank);
     if (!m->bits || !m->rank) {
-        st = zb_err(ZB_E_NOMEM, "%s: out of memory for the mask", m->arr->path);
+        st = zb__err(ZB_E_NOMEM, "%s: out of memory for the mask", m->arr->path);
         goto out;
     }
     st = zb_array_read_rows(m->arr, 0, n, m->bits, (size_t)n, NULL);
@@ -115,7 +115,7 @@ out:
 }
 
 uint64_t
-zb_mask_select(const zb_mask *m, uint64_t logical)
+zb__mask_select(const zb__mask *m, uint64_t logical)
 {
     if (!m->arr) return logical;
     /* the block holding the logical-th true: the last block whose rank is <= logical */

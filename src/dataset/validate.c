@@ -27,17 +27,17 @@ child_ds(const zb_dataset *ds, uint32_t c)
 }
 
 zb_status
-zb_request_bytes_add(const zb_dataset *ds, const char *field, uint64_t rows, uint64_t row_elems,
+zb__request_bytes_add(const zb_dataset *ds, const char *field, uint64_t rows, uint64_t row_elems,
                      size_t itemsize, size_t *need)
 {
     uint64_t cap = ds->opts.max_request_bytes ? ds->opts.max_request_bytes
                                               : ZB_MAX_REQUEST_BYTES_DEFAULT;
     uint64_t bytes, total;
-    bool ok = zb_mul_u64(rows, row_elems, &bytes) && zb_mul_u64(bytes, itemsize, &bytes) &&
-              zb_add_u64(bytes, 63, &bytes);
+    bool ok = zb__mul_u64(rows, row_elems, &bytes) && zb__mul_u64(bytes, itemsize, &bytes) &&
+              zb__add_u64(bytes, 63, &bytes);
     bytes &= ~(uint64_t)63;
-    if (!ok || !zb_add_u64(*need, bytes, &total) || total > cap || total > SIZE_MAX - 64)
-        return zb_err(ZB_E_INVALID, "%s: a request of %llu rows of %s needs more than the "
+    if (!ok || !zb__add_u64(*need, bytes, &total) || total > cap || total > SIZE_MAX - 64)
+        return zb__err(ZB_E_INVALID, "%s: a request of %llu rows of %s needs more than the "
                       "%llu-byte cap on one request's memory (zb_dataset_opts.max_request_bytes)",
                       zb_dataset_name(ds), (unsigned long long)rows, field,
                       (unsigned long long)cap);
@@ -46,7 +46,7 @@ zb_request_bytes_add(const zb_dataset *ds, const char *field, uint64_t rows, uin
 }
 
 zb_status
-zb_validate_segment(const zb_dataset *ds, size_t s, size_t n, const uint64_t *ids,
+zb__validate_segment(const zb_dataset *ds, size_t s, size_t n, const uint64_t *ids,
                     const uint32_t *child, const uint64_t *phys, const int64_t *start,
                     const int64_t *ptr)
 {
@@ -54,11 +54,11 @@ zb_validate_segment(const zb_dataset *ds, size_t s, size_t n, const uint64_t *id
         const zb_dataset *ch = child_ds(ds, child[i]);
         uint64_t len = (uint64_t)(ptr[i + 1] - ptr[i]), end = (uint64_t)start[i] + len;
         for (size_t f = 0; f < ch->nfields; f++) {
-            const zb_field *fd = &ch->fields[f];
+            const zb__field *fd = &ch->fields[f];
             if (fd->seg != (int)s || !fd->arr) continue;
             uint64_t rows = fd->arr->meta.shape[0];
             if (end >= (uint64_t)start[i] && end <= rows) continue;
-            return zb_err(ZB_E_CORRUPT, "%s: sample %llu (row %llu): %s: pointers give rows "
+            return zb__err(ZB_E_CORRUPT, "%s: sample %llu (row %llu): %s: pointers give rows "
                           "[%lld, %lld + %llu), past the %llu rows of field %s (%s)",
                           zb_dataset_name(ch), (unsigned long long)ids[i],
                           (unsigned long long)phys[i], ch->segs[s].ptr->path,
@@ -108,7 +108,7 @@ all_within(const void *data, zb_dtype dt, uint64_t n, int64_t lo, uint64_t hi)
     size_t isz = zb_dtype_size(dt);
     for (uint64_t k = 0; k < n; k++) {
         int64_t x;
-        if (!zb_load_int((const uint8_t *)data + k * isz, dt, &x) && x == 0) return true;
+        if (!zb__load_int((const uint8_t *)data + k * isz, dt, &x) && x == 0) return true;
         if (x < lo || (uint64_t)(x - lo) >= span) return false;
     }
     return true;
@@ -118,7 +118,7 @@ static int64_t
 value_at(const zb_batch_view *v, uint64_t k)
 {
     int64_t x = 0;
-    zb_load_int((const uint8_t *)v->data + k * zb_dtype_size(v->dtype), v->dtype, &x);
+    zb__load_int((const uint8_t *)v->data + k * zb_dtype_size(v->dtype), v->dtype, &x);
     return x;
 }
 
@@ -142,14 +142,14 @@ static zb_status
 value_error(const zb_dataset *ch, size_t f, uint64_t id, uint64_t row, int64_t x,
             const char *what, uint64_t bound)
 {
-    const zb_field *fd = &ch->fields[f];
+    const zb__field *fd = &ch->fields[f];
     char key[512];
     uint64_t g[ZB_MAX_DIMS] = {0};
     g[0] = row / fd->arr->inner[0];
-    if (zb_array_unit_object(fd->arr, g, key, sizeof key, NULL, NULL) != ZB_OK)
+    if (zb__array_unit_object(fd->arr, g, key, sizeof key, NULL, NULL) != ZB_OK)
         snprintf(key, sizeof key, "%s", fd->arr->path);
     zb_clear_error();
-    return zb_err(ZB_E_CORRUPT, "%s: sample %llu: field %s: %s %lld is outside [%s, %llu) "
+    return zb__err(ZB_E_CORRUPT, "%s: sample %llu: field %s: %s %lld is outside [%s, %llu) "
                   "(row %llu, chunk %s)", zb_dataset_name(ch), (unsigned long long)id, fd->name,
                   what, (long long)x, strcmp(what, "code") ? "0" : "-1",
                   (unsigned long long)bound, (unsigned long long)row, key);
@@ -162,7 +162,7 @@ check_columns(zb_dataset *ds, const zb_batch *b, size_t f, const uint64_t *phys,
 {
     (void)phys;
     const zb_dataset *pr = child_ds(ds, 0);
-    const zb_field *fd = &pr->fields[f];
+    const zb__field *fd = &pr->fields[f];
     zb_batch_view v;
     ZB_TRY(zb_batch_field(b, f, &v));
     if (all_within(v.data, v.dtype, v.nrows * fd->row_elems, 0, fd->col_bound)) return ZB_OK;
@@ -182,7 +182,7 @@ check_columns(zb_dataset *ds, const zb_batch *b, size_t f, const uint64_t *phys,
 }
 
 /* Categorical codes of field f within [-1, categories). A collection's codes that went through
- * its table were checked as they were converted (zb_codes_convert). */
+ * its table were checked as they were converted (zb__codes_convert). */
 static zb_status
 check_codes(zb_dataset *ds, const zb_batch *b, size_t f, const uint64_t *phys)
 {
@@ -191,17 +191,17 @@ check_codes(zb_dataset *ds, const zb_batch *b, size_t f, const uint64_t *phys)
     size_t n = zb_batch_size(b);
     const int32_t *dsi = zb_batch_dataset(b);
     if (!ds->nchildren) {
-        zb_field *fd = &ds->fields[f];
-        ZB_TRY(zb_field_load_categories(ds, fd));
+        zb__field *fd = &ds->fields[f];
+        ZB_TRY(zb__field_load_categories(ds, fd));
         if (all_within(v.data, v.dtype, n, -1, fd->cats.n)) return ZB_OK;
     }
     for (size_t i = 0; i < n; i++) {
         uint32_t c = dsi ? (uint32_t)dsi[i] : 0;
         uint64_t nlut;
-        if (zb_dataset_lut(ds, f, c, &nlut)) continue;
+        if (zb__dataset_lut(ds, f, c, &nlut)) continue;
         zb_dataset *ch = (zb_dataset *)child_ds(ds, c);
-        zb_field *fd = &ch->fields[f];
-        ZB_TRY(zb_field_load_categories(ch, fd));
+        zb__field *fd = &ch->fields[f];
+        ZB_TRY(zb__field_load_categories(ch, fd));
         int64_t x = value_at(&v, i);
         if (x >= -1 && x < (int64_t)fd->cats.n) continue;
         return value_error(ch, f, zb_batch_index(b)[i], phys[i], x, "code", fd->cats.n);
@@ -210,11 +210,11 @@ check_codes(zb_dataset *ds, const zb_batch *b, size_t f, const uint64_t *phys)
 }
 
 zb_status
-zb_validate_batch(zb_dataset *ds, const zb_batch *b, const uint64_t *phys, const int64_t *start)
+zb__validate_batch(zb_dataset *ds, const zb_batch *b, const uint64_t *phys, const int64_t *start)
 {
     const zb_dataset *pr = child_ds(ds, 0);
     for (size_t f = 0; f < pr->nfields; f++) {
-        const zb_field *fd = &pr->fields[f];
+        const zb__field *fd = &pr->fields[f];
         if (fd->col_bound && fd->seg >= 0) ZB_TRY(check_columns(ds, b, f, phys, start));
         if (fd->categorical && fd->kind == ZB_FIELD_PER_SAMPLE)
             ZB_TRY(check_codes(ds, b, f, phys));
@@ -238,7 +238,7 @@ find_bad(zb_dataset *ds, const uint64_t *ids, size_t n, uint8_t *bad)
         const uint64_t *pi = part ? ids + h : ids;
         size_t pn = part ? n - h : h;
         zb_batch *b = NULL;
-        zb_status st = zb_reader_read_batches(ds, pi, pn, NULL, 0, &b);
+        zb_status st = zb__reader_read_batches(ds, pi, pn, NULL, 0, &b);
         zb_batch_free(b);
         if (st == ZB_E_CORRUPT) st = find_bad(ds, pi, pn, part ? bad + h : bad);
         if (st != ZB_OK) return st;
@@ -247,15 +247,15 @@ find_bad(zb_dataset *ds, const uint64_t *ids, size_t n, uint8_t *bad)
 }
 
 zb_status
-zb_dataset_read_window(zb_dataset *ds, const uint64_t *ids, size_t n, size_t *sizes,
+zb__dataset_read_window(zb_dataset *ds, const uint64_t *ids, size_t n, size_t *sizes,
                        size_t nbatches, zb_batch **out)
 {
-    zb_status st = zb_reader_read_batches(ds, ids, n, sizes, nbatches, out);
+    zb_status st = zb__reader_read_batches(ds, ids, n, sizes, nbatches, out);
     if (st != ZB_E_CORRUPT || ds->opts.on_invalid != ZB_ON_INVALID_SKIP || n == 0) return st;
     uint8_t *bad = calloc(n, 1);
     uint64_t *keep = malloc(n * sizeof *keep);
     if (!bad || !keep) {
-        st = zb_err(ZB_E_NOMEM, "read_many: out of memory to skip invalid samples");
+        st = zb__err(ZB_E_NOMEM, "read_many: out of memory to skip invalid samples");
         goto out;
     }
     st = find_bad(ds, ids, n, bad);
@@ -271,8 +271,8 @@ zb_dataset_read_window(zb_dataset *ds, const uint64_t *ids, size_t n, size_t *si
         keep[m++] = ids[i];
     }
     zb_clear_error();
-    st = zb_reader_read_batches(ds, keep, m, sizes, nbatches, out);
-    if (st == ZB_OK) zb_batch_count_skipped(*out, n - m);
+    st = zb__reader_read_batches(ds, keep, m, sizes, nbatches, out);
+    if (st == ZB_OK) zb__batch_count_skipped(*out, n - m);
 out:
     free(bad);
     free(keep);
@@ -280,18 +280,18 @@ out:
 }
 
 zb_status
-zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
+zb__dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
                         size_t nbatches, zb_batch **out)
 {
     if (!ds || ds->opts.on_invalid != ZB_ON_INVALID_SKIP || (nbatches && !sizes))
-        return zb_reader_read_batches(ds, ids, n, sizes, nbatches, out);
+        return zb__reader_read_batches(ds, ids, n, sizes, nbatches, out);
     size_t *own = malloc((nbatches + 1) * sizeof *own);
     if (!own) {
         if (out) *out = NULL;
-        return zb_err(ZB_E_NOMEM, "read_many: out of memory");
+        return zb__err(ZB_E_NOMEM, "read_many: out of memory");
     }
     if (nbatches) memcpy(own, sizes, nbatches * sizeof *own);
-    zb_status st = zb_dataset_read_window(ds, ids, n, nbatches ? own : NULL, nbatches, out);
+    zb_status st = zb__dataset_read_window(ds, ids, n, nbatches ? own : NULL, nbatches, out);
     free(own);
     return st;
 }

@@ -10,7 +10,7 @@
  * up to 64) to *need, refusing a request over the dataset's per-request cap
  * (zb_dataset_opts.max_request_bytes; ZB_E_INVALID naming the field and the cap) before any of
  * it is allocated; the products are overflow-checked. */
-zb_status zb_request_bytes_add(const zb_dataset *ds, const char *field, uint64_t rows,
+zb_status zb__request_bytes_add(const zb_dataset *ds, const char *field, uint64_t rows,
                                uint64_t row_elems, size_t itemsize, size_t *need);
 
 /* Segment s of a request of n samples: sample i (logical id ids[i], physical phys[i] of child
@@ -18,7 +18,7 @@ zb_status zb_request_bytes_add(const zb_dataset *ds, const char *field, uint64_t
  * must lie inside every field on the segment (a pointer past the values is corruption, not
  * rows to read as fill): ZB_E_CORRUPT naming the sample id, the pointer array and the field.
  * Called before the batch memory is allocated, so a pointer claiming 2^40 rows costs nothing. */
-zb_status zb_validate_segment(const zb_dataset *ds, size_t s, size_t n, const uint64_t *ids,
+zb_status zb__validate_segment(const zb_dataset *ds, size_t s, size_t n, const uint64_t *ids,
                               const uint32_t *child, const uint64_t *phys, const int64_t *start,
                               const int64_t *ptr);
 
@@ -27,22 +27,22 @@ zb_status zb_validate_segment(const zb_dataset *ds, size_t s, size_t n, const ui
  * (-1, missing, allowed). A violation is ZB_E_CORRUPT naming the sample id, the field and the
  * chunk holding the value. Index fields (edge indices) are checked as they are re-based
  * (reader.c), pointer arrays as the request is planned (above). */
-zb_status zb_validate_batch(zb_dataset *ds, const zb_batch *b, const uint64_t *phys,
+zb_status zb__validate_batch(zb_dataset *ds, const zb_batch *b, const uint64_t *phys,
                             const int64_t *start);
 
-/* zb_dataset_read_batches with zb_dataset_opts.on_invalid applied: `sizes` (nbatches of them,
+/* zb__dataset_read_batches with zb_dataset_opts.on_invalid applied: `sizes` (nbatches of them,
  * or NULL for one batch) are updated to the batch sizes delivered, less the samples skipped.
  * With ZB_ON_INVALID_SKIP, a request failing with ZB_E_CORRUPT is split in halves until the
  * bad samples are found (only a failing request pays this), then the others are read as one
  * request whose zb_read_stats.samples_skipped counts the samples left out. */
-zb_status zb_dataset_read_window(zb_dataset *ds, const uint64_t *ids, size_t n, size_t *sizes,
+zb_status zb__dataset_read_window(zb_dataset *ds, const uint64_t *ids, size_t n, size_t *sizes,
                                  size_t nbatches, zb_batch **out);
 
-/* The reader proper (reader.c): zb_dataset_read_batches without on_invalid. */
-zb_status zb_reader_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n,
+/* The reader proper (reader.c): zb__dataset_read_batches without on_invalid. */
+zb_status zb__reader_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n,
                                  const size_t *sizes, size_t nbatches, zb_batch **out);
 
 /* Adds to the batch's zb_read_stats.samples_skipped (reader.c owns the batch). */
-void zb_batch_count_skipped(zb_batch *b, uint64_t n);
+void zb__batch_count_skipped(zb_batch *b, uint64_t n);
 
 #endif

@@ -2,7 +2,7 @@
  * uint8/uint16 and gene ids as uint16, half the bytes to fetch and decode of float32/int32,
  * and the reader delivers them in the dtype the dataset was opened for (zb_dataset_opts.x_dtype
  * and index_dtype). The conversion runs inside the copy the reader does anyway (reader.c,
- * zb_values_convert), so it must cost no more than that copy: one tight loop per (stored,
+ * zb__values_convert), so it must cost no more than that copy: one tight loop per (stored,
  * delivered) pair, which the compiler vectorises (ZB_VECTOR_LOOP). Only exact widenings are
  * offered: every stored value has one delivered value equal to it. */
 #include <stdbool.h>
@@ -85,13 +85,13 @@ widen_for(zb_dtype from, zb_dtype to)
 }
 
 bool
-zb_widen_exact(zb_dtype from, zb_dtype to)
+zb__widen_exact(zb_dtype from, zb_dtype to)
 {
     return from == to || widen_for(from, to) != NULL;
 }
 
 bool
-zb_values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n)
+zb__values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n)
 {
     widen_fn fn = widen_for(from, to);
     if (!fn) return false;
@@ -100,9 +100,9 @@ zb_values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t
 }
 
 zb_status
-zb_values_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
+zb__values_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
                   const int64_t *lut, uint64_t nlut, const char *what)
 {
-    if (!lut && zb_values_widen(dst, to, src, from, n)) return ZB_OK;
-    return zb_codes_convert(dst, to, src, from, n, lut, nlut, what);
+    if (!lut && zb__values_widen(dst, to, src, from, n)) return ZB_OK;
+    return zb__codes_convert(dst, to, src, from, n, lut, nlut, what);
 }

@@ -80,7 +80,7 @@ read_window(zb_loader *ld)
     w->after = calloc(P + 1, sizeof *w->after);
     w->views = calloc(P + 1, sizeof *w->views);
     if (!ids || !sizes || !w->after || !w->views) {
-        w->st = zb_err(ZB_E_NOMEM, "loader: out of memory for a window");
+        w->st = zb__err(ZB_E_NOMEM, "loader: out of memory for a window");
         goto out;
     }
     size_t total = 0;
@@ -118,15 +118,15 @@ read_window(zb_loader *ld)
         goto out;
     }
     /* sizes become the batches' sizes less any samples skipped as invalid */
-    w->st = zb_dataset_read_window(ld->ds, ids, total, sizes, w->nbatches, &w->whole);
+    w->st = zb__dataset_read_window(ld->ds, ids, total, sizes, w->nbatches, &w->whole);
     if (w->st != ZB_OK) goto out;
     size_t b0 = 0;
     for (size_t k = 0; k < w->nbatches; k++) {
-        w->st = zb_batch_slice(w->whole, b0, b0 + sizes[k], &w->views[k]);
+        w->st = zb__batch_slice(w->whole, b0, b0 + sizes[k], &w->views[k]);
         if (w->st != ZB_OK) goto out;
         b0 += sizes[k];
         for (size_t t = 0; t < ld->opts.ntransforms; t++) {
-            w->st = zb_transform_apply(&ld->transforms[t], w->views[k]);
+            w->st = zb__transform_apply(&ld->transforms[t], w->views[k]);
             if (w->st != ZB_OK) goto out;
         }
     }
@@ -196,15 +196,15 @@ worker_main(void *arg)
 zb_status
 zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, zb_loader **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_loader_open: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_loader_open: null out");
     *out = NULL;
-    if (!ds || !sampler) return zb_err(ZB_E_INVALID, "zb_loader_open: null dataset or sampler");
+    if (!ds || !sampler) return zb__err(ZB_E_INVALID, "zb_loader_open: null dataset or sampler");
     zb_loader_opts o = ZB_LOADER_OPTS_DEFAULT;
     if (opts) o = *opts;
     if (o.prefetch_factor == 0 || o.depth == 0)
-        return zb_err(ZB_E_INVALID, "zb_loader_open: prefetch_factor and depth must be >= 1");
+        return zb__err(ZB_E_INVALID, "zb_loader_open: prefetch_factor and depth must be >= 1");
     zb_loader *ld = calloc(1, sizeof *ld);
-    if (!ld) return zb_err(ZB_E_NOMEM, "zb_loader_open: out of memory");
+    if (!ld) return zb__err(ZB_E_NOMEM, "zb_loader_open: out of memory");
     ld->ds = ds;
     ld->sampler = sampler;
     ld->opts = o;
@@ -214,7 +214,7 @@ zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, 
     if (o.prefetch_factor > ZB_LOADER_MAX_WINDOW / ld->max_batch) {
         size_t mb = ld->max_batch;
         free(ld);
-        return zb_err(ZB_E_INVALID, "zb_loader_open: prefetch_factor %zu x batch size %zu is "
+        return zb__err(ZB_E_INVALID, "zb_loader_open: prefetch_factor %zu x batch size %zu is "
                       "more than the %llu samples a window may hold", o.prefetch_factor, mb,
                       (unsigned long long)ZB_LOADER_MAX_WINDOW);
     }
@@ -222,7 +222,7 @@ zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, 
         ld->transforms = malloc(o.ntransforms * sizeof *ld->transforms);
         if (!ld->transforms) {
             free(ld);
-            return zb_err(ZB_E_NOMEM, "zb_loader_open: out of memory");
+            return zb__err(ZB_E_NOMEM, "zb_loader_open: out of memory");
         }
         memcpy(ld->transforms, o.transforms, o.ntransforms * sizeof *ld->transforms);
     }
@@ -237,7 +237,7 @@ zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, 
     for (int i = 0; i < want; i++) {
         if (pthread_create(&ld->workers[i], NULL, worker_main, ld) != 0) {
             zb_loader_close(ld);
-            return zb_err(ZB_E_IO, "zb_loader_open: cannot start a worker thread");
+            return zb__err(ZB_E_IO, "zb_loader_open: cannot start a worker thread");
         }
         ld->nworkers++;
     }
@@ -248,9 +248,9 @@ zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, 
 zb_status
 zb_loader_next(zb_loader *ld, zb_batch **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_loader_next: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_loader_next: null out");
     *out = NULL;
-    if (!ld) return zb_err(ZB_E_INVALID, "zb_loader_next: null loader");
+    if (!ld) return zb__err(ZB_E_INVALID, "zb_loader_next: null loader");
     if (ld->finished) return ZB_OK;
     for (;;) {
         window *w = ld->cur;
@@ -261,7 +261,7 @@ zb_loader_next(zb_loader *ld, zb_batch **out)
         }
         if (w && (w->st != ZB_OK || w->end)) {
             zb_status st = w->st;
-            if (st != ZB_OK) zb_err(st, "%s", w->msg);
+            if (st != ZB_OK) zb__err(st, "%s", w->msg);
             ld->cur = NULL;
             window_free(ld, w);
             ld->finished = true;

@@ -19,12 +19,12 @@
 typedef struct block_impl {
     uint64_t bs, bpw;
     uint64_t nblocks, nwin;
-    uint64_t short_slot;        /* nblocks - 1 with a short block, UINT64_MAX when none */
-    zb_perm blocks;             /* slot -> block, over the full blocks */
-    bool have_win;              /* win_perm is the bijection of window cached_win */
+    uint64_t short_slot; /* nblocks - 1 with a short block, UINT64_MAX when none */
+    zb__perm blocks;     /* slot -> block, over the full blocks */
+    bool have_win;       /* win_perm is the bijection of window cached_win */
     uint64_t cached_win;
-    zb_perm win_perm;
-    uint64_t *win_blocks;       /* the blocks of window cached_win (NULL: bpw too large) */
+    zb__perm win_perm;
+    uint64_t *win_blocks; /* the blocks of window cached_win (NULL: bpw too large) */
 } block_impl;
 
 /* Windows of up to this many blocks keep their block ids (8 bytes each) instead of applying
@@ -46,8 +46,8 @@ block_plan(zb_sampler *s)
     bool short_block = s->n % b->bs != 0;
     b->nblocks = s->n / b->bs + short_block;
     b->nwin = b->nblocks / b->bpw + (b->nblocks % b->bpw != 0);
-    zb_perm_init(&b->blocks, b->nblocks - short_block,
-                 zb_stream_key(s->seed, s->epoch, ZB_TAG_BLOCKS, 0, 0));
+    zb__perm_init(&b->blocks, b->nblocks - short_block,
+                  zb__stream_key(s->seed, s->epoch, ZB_TAG_BLOCKS, 0, 0));
     b->short_slot = short_block ? b->nblocks - 1 : UINT64_MAX;
     b->have_win = false;
     return ZB_OK;
@@ -63,7 +63,7 @@ window_start(const zb_sampler *s, const block_impl *b, uint64_t w)
 static uint64_t
 slot_block(const block_impl *b, uint64_t j)
 {
-    return j == b->short_slot ? j : zb_perm_apply(&b->blocks, j);
+    return j == b->short_slot ? j : zb__perm_apply(&b->blocks, j);
 }
 
 /* Makes window w the cached one: its row bijection and its block ids. */
@@ -72,7 +72,7 @@ use_window(zb_sampler *s, block_impl *b, uint64_t w, uint64_t m)
 {
     if (b->have_win && b->cached_win == w) return;
     uint64_t j0 = w * b->bpw;
-    zb_perm_init(&b->win_perm, m, zb_stream_key(s->seed, s->epoch, ZB_TAG_WINDOW, w, 0));
+    zb__perm_init(&b->win_perm, m, zb__stream_key(s->seed, s->epoch, ZB_TAG_WINDOW, w, 0));
     b->cached_win = w;
     b->have_win = true;
     if (b->win_blocks)
@@ -96,7 +96,7 @@ block_batch(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
         uint64_t e = stop < we ? stop : we, j0 = w * b->bpw;
         use_window(s, b, w, we - ws);
         uint64_t *q = ids + (p - start);
-        zb_perm_apply_run(&b->win_perm, p - ws, (size_t)(e - p), q);
+        zb__perm_apply_run(&b->win_perm, p - ws, (size_t)(e - p), q);
         /* the short block, if any, is the last window's last slot: q / bs is the slot either
          * way */
         for (uint64_t k = 0; k < e - p; k++) {
@@ -110,7 +110,7 @@ block_batch(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
     return ZB_OK;
 }
 
-static const zb_sampler_ops block_ops = {
+static const zb__sampler_ops block_ops = {
     .name = "block",
     .plan_epoch = block_plan,
     .batch = block_batch,
@@ -120,24 +120,24 @@ static const zb_sampler_ops block_ops = {
 zb_status
 zb_sampler_new_block(const zb_block_sampler_opts *opts, zb_sampler **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "block sampler: NULL out");
+    if (!out) return zb__err(ZB_E_INVALID, "block sampler: NULL out");
     *out = NULL;
-    if (!opts) return zb_err(ZB_E_INVALID, "block sampler: NULL options");
-    ZB_TRY(zb_sampler_check_stream("block", &opts->base));
-    if (opts->block_size < 1) return zb_err(ZB_E_INVALID, "block sampler: block_size must be >= 1");
+    if (!opts) return zb__err(ZB_E_INVALID, "block sampler: NULL options");
+    ZB_TRY(zb__sampler_check_stream("block", &opts->base));
+    if (opts->block_size < 1) return zb__err(ZB_E_INVALID, "block sampler: block_size must be >= 1");
     if (opts->blocks_per_window < 1)
-        return zb_err(ZB_E_INVALID, "block sampler: blocks_per_window must be >= 1");
+        return zb__err(ZB_E_INVALID, "block sampler: blocks_per_window must be >= 1");
     /* every window start w*bpw*bs (w < nwin) must fit: (nblocks + bpw) * bs bounds them */
     uint64_t nblocks = opts->base.n / opts->block_size + 1, bound;
     if (__builtin_add_overflow(nblocks, opts->blocks_per_window, &bound) ||
         __builtin_mul_overflow(bound, opts->block_size, &bound))
-        return zb_err(ZB_E_OVERFLOW,
+        return zb__err(ZB_E_OVERFLOW,
                       "block sampler: n %llu with block_size %llu x "
                       "blocks_per_window %llu overflows",
                       (unsigned long long)opts->base.n, (unsigned long long)opts->block_size,
                       (unsigned long long)opts->blocks_per_window);
     block_impl *b = calloc(1, sizeof *b);
-    if (!b) return zb_err(ZB_E_NOMEM, "block sampler");
+    if (!b) return zb__err(ZB_E_NOMEM, "block sampler");
     b->bs = opts->block_size;
     b->bpw = opts->blocks_per_window;
     if (b->bpw <= WIN_BLOCKS_MAX) { /* (nblocks + 1 bounds a window's blocks too) */
@@ -145,11 +145,11 @@ zb_sampler_new_block(const zb_block_sampler_opts *opts, zb_sampler **out)
         b->win_blocks = malloc(cap * sizeof *b->win_blocks);
         if (!b->win_blocks) {
             free(b);
-            return zb_err(ZB_E_NOMEM, "block sampler");
+            return zb__err(ZB_E_NOMEM, "block sampler");
         }
     }
-    return zb_sampler_create(
+    return zb__sampler_create(
         &opts->base, &block_ops, b,
-        zb_sampler_batches_for(opts->base.n, opts->base.batch_size, opts->base.drop_last),
+        zb__sampler_batches_for(opts->base.n, opts->base.batch_size, opts->base.drop_last),
         (size_t)opts->base.batch_size, out);
 }

@@ -12,22 +12,22 @@
 /* ---- hashing --------------------------------------------------------------------------------- */
 
 uint64_t
-zb_stream_key(uint64_t seed, uint64_t epoch, uint64_t tag, uint64_t a, uint64_t b)
+zb__stream_key(uint64_t seed, uint64_t epoch, uint64_t tag, uint64_t a, uint64_t b)
 {
     /* A chain of splitmix64 steps, each absorbing one word; the distinct increments keep
      * (seed, epoch) = (x, y) apart from (y, x). */
-    uint64_t h = zb_mix64(seed + 0x9e3779b97f4a7c15ULL);
-    h = zb_mix64(h ^ (epoch + 0x6a09e667f3bcc909ULL));
-    h = zb_mix64(h ^ (tag + 0xbb67ae8584caa73bULL));
-    h = zb_mix64(h ^ (a + 0x3c6ef372fe94f82bULL));
-    h = zb_mix64(h ^ (b + 0xa54ff53a5f1d36f1ULL));
+    uint64_t h = zb__mix64(seed + 0x9e3779b97f4a7c15ULL);
+    h = zb__mix64(h ^ (epoch + 0x6a09e667f3bcc909ULL));
+    h = zb__mix64(h ^ (tag + 0xbb67ae8584caa73bULL));
+    h = zb__mix64(h ^ (a + 0x3c6ef372fe94f82bULL));
+    h = zb__mix64(h ^ (b + 0xa54ff53a5f1d36f1ULL));
     return h;
 }
 
 /* ---- keyed bijection ----------------------------------------------------------------------- */
 
 void
-zb_perm_init(zb_perm *p, uint64_t n, uint64_t key)
+zb__perm_init(zb__perm *p, uint64_t n, uint64_t key)
 {
     unsigned half = 1;
     /* smallest half with 4^half >= n; half = 32 covers all of uint64 */
@@ -36,15 +36,15 @@ zb_perm_init(zb_perm *p, uint64_t n, uint64_t key)
     p->half = half;
     p->mask = half == 32 ? 0xffffffffULL : ((1ULL << half) - 1);
     uint64_t x = key;
-    for (int i = 0; i < ZB_PERM_ROUNDS; i++) p->keys[i] = zb_splitmix64(&x);
+    for (int i = 0; i < ZB_PERM_ROUNDS; i++) p->keys[i] = zb__splitmix64(&x);
 }
 
 static uint64_t
-feistel_forward(const zb_perm *p, uint64_t x)
+feistel_forward(const zb__perm *p, uint64_t x)
 {
     uint64_t l = x >> p->half, r = x & p->mask;
     for (int i = 0; i < ZB_PERM_ROUNDS; i++) {
-        uint64_t f = zb_mix64(r ^ p->keys[i]) & p->mask;
+        uint64_t f = zb__mix64(r ^ p->keys[i]) & p->mask;
         uint64_t t = l ^ f;
         l = r;
         r = t;
@@ -53,11 +53,11 @@ feistel_forward(const zb_perm *p, uint64_t x)
 }
 
 static uint64_t
-feistel_backward(const zb_perm *p, uint64_t y)
+feistel_backward(const zb__perm *p, uint64_t y)
 {
     uint64_t l = y >> p->half, r = y & p->mask;
     for (int i = ZB_PERM_ROUNDS - 1; i >= 0; i--) {
-        uint64_t f = zb_mix64(l ^ p->keys[i]) & p->mask;
+        uint64_t f = zb__mix64(l ^ p->keys[i]) & p->mask;
         uint64_t t = r ^ f;
         r = l;
         l = t;
@@ -66,7 +66,7 @@ feistel_backward(const zb_perm *p, uint64_t y)
 }
 
 uint64_t
-zb_perm_apply(const zb_perm *p, uint64_t x)
+zb__perm_apply(const zb__perm *p, uint64_t x)
 {
     if (p->n <= 1) return 0;
     /* Cycle walking: the network permutes [0, 4^half); following x's cycle until it re-enters
@@ -79,14 +79,14 @@ zb_perm_apply(const zb_perm *p, uint64_t x)
 /* Four network passes side by side: independent chains the CPU overlaps (one pass is a
  * chain of 12 dependent multiplies). */
 static void
-feistel_forward4(const zb_perm *p, uint64_t *v)
+feistel_forward4(const zb__perm *p, uint64_t *v)
 {
     uint64_t l0 = v[0] >> p->half, r0 = v[0] & p->mask, l1 = v[1] >> p->half, r1 = v[1] & p->mask;
     uint64_t l2 = v[2] >> p->half, r2 = v[2] & p->mask, l3 = v[3] >> p->half, r3 = v[3] & p->mask;
     for (int i = 0; i < ZB_PERM_ROUNDS; i++) {
         uint64_t key = p->keys[i], m = p->mask;
-        uint64_t t0 = l0 ^ (zb_mix64(r0 ^ key) & m), t1 = l1 ^ (zb_mix64(r1 ^ key) & m);
-        uint64_t t2 = l2 ^ (zb_mix64(r2 ^ key) & m), t3 = l3 ^ (zb_mix64(r3 ^ key) & m);
+        uint64_t t0 = l0 ^ (zb__mix64(r0 ^ key) & m), t1 = l1 ^ (zb__mix64(r1 ^ key) & m);
+        uint64_t t2 = l2 ^ (zb__mix64(r2 ^ key) & m), t3 = l3 ^ (zb__mix64(r3 ^ key) & m);
         l0 = r0, l1 = r1, l2 = r2, l3 = r3;
         r0 = t0, r1 = t1, r2 = t2, r3 = t3;
     }
@@ -97,7 +97,7 @@ feistel_forward4(const zb_perm *p, uint64_t *v)
 }
 
 void
-zb_perm_apply_run(const zb_perm *p, uint64_t x0, size_t n, uint64_t *out)
+zb__perm_apply_run(const zb__perm *p, uint64_t x0, size_t n, uint64_t *out)
 {
     size_t i = 0;
     if (p->n > 1)
@@ -109,11 +109,11 @@ zb_perm_apply_run(const zb_perm *p, uint64_t x0, size_t n, uint64_t *out)
                 out[i + k] = v[k];
             }
         }
-    for (; i < n; i++) out[i] = zb_perm_apply(p, x0 + i);
+    for (; i < n; i++) out[i] = zb__perm_apply(p, x0 + i);
 }
 
 uint64_t
-zb_perm_invert(const zb_perm *p, uint64_t y)
+zb__perm_invert(const zb__perm *p, uint64_t y)
 {
     if (p->n <= 1) return 0;
     do y = feistel_backward(p, y);
@@ -124,7 +124,7 @@ zb_perm_invert(const zb_perm *p, uint64_t y)
 /* ---- alias method ---------------------------------------------------------------------------- */
 
 void
-zb_alias_build_into(double *prob, uint64_t *alias, uint64_t *scratch, const double *w, uint64_t k)
+zb__alias_build_into(double *prob, uint64_t *alias, uint64_t *scratch, const double *w, uint64_t k)
 {
     double total = 0;
     for (uint64_t i = 0; i < k; i++) total += w[i];
@@ -165,27 +165,27 @@ zb_alias_build_into(double *prob, uint64_t *alias, uint64_t *scratch, const doub
 }
 
 zb_status
-zb_alias_build(zb_alias *a, const double *w, uint64_t k)
+zb__alias_build(zb__alias *a, const double *w, uint64_t k)
 {
     memset(a, 0, sizeof *a);
     if (k == 0 || k > SIZE_MAX / sizeof(double))
-        return zb_err(ZB_E_OVERFLOW, "alias table of %llu entries", (unsigned long long)k);
+        return zb__err(ZB_E_OVERFLOW, "alias table of %llu entries", (unsigned long long)k);
     uint64_t *scratch = malloc((size_t)k * sizeof *scratch);
     a->prob = malloc((size_t)k * sizeof *a->prob);
     a->alias = malloc((size_t)k * sizeof *a->alias);
     if (!scratch || !a->prob || !a->alias) {
         free(scratch);
-        zb_alias_free(a);
-        return zb_err(ZB_E_NOMEM, "alias table of %llu entries", (unsigned long long)k);
+        zb__alias_free(a);
+        return zb__err(ZB_E_NOMEM, "alias table of %llu entries", (unsigned long long)k);
     }
     a->k = k;
-    zb_alias_build_into(a->prob, a->alias, scratch, w, k);
+    zb__alias_build_into(a->prob, a->alias, scratch, w, k);
     free(scratch);
     return ZB_OK;
 }
 
 void
-zb_alias_free(zb_alias *a)
+zb__alias_free(zb__alias *a)
 {
     free(a->prob);
     free(a->alias);
@@ -195,35 +195,35 @@ zb_alias_free(zb_alias *a)
 /* ---- the sampler object ---------------------------------------------------------------------- */
 
 uint64_t
-zb_sampler_batches_for(uint64_t total, uint64_t b, bool drop_last)
+zb__sampler_batches_for(uint64_t total, uint64_t b, bool drop_last)
 {
     return drop_last ? total / b : total / b + (total % b != 0);
 }
 
 zb_status
-zb_sampler_create(const zb_sampler_opts *opts, const zb_sampler_ops *ops, void *impl,
-                  uint64_t global_batches, size_t max_batch, zb_sampler **out)
+zb__sampler_create(const zb_sampler_opts *opts, const zb__sampler_ops *ops, void *impl,
+                   uint64_t global_batches, size_t max_batch, zb_sampler **out)
 {
     zb_status st;
     zb_sampler *s = NULL;
     *out = NULL;
     if (opts->world_size < 1) {
-        st = zb_err(ZB_E_INVALID, "%s sampler: world_size must be >= 1", ops->name);
+        st = zb__err(ZB_E_INVALID, "%s sampler: world_size must be >= 1", ops->name);
         goto fail;
     }
     if (opts->rank >= opts->world_size) {
-        st = zb_err(ZB_E_INVALID, "%s sampler: rank %u is not below world_size %u", ops->name,
+        st = zb__err(ZB_E_INVALID, "%s sampler: rank %u is not below world_size %u", ops->name,
                     opts->rank, opts->world_size);
         goto fail;
     }
     if (opts->pad_or_drop != ZB_SAMPLER_PAD && opts->pad_or_drop != ZB_SAMPLER_DROP) {
-        st = zb_err(ZB_E_INVALID, "%s sampler: pad_or_drop %d is neither PAD nor DROP", ops->name,
+        st = zb__err(ZB_E_INVALID, "%s sampler: pad_or_drop %d is neither PAD nor DROP", ops->name,
                     (int)opts->pad_or_drop);
         goto fail;
     }
     s = calloc(1, sizeof *s);
     if (!s) {
-        st = zb_err(ZB_E_NOMEM, "%s sampler", ops->name);
+        st = zb__err(ZB_E_NOMEM, "%s sampler", ops->name);
         goto fail;
     }
     s->ops = ops;
@@ -251,13 +251,13 @@ fail:
 
 /* Checks what every sampler whose batches are cut from an n-long stream needs. */
 zb_status
-zb_sampler_check_stream(const char *name, const zb_sampler_opts *opts)
+zb__sampler_check_stream(const char *name, const zb_sampler_opts *opts)
 {
-    if (!opts) return zb_err(ZB_E_INVALID, "%s sampler: NULL options", name);
+    if (!opts) return zb__err(ZB_E_INVALID, "%s sampler: NULL options", name);
     if (opts->batch_size < 1)
-        return zb_err(ZB_E_INVALID, "%s sampler: batch_size must be >= 1", name);
+        return zb__err(ZB_E_INVALID, "%s sampler: batch_size must be >= 1", name);
     if (opts->batch_size > SIZE_MAX / sizeof(uint64_t))
-        return zb_err(ZB_E_OVERFLOW, "%s sampler: batch_size %llu is too large", name,
+        return zb__err(ZB_E_OVERFLOW, "%s sampler: batch_size %llu is too large", name,
                       (unsigned long long)opts->batch_size);
     return ZB_OK;
 }
@@ -305,9 +305,9 @@ zb_status
 zb_sampler_next(zb_sampler *s, uint64_t *ids, size_t cap, size_t *n)
 {
     if (n) *n = 0;
-    if (!s || !ids || !n) return zb_err(ZB_E_INVALID, "zb_sampler_next: NULL argument");
+    if (!s || !ids || !n) return zb__err(ZB_E_INVALID, "zb_sampler_next: NULL argument");
     if (cap < s->max_batch)
-        return zb_err(ZB_E_INVALID, "zb_sampler_next: cap %zu is below max_batch %zu", cap,
+        return zb__err(ZB_E_INVALID, "zb_sampler_next: cap %zu is below max_batch %zu", cap,
                       s->max_batch);
     while (zb_sampler_remaining(s) > 0) {
         /* this rank's done-th batch since base; past the end, pad from the epoch start */
@@ -351,7 +351,7 @@ restart(zb_sampler *s, uint64_t seed, uint64_t epoch, uint64_t position)
 zb_status
 zb_sampler_set_epoch(zb_sampler *s, uint64_t epoch)
 {
-    if (!s) return zb_err(ZB_E_INVALID, "zb_sampler_set_epoch: NULL sampler");
+    if (!s) return zb__err(ZB_E_INVALID, "zb_sampler_set_epoch: NULL sampler");
     return restart(s, s->seed, epoch, 0);
 }
 
@@ -367,7 +367,7 @@ zb_sampler_get_state(const zb_sampler *s, zb_sampler_state *st)
 zb_status
 zb_sampler_restore(zb_sampler *s, const zb_sampler_state *st)
 {
-    if (!s || !st) return zb_err(ZB_E_INVALID, "zb_sampler_restore: NULL argument");
+    if (!s || !st) return zb__err(ZB_E_INVALID, "zb_sampler_restore: NULL argument");
     return restart(s, st->seed, st->epoch, st->position);
 }
 

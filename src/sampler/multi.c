@@ -26,8 +26,8 @@ typedef struct multi_impl {
     uint64_t *count;      /* per child: samples per batch (BATCH) or per epoch (SAMPLE) */
     uint64_t *first;      /* SAMPLE: the child's first position in the mixed stream */
     double *rate;         /* SAMPLE: normalised rates, for the alias table */
-    zb_perm *perm;        /* [k + 1]: each child's permutation, then the mixing one */
-    zb_alias alias;       /* SAMPLE with replacement and shuffle: the child of a draw */
+    zb__perm *perm;       /* [k + 1]: each child's permutation, then the mixing one */
+    zb__alias alias;      /* SAMPLE with replacement and shuffle: the child of a draw */
     bool replacement, shuffle;
     uint64_t total; /* SAMPLE: ids per epoch */
 } multi_impl;
@@ -43,7 +43,7 @@ multi_destroy(void *p)
     free(m->first);
     free(m->rate);
     free(m->perm);
-    zb_alias_free(&m->alias);
+    zb__alias_free(&m->alias);
     free(m);
 }
 
@@ -54,10 +54,11 @@ multi_plan(zb_sampler *s)
     if (!m->shuffle) return ZB_OK;
     for (size_t i = 0; i < m->k; i++)
         if (m->size[i] > 0)
-            zb_perm_init(&m->perm[i], m->size[i],
-                         zb_stream_key(s->seed, s->epoch, ZB_TAG_CHILD, i, 0));
+            zb__perm_init(&m->perm[i], m->size[i],
+                          zb__stream_key(s->seed, s->epoch, ZB_TAG_CHILD, i, 0));
     if (m->mode == ZB_MULTI_SAMPLE && m->total > 0)
-        zb_perm_init(&m->perm[m->k], m->total, zb_stream_key(s->seed, s->epoch, ZB_TAG_MIX, 0, 0));
+        zb__perm_init(&m->perm[m->k], m->total,
+                      zb__stream_key(s->seed, s->epoch, ZB_TAG_MIX, 0, 0));
     return ZB_OK;
 }
 
@@ -67,18 +68,18 @@ child_draw(const zb_sampler *s, const multi_impl *m, size_t i, uint64_t q)
 {
     uint64_t len = m->size[i];
     if (m->replacement && m->shuffle)
-        return zb_bounded(zb_hash2(zb_stream_key(s->seed, s->epoch, ZB_TAG_CHILDRAW, i, 0), q),
-                          len);
-    return m->shuffle ? zb_perm_apply(&m->perm[i], q % len) : q % len;
+        return zb__bounded(zb__hash2(zb__stream_key(s->seed, s->epoch, ZB_TAG_CHILDRAW, i, 0), q),
+                           len);
+    return m->shuffle ? zb__perm_apply(&m->perm[i], q % len) : q % len;
 }
 
 static void
 shuffle_batch(const zb_sampler *s, uint64_t g, uint64_t *ids, size_t n)
 {
     /* Fisher-Yates keyed by (seed, epoch, g) */
-    uint64_t x = zb_stream_key(s->seed, s->epoch, ZB_TAG_BATCH, g, 0);
+    uint64_t x = zb__stream_key(s->seed, s->epoch, ZB_TAG_BATCH, g, 0);
     for (size_t i = n; i > 1; i--) {
-        size_t j = (size_t)zb_bounded(zb_splitmix64(&x), i);
+        size_t j = (size_t)zb__bounded(zb__splitmix64(&x), i);
         uint64_t t = ids[i - 1];
         ids[i - 1] = ids[j];
         ids[j] = t;
@@ -93,7 +94,7 @@ batch_fixed(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
     for (size_t i = 0; i < m->k; i++) {
         uint64_t c = m->count[i];
         if (m->shuffle && !m->replacement) { /* g c + c <= n_i: one permutation, read in a run */
-            zb_perm_apply_run(&m->perm[i], g * c, (size_t)c, ids + pos);
+            zb__perm_apply_run(&m->perm[i], g * c, (size_t)c, ids + pos);
             for (uint64_t q = 0; q < c; q++) ids[pos + q] += m->off[i];
             pos += (size_t)c;
             continue;
@@ -128,15 +129,15 @@ batch_mixed(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
     uint64_t p0 = g * s->batch_size;
     uint64_t p1 = m->total - p0 < s->batch_size ? m->total : p0 + s->batch_size;
     if (m->replacement && m->shuffle) {
-        uint64_t key = zb_stream_key(s->seed, s->epoch, ZB_TAG_MIX, 1, 0);
+        uint64_t key = zb__stream_key(s->seed, s->epoch, ZB_TAG_MIX, 1, 0);
         for (uint64_t p = p0; p < p1; p++) {
-            size_t i = (size_t)zb_alias_draw(m->alias.prob, m->alias.alias, m->k,
-                                             zb_hash2(key, 2 * p), zb_hash2(key, 2 * p + 1));
+            size_t i = (size_t)zb__alias_draw(m->alias.prob, m->alias.alias, m->k,
+                                              zb__hash2(key, 2 * p), zb__hash2(key, 2 * p + 1));
             ids[p - p0] = m->off[i] + child_draw(s, m, i, p);
         }
     } else {
         for (uint64_t p = p0; p < p1; p++) {
-            uint64_t x = m->shuffle ? zb_perm_apply(&m->perm[m->k], p) : p;
+            uint64_t x = m->shuffle ? zb__perm_apply(&m->perm[m->k], p) : p;
             size_t i = block_of(m, x);
             ids[p - p0] = m->off[i] + child_draw(s, m, i, x - m->first[i]);
         }
@@ -145,14 +146,14 @@ batch_mixed(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
     return ZB_OK;
 }
 
-static const zb_sampler_ops multi_ops = {
+static const zb__sampler_ops multi_ops = {
     .name = "multi-dataset",
     .plan_epoch = multi_plan,
     .batch = batch_fixed,
     .destroy = multi_destroy,
 };
 
-static const zb_sampler_ops mixed_ops = {
+static const zb__sampler_ops mixed_ops = {
     .name = "multi-dataset (per sample)",
     .plan_epoch = multi_plan,
     .batch = batch_mixed,
@@ -167,20 +168,20 @@ normalise_rates(const zb_multi_sampler_opts *o, const multi_impl *m, double *r)
     for (size_t i = 0; i < m->k; i++) {
         r[i] = o->ratios ? o->ratios[i] : o->balanced ? 1.0 : (double)m->size[i];
         if (!isfinite(r[i]) || r[i] < 0)
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "multi-dataset sampler: child %zu has rate %g (must be finite and "
                           ">= 0)",
                           i, r[i]);
         sum += r[i];
     }
     if (!(sum > 0) || !isfinite(sum))
-        return zb_err(ZB_E_INVALID,
+        return zb__err(ZB_E_INVALID,
                       "multi-dataset sampler: the rates sum to %g (at least one must be "
                       "positive)",
                       sum);
     for (size_t i = 0; i < m->k; i++) {
         if (r[i] > 0 && m->size[i] == 0)
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "multi-dataset sampler: child %zu has a positive rate but no samples", i);
         r[i] /= sum;
     }
@@ -247,7 +248,7 @@ epoch_batches(const zb_multi_sampler_opts *o, const multi_impl *m, uint64_t *out
             break;
         case ZB_EPOCH_MAX_SIZE:
             if (!m->replacement && hi > lo)
-                return zb_err(ZB_E_INVALID,
+                return zb__err(ZB_E_INVALID,
                               "multi-dataset sampler: epoch_policy max_size needs "
                               "replacement when smaller children would need oversampling "
                               "(%llu against %llu batches)",
@@ -255,22 +256,22 @@ epoch_batches(const zb_multi_sampler_opts *o, const multi_impl *m, uint64_t *out
             g = hi;
             break;
         default:
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "multi-dataset sampler: epoch_policy %d is not one of "
                           "DATASET_SIZE, MIN_SIZE, MAX_SIZE",
                           (int)o->epoch_policy);
         }
     }
     if (!m->replacement && g > lo)
-        return zb_err(ZB_E_INVALID,
+        return zb__err(ZB_E_INVALID,
                       "multi-dataset sampler: without replacement the children hold at most "
                       "%llu complete batches, not %llu",
                       (unsigned long long)lo, (unsigned long long)g);
     if (g < 1)
-        return zb_err(ZB_E_INVALID, "multi-dataset sampler: the epoch has 0 batches (a child "
+        return zb__err(ZB_E_INVALID, "multi-dataset sampler: the epoch has 0 batches (a child "
                                     "holds fewer samples than one batch takes)");
     if (g > UINT64_MAX / b) /* stream positions g c_i must not wrap */
-        return zb_err(ZB_E_OVERFLOW, "multi-dataset sampler: %llu batches of %llu",
+        return zb__err(ZB_E_OVERFLOW, "multi-dataset sampler: %llu batches of %llu",
                       (unsigned long long)g, (unsigned long long)b);
     *out = g;
     return ZB_OK;
@@ -291,12 +292,12 @@ batch_counts(const zb_multi_sampler_opts *o, multi_impl *m, double *rates)
     for (size_t i = 0; i < m->k; i++)
         if (__builtin_add_overflow(sum, m->count[i], &sum)) sum = UINT64_MAX;
     if (sum != b)
-        return zb_err(ZB_E_INVALID,
+        return zb__err(ZB_E_INVALID,
                       "multi-dataset sampler: counts sum to %llu, not batch_size %llu",
                       (unsigned long long)sum, (unsigned long long)b);
     for (size_t i = 0; i < m->k; i++)
         if (m->count[i] > 0 && m->size[i] == 0)
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "multi-dataset sampler: child %zu contributes %llu samples per "
                           "batch but has no samples",
                           i, (unsigned long long)m->count[i]);
@@ -308,45 +309,45 @@ static zb_status
 sample_counts(const zb_multi_sampler_opts *o, multi_impl *m, uint64_t total_len)
 {
     m->total = o->num_samples ? o->num_samples : total_len;
-    if (m->total == 0) return zb_err(ZB_E_INVALID, "multi-dataset sampler: 0 samples per epoch");
+    if (m->total == 0) return zb__err(ZB_E_INVALID, "multi-dataset sampler: 0 samples per epoch");
     ZB_TRY(normalise_rates(o, m, m->rate));
     apportion(m->rate, m->k, m->total, m->count);
     m->first[0] = 0;
     for (size_t i = 0; i < m->k; i++) {
         if (!m->replacement && m->count[i] > m->size[i])
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "multi-dataset sampler: without replacement child %zu cannot give "
                           "%llu samples (it has %llu)",
                           i, (unsigned long long)m->count[i], (unsigned long long)m->size[i]);
         m->first[i + 1] = m->first[i] + m->count[i];
     }
-    if (m->replacement && m->shuffle) return zb_alias_build(&m->alias, m->rate, m->k);
+    if (m->replacement && m->shuffle) return zb__alias_build(&m->alias, m->rate, m->k);
     return ZB_OK;
 }
 
 zb_status
 zb_sampler_new_multi(const zb_multi_sampler_opts *o, zb_sampler **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "multi-dataset sampler: NULL out");
+    if (!out) return zb__err(ZB_E_INVALID, "multi-dataset sampler: NULL out");
     *out = NULL;
-    if (!o) return zb_err(ZB_E_INVALID, "multi-dataset sampler: NULL options");
-    ZB_TRY(zb_sampler_check_stream("multi-dataset", &o->base));
+    if (!o) return zb__err(ZB_E_INVALID, "multi-dataset sampler: NULL options");
+    ZB_TRY(zb__sampler_check_stream("multi-dataset", &o->base));
     const size_t k = o->num_children;
     const uint64_t b = o->base.batch_size;
     if (k < 1 || !o->child_sizes)
-        return zb_err(ZB_E_INVALID, "multi-dataset sampler: needs at least one child size");
-    if (k > SIZE_MAX / 64) return zb_err(ZB_E_OVERFLOW, "multi-dataset sampler: %zu children", k);
+        return zb__err(ZB_E_INVALID, "multi-dataset sampler: needs at least one child size");
+    if (k > SIZE_MAX / 64) return zb__err(ZB_E_OVERFLOW, "multi-dataset sampler: %zu children", k);
     if (o->mode != ZB_MULTI_BATCH && o->mode != ZB_MULTI_SAMPLE)
-        return zb_err(ZB_E_INVALID, "multi-dataset sampler: mode %d is not BATCH or SAMPLE",
+        return zb__err(ZB_E_INVALID, "multi-dataset sampler: mode %d is not BATCH or SAMPLE",
                       (int)o->mode);
     if ((o->counts != NULL) + (o->ratios != NULL) + (o->balanced != 0) > 1)
-        return zb_err(ZB_E_INVALID, "multi-dataset sampler: give at most one of counts, "
+        return zb__err(ZB_E_INVALID, "multi-dataset sampler: give at most one of counts, "
                                     "ratios and balanced");
     if (o->mode == ZB_MULTI_SAMPLE && o->counts)
-        return zb_err(ZB_E_INVALID, "multi-dataset sampler: counts are per batch (BATCH mode)");
+        return zb__err(ZB_E_INVALID, "multi-dataset sampler: counts are per batch (BATCH mode)");
     zb_status st = ZB_OK;
     multi_impl *m = calloc(1, sizeof *m);
-    if (!m) return zb_err(ZB_E_NOMEM, "multi-dataset sampler");
+    if (!m) return zb__err(ZB_E_NOMEM, "multi-dataset sampler");
     m->k = k;
     m->mode = o->mode;
     m->replacement = o->replacement;
@@ -358,7 +359,7 @@ zb_sampler_new_multi(const zb_multi_sampler_opts *o, zb_sampler **out)
     m->rate = malloc(k * sizeof *m->rate);
     m->perm = calloc(k + 1, sizeof *m->perm);
     if (!m->size || !m->off || !m->count || !m->first || !m->rate || !m->perm) {
-        st = zb_err(ZB_E_NOMEM, "multi-dataset sampler: %zu children", k);
+        st = zb__err(ZB_E_NOMEM, "multi-dataset sampler: %zu children", k);
         goto fail;
     }
     uint64_t total_len = 0;
@@ -366,7 +367,7 @@ zb_sampler_new_multi(const zb_multi_sampler_opts *o, zb_sampler **out)
         m->size[i] = o->child_sizes[i];
         m->off[i] = total_len;
         if (__builtin_add_overflow(total_len, m->size[i], &total_len)) {
-            st = zb_err(ZB_E_OVERFLOW, "multi-dataset sampler: sum of child sizes");
+            st = zb__err(ZB_E_OVERFLOW, "multi-dataset sampler: sum of child sizes");
             goto fail;
         }
     }
@@ -374,15 +375,15 @@ zb_sampler_new_multi(const zb_multi_sampler_opts *o, zb_sampler **out)
     base.n = total_len;
     if (o->mode == ZB_MULTI_SAMPLE) {
         if ((st = sample_counts(o, m, total_len)) != ZB_OK) goto fail;
-        return zb_sampler_create(&base, &mixed_ops, m,
-                                 zb_sampler_batches_for(m->total, b, base.drop_last), (size_t)b,
-                                 out);
+        return zb__sampler_create(&base, &mixed_ops, m,
+                                  zb__sampler_batches_for(m->total, b, base.drop_last), (size_t)b,
+                                  out);
     }
     uint64_t batches = 0;
     if ((st = batch_counts(o, m, m->rate)) != ZB_OK ||
         (st = epoch_batches(o, m, &batches)) != ZB_OK)
         goto fail;
-    return zb_sampler_create(&base, &multi_ops, m, batches, (size_t)b, out);
+    return zb__sampler_create(&base, &multi_ops, m, batches, (size_t)b, out);
 fail:
     multi_destroy(m);
     return st;

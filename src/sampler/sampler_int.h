@@ -28,7 +28,7 @@ enum {
     ZB_TAG_MIX = 13,      /* multi-dataset per-sample mixing: stream order, child draws */
 };
 
-typedef struct zb_sampler_ops {
+typedef struct zb__sampler_ops {
     const char *name;
     /* Recomputes per-epoch data after seed/epoch changed (and updates s->global_batches when
      * it depends on the epoch); NULL when nothing depends on them. */
@@ -41,10 +41,10 @@ typedef struct zb_sampler_ops {
     /* Optional: forgets per-epoch extras (replacement index) on set_epoch / restore. */
     void (*reset)(zb_sampler *s);
     void (*destroy)(void *impl);
-} zb_sampler_ops;
+} zb__sampler_ops;
 
 struct zb_sampler {
-    const zb_sampler_ops *ops;
+    const zb__sampler_ops *ops;
     void *impl;
     uint64_t n;
     uint64_t batch_size;
@@ -61,21 +61,21 @@ struct zb_sampler {
 
 /* Validates the common options, allocates the sampler around `impl` and plans epoch 0. On
  * failure destroys impl (ops->destroy) and sets *out = NULL. */
-zb_status zb_sampler_create(const zb_sampler_opts *opts, const zb_sampler_ops *ops, void *impl,
-                            uint64_t global_batches, size_t max_batch, zb_sampler **out);
+zb_status zb__sampler_create(const zb_sampler_opts *opts, const zb__sampler_ops *ops, void *impl,
+                             uint64_t global_batches, size_t max_batch, zb_sampler **out);
 
 /* Checks the options of a sampler whose batches are cut from a stream (batch_size >= 1 and
  * small enough for size_t arrays). */
-zb_status zb_sampler_check_stream(const char *name, const zb_sampler_opts *opts);
+zb_status zb__sampler_check_stream(const char *name, const zb_sampler_opts *opts);
 
 /* ceil(total / b), or floor with drop_last. */
-uint64_t zb_sampler_batches_for(uint64_t total, uint64_t b, bool drop_last);
+uint64_t zb__sampler_batches_for(uint64_t total, uint64_t b, bool drop_last);
 
 /* ---- hashing --------------------------------------------------------------------------------- */
 
 /* The splitmix64 finaliser: a bijective 64-bit mixer. */
 static inline uint64_t
-zb_mix64(uint64_t z)
+zb__mix64(uint64_t z)
 {
     z ^= z >> 30;
     z *= 0xbf58476d1ce4e5b9ULL;
@@ -87,32 +87,32 @@ zb_mix64(uint64_t z)
 
 /* The next output of a splitmix64 generator with state *x. */
 static inline uint64_t
-zb_splitmix64(uint64_t *x)
+zb__splitmix64(uint64_t *x)
 {
     *x += 0x9e3779b97f4a7c15ULL;
-    return zb_mix64(*x);
+    return zb__mix64(*x);
 }
 
 /* A key for stream (seed, epoch, tag, a, b): every argument changes it. */
-uint64_t zb_stream_key(uint64_t seed, uint64_t epoch, uint64_t tag, uint64_t a, uint64_t b);
+uint64_t zb__stream_key(uint64_t seed, uint64_t epoch, uint64_t tag, uint64_t a, uint64_t b);
 
 /* A 64-bit hash of (key, x), for per-position draws. */
 static inline uint64_t
-zb_hash2(uint64_t key, uint64_t x)
+zb__hash2(uint64_t key, uint64_t x)
 {
-    return zb_mix64(zb_mix64(key ^ (x * 0x9e3779b97f4a7c15ULL)) + x);
+    return zb__mix64(zb__mix64(key ^ (x * 0x9e3779b97f4a7c15ULL)) + x);
 }
 
 /* floor(u * n / 2^64): maps a uniform 64-bit word onto [0, n) (bias <= n / 2^64). */
 static inline uint64_t
-zb_bounded(uint64_t u, uint64_t n)
+zb__bounded(uint64_t u, uint64_t n)
 {
     return (uint64_t)(((unsigned __int128)u * n) >> 64);
 }
 
 /* A uniform double in [0, 1) from the top 53 bits. */
 static inline double
-zb_unit(uint64_t u)
+zb__unit(uint64_t u)
 {
     return (double)(u >> 11) * (1.0 / 9007199254740992.0);
 }
@@ -123,44 +123,44 @@ zb_unit(uint64_t u)
 
 /* A permutation of [0, n): a balanced Feistel network over [0, 4^half) (the smallest power of
  * 4 >= n, at least 4) with cycle walking. O(1) memory, expected < 4 network passes per call. */
-typedef struct zb_perm {
+typedef struct zb__perm {
     uint64_t n;
     unsigned half; /* bits per half, 1..32 */
     uint64_t mask;
     uint64_t keys[ZB_PERM_ROUNDS];
-} zb_perm;
+} zb__perm;
 
-void zb_perm_init(zb_perm *p, uint64_t n, uint64_t key);
+void zb__perm_init(zb__perm *p, uint64_t n, uint64_t key);
 /* The image of x (< n). */
-uint64_t zb_perm_apply(const zb_perm *p, uint64_t x);
-/* out[i] = zb_perm_apply(p, x0 + i) for i < n, a few at a time (x0 + n <= p->n). */
-void zb_perm_apply_run(const zb_perm *p, uint64_t x0, size_t n, uint64_t *out);
-/* The preimage of y (< n): zb_perm_invert(p, zb_perm_apply(p, x)) == x. */
-uint64_t zb_perm_invert(const zb_perm *p, uint64_t y);
+uint64_t zb__perm_apply(const zb__perm *p, uint64_t x);
+/* out[i] = zb__perm_apply(p, x0 + i) for i < n, a few at a time (x0 + n <= p->n). */
+void zb__perm_apply_run(const zb__perm *p, uint64_t x0, size_t n, uint64_t *out);
+/* The preimage of y (< n): zb__perm_invert(p, zb__perm_apply(p, x)) == x. */
+uint64_t zb__perm_invert(const zb__perm *p, uint64_t y);
 
 /* ---- alias method ---------------------------------------------------------------------------- */
 
 /* Vose's alias table over k outcomes. */
-typedef struct zb_alias {
+typedef struct zb__alias {
     uint64_t k;
     double *prob;    /* [k] acceptance probability of column j */
     uint64_t *alias; /* [k] the other outcome of column j */
-} zb_alias;
+} zb__alias;
 
 /* Builds the table for weights w[0..k) (finite, >= 0, positive sum: checked by the caller).
  * ZB_E_NOMEM on failure. */
-zb_status zb_alias_build(zb_alias *a, const double *w, uint64_t k);
+zb_status zb__alias_build(zb__alias *a, const double *w, uint64_t k);
 /* Builds into caller storage prob/alias of k entries (no allocation besides a scratch
  * stack); used for per-block tables. `scratch` has room for k entries. */
-void zb_alias_build_into(double *prob, uint64_t *alias, uint64_t *scratch, const double *w,
-                         uint64_t k);
+void zb__alias_build_into(double *prob, uint64_t *alias, uint64_t *scratch, const double *w,
+                          uint64_t k);
 /* Draws an outcome from two independent uniform words. */
 static inline uint64_t
-zb_alias_draw(const double *prob, const uint64_t *alias, uint64_t k, uint64_t u1, uint64_t u2)
+zb__alias_draw(const double *prob, const uint64_t *alias, uint64_t k, uint64_t u1, uint64_t u2)
 {
-    uint64_t j = zb_bounded(u1, k);
-    return zb_unit(u2) < prob[j] ? j : alias[j];
+    uint64_t j = zb__bounded(u1, k);
+    return zb__unit(u2) < prob[j] ? j : alias[j];
 }
-void zb_alias_free(zb_alias *a);
+void zb__alias_free(zb__alias *a);
 
 #endif

@@ -14,7 +14,7 @@ sequential_batch(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
     return ZB_OK;
 }
 
-static const zb_sampler_ops sequential_ops = {
+static const zb__sampler_ops sequential_ops = {
     .name = "sequential",
     .batch = sequential_batch,
 };
@@ -22,10 +22,10 @@ static const zb_sampler_ops sequential_ops = {
 zb_status
 zb_sampler_new_sequential(const zb_sampler_opts *opts, zb_sampler **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "sequential sampler: NULL out");
+    if (!out) return zb__err(ZB_E_INVALID, "sequential sampler: NULL out");
     *out = NULL;
-    ZB_TRY(zb_sampler_check_stream("sequential", opts));
-    return zb_sampler_create(opts, &sequential_ops, NULL,
-                             zb_sampler_batches_for(opts->n, opts->batch_size, opts->drop_last),
-                             (size_t)opts->batch_size, out);
+    ZB_TRY(zb__sampler_check_stream("sequential", opts));
+    return zb__sampler_create(opts, &sequential_ops, NULL,
+                              zb__sampler_batches_for(opts->n, opts->batch_size, opts->drop_last),
+                              (size_t)opts->batch_size, out);
 }

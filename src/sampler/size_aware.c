@@ -31,13 +31,13 @@ typedef struct size_impl {
     bool shuffle;
     uint64_t nwin;
     uint64_t *win_first; /* [nwin + 1] first global batch of each window */
-    zb_perm order;       /* the epoch's sample order */
+    zb__perm order;      /* the epoch's sample order */
     /* the packed window `cached_win` */
     bool have_win;
     uint64_t cached_win, nbins;
     uint64_t *win_ids; /* [window] ids grouped by batch */
     uint64_t *bin_off; /* [window + 1] */
-    zb_perm bin_perm;  /* batch order inside the window */
+    zb__perm bin_perm; /* batch order inside the window */
     /* packing scratch */
     pack_item *items, *sorted;        /* permuted order, decreasing size */
     uint64_t *item_bin, *item_bin_ff; /* batch of each item, per packing */
@@ -129,7 +129,7 @@ pack_window(zb_sampler *s, size_impl *z, uint64_t w)
 {
     uint64_t lo = w * z->window, m = s->n - lo < z->window ? s->n - lo : z->window;
     for (uint64_t k = 0; k < m; k++) {
-        uint64_t id = z->shuffle ? zb_perm_apply(&z->order, lo + k) : lo + k;
+        uint64_t id = z->shuffle ? zb__perm_apply(&z->order, lo + k) : lo + k;
         double key = 0;
         for (int d = 0; d < NDIMS; d++) {
             if (!z->limit[d]) continue;
@@ -159,7 +159,7 @@ pack_window(zb_sampler *s, size_impl *z, uint64_t w)
     for (uint64_t b = 0; b < nbins; b++) z->bin_count[b] = z->bin_off[b];
     for (uint64_t k = 0; k < m; k++) z->win_ids[z->bin_count[item_bin[k]]++] = items[k].id;
     z->nbins = nbins;
-    zb_perm_init(&z->bin_perm, nbins, zb_stream_key(s->seed, s->epoch, ZB_TAG_BINS, w, 0));
+    zb__perm_init(&z->bin_perm, nbins, zb__stream_key(s->seed, s->epoch, ZB_TAG_BINS, w, 0));
     z->cached_win = w;
     z->have_win = true;
 }
@@ -168,7 +168,7 @@ static zb_status
 size_plan(zb_sampler *s)
 {
     size_impl *z = s->impl;
-    zb_perm_init(&z->order, s->n, zb_stream_key(s->seed, s->epoch, ZB_TAG_PACK, 0, 0));
+    zb__perm_init(&z->order, s->n, zb__stream_key(s->seed, s->epoch, ZB_TAG_PACK, 0, 0));
     z->win_first[0] = 0;
     for (uint64_t w = 0; w < z->nwin; w++) {
         pack_window(s, z, w);
@@ -199,7 +199,7 @@ size_batch(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
         pack_window(s, z, w);
     }
     uint64_t t = g - z->win_first[w];
-    uint64_t b = z->shuffle ? zb_perm_apply(&z->bin_perm, t) : t;
+    uint64_t b = z->shuffle ? zb__perm_apply(&z->bin_perm, t) : t;
     uint64_t a = z->bin_off[b], e = z->bin_off[b + 1];
     memcpy(ids, z->win_ids + a, (size_t)(e - a) * sizeof *ids);
     *n = (size_t)(e - a);
@@ -229,7 +229,7 @@ size_reset(zb_sampler *s)
     repl_clear(s->impl);
 }
 
-static const zb_sampler_ops size_ops = {
+static const zb__sampler_ops size_ops = {
     .name = "size-aware",
     .plan_epoch = size_plan,
     .batch = size_batch,
@@ -241,35 +241,35 @@ static const zb_sampler_ops size_ops = {
 zb_status
 zb_sampler_new_size_aware(const zb_size_sampler_opts *o, zb_sampler **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "size-aware sampler: NULL out");
+    if (!out) return zb__err(ZB_E_INVALID, "size-aware sampler: NULL out");
     *out = NULL;
-    if (!o) return zb_err(ZB_E_INVALID, "size-aware sampler: NULL options");
-    ZB_TRY(zb_sampler_check_stream("size-aware", &o->base));
+    if (!o) return zb__err(ZB_E_INVALID, "size-aware sampler: NULL options");
+    ZB_TRY(zb__sampler_check_stream("size-aware", &o->base));
     const uint64_t n = o->base.n;
     if (o->window_size < 1)
-        return zb_err(ZB_E_INVALID, "size-aware sampler: window_size must be >= 1");
+        return zb__err(ZB_E_INVALID, "size-aware sampler: window_size must be >= 1");
     if (n > SIZE_MAX / 64)
-        return zb_err(ZB_E_OVERFLOW, "size-aware sampler: n %llu is too large",
+        return zb__err(ZB_E_OVERFLOW, "size-aware sampler: n %llu is too large",
                       (unsigned long long)n);
     const uint64_t *arr[NDIMS] = {o->num_atoms, o->num_edges, o->nnz};
     const uint64_t lim[NDIMS] = {o->max_atoms, o->max_edges, o->max_nnz};
     for (int d = 0; d < NDIMS; d++) {
         if (!lim[d]) continue;
         if (!arr[d] && n > 0)
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "size-aware sampler: max_%s is set but the %s sizes "
                           "array is NULL",
                           dim_name[d], dim_name[d]);
         for (uint64_t i = 0; i < n; i++)
             if (arr[d][i] > lim[d])
-                return zb_err(ZB_E_INVALID,
+                return zb__err(ZB_E_INVALID,
                               "size-aware sampler: sample %llu has %llu %s, over "
                               "max_%s = %llu; it can never fit in a batch",
                               (unsigned long long)i, (unsigned long long)arr[d][i], dim_name[d],
                               dim_name[d], (unsigned long long)lim[d]);
     }
     size_impl *z = calloc(1, sizeof *z);
-    if (!z) return zb_err(ZB_E_NOMEM, "size-aware sampler");
+    if (!z) return zb__err(ZB_E_NOMEM, "size-aware sampler");
     z->window = o->window_size < n ? o->window_size : (n ? n : 1);
     z->shuffle = o->shuffle;
     z->nwin = n / z->window + (n % z->window != 0);
@@ -294,10 +294,10 @@ zb_sampler_new_size_aware(const zb_size_sampler_opts *o, zb_sampler **out)
         !z->item_bin_ff || !z->bin_count || !z->bin_sum)
         goto nomem;
     /* global_batches is set by size_plan */
-    return zb_sampler_create(&o->base, &size_ops, z, 0, (size_t)o->base.batch_size, out);
+    return zb__sampler_create(&o->base, &size_ops, z, 0, (size_t)o->base.batch_size, out);
 nomem:
     size_destroy(z);
-    return zb_err(ZB_E_NOMEM, "size-aware sampler: tables for %llu samples", (unsigned long long)n);
+    return zb__err(ZB_E_NOMEM, "size-aware sampler: tables for %llu samples", (unsigned long long)n);
 }
 
 /* ---- inflight replacement -------------------------------------------------------------------- */
@@ -365,7 +365,7 @@ repl_build(zb_sampler *s, size_impl *z)
 nomem:
     free(keys);
     repl_clear(z);
-    return zb_err(ZB_E_NOMEM, "size-aware sampler: replacement index");
+    return zb__err(ZB_E_NOMEM, "size-aware sampler: replacement index");
 }
 
 zb_status
@@ -374,9 +374,9 @@ zb_sampler_request_replacement(zb_sampler *s, uint64_t room_atoms, uint64_t room
 {
     if (found) *found = false;
     if (!s || !id || !found)
-        return zb_err(ZB_E_INVALID, "zb_sampler_request_replacement: NULL argument");
+        return zb__err(ZB_E_INVALID, "zb_sampler_request_replacement: NULL argument");
     if (s->ops != &size_ops)
-        return zb_err(ZB_E_TYPE,
+        return zb__err(ZB_E_TYPE,
                       "zb_sampler_request_replacement: a %s sampler is not "
                       "size-aware",
                       s->ops->name);

@@ -11,7 +11,7 @@
  * renamed over it, so a reader never sees a half-written object.
  *
  * Views (zb_store_view) map whole data files read-only and keep the mappings for the store's
- * life, up to a budget of mapped bytes (ZBATCH_MMAP_BYTES, default 1 GiB; beyond it views
+ * life, up to a budget of mapped bytes (zb_store_opts.mmap_bytes, default 1 GiB; beyond it views
  * are declined and callers use pread). A mapping is revalidated (device, inode, size, mtime)
  * when it was last checked more than a second ago, and dropped when the file was replaced;
  * this store's own put/erase/rename drop the mappings of the keys they touch. */
@@ -117,9 +117,9 @@ static zb_status
 errno_status(int e, const char *root, const char *key, const char *what)
 {
     if (e == ENOENT || e == ENOTDIR || e == EISDIR)
-        return zb_err(ZB_E_NOTFOUND, "%s/%s: not found", root, key);
-    if (e == ENOMEM) return zb_err(ZB_E_NOMEM, "%s/%s: %s: out of memory", root, key, what);
-    return zb_err(ZB_E_IO, "%s/%s: %s: %s", root, key, what, strerror(e));
+        return zb__err(ZB_E_NOTFOUND, "%s/%s: not found", root, key);
+    if (e == ENOMEM) return zb__err(ZB_E_NOMEM, "%s/%s: %s: out of memory", root, key, what);
+    return zb__err(ZB_E_IO, "%s/%s: %s: %s", root, key, what, strerror(e));
 }
 
 /* True when ROOT/key (its parent directory when `parent`) resolves to a path inside the root.
@@ -171,7 +171,7 @@ open_beneath(const file_store *fs, const char *key, int flags, mode_t mode)
 static zb_status
 outside_root(const file_store *fs, const char *key)
 {
-    return zb_err(ZB_E_BADKEY,
+    return zb__err(ZB_E_BADKEY,
                   "%s/%s: a symbolic link leads outside the store root (open the store with "
                   "allow_links_outside to follow it)",
                   fs->root, key);
@@ -190,7 +190,7 @@ file_kind(mode_t mode)
 static zb_status
 not_regular(const file_store *fs, const char *key, mode_t mode)
 {
-    return zb_err(ZB_E_CORRUPT, "%s/%s: not a regular file (%s); only regular files are data",
+    return zb__err(ZB_E_CORRUPT, "%s/%s: not a regular file (%s); only regular files are data",
                   fs->root, key, file_kind(mode));
 }
 
@@ -214,7 +214,7 @@ open_object(const file_store *fs, const char *key, int *fd_out, struct stat *sb)
     if (fstat(fd, sb) != 0)
         st = errno_status(errno, fs->root, key, "stat");
     else if (S_ISDIR(sb->st_mode))
-        st = zb_err(ZB_E_NOTFOUND, "%s/%s: not found (a directory)", fs->root, key);
+        st = zb__err(ZB_E_NOTFOUND, "%s/%s: not found (a directory)", fs->root, key);
     else if (!S_ISREG(sb->st_mode))
         st = not_regular(fs, key, sb->st_mode);
     if (st != ZB_OK) {
@@ -230,7 +230,7 @@ file_get(void *self, const char *key, uint64_t offset, uint64_t length, void *ds
 {
     file_store *fs = self;
     *nread = 0;
-    if (!key[0]) return zb_err(ZB_E_NOTFOUND, "%s: the root is not an object", fs->root);
+    if (!key[0]) return zb__err(ZB_E_NOTFOUND, "%s: the root is not an object", fs->root);
     int fd;
     struct stat sb;
     ZB_TRY(open_object(fs, key, &fd, &sb));
@@ -259,8 +259,8 @@ file_view(void *self, const char *key, uint64_t offset, uint64_t length, const u
           uint64_t *nread, void **token)
 {
     file_store *fs = self;
-    if (!key[0]) return zb_err(ZB_E_NOTFOUND, "%s: the root is not an object", fs->root);
-    if (fs->map_budget == 0) return zb_err(ZB_E_UNSUPPORTED, "%s: views are off", fs->root);
+    if (!key[0]) return zb__err(ZB_E_NOTFOUND, "%s: the root is not an object", fs->root);
+    if (fs->map_budget == 0) return zb__err(ZB_E_UNSUPPORTED, "%s: views are off", fs->root);
     zb_status st = ZB_OK;
     pthread_mutex_lock(&fs->mu);
     fmap *m = fs->maps[fmap_bucket(key)];
@@ -282,7 +282,7 @@ file_view(void *self, const char *key, uint64_t offset, uint64_t length, const u
         if (st != ZB_OK) {
             /* reported below */
         } else if ((uint64_t)sb.st_size > fs->map_budget - fs->mapped) {
-            st = zb_err(ZB_E_UNSUPPORTED, "%s/%s: the mapping budget is spent", fs->root, key);
+            st = zb__err(ZB_E_UNSUPPORTED, "%s/%s: the mapping budget is spent", fs->root, key);
         } else {
             m = calloc(1, sizeof *m);
             void *base = NULL;
@@ -294,14 +294,14 @@ file_view(void *self, const char *key, uint64_t offset, uint64_t length, const u
                 if (base == MAP_FAILED) {
                     /* no mapping (a file system without mmap, address space): use get */
                     st =
-                        zb_err(ZB_E_UNSUPPORTED, "%s/%s: mmap: %s", fs->root, key, strerror(errno));
+                        zb__err(ZB_E_UNSUPPORTED, "%s/%s: mmap: %s", fs->root, key, strerror(errno));
                     base = NULL;
                 }
             }
             if (m && st == ZB_OK) m->key = strdup(key);
             if (!m || (st == ZB_OK && !m->key)) {
                 if (base) munmap(base, (size_t)sb.st_size);
-                st = zb_err(ZB_E_NOMEM, "%s/%s: out of memory", fs->root, key);
+                st = zb__err(ZB_E_NOMEM, "%s/%s: out of memory", fs->root, key);
             }
             if (st == ZB_OK) {
                 m->base = base;
@@ -348,7 +348,7 @@ file_size(void *self, const char *key, uint64_t *size)
     file_store *fs = self;
     struct stat sb;
     int fd;
-    if (!key[0]) return zb_err(ZB_E_NOTFOUND, "%s: the root is not an object", fs->root);
+    if (!key[0]) return zb__err(ZB_E_NOTFOUND, "%s: the root is not an object", fs->root);
     ZB_TRY(open_object(fs, key, &fd, &sb));
     close(fd);
     *size = (uint64_t)sb.st_size;
@@ -519,17 +519,6 @@ static const zb_store_methods file_methods = {
     .release = file_release,
 };
 
-/* ZBATCH_MMAP_BYTES: the mapping budget of a file store (bytes; 0 = no views). */
-static uint64_t
-map_budget(void)
-{
-    const char *e = getenv("ZBATCH_MMAP_BYTES");
-    if (!e || !*e) return (uint64_t)1 << 30;
-    char *end = NULL;
-    unsigned long long v = strtoull(e, &end, 10);
-    return end && *end == '\0' ? (uint64_t)v : (uint64_t)1 << 30;
-}
-
 zb_status
 zb_store_open_file(const char *root, zb_store **out)
 {
@@ -539,15 +528,17 @@ zb_store_open_file(const char *root, zb_store **out)
 zb_status
 zb_store_open_file_opts(const char *root, const zb_store_opts *opts, zb_store **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_store_open_file: null out");
+    static const zb_store_opts defaults = ZB_STORE_OPTS_DEFAULT;
+    if (!opts) opts = &defaults;
+    if (!out) return zb__err(ZB_E_INVALID, "zb_store_open_file: null out");
     *out = NULL;
-    if (!root || !*root) return zb_err(ZB_E_INVALID, "zb_store_open_file: empty path");
+    if (!root || !*root) return zb__err(ZB_E_INVALID, "zb_store_open_file: empty path");
     int fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        if (e == ENOENT) return zb_err(ZB_E_NOTFOUND, "%s: no such directory", root);
-        if (e == ENOTDIR) return zb_err(ZB_E_NOTFOUND, "%s: not a directory", root);
-        return zb_err(ZB_E_IO, "%s: %s", root, strerror(e));
+        if (e == ENOENT) return zb__err(ZB_E_NOTFOUND, "%s: no such directory", root);
+        if (e == ENOTDIR) return zb__err(ZB_E_NOTFOUND, "%s: not a directory", root);
+        return zb__err(ZB_E_IO, "%s: %s", root, strerror(e));
     }
     file_store *fs = calloc(1, sizeof *fs);
     char *r = strdup(root);
@@ -557,16 +548,16 @@ zb_store_open_file_opts(const char *root, const zb_store_opts *opts, zb_store **
         free(r);
         free(real);
         close(fd);
-        return zb_err(ZB_E_NOMEM, "zb_store_open_file: out of memory");
+        return zb__err(ZB_E_NOMEM, "zb_store_open_file: out of memory");
     }
     size_t n = strlen(r);
     while (n > 1 && r[n - 1] == '/') r[--n] = '\0';
     fs->rootfd = fd;
     fs->root = r;
     fs->real_root = real;
-    fs->allow_links_outside = opts && opts->allow_links_outside;
+    fs->allow_links_outside = opts->allow_links_outside;
     pthread_mutex_init(&fs->mu, NULL);
-    fs->map_budget = map_budget();
+    fs->map_budget = opts->mmap_bytes;
     zb_status st = zb_store_new(&file_methods, fs, out);
     if (st != ZB_OK)
         file_close(fs);

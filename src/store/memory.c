@@ -35,7 +35,7 @@ mem_get(void *self, const char *key, uint64_t offset, uint64_t length, void *dst
     pthread_mutex_lock(&ms->mu);
     mem_entry *e = find(ms, key);
     if (!e) {
-        st = zb_err(ZB_E_NOTFOUND, "memory:%s: not found", key);
+        st = zb__err(ZB_E_NOTFOUND, "memory:%s: not found", key);
     } else {
         uint64_t n = offset >= e->len ? 0 : e->len - offset;
         if (n > length) n = length;
@@ -54,7 +54,7 @@ mem_size(void *self, const char *key, uint64_t *size)
     pthread_mutex_lock(&ms->mu);
     mem_entry *e = find(ms, key);
     if (!e)
-        st = zb_err(ZB_E_NOTFOUND, "memory:%s: not found", key);
+        st = zb__err(ZB_E_NOTFOUND, "memory:%s: not found", key);
     else
         *size = e->len;
     pthread_mutex_unlock(&ms->mu);
@@ -76,7 +76,7 @@ mem_list(void *self, const char *prefix, zb_list_fn fn, void *ctx)
     names = calloc(ms->n ? ms->n : 1, sizeof *names);
     dirs = calloc(ms->n ? ms->n : 1, sizeof *dirs);
     if (!names || !dirs) {
-        st = zb_err(ZB_E_NOMEM, "memory list: out of memory");
+        st = zb__err(ZB_E_NOMEM, "memory list: out of memory");
         goto unlock;
     }
     for (size_t i = 0; i < ms->n; i++) {
@@ -96,7 +96,7 @@ mem_list(void *self, const char *prefix, zb_list_fn fn, void *ctx)
         }
         names[nn] = strndup(k, len);
         if (!names[nn]) {
-            st = zb_err(ZB_E_NOMEM, "memory list: out of memory");
+            st = zb__err(ZB_E_NOMEM, "memory list: out of memory");
             goto unlock;
         }
         dirs[nn++] = slash != NULL;
@@ -118,7 +118,7 @@ mem_put(void *self, const char *key, const void *data, uint64_t length)
 {
     mem_store *ms = self;
     uint8_t *copy = malloc(length ? (size_t)length : 1);
-    if (!copy) return zb_err(ZB_E_NOMEM, "memory:%s: out of memory", key);
+    if (!copy) return zb__err(ZB_E_NOMEM, "memory:%s: out of memory", key);
     if (length) memcpy(copy, data, (size_t)length);
     zb_status st = ZB_OK;
     pthread_mutex_lock(&ms->mu);
@@ -134,7 +134,7 @@ mem_put(void *self, const char *key, const void *data, uint64_t length)
         mem_entry *ne = realloc(ms->entries, cap * sizeof *ne);
         if (!ne) {
             free(copy);
-            st = zb_err(ZB_E_NOMEM, "memory:%s: out of memory", key);
+            st = zb__err(ZB_E_NOMEM, "memory:%s: out of memory", key);
             goto unlock;
         }
         ms->entries = ne;
@@ -143,7 +143,7 @@ mem_put(void *self, const char *key, const void *data, uint64_t length)
     char *k = strdup(key);
     if (!k) {
         free(copy);
-        st = zb_err(ZB_E_NOMEM, "memory:%s: out of memory", key);
+        st = zb__err(ZB_E_NOMEM, "memory:%s: out of memory", key);
         goto unlock;
     }
     ms->entries[ms->n++] = (mem_entry){k, copy, length};
@@ -173,12 +173,12 @@ mem_rename(void *self, const char *from, const char *to)
     mem_store *ms = self;
     zb_status st = ZB_OK;
     char *k = strdup(to);
-    if (!k) return zb_err(ZB_E_NOMEM, "memory:%s: out of memory", to);
+    if (!k) return zb__err(ZB_E_NOMEM, "memory:%s: out of memory", to);
     pthread_mutex_lock(&ms->mu);
     mem_entry *e = find(ms, from);
     if (!e) {
         free(k);
-        st = zb_err(ZB_E_NOTFOUND, "memory:%s: not found", from);
+        st = zb__err(ZB_E_NOTFOUND, "memory:%s: not found", from);
         goto unlock;
     }
     mem_entry *old = find(ms, to);
@@ -223,10 +223,10 @@ static const zb_store_methods memory_methods = {
 zb_status
 zb_store_open_memory(zb_store **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_store_open_memory: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_store_open_memory: null out");
     *out = NULL;
     mem_store *ms = calloc(1, sizeof *ms);
-    if (!ms) return zb_err(ZB_E_NOMEM, "zb_store_open_memory: out of memory");
+    if (!ms) return zb__err(ZB_E_NOMEM, "zb_store_open_memory: out of memory");
     pthread_mutex_init(&ms->mu, NULL);
     zb_status st = zb_store_new(&memory_methods, ms, out);
     if (st != ZB_OK) mem_close(ms);

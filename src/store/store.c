@@ -12,7 +12,7 @@
 zb_status
 zb_key_normalize(const char *key, char *out, size_t cap)
 {
-    if (!key || !out || cap == 0) return zb_err(ZB_E_INVALID, "null key");
+    if (!key || !out || cap == 0) return zb__err(ZB_E_INVALID, "null key");
     size_t o = 0;
     const char *p = key;
     for (;;) {
@@ -22,8 +22,8 @@ zb_key_normalize(const char *key, char *out, size_t cap)
         while (*p && *p != '/' && *p != '\\') p++;
         size_t n = (size_t)(p - s);
         if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
-            return zb_err(ZB_E_BADKEY, "key '%s': '%.*s' segments are not allowed", key, (int)n, s);
-        if (o + n + 2 > cap) return zb_err(ZB_E_INVALID, "key '%.64s...' is too long", key);
+            return zb__err(ZB_E_BADKEY, "key '%s': '%.*s' segments are not allowed", key, (int)n, s);
+        if (o + n + 2 > cap) return zb__err(ZB_E_INVALID, "key '%.64s...' is too long", key);
         if (o) out[o++] = '/';
         memcpy(out + o, s, n);
         o += n;
@@ -35,12 +35,12 @@ zb_key_normalize(const char *key, char *out, size_t cap)
 zb_status
 zb_store_new(const zb_store_methods *methods, void *self, zb_store **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_store_new: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_store_new: null out");
     *out = NULL;
     if (!methods || !methods->get || !methods->size)
-        return zb_err(ZB_E_INVALID, "zb_store_new: a backend needs get and size");
+        return zb__err(ZB_E_INVALID, "zb_store_new: a backend needs get and size");
     zb_store *s = calloc(1, sizeof *s);
-    if (!s) return zb_err(ZB_E_NOMEM, "zb_store_new: out of memory");
+    if (!s) return zb__err(ZB_E_NOMEM, "zb_store_new: out of memory");
     s->m = methods;
     s->self = self;
     snprintf(s->fallback, sizeof s->fallback, "%s://", methods->scheme ? methods->scheme : "");
@@ -72,14 +72,20 @@ zb_store_name(const zb_store *store)
 zb_status
 zb_store_open(const char *url, zb_store **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_store_open: null out");
+    return zb_store_open_opts(url, NULL, out);
+}
+
+zb_status
+zb_store_open_opts(const char *url, const zb_store_opts *opts, zb_store **out)
+{
+    if (!out) return zb__err(ZB_E_INVALID, "zb_store_open: null out");
     *out = NULL;
-    if (!url || !*url) return zb_err(ZB_E_INVALID, "zb_store_open: empty URL");
-    if (!strncmp(url, "file://", 7)) return zb_store_open_file(url + 7, out);
+    if (!url || !*url) return zb__err(ZB_E_INVALID, "zb_store_open: empty URL");
+    if (!strncmp(url, "file://", 7)) return zb_store_open_file_opts(url + 7, opts, out);
     if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8) || !strncmp(url, "s3://", 5))
-        return zb_err(ZB_E_UNSUPPORTED, "%s: remote stores are not supported yet", url);
+        return zb__err(ZB_E_UNSUPPORTED, "%s: remote stores are not supported yet", url);
     if (!strncmp(url, "memory://", 9)) return zb_store_open_memory(out);
-    return zb_store_open_file(url, out);
+    return zb_store_open_file_opts(url, opts, out);
 }
 
 /* Normalises `key` into a stack buffer named `var`, returning on error. */
@@ -91,7 +97,7 @@ zb_status
 zb_store_get(zb_store *store, const char *key, uint64_t offset, uint64_t length, void *dst,
              uint64_t *nread)
 {
-    if (!store || !dst || !nread) return zb_err(ZB_E_INVALID, "zb_store_get: null argument");
+    if (!store || !dst || !nread) return zb__err(ZB_E_INVALID, "zb_store_get: null argument");
     *nread = 0;
     NORMALIZE(k, key);
     return store->m->get(store->self, k, offset, length, dst, nread);
@@ -102,12 +108,12 @@ zb_store_view(zb_store *store, const char *key, uint64_t offset, uint64_t length
               const uint8_t **data, uint64_t *nread, void **token)
 {
     if (!store || !data || !nread || !token)
-        return zb_err(ZB_E_INVALID, "zb_store_view: null argument");
+        return zb__err(ZB_E_INVALID, "zb_store_view: null argument");
     *data = NULL;
     *nread = 0;
     *token = NULL;
     if (!store->m->view || !store->m->release)
-        return zb_err(ZB_E_UNSUPPORTED, "%s store: no views", store->m->scheme);
+        return zb__err(ZB_E_UNSUPPORTED, "%s store: no views", store->m->scheme);
     NORMALIZE(k, key);
     return store->m->view(store->self, k, offset, length, data, nread, token);
 }
@@ -121,7 +127,7 @@ zb_store_release(zb_store *store, void *token)
 zb_status
 zb_store_size(zb_store *store, const char *key, uint64_t *size)
 {
-    if (!store || !size) return zb_err(ZB_E_INVALID, "zb_store_size: null argument");
+    if (!store || !size) return zb__err(ZB_E_INVALID, "zb_store_size: null argument");
     NORMALIZE(k, key);
     return store->m->size(store->self, k, size);
 }
@@ -129,9 +135,9 @@ zb_store_size(zb_store *store, const char *key, uint64_t *size)
 zb_status
 zb_store_list(zb_store *store, const char *prefix, zb_list_fn fn, void *ctx)
 {
-    if (!store || !fn) return zb_err(ZB_E_INVALID, "zb_store_list: null argument");
+    if (!store || !fn) return zb__err(ZB_E_INVALID, "zb_store_list: null argument");
     if (!store->m->list)
-        return zb_err(ZB_E_UNSUPPORTED, "%s store cannot list", zb_store_scheme(store));
+        return zb__err(ZB_E_UNSUPPORTED, "%s store cannot list", zb_store_scheme(store));
     NORMALIZE(k, prefix ? prefix : "");
     return store->m->list(store->self, k, fn, ctx);
 }
@@ -139,50 +145,50 @@ zb_store_list(zb_store *store, const char *prefix, zb_list_fn fn, void *ctx)
 zb_status
 zb_store_put(zb_store *store, const char *key, const void *data, uint64_t length)
 {
-    if (!store || (!data && length)) return zb_err(ZB_E_INVALID, "zb_store_put: null argument");
+    if (!store || (!data && length)) return zb__err(ZB_E_INVALID, "zb_store_put: null argument");
     if (!store->m->put)
-        return zb_err(ZB_E_UNSUPPORTED, "%s store is read-only", zb_store_scheme(store));
+        return zb__err(ZB_E_UNSUPPORTED, "%s store is read-only", zb_store_scheme(store));
     NORMALIZE(k, key);
-    if (!k[0]) return zb_err(ZB_E_BADKEY, "zb_store_put: empty key");
+    if (!k[0]) return zb__err(ZB_E_BADKEY, "zb_store_put: empty key");
     return store->m->put(store->self, k, data, length);
 }
 
 zb_status
 zb_store_erase(zb_store *store, const char *key)
 {
-    if (!store) return zb_err(ZB_E_INVALID, "zb_store_erase: null store");
+    if (!store) return zb__err(ZB_E_INVALID, "zb_store_erase: null store");
     if (!store->m->erase)
-        return zb_err(ZB_E_UNSUPPORTED, "%s store is read-only", zb_store_scheme(store));
+        return zb__err(ZB_E_UNSUPPORTED, "%s store is read-only", zb_store_scheme(store));
     NORMALIZE(k, key);
-    if (!k[0]) return zb_err(ZB_E_BADKEY, "zb_store_erase: empty key");
+    if (!k[0]) return zb__err(ZB_E_BADKEY, "zb_store_erase: empty key");
     return store->m->erase(store->self, k);
 }
 
 zb_status
 zb_store_rename(zb_store *store, const char *from, const char *to)
 {
-    if (!store) return zb_err(ZB_E_INVALID, "zb_store_rename: null store");
+    if (!store) return zb__err(ZB_E_INVALID, "zb_store_rename: null store");
     if (!store->m->rename)
-        return zb_err(ZB_E_UNSUPPORTED, "%s store cannot rename", zb_store_scheme(store));
+        return zb__err(ZB_E_UNSUPPORTED, "%s store cannot rename", zb_store_scheme(store));
     NORMALIZE(a, from);
     NORMALIZE(b, to);
-    if (!a[0] || !b[0]) return zb_err(ZB_E_BADKEY, "zb_store_rename: empty key");
+    if (!a[0] || !b[0]) return zb__err(ZB_E_BADKEY, "zb_store_rename: empty key");
     return store->m->rename(store->self, a, b);
 }
 
 zb_status
 zb_store_read_all(zb_store *store, const char *key, uint8_t **data, uint64_t *length)
 {
-    if (!data || !length) return zb_err(ZB_E_INVALID, "zb_store_read_all: null argument");
+    if (!data || !length) return zb__err(ZB_E_INVALID, "zb_store_read_all: null argument");
     *data = NULL;
     *length = 0;
     uint64_t size = 0;
     ZB_TRY(zb_store_size(store, key, &size));
     if (size >= (uint64_t)1 << 34)
-        return zb_err(ZB_E_OVERFLOW, "%s: object of %llu bytes is too large to read whole", key,
+        return zb__err(ZB_E_OVERFLOW, "%s: object of %llu bytes is too large to read whole", key,
                       (unsigned long long)size);
     uint8_t *buf = malloc((size_t)size + 1);
-    if (!buf) return zb_err(ZB_E_NOMEM, "%s: cannot allocate %llu bytes", key,
+    if (!buf) return zb__err(ZB_E_NOMEM, "%s: cannot allocate %llu bytes", key,
                             (unsigned long long)size);
     uint64_t got = 0;
     zb_status st = zb_store_get(store, key, 0, size, buf, &got);
@@ -192,7 +198,7 @@ zb_store_read_all(zb_store *store, const char *key, uint8_t **data, uint64_t *le
     }
     if (got != size) {
         free(buf);
-        return zb_err(ZB_E_IO, "%s: read %llu of %llu bytes (changed while reading?)", key,
+        return zb__err(ZB_E_IO, "%s: read %llu of %llu bytes (changed while reading?)", key,
                       (unsigned long long)got, (unsigned long long)size);
     }
     buf[size] = '\0';
@@ -212,7 +218,7 @@ normalize_ranges(const zb_range *ranges, size_t n, zb_range **out, char **keys)
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         if (!ranges[i].key || (!ranges[i].dst && ranges[i].length))
-            return zb_err(ZB_E_INVALID, "zb_store_get_ranges: range %zu: null key or buffer", i);
+            return zb__err(ZB_E_INVALID, "zb_store_get_ranges: range %zu: null key or buffer", i);
         total += strlen(ranges[i].key) + 1;
     }
     zb_range *r = malloc(n * sizeof *r);
@@ -220,7 +226,7 @@ normalize_ranges(const zb_range *ranges, size_t n, zb_range **out, char **keys)
     if (!r || !k) {
         free(r);
         free(k);
-        return zb_err(ZB_E_NOMEM, "zb_store_get_ranges: out of memory for %zu ranges", n);
+        return zb__err(ZB_E_NOMEM, "zb_store_get_ranges: out of memory for %zu ranges", n);
     }
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
@@ -285,7 +291,7 @@ relay_done(void *arg, size_t i)
 zb_status
 zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n, zb_range_fn done, void *ctx)
 {
-    if (!store || (!ranges && n)) return zb_err(ZB_E_INVALID, "zb_store_get_ranges: null argument");
+    if (!store || (!ranges && n)) return zb__err(ZB_E_INVALID, "zb_store_get_ranges: null argument");
     if (n == 0) return ZB_OK;
     zb_range *r = NULL;
     char *keys = NULL;
@@ -305,7 +311,7 @@ zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n, zb_range_fn don
     free(r);
     free(keys);
     if (st != ZB_OK) return st;
-    if (rl.failed < n) return zb_err(rl.failst, "%s", rl.msg);
-    if (rl.cancelled) return zb_err(ZB_E_CANCELLED, "zb_store_get_ranges: cancelled by the caller");
+    if (rl.failed < n) return zb__err(rl.failst, "%s", rl.msg);
+    if (rl.cancelled) return zb__err(ZB_E_CANCELLED, "zb_store_get_ranges: cancelled by the caller");
     return ZB_OK;
 }

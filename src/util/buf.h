@@ -10,32 +10,31 @@
 /* Upper bound for any buffer grown from storage-controlled sizes (16 GiB). */
 #define ZB_BUF_MAX ((size_t)1 << 34)
 
-typedef struct zb_buf {
+typedef struct zb__buf {
     uint8_t *data;
     size_t len;
     size_t cap;
-} zb_buf;
+} zb__buf;
 
 /* Ensures cap >= n (contents kept); ZB_E_NOMEM on failure, ZB_E_OVERFLOW above ZB_BUF_MAX. */
-zb_status zb_buf_reserve(zb_buf *b, size_t n);
+zb_status zb__buf_reserve(zb__buf *b, size_t n);
 /* Appends `n` bytes. */
-zb_status zb_buf_append(zb_buf *b, const void *src, size_t n);
-void zb_buf_free(zb_buf *b);
+zb_status zb__buf_append(zb__buf *b, const void *src, size_t n);
+void zb__buf_free(zb__buf *b);
 /* A destination inside `b` for `n` bytes read from storage offset `offset`: reserves n + 63
  * bytes and sets *dst congruent to `offset` modulo 64. The kernel's copy out of the page cache
  * slows down several-fold when destination and source lie a few bytes apart modulo the page
- * (pread of cached data measured at 1.6 GB/s instead of 11 GB/s on AMD EPYC); congruent
- * addresses never do. */
-zb_status zb_buf_for_read(zb_buf *b, uint64_t offset, size_t n, uint8_t **dst);
+ * (docs/PERFORMANCE.md, "Figures behind the code's decisions"); congruent addresses never do. */
+zb_status zb__buf_for_read(zb__buf *b, uint64_t offset, size_t n, uint8_t **dst);
 
 /* Overflow-checked arithmetic: return false on overflow. */
 static inline int
-zb_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
+zb__mul_u64(uint64_t a, uint64_t b, uint64_t *out)
 {
     return !__builtin_mul_overflow(a, b, out);
 }
 static inline int
-zb_add_u64(uint64_t a, uint64_t b, uint64_t *out)
+zb__add_u64(uint64_t a, uint64_t b, uint64_t *out)
 {
     return !__builtin_add_overflow(a, b, out);
 }

@@ -18,7 +18,7 @@ typedef struct entry {
     uint8_t data[];
 } entry;
 
-struct zb_cache {
+struct zb__cache {
     pthread_mutex_t mu;
     size_t max_bytes, bytes;
     size_t nbuckets;
@@ -35,16 +35,16 @@ hash(const void *owner, uint64_t unit, size_t nb)
 }
 
 zb_status
-zb_cache_new(size_t max_bytes, zb_cache **out)
+zb__cache_new(size_t max_bytes, zb__cache **out)
 {
     *out = NULL;
-    zb_cache *c = calloc(1, sizeof *c);
-    if (!c) return zb_err(ZB_E_NOMEM, "cache: out of memory");
+    zb__cache *c = calloc(1, sizeof *c);
+    if (!c) return zb__err(ZB_E_NOMEM, "cache: out of memory");
     c->nbuckets = 4096;
     c->buckets = calloc(c->nbuckets, sizeof *c->buckets);
     if (!c->buckets) {
         free(c);
-        return zb_err(ZB_E_NOMEM, "cache: out of memory");
+        return zb__err(ZB_E_NOMEM, "cache: out of memory");
     }
     c->max_bytes = max_bytes;
     pthread_mutex_init(&c->mu, NULL);
@@ -53,7 +53,7 @@ zb_cache_new(size_t max_bytes, zb_cache **out)
 }
 
 void
-zb_cache_free(zb_cache *c)
+zb__cache_free(zb__cache *c)
 {
     if (!c) return;
     entry *e = c->head;
@@ -68,7 +68,7 @@ zb_cache_free(zb_cache *c)
 }
 
 static void
-lru_unlink(zb_cache *c, entry *e)
+lru_unlink(zb__cache *c, entry *e)
 {
     if (e->prev)
         e->prev->next = e->next;
@@ -82,7 +82,7 @@ lru_unlink(zb_cache *c, entry *e)
 }
 
 static void
-lru_push(zb_cache *c, entry *e)
+lru_push(zb__cache *c, entry *e)
 {
     e->next = c->head;
     e->prev = NULL;
@@ -92,7 +92,7 @@ lru_push(zb_cache *c, entry *e)
 }
 
 static void
-evict(zb_cache *c, entry *e)
+evict(zb__cache *c, entry *e)
 {
     lru_unlink(c, e);
     entry **pp = &c->buckets[hash(e->owner, e->unit, c->nbuckets)];
@@ -103,7 +103,7 @@ evict(zb_cache *c, entry *e)
 }
 
 bool
-zb_cache_get_part(zb_cache *c, const void *owner, uint64_t unit, size_t whole_len, size_t off,
+zb__cache_get_part(zb__cache *c, const void *owner, uint64_t unit, size_t whole_len, size_t off,
                   void *dst, size_t len)
 {
     if (!c || off > whole_len || len > whole_len - off) return false;
@@ -122,13 +122,13 @@ zb_cache_get_part(zb_cache *c, const void *owner, uint64_t unit, size_t whole_le
 }
 
 bool
-zb_cache_get(zb_cache *c, const void *owner, uint64_t unit, void *dst, size_t dst_len)
+zb__cache_get(zb__cache *c, const void *owner, uint64_t unit, void *dst, size_t dst_len)
 {
-    return zb_cache_get_part(c, owner, unit, dst_len, 0, dst, dst_len);
+    return zb__cache_get_part(c, owner, unit, dst_len, 0, dst, dst_len);
 }
 
 void
-zb_cache_put(zb_cache *c, const void *owner, uint64_t unit, const void *src, size_t len)
+zb__cache_put(zb__cache *c, const void *owner, uint64_t unit, const void *src, size_t len)
 {
     if (!c || len > c->max_bytes) return;
     entry *n = malloc(sizeof *n + len);
@@ -151,7 +151,7 @@ zb_cache_put(zb_cache *c, const void *owner, uint64_t unit, const void *src, siz
 }
 
 bool
-zb_cache_contains(zb_cache *c, const void *owner, uint64_t unit)
+zb__cache_contains(zb__cache *c, const void *owner, uint64_t unit)
 {
     if (!c) return false;
     pthread_mutex_lock(&c->mu);
@@ -162,7 +162,7 @@ zb_cache_contains(zb_cache *c, const void *owner, uint64_t unit)
 }
 
 size_t
-zb_cache_held(zb_cache *c)
+zb__cache_held(zb__cache *c)
 {
     if (!c) return 0;
     pthread_mutex_lock(&c->mu);

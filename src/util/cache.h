@@ -9,19 +9,19 @@
 
 #include "zbatch.h"
 
-typedef struct zb_cache zb_cache;
+typedef struct zb__cache zb__cache;
 
-zb_status zb_cache_new(size_t max_bytes, zb_cache **out);
-void zb_cache_free(zb_cache *c);
+zb_status zb__cache_new(size_t max_bytes, zb__cache **out);
+void zb__cache_free(zb__cache *c);
 /* Copies the cached unit into dst (dst_len bytes) and returns true on a hit. */
-bool zb_cache_get(zb_cache *c, const void *arr, uint64_t unit, void *dst, size_t dst_len);
+bool zb__cache_get(zb__cache *c, const void *arr, uint64_t unit, void *dst, size_t dst_len);
 /* Bytes [off, off + len) of an entry of whole_len bytes (a hit needs that length). */
-bool zb_cache_get_part(zb_cache *c, const void *arr, uint64_t unit, size_t whole_len, size_t off,
+bool zb__cache_get_part(zb__cache *c, const void *arr, uint64_t unit, size_t whole_len, size_t off,
                        void *dst, size_t len);
-bool zb_cache_contains(zb_cache *c, const void *arr, uint64_t unit);
-void zb_cache_put(zb_cache *c, const void *arr, uint64_t unit, const void *src, size_t len);
+bool zb__cache_contains(zb__cache *c, const void *arr, uint64_t unit);
+void zb__cache_put(zb__cache *c, const void *arr, uint64_t unit, const void *src, size_t len);
 
 /* Bytes held now. */
-size_t zb_cache_held(zb_cache *c);
+size_t zb__cache_held(zb__cache *c);
 
 #endif

@@ -12,24 +12,52 @@
  * an integer (bool counts as uint8); false, with *v = INT64_MAX, for a uint64 above INT64_MAX.
  * Callers choose what either means (an error, a saturated value). */
 static inline bool
-zb_load_int(const void *p, zb_dtype dt, int64_t *v)
+zb__load_int(const void *p, zb_dtype dt, int64_t *v)
 {
     switch (dt) {
     case ZB_DT_BOOL:
-    case ZB_DT_UINT8: *v = *(const uint8_t *)p; return true;
-    case ZB_DT_INT8: *v = *(const int8_t *)p; return true;
-    case ZB_DT_INT16: { int16_t t; memcpy(&t, p, 2); *v = t; return true; }
-    case ZB_DT_UINT16: { uint16_t t; memcpy(&t, p, 2); *v = t; return true; }
-    case ZB_DT_INT32: { int32_t t; memcpy(&t, p, 4); *v = t; return true; }
-    case ZB_DT_UINT32: { uint32_t t; memcpy(&t, p, 4); *v = t; return true; }
-    case ZB_DT_INT64: memcpy(v, p, 8); return true;
+    case ZB_DT_UINT8:
+        *v = *(const uint8_t *)p;
+        return true;
+    case ZB_DT_INT8:
+        *v = *(const int8_t *)p;
+        return true;
+    case ZB_DT_INT16: {
+        int16_t t;
+        memcpy(&t, p, 2);
+        *v = t;
+        return true;
+    }
+    case ZB_DT_UINT16: {
+        uint16_t t;
+        memcpy(&t, p, 2);
+        *v = t;
+        return true;
+    }
+    case ZB_DT_INT32: {
+        int32_t t;
+        memcpy(&t, p, 4);
+        *v = t;
+        return true;
+    }
+    case ZB_DT_UINT32: {
+        uint32_t t;
+        memcpy(&t, p, 4);
+        *v = t;
+        return true;
+    }
+    case ZB_DT_INT64:
+        memcpy(v, p, 8);
+        return true;
     case ZB_DT_UINT64: {
         uint64_t t;
         memcpy(&t, p, 8);
         *v = t > INT64_MAX ? INT64_MAX : (int64_t)t;
         return t <= INT64_MAX;
     }
-    default: *v = 0; return false;
+    default:
+        *v = 0;
+        return false;
     }
 }
 

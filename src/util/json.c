@@ -70,7 +70,7 @@ check_integer_ranges(const char *text, size_t len, const char *where)
         const char *limit = neg ? "9223372036854775808" : "18446744073709551615";
         if (!digits_le(text + dstart, ndig, limit)) {
             int shown = (int)((i - start) > 40 ? 40 : (i - start));
-            return zb_err(ZB_E_JSON,
+            return zb__err(ZB_E_JSON,
                           "%s: integer %.*s%s at byte %zu is outside the int64 and uint64 "
                           "ranges",
                           where, shown, text + start, (i - start) > 40 ? "..." : "", start);
@@ -80,19 +80,19 @@ check_integer_ranges(const char *text, size_t len, const char *where)
 }
 
 zb_status
-zb_json_parse(const char *text, size_t len, const char *where, json_object **out)
+zb__json_parse(const char *text, size_t len, const char *where, json_object **out)
 {
     *out = NULL;
     if (!where) where = "JSON document";
-    if (!text) return zb_err(ZB_E_INVALID, "%s: no text", where);
+    if (!text) return zb__err(ZB_E_INVALID, "%s: no text", where);
     if (len > (size_t)INT_MAX - 1)
-        return zb_err(ZB_E_JSON, "%s: document of %zu bytes is too large", where, len);
+        return zb__err(ZB_E_JSON, "%s: document of %zu bytes is too large", where, len);
     /* json-c stops at a NUL byte as if the text ended there; say what really happened. */
     const char *nul = memchr(text, '\0', len);
-    if (nul) return zb_err(ZB_E_JSON, "%s: NUL byte at byte %zu", where, (size_t)(nul - text));
+    if (nul) return zb__err(ZB_E_JSON, "%s: NUL byte at byte %zu", where, (size_t)(nul - text));
 
     struct json_tokener *tok = json_tokener_new_ex(JSON_MAX_DEPTH);
-    if (!tok) return zb_err(ZB_E_NOMEM, "%s: cannot allocate a JSON tokener", where);
+    if (!tok) return zb__err(ZB_E_NOMEM, "%s: cannot allocate a JSON tokener", where);
     /* Strict mode refuses comments, trailing commas and lower-case nan, none of which a Zarr
      * writer produces; NaN/Infinity tokens are still accepted. JSON text is UTF-8 (RFC 8259
      * §8.1): other bytes in a string are refused here rather than passed on to JSON output and
@@ -111,13 +111,13 @@ zb_json_parse(const char *text, size_t len, const char *where, json_object **out
     if (!obj) {
         if (jerr == json_tokener_success || jerr == json_tokener_continue)
             jerr = json_tokener_error_parse_eof;
-        st = zb_err(ZB_E_JSON, "%s: malformed JSON at byte %zu: %s", where, end,
+        st = zb__err(ZB_E_JSON, "%s: malformed JSON at byte %zu: %s", where, end,
                     json_tokener_error_desc(jerr));
         goto fail;
     }
     for (size_t i = end; i < len; i++) {
         if (!is_ws(text[i])) {
-            st = zb_err(ZB_E_JSON, "%s: trailing bytes after the JSON document at byte %zu", where,
+            st = zb__err(ZB_E_JSON, "%s: trailing bytes after the JSON document at byte %zu", where,
                         i);
             goto fail;
         }
@@ -135,7 +135,7 @@ fail:
 }
 
 bool
-zb_json_is_big_uint(json_object *v)
+zb__json_is_big_uint(json_object *v)
 {
     if (!json_object_is_type(v, json_type_int)) return false;
     /* json_object_get_int64 saturates a uint64 above INT64_MAX; get_uint64 is exact there
@@ -148,42 +148,42 @@ static zb_status
 require_int(json_object *v, const char *what)
 {
     if (json_object_is_type(v, json_type_int)) return ZB_OK;
-    if (!v) return zb_err(ZB_E_METADATA, "%s is missing or null", what);
+    if (!v) return zb__err(ZB_E_METADATA, "%s is missing or null", what);
     const char *text = json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN);
     int shown = (int)strnlen(text, 40);
-    return zb_err(ZB_E_METADATA, "%s is %.*s%s, not an integer", what, shown, text,
+    return zb__err(ZB_E_METADATA, "%s is %.*s%s, not an integer", what, shown, text,
                   text[shown] ? "..." : "");
 }
 
 zb_status
-zb_json_u64(json_object *v, const char *what, uint64_t *out)
+zb__json_u64(json_object *v, const char *what, uint64_t *out)
 {
     *out = 0;
     ZB_TRY(require_int(v, what));
-    if (zb_json_is_big_uint(v)) {
+    if (zb__json_is_big_uint(v)) {
         *out = json_object_get_uint64(v);
         return ZB_OK;
     }
     int64_t s = json_object_get_int64(v);
-    if (s < 0) return zb_err(ZB_E_METADATA, "%s is %lld, must not be negative", what, (long long)s);
+    if (s < 0) return zb__err(ZB_E_METADATA, "%s is %lld, must not be negative", what, (long long)s);
     *out = (uint64_t)s;
     return ZB_OK;
 }
 
 zb_status
-zb_json_i64(json_object *v, const char *what, int64_t *out)
+zb__json_i64(json_object *v, const char *what, int64_t *out)
 {
     *out = 0;
     ZB_TRY(require_int(v, what));
-    if (zb_json_is_big_uint(v))
-        return zb_err(ZB_E_METADATA, "%s is %llu, outside the int64 range", what,
+    if (zb__json_is_big_uint(v))
+        return zb__err(ZB_E_METADATA, "%s is %llu, outside the int64 range", what,
                       (unsigned long long)json_object_get_uint64(v));
     *out = json_object_get_int64(v);
     return ZB_OK;
 }
 
 json_object *
-zb_json_get(json_object *obj, const char *key)
+zb__json_get(json_object *obj, const char *key)
 {
     json_object *v = NULL;
     if (!json_object_is_type(obj, json_type_object)) return NULL;
@@ -192,14 +192,14 @@ zb_json_get(json_object *obj, const char *key)
 }
 
 const char *
-zb_json_string(json_object *obj, const char *key)
+zb__json_string(json_object *obj, const char *key)
 {
-    json_object *v = zb_json_get(obj, key);
+    json_object *v = zb__json_get(obj, key);
     return json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
 }
 
 const char *
-zb_json_text(json_object *obj)
+zb__json_text(json_object *obj)
 {
     return json_object_to_json_string_ext(obj,
                                           JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);

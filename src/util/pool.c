@@ -10,17 +10,17 @@
 #include "util/status.h"
 
 typedef struct task {
-    zb_pool_fn fn;
+    zb__pool_fn fn;
     void *arg;
 } task;
 
 typedef struct worker {
-    zb_pool *pool;
+    zb__pool *pool;
     zb_ctx *ctx;
     pthread_t thread;
 } worker;
 
-struct zb_pool {
+struct zb__pool {
     int nthreads;    /* 0: inline */
     worker *workers; /* [nthreads] */
     zb_ctx *inline_ctx;
@@ -38,11 +38,11 @@ static void *
 worker_main(void *p)
 {
     worker *wk = p;
-    zb_pool *pool = wk->pool;
+    zb__pool *pool = wk->pool;
     pthread_mutex_lock(&pool->mu);
     for (;;) {
         while (pool->count == 0 && !pool->stop) pthread_cond_wait(&pool->not_empty, &pool->mu);
-        /* stop is only set once the ring has drained (zb_pool_free waits first), but finish
+        /* stop is only set once the ring has drained (zb__pool_free waits first), but finish
          * whatever is queued anyway rather than drop a task */
         if (pool->count == 0) break;
         task t = pool->ring[pool->head];
@@ -64,7 +64,7 @@ worker_main(void *p)
 
 /* Stops and joins the first `started` workers and frees everything. */
 static void
-pool_destroy(zb_pool *pool, int started)
+pool_destroy(zb__pool *pool, int started)
 {
     pthread_mutex_lock(&pool->mu);
     pool->stop = true;
@@ -83,15 +83,15 @@ pool_destroy(zb_pool *pool, int started)
 }
 
 zb_status
-zb_pool_new(int nthreads, zb_pool **out)
+zb__pool_new(int nthreads, zb__pool **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_pool_new: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb__pool_new: null out");
     *out = NULL;
     if (nthreads > ZB_POOL_MAX_THREADS)
-        return zb_err(ZB_E_INVALID, "thread pool: %d threads requested (at most %d)", nthreads,
+        return zb__err(ZB_E_INVALID, "thread pool: %d threads requested (at most %d)", nthreads,
                       ZB_POOL_MAX_THREADS);
-    zb_pool *pool = calloc(1, sizeof *pool);
-    if (!pool) return zb_err(ZB_E_NOMEM, "thread pool: out of memory");
+    zb__pool *pool = calloc(1, sizeof *pool);
+    if (!pool) return zb__err(ZB_E_NOMEM, "thread pool: out of memory");
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->not_empty, NULL);
     pthread_cond_init(&pool->not_full, NULL);
@@ -110,7 +110,7 @@ zb_pool_new(int nthreads, zb_pool **out)
     pool->ring = calloc(pool->cap, sizeof *pool->ring);
     pool->workers = calloc((size_t)nthreads, sizeof *pool->workers);
     if (!pool->ring || !pool->workers) {
-        st = zb_err(ZB_E_NOMEM, "thread pool: out of memory");
+        st = zb__err(ZB_E_NOMEM, "thread pool: out of memory");
         goto fail;
     }
     for (int i = 0; i < nthreads; i++) {
@@ -122,7 +122,7 @@ zb_pool_new(int nthreads, zb_pool **out)
         int e = pthread_create(&pool->workers[started].thread, NULL, worker_main,
                                &pool->workers[started]);
         if (e != 0) {
-            st = zb_err(ZB_E_IO, "thread pool: cannot start thread %d of %d (%s)", started + 1,
+            st = zb__err(ZB_E_IO, "thread pool: cannot start thread %d of %d (%s)", started + 1,
                         nthreads, strerror(e));
             goto fail;
         }
@@ -136,7 +136,7 @@ fail:
 }
 
 void
-zb_pool_submit(zb_pool *pool, zb_pool_fn fn, void *arg)
+zb__pool_submit(zb__pool *pool, zb__pool_fn fn, void *arg)
 {
     if (pool->nthreads == 0) {
         fn(arg, pool->inline_ctx);
@@ -151,7 +151,7 @@ zb_pool_submit(zb_pool *pool, zb_pool_fn fn, void *arg)
 }
 
 void
-zb_pool_wait(zb_pool *pool)
+zb__pool_wait(zb__pool *pool)
 {
     if (!pool || pool->nthreads == 0) return;
     pthread_mutex_lock(&pool->mu);
@@ -160,16 +160,16 @@ zb_pool_wait(zb_pool *pool)
 }
 
 int
-zb_pool_threads(const zb_pool *pool)
+zb__pool_threads(const zb__pool *pool)
 {
     if (!pool) return 0;
     return pool->nthreads ? pool->nthreads : 1;
 }
 
 void
-zb_pool_free(zb_pool *pool)
+zb__pool_free(zb__pool *pool)
 {
     if (!pool) return;
-    zb_pool_wait(pool);
+    zb__pool_wait(pool);
     pool_destroy(pool, pool->nthreads);
 }

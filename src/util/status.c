@@ -13,8 +13,8 @@ const char *
 zb_strerror(zb_status status)
 {
     switch (status) {
-#define ZB_STATUS_TEXT_(name, value, text)                                                       \
-    case name:                                                                                   \
+#define ZB_STATUS_TEXT_(name, value, text)                                                         \
+    case name:                                                                                     \
         return text;
         ZB_STATUS_LIST(ZB_STATUS_TEXT_)
 #undef ZB_STATUS_TEXT_
@@ -26,8 +26,8 @@ const char *
 zb_status_name(zb_status status)
 {
     switch (status) {
-#define ZB_STATUS_NAME_(name, value, text)                                                       \
-    case name:                                                                                   \
+#define ZB_STATUS_NAME_(name, value, text)                                                         \
+    case name:                                                                                     \
         return #name;
         ZB_STATUS_LIST(ZB_STATUS_NAME_)
 #undef ZB_STATUS_NAME_
@@ -48,7 +48,7 @@ zb_clear_error(void)
 }
 
 zb_status
-zb_err(zb_status status, const char *fmt, ...)
+zb__err(zb_status status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -58,7 +58,7 @@ zb_err(zb_status status, const char *fmt, ...)
 }
 
 zb_status
-zb_err_context(zb_status status, const char *fmt, ...)
+zb__err_context(zb_status status, const char *fmt, ...)
 {
     char prefix[512];
     char old[ZB_DETAIL_CAP];

@@ -11,7 +11,7 @@
 #include <emmintrin.h>
 
 void
-zb_stream_copy(void *dst, const void *src, size_t n)
+zb__stream_copy(void *dst, const void *src, size_t n)
 {
     uint8_t *d = dst;
     const uint8_t *s = src;
@@ -40,7 +40,7 @@ zb_stream_copy(void *dst, const void *src, size_t n)
 }
 
 void
-zb_stream_fence(void)
+zb__stream_fence(void)
 {
     _mm_sfence();
 }
@@ -48,13 +48,13 @@ zb_stream_fence(void)
 #else
 
 void
-zb_stream_copy(void *dst, const void *src, size_t n)
+zb__stream_copy(void *dst, const void *src, size_t n)
 {
     memcpy(dst, src, n);
 }
 
 void
-zb_stream_fence(void)
+zb__stream_fence(void)
 {
 }
 

@@ -3,12 +3,11 @@
  * A batch larger than the last-level cache is written once by the reader and read later by the
  * consumer, long after its lines have been evicted. A plain store makes the CPU fetch every
  * destination line before overwriting it (a read for ownership), which doubles the memory
- * traffic of such a copy; a non-temporal store writes the line without reading it.
- * `build/bench_stream_copy` on this project's AMD EPYC: 5.8 KiB pieces from a cache-hot source
- * into a 96 MiB buffer 1.6-1.8x memcpy's speed on one thread, 2.3x on two; into a 4 MiB buffer
- * (in cache) 0.89x, hence the threshold below.
+ * traffic of such a copy; a non-temporal store writes the line without reading it. Into a buffer
+ * that stays in cache it is slower than memcpy, hence the threshold below (measured with
+ * `build/bench_stream_copy`: docs/PERFORMANCE.md, "Figures behind the code's decisions").
  *
- * Streamed stores are weakly ordered: the thread that made them calls zb_stream_fence() before
+ * Streamed stores are weakly ordered: the thread that made them calls zb__stream_fence() before
  * it publishes the memory to another thread. Elsewhere than x86-64 both are plain memcpy. */
 #ifndef ZB_UTIL_STREAM_H
 #define ZB_UTIL_STREAM_H
@@ -26,9 +25,9 @@
 
 /* memcpy(dst, src, n), whole 64-byte destination lines written with non-temporal stores;
  * copies shorter than a few lines are plain. */
-void zb_stream_copy(void *dst, const void *src, size_t n);
+void zb__stream_copy(void *dst, const void *src, size_t n);
 
 /* Orders this thread's streamed stores before its later stores (a store fence). */
-void zb_stream_fence(void);
+void zb__stream_fence(void);
 
 #endif

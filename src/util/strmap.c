@@ -24,7 +24,7 @@ key_at(const zb_strings *k, uint64_t i, size_t *len)
 }
 
 int64_t
-zb_strmap_find(const zb_strmap *m, const char *s, size_t len)
+zb__strmap_find(const zb__strmap *m, const char *s, size_t len)
 {
     if (!m->slots) return -1;
     for (size_t h = (size_t)fnv1a(s, len) & m->mask;; h = (h + 1) & m->mask) {
@@ -37,18 +37,18 @@ zb_strmap_find(const zb_strmap *m, const char *s, size_t len)
 }
 
 zb_status
-zb_strmap_build(zb_strmap *m, const zb_strings *keys, uint64_t *dup)
+zb__strmap_build(zb__strmap *m, const zb_strings *keys, uint64_t *dup)
 {
     memset(m, 0, sizeof *m);
     if (dup) *dup = UINT64_MAX;
     size_t cap = 16;
     while (cap < 2 * keys->n) {
-        if (cap > SIZE_MAX / 4) return zb_err(ZB_E_OVERFLOW, "a map of %llu strings",
-                                              (unsigned long long)keys->n);
+        if (cap > SIZE_MAX / 4)
+            return zb__err(ZB_E_OVERFLOW, "a map of %llu strings", (unsigned long long)keys->n);
         cap *= 2;
     }
     m->slots = calloc(cap, sizeof *m->slots);
-    if (!m->slots) return zb_err(ZB_E_NOMEM, "a map of %llu strings", (unsigned long long)keys->n);
+    if (!m->slots) return zb__err(ZB_E_NOMEM, "a map of %llu strings", (unsigned long long)keys->n);
     m->mask = cap - 1;
     m->keys = keys;
     for (uint64_t i = 0; i < keys->n; i++) {
@@ -73,7 +73,7 @@ zb_strmap_build(zb_strmap *m, const zb_strings *keys, uint64_t *dup)
 }
 
 void
-zb_strmap_free(zb_strmap *m)
+zb__strmap_free(zb__strmap *m)
 {
     if (!m) return;
     free(m->slots);

@@ -10,7 +10,7 @@
 /* Whether s is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most
  * U+10FFFF); *bad is the offset of the first byte that is not. */
 static inline bool
-zb_utf8_valid(const char *str, size_t *bad)
+zb__utf8_valid(const char *str, size_t *bad)
 {
     const uint8_t *s = (const uint8_t *)str;
     size_t i = 0;
@@ -38,7 +38,7 @@ zb_utf8_valid(const char *str, size_t *bad)
 
 /* s with every byte outside printable ASCII (and the backslash) as \xNN, cut to fit cap. */
 static inline const char *
-zb_escape_bytes(const char *s, char *buf, size_t cap)
+zb__escape_bytes(const char *s, char *buf, size_t cap)
 {
     size_t o = 0;
     for (; *s && o + 5 < cap; s++) {

@@ -48,7 +48,7 @@ parse_index(const char *s, const char *end, uint64_t *out)
 static bool
 parse_key(const walk *w, const char *rel, uint64_t *g)
 {
-    const zb_array_meta *m = &w->a->meta;
+    const zb__array_meta *m = &w->a->meta;
     size_t np = strlen(m->key_prefix);
     if (strncmp(rel, m->key_prefix, np) != 0) return false;
     const char *s = rel + np;
@@ -90,7 +90,7 @@ on_entry(void *ctx, const char *name, bool is_dir)
         size_t cap = w->cap ? 2 * w->cap : 64;
         uint64_t *c = realloc(w->coords, cap * (size_t)w->nd * sizeof *c);
         if (!c) {
-            w->st = zb_err(ZB_E_NOMEM, "%s: out of memory listing chunks", w->a->path);
+            w->st = zb__err(ZB_E_NOMEM, "%s: out of memory listing chunks", w->a->path);
             return 1;
         }
         w->coords = c;
@@ -127,7 +127,7 @@ sort_rows(uint64_t *rows, uint64_t *tmp, size_t n, int nd)
 }
 
 zb_status
-zb_stored_chunks(zb_store *store, const zb_array *a, uint64_t **coords, size_t *n)
+zb__stored_chunks(zb_store *store, const zb_array *a, uint64_t **coords, size_t *n)
 {
     *coords = NULL;
     *n = 0;
@@ -145,7 +145,7 @@ zb_stored_chunks(zb_store *store, const zb_array *a, uint64_t **coords, size_t *
     if (st == ZB_OK) st = w.st;
     if (st == ZB_OK && w.n > 1) {
         uint64_t *tmp = malloc(w.n * (size_t)w.nd * sizeof *tmp);
-        if (!tmp) st = zb_err(ZB_E_NOMEM, "%s: out of memory listing chunks", a->path);
+        if (!tmp) st = zb__err(ZB_E_NOMEM, "%s: out of memory listing chunks", a->path);
         else sort_rows(w.coords, tmp, w.n, w.nd);
         free(tmp);
     }

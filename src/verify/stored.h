@@ -13,7 +13,7 @@ struct zb_array;
  * [2^62] with one chunk stored costs one listing). Keys that are not this array's chunk keys
  * (metadata documents, stray files, indices outside the grid) are left out.
  * ZB_E_UNSUPPORTED for a store that cannot list (the caller walks the grid instead). */
-zb_status zb_stored_chunks(zb_store *store, const struct zb_array *a, uint64_t **coords,
+zb_status zb__stored_chunks(zb_store *store, const struct zb_array *a, uint64_t **coords,
                            size_t *n);
 
 #endif

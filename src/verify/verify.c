@@ -38,7 +38,7 @@
 
 /* One array node of the tree. */
 typedef struct varr {
-    const zb_tree_node *node;
+    const zb__tree_node *node;
     zb_array *a; /* NULL when its metadata is invalid or unsupported (already reported) */
     bool bad;    /* some chunk failed: its values are not checked */
 } varr;
@@ -49,10 +49,10 @@ typedef struct verifier {
     size_t cap;      /* findings kept */
     size_t kept_cap; /* allocated entries of r->problems */
     zb_ctx *ctx;
-    zb_tree *tree;
+    zb__tree *tree;
     varr *arrays; /* in tree order, so sorted by path */
     size_t narrays;
-    zb_buf enc, unit;
+    zb__buf enc, unit;
     zb_status fatal; /* ZB_E_NOMEM while recording: the run stops */
 } verifier;
 
@@ -75,7 +75,7 @@ finding(verifier *v, zb_verify_severity sev, zb_status st, const char *key, cons
         if (cap > v->cap) cap = v->cap;
         zb_verify_problem *p = realloc(r->problems, cap * sizeof *p);
         if (!p) {
-            v->fatal = zb_err(ZB_E_NOMEM, "verify: out of memory for the report");
+            v->fatal = zb__err(ZB_E_NOMEM, "verify: out of memory for the report");
             return;
         }
         r->problems = p;
@@ -97,7 +97,7 @@ finding(verifier *v, zb_verify_severity sev, zb_status st, const char *key, cons
     if (!p->key || !p->message) {
         free(p->key);
         free(p->message);
-        v->fatal = zb_err(ZB_E_NOMEM, "verify: out of memory for the report");
+        v->fatal = zb__err(ZB_E_NOMEM, "verify: out of memory for the report");
         return;
     }
     r->n_kept++;
@@ -167,18 +167,18 @@ child_array(verifier *v, const char *base, const char *name)
     return find_array(v, p);
 }
 
-static const zb_tree_node *
+static const zb__tree_node *
 child_node(verifier *v, const char *base, const char *name)
 {
     char p[KEY_CAP];
     join(p, sizeof p, base, name);
-    return zb_tree_find(v->tree, p);
+    return zb__tree_find(v->tree, p);
 }
 
 /* The direct children of `base` are visited by scanning the tree: node counts are small (a
  * few hundred in an anndata store) next to the chunks each array holds. */
 static const char *
-child_name(const zb_tree_node *n, const char *base)
+child_name(const zb__tree_node *n, const char *base)
 {
     size_t len = strlen(base);
     const char *p = n->path;
@@ -193,7 +193,7 @@ child_name(const zb_tree_node *n, const char *base)
 static const char *
 attr_str(json_object *attrs, const char *key)
 {
-    json_object *s = zb_json_get(attrs, key);
+    json_object *s = zb__json_get(attrs, key);
     return json_object_is_type(s, json_type_string) ? json_object_get_string(s) : NULL;
 }
 
@@ -234,7 +234,7 @@ check_marker(verifier *v, const char *path)
     uint64_t got = 0;
     if (size < sizeof buf && zb_store_get(v->store, key, 0, size, buf, &got) == ZB_OK) {
         json_object *doc = NULL;
-        if (zb_json_parse((const char *)buf, (size_t)got, key, &doc) == ZB_OK) {
+        if (zb__json_parse((const char *)buf, (size_t)got, key, &doc) == ZB_OK) {
             const char *w = attr_str(doc, "writer"), *l = attr_str(doc, "layout");
             if (w || l)
                 snprintf(who, sizeof who, " (%s%s%s writer)", w ? w : "", w && l ? " " : "",
@@ -253,17 +253,17 @@ check_marker(verifier *v, const char *path)
 /* ---- metadata ------------------------------------------------------------------------- */
 
 static void
-doc_key(char *buf, size_t cap, const zb_tree_node *n)
+doc_key(char *buf, size_t cap, const zb__tree_node *n)
 {
     join(buf, cap, n->path,
          n->zarr_format == 2 ? (n->is_array ? ".zarray" : ".zgroup") : "zarr.json");
 }
 
 static zb_status
-parse_meta(const zb_tree_node *n, zb_array_meta *m)
+parse_meta(const zb__tree_node *n, zb__array_meta *m)
 {
-    return n->zarr_format == 2 ? zb_meta_from_v2_obj(n->doc, n->attrs, n->path, m)
-                               : zb_meta_from_v3_obj(n->doc, n->path, m);
+    return n->zarr_format == 2 ? zb__meta_from_v2_obj(n->doc, n->attrs, n->path, m)
+                               : zb__meta_from_v3_obj(n->doc, n->path, m);
 }
 
 /* Parses and opens every array of the tree; checks v2 group documents (the tree loader only
@@ -277,10 +277,10 @@ open_arrays(verifier *v)
     if (!v->arrays) return v->fatal = ZB_E_NOMEM;
     char key[KEY_CAP];
     for (size_t i = 0; i < v->tree->n && v->fatal == ZB_OK; i++) {
-        const zb_tree_node *nd = &v->tree->nodes[i];
+        const zb__tree_node *nd = &v->tree->nodes[i];
         doc_key(key, sizeof key, nd);
         if (!nd->is_array) {
-            json_object *zf = zb_json_get(nd->doc, "zarr_format");
+            json_object *zf = zb__json_get(nd->doc, "zarr_format");
             if (nd->zarr_format == 2 &&
                 (!json_object_is_type(zf, json_type_int) || json_object_get_int64(zf) != 2))
                 finding(v, ZB_VERIFY_PROBLEM, ZB_E_METADATA, key, "zarr_format is not 2");
@@ -289,9 +289,9 @@ open_arrays(verifier *v)
         varr *va = &v->arrays[v->narrays++];
         va->node = nd;
         v->r->n_arrays++;
-        zb_array_meta m;
+        zb__array_meta m;
         zb_status st = parse_meta(nd, &m);
-        if (st == ZB_OK) st = zb_array_open_meta(v->store, nd->path, &m, &va->a);
+        if (st == ZB_OK) st = zb__array_open_meta(v->store, nd->path, &m, &va->a);
         if (st == ZB_E_UNSUPPORTED) {
             finding(v, ZB_VERIFY_NOTE, st, key, "not checked: %s", detail(nd->path));
         } else if (st != ZB_OK) {
@@ -318,8 +318,8 @@ json_same(json_object *a, json_object *b)
         return x == y || (isnan(x) && isnan(y));
     }
     case json_type_int:
-        if (zb_json_is_big_uint(a) || zb_json_is_big_uint(b))
-            return zb_json_is_big_uint(a) && zb_json_is_big_uint(b) &&
+        if (zb__json_is_big_uint(a) || zb__json_is_big_uint(b))
+            return zb__json_is_big_uint(a) && zb__json_is_big_uint(b) &&
                    json_object_get_uint64(a) == json_object_get_uint64(b);
         return json_object_get_int64(a) == json_object_get_int64(b);
     case json_type_string:
@@ -359,13 +359,13 @@ dims_text(char *buf, size_t cap, const uint64_t *d, int n)
 
 /* Compares one array as the snapshot has it with its own document. */
 static void
-compare_array_meta(verifier *v, const zb_tree_node *disk, const zb_tree_node *snap, const char *key)
+compare_array_meta(verifier *v, const zb__tree_node *disk, const zb__tree_node *snap, const char *key)
 {
-    zb_array_meta a, b;
+    zb__array_meta a, b;
     if (parse_meta(disk, &a) != ZB_OK) return; /* reported with the arrays */
     zb_status st = parse_meta(snap, &b);
     if (st != ZB_OK) {
-        zb_meta_free(&a);
+        zb__meta_free(&a);
         if (st != ZB_E_UNSUPPORTED)
             finding(v, ZB_VERIFY_PROBLEM, st, key, "consolidated metadata entry: %s",
                     detail(disk->path));
@@ -384,8 +384,8 @@ compare_array_meta(verifier *v, const zb_tree_node *disk, const zb_tree_node *sn
         finding(v, ZB_VERIFY_PROBLEM, ZB_E_METADATA, key,
                 "chunks or dtype differ from the consolidated metadata");
     }
-    zb_meta_free(&a);
-    zb_meta_free(&b);
+    zb__meta_free(&a);
+    zb__meta_free(&b);
 }
 
 /* Loads the consolidated snapshot (when the root has one) and compares it with the tree of
@@ -393,27 +393,27 @@ compare_array_meta(verifier *v, const zb_tree_node *disk, const zb_tree_node *sn
 static void
 check_consolidated(verifier *v, const char *root)
 {
-    const zb_tree_node *top = zb_tree_find(v->tree, root);
+    const zb__tree_node *top = zb__tree_find(v->tree, root);
     if (!top || top->is_array) return;
     char key[KEY_CAP];
     join(key, sizeof key, root, v->tree->zarr_format == 2 ? ".zmetadata" : "zarr.json");
-    if (v->tree->zarr_format == 3 && !zb_json_get(top->doc, "consolidated_metadata")) return;
+    if (v->tree->zarr_format == 3 && !zb__json_get(top->doc, "consolidated_metadata")) return;
     if (v->tree->zarr_format == 2) {
         uint64_t size;
         zb_status st = zb_store_size(v->store, key, &size);
         zb_clear_error();
         if (st != ZB_OK) return;
     }
-    zb_tree *snap = NULL;
-    zb_status st = zb_tree_load(v->store, root, true, &snap);
+    zb__tree *snap = NULL;
+    zb_status st = zb__tree_load(v->store, root, true, &snap);
     if (st != ZB_OK) {
         failed(v, st, key, "consolidated metadata");
         return;
     }
     char nkey[KEY_CAP];
     for (size_t i = 0; i < v->tree->n; i++) {
-        const zb_tree_node *d = &v->tree->nodes[i];
-        const zb_tree_node *s = zb_tree_find(snap, d->path);
+        const zb__tree_node *d = &v->tree->nodes[i];
+        const zb__tree_node *s = zb__tree_find(snap, d->path);
         doc_key(nkey, sizeof nkey, d);
         if (!s) {
             finding(v, ZB_VERIFY_PROBLEM, ZB_E_METADATA, nkey,
@@ -434,12 +434,12 @@ check_consolidated(verifier *v, const char *root)
         }
     }
     for (size_t i = 0; i < snap->n; i++) {
-        const zb_tree_node *s = &snap->nodes[i];
-        if (zb_tree_find(v->tree, s->path)) continue;
+        const zb__tree_node *s = &snap->nodes[i];
+        if (zb__tree_find(v->tree, s->path)) continue;
         finding(v, ZB_VERIFY_PROBLEM, ZB_E_METADATA, shown(s->path),
                 "listed in the consolidated metadata, but the node's own document is missing");
     }
-    zb_tree_free(snap);
+    zb__tree_free(snap);
 }
 
 /* ---- chunks --------------------------------------------------------------------------- */
@@ -471,15 +471,15 @@ typedef struct units {
 static bool
 units_open(verifier *v, varr *va, units *u)
 {
-    const zb_array_meta *m = &va->a->meta;
+    const zb__array_meta *m = &va->a->meta;
     memset(u, 0, sizeof *u);
     u->nd = m->ndim;
     uint64_t total = 1;
     for (int d = 0; d < u->nd; d++) {
         u->hi[d] = (m->shape[d] + m->chunks[d] - 1) / m->chunks[d];
-        if (!zb_mul_u64(total, u->hi[d], &total)) total = UINT64_MAX;
+        if (!zb__mul_u64(total, u->hi[d], &total)) total = UINT64_MAX;
     }
-    zb_status st = zb_stored_chunks(v->store, va->a, &u->coords, &u->n);
+    zb_status st = zb__stored_chunks(v->store, va->a, &u->coords, &u->n);
     if (st == ZB_E_UNSUPPORTED) {
         zb_clear_error();
         u->grid = true;
@@ -520,7 +520,7 @@ units_close(units *u)
     free(u->coords);
 }
 
-/* The `len` bytes at `off` of array a's object `key`, read into v->enc (zb_unit_read: never a
+/* The `len` bytes at `off` of array a's object `key`, read into v->enc (zb__unit_read: never a
  * view, so a store written a moment ago through the same handle is seen as written); a
  * problem (and NULL) when it fails. `what` names the part of the object read (an inner
  * chunk), or is NULL for the whole object. */
@@ -529,7 +529,7 @@ fetch(verifier *v, const zb_array *a, const char *key, uint64_t off, uint64_t le
       const char *what)
 {
     const uint8_t *data = NULL;
-    zb_status st = zb_unit_read(a, key, off, len, &v->enc, &data, NULL);
+    zb_status st = zb__unit_read(a, key, off, len, &v->enc, &data, NULL);
     if (st != ZB_OK) failed(v, st, key, what);
     return st == ZB_OK ? data : NULL;
 }
@@ -538,13 +538,13 @@ static void
 check_plain(verifier *v, varr *va)
 {
     const zb_array *a = va->a;
-    const zb_array_meta *m = &a->meta;
+    const zb__array_meta *m = &a->meta;
     uint64_t g[ZB_MAX_DIMS] = {0};
     units u;
     if (!units_open(v, va, &u)) return;
     char key[KEY_CAP];
     while (v->fatal == ZB_OK && units_next(&u, g)) {
-        zb_status st = zb_meta_chunk_key(m, a->path, g, key, sizeof key);
+        zb_status st = zb__meta_chunk_key(m, a->path, g, key, sizeof key);
         if (st != ZB_OK) {
             failed(v, st, a->path, NULL);
             va->bad = true;
@@ -568,7 +568,7 @@ check_plain(verifier *v, varr *va)
             va->bad = true;
             continue;
         }
-        st = zb_array_decode_unit(a, v->ctx, enc, (size_t)size, v->unit.data, key);
+        st = zb__array_decode_unit(a, v->ctx, enc, (size_t)size, v->unit.data, key);
         if (st != ZB_OK) {
             failed(v, st, key, NULL);
             va->bad = true;
@@ -582,7 +582,7 @@ static void
 check_shards(verifier *v, varr *va)
 {
     const zb_array *a = va->a;
-    const zb_array_meta *m = &a->meta;
+    const zb__array_meta *m = &a->meta;
     int nd = m->ndim;
     uint64_t s[ZB_MAX_DIMS] = {0}, cps[ZB_MAX_DIMS], grid[ZB_MAX_DIMS];
     for (int d = 0; d < nd; d++) {
@@ -593,7 +593,7 @@ check_shards(verifier *v, varr *va)
     if (!units_open(v, va, &u)) return;
     char key[KEY_CAP], what[160];
     while (v->fatal == ZB_OK && units_next(&u, s)) {
-        zb_status st = zb_meta_chunk_key(m, a->path, s, key, sizeof key);
+        zb_status st = zb__meta_chunk_key(m, a->path, s, key, sizeof key);
         if (st != ZB_OK) {
             failed(v, st, a->path, NULL);
             va->bad = true;
@@ -601,7 +601,7 @@ check_shards(verifier *v, varr *va)
         }
         uint64_t *e = NULL, n = 0;
         bool missing = false;
-        st = zb_array_shard_index(a, v->ctx, s, &e, &n, &missing);
+        st = zb__array_shard_index(a, v->ctx, s, &e, &n, &missing);
         if (st != ZB_OK) {
             /* a shard cut short lands here: its index is not where the end says it is */
             failed(v, st, key, "shard index");
@@ -632,7 +632,7 @@ check_shards(verifier *v, varr *va)
                 va->bad = true;
                 continue;
             }
-            st = zb_array_decode_unit(a, v->ctx, enc, (size_t)e[2 * j + 1], v->unit.data, key);
+            st = zb__array_decode_unit(a, v->ctx, enc, (size_t)e[2 * j + 1], v->unit.data, key);
             if (st != ZB_OK) {
                 failed(v, st, key, what);
                 va->bad = true;
@@ -649,8 +649,8 @@ static void
 check_by_rows(verifier *v, varr *va)
 {
     const zb_array *a = va->a;
-    const zb_array_meta *m = &a->meta;
-    bool whole = zb_array_whole_shard(a);
+    const zb__array_meta *m = &a->meta;
+    bool whole = zb__array_whole_shard(a);
     uint64_t rows = rows_of(va);
     uint64_t block = m->ndim == 0 ? 1 : whole ? m->chunks[0] : a->inner[0];
     if (m->ndim > 0 && a->row_elems == 0) return;
@@ -685,7 +685,7 @@ check_by_rows(verifier *v, varr *va)
             zb_strings_free(&strs);
         } else {
             uint64_t bytes = (r1 - r0) * a->row_elems * m->itemsize;
-            st = zb_buf_reserve(&v->unit, bytes ? (size_t)bytes : 1);
+            st = zb__buf_reserve(&v->unit, bytes ? (size_t)bytes : 1);
             if (st == ZB_OK) st = zb_array_read_rows(a, r0, r1, v->unit.data, v->unit.cap, v->ctx);
         }
         zb_ctx_get_stats(v->ctx, &after);
@@ -699,9 +699,9 @@ check_by_rows(verifier *v, varr *va)
             snprintf(msg, sizeof msg, "%s", zb_last_error());
             uint64_t g[ZB_MAX_DIMS] = {0};
             g[0] = m->ndim ? r0 / a->inner[0] : 0;
-            if (zb_array_unit_object(a, g, key, sizeof key, NULL, NULL) != ZB_OK)
+            if (zb__array_unit_object(a, g, key, sizeof key, NULL, NULL) != ZB_OK)
                 snprintf(key, sizeof key, "%s", a->path);
-            zb_err(st, "%s", msg);
+            zb__err(st, "%s", msg);
             if (after.chunks_decoded == before.chunks_decoded) v->r->n_chunks++;
             failed(v, st, key, NULL);
             va->bad = true;
@@ -714,13 +714,13 @@ static void
 check_chunks(verifier *v, varr *va)
 {
     const zb_array *a = va->a;
-    const zb_array_meta *m = &a->meta;
-    if (m->dtype == ZB_DT_STRING || m->ndim == 0 || zb_array_whole_shard(a)) {
+    const zb__array_meta *m = &a->meta;
+    if (m->dtype == ZB_DT_STRING || m->ndim == 0 || zb__array_whole_shard(a)) {
         check_by_rows(v, va);
         return;
     }
-    uint64_t unit = zb_array_unit_bytes(a);
-    zb_status st = zb_buf_reserve(&v->unit, unit ? (size_t)unit : 1);
+    uint64_t unit = zb__array_unit_bytes(a);
+    zb_status st = zb__buf_reserve(&v->unit, unit ? (size_t)unit : 1);
     if (st != ZB_OK) {
         failed(v, st, a->path, NULL);
         va->bad = true;
@@ -745,7 +745,7 @@ typedef struct ival {
     uint64_t block_rows;
     uint64_t base, len; /* values held: [base, base + len) */
     int64_t *val;
-    zb_buf raw;
+    zb__buf raw;
     bool failed;
 } ival;
 
@@ -763,10 +763,10 @@ ival_init(ival *it, verifier *v, varr *va)
     uint64_t rows = it->row_elems >= BLOCK_VALUES ? 1 : BLOCK_VALUES / it->row_elems;
     it->block_rows = (rows + chunk - 1) / chunk * chunk;
     uint64_t nval;
-    if (!zb_mul_u64(it->block_rows, it->row_elems, &nval) || nval > ZB_BUF_MAX / sizeof(int64_t))
-        return zb_err(ZB_E_OVERFLOW, "%s: value block too large", a->path);
+    if (!zb__mul_u64(it->block_rows, it->row_elems, &nval) || nval > ZB_BUF_MAX / sizeof(int64_t))
+        return zb__err(ZB_E_OVERFLOW, "%s: value block too large", a->path);
     it->val = malloc((size_t)nval * sizeof *it->val);
-    if (!it->val) return zb_err(ZB_E_NOMEM, "verify: out of memory for a value block");
+    if (!it->val) return zb__err(ZB_E_NOMEM, "verify: out of memory for a value block");
     return ZB_OK;
 }
 
@@ -774,7 +774,7 @@ static void
 ival_free(ival *it)
 {
     free(it->val);
-    zb_buf_free(&it->raw);
+    zb__buf_free(&it->raw);
 }
 
 /* A value of an integer array; a uint64 above INT64_MAX saturates, so every bound check on it
@@ -783,7 +783,7 @@ static int64_t
 load_int(const uint8_t *p, zb_dtype dt)
 {
     int64_t v;
-    zb_load_int(p, dt, &v);
+    zb__load_int(p, dt, &v);
     return v;
 }
 
@@ -802,7 +802,7 @@ ival_get(ival *it, uint64_t i, int64_t *out)
     uint64_t r1 = rows - r0 < it->block_rows ? rows : r0 + it->block_rows;
     uint64_t nval = (r1 - r0) * it->row_elems;
     size_t isz = a->meta.itemsize;
-    zb_status st = zb_buf_reserve(&it->raw, (size_t)(nval * isz));
+    zb_status st = zb__buf_reserve(&it->raw, (size_t)(nval * isz));
     if (st == ZB_OK) st = zb_array_read_rows(a, r0, r1, it->raw.data, it->raw.cap, it->v->ctx);
     if (st != ZB_OK) {
         failed(it->v, st, a->path, "cannot read values");
@@ -899,9 +899,9 @@ scan_range(verifier *v, varr *va, int64_t lo, int64_t hi, const char *what, cons
 
 /* The [rows, cols] of a sparse group's "shape" attribute; false (and a problem) otherwise. */
 static bool
-sparse_shape(verifier *v, const zb_tree_node *g, uint64_t shape[2])
+sparse_shape(verifier *v, const zb__tree_node *g, uint64_t shape[2])
 {
-    json_object *s = zb_json_get(g->attrs, "shape");
+    json_object *s = zb__json_get(g->attrs, "shape");
     bool ok = json_object_is_type(s, json_type_array) && json_object_array_length(s) == 2;
     for (size_t i = 0; ok && i < 2; i++) {
         json_object *d = json_object_array_get_idx(s, i);
@@ -916,7 +916,7 @@ sparse_shape(verifier *v, const zb_tree_node *g, uint64_t shape[2])
 }
 
 static void
-check_sparse(verifier *v, const zb_tree_node *g, bool csr)
+check_sparse(verifier *v, const zb__tree_node *g, bool csr)
 {
     const char *kind = csr ? "csr_matrix" : "csc_matrix";
     uint64_t shape[2];
@@ -978,7 +978,7 @@ check_sparse(verifier *v, const zb_tree_node *g, bool csr)
 
 /* The rows of a dataframe column: an array, a categorical's codes, a nullable's values. */
 static varr *
-column_array(verifier *v, const zb_tree_node *col)
+column_array(verifier *v, const zb__tree_node *col)
 {
     if (col->is_array) return find_array(v, col->path);
     const char *et = attr_str(col->attrs, "encoding-type");
@@ -990,7 +990,7 @@ column_array(verifier *v, const zb_tree_node *col)
 
 /* The length of a dataframe (its index), or false when it has none (a problem). */
 static bool
-dataframe_len(verifier *v, const zb_tree_node *df, uint64_t *n, bool report)
+dataframe_len(verifier *v, const zb__tree_node *df, uint64_t *n, bool report)
 {
     const char *idx = attr_str(df->attrs, "_index");
     varr *ia = child_array(v, df->path, idx ? idx : "_index");
@@ -1010,13 +1010,13 @@ dataframe_len(verifier *v, const zb_tree_node *df, uint64_t *n, bool report)
 }
 
 static void
-check_dataframe(verifier *v, const zb_tree_node *df)
+check_dataframe(verifier *v, const zb__tree_node *df)
 {
     uint64_t n;
     if (!dataframe_len(v, df, &n, true)) return;
     const char *idx = attr_str(df->attrs, "_index");
     if (!idx) idx = "_index";
-    json_object *order = zb_json_get(df->attrs, "column-order");
+    json_object *order = zb__json_get(df->attrs, "column-order");
     if (json_object_is_type(order, json_type_array)) {
         for (size_t i = 0; i < json_object_array_length(order); i++) {
             json_object *c = json_object_array_get_idx(order, i);
@@ -1030,7 +1030,7 @@ check_dataframe(verifier *v, const zb_tree_node *df)
         }
     }
     for (size_t i = 0; i < v->tree->n; i++) {
-        const zb_tree_node *col = &v->tree->nodes[i];
+        const zb__tree_node *col = &v->tree->nodes[i];
         const char *name = child_name(col, df->path);
         if (!name || !strcmp(name, idx)) continue;
         varr *va = column_array(v, col);
@@ -1058,7 +1058,7 @@ check_dataframe(verifier *v, const zb_tree_node *df)
 /* The shape of an anndata element: an array's shape, a sparse group's "shape" attribute, a
  * dataframe's length; false when it has none. */
 static bool
-element_shape(verifier *v, const zb_tree_node *el, uint64_t *rows, uint64_t *cols, bool *has_cols)
+element_shape(verifier *v, const zb__tree_node *el, uint64_t *rows, uint64_t *cols, bool *has_cols)
 {
     *has_cols = false;
     if (el->is_array) {
@@ -1071,12 +1071,12 @@ element_shape(verifier *v, const zb_tree_node *el, uint64_t *rows, uint64_t *col
     }
     const char *et = attr_str(el->attrs, "encoding-type");
     if (et && (!strcmp(et, "csr_matrix") || !strcmp(et, "csc_matrix"))) {
-        json_object *s = zb_json_get(el->attrs, "shape");
+        json_object *s = zb__json_get(el->attrs, "shape");
         if (!json_object_is_type(s, json_type_array) || json_object_array_length(s) != 2)
             return false; /* reported with the sparse group */
         int64_t r, c;
-        if (zb_json_i64(json_object_array_get_idx(s, 0), "shape", &r) != ZB_OK ||
-            zb_json_i64(json_object_array_get_idx(s, 1), "shape", &c) != ZB_OK || r < 0 || c < 0) {
+        if (zb__json_i64(json_object_array_get_idx(s, 0), "shape", &r) != ZB_OK ||
+            zb__json_i64(json_object_array_get_idx(s, 1), "shape", &c) != ZB_OK || r < 0 || c < 0) {
             zb_clear_error();
             return false;
         }
@@ -1092,7 +1092,7 @@ element_shape(verifier *v, const zb_tree_node *el, uint64_t *rows, uint64_t *col
 /* Checks an element against the axes of its AnnData: rows (n_obs or n_vars) and, when
  * `want_cols`, columns. */
 static void
-check_element(verifier *v, const zb_tree_node *el, uint64_t want_rows, const char *rows_name,
+check_element(verifier *v, const zb__tree_node *el, uint64_t want_rows, const char *rows_name,
               const uint64_t *want_cols, const char *cols_name)
 {
     uint64_t rows = 0, cols = 0;
@@ -1107,9 +1107,9 @@ check_element(verifier *v, const zb_tree_node *el, uint64_t want_rows, const cha
 }
 
 static void
-check_anndata(verifier *v, const zb_tree_node *g)
+check_anndata(verifier *v, const zb__tree_node *g)
 {
-    const zb_tree_node *obs = child_node(v, g->path, "obs"), *var = child_node(v, g->path, "var");
+    const zb__tree_node *obs = child_node(v, g->path, "obs"), *var = child_node(v, g->path, "var");
     if (!obs || !var) {
         finding(v, ZB_VERIFY_PROBLEM, ZB_E_METADATA, shown(g->path),
                 "an anndata group needs obs and var dataframes; %s is missing",
@@ -1118,7 +1118,7 @@ check_anndata(verifier *v, const zb_tree_node *g)
     }
     uint64_t n_obs, n_vars;
     if (!dataframe_len(v, obs, &n_obs, false) || !dataframe_len(v, var, &n_vars, false)) return;
-    const zb_tree_node *x = child_node(v, g->path, "X");
+    const zb__tree_node *x = child_node(v, g->path, "X");
     if (x) check_element(v, x, n_obs, "n_obs (obs)", &n_vars, "n_vars (var)");
     /* mapping groups: each child is one element */
     static const struct {
@@ -1133,7 +1133,7 @@ check_anndata(verifier *v, const zb_tree_node *g)
         char base[KEY_CAP];
         join(base, sizeof base, g->path, maps[m].group);
         for (size_t i = 0; i < v->tree->n; i++) {
-            const zb_tree_node *el = &v->tree->nodes[i];
+            const zb__tree_node *el = &v->tree->nodes[i];
             if (!child_name(el, base)) continue;
             uint64_t want_cols = maps[m].cols_obs ? n_obs : n_vars;
             check_element(v, el, maps[m].rows_obs ? n_obs : n_vars,
@@ -1147,10 +1147,10 @@ check_anndata(verifier *v, const zb_tree_node *g)
 /* ---- nvalchemi AtomicData (FORMATS.md §8) --------------------------------------------- */
 
 static bool
-is_atomic_group(verifier *v, const zb_tree_node *g)
+is_atomic_group(verifier *v, const zb__tree_node *g)
 {
-    const zb_tree_node *core = child_node(v, g->path, "core");
-    return zb_json_get(g->attrs, "fields") && child_array(v, g->path, "meta/atoms_ptr") && core &&
+    const zb__tree_node *core = child_node(v, g->path, "core");
+    return zb__json_get(g->attrs, "fields") && child_array(v, g->path, "meta/atoms_ptr") && core &&
            !core->is_array;
 }
 
@@ -1292,19 +1292,19 @@ check_fields_named(verifier *v, const char *base, json_object *fields)
 }
 
 static void
-check_atomic(verifier *v, const zb_tree_node *g)
+check_atomic(verifier *v, const zb__tree_node *g)
 {
     const char *base = g->path;
     uint64_t n;
-    json_object *ns = zb_json_get(g->attrs, "num_samples");
-    if (!ns || zb_json_u64(ns, "num_samples", &n) != ZB_OK) {
+    json_object *ns = zb__json_get(g->attrs, "num_samples");
+    if (!ns || zb__json_u64(ns, "num_samples", &n) != ZB_OK) {
         zb_clear_error();
         finding(v, ZB_VERIFY_PROBLEM, ZB_E_METADATA, shown(base),
                 "the num_samples attribute is missing or not a non-negative integer");
         return;
     }
-    json_object *fields = zb_json_get(g->attrs, "fields");
-    zb_status st = zb_atomic_check_fields_attr(shown(base), fields);
+    json_object *fields = zb__json_get(g->attrs, "fields");
+    zb_status st = zb__atomistic_check_fields_attr(shown(base), fields);
     if (st != ZB_OK) {
         failed(v, st, shown(base), NULL);
         fields = NULL;
@@ -1345,7 +1345,7 @@ check_atomic(verifier *v, const zb_tree_node *g)
             varr *va = &v->arrays[i];
             const char *name = child_name(va->node, gpath);
             if (!name) continue;
-            const char *lv = zb_atomic_array_level(fields, groups[gi], name);
+            const char *lv = zb__atomistic_array_level(fields, groups[gi], name);
             if (!strcmp(lv, "atom")) {
                 if (atoms_ok) check_rows_needed(v, va, (uint64_t)n_atoms, "atoms_ptr[N]");
             } else if (!strcmp(lv, "edge")) {
@@ -1364,7 +1364,7 @@ check_atomic(verifier *v, const zb_tree_node *g)
     varr *pos = child_array(v, base, "core/positions"),
          *num = child_array(v, base, "core/atomic_numbers");
     if ((!pos || pos->a) && (!num || num->a)) { /* an array that did not open is reported */
-        st = zb_atomic_check_required(shown(base), fields, pos ? &pos->a->meta : NULL,
+        st = zb__atomistic_check_required(shown(base), fields, pos ? &pos->a->meta : NULL,
                                       num ? &num->a->meta : NULL);
         if (st != ZB_OK) failed(v, st, shown(base), NULL);
     }
@@ -1399,7 +1399,7 @@ doc_of_message(char *buf, size_t cap, const char *fallback)
  * verify calls clean is one the reader opens. Only while nothing else is wrong: the reader
  * would repeat the first problem already listed. */
 static void
-check_reader_opens(verifier *v, const zb_tree_node *g)
+check_reader_opens(verifier *v, const zb__tree_node *g)
 {
     if (v->r->n_problems != 0 || v->fatal != ZB_OK) return;
     zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
@@ -1417,7 +1417,7 @@ static void
 check_layouts(verifier *v)
 {
     for (size_t i = 0; i < v->tree->n && v->fatal == ZB_OK; i++) {
-        const zb_tree_node *g = &v->tree->nodes[i];
+        const zb__tree_node *g = &v->tree->nodes[i];
         if (g->is_array) continue;
         const char *et = attr_str(g->attrs, "encoding-type");
         if (et && !strcmp(et, "csr_matrix")) check_sparse(v, g, true);
@@ -1428,7 +1428,7 @@ check_layouts(verifier *v)
     }
     /* after every rule of verify's own, in every group (a dataset's elements come after it) */
     for (size_t i = 0; i < v->tree->n && v->fatal == ZB_OK; i++) {
-        const zb_tree_node *g = &v->tree->nodes[i];
+        const zb__tree_node *g = &v->tree->nodes[i];
         if (g->is_array) continue;
         const char *et = attr_str(g->attrs, "encoding-type");
         if ((et && !strcmp(et, "anndata")) || is_atomic_group(v, g)) check_reader_opens(v, g);
@@ -1438,9 +1438,9 @@ check_layouts(verifier *v)
 zb_status
 zb_verify(zb_store *store, const char *path, zb_verify_report *report)
 {
-    if (!report) return zb_err(ZB_E_INVALID, "zb_verify: null report");
+    if (!report) return zb__err(ZB_E_INVALID, "zb_verify: null report");
     zb_verify_report_free(report);
-    if (!store) return zb_err(ZB_E_INVALID, "zb_verify: null store");
+    if (!store) return zb__err(ZB_E_INVALID, "zb_verify: null store");
     char root[KEY_CAP];
     ZB_TRY(zb_key_normalize(path ? path : "", root, sizeof root));
     verifier v = {.store = store,
@@ -1456,7 +1456,7 @@ zb_verify(zb_store *store, const char *path, zb_verify_report *report)
     }
     /* The node documents themselves, not the consolidated snapshot: both are checked, and the
      * documents are what a reader that ignores the snapshot uses. */
-    st = zb_tree_load(store, root, false, &v.tree);
+    st = zb__tree_load(store, root, false, &v.tree);
     if (st != ZB_OK) {
         char key[KEY_CAP];
         failed(&v, st, doc_of_message(key, sizeof key, shown(root)), NULL);
@@ -1475,11 +1475,11 @@ zb_verify(zb_store *store, const char *path, zb_verify_report *report)
 done:
     for (size_t i = 0; i < v.narrays; i++) zb_array_close(v.arrays[i].a);
     free(v.arrays);
-    zb_tree_free(v.tree);
-    zb_buf_free(&v.enc);
-    zb_buf_free(&v.unit);
+    zb__tree_free(v.tree);
+    zb__buf_free(&v.enc);
+    zb__buf_free(&v.unit);
     zb_ctx_free(v.ctx);
-    if (v.fatal != ZB_OK) return zb_err(v.fatal, "verify: out of memory");
+    if (v.fatal != ZB_OK) return zb__err(v.fatal, "verify: out of memory");
     return ZB_OK;
 }
 

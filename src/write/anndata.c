@@ -25,34 +25,34 @@
  * ------------------------------------------------------------------------------------------- */
 
 zb_status
-zb_ad_usable(const zb_anndata_writer *w, const char *fn)
+zb__ad_usable(const zb_anndata_writer *w, const char *fn)
 {
-    if (!w) return zb_err(ZB_E_INVALID, "%s: null writer", fn);
-    if (w->committed) return zb_err(ZB_E_INVALID, "%s: the writer has already committed", fn);
+    if (!w) return zb__err(ZB_E_INVALID, "%s: null writer", fn);
+    if (w->committed) return zb__err(ZB_E_INVALID, "%s: the writer has already committed", fn);
     if (w->failed != ZB_OK)
-        return zb_err(w->failed, "%s: the writer is unusable after an earlier write failed (%s)",
+        return zb__err(w->failed, "%s: the writer is unusable after an earlier write failed (%s)",
                       fn, zb_status_name(w->failed));
     return ZB_OK;
 }
 
 zb_status
-zb_ad_key_of(const zb_anndata_writer *w, char *buf, size_t cap, const char *rel)
+zb__ad_key_of(const zb_anndata_writer *w, char *buf, size_t cap, const char *rel)
 {
-    return zb_write_join_key(buf, cap, w->path, rel);
+    return zb__write_join_key(buf, cap, w->path, rel);
 }
 
 zb_status
-zb_ad_add_node(zb_anndata_writer *w, const char *rel, bool is_array)
+zb__ad_add_node(zb_anndata_writer *w, const char *rel, bool is_array)
 {
     if (w->nnodes == w->cap_nodes) {
         size_t cap = w->cap_nodes ? 2 * w->cap_nodes : 32;
-        zb_ad_node *p = realloc(w->nodes, cap * sizeof *p);
-        if (!p) return zb_err(ZB_E_NOMEM, "anndata writer: out of memory");
+        zb__ad_node *p = realloc(w->nodes, cap * sizeof *p);
+        if (!p) return zb__err(ZB_E_NOMEM, "anndata writer: out of memory");
         w->nodes = p;
         w->cap_nodes = cap;
     }
     char *copy = strdup(rel);
-    if (!copy) return zb_err(ZB_E_NOMEM, "anndata writer: out of memory");
+    if (!copy) return zb__err(ZB_E_NOMEM, "anndata writer: out of memory");
     w->nodes[w->nnodes].rel = copy;
     w->nodes[w->nnodes].is_array = is_array;
     w->nnodes++;
@@ -60,18 +60,18 @@ zb_ad_add_node(zb_anndata_writer *w, const char *rel, bool is_array)
 }
 
 void
-zb_ad_encoding_attrs(char *buf, size_t cap, const char *type, const char *version)
+zb__ad_encoding_attrs(char *buf, size_t cap, const char *type, const char *version)
 {
     snprintf(buf, cap, "{\"encoding-type\": \"%s\", \"encoding-version\": \"%s\"}", type, version);
 }
 
 zb_status
-zb_ad_open_array(zb_anndata_writer *w, const char *rel, zb_dtype dtype, int ndim,
-                 const uint64_t *row_shape, uint64_t chunk_rows, uint64_t shard_rows, int threads,
-                 const char *attrs_json, zb_array_writer **out)
+zb__ad_open_array(zb_anndata_writer *w, const char *rel, zb_dtype dtype, int ndim,
+                  const uint64_t *row_shape, uint64_t chunk_rows, uint64_t shard_rows, int threads,
+                  const char *attrs_json, zb_array_writer **out)
 {
     char key[ZB_AD_KEY_CAP];
-    ZB_TRY(zb_ad_key_of(w, key, sizeof key, rel));
+    ZB_TRY(zb__ad_key_of(w, key, sizeof key, rel));
     zb_array_write_opts o = ZB_ARRAY_WRITE_OPTS_DEFAULT;
     o.zarr_format = w->zarr_format;
     o.codec = w->codec;
@@ -80,7 +80,7 @@ zb_ad_open_array(zb_anndata_writer *w, const char *rel, zb_dtype dtype, int ndim
     o.num_threads = threads;
     o.attributes_json = attrs_json;
     ZB_TRY(zb_array_writer_open(w->store, key, dtype, ndim, row_shape, &o, out));
-    zb_status st = zb_ad_add_node(w, rel, true);
+    zb_status st = zb__ad_add_node(w, rel, true);
     if (st != ZB_OK) {
         zb_array_writer_close(*out);
         *out = NULL;
@@ -89,16 +89,16 @@ zb_ad_open_array(zb_anndata_writer *w, const char *rel, zb_dtype dtype, int ndim
 }
 
 zb_status
-zb_ad_write_group(zb_anndata_writer *w, const char *rel, const char *attrs)
+zb__ad_write_group(zb_anndata_writer *w, const char *rel, const char *attrs)
 {
     char key[ZB_AD_KEY_CAP];
-    ZB_TRY(zb_ad_key_of(w, key, sizeof key, rel));
-    ZB_TRY(zb_write_group(w->store, key, w->zarr_format, attrs));
-    return zb_ad_add_node(w, rel, false);
+    ZB_TRY(zb__ad_key_of(w, key, sizeof key, rel));
+    ZB_TRY(zb__write_group(w->store, key, w->zarr_format, attrs));
+    return zb__ad_add_node(w, rel, false);
 }
 
 uint64_t
-zb_ad_column_chunk(const zb_anndata_writer *w, zb_anndata_axis axis)
+zb__ad_column_chunk(const zb_anndata_writer *w, zb_anndata_axis axis)
 {
     uint64_t c = w->column_chunk ? w->column_chunk : ZB_AD_DEFAULT_COLUMN_CHUNK;
     /* var has a known length: a chunk longer than the column would only be padding */
@@ -108,43 +108,43 @@ zb_ad_column_chunk(const zb_anndata_writer *w, zb_anndata_axis axis)
 
 /* Names become keys: the reserved "__" prefix is forbidden by v3 (FORMATS.md §3.1). */
 zb_status
-zb_ad_check_name(const char *where, const char *name)
+zb__ad_check_name(const char *where, const char *name)
 {
-    if (!name || !*name) return zb_err(ZB_E_INVALID, "%s: empty name", where);
+    if (!name || !*name) return zb__err(ZB_E_INVALID, "%s: empty name", where);
     if (strchr(name, '/') || strchr(name, '\\'))
-        return zb_err(ZB_E_INVALID, "%s/%s: a name cannot contain '/'", where, name);
+        return zb__err(ZB_E_INVALID, "%s/%s: a name cannot contain '/'", where, name);
     if (!strcmp(name, ".") || !strcmp(name, ".."))
-        return zb_err(ZB_E_INVALID, "%s: '%s' is not a valid name", where, name);
+        return zb__err(ZB_E_INVALID, "%s: '%s' is not a valid name", where, name);
     if (!strncmp(name, "__", 2))
-        return zb_err(ZB_E_INVALID, "%s/%s: names starting with '__' are reserved by Zarr", where,
+        return zb__err(ZB_E_INVALID, "%s/%s: names starting with '__' are reserved by Zarr", where,
                       name);
-    if (strlen(name) > 1024) return zb_err(ZB_E_INVALID, "%s: name longer than 1024 bytes", where);
+    if (strlen(name) > 1024) return zb__err(ZB_E_INVALID, "%s: name longer than 1024 bytes", where);
     return ZB_OK;
 }
 
 zb_status
-zb_ad_check_strings(const char *what, const char *data, const uint64_t *offsets, uint64_t n,
-                    const uint8_t *mask)
+zb__ad_check_strings(const char *what, const char *data, const uint64_t *offsets, uint64_t n,
+                     const uint8_t *mask)
 {
     if (n == 0) return ZB_OK;
-    if (!offsets) return zb_err(ZB_E_INVALID, "%s: null offsets", what);
+    if (!offsets) return zb__err(ZB_E_INVALID, "%s: null offsets", what);
     for (uint64_t i = 0; i < n; i++)
         if (offsets[i + 1] < offsets[i])
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "%s: offsets decrease at string %" PRIu64 " (%" PRIu64 " after %" PRIu64
                           ")",
                           what, i, offsets[i + 1], offsets[i]);
-    if (!data && offsets[n] > offsets[0]) return zb_err(ZB_E_INVALID, "%s: null data", what);
+    if (!data && offsets[n] > offsets[0]) return zb__err(ZB_E_INVALID, "%s: null data", what);
     for (uint64_t i = 0; i < n; i++) {
         if (mask && mask[i]) continue;
         uint64_t len = offsets[i + 1] - offsets[i];
         if (len > UINT32_MAX)
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "%s: string %" PRIu64 " has %" PRIu64 " bytes (vlen-utf8 allows 2^32-1)",
                           what, i, len);
-        size_t bad = zb_write_utf8_check((const uint8_t *)data + offsets[i], (size_t)len);
+        size_t bad = zb__write_utf8_check((const uint8_t *)data + offsets[i], (size_t)len);
         if (bad != len)
-            return zb_err(ZB_E_INVALID, "%s: string %" PRIu64 " is not valid UTF-8 (byte %zu)",
+            return zb__err(ZB_E_INVALID, "%s: string %" PRIu64 " is not valid UTF-8 (byte %zu)",
                           what, i, bad);
     }
     return ZB_OK;
@@ -171,10 +171,10 @@ refuse_existing_node(zb_anndata_writer *w)
     static const char *const docs[] = {"zarr.json", ".zgroup", ".zarray"};
     for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
         char key[ZB_AD_KEY_CAP];
-        ZB_TRY(zb_ad_key_of(w, key, sizeof key, docs[i]));
+        ZB_TRY(zb__ad_key_of(w, key, sizeof key, docs[i]));
         zb_status st = ZB_OK;
         if (key_exists(w->store, key, &st))
-            return zb_err(ZB_E_INVALID, "'%s' already holds a Zarr node (%s); remove it first",
+            return zb__err(ZB_E_INVALID, "'%s' already holds a Zarr node (%s); remove it first",
                           w->path[0] ? w->path : "/", docs[i]);
         if (st != ZB_OK) return st;
     }
@@ -185,7 +185,7 @@ static zb_status
 write_marker(zb_anndata_writer *w)
 {
     char key[ZB_AD_KEY_CAP];
-    ZB_TRY(zb_ad_key_of(w, key, sizeof key, ZB_INCOMPLETE_MARKER));
+    ZB_TRY(zb__ad_key_of(w, key, sizeof key, ZB_INCOMPLETE_MARKER));
     /* no pid or clock: a crashed store should look the same whatever wrote it */
     static const char text[] =
         "{\"writer\": \"zbatch " ZB_VERSION_STRING "\", \"layout\": \"anndata\", "
@@ -208,42 +208,42 @@ zb_status
 zb_anndata_writer_open(zb_store *store, const char *path, uint64_t n_vars, zb_anndata_x_kind x_kind,
                        zb_dtype x_dtype, const zb_anndata_write_opts *opts, zb_anndata_writer **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_anndata_writer_open: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_anndata_writer_open: null out");
     *out = NULL;
-    if (!store || !path) return zb_err(ZB_E_INVALID, "zb_anndata_writer_open: null argument");
+    if (!store || !path) return zb__err(ZB_E_INVALID, "zb_anndata_writer_open: null argument");
     zb_anndata_write_opts o = ZB_ANNDATA_WRITE_OPTS_DEFAULT;
     if (opts) o = *opts;
     if (o.zarr_format != 2 && o.zarr_format != 3)
-        return zb_err(ZB_E_INVALID, "anndata writer: zarr_format %d is not 2 or 3", o.zarr_format);
+        return zb__err(ZB_E_INVALID, "anndata writer: zarr_format %d is not 2 or 3", o.zarr_format);
     if (x_kind != ZB_ANNDATA_X_CSR && x_kind != ZB_ANNDATA_X_DENSE)
-        return zb_err(ZB_E_INVALID, "anndata writer: unknown X kind %d", (int)x_kind);
+        return zb__err(ZB_E_INVALID, "anndata writer: unknown X kind %d", (int)x_kind);
     if ((int)x_dtype < 0 || x_dtype >= ZB_DT_COUNT_ || x_dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_INVALID, "anndata writer: X must have a fixed-size dtype");
+        return zb__err(ZB_E_INVALID, "anndata writer: X must have a fixed-size dtype");
     if (x_kind == ZB_ANNDATA_X_CSR && n_vars > INT32_MAX)
-        return zb_err(ZB_E_INVALID,
+        return zb__err(ZB_E_INVALID,
                       "anndata writer: n_vars %" PRIu64 " does not fit int32 column ids", n_vars);
     if (o.x_shard && o.zarr_format != 3)
-        return zb_err(ZB_E_INVALID, "anndata writer: sharding needs zarr_format 3");
+        return zb__err(ZB_E_INVALID, "anndata writer: sharding needs zarr_format 3");
     if (o.x_shard) {
         uint64_t chunk =
             o.x_chunk ? o.x_chunk : (x_kind == ZB_ANNDATA_X_CSR ? ZB_ANNDATA_DEFAULT_X_CHUNK : 0);
         if (!chunk)
-            return zb_err(ZB_E_INVALID, "anndata writer: a dense X shard needs x_chunk set");
+            return zb__err(ZB_E_INVALID, "anndata writer: a dense X shard needs x_chunk set");
         if (o.x_shard % chunk)
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "anndata writer: x_shard %" PRIu64
                           " is not a multiple of x_chunk %" PRIu64,
                           o.x_shard, chunk);
     }
     if (o.num_threads < 0)
-        return zb_err(ZB_E_INVALID, "anndata writer: num_threads %d < 0", o.num_threads);
+        return zb__err(ZB_E_INVALID, "anndata writer: num_threads %d < 0", o.num_threads);
     /* a bad codec string is refused before the marker is written */
-    zb_codec codec;
+    zb__codec codec;
     bool has_codec;
-    ZB_TRY(zb_codec_spec_parse(o.codec, o.zarr_format, &codec, &has_codec));
+    ZB_TRY(zb__codec_spec_parse(o.codec, o.zarr_format, &codec, &has_codec));
 
     zb_anndata_writer *w = calloc(1, sizeof *w);
-    if (!w) return zb_err(ZB_E_NOMEM, "anndata writer: out of memory");
+    if (!w) return zb__err(ZB_E_NOMEM, "anndata writer: out of memory");
     zb_status st = zb_key_normalize(path, w->path, sizeof w->path);
     if (st != ZB_OK) goto fail;
     w->store = store;
@@ -262,7 +262,7 @@ zb_anndata_writer_open(zb_store *store, const char *path, uint64_t n_vars, zb_an
     w->scratch = malloc(ZB_AD_STEP * sizeof *w->scratch);
     if (o.codec) w->codec = strdup(o.codec);
     if (!w->scratch || (o.codec && !w->codec)) {
-        st = zb_err(ZB_E_NOMEM, "anndata writer: out of memory");
+        st = zb__err(ZB_E_NOMEM, "anndata writer: out of memory");
         goto fail;
     }
     st = refuse_existing_node(w);
@@ -270,7 +270,7 @@ zb_anndata_writer_open(zb_store *store, const char *path, uint64_t n_vars, zb_an
     /* the marker goes first: from here on a crash leaves a store that readers refuse */
     st = write_marker(w);
     if (st != ZB_OK) goto fail;
-    st = zb_ad_open_x(w);
+    st = zb__ad_open_x(w);
     if (st != ZB_OK) goto fail;
     *out = w;
     return ZB_OK;
@@ -283,9 +283,9 @@ void
 zb_anndata_writer_close(zb_anndata_writer *w)
 {
     if (!w) return;
-    zb_ad_free_matrices(w);
-    zb_ad_free_frame(&w->frames[0]);
-    zb_ad_free_frame(&w->frames[1]);
+    zb__ad_free_matrices(w);
+    zb__ad_free_frame(&w->frames[0]);
+    zb__ad_free_frame(&w->frames[1]);
     for (size_t i = 0; i < w->nnodes; i++) free(w->nodes[i].rel);
     free(w->nodes);
     free(w->scratch);
@@ -318,14 +318,14 @@ zb_anndata_writer_index_dtype(const zb_anndata_writer *w)
 static zb_status
 write_groups(zb_anndata_writer *w)
 {
-    ZB_TRY(zb_ad_write_matrix_groups(w));
-    ZB_TRY(zb_ad_write_frame_groups(w));
+    ZB_TRY(zb__ad_write_matrix_groups(w));
+    ZB_TRY(zb__ad_write_frame_groups(w));
     /* anndata writes every mapping, even empty (FORMATS.md §6) */
     static const char *const dicts[] = {"layers", "obsm", "obsp", "varm", "varp", "uns"};
     char attrs[128];
-    zb_ad_encoding_attrs(attrs, sizeof attrs, "dict", "0.1.0");
+    zb__ad_encoding_attrs(attrs, sizeof attrs, "dict", "0.1.0");
     for (size_t i = 0; i < sizeof dicts / sizeof dicts[0]; i++)
-        ZB_TRY(zb_ad_write_group(w, dicts[i], attrs));
+        ZB_TRY(zb__ad_write_group(w, dicts[i], attrs));
     return ZB_OK;
 }
 
@@ -335,14 +335,14 @@ read_doc(zb_anndata_writer *w, const char *rel, const char *name, bool optional,
 {
     *out = NULL;
     char relkey[1200], key[ZB_AD_KEY_CAP];
-    ZB_TRY(zb_write_join_key(relkey, sizeof relkey, rel, name));
-    ZB_TRY(zb_ad_key_of(w, key, sizeof key, relkey));
+    ZB_TRY(zb__write_join_key(relkey, sizeof relkey, rel, name));
+    ZB_TRY(zb__ad_key_of(w, key, sizeof key, relkey));
     uint8_t *text = NULL;
     uint64_t len = 0;
     zb_status st = zb_store_read_all(w->store, key, &text, &len);
     if (st == ZB_E_NOTFOUND && optional) return ZB_OK;
     if (st != ZB_OK) return st;
-    st = zb_json_parse((const char *)text, (size_t)len, key, out);
+    st = zb__json_parse((const char *)text, (size_t)len, key, out);
     free(text);
     return st;
 }
@@ -351,31 +351,31 @@ read_doc(zb_anndata_writer *w, const char *rel, const char *name, bool optional,
  * with the .zarray/.zgroup/.zattrs suffix; §3.5 for v3: keys without, nested groups carrying an
  * empty consolidated_metadata as zarr-python writes them). */
 static zb_status
-consolidate_node(zb_anndata_writer *w, const zb_ad_node *nd, json_object *meta)
+consolidate_node(zb_anndata_writer *w, const zb__ad_node *nd, json_object *meta)
 {
     int ok = 1;
     json_object *doc = NULL;
     if (w->zarr_format == 3) {
         ZB_TRY(read_doc(w, nd->rel, "zarr.json", false, &doc));
-        if (!nd->is_array) zb_write_mark_nested_group(doc, &ok);
-        zb_jw_add(meta, nd->rel, doc, &ok);
-        return ok ? ZB_OK : zb_err(ZB_E_NOMEM, "consolidated metadata: out of memory");
+        if (!nd->is_array) zb__write_mark_nested_group(doc, &ok);
+        zb__jw_add(meta, nd->rel, doc, &ok);
+        return ok ? ZB_OK : zb__err(ZB_E_NOMEM, "consolidated metadata: out of memory");
     }
     const char *docname = nd->is_array ? ".zarray" : ".zgroup";
     char key[1200];
-    ZB_TRY(zb_write_join_key(key, sizeof key, nd->rel, docname));
+    ZB_TRY(zb__write_join_key(key, sizeof key, nd->rel, docname));
     ZB_TRY(read_doc(w, nd->rel, docname, false, &doc));
-    zb_jw_add(meta, key, doc, &ok);
-    ZB_TRY(zb_write_join_key(key, sizeof key, nd->rel, ".zattrs"));
+    zb__jw_add(meta, key, doc, &ok);
+    ZB_TRY(zb__write_join_key(key, sizeof key, nd->rel, ".zattrs"));
     ZB_TRY(read_doc(w, nd->rel, ".zattrs", true, &doc));
-    if (doc) zb_jw_add(meta, key, doc, &ok);
-    return ok ? ZB_OK : zb_err(ZB_E_NOMEM, "consolidated metadata: out of memory");
+    if (doc) zb__jw_add(meta, key, doc, &ok);
+    return ok ? ZB_OK : zb__err(ZB_E_NOMEM, "consolidated metadata: out of memory");
 }
 
 static int
 cmp_node(const void *a, const void *b)
 {
-    return zb_write_cmp_consolidated(((const zb_ad_node *)a)->rel, ((const zb_ad_node *)b)->rel);
+    return zb__write_cmp_consolidated(((const zb__ad_node *)a)->rel, ((const zb__ad_node *)b)->rel);
 }
 
 static const char root_attrs[] =
@@ -385,15 +385,15 @@ static const char root_attrs[] =
 static zb_status
 write_root(zb_anndata_writer *w)
 {
-    if (!w->consolidate) return zb_write_group(w->store, w->path, w->zarr_format, root_attrs);
+    if (!w->consolidate) return zb__write_group(w->store, w->path, w->zarr_format, root_attrs);
     zb_status st = ZB_OK;
     json_object *meta = json_object_new_object();
-    if (!meta) return zb_err(ZB_E_NOMEM, "consolidated metadata: out of memory");
+    if (!meta) return zb__err(ZB_E_NOMEM, "consolidated metadata: out of memory");
     qsort(w->nodes, w->nnodes, sizeof *w->nodes, cmp_node);
     for (size_t i = 0; i < w->nnodes && st == ZB_OK; i++)
         st = consolidate_node(w, &w->nodes[i], meta);
     if (st == ZB_OK)
-        st = zb_write_consolidated_root(w->store, w->path, w->zarr_format, root_attrs, meta);
+        st = zb__write_consolidated_root(w->store, w->path, w->zarr_format, root_attrs, meta);
     json_object_put(meta);
     return st;
 }
@@ -401,22 +401,22 @@ write_root(zb_anndata_writer *w)
 zb_status
 zb_anndata_writer_commit(zb_anndata_writer *w)
 {
-    ZB_TRY(zb_ad_usable(w, "commit"));
+    ZB_TRY(zb__ad_usable(w, "commit"));
     /* checked before anything is written, so a short column or layer can still be completed */
-    ZB_TRY(zb_ad_check_frames(w));
-    ZB_TRY(zb_ad_check_layers(w));
-    zb_status st = zb_ad_write_default_names(w);
-    if (st == ZB_OK) st = zb_ad_commit_matrices(w);
-    if (st == ZB_OK) st = zb_ad_commit_frames(w);
+    ZB_TRY(zb__ad_check_frames(w));
+    ZB_TRY(zb__ad_check_layers(w));
+    zb_status st = zb__ad_write_default_names(w);
+    if (st == ZB_OK) st = zb__ad_commit_matrices(w);
+    if (st == ZB_OK) st = zb__ad_commit_frames(w);
     if (st == ZB_OK) st = write_groups(w);
     if (st == ZB_OK) st = write_root(w);
-    if (st != ZB_OK) return zb_ad_broken(w, zb_err_context(st, "anndata commit"));
+    if (st != ZB_OK) return zb__ad_broken(w, zb__err_context(st, "anndata commit"));
     /* the store is valid from the root document on; the marker goes last */
     char key[ZB_AD_KEY_CAP];
-    st = zb_ad_key_of(w, key, sizeof key, ZB_INCOMPLETE_MARKER);
+    st = zb__ad_key_of(w, key, sizeof key, ZB_INCOMPLETE_MARKER);
     if (st == ZB_OK) st = zb_store_erase(w->store, key);
     if (st != ZB_OK)
-        return zb_ad_broken(w, zb_err_context(st, "anndata commit: erasing the marker"));
+        return zb__ad_broken(w, zb__err_context(st, "anndata commit: erasing the marker"));
     w->committed = true;
     return ZB_OK;
 }

@@ -32,7 +32,7 @@ static zb_status
 check_axis(zb_anndata_axis axis, const char *fn)
 {
     if (axis != ZB_ANNDATA_OBS && axis != ZB_ANNDATA_VAR)
-        return zb_err(ZB_E_INVALID, "%s: axis %d is neither obs nor var", fn, (int)axis);
+        return zb__err(ZB_E_INVALID, "%s: axis %d is neither obs nor var", fn, (int)axis);
     return ZB_OK;
 }
 
@@ -42,19 +42,19 @@ check_room(const zb_anndata_writer *w, zb_anndata_axis axis, uint64_t have, uint
            const char *what)
 {
     if (axis == ZB_ANNDATA_VAR && (add > w->n_vars || have > w->n_vars - add))
-        return zb_err(ZB_E_INVALID,
+        return zb__err(ZB_E_INVALID,
                       "var/%s: %" PRIu64 " + %" PRIu64 " values exceed n_vars %" PRIu64, what, have,
                       add, w->n_vars);
     return ZB_OK;
 }
 
-/* A column name is a key (zb_ad_check_name) and not the dataframe's `_index`. */
+/* A column name is a key (zb__ad_check_name) and not the dataframe's `_index`. */
 static zb_status
 check_column_name(const char *frame_name, const char *name)
 {
-    ZB_TRY(zb_ad_check_name(frame_name, name));
+    ZB_TRY(zb__ad_check_name(frame_name, name));
     if (!strcmp(name, "_index"))
-        return zb_err(ZB_E_INVALID, "%s: '%s' is not a valid column name", frame_name, name);
+        return zb__err(ZB_E_INVALID, "%s: '%s' is not a valid column name", frame_name, name);
     return ZB_OK;
 }
 
@@ -70,8 +70,8 @@ is_signed(zb_dtype dt)
     return dt >= ZB_DT_INT8 && dt <= ZB_DT_INT64;
 }
 
-static zb_ad_column *
-find_column(zb_ad_frame *f, const char *name)
+static zb__ad_column *
+find_column(zb__ad_frame *f, const char *name)
 {
     for (size_t i = 0; i < f->ncols; i++)
         if (!strcmp(f->cols[i].name, name)) return &f->cols[i];
@@ -79,20 +79,20 @@ find_column(zb_ad_frame *f, const char *name)
 }
 
 static zb_status
-new_column(zb_ad_frame *f, const char *name, zb_ad_col_kind kind, zb_dtype dtype,
-           zb_ad_column **out)
+new_column(zb__ad_frame *f, const char *name, zb__ad_col_kind kind, zb_dtype dtype,
+           zb__ad_column **out)
 {
     if (f->ncols == f->cap) {
         size_t cap = f->cap ? 2 * f->cap : 8;
-        zb_ad_column *p = realloc(f->cols, cap * sizeof *p);
-        if (!p) return zb_err(ZB_E_NOMEM, "%s/%s: out of memory", f->name, name);
+        zb__ad_column *p = realloc(f->cols, cap * sizeof *p);
+        if (!p) return zb__err(ZB_E_NOMEM, "%s/%s: out of memory", f->name, name);
         f->cols = p;
         f->cap = cap;
     }
-    zb_ad_column *c = &f->cols[f->ncols];
+    zb__ad_column *c = &f->cols[f->ncols];
     memset(c, 0, sizeof *c);
     c->name = strdup(name);
-    if (!c->name) return zb_err(ZB_E_NOMEM, "%s/%s: out of memory", f->name, name);
+    if (!c->name) return zb__err(ZB_E_NOMEM, "%s/%s: out of memory", f->name, name);
     c->kind = kind;
     c->dtype = dtype;
     f->ncols++;
@@ -102,16 +102,16 @@ new_column(zb_ad_frame *f, const char *name, zb_ad_col_kind kind, zb_dtype dtype
 
 /* Drops the last column (its creation failed half-way). */
 static void
-drop_last_column(zb_ad_frame *f)
+drop_last_column(zb__ad_frame *f)
 {
-    zb_ad_column *c = &f->cols[--f->ncols];
+    zb__ad_column *c = &f->cols[--f->ncols];
     zb_array_writer_close(c->array);
     zb_array_writer_close(c->mask);
     free(c->name);
 }
 
 void
-zb_ad_free_frame(zb_ad_frame *f)
+zb__ad_free_frame(zb__ad_frame *f)
 {
     zb_array_writer_close(f->index);
     for (size_t i = 0; i < f->ncols; i++) {
@@ -124,7 +124,7 @@ zb_ad_free_frame(zb_ad_frame *f)
 
 /* "categorical", "nullable int32", "int32", ... for messages. */
 static void
-describe_column(const zb_ad_column *c, char *buf, size_t cap)
+describe_column(const zb__ad_column *c, char *buf, size_t cap)
 {
     if (c->kind == ZB_AD_COL_CATEGORICAL)
         snprintf(buf, cap, "categorical");
@@ -140,29 +140,29 @@ describe_column(const zb_ad_column *c, char *buf, size_t cap)
 static zb_status
 open_index(zb_anndata_writer *w, zb_anndata_axis axis)
 {
-    zb_ad_frame *f = zb_ad_frame_of(w, axis);
+    zb__ad_frame *f = zb__ad_frame_of(w, axis);
     if (f->index) return ZB_OK;
     char rel[64], attrs[128];
     snprintf(rel, sizeof rel, "%s/_index", f->name);
-    zb_ad_encoding_attrs(attrs, sizeof attrs, "string-array", "0.2.0");
-    return zb_ad_open_array(w, rel, ZB_DT_STRING, 1, NULL, zb_ad_column_chunk(w, axis), 0, 1, attrs,
-                            &f->index);
+    zb__ad_encoding_attrs(attrs, sizeof attrs, "string-array", "0.2.0");
+    return zb__ad_open_array(w, rel, ZB_DT_STRING, 1, NULL, zb__ad_column_chunk(w, axis), 0, 1,
+                             attrs, &f->index);
 }
 
 zb_status
 zb_anndata_writer_append_names(zb_anndata_writer *w, zb_anndata_axis axis, const char *data,
                                const uint64_t *offsets, uint64_t n)
 {
-    ZB_TRY(zb_ad_usable(w, "append_names"));
+    ZB_TRY(zb__ad_usable(w, "append_names"));
     ZB_TRY(check_axis(axis, "append_names"));
-    zb_ad_frame *f = zb_ad_frame_of(w, axis);
+    zb__ad_frame *f = zb__ad_frame_of(w, axis);
     ZB_TRY(check_room(w, axis, f->n_index, n, "_index"));
     if (n == 0) return ZB_OK;
     char what[64];
     snprintf(what, sizeof what, "%s/_index", f->name);
-    ZB_TRY(zb_ad_check_strings(what, data, offsets, n, NULL));
-    ZB_TRY(zb_ad_broken(w, open_index(w, axis)));
-    ZB_TRY(zb_ad_broken(w, zb_array_writer_append_strings(f->index, data, offsets, n)));
+    ZB_TRY(zb__ad_check_strings(what, data, offsets, n, NULL));
+    ZB_TRY(zb__ad_broken(w, open_index(w, axis)));
+    ZB_TRY(zb__ad_broken(w, zb_array_writer_append_strings(f->index, data, offsets, n)));
     f->n_index += n;
     return ZB_OK;
 }
@@ -171,12 +171,12 @@ zb_anndata_writer_append_names(zb_anndata_writer *w, zb_anndata_axis axis, const
 static zb_status
 write_default_index(zb_anndata_writer *w, zb_anndata_axis axis, uint64_t n)
 {
-    zb_ad_frame *f = zb_ad_frame_of(w, axis);
+    zb__ad_frame *f = zb__ad_frame_of(w, axis);
     ZB_TRY(open_index(w, axis));
     enum { BLOCK = 4096 };
     char *text = malloc(BLOCK * 21);
     uint64_t *offs = malloc((BLOCK + 1) * sizeof *offs);
-    zb_status st = text && offs ? ZB_OK : zb_err(ZB_E_NOMEM, "%s/_index: out of memory", f->name);
+    zb_status st = text && offs ? ZB_OK : zb__err(ZB_E_NOMEM, "%s/_index: out of memory", f->name);
     for (uint64_t i0 = 0; st == ZB_OK && i0 < n; i0 += BLOCK) {
         uint64_t m = n - i0 < BLOCK ? n - i0 : BLOCK;
         uint64_t pos = 0;
@@ -194,7 +194,7 @@ write_default_index(zb_anndata_writer *w, zb_anndata_axis axis, uint64_t n)
 }
 
 zb_status
-zb_ad_write_default_names(zb_anndata_writer *w)
+zb__ad_write_default_names(zb_anndata_writer *w)
 {
     if (!w->frames[ZB_ANNDATA_OBS].index) ZB_TRY(write_default_index(w, ZB_ANNDATA_OBS, w->rows));
     if (!w->frames[ZB_ANNDATA_VAR].index) ZB_TRY(write_default_index(w, ZB_ANNDATA_VAR, w->n_vars));
@@ -207,41 +207,41 @@ zb_ad_write_default_names(zb_anndata_writer *w)
 
 /* Opens the arrays of a new column `c` of kind numeric, string or nullable. */
 static zb_status
-open_column(zb_anndata_writer *w, zb_anndata_axis axis, zb_ad_column *c)
+open_column(zb_anndata_writer *w, zb_anndata_axis axis, zb__ad_column *c)
 {
-    zb_ad_frame *f = zb_ad_frame_of(w, axis);
-    uint64_t chunk = zb_ad_column_chunk(w, axis);
+    zb__ad_frame *f = zb__ad_frame_of(w, axis);
+    uint64_t chunk = zb__ad_column_chunk(w, axis);
     char rel[ZB_AD_REL_CAP], attrs[128];
     const char *values_enc = c->dtype == ZB_DT_STRING ? "string-array" : "array";
     if (c->kind != ZB_AD_COL_NULLABLE) {
         snprintf(rel, sizeof rel, "%s/%s", f->name, c->name);
-        zb_ad_encoding_attrs(attrs, sizeof attrs, values_enc, "0.2.0");
-        return zb_ad_open_array(w, rel, c->dtype, 1, NULL, chunk, 0, 1, attrs, &c->array);
+        zb__ad_encoding_attrs(attrs, sizeof attrs, values_enc, "0.2.0");
+        return zb__ad_open_array(w, rel, c->dtype, 1, NULL, chunk, 0, 1, attrs, &c->array);
     }
-    /* the group's document is written at commit (zb_ad_write_frame_groups) */
+    /* the group's document is written at commit (zb__ad_write_frame_groups) */
     snprintf(rel, sizeof rel, "%s/%s", f->name, c->name);
-    ZB_TRY(zb_ad_add_node(w, rel, false));
+    ZB_TRY(zb__ad_add_node(w, rel, false));
     snprintf(rel, sizeof rel, "%s/%s/values", f->name, c->name);
-    zb_ad_encoding_attrs(attrs, sizeof attrs, values_enc, "0.2.0");
-    ZB_TRY(zb_ad_open_array(w, rel, c->dtype, 1, NULL, chunk, 0, 1, attrs, &c->array));
+    zb__ad_encoding_attrs(attrs, sizeof attrs, values_enc, "0.2.0");
+    ZB_TRY(zb__ad_open_array(w, rel, c->dtype, 1, NULL, chunk, 0, 1, attrs, &c->array));
     snprintf(rel, sizeof rel, "%s/%s/mask", f->name, c->name);
-    zb_ad_encoding_attrs(attrs, sizeof attrs, "array", "0.2.0");
-    return zb_ad_open_array(w, rel, ZB_DT_BOOL, 1, NULL, chunk, 0, 1, attrs, &c->mask);
+    zb__ad_encoding_attrs(attrs, sizeof attrs, "array", "0.2.0");
+    return zb__ad_open_array(w, rel, ZB_DT_BOOL, 1, NULL, chunk, 0, 1, attrs, &c->mask);
 }
 
 /* The column `name`, created as `kind`/`dtype` if it does not exist yet; ZB_E_TYPE when it
  * exists with another kind or dtype. */
 static zb_status
-get_column(zb_anndata_writer *w, zb_anndata_axis axis, const char *name, zb_ad_col_kind kind,
-           zb_dtype dtype, zb_ad_column **out)
+get_column(zb_anndata_writer *w, zb_anndata_axis axis, const char *name, zb__ad_col_kind kind,
+           zb_dtype dtype, zb__ad_column **out)
 {
-    zb_ad_frame *f = zb_ad_frame_of(w, axis);
-    zb_ad_column *c = find_column(f, name);
+    zb__ad_frame *f = zb__ad_frame_of(w, axis);
+    zb__ad_column *c = find_column(f, name);
     if (c) {
         if (c->kind != kind || c->dtype != dtype) {
             char have[64];
             describe_column(c, have, sizeof have);
-            return zb_err(ZB_E_TYPE, "%s/%s: the column exists as a %s column", f->name, name,
+            return zb__err(ZB_E_TYPE, "%s/%s: the column exists as a %s column", f->name, name,
                           have);
         }
         *out = c;
@@ -252,7 +252,7 @@ get_column(zb_anndata_writer *w, zb_anndata_axis axis, const char *name, zb_ad_c
     if (st != ZB_OK) {
         /* a node may be recorded already: the writer cannot commit consistently */
         drop_last_column(f);
-        return zb_ad_broken(w, st);
+        return zb__ad_broken(w, st);
     }
     *out = c;
     return ZB_OK;
@@ -262,7 +262,7 @@ get_column(zb_anndata_writer *w, zb_anndata_axis axis, const char *name, zb_ad_c
 static zb_status
 check_append(zb_anndata_writer *w, zb_anndata_axis axis, const char *name, uint64_t n)
 {
-    zb_ad_column *c = find_column(zb_ad_frame_of(w, axis), name);
+    zb__ad_column *c = find_column(zb__ad_frame_of(w, axis), name);
     return check_room(w, axis, c ? c->n : 0, n, name);
 }
 
@@ -272,7 +272,7 @@ check_bools(const char *fname, const char *name, const uint8_t *b, const uint8_t
 {
     for (uint64_t i = 0; i < n; i++)
         if (b[i] > 1 && !(mask && mask[i]))
-            return zb_err(ZB_E_INVALID, "%s/%s: bool value %u at %" PRIu64 " is not 0 or 1", fname,
+            return zb__err(ZB_E_INVALID, "%s/%s: bool value %u at %" PRIu64 " is not 0 or 1", fname,
                           name, b[i], i);
     return ZB_OK;
 }
@@ -281,21 +281,21 @@ zb_status
 zb_anndata_writer_append_column(zb_anndata_writer *w, zb_anndata_axis axis, const char *name,
                                 zb_dtype dtype, const void *values, uint64_t n)
 {
-    ZB_TRY(zb_ad_usable(w, "append_column"));
+    ZB_TRY(zb__ad_usable(w, "append_column"));
     ZB_TRY(check_axis(axis, "append_column"));
-    const char *fname = zb_ad_frame_of(w, axis)->name;
+    const char *fname = zb__ad_frame_of(w, axis)->name;
     if ((int)dtype < 0 || dtype >= ZB_DT_COUNT_ || dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_INVALID,
+        return zb__err(ZB_E_INVALID,
                       "%s/%s: a numeric column needs a fixed-size dtype "
                       "(append_string_column takes strings)",
                       fname, name ? name : "");
     ZB_TRY(check_column_name(fname, name));
-    if (n && !values) return zb_err(ZB_E_INVALID, "%s/%s: null values", fname, name);
+    if (n && !values) return zb__err(ZB_E_INVALID, "%s/%s: null values", fname, name);
     if (dtype == ZB_DT_BOOL) ZB_TRY(check_bools(fname, name, values, NULL, n));
     ZB_TRY(check_append(w, axis, name, n));
-    zb_ad_column *c;
+    zb__ad_column *c;
     ZB_TRY(get_column(w, axis, name, ZB_AD_COL_NUMERIC, dtype, &c));
-    if (n) ZB_TRY(zb_ad_broken(w, zb_array_writer_append(c->array, values, n)));
+    if (n) ZB_TRY(zb__ad_broken(w, zb_array_writer_append(c->array, values, n)));
     c->n += n;
     return ZB_OK;
 }
@@ -304,15 +304,15 @@ zb_status
 zb_anndata_writer_append_string_column(zb_anndata_writer *w, zb_anndata_axis axis, const char *name,
                                        const char *data, const uint64_t *offsets, uint64_t n)
 {
-    ZB_TRY(zb_ad_usable(w, "append_string_column"));
+    ZB_TRY(zb__ad_usable(w, "append_string_column"));
     ZB_TRY(check_axis(axis, "append_string_column"));
-    const char *fname = zb_ad_frame_of(w, axis)->name;
+    const char *fname = zb__ad_frame_of(w, axis)->name;
     ZB_TRY(check_column_name(fname, name));
-    ZB_TRY(zb_ad_check_strings(name, data, offsets, n, NULL));
+    ZB_TRY(zb__ad_check_strings(name, data, offsets, n, NULL));
     ZB_TRY(check_append(w, axis, name, n));
-    zb_ad_column *c;
+    zb__ad_column *c;
     ZB_TRY(get_column(w, axis, name, ZB_AD_COL_STRING, ZB_DT_STRING, &c));
-    if (n) ZB_TRY(zb_ad_broken(w, zb_array_writer_append_strings(c->array, data, offsets, n)));
+    if (n) ZB_TRY(zb__ad_broken(w, zb_array_writer_append_strings(c->array, data, offsets, n)));
     c->n += n;
     return ZB_OK;
 }
@@ -324,17 +324,17 @@ check_mask(const char *fname, const char *name, const uint8_t *mask, uint64_t n_
 {
     if (!mask) {
         if (n_mask)
-            return zb_err(ZB_E_INVALID, "%s/%s: null mask of %" PRIu64 " entries", fname, name,
+            return zb__err(ZB_E_INVALID, "%s/%s: null mask of %" PRIu64 " entries", fname, name,
                           n_mask);
         return ZB_OK;
     }
     if (n_mask != n)
-        return zb_err(ZB_E_INVALID,
+        return zb__err(ZB_E_INVALID,
                       "%s/%s: the mask has %" PRIu64 " entries for %" PRIu64 " values", fname, name,
                       n_mask, n);
     for (uint64_t i = 0; i < n; i++)
         if (mask[i] > 1)
-            return zb_err(ZB_E_INVALID, "%s/%s: mask byte %u at %" PRIu64 " is not 0 or 1", fname,
+            return zb__err(ZB_E_INVALID, "%s/%s: mask byte %u at %" PRIu64 " is not 0 or 1", fname,
                           name, mask[i], i);
     return ZB_OK;
 }
@@ -350,7 +350,7 @@ any_set(const uint8_t *mask, uint64_t n)
 
 /* Appends the mask of a block (zeros when it is NULL). */
 static zb_status
-append_mask(zb_anndata_writer *w, zb_ad_column *c, const uint8_t *mask, uint64_t n)
+append_mask(zb_anndata_writer *w, zb__ad_column *c, const uint8_t *mask, uint64_t n)
 {
     if (mask) return zb_array_writer_append(c->mask, mask, n);
     memset(w->scratch, 0, ZB_AD_STEP);
@@ -363,8 +363,8 @@ append_mask(zb_anndata_writer *w, zb_ad_column *c, const uint8_t *mask, uint64_t
 /* Appends values with the missing ones stored as 0 (anndata's na_value), ZB_AD_STEP at a
  * time through the scratch buffer; straight through when none is missing. */
 static zb_status
-append_masked_values(zb_anndata_writer *w, zb_ad_column *c, const void *values, const uint8_t *mask,
-                     uint64_t n)
+append_masked_values(zb_anndata_writer *w, zb__ad_column *c, const void *values,
+                     const uint8_t *mask, uint64_t n)
 {
     if (!any_set(mask, n)) return zb_array_writer_append(c->array, values, n);
     size_t isz = zb_dtype_size(c->dtype);
@@ -385,27 +385,27 @@ zb_anndata_writer_append_nullable_column(zb_anndata_writer *w, zb_anndata_axis a
                                          const char *name, zb_dtype dtype, const void *values,
                                          uint64_t n, const uint8_t *mask, uint64_t n_mask)
 {
-    ZB_TRY(zb_ad_usable(w, "append_nullable_column"));
+    ZB_TRY(zb__ad_usable(w, "append_nullable_column"));
     ZB_TRY(check_axis(axis, "append_nullable_column"));
-    const char *fname = zb_ad_frame_of(w, axis)->name;
+    const char *fname = zb__ad_frame_of(w, axis)->name;
     ZB_TRY(check_column_name(fname, name));
     /* anndata 0.12 writes pandas' IntegerArray and BooleanArray with a mask; it has no
      * nullable float encoding (a float column carries NaN instead) */
     if (!is_integer(dtype) && dtype != ZB_DT_BOOL)
-        return zb_err(ZB_E_TYPE,
+        return zb__err(ZB_E_TYPE,
                       "%s/%s: a nullable column holds integers or bools, not %s "
                       "(append_nullable_string_column takes strings)",
                       fname, name,
                       (int)dtype >= 0 && dtype < ZB_DT_COUNT_ ? zb_dtype_name(dtype) : "?");
-    if (n && !values) return zb_err(ZB_E_INVALID, "%s/%s: null values", fname, name);
+    if (n && !values) return zb__err(ZB_E_INVALID, "%s/%s: null values", fname, name);
     ZB_TRY(check_mask(fname, name, mask, n_mask, n));
     if (dtype == ZB_DT_BOOL) ZB_TRY(check_bools(fname, name, values, mask, n));
     ZB_TRY(check_append(w, axis, name, n));
-    zb_ad_column *c;
+    zb__ad_column *c;
     ZB_TRY(get_column(w, axis, name, ZB_AD_COL_NULLABLE, dtype, &c));
     if (n) {
-        ZB_TRY(zb_ad_broken(w, append_masked_values(w, c, values, mask, n)));
-        ZB_TRY(zb_ad_broken(w, append_mask(w, c, mask, n)));
+        ZB_TRY(zb__ad_broken(w, append_masked_values(w, c, values, mask, n)));
+        ZB_TRY(zb__ad_broken(w, append_mask(w, c, mask, n)));
     }
     c->n += n;
     return ZB_OK;
@@ -414,7 +414,7 @@ zb_anndata_writer_append_nullable_column(zb_anndata_writer *w, zb_anndata_axis a
 /* Appends strings with the missing ones stored as "" (anndata's na_value): runs of present
  * strings go straight through, runs of missing ones as empty strings. */
 static zb_status
-append_masked_strings(zb_anndata_writer *w, zb_ad_column *c, const char *data,
+append_masked_strings(zb_anndata_writer *w, zb__ad_column *c, const char *data,
                       const uint64_t *offsets, const uint8_t *mask, uint64_t n)
 {
     uint64_t *zeros = (uint64_t *)w->scratch;
@@ -442,18 +442,18 @@ zb_anndata_writer_append_nullable_string_column(zb_anndata_writer *w, zb_anndata
                                                 const uint64_t *offsets, uint64_t n,
                                                 const uint8_t *mask, uint64_t n_mask)
 {
-    ZB_TRY(zb_ad_usable(w, "append_nullable_string_column"));
+    ZB_TRY(zb__ad_usable(w, "append_nullable_string_column"));
     ZB_TRY(check_axis(axis, "append_nullable_string_column"));
-    const char *fname = zb_ad_frame_of(w, axis)->name;
+    const char *fname = zb__ad_frame_of(w, axis)->name;
     ZB_TRY(check_column_name(fname, name));
     ZB_TRY(check_mask(fname, name, mask, n_mask, n));
-    ZB_TRY(zb_ad_check_strings(name, data, offsets, n, mask));
+    ZB_TRY(zb__ad_check_strings(name, data, offsets, n, mask));
     ZB_TRY(check_append(w, axis, name, n));
-    zb_ad_column *c;
+    zb__ad_column *c;
     ZB_TRY(get_column(w, axis, name, ZB_AD_COL_NULLABLE, ZB_DT_STRING, &c));
     if (n) {
-        ZB_TRY(zb_ad_broken(w, append_masked_strings(w, c, data, offsets, mask, n)));
-        ZB_TRY(zb_ad_broken(w, append_mask(w, c, mask, n)));
+        ZB_TRY(zb__ad_broken(w, append_masked_strings(w, c, data, offsets, mask, n)));
+        ZB_TRY(zb__ad_broken(w, append_mask(w, c, mask, n)));
     }
     c->n += n;
     return ZB_OK;
@@ -493,7 +493,7 @@ check_distinct_strings(const char *fname, const char *name, const char *data,
 {
     if (n < 2) return ZB_OK;
     strref *v = malloc(n * sizeof *v);
-    if (!v) return zb_err(ZB_E_NOMEM, "%s/%s: out of memory", fname, name);
+    if (!v) return zb__err(ZB_E_NOMEM, "%s/%s: out of memory", fname, name);
     for (uint64_t i = 0; i < n; i++) {
         v[i].p = data + offsets[i]; /* offsets index data directly, whatever offsets[0] is */
         v[i].len = offsets[i + 1] - offsets[i];
@@ -502,7 +502,7 @@ check_distinct_strings(const char *fname, const char *name, const char *data,
     zb_status st = ZB_OK;
     for (uint64_t i = 1; i < n && st == ZB_OK; i++)
         if (!cmp_strref(&v[i - 1], &v[i]))
-            st = zb_err(ZB_E_INVALID, "%s/%s: category '%.*s' appears more than once", fname, name,
+            st = zb__err(ZB_E_INVALID, "%s/%s: category '%.*s' appears more than once", fname, name,
                         (int)(v[i].len > 64 ? 64 : v[i].len), v[i].p);
     free(v);
     return st;
@@ -590,13 +590,13 @@ check_distinct_values(const char *fname, const char *name, zb_dtype dt, const vo
     if (flt)
         for (uint64_t i = 0; i < n; i++)
             if (isnan(num_at(values, dt, i).d))
-                return zb_err(ZB_E_INVALID,
+                return zb__err(ZB_E_INVALID,
                               "%s/%s: category %" PRIu64 " is NaN (pandas refuses null "
                               "categories; code -1 marks a missing value)",
                               fname, name, i);
     if (n < 2) return ZB_OK;
     num *v = malloc(n * sizeof *v);
-    if (!v) return zb_err(ZB_E_NOMEM, "%s/%s: out of memory", fname, name);
+    if (!v) return zb__err(ZB_E_NOMEM, "%s/%s: out of memory", fname, name);
     for (uint64_t i = 0; i < n; i++) v[i] = num_at(values, dt, i);
     int (*cmp)(const void *, const void *) = flt ? cmp_f64 : is_signed(dt) ? cmp_i64 : cmp_u64;
     qsort(v, n, sizeof *v, cmp);
@@ -604,13 +604,13 @@ check_distinct_values(const char *fname, const char *name, zb_dtype dt, const vo
     for (uint64_t i = 1; i < n && st == ZB_OK; i++) {
         if (cmp(&v[i - 1], &v[i])) continue;
         if (flt)
-            st = zb_err(ZB_E_INVALID, "%s/%s: category %.17g appears more than once", fname, name,
+            st = zb__err(ZB_E_INVALID, "%s/%s: category %.17g appears more than once", fname, name,
                         v[i].d);
         else if (is_signed(dt))
-            st = zb_err(ZB_E_INVALID, "%s/%s: category %" PRId64 " appears more than once", fname,
+            st = zb__err(ZB_E_INVALID, "%s/%s: category %" PRId64 " appears more than once", fname,
                         name, v[i].i);
         else
-            st = zb_err(ZB_E_INVALID, "%s/%s: category %" PRIu64 " appears more than once", fname,
+            st = zb__err(ZB_E_INVALID, "%s/%s: category %" PRIu64 " appears more than once", fname,
                         name, v[i].u);
     }
     free(v);
@@ -631,13 +631,13 @@ static zb_status
 write_categories(zb_anndata_writer *w, zb_anndata_axis axis, const char *name, const cats *k)
 {
     char rel[ZB_AD_REL_CAP], attrs[128];
-    snprintf(rel, sizeof rel, "%s/%s/categories", zb_ad_frame_of(w, axis)->name, name);
-    zb_ad_encoding_attrs(attrs, sizeof attrs, k->dtype == ZB_DT_STRING ? "string-array" : "array",
-                         "0.2.0");
+    snprintf(rel, sizeof rel, "%s/%s/categories", zb__ad_frame_of(w, axis)->name, name);
+    zb__ad_encoding_attrs(attrs, sizeof attrs, k->dtype == ZB_DT_STRING ? "string-array" : "array",
+                          "0.2.0");
     uint64_t chunk = w->column_chunk ? w->column_chunk : ZB_AD_DEFAULT_COLUMN_CHUNK;
     if (k->n && chunk > k->n) chunk = k->n;
     zb_array_writer *a = NULL;
-    ZB_TRY(zb_ad_open_array(w, rel, k->dtype, 1, NULL, chunk, 0, 1, attrs, &a));
+    ZB_TRY(zb__ad_open_array(w, rel, k->dtype, 1, NULL, chunk, 0, 1, attrs, &a));
     zb_status st = ZB_OK;
     if (k->n && k->dtype == ZB_DT_STRING)
         st = zb_array_writer_append_strings(a, k->data, k->offsets, k->n);
@@ -653,8 +653,8 @@ static zb_status
 define_categorical(zb_anndata_writer *w, zb_anndata_axis axis, const char *name, const cats *k,
                    bool ordered)
 {
-    zb_ad_frame *f = zb_ad_frame_of(w, axis);
-    zb_ad_column *c;
+    zb__ad_frame *f = zb__ad_frame_of(w, axis);
+    zb__ad_column *c;
     zb_dtype dt = codes_dtype_for(k->n);
     ZB_TRY(new_column(f, name, ZB_AD_COL_CATEGORICAL, dt, &c));
     c->n_categories = k->n;
@@ -663,16 +663,16 @@ define_categorical(zb_anndata_writer *w, zb_anndata_axis axis, const char *name,
     snprintf(rel, sizeof rel, "%s/%s", f->name, name);
     /* from the categories' put on, a failure has touched the store: the writer is broken */
     zb_status st = write_categories(w, axis, name, k);
-    if (st == ZB_OK) st = zb_ad_add_node(w, rel, false);
+    if (st == ZB_OK) st = zb__ad_add_node(w, rel, false);
     if (st == ZB_OK) {
         snprintf(rel, sizeof rel, "%s/%s/codes", f->name, name);
-        zb_ad_encoding_attrs(attrs, sizeof attrs, "array", "0.2.0");
-        st = zb_ad_open_array(w, rel, dt, 1, NULL, zb_ad_column_chunk(w, axis), 0, 1, attrs,
-                              &c->array);
+        zb__ad_encoding_attrs(attrs, sizeof attrs, "array", "0.2.0");
+        st = zb__ad_open_array(w, rel, dt, 1, NULL, zb__ad_column_chunk(w, axis), 0, 1, attrs,
+                               &c->array);
     }
     if (st != ZB_OK) {
         drop_last_column(f);
-        return zb_ad_broken(w, st);
+        return zb__ad_broken(w, st);
     }
     return ZB_OK;
 }
@@ -682,14 +682,14 @@ static zb_status
 check_define(zb_anndata_writer *w, zb_anndata_axis axis, const char *name, uint64_t n_categories,
              const char *fn)
 {
-    ZB_TRY(zb_ad_usable(w, fn));
+    ZB_TRY(zb__ad_usable(w, fn));
     ZB_TRY(check_axis(axis, fn));
-    zb_ad_frame *f = zb_ad_frame_of(w, axis);
+    zb__ad_frame *f = zb__ad_frame_of(w, axis);
     ZB_TRY(check_column_name(f->name, name));
     if (find_column(f, name))
-        return zb_err(ZB_E_INVALID, "%s/%s: a column of that name exists", f->name, name);
+        return zb__err(ZB_E_INVALID, "%s/%s: a column of that name exists", f->name, name);
     if (n_categories >= INT32_MAX)
-        return zb_err(ZB_E_INVALID, "%s/%s: %" PRIu64 " categories are too many", f->name, name,
+        return zb__err(ZB_E_INVALID, "%s/%s: %" PRIu64 " categories are too many", f->name, name,
                       n_categories);
     return ZB_OK;
 }
@@ -700,8 +700,8 @@ zb_anndata_writer_define_categorical(zb_anndata_writer *w, zb_anndata_axis axis,
                                      uint64_t n_categories, bool ordered)
 {
     ZB_TRY(check_define(w, axis, name, n_categories, "define_categorical"));
-    const char *fname = zb_ad_frame_of(w, axis)->name;
-    ZB_TRY(zb_ad_check_strings(name, categories, offsets, n_categories, NULL));
+    const char *fname = zb__ad_frame_of(w, axis)->name;
+    ZB_TRY(zb__ad_check_strings(name, categories, offsets, n_categories, NULL));
     ZB_TRY(check_distinct_strings(fname, name, categories, offsets, n_categories));
     cats k = {ZB_DT_STRING, categories, offsets, NULL, n_categories};
     return define_categorical(w, axis, name, &k, ordered);
@@ -714,17 +714,17 @@ zb_anndata_writer_define_categorical_values(zb_anndata_writer *w, zb_anndata_axi
                                             bool ordered)
 {
     ZB_TRY(check_define(w, axis, name, n_categories, "define_categorical_values"));
-    const char *fname = zb_ad_frame_of(w, axis)->name;
+    const char *fname = zb__ad_frame_of(w, axis)->name;
     /* pandas has no float16 index ("float16 indexes are not supported") */
     if (!is_integer(dtype) && dtype != ZB_DT_BOOL && dtype != ZB_DT_FLOAT32 &&
         dtype != ZB_DT_FLOAT64)
-        return zb_err(ZB_E_TYPE,
+        return zb__err(ZB_E_TYPE,
                       "%s/%s: categories of dtype %s are not supported (integers, bools, float32 "
                       "and float64 are; define_categorical takes strings)",
                       fname, name,
                       (int)dtype >= 0 && dtype < ZB_DT_COUNT_ ? zb_dtype_name(dtype) : "?");
     if (n_categories && !categories)
-        return zb_err(ZB_E_INVALID, "%s/%s: null categories", fname, name);
+        return zb__err(ZB_E_INVALID, "%s/%s: null categories", fname, name);
     ZB_TRY(check_distinct_values(fname, name, dtype, categories, n_categories));
     cats k = {dtype, NULL, NULL, categories, n_categories};
     return define_categorical(w, axis, name, &k, ordered);
@@ -750,29 +750,29 @@ zb_status
 zb_anndata_writer_append_codes(zb_anndata_writer *w, zb_anndata_axis axis, const char *name,
                                zb_dtype codes_dtype, const void *codes, uint64_t n)
 {
-    ZB_TRY(zb_ad_usable(w, "append_codes"));
+    ZB_TRY(zb__ad_usable(w, "append_codes"));
     ZB_TRY(check_axis(axis, "append_codes"));
-    zb_ad_frame *f = zb_ad_frame_of(w, axis);
-    if (!name) return zb_err(ZB_E_INVALID, "append_codes: null name");
-    zb_ad_column *c = find_column(f, name);
-    if (!c) return zb_err(ZB_E_NOTFOUND, "%s/%s: no such categorical column", f->name, name);
+    zb__ad_frame *f = zb__ad_frame_of(w, axis);
+    if (!name) return zb__err(ZB_E_INVALID, "append_codes: null name");
+    zb__ad_column *c = find_column(f, name);
+    if (!c) return zb__err(ZB_E_NOTFOUND, "%s/%s: no such categorical column", f->name, name);
     if (c->kind != ZB_AD_COL_CATEGORICAL)
-        return zb_err(ZB_E_TYPE, "%s/%s: not a categorical column", f->name, name);
+        return zb__err(ZB_E_TYPE, "%s/%s: not a categorical column", f->name, name);
     if (codes_dtype != ZB_DT_INT8 && codes_dtype != ZB_DT_INT16 && codes_dtype != ZB_DT_INT32 &&
         codes_dtype != ZB_DT_INT64)
-        return zb_err(ZB_E_TYPE, "%s/%s: codes must be int8, int16, int32 or int64", f->name, name);
+        return zb__err(ZB_E_TYPE, "%s/%s: codes must be int8, int16, int32 or int64", f->name, name);
     ZB_TRY(check_room(w, axis, c->n, n, name));
-    if (n && !codes) return zb_err(ZB_E_INVALID, "%s/%s: null codes", f->name, name);
+    if (n && !codes) return zb__err(ZB_E_INVALID, "%s/%s: null codes", f->name, name);
     int64_t ncat = (int64_t)c->n_categories;
     for (uint64_t i = 0; i < n; i++) {
         int64_t v = code_at(codes, codes_dtype, i);
         if (v < -1 || v >= ncat)
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "%s/%s: code %" PRId64 " at %" PRIu64 " is outside [-1, %" PRId64 ")",
                           f->name, name, v, i, ncat);
     }
     if (codes_dtype == c->dtype) {
-        if (n) ZB_TRY(zb_ad_broken(w, zb_array_writer_append(c->array, codes, n)));
+        if (n) ZB_TRY(zb__ad_broken(w, zb_array_writer_append(c->array, codes, n)));
     } else {
         /* narrow (or widen) to the stored type, ZB_AD_STEP codes at a time; values are in
          * range */
@@ -793,7 +793,7 @@ zb_anndata_writer_append_codes(zb_anndata_writer *w, zb_anndata_axis axis, const
                     break;
                 }
             }
-            ZB_TRY(zb_ad_broken(w, zb_array_writer_append(c->array, dst, m)));
+            ZB_TRY(zb__ad_broken(w, zb_array_writer_append(c->array, dst, m)));
         }
     }
     c->n += n;
@@ -805,28 +805,28 @@ zb_anndata_writer_append_codes(zb_anndata_writer *w, zb_anndata_axis axis, const
  * ------------------------------------------------------------------------------------------- */
 
 zb_status
-zb_ad_check_frames(const zb_anndata_writer *w)
+zb__ad_check_frames(const zb_anndata_writer *w)
 {
     for (int a = 0; a < 2; a++) {
-        const zb_ad_frame *f = &w->frames[a];
+        const zb__ad_frame *f = &w->frames[a];
         uint64_t want = a == ZB_ANNDATA_OBS ? w->rows : w->n_vars;
         const char *what = a == ZB_ANNDATA_OBS ? "n_obs (rows of X)" : "n_vars";
         if (f->index && f->n_index != want)
-            return zb_err(ZB_E_INVALID, "%s/_index: %" PRIu64 " names, %s is %" PRIu64, f->name,
+            return zb__err(ZB_E_INVALID, "%s/_index: %" PRIu64 " names, %s is %" PRIu64, f->name,
                           f->n_index, what, want);
         for (size_t i = 0; i < f->ncols; i++)
             if (f->cols[i].n != want)
-                return zb_err(ZB_E_INVALID, "%s/%s: %" PRIu64 " values, %s is %" PRIu64, f->name,
+                return zb__err(ZB_E_INVALID, "%s/%s: %" PRIu64 " values, %s is %" PRIu64, f->name,
                               f->cols[i].name, f->cols[i].n, what, want);
     }
     return ZB_OK;
 }
 
 zb_status
-zb_ad_commit_frames(zb_anndata_writer *w)
+zb__ad_commit_frames(zb_anndata_writer *w)
 {
     for (int a = 0; a < 2; a++) {
-        zb_ad_frame *f = &w->frames[a];
+        zb__ad_frame *f = &w->frames[a];
         ZB_TRY(zb_array_writer_commit(f->index));
         for (size_t i = 0; i < f->ncols; i++) {
             ZB_TRY(zb_array_writer_commit(f->cols[i].array));
@@ -838,25 +838,25 @@ zb_ad_commit_frames(zb_anndata_writer *w)
 
 /* {"_index": "_index", "column-order": [...], "encoding-type": "dataframe", ...} */
 static zb_status
-write_dataframe_group(zb_anndata_writer *w, const zb_ad_frame *f)
+write_dataframe_group(zb_anndata_writer *w, const zb__ad_frame *f)
 {
     int ok = 1;
     json_object *attrs = json_object_new_object();
-    zb_jw_add(attrs, "_index", json_object_new_string("_index"), &ok);
-    json_object *order = zb_jw_add(attrs, "column-order", json_object_new_array(), &ok);
+    zb__jw_add(attrs, "_index", json_object_new_string("_index"), &ok);
+    json_object *order = zb__jw_add(attrs, "column-order", json_object_new_array(), &ok);
     for (size_t i = 0; i < f->ncols && ok; i++)
-        zb_jw_push(order, json_object_new_string(f->cols[i].name), &ok);
-    zb_jw_add(attrs, "encoding-type", json_object_new_string("dataframe"), &ok);
-    zb_jw_add(attrs, "encoding-version", json_object_new_string("0.2.0"), &ok);
-    zb_status st = ok ? zb_ad_write_group(w, f->name, zb_json_text(attrs))
-                      : zb_err(ZB_E_NOMEM, "%s: out of memory", f->name);
+        zb__jw_push(order, json_object_new_string(f->cols[i].name), &ok);
+    zb__jw_add(attrs, "encoding-type", json_object_new_string("dataframe"), &ok);
+    zb__jw_add(attrs, "encoding-version", json_object_new_string("0.2.0"), &ok);
+    zb_status st = ok ? zb__ad_write_group(w, f->name, zb__json_text(attrs))
+                      : zb__err(ZB_E_NOMEM, "%s: out of memory", f->name);
     json_object_put(attrs);
     return st;
 }
 
 /* The attributes of a categorical or nullable column's group. */
 static void
-column_group_attrs(const zb_ad_column *c, char *buf, size_t cap)
+column_group_attrs(const zb__ad_column *c, char *buf, size_t cap)
 {
     if (c->kind == ZB_AD_COL_CATEGORICAL) {
         snprintf(buf, cap,
@@ -868,23 +868,23 @@ column_group_attrs(const zb_ad_column *c, char *buf, size_t cap)
     const char *type = c->dtype == ZB_DT_STRING ? "nullable-string-array"
                        : c->dtype == ZB_DT_BOOL ? "nullable-boolean"
                                                 : "nullable-integer";
-    zb_ad_encoding_attrs(buf, cap, type, "0.1.0");
+    zb__ad_encoding_attrs(buf, cap, type, "0.1.0");
 }
 
 zb_status
-zb_ad_write_frame_groups(zb_anndata_writer *w)
+zb__ad_write_frame_groups(zb_anndata_writer *w)
 {
     for (int a = 0; a < 2; a++) {
-        const zb_ad_frame *f = &w->frames[a];
+        const zb__ad_frame *f = &w->frames[a];
         for (size_t i = 0; i < f->ncols; i++) {
-            const zb_ad_column *c = &f->cols[i];
+            const zb__ad_column *c = &f->cols[i];
             if (c->kind != ZB_AD_COL_CATEGORICAL && c->kind != ZB_AD_COL_NULLABLE) continue;
             char rel[ZB_AD_REL_CAP], key[ZB_AD_KEY_CAP], attrs[256];
             snprintf(rel, sizeof rel, "%s/%s", f->name, c->name);
             column_group_attrs(c, attrs, sizeof attrs);
-            ZB_TRY(zb_ad_key_of(w, key, sizeof key, rel));
+            ZB_TRY(zb__ad_key_of(w, key, sizeof key, rel));
             /* the node was recorded when the column was created */
-            ZB_TRY(zb_write_group(w->store, key, w->zarr_format, attrs));
+            ZB_TRY(zb__write_group(w->store, key, w->zarr_format, attrs));
         }
         ZB_TRY(write_dataframe_group(w, f));
     }

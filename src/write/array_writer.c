@@ -60,7 +60,7 @@
 typedef struct enc_chain {
     bool big_endian;
     int nbb;
-    zb_codec bb[ZB_MAX_BB];
+    zb__codec bb[ZB_MAX_BB];
 } enc_chain;
 
 struct zb_array_writer {
@@ -83,7 +83,7 @@ struct zb_array_writer {
     uint8_t fill[16];
     bool fill_zero;
     bool write_empty;
-    zb_array_meta keys; /* only the chunk key fields (ndim, prefix, separator) are set */
+    zb__array_meta keys; /* only the chunk key fields (ndim, prefix, separator) are set */
     json_object *doc;   /* the metadata document; "shape" is rewritten at each commit */
     json_object *attrs; /* v2: .zattrs for the first commit, or NULL */
     bool committed_once;
@@ -93,20 +93,21 @@ struct zb_array_writer {
     uint64_t buf_rows;  /* rows of that object held in the buffer */
     bool dirty;         /* the buffer changed since it was last written */
     uint8_t *buf;       /* fixed types: obj_bytes, fill-padded past buf_rows; NULL until needed */
-    zb_buf sdata;       /* strings: the object's bytes ... */
+    zb__buf sdata;       /* strings: the object's bytes ... */
     uint64_t *soff;     /* ... and offsets [obj_rows + 1] */
 
-    zb_pool *pool;
+    zb__pool *pool;
     /* Finished jobs kept for the next object, with their buffers: a fresh 16 MiB shard and its
-     * pieces' outputs cost a page fault per 4 KiB each time (a quarter of a conversion's system
-     * time on a VM). At most SPARE_JOBS; spare_raw is a recycled object buffer for ensure_buf. */
+     * pieces' outputs cost a page fault per 4 KiB each time (docs/PERFORMANCE.md, "Figures
+     * behind the code's decisions"). At most SPARE_JOBS; spare_raw is a recycled object buffer
+     * for ensure_buf. */
     pthread_mutex_t spare_mu;
     struct obj_job *spare;
     int n_spare;
     uint8_t *spare_raw;
     pthread_mutex_t err_mu;
     atomic_int worker_err; /* first worker failure (a zb_status), 0 while none */
-    char err_msg[MSG_CAP]; /* its message (zb_err is per thread) */
+    char err_msg[MSG_CAP]; /* its message (zb__err is per thread) */
     zb_status failed;      /* sticky: the writer's state is no longer consistent */
     char failed_msg[MSG_CAP];
 };
@@ -117,7 +118,7 @@ typedef struct piece {
     obj_job *job;
     uint64_t index; /* chunk index inside the object */
     bool empty;
-    zb_buf enc;          /* owned output when the chain has bytes->bytes codecs */
+    zb__buf enc;          /* owned output when the chain has bytes->bytes codecs */
     const uint8_t *data; /* the encoded bytes: enc.data, or the raw region */
     size_t len;
 } piece;
@@ -126,12 +127,12 @@ struct obj_job {
     zb_array_writer *w;
     obj_job *next_spare; /* the writer's spare list */
     bool full;           /* a full object (more are coming): worth keeping for reuse */
-    zb_buf out;          /* the assembled shard (kept for reuse) */
+    zb__buf out;          /* the assembled shard (kept for reuse) */
     char key[KEY_CAP];
     uint8_t *raw; /* owned: the object's bytes (fixed types) or its vlen-utf8 encoding */
     size_t raw_len;
-    uint64_t valid_rows; /* rows of the object that lie inside the array */
-    bool strings_empty;  /* strings: every string is "" (the fill) */
+    uint64_t valid_rows;            /* rows of the object that lie inside the array */
+    bool strings_empty;             /* strings: every string is "" (the fill) */
     atomic_uint_fast64_t remaining; /* tasks still running */
     atomic_bool failed;
     uint64_t npieces;
@@ -173,7 +174,7 @@ check_workers(zb_array_writer *w)
     zb_status st = (zb_status)atomic_load(&w->worker_err);
     if (st == ZB_OK) return ZB_OK;
     pthread_mutex_lock(&w->err_mu);
-    zb_err(st, "%s", w->err_msg);
+    zb__err(st, "%s", w->err_msg);
     pthread_mutex_unlock(&w->err_mu);
     return fail_writer(w, st);
 }
@@ -182,7 +183,7 @@ static zb_status
 check_usable(zb_array_writer *w)
 {
     if (w->failed == ZB_OK) return ZB_OK;
-    return zb_err(w->failed, "%s: the writer failed earlier and cannot continue: %s",
+    return zb__err(w->failed, "%s: the writer failed earlier and cannot continue: %s",
                   w->path[0] ? w->path : "(root)", w->failed_msg);
 }
 
@@ -239,19 +240,19 @@ encode_piece(piece *pc, zb_ctx *ctx)
         pc->len = len;
         return ZB_OK;
     }
-    zb_buf tmp = {0};
+    zb__buf tmp = {0};
     const uint8_t *cur = src;
     size_t cur_len = len;
     zb_status st = ZB_OK;
     for (int i = 0; i < w->enc.nbb; i++) {
         /* alternate so the last codec's output lands in pc->enc */
-        zb_buf *out = (w->enc.nbb - 1 - i) % 2 == 0 ? &pc->enc : &tmp;
-        st = zb_codec_encode(&w->enc.bb[i], ctx, cur, cur_len, w->enc_itemsize, out);
+        zb__buf *out = (w->enc.nbb - 1 - i) % 2 == 0 ? &pc->enc : &tmp;
+        st = zb__codec_encode(&w->enc.bb[i], ctx, cur, cur_len, w->enc_itemsize, out);
         if (st != ZB_OK) break;
         cur = out->data;
         cur_len = out->len;
     }
-    zb_buf_free(&tmp);
+    zb__buf_free(&tmp);
     pc->data = pc->enc.data;
     pc->len = pc->enc.len;
     return st;
@@ -261,8 +262,8 @@ static void
 job_free(obj_job *j)
 {
     if (!j) return;
-    for (uint64_t i = 0; i < j->npieces; i++) zb_buf_free(&j->pieces[i].enc);
-    zb_buf_free(&j->out);
+    for (uint64_t i = 0; i < j->npieces; i++) zb__buf_free(&j->pieces[i].enc);
+    zb__buf_free(&j->out);
     free(j->raw);
     free(j);
 }
@@ -338,15 +339,15 @@ put_shard(obj_job *j)
     for (uint64_t i = 0; i < n; i++) {
         if (j->pieces[i].empty) continue;
         any = true;
-        if (!zb_add_u64(data_bytes, j->pieces[i].len, &data_bytes))
-            return zb_err(ZB_E_OVERFLOW, "%s: shard size overflows", j->key);
+        if (!zb__add_u64(data_bytes, j->pieces[i].len, &data_bytes))
+            return zb__err(ZB_E_OVERFLOW, "%s: shard size overflows", j->key);
     }
     if (!any) return zb_store_erase(w->store, j->key);
     uint64_t total;
-    if (!zb_add_u64(data_bytes, idx_bytes, &total) || total > ZB_BUF_MAX)
-        return zb_err(ZB_E_OVERFLOW, "%s: a shard of %llu bytes exceeds the %llu-byte limit",
+    if (!zb__add_u64(data_bytes, idx_bytes, &total) || total > ZB_BUF_MAX)
+        return zb__err(ZB_E_OVERFLOW, "%s: a shard of %llu bytes exceeds the %llu-byte limit",
                       j->key, (unsigned long long)data_bytes, (unsigned long long)ZB_BUF_MAX);
-    ZB_TRY(zb_buf_reserve(&j->out, (size_t)total));
+    ZB_TRY(zb__buf_reserve(&j->out, (size_t)total));
     uint8_t *out = j->out.data;
     /* index at the start shifts every offset by its size; offsets are absolute either way */
     uint64_t base = w->index_at_start ? idx_bytes : 0;
@@ -366,7 +367,7 @@ put_shard(obj_job *j)
     }
     if (w->index_crc) {
         /* the crc32c codec stores its checksum little-endian whatever the bytes codec did */
-        uint32_t crc = zb_crc32c(idx, (size_t)(16 * n));
+        uint32_t crc = zb__crc32c(idx, (size_t)(16 * n));
         for (int i = 0; i < 4; i++) idx[16 * n + (uint64_t)i] = (uint8_t)(crc >> (8 * i));
     }
     return zb_store_put(w->store, j->key, out, total);
@@ -395,7 +396,7 @@ piece_task(void *arg, zb_ctx *ctx)
         if (atomic_load(&w->worker_err) != 0 || atomic_load(&j->failed)) break;
         zb_status st = encode_piece(&j->pieces[i], ctx);
         if (st != ZB_OK) {
-            zb_err_context(st, "%s", j->key);
+            zb__err_context(st, "%s", j->key);
             record_worker_error(w, st);
             atomic_store(&j->failed, true);
         }
@@ -440,7 +441,7 @@ ensure_buf(zb_array_writer *w)
     w->buf = w->spare_raw ? w->spare_raw : malloc(w->obj_bytes ? w->obj_bytes : 1);
     w->spare_raw = NULL;
     if (!w->buf)
-        return zb_err(ZB_E_NOMEM, "%s: cannot allocate a %zu-byte chunk buffer", w->path,
+        return zb__err(ZB_E_NOMEM, "%s: cannot allocate a %zu-byte chunk buffer", w->path,
                       w->obj_bytes);
     fill_rows(w, w->buf, 0, w->obj_rows);
     return ZB_OK;
@@ -452,12 +453,12 @@ static zb_status
 encode_vlen(zb_array_writer *w, uint8_t **out, size_t *out_len, bool *all_empty)
 {
     uint64_t total;
-    if (!zb_mul_u64(w->obj_rows, 4, &total) || !zb_add_u64(total, 4, &total) ||
-        !zb_add_u64(total, w->sdata.len, &total) || total > ZB_BUF_MAX)
-        return zb_err(ZB_E_OVERFLOW, "%s: string chunk %llu is too large", w->path,
+    if (!zb__mul_u64(w->obj_rows, 4, &total) || !zb__add_u64(total, 4, &total) ||
+        !zb__add_u64(total, w->sdata.len, &total) || total > ZB_BUF_MAX)
+        return zb__err(ZB_E_OVERFLOW, "%s: string chunk %llu is too large", w->path,
                       (unsigned long long)w->obj_index);
     uint8_t *p = malloc((size_t)total);
-    if (!p) return zb_err(ZB_E_NOMEM, "%s: out of memory for a string chunk", w->path);
+    if (!p) return zb__err(ZB_E_NOMEM, "%s: out of memory for a string chunk", w->path);
     uint8_t *q = p;
     uint32_t items = (uint32_t)w->obj_rows;
     for (int i = 0; i < 4; i++) *q++ = (uint8_t)(items >> (8 * i));
@@ -484,7 +485,7 @@ dispatch(zb_array_writer *w, bool full)
     zb_status st;
     uint64_t n = w->npieces;
     obj_job *j = job_take(w);
-    if (!j) return zb_err(ZB_E_NOMEM, "%s: out of memory", w->path);
+    if (!j) return zb__err(ZB_E_NOMEM, "%s: out of memory", w->path);
     uint8_t *recycled = j->raw; /* a spare job's object buffer, or NULL */
     j->raw = NULL;
     j->w = w;
@@ -493,7 +494,7 @@ dispatch(zb_array_writer *w, bool full)
     j->valid_rows = w->buf_rows;
     uint64_t idx[ZB_MAX_DIMS] = {0};
     idx[0] = w->obj_index;
-    st = zb_meta_chunk_key(&w->keys, w->path, idx, j->key, sizeof j->key);
+    st = zb__meta_chunk_key(&w->keys, w->path, idx, j->key, sizeof j->key);
     if (st != ZB_OK) goto fail;
     if (w->dtype == ZB_DT_STRING) {
         free(recycled);
@@ -510,7 +511,7 @@ dispatch(zb_array_writer *w, bool full)
     } else {
         j->raw = recycled ? recycled : malloc(w->obj_bytes ? w->obj_bytes : 1);
         if (!j->raw) {
-            st = zb_err(ZB_E_NOMEM, "%s: cannot copy a %zu-byte chunk", j->key, w->obj_bytes);
+            st = zb__err(ZB_E_NOMEM, "%s: cannot copy a %zu-byte chunk", j->key, w->obj_bytes);
             goto fail;
         }
         memcpy(j->raw, w->buf, w->obj_bytes);
@@ -528,7 +529,7 @@ dispatch(zb_array_writer *w, bool full)
     }
     /* after the last submit the job belongs to the pool (the last piece frees it) */
     uint64_t step = j->per_task; /* j may be freed by its last task before the loop ends */
-    for (uint64_t i = 0; i < n; i += step) zb_pool_submit(w->pool, piece_task, &j->pieces[i]);
+    for (uint64_t i = 0; i < n; i += step) zb__pool_submit(w->pool, piece_task, &j->pieces[i]);
 
     w->dirty = false;
     if (full) {
@@ -594,9 +595,9 @@ fill_json(const zb_array_writer *w)
     case ZB_DT_UINT16:
     case ZB_DT_UINT32:
     case ZB_DT_UINT64:
-        return zb_jw_u64(u);
+        return zb__jw_u64(u);
     case ZB_DT_FLOAT16:
-        return float_fill_json(zb_half_to_double((uint16_t)u), u, 0x7e00, isz, w->zarr_format);
+        return float_fill_json(zb__half_to_double((uint16_t)u), u, 0x7e00, isz, w->zarr_format);
     case ZB_DT_FLOAT32: {
         float x;
         memcpy(&x, f, 4);
@@ -619,8 +620,8 @@ dims_json(const zb_array_writer *w, uint64_t first, const uint64_t *rest)
 {
     int ok = 1;
     json_object *a = json_object_new_array();
-    zb_jw_push(a, zb_jw_u64(first), &ok);
-    for (int d = 1; d < w->ndim; d++) zb_jw_push(a, zb_jw_u64(rest[d]), &ok);
+    zb__jw_push(a, zb__jw_u64(first), &ok);
+    for (int d = 1; d < w->ndim; d++) zb__jw_push(a, zb__jw_u64(rest[d]), &ok);
     if (!ok) {
         json_object_put(a);
         return NULL;
@@ -633,11 +634,11 @@ bytes_codec_json(size_t itemsize)
 {
     int ok = 1;
     json_object *o = json_object_new_object();
-    zb_jw_add(o, "name", json_object_new_string("bytes"), &ok);
+    zb__jw_add(o, "name", json_object_new_string("bytes"), &ok);
     /* zarr-python omits the endian for 1-byte types (FORMATS.md §3.4) */
     if (itemsize > 1) {
-        json_object *cfg = zb_jw_add(o, "configuration", json_object_new_object(), &ok);
-        zb_jw_add(cfg, "endian", json_object_new_string("little"), &ok);
+        json_object *cfg = zb__jw_add(o, "configuration", json_object_new_object(), &ok);
+        zb__jw_add(cfg, "endian", json_object_new_string("little"), &ok);
     }
     if (!ok) {
         json_object_put(o);
@@ -653,24 +654,24 @@ v3_chunk_codecs(const zb_array_writer *w, json_object **out)
     int ok = 1;
     json_object *list = json_object_new_array();
     if (w->dtype == ZB_DT_STRING) {
-        json_object *v = zb_jw_push(list, json_object_new_object(), &ok);
-        zb_jw_add(v, "name", json_object_new_string("vlen-utf8"), &ok);
-        zb_jw_add(v, "configuration", json_object_new_object(), &ok);
+        json_object *v = zb__jw_push(list, json_object_new_object(), &ok);
+        zb__jw_add(v, "name", json_object_new_string("vlen-utf8"), &ok);
+        zb__jw_add(v, "configuration", json_object_new_object(), &ok);
     } else {
-        zb_jw_push(list, bytes_codec_json(w->itemsize), &ok);
+        zb__jw_push(list, bytes_codec_json(w->itemsize), &ok);
     }
     if (ok && w->enc.nbb) {
         json_object *c = NULL;
-        zb_status st = zb_codec_v3_json(&w->enc.bb[0], w->enc_itemsize, &c);
+        zb_status st = zb__codec_v3_json(&w->enc.bb[0], w->enc_itemsize, &c);
         if (st != ZB_OK) {
             json_object_put(list);
             return st;
         }
-        zb_jw_push(list, c, &ok);
+        zb__jw_push(list, c, &ok);
     }
     if (!ok) {
         json_object_put(list);
-        return zb_err(ZB_E_NOMEM, "%s: out of memory", w->path);
+        return zb__err(ZB_E_NOMEM, "%s: out of memory", w->path);
     }
     *out = list;
     return ZB_OK;
@@ -684,44 +685,44 @@ build_v3_doc(const zb_array_writer *w, const uint64_t *chunk_shape, json_object 
     zb_status st;
     json_object *doc = json_object_new_object();
     json_object *chunk_codecs = NULL;
-    zb_jw_add(doc, "zarr_format", json_object_new_int(3), &ok);
-    zb_jw_add(doc, "node_type", json_object_new_string("array"), &ok);
-    zb_jw_add(doc, "shape", dims_json(w, 0, chunk_shape), &ok);
-    zb_jw_add(doc, "data_type", json_object_new_string(zb_dtype_name(w->dtype)), &ok);
-    json_object *grid = zb_jw_add(doc, "chunk_grid", json_object_new_object(), &ok);
-    zb_jw_add(grid, "name", json_object_new_string("regular"), &ok);
-    json_object *gcfg = zb_jw_add(grid, "configuration", json_object_new_object(), &ok);
-    zb_jw_add(gcfg, "chunk_shape", dims_json(w, w->obj_rows, chunk_shape), &ok);
-    json_object *kenc = zb_jw_add(doc, "chunk_key_encoding", json_object_new_object(), &ok);
-    zb_jw_add(kenc, "name", json_object_new_string("default"), &ok);
-    json_object *kcfg = zb_jw_add(kenc, "configuration", json_object_new_object(), &ok);
-    zb_jw_add(kcfg, "separator", json_object_new_string("/"), &ok);
-    zb_jw_add(doc, "fill_value", fill_json(w), &ok);
+    zb__jw_add(doc, "zarr_format", json_object_new_int(3), &ok);
+    zb__jw_add(doc, "node_type", json_object_new_string("array"), &ok);
+    zb__jw_add(doc, "shape", dims_json(w, 0, chunk_shape), &ok);
+    zb__jw_add(doc, "data_type", json_object_new_string(zb_dtype_name(w->dtype)), &ok);
+    json_object *grid = zb__jw_add(doc, "chunk_grid", json_object_new_object(), &ok);
+    zb__jw_add(grid, "name", json_object_new_string("regular"), &ok);
+    json_object *gcfg = zb__jw_add(grid, "configuration", json_object_new_object(), &ok);
+    zb__jw_add(gcfg, "chunk_shape", dims_json(w, w->obj_rows, chunk_shape), &ok);
+    json_object *kenc = zb__jw_add(doc, "chunk_key_encoding", json_object_new_object(), &ok);
+    zb__jw_add(kenc, "name", json_object_new_string("default"), &ok);
+    json_object *kcfg = zb__jw_add(kenc, "configuration", json_object_new_object(), &ok);
+    zb__jw_add(kcfg, "separator", json_object_new_string("/"), &ok);
+    zb__jw_add(doc, "fill_value", fill_json(w), &ok);
 
     st = v3_chunk_codecs(w, &chunk_codecs);
     if (st != ZB_OK) goto fail;
     if (!w->sharded) {
-        zb_jw_add(doc, "codecs", chunk_codecs, &ok);
+        zb__jw_add(doc, "codecs", chunk_codecs, &ok);
         chunk_codecs = NULL;
     } else {
-        json_object *codecs = zb_jw_add(doc, "codecs", json_object_new_array(), &ok);
-        json_object *sh = zb_jw_push(codecs, json_object_new_object(), &ok);
-        zb_jw_add(sh, "name", json_object_new_string("sharding_indexed"), &ok);
-        json_object *scfg = zb_jw_add(sh, "configuration", json_object_new_object(), &ok);
-        zb_jw_add(scfg, "chunk_shape", dims_json(w, w->chunk_rows, chunk_shape), &ok);
-        zb_jw_add(scfg, "codecs", chunk_codecs, &ok);
+        json_object *codecs = zb__jw_add(doc, "codecs", json_object_new_array(), &ok);
+        json_object *sh = zb__jw_push(codecs, json_object_new_object(), &ok);
+        zb__jw_add(sh, "name", json_object_new_string("sharding_indexed"), &ok);
+        json_object *scfg = zb__jw_add(sh, "configuration", json_object_new_object(), &ok);
+        zb__jw_add(scfg, "chunk_shape", dims_json(w, w->chunk_rows, chunk_shape), &ok);
+        zb__jw_add(scfg, "codecs", chunk_codecs, &ok);
         chunk_codecs = NULL;
         /* what zarr-python writes: bytes(little) + crc32c (FORMATS.md §4.1) */
-        json_object *ic = zb_jw_add(scfg, "index_codecs", json_object_new_array(), &ok);
-        zb_jw_push(ic, bytes_codec_json(8), &ok);
-        json_object *crc = zb_jw_push(ic, json_object_new_object(), &ok);
-        zb_jw_add(crc, "name", json_object_new_string("crc32c"), &ok);
-        zb_jw_add(scfg, "index_location",
-                  json_object_new_string(w->index_at_start ? "start" : "end"), &ok);
+        json_object *ic = zb__jw_add(scfg, "index_codecs", json_object_new_array(), &ok);
+        zb__jw_push(ic, bytes_codec_json(8), &ok);
+        json_object *crc = zb__jw_push(ic, json_object_new_object(), &ok);
+        zb__jw_add(crc, "name", json_object_new_string("crc32c"), &ok);
+        zb__jw_add(scfg, "index_location",
+                   json_object_new_string(w->index_at_start ? "start" : "end"), &ok);
     }
-    zb_jw_add(doc, "attributes", json_object_get(attrs), &ok);
+    zb__jw_add(doc, "attributes", json_object_get(attrs), &ok);
     if (!ok) {
-        st = zb_err(ZB_E_NOMEM, "%s: out of memory", w->path);
+        st = zb__err(ZB_E_NOMEM, "%s: out of memory", w->path);
         goto fail;
     }
     *out = doc;
@@ -738,34 +739,34 @@ build_v2_doc(const zb_array_writer *w, const uint64_t *chunk_shape, json_object 
     int ok = 1;
     json_object *doc = json_object_new_object();
     /* sorted keys, as zarr-python 2.13 writes them */
-    zb_jw_add(doc, "chunks", dims_json(w, w->obj_rows, chunk_shape), &ok);
+    zb__jw_add(doc, "chunks", dims_json(w, w->obj_rows, chunk_shape), &ok);
     if (w->enc.nbb) {
         json_object *c = NULL;
-        zb_status st = zb_codec_v2_json(&w->enc.bb[0], &c);
+        zb_status st = zb__codec_v2_json(&w->enc.bb[0], &c);
         if (st != ZB_OK) {
             json_object_put(doc);
             return st;
         }
-        zb_jw_add(doc, "compressor", c, &ok);
+        zb__jw_add(doc, "compressor", c, &ok);
     } else if (ok && json_object_object_add(doc, "compressor", NULL) != 0) {
         ok = 0;
     }
-    zb_jw_add(doc, "dimension_separator", json_object_new_string("."), &ok);
-    zb_jw_add(doc, "dtype", json_object_new_string(zb_dtype_typestr(w->dtype)), &ok);
-    zb_jw_add(doc, "fill_value", fill_json(w), &ok);
+    zb__jw_add(doc, "dimension_separator", json_object_new_string("."), &ok);
+    zb__jw_add(doc, "dtype", json_object_new_string(zb_dtype_typestr(w->dtype)), &ok);
+    zb__jw_add(doc, "fill_value", fill_json(w), &ok);
     if (w->dtype == ZB_DT_STRING) {
-        json_object *f = zb_jw_add(doc, "filters", json_object_new_array(), &ok);
-        json_object *v = zb_jw_push(f, json_object_new_object(), &ok);
-        zb_jw_add(v, "id", json_object_new_string("vlen-utf8"), &ok);
+        json_object *f = zb__jw_add(doc, "filters", json_object_new_array(), &ok);
+        json_object *v = zb__jw_push(f, json_object_new_object(), &ok);
+        zb__jw_add(v, "id", json_object_new_string("vlen-utf8"), &ok);
     } else if (ok && json_object_object_add(doc, "filters", NULL) != 0) {
         ok = 0;
     }
-    zb_jw_add(doc, "order", json_object_new_string("C"), &ok);
-    zb_jw_add(doc, "shape", dims_json(w, 0, chunk_shape), &ok);
-    zb_jw_add(doc, "zarr_format", json_object_new_int(2), &ok);
+    zb__jw_add(doc, "order", json_object_new_string("C"), &ok);
+    zb__jw_add(doc, "shape", dims_json(w, 0, chunk_shape), &ok);
+    zb__jw_add(doc, "zarr_format", json_object_new_int(2), &ok);
     if (!ok) {
         json_object_put(doc);
-        return zb_err(ZB_E_NOMEM, "%s: out of memory", w->path);
+        return zb__err(ZB_E_NOMEM, "%s: out of memory", w->path);
     }
     *out = doc;
     return ZB_OK;
@@ -777,23 +778,23 @@ write_metadata(zb_array_writer *w)
     char key[KEY_CAP];
     /* the other axes of the stored shape are kept as they are */
     uint64_t rest[ZB_MAX_DIMS] = {0};
-    json_object *old = zb_json_get(w->doc, "shape");
+    json_object *old = zb__json_get(w->doc, "shape");
     for (int d = 1; d < w->ndim; d++) {
-        zb_status st = zb_json_u64(json_object_array_get_idx(old, (size_t)d), "shape", &rest[d]);
+        zb_status st = zb__json_u64(json_object_array_get_idx(old, (size_t)d), "shape", &rest[d]);
         if (st != ZB_OK) return st;
     }
     json_object *shape = dims_json(w, w->nrows, rest);
     if (!shape || json_object_object_add(w->doc, "shape", shape) != 0) {
         json_object_put(shape);
-        return zb_err(ZB_E_NOMEM, "%s: out of memory", w->path);
+        return zb__err(ZB_E_NOMEM, "%s: out of memory", w->path);
     }
     if (w->zarr_format == 2 && w->attrs && !w->committed_once) {
-        ZB_TRY(zb_write_join_key(key, sizeof key, w->path, ".zattrs"));
-        ZB_TRY(zb_write_json(w->store, key, w->attrs));
+        ZB_TRY(zb__write_join_key(key, sizeof key, w->path, ".zattrs"));
+        ZB_TRY(zb__write_json(w->store, key, w->attrs));
     }
-    ZB_TRY(
-        zb_write_join_key(key, sizeof key, w->path, w->zarr_format == 2 ? ".zarray" : "zarr.json"));
-    ZB_TRY(zb_write_json(w->store, key, w->doc));
+    ZB_TRY(zb__write_join_key(key, sizeof key, w->path,
+                              w->zarr_format == 2 ? ".zarray" : "zarr.json"));
+    ZB_TRY(zb__write_json(w->store, key, w->doc));
     w->committed_once = true;
     return ZB_OK;
 }
@@ -807,7 +808,7 @@ writer_alloc(zb_store *store, const char *path, zb_array_writer **out)
 {
     *out = NULL;
     zb_array_writer *w = calloc(1, sizeof *w);
-    if (!w) return zb_err(ZB_E_NOMEM, "array writer: out of memory");
+    if (!w) return zb__err(ZB_E_NOMEM, "array writer: out of memory");
     pthread_mutex_init(&w->err_mu, NULL);
     pthread_mutex_init(&w->spare_mu, NULL);
     atomic_init(&w->worker_err, 0);
@@ -830,36 +831,36 @@ settle_sizes(zb_array_writer *w, const uint64_t *row_dims)
     const char *p = w->path[0] ? w->path : "(root)";
     w->row_elems = 1;
     for (int d = 1; d < w->ndim; d++)
-        if (!zb_mul_u64(w->row_elems, row_dims[d], &w->row_elems))
-            return zb_err(ZB_E_OVERFLOW, "%s: row_shape element count overflows", p);
+        if (!zb__mul_u64(w->row_elems, row_dims[d], &w->row_elems))
+            return zb__err(ZB_E_OVERFLOW, "%s: row_shape element count overflows", p);
     uint64_t rb;
-    if (!zb_mul_u64(w->row_elems, w->itemsize, &rb) || rb > ZB_BUF_MAX)
-        return zb_err(ZB_E_OVERFLOW, "%s: a row of %llu elements is too large", p,
+    if (!zb__mul_u64(w->row_elems, w->itemsize, &rb) || rb > ZB_BUF_MAX)
+        return zb__err(ZB_E_OVERFLOW, "%s: a row of %llu elements is too large", p,
                       (unsigned long long)w->row_elems);
     w->row_bytes = (size_t)rb;
     uint64_t ob;
-    if (!zb_mul_u64(w->obj_rows, w->dtype == ZB_DT_STRING ? 1 : rb, &ob) || ob > ZB_BUF_MAX)
-        return zb_err(ZB_E_INVALID, "%s: %s of %llu rows exceeds %llu bytes uncompressed", p,
+    if (!zb__mul_u64(w->obj_rows, w->dtype == ZB_DT_STRING ? 1 : rb, &ob) || ob > ZB_BUF_MAX)
+        return zb__err(ZB_E_INVALID, "%s: %s of %llu rows exceeds %llu bytes uncompressed", p,
                       w->sharded ? "shard_rows: a shard" : "chunk_rows: a chunk",
                       (unsigned long long)w->obj_rows, (unsigned long long)ZB_BUF_MAX);
     w->obj_bytes = w->dtype == ZB_DT_STRING ? 0 : (size_t)ob;
     w->npieces = w->obj_rows / w->chunk_rows;
     if (w->npieces > ZB_SHARD_MAX_ENTRIES)
-        return zb_err(ZB_E_INVALID,
+        return zb__err(ZB_E_INVALID,
                       "%s: shard_rows / chunk_rows = %llu inner chunks per shard "
                       "(at most 2^30)",
                       p, (unsigned long long)w->npieces);
     if (w->dtype == ZB_DT_STRING && w->obj_rows > UINT32_MAX)
-        return zb_err(ZB_E_INVALID, "%s: chunk_rows %llu exceeds vlen-utf8's 2^32-1 items", p,
+        return zb__err(ZB_E_INVALID, "%s: chunk_rows %llu exceeds vlen-utf8's 2^32-1 items", p,
                       (unsigned long long)w->obj_rows);
     uint64_t chunk_bytes = w->chunk_rows * rb;
     for (int i = 0; i < w->enc.nbb; i++) {
-        const zb_codec *c = &w->enc.bb[i];
+        const zb__codec *c = &w->enc.bb[i];
         uint64_t lim = c->id == ZB_CODEC_BLOSC ? BLOSC_MAX_CHUNK
                        : c->id == ZB_CODEC_LZ4 ? LZ4_MAX_CHUNK
                                                : UINT64_MAX;
         if (chunk_bytes > lim)
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "%s: chunk_rows: a %llu-byte chunk exceeds the %s limit "
                           "of %llu bytes",
                           p, (unsigned long long)chunk_bytes,
@@ -867,7 +868,7 @@ settle_sizes(zb_array_writer *w, const uint64_t *row_dims)
     }
     if (w->dtype == ZB_DT_STRING) {
         w->soff = calloc((size_t)w->obj_rows + 1, sizeof *w->soff);
-        if (!w->soff) return zb_err(ZB_E_NOMEM, "%s: out of memory", p);
+        if (!w->soff) return zb__err(ZB_E_NOMEM, "%s: out of memory", p);
     }
     return ZB_OK;
 }
@@ -879,11 +880,11 @@ require_no_node(zb_array_writer *w)
     static const char *const markers[] = {"zarr.json", ".zarray", ".zgroup"};
     char key[KEY_CAP];
     for (size_t i = 0; i < sizeof markers / sizeof markers[0]; i++) {
-        ZB_TRY(zb_write_join_key(key, sizeof key, w->path, markers[i]));
+        ZB_TRY(zb__write_join_key(key, sizeof key, w->path, markers[i]));
         uint64_t size;
         zb_status st = zb_store_size(w->store, key, &size);
         if (st == ZB_OK)
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "'%s' already holds a Zarr node (%s); use "
                           "zb_array_writer_open_append to add rows",
                           w->path, key);
@@ -912,35 +913,35 @@ validate_new(const zb_array_writer *w, zb_dtype dtype, int ndim, const uint64_t 
 {
     const char *p = w->path[0] ? w->path : "(root)";
     if ((int)dtype < 0 || dtype >= ZB_DT_COUNT_)
-        return zb_err(ZB_E_INVALID, "%s: dtype %d is not a zb_dtype", p, (int)dtype);
+        return zb__err(ZB_E_INVALID, "%s: dtype %d is not a zb_dtype", p, (int)dtype);
     if (ndim < 1 || ndim > ZB_MAX_DIMS)
-        return zb_err(ZB_E_INVALID, "%s: ndim %d is outside 1..%d", p, ndim, ZB_MAX_DIMS);
+        return zb__err(ZB_E_INVALID, "%s: ndim %d is outside 1..%d", p, ndim, ZB_MAX_DIMS);
     if (ndim > 1 && !row_shape)
-        return zb_err(ZB_E_INVALID, "%s: row_shape is NULL for ndim %d", p, ndim);
+        return zb__err(ZB_E_INVALID, "%s: row_shape is NULL for ndim %d", p, ndim);
     for (int d = 0; d + 1 < ndim; d++)
         if (row_shape[d] == 0)
-            return zb_err(ZB_E_INVALID, "%s: row_shape[%d] is 0 (chunks must be non-empty)", p, d);
+            return zb__err(ZB_E_INVALID, "%s: row_shape[%d] is 0 (chunks must be non-empty)", p, d);
     if (dtype == ZB_DT_STRING && ndim != 1)
-        return zb_err(ZB_E_INVALID, "%s: string arrays must be 1-d (ndim is %d)", p, ndim);
+        return zb__err(ZB_E_INVALID, "%s: string arrays must be 1-d (ndim is %d)", p, ndim);
     if (o->zarr_format != 2 && o->zarr_format != 3)
-        return zb_err(ZB_E_INVALID, "%s: zarr_format %d is not 2 or 3", p, o->zarr_format);
+        return zb__err(ZB_E_INVALID, "%s: zarr_format %d is not 2 or 3", p, o->zarr_format);
     if (o->shard_rows && o->zarr_format == 2)
-        return zb_err(ZB_E_INVALID, "%s: shard_rows needs zarr_format 3 (v2 has no sharding)", p);
+        return zb__err(ZB_E_INVALID, "%s: shard_rows needs zarr_format 3 (v2 has no sharding)", p);
     if (o->shard_rows && dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_UNSUPPORTED,
+        return zb__err(ZB_E_UNSUPPORTED,
                       "%s: shard_rows: sharded string arrays are not "
                       "supported",
                       p);
     if (o->shard_index_at_start && !o->shard_rows)
-        return zb_err(ZB_E_INVALID, "%s: shard_index_at_start without shard_rows", p);
+        return zb__err(ZB_E_INVALID, "%s: shard_index_at_start without shard_rows", p);
     if (o->num_threads < 0 || o->num_threads > ZB_POOL_MAX_THREADS)
-        return zb_err(ZB_E_INVALID, "%s: num_threads %d is outside 0..%d", p, o->num_threads,
+        return zb__err(ZB_E_INVALID, "%s: num_threads %d is outside 0..%d", p, o->num_threads,
                       ZB_POOL_MAX_THREADS);
     if (o->chunk_rows && o->shard_rows && o->shard_rows % o->chunk_rows)
-        return zb_err(ZB_E_INVALID, "%s: shard_rows %llu is not a multiple of chunk_rows %llu", p,
+        return zb__err(ZB_E_INVALID, "%s: shard_rows %llu is not a multiple of chunk_rows %llu", p,
                       (unsigned long long)o->shard_rows, (unsigned long long)o->chunk_rows);
     if (dtype == ZB_DT_BOOL && o->fill_value && *(const uint8_t *)o->fill_value > 1)
-        return zb_err(ZB_E_INVALID, "%s: fill_value of a bool array must be 0 or 1", p);
+        return zb__err(ZB_E_INVALID, "%s: fill_value of a bool array must be 0 or 1", p);
     return ZB_OK;
 }
 
@@ -949,9 +950,9 @@ zb_array_writer_open(zb_store *store, const char *path, zb_dtype dtype, int ndim
                      const uint64_t *row_shape, const zb_array_write_opts *opts,
                      zb_array_writer **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_array_writer_open: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_array_writer_open: null out");
     *out = NULL;
-    if (!store || !path) return zb_err(ZB_E_INVALID, "zb_array_writer_open: null argument");
+    if (!store || !path) return zb__err(ZB_E_INVALID, "zb_array_writer_open: null argument");
     static const zb_array_write_opts defaults = ZB_ARRAY_WRITE_OPTS_DEFAULT;
     const zb_array_write_opts *o = opts ? opts : &defaults;
     zb_array_writer *w = NULL;
@@ -970,7 +971,7 @@ zb_array_writer_open(zb_store *store, const char *path, zb_dtype dtype, int ndim
     w->index_at_start = o->shard_index_at_start;
     w->index_crc = true;
     bool has_codec;
-    st = zb_codec_spec_parse(o->codec, o->zarr_format, &w->enc.bb[0], &has_codec);
+    st = zb__codec_spec_parse(o->codec, o->zarr_format, &w->enc.bb[0], &has_codec);
     if (st != ZB_OK) goto fail;
     w->enc.nbb = has_codec ? 1 : 0;
 
@@ -978,13 +979,13 @@ zb_array_writer_open(zb_store *store, const char *path, zb_dtype dtype, int ndim
     for (int d = 1; d < ndim; d++) dims[d] = row_shape[d - 1];
     uint64_t row_elems = 1;
     for (int d = 1; d < ndim; d++)
-        if (!zb_mul_u64(row_elems, dims[d], &row_elems)) row_elems = UINT64_MAX;
+        if (!zb__mul_u64(row_elems, dims[d], &row_elems)) row_elems = UINT64_MAX;
     uint64_t rb = row_elems > ZB_BUF_MAX ? ZB_BUF_MAX : row_elems * w->itemsize;
     w->chunk_rows = o->chunk_rows
                         ? o->chunk_rows
                         : auto_chunk_rows((size_t)rb, dtype == ZB_DT_STRING, o->shard_rows);
     if (w->chunk_rows == 0) {
-        st = zb_err(ZB_E_INVALID, "%s: chunk_rows is 0 after automatic sizing", w->path);
+        st = zb__err(ZB_E_INVALID, "%s: chunk_rows is 0 after automatic sizing", w->path);
         goto fail;
     }
     w->obj_rows = w->sharded ? o->shard_rows : w->chunk_rows;
@@ -1002,7 +1003,7 @@ zb_array_writer_open(zb_store *store, const char *path, zb_dtype dtype, int ndim
     snprintf(w->keys.zero_dim_key, sizeof w->keys.zero_dim_key, "%s",
              o->zarr_format == 2 ? "0" : "c");
 
-    st = zb_write_parse_attrs(o->attributes_json, "attributes_json", &attrs);
+    st = zb__write_parse_attrs(o->attributes_json, "attributes_json", &attrs);
     if (st != ZB_OK) goto fail;
     if (o->zarr_format == 3)
         st = build_v3_doc(w, dims, attrs, &w->doc);
@@ -1013,7 +1014,7 @@ zb_array_writer_open(zb_store *store, const char *path, zb_dtype dtype, int ndim
 
     st = require_no_node(w);
     if (st != ZB_OK) goto fail;
-    st = zb_pool_new(o->num_threads, &w->pool);
+    st = zb__pool_new(o->num_threads, &w->pool);
     if (st != ZB_OK) goto fail;
     json_object_put(attrs);
     *out = w;
@@ -1032,14 +1033,14 @@ read_doc(zb_array_writer *w, json_object **doc)
     char key[KEY_CAP];
     uint8_t *text = NULL;
     uint64_t len = 0;
-    ZB_TRY(zb_write_join_key(key, sizeof key, w->path, "zarr.json"));
+    ZB_TRY(zb__write_join_key(key, sizeof key, w->path, "zarr.json"));
     zb_status st = zb_store_read_all(w->store, key, &text, &len);
     if (st == ZB_E_NOTFOUND) {
-        ZB_TRY(zb_write_join_key(key, sizeof key, w->path, ".zarray"));
+        ZB_TRY(zb__write_join_key(key, sizeof key, w->path, ".zarray"));
         st = zb_store_read_all(w->store, key, &text, &len);
     }
     if (st != ZB_OK) return st;
-    st = zb_json_parse((const char *)text, (size_t)len, key, doc);
+    st = zb__json_parse((const char *)text, (size_t)len, key, doc);
     free(text);
     return st;
 }
@@ -1058,7 +1059,7 @@ load_partial(zb_array_writer *w, const zb_array *a)
     } else {
         zb_strings s;
         ZB_TRY(zb_array_read_strings(a, start, w->nrows, &s, NULL));
-        zb_status st = zb_buf_append(&w->sdata, s.data, (size_t)s.offsets[s.n]);
+        zb_status st = zb__buf_append(&w->sdata, s.data, (size_t)s.offsets[s.n]);
         for (uint64_t i = 0; st == ZB_OK && i <= s.n; i++) w->soff[i] = s.offsets[i];
         zb_strings_free(&s);
         ZB_TRY(st);
@@ -1072,21 +1073,21 @@ load_partial(zb_array_writer *w, const zb_array *a)
 static zb_status
 adopt_meta(zb_array_writer *w, const zb_array *a, uint64_t *dims)
 {
-    const zb_array_meta *m = &a->meta;
+    const zb__array_meta *m = &a->meta;
     const char *p = w->path[0] ? w->path : "(root)";
-    if (m->ndim < 1) return zb_err(ZB_E_UNSUPPORTED, "%s: cannot append rows to a 0-d array", p);
-    const zb_chain *c = &m->chain;
-    const zb_chain *inner = c->ab == ZB_AB_SHARDING ? c->shard->inner_chain : c;
+    if (m->ndim < 1) return zb__err(ZB_E_UNSUPPORTED, "%s: cannot append rows to a 0-d array", p);
+    const zb__chain *c = &m->chain;
+    const zb__chain *inner = c->ab == ZB_AB_SHARDING ? c->shard->inner_chain : c;
     for (int d = 1; d < m->ndim; d++) {
         if (m->chunks[d] != m->shape[d] || a->inner[d] != m->shape[d])
-            return zb_err(ZB_E_UNSUPPORTED,
+            return zb__err(ZB_E_UNSUPPORTED,
                           "%s: chunked along axis %d (chunk %llu, shape %llu); only arrays "
                           "chunked along axis 0 can be appended to",
                           p, d, (unsigned long long)a->inner[d], (unsigned long long)m->shape[d]);
         dims[d] = m->shape[d];
     }
     if (c->has_transpose || inner->has_transpose)
-        return zb_err(ZB_E_UNSUPPORTED,
+        return zb__err(ZB_E_UNSUPPORTED,
                       "%s: appending to a transposed (order F) array is not "
                       "supported",
                       p);
@@ -1122,12 +1123,12 @@ zb_status
 zb_array_writer_open_append(zb_store *store, const char *path, const zb_array_write_opts *opts,
                             zb_array_writer **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_array_writer_open_append: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_array_writer_open_append: null out");
     *out = NULL;
-    if (!store || !path) return zb_err(ZB_E_INVALID, "zb_array_writer_open_append: null argument");
+    if (!store || !path) return zb__err(ZB_E_INVALID, "zb_array_writer_open_append: null argument");
     int nthreads = opts ? opts->num_threads : 1;
     if (nthreads < 0 || nthreads > ZB_POOL_MAX_THREADS)
-        return zb_err(ZB_E_INVALID, "%s: num_threads %d is outside 0..%d", path, nthreads,
+        return zb__err(ZB_E_INVALID, "%s: num_threads %d is outside 0..%d", path, nthreads,
                       ZB_POOL_MAX_THREADS);
     zb_array_writer *w = NULL;
     zb_array *a = NULL;
@@ -1145,7 +1146,7 @@ zb_array_writer_open_append(zb_store *store, const char *path, const zb_array_wr
     if (st != ZB_OK) goto fail;
     st = load_partial(w, a);
     if (st != ZB_OK) goto fail;
-    st = zb_pool_new(nthreads, &w->pool);
+    st = zb__pool_new(nthreads, &w->pool);
     if (st != ZB_OK) goto fail;
     zb_array_close(a);
     *out = w;
@@ -1165,9 +1166,9 @@ static zb_status
 check_growth(zb_array_writer *w, uint64_t n)
 {
     uint64_t total, bytes;
-    if (!zb_add_u64(w->nrows, n, &total) || !zb_mul_u64(total, w->row_elems, &bytes) ||
-        !zb_mul_u64(bytes, w->itemsize ? w->itemsize : 1, &bytes))
-        return zb_err(ZB_E_OVERFLOW, "%s: %llu more rows overflow the array's size", w->path,
+    if (!zb__add_u64(w->nrows, n, &total) || !zb__mul_u64(total, w->row_elems, &bytes) ||
+        !zb__mul_u64(bytes, w->itemsize ? w->itemsize : 1, &bytes))
+        return zb__err(ZB_E_OVERFLOW, "%s: %llu more rows overflow the array's size", w->path,
                       (unsigned long long)n);
     return ZB_OK;
 }
@@ -1175,12 +1176,12 @@ check_growth(zb_array_writer *w, uint64_t n)
 zb_status
 zb_array_writer_append(zb_array_writer *w, const void *rows, uint64_t nrows)
 {
-    if (!w) return zb_err(ZB_E_INVALID, "zb_array_writer_append: null writer");
+    if (!w) return zb__err(ZB_E_INVALID, "zb_array_writer_append: null writer");
     ZB_TRY(check_usable(w));
     if (w->dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_TYPE, "%s: a string array takes zb_array_writer_append_strings",
+        return zb__err(ZB_E_TYPE, "%s: a string array takes zb_array_writer_append_strings",
                       w->path);
-    if (nrows && !rows) return zb_err(ZB_E_INVALID, "%s: append: rows is NULL", w->path);
+    if (nrows && !rows) return zb__err(ZB_E_INVALID, "%s: append: rows is NULL", w->path);
     ZB_TRY(check_growth(w, nrows));
     ZB_TRY(check_workers(w));
     const uint8_t *src = rows;
@@ -1207,7 +1208,7 @@ zb_array_writer_append(zb_array_writer *w, const void *rows, uint64_t nrows)
 /* Strict UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF), so every reader decodes
  * what is written (write.h). */
 size_t
-zb_write_utf8_check(const uint8_t *s, size_t len)
+zb__write_utf8_check(const uint8_t *s, size_t len)
 {
     size_t i = 0;
     while (i < len) {
@@ -1243,29 +1244,29 @@ zb_status
 zb_array_writer_append_strings(zb_array_writer *w, const char *data, const uint64_t *offsets,
                                uint64_t n)
 {
-    if (!w) return zb_err(ZB_E_INVALID, "zb_array_writer_append_strings: null writer");
+    if (!w) return zb__err(ZB_E_INVALID, "zb_array_writer_append_strings: null writer");
     ZB_TRY(check_usable(w));
     if (w->dtype != ZB_DT_STRING)
-        return zb_err(ZB_E_TYPE, "%s: append_strings on a %s array", w->path,
+        return zb__err(ZB_E_TYPE, "%s: append_strings on a %s array", w->path,
                       zb_dtype_name(w->dtype));
     if (n == 0) return ZB_OK;
-    if (!offsets) return zb_err(ZB_E_INVALID, "%s: append_strings: offsets is NULL", w->path);
+    if (!offsets) return zb__err(ZB_E_INVALID, "%s: append_strings: offsets is NULL", w->path);
     if (!data && offsets[n] > offsets[0])
-        return zb_err(ZB_E_INVALID, "%s: append_strings: data is NULL", w->path);
+        return zb__err(ZB_E_INVALID, "%s: append_strings: data is NULL", w->path);
     /* every string is checked before any is taken, so a bad call changes nothing */
     for (uint64_t i = 0; i < n; i++) {
         if (offsets[i + 1] < offsets[i])
-            return zb_err(ZB_E_INVALID, "%s: append_strings: offsets[%llu] > offsets[%llu]",
+            return zb__err(ZB_E_INVALID, "%s: append_strings: offsets[%llu] > offsets[%llu]",
                           w->path, (unsigned long long)i, (unsigned long long)i + 1);
         uint64_t len = offsets[i + 1] - offsets[i];
         if (len > UINT32_MAX)
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "%s: append_strings: string %llu has %llu bytes "
                           "(vlen-utf8 allows 2^32-1)",
                           w->path, (unsigned long long)i, (unsigned long long)len);
-        size_t bad = zb_write_utf8_check((const uint8_t *)data + offsets[i], (size_t)len);
+        size_t bad = zb__write_utf8_check((const uint8_t *)data + offsets[i], (size_t)len);
         if (bad != len)
-            return zb_err(ZB_E_INVALID,
+            return zb__err(ZB_E_INVALID,
                           "%s: append_strings: string %llu is not valid UTF-8 "
                           "(byte %zu)",
                           w->path, (unsigned long long)i, bad);
@@ -1274,7 +1275,7 @@ zb_array_writer_append_strings(zb_array_writer *w, const char *data, const uint6
     ZB_TRY(check_workers(w));
     for (uint64_t i = 0; i < n; i++) {
         size_t len = (size_t)(offsets[i + 1] - offsets[i]);
-        zb_status st = zb_buf_append(&w->sdata, data + offsets[i], len);
+        zb_status st = zb__buf_append(&w->sdata, data + offsets[i], len);
         if (st != ZB_OK) return fail_writer(w, st);
         w->soff[w->buf_rows + 1] = w->sdata.len;
         w->buf_rows++;
@@ -1297,7 +1298,7 @@ zb_array_writer_rows(const zb_array_writer *w)
 zb_status
 zb_array_writer_commit(zb_array_writer *w)
 {
-    if (!w) return zb_err(ZB_E_INVALID, "zb_array_writer_commit: null writer");
+    if (!w) return zb__err(ZB_E_INVALID, "zb_array_writer_commit: null writer");
     ZB_TRY(check_usable(w));
     zb_status st;
     /* The partial object is the only one ever written twice. Waiting below, before commit
@@ -1309,7 +1310,7 @@ zb_array_writer_commit(zb_array_writer *w)
     }
     /* the commit point: every chunk of the rows so far is stored before the metadata names
      * them */
-    zb_pool_wait(w->pool);
+    zb__pool_wait(w->pool);
     ZB_TRY(check_workers(w));
     /* a failed metadata put leaves the previous document in place (puts are atomic), so the
      * writer stays usable and the commit may be retried */
@@ -1321,7 +1322,7 @@ zb_array_writer_close(zb_array_writer *w)
 {
     if (!w) return;
     /* queued jobs point at the writer: let them finish first */
-    zb_pool_free(w->pool);
+    zb__pool_free(w->pool);
     while (w->spare) {
         obj_job *j = w->spare;
         w->spare = j->next_spare;
@@ -1330,7 +1331,7 @@ zb_array_writer_close(zb_array_writer *w)
     free(w->spare_raw);
     pthread_mutex_destroy(&w->spare_mu);
     free(w->buf);
-    zb_buf_free(&w->sdata);
+    zb__buf_free(&w->sdata);
     free(w->soff);
     json_object_put(w->doc);
     json_object_put(w->attrs);

@@ -23,15 +23,15 @@
  * wrong, for a malformed string, a value out of range, or a combination the format cannot
  * express (zstd checksum in v2: numcodecs 0.11 rejects the key); ZB_E_UNSUPPORTED for a blosc
  * compressor this libblosc lacks. */
-zb_status zb_codec_spec_parse(const char *spec, int zarr_format, zb_codec *codec, bool *has_codec);
+zb_status zb__codec_spec_parse(const char *spec, int zarr_format, zb__codec *codec, bool *has_codec);
 
 /* The v2 compressor object with exactly numcodecs 0.11's key set (FORMATS.md §2.1):
  * blosc {id,cname,clevel,shuffle,blocksize}, zstd {id,level}, lz4 {id,acceleration},
  * gzip/zlib {id,level}. ZB_E_INVALID for what v2 cannot express (zstd checksum, crc32c). */
-zb_status zb_codec_v2_json(const zb_codec *codec, json_object **out);
+zb_status zb__codec_v2_json(const zb__codec *codec, json_object **out);
 
 /* The v3 codec entry: blosc (typesize = itemsize, 1 for strings), zstd {level, checksum},
  * gzip, crc32c, and numcodecs.zlib / numcodecs.lz4 for the v2-only ids. */
-zb_status zb_codec_v3_json(const zb_codec *codec, size_t itemsize, json_object **out);
+zb_status zb__codec_v3_json(const zb__codec *codec, size_t itemsize, json_object **out);
 
 #endif

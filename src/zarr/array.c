@@ -23,72 +23,72 @@
 /* ------------------------------------------------------------------------------------------- */
 
 zb_status
-zb_array_open_meta(zb_store *store, const char *path, zb_array_meta *meta, zb_array **out)
+zb__array_open_meta(zb_store *store, const char *path, zb__array_meta *meta, zb_array **out)
 {
     zb_status st = ZB_OK;
     zb_array *a = NULL;
     *out = NULL;
     a = calloc(1, sizeof *a);
     if (!a) {
-        st = zb_err(ZB_E_NOMEM, "%s: out of memory", path);
+        st = zb__err(ZB_E_NOMEM, "%s: out of memory", path);
         goto fail;
     }
     a->path = strdup(path);
     if (!a->path) {
-        st = zb_err(ZB_E_NOMEM, "%s: out of memory", path);
+        st = zb__err(ZB_E_NOMEM, "%s: out of memory", path);
         goto fail;
     }
     a->store = store;
     a->meta = *meta;
     memset(meta, 0, sizeof *meta);
 
-    const zb_array_meta *m = &a->meta;
+    const zb__array_meta *m = &a->meta;
     uint64_t total = 1, unit = 1;
     a->row_elems = 1;
     for (int d = 0; d < m->ndim; d++) {
         a->inner[d] = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner[d] : m->chunks[d];
         if (a->inner[d] == 0 || m->chunks[d] == 0 || m->chunks[d] % a->inner[d]) {
-            st = zb_err(ZB_E_METADATA, "%s: chunk shape does not divide evenly", path);
+            st = zb__err(ZB_E_METADATA, "%s: chunk shape does not divide evenly", path);
             goto fail;
         }
-        if (!zb_mul_u64(total, m->shape[d], &total) || !zb_mul_u64(unit, a->inner[d], &unit)) {
-            st = zb_err(ZB_E_OVERFLOW, "%s: element count overflows", path);
+        if (!zb__mul_u64(total, m->shape[d], &total) || !zb__mul_u64(unit, a->inner[d], &unit)) {
+            st = zb__err(ZB_E_OVERFLOW, "%s: element count overflows", path);
             goto fail;
         }
         if (d > 0) a->row_elems *= m->shape[d];
     }
     uint64_t bytes;
-    if (!zb_mul_u64(total, m->itemsize ? m->itemsize : 1, &bytes)) {
-        st = zb_err(ZB_E_OVERFLOW, "%s: the array's byte size overflows 64 bits", path);
+    if (!zb__mul_u64(total, m->itemsize ? m->itemsize : 1, &bytes)) {
+        st = zb__err(ZB_E_OVERFLOW, "%s: the array's byte size overflows 64 bits", path);
         goto fail;
     }
     /* a policy limit, not an overflow: one decoded chunk must fit a buffer of ZB_BUF_MAX */
-    if (!zb_mul_u64(unit, m->itemsize ? m->itemsize : 16, &bytes) || bytes > ZB_BUF_MAX) {
-        st = zb_err(ZB_E_OVERFLOW, "%s: a chunk of %llu elements is over the %llu GiB limit on "
+    if (!zb__mul_u64(unit, m->itemsize ? m->itemsize : 16, &bytes) || bytes > ZB_BUF_MAX) {
+        st = zb__err(ZB_E_OVERFLOW, "%s: a chunk of %llu elements is over the %llu GiB limit on "
                     "one decoded chunk", path, (unsigned long long)unit,
                     (unsigned long long)(ZB_BUF_MAX >> 30));
         goto fail;
     }
     if (m->chain.ab == ZB_AB_SHARDING && m->chain.has_transpose) {
         /* the shard would hold the permuted array; inner-chunk addressing assumes it does not */
-        st = zb_err(ZB_E_UNSUPPORTED, "%s: transpose before sharding_indexed", path);
+        st = zb__err(ZB_E_UNSUPPORTED, "%s: transpose before sharding_indexed", path);
         goto fail;
     }
     if (m->chain.ab == ZB_AB_SHARDING) {
         uint64_t n = 1;
         for (int d = 0; d < m->ndim; d++) n *= m->chunks[d] / a->inner[d];
         if (n > ZB_SHARD_MAX_ENTRIES) {
-            st = zb_err(ZB_E_UNSUPPORTED, "%s: %llu inner chunks per shard (limit 2^30)", path,
+            st = zb__err(ZB_E_UNSUPPORTED, "%s: %llu inner chunks per shard (limit 2^30)", path,
                         (unsigned long long)n);
             goto fail;
         }
     }
     a->total_elems = total;
-    zb_unit_geom_init(a);
+    zb__unit_geom_init(a);
     *out = a;
     return ZB_OK;
 fail:
-    zb_meta_free(meta);
+    zb__meta_free(meta);
     zb_array_close(a);
     return st;
 }
@@ -97,7 +97,7 @@ void
 zb_array_close(zb_array *array)
 {
     if (!array) return;
-    zb_meta_free(&array->meta);
+    zb__meta_free(&array->meta);
     free(array->path);
     free(array);
 }
@@ -106,20 +106,20 @@ static zb_status
 join_key(char *buf, size_t cap, const char *path, const char *name)
 {
     int n = snprintf(buf, cap, "%s%s%s", path, path[0] ? "/" : "", name);
-    if (n < 0 || (size_t)n >= cap) return zb_err(ZB_E_INVALID, "%s: path too long", path);
+    if (n < 0 || (size_t)n >= cap) return zb__err(ZB_E_INVALID, "%s: path too long", path);
     return ZB_OK;
 }
 
 zb_status
 zb_array_open(zb_store *store, const char *path, zb_array **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_array_open: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_array_open: null out");
     *out = NULL;
-    if (!store || !path) return zb_err(ZB_E_INVALID, "zb_array_open: null argument");
+    if (!store || !path) return zb__err(ZB_E_INVALID, "zb_array_open: null argument");
     char norm[4096], key[4200];
     ZB_TRY(zb_key_normalize(path, norm, sizeof norm));
 
-    zb_array_meta meta;
+    zb__array_meta meta;
     memset(&meta, 0, sizeof meta);
     uint8_t *doc = NULL, *attrs = NULL;
     uint64_t doc_len = 0, attrs_len = 0;
@@ -127,17 +127,17 @@ zb_array_open(zb_store *store, const char *path, zb_array **out)
     ZB_TRY(join_key(key, sizeof key, norm, "zarr.json"));
     zb_status st = zb_store_read_all(store, key, &doc, &doc_len);
     if (st == ZB_OK) {
-        st = zb_meta_parse_v3((const char *)doc, (size_t)doc_len, norm, &meta);
+        st = zb__meta_parse_v3((const char *)doc, (size_t)doc_len, norm, &meta);
         free(doc);
         if (st != ZB_OK) return st;
-        return zb_array_open_meta(store, norm, &meta, out);
+        return zb__array_open_meta(store, norm, &meta, out);
     }
     if (st != ZB_E_NOTFOUND) return st;
 
     ZB_TRY(join_key(key, sizeof key, norm, ".zarray"));
     st = zb_store_read_all(store, key, &doc, &doc_len);
     if (st == ZB_E_NOTFOUND)
-        return zb_err(ZB_E_NOTFOUND, "'%s': no array here (neither zarr.json nor .zarray)",
+        return zb__err(ZB_E_NOTFOUND, "'%s': no array here (neither zarr.json nor .zarray)",
                       norm);
     if (st != ZB_OK) return st;
     ZB_TRY(join_key(key, sizeof key, norm, ".zattrs"));
@@ -146,41 +146,41 @@ zb_array_open(zb_store *store, const char *path, zb_array **out)
         free(doc);
         return st;
     }
-    st = zb_meta_parse_v2((const char *)doc, (size_t)doc_len, (const char *)attrs,
+    st = zb__meta_parse_v2((const char *)doc, (size_t)doc_len, (const char *)attrs,
                           (size_t)attrs_len, norm, &meta);
     free(doc);
     free(attrs);
     if (st != ZB_OK) return st;
-    return zb_array_open_meta(store, norm, &meta, out);
+    return zb__array_open_meta(store, norm, &meta, out);
 }
 
 zb_status
 zb_array_open_json(zb_store *store, const char *path, int zarr_format, const char *json,
                    const char *attrs_json, zb_array **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_array_open_json: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_array_open_json: null out");
     *out = NULL;
-    if (!store || !path || !json) return zb_err(ZB_E_INVALID, "zb_array_open_json: null argument");
+    if (!store || !path || !json) return zb__err(ZB_E_INVALID, "zb_array_open_json: null argument");
     char norm[4096];
     ZB_TRY(zb_key_normalize(path, norm, sizeof norm));
-    zb_array_meta meta;
+    zb__array_meta meta;
     memset(&meta, 0, sizeof meta);
     if (zarr_format == 3) {
-        ZB_TRY(zb_meta_parse_v3(json, strlen(json), norm, &meta));
+        ZB_TRY(zb__meta_parse_v3(json, strlen(json), norm, &meta));
     } else if (zarr_format == 2) {
-        ZB_TRY(zb_meta_parse_v2(json, strlen(json), attrs_json,
+        ZB_TRY(zb__meta_parse_v2(json, strlen(json), attrs_json,
                                 attrs_json ? strlen(attrs_json) : 0, norm, &meta));
     } else {
-        return zb_err(ZB_E_INVALID, "%s: zarr_format %d", norm, zarr_format);
+        return zb__err(ZB_E_INVALID, "%s: zarr_format %d", norm, zarr_format);
     }
-    return zb_array_open_meta(store, norm, &meta, out);
+    return zb__array_open_meta(store, norm, &meta, out);
 }
 
 zb_status
 zb_array_get_info(const zb_array *array, zb_array_info *info)
 {
-    if (!array || !info) return zb_err(ZB_E_INVALID, "zb_array_get_info: null argument");
-    const zb_array_meta *m = &array->meta;
+    if (!array || !info) return zb__err(ZB_E_INVALID, "zb_array_get_info: null argument");
+    const zb__array_meta *m = &array->meta;
     info->zarr_format = m->zarr_format;
     info->dtype = m->dtype;
     info->itemsize = m->itemsize;
@@ -205,7 +205,7 @@ zb_array_row_elems(const zb_array *array)
 /* ------------------------------------------------------------------------------------------- */
 
 /* A string element gathered during a read: its bytes live in `blob` at `off`. */
-typedef zb_str_span str_span;
+typedef zb__str_span str_span;
 
 typedef struct read_req {
     const zb_array *a;
@@ -213,7 +213,7 @@ typedef struct read_req {
     uint64_t start, stop; /* rows along axis 0 */
     uint8_t *dst;         /* fixed-size output, (stop-start) * row_elems * itemsize bytes */
     str_span *spans;      /* string output: one span per output element */
-    zb_buf blob;          /* string bytes */
+    zb__buf blob;          /* string bytes */
     uint64_t ostride[ZB_MAX_DIMS]; /* output C strides, in elements */
 } read_req;
 
@@ -322,7 +322,7 @@ string_run(read_req *r, const void *unit, uint64_t ui, uint64_t oi, uint64_t n, 
     for (uint64_t i = 0; i < n && v->st == ZB_OK; i++) {
         const str_span *it = &v->items[ui + i * us];
         r->spans[oi + i] = (str_span){r->blob.len, it->len};
-        v->st = zb_buf_append(&r->blob, v->base + it->off, (size_t)it->len);
+        v->st = zb__buf_append(&r->blob, v->base + it->off, (size_t)it->len);
     }
 }
 
@@ -332,7 +332,7 @@ fill_box(read_req *r, const uint64_t *g)
     unit_box b;
     uint64_t us[ZB_MAX_DIMS];
     unit_box_of(r, g, &b);
-    zb_unit_strides(r->a, us);
+    zb__unit_strides(r->a, us);
     for_each_run(r, &b, us, NULL, fill_run);
     r->ctx->stats.chunks_filled++;
 }
@@ -342,19 +342,19 @@ static zb_status
 deliver_unit(read_req *r, const uint64_t *g, const uint8_t *enc, size_t enc_len, const char *key)
 {
     const zb_array *a = r->a;
-    const zb_array_meta *m = &a->meta;
-    const zb_chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
+    const zb__array_meta *m = &a->meta;
+    const zb__chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
     zb_ctx *ctx = r->ctx;
     uint64_t unit_elems = 1;
     for (int d = 0; d < m->ndim; d++) unit_elems *= a->inner[d];
     unit_box b;
     uint64_t us[ZB_MAX_DIMS];
     unit_box_of(r, g, &b);
-    zb_unit_strides(a, us);
+    zb__unit_strides(a, us);
 
     if (c->ab == ZB_AB_VLEN_UTF8) {
         vlen_unit v = {NULL, NULL, ZB_OK};
-        ZB_TRY(zb_unit_decode_strings(a, ctx, enc, enc_len, unit_elems, key, &v.base, &v.items));
+        ZB_TRY(zb__unit_decode_strings(a, ctx, enc, enc_len, unit_elems, key, &v.base, &v.items));
         for_each_run(r, &b, us, &v, string_run);
         return v.st;
     }
@@ -373,10 +373,10 @@ deliver_unit(read_req *r, const uint64_t *g, const uint8_t *enc, size_t enc_len,
     if (direct) {
         target = r->dst + b.out0 * isz;
     } else {
-        ZB_TRY(zb_buf_reserve(&ctx->ws.decoded, unit_bytes ? unit_bytes : 1));
+        ZB_TRY(zb__buf_reserve(&ctx->ws.decoded, unit_bytes ? unit_bytes : 1));
         target = ctx->ws.decoded.data;
     }
-    ZB_TRY(zb_unit_decode_stored(a, ctx, enc, enc_len, target, key));
+    ZB_TRY(zb__unit_decode_stored(a, ctx, enc, enc_len, target, key));
     if (!direct) for_each_run(r, &b, us, target, copy_run);
     return ZB_OK;
 }
@@ -404,7 +404,7 @@ static zb_status
 read_plain(read_req *r, uint64_t u0, uint64_t u1)
 {
     const zb_array *a = r->a;
-    const zb_array_meta *m = &a->meta;
+    const zb__array_meta *m = &a->meta;
     int nd = m->ndim;
     uint64_t lo[ZB_MAX_DIMS] = {0}, hi[ZB_MAX_DIMS] = {0}, g[ZB_MAX_DIMS];
     for (int d = 1; d < nd; d++) hi[d] = (m->shape[d] + a->inner[d] - 1) / a->inner[d];
@@ -415,7 +415,7 @@ read_plain(read_req *r, uint64_t u0, uint64_t u1)
         do {
             for (int d = 1; d < nd; d++)
                 if (hi[d] == 0) return ZB_OK; /* an empty axis: nothing to read */
-            ZB_TRY(zb_meta_chunk_key(m, a->path, g, key, sizeof key));
+            ZB_TRY(zb__meta_chunk_key(m, a->path, g, key, sizeof key));
             uint64_t size = 0;
             zb_status st = zb_store_size(a->store, key, &size);
             if (st == ZB_E_NOTFOUND) {
@@ -426,7 +426,7 @@ read_plain(read_req *r, uint64_t u0, uint64_t u1)
             if (st != ZB_OK) return st;
             const uint8_t *enc = NULL;
             zb_read_stats rs = {0};
-            st = zb_unit_read(a, key, 0, size, &r->ctx->ws.enc, &enc, &rs);
+            st = zb__unit_read(a, key, 0, size, &r->ctx->ws.enc, &enc, &rs);
             count_reads(r->ctx, &rs);
             ZB_TRY(st);
             ZB_TRY(deliver_unit(r, g, enc, (size_t)size, key));
@@ -437,7 +437,7 @@ read_plain(read_req *r, uint64_t u0, uint64_t u1)
 
 /* A unit of one shard that a read needs: its encoded bytes in the shard, its coordinates. */
 typedef struct want_entry {
-    zb_span at; /* first: zb_merge_next reads the entries as spans */
+    zb__span at; /* first: zb__merge_next reads the entries as spans */
     uint64_t g[ZB_MAX_DIMS];
 } want_entry;
 
@@ -454,7 +454,7 @@ deliver_slice(read_req *r, const want_entry *w, const uint8_t *enc, const char *
 {
     zb_status st = deliver_unit(r, w->g, enc, (size_t)w->at.len, key);
     if (st != ZB_OK)
-        zb_err_context(st, "%s: inner chunk at [%llu, %llu)", key, (unsigned long long)w->at.off,
+        zb__err_context(st, "%s: inner chunk at [%llu, %llu)", key, (unsigned long long)w->at.off,
                        (unsigned long long)(w->at.off + w->at.len));
     return st;
 }
@@ -478,7 +478,7 @@ listed_done(void *arg, size_t i)
     const zb_range *rg = &l->ranges[i];
     zb_status st = rg->status;
     if (st == ZB_OK && rg->nread != rg->length)
-        st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", l->key,
+        st = zb__err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", l->key,
                     (unsigned long long)rg->nread, (unsigned long long)rg->length,
                     (unsigned long long)rg->offset);
     else if (st != ZB_OK)
@@ -501,26 +501,26 @@ deliver_listed(read_req *r, const char *key, const want_entry *want, size_t nwan
     size_t nr = 0;
     uint64_t total = 0, ms, me;
     for (size_t i = 0; i < nwant; nr++) {
-        i = zb_merge_next(want, sizeof *want, i, nwant, ZB_MERGE_UNITS, &ms, &me);
+        i = zb__merge_next(want, sizeof *want, i, nwant, ZB_MERGE_UNITS, &ms, &me);
         total += me - ms;
     }
     listed l = {.r = r, .key = key, .want = want};
     l.ranges = calloc(nr + 1, sizeof *l.ranges);
     l.first = calloc(nr + 1, sizeof *l.first);
-    zb_status st = zb_buf_reserve(&r->ctx->ws.enc, total ? (size_t)total : 1);
+    zb_status st = zb__buf_reserve(&r->ctx->ws.enc, total ? (size_t)total : 1);
     if (st == ZB_OK && (!l.ranges || !l.first))
-        st = zb_err(ZB_E_NOMEM, "%s: out of memory for %zu range reads", key, nr);
+        st = zb__err(ZB_E_NOMEM, "%s: out of memory for %zu range reads", key, nr);
     uint64_t at = 0;
     for (size_t i = 0, j = 0; st == ZB_OK && i < nwant; j++) {
         l.first[j] = i;
-        i = zb_merge_next(want, sizeof *want, i, nwant, ZB_MERGE_UNITS, &ms, &me);
+        i = zb__merge_next(want, sizeof *want, i, nwant, ZB_MERGE_UNITS, &ms, &me);
         l.ranges[j] = (zb_range){.key = key, .offset = ms, .length = me - ms,
                                  .dst = r->ctx->ws.enc.data + at};
         at += me - ms;
     }
     l.first[nr] = nwant;
     if (st == ZB_OK) st = zb_store_get_ranges(r->a->store, l.ranges, nr, listed_done, &l);
-    if (l.st != ZB_OK) st = zb_err(l.st, "%s", l.msg);
+    if (l.st != ZB_OK) st = zb__err(l.st, "%s", l.msg);
     free(l.ranges);
     free(l.first);
     return st;
@@ -534,15 +534,15 @@ static zb_status
 deliver_wanted(read_req *r, const char *key, const want_entry *want, size_t nwant,
                const uint8_t *mem)
 {
-    if (!mem && zb_unit_lists_ranges(r->a)) return deliver_listed(r, key, want, nwant);
+    if (!mem && zb__unit_lists_ranges(r->a)) return deliver_listed(r, key, want, nwant);
     zb_status st = ZB_OK;
     for (size_t i = 0, k; i < nwant && st == ZB_OK; i = k) {
         uint64_t ms, me;
-        k = zb_merge_next(want, sizeof *want, i, nwant, ZB_MERGE_UNITS, &ms, &me);
+        k = zb__merge_next(want, sizeof *want, i, nwant, ZB_MERGE_UNITS, &ms, &me);
         const uint8_t *base = mem ? mem + ms : NULL;
         if (!mem) {
             zb_read_stats rs = {0};
-            st = zb_unit_read(r->a, key, ms, me - ms, &r->ctx->ws.enc, &base, &rs);
+            st = zb__unit_read(r->a, key, ms, me - ms, &r->ctx->ws.enc, &base, &rs);
             count_reads(r->ctx, &rs);
         }
         for (size_t j = i; j < k && st == ZB_OK; j++)
@@ -567,22 +567,22 @@ fill_missing_shard(read_req *r, const uint64_t *lo, const uint64_t *hi)
 
 /* A shard with codecs after sharding_indexed, fetched and decoded whole into *whole. */
 static zb_status
-decode_whole_shard(read_req *r, const char *key, uint64_t size, zb_buf *whole)
+decode_whole_shard(read_req *r, const char *key, uint64_t size, zb__buf *whole)
 {
-    zb_buf enc0 = {0};
+    zb__buf enc0 = {0};
     uint8_t *enc = NULL;
     uint64_t got = 0;
-    zb_status st = zb_buf_for_read(&enc0, 0, (size_t)size, &enc);
+    zb_status st = zb__buf_for_read(&enc0, 0, (size_t)size, &enc);
     if (st == ZB_OK) st = zb_store_get(r->a->store, key, 0, size, enc, &got);
     if (st == ZB_OK) {
         r->ctx->stats.range_reads++;
         r->ctx->stats.bytes_fetched += got;
         const uint8_t *res;
         size_t res_len;
-        st = zb_unit_decode_shard(r->a, r->ctx, enc, (size_t)got, key, &res, &res_len);
-        if (st == ZB_OK) st = zb_buf_append(whole, res, res_len);
+        st = zb__unit_decode_shard(r->a, r->ctx, enc, (size_t)got, key, &res, &res_len);
+        if (st == ZB_OK) st = zb__buf_append(whole, res, res_len);
     }
-    zb_buf_free(&enc0);
+    zb__buf_free(&enc0);
     return st;
 }
 
@@ -592,14 +592,14 @@ static zb_status
 load_index(read_req *r, const char *key, uint64_t shard_size, const uint8_t *mem, uint64_t n,
            uint64_t *entries)
 {
-    const zb_shard_spec *spec = r->a->meta.chain.shard;
-    uint64_t idx_bytes = zb_shard_index_nbytes(spec, n), got = 0;
+    const zb__shard_spec *spec = r->a->meta.chain.shard;
+    uint64_t idx_bytes = zb__shard_index_nbytes(spec, n), got = 0;
     if (shard_size < idx_bytes)
-        return zb_err(ZB_E_TRUNCATED, "%s: shard of %llu bytes is shorter than its %llu-byte "
+        return zb__err(ZB_E_TRUNCATED, "%s: shard of %llu bytes is shorter than its %llu-byte "
                       "index", key, (unsigned long long)shard_size,
                       (unsigned long long)idx_bytes);
     uint8_t *raw = malloc((size_t)idx_bytes + 1);
-    if (!raw) return zb_err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
+    if (!raw) return zb__err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
     uint64_t ioff = spec->index_at_start ? 0 : shard_size - idx_bytes;
     zb_status st = ZB_OK;
     if (mem) {
@@ -613,10 +613,10 @@ load_index(read_req *r, const char *key, uint64_t shard_size, const uint8_t *mem
         }
     }
     if (st == ZB_OK && got != idx_bytes)
-        st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
+        st = zb__err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
                     (unsigned long long)got, (unsigned long long)idx_bytes);
     if (st == ZB_OK)
-        st = zb_shard_index_decode(spec, n, raw, (size_t)got, shard_size, key, entries);
+        st = zb__shard_index_decode(spec, n, raw, (size_t)got, shard_size, key, entries);
     free(raw);
     return st;
 }
@@ -625,11 +625,11 @@ load_index(read_req *r, const char *key, uint64_t shard_size, const uint8_t *mem
 static zb_status
 read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
 {
-    const zb_unit_geom *u = &r->a->units;
+    const zb__unit_geom *u = &r->a->units;
     int nd = u->ndim;
     uint64_t n = u->shard_units;
     char key[4600];
-    ZB_TRY(zb_meta_chunk_key(&r->a->meta, r->a->path, s, key, sizeof key));
+    ZB_TRY(zb__meta_chunk_key(&r->a->meta, r->a->path, s, key, sizeof key));
 
     /* The units of this shard inside the request, in C order of local coordinates. */
     uint64_t lo[ZB_MAX_DIMS] = {0}, hi[ZB_MAX_DIMS] = {0};
@@ -651,7 +651,7 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
         return ZB_OK;
     }
     if (st != ZB_OK) return st;
-    zb_buf whole = {0}; /* the decoded shard, when codecs follow sharding_indexed */
+    zb__buf whole = {0}; /* the decoded shard, when codecs follow sharding_indexed */
     if (r->a->meta.chain.nbb > 0) {
         ZB_TRY(decode_whole_shard(r, key, shard_size, &whole));
         shard_size = whole.len;
@@ -662,7 +662,7 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
     uint64_t *entries = malloc((size_t)(2 * n * sizeof(uint64_t)));
     want_entry *want = malloc(cap_want * sizeof *want);
     size_t nwant = 0;
-    st = entries && want ? ZB_OK : zb_err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
+    st = entries && want ? ZB_OK : zb__err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
     if (st == ZB_OK) st = load_index(r, key, shard_size, mem, n, entries);
     uint64_t g[ZB_MAX_DIMS];
     for (g[0] = lo[0]; st == ZB_OK && g[0] < hi[0]; g[0]++) {
@@ -674,7 +674,7 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
                 fill_box(r, g);
                 continue;
             }
-            want[nwant].at = (zb_span){entries[2 * j], entries[2 * j + 1]};
+            want[nwant].at = (zb__span){entries[2 * j], entries[2 * j + 1]};
             memcpy(want[nwant].g, g, sizeof g);
             nwant++;
         } while (nd > 1 && next_coord(g, lo, hi, nd));
@@ -685,7 +685,7 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
     }
     free(entries);
     free(want);
-    zb_buf_free(&whole);
+    zb__buf_free(&whole);
     return st;
 }
 
@@ -693,7 +693,7 @@ static zb_status
 read_sharded(read_req *r, uint64_t u0, uint64_t u1)
 {
     const zb_array *a = r->a;
-    const zb_array_meta *m = &a->meta;
+    const zb__array_meta *m = &a->meta;
     int nd = m->ndim;
     uint64_t cps0 = m->chunks[0] / a->inner[0];
     uint64_t lo[ZB_MAX_DIMS] = {0}, hi[ZB_MAX_DIMS] = {0}, s[ZB_MAX_DIMS];
@@ -716,9 +716,9 @@ read_zero_dim(read_req *r)
     const zb_array *a = r->a;
     uint64_t g[1] = {0};
     char key[4600];
-    ZB_TRY(zb_meta_chunk_key(&a->meta, a->path, g, key, sizeof key));
+    ZB_TRY(zb__meta_chunk_key(&a->meta, a->path, g, key, sizeof key));
     if (a->meta.chain.ab == ZB_AB_SHARDING)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: a sharded 0-d array", key);
+        return zb__err(ZB_E_UNSUPPORTED, "%s: a sharded 0-d array", key);
     uint64_t size = 0;
     zb_status st = zb_store_size(a->store, key, &size);
     if (st == ZB_E_NOTFOUND) {
@@ -728,7 +728,7 @@ read_zero_dim(read_req *r)
     }
     if (st != ZB_OK) return st;
     uint8_t *enc;
-    ZB_TRY(zb_buf_for_read(&r->ctx->ws.enc, 0, (size_t)size, &enc));
+    ZB_TRY(zb__buf_for_read(&r->ctx->ws.enc, 0, (size_t)size, &enc));
     uint64_t got = 0;
     ZB_TRY(zb_store_get(a->store, key, 0, size, enc, &got));
     r->ctx->stats.range_reads++;
@@ -758,7 +758,7 @@ check_range(const zb_array *a, uint64_t start, uint64_t stop)
 {
     uint64_t rows = a->meta.ndim == 0 ? 1 : a->meta.shape[0];
     if (start > stop || stop > rows)
-        return zb_err(ZB_E_RANGE, "%s: rows [%llu, %llu) outside [0, %llu)", a->path,
+        return zb__err(ZB_E_RANGE, "%s: rows [%llu, %llu) outside [0, %llu)", a->path,
                       (unsigned long long)start, (unsigned long long)stop,
                       (unsigned long long)rows);
     return ZB_OK;
@@ -768,13 +768,13 @@ zb_status
 zb_array_read_rows(const zb_array *array, uint64_t start, uint64_t stop, void *dst,
                    size_t dst_size, zb_ctx *ctx)
 {
-    if (!array || (!dst && dst_size)) return zb_err(ZB_E_INVALID, "zb_array_read_rows: null");
+    if (!array || (!dst && dst_size)) return zb__err(ZB_E_INVALID, "zb_array_read_rows: null");
     if (array->meta.dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_TYPE, "%s: a string array; use zb_array_read_strings", array->path);
+        return zb__err(ZB_E_TYPE, "%s: a string array; use zb_array_read_strings", array->path);
     ZB_TRY(check_range(array, start, stop));
     uint64_t need = (stop - start) * array->row_elems * array->meta.itemsize;
     if (dst_size < need)
-        return zb_err(ZB_E_INVALID, "%s: destination holds %zu bytes, rows need %llu",
+        return zb__err(ZB_E_INVALID, "%s: destination holds %zu bytes, rows need %llu",
                       array->path, dst_size, (unsigned long long)need);
     zb_ctx *own = NULL;
     if (!ctx) {
@@ -791,10 +791,10 @@ zb_status
 zb_array_read_strings(const zb_array *array, uint64_t start, uint64_t stop, zb_strings *out,
                       zb_ctx *ctx)
 {
-    if (!array || !out) return zb_err(ZB_E_INVALID, "zb_array_read_strings: null argument");
+    if (!array || !out) return zb__err(ZB_E_INVALID, "zb_array_read_strings: null argument");
     memset(out, 0, sizeof *out);
     if (array->meta.dtype != ZB_DT_STRING)
-        return zb_err(ZB_E_TYPE, "%s: not a string array", array->path);
+        return zb__err(ZB_E_TYPE, "%s: not a string array", array->path);
     ZB_TRY(check_range(array, start, stop));
     uint64_t n = array->meta.ndim == 0 ? 1 : (stop - start) * array->row_elems;
     zb_ctx *own = NULL;
@@ -808,7 +808,7 @@ zb_array_read_strings(const zb_array *array, uint64_t start, uint64_t stop, zb_s
     uint64_t *offsets = calloc((size_t)n + 1, sizeof *offsets);
     char *data = NULL;
     if (!r.spans || !offsets) {
-        st = zb_err(ZB_E_NOMEM, "%s: out of memory for %llu strings", array->path,
+        st = zb__err(ZB_E_NOMEM, "%s: out of memory for %llu strings", array->path,
                     (unsigned long long)n);
         goto done;
     }
@@ -817,7 +817,7 @@ zb_array_read_strings(const zb_array *array, uint64_t start, uint64_t stop, zb_s
     for (uint64_t i = 0; i < n; i++) offsets[i + 1] = offsets[i] + r.spans[i].len;
     data = malloc(offsets[n] ? (size_t)offsets[n] : 1);
     if (!data) {
-        st = zb_err(ZB_E_NOMEM, "%s: out of memory for string bytes", array->path);
+        st = zb__err(ZB_E_NOMEM, "%s: out of memory for string bytes", array->path);
         goto done;
     }
     for (uint64_t i = 0; i < n; i++)
@@ -830,7 +830,7 @@ zb_array_read_strings(const zb_array *array, uint64_t start, uint64_t stop, zb_s
     data = NULL;
 done:
     free(r.spans);
-    zb_buf_free(&r.blob);
+    zb__buf_free(&r.blob);
     free(offsets);
     free(data);
     zb_ctx_free(own);

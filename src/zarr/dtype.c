@@ -51,13 +51,13 @@ zb_dtype_typestr(zb_dtype dtype)
 }
 
 zb_status
-zb_dtype_parse_v2(const char *typestr, const char *where, zb_dtype *dtype, bool *big_endian)
+zb__dtype_parse_v2(const char *typestr, const char *where, zb_dtype *dtype, bool *big_endian)
 {
     *dtype = ZB_DT_UINT8;
     *big_endian = false;
     size_t n = strlen(typestr);
     if (n < 2 || (typestr[0] != '<' && typestr[0] != '>' && typestr[0] != '|'))
-        return zb_err(ZB_E_METADATA, "%s: dtype \"%.40s\" is not a NumPy typestr", where, typestr);
+        return zb__err(ZB_E_METADATA, "%s: dtype \"%.40s\" is not a NumPy typestr", where, typestr);
     char order = typestr[0];
     char kind = typestr[1];
     const char *size = typestr + 2;
@@ -81,20 +81,20 @@ zb_dtype_parse_v2(const char *typestr, const char *where, zb_dtype *dtype, bool 
         /* NumPy writes '|' only where byte order does not apply; "|f4" is not a typestr it
          * produces, and guessing its order would risk silently swapped values. */
         if (itemsize > 1 && order == '|')
-            return zb_err(ZB_E_METADATA, "%s: dtype \"%s\" has no byte order ('<' or '>')", where,
+            return zb__err(ZB_E_METADATA, "%s: dtype \"%s\" has no byte order ('<' or '>')", where,
                           typestr);
         *dtype = rows[i].dtype;
         *big_endian = itemsize > 1 && order == '>';
         return ZB_OK;
     }
     if (strchr("biuf", kind))
-        return zb_err(ZB_E_UNSUPPORTED, "%s: dtype \"%.40s\" has an unsupported item size", where,
+        return zb__err(ZB_E_UNSUPPORTED, "%s: dtype \"%.40s\" has an unsupported item size", where,
                       typestr);
-    return zb_err(ZB_E_UNSUPPORTED, "%s: dtype \"%.40s\" is not supported", where, typestr);
+    return zb__err(ZB_E_UNSUPPORTED, "%s: dtype \"%.40s\" is not supported", where, typestr);
 }
 
 zb_status
-zb_dtype_parse_v3(const char *name, const char *where, zb_dtype *dtype)
+zb__dtype_parse_v3(const char *name, const char *where, zb_dtype *dtype)
 {
     *dtype = ZB_DT_UINT8;
     for (int i = 0; i < ZB_DT_COUNT_; i++) {
@@ -103,7 +103,7 @@ zb_dtype_parse_v3(const char *name, const char *where, zb_dtype *dtype)
             return ZB_OK;
         }
     }
-    return zb_err(ZB_E_UNSUPPORTED, "%s: data_type \"%.60s\" is not supported", where, name);
+    return zb__err(ZB_E_UNSUPPORTED, "%s: data_type \"%.60s\" is not supported", where, name);
 }
 
 /* ---- fill values ---------------------------------------------------------------------- */
@@ -117,7 +117,7 @@ put_le(uint8_t *dst, uint64_t bits, size_t size)
 /* Round-to-nearest-even double -> IEEE half, directly from the double so no intermediate
  * float rounding can double-round. NaN becomes NumPy's canonical 0x7e00. */
 uint16_t
-zb_half_from_double(double x)
+zb__half_from_double(double x)
 {
     uint16_t sign = signbit(x) ? 0x8000 : 0;
     if (isnan(x)) return 0x7e00;
@@ -144,7 +144,7 @@ zb_half_from_double(double x)
 }
 
 double
-zb_half_to_double(uint16_t bits)
+zb__half_to_double(uint16_t bits)
 {
     double sign = (bits & 0x8000) ? -1.0 : 1.0;
     int exp = (bits >> 10) & 0x1f;
@@ -194,13 +194,13 @@ parse_hex_bits(const char *s, size_t itemsize, const char *where, uint64_t *bits
 {
     size_t n = strlen(s + 2);
     if (n != 2 * itemsize)
-        return zb_err(ZB_E_METADATA, "%s: fill_value \"%.40s\" needs %zu hex digits", where, s,
+        return zb__err(ZB_E_METADATA, "%s: fill_value \"%.40s\" needs %zu hex digits", where, s,
                       2 * itemsize);
     uint64_t v = 0;
     for (size_t i = 0; i < n; i++) {
         int d = hex_digit(s[2 + i]);
         if (d < 0)
-            return zb_err(ZB_E_METADATA, "%s: fill_value \"%.40s\" is not hexadecimal", where, s);
+            return zb__err(ZB_E_METADATA, "%s: fill_value \"%.40s\" is not hexadecimal", where, s);
         v = v << 4 | (uint64_t)d;
     }
     *bits = v;
@@ -214,7 +214,7 @@ float_fill(json_object *v, zb_dtype dtype, int zarr_format, const char *where, u
     double x;
     switch (json_object_get_type(v)) {
     case json_type_int:
-        x = zb_json_is_big_uint(v) ? (double)json_object_get_uint64(v)
+        x = zb__json_is_big_uint(v) ? (double)json_object_get_uint64(v)
                                    : (double)json_object_get_int64(v);
         break;
     case json_type_double: /* bare NaN/Infinity tokens arrive here too (FORMATS.md §5) */
@@ -234,16 +234,16 @@ float_fill(json_object *v, zb_dtype dtype, int zarr_format, const char *where, u
             put_le(fill, bits, size);
             return ZB_OK;
         } else {
-            return zb_err(ZB_E_METADATA, "%s: fill_value \"%.40s\" is not a %s", where, s,
+            return zb__err(ZB_E_METADATA, "%s: fill_value \"%.40s\" is not a %s", where, s,
                           dtypes[dtype].name);
         }
         break;
     }
     default:
-        return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is not a %s", where, zb_json_text(v),
+        return zb__err(ZB_E_METADATA, "%s: fill_value %.40s is not a %s", where, zb__json_text(v),
                       dtypes[dtype].name);
     }
-    uint64_t bits = dtype == ZB_DT_FLOAT16   ? zb_half_from_double(x)
+    uint64_t bits = dtype == ZB_DT_FLOAT16   ? zb__half_from_double(x)
                     : dtype == ZB_DT_FLOAT32 ? f32_bits(x)
                                              : f64_bits(x);
     put_le(fill, bits, size);
@@ -258,7 +258,7 @@ int_fill(json_object *v, zb_dtype dtype, const char *where, uint8_t *fill)
     bool neg = false;
     uint64_t mag = 0; /* the value if !neg, else its two's complement bits */
     if (json_object_is_type(v, json_type_int)) {
-        if (zb_json_is_big_uint(v)) {
+        if (zb__json_is_big_uint(v)) {
             mag = json_object_get_uint64(v);
         } else {
             int64_t s = json_object_get_int64(v);
@@ -270,14 +270,14 @@ int_fill(json_object *v, zb_dtype dtype, const char *where, uint8_t *fill)
          * is not an exactly representable integer is refused. */
         double d = json_object_get_double(v);
         if (!(d == floor(d) && fabs(d) <= 9007199254740992.0))
-            return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is not an integer for %s", where,
-                          zb_json_text(v), dtypes[dtype].name);
+            return zb__err(ZB_E_METADATA, "%s: fill_value %.40s is not an integer for %s", where,
+                          zb__json_text(v), dtypes[dtype].name);
         int64_t s = (int64_t)d;
         neg = s < 0;
         mag = (uint64_t)s;
     } else {
-        return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is not an integer for %s", where,
-                      zb_json_text(v), dtypes[dtype].name);
+        return zb__err(ZB_E_METADATA, "%s: fill_value %.40s is not an integer for %s", where,
+                      zb__json_text(v), dtypes[dtype].name);
     }
     unsigned bitsn = (unsigned)(8 * size);
     bool ok;
@@ -291,8 +291,8 @@ int_fill(json_object *v, zb_dtype dtype, const char *where, uint8_t *fill)
         ok = !neg && mag <= hi;
     }
     if (!ok)
-        return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is out of range for %s", where,
-                      zb_json_text(v), dtypes[dtype].name);
+        return zb__err(ZB_E_METADATA, "%s: fill_value %.40s is out of range for %s", where,
+                      zb__json_text(v), dtypes[dtype].name);
     put_le(fill, mag, size);
     return ZB_OK;
 }
@@ -305,23 +305,23 @@ bool_fill(json_object *v, int zarr_format, const char *where, uint8_t *fill)
         return ZB_OK;
     }
     /* NumPy's bool(0)/bool(1) in old v2 writers */
-    if (zarr_format == 2 && json_object_is_type(v, json_type_int) && !zb_json_is_big_uint(v)) {
+    if (zarr_format == 2 && json_object_is_type(v, json_type_int) && !zb__json_is_big_uint(v)) {
         int64_t s = json_object_get_int64(v);
         if (s == 0 || s == 1) {
             fill[0] = (uint8_t)s;
             return ZB_OK;
         }
     }
-    return zb_err(ZB_E_METADATA, "%s: fill_value %.40s is not a bool", where, zb_json_text(v));
+    return zb__err(ZB_E_METADATA, "%s: fill_value %.40s is not a bool", where, zb__json_text(v));
 }
 
 zb_status
-zb_fill_parse(json_object *v, zb_dtype dtype, int zarr_format, const char *where, uint8_t fill[16],
+zb__fill_parse(json_object *v, zb_dtype dtype, int zarr_format, const char *where, uint8_t fill[16],
               bool *fill_null)
 {
     memset(fill, 0, 16);
     *fill_null = false;
-    if (!dtype_valid(dtype)) return zb_err(ZB_E_INVALID, "%s: bad dtype", where);
+    if (!dtype_valid(dtype)) return zb__err(ZB_E_INVALID, "%s: bad dtype", where);
     /* Strings have no fixed-size fill: a missing chunk reads as empty strings. anndata 0.8
      * writes 0 for |O, zarr-python 3 writes "" for string. */
     if (dtype == ZB_DT_STRING) return ZB_OK;

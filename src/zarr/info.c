@@ -62,12 +62,12 @@ float_json(double x)
 
 /* The decoded fill value; NULL with *is_null for JSON null. */
 static json_object *
-fill_json(const zb_array_meta *m, json_object *doc, bool *is_null)
+fill_json(const zb__array_meta *m, json_object *doc, bool *is_null)
 {
     *is_null = false;
     if (m->dtype == ZB_DT_STRING) {
         /* no fixed-size fill; show what the document says */
-        json_object *v = zb_json_get(doc, "fill_value");
+        json_object *v = zb__json_get(doc, "fill_value");
         if (!v) *is_null = true;
         return v ? json_object_get(v) : NULL;
     }
@@ -92,7 +92,7 @@ fill_json(const zb_array_meta *m, json_object *doc, bool *is_null)
         return json_object_new_int64(shift ? s / ((int64_t)1 << shift) : s);
     }
     case ZB_DT_FLOAT16:
-        return float_json(zb_half_to_double((uint16_t)bits));
+        return float_json(zb__half_to_double((uint16_t)bits));
     case ZB_DT_FLOAT32: {
         uint32_t u = (uint32_t)bits;
         float f;
@@ -166,12 +166,12 @@ sum_sizes(zb_store *store, const char *dir, bool top, int levels, uint64_t *tota
     entry_list l = {0};
     char key[KEY_CAP];
     zb_status st = zb_store_list(store, dir, collect, &l);
-    if (st == ZB_OK && l.nomem) st = zb_err(ZB_E_NOMEM, "%s: out of memory listing", dir);
+    if (st == ZB_OK && l.nomem) st = zb__err(ZB_E_NOMEM, "%s: out of memory listing", dir);
     for (size_t i = 0; i < l.n && st == ZB_OK; i++) {
         if (top && is_metadata_name(l.name[i])) continue;
         int w = snprintf(key, sizeof key, "%s%s%s", dir, *dir ? "/" : "", l.name[i]);
         if (w < 0 || (size_t)w >= sizeof key) {
-            st = zb_err(ZB_E_INVALID, "%s: key too long", dir);
+            st = zb__err(ZB_E_INVALID, "%s: key too long", dir);
             break;
         }
         if (l.dir[i]) {
@@ -184,8 +184,8 @@ sum_sizes(zb_store *store, const char *dir, bool top, int levels, uint64_t *tota
             st = ZB_OK;
             continue;
         }
-        if (st == ZB_OK && !zb_add_u64(*total, size, total))
-            st = zb_err(ZB_E_OVERFLOW, "%s: stored bytes overflow", dir);
+        if (st == ZB_OK && !zb__add_u64(*total, size, total))
+            st = zb__err(ZB_E_OVERFLOW, "%s: stored bytes overflow", dir);
     }
     entries_free(&l);
     return st;
@@ -197,11 +197,11 @@ sum_sizes(zb_store *store, const char *dir, bool top, int levels, uint64_t *tota
  * described as if it were fine. A valid array zbatch cannot read (an unsupported dtype or codec,
  * common in anndata's uns) is reported in place with "error", and the rest is still described. */
 static zb_status
-array_fields(builder *b, zb_store *store, const zb_tree_node *nd, json_object *o)
+array_fields(builder *b, zb_store *store, const zb__tree_node *nd, json_object *o)
 {
-    zb_array_meta m;
-    zb_status st = nd->zarr_format == 2 ? zb_meta_from_v2_obj(nd->doc, nd->attrs, nd->path, &m)
-                                        : zb_meta_from_v3_obj(nd->doc, nd->path, &m);
+    zb__array_meta m;
+    zb_status st = nd->zarr_format == 2 ? zb__meta_from_v2_obj(nd->doc, nd->attrs, nd->path, &m)
+                                        : zb__meta_from_v3_obj(nd->doc, nd->path, &m);
     if (st == ZB_E_UNSUPPORTED) {
         put(b, o, "error", json_object_new_string(zb_last_error()));
         return ZB_OK;
@@ -237,24 +237,24 @@ array_fields(builder *b, zb_store *store, const zb_tree_node *nd, json_object *o
         put_null(b, o, "logical_bytes");
     else
         put(b, o, "logical_bytes", json_object_new_uint64(logical * m.itemsize));
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     return ZB_OK;
 }
 
 zb_status
 zb_info_json(zb_store *store, const char *path, char **json_out)
 {
-    if (!json_out) return zb_err(ZB_E_INVALID, "zb_info_json: null json_out");
+    if (!json_out) return zb__err(ZB_E_INVALID, "zb_info_json: null json_out");
     *json_out = NULL;
-    zb_tree *tree = NULL;
-    ZB_TRY(zb_tree_load(store, path ? path : "", true, &tree));
+    zb__tree *tree = NULL;
+    ZB_TRY(zb__tree_load(store, path ? path : "", true, &tree));
     builder b = {false};
     zb_status st = ZB_OK;
     json_object *root = json_object_new_object();
     json_object *nodes = json_object_new_array();
     if (!root || !nodes) b.oom = true;
     for (size_t i = 0; i < tree->n && !b.oom && st == ZB_OK; i++) {
-        const zb_tree_node *nd = &tree->nodes[i];
+        const zb__tree_node *nd = &tree->nodes[i];
         json_object *o = json_object_new_object();
         if (!o) {
             b.oom = true;
@@ -269,7 +269,7 @@ zb_info_json(zb_store *store, const char *path, char **json_out)
     if (root && !b.oom && st == ZB_OK) {
         put(&b, root, "path", json_object_new_string(tree->nodes[0].path));
         put(&b, root, "zarr_format", json_object_new_int(tree->zarr_format));
-        put(&b, root, "layout", json_object_new_string(zb_tree_layout(tree)));
+        put(&b, root, "layout", json_object_new_string(zb__tree_layout(tree)));
         put(&b, root, "consolidated", json_object_new_boolean(tree->consolidated));
         put(&b, root, "nodes", nodes);
         nodes = NULL;
@@ -281,9 +281,9 @@ zb_info_json(zb_store *store, const char *path, char **json_out)
     }
     json_object_put(nodes);
     json_object_put(root);
-    zb_tree_free(tree);
+    zb__tree_free(tree);
     if (st != ZB_OK) return st;
-    if (!text) return zb_err(ZB_E_NOMEM, "zb_info_json: out of memory");
+    if (!text) return zb__err(ZB_E_NOMEM, "zb_info_json: out of memory");
     *json_out = text;
     return ZB_OK;
 }

@@ -13,14 +13,14 @@
 #define ZB_SHARD_MAX_ENTRIES ((uint64_t)1 << 30)
 
 /* Encoded index size: 16 n, plus 4 with a crc32c. */
-uint64_t zb_shard_index_nbytes(const zb_shard_spec *spec, uint64_t n);
+uint64_t zb__shard_index_nbytes(const zb__shard_spec *spec, uint64_t n);
 
 /* Decodes and validates an index of `n` entries read from a shard of `shard_size` bytes into
  * entries[2n] as (offset, nbytes) pairs; an empty entry is (ZB_SHARD_EMPTY, ZB_SHARD_EMPTY).
  * Errors name `key`: ZB_E_TRUNCATED if raw_len is short, ZB_E_CHECKSUM on a CRC mismatch,
  * ZB_E_SHARD_RANGE for a half-empty entry, an overflowing range, a range past the end of the
  * shard or one overlapping the index. */
-zb_status zb_shard_index_decode(const zb_shard_spec *spec, uint64_t n, const uint8_t *raw,
+zb_status zb__shard_index_decode(const zb__shard_spec *spec, uint64_t n, const uint8_t *raw,
                                 size_t raw_len, uint64_t shard_size, const char *key,
                                 uint64_t *entries);
 

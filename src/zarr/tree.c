@@ -19,7 +19,7 @@
 #define MAX_DEPTH 128
 
 typedef struct tree_build {
-    zb_tree *t;
+    zb__tree *t;
     size_t cap;
 } tree_build;
 
@@ -30,7 +30,7 @@ join_key(char *buf, size_t cap, const char *a, const char *b)
     if (!a) a = "";
     int n = (*a && *b) ? snprintf(buf, cap, "%s/%s", a, b) : snprintf(buf, cap, "%s", *a ? a : b);
     if (n < 0 || (size_t)n >= cap)
-        return zb_err(ZB_E_INVALID, "key \"%.64s/%.64s\" is too long", a ? a : "", b);
+        return zb__err(ZB_E_INVALID, "key \"%.64s/%.64s\" is too long", a ? a : "", b);
     return ZB_OK;
 }
 
@@ -39,33 +39,33 @@ static zb_status
 add_node(tree_build *b, const char *path, bool is_array, int zarr_format, json_object *doc,
          json_object *attrs)
 {
-    zb_tree *t = b->t;
+    zb__tree *t = b->t;
     size_t bad;
-    if (!zb_utf8_valid(path, &bad)) {
+    if (!zb__utf8_valid(path, &bad)) {
         /* node names are Unicode (Zarr v3 §node names); bytes that are not UTF-8 would reach
          * JSON output and Python strings as they are */
         char shown[256];
         json_object_put(doc);
         json_object_put(attrs);
-        return zb_err(ZB_E_BADKEY, "\"%s\": node name is not valid UTF-8 (byte %zu)",
-                      zb_escape_bytes(path, shown, sizeof shown), bad);
+        return zb__err(ZB_E_BADKEY, "\"%s\": node name is not valid UTF-8 (byte %zu)",
+                      zb__escape_bytes(path, shown, sizeof shown), bad);
     }
     if (t->n == b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 16;
-        zb_tree_node *nodes = realloc(t->nodes, cap * sizeof *nodes);
+        zb__tree_node *nodes = realloc(t->nodes, cap * sizeof *nodes);
         if (!nodes) goto nomem;
         t->nodes = nodes;
         b->cap = cap;
     }
     char *p = strdup(path);
     if (!p) goto nomem;
-    t->nodes[t->n++] = (zb_tree_node){p, is_array, zarr_format, doc, attrs};
+    t->nodes[t->n++] = (zb__tree_node){p, is_array, zarr_format, doc, attrs};
     return ZB_OK;
 
 nomem:
     json_object_put(doc);
     json_object_put(attrs);
-    return zb_err(ZB_E_NOMEM, "tree: out of memory");
+    return zb__err(ZB_E_NOMEM, "tree: out of memory");
 }
 
 /* Reads and parses `key`; *found false (and *out NULL) if the key does not exist. */
@@ -80,7 +80,7 @@ read_json(zb_store *store, const char *key, bool *found, json_object **out)
     if (st == ZB_E_NOTFOUND) return ZB_OK;
     if (st != ZB_OK) return st;
     *found = true;
-    st = zb_json_parse((const char *)data, (size_t)len, key, out);
+    st = zb__json_parse((const char *)data, (size_t)len, key, out);
     free(data);
     return st;
 }
@@ -91,9 +91,9 @@ attrs_ref(json_object *attrs, const char *where, json_object **out)
 {
     *out = NULL;
     if (attrs && !json_object_is_type(attrs, json_type_object))
-        return zb_err(ZB_E_METADATA, "%s: attributes are not a JSON object", where);
+        return zb__err(ZB_E_METADATA, "%s: attributes are not a JSON object", where);
     *out = attrs ? json_object_get(attrs) : json_object_new_object();
-    if (!*out) return zb_err(ZB_E_NOMEM, "tree: out of memory");
+    if (!*out) return zb__err(ZB_E_NOMEM, "tree: out of memory");
     return ZB_OK;
 }
 
@@ -105,7 +105,7 @@ check_rel_path(const char *key, const char *where)
     char norm[KEY_CAP];
     zb_status st = zb_key_normalize(key, norm, sizeof norm);
     if (st != ZB_OK || !key[0] || strcmp(norm, key) != 0 || strchr(key, '\\'))
-        return zb_err(ZB_E_METADATA, "%s: key \"%.128s\" is not a normalised relative path", where,
+        return zb__err(ZB_E_METADATA, "%s: key \"%.128s\" is not a normalised relative path", where,
                       key);
     return ZB_OK;
 }
@@ -155,7 +155,7 @@ list_dirs(zb_store *store, const char *dir, name_list *out)
 {
     memset(out, 0, sizeof *out);
     zb_status st = zb_store_list(store, dir, collect_dir, out);
-    if (st == ZB_OK && out->nomem) st = zb_err(ZB_E_NOMEM, "tree: out of memory listing");
+    if (st == ZB_OK && out->nomem) st = zb__err(ZB_E_NOMEM, "tree: out of memory listing");
     if (st != ZB_OK) {
         names_free(out);
         memset(out, 0, sizeof *out);
@@ -169,7 +169,7 @@ v2_walk(tree_build *b, zb_store *store, const char *dir, int depth)
     char key[KEY_CAP], path[KEY_CAP];
     name_list kids;
     if (depth > MAX_DEPTH)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: groups nested deeper than %d levels", dir, MAX_DEPTH);
+        return zb__err(ZB_E_UNSUPPORTED, "%s: groups nested deeper than %d levels", dir, MAX_DEPTH);
     ZB_TRY(list_dirs(store, dir, &kids));
     zb_status st = ZB_OK;
     for (size_t i = 0; i < kids.n && st == ZB_OK; i++) {
@@ -204,18 +204,18 @@ static zb_status
 v3_node_type(json_object *doc, const char *where, bool *is_array)
 {
     if (!json_object_is_type(doc, json_type_object))
-        return zb_err(ZB_E_METADATA, "%s: not a JSON object", where);
-    json_object *zf = zb_json_get(doc, "zarr_format");
+        return zb__err(ZB_E_METADATA, "%s: not a JSON object", where);
+    json_object *zf = zb__json_get(doc, "zarr_format");
     if (!json_object_is_type(zf, json_type_int) || json_object_get_int64(zf) != 3)
-        return zb_err(ZB_E_METADATA, "%s: zarr_format is not 3", where);
-    json_object *nt = zb_json_get(doc, "node_type");
+        return zb__err(ZB_E_METADATA, "%s: zarr_format is not 3", where);
+    json_object *nt = zb__json_get(doc, "node_type");
     const char *s = json_object_is_type(nt, json_type_string) ? json_object_get_string(nt) : "";
     if (!strcmp(s, "array"))
         *is_array = true;
     else if (!strcmp(s, "group"))
         *is_array = false;
     else
-        return zb_err(ZB_E_METADATA, "%s: node_type is not \"array\" or \"group\"", where);
+        return zb__err(ZB_E_METADATA, "%s: node_type is not \"array\" or \"group\"", where);
     return ZB_OK;
 }
 
@@ -225,7 +225,7 @@ v3_add(tree_build *b, const char *path, json_object *doc, const char *where, boo
 {
     json_object *attrs;
     ZB_TRY(v3_node_type(doc, where, is_array));
-    ZB_TRY(attrs_ref(zb_json_get(doc, "attributes"), where, &attrs));
+    ZB_TRY(attrs_ref(zb__json_get(doc, "attributes"), where, &attrs));
     return add_node(b, path, *is_array, 3, json_object_get(doc), attrs);
 }
 
@@ -235,7 +235,7 @@ v3_walk(tree_build *b, zb_store *store, const char *dir, int depth)
     char key[KEY_CAP], path[KEY_CAP];
     name_list kids;
     if (depth > MAX_DEPTH)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: groups nested deeper than %d levels", dir, MAX_DEPTH);
+        return zb__err(ZB_E_UNSUPPORTED, "%s: groups nested deeper than %d levels", dir, MAX_DEPTH);
     ZB_TRY(list_dirs(store, dir, &kids));
     zb_status st = ZB_OK;
     for (size_t i = 0; i < kids.n && st == ZB_OK; i++) {
@@ -273,16 +273,16 @@ v3_consolidated(tree_build *b, json_object *cm, const char *base, const char *wh
 {
     char path[KEY_CAP], what[KEY_CAP + 64];
     if (depth > MAX_DEPTH)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: consolidated metadata nested too deep", where);
+        return zb__err(ZB_E_UNSUPPORTED, "%s: consolidated metadata nested too deep", where);
     if (!json_object_is_type(cm, json_type_object))
-        return zb_err(ZB_E_METADATA, "%s: consolidated_metadata is not an object", where);
-    json_object *kind = zb_json_get(cm, "kind");
+        return zb__err(ZB_E_METADATA, "%s: consolidated_metadata is not an object", where);
+    json_object *kind = zb__json_get(cm, "kind");
     if (!json_object_is_type(kind, json_type_string) ||
         strcmp(json_object_get_string(kind), "inline") != 0)
-        return zb_err(ZB_E_METADATA, "%s: consolidated_metadata kind is not \"inline\"", where);
-    json_object *md = zb_json_get(cm, "metadata");
+        return zb__err(ZB_E_METADATA, "%s: consolidated_metadata kind is not \"inline\"", where);
+    json_object *md = zb__json_get(cm, "metadata");
     if (!json_object_is_type(md, json_type_object))
-        return zb_err(ZB_E_METADATA, "%s: consolidated_metadata has no \"metadata\" object", where);
+        return zb__err(ZB_E_METADATA, "%s: consolidated_metadata has no \"metadata\" object", where);
     json_object_object_foreach(md, key, val)
     {
         ZB_TRY(check_rel_path(key, where));
@@ -291,9 +291,9 @@ v3_consolidated(tree_build *b, json_object *cm, const char *base, const char *wh
         snprintf(what, sizeof what, "%s: consolidated entry \"%s\"", where, key);
         bool is_array;
         ZB_TRY(v3_add(b, path, val, what, &is_array));
-        json_object *sub = zb_json_get(val, "consolidated_metadata");
+        json_object *sub = zb__json_get(val, "consolidated_metadata");
         if (!is_array && sub) {
-            json_object *smd = zb_json_get(sub, "metadata");
+            json_object *smd = zb__json_get(sub, "metadata");
             if (json_object_is_type(smd, json_type_object) && json_object_object_length(smd))
                 ZB_TRY(v3_consolidated(b, sub, path, what, depth + 1, false));
         }
@@ -337,15 +337,15 @@ v2_consolidated(tree_build *b, json_object *zm, const char *base, const char *wh
     zm_entry *e = NULL;
     size_t n = 0;
     zb_status st = ZB_OK;
-    json_object *md = zb_json_get(zm, "metadata");
+    json_object *md = zb__json_get(zm, "metadata");
     if (!json_object_is_type(md, json_type_object))
-        return zb_err(ZB_E_METADATA, "%s: no \"metadata\" object", where);
-    json_object *cf = zb_json_get(zm, "zarr_consolidated_format");
+        return zb__err(ZB_E_METADATA, "%s: no \"metadata\" object", where);
+    json_object *cf = zb__json_get(zm, "zarr_consolidated_format");
     if (cf && (!json_object_is_type(cf, json_type_int) || json_object_get_int64(cf) != 1))
-        return zb_err(ZB_E_METADATA, "%s: zarr_consolidated_format is not 1", where);
+        return zb__err(ZB_E_METADATA, "%s: zarr_consolidated_format is not 1", where);
     size_t total = (size_t)json_object_object_length(md);
     e = calloc(total ? total : 1, sizeof *e);
-    if (!e) return zb_err(ZB_E_NOMEM, "%s: out of memory", where);
+    if (!e) return zb__err(ZB_E_NOMEM, "%s: out of memory", where);
     json_object_object_foreach(md, key, val)
     {
         const char *slash = strrchr(key, '/');
@@ -356,14 +356,14 @@ v2_consolidated(tree_build *b, json_object *zm, const char *base, const char *wh
         if (kind < 0) continue; /* not a node document */
         size_t dlen = slash ? (size_t)(slash - key) : 0;
         if (dlen >= KEY_CAP) {
-            st = zb_err(ZB_E_METADATA, "%s: key \"%.64s...\" is too long", where, key);
+            st = zb__err(ZB_E_METADATA, "%s: key \"%.64s...\" is too long", where, key);
             goto done;
         }
         memcpy(dir, key, dlen);
         dir[dlen] = '\0';
         if (dlen && (st = check_rel_path(dir, where)) != ZB_OK) goto done;
         if (kind < 2 && !json_object_is_type(val, json_type_object)) {
-            st = zb_err(ZB_E_METADATA, "%s: entry \"%s\" is not an object", where, key);
+            st = zb__err(ZB_E_METADATA, "%s: entry \"%s\" is not an object", where, key);
             goto done;
         }
         e[n++] = (zm_entry){key, dlen, kind, val};
@@ -382,7 +382,7 @@ v2_consolidated(tree_build *b, json_object *zm, const char *base, const char *wh
         i = j;
         if (!grp && !arr) continue; /* .zattrs without a node */
         if (grp && arr) {
-            st = zb_err(ZB_E_METADATA, "%s: \"%s\" is both a group and an array", where, dir);
+            st = zb__err(ZB_E_METADATA, "%s: \"%s\" is both a group and an array", where, dir);
             goto done;
         }
         json_object *attrs;
@@ -401,11 +401,11 @@ done:
 static int
 node_cmp(const void *a, const void *b)
 {
-    return strcmp(((const zb_tree_node *)a)->path, ((const zb_tree_node *)b)->path);
+    return strcmp(((const zb__tree_node *)a)->path, ((const zb__tree_node *)b)->path);
 }
 
 static void
-node_clear(zb_tree_node *n)
+node_clear(zb__tree_node *n)
 {
     free(n->path);
     json_object_put(n->doc);
@@ -415,16 +415,16 @@ node_clear(zb_tree_node *n)
 /* Sorts the nodes, drops duplicates (the first kept) and nodes below an array (consolidated
  * metadata may list them; an array has no children). */
 static void
-tree_finish(zb_tree *t)
+tree_finish(zb__tree *t)
 {
     qsort(t->nodes, t->n, sizeof *t->nodes, node_cmp);
     size_t w = 0;
     for (size_t i = 0; i < t->n; i++) {
-        zb_tree_node *nd = &t->nodes[i];
+        zb__tree_node *nd = &t->nodes[i];
         bool drop = w > 0 && !strcmp(t->nodes[w - 1].path, nd->path);
         for (char *s = strchr(nd->path, '/'); s && !drop; s = strchr(s + 1, '/')) {
             *s = '\0';
-            const zb_tree_node *anc = zb_tree_find(&(zb_tree){0, false, w, t->nodes}, nd->path);
+            const zb__tree_node *anc = zb__tree_find(&(zb__tree){0, false, w, t->nodes}, nd->path);
             *s = '/';
             drop = anc && anc->is_array;
         }
@@ -443,7 +443,7 @@ load_v3(tree_build *b, zb_store *store, const char *root, json_object *doc, cons
     bool is_array;
     ZB_TRY(v3_add(b, root, doc, key, &is_array));
     if (is_array) return ZB_OK;
-    json_object *cm = zb_json_get(doc, "consolidated_metadata");
+    json_object *cm = zb__json_get(doc, "consolidated_metadata");
     /* zarr-python writes "consolidated_metadata": null in unconsolidated groups */
     if (use_consolidated && cm) {
         b->t->consolidated = true;
@@ -461,7 +461,7 @@ load_v2(tree_build *b, zb_store *store, const char *root, json_object *doc, cons
     bool found;
     zb_status st;
     if (!json_object_is_type(doc, json_type_object))
-        return zb_err(ZB_E_METADATA, "%s: not a JSON object", doc_key);
+        return zb__err(ZB_E_METADATA, "%s: not a JSON object", doc_key);
     if (use_consolidated && !is_array) {
         ZB_TRY(join_key(key, sizeof key, root, ".zmetadata"));
         ZB_TRY(read_json(store, key, &found, &zm));
@@ -485,15 +485,15 @@ load_v2(tree_build *b, zb_store *store, const char *root, json_object *doc, cons
 }
 
 zb_status
-zb_tree_load(zb_store *store, const char *root, bool use_consolidated, zb_tree **out)
+zb__tree_load(zb_store *store, const char *root, bool use_consolidated, zb__tree **out)
 {
     char rk[KEY_CAP], key[KEY_CAP];
     json_object *doc = NULL;
     bool found;
     zb_status st;
-    if (!out) return zb_err(ZB_E_INVALID, "zb_tree_load: null out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb__tree_load: null out");
     *out = NULL;
-    if (!store) return zb_err(ZB_E_INVALID, "zb_tree_load: null store");
+    if (!store) return zb__err(ZB_E_INVALID, "zb__tree_load: null store");
     ZB_TRY(zb_key_normalize(root ? root : "", rk, sizeof rk));
     /* A writer's marker (include/zbatch_anndata.h) means a write began and never committed:
      * whatever documents are there may describe a half-written store. */
@@ -501,11 +501,11 @@ zb_tree_load(zb_store *store, const char *root, bool use_consolidated, zb_tree *
     ZB_TRY(join_key(key, sizeof key, rk, ZB_INCOMPLETE_MARKER));
     st = zb_store_size(store, key, &marker_size);
     if (st == ZB_OK)
-        return zb_err(ZB_E_INCOMPLETE, "%s%s%s: incomplete: a write was not committed (%s)",
+        return zb__err(ZB_E_INCOMPLETE, "%s%s%s: incomplete: a write was not committed (%s)",
                       rk[0] ? "\"" : "the store root", rk, rk[0] ? "\"" : "", key);
     if (st != ZB_E_NOTFOUND) return st;
-    tree_build b = {calloc(1, sizeof(zb_tree)), 0};
-    if (!b.t) return zb_err(ZB_E_NOMEM, "tree: out of memory");
+    tree_build b = {calloc(1, sizeof(zb__tree)), 0};
+    if (!b.t) return zb__err(ZB_E_NOMEM, "tree: out of memory");
 
     /* A zarr.json means v3 even if v2 documents sit beside it (FORMATS.md §1.1). */
     st = join_key(key, sizeof key, rk, "zarr.json");
@@ -525,7 +525,7 @@ zb_tree_load(zb_store *store, const char *root, bool use_consolidated, zb_tree *
         }
         if (st != ZB_OK) goto fail;
         if (!found) {
-            st = zb_err(ZB_E_NOTFOUND, "%s%s%s: no zarr.json, .zgroup or .zarray",
+            st = zb__err(ZB_E_NOTFOUND, "%s%s%s: no zarr.json, .zgroup or .zarray",
                         rk[0] ? "\"" : "the store root", rk, rk[0] ? "\"" : "");
             goto fail;
         }
@@ -540,12 +540,12 @@ zb_tree_load(zb_store *store, const char *root, bool use_consolidated, zb_tree *
 
 fail:
     json_object_put(doc);
-    zb_tree_free(b.t);
+    zb__tree_free(b.t);
     return st;
 }
 
 void
-zb_tree_free(zb_tree *tree)
+zb__tree_free(zb__tree *tree)
 {
     if (!tree) return;
     for (size_t i = 0; i < tree->n; i++) node_clear(&tree->nodes[i]);
@@ -553,8 +553,8 @@ zb_tree_free(zb_tree *tree)
     free(tree);
 }
 
-const zb_tree_node *
-zb_tree_find(const zb_tree *tree, const char *path)
+const zb__tree_node *
+zb__tree_find(const zb__tree *tree, const char *path)
 {
     if (!tree || !path) return NULL;
     size_t lo = 0, hi = tree->n;
@@ -571,37 +571,37 @@ zb_tree_find(const zb_tree *tree, const char *path)
 }
 
 zb_status
-zb_tree_join(char *buf, size_t cap, const char *a, const char *b)
+zb__tree_join(char *buf, size_t cap, const char *a, const char *b)
 {
     return join_key(buf, cap, a, b);
 }
 
 zb_status
-zb_tree_node_open_array(zb_store *store, const zb_tree_node *nd, zb_array **out)
+zb__tree_node_open_array(zb_store *store, const zb__tree_node *nd, zb_array **out)
 {
     *out = NULL;
-    if (!nd->is_array) return zb_err(ZB_E_TYPE, "\"%s\" is a group, not an array", nd->path);
-    zb_array_meta m;
-    zb_status st = nd->zarr_format == 2 ? zb_meta_from_v2_obj(nd->doc, nd->attrs, nd->path, &m)
-                                        : zb_meta_from_v3_obj(nd->doc, nd->path, &m);
+    if (!nd->is_array) return zb__err(ZB_E_TYPE, "\"%s\" is a group, not an array", nd->path);
+    zb__array_meta m;
+    zb_status st = nd->zarr_format == 2 ? zb__meta_from_v2_obj(nd->doc, nd->attrs, nd->path, &m)
+                                        : zb__meta_from_v3_obj(nd->doc, nd->path, &m);
     if (st != ZB_OK) return st;
-    return zb_array_open_meta(store, nd->path, &m, out);
+    return zb__array_open_meta(store, nd->path, &m, out);
 }
 
 const char *
-zb_tree_layout(const zb_tree *tree)
+zb__tree_layout(const zb__tree *tree)
 {
     if (!tree || tree->n == 0) return "plain";
-    const zb_tree_node *root = &tree->nodes[0];
-    const char *et = zb_json_string(root->attrs, "encoding-type");
+    const zb__tree_node *root = &tree->nodes[0];
+    const char *et = zb__json_string(root->attrs, "encoding-type");
     if (et && !strcmp(et, "anndata")) return "anndata";
     if (et && !strcmp(et, "annbatch-preshuffled")) return "annbatch-collection";
     char p[KEY_CAP];
     if (join_key(p, sizeof p, root->path, "meta/atoms_ptr") != ZB_OK) return "plain";
-    const zb_tree_node *ptr = zb_tree_find(tree, p);
+    const zb__tree_node *ptr = zb__tree_find(tree, p);
     if (join_key(p, sizeof p, root->path, "core") != ZB_OK) return "plain";
-    const zb_tree_node *core = zb_tree_find(tree, p);
-    if (ptr && ptr->is_array && core && !core->is_array && zb_json_get(root->attrs, "fields"))
+    const zb__tree_node *core = zb__tree_find(tree, p);
+    if (ptr && ptr->is_array && core && !core->is_array && zb__json_get(root->attrs, "fields"))
         return "atomic";
     return "plain";
 }

@@ -18,10 +18,10 @@
 /* Strides (in elements) of each logical axis inside a decoded unit buffer: C order of the
  * unit, or of its transposed form when the chain has a transpose. */
 void
-zb_unit_strides(const zb_array *a, uint64_t *s)
+zb__unit_strides(const zb_array *a, uint64_t *s)
 {
     int nd = a->meta.ndim;
-    const zb_chain *c = a->meta.chain.ab == ZB_AB_SHARDING ? a->meta.chain.shard->inner_chain
+    const zb__chain *c = a->meta.chain.ab == ZB_AB_SHARDING ? a->meta.chain.shard->inner_chain
                                                            : &a->meta.chain;
     uint64_t stride = 1;
     if (c->has_transpose) {
@@ -54,7 +54,7 @@ swap_bytes(uint8_t *p, uint64_t n, size_t isz)
  * result pointer and length come back in *res / *res_len. Intermediate stages use the
  * ctx->ws.stage workspaces. */
 static zb_status
-run_bb(const zb_chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint8_t *final,
+run_bb(const zb__chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint8_t *final,
        size_t final_cap, size_t final_expected, const char *key, const uint8_t **res,
        size_t *res_len)
 {
@@ -62,7 +62,7 @@ run_bb(const zb_chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint8
     size_t cur_len = enc_len;
     int pingpong = 0;
     for (int k = c->nbb - 1; k >= 0; k--) {
-        const zb_codec *codec = &c->bb[k];
+        const zb__codec *codec = &c->bb[k];
         uint8_t *dst;
         size_t cap, expected, got = 0;
         if (k == 0 && final) {
@@ -71,7 +71,7 @@ run_bb(const zb_chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint8
             expected = final_expected;
         } else {
             size_t want = 0;
-            zb_status st = zb_codec_decoded_size(codec, cur, cur_len, &want, key);
+            zb_status st = zb__codec_decoded_size(codec, cur, cur_len, &want, key);
             if (st == ZB_E_UNSUPPORTED) {
                 want = SIZE_MAX; /* the frame does not say: grow and retry below */
             } else if (st != ZB_OK) {
@@ -81,9 +81,9 @@ run_bb(const zb_chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint8
             size_t guess = want != SIZE_MAX ? want : (cur_len < 65536 ? 262144 : cur_len * 4);
             zb_status dst_st = ZB_OK;
             for (int attempt = 0;; attempt++) {
-                zb_buf *sb = &ctx->ws.stage[pingpong];
-                ZB_TRY(zb_buf_reserve(sb, guess ? guess : 1));
-                dst_st = zb_codec_decode(codec, ctx, cur, cur_len, sb->data, sb->cap,
+                zb__buf *sb = &ctx->ws.stage[pingpong];
+                ZB_TRY(zb__buf_reserve(sb, guess ? guess : 1));
+                dst_st = zb__codec_decode(codec, ctx, cur, cur_len, sb->data, sb->cap,
                                          want != SIZE_MAX ? want : SIZE_MAX, &got, key);
                 if (dst_st == ZB_OK || want != SIZE_MAX || attempt >= 5) break;
                 guess *= 4;
@@ -94,7 +94,7 @@ run_bb(const zb_chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint8
             pingpong ^= 1;
             continue;
         }
-        ZB_TRY(zb_codec_decode(codec, ctx, cur, cur_len, dst, cap, expected, &got, key));
+        ZB_TRY(zb__codec_decode(codec, ctx, cur, cur_len, dst, cap, expected, &got, key));
         cur = dst;
         cur_len = got;
     }
@@ -112,30 +112,30 @@ load_u32le(const uint8_t *p)
 /* Parses a vlen-utf8 buffer (FORMATS.md §1.6) of exactly n items into spans (ctx->ws.items). */
 static zb_status
 parse_vlen(zb_ctx *ctx, const uint8_t *p, size_t len, uint64_t n, const char *key,
-           const zb_str_span **items)
+           const zb__str_span **items)
 {
-    if (len < 4) return zb_err(ZB_E_TRUNCATED, "%s: vlen-utf8 buffer of %zu bytes", key, len);
+    if (len < 4) return zb__err(ZB_E_TRUNCATED, "%s: vlen-utf8 buffer of %zu bytes", key, len);
     uint64_t count = load_u32le(p);
     if (count != n)
-        return zb_err(ZB_E_CORRUPT, "%s: vlen-utf8 holds %llu items, the chunk has %llu", key,
+        return zb__err(ZB_E_CORRUPT, "%s: vlen-utf8 holds %llu items, the chunk has %llu", key,
                       (unsigned long long)count, (unsigned long long)n);
-    zb_buf *sb = &ctx->ws.items;
+    zb__buf *sb = &ctx->ws.items;
     uint64_t need;
-    if (!zb_mul_u64(n, sizeof(zb_str_span), &need)) return zb_err(ZB_E_OVERFLOW, "%s", key);
-    ZB_TRY(zb_buf_reserve(sb, (size_t)need ? (size_t)need : 1));
-    zb_str_span *out = (zb_str_span *)(void *)sb->data;
+    if (!zb__mul_u64(n, sizeof(zb__str_span), &need)) return zb__err(ZB_E_OVERFLOW, "%s", key);
+    ZB_TRY(zb__buf_reserve(sb, (size_t)need ? (size_t)need : 1));
+    zb__str_span *out = (zb__str_span *)(void *)sb->data;
     size_t pos = 4;
     for (uint64_t i = 0; i < n; i++) {
         if (len - pos < 4)
-            return zb_err(ZB_E_TRUNCATED, "%s: vlen-utf8 length of item %llu at offset %zu is "
+            return zb__err(ZB_E_TRUNCATED, "%s: vlen-utf8 length of item %llu at offset %zu is "
                           "cut off", key, (unsigned long long)i, pos);
         uint64_t l = load_u32le(p + pos);
         pos += 4;
         if (l > len - pos)
-            return zb_err(ZB_E_TRUNCATED, "%s: vlen-utf8 item %llu at offset %zu claims %llu "
+            return zb__err(ZB_E_TRUNCATED, "%s: vlen-utf8 item %llu at offset %zu claims %llu "
                           "bytes, %zu remain", key, (unsigned long long)i, pos,
                           (unsigned long long)l, len - pos);
-        out[i] = (zb_str_span){pos, l};
+        out[i] = (zb__str_span){pos, l};
         pos += (size_t)l;
     }
     *items = out;
@@ -145,7 +145,7 @@ parse_vlen(zb_ctx *ctx, const uint8_t *p, size_t len, uint64_t n, const char *ke
 /* Runs a fixed-size unit's codecs into target (exactly unit_elems * isz bytes), undoes the byte
  * order and counts it. The one decode step shared by row reads and the coalesced reader. */
 static zb_status
-decode_fixed(const zb_chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint8_t *target,
+decode_fixed(const zb__chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint8_t *target,
              uint64_t unit_elems, size_t isz, const char *key)
 {
     size_t unit_bytes = (size_t)(unit_elems * isz);
@@ -154,7 +154,7 @@ decode_fixed(const zb_chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
     if (c->nbb > 0)
         ZB_TRY(run_bb(c, ctx, enc, enc_len, target, unit_bytes, unit_bytes, key, &res, &res_len));
     if (res_len != unit_bytes)
-        return zb_err(res_len < unit_bytes ? ZB_E_TRUNCATED : ZB_E_CORRUPT,
+        return zb__err(res_len < unit_bytes ? ZB_E_TRUNCATED : ZB_E_CORRUPT,
                       "%s: chunk holds %zu bytes, expected %zu", key, res_len, unit_bytes);
     if (res != target) memcpy(target, res, unit_bytes);
     if (c->big_endian && isz > 1) swap_bytes(target, unit_elems, isz);
@@ -164,7 +164,7 @@ decode_fixed(const zb_chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
 }
 
 uint64_t
-zb_array_unit_bytes(const zb_array *a)
+zb__array_unit_bytes(const zb_array *a)
 {
     uint64_t n = a->meta.itemsize;
     for (int d = 0; d < a->meta.ndim; d++) n *= a->inner[d];
@@ -172,20 +172,20 @@ zb_array_unit_bytes(const zb_array *a)
 }
 
 bool
-zb_array_whole_shard(const zb_array *a)
+zb__array_whole_shard(const zb_array *a)
 {
     return a->meta.chain.ab == ZB_AB_SHARDING && a->meta.chain.nbb > 0;
 }
 
 zb_status
-zb_array_unit_object(const zb_array *a, const uint64_t *g, char *key, size_t cap, uint64_t *shard,
+zb__array_unit_object(const zb_array *a, const uint64_t *g, char *key, size_t cap, uint64_t *shard,
                      uint64_t *entry)
 {
-    const zb_array_meta *m = &a->meta;
+    const zb__array_meta *m = &a->meta;
     if (m->chain.ab != ZB_AB_SHARDING) {
         if (entry) *entry = 0;
         if (shard) memcpy(shard, g, sizeof(uint64_t) * (size_t)m->ndim);
-        return zb_meta_chunk_key(m, a->path, g, key, cap);
+        return zb__meta_chunk_key(m, a->path, g, key, cap);
     }
     uint64_t s[ZB_MAX_DIMS], j = 0;
     for (int d = 0; d < m->ndim; d++) {
@@ -195,21 +195,21 @@ zb_array_unit_object(const zb_array *a, const uint64_t *g, char *key, size_t cap
     }
     if (shard) memcpy(shard, s, sizeof(uint64_t) * (size_t)m->ndim);
     if (entry) *entry = j;
-    return key ? zb_meta_chunk_key(m, a->path, s, key, cap) : ZB_OK;
+    return key ? zb__meta_chunk_key(m, a->path, s, key, cap) : ZB_OK;
 }
 
 zb_status
-zb_array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uint64_t **entries,
+zb__array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uint64_t **entries,
                      uint64_t *n_out, bool *missing)
 {
-    const zb_array_meta *m = &a->meta;
+    const zb__array_meta *m = &a->meta;
     *entries = NULL;
     *missing = false;
     uint64_t n = 1;
     for (int d = 0; d < m->ndim; d++) n *= m->chunks[d] / a->inner[d];
     *n_out = n;
     char key[4600];
-    ZB_TRY(zb_meta_chunk_key(m, a->path, shard, key, sizeof key));
+    ZB_TRY(zb__meta_chunk_key(m, a->path, shard, key, sizeof key));
     uint64_t size = 0;
     zb_status st = zb_store_size(a->store, key, &size);
     if (st == ZB_E_NOTFOUND) {
@@ -218,17 +218,17 @@ zb_array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uint
         return ZB_OK;
     }
     if (st != ZB_OK) return st;
-    const zb_shard_spec *spec = m->chain.shard;
-    uint64_t idx_bytes = zb_shard_index_nbytes(spec, n);
+    const zb__shard_spec *spec = m->chain.shard;
+    uint64_t idx_bytes = zb__shard_index_nbytes(spec, n);
     if (size < idx_bytes)
-        return zb_err(ZB_E_TRUNCATED, "%s: shard of %llu bytes is shorter than its %llu-byte "
+        return zb__err(ZB_E_TRUNCATED, "%s: shard of %llu bytes is shorter than its %llu-byte "
                       "index", key, (unsigned long long)size, (unsigned long long)idx_bytes);
     uint8_t *raw = malloc((size_t)idx_bytes);
     uint64_t *e = malloc((size_t)(2 * n * sizeof(uint64_t)));
     if (!raw || !e) {
         free(raw);
         free(e);
-        return zb_err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
+        return zb__err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
     }
     uint64_t got = 0;
     st = zb_store_get(a->store, key, spec->index_at_start ? 0 : size - idx_bytes, idx_bytes, raw,
@@ -237,10 +237,10 @@ zb_array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uint
         ctx->stats.range_reads++;
         ctx->stats.bytes_fetched += got;
         if (got != idx_bytes)
-            st = zb_err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
+            st = zb__err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
                         (unsigned long long)got, (unsigned long long)idx_bytes);
     }
-    if (st == ZB_OK) st = zb_shard_index_decode(spec, n, raw, (size_t)got, size, key, e);
+    if (st == ZB_OK) st = zb__shard_index_decode(spec, n, raw, (size_t)got, size, key, e);
     free(raw);
     if (st != ZB_OK) {
         free(e);
@@ -251,27 +251,27 @@ zb_array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uint
 }
 
 zb_status
-zb_array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
+zb__array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
                      uint8_t *dst, const char *key)
 {
-    const zb_array_meta *m = &a->meta;
-    const zb_chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
+    const zb__array_meta *m = &a->meta;
+    const zb__chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
     if (c->ab != ZB_AB_BYTES)
-        return zb_err(ZB_E_TYPE, "%s: not a fixed-size array", key);
+        return zb__err(ZB_E_TYPE, "%s: not a fixed-size array", key);
     size_t isz = m->itemsize;
     uint64_t elems = 1;
     for (int d = 0; d < m->ndim; d++) elems *= a->inner[d];
     size_t unit_bytes = (size_t)(elems * isz);
     uint8_t *target = dst;
     if (c->has_transpose) {
-        ZB_TRY(zb_buf_reserve(&ctx->ws.decoded, unit_bytes ? unit_bytes : 1));
+        ZB_TRY(zb__buf_reserve(&ctx->ws.decoded, unit_bytes ? unit_bytes : 1));
         target = ctx->ws.decoded.data;
     }
     ZB_TRY(decode_fixed(c, ctx, enc, enc_len, target, elems, isz, key));
     if (c->has_transpose) {
         /* gather into logical C order */
         uint64_t us[ZB_MAX_DIMS], idx[ZB_MAX_DIMS] = {0};
-        zb_unit_strides(a, us);
+        zb__unit_strides(a, us);
         for (uint64_t i = 0; i < elems; i++) {
             uint64_t src = 0;
             for (int d = 0; d < m->ndim; d++) src += idx[d] * us[d];
@@ -286,10 +286,10 @@ zb_array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t 
 }
 
 bool
-zb_array_unit_raw(const zb_array *a)
+zb__array_unit_raw(const zb_array *a)
 {
-    const zb_array_meta *m = &a->meta;
-    const zb_chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
+    const zb__array_meta *m = &a->meta;
+    const zb__chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
     if (m->chain.ab == ZB_AB_SHARDING && (m->chain.nbb > 0 || m->chain.has_transpose))
         return false;
     return c->ab == ZB_AB_BYTES && c->nbb == 0 && !c->has_transpose &&
@@ -297,7 +297,7 @@ zb_array_unit_raw(const zb_array *a)
 }
 
 void
-zb_array_fill_unit(const zb_array *a, uint8_t *dst)
+zb__array_fill_unit(const zb_array *a, uint8_t *dst)
 {
     size_t isz = a->meta.itemsize;
     uint64_t elems = 1;
@@ -311,27 +311,27 @@ zb_array_fill_unit(const zb_array *a, uint8_t *dst)
     for (uint64_t i = 0; i < elems; i++) memcpy(dst + i * isz, a->meta.fill, isz);
 }
 
-static const zb_chain *
+static const zb__chain *
 unit_chain(const zb_array *a)
 {
     return a->meta.chain.ab == ZB_AB_SHARDING ? a->meta.chain.shard->inner_chain : &a->meta.chain;
 }
 
 zb_status
-zb_unit_decode_stored(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
+zb__unit_decode_stored(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
                       uint8_t *target, const char *key)
 {
-    const zb_chain *c = unit_chain(a);
-    if (c->ab != ZB_AB_BYTES) return zb_err(ZB_E_TYPE, "%s: not a fixed-size array", key);
-    const zb_unit_geom *u = &a->units;
+    const zb__chain *c = unit_chain(a);
+    if (c->ab != ZB_AB_BYTES) return zb__err(ZB_E_TYPE, "%s: not a fixed-size array", key);
+    const zb__unit_geom *u = &a->units;
     return decode_fixed(c, ctx, enc, enc_len, target, u->unit_bytes / a->meta.itemsize,
                         a->meta.itemsize, key);
 }
 
 zb_status
-zb_unit_decode_strings(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
+zb__unit_decode_strings(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
                        uint64_t n, const char *key, const uint8_t **base,
-                       const zb_str_span **items)
+                       const zb__str_span **items)
 {
     const uint8_t *res;
     size_t res_len;
@@ -344,7 +344,7 @@ zb_unit_decode_strings(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_
 }
 
 zb_status
-zb_unit_decode_shard(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
+zb__unit_decode_shard(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
                      const char *key, const uint8_t **res, size_t *res_len)
 {
     return run_bb(&a->meta.chain, ctx, enc, enc_len, NULL, 0, SIZE_MAX, key, res, res_len);
@@ -353,10 +353,10 @@ zb_unit_decode_shard(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t 
 /* ---- geometry ------------------------------------------------------------------------------ */
 
 void
-zb_unit_geom_init(zb_array *a)
+zb__unit_geom_init(zb_array *a)
 {
-    const zb_array_meta *m = &a->meta;
-    zb_unit_geom *u = &a->units;
+    const zb__array_meta *m = &a->meta;
+    zb__unit_geom *u = &a->units;
     memset(u, 0, sizeof *u);
     u->path = a->path;
     u->store = a->store;
@@ -384,18 +384,18 @@ zb_unit_geom_init(zb_array *a)
         for (int d = 1; d < m->ndim; d++)
             if (m->chunks[d] < m->shape[d]) u->kind = ZB_UNITS_ROWS;
     }
-    u->raw = zb_array_unit_raw(a);
+    u->raw = zb__array_unit_raw(a);
     u->raw_rows = u->raw && u->spans_rows;
 }
 
-const zb_unit_geom *
-zb_array_units(const zb_array *a)
+const zb__unit_geom *
+zb__array_units(const zb_array *a)
 {
     return &a->units;
 }
 
 uint64_t
-zb_unit_linear(const zb_unit_geom *u, const uint64_t *g)
+zb__unit_linear(const zb__unit_geom *u, const uint64_t *g)
 {
     uint64_t lin = 0;
     for (int d = 0; d < u->ndim; d++) lin = lin * u->grid[d] + g[d];
@@ -403,7 +403,7 @@ zb_unit_linear(const zb_unit_geom *u, const uint64_t *g)
 }
 
 uint64_t
-zb_unit_row_units(const zb_unit_geom *u)
+zb__unit_row_units(const zb__unit_geom *u)
 {
     uint64_t n = 1;
     for (int d = 1; d < u->ndim; d++) n *= u->grid[d];
@@ -411,7 +411,7 @@ zb_unit_row_units(const zb_unit_geom *u)
 }
 
 void
-zb_unit_coords(const zb_unit_geom *u, uint64_t g0, uint64_t other, uint64_t *g)
+zb__unit_coords(const zb__unit_geom *u, uint64_t g0, uint64_t other, uint64_t *g)
 {
     memset(g, 0, sizeof(uint64_t) * ZB_MAX_DIMS);
     g[0] = g0;
@@ -424,17 +424,17 @@ zb_unit_coords(const zb_unit_geom *u, uint64_t g0, uint64_t other, uint64_t *g)
 /* ---- merge --------------------------------------------------------------------------------- */
 
 size_t
-zb_merge_next(const void *spans, size_t size, size_t i, size_t n, zb_merge_rule r,
+zb__merge_next(const void *spans, size_t size, size_t i, size_t n, zb__merge_rule r,
               uint64_t *start, uint64_t *end)
 {
     const uint8_t *p = spans;
-    const zb_span *s = (const zb_span *)(const void *)(p + i * size);
+    const zb__span *s = (const zb__span *)(const void *)(p + i * size);
     *start = s->off;
     *end = s->off + s->len;
     size_t k = i + 1;
     for (; k < n; k++) {
-        s = (const zb_span *)(const void *)(p + k * size);
-        if (!zb_merge_joins(r, *start, end, s->off, s->len)) break;
+        s = (const zb__span *)(const void *)(p + k * size);
+        if (!zb__merge_joins(r, *start, end, s->off, s->len)) break;
     }
     return k;
 }
@@ -442,7 +442,7 @@ zb_merge_next(const void *spans, size_t size, size_t i, size_t n, zb_merge_rule 
 /* ---- fetch --------------------------------------------------------------------------------- */
 
 bool
-zb_unit_lists_ranges(const zb_array *a)
+zb__unit_lists_ranges(const zb_array *a)
 {
     return a->store->m->get_ranges != NULL;
 }
@@ -450,7 +450,7 @@ zb_unit_lists_ranges(const zb_array *a)
 static zb_status
 truncated(const char *key, uint64_t got, uint64_t want, uint64_t off)
 {
-    return zb_err(ZB_E_TRUNCATED, "%s: holds %llu of the %llu bytes at offset %llu", key,
+    return zb__err(ZB_E_TRUNCATED, "%s: holds %llu of the %llu bytes at offset %llu", key,
                   (unsigned long long)got, (unsigned long long)want, (unsigned long long)off);
 }
 
@@ -473,12 +473,12 @@ fetch_view(const zb_array *a, const char *key, uint64_t off, uint64_t len, const
 }
 
 zb_status
-zb_unit_read(const zb_array *a, const char *key, uint64_t off, uint64_t len, zb_buf *buf,
+zb__unit_read(const zb_array *a, const char *key, uint64_t off, uint64_t len, zb__buf *buf,
              const uint8_t **data, zb_read_stats *rs)
 {
     uint8_t *to = NULL;
     uint64_t got = 0;
-    ZB_TRY(zb_buf_for_read(buf, off, (size_t)len, &to));
+    ZB_TRY(zb__buf_for_read(buf, off, (size_t)len, &to));
     ZB_TRY(zb_store_get(a->store, key, off, len, to, &got));
     if (rs) {
         rs->range_reads++;
@@ -490,13 +490,13 @@ zb_unit_read(const zb_array *a, const char *key, uint64_t off, uint64_t len, zb_
 }
 
 zb_status
-zb_unit_fetch(const zb_array *a, const char *key, uint64_t off, uint64_t len, zb_buf *buf,
+zb__unit_fetch(const zb_array *a, const char *key, uint64_t off, uint64_t len, zb__buf *buf,
               const uint8_t **data, void **tok, zb_read_stats *rs)
 {
     *tok = NULL;
     uint64_t got = 0;
     zb_status st = fetch_view(a, key, off, len, data, &got, tok, rs);
-    if (st == ZB_E_UNSUPPORTED) return zb_unit_read(a, key, off, len, buf, data, rs);
+    if (st == ZB_E_UNSUPPORTED) return zb__unit_read(a, key, off, len, buf, data, rs);
     if (st != ZB_OK) return st;
     if (got != len) {
         zb_store_release(a->store, *tok);
@@ -507,14 +507,14 @@ zb_unit_fetch(const zb_array *a, const char *key, uint64_t off, uint64_t len, zb
 }
 
 uint64_t
-zb_unit_fetch_bound(const zb_array *a)
+zb__unit_fetch_bound(const zb_array *a)
 {
     uint64_t unit = a->units.unit_bytes;
     return unit + unit / 64 + 4096;
 }
 
 zb_status
-zb_unit_fetch_whole(const zb_array *a, const char *key, zb_buf *buf, const uint8_t **data,
+zb__unit_fetch_whole(const zb_array *a, const char *key, zb__buf *buf, const uint8_t **data,
                     size_t *len, bool *missing, void **tok, zb_read_stats *rs)
 {
     *missing = false;
@@ -534,9 +534,9 @@ zb_unit_fetch_whole(const zb_array *a, const char *key, zb_buf *buf, const uint8
     /* One read of up to a bound no codec's output exceeds, so a chunk costs one get instead of
      * a size query and a get; an object that fills the bound (never seen from real codecs) is
      * read again whole. */
-    uint64_t guess = zb_unit_fetch_bound(a);
+    uint64_t guess = zb__unit_fetch_bound(a);
     uint8_t *dst;
-    ZB_TRY(zb_buf_for_read(buf, 0, (size_t)guess, &dst));
+    ZB_TRY(zb__buf_for_read(buf, 0, (size_t)guess, &dst));
     uint64_t got = 0;
     zb_status st = zb_store_get(a->store, key, 0, guess, dst, &got);
     if (st == ZB_E_NOTFOUND) {
@@ -549,7 +549,7 @@ zb_unit_fetch_whole(const zb_array *a, const char *key, zb_buf *buf, const uint8
     if (got == guess) {
         uint64_t size = 0;
         ZB_TRY(zb_store_size(a->store, key, &size));
-        ZB_TRY(zb_buf_for_read(buf, 0, (size_t)size, &dst));
+        ZB_TRY(zb__buf_for_read(buf, 0, (size_t)size, &dst));
         ZB_TRY(zb_store_get(a->store, key, 0, size, dst, &got));
         if (rs) rs->range_reads++;
     }
@@ -562,23 +562,23 @@ zb_unit_fetch_whole(const zb_array *a, const char *key, zb_buf *buf, const uint8
 /* ---- locate -------------------------------------------------------------------------------- */
 
 zb_status
-zb_unit_shard_entries(const zb_array *a, zb_ctx *ctx, zb_cache *cache, const uint64_t *g,
+zb__unit_shard_entries(const zb_array *a, zb_ctx *ctx, zb__cache *cache, const uint64_t *g,
                       uint64_t lo, uint64_t k, uint64_t *entries, zb_read_stats *rs)
 {
-    const zb_unit_geom *u = &a->units;
+    const zb__unit_geom *u = &a->units;
     uint64_t n = u->shard_units;
     size_t ibytes = (size_t)(2 * n * sizeof(uint64_t)), off = (size_t)(2 * lo * sizeof(uint64_t));
     size_t part = (size_t)(2 * k * sizeof(uint64_t));
     uint64_t s[ZB_MAX_DIMS], slin = 0;
-    ZB_TRY(zb_array_unit_object(a, g, NULL, 0, s, NULL));
+    ZB_TRY(zb__array_unit_object(a, g, NULL, 0, s, NULL));
     for (int d = 0; d < u->ndim; d++) slin = slin * u->shard_grid[d] + s[d];
     /* keyed by an address inside the array that no unit cache entry uses */
     const void *owner = (const uint8_t *)a + 1;
-    if (cache && zb_cache_get_part(cache, owner, slin, ibytes, off, entries, part)) return ZB_OK;
+    if (cache && zb__cache_get_part(cache, owner, slin, ibytes, off, entries, part)) return ZB_OK;
     uint64_t *fresh = NULL, nn = 0;
     bool missing = false;
     uint64_t r0 = ctx->stats.range_reads, b0 = ctx->stats.bytes_fetched;
-    zb_status st = zb_array_shard_index(a, ctx, s, &fresh, &nn, &missing);
+    zb_status st = zb__array_shard_index(a, ctx, s, &fresh, &nn, &missing);
     if (rs) {
         rs->range_reads += ctx->stats.range_reads - r0;
         rs->bytes_fetched += ctx->stats.bytes_fetched - b0;
@@ -586,32 +586,32 @@ zb_unit_shard_entries(const zb_array *a, zb_ctx *ctx, zb_cache *cache, const uin
     if (st != ZB_OK) return st;
     if (missing) {
         fresh = malloc(ibytes ? ibytes : 1);
-        if (!fresh) return zb_err(ZB_E_NOMEM, "%s: out of memory for a shard index", a->path);
+        if (!fresh) return zb__err(ZB_E_NOMEM, "%s: out of memory for a shard index", a->path);
         for (uint64_t e = 0; e < 2 * n; e++) fresh[e] = ZB_SHARD_EMPTY;
     }
     memcpy(entries, (const uint8_t *)fresh + off, part);
-    if (cache) zb_cache_put(cache, owner, slin, fresh, ibytes);
+    if (cache) zb__cache_put(cache, owner, slin, fresh, ibytes);
     free(fresh);
     return ZB_OK;
 }
 
 const uint8_t *
-zb_array_fill(const zb_array *a)
+zb__array_fill(const zb_array *a)
 {
     return a->meta.fill;
 }
 
 zb_status
-zb_unit_locate(const zb_array *a, zb_ctx *ctx, zb_cache *cache, const uint64_t *g, char *key,
+zb__unit_locate(const zb_array *a, zb_ctx *ctx, zb__cache *cache, const uint64_t *g, char *key,
                size_t cap, uint64_t *off, uint64_t *len, bool *missing, zb_read_stats *rs)
 {
     *off = *len = 0;
     *missing = false;
     uint64_t entry = 0;
-    ZB_TRY(zb_array_unit_object(a, g, key, cap, NULL, &entry));
+    ZB_TRY(zb__array_unit_object(a, g, key, cap, NULL, &entry));
     if (a->meta.chain.ab == ZB_AB_SHARDING) {
         uint64_t e[2];
-        ZB_TRY(zb_unit_shard_entries(a, ctx, cache, g, entry, 1, e, rs));
+        ZB_TRY(zb__unit_shard_entries(a, ctx, cache, g, entry, 1, e, rs));
         *missing = e[0] == ZB_SHARD_EMPTY;
         if (!*missing) {
             *off = e[0];

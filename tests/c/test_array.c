@@ -9,10 +9,10 @@
 #include "support/testutil.h"
 #include "zarr/codec.h"
 
-static zb_codec
+static zb__codec
 blosc_lz4(void)
 {
-    zb_codec c;
+    zb__codec c;
     memset(&c, 0, sizeof c);
     c.id = ZB_CODEC_BLOSC;
     snprintf(c.cname, sizeof c.cname, "lz4");
@@ -23,22 +23,22 @@ blosc_lz4(void)
 
 /* Encodes `n` bytes with codec (NULL = raw) and stores them under key. */
 static void
-put_encoded(zb_store *s, const char *key, const zb_codec *c, const void *src, size_t n,
+put_encoded(zb_store *s, const char *key, const zb__codec *c, const void *src, size_t n,
             size_t itemsize)
 {
     if (!c) {
         ZB_ASSERT_OK(zb_store_put(s, key, src, n));
         return;
     }
-    zb_buf out = {0};
-    ZB_ASSERT_OK(zb_codec_encode(c, NULL, src, n, itemsize, &out));
+    zb__buf out = {0};
+    ZB_ASSERT_OK(zb__codec_encode(c, NULL, src, n, itemsize, &out));
     ZB_ASSERT_OK(zb_store_put(s, key, out.data, out.len));
-    zb_buf_free(&out);
+    zb__buf_free(&out);
 }
 
 /* The 5x6 float32 array of FORMATS.md §1.5 (values r*6+c, chunks 2x4, fill -1) as v2. */
 static zb_store *
-make_5x6_v2(const char *compressor_json, const zb_codec *c, const char *order)
+make_5x6_v2(const char *compressor_json, const zb__codec *c, const char *order)
 {
     zb_store *s = NULL;
     ZB_ASSERT_OK(zb_store_open_memory(&s));
@@ -88,7 +88,7 @@ static void
 test_v2_5x6_codecs(void **state)
 {
     (void)state;
-    zb_codec c = blosc_lz4();
+    zb__codec c = blosc_lz4();
     zb_store *s = make_5x6_v2("{\"id\":\"blosc\",\"cname\":\"lz4\",\"clevel\":5,\"shuffle\":1,"
                               "\"blocksize\":0}", &c, "C");
     check_5x6(s, 0, 5);
@@ -96,22 +96,22 @@ test_v2_5x6_codecs(void **state)
     check_5x6(s, 4, 5);
     zb_store_close(s);
 
-    zb_codec z = {.id = ZB_CODEC_ZSTD, .level = 3};
+    zb__codec z = {.id = ZB_CODEC_ZSTD, .level = 3};
     s = make_5x6_v2("{\"id\":\"zstd\",\"level\":3}", &z, "C");
     check_5x6(s, 0, 5);
     zb_store_close(s);
 
-    zb_codec l = {.id = ZB_CODEC_LZ4, .acceleration = 1};
+    zb__codec l = {.id = ZB_CODEC_LZ4, .acceleration = 1};
     s = make_5x6_v2("{\"id\":\"lz4\",\"acceleration\":1}", &l, "C");
     check_5x6(s, 2, 5);
     zb_store_close(s);
 
-    zb_codec g = {.id = ZB_CODEC_GZIP, .level = 1};
+    zb__codec g = {.id = ZB_CODEC_GZIP, .level = 1};
     s = make_5x6_v2("{\"id\":\"gzip\",\"level\":1}", &g, "C");
     check_5x6(s, 0, 5);
     zb_store_close(s);
 
-    zb_codec zl = {.id = ZB_CODEC_ZLIB, .level = 1};
+    zb__codec zl = {.id = ZB_CODEC_ZLIB, .level = 1};
     s = make_5x6_v2("{\"id\":\"zlib\",\"level\":1}", &zl, "C");
     check_5x6(s, 0, 3);
     zb_store_close(s);
@@ -257,13 +257,13 @@ put_u64le(uint8_t *p, uint64_t v)
 static uint8_t *
 build_shard(int sh, int nchunks, int empty, bool at_start, size_t *len)
 {
-    zb_codec c = blosc_lz4();
-    zb_buf enc[4] = {{0}};
+    zb__codec c = blosc_lz4();
+    zb__buf enc[4] = {{0}};
     size_t idx = 16 * 4 + 4, total = idx;
     for (int j = 0; j < nchunks; j++) {
         int32_t v[10];
         for (int i = 0; i < 10; i++) v[i] = sh * 40 + j * 10 + i;
-        ZB_ASSERT_OK(zb_codec_encode(&c, NULL, (uint8_t *)v, sizeof v, 4, &enc[j]));
+        ZB_ASSERT_OK(zb__codec_encode(&c, NULL, (uint8_t *)v, sizeof v, 4, &enc[j]));
         total += enc[j].len;
     }
     uint8_t *out = calloc(1, total);
@@ -280,11 +280,11 @@ build_shard(int sh, int nchunks, int empty, bool at_start, size_t *len)
         put_u64le(index + 16 * j + 8, enc[j].len);
         pos += enc[j].len;
     }
-    uint32_t crc = zb_crc32c(index, 64);
+    uint32_t crc = zb__crc32c(index, 64);
     for (int i = 0; i < 4; i++) index[64 + i] = (uint8_t)(crc >> (8 * i));
     memcpy(out + (at_start ? 0 : pos), index, idx);
     *len = at_start ? pos : pos + idx;
-    for (int j = 0; j < 4; j++) zb_buf_free(&enc[j]);
+    for (int j = 0; j < 4; j++) zb__buf_free(&enc[j]);
     return out;
 }
 
@@ -435,7 +435,7 @@ test_bad_truncated_and_corrupt_chunks(void **state)
     zb_store_close(s);
 
     /* blosc: a corrupt header (nbytes disagrees with the chunk size), and a cut chunk */
-    zb_codec c = blosc_lz4();
+    zb__codec c = blosc_lz4();
     s = make_5x6_v2("{\"id\":\"blosc\",\"cname\":\"lz4\",\"clevel\":5,\"shuffle\":1,"
                     "\"blocksize\":0}", &c, "C");
     uint8_t *chunk = NULL;
@@ -478,7 +478,7 @@ test_bad_shards(void **state)
     /* an entry past the end of the shard (CRC fixed up so only the range is wrong) */
     memcpy(bad, shard, len);
     put_u64le(bad + len - 68, len + 100);
-    uint32_t crc = zb_crc32c(bad + len - 68, 64);
+    uint32_t crc = zb__crc32c(bad + len - 68, 64);
     for (int i = 0; i < 4; i++) bad[len - 4 + i] = (uint8_t)(crc >> (8 * i));
     ZB_ASSERT_OK(zb_store_put(s, "x/c/0", bad, len));
     ZB_ASSERT_ERR(zb_array_read_rows(a, 0, 10, got, sizeof got, NULL), ZB_E_SHARD_RANGE,
@@ -488,7 +488,7 @@ test_bad_shards(void **state)
     memcpy(bad, shard, len);
     put_u64le(bad + len - 68, len - 70);
     put_u64le(bad + len - 60, 10);
-    crc = zb_crc32c(bad + len - 68, 64);
+    crc = zb__crc32c(bad + len - 68, 64);
     for (int i = 0; i < 4; i++) bad[len - 4 + i] = (uint8_t)(crc >> (8 * i));
     ZB_ASSERT_OK(zb_store_put(s, "x/c/0", bad, len));
     ZB_ASSERT_ERR(zb_array_read_rows(a, 0, 10, got, sizeof got, NULL), ZB_E_SHARD_RANGE,
@@ -497,7 +497,7 @@ test_bad_shards(void **state)
     /* a half-empty entry */
     memcpy(bad, shard, len);
     put_u64le(bad + len - 68, UINT64_MAX);
-    crc = zb_crc32c(bad + len - 68, 64);
+    crc = zb__crc32c(bad + len - 68, 64);
     for (int i = 0; i < 4; i++) bad[len - 4 + i] = (uint8_t)(crc >> (8 * i));
     ZB_ASSERT_OK(zb_store_put(s, "x/c/0", bad, len));
     ZB_ASSERT_ERR(zb_array_read_rows(a, 0, 10, got, sizeof got, NULL), ZB_E_SHARD_RANGE,
@@ -507,7 +507,7 @@ test_bad_shards(void **state)
     memcpy(bad, shard, len);
     put_u64le(bad + len - 68, UINT64_MAX - 5);
     put_u64le(bad + len - 60, 10);
-    crc = zb_crc32c(bad + len - 68, 64);
+    crc = zb__crc32c(bad + len - 68, 64);
     for (int i = 0; i < 4; i++) bad[len - 4 + i] = (uint8_t)(crc >> (8 * i));
     ZB_ASSERT_OK(zb_store_put(s, "x/c/0", bad, len));
     ZB_ASSERT_ERR(zb_array_read_rows(a, 0, 10, got, sizeof got, NULL), ZB_E_SHARD_RANGE,

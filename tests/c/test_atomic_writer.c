@@ -11,7 +11,7 @@
 
 #include "support/testutil.h"
 #include "util/json.h"
-#include "write/atomic_int.h"
+#include "write/atomistic_int.h"
 #include "write/write.h"
 
 /* ------------------------------------------------------------------------------------------- */
@@ -163,9 +163,9 @@ root_attrs(zb_store *s, const char *path)
     uint64_t len = 0;
     ZB_ASSERT_OK(zb_store_read_all(s, key, &text, &len));
     json_object *doc = NULL;
-    ZB_ASSERT_OK(zb_json_parse((const char *)text, (size_t)len, key, &doc));
+    ZB_ASSERT_OK(zb__json_parse((const char *)text, (size_t)len, key, &doc));
     free(text);
-    json_object *a = json_object_get(zb_json_get(doc, "attributes"));
+    json_object *a = json_object_get(zb__json_get(doc, "attributes"));
     json_object_put(doc);
     return a;
 }
@@ -174,7 +174,7 @@ static int64_t
 num_samples_attr(zb_store *s, const char *path)
 {
     json_object *a = root_attrs(s, path);
-    int64_t n = json_object_get_int64(zb_json_get(a, "num_samples"));
+    int64_t n = json_object_get_int64(zb__json_get(a, "num_samples"));
     json_object_put(a);
     return n;
 }
@@ -417,7 +417,7 @@ test_write_layout(void **state)
     ZB_ASSERT_OK(zb_store_open_memory(&s));
     zb_atomic_writer *w = NULL;
     ZB_ASSERT_OK(zb_atomic_writer_open(s, "ds", NULL, &w));
-    assert_true(zb_at_has_key(s, "ds/" ZB_INCOMPLETE_MARKER));
+    assert_true(zb__at_has_key(s, "ds/" ZB_INCOMPLETE_MARKER));
     add_ids(w, 0, 3, true);
     add_ids(w, 3, 2, true);
     assert_int_equal(zb_atomic_writer_num_samples(w), 5);
@@ -426,16 +426,16 @@ test_write_layout(void **state)
     ZB_ASSERT_ERR(zb_atomic_check(s, "ds", &sum), ZB_E_INCOMPLETE, "never committed");
     ZB_ASSERT_OK(zb_atomic_writer_commit(w));
     zb_atomic_writer_close(w);
-    assert_false(zb_at_has_key(s, "ds/" ZB_INCOMPLETE_MARKER));
+    assert_false(zb__at_has_key(s, "ds/" ZB_INCOMPLETE_MARKER));
 
     json_object *a = root_attrs(s, "ds");
-    assert_int_equal(json_object_get_int64(zb_json_get(a, "num_samples")), 5);
-    json_object *core = zb_json_get(zb_json_get(a, "fields"), "core");
-    assert_string_equal(json_object_get_string(zb_json_get(core, "positions")), "atom");
-    assert_string_equal(json_object_get_string(zb_json_get(core, "neighbor_list")), "edge");
-    assert_string_equal(json_object_get_string(zb_json_get(core, "energy")), "system");
-    json_object *custom = zb_json_get(zb_json_get(a, "fields"), "custom");
-    assert_string_equal(json_object_get_string(zb_json_get(custom, "charges")), "atom");
+    assert_int_equal(json_object_get_int64(zb__json_get(a, "num_samples")), 5);
+    json_object *core = zb__json_get(zb__json_get(a, "fields"), "core");
+    assert_string_equal(json_object_get_string(zb__json_get(core, "positions")), "atom");
+    assert_string_equal(json_object_get_string(zb__json_get(core, "neighbor_list")), "edge");
+    assert_string_equal(json_object_get_string(zb__json_get(core, "energy")), "system");
+    json_object *custom = zb__json_get(zb__json_get(a, "fields"), "custom");
+    assert_string_equal(json_object_get_string(zb__json_get(custom, "charges")), "atom");
     json_object_put(a);
 
     uint64_t rows;
@@ -679,7 +679,7 @@ test_open_errors(void **state)
     cfg.core.chunk_rows = 3;
     cfg.core.shard_rows = 8;
     ZB_ASSERT_ERR(zb_atomic_writer_open(s, "x", &cfg, &w), ZB_E_INVALID, "multiple");
-    assert_false(zb_at_has_keys_below(s, "x"));
+    assert_false(zb__at_has_keys_below(s, "x"));
 
     /* a new store that never committed: refused, then cleared by a new open */
     ZB_ASSERT_OK(zb_atomic_writer_open(s, "crashed", NULL, &w));
@@ -736,8 +736,8 @@ test_delete_and_defragment(void **state)
     ZB_ASSERT_OK(zb_atomic_defragment(s, "ds.zarr", NULL));
     verify_samples(s, "ds.zarr", live_ids, 9);
     assert_int_equal(num_samples_attr(s, "ds.zarr"), 9);
-    assert_false(zb_at_has_keys_below(s, "ds.zarr.zbatch-new"));
-    assert_false(zb_at_has_keys_below(s, "ds.zarr.zbatch-old"));
+    assert_false(zb__at_has_keys_below(s, "ds.zarr.zbatch-new"));
+    assert_false(zb__at_has_keys_below(s, "ds.zarr.zbatch-old"));
     /* NULL config keeps each array's chunking */
     zb_array *arr = NULL;
     ZB_ASSERT_OK(zb_array_open(s, "ds.zarr/core/positions", &arr));
@@ -800,19 +800,19 @@ test_reader_checks_at_open(void **state)
     /* num_samples behind the mask: both readers count the mask's 4 samples */
     json_object *attrs = root_attrs(s, "ds");
     json_object_object_add(attrs, "num_samples", json_object_new_int(1));
-    ZB_ASSERT_OK(zb_write_group(s, "ds", 3, json_object_to_json_string(attrs)));
+    ZB_ASSERT_OK(zb__write_group(s, "ds", 3, json_object_to_json_string(attrs)));
     ZB_ASSERT_OK(zb_dataset_open(s, "ds", NULL, &ds));
     ZB_ASSERT_OK(zb_dataset_len(ds, &n));
     assert_int_equal(n, 4);
     zb_dataset_close(ds);
     /* ahead of it: refused */
     json_object_object_add(attrs, "num_samples", json_object_new_int(6));
-    ZB_ASSERT_OK(zb_write_group(s, "ds", 3, json_object_to_json_string(attrs)));
+    ZB_ASSERT_OK(zb__write_group(s, "ds", 3, json_object_to_json_string(attrs)));
     ZB_ASSERT_ERR(zb_dataset_open(s, "ds", NULL, &ds), ZB_E_CORRUPT,
                   "num_samples is 6, meta/samples_mask holds 4");
     assert_null(ds);
     json_object_object_add(attrs, "num_samples", json_object_new_int(4));
-    ZB_ASSERT_OK(zb_write_group(s, "ds", 3, json_object_to_json_string(attrs)));
+    ZB_ASSERT_OK(zb__write_group(s, "ds", 3, json_object_to_json_string(attrs)));
     json_object_put(attrs);
 
     ZB_ASSERT_OK(zb_store_erase(s, "ds/core/atomic_numbers/zarr.json"));
@@ -854,8 +854,8 @@ test_add_custom(void **state)
     assert_memory_equal(got, q, sizeof q);
     free(got);
     json_object *a = root_attrs(s, "ds");
-    json_object *custom = zb_json_get(zb_json_get(a, "fields"), "custom");
-    assert_string_equal(json_object_get_string(zb_json_get(custom, "charges")), "atom");
+    json_object *custom = zb__json_get(zb__json_get(a, "fields"), "custom");
+    assert_string_equal(json_object_get_string(zb__json_get(custom, "charges")), "atom");
     json_object_put(a);
     /* appends must now extend it too */
     zb_atomic_writer *w = NULL;
@@ -887,7 +887,7 @@ test_check_catches_nvalchemi_hazards(void **state)
     ZB_ASSERT_OK(zb_store_open_memory(&s));
     write_store(s, "ds", 0, 3);
     /* an array not extended (FORMATS.md §8.5, item 3) */
-    ZB_ASSERT_OK(zb_at_truncate_array(s, "ds/core/shifts", 4));
+    ZB_ASSERT_OK(zb__at_truncate_array(s, "ds/core/shifts", 4));
     ZB_ASSERT_ERR(zb_atomic_check(s, "ds", NULL), ZB_E_CORRUPT, "ds/core/shifts: 4 rows");
     zb_atomic_writer *w = NULL;
     ZB_ASSERT_ERR(zb_atomic_writer_open_append(s, "ds", NULL, &w), ZB_E_CORRUPT, "core/shifts");
@@ -901,7 +901,7 @@ test_check_catches_nvalchemi_hazards(void **state)
     int64_t *ap = read_all_rows(s, "ds", "meta/atoms_ptr", &rows);
     int64_t *ep = read_all_rows(s, "ds", "meta/edges_ptr", &rows);
     for (int64_t r = 2 * ep[1]; r < 2 * ep[2]; r++) nl[r] -= ap[1];
-    ZB_ASSERT_OK(zb_at_remove_tree(s, "ds/core/neighbor_list"));
+    ZB_ASSERT_OK(zb__at_remove_tree(s, "ds/core/neighbor_list"));
     zb_array_writer *aw = NULL;
     zb_array_write_opts o = ZB_ARRAY_WRITE_OPTS_DEFAULT;
     ZB_ASSERT_OK(zb_array_writer_open(s, "ds/core/neighbor_list", ZB_DT_INT64, 2, SHAPE2, &o, &aw));
@@ -910,13 +910,13 @@ test_check_catches_nvalchemi_hazards(void **state)
     zb_array_writer_close(aw);
     ZB_ASSERT_ERR(zb_atomic_check(s, "ds", NULL), ZB_E_CORRUPT, "sample 1, edge 0");
     ZB_ASSERT_ERR(zb_atomic_defragment(s, "ds", NULL), ZB_E_CORRUPT, "sample 1");
-    assert_false(zb_at_has_keys_below(s, "ds.zbatch-new/core"));
+    assert_false(zb__at_has_keys_below(s, "ds.zbatch-new/core"));
     free(nl), free(ap), free(ep);
 
     /* pointers that decrease */
-    zb_at_truncate_array(s, "ds/meta/atoms_ptr", 4);
+    zb__at_truncate_array(s, "ds/meta/atoms_ptr", 4);
     int64_t bad[4] = {0, 5, 3, 9};
-    ZB_ASSERT_OK(zb_at_remove_tree(s, "ds/meta/atoms_ptr"));
+    ZB_ASSERT_OK(zb__at_remove_tree(s, "ds/meta/atoms_ptr"));
     ZB_ASSERT_OK(zb_array_writer_open(s, "ds/meta/atoms_ptr", ZB_DT_INT64, 1, NULL, &o, &aw));
     ZB_ASSERT_OK(zb_array_writer_append(aw, bad, 4));
     ZB_ASSERT_OK(zb_array_writer_commit(aw));
@@ -1075,9 +1075,9 @@ test_crash_during_new_write(void **state)
         zb_status cs = zb_atomic_check(t, "ds", NULL);
         if (cs == ZB_OK) {
             /* only the marker's erase failed: complete, and recovery drops the marker */
-            assert_true(zb_at_has_key(t, "ds/" ZB_INCOMPLETE_MARKER));
+            assert_true(zb__at_has_key(t, "ds/" ZB_INCOMPLETE_MARKER));
             ZB_ASSERT_OK(zb_atomic_recover(t, "ds"));
-            assert_false(zb_at_has_key(t, "ds/" ZB_INCOMPLETE_MARKER));
+            assert_false(zb__at_has_key(t, "ds/" ZB_INCOMPLETE_MARKER));
             verify_samples(t, "ds", ids, 4);
         } else {
             assert_true(cs == ZB_E_INCOMPLETE || cs == ZB_E_NOTFOUND);
@@ -1121,7 +1121,7 @@ test_crash_during_defragment(void **state)
             break;
         }
         crashes++;
-        if (!zb_at_has_keys_below(t, "ds")) {
+        if (!zb__at_has_keys_below(t, "ds")) {
             /* between the two renames: a new store here would lose the real one */
             zb_atomic_writer *w = NULL;
             ZB_ASSERT_ERR(zb_atomic_writer_open(t, "ds", NULL, &w), ZB_E_INVALID,
@@ -1134,8 +1134,8 @@ test_crash_during_defragment(void **state)
         assert_true(n == 6 || n == 4);
         kept_old += n == 6;
         got_new += n == 4;
-        assert_false(zb_at_has_keys_below(t, "ds.zbatch-new"));
-        assert_false(zb_at_has_keys_below(t, "ds.zbatch-old"));
+        assert_false(zb__at_has_keys_below(t, "ds.zbatch-new"));
+        assert_false(zb__at_has_keys_below(t, "ds.zbatch-old"));
         zb_store_close(t);
     }
     assert_true(crashes > 10);

@@ -54,18 +54,18 @@ make_floats(size_t n)
     return (uint8_t *)v;
 }
 
-static zb_codec
+static zb__codec
 blosc_codec(const char *cname, int clevel, int shuffle)
 {
-    zb_codec c = {.id = ZB_CODEC_BLOSC, .level = clevel, .shuffle = shuffle};
+    zb__codec c = {.id = ZB_CODEC_BLOSC, .level = clevel, .shuffle = shuffle};
     snprintf(c.cname, sizeof c.cname, "%s", cname);
     return c;
 }
 
-static zb_codec
-simple_codec(zb_codec_id id, int level)
+static zb__codec
+simple_codec(zb__codec_id id, int level)
 {
-    zb_codec c = {.id = id, .level = level, .acceleration = 1};
+    zb__codec c = {.id = id, .level = level, .acceleration = 1};
     return c;
 }
 
@@ -87,7 +87,7 @@ put_le32(uint8_t *p, uint32_t v)
 /* Decodes a copy of src held in a heap block of exactly src_len bytes into a heap block of
  * exactly `cap` bytes, so that ASan sees any read or write outside either. */
 static zb_status
-decode_exact(const zb_codec *c, zb_ctx *ctx, const uint8_t *src, size_t src_len, size_t cap,
+decode_exact(const zb__codec *c, zb_ctx *ctx, const uint8_t *src, size_t src_len, size_t cap,
              size_t expected, size_t *out_len, uint8_t **out)
 {
     uint8_t *s = malloc(src_len ? src_len : 1);
@@ -96,7 +96,7 @@ decode_exact(const zb_codec *c, zb_ctx *ctx, const uint8_t *src, size_t src_len,
     assert_non_null(d);
     if (src_len) memcpy(s, src, src_len);
     size_t n = 12345;
-    zb_status st = zb_codec_decode(c, ctx, s, src_len, d, cap, expected, &n, "c/0/3");
+    zb_status st = zb__codec_decode(c, ctx, s, src_len, d, cap, expected, &n, "c/0/3");
     free(s);
     if (out_len) *out_len = n;
     if (out)
@@ -109,11 +109,11 @@ decode_exact(const zb_codec *c, zb_ctx *ctx, const uint8_t *src, size_t src_len,
 /* Encodes data, checks that decoding gives it back (with the size known, and with it unknown),
  * and returns the encoded bytes in *enc. */
 static void
-roundtrip(const zb_codec *c, zb_ctx *ctx, const uint8_t *data, size_t n, size_t itemsize,
-          zb_buf *enc)
+roundtrip(const zb__codec *c, zb_ctx *ctx, const uint8_t *data, size_t n, size_t itemsize,
+          zb__buf *enc)
 {
     enc->len = 0;
-    assert_int_equal(zb_codec_encode(c, ctx, data, n, itemsize, enc), ZB_OK);
+    assert_int_equal(zb__codec_encode(c, ctx, data, n, itemsize, enc), ZB_OK);
     assert_true(enc->len > 0);
 
     size_t got = 0;
@@ -130,7 +130,7 @@ roundtrip(const zb_codec *c, zb_ctx *ctx, const uint8_t *data, size_t n, size_t 
     free(out);
 
     size_t declared = 0;
-    zb_status st = zb_codec_decoded_size(c, enc->data, enc->len, &declared, "c/0/3");
+    zb_status st = zb__codec_decoded_size(c, enc->data, enc->len, &declared, "c/0/3");
     if (c->id == ZB_CODEC_ZLIB) {
         assert_int_equal(st, ZB_E_UNSUPPORTED);
     } else {
@@ -166,13 +166,13 @@ static void
 test_crc32c_check_value(void **state)
 {
     (void)state;
-    assert_int_equal(zb_crc32c("123456789", 9), 0xE3069283u);
-    assert_int_equal(zb_crc32c("", 0), 0u);
+    assert_int_equal(zb__crc32c("123456789", 9), 0xE3069283u);
+    assert_int_equal(zb__crc32c("", 0), 0u);
     /* RFC 3720 B.4: 32 bytes of zeros and of 0xFF. */
     uint8_t z[32] = {0}, f[32];
     memset(f, 0xFF, sizeof f);
-    assert_int_equal(zb_crc32c(z, sizeof z), 0x8A9136AAu);
-    assert_int_equal(zb_crc32c(f, sizeof f), 0x62A8AB43u);
+    assert_int_equal(zb__crc32c(z, sizeof z), 0x8A9136AAu);
+    assert_int_equal(zb__crc32c(f, sizeof f), 0x62A8AB43u);
 }
 
 static void
@@ -185,7 +185,7 @@ test_crc32c_matches_bitwise(void **state)
     size_t lens[] = {1, 3, 7, 8, 15, 16, 31, 63, 64, 65, 255, 256, 257, 1023, 1024, 4096};
     for (size_t off = 0; off < 4; off++)
         for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
-            assert_int_equal(zb_crc32c(buf + off, lens[i]), crc32c_bitwise(buf + off, lens[i]));
+            assert_int_equal(zb__crc32c(buf + off, lens[i]), crc32c_bitwise(buf + off, lens[i]));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -205,10 +205,10 @@ test_roundtrip_blosc(void **state)
     const char *cnames[] = {"lz4", "zstd", "blosclz", "zlib", "lz4hc"};
     const unsigned codes[] = {1, 4, 0, 3, 1}; /* FORMATS §2.2 compressor codes */
     const int shuffles[] = {ZB_SHUFFLE_NONE, ZB_SHUFFLE_BYTE, ZB_SHUFFLE_BIT, ZB_SHUFFLE_AUTO};
-    zb_buf enc = {0};
+    zb__buf enc = {0};
     for (size_t i = 0; i < sizeof cnames / sizeof cnames[0]; i++) {
         for (size_t s = 0; s < sizeof shuffles / sizeof shuffles[0]; s++) {
-            zb_codec c = blosc_codec(cnames[i], 5, shuffles[s]);
+            zb__codec c = blosc_codec(cnames[i], 5, shuffles[s]);
             roundtrip(&c, ctx, data, n, 4, &enc);
             const uint8_t *h = enc.data;
             assert_int_equal(h[0], 2);               /* c-blosc1 format version */
@@ -224,7 +224,7 @@ test_roundtrip_blosc(void **state)
         }
     }
     /* Auto shuffle on a 1-byte type is bit shuffle (numcodecs' AUTOSHUFFLE). */
-    zb_codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_AUTO);
+    zb__codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_AUTO);
     roundtrip(&c, ctx, data, n, 1, &enc);
     assert_int_equal(enc.data[3], 1);
     assert_int_equal(enc.data[2] & 0x05, 0x04);
@@ -240,7 +240,7 @@ test_roundtrip_blosc(void **state)
     roundtrip(&c, ctx, data, n, 4, &enc);
     assert_int_equal(enc.len, n + 16);
     assert_int_equal(enc.data[2] & 0x02, 0x02);
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
     zb_ctx_free(ctx);
     free(data);
 }
@@ -254,10 +254,10 @@ test_roundtrip_zstd(void **state)
     zb_ctx *ctx = NULL;
     assert_int_equal(zb_ctx_new(&ctx), ZB_OK);
     const int levels[] = {0, 1, 3, 9, 19, -5};
-    zb_buf enc = {0};
+    zb__buf enc = {0};
     for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++) {
         for (int checksum = 0; checksum < 2; checksum++) {
-            zb_codec c = simple_codec(ZB_CODEC_ZSTD, levels[i]);
+            zb__codec c = simple_codec(ZB_CODEC_ZSTD, levels[i]);
             c.checksum = checksum;
             roundtrip(&c, ctx, data, n, 4, &enc);
             assert_int_equal(le32(enc.data), 0xFD2FB528u);
@@ -267,7 +267,7 @@ test_roundtrip_zstd(void **state)
             assert_true(enc.len < n);
         }
     }
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
     zb_ctx_free(ctx);
     free(data);
 }
@@ -280,35 +280,35 @@ test_roundtrip_lz4_gzip_zlib_crc32c(void **state)
     size_t n = NFLOATS * 4;
     zb_ctx *ctx = NULL;
     assert_int_equal(zb_ctx_new(&ctx), ZB_OK);
-    zb_buf enc = {0};
+    zb__buf enc = {0};
 
     const int accels[] = {1, 8, 0};
     for (size_t i = 0; i < 3; i++) {
-        zb_codec c = simple_codec(ZB_CODEC_LZ4, 0);
+        zb__codec c = simple_codec(ZB_CODEC_LZ4, 0);
         c.acceleration = accels[i];
         roundtrip(&c, ctx, data, n, 4, &enc);
         assert_int_equal(le32(enc.data), n);
     }
     const int levels[] = {0, 1, 6, 9, -1};
     for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++) {
-        zb_codec g = simple_codec(ZB_CODEC_GZIP, levels[i]);
+        zb__codec g = simple_codec(ZB_CODEC_GZIP, levels[i]);
         roundtrip(&g, ctx, data, n, 4, &enc);
         assert_int_equal(enc.data[0], 0x1f);
         assert_int_equal(enc.data[1], 0x8b);
         assert_int_equal(le32(enc.data + enc.len - 4), n); /* ISIZE */
         assert_int_equal(le32(enc.data + enc.len - 8), libdeflate_crc32(0, data, n));
-        zb_codec z = simple_codec(ZB_CODEC_ZLIB, levels[i]);
+        zb__codec z = simple_codec(ZB_CODEC_ZLIB, levels[i]);
         roundtrip(&z, ctx, data, n, 4, &enc);
         assert_int_equal(enc.data[0], 0x78);
         assert_int_equal((enc.data[0] * 256u + enc.data[1]) % 31u, 0);
     }
-    zb_codec k = simple_codec(ZB_CODEC_CRC32C, 0);
+    zb__codec k = simple_codec(ZB_CODEC_CRC32C, 0);
     roundtrip(&k, ctx, data, n, 4, &enc);
     assert_int_equal(enc.len, n + 4);
     assert_memory_equal(enc.data, data, n);
     assert_int_equal(le32(enc.data + n), crc32c_bitwise(data, n));
 
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
     zb_ctx_free(ctx);
     free(data);
 }
@@ -318,18 +318,18 @@ static void
 test_roundtrip_empty(void **state)
 {
     (void)state;
-    zb_codec cs[] = {blosc_codec("lz4", 5, 1),       simple_codec(ZB_CODEC_ZSTD, 3),
+    zb__codec cs[] = {blosc_codec("lz4", 5, 1),       simple_codec(ZB_CODEC_ZSTD, 3),
                      simple_codec(ZB_CODEC_LZ4, 0),  simple_codec(ZB_CODEC_GZIP, 1),
                      simple_codec(ZB_CODEC_ZLIB, 1), simple_codec(ZB_CODEC_CRC32C, 0)};
-    zb_buf enc = {0};
+    zb__buf enc = {0};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
-        assert_int_equal(zb_codec_encode(&cs[i], NULL, NULL, 0, 4, &enc), ZB_OK);
+        assert_int_equal(zb__codec_encode(&cs[i], NULL, NULL, 0, 4, &enc), ZB_OK);
         size_t got = 99;
-        assert_int_equal(zb_codec_decode(&cs[i], NULL, enc.data, enc.len, NULL, 0, 0, &got, "c"),
+        assert_int_equal(zb__codec_decode(&cs[i], NULL, enc.data, enc.len, NULL, 0, 0, &got, "c"),
                          ZB_OK);
         assert_int_equal(got, 0);
     }
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -351,9 +351,9 @@ test_golden_blosc(void **state)
     (void)state;
     uint8_t raw[32];
     chunk32(raw);
-    zb_codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_BYTE);
-    zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
+    zb__codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_BYTE);
+    zb__buf enc = {0};
+    assert_int_equal(zb__codec_encode(&c, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
     /* Flags 0x33: byte shuffle | memcpyed (32 bytes is below blosc's minimum block, so it is
      * stored raw) | blocks not split | lz4 << 5. typesize 4, nbytes 32, blocksize 32, cbytes 48.
      * Byte 1 (versionlz) is 1 for lz4 in c-blosc 1.21, as zarr-python 2.13 writes. */
@@ -361,7 +361,7 @@ test_golden_blosc(void **state)
     assert_int_equal(enc.len, 48);
     assert_memory_equal(enc.data, want, sizeof want);
     assert_memory_equal(enc.data + 16, raw, 32);
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
 }
 
 static void
@@ -370,15 +370,15 @@ test_golden_zstd(void **state)
     (void)state;
     uint8_t raw[32];
     chunk32(raw);
-    zb_codec c = simple_codec(ZB_CODEC_ZSTD, 1);
-    zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
+    zb__codec c = simple_codec(ZB_CODEC_ZSTD, 1);
+    zb__buf enc = {0};
+    assert_int_equal(zb__codec_encode(&c, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
     /* Magic, then FHD 0x20 (single segment, no checksum, 1-byte content size) and size 32. */
     const uint8_t want[6] = {0x28, 0xb5, 0x2f, 0xfd, 0x20, 0x20};
     assert_true(enc.len > sizeof want);
     assert_memory_equal(enc.data, want, sizeof want);
     assert_int_equal(ZSTD_getFrameContentSize(enc.data, enc.len), 32);
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
 }
 
 static void
@@ -387,9 +387,9 @@ test_golden_lz4(void **state)
     (void)state;
     uint8_t raw[32];
     chunk32(raw);
-    zb_codec c = simple_codec(ZB_CODEC_LZ4, 0);
-    zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
+    zb__codec c = simple_codec(ZB_CODEC_LZ4, 0);
+    zb__buf enc = {0};
+    assert_int_equal(zb__codec_encode(&c, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
     const uint8_t want[4] = {0x20, 0, 0, 0};
     assert_memory_equal(enc.data, want, sizeof want);
     /* The rest is a raw block exactly as LZ4_compress_fast(acceleration 1) makes it. */
@@ -397,7 +397,7 @@ test_golden_lz4(void **state)
     int bl = LZ4_compress_fast((const char *)raw, block, 32, (int)sizeof block, 1);
     assert_int_equal(enc.len, 4 + (size_t)bl);
     assert_memory_equal(enc.data + 4, block, (size_t)bl);
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
 }
 
 static void
@@ -406,9 +406,9 @@ test_golden_gzip_zlib(void **state)
     (void)state;
     uint8_t raw[32];
     chunk32(raw);
-    zb_buf enc = {0};
-    zb_codec g = simple_codec(ZB_CODEC_GZIP, 1);
-    assert_int_equal(zb_codec_encode(&g, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
+    zb__buf enc = {0};
+    zb__codec g = simple_codec(ZB_CODEC_GZIP, 1);
+    assert_int_equal(zb__codec_encode(&g, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
     const uint8_t want_gz[4] = {0x1f, 0x8b, 0x08, 0x00};
     assert_memory_equal(enc.data, want_gz, 4);
     /* Golden tests mask MTIME (bytes 4..7); this writer promises 0 there for reproducibility. */
@@ -419,12 +419,12 @@ test_golden_gzip_zlib(void **state)
     const int levels[] = {1, 6, 9};
     const uint8_t flg[] = {0x01, 0x9c, 0xda}; /* what zlib.compress(buf, level) writes */
     for (int i = 0; i < 3; i++) {
-        zb_codec z = simple_codec(ZB_CODEC_ZLIB, levels[i]);
-        assert_int_equal(zb_codec_encode(&z, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
+        zb__codec z = simple_codec(ZB_CODEC_ZLIB, levels[i]);
+        assert_int_equal(zb__codec_encode(&z, NULL, raw, sizeof raw, 4, &enc), ZB_OK);
         assert_int_equal(enc.data[0], 0x78);
         assert_int_equal(enc.data[1], flg[i]);
     }
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -457,7 +457,7 @@ test_zstd_frame_without_content_size(void **state)
     size_t cap = ZSTD_compressBound(n);
     uint8_t *frame = malloc(cap);
     size_t len = zstd_frame_unknown_size(data, n, frame, cap, 1);
-    zb_codec c = simple_codec(ZB_CODEC_ZSTD, 3);
+    zb__codec c = simple_codec(ZB_CODEC_ZSTD, 3);
     uint8_t *out = NULL;
     size_t got = 0;
     assert_int_equal(decode_exact(&c, NULL, frame, len, n, n, &got, &out), ZB_OK);
@@ -471,7 +471,7 @@ test_zstd_frame_without_content_size(void **state)
     free(out);
     /* The frame does not say, so its size cannot be asked for. */
     size_t declared = 0;
-    assert_int_equal(zb_codec_decoded_size(&c, frame, len, &declared, "k"), ZB_E_UNSUPPORTED);
+    assert_int_equal(zb__codec_decoded_size(&c, frame, len, &declared, "k"), ZB_E_UNSUPPORTED);
     /* Expecting more or less than the frame holds is corruption. */
     assert_int_equal(decode_exact(&c, NULL, frame, len, n + 4, n + 4, NULL, NULL), ZB_E_CORRUPT);
     assert_int_equal(decode_exact(&c, NULL, frame, len, n - 4, n - 4, NULL, NULL), ZB_E_CORRUPT);
@@ -487,14 +487,14 @@ test_zstd_concatenated_frames(void **state)
     (void)state;
     size_t n = 3000 * 4;
     uint8_t *data = make_floats(3000);
-    zb_codec c = simple_codec(ZB_CODEC_ZSTD, 3);
-    zb_buf a = {0}, b = {0};
+    zb__codec c = simple_codec(ZB_CODEC_ZSTD, 3);
+    zb__buf a = {0}, b = {0};
     size_t half = 1000 * 4;
-    assert_int_equal(zb_codec_encode(&c, NULL, data, half, 4, &a), ZB_OK);
-    assert_int_equal(zb_codec_encode(&c, NULL, data + half, n - half, 4, &b), ZB_OK);
-    assert_int_equal(zb_buf_append(&a, b.data, b.len), ZB_OK);
+    assert_int_equal(zb__codec_encode(&c, NULL, data, half, 4, &a), ZB_OK);
+    assert_int_equal(zb__codec_encode(&c, NULL, data + half, n - half, 4, &b), ZB_OK);
+    assert_int_equal(zb__buf_append(&a, b.data, b.len), ZB_OK);
     size_t declared = 0;
-    assert_int_equal(zb_codec_decoded_size(&c, a.data, a.len, &declared, "k"), ZB_OK);
+    assert_int_equal(zb__codec_decoded_size(&c, a.data, a.len, &declared, "k"), ZB_OK);
     assert_int_equal(declared, n);
     uint8_t *out = NULL;
     size_t got = 0;
@@ -506,7 +506,7 @@ test_zstd_concatenated_frames(void **state)
     uint8_t tail[8192];
     size_t tl = zstd_frame_unknown_size(data + half, n - half, tail, sizeof tail, 0);
     a.len -= b.len;
-    assert_int_equal(zb_buf_append(&a, tail, tl), ZB_OK);
+    assert_int_equal(zb__buf_append(&a, tail, tl), ZB_OK);
     assert_int_equal(decode_exact(&c, NULL, a.data, a.len, n, n, &got, &out), ZB_OK);
     assert_memory_equal(out, data, n);
     free(out);
@@ -514,20 +514,20 @@ test_zstd_concatenated_frames(void **state)
     uint8_t skip[12] = {0x50, 0x2a, 0x4d, 0x18, 4, 0, 0, 0, 'z', 'b', 'a', 't'};
     a.len -= tl;
     size_t first_len = a.len;
-    assert_int_equal(zb_buf_append(&a, skip, sizeof skip), ZB_OK);
-    assert_int_equal(zb_buf_append(&a, b.data, b.len), ZB_OK);
-    assert_int_equal(zb_codec_decoded_size(&c, a.data, a.len, &declared, "k"), ZB_OK);
+    assert_int_equal(zb__buf_append(&a, skip, sizeof skip), ZB_OK);
+    assert_int_equal(zb__buf_append(&a, b.data, b.len), ZB_OK);
+    assert_int_equal(zb__codec_decoded_size(&c, a.data, a.len, &declared, "k"), ZB_OK);
     assert_int_equal(declared, n);
     assert_int_equal(decode_exact(&c, NULL, a.data, a.len, n, n, &got, &out), ZB_OK);
     assert_memory_equal(out, data, n);
     free(out);
     /* Garbage after the last frame is not ignored. */
     a.len = first_len;
-    assert_int_equal(zb_buf_append(&a, "junk", 4), ZB_OK);
+    assert_int_equal(zb__buf_append(&a, "junk", 4), ZB_OK);
     assert_int_equal(decode_exact(&c, NULL, a.data, a.len, half, half, NULL, NULL), ZB_E_CORRUPT);
     assert_error_names("offset");
-    zb_buf_free(&a);
-    zb_buf_free(&b);
+    zb__buf_free(&a);
+    zb__buf_free(&b);
     free(data);
 }
 
@@ -537,10 +537,10 @@ test_zstd_size_mismatch_and_checksum(void **state)
     (void)state;
     size_t n = 2000 * 4;
     uint8_t *data = make_floats(2000);
-    zb_codec c = simple_codec(ZB_CODEC_ZSTD, 3);
+    zb__codec c = simple_codec(ZB_CODEC_ZSTD, 3);
     c.checksum = true;
-    zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, data, n, 4, &enc), ZB_OK);
+    zb__buf enc = {0};
+    assert_int_equal(zb__codec_encode(&c, NULL, data, n, 4, &enc), ZB_OK);
     assert_int_equal(decode_exact(&c, NULL, enc.data, enc.len, n + 1, n + 1, NULL, NULL),
                      ZB_E_CORRUPT);
     assert_error_names("c/0/3");
@@ -566,7 +566,7 @@ test_zstd_size_mismatch_and_checksum(void **state)
     assert_int_equal(decode_exact(&c, NULL, (const uint8_t *)"hello world", 11, n, n, NULL, NULL),
                      ZB_E_CORRUPT);
     assert_error_names("magic");
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
     free(data);
 }
 
@@ -580,9 +580,9 @@ test_lz4_framing_errors(void **state)
     (void)state;
     size_t n = 1500 * 4;
     uint8_t *data = make_floats(1500);
-    zb_codec c = simple_codec(ZB_CODEC_LZ4, 0);
-    zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, data, n, 4, &enc), ZB_OK);
+    zb__codec c = simple_codec(ZB_CODEC_LZ4, 0);
+    zb__buf enc = {0};
+    assert_int_equal(zb__codec_encode(&c, NULL, data, n, 4, &enc), ZB_OK);
 
     /* Prefix != expected. */
     assert_int_equal(decode_exact(&c, NULL, enc.data, enc.len, n + 4, n + 4, NULL, NULL),
@@ -608,7 +608,7 @@ test_lz4_framing_errors(void **state)
     assert_error_names("frame");
     assert_error_names("c/0/3");
     size_t declared = 0;
-    assert_int_equal(zb_codec_decoded_size(&c, frame, flen, &declared, "k"), ZB_E_CORRUPT);
+    assert_int_equal(zb__codec_decoded_size(&c, frame, flen, &declared, "k"), ZB_E_CORRUPT);
     assert_error_names("frame");
     free(frame);
 
@@ -625,7 +625,7 @@ test_lz4_framing_errors(void **state)
     assert_int_equal(decode_exact(&c, NULL, enc.data, 3, n, n, NULL, NULL), ZB_E_TRUNCATED);
     /* A prefix and no block. */
     assert_int_equal(decode_exact(&c, NULL, enc.data, 4, n, n, NULL, NULL), ZB_E_TRUNCATED);
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
     free(data);
 }
 
@@ -639,12 +639,12 @@ test_blosc_header_checks(void **state)
     (void)state;
     size_t n = 2048 * 4;
     uint8_t *data = make_floats(2048);
-    zb_codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_BYTE);
-    zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, data, n, 4, &enc), ZB_OK);
+    zb__codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_BYTE);
+    zb__buf enc = {0};
+    assert_int_equal(zb__codec_encode(&c, NULL, data, n, 4, &enc), ZB_OK);
 
     /* cbytes != object length: one byte more in the object, one byte less. */
-    assert_int_equal(zb_buf_append(&enc, "\0", 1), ZB_OK);
+    assert_int_equal(zb__buf_append(&enc, "\0", 1), ZB_OK);
     assert_int_equal(decode_exact(&c, NULL, enc.data, enc.len, n, n, NULL, NULL), ZB_E_CORRUPT);
     assert_error_names("cbytes");
     assert_error_names("c/0/3");
@@ -680,15 +680,15 @@ test_blosc_header_checks(void **state)
     memcpy(copy, enc.data, enc.len);
     put_le32(copy + 4, 0x7FFFFFF0u);
     size_t declared = 0;
-    assert_int_equal(zb_codec_decoded_size(&c, copy, enc.len, &declared, "k"), ZB_E_CORRUPT);
+    assert_int_equal(zb__codec_decoded_size(&c, copy, enc.len, &declared, "k"), ZB_E_CORRUPT);
     /* cbytes below the header size. */
     memcpy(copy, enc.data, enc.len);
     put_le32(copy + 12, 8);
     assert_int_equal(decode_exact(&c, NULL, copy, enc.len, n, n, NULL, NULL), ZB_E_CORRUPT);
     free(copy);
-    assert_int_equal(zb_codec_decoded_size(&c, enc.data, enc.len, &declared, "k"), ZB_OK);
+    assert_int_equal(zb__codec_decoded_size(&c, enc.data, enc.len, &declared, "k"), ZB_OK);
     assert_int_equal(declared, n);
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
     free(data);
 }
 
@@ -702,18 +702,18 @@ test_blosc_typesize_differs_from_dtype(void **state)
     for (size_t i = 0; i < 2; i++) {
         size_t n = counts[i] * 4;
         uint8_t *data = make_floats(counts[i]);
-        zb_codec c = blosc_codec("zstd", 5, ZB_SHUFFLE_BYTE);
+        zb__codec c = blosc_codec("zstd", 5, ZB_SHUFFLE_BYTE);
         c.typesize = 8;
-        zb_buf enc = {0};
+        zb__buf enc = {0};
         roundtrip(&c, NULL, data, n, 4, &enc);
         assert_int_equal(enc.data[3], 8);
         /* Decoding with a codec that says nothing about typesize. */
-        zb_codec plain = blosc_codec("lz4", 5, ZB_SHUFFLE_NONE);
+        zb__codec plain = blosc_codec("lz4", 5, ZB_SHUFFLE_NONE);
         uint8_t *out = NULL;
         assert_int_equal(decode_exact(&plain, NULL, enc.data, enc.len, n, n, NULL, &out), ZB_OK);
         assert_memory_equal(out, data, n);
         free(out);
-        zb_buf_free(&enc);
+        zb__buf_free(&enc);
         free(data);
     }
 }
@@ -722,7 +722,7 @@ static void
 test_blosc_random_garbage(void **state)
 {
     (void)state;
-    zb_codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_BYTE);
+    zb__codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_BYTE);
     zb_ctx *ctx = NULL;
     assert_int_equal(zb_ctx_new(&ctx), ZB_OK);
     uint8_t buf[600];
@@ -754,15 +754,15 @@ test_gzip_members_and_mtime(void **state)
     (void)state;
     size_t n = 5000 * 4;
     uint8_t *data = make_floats(5000);
-    zb_codec g = simple_codec(ZB_CODEC_GZIP, 1);
-    zb_buf a = {0}, b = {0};
+    zb__codec g = simple_codec(ZB_CODEC_GZIP, 1);
+    zb__buf a = {0}, b = {0};
     size_t split = 1234 * 4;
-    assert_int_equal(zb_codec_encode(&g, NULL, data, split, 4, &a), ZB_OK);
-    assert_int_equal(zb_codec_encode(&g, NULL, data + split, n - split, 4, &b), ZB_OK);
+    assert_int_equal(zb__codec_encode(&g, NULL, data, split, 4, &a), ZB_OK);
+    assert_int_equal(zb__codec_encode(&g, NULL, data + split, n - split, 4, &b), ZB_OK);
     /* Python's gzip writes the wall clock as MTIME; the CRC covers data only. */
     put_le32(a.data + 4, 0x6b0e6467u);
     put_le32(b.data + 4, 0x6b0e6468u);
-    assert_int_equal(zb_buf_append(&a, b.data, b.len), ZB_OK);
+    assert_int_equal(zb__buf_append(&a, b.data, b.len), ZB_OK);
 
     uint8_t *out = NULL;
     size_t got = 0;
@@ -774,18 +774,18 @@ test_gzip_members_and_mtime(void **state)
     assert_int_equal(got, n);
     free(out);
     size_t declared = 0;
-    assert_int_equal(zb_codec_decoded_size(&g, a.data, a.len, &declared, "k"), ZB_OK);
+    assert_int_equal(zb__codec_decoded_size(&g, a.data, a.len, &declared, "k"), ZB_OK);
     assert_int_equal(declared, n);
     /* The first member alone is short of the expected size. */
     assert_int_equal(decode_exact(&g, NULL, a.data, a.len - b.len, n, n, NULL, NULL), ZB_E_CORRUPT);
     /* Expecting less than the members hold. */
     assert_int_equal(decode_exact(&g, NULL, a.data, a.len, n - 1, n - 1, NULL, NULL), ZB_E_CORRUPT);
     /* Garbage after the last member. */
-    assert_int_equal(zb_buf_append(&a, "xy", 2), ZB_OK);
+    assert_int_equal(zb__buf_append(&a, "xy", 2), ZB_OK);
     assert_int_not_equal(decode_exact(&g, NULL, a.data, a.len, n, n, NULL, NULL), ZB_OK);
     assert_error_names("offset");
-    zb_buf_free(&a);
-    zb_buf_free(&b);
+    zb__buf_free(&a);
+    zb__buf_free(&b);
     free(data);
 }
 
@@ -795,9 +795,9 @@ test_gzip_bad_crc_and_isize(void **state)
     (void)state;
     size_t n = 3000 * 4;
     uint8_t *data = make_floats(3000);
-    zb_codec g = simple_codec(ZB_CODEC_GZIP, 6);
-    zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&g, NULL, data, n, 4, &enc), ZB_OK);
+    zb__codec g = simple_codec(ZB_CODEC_GZIP, 6);
+    zb__buf enc = {0};
+    assert_int_equal(zb__codec_encode(&g, NULL, data, n, 4, &enc), ZB_OK);
     enc.data[enc.len - 8] ^= 0x01; /* CRC-32, first byte */
     assert_int_equal(decode_exact(&g, NULL, enc.data, enc.len, n, n, NULL, NULL), ZB_E_CHECKSUM);
     assert_error_names("CRC-32");
@@ -808,7 +808,7 @@ test_gzip_bad_crc_and_isize(void **state)
     assert_error_names("ISIZE");
     enc.data[enc.len - 1] ^= 0x80;
     assert_int_equal(decode_exact(&g, NULL, enc.data, enc.len, n, n, NULL, NULL), ZB_OK);
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
     free(data);
 }
 
@@ -818,11 +818,11 @@ test_gzip_zlib_never_confused(void **state)
     (void)state;
     size_t n = 1000 * 4;
     uint8_t *data = make_floats(1000);
-    zb_codec g = simple_codec(ZB_CODEC_GZIP, 1);
-    zb_codec z = simple_codec(ZB_CODEC_ZLIB, 1);
-    zb_buf gz = {0}, zl = {0};
-    assert_int_equal(zb_codec_encode(&g, NULL, data, n, 4, &gz), ZB_OK);
-    assert_int_equal(zb_codec_encode(&z, NULL, data, n, 4, &zl), ZB_OK);
+    zb__codec g = simple_codec(ZB_CODEC_GZIP, 1);
+    zb__codec z = simple_codec(ZB_CODEC_ZLIB, 1);
+    zb__buf gz = {0}, zl = {0};
+    assert_int_equal(zb__codec_encode(&g, NULL, data, n, 4, &gz), ZB_OK);
+    assert_int_equal(zb__codec_encode(&z, NULL, data, n, 4, &zl), ZB_OK);
     assert_int_equal(decode_exact(&z, NULL, gz.data, gz.len, n, n, NULL, NULL), ZB_E_CORRUPT);
     assert_error_names("gzip");
     assert_error_names("c/0/3");
@@ -833,17 +833,17 @@ test_gzip_zlib_never_confused(void **state)
     assert_int_equal(decode_exact(&z, NULL, zl.data, zl.len, n, n, NULL, NULL), ZB_E_CHECKSUM);
     assert_error_names("Adler-32");
     zl.data[zl.len - 1] ^= 0x01;
-    assert_int_equal(zb_buf_append(&zl, "\0", 1), ZB_OK);
+    assert_int_equal(zb__buf_append(&zl, "\0", 1), ZB_OK);
     assert_int_equal(decode_exact(&z, NULL, zl.data, zl.len, n, n, NULL, NULL), ZB_E_CORRUPT);
     assert_error_names("trailing");
-    zb_buf_free(&gz);
-    zb_buf_free(&zl);
+    zb__buf_free(&gz);
+    zb__buf_free(&zl);
     free(data);
 }
 
 /* Appends one gzip member with every optional header field, built by hand (RFC 1952 §2.3). */
 static void
-append_gzip_member_all_flags(zb_buf *out, const uint8_t *data, size_t n)
+append_gzip_member_all_flags(zb__buf *out, const uint8_t *data, size_t n)
 {
     uint8_t hdr[64];
     size_t h = 0;
@@ -861,7 +861,7 @@ append_gzip_member_all_flags(zb_buf *out, const uint8_t *data, size_t n)
     uint32_t hcrc = libdeflate_crc32(0, hdr, h); /* FHCRC: low 16 bits of the header CRC */
     hdr[h++] = (uint8_t)hcrc;
     hdr[h++] = (uint8_t)(hcrc >> 8);
-    assert_int_equal(zb_buf_append(out, hdr, h), ZB_OK);
+    assert_int_equal(zb__buf_append(out, hdr, h), ZB_OK);
 
     struct libdeflate_compressor *c = libdeflate_alloc_compressor(6);
     size_t bound = libdeflate_deflate_compress_bound(c, n);
@@ -869,12 +869,12 @@ append_gzip_member_all_flags(zb_buf *out, const uint8_t *data, size_t n)
     size_t dl = libdeflate_deflate_compress(c, data, n, defl, bound);
     assert_true(dl > 0);
     libdeflate_free_compressor(c);
-    assert_int_equal(zb_buf_append(out, defl, dl), ZB_OK);
+    assert_int_equal(zb__buf_append(out, defl, dl), ZB_OK);
     free(defl);
     uint8_t trailer[8];
     put_le32(trailer, libdeflate_crc32(0, data, n));
     put_le32(trailer + 4, (uint32_t)n);
-    assert_int_equal(zb_buf_append(out, trailer, sizeof trailer), ZB_OK);
+    assert_int_equal(zb__buf_append(out, trailer, sizeof trailer), ZB_OK);
 }
 
 static void
@@ -883,8 +883,8 @@ test_gzip_optional_header_fields(void **state)
     (void)state;
     size_t n = 2500 * 4;
     uint8_t *data = make_floats(2500);
-    zb_codec g = simple_codec(ZB_CODEC_GZIP, 1);
-    zb_buf m = {0};
+    zb__codec g = simple_codec(ZB_CODEC_GZIP, 1);
+    zb__buf m = {0};
     append_gzip_member_all_flags(&m, data, n);
     uint8_t *out = NULL;
     size_t got = 0;
@@ -892,9 +892,9 @@ test_gzip_optional_header_fields(void **state)
     assert_memory_equal(out, data, n);
     free(out);
     /* Followed by a plain member. */
-    zb_buf plain = {0};
-    assert_int_equal(zb_codec_encode(&g, NULL, data, n, 4, &plain), ZB_OK);
-    assert_int_equal(zb_buf_append(&m, plain.data, plain.len), ZB_OK);
+    zb__buf plain = {0};
+    assert_int_equal(zb__codec_encode(&g, NULL, data, n, 4, &plain), ZB_OK);
+    assert_int_equal(zb__buf_append(&m, plain.data, plain.len), ZB_OK);
     assert_int_equal(decode_exact(&g, NULL, m.data, m.len, 2 * n, 2 * n, &got, &out), ZB_OK);
     assert_memory_equal(out, data, n);
     assert_memory_equal(out + n, data, n);
@@ -904,14 +904,14 @@ test_gzip_optional_header_fields(void **state)
     assert_int_equal(decode_exact(&g, NULL, m.data, m.len, 2 * n, 2 * n, NULL, NULL), ZB_E_CORRUPT);
     assert_error_names("FLG");
     /* An FNAME without its NUL: the header runs off the end. */
-    zb_buf cut = {0};
-    assert_int_equal(zb_buf_append(&cut, m.data, 10 + 8 + 4), ZB_OK);
+    zb__buf cut = {0};
+    assert_int_equal(zb__buf_append(&cut, m.data, 10 + 8 + 4), ZB_OK);
     cut.data[3] &= (uint8_t)~0x20;
     assert_int_equal(decode_exact(&g, NULL, cut.data, cut.len, n, n, NULL, NULL), ZB_E_TRUNCATED);
     assert_error_names("FNAME");
-    zb_buf_free(&cut);
-    zb_buf_free(&plain);
-    zb_buf_free(&m);
+    zb__buf_free(&cut);
+    zb__buf_free(&plain);
+    zb__buf_free(&m);
     free(data);
 }
 
@@ -919,7 +919,7 @@ test_gzip_optional_header_fields(void **state)
  * Every decoder against truncation and damage (§9 row 16).
  * ------------------------------------------------------------------------------------------- */
 
-static zb_codec
+static zb__codec
 all_codecs(size_t i)
 {
     switch (i) {
@@ -928,7 +928,7 @@ all_codecs(size_t i)
     case 1:
         return blosc_codec("zstd", 3, ZB_SHUFFLE_BIT);
     case 2: {
-        zb_codec c = simple_codec(ZB_CODEC_ZSTD, 3);
+        zb__codec c = simple_codec(ZB_CODEC_ZSTD, 3);
         c.checksum = true;
         return c;
     }
@@ -955,10 +955,10 @@ test_every_prefix_is_an_error(void **state)
     uint8_t *data = make_floats(300);
     zb_ctx *ctx = NULL;
     assert_int_equal(zb_ctx_new(&ctx), ZB_OK);
-    zb_buf enc = {0};
+    zb__buf enc = {0};
     for (size_t i = 0; i < N_ALL_CODECS; i++) {
-        zb_codec c = all_codecs(i);
-        assert_int_equal(zb_codec_encode(&c, ctx, data, n, 4, &enc), ZB_OK);
+        zb__codec c = all_codecs(i);
+        assert_int_equal(zb__codec_encode(&c, ctx, data, n, 4, &enc), ZB_OK);
         for (size_t k = 0; k < enc.len; k++) {
             zb_status st = decode_exact(&c, ctx, enc.data, k, n, n, NULL, NULL);
             if (st == ZB_OK) fail_msg("codec %zu: a %zu-byte prefix of %zu decoded", i, k, enc.len);
@@ -973,7 +973,7 @@ test_every_prefix_is_an_error(void **state)
         }
         assert_int_equal(decode_exact(&c, ctx, enc.data, enc.len, n, n, NULL, NULL), ZB_OK);
     }
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
     zb_ctx_free(ctx);
     free(data);
 }
@@ -986,10 +986,10 @@ test_mutated_buffers_never_crash(void **state)
     uint8_t *data = make_floats(700);
     zb_ctx *ctx = NULL;
     assert_int_equal(zb_ctx_new(&ctx), ZB_OK);
-    zb_buf enc = {0};
+    zb__buf enc = {0};
     for (size_t i = 0; i < N_ALL_CODECS; i++) {
-        zb_codec c = all_codecs(i);
-        assert_int_equal(zb_codec_encode(&c, ctx, data, n, 4, &enc), ZB_OK);
+        zb__codec c = all_codecs(i);
+        assert_int_equal(zb__codec_encode(&c, ctx, data, n, 4, &enc), ZB_OK);
         uint8_t *m = malloc(enc.len);
         for (int iter = 0; iter < 3000; iter++) {
             memcpy(m, enc.data, enc.len);
@@ -1006,7 +1006,7 @@ test_mutated_buffers_never_crash(void **state)
         }
         free(m);
     }
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
     zb_ctx_free(ctx);
     free(data);
 }
@@ -1020,23 +1020,23 @@ test_error_messages_name_where(void **state)
     uint8_t junk[64];
     for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)(0x5A ^ i);
     for (size_t i = 0; i < N_ALL_CODECS; i++) {
-        zb_codec c = all_codecs(i);
+        zb__codec c = all_codecs(i);
         uint8_t out[128];
         size_t got = 0;
         zb_clear_error();
-        zb_status st = zb_codec_decode(&c, NULL, junk, sizeof junk, out, sizeof out, sizeof out,
+        zb_status st = zb__codec_decode(&c, NULL, junk, sizeof junk, out, sizeof out, sizeof out,
                                        &got, "arr/c/7/1");
         assert_int_not_equal(st, ZB_OK);
         assert_error_names("arr/c/7/1");
         assert_error_names(names[i]);
     }
     /* The crc32c codec's own statuses. */
-    zb_codec k = simple_codec(ZB_CODEC_CRC32C, 0);
+    zb__codec k = simple_codec(ZB_CODEC_CRC32C, 0);
     uint8_t out[64];
-    assert_int_equal(zb_codec_decode(&k, NULL, junk, 3, out, sizeof out, SIZE_MAX, NULL, "x/0"),
+    assert_int_equal(zb__codec_decode(&k, NULL, junk, 3, out, sizeof out, SIZE_MAX, NULL, "x/0"),
                      ZB_E_TRUNCATED);
     assert_error_names("x/0");
-    assert_int_equal(zb_codec_decode(&k, NULL, junk, 20, out, 16, 16, NULL, "x/1"), ZB_E_CHECKSUM);
+    assert_int_equal(zb__codec_decode(&k, NULL, junk, 20, out, 16, 16, NULL, "x/1"), ZB_E_CHECKSUM);
     assert_error_names("x/1");
     assert_error_names("offset 16");
 }
@@ -1051,36 +1051,36 @@ test_dispatcher_arguments(void **state)
     (void)state;
     uint8_t raw[32], out[32];
     chunk32(raw);
-    zb_codec c = simple_codec(ZB_CODEC_CRC32C, 0);
-    zb_buf enc = {0};
-    assert_int_equal(zb_codec_encode(&c, NULL, raw, 32, 4, &enc), ZB_OK);
+    zb__codec c = simple_codec(ZB_CODEC_CRC32C, 0);
+    zb__buf enc = {0};
+    assert_int_equal(zb__codec_encode(&c, NULL, raw, 32, 4, &enc), ZB_OK);
     size_t got = 0;
     /* Room below the expected size is the caller's mistake. */
-    assert_int_equal(zb_codec_decode(&c, NULL, enc.data, enc.len, out, 31, 32, &got, "k"),
+    assert_int_equal(zb__codec_decode(&c, NULL, enc.data, enc.len, out, 31, 32, &got, "k"),
                      ZB_E_INVALID);
-    assert_int_equal(zb_codec_decode(&c, NULL, NULL, 5, out, 32, 32, &got, "k"), ZB_E_INVALID);
-    zb_codec bad = {.id = (zb_codec_id)99};
-    assert_int_equal(zb_codec_decode(&bad, NULL, enc.data, enc.len, out, 32, 32, &got, "k"),
+    assert_int_equal(zb__codec_decode(&c, NULL, NULL, 5, out, 32, 32, &got, "k"), ZB_E_INVALID);
+    zb__codec bad = {.id = (zb__codec_id)99};
+    assert_int_equal(zb__codec_decode(&bad, NULL, enc.data, enc.len, out, 32, 32, &got, "k"),
                      ZB_E_INVALID);
-    assert_int_equal(zb_codec_encode(&bad, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
+    assert_int_equal(zb__codec_encode(&bad, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
     /* In-place decoding of crc32c (dst == src). */
-    assert_int_equal(zb_codec_decode(&c, NULL, enc.data, enc.len, enc.data, enc.len, 32, &got, "k"),
+    assert_int_equal(zb__codec_decode(&c, NULL, enc.data, enc.len, enc.data, enc.len, 32, &got, "k"),
                      ZB_OK);
     assert_memory_equal(enc.data, raw, 32);
 
     /* Encoder parameters outside their ranges. */
-    zb_codec b = blosc_codec("nope", 5, 1);
-    assert_int_equal(zb_codec_encode(&b, NULL, raw, 32, 4, &enc), ZB_E_UNSUPPORTED);
+    zb__codec b = blosc_codec("nope", 5, 1);
+    assert_int_equal(zb__codec_encode(&b, NULL, raw, 32, 4, &enc), ZB_E_UNSUPPORTED);
     b = blosc_codec("lz4", 10, 1);
-    assert_int_equal(zb_codec_encode(&b, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
+    assert_int_equal(zb__codec_encode(&b, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
     b = blosc_codec("lz4", 5, 7);
-    assert_int_equal(zb_codec_encode(&b, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
-    zb_codec z = simple_codec(ZB_CODEC_ZSTD, 1000);
-    assert_int_equal(zb_codec_encode(&z, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
-    zb_codec g = simple_codec(ZB_CODEC_GZIP, 10);
-    assert_int_equal(zb_codec_encode(&g, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
+    assert_int_equal(zb__codec_encode(&b, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
+    zb__codec z = simple_codec(ZB_CODEC_ZSTD, 1000);
+    assert_int_equal(zb__codec_encode(&z, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
+    zb__codec g = simple_codec(ZB_CODEC_GZIP, 10);
+    assert_int_equal(zb__codec_encode(&g, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
     assert_int_equal(enc.len, 0);
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
 }
 
 static void
@@ -1088,33 +1088,33 @@ test_describe(void **state)
 {
     (void)state;
     char buf[64];
-    zb_codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_BYTE);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_BYTE);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "blosc(lz4,5,shuffle)");
     c = blosc_codec("zstd", 3, ZB_SHUFFLE_BIT);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "blosc(zstd,3,bitshuffle)");
     c = simple_codec(ZB_CODEC_ZSTD, 3);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "zstd(3)");
     c.checksum = true;
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "zstd(3,checksum)");
     c = simple_codec(ZB_CODEC_GZIP, 1);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "gzip(1)");
     c = simple_codec(ZB_CODEC_ZLIB, 9);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "zlib(9)");
     c = simple_codec(ZB_CODEC_LZ4, 0);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "lz4(1)");
     c = simple_codec(ZB_CODEC_CRC32C, 0);
-    zb_codec_describe(&c, buf, sizeof buf);
+    zb__codec_describe(&c, buf, sizeof buf);
     assert_string_equal(buf, "crc32c");
     /* Truncates rather than overflows. */
     c = blosc_codec("blosclz", 9, ZB_SHUFFLE_NONE);
-    zb_codec_describe(&c, buf, 8);
+    zb__codec_describe(&c, buf, 8);
     assert_string_equal(buf, "blosc(b");
 }
 
@@ -1134,11 +1134,11 @@ test_ctx_lifecycle_and_stats(void **state)
     /* Use every lazily made context and scratch buffer, so that free has them all to release. */
     uint8_t raw[32], out[32];
     chunk32(raw);
-    zb_buf enc = {0};
+    zb__buf enc = {0};
     for (size_t i = 0; i < N_ALL_CODECS; i++) {
-        zb_codec c = all_codecs(i);
-        assert_int_equal(zb_codec_encode(&c, ctx, raw, 32, 4, &enc), ZB_OK);
-        assert_int_equal(zb_codec_decode(&c, ctx, enc.data, enc.len, out, 32, 32, NULL, "k"),
+        zb__codec c = all_codecs(i);
+        assert_int_equal(zb__codec_encode(&c, ctx, raw, 32, 4, &enc), ZB_OK);
+        assert_int_equal(zb__codec_decode(&c, ctx, enc.data, enc.len, out, 32, 32, NULL, "k"),
                          ZB_OK);
         assert_memory_equal(out, raw, 32);
     }
@@ -1146,10 +1146,10 @@ test_ctx_lifecycle_and_stats(void **state)
     assert_non_null(ctx->zstd_cctx);
     assert_non_null(ctx->deflate_d);
     /* every named workspace is freed with the context (the ASan tier checks the leak) */
-    zb_buf *ws[] = {&ctx->ws.enc, &ctx->ws.stage[0], &ctx->ws.stage[1], &ctx->ws.decoded,
+    zb__buf *ws[] = {&ctx->ws.enc, &ctx->ws.stage[0], &ctx->ws.stage[1], &ctx->ws.decoded,
                     &ctx->ws.items, &ctx->ws.unit, &ctx->ws.fetch, &ctx->ws.packed};
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-        assert_int_equal(zb_buf_reserve(ws[i], 1000), ZB_OK);
+        assert_int_equal(zb__buf_reserve(ws[i], 1000), ZB_OK);
     /* The codec layer leaves statistics to the array layer. */
     zb_ctx_get_stats(ctx, &s);
     assert_int_equal(s.bytes_decoded, 0);
@@ -1164,7 +1164,7 @@ test_ctx_lifecycle_and_stats(void **state)
     assert_int_equal(s.bytes_decoded, 0);
     assert_int_equal(s.range_reads, 0);
     zb_ctx_reset_stats(NULL);
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
     zb_ctx_free(ctx);
 }
 

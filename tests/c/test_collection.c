@@ -20,35 +20,71 @@ typedef struct child {
     float data[8];
     const char *cell_type[2]; /* categories */
     int8_t type_codes[4];
-    int64_t leiden[2];        /* numeric categories */
+    int64_t leiden[2]; /* numeric categories */
     int8_t leiden_codes[4];
     int32_t count[4];
     uint8_t count_missing[4];
     const char *tag[4];
-    uint8_t tag_missing[4];   /* all zero: written as a plain string-array */
+    uint8_t tag_missing[4]; /* all zero: written as a plain string-array */
     bool tag_nullable;
 } child;
 
 /* a: genes g0 g1 g2; rows {0:1, 2:2}, {1:3}, {}, {0:4, 1:5, 2:6} */
 static const child A = {
-    "a", {"g0", "g1", "g2"}, 4, {0, 2, 3, 3, 6}, {0, 2, 1, 0, 1, 2}, {1, 2, 3, 4, 5, 6},
-    {"B", "T"}, {0, 1, -1, 0}, {3, 7}, {0, 1, 1, 0},
-    {5, 0, 7, 9}, {0, 1, 0, 0}, {"x", "", "z", "w"}, {0, 1, 0, 0}, true,
+    "a",
+    {"g0", "g1", "g2"},
+    4,
+    {0, 2, 3, 3, 6},
+    {0, 2, 1, 0, 1, 2},
+    {1, 2, 3, 4, 5, 6},
+    {"B", "T"},
+    {0, 1, -1, 0},
+    {3, 7},
+    {0, 1, 1, 0},
+    {5, 0, 7, 9},
+    {0, 1, 0, 0},
+    {"x", "", "z", "w"},
+    {0, 1, 0, 0},
+    true,
 };
 
 /* c: the same genes; other categories: cell_type NK/T, leiden 7/9; tag without missing values
  * (a plain string-array) */
 static const child C = {
-    "c", {"g0", "g1", "g2"}, 3, {0, 1, 1, 3}, {1, 0, 2}, {7, 8, 9},
-    {"NK", "T"}, {1, 0, 1}, {7, 9}, {1, 1, 0},
-    {11, 12, 13}, {0, 0, 1}, {"p", "q", "r"}, {0, 0, 0}, false,
+    "c",
+    {"g0", "g1", "g2"},
+    3,
+    {0, 1, 1, 3},
+    {1, 0, 2},
+    {7, 8, 9},
+    {"NK", "T"},
+    {1, 0, 1},
+    {7, 9},
+    {1, 1, 0},
+    {11, 12, 13},
+    {0, 0, 1},
+    {"p", "q", "r"},
+    {0, 0, 0},
+    false,
 };
 
 /* b: a's genes in another order (g2 g0 g1); row 0 holds g2 = 10, g0 = 11 */
 static const child B = {
-    "b", {"g2", "g0", "g1"}, 3, {0, 2, 3, 3}, {0, 1, 2}, {10, 11, 12},
-    {"B", "T"}, {0, 0, 1}, {3, 7}, {0, 0, 0},
-    {1, 2, 3}, {0, 0, 0}, {"s", "t", "u"}, {0, 0, 0}, true,
+    "b",
+    {"g2", "g0", "g1"},
+    3,
+    {0, 2, 3, 3},
+    {0, 1, 2},
+    {10, 11, 12},
+    {"B", "T"},
+    {0, 0, 1},
+    {3, 7},
+    {0, 0, 0},
+    {1, 2, 3},
+    {0, 0, 0},
+    {"s", "t", "u"},
+    {0, 0, 0},
+    true,
 };
 
 static void
@@ -83,24 +119,23 @@ write_child(zb_store *s, const child *c)
     strings_of(names, c->n, data, off);
     ZB_ASSERT_OK(zb_anndata_writer_append_names(w, ZB_ANNDATA_OBS, data, off, c->n));
     strings_of(c->cell_type, 2, data, off);
-    ZB_ASSERT_OK(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "cell_type", data, off,
-                                                      2, false));
+    ZB_ASSERT_OK(
+        zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "cell_type", data, off, 2, false));
     ZB_ASSERT_OK(zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, "cell_type", ZB_DT_INT8,
                                                 c->type_codes, c->n));
     ZB_ASSERT_OK(zb_anndata_writer_define_categorical_values(w, ZB_ANNDATA_OBS, "leiden",
                                                              ZB_DT_INT64, c->leiden, 2, false));
     ZB_ASSERT_OK(zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, "leiden", ZB_DT_INT8,
                                                 c->leiden_codes, c->n));
-    ZB_ASSERT_OK(zb_anndata_writer_append_nullable_column(w, ZB_ANNDATA_OBS, "count",
-                                                          ZB_DT_INT32, c->count, c->n,
-                                                          c->count_missing, c->n));
+    ZB_ASSERT_OK(zb_anndata_writer_append_nullable_column(w, ZB_ANNDATA_OBS, "count", ZB_DT_INT32,
+                                                          c->count, c->n, c->count_missing, c->n));
     strings_of(c->tag, c->n, data, off);
     if (c->tag_nullable)
         ZB_ASSERT_OK(zb_anndata_writer_append_nullable_string_column(
             w, ZB_ANNDATA_OBS, "tag", data, off, c->n, c->tag_missing, c->n));
     else
-        ZB_ASSERT_OK(zb_anndata_writer_append_string_column(w, ZB_ANNDATA_OBS, "tag", data, off,
-                                                            c->n));
+        ZB_ASSERT_OK(
+            zb_anndata_writer_append_string_column(w, ZB_ANNDATA_OBS, "tag", data, off, c->n));
     ZB_ASSERT_OK(zb_anndata_writer_commit(w));
     zb_anndata_writer_close(w);
 }
@@ -142,10 +177,14 @@ static int64_t
 code_at(const zb_batch_view *v, size_t i)
 {
     switch (v->dtype) {
-    case ZB_DT_INT8: return ((const int8_t *)v->data)[i];
-    case ZB_DT_INT16: return ((const int16_t *)v->data)[i];
-    case ZB_DT_INT32: return ((const int32_t *)v->data)[i];
-    default: fail_msg("codes of dtype %d", (int)v->dtype);
+    case ZB_DT_INT8:
+        return ((const int8_t *)v->data)[i];
+    case ZB_DT_INT16:
+        return ((const int16_t *)v->data)[i];
+    case ZB_DT_INT32:
+        return ((const int32_t *)v->data)[i];
+    default:
+        fail_msg("codes of dtype %d", (int)v->dtype);
     }
     return 0;
 }
@@ -170,8 +209,7 @@ test_codes_mean_one_label(void **state)
     assert_int_equal(t.n, 3);
     const char *want_types[3] = {"B", "NK", "T"};
     for (uint64_t k = 0; k < 3; k++) {
-        assert_int_equal(t.strings->offsets[k + 1] - t.strings->offsets[k],
-                         strlen(want_types[k]));
+        assert_int_equal(t.strings->offsets[k + 1] - t.strings->offsets[k], strlen(want_types[k]));
         assert_memory_equal(t.strings->data + t.strings->offsets[k], want_types[k],
                             strlen(want_types[k]));
     }
@@ -299,8 +337,8 @@ test_var_order(void **state)
     const int64_t want_ids[6] = {0, 2, 1, 0, 1, 2};
     assert_memory_equal(d.data, want_data, sizeof want_data);
     for (size_t i = 0; i < 6; i++) {
-        int64_t id = x.dtype == ZB_DT_INT32 ? ((const int32_t *)x.data)[i]
-                                            : ((const int64_t *)x.data)[i];
+        int64_t id =
+            x.dtype == ZB_DT_INT32 ? ((const int32_t *)x.data)[i] : ((const int64_t *)x.data)[i];
         assert_int_equal(id, want_ids[i]);
     }
     zb_batch_free(b);

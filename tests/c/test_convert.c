@@ -10,24 +10,36 @@
 #include "support/testutil.h"
 #include "util/strmap.h"
 
-static const char *const dtype_names[12] = {"bool",   "int8",   "int16",   "int32",
-                                            "int64",  "uint8",  "uint16",  "uint32",
+static const char *const dtype_names[12] = {"bool",   "int8",    "int16",   "int32",
+                                            "int64",  "uint8",   "uint16",  "uint32",
                                             "uint64", "float16", "float32", "float64"};
 
 /* np.result_type(np.dtype(a), np.dtype(b)).name for a, b over dtype_names */
 static const char *const promoted[12][12] = {
-    {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"},
-    {"int8", "int8", "int16", "int32", "int64", "int16", "int32", "int64", "float64", "float16", "float32", "float64"},
-    {"int16", "int16", "int16", "int32", "int64", "int16", "int32", "int64", "float64", "float32", "float32", "float64"},
-    {"int32", "int32", "int32", "int32", "int64", "int32", "int32", "int64", "float64", "float64", "float64", "float64"},
-    {"int64", "int64", "int64", "int64", "int64", "int64", "int64", "int64", "float64", "float64", "float64", "float64"},
-    {"uint8", "int16", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"},
-    {"uint16", "int32", "int32", "int32", "int64", "uint16", "uint16", "uint32", "uint64", "float32", "float32", "float64"},
-    {"uint32", "int64", "int64", "int64", "int64", "uint32", "uint32", "uint32", "uint64", "float64", "float64", "float64"},
-    {"uint64", "float64", "float64", "float64", "float64", "uint64", "uint64", "uint64", "uint64", "float64", "float64", "float64"},
-    {"float16", "float16", "float32", "float64", "float64", "float16", "float32", "float64", "float64", "float16", "float32", "float64"},
-    {"float32", "float32", "float32", "float64", "float64", "float32", "float32", "float64", "float64", "float32", "float32", "float64"},
-    {"float64", "float64", "float64", "float64", "float64", "float64", "float64", "float64", "float64", "float64", "float64", "float64"},
+    {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+     "float32", "float64"},
+    {"int8", "int8", "int16", "int32", "int64", "int16", "int32", "int64", "float64", "float16",
+     "float32", "float64"},
+    {"int16", "int16", "int16", "int32", "int64", "int16", "int32", "int64", "float64", "float32",
+     "float32", "float64"},
+    {"int32", "int32", "int32", "int32", "int64", "int32", "int32", "int64", "float64", "float64",
+     "float64", "float64"},
+    {"int64", "int64", "int64", "int64", "int64", "int64", "int64", "int64", "float64", "float64",
+     "float64", "float64"},
+    {"uint8", "int16", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+     "float32", "float64"},
+    {"uint16", "int32", "int32", "int32", "int64", "uint16", "uint16", "uint32", "uint64",
+     "float32", "float32", "float64"},
+    {"uint32", "int64", "int64", "int64", "int64", "uint32", "uint32", "uint32", "uint64",
+     "float64", "float64", "float64"},
+    {"uint64", "float64", "float64", "float64", "float64", "uint64", "uint64", "uint64", "uint64",
+     "float64", "float64", "float64"},
+    {"float16", "float16", "float32", "float64", "float64", "float16", "float32", "float64",
+     "float64", "float16", "float32", "float64"},
+    {"float32", "float32", "float32", "float64", "float64", "float32", "float32", "float64",
+     "float64", "float32", "float32", "float64"},
+    {"float64", "float64", "float64", "float64", "float64", "float64", "float64", "float64",
+     "float64", "float64", "float64", "float64"},
 };
 
 static zb_dtype
@@ -85,26 +97,36 @@ test_category_text_matches_numpy_str(void **state)
 {
     (void)state;
     /* str(np.float64(v)) / str(np.float32(v)) / str(np.int64(v)) / str(np.bool_(v)) */
-    struct { zb_dtype t; double v; const char *want; } cases[] = {
-        {ZB_DT_FLOAT64, 0.5, "0.5"},         {ZB_DT_FLOAT64, 100.0, "100.0"},
-        {ZB_DT_FLOAT64, 1e-05, "1e-05"},     {ZB_DT_FLOAT64, 1e16, "1e+16"},
-        {ZB_DT_FLOAT32, 0.1, "0.1"},         {ZB_DT_FLOAT64, 123456789.0, "123456789.0"},
-        {ZB_DT_FLOAT32, 1.5e-7, "1.5e-07"},  {ZB_DT_FLOAT32, 3.0, "3.0"},
-        {ZB_DT_FLOAT64, -2.5e300, "-2.5e+300"}, {ZB_DT_FLOAT64, NAN, "nan"},
+    struct {
+        zb_dtype t;
+        double v;
+        const char *want;
+    } cases[] = {
+        {ZB_DT_FLOAT64, 0.5, "0.5"},
+        {ZB_DT_FLOAT64, 100.0, "100.0"},
+        {ZB_DT_FLOAT64, 1e-05, "1e-05"},
+        {ZB_DT_FLOAT64, 1e16, "1e+16"},
+        {ZB_DT_FLOAT32, 0.1, "0.1"},
+        {ZB_DT_FLOAT64, 123456789.0, "123456789.0"},
+        {ZB_DT_FLOAT32, 1.5e-7, "1.5e-07"},
+        {ZB_DT_FLOAT32, 3.0, "3.0"},
+        {ZB_DT_FLOAT64, -2.5e300, "-2.5e+300"},
+        {ZB_DT_FLOAT64, NAN, "nan"},
         {ZB_DT_FLOAT64, -INFINITY, "-inf"},
     };
     char buf[64];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         unsigned char v[8];
         cv_convert_values(v, cases[i].t, &cases[i].v, ZB_DT_FLOAT64, 1);
-        zb_src_category_text(cases[i].t, v, buf, sizeof buf);
-        if (strcmp(buf, cases[i].want)) fail_msg("%g: '%s', numpy '%s'", cases[i].v, buf, cases[i].want);
+        zb__src_category_text(cases[i].t, v, buf, sizeof buf);
+        if (strcmp(buf, cases[i].want))
+            fail_msg("%g: '%s', numpy '%s'", cases[i].v, buf, cases[i].want);
     }
     int64_t big = -9223372036854775807LL - 1;
-    zb_src_category_text(ZB_DT_INT64, &big, buf, sizeof buf);
+    zb__src_category_text(ZB_DT_INT64, &big, buf, sizeof buf);
     assert_string_equal(buf, "-9223372036854775808");
     uint8_t t = 1;
-    zb_src_category_text(ZB_DT_BOOL, &t, buf, sizeof buf);
+    zb__src_category_text(ZB_DT_BOOL, &t, buf, sizeof buf);
     assert_string_equal(buf, "True");
 }
 
@@ -124,15 +146,15 @@ test_strmap(void **state)
     cv_strbuf b = {0};
     const char *names[] = {"TP53", "GAPDH", "", "ACTB", "GAPDH"};
     for (size_t i = 0; i < 5; i++) ZB_ASSERT_OK(cv_strbuf_push(&b, names[i], strlen(names[i])));
-    zb_strmap m;
+    zb__strmap m;
     uint64_t dup;
-    ZB_ASSERT_OK(zb_strmap_build(&m, &b.s, &dup));
+    ZB_ASSERT_OK(zb__strmap_build(&m, &b.s, &dup));
     assert_int_equal(dup, 4);
-    assert_int_equal(zb_strmap_find(&m, "ACTB", 4), 3);
-    assert_int_equal(zb_strmap_find(&m, "GAPDH", 5), 1);
-    assert_int_equal(zb_strmap_find(&m, "", 0), 2);
-    assert_int_equal(zb_strmap_find(&m, "ACT", 3), -1);
-    zb_strmap_free(&m);
+    assert_int_equal(zb__strmap_find(&m, "ACTB", 4), 3);
+    assert_int_equal(zb__strmap_find(&m, "GAPDH", 5), 1);
+    assert_int_equal(zb__strmap_find(&m, "", 0), 2);
+    assert_int_equal(zb__strmap_find(&m, "ACT", 3), -1);
+    zb__strmap_free(&m);
     zb_strings_free(&b.s);
 }
 

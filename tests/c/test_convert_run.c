@@ -17,10 +17,10 @@ typedef struct input {
     uint64_t n;
     const char *genes[N_GENES];
     size_t n_genes;
-    float *dense;      /* [n][n_genes], the truth */
+    float *dense; /* [n][n_genes], the truth */
     const char *cats[3];
     size_t n_cats;
-    int32_t *codes;    /* [n] */
+    int32_t *codes; /* [n] */
 } input;
 
 static uint64_t
@@ -62,7 +62,8 @@ write_input(const char *path, const input *in)
     zb_anndata_writer *w;
     zb_anndata_write_opts o = ZB_ANNDATA_WRITE_OPTS_DEFAULT;
     o.x_chunk = 64;
-    ZB_ASSERT_OK(zb_anndata_writer_open(s, "", in->n_genes, ZB_ANNDATA_X_CSR, ZB_DT_FLOAT32, &o, &w));
+    ZB_ASSERT_OK(
+        zb_anndata_writer_open(s, "", in->n_genes, ZB_ANNDATA_X_CSR, ZB_DT_FLOAT32, &o, &w));
     int64_t *indptr = malloc((in->n + 1) * sizeof *indptr);
     int32_t *idx = malloc(in->n * in->n_genes * sizeof *idx);
     float *data = malloc(in->n * in->n_genes * sizeof *data);
@@ -82,10 +83,10 @@ write_input(const char *path, const input *in)
     pack(in->genes, in->n_genes, buf, off);
     ZB_ASSERT_OK(zb_anndata_writer_append_names(w, ZB_ANNDATA_VAR, buf, off, in->n_genes));
     pack(in->cats, in->n_cats, buf, off);
-    ZB_ASSERT_OK(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "ct", buf, off,
-                                                      in->n_cats, false));
-    ZB_ASSERT_OK(zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, "ct", ZB_DT_INT32, in->codes,
-                                                in->n));
+    ZB_ASSERT_OK(
+        zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "ct", buf, off, in->n_cats, false));
+    ZB_ASSERT_OK(
+        zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, "ct", ZB_DT_INT32, in->codes, in->n));
     ZB_ASSERT_OK(zb_anndata_writer_commit(w));
     zb_anndata_writer_close(w);
     zb_store_close(s);
@@ -128,14 +129,15 @@ check_output(const char *out, input *ins, const char *const *paths)
     ZB_ASSERT_OK(zb_dataset_categories(ds, "obs/src_path", &paths_t));
     ZB_ASSERT_OK(zb_dataset_categories(ds, "obs/ct", &cats));
     /* the output's genes: the sorted union; its categories: the sorted union */
-    static const char *const genes[] = {"A1", "B2", "C3", "D4", "E5", "F6", "G7", "H8", "I9",
-                                        "J10", "K11", "L12", "M13", "N14"};
+    static const char *const genes[] = {"A1", "B2", "C3",  "D4",  "E5",  "F6",  "G7",
+                                        "H8", "I9", "J10", "K11", "L12", "M13", "N14"};
     static const char *const want_cats[] = {"B", "NK", "T", "mono"};
     assert_int_equal(zb_dataset_n_vars(ds), 14);
     assert_int_equal(cats->n, 4);
     for (size_t c = 0; c < 4; c++)
         assert_int_equal(find(want_cats, 4, cats->data + cats->offsets[c],
-                              cats->offsets[c + 1] - cats->offsets[c]), (int)c);
+                              cats->offsets[c + 1] - cats->offsets[c]),
+                         (int)c);
     assert_int_equal(paths_t->n, 2);
     uint8_t *seen[2] = {calloc(ins[0].n, 1), calloc(ins[1].n, 1)};
     const int64_t *ptr = data.ptr;
@@ -173,9 +175,20 @@ check_output(const char *out, input *ins, const char *const *paths)
 }
 
 static input ins[2] = {
-    {137, {"A1", "C3", "B2", "D4", "E5", "F6", "G7", "H8", "I9", "J10"}, 10, NULL, {"B", "T", "NK"}, 3, NULL},
-    {91, {"N14", "M13", "L12", "K11", "J10", "I9", "H8", "G7", "F6", "E5", "D4", "C3"}, 12, NULL,
-     {"T", "mono"}, 2, NULL},
+    {137,
+     {"A1", "C3", "B2", "D4", "E5", "F6", "G7", "H8", "I9", "J10"},
+     10,
+     NULL,
+     {"B", "T", "NK"},
+     3,
+     NULL},
+    {91,
+     {"N14", "M13", "L12", "K11", "J10", "I9", "H8", "G7", "F6", "E5", "D4", "C3"},
+     12,
+     NULL,
+     {"T", "mono"},
+     2,
+     NULL},
 };
 
 static int

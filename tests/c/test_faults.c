@@ -121,7 +121,7 @@ f_get(void *self, const char *key, uint64_t offset, uint64_t length, void *dst, 
     if (hit && f->read_fault == FAULT_FAIL) {
         atomic_fetch_add(&f->injected, 1);
         *nread = 0;
-        return zb_err(ZB_E_IO, "%s: injected read fault", key);
+        return zb__err(ZB_E_IO, "%s: injected read fault", key);
     }
     zb_status st = zb_store_get(f->inner, key, offset, length, dst, nread);
     if (st != ZB_OK || !hit || *nread == 0) return st;
@@ -143,7 +143,7 @@ f_size(void *self, const char *key, uint64_t *size)
     long n = atomic_fetch_add(&f->reads, 1) + 1;
     if (n == f->read_at && f->read_fault == FAULT_FAIL) {
         atomic_fetch_add(&f->injected, 1);
-        return zb_err(ZB_E_IO, "%s: injected size fault", key);
+        return zb__err(ZB_E_IO, "%s: injected size fault", key);
     }
     return zb_store_size(f->inner, key, size);
 }
@@ -155,7 +155,7 @@ f_list(void *self, const char *prefix, zb_list_fn fn, void *ctx)
     long n = atomic_fetch_add(&f->reads, 1) + 1;
     if (n == f->read_at && f->read_fault == FAULT_FAIL) {
         atomic_fetch_add(&f->injected, 1);
-        return zb_err(ZB_E_IO, "%s: injected list fault", prefix);
+        return zb__err(ZB_E_IO, "%s: injected list fault", prefix);
     }
     return zb_store_list(f->inner, prefix, fn, ctx);
 }
@@ -173,7 +173,7 @@ static zb_status
 f_put(void *self, const char *key, const void *data, uint64_t length)
 {
     fault_store *f = self;
-    if (write_fails(f)) return zb_err(ZB_E_IO, "%s: injected write fault", key);
+    if (write_fails(f)) return zb__err(ZB_E_IO, "%s: injected write fault", key);
     return zb_store_put(f->inner, key, data, length);
 }
 
@@ -181,7 +181,7 @@ static zb_status
 f_erase(void *self, const char *key)
 {
     fault_store *f = self;
-    if (write_fails(f)) return zb_err(ZB_E_IO, "%s: injected erase fault", key);
+    if (write_fails(f)) return zb__err(ZB_E_IO, "%s: injected erase fault", key);
     return zb_store_erase(f->inner, key);
 }
 
@@ -189,7 +189,7 @@ static zb_status
 f_rename(void *self, const char *from, const char *to)
 {
     fault_store *f = self;
-    if (write_fails(f)) return zb_err(ZB_E_IO, "%s: injected rename fault", from);
+    if (write_fails(f)) return zb__err(ZB_E_IO, "%s: injected rename fault", from);
     return zb_store_rename(f->inner, from, to);
 }
 

@@ -55,7 +55,7 @@ build(void)
     }
     zb_store *st = NULL;
     ZB_ASSERT_OK(zb_store_open_memory(&st));
-    ZB_ASSERT_OK(zb_write_group(st, "", 3, ATTRS));
+    ZB_ASSERT_OK(zb__write_group(st, "", 3, ATTRS));
     put(st, "ptr", ZB_DT_INT64, ptr, N + 1, 64);
     put(st, "vals", ZB_DT_INT32, vals, (uint64_t)total, 50);
     put(st, "nbr", ZB_DT_INT64, nbr, (uint64_t)total, 50);
@@ -357,10 +357,10 @@ test_views_of_batches(void **state)
         for (size_t c = 0; c < sizeof cuts / sizeof *cuts; c++) {
             zb_batch *whole = NULL, *v = NULL;
             if (whole_kind == 0)
-                ZB_ASSERT_OK(zb_dataset_read_batches(ds, ids, 16, sizes, 3, &whole));
+                ZB_ASSERT_OK(zb__dataset_read_batches(ds, ids, 16, sizes, 3, &whole));
             else
                 ZB_ASSERT_OK(zb_dataset_read_many(ds, ids, 16, &whole));
-            ZB_ASSERT_OK(zb_batch_slice(whole, cuts[c][0], cuts[c][1], &v));
+            ZB_ASSERT_OK(zb__batch_slice(whole, cuts[c][0], cuts[c][1], &v));
             assert_int_equal(zb_batch_size(v), cuts[c][1] - cuts[c][0]);
             assert_memory_equal(zb_batch_index(v), ids + cuts[c][0],
                                 zb_batch_size(v) * sizeof *ids);
@@ -370,16 +370,16 @@ test_views_of_batches(void **state)
         }
     /* every batch of one window, as the loader cuts it */
     zb_batch *whole = NULL;
-    ZB_ASSERT_OK(zb_dataset_read_batches(ds, ids, 16, sizes, 3, &whole));
+    ZB_ASSERT_OK(zb__dataset_read_batches(ds, ids, 16, sizes, 3, &whole));
     for (size_t k = 0, b0 = 0; k < 3; b0 += sizes[k++]) {
         zb_batch *v = NULL;
-        ZB_ASSERT_OK(zb_batch_slice(whole, b0, b0 + sizes[k], &v));
+        ZB_ASSERT_OK(zb__batch_slice(whole, b0, b0 + sizes[k], &v));
         check_batch(v);
         zb_batch_free(v);
     }
     zb_batch_free(whole);
     size_t bad[2] = {5, 7};
-    ZB_ASSERT_ERR(zb_dataset_read_batches(ds, ids, 16, bad, 2, &whole), ZB_E_INVALID,
+    ZB_ASSERT_ERR(zb__dataset_read_batches(ds, ids, 16, bad, 2, &whole), ZB_E_INVALID,
                   "add up to 12, not 16");
     assert_null(whole);
     zb_dataset_close(ds);

@@ -1,4 +1,4 @@
-/* Array metadata: v2 .zarray and v3 zarr.json into zb_array_meta (FORMATS.md §1, §3, §4.1;
+/* Array metadata: v2 .zarray and v3 zarr.json into zb__array_meta (FORMATS.md §1, §3, §4.1;
  * checklist rows 3, 8, 9, 11, 20, 21, 23, 25, 26, 27). Fill values are compared byte for byte
  * against the IEEE / two's complement encodings written out by hand. */
 #include <stdio.h>
@@ -10,26 +10,26 @@
 /* ---- helpers -------------------------------------------------------------------------- */
 
 static zb_status
-v2(const char *zarray, zb_array_meta *m)
+v2(const char *zarray, zb__array_meta *m)
 {
-    return zb_meta_parse_v2(zarray, strlen(zarray), NULL, 0, "arr", m);
+    return zb__meta_parse_v2(zarray, strlen(zarray), NULL, 0, "arr", m);
 }
 
 static void
-v2_ok(const char *zarray, zb_array_meta *m)
+v2_ok(const char *zarray, zb__array_meta *m)
 {
     zb_status st = v2(zarray, m);
     if (st != ZB_OK) fail_msg("%s: %s", zb_status_name(st), zb_last_error());
 }
 
 static zb_status
-v3(const char *json, zb_array_meta *m)
+v3(const char *json, zb__array_meta *m)
 {
-    return zb_meta_parse_v3(json, strlen(json), "arr", m);
+    return zb__meta_parse_v3(json, strlen(json), "arr", m);
 }
 
 static void
-v3_ok(const char *json, zb_array_meta *m)
+v3_ok(const char *json, zb__array_meta *m)
 {
     zb_status st = v3(json, m);
     if (st != ZB_OK) fail_msg("%s: %s", zb_status_name(st), zb_last_error());
@@ -46,7 +46,7 @@ zarray_doc(char *buf, size_t cap, const char *dtype, const char *fill, const cha
 }
 
 static zb_status
-v2_with(const char *dtype, const char *fill, const char *extra, zb_array_meta *m)
+v2_with(const char *dtype, const char *fill, const char *extra, zb__array_meta *m)
 {
     char doc[2048];
     zarray_doc(doc, sizeof doc, dtype, fill, extra);
@@ -55,7 +55,7 @@ v2_with(const char *dtype, const char *fill, const char *extra, zb_array_meta *m
 
 /* A v3 array with data_type, fill_value and codecs (JSON text of the list). */
 static zb_status
-v3_with(const char *dtype, const char *fill, const char *codecs, zb_array_meta *m)
+v3_with(const char *dtype, const char *fill, const char *codecs, zb__array_meta *m)
 {
     char doc[4096];
     snprintf(doc, sizeof doc,
@@ -70,18 +70,18 @@ v3_with(const char *dtype, const char *fill, const char *codecs, zb_array_meta *
 static void
 fill_v2(const char *dtype, const char *fill, const uint8_t *want, size_t n)
 {
-    zb_array_meta m;
+    zb__array_meta m;
     zb_status st = v2_with(dtype, fill, NULL, &m);
     if (st != ZB_OK) fail_msg("%s %s: %s", dtype, fill, zb_last_error());
     assert_int_equal(m.itemsize, n);
     assert_memory_equal(m.fill, want, n);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
 }
 
 static void
 fill_v3(const char *dtype, const char *fill, const uint8_t *want, size_t n)
 {
-    zb_array_meta m;
+    zb__array_meta m;
     const char *codecs = n > 1 ? "[{\"name\": \"bytes\", \"configuration\": {\"endian\": "
                                  "\"little\"}}]"
                                : "[\"bytes\"]";
@@ -89,14 +89,14 @@ fill_v3(const char *dtype, const char *fill, const uint8_t *want, size_t n)
     if (st != ZB_OK) fail_msg("%s %s: %s", dtype, fill, zb_last_error());
     assert_int_equal(m.itemsize, n);
     assert_memory_equal(m.fill, want, n);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
 }
 
 static void
-key_of(const zb_array_meta *m, const char *path, const uint64_t *idx, const char *want)
+key_of(const zb__array_meta *m, const char *path, const uint64_t *idx, const char *want)
 {
     char buf[256];
-    assert_int_equal(zb_meta_chunk_key(m, path, idx, buf, sizeof buf), ZB_OK);
+    assert_int_equal(zb__meta_chunk_key(m, path, idx, buf, sizeof buf), ZB_OK);
     assert_string_equal(buf, want);
 }
 
@@ -106,7 +106,7 @@ static void
 test_v2_formats_example(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     v2_ok("{\n    \"chunks\": [2, 4],\n    \"compressor\": {\"blocksize\": 0, \"clevel\": 5, "
           "\"cname\": \"lz4\", \"id\": \"blosc\", \"shuffle\": 1},\n    \"dtype\": \"<f4\",\n"
           "    \"fill_value\": -1.0,\n    \"filters\": null,\n    \"order\": \"C\",\n"
@@ -136,7 +136,7 @@ test_v2_formats_example(void **state)
     const uint64_t edge[2] = {2, 1};
     key_of(&m, "arr", edge, "arr/2.1");
     key_of(&m, "", edge, "2.1");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_null(m.attrs_json);
 }
 
@@ -167,12 +167,12 @@ test_v2_fill_values(void **state)
     /* a big-endian dtype still keeps the fill in native order */
     fill_v2(">i2", "-5", i2_m5, 2);
 
-    zb_array_meta m;
+    zb__array_meta m;
     assert_int_equal(v2_with("<f8", "null", NULL, &m), ZB_OK);
     const uint8_t zeros[16] = {0};
     assert_true(m.fill_null);
     assert_memory_equal(m.fill, zeros, 16);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
 
     assert_int_equal(v2_with("<u8", "-1", NULL, &m), ZB_E_METADATA);
     assert_int_equal(v2_with("|u1", "256", NULL, &m), ZB_E_METADATA);
@@ -192,12 +192,12 @@ static void
 test_v2_invalid_shapes(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     const char *shape_double = "{\"zarr_format\": 2, \"shape\": [10.0], \"chunks\": [5], "
                                "\"dtype\": \"<f4\", \"compressor\": null, \"fill_value\": 0, "
                                "\"filters\": null, \"order\": \"C\"}";
     assert_int_equal(
-        zb_meta_parse_v2(shape_double, strlen(shape_double), NULL, 0, "obs/ct/codes", &m),
+        zb__meta_parse_v2(shape_double, strlen(shape_double), NULL, 0, "obs/ct/codes", &m),
         ZB_E_METADATA);
     assert_string_equal(zb_last_error(), "obs/ct/codes/.zarray: shape[0] is 10.0, not an integer");
     assert_null(m.attrs_json);
@@ -254,7 +254,7 @@ static void
 test_v2_order_endian_separator(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     v2_ok("{\"zarr_format\": 2, \"shape\": [2, 3, 4], \"chunks\": [2, 3, 4], \"dtype\": "
           "\">f8\", \"compressor\": null, \"fill_value\": 0, \"order\": \"F\", "
           "\"dimension_separator\": \"/\"}",
@@ -268,20 +268,20 @@ test_v2_order_endian_separator(void **state)
     assert_int_equal(m.sep, '/');
     const uint64_t idx[3] = {1, 0, 12};
     key_of(&m, "a/b", idx, "a/b/1/0/12");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
 
     assert_int_equal(v2_with(">i4", "0", NULL, &m), ZB_OK);
     assert_true(m.chain.big_endian);
     assert_int_equal(m.dtype, ZB_DT_INT32);
     assert_int_equal(m.sep, '.'); /* absent dimension_separator means "." */
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v2_with("|u1", "0", NULL, &m), ZB_OK);
     assert_false(m.chain.big_endian);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v2_with("|i1", "-1", ", \"order\": \"F\"", &m), ZB_OK);
     assert_int_equal(m.dtype, ZB_DT_INT8);
     assert_true(m.chain.has_transpose); /* last "order" wins; 2-d */
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v2_with("<f4", "0", ", \"order\": \"K\"", &m), ZB_E_METADATA);
     assert_int_equal(v2_with("<f4", "0", ", \"dimension_separator\": \"-\"", &m), ZB_E_METADATA);
     assert_int_equal(v2_with("|f4", "0", NULL, &m), ZB_E_METADATA);
@@ -291,7 +291,7 @@ test_v2_order_endian_separator(void **state)
           "\"compressor\": null, \"fill_value\": 0, \"order\": \"F\"}",
           &m);
     assert_false(m.chain.has_transpose);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
 
     /* 0-d */
     v2_ok("{\"zarr_format\": 2, \"shape\": [], \"chunks\": [], \"dtype\": \"<f8\", "
@@ -300,14 +300,14 @@ test_v2_order_endian_separator(void **state)
     assert_int_equal(m.ndim, 0);
     key_of(&m, "uns/x", NULL, "uns/x/0");
     key_of(&m, "", NULL, "0");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
 }
 
 static void
 test_v2_codecs_and_unknown_keys(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     /* unknown top-level and codec keys are ignored (FORMATS.md §1.1, §2.1) */
     assert_int_equal(v2_with("<f4", "0",
                              ", \"compressor\": {\"id\": \"zstd\", \"level\": 3, \"checksum\": "
@@ -318,21 +318,21 @@ test_v2_codecs_and_unknown_keys(void **state)
     assert_int_equal(m.chain.bb[0].id, ZB_CODEC_ZSTD);
     assert_int_equal(m.chain.bb[0].level, 3);
     assert_true(m.chain.bb[0].checksum);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(
         v2_with("<f4", "0", ", \"compressor\": {\"id\": \"lz4\", \"acceleration\": 2}", &m), ZB_OK);
     assert_int_equal(m.chain.bb[0].id, ZB_CODEC_LZ4);
     assert_int_equal(m.chain.bb[0].acceleration, 2);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v2_with("<f4", "0", ", \"compressor\": {\"id\": \"gzip\", \"level\": 6}", &m),
                      ZB_OK);
     assert_int_equal(m.chain.bb[0].id, ZB_CODEC_GZIP);
     assert_int_equal(m.chain.bb[0].level, 6);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v2_with("<f4", "0", ", \"compressor\": {\"id\": \"zlib\", \"level\": 1}", &m),
                      ZB_OK);
     assert_int_equal(m.chain.bb[0].id, ZB_CODEC_ZLIB);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v2_with("<f4", "0",
                              ", \"compressor\": {\"id\": \"blosc\", \"cname\": \"zstd\", "
                              "\"clevel\": 9, \"shuffle\": -1}",
@@ -340,11 +340,11 @@ test_v2_codecs_and_unknown_keys(void **state)
                      ZB_OK);
     assert_int_equal(m.chain.bb[0].shuffle, ZB_SHUFFLE_AUTO);
     assert_string_equal(m.chain.bb[0].cname, "zstd");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v2_with("<f4", "0", NULL, &m), ZB_OK);
     assert_int_equal(m.chain.nbb, 0);
     assert_string_equal(m.codecs_desc, "none");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
 
     assert_int_equal(v2_with("<f4", "0", ", \"compressor\": {\"id\": \"bz2\", \"level\": 1}", &m),
                      ZB_E_UNSUPPORTED);
@@ -370,7 +370,7 @@ test_v2_codecs_and_unknown_keys(void **state)
     assert_int_equal(m.itemsize, 0);
     assert_int_equal(m.chain.ab, ZB_AB_VLEN_UTF8);
     assert_string_equal(m.codecs_desc, "vlen-utf8 | blosc(lz4,5,shuffle)");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v2_with("|O", "0", NULL, &m), ZB_E_UNSUPPORTED);
     assert_int_equal(v2_with("<f4", "0", ", \"filters\": [{\"id\": \"vlen-utf8\"}]", &m),
                      ZB_E_METADATA);
@@ -385,15 +385,15 @@ static void
 test_v2_attributes(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     char doc[1024];
     zarray_doc(doc, sizeof doc, "<f4", "0", NULL);
     const char *attrs = "{\"m\": NaN, \"units\": \"m/s\", \"l\": [1, 2]}";
-    assert_int_equal(zb_meta_parse_v2(doc, strlen(doc), attrs, strlen(attrs), "x", &m), ZB_OK);
+    assert_int_equal(zb__meta_parse_v2(doc, strlen(doc), attrs, strlen(attrs), "x", &m), ZB_OK);
     assert_string_equal(m.attrs_json, "{\"m\":NaN,\"units\":\"m/s\",\"l\":[1,2]}");
-    zb_meta_free(&m);
-    assert_int_equal(zb_meta_parse_v2(doc, strlen(doc), "[1]", 3, "x", &m), ZB_E_METADATA);
-    assert_int_equal(zb_meta_parse_v2(doc, strlen(doc), "{\"a\": }", 7, "x", &m), ZB_E_JSON);
+    zb__meta_free(&m);
+    assert_int_equal(zb__meta_parse_v2(doc, strlen(doc), "[1]", 3, "x", &m), ZB_E_METADATA);
+    assert_int_equal(zb__meta_parse_v2(doc, strlen(doc), "{\"a\": }", 7, "x", &m), ZB_E_JSON);
     assert_non_null(strstr(zb_last_error(), "x/.zattrs"));
 }
 
@@ -413,7 +413,7 @@ static void
 test_v3_sharded_spec_example(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     v3_ok(spec_example, &m);
     assert_int_equal(m.zarr_format, 3);
     assert_int_equal(m.dtype, ZB_DT_UINT16);
@@ -424,7 +424,7 @@ test_v3_sharded_spec_example(void **state)
     assert_false(m.chain.shard->index_at_start);
     assert_false(m.chain.shard->index_big_endian);
     assert_true(m.chain.shard->index_crc);
-    zb_chain *in = m.chain.shard->inner_chain;
+    zb__chain *in = m.chain.shard->inner_chain;
     assert_non_null(in);
     assert_int_equal(in->ab, ZB_AB_BYTES);
     assert_null(in->shard);
@@ -436,7 +436,7 @@ test_v3_sharded_spec_example(void **state)
                         "sharding(inner [64,64], index end+crc32c) [bytes(little) | gzip(1)]");
     const uint64_t idx[2] = {3, 0};
     key_of(&m, "X/data", idx, "X/data/c/3/0");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_null(m.chain.shard);
 }
 
@@ -444,7 +444,7 @@ static void
 test_v3_tahoe_layout(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     v3_ok("{\"zarr_format\": 3, \"node_type\": \"array\", \"shape\": [3019898880], "
           "\"data_type\": \"float32\", \"chunk_grid\": {\"name\": \"regular\", \"configuration\":"
           " {\"chunk_shape\": [134217728]}}, \"chunk_key_encoding\": {\"name\": \"default\", "
@@ -459,11 +459,11 @@ test_v3_tahoe_layout(void **state)
     assert_true(m.shape[0] == 3019898880u);
     assert_string_equal(m.codecs_desc, "sharding(inner [32768], index end+crc32c) "
                                        "[bytes(little) | blosc(lz4,3,shuffle)]");
-    zb_codec *b = &m.chain.shard->inner_chain->bb[0];
+    zb__codec *b = &m.chain.shard->inner_chain->bb[0];
     assert_int_equal(b->id, ZB_CODEC_BLOSC);
     assert_int_equal(b->typesize, 4);
     assert_int_equal(b->shuffle, ZB_SHUFFLE_BYTE);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
 }
 
 static void
@@ -482,7 +482,7 @@ test_v3_chunk_key_encodings(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char doc[1024];
-        zb_array_meta m;
+        zb__array_meta m;
         snprintf(doc, sizeof doc,
                  "{\"zarr_format\": 3, \"node_type\": \"array\", \"shape\": [100, 100], "
                  "\"data_type\": \"int8\", \"chunk_grid\": {\"name\": \"regular\", "
@@ -492,7 +492,7 @@ test_v3_chunk_key_encodings(void **state)
         v3_ok(doc, &m);
         const uint64_t idx[2] = {1, 23};
         key_of(&m, "a", idx, cases[i].key);
-        zb_meta_free(&m);
+        zb__meta_free(&m);
         snprintf(doc, sizeof doc,
                  "{\"zarr_format\": 3, \"node_type\": \"array\", \"shape\": [], "
                  "\"data_type\": \"int8\", \"chunk_grid\": {\"name\": \"regular\", "
@@ -501,14 +501,14 @@ test_v3_chunk_key_encodings(void **state)
                  cases[i].enc);
         v3_ok(doc, &m);
         key_of(&m, "a", NULL, cases[i].zero_d);
-        zb_meta_free(&m);
+        zb__meta_free(&m);
     }
     char buf[8];
-    zb_array_meta m;
+    zb__array_meta m;
     v3_ok(spec_example, &m);
     const uint64_t idx[2] = {3, 0};
-    assert_int_equal(zb_meta_chunk_key(&m, "X/data", idx, buf, sizeof buf), ZB_E_INVALID);
-    zb_meta_free(&m);
+    assert_int_equal(zb__meta_chunk_key(&m, "X/data", idx, buf, sizeof buf), ZB_E_INVALID);
+    zb__meta_free(&m);
 }
 
 static void
@@ -547,7 +547,7 @@ test_v3_fill_values(void **state)
     fill_v3("float16", "\"0x7e01\"", h_hex, 2);
     fill_v3("float16", "0.3333333333333333", h_third, 2);
 
-    zb_array_meta m;
+    zb__array_meta m;
     assert_int_equal(v3_with("float32", "\"0x7fc0\"",
                              "[{\"name\": \"bytes\", "
                              "\"configuration\": {\"endian\": "
@@ -578,7 +578,7 @@ static void
 test_v3_bytes_endian(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     assert_int_equal(v3_with("float32", "0", "[{\"name\": \"bytes\"}]", &m), ZB_E_METADATA);
     assert_non_null(strstr(zb_last_error(), "endian"));
     assert_int_equal(v3_with("float32", "0", "[{\"name\": \"bytes\", \"configuration\": {}}]", &m),
@@ -590,7 +590,7 @@ test_v3_bytes_endian(void **state)
                      ZB_OK);
     assert_true(m.chain.big_endian);
     assert_string_equal(m.codecs_desc, "bytes(big)");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     /* legacy alias */
     assert_int_equal(v3_with("int32", "0",
                              "[{\"name\": \"endian\", \"configuration\": "
@@ -598,19 +598,19 @@ test_v3_bytes_endian(void **state)
                              &m),
                      ZB_OK);
     assert_false(m.chain.big_endian);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v3_with("uint8", "0", "[{\"name\": \"bytes\"}]", &m), ZB_OK);
     assert_string_equal(m.codecs_desc, "bytes");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v3_with("bool", "false", "[{\"name\": \"bytes\"}]", &m), ZB_OK);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v3_with("int8", "0",
                              "[{\"name\": \"bytes\", \"configuration\": "
                              "{\"endian\": \"big\"}}]",
                              &m),
                      ZB_OK);
     assert_false(m.chain.big_endian); /* one byte: nothing to swap */
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v3_with("int16", "0",
                              "[{\"name\": \"bytes\", \"configuration\": "
                              "{\"endian\": \"middle\"}}]",
@@ -625,7 +625,7 @@ static void
 test_v3_codec_chain(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     /* zarr-python 3's default chain and a bare-string crc32c (rows 26) */
     assert_int_equal(v3_with("float32", "0",
                              "[{\"name\": \"bytes\", \"configuration\": {\"endian\": "
@@ -639,13 +639,13 @@ test_v3_codec_chain(void **state)
     assert_false(m.chain.bb[0].checksum);
     assert_int_equal(m.chain.bb[1].id, ZB_CODEC_CRC32C);
     assert_string_equal(m.codecs_desc, "bytes(little) | zstd(0) | crc32c");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
 
     const char *le = "{\"name\": \"bytes\", \"configuration\": {\"endian\": \"little\"}}";
     char codecs[1024];
     static const struct {
         const char *codec;
-        zb_codec_id id;
+        zb__codec_id id;
     } nc[] = {
         {"{\"name\": \"numcodecs.lz4\", \"configuration\": {\"acceleration\": 1}}", ZB_CODEC_LZ4},
         {"{\"name\": \"numcodecs.zstd\", \"configuration\": {\"level\": 5}}", ZB_CODEC_ZSTD},
@@ -661,7 +661,7 @@ test_v3_codec_chain(void **state)
         assert_int_equal(v3_with("float32", "0", codecs, &m), ZB_OK);
         assert_int_equal(m.chain.nbb, 1);
         assert_int_equal(m.chain.bb[0].id, nc[i].id);
-        zb_meta_free(&m);
+        zb__meta_free(&m);
     }
 
     /* blosc shuffle variants; typesize is required unless noshuffle (row 23) */
@@ -690,7 +690,7 @@ test_v3_codec_chain(void **state)
         if (st != bl[i].st) fail_msg("case %zu: %s: %s", i, zb_status_name(st), zb_last_error());
         if (st == ZB_OK) {
             assert_int_equal(m.chain.bb[0].shuffle, bl[i].shuffle);
-            zb_meta_free(&m);
+            zb__meta_free(&m);
         }
     }
 
@@ -710,7 +710,7 @@ static void
 test_v3_transpose(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     const char *le = "{\"name\": \"bytes\", \"configuration\": {\"endian\": \"little\"}}";
     char codecs[512];
     snprintf(codecs, sizeof codecs,
@@ -720,7 +720,7 @@ test_v3_transpose(void **state)
     assert_int_equal(m.chain.perm[0], 1);
     assert_int_equal(m.chain.perm[1], 0);
     assert_string_equal(m.codecs_desc, "transpose(1,0) | bytes(little)");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     /* two transposes [1,0] cancel */
     snprintf(codecs, sizeof codecs,
              "[{\"name\": \"transpose\", \"configuration\": {\"order\": [1, 0]}}, "
@@ -728,7 +728,7 @@ test_v3_transpose(void **state)
              le);
     assert_int_equal(v3_with("float32", "0", codecs, &m), ZB_OK);
     assert_false(m.chain.has_transpose);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     snprintf(codecs, sizeof codecs,
              "[{\"name\": \"transpose\", \"configuration\": {\"order\": [0, 0]}}, %s]", le);
     assert_int_equal(v3_with("float32", "0", codecs, &m), ZB_E_METADATA);
@@ -748,14 +748,14 @@ test_v3_transpose(void **state)
     assert_int_equal(m.chain.perm[0], 2);
     assert_int_equal(m.chain.perm[1], 0);
     assert_int_equal(m.chain.perm[2], 1);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
 }
 
 static void
 test_v3_sharding_errors(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     char codecs[2048];
     const char *inner = "[{\"name\": \"bytes\", \"configuration\": {\"endian\": \"little\"}}]";
     /* 64 is not a multiple of 48 */
@@ -796,7 +796,7 @@ test_v3_sharding_errors(void **state)
     assert_true(m.chain.shard->index_big_endian);
     assert_false(m.chain.shard->index_crc);
     assert_string_equal(m.codecs_desc, "sharding(inner [32,16], index start,big) [bytes(little)]");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     /* inner chain errors propagate: missing endian on float32 */
     snprintf(codecs, sizeof codecs,
              "[{\"name\": \"sharding_indexed\", \"configuration\": {\"chunk_shape\": [32, 32], "
@@ -816,7 +816,7 @@ static const char *const v3_head =
     "[\"bytes\"]";
 
 static zb_status
-v3_extra(const char *extra, zb_array_meta *m)
+v3_extra(const char *extra, zb__array_meta *m)
 {
     char doc[2048];
     snprintf(doc, sizeof doc, "{%s%s}", v3_head, extra);
@@ -827,18 +827,18 @@ static void
 test_v3_top_level_keys(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     assert_int_equal(v3_extra("", &m), ZB_OK);
     assert_string_equal(m.attrs_json, "{}");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v3_extra(", \"attributes\": {\"encoding-type\": \"array\", \"x\": Infinity},"
                               " \"dimension_names\": [\"obs\"], \"storage_transformers\": []",
                               &m),
                      ZB_OK);
     assert_string_equal(m.attrs_json, "{\"encoding-type\":\"array\",\"x\":Infinity}");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v3_extra(", \"future\": {\"must_understand\": false, \"x\": 1}", &m), ZB_OK);
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v3_extra(", \"future\": {\"x\": 1}", &m), ZB_E_UNSUPPORTED);
     assert_non_null(strstr(zb_last_error(), "future"));
     assert_int_equal(v3_extra(", \"future\": {\"must_understand\": true}", &m), ZB_E_UNSUPPORTED);
@@ -880,7 +880,7 @@ static void
 test_v3_strings(void **state)
 {
     (void)state;
-    zb_array_meta m;
+    zb__array_meta m;
     assert_int_equal(v3_with("string", "\"\"",
                              "[{\"name\": \"vlen-utf8\"}, {\"name\": \"zstd\", "
                              "\"configuration\": {\"level\": 0}}]",
@@ -890,7 +890,7 @@ test_v3_strings(void **state)
     assert_int_equal(m.itemsize, 0);
     assert_int_equal(m.chain.ab, ZB_AB_VLEN_UTF8);
     assert_string_equal(m.codecs_desc, "vlen-utf8 | zstd(0)");
-    zb_meta_free(&m);
+    zb__meta_free(&m);
     assert_int_equal(v3_with("string", "\"\"", "[\"bytes\"]", &m), ZB_E_METADATA);
     assert_int_equal(v3_with("int32", "0", "[\"vlen-utf8\"]", &m), ZB_E_METADATA);
 }
@@ -912,16 +912,16 @@ test_dtype_tables(void **state)
     assert_string_equal(zb_dtype_name(ZB_DT_COUNT_), "unknown");
     for (int i = 0; i < ZB_DT_COUNT_; i++) {
         zb_dtype d;
-        assert_int_equal(zb_dtype_parse_v3(zb_dtype_name((zb_dtype)i), "t", &d), ZB_OK);
+        assert_int_equal(zb__dtype_parse_v3(zb_dtype_name((zb_dtype)i), "t", &d), ZB_OK);
         assert_int_equal(d, i);
         bool big;
-        assert_int_equal(zb_dtype_parse_v2(zb_dtype_typestr((zb_dtype)i), "t", &d, &big), ZB_OK);
+        assert_int_equal(zb__dtype_parse_v2(zb_dtype_typestr((zb_dtype)i), "t", &d, &big), ZB_OK);
         assert_int_equal(d, i);
         assert_false(big);
     }
-    assert_true(zb_half_to_double(0x3c00) == 1.0);
-    assert_true(zb_half_to_double(0xc000) == -2.0);
-    assert_true(zb_half_to_double(0x0001) == 0x1p-24);
+    assert_true(zb__half_to_double(0x3c00) == 1.0);
+    assert_true(zb__half_to_double(0xc000) == -2.0);
+    assert_true(zb__half_to_double(0x0001) == 0x1p-24);
 }
 
 int

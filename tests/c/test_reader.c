@@ -113,7 +113,7 @@ build(const source *s, const build_opts *bo)
 {
     zb_store *st = NULL;
     ZB_ASSERT_OK(zb_store_open_memory(&st));
-    ZB_ASSERT_OK(zb_write_group(st, "", 3,
+    ZB_ASSERT_OK(zb__write_group(st, "", 3,
                                 !bo->with_index ? ATTRS_BASIC
                                 : bo->nbr_local ? ATTRS_INDEX_LOCAL
                                                 : ATTRS_INDEX));
@@ -659,7 +659,7 @@ test_pointer_blocks(void **state)
     for (int64_t r = 0; r < total; r++) vals[r] = (int32_t)(r ^ 0x5a5a);
     zb_store *st = NULL;
     ZB_ASSERT_OK(zb_store_open_memory(&st));
-    ZB_ASSERT_OK(zb_write_group(st, "", 3,
+    ZB_ASSERT_OK(zb__write_group(st, "", 3,
                                 "{\"zbatch\": {\"segments\": {\"seg\": \"ptr\"}, \"fields\": {"
                                 "\"vals\": {\"array\": \"vals\", \"kind\": \"ragged\", "
                                 "\"segment\": \"seg\"}, \"lab\": {\"array\": \"lab\", "
@@ -734,7 +734,7 @@ test_generic_schema_errors(void **state)
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         zb_store *st = NULL;
         ZB_ASSERT_OK(zb_store_open_memory(&st));
-        ZB_ASSERT_OK(zb_write_group(st, "", 3, cases[k].attrs));
+        ZB_ASSERT_OK(zb__write_group(st, "", 3, cases[k].attrs));
         put_array(st, "ptr", ZB_DT_INT64, 1, NULL, s.ptr, N + 1, 4, 0);
         const uint64_t vw[1] = {VW};
         put_array(st, "vals", ZB_DT_INT32, 2, vw, s.vals, (uint64_t)s.total, VALS_CHUNK, 0);
@@ -793,8 +793,8 @@ test_widen_every_pair(void **state)
                 memcpy(src + 1 + 4 * i, &v, 4);
             }
         for (size_t b = 0; b < sizeof to / sizeof *to; b++) {
-            bool exact = zb_widen_exact(from[a], to[b]);
-            assert_int_equal(zb_values_widen(dst, to[b], src + 1, from[a], NW),
+            bool exact = zb__widen_exact(from[a], to[b]);
+            assert_int_equal(zb__values_widen(dst, to[b], src + 1, from[a], NW),
                              exact && from[a] != to[b]);
             if (!exact || from[a] == to[b]) continue;
             offered++;
@@ -803,12 +803,12 @@ test_widen_every_pair(void **state)
         }
     }
     assert_int_equal(offered, 21);
-    assert_false(zb_widen_exact(ZB_DT_FLOAT64, ZB_DT_FLOAT32));
-    assert_false(zb_widen_exact(ZB_DT_INT32, ZB_DT_FLOAT32));
-    assert_false(zb_widen_exact(ZB_DT_UINT32, ZB_DT_INT32));
-    assert_false(zb_widen_exact(ZB_DT_INT64, ZB_DT_FLOAT64));
-    assert_false(zb_widen_exact(ZB_DT_FLOAT16, ZB_DT_FLOAT32));
-    assert_true(zb_widen_exact(ZB_DT_UINT16, ZB_DT_UINT16));
+    assert_false(zb__widen_exact(ZB_DT_FLOAT64, ZB_DT_FLOAT32));
+    assert_false(zb__widen_exact(ZB_DT_INT32, ZB_DT_FLOAT32));
+    assert_false(zb__widen_exact(ZB_DT_UINT32, ZB_DT_INT32));
+    assert_false(zb__widen_exact(ZB_DT_INT64, ZB_DT_FLOAT64));
+    assert_false(zb__widen_exact(ZB_DT_FLOAT16, ZB_DT_FLOAT32));
+    assert_true(zb__widen_exact(ZB_DT_UINT16, ZB_DT_UINT16));
 }
 
 
@@ -873,7 +873,7 @@ sc_worker(void *arg)
         perm[i - 1] = perm[j];
         perm[j] = t;
     }
-    size_t held = sc->watch ? zb_cache_held(sc->watch->cache) : 0;
+    size_t held = sc->watch ? zb__cache_held(sc->watch->cache) : 0;
     for (size_t k = 0; k < n; k++) {
         pthread_mutex_lock(&sc->mu);
         bool stop = sc->cancel;
@@ -881,7 +881,7 @@ sc_worker(void *arg)
         if (stop) break;
         if (k + 1 == n && n > 2 && sc->watch) {
             int waited = 0;
-            while (zb_cache_held(sc->watch->cache) == held && waited < 5000) {
+            while (zb__cache_held(sc->watch->cache) == held && waited < 5000) {
                 usleep(1000);
                 waited++;
             }
@@ -923,7 +923,7 @@ sc_get_ranges(void *self, zb_range *r, size_t n, zb_range_fn done, void *ctx)
         while (sc->taken == sc->nq && !cancelled) pthread_cond_wait(&sc->cv, &sc->mu);
         size_t i = sc->queue[sc->taken++];
         pthread_mutex_unlock(&sc->mu);
-        if (r[i].status == ZB_E_IO) zb_err(ZB_E_IO, "%s: injected failure", r[i].key);
+        if (r[i].status == ZB_E_IO) zb__err(ZB_E_IO, "%s: injected failure", r[i].key);
         if (done(ctx, i)) {
             pthread_mutex_lock(&sc->mu);
             sc->cancel = cancelled = true;

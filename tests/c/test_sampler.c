@@ -431,16 +431,16 @@ test_perm_is_bijection(void **state)
     const uint64_t sizes[] = {1, 2, 3, 4, 5, 17, 64, 1000, 4097, 65537};
     for (size_t t = 0; t < sizeof sizes / sizeof *sizes; t++) {
         uint64_t n = sizes[t];
-        zb_perm p;
-        zb_perm_init(&p, n, 0x1234 + t);
+        zb__perm p;
+        zb__perm_init(&p, n, 0x1234 + t);
         uint8_t *seen = calloc(n, 1);
         size_t fixed = 0;
         for (uint64_t i = 0; i < n; i++) {
-            uint64_t y = zb_perm_apply(&p, i);
+            uint64_t y = zb__perm_apply(&p, i);
             assert_true(y < n);
             assert_false(seen[y]);
             seen[y] = 1;
-            assert_true(zb_perm_invert(&p, y) == i);
+            assert_true(zb__perm_invert(&p, y) == i);
             fixed += y == i;
         }
         if (n >= 1000) assert_true(fixed < 20); /* ~1 expected for a random permutation */
@@ -457,14 +457,14 @@ test_perm_run_equals_single_applications(void **state)
     const uint64_t sizes[] = {1, 2, 3, 5, 16, 17, 1000, 4096, 4097};
     for (size_t t = 0; t < sizeof sizes / sizeof *sizes; t++) {
         uint64_t n = sizes[t];
-        zb_perm p;
-        zb_perm_init(&p, n, 0x99 + t);
+        zb__perm p;
+        zb__perm_init(&p, n, 0x99 + t);
         uint64_t *out = malloc(n * sizeof *out);
         const uint64_t starts[] = {0, 1, n / 3, n - 1};
         for (size_t k = 0; k < 4; k++) {
             uint64_t x0 = starts[k], len = n - x0;
-            zb_perm_apply_run(&p, x0, (size_t)len, out);
-            for (uint64_t i = 0; i < len; i++) assert_true(out[i] == zb_perm_apply(&p, x0 + i));
+            zb__perm_apply_run(&p, x0, (size_t)len, out);
+            for (uint64_t i = 0; i < len; i++) assert_true(out[i] == zb__perm_apply(&p, x0 + i));
         }
         free(out);
     }

@@ -148,8 +148,8 @@ write_file(const char *path)
 /* ---- reading from threads -------------------------------------------------------------------- */
 
 typedef struct reader {
-    zb_src *src;
-    zb_src_matrix *x;
+    zb__src *src;
+    zb__src_matrix *x;
     uint64_t block;
     int errors;
     char first_error[256];
@@ -164,7 +164,7 @@ mismatch(reader *rd, const char *what, uint64_t at)
 }
 
 static void
-check_rows(reader *rd, uint64_t start, const zb_csr_block *b)
+check_rows(reader *rd, uint64_t start, const zb__csr_block *b)
 {
     const float *data = b->data;
     for (uint64_t i = 0; i < b->n_rows; i++) {
@@ -183,23 +183,23 @@ static void *
 read_all(void *arg)
 {
     reader *rd = arg;
-    zb_csr_block b = {0};
-    zb_col_block c = {0};
+    zb__csr_block b = {0};
+    zb__col_block c = {0};
     zb_strings names = {0};
     for (uint64_t start = 0; start < N_OBS; start += rd->block) {
         uint64_t stop = start + rd->block < N_OBS ? start + rd->block : N_OBS;
-        if (zb_src_matrix_read(rd->x, start, stop, &b) != ZB_OK)
+        if (zb__src_matrix_read(rd->x, start, stop, &b) != ZB_OK)
             mismatch(rd, "X read", start);
         else
             check_rows(rd, start, &b);
-        if (zb_src_read_column(rd->src, 0, start, stop, &c) != ZB_OK) {
+        if (zb__src_read_column(rd->src, 0, start, stop, &c) != ZB_OK) {
             mismatch(rd, "obs/k read", start);
         } else {
             for (uint64_t i = 0; i < c.n; i++)
                 if (((const int32_t *)c.values)[i] != (int32_t)((start + i) * 3) - 7000)
                     mismatch(rd, "obs/k value", start + i);
         }
-        if (zb_src_read_obs_names(rd->src, start, stop, &names) != ZB_OK) {
+        if (zb__src_read_obs_names(rd->src, start, stop, &names) != ZB_OK) {
             mismatch(rd, "obs names read", start);
         } else {
             char want[32];
@@ -210,11 +210,11 @@ read_all(void *arg)
         }
         zb_strings_free(&names);
     }
-    if (zb_src_matrix_var_names(rd->x, &names) != ZB_OK || names.n != N_VARS)
+    if (zb__src_matrix_var_names(rd->x, &names) != ZB_OK || names.n != N_VARS)
         mismatch(rd, "var names", 0);
     zb_strings_free(&names);
-    zb_csr_block_free(&b);
-    zb_col_block_free(&c);
+    zb__csr_block_free(&b);
+    zb__col_block_free(&c);
     return NULL;
 }
 
@@ -225,14 +225,14 @@ test_threads_share_one_source(void **state)
     char path[1100];
     snprintf(path, sizeof path, "%s/shared.h5ad", zbt_tempdir("src_h5ad"));
     write_file(path);
-    zb_src *src = NULL;
-    zb_src_matrix *x = NULL;
-    ZB_ASSERT_OK(zb_src_open(path, &src));
+    zb__src *src = NULL;
+    zb__src_matrix *x = NULL;
+    ZB_ASSERT_OK(zb__src_open(path, &src));
     assert_string_equal(src->c.format, "h5ad");
     assert_int_equal(src->c.n_obs, N_OBS);
     assert_int_equal(src->c.n_columns, 1);
-    ZB_ASSERT_OK(zb_src_matrix_get(src, "X", &x));
-    assert_int_equal(zb_src_matrix_info_of(x)->n_cols, N_VARS);
+    ZB_ASSERT_OK(zb__src_matrix_get(src, "X", &x));
+    assert_int_equal(zb__src_matrix_info_of(x)->n_cols, N_VARS);
 
     static const uint64_t blocks[N_THREADS] = {1, 37, 500, 999, 1000, N_OBS};
     reader rd[N_THREADS];
@@ -245,26 +245,26 @@ test_threads_share_one_source(void **state)
     for (int t = 0; t < N_THREADS; t++)
         if (rd[t].errors)
             fail_msg("thread %d: %d errors, first: %s", t, rd[t].errors, rd[t].first_error);
-    zb_src_close(src);
+    zb__src_close(src);
 }
 
 static void
 test_open_errors(void **state)
 {
     (void)state;
-    zb_src *src = (zb_src *)1;
+    zb__src *src = (zb__src *)1;
     const char *dir = zbt_tempdir("src_h5ad_err");
     char path[1100];
     snprintf(path, sizeof path, "%s/missing.h5ad", dir);
-    ZB_ASSERT_ERR(zb_src_open_h5ad(path, &src), ZB_E_NOTFOUND, "missing.h5ad");
+    ZB_ASSERT_ERR(zb__src_open_h5ad(path, &src), ZB_E_NOTFOUND, "missing.h5ad");
     assert_null(src);
     /* an HDF5 file without obs is not an AnnData file */
     snprintf(path, sizeof path, "%s/empty.h5", dir);
     hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     H5Fclose(f);
-    ZB_ASSERT_ERR(zb_src_open(path, &src), ZB_E_UNSUPPORTED, "no obs");
+    ZB_ASSERT_ERR(zb__src_open(path, &src), ZB_E_UNSUPPORTED, "no obs");
     assert_null(src);
-    zb_src_close(NULL);
+    zb__src_close(NULL);
 }
 
 int

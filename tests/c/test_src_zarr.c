@@ -90,9 +90,8 @@ write_store(const char *name, int zarr_format, uint64_t x_shard)
     }
     ZB_ASSERT_OK(zb_anndata_writer_append_csr(w, NOBS, indptr, indices, data));
     ZB_ASSERT_OK(zb_anndata_writer_append_names(w, ZB_ANNDATA_OBS, names, offsets, NOBS));
-    ZB_ASSERT_OK(zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "ct", "abc",
-                                                      (const uint64_t[]){0, 1, 2, 3}, NCATS,
-                                                      false));
+    ZB_ASSERT_OK(zb_anndata_writer_define_categorical(
+        w, ZB_ANNDATA_OBS, "ct", "abc", (const uint64_t[]){0, 1, 2, 3}, NCATS, false));
     ZB_ASSERT_OK(zb_anndata_writer_append_codes(w, ZB_ANNDATA_OBS, "ct", ZB_DT_INT32, codes, NOBS));
     ZB_ASSERT_OK(zb_anndata_writer_append_column(w, ZB_ANNDATA_OBS, "n", ZB_DT_INT32, n, NOBS));
     ZB_ASSERT_OK(zb_anndata_writer_commit(w));
@@ -114,15 +113,15 @@ static char *
 fail_text(const char *what, uint64_t start, uint64_t i)
 {
     char *m = malloc(160);
-    snprintf(m, 160, "%s: block from %llu, item %llu differs (%s)", what,
-             (unsigned long long)start, (unsigned long long)i, zb_last_error());
+    snprintf(m, 160, "%s: block from %llu, item %llu differs (%s)", what, (unsigned long long)start,
+             (unsigned long long)i, zb_last_error());
     return m;
 }
 
 static char *
-check_rows(zb_src_matrix *x, uint64_t start, uint64_t stop, zb_csr_block *b)
+check_rows(zb__src_matrix *x, uint64_t start, uint64_t stop, zb__csr_block *b)
 {
-    if (zb_src_matrix_read(x, start, stop, b) != ZB_OK) return fail_text("read", start, 0);
+    if (zb__src_matrix_read(x, start, stop, b) != ZB_OK) return fail_text("read", start, 0);
     if (b->n_rows != stop - start || b->nnz != (uint64_t)(pointer_of(stop) - pointer_of(start)))
         return fail_text("block size", start, 0);
     for (uint64_t r = start; r < stop; r++) {
@@ -137,17 +136,17 @@ check_rows(zb_src_matrix *x, uint64_t start, uint64_t stop, zb_csr_block *b)
 }
 
 static char *
-check_obs(zb_src *src, size_t ct, size_t n, uint64_t start, uint64_t stop, zb_col_block *b)
+check_obs(zb__src *src, size_t ct, size_t n, uint64_t start, uint64_t stop, zb__col_block *b)
 {
-    if (zb_src_read_column(src, ct, start, stop, b) != ZB_OK) return fail_text("ct", start, 0);
+    if (zb__src_read_column(src, ct, start, stop, b) != ZB_OK) return fail_text("ct", start, 0);
     for (uint64_t r = start; r < stop; r++)
         if (((const int32_t *)b->values)[r - start] != code_of(r)) return fail_text("ct", start, r);
-    if (zb_src_read_column(src, n, start, stop, b) != ZB_OK) return fail_text("n", start, 0);
+    if (zb__src_read_column(src, n, start, stop, b) != ZB_OK) return fail_text("n", start, 0);
     for (uint64_t r = start; r < stop; r++)
         if (((const int32_t *)b->values)[r - start] != (int32_t)(r * 3))
             return fail_text("n", start, r);
     zb_strings names = {0};
-    if (zb_src_read_obs_names(src, start, stop, &names) != ZB_OK)
+    if (zb__src_read_obs_names(src, start, stop, &names) != ZB_OK)
         return fail_text("names", start, 0);
     char *err = NULL;
     for (uint64_t r = start; r < stop && !err; r++) {
@@ -166,24 +165,24 @@ check_obs(zb_src *src, size_t ct, size_t n, uint64_t start, uint64_t stop, zb_co
 static void
 check_store(const char *path)
 {
-    zb_src *src = NULL;
-    ZB_ASSERT_OK(zb_src_open(path, &src));
+    zb__src *src = NULL;
+    ZB_ASSERT_OK(zb__src_open(path, &src));
     assert_string_equal(src->c.format, "zarr");
     assert_int_equal(src->c.n_obs, NOBS);
     assert_int_equal(src->c.n_columns, 2);
     size_t ct, n;
-    ZB_ASSERT_OK(zb_src_find_column(src, "ct", &ct));
-    ZB_ASSERT_OK(zb_src_find_column(src, "n", &n));
-    const zb_col_info *c = &src->c.columns[ct];
+    ZB_ASSERT_OK(zb__src_find_column(src, "ct", &ct));
+    ZB_ASSERT_OK(zb__src_find_column(src, "n", &n));
+    const zb__col_info *c = &src->c.columns[ct];
     assert_int_equal(c->kind, ZB_COL_CATEGORICAL);
     assert_int_equal(c->categories->n, NCATS);
     assert_memory_equal(c->categories->data, "abc", 3);
     assert_int_equal(src->c.columns[n].kind, ZB_COL_NUMERIC);
     assert_int_equal(src->c.columns[n].dtype, ZB_DT_INT32);
 
-    zb_src_matrix *x = NULL;
-    ZB_ASSERT_OK(zb_src_matrix_get(src, "X", &x));
-    const zb_src_matrix_info *info = zb_src_matrix_info_of(x);
+    zb__src_matrix *x = NULL;
+    ZB_ASSERT_OK(zb__src_matrix_get(src, "X", &x));
+    const zb__src_matrix_info *info = zb__src_matrix_info_of(x);
     assert_int_equal(info->layout, ZB_SRC_CSR);
     assert_int_equal(info->dtype, ZB_DT_FLOAT32);
     assert_int_equal(info->n_rows, NOBS);
@@ -192,28 +191,28 @@ check_store(const char *path)
 
     /* stored pointers, not rebased, across chunk borders */
     int64_t ptr[301];
-    ZB_ASSERT_OK(zb_src_matrix_indptr(x, 1950, 2250, ptr));
+    ZB_ASSERT_OK(zb__src_matrix_indptr(x, 1950, 2250, ptr));
     for (uint64_t i = 0; i <= 300; i++) assert_int_equal(ptr[i], pointer_of(1950 + i));
-    ZB_ASSERT_ERR(zb_src_matrix_indptr(x, 10, NOBS + 1, ptr), ZB_E_RANGE, "X");
+    ZB_ASSERT_ERR(zb__src_matrix_indptr(x, 10, NOBS + 1, ptr), ZB_E_RANGE, "X");
 
-    zb_csr_block b = {0};
-    zb_col_block cb = {0};
-    static const uint64_t spans[][2] = {{0, 0}, {0, NOBS}, {NOBS - 1, NOBS}, {NOBS, NOBS},
-                                        {99, 1301}, {255, 257}};
+    zb__csr_block b = {0};
+    zb__col_block cb = {0};
+    static const uint64_t spans[][2] = {{0, 0},       {0, NOBS},  {NOBS - 1, NOBS},
+                                        {NOBS, NOBS}, {99, 1301}, {255, 257}};
     for (size_t i = 0; i < sizeof spans / sizeof spans[0]; i++) {
         char *err = check_rows(x, spans[i][0], spans[i][1], &b);
         if (!err) err = check_obs(src, ct, n, spans[i][0], spans[i][1], &cb);
         if (err) fail_msg("%s", err);
     }
     zb_strings names = {0};
-    ZB_ASSERT_OK(zb_src_matrix_var_names(x, &names));
+    ZB_ASSERT_OK(zb__src_matrix_var_names(x, &names));
     assert_int_equal(names.n, NVARS);
     assert_memory_equal(names.data, "0", 1); /* anndata's default names */
     zb_strings_free(&names);
-    ZB_ASSERT_ERR(zb_src_read_obs_names(src, 5, NOBS + 1, &names), ZB_E_RANGE, "obs names");
-    zb_csr_block_free(&b);
-    zb_col_block_free(&cb);
-    zb_src_close(src);
+    ZB_ASSERT_ERR(zb__src_read_obs_names(src, 5, NOBS + 1, &names), ZB_E_RANGE, "obs names");
+    zb__csr_block_free(&b);
+    zb__col_block_free(&cb);
+    zb__src_close(src);
 }
 
 static void
@@ -225,8 +224,8 @@ test_reads_match_the_written_values(void **state)
 }
 
 typedef struct reader {
-    zb_src *src;
-    zb_src_matrix *x;
+    zb__src *src;
+    zb__src_matrix *x;
     size_t ct, n;
     uint64_t seed;
     char *err;
@@ -236,8 +235,8 @@ static void *
 read_random_blocks(void *arg)
 {
     reader *r = arg;
-    zb_csr_block b = {0};
-    zb_col_block cb = {0};
+    zb__csr_block b = {0};
+    zb__col_block cb = {0};
     uint64_t s = r->seed;
     for (int i = 0; i < ROUNDS && !r->err; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
@@ -246,8 +245,8 @@ read_random_blocks(void *arg)
         r->err = check_rows(r->x, start, stop, &b);
         if (!r->err) r->err = check_obs(r->src, r->ct, r->n, start, stop, &cb);
     }
-    zb_csr_block_free(&b);
-    zb_col_block_free(&cb);
+    zb__csr_block_free(&b);
+    zb__col_block_free(&cb);
     return NULL;
 }
 
@@ -256,26 +255,28 @@ test_threads_share_one_source(void **state)
 {
     (void)state;
     const char *path = write_store("src_zarr_threads", 3, 2048);
-    zb_src *src = NULL;
-    ZB_ASSERT_OK(zb_src_open(path, &src));
+    zb__src *src = NULL;
+    ZB_ASSERT_OK(zb__src_open(path, &src));
     reader rs[THREADS];
     pthread_t t[THREADS];
-    zb_src_matrix *x = NULL;
-    ZB_ASSERT_OK(zb_src_matrix_get(src, "X", &x));
+    zb__src_matrix *x = NULL;
+    ZB_ASSERT_OK(zb__src_matrix_get(src, "X", &x));
     for (int i = 0; i < THREADS; i++) {
         rs[i] = (reader){src, x, 0, 0, (uint64_t)i * 7919 + 1, NULL};
-        ZB_ASSERT_OK(zb_src_find_column(src, "ct", &rs[i].ct));
-        ZB_ASSERT_OK(zb_src_find_column(src, "n", &rs[i].n));
+        ZB_ASSERT_OK(zb__src_find_column(src, "ct", &rs[i].ct));
+        ZB_ASSERT_OK(zb__src_find_column(src, "n", &rs[i].n));
     }
     for (int i = 0; i < THREADS; i++)
         assert_int_equal(pthread_create(&t[i], NULL, read_random_blocks, &rs[i]), 0);
     char *err = NULL;
     for (int i = 0; i < THREADS; i++) {
         pthread_join(t[i], NULL);
-        if (rs[i].err && !err) err = rs[i].err;
-        else free(rs[i].err);
+        if (rs[i].err && !err)
+            err = rs[i].err;
+        else
+            free(rs[i].err);
     }
-    zb_src_close(src);
+    zb__src_close(src);
     if (err) fail_msg("%s", err);
 }
 
@@ -283,19 +284,19 @@ static void
 test_not_anndata_and_missing(void **state)
 {
     (void)state;
-    zb_src *src = NULL;
+    zb__src *src = NULL;
     const char *dir = zbt_tempdir("src_zarr_plain");
     zb_store *s = NULL;
     ZB_ASSERT_OK(zb_store_open_file(dir, &s));
     zbt_put_str(s, "zarr.json", "{\"zarr_format\": 3, \"node_type\": \"group\"}");
     zb_store_close(s);
-    ZB_ASSERT_ERR(zb_src_open_zarr(dir, &src), ZB_E_UNSUPPORTED, "no encoding-type");
+    ZB_ASSERT_ERR(zb__src_open_zarr(dir, &src), ZB_E_UNSUPPORTED, "no encoding-type");
     assert_null(src);
     char missing[1100];
     snprintf(missing, sizeof missing, "%s/none.zarr", dir);
-    ZB_ASSERT_ERR(zb_src_open_zarr(missing, &src), ZB_E_NOTFOUND, "none.zarr");
+    ZB_ASSERT_ERR(zb__src_open_zarr(missing, &src), ZB_E_NOTFOUND, "none.zarr");
     assert_null(src);
-    zb_src_close(NULL);
+    zb__src_close(NULL);
 }
 
 int

@@ -133,9 +133,11 @@ test_file_views(void **state)
     write_file(dir, "blob", bytes, sizeof bytes);
     write_file(dir, "empty", "", 0);
 
-    unsetenv("ZBATCH_MMAP_BYTES");
+    /* the library reads no environment variable: the budget is zb_store_opts.mmap_bytes */
+    setenv("ZBATCH_MMAP_BYTES", "0", 1);
     zb_store *s = NULL;
     ZB_ASSERT_OK(zb_store_open(dir, &s));
+    unsetenv("ZBATCH_MMAP_BYTES");
     const uint8_t *v = NULL;
     uint64_t n = 0;
     void *tok = NULL;
@@ -189,22 +191,28 @@ test_file_views(void **state)
     /* budgets: 0 turns views off, a small one maps only what fits */
     write_file(dir, "blob", bytes, sizeof bytes);
     write_file(dir, "small", bytes, 100);
-    setenv("ZBATCH_MMAP_BYTES", "0", 1);
-    ZB_ASSERT_OK(zb_store_open(dir, &s));
+    zb_store_opts opts = ZB_STORE_OPTS_DEFAULT;
+    assert_int_equal(opts.mmap_bytes, (uint64_t)1 << 30);
+    opts.mmap_bytes = 0;
+    ZB_ASSERT_OK(zb_store_open_opts(dir, &opts, &s));
     ZB_ASSERT_ERR(zb_store_view(s, "blob", 0, 10, &v2, &n, &tok2), ZB_E_UNSUPPORTED, "off");
     uint8_t got[10];
     ZB_ASSERT_OK(zb_store_get(s, "blob", 0, 10, got, &n));
     assert_memory_equal(got, bytes, 10);
     zb_store_close(s);
-    setenv("ZBATCH_MMAP_BYTES", "1000", 1);
-    ZB_ASSERT_OK(zb_store_open(dir, &s));
+    opts.mmap_bytes = 1000;
+    char url[2100];
+    snprintf(url, sizeof url, "file://%s", dir);
+    ZB_ASSERT_OK(zb_store_open_opts(url, &opts, &s)); /* the options reach the file backend */
     ZB_ASSERT_ERR(zb_store_view(s, "blob", 0, 10, &v2, &n, &tok2), ZB_E_UNSUPPORTED, "budget");
     ZB_ASSERT_OK(zb_store_view(s, "small", 10, 50, &v2, &n, &tok2));
     assert_int_equal(n, 50);
     assert_memory_equal(v2, bytes + 10, 50);
     zb_store_release(s, tok2);
     zb_store_close(s);
-    unsetenv("ZBATCH_MMAP_BYTES");
+    ZB_ASSERT_OK(zb_store_open_file_opts(dir, &opts, &s));
+    ZB_ASSERT_ERR(zb_store_view(s, "blob", 0, 10, &v2, &n, &tok2), ZB_E_UNSUPPORTED, "budget");
+    zb_store_close(s);
 
     /* a backend without views declines */
     ZB_ASSERT_OK(zb_store_open_memory(&s));

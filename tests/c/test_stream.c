@@ -30,8 +30,8 @@ test_stream_copy_equals_memcpy(void **state)
             uint8_t *w = (uint8_t *)(((uintptr_t)want + 63) & ~(uintptr_t)63);
             memset(g, 0xA5, MAXLEN + 2 * GUARD);
             memset(w, 0xA5, MAXLEN + 2 * GUARD);
-            zb_stream_copy(g + GUARD + doff, src + soff, n);
-            zb_stream_fence();
+            zb__stream_copy(g + GUARD + doff, src + soff, n);
+            zb__stream_fence();
             memcpy(w + GUARD + doff, src + soff, n);
             if (memcmp(g, w, MAXLEN + 2 * GUARD) != 0)
                 fail_msg("n %zu, destination offset %zu, source offset %zu", n, doff, soff);
@@ -54,8 +54,8 @@ test_stream_copy_large(void **state)
     for (size_t i = 0; i < n; i++) src[i] = (uint8_t)((i >> 12) ^ i);
     dst[0] = 0x5A;
     dst[n + 1] = 0x5A;
-    zb_stream_copy(dst + 1, src, n);
-    zb_stream_fence();
+    zb__stream_copy(dst + 1, src, n);
+    zb__stream_fence();
     assert_int_equal(dst[0], 0x5A);
     assert_int_equal(dst[n + 1], 0x5A);
     assert_memory_equal(dst + 1, src, n);

@@ -1,5 +1,5 @@
 /* The out-of-core CSC -> CSR transposition (convert/transpose.c) and its scratch file
- * (convert/csr_file.c). The source is a mock CSC zb_src_matrix serving columns from arrays; the
+ * (convert/csr_file.c). The source is a mock CSC zb__src_matrix serving columns from arrays; the
  * expected CSR is computed independently here from a dense copy of the matrix (presence mask +
  * value bytes), scanned row by row, columns ascending. Values are random bytes, so every
  * comparison is bit for bit (NaN payloads included). */
@@ -22,7 +22,7 @@
 /* ---- a mock CSC matrix ----------------------------------------------------------------------- */
 
 typedef struct mock {
-    zb_src_matrix base;
+    zb__src_matrix base;
     size_t item;
     int64_t *colptr;      /* [n_cols + 1] */
     uint32_t *rows;       /* [nnz] row ids */
@@ -33,7 +33,7 @@ typedef struct mock {
 } mock;
 
 static zb_status
-mock_indptr(zb_src_matrix *m, uint64_t start, uint64_t stop, int64_t *out)
+mock_indptr(zb__src_matrix *m, uint64_t start, uint64_t stop, int64_t *out)
 {
     mock *k = (mock *)m;
     memcpy(out, k->colptr + start, (size_t)(stop - start + 1) * 8);
@@ -41,16 +41,16 @@ mock_indptr(zb_src_matrix *m, uint64_t start, uint64_t stop, int64_t *out)
 }
 
 static zb_status
-mock_read(zb_src_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out)
+mock_read(zb__src_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out)
 {
     mock *k = (mock *)m;
     atomic_fetch_add(&k->reads, 1);
     if (k->fail_column >= (int64_t)start && k->fail_column < (int64_t)stop)
-        return zb_err(ZB_E_IO, "mock: reading column %lld failed", (long long)k->fail_column);
+        return zb__err(ZB_E_IO, "mock: reading column %lld failed", (long long)k->fail_column);
     int64_t lo = k->colptr[start], hi = k->colptr[stop];
     if (k->short_column >= (int64_t)start && k->short_column < (int64_t)stop && hi > lo) hi--;
     uint64_t nnz = (uint64_t)(hi - lo);
-    ZB_TRY(zb_csr_block_reserve(out, stop - start, nnz, m->info.dtype));
+    ZB_TRY(zb__csr_block_reserve(out, stop - start, nnz, m->info.dtype));
     for (uint64_t c = start; c <= stop; c++) {
         int64_t p = k->colptr[c] - lo;
         out->indptr[c - start] = p < (int64_t)nnz ? p : (int64_t)nnz;
@@ -63,7 +63,7 @@ mock_read(zb_src_matrix *m, uint64_t start, uint64_t stop, zb_csr_block *out)
 }
 
 static zb_status
-mock_var_names(zb_src_matrix *m, zb_strings *out)
+mock_var_names(zb__src_matrix *m, zb_strings *out)
 {
     uint64_t n = m->info.n_cols;
     out->n = n;
@@ -80,7 +80,7 @@ mock_var_names(zb_src_matrix *m, zb_strings *out)
 }
 
 static void
-mock_close(zb_src_matrix *m)
+mock_close(zb__src_matrix *m)
 {
     mock *k = (mock *)m;
     free(k->colptr);
@@ -89,8 +89,8 @@ mock_close(zb_src_matrix *m)
     free(k);
 }
 
-static const zb_src_matrix_methods mock_methods = {mock_indptr, mock_read, mock_var_names,
-                                                   mock_close};
+static const zb__src_matrix_methods mock_methods = {mock_indptr, mock_read, mock_var_names,
+                                                    mock_close};
 
 /* ---- random matrices and their dense reference ------------------------------------------------
  */
@@ -174,7 +174,7 @@ make_matrix(const spec *sp, dense *ref)
     k->fail_column = -1;
     k->short_column = -1;
     k->base.methods = &mock_methods;
-    k->base.info = (zb_src_matrix_info){ZB_SRC_CSC, sp->dtype, sp->n_rows, sp->n_cols, nnz};
+    k->base.info = (zb__src_matrix_info){ZB_SRC_CSC, sp->dtype, sp->n_rows, sp->n_cols, nnz};
     k->base.key = "X";
     k->base.path = "mock.h5ad";
     return k;
@@ -187,11 +187,11 @@ dense_free(dense *d)
     free(d->vals);
 }
 
-/* Rows [a, b) of the file read through zb_src_matrix_read, against the dense reference. */
+/* Rows [a, b) of the file read through zb__src_matrix_read, against the dense reference. */
 static void
-check_rows(zb_src_matrix *m, const dense *ref, uint64_t a, uint64_t b, zb_csr_block *blk)
+check_rows(zb__src_matrix *m, const dense *ref, uint64_t a, uint64_t b, zb__csr_block *blk)
 {
-    ZB_ASSERT_OK(zb_src_matrix_read(m, a, b, blk));
+    ZB_ASSERT_OK(zb__src_matrix_read(m, a, b, blk));
     assert_int_equal(blk->n_rows, b - a);
     assert_int_equal(blk->dtype, m->info.dtype);
     uint64_t k = 0;
@@ -220,9 +220,9 @@ check_rows(zb_src_matrix *m, const dense *ref, uint64_t a, uint64_t b, zb_csr_bl
 static void
 check_file(const char *path, mock *k, const dense *ref)
 {
-    zb_src_matrix *m = NULL;
-    ZB_ASSERT_OK(zb_csr_file_open(path, &k->base, &m));
-    const zb_src_matrix_info *info = zb_src_matrix_info_of(m);
+    zb__src_matrix *m = NULL;
+    ZB_ASSERT_OK(zb__csr_file_open(path, &k->base, &m));
+    const zb__src_matrix_info *info = zb__src_matrix_info_of(m);
     assert_int_equal(info->layout, ZB_SRC_CSR);
     assert_int_equal(info->dtype, k->base.info.dtype);
     assert_int_equal(info->n_rows, ref->n_rows);
@@ -231,7 +231,7 @@ check_file(const char *path, mock *k, const dense *ref)
     uint64_t n = ref->n_rows;
     int64_t *ptr = malloc((size_t)(n + 1) * 8);
     assert_non_null(ptr);
-    ZB_ASSERT_OK(zb_src_matrix_indptr(m, 0, n, ptr));
+    ZB_ASSERT_OK(zb__src_matrix_indptr(m, 0, n, ptr));
     int64_t want = 0;
     for (uint64_t r = 0; r <= n; r++) {
         assert_int_equal(ptr[r], want);
@@ -239,7 +239,7 @@ check_file(const char *path, mock *k, const dense *ref)
             want += ref->present[r * ref->n_cols + c];
     }
     free(ptr);
-    zb_csr_block blk = {0};
+    zb__csr_block blk = {0};
     check_rows(m, ref, 0, n, &blk);
     uint64_t s = n * 31 + 7;
     for (int i = 0; i < 6 && n > 0; i++) {
@@ -248,13 +248,13 @@ check_file(const char *path, mock *k, const dense *ref)
     }
     if (n > 0) check_rows(m, ref, n - 1, n, &blk);
     check_rows(m, ref, n, n, &blk);
-    zb_csr_block_free(&blk);
+    zb__csr_block_free(&blk);
     zb_strings names = {0};
-    ZB_ASSERT_OK(zb_src_matrix_var_names(m, &names));
+    ZB_ASSERT_OK(zb__src_matrix_var_names(m, &names));
     assert_int_equal(names.n, ref->n_cols);
     if (names.n > 2) assert_memory_equal(names.data + names.offsets[2], "gene2", 5);
     zb_strings_free(&names);
-    zb_src_matrix_close(m);
+    zb__src_matrix_close(m);
 }
 
 static uint8_t *
@@ -285,12 +285,12 @@ entries(const char *dir)
     return n;
 }
 
-/* zb_csc_transpose_ex with the default band size. */
+/* zb__csc_transpose_ex with the default band size. */
 static zb_status
-transpose(mock *k, const char *path, uint64_t memory_bytes, int threads, zb_transpose_stats *st)
+transpose(mock *k, const char *path, uint64_t memory_bytes, int threads, zb__transpose_stats *st)
 {
-    zb_transpose_opts o = {memory_bytes, threads, 0};
-    return zb_csc_transpose_ex(&k->base, path, &o, st);
+    zb__transpose_opts o = {memory_bytes, threads, 0};
+    return zb__csc_transpose_ex(&k->base, path, &o, st);
 }
 
 /* ---- tests ----------------------------------------------------------------------------------- */
@@ -315,7 +315,7 @@ test_shapes_and_dtypes(void **state)
             mock *k = make_matrix(&sp, &ref);
             for (int threads = 1; threads <= 2; threads++) {
                 for (int small = 0; small <= 1; small++) {
-                    zb_transpose_stats st;
+                    zb__transpose_stats st;
                     ZB_ASSERT_OK(transpose(k, path, small ? 64 << 10 : 1 << 30, threads, &st));
                     if (!small) assert_true(st.in_memory);
                     check_file(path, k, &ref);
@@ -341,7 +341,7 @@ test_one_by_one(void **state)
         dense ref;
         mock *k = make_matrix(&sp, &ref);
         assert_int_equal(k->base.info.nnz, full);
-        ZB_ASSERT_OK(zb_csc_transpose(&k->base, path, 1 << 20, 1));
+        ZB_ASSERT_OK(zb__csc_transpose(&k->base, path, 1 << 20, 1));
         check_file(path, k, &ref);
         size_t len;
         uint8_t *bytes = slurp(path, &len);
@@ -369,7 +369,7 @@ test_memory_bound(void **state)
     dense ref;
     mock *k = make_matrix(&sp, &ref);
     uint64_t matrix_bytes = k->base.info.nnz * 8 + (sp.n_rows + 1) * 8;
-    zb_transpose_stats a, b;
+    zb__transpose_stats a, b;
     ZB_ASSERT_OK(transpose(k, big, 1ull << 30, 1, &a));
     assert_true(a.in_memory);
     assert_int_equal(a.scratch_bytes, 0);
@@ -409,10 +409,10 @@ test_dense_rows_split_bands(void **state)
     mock *k = make_matrix(&sp, &ref);
     for (int threads = 1; threads <= 2; threads++) {
         for (int in_memory = 0; in_memory <= 1; in_memory++) {
-            zb_transpose_opts o = {in_memory ? 1 << 30 : 128 << 10, threads,
-                                   in_memory ? 16 << 10 : 0};
-            zb_transpose_stats st;
-            ZB_ASSERT_OK(zb_csc_transpose_ex(&k->base, path, &o, &st));
+            zb__transpose_opts o = {in_memory ? 1 << 30 : 128 << 10, threads,
+                                    in_memory ? 16 << 10 : 0};
+            zb__transpose_stats st;
+            ZB_ASSERT_OK(zb__csc_transpose_ex(&k->base, path, &o, &st));
             assert_int_equal(st.in_memory, in_memory);
             assert_true(st.bands_split > 0);
             if (!in_memory) assert_true(st.peak_bytes <= o.memory_bytes);
@@ -438,11 +438,11 @@ test_thread_counts_identical(void **state)
     static const uint64_t bounds[] = {1ull << 30, 192 << 10};
     static const int threads[] = {2, 3, 8};
     for (size_t b = 0; b < 2; b++) {
-        ZB_ASSERT_OK(zb_csc_transpose(&k->base, first, bounds[b], 1));
+        ZB_ASSERT_OK(zb__csc_transpose(&k->base, first, bounds[b], 1));
         size_t l1;
         uint8_t *one = slurp(first, &l1);
         for (size_t t = 0; t < 3; t++) {
-            zb_transpose_stats st;
+            zb__transpose_stats st;
             ZB_ASSERT_OK(transpose(k, path, bounds[b], threads[t], &st));
             assert_int_equal(st.in_memory, b == 0);
             size_t ln;
@@ -474,9 +474,9 @@ test_unsorted_columns(void **state)
     for (int64_t e = 1; e < (int64_t)k->base.info.nnz; e++)
         out_of_order |= k->rows[e] < k->rows[e - 1] && k->colptr[1] > e;
     assert_true(out_of_order); /* the first column really is unsorted */
-    ZB_ASSERT_OK(zb_csc_transpose(&k->base, path, 1 << 30, 2));
+    ZB_ASSERT_OK(zb__csc_transpose(&k->base, path, 1 << 30, 2));
     check_file(path, k, &ref);
-    ZB_ASSERT_OK(zb_csc_transpose(&k->base, path, 64 << 10, 2));
+    ZB_ASSERT_OK(zb__csc_transpose(&k->base, path, 64 << 10, 2));
     check_file(path, k, &ref);
     mock_close(&k->base);
     dense_free(&ref);
@@ -499,19 +499,19 @@ test_failing_source_leaves_no_file(void **state)
         for (int small = 0; small <= 1; small++) {
             uint64_t bound = small ? 64 << 10 : 1 << 30;
             k->fail_column = 250;
-            ZB_ASSERT_ERR(zb_csc_transpose(&k->base, path, bound, threads), ZB_E_IO,
+            ZB_ASSERT_ERR(zb__csc_transpose(&k->base, path, bound, threads), ZB_E_IO,
                           "reading column 250 failed");
             assert_int_equal(entries(dir), 0);
             k->fail_column = -1;
             k->short_column = 120;
-            ZB_ASSERT_ERR(zb_csc_transpose(&k->base, path, bound, threads), ZB_E_CORRUPT,
+            ZB_ASSERT_ERR(zb__csc_transpose(&k->base, path, bound, threads), ZB_E_CORRUPT,
                           "mock.h5ad: X: columns [");
             assert_int_equal(entries(dir), 0);
             k->short_column = -1;
         }
     }
     k->base.info.layout = ZB_SRC_CSR;
-    ZB_ASSERT_ERR(zb_csc_transpose(&k->base, path, 1 << 20, 1), ZB_E_INVALID, "not a CSC");
+    ZB_ASSERT_ERR(zb__csc_transpose(&k->base, path, 1 << 20, 1), ZB_E_INVALID, "not a CSC");
     k->base.info.layout = ZB_SRC_CSC;
     assert_int_equal(entries(dir), 0);
     /* an existing file at path is left as it was when the transposition fails */
@@ -519,7 +519,7 @@ test_failing_source_leaves_no_file(void **state)
     fputs("old", f);
     fclose(f);
     k->fail_column = 3;
-    ZB_ASSERT_ERR(zb_csc_transpose(&k->base, path, 1 << 20, 2), ZB_E_IO, "mock");
+    ZB_ASSERT_ERR(zb__csc_transpose(&k->base, path, 1 << 20, 2), ZB_E_IO, "mock");
     size_t len;
     uint8_t *old = slurp(path, &len);
     assert_int_equal(len, 3);
@@ -546,10 +546,10 @@ test_full_disk(void **state)
             int64_t n = 0;
             for (;; n++) {
                 assert_true(n < 2000);
-                zb_transpose_fail_write(n, ENOSPC);
+                zb__transpose_fail_write(n, ENOSPC);
                 zb_status st =
-                    zb_csc_transpose(&k->base, path, small ? 64 << 10 : 1 << 30, threads);
-                zb_transpose_fail_write(-1, 0);
+                    zb__csc_transpose(&k->base, path, small ? 64 << 10 : 1 << 30, threads);
+                zb__transpose_fail_write(-1, 0);
                 if (st == ZB_OK) break;
                 ZB_ASSERT_ERR(st, ZB_E_IO, "No space left on device");
                 assert_int_equal(entries(dir), 0);
@@ -569,7 +569,7 @@ valid_file(const char *path, mock **k, dense *ref, size_t *len)
 {
     spec sp = {50, 20, 0.2, ZB_DT_FLOAT32, 77, false, 0};
     *k = make_matrix(&sp, ref);
-    ZB_ASSERT_OK(zb_csc_transpose(&(*k)->base, path, 1 << 20, 1));
+    ZB_ASSERT_OK(zb__csc_transpose(&(*k)->base, path, 1 << 20, 1));
     return slurp(path, len);
 }
 
@@ -623,21 +623,21 @@ test_corrupt_header_refused(void **state)
         memset(b + len, 0, 16);
         if (cases[i].at != SIZE_MAX) b[cases[i].at] = cases[i].value;
         write_bytes(bad, b, (size_t)((long)len + cases[i].resize));
-        zb_src_matrix *m = &k->base; /* must come back NULL */
-        ZB_ASSERT_ERR(zb_csr_file_open(bad, &k->base, &m), ZB_E_CORRUPT, cases[i].msg);
+        zb__src_matrix *m = &k->base; /* must come back NULL */
+        ZB_ASSERT_ERR(zb__csr_file_open(bad, &k->base, &m), ZB_E_CORRUPT, cases[i].msg);
         assert_true(zbt_mentions(bad));
         assert_null(m);
     }
     char text[200]; /* a CSV file as long as a small CSR file */
     for (size_t i = 0; i < sizeof text; i++) text[i] = "col1,col2\n1,2\n"[i % 14];
     write_bytes(bad, (const uint8_t *)text, sizeof text);
-    zb_src_matrix *m = NULL;
-    ZB_ASSERT_ERR(zb_csr_file_open(bad, &k->base, &m), ZB_E_CORRUPT, "bad magic");
-    ZB_ASSERT_ERR(zb_csr_file_open("/nonexistent/x.csr", &k->base, &m), ZB_E_NOTFOUND,
+    zb__src_matrix *m = NULL;
+    ZB_ASSERT_ERR(zb__csr_file_open(bad, &k->base, &m), ZB_E_CORRUPT, "bad magic");
+    ZB_ASSERT_ERR(zb__csr_file_open("/nonexistent/x.csr", &k->base, &m), ZB_E_NOTFOUND,
                   "/nonexistent/x.csr");
     /* var names from a matrix of another width */
     k->base.info.n_cols++;
-    ZB_ASSERT_ERR(zb_csr_file_open(path, &k->base, &m), ZB_E_INVALID, "var names");
+    ZB_ASSERT_ERR(zb__csr_file_open(path, &k->base, &m), ZB_E_INVALID, "var names");
     k->base.info.n_cols--;
     free(b);
     free(good);
@@ -661,20 +661,20 @@ test_damaged_body(void **state)
     int64_t v = 1 << 20; /* indptr[10] beyond nnz */
     memcpy(good + 64 + 10 * 8, &v, 8);
     write_bytes(path, good, len);
-    zb_src_matrix *m = NULL;
-    ZB_ASSERT_OK(zb_csr_file_open(path, &k->base, &m));
-    zb_csr_block blk = {0};
-    ZB_ASSERT_ERR(zb_src_matrix_read(m, 5, 20, &blk), ZB_E_CORRUPT, "indptr[10]");
-    ZB_ASSERT_OK(zb_src_matrix_read(m, 0, 9, &blk));
+    zb__src_matrix *m = NULL;
+    ZB_ASSERT_OK(zb__csr_file_open(path, &k->base, &m));
+    zb__csr_block blk = {0};
+    ZB_ASSERT_ERR(zb__src_matrix_read(m, 5, 20, &blk), ZB_E_CORRUPT, "indptr[10]");
+    ZB_ASSERT_OK(zb__src_matrix_read(m, 0, 9, &blk));
     v = 0; /* a decrease */
     memcpy(good + 64 + 10 * 8, &v, 8);
     write_bytes(path, good, len);
-    ZB_ASSERT_ERR(zb_src_matrix_read(m, 5, 20, &blk), ZB_E_CORRUPT, "indptr[10]");
+    ZB_ASSERT_ERR(zb__src_matrix_read(m, 5, 20, &blk), ZB_E_CORRUPT, "indptr[10]");
     assert_int_equal(truncate(path, 200), 0);
-    ZB_ASSERT_ERR(zb_src_matrix_read(m, 40, 50, &blk), ZB_E_CORRUPT, "truncated since open");
-    zb_csr_block_free(&blk);
-    zb_src_matrix_close(m);
-    zb_src_matrix_close(NULL);
+    ZB_ASSERT_ERR(zb__src_matrix_read(m, 40, 50, &blk), ZB_E_CORRUPT, "truncated since open");
+    zb__csr_block_free(&blk);
+    zb__src_matrix_close(m);
+    zb__src_matrix_close(NULL);
     free(good);
     mock_close(&k->base);
     dense_free(&ref);
@@ -682,7 +682,7 @@ test_damaged_body(void **state)
 
 /* Several threads reading rows of one opened file at once get the right rows. */
 typedef struct reader_arg {
-    zb_src_matrix *m;
+    zb__src_matrix *m;
     const dense *ref;
     uint64_t seed;
 } reader_arg;
@@ -691,13 +691,13 @@ static void *
 reader_main(void *p)
 {
     reader_arg *a = p;
-    zb_csr_block blk = {0};
+    zb__csr_block blk = {0};
     uint64_t n = a->ref->n_rows;
     for (int i = 0; i < 40; i++) {
         uint64_t lo = next(&a->seed) % n, hi = lo + next(&a->seed) % (n - lo + 1);
         check_rows(a->m, a->ref, lo, hi, &blk);
     }
-    zb_csr_block_free(&blk);
+    zb__csr_block_free(&blk);
     return NULL;
 }
 
@@ -711,9 +711,9 @@ test_concurrent_reads(void **state)
     spec sp = {2000, 150, 0.1, ZB_DT_FLOAT32, 5, false, 0};
     dense ref;
     mock *k = make_matrix(&sp, &ref);
-    ZB_ASSERT_OK(zb_csc_transpose(&k->base, path, 1 << 20, 2));
-    zb_src_matrix *m = NULL;
-    ZB_ASSERT_OK(zb_csr_file_open(path, &k->base, &m));
+    ZB_ASSERT_OK(zb__csc_transpose(&k->base, path, 1 << 20, 2));
+    zb__src_matrix *m = NULL;
+    ZB_ASSERT_OK(zb__csr_file_open(path, &k->base, &m));
     pthread_t t[4];
     reader_arg args[4];
     for (int i = 0; i < 4; i++) {
@@ -721,7 +721,7 @@ test_concurrent_reads(void **state)
         assert_int_equal(pthread_create(&t[i], NULL, reader_main, &args[i]), 0);
     }
     for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
-    zb_src_matrix_close(m);
+    zb__src_matrix_close(m);
     mock_close(&k->base);
     dense_free(&ref);
 }

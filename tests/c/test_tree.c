@@ -33,17 +33,17 @@ memstore(void)
     return s;
 }
 
-static zb_tree *
+static zb__tree *
 load(zb_store *s, const char *root, bool consolidated)
 {
-    zb_tree *t = NULL;
-    zb_status st = zb_tree_load(s, root, consolidated, &t);
+    zb__tree *t = NULL;
+    zb_status st = zb__tree_load(s, root, consolidated, &t);
     if (st != ZB_OK) fail_msg("tree load: %s: %s", zb_status_name(st), zb_last_error());
     return t;
 }
 
 static void
-expect_paths(const zb_tree *t, const char *const *paths, size_t n)
+expect_paths(const zb__tree *t, const char *const *paths, size_t n)
 {
     if (t->n != n) {
         for (size_t i = 0; i < t->n; i++) print_message("node %zu: '%s'\n", i, t->nodes[i].path);
@@ -53,9 +53,9 @@ expect_paths(const zb_tree *t, const char *const *paths, size_t n)
 }
 
 static const char *
-attr_str(const zb_tree_node *n, const char *key)
+attr_str(const zb__tree_node *n, const char *key)
 {
-    json_object *v = zb_json_get(n->attrs, key);
+    json_object *v = zb__json_get(n->attrs, key);
     return v ? json_object_get_string(v) : NULL;
 }
 
@@ -128,7 +128,7 @@ test_v2_consolidated_anndata(void **state)
     /* only chunks besides the root documents: every node comes from .zmetadata */
     put_bytes(s, "X/data/0", 24);
 
-    zb_tree *t = load(s, "", true);
+    zb__tree *t = load(s, "", true);
     static const char *const paths[] = {
         "",    "X",          "X/data", "X/indices",         "X/indptr",
         "obs", "obs/_index", "obs/ct", "obs/ct/categories", "obs/ct/codes",
@@ -147,38 +147,38 @@ test_v2_consolidated_anndata(void **state)
         if (want[i].et ? !et || strcmp(et, want[i].et) : et != NULL)
             fail_msg("%s: encoding-type %s", paths[i], et ? et : "(none)");
     }
-    assert_string_equal(zb_json_text(zb_json_get(zb_tree_find(t, "X/indptr")->doc, "shape")),
+    assert_string_equal(zb__json_text(zb__json_get(zb__tree_find(t, "X/indptr")->doc, "shape")),
                         "[5]");
-    assert_string_equal(zb_json_text(zb_json_get(zb_tree_find(t, "obs/ct/codes")->doc, "dtype")),
+    assert_string_equal(zb__json_text(zb__json_get(zb__tree_find(t, "obs/ct/codes")->doc, "dtype")),
                         "\"|i1\"");
     assert_int_equal(t->zarr_format, 2);
     assert_true(t->consolidated);
-    assert_string_equal(zb_tree_layout(t), "anndata");
+    assert_string_equal(zb__tree_layout(t), "anndata");
     /* bare non-finite tokens inside .zmetadata (row 1) */
-    assert_true(isnan(json_object_get_double(zb_json_get(t->nodes[0].attrs, "m"))));
-    assert_true(isinf(json_object_get_double(zb_json_get(t->nodes[0].attrs, "n"))));
-    const zb_tree_node *x = zb_tree_find(t, "X");
+    assert_true(isnan(json_object_get_double(zb__json_get(t->nodes[0].attrs, "m"))));
+    assert_true(isinf(json_object_get_double(zb__json_get(t->nodes[0].attrs, "n"))));
+    const zb__tree_node *x = zb__tree_find(t, "X");
     assert_non_null(x);
     assert_false(x->is_array);
     assert_string_equal(attr_str(x, "encoding-type"), "csr_matrix");
-    const zb_tree_node *d = zb_tree_find(t, "X/data");
+    const zb__tree_node *d = zb__tree_find(t, "X/data");
     assert_non_null(d);
     assert_true(d->is_array);
     assert_int_equal(d->zarr_format, 2);
-    assert_non_null(zb_json_get(d->doc, "shape"));
+    assert_non_null(zb__json_get(d->doc, "shape"));
     assert_int_equal(json_object_object_length(d->attrs), 0);
-    assert_string_equal(attr_str(zb_tree_find(t, "obs/_index"), "encoding-type"), "string-array");
-    assert_null(zb_tree_find(t, "X/data/0"));
-    assert_null(zb_tree_find(t, "nope"));
-    zb_tree_free(t);
+    assert_string_equal(attr_str(zb__tree_find(t, "obs/_index"), "encoding-type"), "string-array");
+    assert_null(zb__tree_find(t, "X/data/0"));
+    assert_null(zb__tree_find(t, "nope"));
+    zb__tree_free(t);
 
     /* ignored on request: the listing finds no node documents below the root (row 11) */
     t = load(s, "", false);
     assert_false(t->consolidated);
     assert_int_equal(t->n, 1);
     assert_string_equal(t->nodes[0].path, "");
-    assert_string_equal(zb_tree_layout(t), "anndata");
-    zb_tree_free(t);
+    assert_string_equal(zb__tree_layout(t), "anndata");
+    zb__tree_free(t);
     zb_store_close(s);
 }
 
@@ -216,32 +216,32 @@ test_v2_listing(void **state)
     (void)state;
     zb_store *s = memstore();
     build_v2_listed(s);
-    zb_tree *t = load(s, "", true);
+    zb__tree *t = load(s, "", true);
     static const char *const paths[] = {"", "a", "a/arr", "a/bad", "a/huge", "a/names", "a/nested"};
     expect_paths(t, paths, sizeof paths / sizeof paths[0]);
     assert_false(t->consolidated);
-    assert_string_equal(zb_tree_layout(t), "plain");
-    assert_true(isnan(json_object_get_double(zb_json_get(t->nodes[0].attrs, "m"))));
-    assert_int_equal(json_object_get_int(zb_json_get(zb_tree_find(t, "a")->attrs, "k")), 1);
-    assert_true(zb_tree_find(t, "a/nested")->is_array);
-    zb_tree_free(t);
+    assert_string_equal(zb__tree_layout(t), "plain");
+    assert_true(isnan(json_object_get_double(zb__json_get(t->nodes[0].attrs, "m"))));
+    assert_int_equal(json_object_get_int(zb__json_get(zb__tree_find(t, "a")->attrs, "k")), 1);
+    assert_true(zb__tree_find(t, "a/nested")->is_array);
+    zb__tree_free(t);
 
     /* a sub-tree keeps store-relative paths; the root is normalised */
     t = load(s, "/a//", true);
     static const char *const sub[] = {"a", "a/arr", "a/bad", "a/huge", "a/names", "a/nested"};
     expect_paths(t, sub, sizeof sub / sizeof sub[0]);
-    zb_tree_free(t);
+    zb__tree_free(t);
 
     /* an array as the root */
     t = load(s, "a/arr", true);
     assert_int_equal(t->n, 1);
     assert_true(t->nodes[0].is_array);
-    zb_tree_free(t);
+    zb__tree_free(t);
 
-    zb_tree *none = (zb_tree *)1;
-    assert_int_equal(zb_tree_load(s, "junk", true, &none), ZB_E_NOTFOUND);
+    zb__tree *none = (zb__tree *)1;
+    assert_int_equal(zb__tree_load(s, "junk", true, &none), ZB_E_NOTFOUND);
     assert_null(none);
-    assert_int_equal(zb_tree_load(s, "a/../x", true, &none), ZB_E_BADKEY);
+    assert_int_equal(zb__tree_load(s, "a/../x", true, &none), ZB_E_BADKEY);
     zb_store_close(s);
 }
 
@@ -249,24 +249,24 @@ static void
 test_v2_errors(void **state)
 {
     (void)state;
-    zb_tree *t = NULL;
+    zb__tree *t = NULL;
     zb_store *s = memstore();
-    assert_int_equal(zb_tree_load(s, "", true, &t), ZB_E_NOTFOUND);
+    assert_int_equal(zb__tree_load(s, "", true, &t), ZB_E_NOTFOUND);
     put(s, ".zgroup", "{\"zarr_format\": 2} trailing");
-    assert_int_equal(zb_tree_load(s, "", true, &t), ZB_E_JSON);
+    assert_int_equal(zb__tree_load(s, "", true, &t), ZB_E_JSON);
     assert_non_null(strstr(zb_last_error(), ".zgroup"));
     put(s, ".zgroup", "{\"zarr_format\": 2}");
     put(s, ".zmetadata", "{\"metadata\": {\"a/.zgroup\": {\"zarr_format\": 2},}}");
-    assert_int_equal(zb_tree_load(s, "", true, &t), ZB_E_JSON);
+    assert_int_equal(zb__tree_load(s, "", true, &t), ZB_E_JSON);
     assert_non_null(strstr(zb_last_error(), ".zmetadata"));
     put(s, ".zmetadata", "{\"metadata\": [], \"zarr_consolidated_format\": 1}");
-    assert_int_equal(zb_tree_load(s, "", true, &t), ZB_E_METADATA);
+    assert_int_equal(zb__tree_load(s, "", true, &t), ZB_E_METADATA);
     put(s, ".zmetadata", "{\"metadata\": {}, \"zarr_consolidated_format\": 2}");
-    assert_int_equal(zb_tree_load(s, "", true, &t), ZB_E_METADATA);
+    assert_int_equal(zb__tree_load(s, "", true, &t), ZB_E_METADATA);
     put(s, ".zmetadata", "{\"metadata\": {\"../up/.zgroup\": {\"zarr_format\": 2}}}");
-    assert_int_equal(zb_tree_load(s, "", true, &t), ZB_E_METADATA);
+    assert_int_equal(zb__tree_load(s, "", true, &t), ZB_E_METADATA);
     put(s, ".zmetadata", "{\"metadata\": {\"a/.zgroup\": {}, \"a/.zarray\": {}}}");
-    assert_int_equal(zb_tree_load(s, "", true, &t), ZB_E_METADATA);
+    assert_int_equal(zb__tree_load(s, "", true, &t), ZB_E_METADATA);
     assert_null(t);
     /* a .zmetadata without the root's own entries still lists the children */
     put(s, ".zmetadata",
@@ -275,11 +275,11 @@ test_v2_errors(void **state)
     t = load(s, "", true);
     static const char *const paths[] = {"", "a", "a/x"}; /* nothing below an array */
     expect_paths(t, paths, 3);
-    zb_tree_free(t);
+    zb__tree_free(t);
     /* listing: a malformed child document fails the load, naming the key */
     put(s, ".zmetadata", "{}");
     put(s, "b/.zarray", "{\"zarr_format\": 2,");
-    assert_int_equal(zb_tree_load(s, "", false, &t), ZB_E_JSON);
+    assert_int_equal(zb__tree_load(s, "", false, &t), ZB_E_JSON);
     assert_non_null(strstr(zb_last_error(), "b/.zarray"));
     zb_store_close(s);
 }
@@ -319,44 +319,44 @@ test_v3_consolidated_collection(void **state)
     (void)state;
     zb_store *s = memstore();
     put(s, "zarr.json", collection_root);
-    zb_tree *t = load(s, "", true);
+    zb__tree *t = load(s, "", true);
     static const char *const paths[] = {"",          "dataset_0", "dataset_0/X", "dataset_0/X/data",
                                         "dataset_1", "dataset_10"};
     expect_paths(t, paths, sizeof paths / sizeof paths[0]);
     assert_int_equal(t->zarr_format, 3);
     assert_true(t->consolidated);
-    assert_string_equal(zb_tree_layout(t), "annbatch-collection");
-    assert_true(isnan(json_object_get_double(zb_json_get(t->nodes[0].attrs, "x"))));
-    const zb_tree_node *x = zb_tree_find(t, "dataset_0/X");
-    assert_true(isinf(json_object_get_double(zb_json_get(x->attrs, "m"))));
-    assert_true(zb_tree_find(t, "dataset_0/X/data")->is_array);
-    assert_int_equal(json_object_object_length(zb_tree_find(t, "dataset_10")->attrs), 0);
-    zb_tree_free(t);
+    assert_string_equal(zb__tree_layout(t), "annbatch-collection");
+    assert_true(isnan(json_object_get_double(zb__json_get(t->nodes[0].attrs, "x"))));
+    const zb__tree_node *x = zb__tree_find(t, "dataset_0/X");
+    assert_true(isinf(json_object_get_double(zb__json_get(x->attrs, "m"))));
+    assert_true(zb__tree_find(t, "dataset_0/X/data")->is_array);
+    assert_int_equal(json_object_object_length(zb__tree_find(t, "dataset_10")->attrs), 0);
+    zb__tree_free(t);
 
     /* kind other than inline (row 29) */
     put(s, "zarr.json",
         "{\"zarr_format\": 3, \"node_type\": \"group\", "
         "\"consolidated_metadata\": {\"kind\": \"chunked\", \"metadata\": {}}}");
-    assert_int_equal(zb_tree_load(s, "", true, &t), ZB_E_METADATA);
+    assert_int_equal(zb__tree_load(s, "", true, &t), ZB_E_METADATA);
     assert_non_null(strstr(zb_last_error(), "inline"));
     /* ...but ignored when consolidated metadata is not used */
     t = load(s, "", false);
     assert_int_equal(t->n, 1);
-    zb_tree_free(t);
+    zb__tree_free(t);
     put(s, "zarr.json",
         "{\"zarr_format\": 3, \"node_type\": \"group\", "
         "\"consolidated_metadata\": {\"kind\": \"inline\", \"metadata\": "
         "{\"a/../b\": " V3_GROUP("{}") "}}}");
-    assert_int_equal(zb_tree_load(s, "", true, &t), ZB_E_METADATA);
+    assert_int_equal(zb__tree_load(s, "", true, &t), ZB_E_METADATA);
     put(s, "zarr.json",
         "{\"zarr_format\": 3, \"node_type\": \"group\", "
         "\"consolidated_metadata\": {\"kind\": \"inline\", \"metadata\": "
         "{\"a\": {\"zarr_format\": 3, \"node_type\": \"table\"}}}}");
-    assert_int_equal(zb_tree_load(s, "", true, &t), ZB_E_METADATA);
+    assert_int_equal(zb__tree_load(s, "", true, &t), ZB_E_METADATA);
     put(s, "zarr.json",
         "{\"zarr_format\": 3, \"node_type\": \"group\", \"attributes\": {\"a\": "
         "NaN} x");
-    assert_int_equal(zb_tree_load(s, "", true, &t), ZB_E_JSON);
+    assert_int_equal(zb__tree_load(s, "", true, &t), ZB_E_JSON);
 
     /* early zarr-python 3: consolidated metadata nested per group, merged */
     put(s, "zarr.json",
@@ -367,7 +367,7 @@ test_v3_consolidated_collection(void **state)
     t = load(s, "", true);
     static const char *const nested[] = {"", "g", "g/arr"};
     expect_paths(t, nested, 3);
-    zb_tree_free(t);
+    zb__tree_free(t);
     zb_store_close(s);
 }
 
@@ -405,21 +405,21 @@ test_v3_listing_atomic(void **state)
     (void)state;
     zb_store *s = memstore();
     build_atomic(s, true);
-    zb_tree *t = load(s, "", true);
+    zb__tree *t = load(s, "", true);
     static const char *const paths[] = {"",     "core",           "core/positions",
                                         "meta", "meta/atoms_ptr", "meta/samples_mask"};
     expect_paths(t, paths, sizeof paths / sizeof paths[0]);
     assert_false(t->consolidated);
     assert_int_equal(t->zarr_format, 3);
-    assert_string_equal(zb_tree_layout(t), "atomic");
-    zb_tree_free(t);
+    assert_string_equal(zb__tree_layout(t), "atomic");
+    zb__tree_free(t);
     zb_store_close(s);
 
     s = memstore();
     build_atomic(s, false);
     t = load(s, "", true);
-    assert_string_equal(zb_tree_layout(t), "plain");
-    zb_tree_free(t);
+    assert_string_equal(zb__tree_layout(t), "plain");
+    zb__tree_free(t);
     zb_store_close(s);
 }
 
@@ -431,23 +431,23 @@ info(zb_store *s, const char *path, char **text)
     zb_status st = zb_info_json(s, path, text);
     if (st != ZB_OK) fail_msg("info: %s: %s", zb_status_name(st), zb_last_error());
     json_object *o = NULL;
-    assert_int_equal(zb_json_parse(*text, strlen(*text), "info", &o), ZB_OK);
+    assert_int_equal(zb__json_parse(*text, strlen(*text), "info", &o), ZB_OK);
     return o;
 }
 
 static const char *
 str_of(json_object *o, const char *key)
 {
-    json_object *v = zb_json_get(o, key);
+    json_object *v = zb__json_get(o, key);
     if (!json_object_is_type(v, json_type_string))
-        fail_msg("%s is not a string in %s", key, zb_json_text(o));
+        fail_msg("%s is not a string in %s", key, zb__json_text(o));
     return json_object_get_string(v);
 }
 
 static json_object *
 node_of(json_object *doc, const char *path)
 {
-    json_object *nodes = zb_json_get(doc, "nodes");
+    json_object *nodes = zb__json_get(doc, "nodes");
     for (size_t i = 0; i < json_object_array_length(nodes); i++) {
         json_object *n = json_object_array_get_idx(nodes, i);
         if (!strcmp(str_of(n, "path"), path)) return n;
@@ -459,7 +459,7 @@ node_of(json_object *doc, const char *path)
 static int64_t
 int_of(json_object *o, const char *key)
 {
-    json_object *v = zb_json_get(o, key);
+    json_object *v = zb__json_get(o, key);
     if (!json_object_is_type(v, json_type_int)) fail_msg("%s is not an integer", key);
     return json_object_get_int64(v);
 }
@@ -475,22 +475,22 @@ test_info_v2(void **state)
     assert_string_equal(str_of(doc, "path"), "");
     assert_int_equal(int_of(doc, "zarr_format"), 2);
     assert_string_equal(str_of(doc, "layout"), "plain");
-    assert_false(json_object_get_boolean(zb_json_get(doc, "consolidated")));
-    assert_int_equal(json_object_array_length(zb_json_get(doc, "nodes")), 7);
+    assert_false(json_object_get_boolean(zb__json_get(doc, "consolidated")));
+    assert_int_equal(json_object_array_length(zb__json_get(doc, "nodes")), 7);
 
     json_object *g = node_of(doc, "a");
     assert_string_equal(str_of(g, "type"), "group");
-    assert_int_equal(int_of(zb_json_get(g, "attributes"), "k"), 1);
-    assert_null(zb_json_get(g, "shape"));
+    assert_int_equal(int_of(zb__json_get(g, "attributes"), "k"), 1);
+    assert_null(zb__json_get(g, "shape"));
 
     json_object *a = node_of(doc, "a/arr");
     assert_string_equal(str_of(a, "type"), "array");
-    assert_string_equal(zb_json_text(zb_json_get(a, "shape")), "[5,6]");
-    assert_string_equal(zb_json_text(zb_json_get(a, "chunks")), "[2,4]");
-    assert_true(json_object_is_type(zb_json_get(a, "shards"), json_type_null));
+    assert_string_equal(zb__json_text(zb__json_get(a, "shape")), "[5,6]");
+    assert_string_equal(zb__json_text(zb__json_get(a, "chunks")), "[2,4]");
+    assert_true(json_object_is_type(zb__json_get(a, "shards"), json_type_null));
     assert_string_equal(str_of(a, "dtype"), "float32");
     assert_string_equal(str_of(a, "codecs"), "none");
-    assert_true(json_object_get_double(zb_json_get(a, "fill_value")) == -1.0);
+    assert_true(json_object_get_double(zb__json_get(a, "fill_value")) == -1.0);
     assert_int_equal(int_of(a, "stored_bytes"), 32 + 17);
     assert_int_equal(int_of(a, "logical_bytes"), 5 * 6 * 4);
 
@@ -499,22 +499,22 @@ test_info_v2(void **state)
     assert_int_equal(int_of(n, "stored_bytes"), 64 + 60);
     assert_int_equal(int_of(n, "logical_bytes"), 16 * 8);
     assert_string_equal(str_of(n, "codecs"), "order(F)");
-    assert_true(zb_json_is_big_uint(zb_json_get(n, "fill_value")));
-    assert_true(json_object_get_uint64(zb_json_get(n, "fill_value")) == UINT64_MAX);
+    assert_true(zb__json_is_big_uint(zb__json_get(n, "fill_value")));
+    assert_true(json_object_get_uint64(zb__json_get(n, "fill_value")) == UINT64_MAX);
     assert_string_equal(
-        json_object_get_string(zb_json_get(zb_json_get(n, "attributes"), "encoding-type")),
+        json_object_get_string(zb__json_get(zb__json_get(n, "attributes"), "encoding-type")),
         "array");
 
     /* an array of an unsupported dtype is reported in place, the rest is still described */
     json_object *bad = node_of(doc, "a/bad");
     assert_non_null(strstr(str_of(bad, "error"), "<c8"));
-    assert_null(zb_json_get(bad, "shape"));
+    assert_null(zb__json_get(bad, "shape"));
 
     /* uint64 sizes stay exact */
     json_object *h = node_of(doc, "a/huge");
-    assert_true(json_object_get_uint64(json_object_array_get_idx(zb_json_get(h, "shape"), 0)) ==
+    assert_true(json_object_get_uint64(json_object_array_get_idx(zb__json_get(h, "shape"), 0)) ==
                 UINT64_MAX);
-    assert_true(json_object_get_uint64(zb_json_get(h, "logical_bytes")) == UINT64_MAX);
+    assert_true(json_object_get_uint64(zb__json_get(h, "logical_bytes")) == UINT64_MAX);
     assert_int_equal(int_of(h, "stored_bytes"), 0);
     assert_int_equal(int_of(h, "fill_value"), 7);
     assert_string_equal(str_of(h, "codecs"), "zstd(1)");
@@ -522,7 +522,7 @@ test_info_v2(void **state)
 
     json_object *names = node_of(doc, "a/names");
     assert_string_equal(str_of(names, "dtype"), "string");
-    assert_true(json_object_is_type(zb_json_get(names, "logical_bytes"), json_type_null));
+    assert_true(json_object_is_type(zb__json_get(names, "logical_bytes"), json_type_null));
     assert_non_null(strstr(text, "\"logical_bytes\":null"));
     json_object_put(doc);
     free(text);
@@ -530,7 +530,7 @@ test_info_v2(void **state)
     /* a path below the root */
     doc = info(s, "a", &text);
     assert_string_equal(str_of(doc, "path"), "a");
-    assert_int_equal(json_object_array_length(zb_json_get(doc, "nodes")), 6);
+    assert_int_equal(json_object_array_length(zb__json_get(doc, "nodes")), 6);
     json_object_put(doc);
     free(text);
 
@@ -552,8 +552,8 @@ test_info_v3(void **state)
     assert_string_equal(str_of(doc, "layout"), "atomic");
     json_object *p = node_of(doc, "core/positions");
     /* chunks is the read unit (inner chunk), shards the grid */
-    assert_string_equal(zb_json_text(zb_json_get(p, "chunks")), "[2,3]");
-    assert_string_equal(zb_json_text(zb_json_get(p, "shards")), "[4,3]");
+    assert_string_equal(zb__json_text(zb__json_get(p, "chunks")), "[2,3]");
+    assert_string_equal(zb__json_text(zb__json_get(p, "shards")), "[4,3]");
     assert_string_equal(str_of(p, "codecs"),
                         "sharding(inner [2,3], index end+crc32c) [bytes(little) | zstd(0)]");
     assert_string_equal(str_of(p, "fill_value"), "NaN");
@@ -561,7 +561,7 @@ test_info_v3(void **state)
     assert_int_equal(int_of(p, "logical_bytes"), 9 * 3 * 4);
     json_object *m = node_of(doc, "meta/samples_mask");
     assert_string_equal(str_of(m, "dtype"), "bool");
-    assert_true(json_object_is_type(zb_json_get(m, "fill_value"), json_type_boolean));
+    assert_true(json_object_is_type(zb__json_get(m, "fill_value"), json_type_boolean));
     assert_int_equal(int_of(m, "stored_bytes"), 3);
     assert_int_equal(int_of(node_of(doc, "meta/atoms_ptr"), "stored_bytes"), 32);
     json_object_put(doc);
@@ -571,9 +571,9 @@ test_info_v3(void **state)
     s = memstore();
     put(s, "zarr.json", collection_root);
     doc = info(s, "", &text);
-    assert_true(json_object_get_boolean(zb_json_get(doc, "consolidated")));
+    assert_true(json_object_get_boolean(zb__json_get(doc, "consolidated")));
     assert_string_equal(str_of(doc, "layout"), "annbatch-collection");
-    assert_int_equal(json_object_array_length(zb_json_get(doc, "nodes")), 6);
+    assert_int_equal(json_object_array_length(zb__json_get(doc, "nodes")), 6);
     json_object_put(doc);
     free(text);
     zb_store_close(s);

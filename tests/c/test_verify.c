@@ -1,5 +1,5 @@
 /* zb_verify (include/zbatch_verify.h) over memory stores built by zbatch's writers and then
- * damaged on purpose, and the write marker refusing opens (zb_tree_load and everything on it).
+ * damaged on purpose, and the write marker refusing opens (zb__tree_load and everything on it).
  * Each damaged store is checked for the exact problem: its key, its kind and its numbers. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,17 +104,17 @@ test_marker_refuses_open(void **state)
 {
     (void)state;
     zb_store *s = memstore();
-    ZB_ASSERT_OK(zb_write_group(s, "", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "", 3, NULL));
     int64_t v[4] = {1, 2, 3, 4};
     put_i64(s, "x", v, 4, 2);
-    ZB_ASSERT_OK(zb_write_group(s, "d", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "d", 3, NULL));
     put_i64(s, "d/y", v, 4, 2);
 
     zbt_put_str(s, ZB_INCOMPLETE_MARKER, "{}");
-    zb_tree *t = NULL;
-    ZB_ASSERT_ERR(zb_tree_load(s, "", true, &t), ZB_E_INCOMPLETE, "a write was not committed");
+    zb__tree *t = NULL;
+    ZB_ASSERT_ERR(zb__tree_load(s, "", true, &t), ZB_E_INCOMPLETE, "a write was not committed");
     assert_null(t);
-    ZB_ASSERT_ERR(zb_tree_load(s, "", false, &t), ZB_E_INCOMPLETE, ZB_INCOMPLETE_MARKER);
+    ZB_ASSERT_ERR(zb__tree_load(s, "", false, &t), ZB_E_INCOMPLETE, ZB_INCOMPLETE_MARKER);
     char *json = NULL;
     ZB_ASSERT_ERR(zb_info_json(s, "", &json), ZB_E_INCOMPLETE, "incomplete");
     assert_null(json);
@@ -124,16 +124,16 @@ test_marker_refuses_open(void **state)
 
     /* committed: the same store opens */
     ZB_ASSERT_OK(zb_store_erase(s, ZB_INCOMPLETE_MARKER));
-    ZB_ASSERT_OK(zb_tree_load(s, "", true, &t));
+    ZB_ASSERT_OK(zb__tree_load(s, "", true, &t));
     assert_int_equal(t->n, 4); /* "", "d", "d/y", "x" */
-    zb_tree_free(t);
+    zb__tree_free(t);
 
     /* the marker belongs to the path it sits at: a nested one refuses that path only */
     zbt_put_str(s, "d/" ZB_INCOMPLETE_MARKER, "{}");
-    ZB_ASSERT_ERR(zb_tree_load(s, "d", true, &t), ZB_E_INCOMPLETE, "\"d\"");
+    ZB_ASSERT_ERR(zb__tree_load(s, "d", true, &t), ZB_E_INCOMPLETE, "\"d\"");
     ZB_ASSERT_ERR(zb_info_json(s, "/d/", &json), ZB_E_INCOMPLETE, "d/" ZB_INCOMPLETE_MARKER);
-    ZB_ASSERT_OK(zb_tree_load(s, "", true, &t));
-    zb_tree_free(t);
+    ZB_ASSERT_OK(zb__tree_load(s, "", true, &t));
+    zb__tree_free(t);
     zb_store_close(s);
 }
 
@@ -144,7 +144,7 @@ test_verify_incomplete(void **state)
 {
     (void)state;
     zb_store *s = memstore();
-    ZB_ASSERT_OK(zb_write_group(s, "", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "", 3, NULL));
     int64_t v[3] = {0, 1, 2};
     put_i64(s, "x", v, 3, 0);
     zbt_put_str(s, ZB_INCOMPLETE_MARKER,
@@ -165,7 +165,7 @@ test_verify_incomplete(void **state)
 
     /* a nested marker is one problem; the rest is still checked */
     ZB_ASSERT_OK(zb_store_erase(s, ZB_INCOMPLETE_MARKER));
-    ZB_ASSERT_OK(zb_write_group(s, "sub", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "sub", 3, NULL));
     zbt_put_str(s, "sub/" ZB_INCOMPLETE_MARKER, "not json");
     verify(s, "", &r);
     assert_false(r.incomplete);
@@ -185,13 +185,13 @@ test_verify_clean_counts(void **state)
 {
     (void)state;
     zb_store *s = memstore();
-    ZB_ASSERT_OK(zb_write_group(s, "", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "", 3, NULL));
     float f[10][3];
     for (int i = 0; i < 10; i++)
         for (int j = 0; j < 3; j++) f[i][j] = (float)(i * 3 + j);
     put_array(s, "a", ZB_DT_FLOAT32, 3, f, 10, 4, 0); /* 3 chunks */
     put_array(s, "b", ZB_DT_FLOAT32, 3, f, 10, 2, 4); /* 5 inner chunks in 3 shards */
-    ZB_ASSERT_OK(zb_write_group(s, "g", 2, "{\"k\": 1}"));
+    ZB_ASSERT_OK(zb__write_group(s, "g", 2, "{\"k\": 1}"));
     int64_t v[5] = {5, 4, 3, 2, 1};
     /* a v2 group inside a v3 store is not a node of it (FORMATS.md §1.1): nothing below it
      * is part of the tree */
@@ -245,7 +245,7 @@ test_verify_corrupt_chunk(void **state)
 {
     (void)state;
     zb_store *s = memstore();
-    ZB_ASSERT_OK(zb_write_group(s, "", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "", 3, NULL));
     int64_t v[12];
     for (int i = 0; i < 12; i++) v[i] = i * 7;
     put_i64(s, "x", v, 12, 4);
@@ -303,7 +303,7 @@ test_verify_truncated_shard(void **state)
 {
     (void)state;
     zb_store *s = memstore();
-    ZB_ASSERT_OK(zb_write_group(s, "", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "", 3, NULL));
     int64_t v[40];
     for (int i = 0; i < 40; i++) v[i] = 1000 - i;
     put_array(s, "x", ZB_DT_INT64, 0, v, 40, 5, 20); /* 2 shards of 4 inner chunks */
@@ -457,12 +457,12 @@ static zb_store *
 atomic_store(const int64_t *nl)
 {
     zb_store *s = memstore();
-    ZB_ASSERT_OK(zb_write_group(s, "", 3,
+    ZB_ASSERT_OK(zb__write_group(s, "", 3,
                                 "{\"num_samples\": 2, \"fields\": {\"core\": {\"positions\": "
                                 "\"atom\", \"neighbor_list\": \"edge\", \"energy\": "
                                 "\"system\"}, \"custom\": {}}}"));
-    ZB_ASSERT_OK(zb_write_group(s, "meta", 3, NULL));
-    ZB_ASSERT_OK(zb_write_group(s, "core", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "meta", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "core", 3, NULL));
     int64_t aptr[3] = {0, 3, 5}, eptr[3] = {0, 2, 3};
     put_i64(s, "meta/atoms_ptr", aptr, 3, 2);
     put_i64(s, "meta/edges_ptr", eptr, 3, 2);
@@ -497,7 +497,7 @@ test_verify_atomic(void **state)
     double two[5] = {1, 2, 3, 4, 5};
     put_array(s, "core/stress", ZB_DT_FLOAT64, 0, two, 2, 0, 0);
     put_array(s, "core/charges_ref", ZB_DT_FLOAT64, 0, two, 5, 0, 0);
-    ZB_ASSERT_OK(zb_write_group(s, "custom", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "custom", 3, NULL));
     put_array(s, "custom/label", ZB_DT_FLOAT64, 0, two, 2, 0, 0);
     verify(s, "", &r);
     assert_clean(&r);
@@ -583,14 +583,14 @@ test_verify_atomic_required(void **state)
     zb_store_close(s);
 
     s = atomic_store(NULL);
-    ZB_ASSERT_OK(zb_write_group(s, "", 3,
+    ZB_ASSERT_OK(zb__write_group(s, "", 3,
                                 "{\"num_samples\": 2, \"fields\": {\"core\": {\"positions\": "
                                 "\"atom\", \"energy\": \"graph\"}}}"));
     verify(s, "", &r);
     assert_int_equal(r.n_problems, 1);
     assert_mentions(problem_at(&r, "/"), "fields.core.energy is \"graph\", not \"atom\"");
     zb_verify_report_free(&r);
-    ZB_ASSERT_OK(zb_write_group(s, "", 3,
+    ZB_ASSERT_OK(zb__write_group(s, "", 3,
                                 "{\"num_samples\": 1, \"fields\": {\"core\": {}, "
                                 "\"custom\": {\"charges_ref\": \"atom\"}}}"));
     verify(s, "", &r);
@@ -634,7 +634,7 @@ test_verify_atomic_tail(void **state)
     zb_verify_report_free(&r);
 
     /* without num_samples nothing bounds the samples */
-    ZB_ASSERT_OK(zb_write_group(s, "", 3, "{\"fields\": {\"core\": {}}}"));
+    ZB_ASSERT_OK(zb__write_group(s, "", 3, "{\"fields\": {\"core\": {}}}"));
     verify(s, "", &r);
     const zb_verify_problem *p = problem_at(&r, "/");
     assert_mentions(p, "num_samples");
@@ -667,9 +667,9 @@ test_verify_atomic_many_blocks(void **state)
     zb_store *s = memstore();
     char attrs[200];
     snprintf(attrs, sizeof attrs, "{\"num_samples\": %d, \"fields\": {\"core\": {}}}", N);
-    ZB_ASSERT_OK(zb_write_group(s, "", 3, attrs));
-    ZB_ASSERT_OK(zb_write_group(s, "meta", 3, NULL));
-    ZB_ASSERT_OK(zb_write_group(s, "core", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "", 3, attrs));
+    ZB_ASSERT_OK(zb__write_group(s, "meta", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "core", 3, NULL));
     put_i64(s, "meta/atoms_ptr", aptr, N + 1, 1000);
     put_i64(s, "meta/edges_ptr", eptr, N + 1, 1000);
     put_bool(s, "meta/samples_mask", N);

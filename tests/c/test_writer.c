@@ -150,53 +150,53 @@ static void
 test_codec_spec_parse(void **state)
 {
     (void)state;
-    zb_codec c;
+    zb__codec c;
     bool has;
     /* the default (docs/PERFORMANCE.md: fastest decode at a better ratio than zstd:3) */
-    ZB_ASSERT_OK(zb_codec_spec_parse(NULL, 3, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse(NULL, 3, &c, &has));
     assert_true(has);
     assert_int_equal(c.id, ZB_CODEC_BLOSC);
     assert_string_equal(c.cname, "lz4");
     assert_int_equal(c.level, 5);
     assert_int_equal(c.shuffle, ZB_SHUFFLE_BYTE);
-    ZB_ASSERT_OK(zb_codec_spec_parse("none", 2, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("none", 2, &c, &has));
     assert_false(has);
-    ZB_ASSERT_OK(zb_codec_spec_parse("zstd:-5", 2, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("zstd:-5", 2, &c, &has));
     assert_int_equal(c.level, -5);
     assert_false(c.checksum);
-    ZB_ASSERT_OK(zb_codec_spec_parse("zstd:7:checksum", 3, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("zstd:7:checksum", 3, &c, &has));
     assert_int_equal(c.level, 7);
     assert_true(c.checksum);
-    ZB_ASSERT_OK(zb_codec_spec_parse("lz4:3", 2, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("lz4:3", 2, &c, &has));
     assert_int_equal(c.id, ZB_CODEC_LZ4);
     assert_int_equal(c.acceleration, 3);
-    ZB_ASSERT_OK(zb_codec_spec_parse("gzip:9", 3, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("gzip:9", 3, &c, &has));
     assert_int_equal(c.id, ZB_CODEC_GZIP);
     assert_int_equal(c.level, 9);
-    ZB_ASSERT_OK(zb_codec_spec_parse("zlib", 2, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("zlib", 2, &c, &has));
     assert_int_equal(c.id, ZB_CODEC_ZLIB);
     assert_int_equal(c.level, 1);
-    ZB_ASSERT_OK(zb_codec_spec_parse("blosc", 2, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("blosc", 2, &c, &has));
     assert_string_equal(c.cname, "lz4");
     assert_int_equal(c.level, 5);
     assert_int_equal(c.shuffle, ZB_SHUFFLE_BYTE);
-    ZB_ASSERT_OK(zb_codec_spec_parse("blosc:zstd:3:bitshuffle", 3, &c, &has));
+    ZB_ASSERT_OK(zb__codec_spec_parse("blosc:zstd:3:bitshuffle", 3, &c, &has));
     assert_string_equal(c.cname, "zstd");
     assert_int_equal(c.level, 3);
     assert_int_equal(c.shuffle, ZB_SHUFFLE_BIT);
 
-    ZB_ASSERT_ERR(zb_codec_spec_parse("zstd:3:checksum", 2, &c, &has), ZB_E_INVALID, "checksum");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("zstd:99", 3, &c, &has), ZB_E_INVALID, "zstd level");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("zstd:x", 3, &c, &has), ZB_E_INVALID, "not an integer");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("zstd:3:crc", 3, &c, &has), ZB_E_INVALID, "\"crc\"");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("brotli", 3, &c, &has), ZB_E_INVALID, "brotli");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("gzip:10", 3, &c, &has), ZB_E_INVALID, "gzip level");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("gzip:1:2", 3, &c, &has), ZB_E_INVALID, "at most 1");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("lz4:0", 3, &c, &has), ZB_E_INVALID, "acceleration");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("blosc:lzma", 3, &c, &has), ZB_E_INVALID, "lzma");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("blosc:lz4:5:byte", 3, &c, &has), ZB_E_INVALID, "shuffle");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("zstd:", 3, &c, &has), ZB_E_INVALID, "empty");
-    ZB_ASSERT_ERR(zb_codec_spec_parse("none:1", 3, &c, &has), ZB_E_INVALID, "none");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("zstd:3:checksum", 2, &c, &has), ZB_E_INVALID, "checksum");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("zstd:99", 3, &c, &has), ZB_E_INVALID, "zstd level");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("zstd:x", 3, &c, &has), ZB_E_INVALID, "not an integer");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("zstd:3:crc", 3, &c, &has), ZB_E_INVALID, "\"crc\"");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("brotli", 3, &c, &has), ZB_E_INVALID, "brotli");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("gzip:10", 3, &c, &has), ZB_E_INVALID, "gzip level");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("gzip:1:2", 3, &c, &has), ZB_E_INVALID, "at most 1");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("lz4:0", 3, &c, &has), ZB_E_INVALID, "acceleration");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("blosc:lzma", 3, &c, &has), ZB_E_INVALID, "lzma");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("blosc:lz4:5:byte", 3, &c, &has), ZB_E_INVALID, "shuffle");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("zstd:", 3, &c, &has), ZB_E_INVALID, "empty");
+    ZB_ASSERT_ERR(zb__codec_spec_parse("none:1", 3, &c, &has), ZB_E_INVALID, "none");
 }
 
 /* numcodecs 0.11 accepts exactly these keys (FORMATS.md §2.1). */
@@ -216,19 +216,19 @@ test_codec_v2_json_minimal_keys(void **state)
     };
     char buf[256];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        zb_codec c;
+        zb__codec c;
         bool has;
         json_object *o = NULL;
-        ZB_ASSERT_OK(zb_codec_spec_parse(cases[i].spec, 2, &c, &has));
-        ZB_ASSERT_OK(zb_codec_v2_json(&c, &o));
+        ZB_ASSERT_OK(zb__codec_spec_parse(cases[i].spec, 2, &c, &has));
+        ZB_ASSERT_OK(zb__codec_v2_json(&c, &o));
         assert_string_equal(key_set(o, buf, sizeof buf), cases[i].keys);
         assert_string_equal(plain(o), cases[i].json);
         json_object_put(o);
     }
     /* a checksum cannot reach v2 JSON even if a codec carries one */
-    zb_codec z = {.id = ZB_CODEC_ZSTD, .level = 1, .checksum = true};
+    zb__codec z = {.id = ZB_CODEC_ZSTD, .level = 1, .checksum = true};
     json_object *o = NULL;
-    ZB_ASSERT_ERR(zb_codec_v2_json(&z, &o), ZB_E_INVALID, "checksum");
+    ZB_ASSERT_ERR(zb__codec_v2_json(&z, &o), ZB_E_INVALID, "checksum");
     assert_null(o);
 }
 
@@ -255,11 +255,11 @@ test_codec_v3_json(void **state)
         {"lz4:2", 2, "{\"name\":\"numcodecs.lz4\",\"configuration\":{\"acceleration\":2}}"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        zb_codec c;
+        zb__codec c;
         bool has;
         json_object *o = NULL;
-        ZB_ASSERT_OK(zb_codec_spec_parse(cases[i].spec, 3, &c, &has));
-        ZB_ASSERT_OK(zb_codec_v3_json(&c, cases[i].itemsize, &o));
+        ZB_ASSERT_OK(zb__codec_spec_parse(cases[i].spec, 3, &c, &has));
+        ZB_ASSERT_OK(zb__codec_v3_json(&c, cases[i].itemsize, &o));
         assert_string_equal(plain(o), cases[i].json);
         json_object_put(o);
     }
@@ -593,7 +593,7 @@ check_shard(zb_store *s, const char *key, uint64_t n, bool at_start, uint64_t *e
     uint64_t isz = 16 * n + 4;
     assert_true(len >= isz);
     const uint8_t *idx = at_start ? sh : sh + len - isz;
-    assert_int_equal(le32(idx + 16 * n), zb_crc32c(idx, (size_t)(16 * n)));
+    assert_int_equal(le32(idx + 16 * n), zb__crc32c(idx, (size_t)(16 * n)));
     uint64_t cursor = at_start ? isz : 0;
     for (uint64_t i = 0; i < n; i++) {
         entries[2 * i] = le64(idx + 16 * i);
@@ -880,15 +880,15 @@ test_append_foreign_arrays(void **state)
                 "\"fill_value\":7,\"filters\":null,\"order\":\"C\",\"shape\":[4],"
                 "\"zarr_format\":2,\"dimension_separator\":\"/\"}");
     zbt_put_str(s, "b/.zattrs", "{\"keep\": true}");
-    zb_codec z = {.id = ZB_CODEC_ZSTD, .level = 1};
+    zb__codec z = {.id = ZB_CODEC_ZSTD, .level = 1};
     uint8_t c0[12] = {0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3};
     uint8_t c1[12] = {0, 0, 0, 4, 0, 0, 0, 7, 0, 0, 0, 7};
-    zb_buf enc = {0};
-    ZB_ASSERT_OK(zb_codec_encode(&z, NULL, c0, 12, 4, &enc));
+    zb__buf enc = {0};
+    ZB_ASSERT_OK(zb__codec_encode(&z, NULL, c0, 12, 4, &enc));
     ZB_ASSERT_OK(zb_store_put(s, "b/0", enc.data, enc.len));
-    ZB_ASSERT_OK(zb_codec_encode(&z, NULL, c1, 12, 4, &enc));
+    ZB_ASSERT_OK(zb__codec_encode(&z, NULL, c1, 12, 4, &enc));
     ZB_ASSERT_OK(zb_store_put(s, "b/1", enc.data, enc.len));
-    zb_buf_free(&enc);
+    zb__buf_free(&enc);
 
     zb_array_writer *w = NULL;
     ZB_ASSERT_OK(zb_array_writer_open_append(s, "b", NULL, &w));
@@ -909,7 +909,7 @@ test_append_foreign_arrays(void **state)
     uint64_t len;
     uint8_t *raw = get_all(s, "b/2", &len);
     uint8_t dec[12];
-    ZB_ASSERT_OK(zb_codec_decode(&z, NULL, raw, (size_t)len, dec, 12, 12, NULL, "b/2"));
+    ZB_ASSERT_OK(zb__codec_decode(&z, NULL, raw, (size_t)len, dec, 12, 12, NULL, "b/2"));
     static const uint8_t want2[12] = {0, 0x10, 0, 0, 0, 0, 0, 7, 0, 0, 0, 7};
     assert_memory_equal(dec, want2, 12);
     free(raw);
@@ -1036,13 +1036,13 @@ test_strings(void **state)
         zb_array_close(a);
         uint64_t len;
         uint8_t *raw = get_all(s, fmt == 2 ? "s/5" : "s/c/5", &len);
-        zb_codec c;
+        zb__codec c;
         bool has;
-        ZB_ASSERT_OK(zb_codec_spec_parse(o.codec, fmt, &c, &has));
+        ZB_ASSERT_OK(zb__codec_spec_parse(o.codec, fmt, &c, &has));
         uint8_t dec[256];
         size_t dlen;
         ZB_ASSERT_OK(
-            zb_codec_decode(&c, NULL, raw, (size_t)len, dec, sizeof dec, SIZE_MAX, &dlen, "edge"));
+            zb__codec_decode(&c, NULL, raw, (size_t)len, dec, sizeof dec, SIZE_MAX, &dlen, "edge"));
         free(raw);
         assert_int_equal(le32(dec), 3);
         size_t l15 = (size_t)(off[16] - off[15]), l16 = (size_t)(off[17] - off[16]);
@@ -1264,7 +1264,7 @@ fl_put(void *self, const char *key, const void *data, uint64_t len)
 {
     flaky *f = self;
     if (f->fail && strstr(key, f->fail))
-        return zb_err(ZB_E_IO, "flaky:%s: disk full (injected)", key);
+        return zb__err(ZB_E_IO, "flaky:%s: disk full (injected)", key);
     int i = atomic_fetch_add(&f->nputs, 1);
     if (i < 64) snprintf(f->order[i], sizeof f->order[i], "%s", key);
     return zb_store_put(f->inner, key, data, len);
@@ -1416,25 +1416,25 @@ test_write_group(void **state)
     (void)state;
     zb_store *s = NULL;
     ZB_ASSERT_OK(zb_store_open_memory(&s));
-    ZB_ASSERT_OK(zb_write_group(s, "", 3, "{\"encoding-type\": \"anndata\"}"));
+    ZB_ASSERT_OK(zb__write_group(s, "", 3, "{\"encoding-type\": \"anndata\"}"));
     json_object *doc = load_json(s, "zarr.json");
     assert_string_equal(plain(doc), "{\"zarr_format\":3,\"node_type\":\"group\",\"attributes\":"
                                     "{\"encoding-type\":\"anndata\"}}");
     json_object_put(doc);
-    ZB_ASSERT_OK(zb_write_group(s, "/obs/", 2, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "/obs/", 2, NULL));
     doc = load_json(s, "obs/.zgroup");
     assert_string_equal(plain(doc), "{\"zarr_format\":2}");
     json_object_put(doc);
     assert_false(has_key(s, "obs/.zattrs"));
-    ZB_ASSERT_OK(zb_write_group(s, "var", 2, "{\"x\": Infinity}"));
+    ZB_ASSERT_OK(zb__write_group(s, "var", 2, "{\"x\": Infinity}"));
     assert_true(has_key(s, "var/.zattrs"));
-    ZB_ASSERT_OK(zb_write_group(s, "empty3", 3, NULL));
+    ZB_ASSERT_OK(zb__write_group(s, "empty3", 3, NULL));
     doc = load_json(s, "empty3/zarr.json");
     assert_string_equal(plain(doc),
                         "{\"zarr_format\":3,\"node_type\":\"group\",\"attributes\":{}}");
     json_object_put(doc);
-    ZB_ASSERT_ERR(zb_write_group(s, "g", 1, NULL), ZB_E_INVALID, "zarr_format");
-    ZB_ASSERT_ERR(zb_write_group(s, "g", 3, "7"), ZB_E_INVALID, "not a JSON object");
+    ZB_ASSERT_ERR(zb__write_group(s, "g", 1, NULL), ZB_E_INVALID, "zarr_format");
+    ZB_ASSERT_ERR(zb__write_group(s, "g", 3, "7"), ZB_E_INVALID, "not a JSON object");
     assert_false(has_key(s, "g/zarr.json"));
     zb_store_close(s);
 }
@@ -1464,17 +1464,17 @@ test_pool(void **state)
     (void)state;
     static const int threads[] = {0, 1, 4};
     for (size_t t = 0; t < 3; t++) {
-        zb_pool *p = NULL;
-        ZB_ASSERT_OK(zb_pool_new(threads[t], &p));
-        assert_int_equal(zb_pool_threads(p), threads[t] > 1 ? threads[t] : 1);
+        zb__pool *p = NULL;
+        ZB_ASSERT_OK(zb__pool_new(threads[t], &p));
+        assert_int_equal(zb__pool_threads(p), threads[t] > 1 ? threads[t] : 1);
         atomic_int counter;
         atomic_init(&counter, 0);
         pool_job jobs[100];
         for (int i = 0; i < 100; i++) {
             jobs[i] = (pool_job){&counter, NULL, (uint64_t)i};
-            zb_pool_submit(p, pool_task, &jobs[i]);
+            zb__pool_submit(p, pool_task, &jobs[i]);
         }
-        zb_pool_wait(p);
+        zb__pool_wait(p);
         assert_int_equal(atomic_load(&counter), 100);
         /* every task got a context, and no more distinct ones than threads */
         zb_ctx *seen[8];
@@ -1484,19 +1484,19 @@ test_pool(void **state)
             bool known = false;
             for (int k = 0; k < nseen; k++) known = known || seen[k] == jobs[i].ctx_seen;
             if (!known) {
-                assert_true(nseen < zb_pool_threads(p));
+                assert_true(nseen < zb__pool_threads(p));
                 seen[nseen++] = jobs[i].ctx_seen;
             }
         }
         /* a second round after a wait works the same */
-        for (int i = 0; i < 10; i++) zb_pool_submit(p, pool_task, &jobs[i]);
-        zb_pool_free(p); /* runs what is queued first */
+        for (int i = 0; i < 10; i++) zb__pool_submit(p, pool_task, &jobs[i]);
+        zb__pool_free(p); /* runs what is queued first */
         assert_int_equal(atomic_load(&counter), 110);
     }
-    zb_pool *p = NULL;
-    ZB_ASSERT_ERR(zb_pool_new(ZB_POOL_MAX_THREADS + 1, &p), ZB_E_INVALID, "threads");
+    zb__pool *p = NULL;
+    ZB_ASSERT_ERR(zb__pool_new(ZB_POOL_MAX_THREADS + 1, &p), ZB_E_INVALID, "threads");
     assert_null(p);
-    zb_pool_free(NULL);
+    zb__pool_free(NULL);
 }
 
 int

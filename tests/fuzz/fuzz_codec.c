@@ -15,11 +15,11 @@ static zb_ctx *ctx;
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const zb_codec_id ids[] = {ZB_CODEC_BLOSC, ZB_CODEC_ZSTD, ZB_CODEC_LZ4,
+    static const zb__codec_id ids[] = {ZB_CODEC_BLOSC, ZB_CODEC_ZSTD, ZB_CODEC_LZ4,
                                       ZB_CODEC_GZIP,  ZB_CODEC_ZLIB, ZB_CODEC_CRC32C};
     if (size < 5) return 0;
     if (!ctx && zb_ctx_new(&ctx) != ZB_OK) return 0;
-    zb_codec c = {.id = ids[data[0] % 6]};
+    zb__codec c = {.id = ids[data[0] % 6]};
     bool known = data[1] & 1;
     size_t pos = 2;
     size_t expected = (size_t)fuzz_take(data, size, &pos, 3) % (MAX_OUT + 1);
@@ -27,7 +27,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t src_len = size - pos;
     size_t cap = expected;
     if (!known) {
-        zb_status st = zb_codec_decoded_size(&c, src, src_len, &cap, "fuzz");
+        zb_status st = zb__codec_decoded_size(&c, src, src_len, &cap, "fuzz");
         if (st == ZB_OK && cap > MAX_OUT) return 0; /* the reader refuses these before decoding */
         if (st != ZB_OK) cap = UNSAID_CAP;
     }
@@ -35,7 +35,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *dst = malloc(cap ? cap : 1);
     if (!dst) return 0;
     size_t got = 0;
-    zb_status st = zb_codec_decode(&c, ctx, src, src_len, dst, cap, known ? expected : SIZE_MAX,
+    zb_status st = zb__codec_decode(&c, ctx, src, src_len, dst, cap, known ? expected : SIZE_MAX,
                                    &got, "fuzz");
     if (st == ZB_OK && (got > cap || (known && got != expected))) abort();
     free(dst);

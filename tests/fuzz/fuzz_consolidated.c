@@ -19,15 +19,15 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         (void)zb_store_put(s, "zarr.json", data + 1, size - 1);
     }
-    zb_tree *t = NULL;
-    if (zb_tree_load(s, "", true, &t) == ZB_OK) {
-        (void)zb_tree_layout(t);
+    zb__tree *t = NULL;
+    if (zb__tree_load(s, "", true, &t) == ZB_OK) {
+        (void)zb__tree_layout(t);
         for (size_t i = 0; i < t->n; i++) {
             zb_array *a = NULL;
-            if (t->nodes[i].is_array && zb_tree_node_open_array(s, &t->nodes[i], &a) == ZB_OK)
+            if (t->nodes[i].is_array && zb__tree_node_open_array(s, &t->nodes[i], &a) == ZB_OK)
                 zb_array_close(a);
         }
-        zb_tree_free(t);
+        zb__tree_free(t);
     }
     char *json = NULL;
     if (zb_info_json(s, "", &json) == ZB_OK) free(json);

@@ -13,13 +13,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint64_t flags = fuzz_take(data, size, &pos, 1);
     uint64_t n = fuzz_take(data, size, &pos, 2) % 4096 + 1;
     uint64_t shard_size = fuzz_take(data, size, &pos, 8);
-    zb_shard_spec spec = {.index_at_start = flags & 1,
+    zb__shard_spec spec = {.index_at_start = flags & 1,
                           .index_big_endian = (flags >> 1) & 1,
                           .index_crc = (flags >> 2) & 1};
     uint64_t *entries = malloc((size_t)n * 2 * sizeof *entries);
     if (!entries) return 0;
-    (void)zb_shard_index_nbytes(&spec, n);
-    if (zb_shard_index_decode(&spec, n, data + pos, size - pos, shard_size, "fuzz", entries) ==
+    (void)zb__shard_index_nbytes(&spec, n);
+    if (zb__shard_index_decode(&spec, n, data + pos, size - pos, shard_size, "fuzz", entries) ==
         ZB_OK) {
         /* what the decoder accepted must be what it promised: ranges inside the shard */
         for (uint64_t i = 0; i < n; i++) {

@@ -24,7 +24,7 @@ static zb_status
 check_header(const uint8_t *src, size_t src_len, size_t *nbytes_out, const char *where)
 {
     if (src_len < BLOSC_MIN_HEADER_LENGTH)
-        return zb_err(ZB_E_TRUNCATED,
+        return zb__err(ZB_E_TRUNCATED,
                       "%s: blosc buffer of %zu bytes is shorter than the %d-byte header", where,
                       src_len, BLOSC_MIN_HEADER_LENGTH);
     unsigned version = src[OFF_VERSION];
@@ -33,29 +33,29 @@ check_header(const uint8_t *src, size_t src_len, size_t *nbytes_out, const char 
     /* c-blosc1 writes versions 1 and 2; c-blosc2 writes 3..5 (its own chunk formats, which
      * c-blosc1 cannot read); anything else was never a blosc buffer. */
     if (version >= 3 && version <= 5)
-        return zb_err(ZB_E_UNSUPPORTED,
+        return zb__err(ZB_E_UNSUPPORTED,
                       "%s: blosc header version %u (offset 0) is a c-blosc2 chunk; c-blosc1 reads "
                       "versions 1..%d",
                       where, version, BLOSC_VERSION_FORMAT);
     if (version == 0 || version > BLOSC_VERSION_FORMAT)
-        return zb_err(ZB_E_CORRUPT,
+        return zb__err(ZB_E_CORRUPT,
                       "%s: blosc header version %u (offset 0) is not a blosc format version", where,
                       version);
     if (cbytes < BLOSC_MIN_HEADER_LENGTH)
-        return zb_err(ZB_E_CORRUPT, "%s: blosc header cbytes %u < %d (offset %d)", where, cbytes,
+        return zb__err(ZB_E_CORRUPT, "%s: blosc header cbytes %u < %d (offset %d)", where, cbytes,
                       BLOSC_MIN_HEADER_LENGTH, OFF_CBYTES);
     if (cbytes != src_len)
-        return zb_err(cbytes > src_len ? ZB_E_TRUNCATED : ZB_E_CORRUPT,
+        return zb__err(cbytes > src_len ? ZB_E_TRUNCATED : ZB_E_CORRUPT,
                       "%s: blosc header cbytes %u != object length %zu (offset %d)", where, cbytes,
                       src_len, OFF_CBYTES);
     if (nbytes > BLOSC_MAX_BUFFERSIZE)
-        return zb_err(ZB_E_CORRUPT,
+        return zb__err(ZB_E_CORRUPT,
                       "%s: blosc header nbytes %u exceeds the c-blosc1 limit %d (offset %d)", where,
                       nbytes, BLOSC_MAX_BUFFERSIZE, OFF_NBYTES);
     /* The library's own check, in case it knows more than the fields above. */
     size_t validated = 0;
     if (blosc_cbuffer_validate(src, src_len, &validated) != 0 || validated != nbytes)
-        return zb_err(
+        return zb__err(
             ZB_E_CORRUPT,
             "%s: blosc_cbuffer_validate rejects the header (version %u, nbytes %u, cbytes %u)",
             where, version, nbytes, cbytes);
@@ -64,13 +64,13 @@ check_header(const uint8_t *src, size_t src_len, size_t *nbytes_out, const char 
 }
 
 zb_status
-zb_blosc_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const char *where)
+zb__blosc_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const char *where)
 {
     return check_header(src, src_len, size, where);
 }
 
 zb_status
-zb_blosc_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+zb__blosc_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
                 uint8_t *dst, size_t cap, size_t expected, size_t *out_len, const char *where)
 {
     (void)codec; /* everything blosc needs to decode is in its header */
@@ -78,10 +78,10 @@ zb_blosc_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t s
     size_t nbytes = 0;
     ZB_TRY(check_header(src, src_len, &nbytes, where));
     if (expected != SIZE_MAX && nbytes != expected)
-        return zb_err(ZB_E_CORRUPT, "%s: blosc header nbytes %zu != expected %zu (offset %d)",
+        return zb__err(ZB_E_CORRUPT, "%s: blosc header nbytes %zu != expected %zu (offset %d)",
                       where, nbytes, expected, OFF_NBYTES);
     if (nbytes > cap)
-        return zb_err(ZB_E_CORRUPT,
+        return zb__err(ZB_E_CORRUPT,
                       "%s: blosc header nbytes %zu exceeds the %zu-byte buffer (offset %d)", where,
                       nbytes, cap, OFF_NBYTES);
     if (nbytes == 0) {
@@ -92,7 +92,7 @@ zb_blosc_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t s
      * library's own pool would oversubscribe the cores. */
     int r = blosc_decompress_ctx(src, dst, nbytes, 1);
     if (r < 0 || (size_t)r != nbytes)
-        return zb_err(ZB_E_CORRUPT,
+        return zb__err(ZB_E_CORRUPT,
                       "%s: blosc decompression failed (result %d, flags 0x%02x, typesize %u, "
                       "nbytes %zu, cbytes %zu)",
                       where, r, src[OFF_FLAGS], src[OFF_TYPESIZE], nbytes, src_len);
@@ -101,8 +101,8 @@ zb_blosc_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t s
 }
 
 zb_status
-zb_blosc_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-                size_t itemsize, zb_buf *out)
+zb__blosc_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+                size_t itemsize, zb__buf *out)
 {
     (void)ctx;
     char cname[sizeof codec->cname + 1];
@@ -110,15 +110,15 @@ zb_blosc_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t s
     for (; k < sizeof codec->cname && codec->cname[k]; k++) cname[k] = codec->cname[k];
     cname[k] = '\0';
     if (blosc_compname_to_compcode(cname) < 0)
-        return zb_err(ZB_E_UNSUPPORTED,
+        return zb__err(ZB_E_UNSUPPORTED,
                       "blosc encode: compressor '%s' is not in this libblosc (%s)", cname,
                       blosc_list_compressors());
     if (codec->level < 0 || codec->level > 9)
-        return zb_err(ZB_E_INVALID, "blosc encode: clevel %d is outside 0..9", codec->level);
+        return zb__err(ZB_E_INVALID, "blosc encode: clevel %d is outside 0..9", codec->level);
     if (codec->blocksize < 0)
-        return zb_err(ZB_E_INVALID, "blosc encode: blocksize %d is negative", codec->blocksize);
+        return zb__err(ZB_E_INVALID, "blosc encode: blocksize %d is negative", codec->blocksize);
     if (src_len > BLOSC_MAX_BUFFERSIZE)
-        return zb_err(ZB_E_OVERFLOW, "blosc encode: %zu bytes exceed the c-blosc1 limit %d",
+        return zb__err(ZB_E_OVERFLOW, "blosc encode: %zu bytes exceed the c-blosc1 limit %d",
                       src_len, BLOSC_MAX_BUFFERSIZE);
     size_t typesize = codec->typesize > 0 ? (size_t)codec->typesize : itemsize;
     if (typesize == 0) typesize = 1;
@@ -138,17 +138,17 @@ zb_blosc_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t s
         shuffle = typesize == 1 ? BLOSC_BITSHUFFLE : BLOSC_SHUFFLE;
         break;
     default:
-        return zb_err(ZB_E_INVALID, "blosc encode: shuffle %d is not -1, 0, 1 or 2",
+        return zb__err(ZB_E_INVALID, "blosc encode: shuffle %d is not -1, 0, 1 or 2",
                       codec->shuffle);
     }
     /* nbytes + BLOSC_MAX_OVERHEAD always suffices: blosc falls back to a raw copy. */
     size_t destsize = src_len + BLOSC_MAX_OVERHEAD;
     out->len = 0;
-    ZB_TRY(zb_buf_reserve(out, destsize));
+    ZB_TRY(zb__buf_reserve(out, destsize));
     int r = blosc_compress_ctx(codec->level, shuffle, typesize, src_len, src, out->data, destsize,
                                cname, (size_t)codec->blocksize, 1);
     if (r <= 0)
-        return zb_err(ZB_E_INVALID,
+        return zb__err(ZB_E_INVALID,
                       "blosc encode: blosc_compress_ctx failed (%d) for %zu bytes with %s", r,
                       src_len, cname);
     out->len = (size_t)r;

@@ -16,12 +16,12 @@
 
 /* The codec entry points. Each codec file repeats its own three prototypes; the signatures are
  * identical for every codec so that the table below catches a mismatch in this file at least. */
-typedef zb_status (*decode_fn)(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src,
+typedef zb_status (*decode_fn)(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src,
                                size_t src_len, uint8_t *dst, size_t cap, size_t expected,
                                size_t *out_len, const char *where);
 typedef zb_status (*size_fn)(const uint8_t *src, size_t src_len, size_t *size, const char *where);
-typedef zb_status (*encode_fn)(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src,
-                               size_t src_len, size_t itemsize, zb_buf *out);
+typedef zb_status (*encode_fn)(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src,
+                               size_t src_len, size_t itemsize, zb__buf *out);
 
 
 typedef struct codec_ops {
@@ -31,18 +31,18 @@ typedef struct codec_ops {
     encode_fn encode;
 } codec_ops;
 
-/* Indexed by zb_codec_id. */
+/* Indexed by zb__codec_id. */
 static const codec_ops ops_table[] = {
-    [ZB_CODEC_BLOSC] = {"blosc", zb_blosc_decode, zb_blosc_decoded_size, zb_blosc_encode},
-    [ZB_CODEC_ZSTD] = {"zstd", zb_zstd_decode, zb_zstd_decoded_size, zb_zstd_encode},
-    [ZB_CODEC_LZ4] = {"lz4", zb_lz4_decode, zb_lz4_decoded_size, zb_lz4_encode},
-    [ZB_CODEC_GZIP] = {"gzip", zb_gzip_decode, zb_gzip_decoded_size, zb_gzip_encode},
-    [ZB_CODEC_ZLIB] = {"zlib", zb_zlib_decode, zb_zlib_decoded_size, zb_zlib_encode},
-    [ZB_CODEC_CRC32C] = {"crc32c", zb_crc32c_decode, zb_crc32c_decoded_size, zb_crc32c_encode},
+    [ZB_CODEC_BLOSC] = {"blosc", zb__blosc_decode, zb__blosc_decoded_size, zb__blosc_encode},
+    [ZB_CODEC_ZSTD] = {"zstd", zb__zstd_decode, zb__zstd_decoded_size, zb__zstd_encode},
+    [ZB_CODEC_LZ4] = {"lz4", zb__lz4_decode, zb__lz4_decoded_size, zb__lz4_encode},
+    [ZB_CODEC_GZIP] = {"gzip", zb__gzip_decode, zb__gzip_decoded_size, zb__gzip_encode},
+    [ZB_CODEC_ZLIB] = {"zlib", zb__zlib_decode, zb__zlib_decoded_size, zb__zlib_encode},
+    [ZB_CODEC_CRC32C] = {"crc32c", zb__crc32c_decode, zb__crc32c_decoded_size, zb__crc32c_encode},
 };
 
 static const codec_ops *
-lookup(const zb_codec *codec)
+lookup(const zb__codec *codec)
 {
     if (!codec || (unsigned)codec->id >= sizeof ops_table / sizeof ops_table[0]) return NULL;
     return &ops_table[codec->id];
@@ -52,21 +52,21 @@ lookup(const zb_codec *codec)
 static const uint8_t empty_src[1];
 
 zb_status
-zb_codec_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+zb__codec_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
                 uint8_t *dst, size_t dst_cap, size_t expected, size_t *out_len, const char *where)
 {
     if (out_len) *out_len = 0;
     if (!where) where = "(chunk)";
     const codec_ops *ops = lookup(codec);
-    if (!ops) return zb_err(ZB_E_INVALID, "%s: unknown codec id", where);
+    if (!ops) return zb__err(ZB_E_INVALID, "%s: unknown codec id", where);
     if (!src && src_len > 0)
-        return zb_err(ZB_E_INVALID, "%s: %s: NULL source of %zu bytes", where, ops->name, src_len);
+        return zb__err(ZB_E_INVALID, "%s: %s: NULL source of %zu bytes", where, ops->name, src_len);
     if (!src) src = empty_src;
     if (expected != SIZE_MAX && dst_cap < expected)
-        return zb_err(ZB_E_INVALID, "%s: %s: destination of %zu bytes cannot hold the expected %zu",
+        return zb__err(ZB_E_INVALID, "%s: %s: destination of %zu bytes cannot hold the expected %zu",
                       where, ops->name, dst_cap, expected);
     if (!dst && dst_cap > 0)
-        return zb_err(ZB_E_INVALID, "%s: %s: NULL destination of %zu bytes", where, ops->name,
+        return zb__err(ZB_E_INVALID, "%s: %s: NULL destination of %zu bytes", where, ops->name,
                       dst_cap);
     /* With a known size the codec may write exactly that many bytes, even if dst is larger:
      * a frame that would decode to more is already wrong. */
@@ -89,29 +89,29 @@ zb_codec_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t s
 }
 
 zb_status
-zb_codec_decoded_size(const zb_codec *codec, const uint8_t *src, size_t src_len, size_t *size,
+zb__codec_decoded_size(const zb__codec *codec, const uint8_t *src, size_t src_len, size_t *size,
                       const char *where)
 {
     if (!where) where = "(chunk)";
     const codec_ops *ops = lookup(codec);
-    if (!ops) return zb_err(ZB_E_INVALID, "%s: unknown codec id", where);
-    if (!size) return zb_err(ZB_E_INVALID, "%s: %s: NULL size pointer", where, ops->name);
+    if (!ops) return zb__err(ZB_E_INVALID, "%s: unknown codec id", where);
+    if (!size) return zb__err(ZB_E_INVALID, "%s: %s: NULL size pointer", where, ops->name);
     *size = 0;
     if (!src && src_len > 0)
-        return zb_err(ZB_E_INVALID, "%s: %s: NULL source of %zu bytes", where, ops->name, src_len);
+        return zb__err(ZB_E_INVALID, "%s: %s: NULL source of %zu bytes", where, ops->name, src_len);
     if (!src) src = empty_src;
     return ops->decoded_size(src, src_len, size, where);
 }
 
 zb_status
-zb_codec_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-                size_t itemsize, zb_buf *out)
+zb__codec_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+                size_t itemsize, zb__buf *out)
 {
     const codec_ops *ops = lookup(codec);
-    if (!ops) return zb_err(ZB_E_INVALID, "encode: unknown codec id");
-    if (!out) return zb_err(ZB_E_INVALID, "%s encode: NULL output buffer", ops->name);
+    if (!ops) return zb__err(ZB_E_INVALID, "encode: unknown codec id");
+    if (!out) return zb__err(ZB_E_INVALID, "%s encode: NULL output buffer", ops->name);
     if (!src && src_len > 0)
-        return zb_err(ZB_E_INVALID, "%s encode: NULL source of %zu bytes", ops->name, src_len);
+        return zb__err(ZB_E_INVALID, "%s encode: NULL source of %zu bytes", ops->name, src_len);
     if (!src) src = empty_src;
     zb_ctx *tmp = NULL;
     if (!ctx) {
@@ -141,7 +141,7 @@ shuffle_name(int shuffle)
 }
 
 void
-zb_codec_describe(const zb_codec *codec, char *buf, size_t cap)
+zb__codec_describe(const zb__codec *codec, char *buf, size_t cap)
 {
     if (!buf || cap == 0) return;
     const codec_ops *ops = lookup(codec);
@@ -173,11 +173,11 @@ zb_codec_describe(const zb_codec *codec, char *buf, size_t cap)
 zb_status
 zb_ctx_new(zb_ctx **out)
 {
-    if (!out) return zb_err(ZB_E_INVALID, "zb_ctx_new: NULL out");
+    if (!out) return zb__err(ZB_E_INVALID, "zb_ctx_new: NULL out");
     /* The library contexts are made on first use: most threads touch one or two codecs. */
     zb_ctx *ctx = calloc(1, sizeof *ctx);
     *out = ctx;
-    if (!ctx) return zb_err(ZB_E_NOMEM, "cannot allocate a codec context");
+    if (!ctx) return zb__err(ZB_E_NOMEM, "cannot allocate a codec context");
     return ZB_OK;
 }
 
@@ -188,10 +188,10 @@ zb_ctx_free(zb_ctx *ctx)
     ZSTD_freeDCtx(ctx->zstd_dctx);
     ZSTD_freeCCtx(ctx->zstd_cctx);
     libdeflate_free_decompressor(ctx->deflate_d);
-    zb_workspace *w = &ctx->ws;
-    zb_buf *bufs[] = {&w->enc, &w->stage[0], &w->stage[1], &w->decoded, &w->items, &w->unit,
+    zb__workspace *w = &ctx->ws;
+    zb__buf *bufs[] = {&w->enc, &w->stage[0], &w->stage[1], &w->decoded, &w->items, &w->unit,
                       &w->fetch, &w->packed};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) zb_buf_free(bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) zb__buf_free(bufs[i]);
     free(ctx);
 }
 

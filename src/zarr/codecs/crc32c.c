@@ -14,7 +14,7 @@
 #define ISAL_CHUNK ((size_t)1 << 30)
 
 uint32_t
-zb_crc32c(const void *data, size_t len)
+zb__crc32c(const void *data, size_t len)
 {
     /* ISA-L's crc32_iscsi neither inverts the seed nor the result: it is the raw reflected
      * register update. The standard CRC32C (init and xorout 0xFFFFFFFF) is therefore
@@ -38,11 +38,11 @@ load_le32(const uint8_t *p)
 }
 
 zb_status
-zb_crc32c_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const char *where)
+zb__crc32c_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const char *where)
 {
     (void)src;
     if (src_len < CRC_BYTES)
-        return zb_err(ZB_E_TRUNCATED,
+        return zb__err(ZB_E_TRUNCATED,
                       "%s: crc32c input of %zu bytes is shorter than the 4-byte checksum", where,
                       src_len);
     *size = src_len - CRC_BYTES;
@@ -50,23 +50,23 @@ zb_crc32c_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const c
 }
 
 zb_status
-zb_crc32c_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+zb__crc32c_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
                  uint8_t *dst, size_t cap, size_t expected, size_t *out_len, const char *where)
 {
     (void)codec;
     (void)ctx;
     size_t n = 0;
-    ZB_TRY(zb_crc32c_decoded_size(src, src_len, &n, where));
+    ZB_TRY(zb__crc32c_decoded_size(src, src_len, &n, where));
     if (expected != SIZE_MAX && n != expected)
-        return zb_err(ZB_E_CORRUPT, "%s: crc32c payload is %zu bytes, expected %zu", where, n,
+        return zb__err(ZB_E_CORRUPT, "%s: crc32c payload is %zu bytes, expected %zu", where, n,
                       expected);
     if (n > cap)
-        return zb_err(ZB_E_CORRUPT, "%s: crc32c payload of %zu bytes exceeds the %zu-byte buffer",
+        return zb__err(ZB_E_CORRUPT, "%s: crc32c payload of %zu bytes exceeds the %zu-byte buffer",
                       where, n, cap);
     uint32_t stored = load_le32(src + n);
-    uint32_t computed = zb_crc32c(src, n);
+    uint32_t computed = zb__crc32c(src, n);
     if (stored != computed)
-        return zb_err(
+        return zb__err(
             ZB_E_CHECKSUM,
             "%s: crc32c mismatch: stored 0x%08x (offset %zu), computed 0x%08x over %zu bytes",
             where, stored, n, computed, n);
@@ -77,19 +77,19 @@ zb_crc32c_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t 
 }
 
 zb_status
-zb_crc32c_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-                 size_t itemsize, zb_buf *out)
+zb__crc32c_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+                 size_t itemsize, zb__buf *out)
 {
     (void)codec;
     (void)ctx;
     (void)itemsize;
     if (src_len > SIZE_MAX - CRC_BYTES)
-        return zb_err(ZB_E_OVERFLOW, "crc32c: input of %zu bytes is too large", src_len);
-    uint32_t crc = zb_crc32c(src, src_len);
+        return zb__err(ZB_E_OVERFLOW, "crc32c: input of %zu bytes is too large", src_len);
+    uint32_t crc = zb__crc32c(src, src_len);
     uint8_t tail[CRC_BYTES] = {(uint8_t)crc, (uint8_t)(crc >> 8), (uint8_t)(crc >> 16),
                                (uint8_t)(crc >> 24)};
     out->len = 0;
-    ZB_TRY(zb_buf_reserve(out, src_len + CRC_BYTES));
-    ZB_TRY(zb_buf_append(out, src, src_len));
-    return zb_buf_append(out, tail, sizeof tail);
+    ZB_TRY(zb__buf_reserve(out, src_len + CRC_BYTES));
+    ZB_TRY(zb__buf_append(out, src, src_len));
+    return zb__buf_append(out, tail, sizeof tail);
 }

@@ -39,7 +39,7 @@ decompressor_get(zb_ctx *ctx, struct libdeflate_decompressor **out)
 {
     if (!ctx->deflate_d) {
         ctx->deflate_d = libdeflate_alloc_decompressor();
-        if (!ctx->deflate_d) return zb_err(ZB_E_NOMEM, "cannot allocate a libdeflate decompressor");
+        if (!ctx->deflate_d) return zb__err(ZB_E_NOMEM, "cannot allocate a libdeflate decompressor");
     }
     *out = ctx->deflate_d;
     return ZB_OK;
@@ -51,36 +51,36 @@ gzip_header_len(const uint8_t *p, size_t n, size_t off, size_t *hdr, const char 
 {
     if (n < 2 || p[0] != 0x1f || p[1] != 0x8b) {
         if (n < 2)
-            return zb_err(ZB_E_TRUNCATED,
+            return zb__err(ZB_E_TRUNCATED,
                           "%s: gzip member at offset %zu: %zu bytes, no room for the magic", where,
                           off, n);
         /* A zlib stream begins CMF=0x?8 with (CMF*256+FLG) % 31 == 0. */
         bool zlib_like = (p[0] & 0x0f) == 8 && ((unsigned)p[0] * 256u + p[1]) % 31u == 0;
-        return zb_err(ZB_E_CORRUPT,
+        return zb__err(ZB_E_CORRUPT,
                       "%s: not a gzip member: bytes %02x %02x at offset %zu (want 1f 8b)%s", where,
                       p[0], p[1], off,
                       zlib_like ? "; this looks like a zlib stream, but the codec id is gzip" : "");
     }
     if (n < GZIP_FIXED_HEADER)
-        return zb_err(ZB_E_TRUNCATED,
+        return zb__err(ZB_E_TRUNCATED,
                       "%s: gzip member at offset %zu: header cut off after %zu bytes", where, off,
                       n);
     if (p[2] != 8)
-        return zb_err(ZB_E_CORRUPT, "%s: gzip CM %u at offset %zu is not deflate (8)", where, p[2],
+        return zb__err(ZB_E_CORRUPT, "%s: gzip CM %u at offset %zu is not deflate (8)", where, p[2],
                       off + 2);
     unsigned flg = p[3];
     if (flg & FRESERVED)
-        return zb_err(ZB_E_CORRUPT, "%s: gzip FLG 0x%02x at offset %zu has reserved bits set",
+        return zb__err(ZB_E_CORRUPT, "%s: gzip FLG 0x%02x at offset %zu has reserved bits set",
                       where, flg, off + 3);
     size_t pos = GZIP_FIXED_HEADER;
     if (flg & FEXTRA) {
         if (n - pos < 2)
-            return zb_err(ZB_E_TRUNCATED, "%s: gzip FEXTRA length at offset %zu is cut off", where,
+            return zb__err(ZB_E_TRUNCATED, "%s: gzip FEXTRA length at offset %zu is cut off", where,
                           off + pos);
         size_t xlen = (size_t)p[pos] | (size_t)p[pos + 1] << 8;
         pos += 2;
         if (n - pos < xlen)
-            return zb_err(ZB_E_TRUNCATED,
+            return zb__err(ZB_E_TRUNCATED,
                           "%s: gzip extra field of %zu bytes at offset %zu is cut off", where, xlen,
                           off + pos);
         pos += xlen;
@@ -89,13 +89,13 @@ gzip_header_len(const uint8_t *p, size_t n, size_t off, size_t *hdr, const char 
         if (!(flg & bit)) continue;
         const uint8_t *nul = memchr(p + pos, 0, n - pos);
         if (!nul)
-            return zb_err(ZB_E_TRUNCATED, "%s: gzip %s at offset %zu has no terminating NUL", where,
+            return zb__err(ZB_E_TRUNCATED, "%s: gzip %s at offset %zu has no terminating NUL", where,
                           bit == FNAME ? "FNAME" : "FCOMMENT", off + pos);
         pos = (size_t)(nul - p) + 1;
     }
     if (flg & FHCRC) {
         if (n - pos < 2)
-            return zb_err(ZB_E_TRUNCATED, "%s: gzip header CRC at offset %zu is cut off", where,
+            return zb__err(ZB_E_TRUNCATED, "%s: gzip header CRC at offset %zu is cut off", where,
                           off + pos);
         pos += 2;
     }
@@ -115,31 +115,31 @@ gzip_diagnose(struct libdeflate_decompressor *d, const uint8_t *p, size_t n, siz
     enum libdeflate_result res =
         libdeflate_deflate_decompress_ex(d, p + hdr, n - hdr, out, room, &in_used, &got);
     if (res == LIBDEFLATE_INSUFFICIENT_SPACE)
-        return zb_err(
+        return zb__err(
             ZB_E_CORRUPT,
             "%s: gzip member at offset %zu decodes to more than the %zu bytes left for it", where,
             off, room);
     if (res != LIBDEFLATE_SUCCESS)
-        return zb_err(
+        return zb__err(
             ZB_E_CORRUPT,
             "%s: gzip member at offset %zu: invalid or truncated deflate data (from offset %zu)",
             where, off, off + hdr);
     size_t tpos = hdr + in_used;
     if (n - tpos < GZIP_TRAILER)
-        return zb_err(ZB_E_TRUNCATED,
+        return zb__err(ZB_E_TRUNCATED,
                       "%s: gzip member at offset %zu: trailer at offset %zu is cut off", where, off,
                       off + tpos);
     uint32_t stored = load_le32(p + tpos);
     uint32_t computed = libdeflate_crc32(0, out, got);
     if (stored != computed)
-        return zb_err(ZB_E_CHECKSUM,
+        return zb__err(ZB_E_CHECKSUM,
                       "%s: gzip CRC-32 mismatch at offset %zu: stored 0x%08x, computed 0x%08x",
                       where, off + tpos, stored, computed);
     uint32_t isize = load_le32(p + tpos + 4);
     if (isize != (uint32_t)got)
-        return zb_err(ZB_E_CORRUPT, "%s: gzip ISIZE %u at offset %zu != %zu decoded bytes", where,
+        return zb__err(ZB_E_CORRUPT, "%s: gzip ISIZE %u at offset %zu != %zu decoded bytes", where,
                       isize, off + tpos + 4, got);
-    return zb_err(ZB_E_CORRUPT, "%s: libdeflate rejects the gzip member at offset %zu", where, off);
+    return zb__err(ZB_E_CORRUPT, "%s: libdeflate rejects the gzip member at offset %zu", where, off);
 }
 
 /* Decodes every member of src into dst (cap bytes); *total gets the bytes written. When
@@ -150,14 +150,14 @@ gzip_members(struct libdeflate_decompressor *d, const uint8_t *src, size_t src_l
              size_t cap, size_t *total, bool grow, const char *where)
 {
     size_t in_off = 0, out_off = 0;
-    if (src_len == 0) return zb_err(ZB_E_TRUNCATED, "%s: gzip input is empty", where);
+    if (src_len == 0) return zb__err(ZB_E_TRUNCATED, "%s: gzip input is empty", where);
     for (unsigned member = 0; in_off < src_len; member++) {
         size_t in_used = 0, got = 0;
         enum libdeflate_result res = libdeflate_gzip_decompress_ex(
             d, src + in_off, src_len - in_off, dst + out_off, cap - out_off, &in_used, &got);
         if (res == LIBDEFLATE_INSUFFICIENT_SPACE) {
             if (grow) return ZB_E_OVERFLOW;
-            return zb_err(ZB_E_CORRUPT,
+            return zb__err(ZB_E_CORRUPT,
                           "%s: gzip member %u at offset %zu decodes past the %zu bytes expected",
                           where, member, in_off, cap);
         }
@@ -165,7 +165,7 @@ gzip_members(struct libdeflate_decompressor *d, const uint8_t *src, size_t src_l
             return gzip_diagnose(d, src + in_off, src_len - in_off, in_off, dst + out_off,
                                  cap - out_off, where);
         if (in_used == 0) /* cannot happen (a member is >= 18 bytes); never loop forever */
-            return zb_err(ZB_E_CORRUPT, "%s: gzip member at offset %zu consumed no input", where,
+            return zb__err(ZB_E_CORRUPT, "%s: gzip member at offset %zu consumed no input", where,
                           in_off);
         in_off += in_used;
         out_off += got;
@@ -175,7 +175,7 @@ gzip_members(struct libdeflate_decompressor *d, const uint8_t *src, size_t src_l
 }
 
 zb_status
-zb_gzip_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len, uint8_t *dst,
+zb__gzip_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len, uint8_t *dst,
                size_t cap, size_t expected, size_t *out_len, const char *where)
 {
     (void)codec;
@@ -184,7 +184,7 @@ zb_gzip_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t sr
     size_t total = 0;
     ZB_TRY(gzip_members(d, src, src_len, dst, cap, &total, false, where));
     if (expected != SIZE_MAX && total != expected)
-        return zb_err(ZB_E_CORRUPT, "%s: gzip members decode to %zu bytes, expected %zu", where,
+        return zb__err(ZB_E_CORRUPT, "%s: gzip members decode to %zu bytes, expected %zu", where,
                       total, expected);
     *out_len = total;
     return ZB_OK;
@@ -194,7 +194,7 @@ zb_gzip_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t sr
  * decoding them: this decodes into a temporary buffer, grown from the last member's ISIZE up to
  * the deflate expansion bound. Meant for the rare chunk whose size metadata does not give. */
 zb_status
-zb_gzip_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const char *where)
+zb__gzip_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const char *where)
 {
     zb_status st;
     uint8_t *buf = NULL;
@@ -202,11 +202,11 @@ zb_gzip_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const cha
     if (src_len < GZIP_FIXED_HEADER + GZIP_TRAILER) {
         size_t hdr = 0;
         ZB_TRY(gzip_header_len(src, src_len, 0, &hdr, where));
-        return zb_err(ZB_E_TRUNCATED, "%s: gzip input of %zu bytes is shorter than a member", where,
+        return zb__err(ZB_E_TRUNCATED, "%s: gzip input of %zu bytes is shorter than a member", where,
                       src_len);
     }
     uint64_t bound64;
-    if (!zb_mul_u64(src_len, DEFLATE_MAX_RATIO, &bound64) || bound64 > ZB_BUF_MAX)
+    if (!zb__mul_u64(src_len, DEFLATE_MAX_RATIO, &bound64) || bound64 > ZB_BUF_MAX)
         bound64 = ZB_BUF_MAX;
     size_t bound = (size_t)bound64;
     size_t cap = load_le32(src + src_len - 4);
@@ -214,13 +214,13 @@ zb_gzip_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const cha
     if (cap > bound) cap = bound;
     d = libdeflate_alloc_decompressor();
     if (!d) {
-        st = zb_err(ZB_E_NOMEM, "cannot allocate a libdeflate decompressor");
+        st = zb__err(ZB_E_NOMEM, "cannot allocate a libdeflate decompressor");
         goto fail;
     }
     for (;;) {
         uint8_t *p = realloc(buf, cap);
         if (!p) {
-            st = zb_err(ZB_E_NOMEM, "%s: cannot allocate %zu bytes to size a gzip chunk", where,
+            st = zb__err(ZB_E_NOMEM, "%s: cannot allocate %zu bytes to size a gzip chunk", where,
                         cap);
             goto fail;
         }
@@ -233,7 +233,7 @@ zb_gzip_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const cha
         }
         if (st != ZB_E_OVERFLOW) goto fail;
         if (cap == bound) {
-            st = zb_err(ZB_E_CORRUPT, "%s: gzip data decodes to more than %zu bytes", where, bound);
+            st = zb__err(ZB_E_CORRUPT, "%s: gzip data decodes to more than %zu bytes", where, bound);
             goto fail;
         }
         cap = cap > bound / 2 ? bound : cap * 2;
@@ -250,48 +250,48 @@ zlib_diagnose(struct libdeflate_decompressor *d, const uint8_t *src, size_t src_
               size_t cap, const char *where)
 {
     if (src_len < 2)
-        return zb_err(ZB_E_TRUNCATED,
+        return zb__err(ZB_E_TRUNCATED,
                       "%s: zlib stream of %zu bytes is shorter than its 2-byte header", where,
                       src_len);
     unsigned cmf = src[0], flg = src[1];
     if (cmf == 0x1f && flg == 0x8b)
-        return zb_err(
+        return zb__err(
             ZB_E_CORRUPT,
             "%s: zlib: bytes 1f 8b at offset 0 begin a gzip member, but the codec id is zlib",
             where);
     if ((cmf & 0x0f) != 8 || (cmf >> 4) > 7)
-        return zb_err(ZB_E_CORRUPT,
+        return zb__err(ZB_E_CORRUPT,
                       "%s: zlib CMF 0x%02x at offset 0 is not deflate with a window <= 32 KiB",
                       where, cmf);
     if ((cmf * 256u + flg) % 31u != 0)
-        return zb_err(ZB_E_CORRUPT,
+        return zb__err(ZB_E_CORRUPT,
                       "%s: zlib header check fails (CMF 0x%02x, FLG 0x%02x at offset 0)", where,
                       cmf, flg);
     if (flg & 0x20)
-        return zb_err(ZB_E_UNSUPPORTED,
+        return zb__err(ZB_E_UNSUPPORTED,
                       "%s: zlib stream needs a preset dictionary (FDICT, offset 1)", where);
     size_t in_used = 0, got = 0;
     enum libdeflate_result res =
         libdeflate_deflate_decompress_ex(d, src + 2, src_len - 2, dst, cap, &in_used, &got);
     if (res == LIBDEFLATE_INSUFFICIENT_SPACE)
-        return zb_err(ZB_E_CORRUPT, "%s: zlib stream decodes to more than %zu bytes", where, cap);
+        return zb__err(ZB_E_CORRUPT, "%s: zlib stream decodes to more than %zu bytes", where, cap);
     if (res != LIBDEFLATE_SUCCESS)
-        return zb_err(ZB_E_CORRUPT, "%s: zlib: invalid or truncated deflate data (from offset 2)",
+        return zb__err(ZB_E_CORRUPT, "%s: zlib: invalid or truncated deflate data (from offset 2)",
                       where);
     size_t tpos = 2 + in_used;
     if (src_len - tpos < 4)
-        return zb_err(ZB_E_TRUNCATED, "%s: zlib Adler-32 at offset %zu is cut off", where, tpos);
+        return zb__err(ZB_E_TRUNCATED, "%s: zlib Adler-32 at offset %zu is cut off", where, tpos);
     uint32_t stored = load_be32(src + tpos);
     uint32_t computed = libdeflate_adler32(1, dst, got);
     if (stored != computed)
-        return zb_err(ZB_E_CHECKSUM,
+        return zb__err(ZB_E_CHECKSUM,
                       "%s: zlib Adler-32 mismatch at offset %zu: stored 0x%08x, computed 0x%08x",
                       where, tpos, stored, computed);
-    return zb_err(ZB_E_CORRUPT, "%s: libdeflate rejects the zlib stream", where);
+    return zb__err(ZB_E_CORRUPT, "%s: libdeflate rejects the zlib stream", where);
 }
 
 zb_status
-zb_zlib_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len, uint8_t *dst,
+zb__zlib_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len, uint8_t *dst,
                size_t cap, size_t expected, size_t *out_len, const char *where)
 {
     (void)codec;
@@ -301,33 +301,33 @@ zb_zlib_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t sr
     enum libdeflate_result res =
         libdeflate_zlib_decompress_ex(d, src, src_len, dst, cap, &in_used, &got);
     if (res == LIBDEFLATE_INSUFFICIENT_SPACE)
-        return zb_err(ZB_E_CORRUPT, "%s: zlib stream decodes to more than %zu bytes", where, cap);
+        return zb__err(ZB_E_CORRUPT, "%s: zlib stream decodes to more than %zu bytes", where, cap);
     if (res != LIBDEFLATE_SUCCESS) return zlib_diagnose(d, src, src_len, dst, cap, where);
     /* Python's zlib ignores bytes after the stream; nothing honest writes them, so they are
      * treated as damage rather than silently dropped. */
     if (in_used != src_len)
-        return zb_err(ZB_E_CORRUPT, "%s: %zu trailing bytes after the zlib stream (offset %zu)",
+        return zb__err(ZB_E_CORRUPT, "%s: %zu trailing bytes after the zlib stream (offset %zu)",
                       where, src_len - in_used, in_used);
     if (expected != SIZE_MAX && got != expected)
-        return zb_err(ZB_E_CORRUPT, "%s: zlib stream decodes to %zu bytes, expected %zu", where,
+        return zb__err(ZB_E_CORRUPT, "%s: zlib stream decodes to %zu bytes, expected %zu", where,
                       got, expected);
     *out_len = got;
     return ZB_OK;
 }
 
 zb_status
-zb_zlib_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const char *where)
+zb__zlib_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const char *where)
 {
     (void)src;
     (void)src_len;
     (void)size;
-    return zb_err(ZB_E_UNSUPPORTED, "%s: a zlib stream does not record its decoded size", where);
+    return zb__err(ZB_E_UNSUPPORTED, "%s: a zlib stream does not record its decoded size", where);
 }
 
 /* Compresses with a fresh libdeflate compressor: encoding is the write path, where its
  * allocation is small next to the work, and zb_ctx has no slot to keep one. */
 static zb_status
-deflate_encode(const zb_codec *codec, const uint8_t *src, size_t src_len, zb_buf *out)
+deflate_encode(const zb__codec *codec, const uint8_t *src, size_t src_len, zb__buf *out)
 {
     bool gzip = codec->id == ZB_CODEC_GZIP;
     const char *name = gzip ? "gzip" : "zlib";
@@ -335,20 +335,20 @@ deflate_encode(const zb_codec *codec, const uint8_t *src, size_t src_len, zb_buf
      * zlib scale 0..9, so 10..12 are refused rather than silently used. */
     int level = codec->level == -1 ? 6 : codec->level;
     if (level < 0 || level > 9)
-        return zb_err(ZB_E_INVALID, "%s encode: level %d is outside 0..9", name, codec->level);
+        return zb__err(ZB_E_INVALID, "%s encode: level %d is outside 0..9", name, codec->level);
     zb_status st = ZB_OK;
     struct libdeflate_compressor *c = libdeflate_alloc_compressor(level);
-    if (!c) return zb_err(ZB_E_NOMEM, "%s encode: cannot allocate a libdeflate compressor", name);
+    if (!c) return zb__err(ZB_E_NOMEM, "%s encode: cannot allocate a libdeflate compressor", name);
     size_t bound = gzip ? libdeflate_gzip_compress_bound(c, src_len)
                         : libdeflate_zlib_compress_bound(c, src_len);
     out->len = 0;
-    st = zb_buf_reserve(out, bound);
+    st = zb__buf_reserve(out, bound);
     if (st != ZB_OK) goto fail;
     /* libdeflate writes MTIME 0, XFL from the level and OS 255: reproducible output. */
     size_t n = gzip ? libdeflate_gzip_compress(c, src, src_len, out->data, bound)
                     : libdeflate_zlib_compress(c, src, src_len, out->data, bound);
     if (n == 0) {
-        st = zb_err(ZB_E_INVALID, "%s encode of %zu bytes did not fit its bound", name, src_len);
+        st = zb__err(ZB_E_INVALID, "%s encode of %zu bytes did not fit its bound", name, src_len);
         goto fail;
     }
     out->len = n;
@@ -358,8 +358,8 @@ fail:
 }
 
 zb_status
-zb_gzip_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-               size_t itemsize, zb_buf *out)
+zb__gzip_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+               size_t itemsize, zb__buf *out)
 {
     (void)ctx;
     (void)itemsize;
@@ -367,8 +367,8 @@ zb_gzip_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t sr
 }
 
 zb_status
-zb_zlib_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-               size_t itemsize, zb_buf *out)
+zb__zlib_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+               size_t itemsize, zb__buf *out)
 {
     (void)ctx;
     (void)itemsize;

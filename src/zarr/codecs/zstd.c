@@ -33,35 +33,35 @@ walk_frames(const uint8_t *src, size_t src_len, uint64_t *total, bool *known, co
     uint64_t sum = 0;
     bool all_known = true;
     size_t off = 0;
-    if (src_len == 0) return zb_err(ZB_E_TRUNCATED, "%s: zstd input is empty (no frame)", where);
+    if (src_len == 0) return zb__err(ZB_E_TRUNCATED, "%s: zstd input is empty (no frame)", where);
     while (off < src_len) {
         const uint8_t *p = src + off;
         size_t left = src_len - off;
         if (left < 4)
-            return zb_err(ZB_E_TRUNCATED,
+            return zb__err(ZB_E_TRUNCATED,
                           "%s: zstd: %zu stray bytes at offset %zu, too short for a frame magic",
                           where, left, off);
         uint32_t magic = load_le32(p);
         bool skippable = (magic & ZSTD_SKIPPABLE_MASK) == ZSTD_SKIPPABLE_START;
         if (magic != ZSTD_MAGIC && !skippable)
-            return zb_err(
+            return zb__err(
                 ZB_E_CORRUPT,
                 "%s: zstd: bad frame magic %02x%02x%02x%02x at offset %zu (want 28b52ffd)", where,
                 p[0], p[1], p[2], p[3], off);
         size_t fsize = ZSTD_findFrameCompressedSize(p, left);
         if (ZSTD_isError(fsize))
-            return zb_err(ZSTD_getErrorCode(fsize) == ZSTD_error_srcSize_wrong ? ZB_E_TRUNCATED
+            return zb__err(ZSTD_getErrorCode(fsize) == ZSTD_error_srcSize_wrong ? ZB_E_TRUNCATED
                                                                                : ZB_E_CORRUPT,
                           "%s: zstd frame at offset %zu: %s", where, off, ZSTD_getErrorName(fsize));
         if (!skippable) {
             unsigned long long fcs = ZSTD_getFrameContentSize(p, left);
             if (fcs == ZSTD_CONTENTSIZE_ERROR)
-                return zb_err(ZB_E_CORRUPT, "%s: zstd frame header at offset %zu is malformed",
+                return zb__err(ZB_E_CORRUPT, "%s: zstd frame header at offset %zu is malformed",
                               where, off);
             if (fcs == ZSTD_CONTENTSIZE_UNKNOWN)
                 all_known = false;
-            else if (!zb_add_u64(sum, fcs, &sum))
-                return zb_err(ZB_E_CORRUPT,
+            else if (!zb__add_u64(sum, fcs, &sum))
+                return zb__err(ZB_E_CORRUPT,
                               "%s: zstd frame content sizes overflow (frame at offset %zu)", where,
                               off);
         }
@@ -73,16 +73,16 @@ walk_frames(const uint8_t *src, size_t src_len, uint64_t *total, bool *known, co
 }
 
 zb_status
-zb_zstd_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const char *where)
+zb__zstd_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const char *where)
 {
     uint64_t total = 0;
     bool known = false;
     ZB_TRY(walk_frames(src, src_len, &total, &known, where));
     if (!known)
-        return zb_err(ZB_E_UNSUPPORTED, "%s: a zstd frame does not declare its content size",
+        return zb__err(ZB_E_UNSUPPORTED, "%s: a zstd frame does not declare its content size",
                       where);
     if (total > SIZE_MAX)
-        return zb_err(ZB_E_OVERFLOW, "%s: zstd frames declare %llu bytes", where,
+        return zb__err(ZB_E_OVERFLOW, "%s: zstd frames declare %llu bytes", where,
                       (unsigned long long)total);
     *size = (size_t)total;
     return ZB_OK;
@@ -93,14 +93,14 @@ dctx_get(zb_ctx *ctx, ZSTD_DCtx **out)
 {
     if (!ctx->zstd_dctx) {
         ctx->zstd_dctx = ZSTD_createDCtx();
-        if (!ctx->zstd_dctx) return zb_err(ZB_E_NOMEM, "cannot allocate a zstd context");
+        if (!ctx->zstd_dctx) return zb__err(ZB_E_NOMEM, "cannot allocate a zstd context");
     }
     *out = ctx->zstd_dctx;
     return ZB_OK;
 }
 
 zb_status
-zb_zstd_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len, uint8_t *dst,
+zb__zstd_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len, uint8_t *dst,
                size_t cap, size_t expected, size_t *out_len, const char *where)
 {
     (void)codec; /* frames say whether they carry a checksum; zstd verifies those that do */
@@ -109,10 +109,10 @@ zb_zstd_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t sr
     ZB_TRY(walk_frames(src, src_len, &declared, &known, where));
     /* With every size declared, a mismatch is caught before any work and reported exactly. */
     if (known && expected != SIZE_MAX && declared != expected)
-        return zb_err(ZB_E_CORRUPT, "%s: zstd frames declare %llu bytes, expected %zu", where,
+        return zb__err(ZB_E_CORRUPT, "%s: zstd frames declare %llu bytes, expected %zu", where,
                       (unsigned long long)declared, expected);
     if (known && declared > cap)
-        return zb_err(ZB_E_CORRUPT,
+        return zb__err(ZB_E_CORRUPT,
                       "%s: zstd frames declare %llu bytes, more than the %zu-byte buffer", where,
                       (unsigned long long)declared, cap);
     size_t room = known ? (size_t)declared : cap;
@@ -128,33 +128,33 @@ zb_zstd_decode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t sr
         else if (code == ZSTD_error_srcSize_wrong)
             st = ZB_E_TRUNCATED;
         if (code == ZSTD_error_dstSize_tooSmall)
-            return zb_err(st, "%s: zstd data decodes to more than %zu bytes", where, room);
-        return zb_err(st, "%s: zstd decompression of %zu bytes failed: %s", where, src_len,
+            return zb__err(st, "%s: zstd data decodes to more than %zu bytes", where, room);
+        return zb__err(st, "%s: zstd decompression of %zu bytes failed: %s", where, src_len,
                       ZSTD_getErrorName(r));
     }
     if (expected != SIZE_MAX && r != expected)
-        return zb_err(ZB_E_CORRUPT, "%s: zstd data decodes to %zu bytes, expected %zu", where, r,
+        return zb__err(ZB_E_CORRUPT, "%s: zstd data decodes to %zu bytes, expected %zu", where, r,
                       expected);
     /* frames that end short of the content size they declare are cut (libzstd reports this
      * itself in the versions tested; the check does not depend on it) */
     if (known && r != declared)
-        return zb_err(ZB_E_TRUNCATED, "%s: zstd frames decode to %zu bytes, short of the %llu "
+        return zb__err(ZB_E_TRUNCATED, "%s: zstd frames decode to %zu bytes, short of the %llu "
                       "they declare", where, r, (unsigned long long)declared);
     *out_len = r;
     return ZB_OK;
 }
 
 zb_status
-zb_zstd_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-               size_t itemsize, zb_buf *out)
+zb__zstd_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+               size_t itemsize, zb__buf *out)
 {
     (void)itemsize;
     if (codec->level < ZSTD_minCLevel() || codec->level > ZSTD_maxCLevel())
-        return zb_err(ZB_E_INVALID, "zstd encode: level %d is outside %d..%d", codec->level,
+        return zb__err(ZB_E_INVALID, "zstd encode: level %d is outside %d..%d", codec->level,
                       ZSTD_minCLevel(), ZSTD_maxCLevel());
     if (!ctx->zstd_cctx) {
         ctx->zstd_cctx = ZSTD_createCCtx();
-        if (!ctx->zstd_cctx) return zb_err(ZB_E_NOMEM, "cannot allocate a zstd context");
+        if (!ctx->zstd_cctx) return zb__err(ZB_E_NOMEM, "cannot allocate a zstd context");
     }
     ZSTD_CCtx *cctx = ctx->zstd_cctx;
     /* The parameterised call: the level-only one ignores the checksum flag. The content size
@@ -165,15 +165,15 @@ zb_zstd_encode(const zb_codec *codec, zb_ctx *ctx, const uint8_t *src, size_t sr
     if (!ZSTD_isError(r))
         r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, codec->checksum ? 1 : 0);
     if (ZSTD_isError(r))
-        return zb_err(ZB_E_INVALID, "zstd encode: cannot set parameters: %s", ZSTD_getErrorName(r));
+        return zb__err(ZB_E_INVALID, "zstd encode: cannot set parameters: %s", ZSTD_getErrorName(r));
     size_t bound = ZSTD_compressBound(src_len);
     if (ZSTD_isError(bound) || bound == 0)
-        return zb_err(ZB_E_OVERFLOW, "zstd encode: %zu bytes is too large", src_len);
+        return zb__err(ZB_E_OVERFLOW, "zstd encode: %zu bytes is too large", src_len);
     out->len = 0;
-    ZB_TRY(zb_buf_reserve(out, bound));
+    ZB_TRY(zb__buf_reserve(out, bound));
     r = ZSTD_compress2(cctx, out->data, bound, src, src_len);
     if (ZSTD_isError(r))
-        return zb_err(ZB_E_INVALID, "zstd encode of %zu bytes failed: %s", src_len,
+        return zb__err(ZB_E_INVALID, "zstd encode of %zu bytes failed: %s", src_len,
                       ZSTD_getErrorName(r));
     out->len = r;
     return ZB_OK;

@@ -11,22 +11,21 @@
 #include "zbatch.h"
 
 /* Asserts that `expr` returns ZB_OK, printing the status and detail message otherwise. */
-#define ZB_ASSERT_OK(expr)                                                                       \
-    do {                                                                                         \
-        zb_status st_ = (expr);                                                                  \
-        if (st_ != ZB_OK)                                                                        \
-            fail_msg("%s -> %s: %s", #expr, zb_status_name(st_), zb_last_error());               \
+#define ZB_ASSERT_OK(expr)                                                                         \
+    do {                                                                                           \
+        zb_status st_ = (expr);                                                                    \
+        if (st_ != ZB_OK) fail_msg("%s -> %s: %s", #expr, zb_status_name(st_), zb_last_error());   \
     } while (0)
 
 /* Asserts that `expr` returns `want`, and that the detail message contains `needle`. */
-#define ZB_ASSERT_ERR(expr, want, needle)                                                        \
-    do {                                                                                         \
-        zb_status st_ = (expr);                                                                  \
-        if (st_ != (want))                                                                       \
-            fail_msg("%s -> %s (%s), expected %s", #expr, zb_status_name(st_), zb_last_error(),  \
-                     zb_status_name(want));                                                      \
-        if (!zbt_mentions(needle))                                                               \
-            fail_msg("%s: message '%s' does not mention '%s'", #expr, zb_last_error(), (needle));\
+#define ZB_ASSERT_ERR(expr, want, needle)                                                          \
+    do {                                                                                           \
+        zb_status st_ = (expr);                                                                    \
+        if (st_ != (want))                                                                         \
+            fail_msg("%s -> %s (%s), expected %s", #expr, zb_status_name(st_), zb_last_error(),    \
+                     zb_status_name(want));                                                        \
+        if (!zbt_mentions(needle))                                                                 \
+            fail_msg("%s: message '%s' does not mention '%s'", #expr, zb_last_error(), (needle));  \
     } while (0)
 
 /* True if needle is NULL or occurs in this thread's detail message. */

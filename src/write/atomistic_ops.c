@@ -1,4 +1,4 @@
-/* Operations on existing atomic datasets: recover, check, delete, add_custom, defragment.
+/* Operations on existing atomistic (AtomicData) datasets: recover, check, delete, add_custom, defragment.
  * Format facts: shared FORMATS.md §8.2 (invariants), §8.3 (edge index), §8.5 (nvalchemi's
  * hazards, which these avoid). The crash-safety rules are documented in zbatch_atomic.h. */
 #include <stdio.h>
@@ -9,7 +9,7 @@
 #include "util/buf.h"
 #include "util/json.h"
 #include "util/status.h"
-#include "write/atomic_int.h"
+#include "write/atomistic_int.h"
 #include "write/write.h"
 #include "zarr/array.h"
 #include "zarr/meta.h"
@@ -30,9 +30,9 @@ rows_for(zb_atomic_level level, uint64_t atoms, uint64_t edges, uint64_t samples
 }
 
 static zb_status
-read_ptr_at(const zb_at_layout *L, int m, uint64_t i, int64_t *v)
+read_ptr_at(const zb__at_layout *L, int m, uint64_t i, int64_t *v)
 {
-    return zb_at_read_i64(L->meta[m], i, i + 1, v);
+    return zb__at_read_i64(L->meta[m], i, i + 1, v);
 }
 
 /* Refuses an uncommitted new store (before recovery would look at it). */
@@ -40,10 +40,10 @@ static zb_status
 refuse_incomplete(zb_store *store, const char *path)
 {
     char mk[ZB_AT_KEY_CAP], root[ZB_AT_KEY_CAP];
-    ZB_TRY(zb_at_join(mk, sizeof mk, path, ZB_INCOMPLETE_MARKER));
-    ZB_TRY(zb_at_join(root, sizeof root, path, "zarr.json"));
-    if (zb_at_has_key(store, mk) && !zb_at_has_key(store, root))
-        return zb_err(ZB_E_INCOMPLETE, "'%s': a new atomic store that was never committed", path);
+    ZB_TRY(zb__at_join(mk, sizeof mk, path, ZB_INCOMPLETE_MARKER));
+    ZB_TRY(zb__at_join(root, sizeof root, path, "zarr.json"));
+    if (zb__at_has_key(store, mk) && !zb__at_has_key(store, root))
+        return zb__err(ZB_E_INCOMPLETE, "'%s': a new atomic store that was never committed", path);
     return ZB_OK;
 }
 
@@ -70,15 +70,15 @@ sib_cb(void *vctx, const char *name, bool is_dir)
         return 0;
     char **p = realloc(c->paths, (c->n + 1) * sizeof *p);
     char full[ZB_AT_KEY_CAP];
-    if (!p || zb_at_join(full, sizeof full, c->parent, name) != ZB_OK) {
+    if (!p || zb__at_join(full, sizeof full, c->parent, name) != ZB_OK) {
         if (p) c->paths = p;
-        c->st = zb_err(ZB_E_NOMEM, "out of memory listing siblings of '%s'", c->base);
+        c->st = zb__err(ZB_E_NOMEM, "out of memory listing siblings of '%s'", c->base);
         return 1;
     }
     c->paths = p;
     c->paths[c->n] = strdup(full);
     if (!c->paths[c->n]) {
-        c->st = zb_err(ZB_E_NOMEM, "out of memory listing siblings of '%s'", c->base);
+        c->st = zb__err(ZB_E_NOMEM, "out of memory listing siblings of '%s'", c->base);
         return 1;
     }
     c->n++;
@@ -139,23 +139,23 @@ recover_swap(zb_store *store, const char *path)
     size_t ns = 0;
     ZB_TRY(list_siblings(store, path, &sib, &ns));
     zb_status st = ZB_OK;
-    if (ns && !zb_at_has_keys_below(store, path)) {
+    if (ns && !zb__at_has_keys_below(store, path)) {
         const char *pick = NULL;
         for (size_t i = 0; !pick && i < ns; i++)
-            if (ends_with(sib[i], NEW_SUFFIX) && zb_at_is_complete(store, sib[i])) pick = sib[i];
+            if (ends_with(sib[i], NEW_SUFFIX) && zb__at_is_complete(store, sib[i])) pick = sib[i];
         for (size_t i = 0; !pick && i < ns; i++)
-            if (!ends_with(sib[i], NEW_SUFFIX) && zb_at_is_complete(store, sib[i])) pick = sib[i];
-        if (pick) st = zb_at_rename_tree(store, pick, path);
+            if (!ends_with(sib[i], NEW_SUFFIX) && zb__at_is_complete(store, sib[i])) pick = sib[i];
+        if (pick) st = zb__at_rename_tree(store, pick, path);
     }
-    if (st == ZB_OK && ns && zb_at_is_complete(store, path))
+    if (st == ZB_OK && ns && zb__at_is_complete(store, path))
         for (size_t i = 0; st == ZB_OK && i < ns; i++)
-            if (zb_at_has_keys_below(store, sib[i])) st = zb_at_remove_tree(store, sib[i]);
+            if (zb__at_has_keys_below(store, sib[i])) st = zb__at_remove_tree(store, sib[i]);
     free_paths(sib, ns);
     return st;
 }
 
 bool
-zb_at_parked_elsewhere(zb_store *store, const char *path)
+zb__at_parked_elsewhere(zb_store *store, const char *path)
 {
     char **sib = NULL;
     size_t ns = 0;
@@ -164,14 +164,14 @@ zb_at_parked_elsewhere(zb_store *store, const char *path)
         return false;
     }
     bool found = false;
-    for (size_t i = 0; !found && i < ns; i++) found = zb_at_is_complete(store, sib[i]);
+    for (size_t i = 0; !found && i < ns; i++) found = zb__at_is_complete(store, sib[i]);
     free_paths(sib, ns);
     return found;
 }
 
 /* Rows array `x` needs for `samples` samples with `atoms`/`edges` totals. */
 static uint64_t
-need_rows(const zb_at_array *x, uint64_t atoms, uint64_t edges, uint64_t samples)
+need_rows(const zb__at_array *x, uint64_t atoms, uint64_t edges, uint64_t samples)
 {
     return rows_for(x->level, atoms, edges, samples);
 }
@@ -181,8 +181,8 @@ need_rows(const zb_at_array *x, uint64_t atoms, uint64_t edges, uint64_t samples
 static zb_status
 repair_tails(zb_store *store, const char *path)
 {
-    zb_at_layout L;
-    ZB_TRY(zb_at_layout_open(store, path, &L));
+    zb__at_layout L;
+    ZB_TRY(zb__at_layout_open(store, path, &L));
     zb_status st = ZB_OK;
     uint64_t n = L.num_samples, target = n;
     uint64_t s = L.meta_rows[ZB_AT_SAMPLES_MASK];
@@ -222,47 +222,47 @@ repair_tails(zb_store *store, const char *path)
                                                   : (uint64_t)ve;
         if (L.meta_rows[m] > want) {
             char apath[ZB_AT_KEY_CAP];
-            st = zb_at_join3(apath, sizeof apath, L.path, "meta", zb_at_meta_names[m]);
-            if (st == ZB_OK) st = zb_at_truncate_array(store, apath, want);
+            st = zb__at_join3(apath, sizeof apath, L.path, "meta", zb__at_meta_names[m]);
+            if (st == ZB_OK) st = zb__at_truncate_array(store, apath, want);
         }
     }
     for (size_t i = 0; st == ZB_OK && i < L.n; i++) {
-        const zb_at_array *x = &L.arrays[i];
+        const zb__at_array *x = &L.arrays[i];
         uint64_t want = need_rows(x, (uint64_t)va, (uint64_t)ve, target);
         if (x->info.shape[0] > want) {
             char apath[ZB_AT_KEY_CAP];
-            st = zb_at_join3(apath, sizeof apath, L.path, x->group, x->name);
-            if (st == ZB_OK) st = zb_at_truncate_array(store, apath, want);
+            st = zb__at_join3(apath, sizeof apath, L.path, x->group, x->name);
+            if (st == ZB_OK) st = zb__at_truncate_array(store, apath, want);
         }
     }
     if (st == ZB_OK && target != n) {
         /* the roll forward's commit point, last, as in the append itself */
-        if (json_object_object_add(L.attrs, "num_samples", zb_jw_u64(target)) != 0)
-            st = zb_err(ZB_E_NOMEM, "out of memory");
+        if (json_object_object_add(L.attrs, "num_samples", zb__jw_u64(target)) != 0)
+            st = zb__err(ZB_E_NOMEM, "out of memory");
         else
-            st = zb_at_write_root(store, L.path, L.attrs);
+            st = zb__at_write_root(store, L.path, L.attrs);
     }
 done:
-    zb_at_layout_close(&L);
+    zb__at_layout_close(&L);
     return st;
 }
 
 zb_status
 zb_atomic_recover(zb_store *store, const char *path)
 {
-    if (!store || !path) return zb_err(ZB_E_INVALID, "zb_atomic_recover: null argument");
+    if (!store || !path) return zb__err(ZB_E_INVALID, "zb_atomic_recover: null argument");
     char p[ZB_AT_PATH_CAP], root[ZB_AT_KEY_CAP], mk[ZB_AT_KEY_CAP];
     ZB_TRY(zb_key_normalize(path, p, sizeof p));
     if (p[0]) ZB_TRY(recover_swap(store, p));
-    ZB_TRY(zb_at_join(root, sizeof root, p, "zarr.json"));
-    ZB_TRY(zb_at_join(mk, sizeof mk, p, ZB_INCOMPLETE_MARKER));
-    bool has_root = zb_at_has_key(store, root), has_mk = zb_at_has_key(store, mk);
+    ZB_TRY(zb__at_join(root, sizeof root, p, "zarr.json"));
+    ZB_TRY(zb__at_join(mk, sizeof mk, p, ZB_INCOMPLETE_MARKER));
+    bool has_root = zb__at_has_key(store, root), has_mk = zb__at_has_key(store, mk);
     if (has_mk && !has_root)
-        return zb_err(ZB_E_INCOMPLETE,
+        return zb__err(ZB_E_INCOMPLETE,
                       "'%s': a new atomic store that was never committed "
                       "(zb_atomic_writer_open clears it)",
                       p);
-    if (!has_root) return zb_err(ZB_E_NOTFOUND, "'%s': no atomic store here", p);
+    if (!has_root) return zb__err(ZB_E_NOTFOUND, "'%s': no atomic store here", p);
     /* the root was written, so the store committed: the marker is only stale */
     if (has_mk) ZB_TRY(zb_store_erase(store, mk));
     return repair_tails(store, p);
@@ -291,7 +291,7 @@ ptr_block_free(ptr_block *b)
 /* Reads the pointers of [p0, min(n, p0 + PTR_BLOCK)] and checks them (start at 0, never
  * decrease, never negative), naming the array. */
 static zb_status
-ptr_block_read(const zb_at_layout *L, uint64_t p0, uint64_t n, int64_t prev_a, int64_t prev_e,
+ptr_block_read(const zb__at_layout *L, uint64_t p0, uint64_t n, int64_t prev_a, int64_t prev_e,
                ptr_block *b)
 {
     uint64_t m = n - p0 < PTR_BLOCK ? n - p0 : PTR_BLOCK;
@@ -299,27 +299,27 @@ ptr_block_read(const zb_at_layout *L, uint64_t p0, uint64_t n, int64_t prev_a, i
         b->ap = malloc((size_t)(PTR_BLOCK + 1) * 8);
         b->ep = malloc((size_t)(PTR_BLOCK + 1) * 8);
         b->mask = malloc((size_t)PTR_BLOCK);
-        if (!b->ap || !b->ep || !b->mask) return zb_err(ZB_E_NOMEM, "out of memory");
+        if (!b->ap || !b->ep || !b->mask) return zb__err(ZB_E_NOMEM, "out of memory");
     }
     b->p0 = p0;
     b->m = m;
-    ZB_TRY(zb_at_read_i64(L->meta[ZB_AT_ATOMS_PTR], p0, p0 + m + 1, b->ap));
-    ZB_TRY(zb_at_read_i64(L->meta[ZB_AT_EDGES_PTR], p0, p0 + m + 1, b->ep));
+    ZB_TRY(zb__at_read_i64(L->meta[ZB_AT_ATOMS_PTR], p0, p0 + m + 1, b->ap));
+    ZB_TRY(zb__at_read_i64(L->meta[ZB_AT_EDGES_PTR], p0, p0 + m + 1, b->ep));
     if (m)
         ZB_TRY(
             zb_array_read_rows(L->meta[ZB_AT_SAMPLES_MASK], p0, p0 + m, b->mask, (size_t)m, NULL));
     const int64_t *arr[2] = {b->ap, b->ep};
     const int64_t prev[2] = {prev_a, prev_e};
     for (int k = 0; k < 2; k++) {
-        const char *name = zb_at_meta_names[k];
+        const char *name = zb__at_meta_names[k];
         if (p0 == 0 && arr[k][0] != 0)
-            return zb_err(ZB_E_CORRUPT, "%s/meta/%s: starts at %lld, not 0", L->path, name,
+            return zb__err(ZB_E_CORRUPT, "%s/meta/%s: starts at %lld, not 0", L->path, name,
                           (long long)arr[k][0]);
         if (p0 && arr[k][0] != prev[k])
-            return zb_err(ZB_E_CORRUPT, "%s/meta/%s changed while being read", L->path, name);
+            return zb__err(ZB_E_CORRUPT, "%s/meta/%s changed while being read", L->path, name);
         for (uint64_t i = 0; i < m; i++)
             if (arr[k][i + 1] < arr[k][i])
-                return zb_err(ZB_E_CORRUPT,
+                return zb__err(ZB_E_CORRUPT,
                               "%s/meta/%s: decreases at sample %llu (%lld after "
                               "%lld)",
                               L->path, name, (unsigned long long)(p0 + i + 1),
@@ -344,8 +344,8 @@ sub_block_end(const ptr_block *b, uint64_t q0)
 /* Check                                                                                        */
 /* ------------------------------------------------------------------------------------------- */
 
-static const zb_at_array *
-find_nlist(const zb_at_layout *L)
+static const zb__at_array *
+find_nlist(const zb__at_layout *L)
 {
     for (size_t i = 0; i < L->n; i++)
         if (!strcmp(L->arrays[i].group, "core") && !strcmp(L->arrays[i].name, "neighbor_list"))
@@ -354,11 +354,11 @@ find_nlist(const zb_at_layout *L)
 }
 
 static zb_status
-check_nlist_shape(const zb_at_layout *L, const zb_at_array *nl)
+check_nlist_shape(const zb__at_layout *L, const zb__at_array *nl)
 {
-    if (nl->level != ZB_ATOMIC_EDGE || !zb_at_dtype_is_int(nl->info.dtype) || nl->info.ndim != 2 ||
+    if (nl->level != ZB_ATOMIC_EDGE || !zb__at_dtype_is_int(nl->info.dtype) || nl->info.ndim != 2 ||
         nl->info.shape[1] != 2)
-        return zb_err(ZB_E_CORRUPT,
+        return zb__err(ZB_E_CORRUPT,
                       "%s/core/neighbor_list: expected an edge-level integer "
                       "array of shape [E, 2]",
                       L->path);
@@ -368,19 +368,19 @@ check_nlist_shape(const zb_at_layout *L, const zb_at_array *nl)
 /* Converts rows [0, ne) of stored neighbor_list values (sample p, atoms [a0, a1)) to local
  * indices in place, requiring each to lie in the sample. */
 static zb_status
-localize(const zb_at_layout *L, void *rows, zb_dtype dt, uint64_t first, uint64_t ne, uint64_t p,
+localize(const zb__at_layout *L, void *rows, zb_dtype dt, uint64_t first, uint64_t ne, uint64_t p,
          int64_t a0, int64_t a1)
 {
     for (uint64_t k = 0; k < 2 * ne; k++) {
-        int64_t v = zb_at_get_int(rows, dt, first + k);
+        int64_t v = zb__at_get_int(rows, dt, first + k);
         if (v < a0 || v >= a1)
-            return zb_err(ZB_E_CORRUPT,
+            return zb__err(ZB_E_CORRUPT,
                           "%s/core/neighbor_list: sample %llu, edge %llu: stored index %lld - "
                           "atoms_ptr[%llu] = %lld lies outside [0, %lld) (an append without the "
                           "atom offset, FORMATS.md §8.5?)",
                           L->path, (unsigned long long)p, (unsigned long long)(k / 2), (long long)v,
                           (unsigned long long)p, (long long)(v - a0), (long long)(a1 - a0));
-        zb_at_set_int(rows, dt, first + k, v - a0);
+        zb__at_set_int(rows, dt, first + k, v - a0);
     }
     return ZB_OK;
 }
@@ -389,14 +389,14 @@ zb_status
 zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
 {
     if (out) memset(out, 0, sizeof *out);
-    if (!store || !path) return zb_err(ZB_E_INVALID, "zb_atomic_check: null argument");
-    zb_at_layout L;
-    ZB_TRY(zb_at_layout_open(store, path, &L));
+    if (!store || !path) return zb__err(ZB_E_INVALID, "zb_atomic_check: null argument");
+    zb__at_layout L;
+    ZB_TRY(zb__at_layout_open(store, path, &L));
     zb_status st = ZB_OK;
     zb_atomic_summary sum;
     memset(&sum, 0, sizeof sum);
     ptr_block b = {0};
-    zb_buf nbuf = {0};
+    zb__buf nbuf = {0};
     uint64_t n = L.num_samples;
     sum.num_samples = n;
     sum.num_fields = L.n;
@@ -405,14 +405,14 @@ zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
     for (int m = 0; m <= ZB_AT_SAMPLES_MASK; m++) {
         uint64_t want = m < ZB_AT_SAMPLES_MASK ? n + 1 : n;
         if (L.meta_rows[m] < want) {
-            st = zb_err(ZB_E_CORRUPT, "%s/meta/%s: %llu entries, needs %s = %llu", L.path,
-                        zb_at_meta_names[m], (unsigned long long)L.meta_rows[m], need[m],
+            st = zb__err(ZB_E_CORRUPT, "%s/meta/%s: %llu entries, needs %s = %llu", L.path,
+                        zb__at_meta_names[m], (unsigned long long)L.meta_rows[m], need[m],
                         (unsigned long long)want);
             goto done;
         }
         if (L.meta_rows[m] > want) sum.uncommitted_tail = true;
     }
-    const zb_at_array *nl = find_nlist(&L);
+    const zb__at_array *nl = find_nlist(&L);
     if (nl) {
         st = check_nlist_shape(&L, nl);
         if (st != ZB_OK) goto done;
@@ -431,7 +431,7 @@ zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
             uint64_t e0 = (uint64_t)b.ep[q0], e1 = (uint64_t)b.ep[q1];
             if (e1 > nl->info.shape[0]) break; /* reported below as a short array */
             size_t isz = nl->info.itemsize;
-            st = zb_buf_reserve(&nbuf, (size_t)(e1 - e0) * 2 * isz + 1);
+            st = zb__buf_reserve(&nbuf, (size_t)(e1 - e0) * 2 * isz + 1);
             if (st == ZB_OK && e1 > e0)
                 st =
                     zb_array_read_rows(nl->a, e0, e1, nbuf.data, (size_t)(e1 - e0) * 2 * isz, NULL);
@@ -452,18 +452,18 @@ zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
         if (!L.meta[m]) continue;
         uint64_t want = mask_need[m - ZB_AT_ATOMS_MASK];
         if (L.meta_rows[m] < want) {
-            st = zb_err(ZB_E_CORRUPT, "%s/meta/%s: %llu entries, %s_ptr[N] = %llu", L.path,
-                        zb_at_meta_names[m], (unsigned long long)L.meta_rows[m],
+            st = zb__err(ZB_E_CORRUPT, "%s/meta/%s: %llu entries, %s_ptr[N] = %llu", L.path,
+                        zb__at_meta_names[m], (unsigned long long)L.meta_rows[m],
                         m == ZB_AT_ATOMS_MASK ? "atoms" : "edges", (unsigned long long)want);
             goto done;
         }
         if (L.meta_rows[m] > want) sum.uncommitted_tail = true;
     }
     for (size_t i = 0; i < L.n; i++) {
-        const zb_at_array *x = &L.arrays[i];
+        const zb__at_array *x = &L.arrays[i];
         uint64_t want = need_rows(x, sum.num_atoms, sum.num_edges, n);
         if (x->info.shape[0] < want) {
-            st = zb_err(ZB_E_CORRUPT,
+            st = zb__err(ZB_E_CORRUPT,
                         "%s/%s/%s: %llu rows, but %s level needs %llu (%s); an append that did "
                         "not extend it?",
                         L.path, x->group, x->name, (unsigned long long)x->info.shape[0],
@@ -478,8 +478,8 @@ zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
     if (out) *out = sum;
 done:
     ptr_block_free(&b);
-    zb_buf_free(&nbuf);
-    zb_at_layout_close(&L);
+    zb__buf_free(&nbuf);
+    zb__at_layout_close(&L);
     return st;
 }
 
@@ -572,27 +572,27 @@ static zb_status
 rewrite_rows(zb_store *store, const char *apath, uint64_t r0, const void *rows, uint64_t nrows)
 {
     view_store *v = calloc(1, sizeof *v);
-    if (!v) return zb_err(ZB_E_NOMEM, "out of memory");
+    if (!v) return zb__err(ZB_E_NOMEM, "out of memory");
     v->base = store;
-    zb_status st = zb_at_join(v->key, sizeof v->key, apath, "zarr.json");
-    if (st == ZB_OK && !zb_at_has_key(store, v->key))
-        st = zb_at_join(v->key, sizeof v->key, apath, ".zarray");
+    zb_status st = zb__at_join(v->key, sizeof v->key, apath, "zarr.json");
+    if (st == ZB_OK && !zb__at_has_key(store, v->key))
+        st = zb__at_join(v->key, sizeof v->key, apath, ".zarray");
     uint8_t *text = NULL;
     uint64_t len = 0;
     json_object *doc = NULL;
     if (st == ZB_OK) st = zb_store_read_all(store, v->key, &text, &len);
-    if (st == ZB_OK) st = zb_json_parse((const char *)text, (size_t)len, v->key, &doc);
+    if (st == ZB_OK) st = zb__json_parse((const char *)text, (size_t)len, v->key, &doc);
     free(text);
-    json_object *shape = st == ZB_OK ? zb_json_get(doc, "shape") : NULL;
+    json_object *shape = st == ZB_OK ? zb__json_get(doc, "shape") : NULL;
     if (st == ZB_OK && (!shape || !json_object_is_type(shape, json_type_array)))
-        st = zb_err(ZB_E_METADATA, "%s: no shape", v->key);
-    if (st == ZB_OK && json_object_array_put_idx(shape, 0, zb_jw_u64(r0)) != 0)
-        st = zb_err(ZB_E_NOMEM, "out of memory");
+        st = zb__err(ZB_E_METADATA, "%s: no shape", v->key);
+    if (st == ZB_OK && json_object_array_put_idx(shape, 0, zb__jw_u64(r0)) != 0)
+        st = zb__err(ZB_E_NOMEM, "out of memory");
     if (st == ZB_OK) {
         const char *t = json_object_to_json_string_ext(doc, JSON_C_TO_STRING_PLAIN);
         v->len = t ? strlen(t) : 0;
         v->text = t ? strdup(t) : NULL;
-        if (!v->text) st = zb_err(ZB_E_NOMEM, "out of memory");
+        if (!v->text) st = zb__err(ZB_E_NOMEM, "out of memory");
     }
     json_object_put(doc);
     if (st != ZB_OK) {
@@ -627,7 +627,7 @@ clear_mask_rows(zb_store *store, const char *apath, const zb_array *a, const row
     zb_array_info info;
     ZB_TRY(zb_array_get_info(a, &info));
     uint64_t unit = a->meta.chunks[0], total = info.shape[0];
-    if (unit == 0) return zb_err(ZB_E_CORRUPT, "%s: zero chunk rows", apath);
+    if (unit == 0) return zb__err(ZB_E_CORRUPT, "%s: zero chunk rows", apath);
     uint8_t *buf = NULL;
     size_t cap = 0;
     zb_status st = ZB_OK;
@@ -649,7 +649,7 @@ clear_mask_rows(zb_store *store, const char *apath, const zb_array *a, const row
         if (need > cap) {
             uint8_t *nb = realloc(buf, need);
             if (!nb) {
-                st = zb_err(ZB_E_NOMEM, "%s: out of memory", apath);
+                st = zb__err(ZB_E_NOMEM, "%s: out of memory", apath);
                 break;
             }
             buf = nb;
@@ -699,14 +699,14 @@ merge_ranges(row_range *r, size_t n)
 zb_status
 zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids, size_t n)
 {
-    if (!store || !path) return zb_err(ZB_E_INVALID, "zb_atomic_delete: null argument");
-    if (n && !logical_ids) return zb_err(ZB_E_INVALID, "zb_atomic_delete: logical_ids is NULL");
+    if (!store || !path) return zb__err(ZB_E_INVALID, "zb_atomic_delete: null argument");
+    if (n && !logical_ids) return zb__err(ZB_E_INVALID, "zb_atomic_delete: logical_ids is NULL");
     char p[ZB_AT_PATH_CAP];
     ZB_TRY(zb_key_normalize(path, p, sizeof p));
     ZB_TRY(refuse_incomplete(store, p));
     ZB_TRY(zb_atomic_recover(store, p));
-    zb_at_layout L;
-    ZB_TRY(zb_at_layout_open(store, p, &L));
+    zb__at_layout L;
+    ZB_TRY(zb__at_layout_open(store, p, &L));
     zb_status st = ZB_OK;
     uint64_t N = L.num_samples;
     uint8_t *mask = NULL;
@@ -715,14 +715,14 @@ zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids,
     row_range *ra = NULL, *re = NULL, *rs = NULL;
     if (L.meta_rows[ZB_AT_SAMPLES_MASK] < N || L.meta_rows[ZB_AT_ATOMS_PTR] < N + 1 ||
         L.meta_rows[ZB_AT_EDGES_PTR] < N + 1) {
-        st = zb_err(ZB_E_CORRUPT, "%s/meta: shorter than num_samples %llu (run zb_atomic_check)", p,
+        st = zb__err(ZB_E_CORRUPT, "%s/meta: shorter than num_samples %llu (run zb_atomic_check)", p,
                     (unsigned long long)N);
         goto done;
     }
     mask = malloc(N ? (size_t)N : 1);
     ids = malloc(n ? n * sizeof *ids : 1);
     if (!mask || !ids) {
-        st = zb_err(ZB_E_NOMEM, "zb_atomic_delete: out of memory");
+        st = zb__err(ZB_E_NOMEM, "zb_atomic_delete: out of memory");
         goto done;
     }
     if (N) st = zb_array_read_rows(L.meta[ZB_AT_SAMPLES_MASK], 0, N, mask, (size_t)N, NULL);
@@ -731,7 +731,7 @@ zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids,
     for (uint64_t i = 0; i < N; i++) live += mask[i] != 0;
     for (size_t i = 0; i < n; i++)
         if (logical_ids[i] >= live) {
-            st = zb_err(ZB_E_RANGE,
+            st = zb__err(ZB_E_RANGE,
                         "zb_atomic_delete: index %llu out of range for %llu live "
                         "samples",
                         (unsigned long long)logical_ids[i], (unsigned long long)live);
@@ -757,16 +757,16 @@ zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids,
     re = malloc(nu * sizeof *re);
     rs = malloc(nu * sizeof *rs);
     if (!ap || !ep || !ra || !re || !rs) {
-        st = zb_err(ZB_E_NOMEM, "zb_atomic_delete: out of memory");
+        st = zb__err(ZB_E_NOMEM, "zb_atomic_delete: out of memory");
         goto done;
     }
-    st = zb_at_read_i64(L.meta[ZB_AT_ATOMS_PTR], 0, N + 1, ap);
-    if (st == ZB_OK) st = zb_at_read_i64(L.meta[ZB_AT_EDGES_PTR], 0, N + 1, ep);
+    st = zb__at_read_i64(L.meta[ZB_AT_ATOMS_PTR], 0, N + 1, ap);
+    if (st == ZB_OK) st = zb__at_read_i64(L.meta[ZB_AT_EDGES_PTR], 0, N + 1, ep);
     if (st != ZB_OK) goto done;
     for (size_t i = 0; i < nu; i++) {
         uint64_t q = ids[i];
         if (ap[q] < 0 || ap[q + 1] < ap[q] || ep[q] < 0 || ep[q + 1] < ep[q]) {
-            st = zb_err(ZB_E_CORRUPT, "%s/meta: bad pointers at sample %llu", p,
+            st = zb__err(ZB_E_CORRUPT, "%s/meta: bad pointers at sample %llu", p,
                         (unsigned long long)q);
             goto done;
         }
@@ -778,15 +778,15 @@ zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids,
     /* the masks nobody reads first, samples_mask (what readers use) last */
     char apath[ZB_AT_KEY_CAP];
     if (L.meta[ZB_AT_ATOMS_MASK]) {
-        st = zb_at_join3(apath, sizeof apath, p, "meta", "atoms_mask");
+        st = zb__at_join3(apath, sizeof apath, p, "meta", "atoms_mask");
         if (st == ZB_OK) st = clear_mask_rows(store, apath, L.meta[ZB_AT_ATOMS_MASK], ra, na);
     }
     if (st == ZB_OK && L.meta[ZB_AT_EDGES_MASK]) {
-        st = zb_at_join3(apath, sizeof apath, p, "meta", "edges_mask");
+        st = zb__at_join3(apath, sizeof apath, p, "meta", "edges_mask");
         if (st == ZB_OK) st = clear_mask_rows(store, apath, L.meta[ZB_AT_EDGES_MASK], re, ne);
     }
     if (st == ZB_OK) {
-        st = zb_at_join3(apath, sizeof apath, p, "meta", "samples_mask");
+        st = zb__at_join3(apath, sizeof apath, p, "meta", "samples_mask");
         if (st == ZB_OK) st = clear_mask_rows(store, apath, L.meta[ZB_AT_SAMPLES_MASK], rs, nsr);
     }
 done:
@@ -797,7 +797,7 @@ done:
     free(ra);
     free(re);
     free(rs);
-    zb_at_layout_close(&L);
+    zb__at_layout_close(&L);
     return st;
 }
 
@@ -810,25 +810,25 @@ static zb_status
 check_custom_field(const zb_atomic_field *field, uint64_t n_rows)
 {
     if (field->group && strcmp(field->group, "custom") != 0)
-        return zb_err(ZB_E_INVALID,
+        return zb__err(ZB_E_INVALID,
                       "zb_atomic_add_custom: group '%s': only custom fields can "
                       "be added",
                       field->group);
-    ZB_TRY(zb_at_check_name("custom field", field->name));
+    ZB_TRY(zb__at_check_name("custom field", field->name));
     if (field->level != ZB_ATOMIC_ATOM && field->level != ZB_ATOMIC_EDGE &&
         field->level != ZB_ATOMIC_SYSTEM)
-        return zb_err(ZB_E_INVALID, "custom field '%s': level %d is not atom, edge or system",
+        return zb__err(ZB_E_INVALID, "custom field '%s': level %d is not atom, edge or system",
                       field->name, (int)field->level);
     if (field->dtype < 0 || field->dtype >= ZB_DT_COUNT_ || field->dtype == ZB_DT_STRING)
-        return zb_err(ZB_E_INVALID, "custom field '%s': dtype must be a fixed-size type",
+        return zb__err(ZB_E_INVALID, "custom field '%s': dtype must be a fixed-size type",
                       field->name);
     if (field->ndim < 0 || field->ndim > ZB_MAX_DIMS - 1 || (field->ndim && !field->shape))
-        return zb_err(ZB_E_INVALID, "custom field '%s': bad ndim/shape", field->name);
+        return zb__err(ZB_E_INVALID, "custom field '%s': bad ndim/shape", field->name);
     for (int d = 0; d < field->ndim; d++)
         if (!field->shape[d])
-            return zb_err(ZB_E_INVALID, "custom field '%s': zero dimension", field->name);
+            return zb__err(ZB_E_INVALID, "custom field '%s': zero dimension", field->name);
     if (n_rows && !field->data)
-        return zb_err(ZB_E_INVALID, "custom field '%s': data is NULL", field->name);
+        return zb__err(ZB_E_INVALID, "custom field '%s': data is NULL", field->name);
     return ZB_OK;
 }
 
@@ -837,24 +837,24 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
                      const zb_atomic_field *field, uint64_t n_rows)
 {
     if (!store || !path || !field)
-        return zb_err(ZB_E_INVALID, "zb_atomic_add_custom: null argument");
+        return zb__err(ZB_E_INVALID, "zb_atomic_add_custom: null argument");
     ZB_TRY(check_custom_field(field, n_rows));
-    zb_at_cfg c;
-    ZB_TRY(zb_at_cfg_copy(cfg, &c));
+    zb__at_cfg c;
+    ZB_TRY(zb__at_cfg_copy(cfg, &c));
     char p[ZB_AT_PATH_CAP];
     zb_status st = zb_key_normalize(path, p, sizeof p);
     if (st == ZB_OK) st = refuse_incomplete(store, p);
     if (st == ZB_OK) st = zb_atomic_recover(store, p);
-    zb_at_layout L;
+    zb__at_layout L;
     memset(&L, 0, sizeof L);
-    if (st == ZB_OK) st = zb_at_layout_open(store, p, &L);
+    if (st == ZB_OK) st = zb__at_layout_open(store, p, &L);
     json_object *before = NULL;
     zb_array_writer *aw = NULL;
     if (st != ZB_OK) goto done;
     uint64_t N = L.num_samples;
     int64_t va = 0, ve = 0;
     if (L.meta_rows[ZB_AT_ATOMS_PTR] < N + 1 || L.meta_rows[ZB_AT_EDGES_PTR] < N + 1) {
-        st = zb_err(ZB_E_CORRUPT, "%s/meta: pointer arrays shorter than num_samples + 1", p);
+        st = zb__err(ZB_E_CORRUPT, "%s/meta: pointer arrays shorter than num_samples + 1", p);
         goto done;
     }
     st = read_ptr_at(&L, ZB_AT_ATOMS_PTR, N, &va);
@@ -862,7 +862,7 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
     if (st != ZB_OK) goto done;
     uint64_t want = rows_for(field->level, (uint64_t)va, (uint64_t)ve, N);
     if (n_rows != want) {
-        st = zb_err(ZB_E_INVALID, "custom field '%s': %llu rows given, %s level needs %llu (%s)",
+        st = zb__err(ZB_E_INVALID, "custom field '%s': %llu rows given, %s level needs %llu (%s)",
                     field->name, (unsigned long long)n_rows, zb_atomic_level_name(field->level),
                     (unsigned long long)want,
                     field->level == ZB_ATOMIC_ATOM   ? "the store's atoms"
@@ -875,12 +875,12 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
     uint64_t row_elems = 1, elems = 0;
     bool sized = true;
     for (int d = 0; d < field->ndim; d++)
-        sized = sized && zb_mul_u64(row_elems, field->shape[d], &row_elems);
-    sized = sized && zb_mul_u64(n_rows, row_elems, &elems);
+        sized = sized && zb__mul_u64(row_elems, field->shape[d], &row_elems);
+    sized = sized && zb__mul_u64(n_rows, row_elems, &elems);
     uint64_t bad =
-        sized && field->data ? zb_at_first_non_finite(field->dtype, field->data, elems) : elems;
+        sized && field->data ? zb__at_first_non_finite(field->dtype, field->data, elems) : elems;
     if (bad < elems) {
-        st = zb_err(ZB_E_INVALID,
+        st = zb__err(ZB_E_INVALID,
                     "custom field '%s': a non-finite value (NaN or infinity) in "
                     "row %llu",
                     field->name, (unsigned long long)(bad / row_elems));
@@ -888,28 +888,28 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
     }
     for (size_t i = 0; i < L.n; i++)
         if (!strcmp(L.arrays[i].name, field->name)) {
-            st = zb_err(ZB_E_INVALID, "custom field '%s': %s/%s already exists", field->name,
+            st = zb__err(ZB_E_INVALID, "custom field '%s': %s/%s already exists", field->name,
                         L.arrays[i].group, field->name);
             goto done;
         }
     char gpath[ZB_AT_KEY_CAP], apath[ZB_AT_KEY_CAP], key[ZB_AT_KEY_CAP];
-    st = zb_at_join(gpath, sizeof gpath, p, "custom");
-    if (st == ZB_OK) st = zb_at_join(apath, sizeof apath, gpath, field->name);
-    if (st == ZB_OK) st = zb_at_join(key, sizeof key, gpath, "zarr.json");
-    if (st == ZB_OK && !zb_at_has_key(store, key)) st = zb_write_group(store, gpath, 3, NULL);
+    st = zb__at_join(gpath, sizeof gpath, p, "custom");
+    if (st == ZB_OK) st = zb__at_join(apath, sizeof apath, gpath, field->name);
+    if (st == ZB_OK) st = zb__at_join(key, sizeof key, gpath, "zarr.json");
+    if (st == ZB_OK && !zb__at_has_key(store, key)) st = zb__write_group(store, gpath, 3, NULL);
     if (st != ZB_OK) goto done;
     /* stale chunks of an earlier attempt that never committed its metadata */
-    st = zb_at_remove_tree(store, apath);
+    st = zb__at_remove_tree(store, apath);
     if (st != ZB_OK) goto done;
     zb_array_write_opts o;
     uint64_t shape[ZB_MAX_DIMS];
     uint64_t row_bytes = zb_dtype_size(field->dtype);
     for (int d = 0; d < field->ndim; d++) {
         shape[d] = field->shape[d];
-        if (!zb_mul_u64(row_bytes, shape[d], &row_bytes)) row_bytes = UINT64_MAX;
+        if (!zb__mul_u64(row_bytes, shape[d], &row_bytes)) row_bytes = UINT64_MAX;
     }
     /* (an overflowing row is refused by the array writer below) */
-    zb_at_cfg_resolve(&c, "custom", field->name,
+    zb__at_cfg_resolve(&c, "custom", field->name,
                       row_bytes > SIZE_MAX ? SIZE_MAX : (size_t)row_bytes, &o);
     st = zb_array_writer_open(store, apath, field->dtype, field->ndim + 1, shape, &o, &aw);
     if (st != ZB_OK) goto done;
@@ -918,11 +918,11 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
     before = json_object_get(L.attrs);
     json_object *attrs = NULL;
     if (json_object_deep_copy(L.attrs, &attrs, NULL) != 0) {
-        st = zb_err(ZB_E_NOMEM, "out of memory");
+        st = zb__err(ZB_E_NOMEM, "out of memory");
         goto done;
     }
-    st = zb_at_fields_set(attrs, "custom", field->name, field->level);
-    if (st == ZB_OK) st = zb_at_write_root(store, p, attrs);
+    st = zb__at_fields_set(attrs, "custom", field->name, field->level);
+    if (st == ZB_OK) st = zb__at_write_root(store, p, attrs);
     json_object_put(attrs);
     if (st != ZB_OK) goto done;
     if (n_rows) st = zb_array_writer_append(aw, field->data, n_rows);
@@ -931,14 +931,14 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
         /* undo the level (best effort; the error that matters is st) */
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", zb_last_error());
-        zb_at_write_root(store, p, before);
-        zb_err(st, "%s", msg);
+        zb__at_write_root(store, p, before);
+        zb__err(st, "%s", msg);
     }
 done:
     zb_array_writer_close(aw);
     json_object_put(before);
-    zb_at_layout_close(&L);
-    zb_at_cfg_free(&c);
+    zb__at_layout_close(&L);
+    zb__at_cfg_free(&c);
     return st;
 }
 
@@ -950,7 +950,7 @@ done:
 static bool
 codec_string(const zb_array *a, char *buf, size_t cap)
 {
-    const zb_chain *c = &a->meta.chain;
+    const zb__chain *c = &a->meta.chain;
     if (c->ab == ZB_AB_SHARDING) c = c->shard->inner_chain;
     if (c->ab != ZB_AB_BYTES || c->has_transpose) return false;
     if (c->nbb == 0) {
@@ -958,7 +958,7 @@ codec_string(const zb_array *a, char *buf, size_t cap)
         return true;
     }
     if (c->nbb != 1) return false;
-    const zb_codec *k = &c->bb[0];
+    const zb__codec *k = &c->bb[0];
     static const char *const shuffles[3] = {"noshuffle", "shuffle", "bitshuffle"};
     switch (k->id) {
     case ZB_CODEC_ZSTD:
@@ -987,7 +987,7 @@ codec_string(const zb_array *a, char *buf, size_t cap)
 
 /* An override keeping `a`'s codec, chunk rows and shard rows. */
 static zb_status
-keep_config(zb_at_cfg *c, const char *group, const char *name, const zb_array *a)
+keep_config(zb__at_cfg *c, const char *group, const char *name, const zb_array *a)
 {
     char codec[64], qual[ZB_AT_NAME_CAP + 16];
     zb_atomic_array_config ac = {NULL, 0, ZB_ATOMIC_NO_SHARDS};
@@ -999,26 +999,26 @@ keep_config(zb_at_cfg *c, const char *group, const char *name, const zb_array *a
         ac.chunk_rows = a->meta.chunks[0];
     }
     snprintf(qual, sizeof qual, "%s/%s", group, name);
-    zb_status st = zb_at_cfg_add_override(c, qual, &ac);
+    zb_status st = zb__at_cfg_add_override(c, qual, &ac);
     if (st == ZB_E_INVALID) {
         /* something the writer cannot reproduce: fall back to its defaults for that array */
         zb_clear_error();
         zb_atomic_array_config none = {NULL, 0, 0};
-        st = zb_at_cfg_add_override(c, qual, &none);
+        st = zb__at_cfg_add_override(c, qual, &none);
     }
     return st;
 }
 
 typedef struct defrag_col {
     zb_atomic_field f;
-    const zb_at_array *x;
+    const zb__at_array *x;
     size_t row_bytes;
-    zb_buf buf;
+    zb__buf buf;
 } defrag_col;
 
 /* Copies the live samples of block b into the new writer. */
 static zb_status
-copy_block(const zb_at_layout *L, zb_atomic_writer *w, const ptr_block *b, defrag_col *cols,
+copy_block(const zb__at_layout *L, zb_atomic_writer *w, const ptr_block *b, defrag_col *cols,
            size_t ncols, int64_t *na, int64_t *ne)
 {
     for (uint64_t q0 = 0; q0 < b->m;) {
@@ -1046,11 +1046,11 @@ copy_block(const zb_at_layout *L, zb_atomic_writer *w, const ptr_block *b, defra
                 r1 = (uint64_t)ptr[q1];
             }
             if (r1 > c->x->info.shape[0])
-                return zb_err(ZB_E_CORRUPT, "%s/%s/%s: %llu rows, the pointers need %llu", L->path,
+                return zb__err(ZB_E_CORRUPT, "%s/%s/%s: %llu rows, the pointers need %llu", L->path,
                               c->x->group, c->x->name, (unsigned long long)c->x->info.shape[0],
                               (unsigned long long)r1);
             size_t bytes = (size_t)(r1 - r0) * c->row_bytes;
-            ZB_TRY(zb_buf_reserve(&c->buf, bytes + 1));
+            ZB_TRY(zb__buf_reserve(&c->buf, bytes + 1));
             if (r1 > r0) ZB_TRY(zb_array_read_rows(c->x->a, r0, r1, c->buf.data, bytes, NULL));
             /* compact the live samples to the front (never overlapping forward) */
             size_t dst = 0;
@@ -1076,7 +1076,7 @@ copy_block(const zb_at_layout *L, zb_atomic_writer *w, const ptr_block *b, defra
             c->f.data = c->buf.data;
         }
         zb_atomic_field *fields = malloc((ncols ? ncols : 1) * sizeof *fields);
-        if (!fields) return zb_err(ZB_E_NOMEM, "out of memory");
+        if (!fields) return zb__err(ZB_E_NOMEM, "out of memory");
         for (size_t i = 0; i < ncols; i++) fields[i] = cols[i].f;
         zb_status st = zb_atomic_writer_add(w, live, na, ne, ncols, fields);
         free(fields);
@@ -1095,33 +1095,33 @@ move_aside(zb_store *store, const char *path, char *aside, size_t cap)
     for (int k = 0; k < 1024; k++) {
         int n = k ? snprintf(aside, cap, "%s%s.%d", path, OLD_SUFFIX, k)
                   : snprintf(aside, cap, "%s%s", path, OLD_SUFFIX);
-        if (n < 0 || (size_t)n >= cap) return zb_err(ZB_E_INVALID, "'%s': path too long", path);
-        if (zb_at_has_keys_below(store, aside)) continue; /* never over a store */
-        st = zb_at_rename_tree(store, path, aside);
+        if (n < 0 || (size_t)n >= cap) return zb__err(ZB_E_INVALID, "'%s': path too long", path);
+        if (zb__at_has_keys_below(store, aside)) continue; /* never over a store */
+        st = zb__at_rename_tree(store, path, aside);
         if (st != ZB_E_IO) return st;
         zb_clear_error();
     }
-    return zb_err(ZB_E_IO, "'%s': cannot rename it aside", path);
+    return zb__err(ZB_E_IO, "'%s': cannot rename it aside", path);
 }
 
 zb_status
 zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_config *cfg)
 {
-    if (!store || !path) return zb_err(ZB_E_INVALID, "zb_atomic_defragment: null argument");
+    if (!store || !path) return zb__err(ZB_E_INVALID, "zb_atomic_defragment: null argument");
     char p[ZB_AT_PATH_CAP], newp[ZB_AT_PATH_CAP + 16], aside[ZB_AT_PATH_CAP + 32];
     ZB_TRY(zb_key_normalize(path, p, sizeof p));
     if (!p[0])
-        return zb_err(ZB_E_INVALID,
+        return zb__err(ZB_E_INVALID,
                       "zb_atomic_defragment: the dataset is the store root; open "
                       "the parent directory as the store so the new store can be swapped in");
     snprintf(newp, sizeof newp, "%s%s", p, NEW_SUFFIX);
     ZB_TRY(refuse_incomplete(store, p));
     ZB_TRY(zb_atomic_recover(store, p));
-    zb_at_layout L;
-    ZB_TRY(zb_at_layout_open(store, p, &L));
-    zb_at_cfg c;
+    zb__at_layout L;
+    ZB_TRY(zb__at_layout_open(store, p, &L));
+    zb__at_cfg c;
     memset(&c, 0, sizeof c);
-    zb_status st = zb_at_cfg_copy(cfg, &c);
+    zb_status st = zb__at_cfg_copy(cfg, &c);
     zb_atomic_writer *w = NULL;
     defrag_col *cols = NULL;
     ptr_block b = {0};
@@ -1132,7 +1132,7 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
     if (st != ZB_OK) goto done;
     if (!cfg) {
         for (int m = 0; st == ZB_OK && m < ZB_AT_NMETA; m++)
-            if (L.meta[m]) st = keep_config(&c, "meta", zb_at_meta_names[m], L.meta[m]);
+            if (L.meta[m]) st = keep_config(&c, "meta", zb__at_meta_names[m], L.meta[m]);
         for (size_t i = 0; st == ZB_OK && i < L.n; i++)
             st = keep_config(&c, L.arrays[i].group, L.arrays[i].name, L.arrays[i].a);
         if (st != ZB_OK) goto done;
@@ -1140,28 +1140,28 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
     uint64_t N = L.num_samples;
     if (L.meta_rows[ZB_AT_SAMPLES_MASK] < N || L.meta_rows[ZB_AT_ATOMS_PTR] < N + 1 ||
         L.meta_rows[ZB_AT_EDGES_PTR] < N + 1) {
-        st = zb_err(ZB_E_CORRUPT, "%s/meta: shorter than num_samples %llu (run zb_atomic_check)", p,
+        st = zb__err(ZB_E_CORRUPT, "%s/meta: shorter than num_samples %llu (run zb_atomic_check)", p,
                     (unsigned long long)N);
         goto done;
     }
-    const zb_at_array *nl = find_nlist(&L);
+    const zb__at_array *nl = find_nlist(&L);
     if (nl) {
         st = check_nlist_shape(&L, nl);
         if (st != ZB_OK) goto done;
     }
     /* debris of an earlier attempt (recovery keeps an incomplete new store only when the
      * dataset itself is incomplete, which was refused above) */
-    if (zb_at_has_keys_below(store, newp)) {
-        st = zb_at_remove_tree(store, newp);
+    if (zb__at_has_keys_below(store, newp)) {
+        st = zb__at_remove_tree(store, newp);
         if (st != ZB_OK) goto done;
     }
     if (json_object_deep_copy(L.attrs, &attrs, NULL) != 0) {
-        st = zb_err(ZB_E_NOMEM, "out of memory");
+        st = zb__err(ZB_E_NOMEM, "out of memory");
         goto done;
     }
-    st = zb_at_writer_open_new(store, newp, &c, attrs, &w);
+    st = zb__at_writer_open_new(store, newp, &c, attrs, &w);
     if (st != ZB_OK) goto done;
-    zb_at_writer_set_copying(w);
+    zb__at_writer_set_copying(w);
     cfg_taken = true;
     cols = calloc(L.n ? L.n : 1, sizeof *cols);
     na = malloc((size_t)PTR_BLOCK * 8);
@@ -1169,14 +1169,14 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
     zb_atomic_field *fields = malloc((L.n ? L.n : 1) * sizeof *fields);
     if (!cols || !na || !ne || !fields) {
         free(fields);
-        st = zb_err(ZB_E_NOMEM, "out of memory");
+        st = zb__err(ZB_E_NOMEM, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < L.n; i++) {
-        const zb_at_array *x = &L.arrays[i];
+        const zb__at_array *x = &L.arrays[i];
         if (x->info.dtype == ZB_DT_STRING) {
             free(fields);
-            st = zb_err(ZB_E_UNSUPPORTED, "%s/%s/%s: string arrays are not atomic fields", p,
+            st = zb__err(ZB_E_UNSUPPORTED, "%s/%s/%s: string arrays are not atomic fields", p,
                         x->group, x->name);
             goto done;
         }
@@ -1203,25 +1203,25 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
         /* a failure (not a crash): the half-written new store goes; the dataset is untouched */
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", zb_last_error());
-        zb_at_remove_tree(store, newp);
-        zb_err(st, "%s", msg);
+        zb__at_remove_tree(store, newp);
+        zb__err(st, "%s", msg);
         goto done;
     }
     /* the swap: old aside, new in, old removed (recovery rule in zbatch_atomic.h) */
-    zb_at_layout_close(&L);
+    zb__at_layout_close(&L);
     st = move_aside(store, p, aside, sizeof aside);
-    if (st == ZB_OK) st = zb_at_rename_tree(store, newp, p);
-    if (st == ZB_OK) st = zb_at_remove_tree(store, aside);
+    if (st == ZB_OK) st = zb__at_rename_tree(store, newp, p);
+    if (st == ZB_OK) st = zb__at_remove_tree(store, aside);
 done:
     zb_atomic_writer_close(w);
-    if (!cfg_taken) zb_at_cfg_free(&c);
+    if (!cfg_taken) zb__at_cfg_free(&c);
     if (cols)
-        for (size_t i = 0; i < ncols; i++) zb_buf_free(&cols[i].buf);
+        for (size_t i = 0; i < ncols; i++) zb__buf_free(&cols[i].buf);
     free(cols);
     free(na);
     free(ne);
     ptr_block_free(&b);
     json_object_put(attrs);
-    zb_at_layout_close(&L);
+    zb__at_layout_close(&L);
     return st;
 }
