@@ -19,6 +19,7 @@
  * zb_remote_redact scrubs any that a server echoes back. */
 #include <curl/curl.h>
 #include <math.h>
+#include <openssl/sha.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -296,6 +297,7 @@ typedef struct xfer {
     int attempts;
     double ready_at;
     bool finished;
+    char sha_hdr[96]; /* "x-amz-content-sha256: HEX" (signed requests) */
     char msg[2048];
 } xfer;
 
@@ -438,6 +440,18 @@ method_name(zb_http_method m)
     return names[m];
 }
 
+static void
+payload_hash_header(xfer *x)
+{
+    unsigned char md[SHA256_DIGEST_LENGTH];
+    const uint8_t *body = x->req && x->req->upload ? x->req->upload : (const uint8_t *)"";
+    size_t n = x->req ? x->req->upload_len : 0;
+    SHA256(body, n, md);
+    int o = snprintf(x->sha_hdr, sizeof x->sha_hdr, "x-amz-content-sha256: ");
+    for (int i = 0; i < SHA256_DIGEST_LENGTH; i++)
+        o += snprintf(x->sha_hdr + o, sizeof x->sha_hdr - (size_t)o, "%02x", md[i]);
+}
+
 static zb_status
 xfer_setup(xfer *x)
 {
@@ -475,8 +489,10 @@ xfer_setup(xfer *x)
         curl_easy_setopt(e, CURLOPT_AWS_SIGV4, r->sigv4);
         curl_easy_setopt(e, CURLOPT_USERNAME, r->key);
         curl_easy_setopt(e, CURLOPT_PASSWORD, r->secret);
-        /* libcurl 7.88 signs this value as the payload hash (no need to hash bodies) */
-        h = curl_slist_append(h, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+        /* libcurl 7.88 signs this header's value as the payload hash; the body's real hash
+         * is accepted everywhere (UNSIGNED-PAYLOAD is not, over plain http) */
+        if (!x->sha_hdr[0]) payload_hash_header(x);
+        h = curl_slist_append(h, x->sha_hdr);
         if (r->token_hdr) h = curl_slist_append(h, r->token_hdr);
     }
     if (!x->req) {
@@ -497,8 +513,10 @@ xfer_setup(xfer *x)
             curl_easy_setopt(e, CURLOPT_POSTFIELDS, q->upload ? (const char *)q->upload : "");
             curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->upload_len);
             if (q->method == ZB_HTTP_PUT) curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, "PUT");
+            /* no "Expect:" header to turn 100-continue off: libcurl 7.88 would sign it
+             * although it sends none, and S3 refuses the signature; a short wait instead */
+            curl_easy_setopt(e, CURLOPT_EXPECT_100_TIMEOUT_MS, 200L);
             h = curl_slist_append(h, "Content-Type: application/octet-stream");
-            h = curl_slist_append(h, "Expect:");
         }
         if (q->header) h = curl_slist_append(h, q->header);
     }
