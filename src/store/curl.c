@@ -802,6 +802,17 @@ deliver(call_state *cs, zb_range_fn done, void *ctx)
     return cancel;
 }
 
+/* The earliest time a transfer waiting out its backoff may start (at most `limit`). */
+static double
+next_wake(const loop *l, double limit)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        const xfer *x = &l->x[i];
+        if (!x->finished && !x->easy && x->ready_at < limit) limit = x->ready_at;
+    }
+    return limit;
+}
+
 static bool
 all_finished(const loop *l)
 {
@@ -831,6 +842,7 @@ run_loop(loop *l, call_state *cs, zb_range_fn done, void *ctx, bool *cancelled)
             break;
         }
         if (all_finished(l)) break;
+        wake = next_wake(l, now_s() + 1.0); /* retries scheduled by reap count too */
         int ms = (int)ceil((wake - now_s()) * 1000);
         if (ms < 0) ms = 0;
         if (l->active) {

@@ -164,13 +164,14 @@ def test_cli_info_verify_bench_over_http(stores, nginx_serve):
 
 
 # ---- faults --------------------------------------------------------------------------------------
+# stalls cost a second each (the stall timeout): test_stall_is_a_timeout_not_a_hang has them
 FAULTS = {"500": 0.06, "503": 0.06, "429": 0.03, "reset": 0.04, "truncate": 0.05,
-          "overlong": 0.04, "stall": 0.01, "latency": 0.05}
+          "overlong": 0.04, "latency": 0.05}
 
 
-@pytest.mark.parametrize("name", ["csr_v3_sharded.zarr", "atomic.zarr"])
-def test_faults_deliver_the_fault_free_batches(stores, nginx_serve, fault_proxy, name):
+def test_faults_deliver_the_fault_free_batches(stores, nginx_serve, fault_proxy):
     root, _ = stores
+    name = "csr_v3_sharded.zarr"
     server = nginx_serve(root)
     want = _batches(zbatch.open(str(root / name)), "random")
     proxy = fault_proxy(server.url, seed=11, rates=FAULTS, stall_s=3.0, fault_latency_s=0.05,
@@ -227,14 +228,15 @@ def test_s3_reads_a_store_uploaded_with_boto3(stores, moto_s3):
     import remote_servers as rs
     root, names = stores
     client = moto_s3.client()
-    for name in ("csr_v3_sharded.zarr", "atomic.zarr", "csr_v2.zarr"):
+    so = moto_s3.storage_options()
+    # use_consolidated=False: the tree comes from ListObjectsV2 (paged: moto pages at 1000 keys,
+    # the C tests parse truncated pages)
+    for name, consolidated in (("csr_v3_sharded.zarr", True), ("csr_v2.zarr", False)):
         rs.upload_directory(client, root / name, "upload", f"deep/{name}")
-        so = moto_s3.storage_options()
-        for consolidated in (True, False):  # False: the tree comes from ListObjectsV2
-            ds = zbatch.open(f"s3://upload/deep/{name}", storage_options=so,
-                             use_consolidated=consolidated)
-            _assert_same_batches(_batches(ds, "block"),
-                                 _batches(zbatch.open(str(root / name)), "block"))
+        ds = zbatch.open(f"s3://upload/deep/{name}", storage_options=so,
+                         use_consolidated=consolidated)
+        _assert_same_batches(_batches(ds, "block"),
+                             _batches(zbatch.open(str(root / name)), "block"))
 
 
 def test_s3_write_then_zarr_python_reads_it(moto_s3):
@@ -245,7 +247,7 @@ def test_s3_write_then_zarr_python_reads_it(moto_s3):
     client.create_bucket(Bucket="outbkt")
     X = _big_csr(5)
     so = dict(moto_s3.storage_options(), multipart_threshold=5 << 20, part_bytes=5 << 20)
-    zbatch.write_anndata("s3://outbkt/w.zarr", X, chunk_size=4096, shard_size=4096 * 512,
+    zbatch.write_anndata("s3://outbkt/w.zarr", X, chunk_size=4096 * 64, shard_size=4096 * 512,
                          codec="none", storage_options=so)
     keys = [o["Key"] for o in client.list_objects_v2(Bucket="outbkt")["Contents"]]
     assert "w.zarr/zarr.json" in keys and "w.zarr/X/data/c/0" in keys
@@ -285,7 +287,7 @@ def test_s3_failed_multipart_upload_is_aborted(moto_s3, fault_proxy):
     so = dict(moto_s3.storage_options(proxy.url), multipart_threshold=5 << 20,
               part_bytes=5 << 20, max_retries=0)
     with pytest.raises(zbatch.ZbatchError) as e:
-        zbatch.write_anndata("s3://half/w.zarr", _big_csr(6), chunk_size=4096,
+        zbatch.write_anndata("s3://half/w.zarr", _big_csr(6), chunk_size=4096 * 64,
                              shard_size=4096 * 512, codec="none", storage_options=so)
     assert "aborted" in str(e.value) and "HTTP 500" in str(e.value)
     assert client.list_multipart_uploads(Bucket="half").get("Uploads", []) == []
