@@ -331,6 +331,16 @@ def test_cli_reads_aws_environment(stores, moto_s3, monkeypatch):
     assert "atomic" in r.stdout
     r = run_cli("verify", "s3://clibkt/a.zarr")
     assert r.returncode == 0, r.stdout + r.stderr
+    # zbatch convert SRC DST re-encodes a store into s3:// (the listing of S3 drives verify)
+    r = run_cli("convert", root / "csr_v2.zarr", "s3://clibkt/v3.zarr", "--format", "v3",
+                "--codec", "zstd:3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_cli("verify", "s3://clibkt/v3.zarr")
+    assert r.returncode == 0, r.stdout + r.stderr
+    so = moto_s3.storage_options()
+    _assert_same_batches(_batches(zbatch.open("s3://clibkt/v3.zarr", storage_options=so),
+                                  "random"),
+                         _batches(zbatch.open(str(root / "csr_v2.zarr")), "random"))
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-0123456789")
     r = run_cli("info", "s3://clibkt/a.zarr")
     assert r.returncode != 0 and "403" in r.stderr and "wrong-secret" not in r.stderr
