@@ -126,6 +126,42 @@ def test_http_get_ranges_concurrent_and_coalesced(stores, nginx_serve):
     assert ds.store_stats()["retries"] == 0
 
 
+def _check_ranges(url, root, name, ranges, opts):
+    """One get_ranges call of `ranges` over `url`; every range against the local file."""
+    got, stats = zbatch._zbatch.read_ranges(url, opts, ranges)
+    data = (root / name).read_bytes()
+    for (key, off, n), (status, b) in zip(ranges, got):
+        if key != name:
+            assert status == "ZB_E_NOTFOUND", (key, status)
+        else:
+            assert status == "ZB_OK" and b == data[off:off + n], (key, off, n, status, len(b))
+    return stats
+
+
+def test_get_ranges_many_in_flight_coalesced_and_under_faults(tmp_path, nginx_serve,
+                                                              fault_proxy):
+    """zb_store_get_ranges over HTTP: 400 ranges of one object (some past its end, some of a
+    missing object) in one call: the bytes of the local file, requests in flight together,
+    nearby ranges coalesced; then the same through every kind of fault."""
+    rng = np.random.default_rng(7)
+    (tmp_path / "blob").write_bytes(rng.integers(0, 256, 3_000_000, dtype=np.uint8).tobytes())
+    ranges = [("blob", int(o), int(n)) for o, n in
+              zip(rng.integers(0, 3_000_100, 400), rng.integers(1, 20_000, 400))]
+    ranges += [("missing", 0, 10), ("blob", 2_999_990, 100), ("blob", 3_000_000, 5)]
+    server = nginx_serve(tmp_path)
+    opts = dict(FAST, coalesce_gap=4096, max_request_bytes=65536)
+    stats = _check_ranges(server.url, tmp_path, "blob", ranges, opts)
+    assert stats["retries"] == 0 and stats["ranges"] == len(ranges)
+    assert 50 < stats["requests"] < len(ranges)  # coalesced (and the 404 is one request)
+    assert stats["max_in_flight"] == 64
+    proxy = fault_proxy(server.url, seed=5, rates=FAULTS, fault_latency_s=0.02,
+                        max_faults_per_request=3)
+    stats = _check_ranges(proxy.url, tmp_path, "blob", ranges, opts)
+    injected = proxy.stats()["injected"]
+    failures = sum(v for k, v in injected.items() if k != "latency")
+    assert failures > 20 and failures - injected["reset"] <= stats["retries"] <= failures
+
+
 def test_http_missing_chunk_is_fill_value(tmp_path, nginx_serve):
     """A missing chunk (404) reads as the fill value, as on local disk."""
     g = zarr.open_group(str(tmp_path / "s.zarr"), mode="w", zarr_format=3)
