@@ -17,8 +17,10 @@ int zb__cli_bench(int argc, char **argv);
 int zb__cli_python(int argc, char **argv);
 
 /* zb_store_open with the options of the environment: ZBATCH_MMAP_BYTES (bytes of data files
- * one store may map; 0 = pread only) becomes zb_store_opts.mmap_bytes. A value that is not a
- * number of bytes is ZB_E_INVALID naming the variable. */
+ * one store may map; 0 = pread only) becomes zb_store_opts.mmap_bytes (a value that is not a
+ * number of bytes is ZB_E_INVALID naming the variable); an http(s):// or s3:// URL takes its
+ * options from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION /
+ * AWS_DEFAULT_REGION and AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (anonymous without keys). */
 zb_status zb__cli_store_open(const char *url, zb_store **out);
 
 #endif

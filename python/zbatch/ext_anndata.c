@@ -159,15 +159,18 @@ writer_init(AnndataWriter *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"store_path",     "n_vars",      "x_kind",      "x_dtype",
                              "zarr_format",    "codec",       "x_chunk",     "x_shard",
                              "column_chunk",   "num_threads", "consolidate", "path",
-                             "narrow_indices", NULL};
+                             "narrow_indices", "remote",      NULL};
     const char *store_path, *x_kind, *x_dtype, *codec = NULL, *path = "";
     unsigned long long n_vars, x_chunk = 0, x_shard = 0, column_chunk = 0;
     int zarr_format = 3, num_threads = 1, consolidate = 1, narrow_indices = 0;
+    PyObject *remote = NULL;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "sO&ss|izO&O&O&ipsp", kwlist, &store_path, zbpy_u64, &n_vars, &x_kind,
+            args, kwds, "sO&ss|izO&O&O&ipspO", kwlist, &store_path, zbpy_u64, &n_vars, &x_kind,
             &x_dtype, &zarr_format, &codec, zbpy_u64, &x_chunk, zbpy_u64, &x_shard, zbpy_u64,
-            &column_chunk, &num_threads, &consolidate, &path, &narrow_indices))
+            &column_chunk, &num_threads, &consolidate, &path, &narrow_indices, &remote))
         return -1;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return -1;
     if (self->w) {
         PyErr_SetString(PyExc_RuntimeError, "AnndataWriter is already open");
         return -1;
@@ -195,8 +198,10 @@ writer_init(AnndataWriter *self, PyObject *args, PyObject *kwds)
     zb_store *store = NULL;
     zb_anndata_writer *w = NULL;
     zb_status st;
+    zb_store_opts so = ZB_STORE_OPTS_DEFAULT;
+    so.remote = &ro;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open(store_path, &store);
+    st = zb_store_open_opts(store_path, &so, &store);
     if (st == ZB_OK) st = zb_anndata_writer_open(store, path, n_vars, kind, dt, &o, &w);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK) {

@@ -222,16 +222,16 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"path", "group", "cache_bytes", "num_threads", "load_layers",
                              "use_consolidated", "load_strings", "layer", "reorder_vars",
                              "x_dtype", "index_dtype", "on_invalid", "max_request_bytes",
-                             "mmap_bytes", NULL};
+                             "mmap_bytes", "remote", NULL};
     const char *path, *group = "", *layer = NULL, *x_dtype = NULL, *index_dtype = NULL;
     const char *on_invalid = "error";
     unsigned long long cache = 0, max_request = ZB_MAX_REQUEST_BYTES_DEFAULT;
     int threads = 1, layers = 0, consolidated = 1, strings = 0, reorder = 0;
-    PyObject *mmap_bytes = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sO&ipppzpzzsO&O", kwlist, &path, &group,
+    PyObject *mmap_bytes = Py_None, *remote = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sO&ipppzpzzsO&OO", kwlist, &path, &group,
                                      zbpy_u64, &cache, &threads, &layers, &consolidated, &strings,
                                      &layer, &reorder, &x_dtype, &index_dtype, &on_invalid,
-                                     zbpy_u64, &max_request, &mmap_bytes))
+                                     zbpy_u64, &max_request, &mmap_bytes, &remote))
         return -1;
     if (strcmp(on_invalid, "error") && strcmp(on_invalid, "skip")) {
         PyErr_Format(PyExc_ValueError, "on_invalid must be \"error\" or \"skip\", not \"%s\"",
@@ -247,6 +247,9 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
             return -1;
         }
     }
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return -1;
+    so.remote = &ro;
     zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
     o.cache_bytes = (size_t)cache;
     o.num_threads = threads;
@@ -269,6 +272,14 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     return 0;
+}
+
+static PyObject *
+dataset_store_stats(DatasetObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (!self->store) return PyDict_New(); /* a concatenation or an in-memory copy */
+    return zbpy_store_stats(self->store);
 }
 
 static PyObject *
@@ -503,6 +514,8 @@ static PyMethodDef dataset_methods[] = {
     {"segment_lengths", (PyCFunction)dataset_segment_lengths, METH_VARARGS,
      "per-sample lengths of a segment"},
     {"length", (PyCFunction)dataset_len, METH_NOARGS, "number of logical samples"},
+    {"store_stats", (PyCFunction)dataset_store_stats, METH_NOARGS,
+     "the store's counters: requests, retries, ranges, bytes, max_in_flight"},
     {"info", (PyCFunction)dataset_info, METH_NOARGS, "layout, fields, n_vars"},
     {"categories", (PyCFunction)dataset_categories, METH_VARARGS, "category labels"},
     {"read_field", (PyCFunction)dataset_read_field, METH_VARARGS, "rows of one field"},

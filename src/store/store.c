@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "store/remote.h"
 #include "util/status.h"
 
 #define ZB_KEY_MAX 4096
@@ -70,22 +71,32 @@ zb_store_name(const zb_store *store)
 }
 
 zb_status
-zb_store_open(const char *url, zb_store **out)
-{
-    return zb_store_open_opts(url, NULL, out);
-}
-
-zb_status
 zb_store_open_opts(const char *url, const zb_store_opts *opts, zb_store **out)
 {
     if (!out) return zb__err(ZB_E_INVALID, "zb_store_open: null out");
     *out = NULL;
     if (!url || !*url) return zb__err(ZB_E_INVALID, "zb_store_open: empty URL");
     if (!strncmp(url, "file://", 7)) return zb_store_open_file_opts(url + 7, opts, out);
-    if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8) || !strncmp(url, "s3://", 5))
-        return zb__err(ZB_E_UNSUPPORTED, "%s: remote stores are not supported yet", url);
+    const zb_remote_opts *remote = opts ? opts->remote : NULL;
+    if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8))
+        return zb__store_open_http(url, remote, out);
+    if (!strncmp(url, "s3://", 5)) return zb__store_open_s3(url, remote, out);
     if (!strncmp(url, "memory://", 9)) return zb_store_open_memory(out);
     return zb_store_open_file_opts(url, opts, out);
+}
+
+zb_status
+zb_store_open(const char *url, zb_store **out)
+{
+    return zb_store_open_opts(url, NULL, out);
+}
+
+void
+zb_store_get_stats(const zb_store *store, zb_store_stats *stats)
+{
+    if (!stats) return;
+    memset(stats, 0, sizeof *stats);
+    if (store && store->m->stats) store->m->stats(store->self, stats);
 }
 
 /* Normalises `key` into a stack buffer named `var`, returning on error. */
@@ -219,7 +230,7 @@ normalize_ranges(const zb_range *ranges, size_t n, zb_range **out, char **keys)
     for (size_t i = 0; i < n; i++) {
         if (!ranges[i].key || (!ranges[i].dst && ranges[i].length))
             return zb__err(ZB_E_INVALID, "zb_store_get_ranges: range %zu: null key or buffer", i);
-        total += strlen(ranges[i].key) + 1;
+        total += strlen(ranges[i].key) + 2;
     }
     zb_range *r = malloc(n * sizeof *r);
     char *k = malloc(total ? total : 1);
@@ -230,8 +241,9 @@ normalize_ranges(const zb_range *ranges, size_t n, zb_range **out, char **keys)
     }
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
-        /* a normalised key is never longer than the key given */
-        size_t cap = strlen(ranges[i].key) + 1;
+        /* a normalised key is never longer than the key given; zb_key_normalize wants room
+         * for one byte more than it writes */
+        size_t cap = strlen(ranges[i].key) + 2;
         zb_status st = zb_key_normalize(ranges[i].key, k + o, cap);
         if (st != ZB_OK) {
             free(r);

@@ -53,6 +53,7 @@ typedef struct verifier {
     varr *arrays; /* in tree order, so sorted by path */
     size_t narrays;
     zb__buf enc, unit;
+    bool listed;     /* the store lists keys (else the consolidated snapshot is the tree) */
     zb_status fatal; /* ZB_E_NOMEM while recording: the run stops */
 } verifier;
 
@@ -1403,8 +1404,9 @@ check_reader_opens(verifier *v, const zb__tree_node *g)
 {
     if (v->r->n_problems != 0 || v->fatal != ZB_OK) return;
     zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
-    o.use_consolidated = false; /* the node documents, as verify reads them (the snapshot is
-                                   compared with them on its own) */
+    /* the node documents, as verify reads them (the snapshot is compared with them on its
+     * own); on a store that cannot list, the snapshot, as the tree was loaded */
+    o.use_consolidated = !v->listed;
     zb_dataset *ds = NULL;
     zb_status st = zb_dataset_open(v->store, g->path, &o, &ds);
     if (st != ZB_OK)
@@ -1457,12 +1459,18 @@ zb_verify(zb_store *store, const char *path, zb_verify_report *report)
     /* The node documents themselves, not the consolidated snapshot: both are checked, and the
      * documents are what a reader that ignores the snapshot uses. */
     st = zb__tree_load(store, root, false, &v.tree);
+    bool listed = st != ZB_E_UNSUPPORTED;
+    if (!listed) { /* a store that cannot list (http): the consolidated snapshot is the tree */
+        zb_clear_error();
+        st = zb__tree_load(store, root, true, &v.tree);
+    }
     if (st != ZB_OK) {
         char key[KEY_CAP];
         failed(&v, st, doc_of_message(key, sizeof key, shown(root)), NULL);
         goto done;
     }
-    check_consolidated(&v, root);
+    v.listed = listed;
+    if (listed) check_consolidated(&v, root);
     if (v.fatal == ZB_OK) open_arrays(&v);
     /* a marker below the root: one dataset of a collection being written */
     for (size_t i = 1; i < v.tree->n && v.fatal == ZB_OK; i++)

@@ -320,3 +320,54 @@ def sample_data(dtype, shape, seed=0):
 
 def string_data(shape, seed=0):
     return sample_data(np.dtype(str), shape, seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# Loopback servers for remote stores (tests/python/remote_servers.py): nginx, moto, a fault proxy
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def nginx_serve():
+    """A factory: ``nginx_serve(root, latency_ms=0)`` starts nginx serving directory `root` on
+    loopback and returns the running ``NginxServer`` (``.url``); all are stopped at teardown.
+    Skips, with the reason, only where nginx or its echo module is not installed."""
+    import remote_servers as rs
+    reason = rs.nginx_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    servers = []
+
+    def start(root, **kw):
+        server = rs.NginxServer(root, **kw)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_s3():
+    """moto's S3 server on loopback, checking SigV4 (``.endpoint_url``, ``.access_key``,
+    ``.secret_key``, ``.client()``, ``.storage_options()``); shared by the session, so each test
+    uses buckets of its own."""
+    import remote_servers as rs
+    with rs.MotoServer() as server:
+        yield server
+
+
+@pytest.fixture
+def fault_proxy():
+    """A factory: ``fault_proxy(upstream_url, seed=0, rates={...}, ...)`` starts a
+    ``FaultProxy`` (``.url``, ``.stats()``, ``.configure()``); all are stopped at teardown."""
+    import remote_servers as rs
+    proxies = []
+
+    def start(upstream, **kw):
+        proxy = rs.FaultProxy(upstream, **kw)
+        proxies.append(proxy)
+        return proxy.start()
+
+    yield start
+    for proxy in proxies:
+        proxy.stop()

@@ -39,10 +39,11 @@ VENV_BIN = Path(sys.executable).parent
 zbatch = zbatch_api()
 
 # What a manylinux wheel may take from the system (PEP 600's policies: glibc's libraries, the
-# GCC runtime, zlib); every other library an ELF file needs must lie in the wheel.
+# GCC runtime, zlib, expat — auditwheel's manylinux policies list libexpat.so.1, so it is not
+# bundled); every other library an ELF file needs must lie in the wheel.
 SYSTEM_LIBS = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1",
                "libresolv.so.2", "ld-linux-x86-64.so.2", "libgcc_s.so.1", "libstdc++.so.6",
-               "libz.so.1"}
+               "libz.so.1", "libexpat.so.1"}
 # The libraries the wheel must carry (the Debian -dev packages zbatch builds against).
 BUNDLED = ("libblosc", "libzstd", "liblz4", "libdeflate", "libjson-c", "libhdf5_serial",
            "libisal", "libcurl")
