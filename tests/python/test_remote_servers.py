@@ -125,6 +125,11 @@ def test_request_stats_on_known_records():
     assert st["requests_per_s"] == pytest.approx(1.5)
     assert st["in_flight_mean"] == pytest.approx(2.5 / 2.0)
     assert st["in_flight_max"] == 2 and st["connections"] == 2
+    # A window counts the requests that end in it, and their time inside it.
+    st = rs.request_stats(recs, window=(0.8, 1.8))
+    assert st["requests"] == 1 and st["bytes"] == 300
+    assert st["requests_per_s"] == pytest.approx(1.0)
+    assert st["in_flight_mean"] == pytest.approx(0.7 / 1.0)
 
 
 # ------------------------------------------------------------------------------------------------
