@@ -1205,7 +1205,7 @@ zb_cli_bench(int argc, char **argv)
 
     zb_dataset_opts dopts = ZB_DATASET_OPTS_DEFAULT;
     dopts.num_threads = (int)o.threads;
-    zb_status st = zb_store_open(o.store, &store);
+    zb_status st = zb_cli_store_open(o.store, &store);
     if (st == ZB_OK) st = zb_dataset_open(store, "", &dopts, &ds);
     if (st == ZB_OK) st = zb_dataset_len(ds, &n);
     if (st != ZB_OK) {

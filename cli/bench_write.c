@@ -238,7 +238,7 @@ array_bytes(const char *path, uint64_t *logical, uint64_t *stored_fixed, uint64_
     zb_store *store = NULL;
     char *text = NULL;
     json_object *doc = NULL;
-    zb_status st = zb_store_open(path, &store);
+    zb_status st = zb_cli_store_open(path, &store);
     if (st == ZB_OK) st = zb_info_json(store, "", &text);
     if (st == ZB_OK) st = zb_json_parse(text, strlen(text), "info", &doc);
     json_object *nodes = st == ZB_OK ? zb_json_get(doc, "nodes") : NULL;

@@ -242,8 +242,8 @@ convert_store(const char *src, const char *dst, const zb_copy_opts *o)
     zb_store *in = NULL, *out = NULL;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    zb_status st = zb_store_open(src, &in);
-    if (st == ZB_OK) st = zb_store_open(dst, &out);
+    zb_status st = zb_cli_store_open(src, &in);
+    if (st == ZB_OK) st = zb_cli_store_open(dst, &out);
     if (st == ZB_OK) st = zb_store_copy(in, "", out, "", o);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     zb_store_close(in);

@@ -167,7 +167,7 @@ zb_cli_info(int argc, char **argv)
         return 2;
     }
     zb_store *store = NULL;
-    zb_status st = zb_store_open(path, &store);
+    zb_status st = zb_cli_store_open(path, &store);
     if (st != ZB_OK) return fail(st);
     char *text = NULL;
     st = zb_info_json(store, "", &text);

@@ -87,7 +87,7 @@ zb_cli_verify(int argc, char **argv)
     }
 
     zb_store *store = NULL;
-    zb_status st = zb_store_open(path, &store);
+    zb_status st = zb_cli_store_open(path, &store);
     if (st != ZB_OK) {
         /* a path that is not a store is the first thing wrong with it */
         printf("%s: %s: %s\n", path, zb_strerror(st), zb_last_error());

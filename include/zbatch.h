@@ -72,7 +72,8 @@ extern "C" {
     X(ZB_E_RANGE, -14, "index out of range")                                                     \
     X(ZB_E_TYPE, -15, "wrong data type for this operation")                                      \
     X(ZB_E_INCOMPLETE, -16, "store is incomplete (a write was not committed)")                   \
-    X(ZB_E_CANCELLED, -17, "cancelled by the caller")
+    X(ZB_E_CANCELLED, -17, "cancelled by the caller")                                           \
+    X(ZB_E_DENIED, -18, "access denied (check the credentials)")
 
 typedef enum zb_status {
 #define ZB_STATUS_ENUM_(name, value, text) name = value,
@@ -105,6 +106,8 @@ typedef struct zb_store zb_store;
 /* Called once per child name by list(); return non-zero to stop early. `name` lives for the
  * duration of the call. */
 typedef int (*zb_list_fn)(void *ctx, const char *name, bool is_dir);
+
+typedef struct zb_store_stats zb_store_stats; /* counters of a store, below */
 
 /* One byte range of a list read (zb_store_get_ranges). */
 typedef struct zb_range {
@@ -150,15 +153,74 @@ typedef struct zb_store_methods {
      * non-zero cancels the ranges not yet complete (status ZB_E_CANCELLED). Returns ZB_OK when
      * every range was attempted or cancelled, even if some failed. */
     zb_status (*get_ranges)(void *self, zb_range *ranges, size_t n, zb_range_fn done, void *ctx);
+    /* Optional (NULL: zeros): the backend's counters (zb_store_get_stats). */
+    void (*stats)(void *self, zb_store_stats *out);
 } zb_store_methods;
 
 /* Wraps a custom backend. On success the store owns `self` and calls methods->close(self) when
  * it closes; on failure `self` is left to the caller. */
 zb_status zb_store_new(const zb_store_methods *methods, void *self, zb_store **out);
 
-/* Opens a store by URL: a file path or file:// URL (a directory). Other schemes
- * (http, https, s3) return ZB_E_UNSUPPORTED until their backends land. */
+/* Opens a store by URL: a file path or file:// URL (a directory), memory://, or a remote store
+ * (http://, https://, s3://bucket/prefix) with the default zb_remote_opts (anonymous S3). */
 zb_status zb_store_open(const char *url, zb_store **out);
+
+/* Options of remote stores (docs/REMOTE.md). The library reads no environment variable: the CLI
+ * and the Python package fill these from AWS_* variables and storage_options. Strings are
+ * copied at open. */
+typedef struct zb_remote_opts {
+    /* S3 credentials; NULL access_key_id (or anonymous) sends unsigned requests. */
+    const char *access_key_id;
+    const char *secret_access_key;
+    const char *session_token;   /* sent as X-Amz-Security-Token, NULL = none */
+    const char *region;          /* NULL = "us-east-1" */
+    const char *endpoint_url;    /* S3 endpoint ("http://127.0.0.1:9000"); NULL = AWS */
+    bool anonymous;              /* never sign, even when keys are given */
+    int addressing;              /* ZB_S3_ADDRESSING_*: where the bucket goes in the URL */
+    int max_in_flight;           /* requests in flight per get_ranges call; 0 = 64 */
+    uint64_t coalesce_gap;       /* ranges of one object at most this many bytes apart are read
+                                    by one request; default 64 KiB */
+    uint64_t max_request_bytes;  /* a coalesced request spans at most this; default 16 MiB */
+    int max_retries;             /* retries of one request (the retry budget); default 10 */
+    double backoff_base_s;       /* first retry waits up to this (full jitter); default 0.05 */
+    double backoff_max_s;        /* no wait exceeds this; default 5 */
+    double connect_timeout_s;    /* default 10 */
+    double stall_timeout_s;      /* a transfer without a byte for this long is retried; default 30 */
+    uint64_t multipart_threshold; /* S3 puts above this size use multipart upload; default 64 MiB */
+    uint64_t part_bytes;         /* multipart part size (>= 5 MiB on AWS); default 16 MiB */
+    bool insecure;               /* https: skip certificate verification (tests only) */
+} zb_remote_opts;
+
+enum {
+    ZB_S3_ADDRESSING_AUTO = 0, /* path-style with an endpoint_url, else virtual-hosted */
+    ZB_S3_ADDRESSING_PATH = 1, /* ENDPOINT/bucket/key */
+    ZB_S3_ADDRESSING_VIRTUAL = 2 /* bucket.ENDPOINT-HOST/key */
+};
+
+#define ZB_REMOTE_OPTS_DEFAULT                                                                    \
+    {NULL, NULL, NULL, NULL, NULL, false, ZB_S3_ADDRESSING_AUTO, 64, (uint64_t)64 << 10,         \
+     (uint64_t)16 << 20, 10, 0.05, 5.0, 10.0, 30.0, (uint64_t)64 << 20, (uint64_t)16 << 20, false}
+
+/* zb_store_open with options for remote stores (`opts` NULL = defaults; ignored by local
+ * stores). A remote store is thread-safe like every store; its get_ranges issues up to
+ * max_in_flight requests at once over reused connections, coalescing nearby ranges of one
+ * object, retrying 5xx, 429, timeouts, resets and short or over-long bodies with exponential
+ * backoff and full jitter. A final error names the URL, the byte range and the last HTTP status,
+ * never a credential. A 404 is ZB_E_NOTFOUND; a 401/403 is ZB_E_DENIED. http(s) stores cannot
+ * list (open stores with consolidated metadata) and are read-only. */
+zb_status zb_store_open_opts(const char *url, const zb_remote_opts *opts, zb_store **out);
+
+/* Counters of a store since it opened (remote backends count; others report zeros). */
+struct zb_store_stats {
+    uint64_t requests;        /* HTTP requests completed (each attempt counts) */
+    uint64_t retries;         /* attempts beyond the first */
+    uint64_t ranges;          /* ranges asked for through get/get_ranges */
+    uint64_t bytes;           /* body bytes received */
+    uint64_t max_in_flight;   /* the most requests in flight at once in one call */
+};
+
+/* Fills *stats (zeros for backends that keep none). Thread-safe. */
+void zb_store_get_stats(const zb_store *store, zb_store_stats *stats);
 
 /* A store over a directory. Reads use pread on a fresh descriptor per call (thread-safe). */
 zb_status zb_store_open_file(const char *root, zb_store **out);

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from . import _zbatch
+from ._remote import remote_options
 
 __all__ = ["write_anndata"]
 
@@ -231,7 +232,8 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
                   chunk_size: Optional[int] = None, shard_size: Optional[int] = None,
                   num_threads: int = 1, layers: Optional[Mapping[str, Any]] = None,
                   narrow_indices: Optional[bool] = None,
-                  data_dtype: Optional[Any] = None) -> dict:
+                  data_dtype: Optional[Any] = None,
+                  storage_options: Optional[Mapping[str, Any]] = None) -> dict:
     """Writes ``X`` (with ``obs``, ``var`` and ``layers``) as an AnnData Zarr store at ``store``.
 
     The layout is the one ``anndata.write_zarr`` 0.12 produces (``anndata.read_zarr`` opens
@@ -361,13 +363,15 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
             x_chunk = min(max(1, (1 << 20) // max(1, n_vars * dtype.itemsize)), max(1, n_obs))
 
     path = os.fspath(store)
-    os.makedirs(path, exist_ok=True)
+    remote = remote_options(path, storage_options)
+    if remote is None:
+        os.makedirs(path, exist_ok=True)
     w = _zbatch.AnndataWriter(path, n_vars, "csr" if csr else "dense", dtype.str,
                               zarr_format=int(zarr_format), codec=codec,
                               x_chunk=x_chunk, x_shard=int(shard_size or 0),
                               column_chunk=min(_COLUMN_CHUNK, max(1, n_obs)),
                               num_threads=int(num_threads),
-                              narrow_indices=bool(narrow_indices))
+                              narrow_indices=bool(narrow_indices), remote=remote)
     try:
         if csr:
             _write_csr(w.append_csr, X, dtype)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from . import _zbatch
+from ._remote import remote_options
 
 _KINDS = ("per_sample", "ragged", "index")
 
@@ -184,6 +185,8 @@ class Dataset:
         index_dtype: anndata only: the same for their gene ids (``X/indices``). ``None``
             (default): ``"int32"`` when stored in up to 16 bits (anndata's uint8/uint16
             indices), else as stored; ``"stored"``, ``"int32"`` or ``"int64"``.
+        storage_options: for ``http(s)://`` and ``s3://`` stores: credentials, endpoint,
+            region and tuning (see :func:`zbatch.open` and docs/REMOTE.md).
 
     Example::
 
@@ -207,20 +210,23 @@ class Dataset:
                  load_layers: bool = False, use_consolidated: bool = True,
                  load_strings: bool = False, layer: Optional[str] = None,
                  reorder_vars: bool = False, x_dtype: Optional[str] = None,
-                 index_dtype: Optional[str] = None):
+                 index_dtype: Optional[str] = None,
+                 storage_options: Optional[dict] = None):
         path = _store_path(path)
         _check_threads(num_threads)
+        remote = remote_options(path, storage_options)
         self._c = _zbatch._Dataset(path, group, int(cache_bytes), int(num_threads),
                                    bool(load_layers), bool(use_consolidated), bool(load_strings),
                                    None if layer is None else str(layer), bool(reorder_vars),
-                                   _dtype_option(x_dtype), _dtype_option(index_dtype))
+                                   _dtype_option(x_dtype), _dtype_option(index_dtype), remote)
         self.path = path
         self._remember((path, group), dict(cache_bytes=cache_bytes, num_threads=num_threads,
                                            load_layers=load_layers,
                                            use_consolidated=use_consolidated,
                                            load_strings=load_strings, layer=layer,
                                            reorder_vars=reorder_vars, x_dtype=x_dtype,
-                                           index_dtype=index_dtype))
+                                           index_dtype=index_dtype,
+                                           storage_options=storage_options))
         self._load_info()
 
     # -- pickling and processes ------------------------------------------------------------
@@ -235,6 +241,19 @@ class Dataset:
         args, kwargs = self._open_args
         kwargs = {**kwargs, "num_threads": self._threads()}
         return (_reopen, (type(self), args, kwargs))
+
+    def store_stats(self) -> dict:
+        """The store's counters since it opened: ``requests`` (HTTP requests, each attempt
+        counted), ``retries``, ``ranges`` (byte ranges asked for), ``bytes`` received and
+        ``max_in_flight``. Zeros for local stores.
+
+        Example::
+
+            >>> ds = zbatch.open("s3://bucket/atlas.zarr", storage_options={"anon": True})
+            >>> ds.store_stats()["retries"]
+            0
+        """
+        return dict(self._c.store_stats())
 
     def _threads(self) -> int:
         return int(self._open_args[1].get("num_threads", 1))
@@ -533,14 +552,24 @@ class InMemoryDataset(Dataset):
 
 def open(path: str, group: str = "", **kwargs) -> Dataset:  # noqa: A001 - the product's name
     """Opens the dataset in the store at ``path`` (a ``str`` / ``os.PathLike`` local
-    directory, or a ``zarr.storage.LocalStore``); the layout (anndata, atomic, collection,
-    generic) is detected from the store's attributes. See :class:`Dataset` for options."""
+    directory, an ``http(s)://`` or ``s3://bucket/prefix`` URL, or a
+    ``zarr.storage.LocalStore``); the layout (anndata, atomic, collection, generic) is
+    detected from the store's attributes. ``storage_options`` takes the keys fsspec/s3fs
+    users know (``anon``, ``key``, ``secret``, ``token``, ``endpoint_url``,
+    ``client_kwargs={"region_name": ...}``) plus zbatch's tuning keys (docs/REMOTE.md); without
+    them the ``AWS_*`` environment variables apply. See :class:`Dataset` for other options.
+
+    Example::
+
+        >>> ds = zbatch.open("s3://bucket/atlas.zarr",
+        ...                  storage_options={"endpoint_url": "http://127.0.0.1:9000"})"""
     return Dataset(path, group, **kwargs)
 
 
 def _store_path(path: Any) -> str:
-    """The directory of a store argument: a str / bytes / os.PathLike path, or a
-    ``zarr.storage.LocalStore`` (its ``root``); anything else is a TypeError."""
+    """The directory of a store argument: a str / bytes / os.PathLike path or an
+    ``http(s)://`` / ``s3://`` URL, or a ``zarr.storage.LocalStore`` (its ``root``); anything
+    else is a TypeError."""
     if isinstance(path, (str, os.PathLike)):
         p = os.fspath(path)
         return p if isinstance(p, str) else os.fsdecode(p)

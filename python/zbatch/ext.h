@@ -12,6 +12,13 @@
  * when not NULL); returns NULL. */
 PyObject *zbpy_raise(zb_status st, const char *detail);
 
+/* Fills *o from the flat dict of zbatch._remote.remote_options (None: defaults); the strings
+ * are borrowed from the dict. Returns 0, or -1 with an exception set. */
+int zbpy_remote_opts(PyObject *dict, zb_remote_opts *o);
+
+/* The store's counters as a dict (requests, retries, ranges, bytes, max_in_flight). */
+PyObject *zbpy_store_stats(zb_store *store);
+
 /* Each adds its functions to the module; returns 0 or -1 with an exception set. */
 int zbpy_register_write(PyObject *module);
 int zbpy_register_anndata(PyObject *module);

@@ -159,15 +159,18 @@ writer_init(AnndataWriter *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"store_path",     "n_vars",      "x_kind",      "x_dtype",
                              "zarr_format",    "codec",       "x_chunk",     "x_shard",
                              "column_chunk",   "num_threads", "consolidate", "path",
-                             "narrow_indices", NULL};
+                             "narrow_indices", "remote",      NULL};
     const char *store_path, *x_kind, *x_dtype, *codec = NULL, *path = "";
     unsigned long long n_vars, x_chunk = 0, x_shard = 0, column_chunk = 0;
     int zarr_format = 3, num_threads = 1, consolidate = 1, narrow_indices = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sKss|izKKKipsp", kwlist, &store_path, &n_vars,
+    PyObject *remote = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sKss|izKKKipspO", kwlist, &store_path, &n_vars,
                                      &x_kind, &x_dtype, &zarr_format, &codec, &x_chunk, &x_shard,
                                      &column_chunk, &num_threads, &consolidate, &path,
-                                     &narrow_indices))
+                                     &narrow_indices, &remote))
         return -1;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return -1;
     if (self->w) {
         PyErr_SetString(PyExc_RuntimeError, "AnndataWriter is already open");
         return -1;
@@ -195,7 +198,7 @@ writer_init(AnndataWriter *self, PyObject *args, PyObject *kwds)
     zb_store *store = NULL;
     zb_anndata_writer *w = NULL;
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS st = zb_store_open(store_path, &store);
+    Py_BEGIN_ALLOW_THREADS st = zb_store_open_opts(store_path, &ro, &store);
     if (st == ZB_OK) st = zb_anndata_writer_open(store, path, n_vars, kind, dt, &o, &w);
     Py_END_ALLOW_THREADS if (st != ZB_OK)
     {

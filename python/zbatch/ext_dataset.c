@@ -220,14 +220,17 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"path", "group", "cache_bytes", "num_threads", "load_layers",
                              "use_consolidated", "load_strings", "layer", "reorder_vars",
-                             "x_dtype", "index_dtype", NULL};
+                             "x_dtype", "index_dtype", "remote", NULL};
     const char *path, *group = "", *layer = NULL, *x_dtype = NULL, *index_dtype = NULL;
     unsigned long long cache = 0;
     int threads = 1, layers = 0, consolidated = 1, strings = 0, reorder = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sKipppzpzz", kwlist, &path, &group, &cache,
+    PyObject *remote = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sKipppzpzzO", kwlist, &path, &group, &cache,
                                      &threads, &layers, &consolidated, &strings, &layer,
-                                     &reorder, &x_dtype, &index_dtype))
+                                     &reorder, &x_dtype, &index_dtype, &remote))
         return -1;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return -1;
     zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
     o.cache_bytes = (size_t)cache;
     o.num_threads = threads;
@@ -240,7 +243,7 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
     o.index_dtype = index_dtype;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open(path, &self->store);
+    st = zb_store_open_opts(path, &ro, &self->store);
     if (st == ZB_OK) st = zb_dataset_open(self->store, group, &o, &self->ds);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK) {
@@ -248,6 +251,14 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     return 0;
+}
+
+static PyObject *
+dataset_store_stats(DatasetObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (!self->store) return PyDict_New(); /* a concatenation or an in-memory copy */
+    return zbpy_store_stats(self->store);
 }
 
 static PyObject *
@@ -482,6 +493,8 @@ static PyMethodDef dataset_methods[] = {
     {"segment_lengths", (PyCFunction)dataset_segment_lengths, METH_VARARGS,
      "per-sample lengths of a segment"},
     {"length", (PyCFunction)dataset_len, METH_NOARGS, "number of logical samples"},
+    {"store_stats", (PyCFunction)dataset_store_stats, METH_NOARGS,
+     "the store's counters: requests, retries, ranges, bytes, max_in_flight"},
     {"info", (PyCFunction)dataset_info, METH_NOARGS, "layout, fields, n_vars"},
     {"categories", (PyCFunction)dataset_categories, METH_VARARGS, "category labels"},
     {"read_field", (PyCFunction)dataset_read_field, METH_VARARGS, "rows of one field"},

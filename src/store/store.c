@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "store/remote.h"
 #include "util/status.h"
 
 #define ZB_KEY_MAX 4096
@@ -70,16 +71,31 @@ zb_store_name(const zb_store *store)
 }
 
 zb_status
-zb_store_open(const char *url, zb_store **out)
+zb_store_open_opts(const char *url, const zb_remote_opts *opts, zb_store **out)
 {
     if (!out) return zb_err(ZB_E_INVALID, "zb_store_open: null out");
     *out = NULL;
     if (!url || !*url) return zb_err(ZB_E_INVALID, "zb_store_open: empty URL");
     if (!strncmp(url, "file://", 7)) return zb_store_open_file(url + 7, out);
-    if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8) || !strncmp(url, "s3://", 5))
-        return zb_err(ZB_E_UNSUPPORTED, "%s: remote stores are not supported yet", url);
+    if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8))
+        return zb_store_open_http(url, opts, out);
+    if (!strncmp(url, "s3://", 5)) return zb_store_open_s3(url, opts, out);
     if (!strncmp(url, "memory://", 9)) return zb_store_open_memory(out);
     return zb_store_open_file(url, out);
+}
+
+zb_status
+zb_store_open(const char *url, zb_store **out)
+{
+    return zb_store_open_opts(url, NULL, out);
+}
+
+void
+zb_store_get_stats(const zb_store *store, zb_store_stats *stats)
+{
+    if (!stats) return;
+    memset(stats, 0, sizeof *stats);
+    if (store && store->m->stats) store->m->stats(store->self, stats);
 }
 
 /* Normalises `key` into a stack buffer named `var`, returning on error. */
