@@ -231,11 +231,12 @@ static int
 convert_store(const char *src, const char *dst, const zb_copy_opts *o)
 {
     struct stat sb;
-    if (stat(dst, &sb) == 0) {
+    bool remote = strstr(dst, "://") != NULL; /* s3://: objects need no directory */
+    if (!remote && stat(dst, &sb) == 0) {
         fprintf(stderr, "zbatch convert: %s exists; give a new path\n", dst);
         return 1;
     }
-    if (mkdir(dst, 0777) != 0) {
+    if (!remote && mkdir(dst, 0777) != 0) {
         fprintf(stderr, "zbatch convert: cannot create %s: %s\n", dst, strerror(errno));
         return 1;
     }

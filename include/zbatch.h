@@ -216,7 +216,7 @@ struct zb_store_stats {
     uint64_t retries;         /* attempts beyond the first */
     uint64_t ranges;          /* ranges asked for through get/get_ranges */
     uint64_t bytes;           /* body bytes received */
-    uint64_t max_in_flight;   /* the most requests in flight at once in one call */
+    uint64_t max_in_flight;   /* the most requests in flight at once (all threads and calls) */
 };
 
 /* Fills *stats (zeros for backends that keep none). Thread-safe. */

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 debs=(build-essential cmake pkg-config time libblosc-dev libzstd-dev liblz4-dev libdeflate-dev
-      libjson-c-dev libisal-dev libcmocka-dev libcurl4-openssl-dev libhdf5-dev clang-format ninja-build
+      libjson-c-dev libisal-dev libcmocka-dev libcurl4-openssl-dev libssl-dev libexpat1-dev
+      libhdf5-dev clang-format ninja-build
       nginx-extras)
 # nginx-extras: the remote-store tests' HTTP server (tests/python/remote_servers.py) with its echo
 # module (latency per request); the tests start their own nginx, the system service is not used.

@@ -29,6 +29,7 @@ int zbpy_register_neighbors(PyObject *module);
 int zbpy_register_sampler(PyObject *module);
 int zbpy_register_source(PyObject *module);
 int zbpy_register_convert(PyObject *module);
+int zbpy_register_remote(PyObject *module);
 
 /* The zb_dataset behind a zbatch._zbatch._Dataset (TypeError and NULL otherwise). */
 zb_dataset *zbpy_dataset_ptr(PyObject *obj);

@@ -85,3 +85,82 @@ zbpy_store_stats(zb_store *store)
                          "bytes", (unsigned long long)s.bytes, "max_in_flight",
                          (unsigned long long)s.max_in_flight);
 }
+
+/* read_ranges(url, remote, ranges) -> [(status_name, bytes)]: one zb_store_get_ranges call over
+ * a list of (key, offset, length), for tests and tools that check a store's range reads. */
+static PyObject *
+py_read_ranges(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *url;
+    PyObject *remote, *list;
+    if (!PyArg_ParseTuple(args, "sOO", &url, &remote, &list)) return NULL;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return NULL;
+    PyObject *seq = PySequence_Fast(list, "ranges must be a sequence of (key, offset, length)");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    zb_range *r = PyMem_Calloc((size_t)n + 1, sizeof *r);
+    PyObject *bufs = PyList_New(n), *out = NULL;
+    zb_store *store = NULL;
+    if (!r || !bufs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *key;
+        unsigned long long off, len;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "sKK", &key, &off, &len))
+            goto done;
+        PyObject *b = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)len);
+        if (!b) goto done;
+        PyList_SET_ITEM(bufs, i, b);
+        r[i] = (zb_range){.key = key, .offset = off, .length = len, .dst = PyByteArray_AS_STRING(b)};
+    }
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_store_open_opts(url, &ro, &store);
+    if (st == ZB_OK) zb_store_get_ranges(store, r, (size_t)n, NULL, NULL);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
+        zbpy_raise(st, NULL);
+        goto done;
+    }
+    out = PyList_New(n);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        PyObject *b = PyList_GET_ITEM(bufs, i);
+        PyObject *data = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(b), (Py_ssize_t)r[i].nread);
+        PyObject *t = data ? Py_BuildValue("(sN)", zb_status_name(r[i].status), data) : NULL;
+        if (!t) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+    if (out) {
+        PyObject *stats = zbpy_store_stats(store);
+        PyObject *pair = stats ? PyTuple_Pack(2, out, stats) : NULL;
+        Py_XDECREF(stats);
+        Py_SETREF(out, pair);
+    }
+done:
+    Py_BEGIN_ALLOW_THREADS
+    zb_store_close(store);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(r);
+    Py_XDECREF(bufs);
+    Py_DECREF(seq);
+    return out;
+}
+
+static PyMethodDef remote_methods[] = {
+    {"read_ranges", py_read_ranges, METH_VARARGS,
+     "read_ranges(url, remote, [(key, offset, length)]) -> ([(status, bytes)], stats)"},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+zbpy_register_remote(PyObject *module)
+{
+    return PyModule_AddFunctions(module, remote_methods);
+}

@@ -46,6 +46,7 @@ struct zb_remote {
     CURL *easy[POOL_MAX];
     size_t neasy;
     _Atomic uint64_t requests, retries, ranges, bytes, max_in_flight, rng;
+    _Atomic uint64_t in_flight; /* transfers running now, over every call of the store */
 };
 
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
@@ -684,7 +685,7 @@ xfer_done(xfer *x, CURLcode code)
             x->req->http_status = s;
             curl_off_t cl = -1;
             curl_easy_getinfo(x->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
-            x->req->content_length = cl >= 0 ? (uint64_t)cl : 0;
+            x->req->content_length = cl >= 0 ? (uint64_t)cl : UINT64_MAX;
             return;
         }
         range_finish_ok(x, d);
@@ -744,9 +745,10 @@ start_ready(loop *l, double now, double *wake)
         if (curl_multi_add_handle(l->multi, x->easy) != CURLM_OK)
             return zb_err(ZB_E_IO, "libcurl: cannot add a transfer");
         l->active++;
-    }
-    uint64_t a = l->active, m = atomic_load(&l->r->max_in_flight);
-    while (a > m && !atomic_compare_exchange_weak(&l->r->max_in_flight, &m, a)) {
+        uint64_t a = atomic_fetch_add(&l->r->in_flight, 1) + 1;
+        uint64_t m = atomic_load(&l->r->max_in_flight);
+        while (a > m && !atomic_compare_exchange_weak(&l->r->max_in_flight, &m, a)) {
+        }
     }
     return ZB_OK;
 }
@@ -763,6 +765,7 @@ reap(loop *l)
         CURLcode code = msg->data.result;
         curl_multi_remove_handle(l->multi, x->easy);
         l->active--;
+        atomic_fetch_sub(&l->r->in_flight, 1);
         xfer_done(x, code);
         /* the handle goes back to the pool between attempts (a retry may wait seconds) */
         easy_give(l->r, x->easy);
@@ -777,6 +780,7 @@ cancel_all(loop *l)
         xfer *x = &l->x[i];
         if (x->easy) {
             curl_multi_remove_handle(l->multi, x->easy);
+            atomic_fetch_sub(&l->r->in_flight, 1);
             easy_give(l->r, x->easy);
             x->easy = NULL;
         }
@@ -800,6 +804,17 @@ deliver(call_state *cs, zb_range_fn done, void *ctx)
     }
     cs->qn = 0;
     return cancel;
+}
+
+/* The earliest time a transfer waiting out its backoff may start (at most `limit`). */
+static double
+next_wake(const loop *l, double limit)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        const xfer *x = &l->x[i];
+        if (!x->finished && !x->easy && x->ready_at < limit) limit = x->ready_at;
+    }
+    return limit;
 }
 
 static bool
@@ -831,6 +846,7 @@ run_loop(loop *l, call_state *cs, zb_range_fn done, void *ctx, bool *cancelled)
             break;
         }
         if (all_finished(l)) break;
+        wake = next_wake(l, now_s() + 1.0); /* retries scheduled by reap count too */
         int ms = (int)ceil((wake - now_s()) * 1000);
         if (ms < 0) ms = 0;
         if (l->active) {

@@ -58,6 +58,8 @@ zb_remote_head(zb_remote *r, zb_url_fn url_of, void *self, const char *key, uint
     zb_status st = url_of(self, key, &url);
     zb_http_req q = {.method = ZB_HTTP_HEAD, .url = (const char *)url.data, .what = key};
     if (st == ZB_OK) st = zb_remote_perform(r, &q, 1);
+    if (st == ZB_OK && q.content_length == UINT64_MAX)
+        st = zb_err(ZB_E_IO, "HEAD %s: the answer has no Content-Length", q.url);
     if (st == ZB_OK) *size = q.content_length;
     zb_buf_free(&q.body);
     zb_buf_free(&url);

@@ -109,7 +109,7 @@ typedef struct zb_http_req {
     bool want_etag;
     /* out */
     long http_status;
-    uint64_t content_length; /* HEAD: the object's size */
+    uint64_t content_length; /* HEAD: the object's size (UINT64_MAX: not given) */
     zb_buf body;
     char etag[128];
     zb_status status;

@@ -229,7 +229,7 @@ normalize_ranges(const zb_range *ranges, size_t n, zb_range **out, char **keys)
     for (size_t i = 0; i < n; i++) {
         if (!ranges[i].key || (!ranges[i].dst && ranges[i].length))
             return zb_err(ZB_E_INVALID, "zb_store_get_ranges: range %zu: null key or buffer", i);
-        total += strlen(ranges[i].key) + 1;
+        total += strlen(ranges[i].key) + 2;
     }
     zb_range *r = malloc(n * sizeof *r);
     char *k = malloc(total ? total : 1);
@@ -240,8 +240,9 @@ normalize_ranges(const zb_range *ranges, size_t n, zb_range **out, char **keys)
     }
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
-        /* a normalised key is never longer than the key given */
-        size_t cap = strlen(ranges[i].key) + 1;
+        /* a normalised key is never longer than the key given; zb_key_normalize wants room
+         * for one byte more than it writes */
+        size_t cap = strlen(ranges[i].key) + 2;
         zb_status st = zb_key_normalize(ranges[i].key, k + o, cap);
         if (st != ZB_OK) {
             free(r);

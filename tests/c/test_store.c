@@ -116,7 +116,17 @@ test_file_backend(void **state)
 
     ZB_ASSERT_ERR(zb_store_open("/nonexistent/zbatch/store", &s), ZB_E_NOTFOUND, "nonexistent");
     assert_null(s);
-    ZB_ASSERT_ERR(zb_store_open("s3://bucket/x", &s), ZB_E_UNSUPPORTED, "s3://");
+    /* remote URLs open their backends (no request is made at open) */
+    ZB_ASSERT_OK(zb_store_open("s3://bucket/x//y/", &s));
+    assert_string_equal(zb_store_scheme(s), "s3");
+    assert_string_equal(zb_store_name(s), "s3://bucket/x/y");
+    zb_store_close(s);
+    ZB_ASSERT_OK(zb_store_open("https://example.org/a/store.zarr/", &s));
+    assert_string_equal(zb_store_scheme(s), "http");
+    assert_string_equal(zb_store_name(s), "https://example.org/a/store.zarr");
+    zb_store_close(s);
+    ZB_ASSERT_ERR(zb_store_open("s3://x/y", &s), ZB_E_INVALID, "bucket name");
+    assert_null(s);
 }
 
 /* Views of the file backend: the same bytes as get, short at the end, refreshed by this
@@ -355,6 +365,14 @@ test_get_ranges(void **state)
     assert_int_equal(r[1].status, ZB_OK);
     assert_int_equal(r[2].status, ZB_E_CANCELLED);
     assert_int_equal(r[3].status, ZB_E_CANCELLED);
+
+    /* a key of one segment (a store's top-level object) */
+    ZB_ASSERT_OK(zb_store_put(s, "top", "XYZ", 3));
+    char bt[3];
+    zb_range one = {.key = "top", .offset = 0, .length = 3, .dst = bt};
+    ZB_ASSERT_OK(zb_store_get_ranges(s, &one, 1, NULL, NULL));
+    assert_int_equal(one.nread, 3);
+    assert_memory_equal(bt, "XYZ", 3);
 
     /* a key escaping the root is refused before any read; an empty list is a no-op */
     r[0].key = "a/../b";
