@@ -148,12 +148,11 @@ def zarr_loader(url: str, shape, batch_size: int, sampler: str, workers: int, se
 # One measurement (run in a child process: `remote.py _one SPEC`)
 # ------------------------------------------------------------------------------------------------
 def zbatch_loader(target: str, batch_size: int, sampler: str, threads: int, seed: int):
-    import zbatch
+    """bench/run.py's zbatch loader (bench/peers/zbatch_peer.py), CSR out, on a path or URL."""
     from bench.peers.zbatch_peer import loader
     _ds, dl, config = loader(target, batch_size, num_workers=threads, output="csr", seed=seed,
                              sampler=sampler, block_size=BLOCK_SIZE, fetch_factor=16,
                              prefetch_factor=16)
-    assert zbatch is not None
     return dl, config
 
 
@@ -213,8 +212,10 @@ def child(spec: dict, timeout: float) -> dict:
         return {"error": f"timed out after {timeout:.0f} s"}
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines:
+        how = (f"killed by signal {-out.returncode}" if out.returncode < 0
+               else f"exit status {out.returncode}")
         tail = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {"error": tail[:300]}
+        return {"error": f"{how}: {tail[:300]}"}
     return json.loads(lines[-1])
 
 
@@ -273,6 +274,30 @@ def proxy_check(nginx_url: str, path: str, size: int, nbytes: int, seconds: floa
     return out
 
 
+def proxy_check_zbatch(store_url_slow: str, nginx_url: str, store_name: str, n_rows: int,
+                       latency_ms: float, threads: int = 64, rows: int = 2048) -> dict:
+    """zbatch's read_many of the same random rows with `latency_ms` added by nginx and by the
+    proxy (in front of the 0 ms nginx), at `threads` decode threads: the proxy's share of the
+    time, with zbatch (libcurl) as the client."""
+    import zbatch
+
+    import remote_servers as rs
+    ids = np.random.default_rng(2).choice(n_rows, min(rows, n_rows), replace=False)
+
+    def timed(url):
+        ds = zbatch.open(url, num_threads=threads)
+        t = time.perf_counter()
+        ds.read_many(ids)
+        return len(ids) / (time.perf_counter() - t)
+
+    out = {"threads": threads, "rows": len(ids), "latency_ms": latency_ms,
+           "nginx_rows_per_s": timed(store_url_slow)}
+    with rs.FaultProxy(nginx_url, latency_s=latency_ms / 1000) as proxy:
+        out["proxy_rows_per_s"] = timed(f"{proxy.url}/{store_name}")
+        out["proxy_in_flight_max"] = proxy.stats()["in_flight_max"]
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # The run
 # ------------------------------------------------------------------------------------------------
@@ -318,6 +343,9 @@ def main(argv=None) -> int:
     ap.add_argument("--samplers", default="block,random")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2, help="zbatch num_threads")
+    ap.add_argument("--http-threads", default="",
+                    help="more zbatch-over-HTTP rows at these num_threads (a list), beside the "
+                         "--threads row")
     ap.add_argument("--zarr-workers", default="2,8",
                     help="zarr-python rows' DataLoader num_workers, a list (one row each)")
     ap.add_argument("--seed", type=int, default=0)
@@ -346,6 +374,7 @@ def main(argv=None) -> int:
     meta = json.loads((store / "X" / "zarr.json").read_text())
     shape = meta["attributes"]["shape"]
     zarr_workers = [int(w) for w in str(args.zarr_workers).split(",") if w]
+    http_threads = [int(t) for t in str(args.http_threads).split(",") if t]
     base = {"shape": shape, "batch_size": args.batch_size, "seconds": args.seconds,
             "threads": args.threads, "zarr_workers": zarr_workers[0], "seed": args.seed}
     timeout = args.seconds * 6 + 120
@@ -383,8 +412,10 @@ def main(argv=None) -> int:
         for lat in latencies:
             srv = servers[lat]
             for sampler in samplers:
-                runs = [("zbatch", None)] + [("zarr", w) for w in zarr_workers]
-                for tool, workers in runs:
+                runs = ([("zbatch", None, args.threads)] +
+                        [("zbatch", None, t) for t in http_threads if t != args.threads] +
+                        [("zarr", w, None) for w in zarr_workers])
+                for tool, workers, threads in runs:
                     offset = srv.log_offset()
                     spec = {**base, "tool": tool, "target": srv.url + "/cells.zarr",
                             "sampler": sampler}
@@ -392,14 +423,17 @@ def main(argv=None) -> int:
                     if workers is not None:
                         spec["zarr_workers"] = workers
                         label += f" w={workers}"
+                    if threads is not None and threads != args.threads:
+                        spec["threads"] = threads
+                        label += f" t={threads}"
                     r = child(spec, timeout)
                     r.update(label=label, tool=tool, where="http", sampler=sampler,
-                             latency_ms=lat, workers=workers)
+                             latency_ms=lat, workers=workers, threads=threads)
                     if "window" in r:
                         r["http"] = rs.request_stats(srv.requests(offset), tuple(r["window"]))
                     rows.append(r)
                     print(fmt_row(r), flush=True)
-        summary = summarize(rows, latencies, samplers)
+        summary = summarize(rows, latencies, samplers, args.threads)
         for line in summary["lines"]:
             print(line)
         proxy = None
@@ -417,6 +451,15 @@ def main(argv=None) -> int:
                   f"{proxy['direct']['mb_per_s']:.0f} MB/s; through the proxy "
                   f"{proxy['proxy']['requests_per_s']:.0f} req/s "
                   f"{proxy['proxy']['mb_per_s']:.0f} MB/s", flush=True)
+            if lat_max > 0:
+                proxy["zbatch"] = proxy_check_zbatch(
+                    servers[lat_max].url + "/cells.zarr", servers[min(latencies)].url,
+                    "cells.zarr", shape[0], lat_max)
+                z = proxy["zbatch"]
+                print(f"  zbatch read_many of {z['rows']} rows, num_threads={z['threads']}, "
+                      f"{lat_max:g} ms: by nginx {z['nginx_rows_per_s']:.0f} rows/s, by the "
+                      f"proxy {z['proxy_rows_per_s']:.0f} rows/s "
+                      f"(in flight at most {z['proxy_in_flight_max']})", flush=True)
             if "proxy_latency" in proxy:
                 print(f"  at {lat_max:g} ms (ideal {proxy['ideal_requests_per_s']:.0f} req/s): "
                       f"nginx echo_sleep {proxy['direct_latency']['requests_per_s']:.0f} req/s, "
@@ -441,13 +484,15 @@ def main(argv=None) -> int:
     return 0
 
 
-def summarize(rows, latencies, samplers) -> dict:
+def summarize(rows, latencies, samplers, threads: int) -> dict:
     """zbatch over HTTP against zbatch local and against zarr-python, per latency and sampler."""
     def rate(tool, where, sampler, lat=None):
-        """The row's samples/s (zarr-python: its best worker count), None if it did not run."""
+        """The row's samples/s (zbatch over HTTP: at the local row's num_threads; zarr-python:
+        its best worker count), None if it did not run."""
         got = [r["samples_per_s"] for r in rows
                if (r.get("tool"), r.get("where"), r.get("sampler"), r.get("latency_ms")) ==
-               (tool, where, sampler, lat) and "samples_per_s" in r]
+               (tool, where, sampler, lat) and "samples_per_s" in r
+               and r.get("threads") in (None, threads)]
         return max(got) if got else None
 
     lines, ratios = [], []
