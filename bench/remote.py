@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/remote.py [--cells N] [--seconds S] [--latencies 0,5,25]
                                      [--samplers block,random] [--batch-size B] [--threads T]
-                                     [--zarr-workers W] [--no-proxy-check] [--results DIR]
-                                     [--work DIR] [--keep] [--quick]
+                                     [--http-threads T,...] [--zarr-workers W,...]
+                                     [--no-proxy-check] [--results DIR] [--work DIR] [--keep]
+                                     [--quick]
 
 Data: a Tahoe-like cells store (``zbatch synth --kind cells``, the library's default codec and
 sharding, consolidated metadata) in a work directory, served by nginx on loopback
@@ -13,13 +14,14 @@ nginx's echo module (``echo_sleep``) before the file handler answers the range r
 Rows, each measured in a fresh Python process for ``--seconds`` of steady state (epochs restart
 when the data runs out; the startup, up to the first batch, is reported apart):
 - ``zbatch local``: ``zbatch.DataLoader`` on the store's directory;
-- ``zbatch http``: the same loader on ``http://127.0.0.1:PORT/cells.zarr`` at each latency
-  (until ``zbatch.open`` takes URLs, these rows report the error instead of a figure);
+- ``zbatch http``: the same loader on ``http://127.0.0.1:PORT/cells.zarr`` at each latency, at
+  ``--threads`` and at each of ``--http-threads`` (a row whose child fails reports the error
+  instead of a figure);
 - ``zarr http``: what a user would write with zarr-python 3 and its recommended remote store:
   ``zarr.storage.FsspecStore.from_url`` (fsspec's HTTP filesystem over aiohttp), a map-style
   torch ``Dataset`` whose ``__getitem__`` reads one row of X (``X/indptr`` read once per worker,
   then the row's slices of ``X/data`` and ``X/indices``), and a ``torch.utils.data.DataLoader``
-  with ``--zarr-workers`` worker processes, batch size ``--batch-size``, CSR batches
+  with ``--zarr-workers`` worker processes (one row per count; the targets use the best), batch size ``--batch-size``, CSR batches
   (``scipy.sparse.csr_matrix``) collated from the rows. ``random``: ``shuffle=True``;
   ``block``: a sampler that yields the rows of blocks of 16 contiguous rows, blocks in a random
   order (the block sampler's order).
@@ -29,9 +31,11 @@ Per row: samples/s, and from nginx's access log over the measured window: reques
 per request, and requests in flight (time-weighted mean and maximum). Targets (issue 17): at 25
 ms, zbatch over HTTP >= 0.8x zbatch local, and >= 10x zarr-python over the same URL.
 
-``--proxy-check`` (default on): the fault proxy of the tests measured alone, with no fault set,
-in front of the 0 ms nginx, against nginx directly, by the same client (aiohttp, 64 requests in
-flight, the zbatch rows' bytes per request): it shows what the tests' proxy can carry.
+The proxy check (off with ``--no-proxy-check``): the fault proxy of the tests measured alone,
+with no fault set, in front of the 0 ms nginx, against nginx directly, by the same client
+(aiohttp, 64 requests in flight, the zbatch rows' bytes per request), then with the largest
+latency added by nginx and by the proxy, with aiohttp and with zbatch's ``read_many`` (64
+threads) as the client: it shows what the tests' proxy can carry.
 
 Output: a table and one JSON record in ``--results`` (default ``results/``): parameters, every
 figure, package versions and the machine.
