@@ -20,7 +20,8 @@ zb_cli_store_open(const char *url, zb_store **out)
     o.secret_access_key = env("AWS_SECRET_ACCESS_KEY");
     o.session_token = env("AWS_SESSION_TOKEN");
     o.region = env("AWS_REGION") ? env("AWS_REGION") : env("AWS_DEFAULT_REGION");
-    o.endpoint_url = env("AWS_ENDPOINT_URL_S3") ? env("AWS_ENDPOINT_URL_S3") : env("AWS_ENDPOINT_URL");
+    o.endpoint_url =
+        env("AWS_ENDPOINT_URL_S3") ? env("AWS_ENDPOINT_URL_S3") : env("AWS_ENDPOINT_URL");
     if (!o.access_key_id || !o.secret_access_key) o.anonymous = true;
     return zb_store_open_opts(url, &o, out);
 }

@@ -172,34 +172,37 @@ typedef struct zb_remote_opts {
     /* S3 credentials; NULL access_key_id (or anonymous) sends unsigned requests. */
     const char *access_key_id;
     const char *secret_access_key;
-    const char *session_token;   /* sent as X-Amz-Security-Token, NULL = none */
-    const char *region;          /* NULL = "us-east-1" */
-    const char *endpoint_url;    /* S3 endpoint ("http://127.0.0.1:9000"); NULL = AWS */
-    bool anonymous;              /* never sign, even when keys are given */
-    int addressing;              /* ZB_S3_ADDRESSING_*: where the bucket goes in the URL */
-    int max_in_flight;           /* requests in flight per get_ranges call; 0 = 64 */
-    uint64_t coalesce_gap;       /* ranges of one object at most this many bytes apart are read
-                                    by one request; default 64 KiB */
-    uint64_t max_request_bytes;  /* a coalesced request spans at most this; default 16 MiB */
-    int max_retries;             /* retries of one request (the retry budget); default 10 */
-    double backoff_base_s;       /* first retry waits up to this (full jitter); default 0.05 */
-    double backoff_max_s;        /* no wait exceeds this; default 5 */
-    double connect_timeout_s;    /* default 10 */
-    double stall_timeout_s;      /* a transfer without a byte for this long is retried; default 30 */
+    const char *session_token;  /* sent as X-Amz-Security-Token, NULL = none */
+    const char *region;         /* NULL = "us-east-1" */
+    const char *endpoint_url;   /* S3 endpoint ("http://127.0.0.1:9000"); NULL = AWS */
+    bool anonymous;             /* never sign, even when keys are given */
+    int addressing;             /* ZB_S3_ADDRESSING_*: where the bucket goes in the URL */
+    int max_in_flight;          /* requests in flight per get_ranges call; 0 = 64 */
+    uint64_t coalesce_gap;      /* ranges of one object at most this many bytes apart are read
+                                   by one request; default 64 KiB */
+    uint64_t max_request_bytes; /* a coalesced request spans at most this; default 16 MiB */
+    int max_retries;            /* retries of one request (the retry budget); default 10 */
+    double backoff_base_s;      /* first retry waits up to this (full jitter); default 0.05 */
+    double backoff_max_s;       /* no wait exceeds this; default 5 */
+    double connect_timeout_s;   /* default 10 */
+    double stall_timeout_s;     /* a transfer without a byte for this long is retried; default 30 */
     uint64_t multipart_threshold; /* S3 puts above this size use multipart upload; default 64 MiB */
-    uint64_t part_bytes;         /* multipart part size (>= 5 MiB on AWS); default 16 MiB */
-    bool insecure;               /* https: skip certificate verification (tests only) */
+    uint64_t part_bytes;          /* multipart part size (>= 5 MiB on AWS); default 16 MiB */
+    bool insecure;                /* https: skip certificate verification (tests only) */
 } zb_remote_opts;
 
 enum {
-    ZB_S3_ADDRESSING_AUTO = 0, /* path-style with an endpoint_url, else virtual-hosted */
-    ZB_S3_ADDRESSING_PATH = 1, /* ENDPOINT/bucket/key */
+    ZB_S3_ADDRESSING_AUTO = 0,   /* path-style with an endpoint_url, else virtual-hosted */
+    ZB_S3_ADDRESSING_PATH = 1,   /* ENDPOINT/bucket/key */
     ZB_S3_ADDRESSING_VIRTUAL = 2 /* bucket.ENDPOINT-HOST/key */
 };
 
-#define ZB_REMOTE_OPTS_DEFAULT                                                                    \
-    {NULL, NULL, NULL, NULL, NULL, false, ZB_S3_ADDRESSING_AUTO, 64, (uint64_t)64 << 10,         \
-     (uint64_t)16 << 20, 10, 0.05, 5.0, 10.0, 30.0, (uint64_t)64 << 20, (uint64_t)16 << 20, false}
+#define ZB_REMOTE_OPTS_DEFAULT                                                                     \
+    {                                                                                              \
+        NULL, NULL, NULL, NULL, NULL, false, ZB_S3_ADDRESSING_AUTO, 64, (uint64_t)64 << 10,        \
+            (uint64_t)16 << 20, 10, 0.05, 5.0, 10.0, 30.0, (uint64_t)64 << 20, (uint64_t)16 << 20, \
+            false                                                                                  \
+    }
 
 /* zb_store_open with options for remote stores (`opts` NULL = defaults; ignored by local
  * stores). A remote store is thread-safe like every store; its get_ranges issues up to
@@ -212,11 +215,11 @@ zb_status zb_store_open_opts(const char *url, const zb_remote_opts *opts, zb_sto
 
 /* Counters of a store since it opened (remote backends count; others report zeros). */
 struct zb_store_stats {
-    uint64_t requests;        /* HTTP requests completed (each attempt counts) */
-    uint64_t retries;         /* attempts beyond the first */
-    uint64_t ranges;          /* ranges asked for through get/get_ranges */
-    uint64_t bytes;           /* body bytes received */
-    uint64_t max_in_flight;   /* the most requests in flight at once (all threads and calls) */
+    uint64_t requests;      /* HTTP requests completed (each attempt counts) */
+    uint64_t retries;       /* attempts beyond the first */
+    uint64_t ranges;        /* ranges asked for through get/get_ranges */
+    uint64_t bytes;         /* body bytes received */
+    uint64_t max_in_flight; /* the most requests in flight at once (all threads and calls) */
 };
 
 /* Fills *stats (zeros for backends that keep none). Thread-safe. */

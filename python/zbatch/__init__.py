@@ -126,6 +126,11 @@ def write_array(store: str, path: str, data, chunks=None, shards=None, codec: Op
 
         >>> zbatch.write_array("out.zarr", "x", np.arange(10.0), chunks=4, codec="zstd:3")
     """
+    from ._remote import is_remote
+    if is_remote(str(store)):
+        raise ValueError(f"{store}: write_array writes local directories; write remote stores "
+                         "with zbatch.write_anndata(..., storage_options=...) or `zbatch convert "
+                         "SRC s3://...` (docs/REMOTE.md)")
     arr = data if isinstance(data, _np.ndarray) else _np.asarray(data)
     if arr.ndim == 0:
         raise ValueError("write_array needs at least one dimension")

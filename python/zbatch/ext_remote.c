@@ -57,8 +57,8 @@ zbpy_remote_opts(PyObject *dict, zb_remote_opts *o)
     if (b) o->insecure = PyObject_IsTrue(b) == 1;
     double x;
     bool f;
-#define NUM(key, field, type)                                                                    \
-    if (get_num(dict, key, &x, &f) < 0) return -1;                                               \
+#define NUM(key, field, type)                                                                      \
+    if (get_num(dict, key, &x, &f) < 0) return -1;                                                 \
     if (f) o->field = (type)x;
     NUM("addressing", addressing, int)
     NUM("max_in_flight", max_in_flight, int)
@@ -110,26 +110,26 @@ py_read_ranges(PyObject *self, PyObject *args)
     for (Py_ssize_t i = 0; i < n; i++) {
         const char *key;
         unsigned long long off, len;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "sKK", &key, &off, &len))
-            goto done;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "sKK", &key, &off, &len)) goto done;
         PyObject *b = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)len);
         if (!b) goto done;
         PyList_SET_ITEM(bufs, i, b);
-        r[i] = (zb_range){.key = key, .offset = off, .length = len, .dst = PyByteArray_AS_STRING(b)};
+        r[i] =
+            (zb_range){.key = key, .offset = off, .length = len, .dst = PyByteArray_AS_STRING(b)};
     }
     zb_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open_opts(url, &ro, &store);
+    Py_BEGIN_ALLOW_THREADS st = zb_store_open_opts(url, &ro, &store);
     if (st == ZB_OK) zb_store_get_ranges(store, r, (size_t)n, NULL, NULL);
-    Py_END_ALLOW_THREADS
-    if (st != ZB_OK) {
+    Py_END_ALLOW_THREADS if (st != ZB_OK)
+    {
         zbpy_raise(st, NULL);
         goto done;
     }
     out = PyList_New(n);
     for (Py_ssize_t i = 0; out && i < n; i++) {
         PyObject *b = PyList_GET_ITEM(bufs, i);
-        PyObject *data = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(b), (Py_ssize_t)r[i].nread);
+        PyObject *data =
+            PyBytes_FromStringAndSize(PyByteArray_AS_STRING(b), (Py_ssize_t)r[i].nread);
         PyObject *t = data ? Py_BuildValue("(sN)", zb_status_name(r[i].status), data) : NULL;
         if (!t) {
             Py_CLEAR(out);
@@ -144,10 +144,8 @@ py_read_ranges(PyObject *self, PyObject *args)
         Py_SETREF(out, pair);
     }
 done:
-    Py_BEGIN_ALLOW_THREADS
-    zb_store_close(store);
-    Py_END_ALLOW_THREADS
-    PyMem_Free(r);
+    Py_BEGIN_ALLOW_THREADS zb_store_close(store);
+    Py_END_ALLOW_THREADS PyMem_Free(r);
     Py_XDECREF(bufs);
     Py_DECREF(seq);
     return out;

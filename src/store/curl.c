@@ -38,8 +38,8 @@
 struct zb_remote {
     zb_remote_opts o; /* strings point at the copies below */
     char *key, *secret, *token, *region, *endpoint;
-    char sigv4[96];   /* "aws:amz:REGION:s3", "" when unsigned */
-    char *token_hdr;  /* "X-Amz-Security-Token: ..." */
+    char sigv4[96];  /* "aws:amz:REGION:s3", "" when unsigned */
+    char *token_hdr; /* "X-Amz-Security-Token: ..." */
     CURLSH *share;
     pthread_mutex_t share_mu[CURL_LOCK_DATA_LAST];
     pthread_mutex_t pool_mu;
@@ -130,8 +130,10 @@ zb_remote_new(const zb_remote_opts *opts, const char *sign_region, zb_remote **o
         if (st == ZB_OK && r->token && *r->token) {
             size_t n = strlen(r->token) + 32;
             r->token_hdr = malloc(n);
-            if (!r->token_hdr) st = zb_err(ZB_E_NOMEM, "remote: out of memory");
-            else snprintf(r->token_hdr, n, "X-Amz-Security-Token: %s", r->token);
+            if (!r->token_hdr)
+                st = zb_err(ZB_E_NOMEM, "remote: out of memory");
+            else
+                snprintf(r->token_hdr, n, "X-Amz-Security-Token: %s", r->token);
         }
     }
     if (st == ZB_OK) {
@@ -221,8 +223,10 @@ easy_take(zb_remote *r)
     pthread_mutex_lock(&r->pool_mu);
     if (r->neasy) e = r->easy[--r->neasy];
     pthread_mutex_unlock(&r->pool_mu);
-    if (e) curl_easy_reset(e);
-    else e = curl_easy_init();
+    if (e)
+        curl_easy_reset(e);
+    else
+        e = curl_easy_init();
     return e;
 }
 
@@ -457,8 +461,7 @@ static zb_status
 xfer_setup(xfer *x)
 {
     zb_remote *r = x->cs->r;
-    if (!x->easy && !(x->easy = easy_take(r)))
-        return zb_err(ZB_E_NOMEM, "libcurl: no easy handle");
+    if (!x->easy && !(x->easy = easy_take(r))) return zb_err(ZB_E_NOMEM, "libcurl: no easy handle");
     CURL *e = x->easy;
     curl_slist_free_all(x->hdrs);
     x->hdrs = NULL;
@@ -594,15 +597,15 @@ xfer_fault(xfer *x, const char *why)
     char d[1400];
     describe(x, d, sizeof d);
     if (x->attempts > r->o.max_retries) {
-        snprintf(x->msg, sizeof x->msg, "%.900s: %s; gave up after %d attempts (max_retries %d)",
-                 d, why, x->attempts, r->o.max_retries);
+        snprintf(x->msg, sizeof x->msg, "%.900s: %s; gave up after %d attempts (max_retries %d)", d,
+                 why, x->attempts, r->o.max_retries);
         xfer_fail(x, ZB_E_IO);
         return;
     }
     atomic_fetch_add(&r->retries, 1);
     if (!x->req) x->req_off = sub_range(x, x->lo)->offset + sub_range(x, x->lo)->nread;
-    x->ready_at = now_s() + zb_backoff_delay(r->o.backoff_base_s, r->o.backoff_max_s, x->attempts,
-                                             rand01(r));
+    x->ready_at =
+        now_s() + zb_backoff_delay(r->o.backoff_base_s, r->o.backoff_max_s, x->attempts, rand01(r));
 }
 
 static void
@@ -650,8 +653,10 @@ xfer_done(xfer *x, CURLcode code)
         return;
     }
     if (x->abort == ABORT_OVERLONG) {
-        snprintf(why, sizeof why, "over-long body: more than the %llu bytes of Content-Range "
-                 "(HTTP %ld)", (unsigned long long)(x->cr_last + 1 - x->cr_first), x->status);
+        snprintf(why, sizeof why,
+                 "over-long body: more than the %llu bytes of Content-Range "
+                 "(HTTP %ld)",
+                 (unsigned long long)(x->cr_last + 1 - x->cr_first), x->status);
         xfer_fault(x, why);
         return;
     }
@@ -667,8 +672,7 @@ xfer_done(xfer *x, CURLcode code)
         return;
     }
     if (code != CURLE_OK) {
-        snprintf(why, sizeof why, "%s (last HTTP status %ld)", curl_easy_strerror(code),
-                 x->status);
+        snprintf(why, sizeof why, "%s (last HTTP status %ld)", curl_easy_strerror(code), x->status);
         if (curl_retryable(code)) {
             xfer_fault(x, why);
         } else {
@@ -896,8 +900,11 @@ zb_remote_get_ranges(zb_remote *r, zb_url_fn url_of, void *url_ctx, zb_range *ra
     if (st == ZB_OK && !(multi = curl_multi_init()))
         st = zb_err(ZB_E_NOMEM, "libcurl: no multi handle");
     for (size_t i = 0; i < ng && st == ZB_OK; i++) {
-        x[i] = (xfer){.cs = &cs, .sub = order + g[i].first, .count = g[i].count,
-                      .end = g[i].end, .req_off = g[i].offset};
+        x[i] = (xfer){.cs = &cs,
+                      .sub = order + g[i].first,
+                      .count = g[i].count,
+                      .end = g[i].end,
+                      .req_off = g[i].offset};
         st = url_of(url_ctx, ranges[order[g[i].first]].key, &x[i].url);
     }
     if (st == ZB_OK) { /* zero-length ranges are complete at once */
@@ -909,8 +916,8 @@ zb_remote_get_ranges(zb_remote *r, zb_url_fn url_of, void *url_ctx, zb_range *ra
         bool cancelled = false;
         if (cs.qn && deliver(&cs, done, ctx)) cancelled = true;
         if (!cancelled) {
-            if (multi) curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS,
-                                         (long)r->o.max_in_flight);
+            if (multi)
+                curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)r->o.max_in_flight);
             loop l = {r, multi, x, ng, 0, 0};
             st = run_loop(&l, &cs, done, ctx, &cancelled);
         }

@@ -56,7 +56,7 @@ typedef struct zb_s3_target {
     char prefix[1024]; /* "" or "a/b" (normalised, no trailing '/') */
     char base[2048];   /* "https://bucket.s3.us-east-1.amazonaws.com" or "ENDPOINT/bucket" */
     char region[64];
-    bool path_style;   /* the bucket is the first path segment of base */
+    bool path_style; /* the bucket is the first path segment of base */
 } zb_s3_target;
 
 /* Splits `url` (s3://bucket[/prefix]) and builds its base URL from the endpoint (NULL = AWS),
@@ -100,12 +100,12 @@ typedef enum zb_http_method {
  * response body in `body`). */
 typedef struct zb_http_req {
     zb_http_method method;
-    const char *url;        /* no credentials in it: it appears in messages */
-    const char *what;       /* the key, for messages */
-    const uint8_t *upload;  /* PUT/POST body */
+    const char *url;       /* no credentials in it: it appears in messages */
+    const char *what;      /* the key, for messages */
+    const uint8_t *upload; /* PUT/POST body */
     size_t upload_len;
-    const char *header;     /* one extra request header ("x-amz-copy-source: ..."), or NULL */
-    bool want_body;         /* collect the response body (capped at 16 MiB) */
+    const char *header; /* one extra request header ("x-amz-copy-source: ..."), or NULL */
+    bool want_body;     /* collect the response body (capped at 16 MiB) */
     bool want_etag;
     /* out */
     long http_status;

@@ -187,8 +187,8 @@ zb_s3_target_parse(const char *url, const char *endpoint, const char *region, in
             w = snprintf(out->base, sizeof out->base, "%.*s/%s", (int)el, endpoint, out->bucket);
         } else {
             size_t sl = (size_t)(sep - endpoint) + 3;
-            w = snprintf(out->base, sizeof out->base, "%.*s%s.%.*s", (int)sl, endpoint,
-                         out->bucket, (int)(el - sl), endpoint + sl);
+            w = snprintf(out->base, sizeof out->base, "%.*s%s.%.*s", (int)sl, endpoint, out->bucket,
+                         (int)(el - sl), endpoint + sl);
         }
     } else if (path) {
         w = snprintf(out->base, sizeof out->base, "https://s3.%s.amazonaws.com/%s", out->region,

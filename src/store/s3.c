@@ -115,12 +115,14 @@ s3_list(void *self, const char *prefix, zb_list_fn fn, void *ctx)
     const char *pre = (const char *)p.data;
     for (int page = 0; st == ZB_OK; page++) {
         st = list_url(s, pre, l.next_token, &url);
-        zb_http_req q = {.method = ZB_HTTP_GET, .url = (const char *)url.data, .what = prefix,
+        zb_http_req q = {.method = ZB_HTTP_GET,
+                         .url = (const char *)url.data,
+                         .what = prefix,
                          .want_body = true};
         if (st == ZB_OK) st = zb_remote_perform(s->r, &q, 1);
-        if (st == ZB_OK)
-            st = zb_s3_parse_list((const char *)q.body.data, q.body.len, pre, &l);
-        if (st != ZB_OK) st = zb_err_context(st, "%s: listing \"%s\" (page %d)", s->name, pre, page);
+        if (st == ZB_OK) st = zb_s3_parse_list((const char *)q.body.data, q.body.len, pre, &l);
+        if (st != ZB_OK)
+            st = zb_err_context(st, "%s: listing \"%s\" (page %d)", s->name, pre, page);
         zb_buf_free(&q.body);
         if (st != ZB_OK || !l.next_token) break;
     }
@@ -154,8 +156,11 @@ put_single(s3_store *s, const char *key, const void *data, uint64_t length)
 {
     zb_buf url = {0};
     zb_status st = object_url(s, key, NULL, &url);
-    zb_http_req q = {.method = ZB_HTTP_PUT, .url = (const char *)url.data, .what = key,
-                     .upload = data, .upload_len = (size_t)length};
+    zb_http_req q = {.method = ZB_HTTP_PUT,
+                     .url = (const char *)url.data,
+                     .what = key,
+                     .upload = data,
+                     .upload_len = (size_t)length};
     if (st == ZB_OK) st = zb_remote_perform(s->r, &q, 1);
     zb_buf_free(&q.body);
     zb_buf_free(&url);
@@ -193,8 +198,8 @@ abort_upload(s3_store *s, const char *key, const char *upload_id)
 }
 
 static zb_status
-put_parts(s3_store *s, const char *key, const uint8_t *data, uint64_t length,
-          const char *upload_id, zb_buf *complete)
+put_parts(s3_store *s, const char *key, const uint8_t *data, uint64_t length, const char *upload_id,
+          zb_buf *complete)
 {
     uint64_t part = s->r ? zb_remote_options(s->r)->part_bytes : 0;
     size_t np = (size_t)((length + part - 1) / part);
@@ -209,8 +214,11 @@ put_parts(s3_store *s, const char *key, const uint8_t *data, uint64_t length,
         uint64_t off = (uint64_t)i * part, n = length - off < part ? length - off : part;
         st = upload_query(&qs, (unsigned)i + 1, upload_id);
         if (st == ZB_OK) st = object_url(s, key, (const char *)qs.data, &urls[i]);
-        q[i] = (zb_http_req){.method = ZB_HTTP_PUT, .url = (const char *)urls[i].data,
-                             .what = key, .upload = data + off, .upload_len = (size_t)n,
+        q[i] = (zb_http_req){.method = ZB_HTTP_PUT,
+                             .url = (const char *)urls[i].data,
+                             .what = key,
+                             .upload = data + off,
+                             .upload_len = (size_t)n,
                              .want_etag = true};
     }
     if (st == ZB_OK) st = zb_remote_perform(s->r, q, np);
@@ -222,9 +230,9 @@ put_parts(s3_store *s, const char *key, const uint8_t *data, uint64_t length,
             st = zb_err(ZB_E_IO, "%s/%s: part %zu was stored without an ETag", s->name, key, i + 1);
             break;
         }
-        int w = snprintf(part_xml, sizeof part_xml,
-                         "<Part><PartNumber>%zu</PartNumber><ETag>%s</ETag></Part>", i + 1,
-                         q[i].etag);
+        int w =
+            snprintf(part_xml, sizeof part_xml,
+                     "<Part><PartNumber>%zu</PartNumber><ETag>%s</ETag></Part>", i + 1, q[i].etag);
         st = zb_buf_append(complete, part_xml, (size_t)w);
     }
     static const char tail[] = "</CompleteMultipartUpload>";
@@ -256,8 +264,11 @@ put_multipart(s3_store *s, const char *key, const uint8_t *data, uint64_t length
     }
     bool started = st == ZB_OK;
     if (st == ZB_OK) st = put_parts(s, key, data, length, upload_id, &complete);
-    zb_http_req fin = {.method = ZB_HTTP_POST, .what = key, .want_body = true,
-                       .upload = complete.data, .upload_len = complete.len};
+    zb_http_req fin = {.method = ZB_HTTP_POST,
+                       .what = key,
+                       .want_body = true,
+                       .upload = complete.data,
+                       .upload_len = complete.len};
     if (st == ZB_OK) st = upload_query(&qs, 0, upload_id);
     if (st == ZB_OK) st = object_url(s, key, (const char *)qs.data, &url);
     if (st == ZB_OK) {
@@ -317,8 +328,11 @@ s3_rename(void *self, const char *from, const char *to)
     if (st == ZB_OK) st = zb_url_encode(&hdr, (const char *)src.data, true);
     if (st == ZB_OK) st = zb_buf_append(&hdr, "", 1);
     if (st == ZB_OK) st = object_url(s, to, NULL, &url);
-    zb_http_req q = {.method = ZB_HTTP_PUT, .url = (const char *)url.data, .what = to,
-                     .header = (const char *)hdr.data, .want_body = true};
+    zb_http_req q = {.method = ZB_HTTP_PUT,
+                     .url = (const char *)url.data,
+                     .what = to,
+                     .header = (const char *)hdr.data,
+                     .want_body = true};
     if (st == ZB_OK) st = zb_remote_perform(s->r, &q, 1);
     if (st == ZB_OK) st = check_body_error(s, "CopyObject", &q.body);
     if (st == ZB_OK) st = s3_erase(s, from);
@@ -365,8 +379,8 @@ zb_store_open_s3(const char *url, const zb_remote_opts *opts, zb_store **out)
     if (!opts) opts = &d;
     s3_store *s = calloc(1, sizeof *s);
     if (!s) return zb_err(ZB_E_NOMEM, "s3 store: out of memory");
-    zb_status st = zb_s3_target_parse(url, opts->endpoint_url, opts->region, opts->addressing,
-                                      &s->t);
+    zb_status st =
+        zb_s3_target_parse(url, opts->endpoint_url, opts->region, opts->addressing, &s->t);
     if (st == ZB_OK && opts->part_bytes && opts->part_bytes < ((uint64_t)5 << 20) &&
         opts->endpoint_url == NULL)
         st = zb_err(ZB_E_INVALID, "%s: part_bytes %llu is below S3's 5 MiB minimum", url,

@@ -118,8 +118,8 @@ on_end(void *ud, const XML_Char *name)
         if (!w->found && !strcmp(ln, w->want) && !w->overflow) w->found = strdup(w->text);
     } else if (w->st == ZB_OK && w->depth >= 2) {
         if (w->overflow) {
-            w->st = zb_err(ZB_E_CORRUPT, "s3 list: element <%s> longer than %d bytes", ln,
-                           TEXT_CAP);
+            w->st =
+                zb_err(ZB_E_CORRUPT, "s3 list: element <%s> longer than %d bytes", ln, TEXT_CAP);
         } else if (w->depth == 3 && !strcmp(w->names[2], "Contents") && !strcmp(ln, "Key")) {
             w->st = list_entry(w, false);
         } else if (w->depth == 3 && !strcmp(w->names[2], "CommonPrefixes") &&
@@ -146,8 +146,7 @@ parse(xml_walk *w, const char *xml, size_t len)
     XML_SetElementHandler(p, on_start, on_end);
     XML_SetCharacterDataHandler(p, on_text);
     zb_status st = ZB_OK;
-    if (len > (size_t)1 << 30 ||
-        XML_Parse(p, xml, (int)len, XML_TRUE) != XML_STATUS_OK)
+    if (len > (size_t)1 << 30 || XML_Parse(p, xml, (int)len, XML_TRUE) != XML_STATUS_OK)
         st = zb_err(ZB_E_CORRUPT, "malformed XML at line %lu: %s",
                     (unsigned long)XML_GetCurrentLineNumber(p),
                     XML_ErrorString(XML_GetErrorCode(p)));
@@ -163,8 +162,7 @@ zb_s3_parse_list(const char *xml, size_t len, const char *prefix, zb_s3_listing 
     out->next_token = NULL;
     zb_status st = parse(&w, xml, len);
     if (st == ZB_OK) st = w.st;
-    if (st == ZB_OK && w.depth != 0)
-        st = zb_err(ZB_E_CORRUPT, "s3 list: unbalanced XML");
+    if (st == ZB_OK && w.depth != 0) st = zb_err(ZB_E_CORRUPT, "s3 list: unbalanced XML");
     if (st == ZB_OK && w.truncated && (!w.token || !*w.token))
         st = zb_err(ZB_E_CORRUPT, "s3 list: a truncated page without NextContinuationToken");
     if (st == ZB_OK && w.truncated) {

@@ -20,13 +20,13 @@ test_coalesce(void **state)
     (void)state;
     /* two objects; ranges given out of order; one zero-length range */
     zb_range r[] = {
-        {.key = "b", .offset = 0, .length = 10},      /* 0 */
-        {.key = "a", .offset = 200, .length = 50},    /* 1: gap 100 after #3 -> joins (gap 100) */
-        {.key = "a", .offset = 0, .length = 100},     /* 2 */
-        {.key = "a", .offset = 90, .length = 10},     /* 3: overlaps #2 */
-        {.key = "a", .offset = 1000, .length = 10},   /* 4: gap 750 -> new request */
-        {.key = "a", .offset = 5, .length = 0},       /* 5: empty: in no request */
-        {.key = "b", .offset = 30, .length = 10},     /* 6: gap 20 -> joins #0 */
+        {.key = "b", .offset = 0, .length = 10},    /* 0 */
+        {.key = "a", .offset = 200, .length = 50},  /* 1: gap 100 after #3 -> joins (gap 100) */
+        {.key = "a", .offset = 0, .length = 100},   /* 2 */
+        {.key = "a", .offset = 90, .length = 10},   /* 3: overlaps #2 */
+        {.key = "a", .offset = 1000, .length = 10}, /* 4: gap 750 -> new request */
+        {.key = "a", .offset = 5, .length = 0},     /* 5: empty: in no request */
+        {.key = "b", .offset = 30, .length = 10},   /* 6: gap 20 -> joins #0 */
     };
     size_t order[7];
     zb_coalesced *g = NULL;
@@ -73,8 +73,8 @@ test_backoff(void **state)
     /* full jitter: u * min(max, base * 2^(attempt-1)) */
     assert_true(zb_backoff_delay(0.1, 5, 1, 0.5) == 0.05);
     assert_true(zb_backoff_delay(0.1, 5, 3, 1.0) == 0.4);
-    assert_true(zb_backoff_delay(0.1, 5, 10, 1.0) == 5.0);    /* capped */
-    assert_true(zb_backoff_delay(0.1, 5, 1000, 0.5) == 2.5);  /* no overflow */
+    assert_true(zb_backoff_delay(0.1, 5, 10, 1.0) == 5.0);   /* capped */
+    assert_true(zb_backoff_delay(0.1, 5, 1000, 0.5) == 2.5); /* no overflow */
     assert_true(zb_backoff_delay(0.1, 5, 4, 0.0) == 0.0);
     assert_true(zb_http_retryable(500) && zb_http_retryable(503) && zb_http_retryable(429) &&
                 zb_http_retryable(408));
@@ -122,8 +122,8 @@ test_urls(void **state)
     assert_string_equal(t.region, "us-east-1");
     assert_string_equal(t.base, "https://my-bucket.s3.us-east-1.amazonaws.com");
     assert_false(t.path_style);
-    ZB_ASSERT_OK(zb_s3_target_parse("s3://my-bucket", NULL, "eu-west-1", ZB_S3_ADDRESSING_PATH,
-                                    &t));
+    ZB_ASSERT_OK(
+        zb_s3_target_parse("s3://my-bucket", NULL, "eu-west-1", ZB_S3_ADDRESSING_PATH, &t));
     assert_string_equal(t.base, "https://s3.eu-west-1.amazonaws.com/my-bucket");
     assert_string_equal(t.prefix, "");
     ZB_ASSERT_OK(zb_s3_target_parse("s3://bkt/p", "http://127.0.0.1:9000/", NULL, 0, &t));
@@ -260,9 +260,9 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_coalesce),       cmocka_unit_test(test_backoff),
-        cmocka_unit_test(test_content_range),  cmocka_unit_test(test_urls),
-        cmocka_unit_test(test_s3_list_xml),    cmocka_unit_test(test_unreachable_bounded),
+        cmocka_unit_test(test_coalesce),      cmocka_unit_test(test_backoff),
+        cmocka_unit_test(test_content_range), cmocka_unit_test(test_urls),
+        cmocka_unit_test(test_s3_list_xml),   cmocka_unit_test(test_unreachable_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@ anndata and nvalchemi elsewhere), and zarr-python 3 over s3fs for what zbatch wr
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -160,6 +161,54 @@ def test_get_ranges_many_in_flight_coalesced_and_under_faults(tmp_path, nginx_se
     injected = proxy.stats()["injected"]
     failures = sum(v for k, v in injected.items() if k != "latency")
     assert failures > 20 and failures - injected["reset"] <= stats["retries"] <= failures
+
+
+@pytest.fixture
+def https_serve(tmp_path):
+    """nginx over TLS with a fresh self-signed certificate for 127.0.0.1: a factory
+    https_serve(root) -> base URL."""
+    import subprocess
+    import remote_servers as rs
+    if rs.nginx_missing_reason():
+        pytest.skip(rs.nginx_missing_reason())
+    d = tmp_path / "tls"
+    d.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
+                   check=True, capture_output=True, timeout=60)
+    procs = []
+
+    def start(root):
+        port = rs.free_port()
+        user = "user root;" if os.geteuid() == 0 else ""
+        (d / "nginx.conf").write_text(f"""
+{user} daemon off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;
+events {{ worker_connections 256; }}
+http {{ access_log off; client_body_temp_path {d}/b; proxy_temp_path {d}/p;
+  fastcgi_temp_path {d}/f; uwsgi_temp_path {d}/u; scgi_temp_path {d}/s;
+  server {{ listen {rs.LOOPBACK}:{port} ssl; ssl_certificate {d}/cert.pem;
+           ssl_certificate_key {d}/key.pem; root {root}; }} }}
+""")
+        p = subprocess.Popen([rs.NGINX, "-c", str(d / "nginx.conf"), "-e", str(d / "error.log")])
+        procs.append(p)
+        rs._wait_port(port, p, "nginx (tls)", d / "error.log")
+        return f"https://{rs.LOOPBACK}:{port}"
+
+    yield start
+    for p in procs:
+        rs._stop_process(p)
+
+
+def test_https_reads_and_refuses_an_untrusted_certificate(stores, https_serve):
+    root, _ = stores
+    url = https_serve(root) + "/csr_v3_sharded.zarr"
+    local = zbatch.open(str(root / "csr_v3_sharded.zarr"))
+    ds = zbatch.open(url, storage_options={"insecure": True})
+    _assert_same_batches(_batches(ds, "random"), _batches(local, "random"))
+    with pytest.raises(zbatch.ZbatchError) as e:  # a self-signed certificate: no retry loop
+        zbatch.open(url, storage_options={"max_retries": 2})
+    assert "certificate" in str(e.value).lower() and url in str(e.value)
 
 
 def test_http_missing_chunk_is_fill_value(tmp_path, nginx_serve):
@@ -411,3 +460,11 @@ def test_storage_options_mapping():
         remote_options("s3://b/p", {"key": "K"}, {})
     with pytest.raises(ValueError, match="only"):
         remote_options("/local", {"anon": True}, env)
+
+
+def test_write_array_refuses_urls(tmp_path, monkeypatch):
+    """write_array makes local directories: a URL is refused, never a local "s3:" folder."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="write_anndata"):
+        zbatch.write_array("s3://bucket/x.zarr", "a", np.arange(3))
+    assert list(tmp_path.iterdir()) == []
