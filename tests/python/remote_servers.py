@@ -256,32 +256,38 @@ http {{
         return out
 
 
-def request_stats(records, seconds: float | None = None) -> dict:
-    """Requests, requests/s, body bytes per request, and requests in flight (time-weighted mean
-    over the busy span, and the maximum) of a list of ``RequestRecord``.
+def request_stats(records, window: tuple[float, float] | None = None) -> dict:
+    """Requests, requests/s, body bytes per request, and requests in flight (time-weighted mean,
+    and the maximum) of a list of ``RequestRecord``.
 
-    seconds: the wall time to rate against (default: first start to last end in the records).
+    window: (t0, t1) in seconds since the epoch: count only the requests that end inside it and
+    rate them, and the time they were in flight, against t1 - t0. Default: the span from the
+    first start to the last end.
     """
     records = list(records)
+    if window is not None:
+        t0, t1 = window
+        records = [r for r in records if t0 <= r.end <= t1]
+    else:
+        t0 = min((r.start for r in records), default=0.0)
+        t1 = max((r.end for r in records), default=0.0)
     if not records:
         return {"requests": 0, "requests_per_s": 0.0, "bytes": 0, "bytes_per_request": 0.0,
                 "in_flight_mean": 0.0, "in_flight_max": 0, "connections": 0}
-    span = max(r.end for r in records) - min(r.start for r in records)
-    wall = seconds if seconds is not None else span
+    wall = t1 - t0
     nbytes = sum(r.nbytes for r in records)
     # In flight: sweep the starts and ends (an end before a start at the same instant).
-    events = sorted([(r.start, 1) for r in records] + [(r.end, -1) for r in records],
-                    key=lambda e: (e[0], e[1]))
+    events = sorted([(max(r.start, t0), 1) for r in records] + [(r.end, -1) for r in records])
     cur = peak = 0
     for _t, d in events:
         cur += d
         peak = max(peak, cur)
-    busy = sum(r.end - r.start for r in records)
+    busy = sum(r.end - max(r.start, t0) for r in records)
     return {"requests": len(records),
             "requests_per_s": len(records) / wall if wall > 0 else float("inf"),
             "bytes": nbytes,
             "bytes_per_request": nbytes / len(records),
-            "in_flight_mean": busy / span if span > 0 else float(len(records)),
+            "in_flight_mean": busy / wall if wall > 0 else float(len(records)),
             "in_flight_max": peak,
             "connections": len({r.connection for r in records})}
 

@@ -6,7 +6,6 @@ http.client, boto3, zarr-python over s3fs)."""
 from __future__ import annotations
 
 import http.client
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -71,24 +70,24 @@ def test_nginx_range_head_keepalive(www, nginx_serve):
 
 @pytest.mark.parametrize("latency_ms", [5, 25])
 def test_nginx_latency_is_what_was_asked(www, nginx_serve, latency_ms):
-    """Sequential requests take the latency plus the no-latency time (within 8 ms); 32 at once
+    """Sequential requests take the latency plus the no-latency time (within 5 ms); 32 at once
     all finish within ~one latency, so the delay holds no worker (it does not serialise)."""
     root, data = www
     plain, slow = nginx_serve(root), nginx_serve(root, latency_ms=latency_ms)
 
-    def timed(url, n=15):
-        with requests.Session() as s:
-            out = []
-            for first, last in _ranges(n, seed=1):
-                t = time.perf_counter()
-                r = s.get(url + "/d/blob.bin", headers={"Range": f"bytes={first}-{last}"})
-                out.append(time.perf_counter() - t)
-                assert r.content == data[first:last + 1]
-            return statistics.median(out)
+    def fastest(url, session, rg):
+        t = time.perf_counter()
+        r = session.get(url + "/d/blob.bin", headers={"Range": f"bytes={rg[0]}-{rg[1]}"})
+        took = time.perf_counter() - t
+        assert r.content == data[rg[0]:rg[1] + 1]
+        return took
 
-    base, lat = timed(plain.url), timed(slow.url)
-    added = (lat - base) * 1000
-    assert latency_ms - 1 <= added <= latency_ms + 8, f"added {added:.1f} ms, asked {latency_ms}"
+    # Interleaved, and the fastest of each: noise on a shared machine only ever adds time.
+    with requests.Session() as a, requests.Session() as b:
+        pairs = [(fastest(plain.url, a, rg), fastest(slow.url, b, rg))
+                 for rg in _ranges(20, seed=1)]
+    added = (min(p[1] for p in pairs) - min(p[0] for p in pairs)) * 1000
+    assert latency_ms - 1 <= added <= latency_ms + 5, f"added {added:.1f} ms, asked {latency_ms}"
     head = requests.head(slow.url + "/d/blob.bin", timeout=5)
     assert int(head.headers["Content-Length"]) == SIZE
     # The server's own log agrees: every request's duration is at least the latency.
@@ -125,6 +124,11 @@ def test_request_stats_on_known_records():
     assert st["requests_per_s"] == pytest.approx(1.5)
     assert st["in_flight_mean"] == pytest.approx(2.5 / 2.0)
     assert st["in_flight_max"] == 2 and st["connections"] == 2
+    # A window counts the requests that end in it, and their time inside it.
+    st = rs.request_stats(recs, window=(1.2, 1.8))
+    assert st["requests"] == 1 and st["bytes"] == 300
+    assert st["requests_per_s"] == pytest.approx(1 / 0.6)
+    assert st["in_flight_mean"] == pytest.approx(0.3 / 0.6)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -195,12 +199,12 @@ def _run_outcomes(url, ranges, data, workers=16, timeout=2.0, late_s=None):
 
 @pytest.mark.parametrize("kind", rs.FAULT_KINDS)
 def test_proxy_injects_each_fault_at_its_rate(www, nginx_serve, fault_proxy, kind):
-    """200 distinct range GETs at rate 0.25: the client sees the fault as many times as the proxy
-    counted, and that count is within 4 standard deviations of 50."""
+    """120 distinct range GETs at rate 0.25: the client sees the fault as many times as the proxy
+    counted, and that count is within 4 standard deviations of 30."""
     root, data = www
     proxy = fault_proxy(nginx_serve(root).url, seed=11, rates={kind: 0.25}, stall_s=1.0,
                         fault_latency_s=0.4)
-    ranges = _ranges(200, seed=3)
+    ranges = _ranges(120, seed=3)
     late = 0.3 if kind == "latency" else None
     seen = _run_outcomes(proxy.url + "/d/blob.bin", ranges, data, timeout=0.6 if kind == "stall"
                          else 2.0, late_s=late)
@@ -209,8 +213,8 @@ def test_proxy_injects_each_fault_at_its_rate(www, nginx_serve, fault_proxy, kin
     assert set(seen) <= {"ok", kind}, sorted(set(seen))
     assert stats["injected"][kind] == n
     assert sum(stats["injected"].values()) == n
-    assert abs(n - 50) <= 4 * (200 * 0.25 * 0.75) ** 0.5, f"{n} {kind} faults in 200 at 0.25"
-    assert stats["requests"] == 200
+    assert abs(n - 30) <= 4 * (120 * 0.25 * 0.75) ** 0.5, f"{n} {kind} faults in 120 at 0.25"
+    assert stats["requests"] == 120
 
 
 def test_proxy_is_deterministic_per_seed(www, nginx_serve, fault_proxy):

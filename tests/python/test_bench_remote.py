@@ -1,0 +1,69 @@
+"""bench/remote.py's own parts: the zarr-python peer over HTTP reads the same CSR rows as
+zarr-python locally, its block order visits every row once in contiguous blocks, and the summary
+divides the right rows."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import scipy.sparse as sp
+import zarr
+
+from conftest import REPO
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from bench import remote  # noqa: E402
+
+
+def test_zarr_rows_over_nginx_equal_local_csr(tmp_path, nginx_serve):
+    rng = np.random.default_rng(0)
+    x = sp.random(300, 50, density=0.1, format="csr", random_state=1, dtype=np.float32)
+    g = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    xg = g.create_group("X")
+    for name in ("data", "indices", "indptr"):
+        xg.create_array(name, data=getattr(x, name), chunks=(64,))
+    zarr.consolidate_metadata(str(tmp_path / "s.zarr"))
+    server = nginx_serve(tmp_path)
+    ds = remote.ZarrRows(server.url + "/s.zarr", 300, 50)
+    ids = rng.choice(300, 40, replace=False)
+    got = remote.CsrCollate(50)([ds[int(i)] for i in ids])
+    want = x[ids]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got.indptr, want.indptr)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.data, want.data)
+    assert len(server.requests()) > 0
+
+
+def test_block_order_visits_every_row_once_in_blocks():
+    order = remote.BlockOrder(100, 16, seed=3)
+    rows = list(order)
+    assert sorted(rows) == list(range(100))
+    p, starts = 0, []
+    while p < len(rows):  # each block: a start at a multiple of 16, then its rows in order
+        s = rows[p]
+        n = min(16, 100 - s)
+        assert s % 16 == 0 and rows[p:p + n] == list(range(s, s + n))
+        starts.append(s)
+        p += n
+    assert sorted(starts) == list(range(0, 100, 16)) and starts != sorted(starts)
+    order.set_epoch(1)
+    assert list(order) != rows
+
+
+def test_summary_ratios():
+    rows = [{"tool": "zbatch", "where": "local", "sampler": "block", "latency_ms": None,
+             "samples_per_s": 1000.0},
+            {"tool": "zbatch", "where": "http", "sampler": "block", "latency_ms": 25,
+             "threads": 2, "samples_per_s": 850.0},
+            {"tool": "zbatch", "where": "http", "sampler": "block", "latency_ms": 25,
+             "threads": 64, "samples_per_s": 990.0},
+            {"tool": "zarr", "where": "http", "sampler": "block", "latency_ms": 25,
+             "workers": 2, "samples_per_s": 20.0},
+            {"tool": "zarr", "where": "http", "sampler": "block", "latency_ms": 25,
+             "workers": 8, "samples_per_s": 50.0}]
+    s = remote.summarize(rows, [25], ["block"], threads=2)
+    (r,) = s["ratios"]
+    assert r["http_over_local"] == 0.85 and r["zbatch_over_zarr"] == 17.0  # zarr: its best
+    assert "met" in s["lines"][0] and "NOT met" not in s["lines"][0]
