@@ -30,4 +30,12 @@ zb_dataset *zbpy_dataset_ptr(PyObject *obj);
  * (buffer, typestr, shape, kind, segment), "segments", "index", "dataset", "stats". */
 PyObject *zbpy_batch_to_dict(zb_batch *batch);
 
+/* The same dict for a batch someone else owns: its buffers hold `owner`, which must keep the
+ * batch alive. */
+PyObject *zbpy_batch_dict(const zb_batch *batch, PyObject *owner);
+
+/* Wraps a device batch (taking ownership) into a zbatch._zbatch._DeviceBatch (ext_device.c). */
+PyObject *zbpy_device_batch_new(zb_device_batch *db);
+int zbpy_register_device(PyObject *module);
+
 #endif

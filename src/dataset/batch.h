@@ -18,6 +18,14 @@ zb_status zb_batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out);
 zb_status zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n,
                                   const size_t *sizes, size_t nbatches, zb_batch **out);
 
+typedef struct zb_arena_pool zb_arena_pool; /* dataset.h */
+
+/* zb_dataset_read_batches with the batch's memory taken from `pool` instead of the dataset's
+ * (a loader's page-locked pool); NULL: the dataset's. */
+zb_status zb_dataset_read_batches_in(zb_dataset *ds, zb_arena_pool *pool, const uint64_t *ids,
+                                     size_t n, const size_t *sizes, size_t nbatches,
+                                     zb_batch **out);
+
 /* Columns of the anndata X behind the batch (0 if none). */
 uint64_t zb_batch_n_vars(const zb_batch *b);
 

@@ -87,6 +87,16 @@ typedef struct zb_arena_pool zb_arena_pool;
 zb_status zb_arena_pool_new(zb_arena_pool **out);
 void zb_arena_pool_unref(zb_arena_pool *p);
 
+/* Where a pool's blocks come from: malloc/free by default, page-locked memory for a loader
+ * that delivers to a device (loader/device.c). `release(user)` runs when the pool is gone. */
+typedef struct zb_arena_alloc {
+    void *(*alloc)(size_t nbytes, void *user);
+    void (*free)(void *block, void *user);
+    void (*release)(void *user);
+    void *user;
+} zb_arena_alloc;
+zb_status zb_arena_pool_new_with(const zb_arena_alloc *alloc, zb_arena_pool **out);
+
 /* read_many's plan memory kept between requests (reader.c); freed by zb_dataset_close. */
 typedef struct zb_plan_mem zb_plan_mem;
 void zb_plan_mem_release_all(zb_dataset *ds);

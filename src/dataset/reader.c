@@ -62,6 +62,7 @@ typedef struct bseg {
  * many blocks that is, and a pool never holds more than its busiest moment needed. */
 #define ARENA_MAX 1024
 struct zb_arena_pool {
+    zb_arena_alloc alloc;
     pthread_mutex_t mu;
     int refs;
     size_t n;
@@ -70,11 +71,33 @@ struct zb_arena_pool {
     size_t cap[ARENA_MAX];
 };
 
+static void *
+heap_alloc(size_t nbytes, void *user)
+{
+    (void)user;
+    return malloc(nbytes);
+}
+
+static void
+heap_free(void *block, void *user)
+{
+    (void)user;
+    free(block);
+}
+
 zb_status
 zb_arena_pool_new(zb_arena_pool **out)
 {
+    zb_arena_alloc heap = {heap_alloc, heap_free, NULL, NULL};
+    return zb_arena_pool_new_with(&heap, out);
+}
+
+zb_status
+zb_arena_pool_new_with(const zb_arena_alloc *alloc, zb_arena_pool **out)
+{
     zb_arena_pool *p = calloc(1, sizeof *p);
     if (!p) return zb_err(ZB_E_NOMEM, "arena pool: out of memory");
+    p->alloc = *alloc;
     pthread_mutex_init(&p->mu, NULL);
     p->refs = 1;
     *out = p;
@@ -89,7 +112,8 @@ zb_arena_pool_unref(zb_arena_pool *p)
     int left = --p->refs;
     pthread_mutex_unlock(&p->mu);
     if (left > 0) return;
-    for (size_t i = 0; i < p->n; i++) free(p->blk[i]);
+    for (size_t i = 0; i < p->n; i++) p->alloc.free(p->blk[i], p->alloc.user);
+    if (p->alloc.release) p->alloc.release(p->alloc.user);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
@@ -125,7 +149,7 @@ arena_take(zb_arena_pool *p, size_t need, size_t *cap)
     if (!blk) {
         /* a little headroom, so windows of slightly varying size reuse one block */
         size_t c = need + need / 8 + 4096;
-        blk = malloc(c);
+        blk = p->alloc.alloc(c, p->alloc.user);
         *cap = c;
         if (blk) {
             pthread_mutex_lock(&p->mu);
@@ -162,8 +186,8 @@ arena_give(zb_arena_pool *p, void *blk, size_t cap)
         p->cap[small] = p->cap[p->n];
     }
     pthread_mutex_unlock(&p->mu);
-    free(blk);
-    for (size_t i = 0; i < ndrop; i++) free(drop[i]);
+    if (blk) p->alloc.free(blk, p->alloc.user);
+    for (size_t i = 0; i < ndrop; i++) p->alloc.free(drop[i], p->alloc.user);
     zb_arena_pool_unref(p);
 }
 
@@ -2038,6 +2062,13 @@ zb_status
 zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
                         size_t nbatches, zb_batch **out)
 {
+    return zb_dataset_read_batches_in(ds, NULL, ids, n, sizes, nbatches, out);
+}
+
+zb_status
+zb_dataset_read_batches_in(zb_dataset *ds, zb_arena_pool *pool, const uint64_t *ids, size_t n,
+                           const size_t *sizes, size_t nbatches, zb_batch **out)
+{
     if (!out) return zb_err(ZB_E_INVALID, "read_many: null out");
     *out = NULL;
     if (!ds || (!ids && n) || (nbatches && !sizes))
@@ -2137,10 +2168,10 @@ zb_dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
         arena_need += ((size_t)(rows * fd->row_elems * isz) + 63) & ~(size_t)63;
     }
     p.stream = arena_need >= ZB_STREAM_MIN_BATCH_BYTES;
-    b->arenas = ds->arenas;
-    b->arena = arena_take(ds->arenas, arena_need + 64, &b->arena_cap);
+    b->arenas = pool ? pool : ds->arenas;
+    b->arena = arena_take(b->arenas, arena_need + 64, &b->arena_cap);
     if (!b->arena) {
-        zb_arena_pool_unref(ds->arenas);
+        zb_arena_pool_unref(b->arenas);
         b->arenas = NULL;
         st = zb_err(ZB_E_NOMEM, "read_many: out of memory for a %zu-byte batch", arena_need);
         goto fail;
