@@ -93,11 +93,8 @@ zb_cuda_open(const char *library, int device, zb_cuda **out)
             st = zb_err(ZB_E_UNSUPPORTED, "CUDA device %d does not exist: runtime %s sees %d",
                         device, c->library, c->ndevices);
     }
-    if (st == ZB_OK)
-        st = c->cudaSetDevice(device) == CU_SUCCESS
-                 ? ZB_OK
-                 : zb_err(ZB_E_UNSUPPORTED, "CUDA device %d cannot be used (cudaSetDevice)",
-                          device);
+    /* no cudaSetDevice here: the calling thread's current device is its own (PyTorch's);
+     * the loader's workers set theirs */
     if (st != ZB_OK) {
         if (c->lib) dlclose(c->lib);
         free(c);
