@@ -37,8 +37,11 @@ def same_bytes(a, b) -> bool:
 
 def compare(host_batch, dev_batch, torch) -> list[str]:
     """Keys whose device value differs from the host value (bit for bit)."""
-    bad = []
+    bad = [f"{k} (only on the device)" for k in dev_batch if k not in host_batch]
     for k in host_batch:
+        if k not in dev_batch:
+            bad.append(f"{k} (missing on the device)")
+            continue
         h, d = host_batch[k], dev_batch[k]
         if not isinstance(h, torch.Tensor):
             if list(h) != list(d):
@@ -104,29 +107,29 @@ def bandwidth(ds, torch, zbatch, batch_size: int) -> dict:
     return out
 
 
-def epoch_rate(loader, step=None) -> tuple[float, float]:
-    """(samples/s over one epoch after two warm-up batches, host seconds per batch spent
+def epoch_rate(loader, step=None, passes: int = 3) -> tuple[float, float]:
+    """(samples/s over `passes` epochs after a warm-up epoch, host seconds per batch spent
     waiting in the loop for the next batch)."""
     import torch
-    it = iter(loader)
-    for _ in range(2):
-        b = next(it)
+    for b in loader:   # warm-up: pools, caches, streams
         if step:
             step(b)
     torch.cuda.synchronize()
-    n, waited, t0 = 0, 0.0, time.perf_counter()
-    while True:
-        w = time.perf_counter()
-        b = next(it, None)
-        waited += time.perf_counter() - w
-        if b is None:
-            break
-        n += len(b["index"])
-        if step:
-            step(b)
+    n, nb, waited, t0 = 0, 0, 0.0, time.perf_counter()
+    for _ in range(passes):
+        it = iter(loader)
+        while True:
+            w = time.perf_counter()
+            b = next(it, None)
+            waited += time.perf_counter() - w
+            if b is None:
+                break
+            n += len(b["index"])
+            nb += 1
+            if step:
+                step(b)
     torch.cuda.synchronize()
-    nb = max(1, len(loader) - 2)
-    return n / (time.perf_counter() - t0), waited / nb
+    return n / (time.perf_counter() - t0), waited / max(1, nb)
 
 
 def overlap(ds, torch, zbatch, batch_size: int) -> dict:
@@ -164,7 +167,7 @@ def overlap(ds, torch, zbatch, batch_size: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cli", required=True, help="the zbatch command (for synth)")
-    ap.add_argument("--cells", type=int, default=20000)
+    ap.add_argument("--cells", type=int, default=40000)
     ap.add_argument("--atoms", type=int, default=2000)
     ap.add_argument("--batch-size", type=int, default=2048)
     args = ap.parse_args()

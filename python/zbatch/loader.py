@@ -440,7 +440,10 @@ class DataLoader:
     @property
     def placement(self) -> str:
         """Where the C loader puts batches: "host", "pinned" (page-locked host memory) or
-        "device"; after a fallback "host" (see :attr:`placement_reason`)."""
+        "device"; after a fallback "host" (see :attr:`placement_reason`). Batches of a Python
+        sampler are read on the host ("host"), and torch copies them."""
+        if self._py is not None:
+            return "host"
         return self._placed[0] if self._placed else self._placement
 
     @property

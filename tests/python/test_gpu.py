@@ -281,3 +281,40 @@ def test_pinned_placement_gives_pinned_host_batches(cells, fake):
     gc.collect()
     c = counters(lib)
     assert c.copies == 0 and c.host_allocs > 0 and c.live_pinned == 0
+
+
+def test_dataloader_pin_memory_reads_into_page_locked_memory(cells, fake, monkeypatch):
+    """pin_memory=True with CUDA: X comes straight out of the loader's page-locked windows
+    (no pin_memory() copy); torch's CUDA is stood in for by the fake runtime."""
+    path, lib = fake
+    lib.fake_cuda_reset(1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("zbatch._cuda.loaded_cudart", lambda: path)
+    ds = zbatch.open(cells[0])
+    dl = zbatch.DataLoader(ds, batch_size=BS, pin_memory=True, output="torch")
+    n = 0
+    for k, b in enumerate(dl):
+        v = b["X"].values()
+        assert lib.fake_cuda_is_pinned(ctypes.c_void_p(v.data_ptr()),
+                                       ctypes.c_size_t(v.numel() * v.element_size()))
+        np.testing.assert_array_equal(v.numpy(), cells[1].X[k * BS:(k + 1) * BS].data)
+        n += 1
+    assert n == -(-N // BS) and dl.placement == "pinned" and dl.placement_reason is None
+    del b, v
+    dl.close()
+
+
+def test_dataloader_falls_back_when_no_runtime_loads(cells, monkeypatch):
+    """torch has CUDA but zbatch loads no runtime: a warning with the reason, and the loader
+    says it is on the host (torch then copies each batch)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr("zbatch._cuda.loaded_cudart", lambda: "/nonexistent/libcudart.so.12")
+    ds = zbatch.open(cells[0])
+    dl = zbatch.DataLoader(ds, batch_size=BS, device="cuda", output="torch")
+    assert dl.placement == "device"      # asked for; nothing opened yet
+    with pytest.warns(UserWarning, match="pageable host memory.*no CUDA runtime"):
+        with pytest.raises((RuntimeError, AssertionError)):   # torch's copy: no CUDA here
+            next(iter(dl))
+    assert dl.placement == "host" and "/nonexistent/libcudart.so.12" in dl.placement_reason
+    dl.close()
