@@ -92,13 +92,13 @@ void zb_device_batch_release(zb_device_batch *db);
 
 /* What a device-delivering loader has done so far (zb_loader_device_stats). */
 typedef struct zb_device_stats {
-    uint64_t batches_copied;   /* batches copied to the device */
-    uint64_t bytes_copied;     /* bytes copied host to device */
-    uint64_t host_blocks;      /* page-locked blocks allocated (not reused ones) */
-    uint64_t host_bytes;       /* bytes of those blocks */
-    uint64_t device_blocks;    /* device blocks allocated */
-    uint64_t device_bytes;     /* bytes of those blocks */
-    uint64_t retired_pending;  /* released batches whose device copy was not complete yet */
+    uint64_t batches_copied;  /* batches copied to the device */
+    uint64_t bytes_copied;    /* bytes copied host to device */
+    uint64_t host_blocks;     /* page-locked blocks allocated (not reused ones) */
+    uint64_t host_bytes;      /* bytes of those blocks */
+    uint64_t device_blocks;   /* device blocks allocated */
+    uint64_t device_bytes;    /* bytes of those blocks */
+    uint64_t retired_pending; /* released batches whose device copy was not complete yet */
 } zb_device_stats;
 
 #ifdef __cplusplus

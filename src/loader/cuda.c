@@ -64,10 +64,9 @@ load_library(zb_cuda *c, const char *library)
 static zb_status
 resolve(zb_cuda *c)
 {
-#define ZB_CU_LOAD(name, ret, args)                                                              \
-    *(void **)&c->name = dlsym(c->lib, #name);                                                   \
-    if (!c->name)                                                                                \
-        return zb_err(ZB_E_UNSUPPORTED, "CUDA runtime %s has no %s", c->library, #name);
+#define ZB_CU_LOAD(name, ret, args)                                                                \
+    *(void **)&c->name = dlsym(c->lib, #name);                                                     \
+    if (!c->name) return zb_err(ZB_E_UNSUPPORTED, "CUDA runtime %s has no %s", c->library, #name);
     ZB_CU_FUNCS(ZB_CU_LOAD)
 #undef ZB_CU_LOAD
     return ZB_OK;
@@ -86,9 +85,10 @@ zb_cuda_open(const char *library, int device, zb_cuda **out)
     if (st == ZB_OK) {
         cu_err e = c->cudaGetDeviceCount(&c->ndevices);
         if (e != CU_SUCCESS)
-            st = zb_err(ZB_E_UNSUPPORTED, "CUDA runtime %s finds no usable device: "
-                        "cudaGetDeviceCount: CUDA error %d (%s)", c->library, (int)e,
-                        c->cudaGetErrorString(e));
+            st = zb_err(ZB_E_UNSUPPORTED,
+                        "CUDA runtime %s finds no usable device: "
+                        "cudaGetDeviceCount: CUDA error %d (%s)",
+                        c->library, (int)e, c->cudaGetErrorString(e));
         else if (device >= c->ndevices)
             st = zb_err(ZB_E_UNSUPPORTED, "CUDA device %d does not exist: runtime %s sees %d",
                         device, c->library, c->ndevices);

@@ -31,23 +31,23 @@ typedef struct cu_event_st *cu_event;
 #define CU_EVENT_DISABLE_TIMING 2u /* cudaEventDisableTiming */
 
 /* name, return type, parameters: one line per runtime function zbatch resolves. */
-#define ZB_CU_FUNCS(X)                                                                           \
-    X(cudaGetErrorString, const char *, (cu_err))                                                \
-    X(cudaGetDeviceCount, cu_err, (int *))                                                       \
-    X(cudaSetDevice, cu_err, (int))                                                              \
-    X(cudaHostAlloc, cu_err, (void **, size_t, unsigned int))                                    \
-    X(cudaFreeHost, cu_err, (void *))                                                            \
-    X(cudaMalloc, cu_err, (void **, size_t))                                                     \
-    X(cudaFree, cu_err, (void *))                                                                \
-    X(cudaMemcpyAsync, cu_err, (void *, const void *, size_t, int, cu_stream))                   \
-    X(cudaStreamCreateWithFlags, cu_err, (cu_stream *, unsigned int))                            \
-    X(cudaStreamDestroy, cu_err, (cu_stream))                                                    \
-    X(cudaStreamWaitEvent, cu_err, (cu_stream, cu_event, unsigned int))                          \
-    X(cudaStreamSynchronize, cu_err, (cu_stream))                                                \
-    X(cudaEventCreateWithFlags, cu_err, (cu_event *, unsigned int))                              \
-    X(cudaEventDestroy, cu_err, (cu_event))                                                      \
-    X(cudaEventRecord, cu_err, (cu_event, cu_stream))                                            \
-    X(cudaEventQuery, cu_err, (cu_event))                                                        \
+#define ZB_CU_FUNCS(X)                                                                             \
+    X(cudaGetErrorString, const char *, (cu_err))                                                  \
+    X(cudaGetDeviceCount, cu_err, (int *))                                                         \
+    X(cudaSetDevice, cu_err, (int))                                                                \
+    X(cudaHostAlloc, cu_err, (void **, size_t, unsigned int))                                      \
+    X(cudaFreeHost, cu_err, (void *))                                                              \
+    X(cudaMalloc, cu_err, (void **, size_t))                                                       \
+    X(cudaFree, cu_err, (void *))                                                                  \
+    X(cudaMemcpyAsync, cu_err, (void *, const void *, size_t, int, cu_stream))                     \
+    X(cudaStreamCreateWithFlags, cu_err, (cu_stream *, unsigned int))                              \
+    X(cudaStreamDestroy, cu_err, (cu_stream))                                                      \
+    X(cudaStreamWaitEvent, cu_err, (cu_stream, cu_event, unsigned int))                            \
+    X(cudaStreamSynchronize, cu_err, (cu_stream))                                                  \
+    X(cudaEventCreateWithFlags, cu_err, (cu_event *, unsigned int))                                \
+    X(cudaEventDestroy, cu_err, (cu_event))                                                        \
+    X(cudaEventRecord, cu_err, (cu_event, cu_stream))                                              \
+    X(cudaEventQuery, cu_err, (cu_event))                                                          \
     X(cudaEventSynchronize, cu_err, (cu_event))
 
 ZB_CU_FUNCS(ZB_CU_TYPE)

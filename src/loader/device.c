@@ -46,9 +46,9 @@ typedef struct event_item {
 } event_item;
 
 struct zb_device_batch {
-    zb_devq *q;       /* NULL: a host batch without a stage */
+    zb_devq *q; /* NULL: a host batch without a stage */
     zb_batch *host;
-    dblock *blk;      /* NULL without a device copy */
+    dblock *blk; /* NULL without a device copy */
     event_item *copied;
     cu_stream consumer;
     size_t nfields, nsegs;
@@ -274,10 +274,9 @@ event_take(zb_devq *q, event_item **out)
     if (!e) {
         e = calloc(1, sizeof *e);
         if (!e) return zb_err(ZB_E_NOMEM, "device stage: out of memory");
-        zb_status st = zb_cuda_check(q->cuda,
-                                     q->cuda->cudaEventCreateWithFlags(&e->ev,
-                                                                       CU_EVENT_DISABLE_TIMING),
-                                     "cudaEventCreateWithFlags");
+        zb_status st = zb_cuda_check(
+            q->cuda, q->cuda->cudaEventCreateWithFlags(&e->ev, CU_EVENT_DISABLE_TIMING),
+            "cudaEventCreateWithFlags");
         if (st != ZB_OK) {
             free(e);
             return st;
@@ -331,8 +330,8 @@ issue_copies(zb_devq *q, zb_device_batch *db, cu_stream s)
     ZB_TRY(block_take(q, need + aux, aux, &db->blk));
     dblock *b = db->blk;
     /* the block's previous batch: its consumer's work must finish before this copy lands */
-    if (b->used) ZB_TRY(zb_cuda_check(c, c->cudaStreamWaitEvent(s, b->ready, 0),
-                                      "cudaStreamWaitEvent"));
+    if (b->used)
+        ZB_TRY(zb_cuda_check(c, c->cudaStreamWaitEvent(s, b->ready, 0), "cudaStreamWaitEvent"));
     uint8_t *dev = b->dev;
     size_t off = 0, bytes = 0;
     for (size_t i = 0; i < db->nfields; i++) {
@@ -366,8 +365,7 @@ issue_copies(zb_devq *q, zb_device_batch *db, cu_stream s)
         db->ptr[db->nfields + db->nsegs + 1] = dev + off + a;
     }
     a += align_up(B * sizeof(int32_t));
-    ZB_TRY(zb_cuda_check(c, c->cudaMemcpyAsync(dev + off, host, a, CU_H2D, s),
-                         "cudaMemcpyAsync"));
+    ZB_TRY(zb_cuda_check(c, c->cudaMemcpyAsync(dev + off, host, a, CU_H2D, s), "cudaMemcpyAsync"));
     bytes += a;
     ZB_TRY(event_take(q, &db->copied));
     ZB_TRY(zb_cuda_check(c, c->cudaEventRecord(db->copied->ev, s), "cudaEventRecord"));

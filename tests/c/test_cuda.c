@@ -197,11 +197,9 @@ test_no_device(void **state)
     (void)state;
     zb_cuda *c = NULL;
     fake.reset(0);
-    ZB_ASSERT_ERR(zb_cuda_open(ZB_FAKE_CUDART, 0, &c), ZB_E_UNSUPPORTED,
-                  "no CUDA-capable device");
+    ZB_ASSERT_ERR(zb_cuda_open(ZB_FAKE_CUDART, 0, &c), ZB_E_UNSUPPORTED, "no CUDA-capable device");
     fake.reset(1);
-    ZB_ASSERT_ERR(zb_cuda_open(ZB_FAKE_CUDART, 1, &c), ZB_E_UNSUPPORTED,
-                  "device 1 does not exist");
+    ZB_ASSERT_ERR(zb_cuda_open(ZB_FAKE_CUDART, 1, &c), ZB_E_UNSUPPORTED, "device 1 does not exist");
     ZB_ASSERT_OK(zb_cuda_open(ZB_FAKE_CUDART, 0, &c));
     assert_string_equal(zb_cuda_library(c), ZB_FAKE_CUDART);
     assert_int_equal(zb_cuda_device_count(c), 1);

@@ -125,8 +125,9 @@ fake_cuda_is_pinned(const void *p, size_t n)
 const char *
 cudaGetErrorString(int e)
 {
-    return e == 100 ? "no CUDA-capable device is detected" : e == 600 ? "device not ready"
-                                                                       : "fake CUDA error";
+    return e == 100   ? "no CUDA-capable device is detected"
+           : e == 600 ? "device not ready"
+                      : "fake CUDA error";
 }
 
 int
@@ -247,8 +248,10 @@ cudaStreamWaitEvent(void *s, void *ev, unsigned int flags)
 {
     (void)flags;
     pthread_mutex_lock(&mu);
-    if (s) cnt.copy_stream_waits++; /* the tests' consumers use the default stream (NULL) */
-    else cnt.consumer_waits++;
+    if (s)
+        cnt.copy_stream_waits++; /* the tests' consumers use the default stream (NULL) */
+    else
+        cnt.consumer_waits++;
     (void)ev;
     pthread_mutex_unlock(&mu);
     return 0;
