@@ -151,6 +151,19 @@ def overlap(ds, torch, zbatch, batch_size: int) -> dict:
 
     dev = zbatch.DataLoader(ds, device="cuda", **kw)
     gpu_rate, waited = epoch_rate(dev, step)
+    # torch's own account of host synchronisations in the loop (zbatch's C side makes none:
+    # tests/c/test_cuda.c counts them with a fake runtime)
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for b in dev:
+                step(b)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message).splitlines()[0] for w in caught
+             if "synchroniz" in str(w.message).lower()]
 
     def torch_copy_step(b):
         step({"X": b["X"].to("cuda")})
@@ -159,6 +172,7 @@ def overlap(ds, torch, zbatch, batch_size: int) -> dict:
     return {"cpu_loader_samples_per_s": cpu_rate, "gpu_loader_with_step_samples_per_s": gpu_rate,
             "overlap_ratio": gpu_rate / cpu_rate, "step_ms": 0.5 * per_batch * 1e3,
             "host_wait_ms_per_batch": waited * 1e3,
+            "torch_syncs_per_epoch": len(syncs), "torch_sync_examples": syncs[:3],
             "torch_to_per_batch_with_step_samples_per_s": old_rate,
             "placement": dev.placement, "device_stats": dev._live.device_stats()
             if dev._live is not None else None}
@@ -220,7 +234,8 @@ def main() -> int:
         print(f"gpu-check: CPU-only loader {ov['cpu_loader_samples_per_s']:.0f} cells/s | to GPU "
               f"with a {ov['step_ms']:.1f} ms step {ov['gpu_loader_with_step_samples_per_s']:.0f} "
               f"cells/s: overlap {ov['overlap_ratio']:.2f} (target >= 0.9) | host wait "
-              f"{ov['host_wait_ms_per_batch']:.2f} ms/batch | torch .to() per batch "
+              f"{ov['host_wait_ms_per_batch']:.2f} ms/batch, torch syncs per epoch "
+              f"{ov['torch_syncs_per_epoch']} | torch .to() per batch "
               f"{ov['torch_to_per_batch_with_step_samples_per_s']:.0f} cells/s")
         if ov["placement"] != "device":
             failed.append(f"overlap run fell back to {ov['placement']}")
