@@ -12,6 +12,7 @@
 #define ZBATCH_LOADER_H
 
 #include "zbatch.h"
+#include "zbatch_cuda.h"
 #include "zbatch_sampler.h"
 
 #ifdef __cplusplus
@@ -57,9 +58,18 @@ typedef struct zb_loader_opts {
      * epoch that yields no batch ends the loader. */
     size_t more_epochs;
     bool same_epoch;
+    /* Where batches go (zbatch_cuda.h). PINNED and DEVICE load the CUDA runtime
+     * `cuda_library` (NULL: see zb_cuda_open) for device `cuda_device`; where it cannot, the
+     * loader falls back to host memory and says why (zb_loader_placement), or, with
+     * `require_placement`, zb_loader_open fails with ZB_E_UNSUPPORTED. */
+    zb_placement placement;
+    const char *cuda_library;
+    int cuda_device;
+    size_t num_streams;       /* DEVICE: copy streams, used by batches in turn (0: 2) */
+    bool require_placement;
 } zb_loader_opts;
 
-#define ZB_LOADER_OPTS_DEFAULT {4, 2, NULL, 0, 0, false}
+#define ZB_LOADER_OPTS_DEFAULT {4, 2, NULL, 0, 0, false, ZB_PLACE_HOST, NULL, 0, 2, false}
 
 /* The most samples one window may hold (prefetch_factor x the sampler's largest batch):
  * zb_loader_open refuses more with ZB_E_INVALID before allocating anything. */
@@ -79,6 +89,20 @@ ZB_API zb_status zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_lo
  * next call goes on with the following epoch; NULL again once none is left). An I/O, decode
  * or transform error in the worker is returned here with its detail message. */
 ZB_API zb_status zb_loader_next(zb_loader *ld, zb_batch **out);
+
+/* The next batch of a loader, as zb_loader_next, with its device copy when the loader's
+ * placement is ZB_PLACE_DEVICE (zbatch_cuda.h); works in every placement. *out is released
+ * with zb_device_batch_release, or NULL at the end of an epoch. A loader whose placement is
+ * DEVICE hands batches out only through this call (zb_loader_next: ZB_E_INVALID). */
+ZB_API zb_status zb_loader_next_device(zb_loader *ld, zb_device_batch **out);
+
+/* Where the loader puts batches: the placement asked for, or ZB_PLACE_HOST after a fallback,
+ * in which case *why (if not NULL) is the reason (the runtime or device that was missing),
+ * else NULL. The string lives as long as the loader. */
+ZB_API zb_placement zb_loader_placement(const zb_loader *ld, const char **why);
+
+/* Counters of the device stage (zeros for a host loader). Any thread. */
+ZB_API void zb_loader_device_stats(const zb_loader *ld, zb_device_stats *stats);
 
 /* The sampler state after the last batch handed out by zb_loader_next (not the prefetched
  * ones): restoring it into a sampler continues exactly after that batch. At an epoch end

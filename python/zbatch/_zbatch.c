@@ -276,6 +276,7 @@ PyInit__zbatch(void)
         zbpy_register_sampler(m) < 0 || zbpy_register_loader(m) < 0 ||
         zbpy_register_source(m) < 0 || zbpy_register_convert(m) < 0 ||
         zbpy_register_neighbors(m) < 0 || zbpy_register_remote(m) < 0 ||
+        zbpy_register_device(m) < 0 ||
         PyModule_AddStringConstant(m, "__version__", ZB_VERSION_STRING) < 0) {
         Py_DECREF(m);
         return NULL;

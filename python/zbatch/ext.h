@@ -49,5 +49,12 @@ const char *zbpy_str(PyObject *obj);
 
 /* The same for an unsigned int ("I" is as unchecked): [0, 2**32). */
 int zbpy_u32(PyObject *obj, void *out);
+/* The same dict for a batch someone else owns: its buffers hold `owner`, which must keep the
+ * batch alive. */
+PyObject *zbpy_batch_dict(const zb_batch *batch, PyObject *owner);
+
+/* Wraps a device batch (taking ownership) into a zbatch._zbatch._DeviceBatch (ext_device.c). */
+PyObject *zbpy_device_batch_new(zb_device_batch *db);
+int zbpy_register_device(PyObject *module);
 
 #endif

@@ -115,6 +115,14 @@ zbpy_batch_to_dict(zb_batch *cb)
         return NULL;
     }
     owner->batch = cb;
+    PyObject *d = zbpy_batch_dict(cb, (PyObject *)owner);
+    Py_DECREF(owner);
+    return d;
+}
+
+PyObject *
+zbpy_batch_dict(const zb_batch *cb, PyObject *owner)
+{
     PyObject *d = PyDict_New(), *fields = PyDict_New(), *segs = PyDict_New();
     if (!d || !fields || !segs) goto fail;
     size_t B = zb_batch_size(cb);
@@ -125,7 +133,7 @@ zbpy_batch_to_dict(zb_batch *cb)
         for (int k = 0; k < v.ndim; k++) elems *= v.row_shape[k];
         PyObject *buf = v.dtype == ZB_DT_STRING
                             ? strings_list(v.data, v.ptr, NULL, v.nrows)
-                            : make_buffer((PyObject *)owner, v.data,
+                            : make_buffer(owner, v.data,
                                           (size_t)(elems * zb_dtype_size(v.dtype)));
         PyObject *shape = shape_of(v.nrows, v.ndim, v.row_shape);
         /* the segment a ragged field is split by: found by its pointer array */
@@ -150,21 +158,21 @@ zbpy_batch_to_dict(zb_batch *cb)
     for (size_t i = 0; i < zb_batch_nsegments(cb); i++) {
         const int64_t *ptr = NULL;
         const char *name = zb_batch_segment_at(cb, i, &ptr);
-        PyObject *sb = make_buffer((PyObject *)owner, ptr, (B + 1) * sizeof(int64_t));
+        PyObject *sb = make_buffer(owner, ptr, (B + 1) * sizeof(int64_t));
         if (!sb || PyDict_SetItemString(segs, name, sb) < 0) {
             Py_XDECREF(sb);
             goto fail;
         }
         Py_DECREF(sb);
     }
-    PyObject *idx = make_buffer((PyObject *)owner, zb_batch_index(cb), B * sizeof(uint64_t));
+    PyObject *idx = make_buffer(owner, zb_batch_index(cb), B * sizeof(uint64_t));
     if (!idx || PyDict_SetItemString(d, "index", idx) < 0) {
         Py_XDECREF(idx);
         goto fail;
     }
     Py_DECREF(idx);
     if (zb_batch_dataset(cb)) {
-        PyObject *ds = make_buffer((PyObject *)owner, zb_batch_dataset(cb), B * sizeof(int32_t));
+        PyObject *ds = make_buffer(owner, zb_batch_dataset(cb), B * sizeof(int32_t));
         if (!ds || PyDict_SetItemString(d, "dataset", ds) < 0) {
             Py_XDECREF(ds);
             goto fail;
@@ -189,13 +197,11 @@ zbpy_batch_to_dict(zb_batch *cb)
     PyDict_SetItemString(d, "segments", segs);
     Py_DECREF(fields);
     Py_DECREF(segs);
-    Py_DECREF(owner);
     return d;
 fail:
     Py_XDECREF(d);
     Py_XDECREF(fields);
     Py_XDECREF(segs);
-    Py_DECREF(owner);
     return NULL;
 }
 

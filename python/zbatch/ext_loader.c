@@ -130,23 +130,39 @@ parse_transforms(PyObject *tlist, transform_list *tl)
     return 0;
 }
 
+static const char *const PLACEMENTS[] = {"host", "pinned", "device"};
+
 /* _Loader(dataset, sampler, prefetch_factor, depth, transforms, more_epochs=0,
- *         same_epoch=False)
+ *         same_epoch=False, placement="host", cuda_library=None, cuda_device=0,
+ *         num_streams=2, require_placement=False)
  * transforms: a list of tuples ("log1p",), ("normalize_total", target), ("densify", cols|None),
- * ("cast", field, dtype). more_epochs < 0: no end (zb_loader_opts.more_epochs = SIZE_MAX). */
+ * ("cast", field, dtype). more_epochs < 0: no end (zb_loader_opts.more_epochs = SIZE_MAX).
+ * placement: zb_placement by name (zbatch_cuda.h). */
 static int
 loader_init(LoaderObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"dataset",     "sampler",    "prefetch_factor", "depth",
-                             "transforms",  "more_epochs", "same_epoch",     NULL};
+    static char *kwlist[] = {"dataset",     "sampler",     "prefetch_factor",   "depth",
+                             "transforms",  "more_epochs", "same_epoch",        "placement",
+                             "cuda_library", "cuda_device", "num_streams",
+                             "require_placement", NULL};
     PyObject *dsobj, *smobj, *tlist = NULL;
-    unsigned long long prefetch = 4, depth = 2;
+    unsigned long long prefetch = 4, depth = 2, num_streams = 2;
     long long more_epochs = 0;
-    int same_epoch = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O&O&OLp", kwlist, &dsobj, &smobj, zbpy_u64,
-                                     &prefetch, zbpy_u64, &depth, &tlist, &more_epochs,
-                                     &same_epoch))
+    int same_epoch = 0, cuda_device = 0, require = 0;
+    const char *placement = "host", *library = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O&O&OLpsziO&p", kwlist, &dsobj, &smobj,
+                                     zbpy_u64, &prefetch, zbpy_u64, &depth, &tlist, &more_epochs,
+                                     &same_epoch, &placement, &library, &cuda_device, zbpy_u64,
+                                     &num_streams, &require))
         return -1;
+    int where = -1;
+    for (int k = 0; k < 3; k++)
+        if (!strcmp(placement, PLACEMENTS[k])) where = k;
+    if (where < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "placement must be 'host', 'pinned' or 'device', not '%s'", placement);
+        return -1;
+    }
     zb_dataset *ds = zbpy_dataset_ptr(dsobj);
     if (!ds) return -1;
     zb_sampler *sm = zbpy_sampler_ptr(smobj);
@@ -159,6 +175,11 @@ loader_init(LoaderObject *self, PyObject *args, PyObject *kw)
     o.ntransforms = self->tl.ntransforms;
     o.more_epochs = more_epochs < 0 ? SIZE_MAX : (size_t)more_epochs;
     o.same_epoch = same_epoch != 0;
+    o.placement = (zb_placement)where;
+    o.cuda_library = library;
+    o.cuda_device = cuda_device;
+    o.num_streams = (size_t)num_streams;
+    o.require_placement = require != 0;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
     st = zb_loader_open(ds, sm, &o, &self->ld);
@@ -188,6 +209,48 @@ loader_next(LoaderObject *self, PyObject *noargs)
     if (st != ZB_OK) return zbpy_raise(st, NULL);
     if (!b) Py_RETURN_NONE;
     return zbpy_batch_to_dict(b);
+}
+
+/* next_device() -> _DeviceBatch, or None at the end of the epoch */
+static PyObject *
+loader_next_device(LoaderObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (!self->ld) Py_RETURN_NONE;
+    zb_device_batch *db = NULL;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_loader_next_device(self->ld, &db);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    if (!db) Py_RETURN_NONE;
+    return zbpy_device_batch_new(db);
+}
+
+/* placement() -> (name, why): where batches go, and why the loader fell back (or None) */
+static PyObject *
+loader_placement(LoaderObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    const char *why = NULL;
+    zb_placement p = self->ld ? zb_loader_placement(self->ld, &why) : ZB_PLACE_HOST;
+    return Py_BuildValue("(sz)", PLACEMENTS[p], why);
+}
+
+static PyObject *
+loader_device_stats(LoaderObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    zb_device_stats s;
+    zb_loader_device_stats(self->ld, &s);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "batches_copied",
+                         (unsigned long long)s.batches_copied, "bytes_copied",
+                         (unsigned long long)s.bytes_copied, "host_blocks",
+                         (unsigned long long)s.host_blocks, "host_bytes",
+                         (unsigned long long)s.host_bytes, "device_blocks",
+                         (unsigned long long)s.device_blocks, "device_bytes",
+                         (unsigned long long)s.device_bytes, "retired_pending",
+                         (unsigned long long)s.retired_pending);
 }
 
 static PyObject *
@@ -253,6 +316,10 @@ static PyMethodDef module_methods[] = {
 
 static PyMethodDef loader_methods[] = {
     {"next", (PyCFunction)loader_next, METH_NOARGS, "next batch dict or None"},
+    {"next_device", (PyCFunction)loader_next_device, METH_NOARGS,
+     "next _DeviceBatch or None"},
+    {"placement", (PyCFunction)loader_placement, METH_NOARGS, "(placement, fallback reason)"},
+    {"device_stats", (PyCFunction)loader_device_stats, METH_NOARGS, "device stage counters"},
     {"state", (PyCFunction)loader_state, METH_NOARGS, "sampler state after the last batch"},
     {"close", (PyCFunction)loader_close, METH_NOARGS, "stop and free the C loader"},
     {NULL, NULL, 0, NULL},

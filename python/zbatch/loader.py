@@ -81,7 +81,14 @@ class DataLoader:
             (N > 0) means N decode threads unless num_threads is given;
         output: "numpy", "scipy", "torch" or, for atomic stores, "nvalchemi" (an
             ``nvalchemi.data.Batch`` per batch, or a :class:`zbatch.AtomicBatch` without
-            nvalchemi); device / pin_memory: where torch / nvalchemi batches go;
+            nvalchemi); device / pin_memory: where torch / nvalchemi batches go
+            (docs/GPU.md): device="cuda" copies each batch to the GPU on the loader's own
+            CUDA streams (``num_streams``, default 2) from page-locked window memory, and
+            the batch's tensors are on the device, the current stream ordered after the
+            copy; pin_memory=True reads windows into page-locked memory (no extra copy);
+        densify: None, "host" (the C "densify" transform: X_dense on the worker) or
+            "device" (X scattered into a dense float32 X_dense on the GPU, with
+            device="cuda");
         rank / world_size: None resolves them from torch.distributed, then RANK/WORLD_SIZE;
         transforms: C transforms by name, run on the loader's worker thread: "log1p",
             ("normalize_total", target_sum), ("densify", columns_or_None), ("cast", field, dtype);
@@ -108,7 +115,8 @@ class DataLoader:
                  transforms: Optional[Sequence] = None,
                  batch_transforms: Optional[Sequence[Callable]] = None, depth: int = 2, *,
                  batch_sampler: Any = None, num_workers: int = 0,
-                 collate_fn: Optional[Callable] = None, **sampler_kwargs):
+                 collate_fn: Optional[Callable] = None, densify: Optional[str] = None,
+                 num_streams: int = 2, **sampler_kwargs):
         from . import samplers as _samplers
         from .dataset import _check_output
         _check_output(output, dataset.layout)
@@ -134,6 +142,15 @@ class DataLoader:
             raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
                              "shuffle, sampler, and drop_last")
         device, pin_memory = _check_device(device, bool(pin_memory), output)
+        if densify not in (None, "host", "device"):
+            raise ValueError(f"densify must be None, 'host' or 'device', got {densify!r}")
+        if densify == "device" and (output != "torch" or not device.startswith("cuda")):
+            raise ValueError("densify='device' scatters X on the GPU: it needs output='torch' "
+                             f"and device='cuda', got output={output!r}, device={device!r}")
+        if int(num_streams) < 1:
+            raise ValueError(f"num_streams must be >= 1, got {num_streams}")
+        self.densify = densify
+        self.num_streams = int(num_streams)
         if batch_size is None:
             batch_size = 4096
         if int(batch_size) < 1:
@@ -153,6 +170,13 @@ class DataLoader:
         reader_pipeline = getattr(dataset, "_python_pipeline", None)
         if reader_pipeline is False:   # a zbatch dataset with its C transforms: C pipeline
             self._transforms = list(dataset._c_transforms) + self._transforms
+        if densify == "host":
+            self._transforms.append(("densify",))
+        # where the C loader puts batches (zbatch_cuda.h); a fallback is warned about once
+        cuda = device.startswith("cuda")
+        self._placement = "device" if cuda and output == "torch" else \
+            "pinned" if pin_memory or cuda else "host"
+        self._placed = None   # (placement, reason) of the last C loader opened
         self.batch_transforms = list(batch_transforms or ())
         if num_threads is None and self.num_workers > 0:
             num_threads = self.num_workers
@@ -385,18 +409,54 @@ class DataLoader:
             self.close()
             if not resume:
                 self.sampler._set_epoch(epoch)
-            loader = _zbatch._Loader(self.dataset._c, self.sampler._c, self.prefetch_factor,
-                                     self.depth, self._transforms, more_epochs=-1,
-                                     same_epoch=False)
+            loader = self._open_loader(self.sampler, more_epochs=-1)
             self._live = loader
         self._parked = None
         return loader
 
+    def _open_loader(self, sampler, more_epochs: int):
+        """A C loader over ``sampler`` with this loader's placement; a fallback to host
+        memory (no CUDA runtime zbatch can load) is warned about once, and torch then copies
+        each batch as before."""
+        kw = {}
+        if self._placement != "host":
+            from ._cuda import loaded_cudart
+            kw = dict(placement=self._placement, cuda_library=loaded_cudart(),
+                      cuda_device=_device_index(self.device), num_streams=self.num_streams)
+        loader = _zbatch._Loader(self.dataset._c, sampler._c, self.prefetch_factor, self.depth,
+                                 self._transforms, more_epochs=more_epochs, same_epoch=False,
+                                 **kw)
+        placed = loader.placement()
+        if placed[0] != self._placement and self._placed is None:
+            import warnings
+            warnings.warn(f"zbatch: batches stay in pageable host memory ({placed[1]}); "
+                          "torch copies each one instead", stacklevel=4)
+        self._placed = placed
+        return loader
+
+    def _on_device(self) -> bool:
+        return self._placed is not None and self._placed[0] == "device"
+
+    @property
+    def placement(self) -> str:
+        """Where the C loader puts batches: "host", "pinned" (page-locked host memory) or
+        "device"; after a fallback "host" (see :attr:`placement_reason`). Batches of a Python
+        sampler are read on the host ("host"), and torch copies them."""
+        if self._py is not None:
+            return "host"
+        return self._placed[0] if self._placed else self._placement
+
+    @property
+    def placement_reason(self) -> Optional[str]:
+        """Why the loader fell back to host memory, or None."""
+        return self._placed[1] if self._placed else None
+
     def _c_main_pass(self, loader) -> Iterator[Batch]:
         ended = False
+        take = loader.next_device if self._on_device() else loader.next
         try:
             while True:
-                raw = loader.next()
+                raw = take()
                 if raw is None:
                     ended = True
                     break
@@ -418,11 +478,11 @@ class DataLoader:
         self.dataset._check_process()
         sampler = self.sampler._clone()
         sampler._c.set_epoch(self._epoch)
-        loader = _zbatch._Loader(self.dataset._c, sampler._c, self.prefetch_factor, self.depth,
-                                 self._transforms, more_epochs=0, same_epoch=False)
+        loader = self._open_loader(sampler, more_epochs=0)
+        take = loader.next_device if self._on_device() else loader.next
         try:
             while True:
-                raw = loader.next()
+                raw = take()
                 if raw is None:
                     break
                 yield self._finish(raw)
@@ -481,17 +541,29 @@ class DataLoader:
             pool.shutdown(wait=True)
 
     def _finish(self, raw) -> Any:
-        if self.output == "nvalchemi":
+        pinned = self._placed is not None and self._placed[0] != "host"
+        if not isinstance(raw, dict):   # a _DeviceBatch: tensors already on the device
+            from ._cuda import DeviceBatch
+            batch = DeviceBatch(raw, self.dataset.layout, self.dataset.n_vars, self.device,
+                                densify=self.densify == "device")
+        elif self.output == "nvalchemi":
             from ._nvbatch import convert
             batch = convert(raw)
-            if self.pin_memory:
+            if self.pin_memory and not pinned:
                 batch = batch.pin_memory()
             if self.device != "cpu":
-                batch = batch.to(self.device, non_blocking=self.pin_memory)
+                batch = batch.to(self.device, non_blocking=self.pin_memory or pinned)
         else:
             batch = Batch(raw, self.dataset.layout, self.dataset.n_vars, self.output)
-        if self.output == "torch" and (self.device != "cpu" or self.pin_memory):
-            batch = _to_device(batch, self.device, self.pin_memory)
+            if self.output == "torch" and (self.device != "cpu" or self.pin_memory):
+                batch = _to_device(batch, self.device, self.pin_memory and not pinned,
+                                   self.pin_memory or pinned)
+                if self.densify == "device":
+                    from ._cuda import scatter_dense
+                    x = batch["X"]
+                    batch._items["X_dense"] = scatter_dense(
+                        x.crow_indices(), x.col_indices(), x.values(), x.shape[0], x.shape[1],
+                        x.values().shape[0])
         if self._batch_compose.transforms:
             batch = self._batch_compose(batch)
         if self.collate_fn is not None:
@@ -691,7 +763,8 @@ def _check_device(device, pin: bool, output: str):
     except RuntimeError as e:
         raise ValueError(f"device={dev!r}: {e}") from None
     if tdev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={dev!r} but torch.cuda.is_available() is False")
+        from ._cuda import torch_cuda_problem
+        raise ValueError(torch_cuda_problem(dev))
     if pin and not torch.cuda.is_available():
         import warnings
         warnings.warn("pin_memory=True but no accelerator is available: pinned memory is not "
@@ -728,12 +801,23 @@ def _dataset_sampler_args(dataset: Dataset, name: str, kw: dict) -> dict:
     return kw
 
 
-def _to_device(batch: Batch, device: str, pin: bool) -> Batch:
+def _to_device(batch: Batch, device: str, pin: bool, non_blocking: bool) -> Batch:
+    """torch's copy of every tensor (pinning it first when ``pin``): the path of Python
+    samplers and of a loader that fell back to host memory."""
     import torch
     batch._materialize()
     for k, v in list(batch._items.items()):
         if isinstance(v, torch.Tensor):
             if pin and not v.is_sparse and v.layout == torch.strided:
                 v = v.pin_memory()
-            batch._items[k] = v.to(device, non_blocking=pin)
+            batch._items[k] = v.to(device, non_blocking=non_blocking)
     return batch
+
+
+def _device_index(device: str) -> int:
+    """The CUDA device ordinal of "cuda" / "cuda:N" (the current device for "cuda")."""
+    import torch
+    d = torch.device(device)
+    if d.type != "cuda":
+        return 0
+    return d.index if d.index is not None else torch.cuda.current_device()

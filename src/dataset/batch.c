@@ -22,6 +22,7 @@
  * many blocks that is, and a pool never holds more than its busiest moment needed. */
 #define ARENA_MAX 1024
 struct zb__arena_pool {
+    zb__arena_alloc alloc;
     pthread_mutex_t mu;
     int refs;
     size_t n;
@@ -30,11 +31,33 @@ struct zb__arena_pool {
     size_t cap[ARENA_MAX];
 };
 
+static void *
+heap_alloc(size_t nbytes, void *user)
+{
+    (void)user;
+    return malloc(nbytes);
+}
+
+static void
+heap_free(void *block, void *user)
+{
+    (void)user;
+    free(block);
+}
+
 zb_status
 zb__arena_pool_new(zb__arena_pool **out)
 {
+    zb__arena_alloc heap = {heap_alloc, heap_free, NULL, NULL};
+    return zb__arena_pool_new_with(&heap, out);
+}
+
+zb_status
+zb__arena_pool_new_with(const zb__arena_alloc *alloc, zb__arena_pool **out)
+{
     zb__arena_pool *p = calloc(1, sizeof *p);
     if (!p) return zb__err(ZB_E_NOMEM, "arena pool: out of memory");
+    p->alloc = *alloc;
     pthread_mutex_init(&p->mu, NULL);
     p->refs = 1;
     *out = p;
@@ -49,7 +72,8 @@ zb__arena_pool_unref(zb__arena_pool *p)
     int left = --p->refs;
     pthread_mutex_unlock(&p->mu);
     if (left > 0) return;
-    for (size_t i = 0; i < p->n; i++) free(p->blk[i]);
+    for (size_t i = 0; i < p->n; i++) p->alloc.free(p->blk[i], p->alloc.user);
+    if (p->alloc.release) p->alloc.release(p->alloc.user);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
@@ -85,7 +109,7 @@ zb__arena_take(zb__arena_pool *p, size_t need, size_t *cap)
     if (!blk) {
         /* a little headroom, so windows of slightly varying size reuse one block */
         size_t c = need + need / 8 + 4096;
-        blk = malloc(c);
+        blk = p->alloc.alloc(c, p->alloc.user);
         *cap = c;
         if (blk) {
             pthread_mutex_lock(&p->mu);
@@ -122,8 +146,8 @@ zb__arena_give(zb__arena_pool *p, void *blk, size_t cap)
         p->cap[small] = p->cap[p->n];
     }
     pthread_mutex_unlock(&p->mu);
-    free(blk);
-    for (size_t i = 0; i < ndrop; i++) free(drop[i]);
+    if (blk) p->alloc.free(blk, p->alloc.user);
+    for (size_t i = 0; i < ndrop; i++) p->alloc.free(drop[i], p->alloc.user);
     zb__arena_pool_unref(p);
 }
 

@@ -102,6 +102,16 @@ typedef struct zb__plan_unit {
 zb_status zb__dataset_plan_units(zb_dataset *ds, const uint64_t *ids, size_t n,
                                 zb__plan_unit **units, size_t *nunits, uint64_t *bytes_delivered);
 
+/* Where a pool's blocks come from: malloc/free by default, page-locked memory for a loader
+ * that delivers to a device (loader/device.c). `release(user)` runs when the pool is gone. */
+typedef struct zb__arena_alloc {
+    void *(*alloc)(size_t nbytes, void *user);
+    void (*free)(void *block, void *user);
+    void (*release)(void *user);
+    void *user;
+} zb__arena_alloc;
+zb_status zb__arena_pool_new_with(const zb__arena_alloc *alloc, zb__arena_pool **out);
+
 /* read_many's plan memory kept between requests (reader.c); freed by zb_dataset_close. */
 typedef struct zb__plan_mem zb__plan_mem;
 void zb__plan_mem_release_all(zb_dataset *ds);

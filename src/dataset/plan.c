@@ -483,10 +483,10 @@ plan_buffers(plan *p)
         ZB_TRY(zb__request_bytes_add(p->ds, fd->name, rows, fd->row_elems, isz, &arena_need));
     }
     p->stream = arena_need >= ZB_STREAM_MIN_BATCH_BYTES;
-    b->arenas = p->ds->arenas;
-    b->arena = zb__arena_take(p->ds->arenas, arena_need + 64, &b->arena_cap);
+    b->arenas = p->pool ? p->pool : p->ds->arenas;
+    b->arena = zb__arena_take(b->arenas, arena_need + 64, &b->arena_cap);
     if (!b->arena) {
-        zb__arena_pool_unref(p->ds->arenas);
+        zb__arena_pool_unref(b->arenas);
         b->arenas = NULL;
         return zb__err(ZB_E_NOMEM, "read_many: out of memory for a %zu-byte batch", arena_need);
     }

@@ -160,6 +160,7 @@ struct plan {
     const int64_t *seg_start; /* [nsegs][n] each sample's first element of each segment */
     zb_ctx *ctx;           /* the planning thread's context (pointer reads, inline tasks) */
     rebase *rb;            /* [nfields], or NULL when there is no index field */
+    zb__arena_pool *pool;  /* where the batch's memory comes from (NULL: the dataset's pool) */
 };
 
 /* A plan's dataset for child c (the dataset itself when it has no children). */

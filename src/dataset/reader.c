@@ -158,8 +158,8 @@ set_groups(zb_batch *b, const size_t *sizes, size_t nbatches)
 }
 
 zb_status
-zb__reader_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
-                       size_t nbatches, zb_batch **out)
+zb__reader_read_batches(zb_dataset *ds, zb__arena_pool *pool, const uint64_t *ids, size_t n,
+                        const size_t *sizes, size_t nbatches, zb_batch **out)
 {
     if (!out) return zb__err(ZB_E_INVALID, "read_many: null out");
     *out = NULL;
@@ -177,6 +177,7 @@ zb__reader_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const siz
     plan p;
     zb_status st = zb__plan_begin(&p, ds, n);
     if (st == ZB_OK) st = set_groups(p.b, sizes, nbatches);
+    p.pool = pool;
     if (st == ZB_OK) st = zb__plan_request(&p, ids, nlogical);
     if (st == ZB_OK) st = zb__exec_run(&p);
     if (st == ZB_OK) st = finish(&p);

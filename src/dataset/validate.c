@@ -238,7 +238,7 @@ find_bad(zb_dataset *ds, const uint64_t *ids, size_t n, uint8_t *bad)
         const uint64_t *pi = part ? ids + h : ids;
         size_t pn = part ? n - h : h;
         zb_batch *b = NULL;
-        zb_status st = zb__reader_read_batches(ds, pi, pn, NULL, 0, &b);
+        zb_status st = zb__reader_read_batches(ds, NULL, pi, pn, NULL, 0, &b);
         zb_batch_free(b);
         if (st == ZB_E_CORRUPT) st = find_bad(ds, pi, pn, part ? bad + h : bad);
         if (st != ZB_OK) return st;
@@ -247,10 +247,10 @@ find_bad(zb_dataset *ds, const uint64_t *ids, size_t n, uint8_t *bad)
 }
 
 zb_status
-zb__dataset_read_window(zb_dataset *ds, const uint64_t *ids, size_t n, size_t *sizes,
-                       size_t nbatches, zb_batch **out)
+zb__dataset_read_window(zb_dataset *ds, zb__arena_pool *pool, const uint64_t *ids, size_t n,
+                        size_t *sizes, size_t nbatches, zb_batch **out)
 {
-    zb_status st = zb__reader_read_batches(ds, ids, n, sizes, nbatches, out);
+    zb_status st = zb__reader_read_batches(ds, pool, ids, n, sizes, nbatches, out);
     if (st != ZB_E_CORRUPT || ds->opts.on_invalid != ZB_ON_INVALID_SKIP || n == 0) return st;
     uint8_t *bad = calloc(n, 1);
     uint64_t *keep = malloc(n * sizeof *keep);
@@ -271,7 +271,7 @@ zb__dataset_read_window(zb_dataset *ds, const uint64_t *ids, size_t n, size_t *s
         keep[m++] = ids[i];
     }
     zb_clear_error();
-    st = zb__reader_read_batches(ds, keep, m, sizes, nbatches, out);
+    st = zb__reader_read_batches(ds, pool, keep, m, sizes, nbatches, out);
     if (st == ZB_OK) zb__batch_count_skipped(*out, n - m);
 out:
     free(bad);
@@ -284,14 +284,14 @@ zb__dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const si
                         size_t nbatches, zb_batch **out)
 {
     if (!ds || ds->opts.on_invalid != ZB_ON_INVALID_SKIP || (nbatches && !sizes))
-        return zb__reader_read_batches(ds, ids, n, sizes, nbatches, out);
+        return zb__reader_read_batches(ds, NULL, ids, n, sizes, nbatches, out);
     size_t *own = malloc((nbatches + 1) * sizeof *own);
     if (!own) {
         if (out) *out = NULL;
         return zb__err(ZB_E_NOMEM, "read_many: out of memory");
     }
     if (nbatches) memcpy(own, sizes, nbatches * sizeof *own);
-    zb_status st = zb__dataset_read_window(ds, ids, n, nbatches ? own : NULL, nbatches, out);
+    zb_status st = zb__dataset_read_window(ds, NULL, ids, n, nbatches ? own : NULL, nbatches, out);
     free(own);
     return st;
 }

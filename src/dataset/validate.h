@@ -6,6 +6,8 @@
 
 #include "zbatch.h"
 
+typedef struct zb__arena_pool zb__arena_pool; /* dataset.h */
+
 /* Adds the bytes of one field of a request (rows x row_elems values of itemsize bytes, rounded
  * up to 64) to *need, refusing a request over the dataset's per-request cap
  * (zb_dataset_opts.max_request_bytes; ZB_E_INVALID naming the field and the cap) before any of
@@ -35,12 +37,14 @@ zb_status zb__validate_batch(zb_dataset *ds, const zb_batch *b, const uint64_t *
  * With ZB_ON_INVALID_SKIP, a request failing with ZB_E_CORRUPT is split in halves until the
  * bad samples are found (only a failing request pays this), then the others are read as one
  * request whose zb_read_stats.samples_skipped counts the samples left out. */
-zb_status zb__dataset_read_window(zb_dataset *ds, const uint64_t *ids, size_t n, size_t *sizes,
-                                 size_t nbatches, zb_batch **out);
+zb_status zb__dataset_read_window(zb_dataset *ds, zb__arena_pool *pool, const uint64_t *ids,
+                                  size_t n, size_t *sizes, size_t nbatches, zb_batch **out);
 
-/* The reader proper (reader.c): zb__dataset_read_batches without on_invalid. */
-zb_status zb__reader_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n,
-                                 const size_t *sizes, size_t nbatches, zb_batch **out);
+/* The reader proper (reader.c): zb__dataset_read_batches without on_invalid, the batch's
+ * memory taken from `pool` (a device loader's page-locked pool; NULL: the dataset's). */
+zb_status zb__reader_read_batches(zb_dataset *ds, zb__arena_pool *pool, const uint64_t *ids,
+                                  size_t n, const size_t *sizes, size_t nbatches,
+                                  zb_batch **out);
 
 /* Adds to the batch's zb_read_stats.samples_skipped (reader.c owns the batch). */
 void zb__batch_count_skipped(zb_batch *b, uint64_t n);

@@ -5,7 +5,9 @@
  * by the options; a window's memory is freed when the consumer has released all its batches
  * (batch views hold a reference to their window's buffers). With more_epochs the workers read
  * on into the next epochs; a window that opens one carries epoch_start, and the consumer
- * reports the epoch end (one NULL) before handing out its batches. */
+ * reports the epoch end (one NULL) before handing out its batches. With a device stage
+ * (device.c) windows are read into its page-locked pool, and with placement DEVICE the
+ * worker issues each batch's copies to the device right after its transforms. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,7 @@
 
 #include "dataset/batch.h"
 #include "dataset/validate.h"
+#include "loader/device.h"
 #include "util/status.h"
 #include "zbatch_loader.h"
 
@@ -20,6 +23,7 @@ typedef struct window {
     zb_batch *whole;          /* the read_many result; released when every view is */
     size_t nbatches;
     zb_batch **views;         /* [nbatches], handed out in order */
+    zb_device_batch **dviews; /* [nbatches] with placement DEVICE (views then NULL) */
     zb_sampler_state *after;  /* sampler state after each batch */
     size_t next;              /* next view to hand out */
     zb_status st;             /* a failed window carries only its error */
@@ -55,14 +59,21 @@ struct zb_loader {
     zb_sampler_state state;  /* after the last batch handed out */
     bool finished;
     window oom;              /* the error window used when a window cannot be allocated */
+    zb__devq *devq;           /* the device stage (NULL: host memory) */
+    zb_placement placement;  /* what the loader does, after a fallback */
+    char *fallback;          /* why it fell back to host memory, else NULL */
 };
 
 static void
 window_free(zb_loader *ld, window *w)
 {
     if (!w || w == &ld->oom) return;
-    for (size_t i = w->next; i < w->nbatches; i++) zb_batch_free(w->views[i]);
+    for (size_t i = w->next; i < w->nbatches; i++) {
+        zb_batch_free(w->views[i]);
+        zb_device_batch_release(w->dviews ? w->dviews[i] : NULL);
+    }
     free(w->views);
+    free(w->dviews);
     free(w->after);
     free(w);
 }
@@ -79,7 +90,9 @@ read_window(zb_loader *ld)
     size_t *sizes = malloc((P + 1) * sizeof *sizes);
     w->after = calloc(P + 1, sizeof *w->after);
     w->views = calloc(P + 1, sizeof *w->views);
-    if (!ids || !sizes || !w->after || !w->views) {
+    if (ld->placement == ZB_PLACE_DEVICE) w->dviews = calloc(P + 1, sizeof *w->dviews);
+    if (!ids || !sizes || !w->after || !w->views ||
+        (ld->placement == ZB_PLACE_DEVICE && !w->dviews)) {
         w->st = zb__err(ZB_E_NOMEM, "loader: out of memory for a window");
         goto out;
     }
@@ -117,8 +130,10 @@ read_window(zb_loader *ld)
         w->end = true;
         goto out;
     }
-    /* sizes become the batches' sizes less any samples skipped as invalid */
-    w->st = zb__dataset_read_window(ld->ds, ids, total, sizes, w->nbatches, &w->whole);
+    /* sizes become the batches' sizes less any samples skipped as invalid; a device loader's
+     * windows live in its page-locked pool */
+    w->st = zb__dataset_read_window(ld->ds, zb__devq_pool(ld->devq), ids, total, sizes,
+                                    w->nbatches, &w->whole);
     if (w->st != ZB_OK) goto out;
     size_t b0 = 0;
     for (size_t k = 0; k < w->nbatches; k++) {
@@ -127,6 +142,12 @@ read_window(zb_loader *ld)
         b0 += sizes[k];
         for (size_t t = 0; t < ld->opts.ntransforms; t++) {
             w->st = zb__transform_apply(&ld->transforms[t], w->views[k]);
+            if (w->st != ZB_OK) goto out;
+        }
+        if (w->dviews) {
+            zb_batch *v = w->views[k];
+            w->views[k] = NULL;
+            w->st = zb__devq_deliver(ld->devq, v, w->seq * P + k, &w->dviews[k]);
             if (w->st != ZB_OK) goto out;
         }
     }
@@ -139,6 +160,10 @@ out:
         for (size_t k = 0; k < w->nbatches; k++) {
             zb_batch_free(w->views[k]);
             w->views[k] = NULL;
+            if (w->dviews) {
+                zb_device_batch_release(w->dviews[k]);
+                w->dviews[k] = NULL;
+            }
         }
         zb_batch_free(w->whole);
         w->whole = NULL;
@@ -227,6 +252,23 @@ zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, 
         memcpy(ld->transforms, o.transforms, o.ntransforms * sizeof *ld->transforms);
     }
     ld->opts.transforms = ld->transforms;
+    ld->placement = o.placement;
+    if (o.placement != ZB_PLACE_HOST) {
+        zb_status st = o.placement == ZB_PLACE_PINNED || o.placement == ZB_PLACE_DEVICE
+                           ? zb__devq_open(&o, &ld->devq)
+                           : zb__err(ZB_E_INVALID, "zb_loader_open: unknown placement %d",
+                                    (int)o.placement);
+        if (st != ZB_OK && (o.require_placement || st == ZB_E_INVALID)) {
+            free(ld->transforms);
+            free(ld);
+            return st;
+        }
+        if (st != ZB_OK) {
+            /* the documented fallback: host memory, and the reason kept for the caller */
+            ld->placement = ZB_PLACE_HOST;
+            ld->fallback = strdup(zb_last_error());
+        }
+    }
     ld->epochs_left = o.more_epochs;
     zb_sampler_get_state(sampler, &ld->state);
     pthread_mutex_init(&ld->mu, NULL);
@@ -245,12 +287,10 @@ zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, 
     return ZB_OK;
 }
 
-zb_status
-zb_loader_next(zb_loader *ld, zb_batch **out)
+/* The next batch in order: *view (host loaders) or *dview (DEVICE), both NULL at an end. */
+static zb_status
+take_next(zb_loader *ld, zb_batch **view, zb_device_batch **dview)
 {
-    if (!out) return zb__err(ZB_E_INVALID, "zb_loader_next: null out");
-    *out = NULL;
-    if (!ld) return zb__err(ZB_E_INVALID, "zb_loader_next: null loader");
     if (ld->finished) return ZB_OK;
     for (;;) {
         window *w = ld->cur;
@@ -268,9 +308,13 @@ zb_loader_next(zb_loader *ld, zb_batch **out)
             return st;
         }
         if (w && w->next < w->nbatches) {
-            *out = w->views[w->next];
-            ld->state = w->after[w->next];
-            w->views[w->next++] = NULL;
+            *view = w->views[w->next];
+            w->views[w->next] = NULL;
+            if (w->dviews) {
+                *dview = w->dviews[w->next];
+                w->dviews[w->next] = NULL;
+            }
+            ld->state = w->after[w->next++];
             return ZB_OK;
         }
         if (w) {
@@ -290,6 +334,46 @@ zb_loader_next(zb_loader *ld, zb_batch **out)
         pthread_mutex_unlock(&ld->mu);
         ld->cur = w;
     }
+}
+
+zb_status
+zb_loader_next(zb_loader *ld, zb_batch **out)
+{
+    if (!out) return zb__err(ZB_E_INVALID, "zb_loader_next: null out");
+    *out = NULL;
+    if (!ld) return zb__err(ZB_E_INVALID, "zb_loader_next: null loader");
+    if (ld->placement == ZB_PLACE_DEVICE)
+        return zb__err(ZB_E_INVALID, "zb_loader_next: this loader delivers batches to the "
+                      "device: take them with zb_loader_next_device");
+    zb_device_batch *unused = NULL;
+    return take_next(ld, out, &unused);
+}
+
+zb_status
+zb_loader_next_device(zb_loader *ld, zb_device_batch **out)
+{
+    if (!out) return zb__err(ZB_E_INVALID, "zb_loader_next_device: null out");
+    *out = NULL;
+    if (!ld) return zb__err(ZB_E_INVALID, "zb_loader_next_device: null loader");
+    zb__devq_poll(ld->devq);
+    zb_batch *view = NULL;
+    ZB_TRY(take_next(ld, &view, out));
+    if (*out || !view) return ZB_OK; /* a device batch, or the end of an epoch */
+    return zb__devq_deliver(ld->devq, view, 0, out); /* host placements: no copies */
+}
+
+zb_placement
+zb_loader_placement(const zb_loader *ld, const char **why)
+{
+    if (why) *why = ld ? ld->fallback : NULL;
+    return ld ? ld->placement : ZB_PLACE_HOST;
+}
+
+void
+zb_loader_device_stats(const zb_loader *ld, zb_device_stats *stats)
+{
+    if (!stats) return;
+    zb__devq_stats(ld ? ld->devq : NULL, stats);
 }
 
 void
@@ -314,7 +398,10 @@ zb_loader_close(zb_loader *ld)
         window_free(ld, w);
         w = n;
     }
-    /* batches still held by the consumer keep their window's buffers alive on their own */
+    /* batches still held by the consumer keep their window's buffers alive on their own (and
+     * device batches the device stage) */
+    zb__devq_unref(ld->devq);
+    free(ld->fallback);
     free(ld->transforms);
     pthread_cond_destroy(&ld->cv_ready);
     pthread_cond_destroy(&ld->cv_room);
