@@ -126,7 +126,7 @@ parse_transform(const char *v, opts *o)
         t.kind = ZB_TRANSFORM_NORMALIZE_TOTAL;
         t.target_sum = 1e4;
         if (v[15] == ':' && zb__bench_parse_double("--transform normalize_total", v + 16, 1e-300,
-                                                  1e300, &t.target_sum) != 0)
+                                                   1e300, &t.target_sum) != 0)
             return -1;
     } else {
         fprintf(stderr,
@@ -268,7 +268,7 @@ typedef struct run {
     uint64_t epochs_started;
     uint64_t warmup_batches;
     struct rusage r0, r1;
-    uint64_t peak_rss; /* VmHWM at the end of the timed run */
+    uint64_t peak_rss;  /* VmHWM at the end of the timed run */
     uint64_t peak_anon; /* the largest anonymous resident set seen at a window's end, less
                          * the bench's own records (records_bytes) */
 } run;
@@ -809,17 +809,17 @@ params_json(const opts *o)
     zb__bench_put_str(p, "obs_column", o->obs_column);
     zb__bench_put(p, "block_size", block ? json_object_new_uint64(o->block_size) : NULL);
     zb__bench_put(p, "blocks_per_window",
-                 block ? json_object_new_uint64(o->blocks_per_window) : NULL);
+                  block ? json_object_new_uint64(o->blocks_per_window) : NULL);
     zb__bench_put(p, "max_nnz", size && o->max_nnz ? json_object_new_uint64(o->max_nnz) : NULL);
     zb__bench_put(p, "max_atoms",
-                 size && o->max_atoms ? json_object_new_uint64(o->max_atoms) : NULL);
+                  size && o->max_atoms ? json_object_new_uint64(o->max_atoms) : NULL);
     zb__bench_put(p, "max_edges",
-                 size && o->max_edges ? json_object_new_uint64(o->max_edges) : NULL);
+                  size && o->max_edges ? json_object_new_uint64(o->max_edges) : NULL);
     zb__bench_put(p, "window_size", size ? json_object_new_uint64(o->window_size) : NULL);
     zb__bench_put(p, "num_samples",
-                 !strcmp(o->sampler, "weighted") && o->num_samples
-                     ? json_object_new_uint64(o->num_samples)
-                     : NULL);
+                  !strcmp(o->sampler, "weighted") && o->num_samples
+                      ? json_object_new_uint64(o->num_samples)
+                      : NULL);
     zb__bench_put(p, "decode_only", json_object_new_boolean(o->decode_only));
     zb__bench_put_str(p, "results", o->results);
     return p;
@@ -896,11 +896,11 @@ figures_json(const run *r, const figures *fg, const derived *d)
     json_object *sh = json_object_new_object();
     zb__bench_put_str(sh, "column", fg->shuffle_column);
     zb__bench_put(sh, "codes",
-                 fg->shuffle_column ? json_object_new_uint64(fg->shuffle_codes) : NULL);
+                  fg->shuffle_column ? json_object_new_uint64(fg->shuffle_codes) : NULL);
     zb__bench_put_double(sh, "entropy_bits", fg->shuffle.entropy);
     zb__bench_put_double(sh, "random_entropy_bits", fg->shuffle.random_entropy);
     zb__bench_put_double(sh, "entropy_ratio",
-                        ratio(fg->shuffle.entropy, fg->shuffle.random_entropy));
+                         ratio(fg->shuffle.entropy, fg->shuffle.random_entropy));
     zb__bench_put_double(sh, "index_gap_score", fg->shuffle.gap_score);
     zb__bench_put_double(sh, "random_index_gap_score", fg->shuffle.random_gap_score);
     zb__bench_put_u64(sh, "random_batches", fg->shuffle.random_batches);
@@ -971,7 +971,8 @@ print_table(const opts *o, zb_dataset *ds, uint64_t n, const run *r, const figur
     char b3[32];
     zb__bench_human_bytes((double)d->records, b3, sizeof b3);
     printf("  %-24s %12s  (anonymous %s, not counting the bench's %s of batch records; the "
-           "rest is mapped store files)\n", "peak RSS", b1, b2, b3);
+           "rest is mapped store files)\n",
+           "peak RSS", b1, b2, b3);
     printf("  %-24s %12.1f  (major %.2f)\n", "page faults / batch", d->faults_per_batch,
            d->major_per_batch);
     printf("  %-24s %12.2f ms\n", "time to first batch", r->ttfb * 1e3);
@@ -1148,7 +1149,7 @@ bench_round(zb_dataset *ds, uint64_t n, zb_sampler *sampler, const opts *o, cons
     fg.shuffle_column = o->obs_column;
     fg.shuffle_codes = codes->ncodes;
     st = zb__bench_shuffle_measure(r.ids, r.off, r.nbatches, n, codes->code ? codes : NULL, o->seed,
-                                  MAX_REF_BATCHES, &fg.shuffle);
+                                   MAX_REF_BATCHES, &fg.shuffle);
     if (st != ZB_OK) {
         rc = fail_status("shuffle", st);
         goto done;
@@ -1227,7 +1228,7 @@ zb__cli_bench(int argc, char **argv)
     rc = make_sampler(ds, n, &o, codes.code ? &codes : NULL, &sampler);
     if (rc) goto done;
 
-    double (*fig)[NFIG] = calloc(o.rounds, sizeof *fig);
+    double(*fig)[NFIG] = calloc(o.rounds, sizeof *fig);
     bool want_all = o.json && o.rounds > 1; /* --json with rounds prints one array */
     all = want_all ? json_object_new_array() : NULL;
     if (!fig || (want_all && !all)) {

@@ -94,7 +94,7 @@ zb__bench_units_resolve(zb__bench_units *s, zb_ctx *ctx)
         uint64_t g[ZB_MAX_DIMS];
         zb__unit_coords(geom, u->g0, u->other, g);
         st = zb__unit_locate(u->arr, ctx, index_cache, g, key, KEY_CAP, &u->off, &u->len,
-                            &u->missing, NULL);
+                             &u->missing, NULL);
         if (st == ZB_OK && !u->missing) {
             s->bytes_decoded += geom->unit_bytes;
             s->bytes_encoded += u->len;
@@ -127,7 +127,7 @@ fetch_list(zb__bench_units *s, size_t i0, size_t i1)
         if (st == ZB_OK && !u->enc) {
             free(own);
             st = zb__err(ZB_E_NOMEM, "bench: out of memory for %llu encoded bytes of %s",
-                        (unsigned long long)u->len, key);
+                         (unsigned long long)u->len, key);
             break;
         }
         r[k++] = (zb_range){.key = own, .offset = u->off, .length = u->len, .dst = u->enc};
@@ -137,7 +137,7 @@ fetch_list(zb__bench_units *s, size_t i0, size_t i1)
     for (size_t j = 0; j < k && st == ZB_OK; j++)
         if (r[j].nread != r[j].length)
             st = zb__err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes", r[j].key,
-                        (unsigned long long)r[j].nread, (unsigned long long)r[j].length);
+                         (unsigned long long)r[j].nread, (unsigned long long)r[j].length);
     for (size_t j = 0; j < k; j++) free((char *)r[j].key);
     free(r);
     free(key);
@@ -295,7 +295,7 @@ arena_reserve(zb__bench_decoder *d, size_t need)
 
 zb_status
 zb__bench_decoder_run(zb__bench_decoder *d, const zb__bench_units *s, bool write,
-                     zb__bench_decode_result *res)
+                      zb__bench_decode_result *res)
 {
     memset(res, 0, sizeof *res);
     if (!s->n) return ZB_OK;
@@ -314,7 +314,8 @@ zb__bench_decoder_run(zb__bench_decoder *d, const zb__bench_units *s, bool write
         t->msg[0] = '\0';
         t->off = at;
         for (size_t i = 0; write && i < t->n; i++)
-            if (t->u[i].enc) at += unit_share((size_t)zb__array_units(t->u[i].arr)->unit_bytes, share);
+            if (t->u[i].enc)
+                at += unit_share((size_t)zb__array_units(t->u[i].arr)->unit_bytes, share);
     }
     if (write) ZB_TRY(arena_reserve(d, at ? at : 1)); /* every unit's share, at its place */
     res->streamed = write && at >= ZB_STREAM_MIN_BATCH_BYTES;

@@ -55,7 +55,7 @@ typedef struct zb__bench_units {
 /* Adds the units `n` logical ids touch, in every field of `ds` (collections included), and the
  * bytes they deliver. Ids must be < zb_dataset_len. `ctx` serves the pointer reads. */
 zb_status zb__bench_units_add(zb_dataset *ds, const uint64_t *ids, size_t n, zb_ctx *ctx,
-                             zb__bench_units *s);
+                              zb__bench_units *s);
 
 /* Sorts and deduplicates the units, then finds each one's encoded byte range (a size query
  * per chunk object, one index read per shard) and fills bytes_decoded / bytes_encoded. */
@@ -90,7 +90,7 @@ typedef struct zb__bench_decode_result {
  * bytes_decoded of its decoded bytes, so that the request writes what the reader would) to its
  * own place in the arena. */
 zb_status zb__bench_decoder_run(zb__bench_decoder *d, const zb__bench_units *s, bool write,
-                               zb__bench_decode_result *res);
+                                zb__bench_decode_result *res);
 
 void zb__bench_decoder_free(zb__bench_decoder *d);
 

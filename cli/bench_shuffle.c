@@ -78,7 +78,7 @@ read_child(zb_dataset *ds, size_t f, uint64_t n, int64_t *out)
         uint64_t p = zb__mask_select(&ds->mask, i);
         if (p >= rows) {
             st = zb__err(ZB_E_CORRUPT, "%s: sample row %llu past its %llu rows", fd->arr->path,
-                        (unsigned long long)p, (unsigned long long)rows);
+                         (unsigned long long)p, (unsigned long long)rows);
             break;
         }
         if (p < b0 || p >= b1) {
@@ -102,9 +102,9 @@ zb__bench_codes_read(zb_dataset *ds, const char *field, zb__bench_codes *out)
     const zb__field *fd = &pr->fields[f];
     if (fd->kind != ZB_FIELD_PER_SAMPLE || fd->ndim != 0 || !integer_dtype(fd->dtype))
         return zb__err(ZB_E_TYPE,
-                      "%s: the shuffle column must be a per-sample integer scalar "
-                      "(categorical codes)",
-                      field);
+                       "%s: the shuffle column must be a per-sample integer scalar "
+                       "(categorical codes)",
+                       field);
     uint64_t n = 0;
     ZB_TRY(zb_dataset_len(ds, &n));
     int64_t *raw = malloc((size_t)n * sizeof *raw + 1);
@@ -136,7 +136,7 @@ zb__bench_codes_read(zb_dataset *ds, const char *field, zb__bench_codes *out)
     if (negative) ncodes++;
     if (st == ZB_OK && ncodes > MAX_CODES)
         st = zb__err(ZB_E_TYPE, "%s: values span %llu codes (at most %u)", field,
-                    (unsigned long long)ncodes, MAX_CODES);
+                     (unsigned long long)ncodes, MAX_CODES);
     if (st == ZB_OK) {
         out->code = malloc((size_t)n * sizeof *out->code + 1);
         if (!out->code) st = zb__err(ZB_E_NOMEM, "bench: out of memory for codes");

@@ -421,7 +421,8 @@ print_table(const wopts *o, json_object *runs, const char *file)
         json_object *codec = zb__json_get(r, "codec"), *ch = zb__json_get(r, "chunk_nnz"),
                     *sh = zb__json_get(r, "shard_nnz");
         char disk[32];
-        zb__bench_human_bytes((double)json_u64(zb__json_get(r, "bytes_on_disk")), disk, sizeof disk);
+        zb__bench_human_bytes((double)json_u64(zb__json_get(r, "bytes_on_disk")), disk,
+                              sizeof disk);
         printf("  %-24s %9s %9s %8.2f %9.1f %11.0f %11s %7.2f %6" PRIu64 "\n",
                codec ? json_object_get_string(codec) : "(default)",
                ch ? json_object_get_string(ch) : "default", sh ? json_object_get_string(sh) : "-",

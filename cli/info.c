@@ -67,7 +67,7 @@ print_size(const char *label, json_object *v)
         return;
     }
     human_bytes(zb__json_is_big_uint(v) ? json_object_get_uint64(v)
-                                       : (uint64_t)json_object_get_int64(v),
+                                        : (uint64_t)json_object_get_int64(v),
                 buf, sizeof buf);
     printf("  %s %s", label, buf);
 }
@@ -129,7 +129,7 @@ print_tree(const char *store_path, const char *text)
            json_object_get_int(zb__json_get(doc, "zarr_format")),
            json_object_get_string(zb__json_get(doc, "layout")),
            json_object_get_boolean(zb__json_get(doc, "consolidated")) ? ", consolidated metadata"
-                                                                     : "");
+                                                                      : "");
     json_object *nodes = zb__json_get(doc, "nodes");
     size_t n = json_object_array_length(nodes);
     for (size_t i = 0; i < n; i++) print_node(json_object_array_get_idx(nodes, i), root);

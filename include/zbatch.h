@@ -63,25 +63,25 @@ extern "C" {
  * Status codes. One X-macro list produces the enum and zb_strerror. Codes are only ever added;
  * a retired code keeps its number as a placeholder.
  * ------------------------------------------------------------------------------------------- */
-#define ZB_STATUS_LIST(X)                                                                        \
-    X(ZB_OK, 0, "success")                                                                       \
-    X(ZB_E_INVALID, -1, "invalid argument")                                                      \
-    X(ZB_E_NOMEM, -2, "out of memory")                                                           \
-    X(ZB_E_IO, -3, "I/O error")                                                                  \
-    X(ZB_E_NOTFOUND, -4, "key not found")                                                        \
-    X(ZB_E_BADKEY, -5, "key is malformed or escapes the store root")                             \
-    X(ZB_E_JSON, -6, "malformed JSON")                                                           \
-    X(ZB_E_METADATA, -7, "invalid Zarr metadata")                                                \
-    X(ZB_E_UNSUPPORTED, -8, "unsupported feature")                                               \
-    X(ZB_E_OVERFLOW, -9, "size or element count overflows")                                      \
-    X(ZB_E_CORRUPT, -10, "corrupt data")                                                         \
-    X(ZB_E_TRUNCATED, -11, "data is truncated")                                                  \
-    X(ZB_E_CHECKSUM, -12, "checksum mismatch")                                                   \
-    X(ZB_E_SHARD_RANGE, -13, "shard index entry out of range")                                   \
-    X(ZB_E_RANGE, -14, "index out of range")                                                     \
-    X(ZB_E_TYPE, -15, "wrong data type for this operation")                                      \
-    X(ZB_E_INCOMPLETE, -16, "store is incomplete (a write was not committed)")                   \
-    X(ZB_E_CANCELLED, -17, "cancelled by the caller")                                           \
+#define ZB_STATUS_LIST(X)                                                                          \
+    X(ZB_OK, 0, "success")                                                                         \
+    X(ZB_E_INVALID, -1, "invalid argument")                                                        \
+    X(ZB_E_NOMEM, -2, "out of memory")                                                             \
+    X(ZB_E_IO, -3, "I/O error")                                                                    \
+    X(ZB_E_NOTFOUND, -4, "key not found")                                                          \
+    X(ZB_E_BADKEY, -5, "key is malformed or escapes the store root")                               \
+    X(ZB_E_JSON, -6, "malformed JSON")                                                             \
+    X(ZB_E_METADATA, -7, "invalid Zarr metadata")                                                  \
+    X(ZB_E_UNSUPPORTED, -8, "unsupported feature")                                                 \
+    X(ZB_E_OVERFLOW, -9, "size or element count overflows")                                        \
+    X(ZB_E_CORRUPT, -10, "corrupt data")                                                           \
+    X(ZB_E_TRUNCATED, -11, "data is truncated")                                                    \
+    X(ZB_E_CHECKSUM, -12, "checksum mismatch")                                                     \
+    X(ZB_E_SHARD_RANGE, -13, "shard index entry out of range")                                     \
+    X(ZB_E_RANGE, -14, "index out of range")                                                       \
+    X(ZB_E_TYPE, -15, "wrong data type for this operation")                                        \
+    X(ZB_E_INCOMPLETE, -16, "store is incomplete (a write was not committed)")                     \
+    X(ZB_E_CANCELLED, -17, "cancelled by the caller")                                              \
     X(ZB_E_DENIED, -18, "access denied (check the credentials)")
 
 typedef enum zb_status {
@@ -225,7 +225,10 @@ typedef struct zb_store_opts {
 } zb_store_opts;
 
 #define ZB_STORE_DEFAULT_MMAP_BYTES ((uint64_t)1 << 30)
-#define ZB_STORE_OPTS_DEFAULT {ZB_STORE_DEFAULT_MMAP_BYTES, false, NULL}
+#define ZB_STORE_OPTS_DEFAULT                                                                      \
+    {                                                                                              \
+        ZB_STORE_DEFAULT_MMAP_BYTES, false, NULL                                                   \
+    }
 
 /* Opens a store by URL: a file path or file:// URL (a directory), memory://, or a remote store
  * (http://, https://, s3://bucket/prefix). The options are ZB_STORE_OPTS_DEFAULT. */
@@ -369,16 +372,16 @@ ZB_API void zb_array_close(zb_array *array);
 
 /* Facts about an opened array. The returned pointers live as long as the array. */
 typedef struct zb_array_info {
-    int zarr_format;              /* 2 or 3 */
+    int zarr_format; /* 2 or 3 */
     zb_dtype dtype;
-    size_t itemsize;              /* bytes per element; 0 for strings */
+    size_t itemsize; /* bytes per element; 0 for strings */
     int ndim;
-    const uint64_t *shape;        /* [ndim] */
-    const uint64_t *chunk_shape;  /* [ndim]: the read unit (the inner chunk when sharded) */
-    const uint64_t *shard_shape;  /* [ndim], or NULL when not sharded */
-    const char *codecs;           /* human-readable chain, e.g. "bytes(little) | blosc(lz4,5,shuffle)" */
-    const char *attributes_json;  /* the array's attributes as JSON text ("{}" if none) */
-    const uint8_t *fill_value;    /* itemsize bytes, native byte order (NULL for strings) */
+    const uint64_t *shape;       /* [ndim] */
+    const uint64_t *chunk_shape; /* [ndim]: the read unit (the inner chunk when sharded) */
+    const uint64_t *shard_shape; /* [ndim], or NULL when not sharded */
+    const char *codecs; /* human-readable chain, e.g. "bytes(little) | blosc(lz4,5,shuffle)" */
+    const char *attributes_json; /* the array's attributes as JSON text ("{}" if none) */
+    const uint8_t *fill_value;   /* itemsize bytes, native byte order (NULL for strings) */
 } zb_array_info;
 
 ZB_API zb_status zb_array_get_info(const zb_array *array, zb_array_info *info);
@@ -453,7 +456,10 @@ typedef struct zb_array_write_opts {
     const void *fill_value;      /* itemsize bytes, native order; NULL = zeros */
 } zb_array_write_opts;
 
-#define ZB_ARRAY_WRITE_OPTS_DEFAULT {3, NULL, 0, 0, true, false, 1, NULL, NULL}
+#define ZB_ARRAY_WRITE_OPTS_DEFAULT                                                                \
+    {                                                                                              \
+        3, NULL, 0, 0, true, false, 1, NULL, NULL                                                  \
+    }
 
 typedef struct zb_array_writer zb_array_writer;
 
@@ -589,12 +595,14 @@ typedef struct zb_dataset_opts {
 
 #define ZB_MAX_REQUEST_BYTES_DEFAULT ((uint64_t)16 << 30)
 
-#define ZB_DATASET_OPTS_DEFAULT                                                                  \
-    {false, true, true, 0, 1, (size_t)512 << 10, false, NULL, false, NULL, NULL,                \
-     ZB_ON_INVALID_ERROR, ZB_MAX_REQUEST_BYTES_DEFAULT}
+#define ZB_DATASET_OPTS_DEFAULT                                                                    \
+    {                                                                                              \
+        false, true, true, 0, 1, (size_t)512 << 10, false, NULL, false, NULL, NULL,                \
+            ZB_ON_INVALID_ERROR, ZB_MAX_REQUEST_BYTES_DEFAULT                                      \
+    }
 
 typedef struct zb_field_info {
-    const char *name;          /* "X/data", "obs/cell_line", "positions", ... */
+    const char *name; /* "X/data", "obs/cell_line", "positions", ... */
     zb_field_kind kind;
     zb_dtype dtype;
     int ndim;                  /* of one sample's rows: 0 for a scalar per sample */
@@ -665,18 +673,18 @@ ZB_API zb_status zb_dataset_var_names(zb_dataset *ds, const zb_strings **out);
  * index first ("obs_names"), then every column of obs's column-order that zbatch reads, named
  * "obs/NAME". Columns of other encodings are left out. */
 typedef enum zb_column_kind {
-    ZB_COLUMN_VALUES,           /* numbers or booleans: field NAME */
-    ZB_COLUMN_CATEGORICAL,      /* codes: field NAME, labels: zb_dataset_category_table */
-    ZB_COLUMN_NULLABLE,         /* nullable-integer/-boolean: fields NAME and NAME/mask */
-    ZB_COLUMN_STRINGS,          /* string-array (and the index): zb_dataset_read_strings */
-    ZB_COLUMN_NULLABLE_STRINGS  /* nullable-string-array: zb_dataset_read_strings with
+    ZB_COLUMN_VALUES,          /* numbers or booleans: field NAME */
+    ZB_COLUMN_CATEGORICAL,     /* codes: field NAME, labels: zb_dataset_category_table */
+    ZB_COLUMN_NULLABLE,        /* nullable-integer/-boolean: fields NAME and NAME/mask */
+    ZB_COLUMN_STRINGS,         /* string-array (and the index): zb_dataset_read_strings */
+    ZB_COLUMN_NULLABLE_STRINGS /* nullable-string-array: zb_dataset_read_strings with
                                    its missing flags */
 } zb_column_kind;
 
 typedef struct zb_column_info {
     const char *name; /* "obs_names", "obs/NAME"; lives as long as ds */
     zb_column_kind kind;
-    zb_dtype dtype;   /* of the values (codes for a categorical); ZB_DT_STRING for strings */
+    zb_dtype dtype; /* of the values (codes for a categorical); ZB_DT_STRING for strings */
 } zb_column_info;
 
 ZB_API size_t zb_dataset_ncolumns(const zb_dataset *ds);
@@ -733,12 +741,12 @@ typedef struct zb_batch_view {
     const char *name;
     zb_field_kind kind;
     zb_dtype dtype;
-    void *data;             /* contiguous, batch order, native byte order; strings: the UTF-8
+    void *data;     /* contiguous, batch order, native byte order; strings: the UTF-8
                                bytes of every sample's string, one after the other */
-    uint64_t nrows;         /* rows in the batch (B for per-sample, the element total else) */
-    int ndim;               /* of one row */
+    uint64_t nrows; /* rows in the batch (B for per-sample, the element total else) */
+    int ndim;       /* of one row */
     const uint64_t *row_shape;
-    const int64_t *ptr;     /* ragged/index: the batch pointer array [B+1] of its segment;
+    const int64_t *ptr; /* ragged/index: the batch pointer array [B+1] of its segment;
                                strings (dtype ZB_DT_STRING, per-sample): sample i's string is
                                data[ptr[i] .. ptr[i+1]) (not NUL-terminated) */
 } zb_batch_view;
@@ -788,14 +796,17 @@ ZB_API void zb_batch_stats(const zb_batch *batch, zb_read_stats *stats);
  * Copying and converting stores.
  * ------------------------------------------------------------------------------------------- */
 typedef struct zb_copy_opts {
-    int zarr_format;        /* of the copy: 3 (default) or 2 */
-    const char *codec;      /* codec string of every array (NULL = the writer's default) */
-    uint64_t chunk_bytes;   /* uncompressed bytes per chunk (rows rounded down, >= 1 row) */
-    int num_threads;        /* compression threads */
-    bool skip_unsupported;  /* skip arrays zbatch cannot read (0-d, unsupported dtypes) */
+    int zarr_format;       /* of the copy: 3 (default) or 2 */
+    const char *codec;     /* codec string of every array (NULL = the writer's default) */
+    uint64_t chunk_bytes;  /* uncompressed bytes per chunk (rows rounded down, >= 1 row) */
+    int num_threads;       /* compression threads */
+    bool skip_unsupported; /* skip arrays zbatch cannot read (0-d, unsupported dtypes) */
 } zb_copy_opts;
 
-#define ZB_COPY_OPTS_DEFAULT {3, NULL, (uint64_t)1 << 20, 1, true}
+#define ZB_COPY_OPTS_DEFAULT                                                                       \
+    {                                                                                              \
+        3, NULL, (uint64_t)1 << 20, 1, true                                                        \
+    }
 
 /* Copies the tree below src_path of `src` to dst_path of `dst`: every group with its
  * attributes, every array decoded and re-encoded with the options (row blocks of 64 MiB, so

@@ -159,18 +159,21 @@ typedef struct zb_atomic_write_config {
     int num_threads; /* compression threads per array; 0 or 1 = the calling thread */
 } zb_atomic_write_config;
 
-#define ZB_ATOMIC_WRITE_CONFIG_DEFAULT {{NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}, NULL, 0, 1}
+#define ZB_ATOMIC_WRITE_CONFIG_DEFAULT                                                             \
+    {                                                                                              \
+        {NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}, NULL, 0, 1                                       \
+    }
 
 /* The rows of one field for a block of samples. */
 typedef struct zb_atomic_field {
-    const char *group;      /* "core" or "custom"; NULL = "core" */
-    const char *name;       /* the array's name: non-empty, no '/', not starting with '.' or "__" */
+    const char *group; /* "core" or "custom"; NULL = "core" */
+    const char *name;  /* the array's name: non-empty, no '/', not starting with '.' or "__" */
     zb_atomic_level level;
-    zb_dtype dtype;         /* any fixed-size type (not ZB_DT_STRING); bool bytes are 0 or 1 */
-    int ndim;               /* dimensions of one row: 0 (a scalar per row) .. ZB_MAX_DIMS-1 */
-    const uint64_t *shape;  /* [ndim] the row shape (e.g. {3} for positions, {3, 3} for cell);
+    zb_dtype dtype;        /* any fixed-size type (not ZB_DT_STRING); bool bytes are 0 or 1 */
+    int ndim;              /* dimensions of one row: 0 (a scalar per row) .. ZB_MAX_DIMS-1 */
+    const uint64_t *shape; /* [ndim] the row shape (e.g. {3} for positions, {3, 3} for cell);
                                may be NULL when ndim is 0 */
-    const void *data;       /* rows * prod(shape) elements, C order, native byte order; rows is
+    const void *data;      /* rows * prod(shape) elements, C order, native byte order; rows is
                                the block's atoms, edges or samples by level. Borrowed for the
                                duration of the call. */
 } zb_atomic_field;
@@ -283,12 +286,12 @@ ZB_API zb_status zb_atomic_add_custom(zb_store *store, const char *path,
 
 /* What zb_atomic_check found. */
 typedef struct zb_atomic_summary {
-    uint64_t num_samples;   /* physical samples (root num_samples), deleted ones included */
-    uint64_t num_live;      /* samples_mask true among them */
-    uint64_t num_atoms;     /* atoms_ptr[num_samples] */
-    uint64_t num_edges;     /* edges_ptr[num_samples] */
-    uint64_t num_fields;    /* arrays in core/ and custom/ */
-    bool uncommitted_tail;  /* some array is longer than the committed samples need (an
+    uint64_t num_samples;  /* physical samples (root num_samples), deleted ones included */
+    uint64_t num_live;     /* samples_mask true among them */
+    uint64_t num_atoms;    /* atoms_ptr[num_samples] */
+    uint64_t num_edges;    /* edges_ptr[num_samples] */
+    uint64_t num_fields;   /* arrays in core/ and custom/ */
+    bool uncommitted_tail; /* some array is longer than the committed samples need (an
                                interrupted append; zb_atomic_recover cuts it back) */
 } zb_atomic_summary;
 

@@ -138,19 +138,19 @@ typedef struct zb_convert_opts {
     const char *const *obs; /* obs columns to keep (every input must have them); NULL = every
                                column all inputs have (`n_obs` ignored) */
     size_t n_obs;
-    const char *x_key;      /* the input matrix that becomes X: "X" (NULL), "raw/X" or
+    const char *x_key;         /* the input matrix that becomes X: "X" (NULL), "raw/X" or
                                "layers/NAME" */
     const char *const *layers; /* input layers carried as layers/NAME (CSR), aligned like X */
     size_t n_layers;
-    uint64_t memory_bytes;  /* 0 = ZB_CONVERT_DEFAULT_MEMORY; at least ZB_CONVERT_MIN_MEMORY */
-    uint64_t seed;          /* of the cells' positions */
-    bool shuffle;           /* false: cells keep input order (input 0's rows, then input 1's) */
-    int zarr_format;        /* 3 (default) or 2 (annbatch reads only 3) */
-    const char *codec;      /* every array's codec string (zbatch.h); NULL = the writers' default */
-    uint64_t x_chunk;       /* elements per (inner) chunk of X/data and X/indices; 0 = the anndata
+    uint64_t memory_bytes; /* 0 = ZB_CONVERT_DEFAULT_MEMORY; at least ZB_CONVERT_MIN_MEMORY */
+    uint64_t seed;         /* of the cells' positions */
+    bool shuffle;          /* false: cells keep input order (input 0's rows, then input 1's) */
+    int zarr_format;       /* 3 (default) or 2 (annbatch reads only 3) */
+    const char *codec;     /* every array's codec string (zbatch.h); NULL = the writers' default */
+    uint64_t x_chunk;      /* elements per (inner) chunk of X/data and X/indices; 0 = the anndata
                                writer's default */
-    uint64_t x_shard;       /* elements per shard (v3); 0 = 1,024 chunks; UINT64_MAX = unsharded */
-    int num_threads;        /* 0 = every online CPU */
+    uint64_t x_shard;      /* elements per shard (v3); 0 = 1,024 chunks; UINT64_MAX = unsharded */
+    int num_threads;       /* 0 = every online CPU */
     zb_convert_progress_fn progress; /* may be NULL */
     void *progress_ctx;
     zb_convert_data_dtype data_dtype;   /* of X/data and the layers' data (default AUTO) */
@@ -212,8 +212,8 @@ ZB_API zb_status zb_convert_run(const char *const *inputs, size_t n_inputs, cons
 
 /* Facts of a planned conversion. */
 typedef struct zb_convert_info {
-    uint64_t n_cells;    /* of all inputs */
-    uint64_t n_genes;    /* of the output */
+    uint64_t n_cells; /* of all inputs */
+    uint64_t n_genes; /* of the output */
     uint64_t n_datasets;
     uint64_t input_bytes; /* uncompressed bytes of the input matrices' data and indices */
     const char *work_dir; /* lives as long as the handle */

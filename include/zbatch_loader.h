@@ -34,19 +34,19 @@ typedef enum zb_transform_kind {
 
 typedef struct zb_transform {
     zb_transform_kind kind;
-    double target_sum;        /* NORMALIZE_TOTAL */
-    const uint64_t *columns;  /* DENSIFY: an optional column subset (NULL = all n_vars), in
+    double target_sum;       /* NORMALIZE_TOTAL */
+    const uint64_t *columns; /* DENSIFY: an optional column subset (NULL = all n_vars), in
                                  the output's order, each column once (ZB_E_INVALID else) */
     size_t ncolumns;
-    const char *field;        /* CAST */
-    zb_dtype dtype;           /* CAST */
-    zb_transform_fn fn;       /* CALLBACK */
-    void *user;               /* CALLBACK */
+    const char *field;  /* CAST */
+    zb_dtype dtype;     /* CAST */
+    zb_transform_fn fn; /* CALLBACK */
+    void *user;         /* CALLBACK */
 } zb_transform;
 
 typedef struct zb_loader_opts {
-    size_t prefetch_factor;   /* batches per window (>= 1) */
-    size_t depth;             /* windows in flight (>= 1) */
+    size_t prefetch_factor;         /* batches per window (>= 1) */
+    size_t depth;                   /* windows in flight (>= 1) */
     const zb_transform *transforms; /* run in order on every batch; copied at open */
     size_t ntransforms;
     /* Epochs read on past the sampler's current one (0: the loader ends with it; SIZE_MAX: no
@@ -65,11 +65,14 @@ typedef struct zb_loader_opts {
     zb_placement placement;
     const char *cuda_library;
     int cuda_device;
-    size_t num_streams;       /* DEVICE: copy streams, used by batches in turn (0: 2) */
+    size_t num_streams; /* DEVICE: copy streams, used by batches in turn (0: 2) */
     bool require_placement;
 } zb_loader_opts;
 
-#define ZB_LOADER_OPTS_DEFAULT {4, 2, NULL, 0, 0, false, ZB_PLACE_HOST, NULL, 0, 2, false}
+#define ZB_LOADER_OPTS_DEFAULT                                                                     \
+    {                                                                                              \
+        4, 2, NULL, 0, 0, false, ZB_PLACE_HOST, NULL, 0, 2, false                                  \
+    }
 
 /* The most samples one window may hold (prefetch_factor x the sampler's largest batch):
  * zb_loader_open refuses more with ZB_E_INVALID before allocating anything. */

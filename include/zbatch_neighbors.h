@@ -63,7 +63,10 @@ typedef struct zb_neighbor_list {
     uint64_t capacity;    /* pairs the arrays can hold; managed by the library */
 } zb_neighbor_list;
 
-#define ZB_NEIGHBOR_LIST_INIT {0, NULL, NULL, NULL, 0}
+#define ZB_NEIGHBOR_LIST_INIT                                                                      \
+    {                                                                                              \
+        0, NULL, NULL, NULL, 0                                                                     \
+    }
 
 /* Builds the neighbour list of `s` for `cutoff` into `nl` (replacing what it held; its arrays
  * are reused and grown as needed). `max_pairs` caps the output (0 = no cap): a structure with

@@ -25,8 +25,10 @@ zbpy_u64(PyObject *obj, void *out)
         return 0;
     }
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Format(PyExc_OverflowError, "%R does not fit 64 bits: expected an integer in "
-                     "[0, 2**64)", obj);
+        PyErr_Format(PyExc_OverflowError,
+                     "%R does not fit 64 bits: expected an integer in "
+                     "[0, 2**64)",
+                     obj);
         return 0;
     }
     *(unsigned long long *)out = v;
@@ -51,8 +53,10 @@ zbpy_u32(PyObject *obj, void *out)
     unsigned long long v;
     if (!zbpy_u64(obj, &v)) return 0;
     if (v > UINT_MAX) {
-        PyErr_Format(PyExc_OverflowError, "%R does not fit 32 bits: expected an integer in "
-                     "[0, 2**32)", obj);
+        PyErr_Format(PyExc_OverflowError,
+                     "%R does not fit 32 bits: expected an integer in "
+                     "[0, 2**32)",
+                     obj);
         return 0;
     }
     *(unsigned int *)out = (unsigned int)v;
@@ -121,8 +125,7 @@ py_read_array(PyObject *self, PyObject *args)
     (void)self;
     const char *store_path, *array_path;
     long long start_ll, stop_ll;
-    if (!PyArg_ParseTuple(args, "ssLL", &store_path, &array_path, &start_ll, &stop_ll))
-        return NULL;
+    if (!PyArg_ParseTuple(args, "ssLL", &store_path, &array_path, &start_ll, &stop_ll)) return NULL;
     zb_store *store = NULL;
     zb_array *array = NULL;
     zb_status st;
@@ -172,8 +175,8 @@ py_read_array(PyObject *self, PyObject *args)
         zb_strings_free(&s);
         if (!data) goto fail;
     } else {
-        uint64_t nbytes = (stop >= start ? stop - start : 0) * zb_array_row_elems(array) *
-                          info.itemsize;
+        uint64_t nbytes =
+            (stop >= start ? stop - start : 0) * zb_array_row_elems(array) * info.itemsize;
         if (info.ndim == 0) nbytes = info.itemsize;
         data = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)nbytes);
         if (!data) goto fail;
@@ -228,15 +231,15 @@ py_status_names(PyObject *self, PyObject *args)
     (void)args;
     PyObject *d = PyDict_New();
     if (!d) return NULL;
-#define ZB_PY_STATUS_(name, value, text)                                                         \
-    do {                                                                                         \
-        PyObject *v = PyLong_FromLong(value);                                                    \
-        if (!v || PyDict_SetItemString(d, #name, v) < 0) {                                       \
-            Py_XDECREF(v);                                                                       \
-            Py_DECREF(d);                                                                        \
-            return NULL;                                                                         \
-        }                                                                                        \
-        Py_DECREF(v);                                                                            \
+#define ZB_PY_STATUS_(name, value, text)                                                           \
+    do {                                                                                           \
+        PyObject *v = PyLong_FromLong(value);                                                      \
+        if (!v || PyDict_SetItemString(d, #name, v) < 0) {                                         \
+            Py_XDECREF(v);                                                                         \
+            Py_DECREF(d);                                                                          \
+            return NULL;                                                                           \
+        }                                                                                          \
+        Py_DECREF(v);                                                                              \
     } while (0);
     ZB_STATUS_LIST(ZB_PY_STATUS_)
 #undef ZB_PY_STATUS_
@@ -252,7 +255,15 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "zbatch._zbatch", "libzbatch bindings", -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT,
+    "zbatch._zbatch",
+    "libzbatch bindings",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit__zbatch(void);
@@ -271,12 +282,11 @@ PyInit__zbatch(void)
         Py_DECREF(m);
         return NULL;
     }
-    if (zbpy_register_write(m) < 0 || zbpy_register_anndata(m) < 0 ||
-        zbpy_register_atomic(m) < 0 || zbpy_register_dataset(m) < 0 ||
-        zbpy_register_sampler(m) < 0 || zbpy_register_loader(m) < 0 ||
-        zbpy_register_source(m) < 0 || zbpy_register_convert(m) < 0 ||
-        zbpy_register_neighbors(m) < 0 || zbpy_register_remote(m) < 0 ||
-        zbpy_register_device(m) < 0 ||
+    if (zbpy_register_write(m) < 0 || zbpy_register_anndata(m) < 0 || zbpy_register_atomic(m) < 0 ||
+        zbpy_register_dataset(m) < 0 || zbpy_register_sampler(m) < 0 ||
+        zbpy_register_loader(m) < 0 || zbpy_register_source(m) < 0 ||
+        zbpy_register_convert(m) < 0 || zbpy_register_neighbors(m) < 0 ||
+        zbpy_register_remote(m) < 0 || zbpy_register_device(m) < 0 ||
         PyModule_AddStringConstant(m, "__version__", ZB_VERSION_STRING) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -334,8 +334,9 @@ strings_call(AnndataWriter *self, int kind, const char *axis_s, const char *name
         st = zb_anndata_writer_append_names(self->w, axis, p.data, p.offsets, p.n);
     else if (kind == 1)
         st = zb_anndata_writer_append_string_column(self->w, axis, name, p.data, p.offsets, p.n);
-    else st = zb_anndata_writer_define_categorical(self->w, axis, name, p.data, p.offsets, p.n,
-                                                   ordered != 0);
+    else
+        st = zb_anndata_writer_define_categorical(self->w, axis, name, p.data, p.offsets, p.n,
+                                                  ordered != 0);
     Py_END_ALLOW_THREADS
     packed_free(&p);
     if (st != ZB_OK) {

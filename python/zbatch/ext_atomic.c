@@ -200,8 +200,7 @@ parse_field(PyObject *t, py_fields *pf, size_t i)
     const char *level, *dtype;
     if (!(f->group = pool_dup(&pf->strs, PyTuple_GET_ITEM(t, 0))) ||
         !(f->name = pool_dup(&pf->strs, PyTuple_GET_ITEM(t, 1))) ||
-        !(level = zbpy_str(PyTuple_GET_ITEM(t, 2))) ||
-        !(dtype = zbpy_str(PyTuple_GET_ITEM(t, 3))))
+        !(level = zbpy_str(PyTuple_GET_ITEM(t, 2))) || !(dtype = zbpy_str(PyTuple_GET_ITEM(t, 3))))
         return -1;
     if (level_from_str(level, &f->level) < 0 || dtype_from_str(dtype, &f->dtype) < 0) return -1;
     PyObject *shape = PyTuple_GET_ITEM(t, 4);

@@ -145,13 +145,11 @@ static void
 call_progress(void *ctx, const zb_convert_progress *p)
 {
     PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *r = PyObject_CallFunction((PyObject *)ctx, "iKKKKKK", (int)p->phase,
-                                        (unsigned long long)p->tasks_done,
-                                        (unsigned long long)p->tasks_total,
-                                        (unsigned long long)p->cells_done,
-                                        (unsigned long long)p->cells_total,
-                                        (unsigned long long)p->bytes_done,
-                                        (unsigned long long)p->bytes_total);
+    PyObject *r = PyObject_CallFunction(
+        (PyObject *)ctx, "iKKKKKK", (int)p->phase, (unsigned long long)p->tasks_done,
+        (unsigned long long)p->tasks_total, (unsigned long long)p->cells_done,
+        (unsigned long long)p->cells_total, (unsigned long long)p->bytes_done,
+        (unsigned long long)p->bytes_total);
     if (!r)
         PyErr_WriteUnraisable((PyObject *)ctx); /* a broken progress bar must not stop the job */
     Py_XDECREF(r);
@@ -206,9 +204,8 @@ py_convert_plan(PyObject *self, PyObject *args)
         "{s:(nnn),s:K,s:K,s:K,s:s}", "tasks", (Py_ssize_t)zb_convert_ntasks(cv, ZB_CONVERT_PREPARE),
         (Py_ssize_t)zb_convert_ntasks(cv, ZB_CONVERT_SCATTER),
         (Py_ssize_t)zb_convert_ntasks(cv, ZB_CONVERT_GATHER), "n_cells",
-        (unsigned long long)info.n_cells, "n_genes", (unsigned long long)info.n_genes,
-        "n_datasets", (unsigned long long)info.n_datasets, "work_dir",
-        info.work_dir ? info.work_dir : "");
+        (unsigned long long)info.n_cells, "n_genes", (unsigned long long)info.n_genes, "n_datasets",
+        (unsigned long long)info.n_datasets, "work_dir", info.work_dir ? info.work_dir : "");
     zb_convert_close(cv);
     return out;
 }
@@ -290,7 +287,8 @@ static PyMethodDef methods[] = {
     {"convert_task", py_convert_task, METH_VARARGS,
      "convert_task(output, phase, i, num_threads, memory_bytes) -> bool"},
     {"convert_finish", py_convert_finish, METH_VARARGS, "convert_finish(inputs, output, opts)"},
-    {"convert_limit", py_convert_limit, METH_VARARGS, "convert_limit(inputs, output, opts) -> dict"},
+    {"convert_limit", py_convert_limit, METH_VARARGS,
+     "convert_limit(inputs, output, opts) -> dict"},
     {NULL, NULL, 0, NULL},
 };
 

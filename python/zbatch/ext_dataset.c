@@ -133,8 +133,7 @@ zbpy_batch_dict(const zb_batch *cb, PyObject *owner)
         for (int k = 0; k < v.ndim; k++) elems *= v.row_shape[k];
         PyObject *buf = v.dtype == ZB_DT_STRING
                             ? strings_list(v.data, v.ptr, NULL, v.nrows)
-                            : make_buffer(owner, v.data,
-                                          (size_t)(elems * zb_dtype_size(v.dtype)));
+                            : make_buffer(owner, v.data, (size_t)(elems * zb_dtype_size(v.dtype)));
         PyObject *shape = shape_of(v.nrows, v.ndim, v.row_shape);
         /* the segment a ragged field is split by: found by its pointer array */
         const char *seg = NULL;
@@ -143,10 +142,9 @@ zbpy_batch_dict(const zb_batch *cb, PyObject *owner)
             const char *name = zb_batch_segment_at(cb, k, &ptr);
             if (ptr == v.ptr) seg = name;
         }
-        PyObject *tup = buf && shape
-                            ? Py_BuildValue("(OsOiz)", buf, zb_dtype_typestr(v.dtype), shape,
-                                            (int)v.kind, seg)
-                            : NULL;
+        PyObject *tup = buf && shape ? Py_BuildValue("(OsOiz)", buf, zb_dtype_typestr(v.dtype),
+                                                     shape, (int)v.kind, seg)
+                                     : NULL;
         Py_XDECREF(buf);
         Py_XDECREF(shape);
         if (!tup || PyDict_SetItemString(fields, v.name, tup) < 0) {
@@ -182,10 +180,11 @@ zbpy_batch_dict(const zb_batch *cb, PyObject *owner)
     zb_read_stats st;
     zb_batch_stats(cb, &st);
     PyObject *stats = Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "chunks_decoded", (unsigned long long)st.chunks_decoded,
-        "chunks_cached", (unsigned long long)st.chunks_cached, "chunks_filled",
-        (unsigned long long)st.chunks_filled, "bytes_fetched", (unsigned long long)st.bytes_fetched,
-        "bytes_decoded", (unsigned long long)st.bytes_decoded, "bytes_delivered",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "chunks_decoded",
+        (unsigned long long)st.chunks_decoded, "chunks_cached",
+        (unsigned long long)st.chunks_cached, "chunks_filled", (unsigned long long)st.chunks_filled,
+        "bytes_fetched", (unsigned long long)st.bytes_fetched, "bytes_decoded",
+        (unsigned long long)st.bytes_decoded, "bytes_delivered",
         (unsigned long long)st.bytes_delivered, "range_reads", (unsigned long long)st.range_reads,
         "samples_skipped", (unsigned long long)st.samples_skipped);
     if (!stats || PyDict_SetItemString(d, "stats", stats) < 0) {
@@ -225,10 +224,22 @@ dataset_dealloc(DatasetObject *self)
 static int
 dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"path", "group", "cache_bytes", "num_threads", "load_layers",
-                             "use_consolidated", "load_strings", "layer", "reorder_vars",
-                             "x_dtype", "index_dtype", "on_invalid", "max_request_bytes",
-                             "mmap_bytes", "remote", NULL};
+    static char *kwlist[] = {"path",
+                             "group",
+                             "cache_bytes",
+                             "num_threads",
+                             "load_layers",
+                             "use_consolidated",
+                             "load_strings",
+                             "layer",
+                             "reorder_vars",
+                             "x_dtype",
+                             "index_dtype",
+                             "on_invalid",
+                             "max_request_bytes",
+                             "mmap_bytes",
+                             "remote",
+                             NULL};
     const char *path, *group = "", *layer = NULL, *x_dtype = NULL, *index_dtype = NULL;
     const char *on_invalid = "error";
     unsigned long long cache = 0, max_request = ZB_MAX_REQUEST_BYTES_DEFAULT;
@@ -314,13 +325,13 @@ dataset_info(DatasetObject *self, PyObject *noargs)
         PyObject *rs = PyTuple_New(fi.ndim);
         for (int d = 0; rs && d < fi.ndim; d++)
             PyTuple_SET_ITEM(rs, d, PyLong_FromUnsignedLongLong(fi.row_shape[d]));
-        PyObject *o = rs ? Py_BuildValue("{s:s,s:s,s:s,s:O,s:z,s:z,s:O,s:s,s:z}", "name",
-                                         fi.name, "kind", kinds[fi.kind], "dtype",
-                                         zb_dtype_name(fi.dtype), "row_shape", rs, "segment",
-                                         fi.segment, "target", fi.target, "categorical",
-                                         fi.categorical ? Py_True : Py_False, "array", fi.array,
-                                         "mask", fi.mask)
-                         : NULL;
+        PyObject *o =
+            rs ? Py_BuildValue("{s:s,s:s,s:s,s:O,s:z,s:z,s:O,s:s,s:z}", "name", fi.name, "kind",
+                               kinds[fi.kind], "dtype", zb_dtype_name(fi.dtype), "row_shape", rs,
+                               "segment", fi.segment, "target", fi.target, "categorical",
+                               fi.categorical ? Py_True : Py_False, "array", fi.array, "mask",
+                               fi.mask)
+               : NULL;
         Py_XDECREF(rs);
         if (!o || PyList_Append(fields, o) < 0) {
             Py_XDECREF(o);
@@ -333,12 +344,12 @@ dataset_info(DatasetObject *self, PyObject *noargs)
      * genes are the first child's, merge.c) */
     const zb_dataset *first = self->ds->nchildren ? self->ds->children[0] : self->ds;
     const char *var_group = first->var_frame ? first->var_frame : "";
-    PyObject *r = Py_BuildValue("{s:s,s:O,s:K,s:n,s:s,s:s,s:s,s:s}", "layout",
-                                zb_dataset_layout(self->ds), "fields", fields, "n_vars",
-                                (unsigned long long)zb_dataset_n_vars(self->ds), "nchildren",
-                                (Py_ssize_t)zb_dataset_nchildren(self->ds), "name",
-                                zb_dataset_name(self->ds), "store", zb_store_name(first->store),
-                                "scheme", zb_store_scheme(first->store), "var_group", var_group);
+    PyObject *r =
+        Py_BuildValue("{s:s,s:O,s:K,s:n,s:s,s:s,s:s,s:s}", "layout", zb_dataset_layout(self->ds),
+                      "fields", fields, "n_vars", (unsigned long long)zb_dataset_n_vars(self->ds),
+                      "nchildren", (Py_ssize_t)zb_dataset_nchildren(self->ds), "name",
+                      zb_dataset_name(self->ds), "store", zb_store_name(first->store), "scheme",
+                      zb_store_scheme(first->store), "var_group", var_group);
     Py_DECREF(fields);
     return r;
 }
@@ -360,8 +371,7 @@ dataset_categories(DatasetObject *self, PyObject *args)
         t.dtype == ZB_DT_STRING
             ? strings_list(t.strings->data, NULL, t.strings->offsets, t.n)
             : Py_BuildValue("(y#s)", (const char *)t.values,
-                            (Py_ssize_t)(t.n * zb_dtype_size(t.dtype)),
-                            zb_dtype_typestr(t.dtype));
+                            (Py_ssize_t)(t.n * zb_dtype_size(t.dtype)), zb_dtype_typestr(t.dtype));
     if (!labels) return NULL;
     return Py_BuildValue("(NO)", labels, t.ordered ? Py_True : Py_False);
 }

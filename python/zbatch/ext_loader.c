@@ -55,8 +55,8 @@ loader_dealloc(LoaderObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static const char *const DTYPES[] = {"bool",    "int8",    "int16",   "int32",   "int64",
-                                     "uint8",   "uint16",  "uint32",  "uint64",  "float16",
+static const char *const DTYPES[] = {"bool",    "int8",    "int16",  "int32",  "int64",
+                                     "uint8",   "uint16",  "uint32", "uint64", "float16",
                                      "float32", "float64", NULL};
 
 /* Parses a list of tuples ("log1p",), ("normalize_total", target), ("densify", cols|None),
@@ -141,26 +141,27 @@ static const char *const PLACEMENTS[] = {"host", "pinned", "device"};
 static int
 loader_init(LoaderObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"dataset",     "sampler",     "prefetch_factor",   "depth",
-                             "transforms",  "more_epochs", "same_epoch",        "placement",
-                             "cuda_library", "cuda_device", "num_streams",
-                             "require_placement", NULL};
+    static char *kwlist[] = {"dataset",     "sampler",     "prefetch_factor",
+                             "depth",       "transforms",  "more_epochs",
+                             "same_epoch",  "placement",   "cuda_library",
+                             "cuda_device", "num_streams", "require_placement",
+                             NULL};
     PyObject *dsobj, *smobj, *tlist = NULL;
     unsigned long long prefetch = 4, depth = 2, num_streams = 2;
     long long more_epochs = 0;
     int same_epoch = 0, cuda_device = 0, require = 0;
     const char *placement = "host", *library = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O&O&OLpsziO&p", kwlist, &dsobj, &smobj,
-                                     zbpy_u64, &prefetch, zbpy_u64, &depth, &tlist, &more_epochs,
-                                     &same_epoch, &placement, &library, &cuda_device, zbpy_u64,
-                                     &num_streams, &require))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O&O&OLpsziO&p", kwlist, &dsobj, &smobj, zbpy_u64,
+                                     &prefetch, zbpy_u64, &depth, &tlist, &more_epochs, &same_epoch,
+                                     &placement, &library, &cuda_device, zbpy_u64, &num_streams,
+                                     &require))
         return -1;
     int where = -1;
     for (int k = 0; k < 3; k++)
         if (!strcmp(placement, PLACEMENTS[k])) where = k;
     if (where < 0) {
-        PyErr_Format(PyExc_ValueError,
-                     "placement must be 'host', 'pinned' or 'device', not '%s'", placement);
+        PyErr_Format(PyExc_ValueError, "placement must be 'host', 'pinned' or 'device', not '%s'",
+                     placement);
         return -1;
     }
     zb_dataset *ds = zbpy_dataset_ptr(dsobj);
@@ -243,14 +244,13 @@ loader_device_stats(LoaderObject *self, PyObject *noargs)
     (void)noargs;
     zb_device_stats s;
     zb_loader_device_stats(self->ld, &s);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "batches_copied",
-                         (unsigned long long)s.batches_copied, "bytes_copied",
-                         (unsigned long long)s.bytes_copied, "host_blocks",
-                         (unsigned long long)s.host_blocks, "host_bytes",
-                         (unsigned long long)s.host_bytes, "device_blocks",
-                         (unsigned long long)s.device_blocks, "device_bytes",
-                         (unsigned long long)s.device_bytes, "retired_pending",
-                         (unsigned long long)s.retired_pending);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "batches_copied", (unsigned long long)s.batches_copied,
+        "bytes_copied", (unsigned long long)s.bytes_copied, "host_blocks",
+        (unsigned long long)s.host_blocks, "host_bytes", (unsigned long long)s.host_bytes,
+        "device_blocks", (unsigned long long)s.device_blocks, "device_bytes",
+        (unsigned long long)s.device_bytes, "retired_pending",
+        (unsigned long long)s.retired_pending);
 }
 
 static PyObject *
@@ -316,8 +316,7 @@ static PyMethodDef module_methods[] = {
 
 static PyMethodDef loader_methods[] = {
     {"next", (PyCFunction)loader_next, METH_NOARGS, "next batch dict or None"},
-    {"next_device", (PyCFunction)loader_next_device, METH_NOARGS,
-     "next _DeviceBatch or None"},
+    {"next_device", (PyCFunction)loader_next_device, METH_NOARGS, "next _DeviceBatch or None"},
     {"placement", (PyCFunction)loader_placement, METH_NOARGS, "(placement, fallback reason)"},
     {"device_stats", (PyCFunction)loader_device_stats, METH_NOARGS, "device stage counters"},
     {"state", (PyCFunction)loader_state, METH_NOARGS, "sampler state after the last batch"},

@@ -120,10 +120,11 @@ py_read_ranges(PyObject *self, PyObject *args)
     zb_status st;
     zb_store_opts so = ZB_STORE_OPTS_DEFAULT;
     so.remote = &ro;
-    Py_BEGIN_ALLOW_THREADS st = zb_store_open_opts(url, &so, &store);
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_store_open_opts(url, &so, &store);
     if (st == ZB_OK) zb_store_get_ranges(store, r, (size_t)n, NULL, NULL);
-    Py_END_ALLOW_THREADS if (st != ZB_OK)
-    {
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) {
         zbpy_raise(st, NULL);
         goto done;
     }
@@ -146,8 +147,10 @@ py_read_ranges(PyObject *self, PyObject *args)
         Py_SETREF(out, pair);
     }
 done:
-    Py_BEGIN_ALLOW_THREADS zb_store_close(store);
-    Py_END_ALLOW_THREADS PyMem_Free(r);
+    Py_BEGIN_ALLOW_THREADS
+    zb_store_close(store);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(r);
     Py_XDECREF(bufs);
     Py_DECREF(seq);
     return out;

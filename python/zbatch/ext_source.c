@@ -53,14 +53,14 @@ column_dict(const zb__col_info *c)
     }
     if (c->category_values) {
         Py_DECREF(values);
-        values = PyBytes_FromStringAndSize(c->category_values,
-                                           (Py_ssize_t)(c->categories->n * zb_dtype_size(c->dtype)));
+        values = PyBytes_FromStringAndSize(
+            c->category_values, (Py_ssize_t)(c->categories->n * zb_dtype_size(c->dtype)));
         if (!values) goto fail;
     }
-    PyObject *d = Py_BuildValue("{s:s,s:s,s:s,s:N,s:N,s:O}", "name", c->name, "kind",
-                                kind_names[c->kind], "dtype", zb_dtype_typestr(c->dtype),
-                                "categories", cats, "category_values", values, "ordered",
-                                c->ordered ? Py_True : Py_False);
+    PyObject *d =
+        Py_BuildValue("{s:s,s:s,s:s,s:N,s:N,s:O}", "name", c->name, "kind", kind_names[c->kind],
+                      "dtype", zb_dtype_typestr(c->dtype), "categories", cats, "category_values",
+                      values, "ordered", c->ordered ? Py_True : Py_False);
     return d;
 fail:
     Py_XDECREF(cats);

@@ -91,8 +91,7 @@ py_write_array(PyObject *self, PyObject *args)
     o.fill_value = fill.buf;
     Py_BEGIN_ALLOW_THREADS
     st = zb_store_open(store_path, &store);
-    if (st == ZB_OK)
-        st = zb_array_writer_open(store, path, dtype, (int)ndim, shape + 1, &o, &w);
+    if (st == ZB_OK) st = zb_array_writer_open(store, path, dtype, (int)ndim, shape + 1, &o, &w);
     if (st == ZB_OK) {
         if (dtype == ZB_DT_STRING)
             st = zb_array_writer_append_strings(w, data.buf, offsets.buf, shape[0]);
@@ -119,7 +118,8 @@ done:
 }
 
 static PyMethodDef write_methods[] = {
-    {"write_array", py_write_array, METH_VARARGS, "write_array(...) -> None (see zbatch.write_array)"},
+    {"write_array", py_write_array, METH_VARARGS,
+     "write_array(...) -> None (see zbatch.write_array)"},
     {NULL, NULL, 0, NULL},
 };
 

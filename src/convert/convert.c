@@ -266,13 +266,13 @@ cv_plan_load(zb_convert *cv)
     if (!format || strcmp(format, "zbatch-convert-plan") || !args ||
         get_u64(doc, "version", &version) != ZB_OK || version != CV_PLAN_VERSION)
         return zb__err(ZB_E_CORRUPT, "%s: not a plan this zbatch (%s) can run", path,
-                      ZB_VERSION_STRING);
+                       ZB_VERSION_STRING);
     cv->args_text = json_object_to_json_string_ext(args, JSON_C_TO_STRING_PLAIN);
     ZB_TRY(load_inputs(cv, doc));
     ZB_TRY(strings_of(zb__json_get(args, "inputs"), &cv->input_names));
     if (cv->input_names.n != cv->n_inputs)
         return zb__err(ZB_E_CORRUPT, "%s: %" PRIu64 " input names for %zu inputs", path,
-                      cv->input_names.n, cv->n_inputs);
+                       cv->input_names.n, cv->n_inputs);
     ZB_TRY(strings_of(zb__json_get(doc, "genes"), &cv->genes));
     json_object *cols = zb__json_get(doc, "columns");
     cv->n_cols = cols ? json_object_array_length(cols) : 0;
@@ -287,7 +287,7 @@ cv_plan_load(zb_convert *cv)
     ZB_TRY(get_u64(doc, "block_bytes", &cv->block_bytes));
     if (cv->block_bytes < CV_MIN_BLOCK_BYTES || cv->block_bytes > CV_MAX_BLOCK_BYTES)
         return zb__err(ZB_E_CORRUPT, "%s: block_bytes %" PRIu64 " is out of range", path,
-                      cv->block_bytes);
+                       cv->block_bytes);
     ZB_TRY(get_u64(args, "dataset_size", &cv->dataset_size));
     ZB_TRY(get_u64(args, "seed", &cv->seed));
     ZB_TRY(get_u64(args, "x_chunk", &cv->x_chunk));
@@ -327,7 +327,7 @@ cv_source(zb_convert *cv, uint32_t k, zb__src **out)
     if (!cv->srcs[k]) st = zb__src_open(cv->inputs[k].path, &cv->srcs[k]);
     if (st == ZB_OK && cv->srcs[k]->c.n_obs != cv->inputs[k].n_obs)
         st = zb__err(ZB_E_INVALID, "%s: %" PRIu64 " cells now, %" PRIu64 " when planned",
-                    cv->inputs[k].path, cv->srcs[k]->c.n_obs, cv->inputs[k].n_obs);
+                     cv->inputs[k].path, cv->srcs[k]->c.n_obs, cv->inputs[k].n_obs);
     *out = cv->srcs[k];
     pthread_mutex_unlock(&cv->lock);
     return st;
@@ -370,13 +370,13 @@ cv_gene_map(zb_convert *cv, uint32_t k, size_t j, const int32_t **out)
         if (st == ZB_OK) st = cv_read_file(path, &text, &len);
         if (st == ZB_OK && len != cv->inputs[k].mats[j].n_cols * sizeof(int32_t))
             st = zb__err(ZB_E_CORRUPT, "%s: %zu bytes for %" PRIu64 " columns", path, len,
-                        cv->inputs[k].mats[j].n_cols);
+                         cv->inputs[k].mats[j].n_cols);
         if (st == ZB_OK) {
             const int32_t *m = (const int32_t *)text;
             for (uint64_t i = 0; i < cv->inputs[k].mats[j].n_cols && st == ZB_OK; i++)
                 if (m[i] < -1 || (int64_t)m[i] >= (int64_t)cv->genes.n)
-                    st = zb__err(ZB_E_CORRUPT, "%s: column %" PRIu64 " maps outside the genes", path,
-                                i);
+                    st = zb__err(ZB_E_CORRUPT, "%s: column %" PRIu64 " maps outside the genes",
+                                 path, i);
         }
         if (st == ZB_OK)
             cv->maps[k][j] = (int32_t *)text;
@@ -481,14 +481,14 @@ normalize(const zb_convert_opts *opts, zb_convert_opts *o)
     if (!o->num_threads) o->num_threads = online_cpus();
     if (o->memory_bytes < ZB_CONVERT_MIN_MEMORY)
         return zb__err(ZB_E_INVALID, "memory %" PRIu64 " bytes: at least %" PRIu64 " (64 MiB)",
-                      o->memory_bytes, ZB_CONVERT_MIN_MEMORY);
+                       o->memory_bytes, ZB_CONVERT_MIN_MEMORY);
     if (o->zarr_format != 2 && o->zarr_format != 3)
         return zb__err(ZB_E_INVALID, "zarr_format %d: 2 or 3", o->zarr_format);
     if (o->x_shard != UINT64_MAX && o->x_shard % o->x_chunk)
         return zb__err(ZB_E_INVALID,
-                      "a shard of %" PRIu64 " elements is not a multiple of the "
-                      "chunk (%" PRIu64 ")",
-                      o->x_shard, o->x_chunk);
+                       "a shard of %" PRIu64 " elements is not a multiple of the "
+                       "chunk (%" PRIu64 ")",
+                       o->x_shard, o->x_chunk);
     if (o->var_join != ZB_VAR_OUTER && o->var_join != ZB_VAR_INNER)
         return zb__err(ZB_E_INVALID, "var_join %d", (int)o->var_join);
     if ((unsigned)o->data_dtype > ZB_CONVERT_DATA_FLOAT32)
@@ -496,7 +496,8 @@ normalize(const zb_convert_opts *opts, zb_convert_opts *o)
     if ((unsigned)o->index_dtype > ZB_CONVERT_INDEX_NARROW)
         return zb__err(ZB_E_INVALID, "index_dtype %d", (int)o->index_dtype);
     if (o->num_threads < 0 || o->num_threads > ZB_POOL_MAX_THREADS)
-        return zb__err(ZB_E_INVALID, "num_threads %d: 0 to %d", o->num_threads, ZB_POOL_MAX_THREADS);
+        return zb__err(ZB_E_INVALID, "num_threads %d: 0 to %d", o->num_threads,
+                       ZB_POOL_MAX_THREADS);
     zb__codec codec;
     bool has;
     ZB_TRY(zb__codec_spec_parse(o->codec, o->zarr_format, &codec, &has));
@@ -531,9 +532,9 @@ check_resume(zb_convert *cv, json_object *args, const char *const *inputs)
         char diff[512];
         cv_args_difference(zb__json_get(cv->plan_doc, "args"), args, diff, sizeof diff);
         return zb__err(ZB_E_INVALID,
-                      "%s holds a conversion of other inputs or options (%s); "
-                      "run the same command again, or remove it to start afresh",
-                      cv->output, diff);
+                       "%s holds a conversion of other inputs or options (%s); "
+                       "run the same command again, or remove it to start afresh",
+                       cv->output, diff);
     }
     for (size_t k = 0; k < cv->n_inputs; k++) {
         char real[PATH_MAX];
@@ -544,13 +545,13 @@ check_resume(zb_convert *cv, json_object *args, const char *const *inputs)
         if (strcmp(real, cv->inputs[k].path) || size != cv->inputs[k].size ||
             mtime != cv->inputs[k].mtime_ns)
             return zb__err(ZB_E_INVALID,
-                          "%s changed since the conversion in %s was planned "
-                          "(%s); remove %s to start afresh",
-                          inputs[k], cv->output,
-                          strcmp(real, cv->inputs[k].path) ? "another file"
-                          : size != cv->inputs[k].size     ? "its size"
-                                                           : "its modification time",
-                          cv->output);
+                           "%s changed since the conversion in %s was planned "
+                           "(%s); remove %s to start afresh",
+                           inputs[k], cv->output,
+                           strcmp(real, cv->inputs[k].path) ? "another file"
+                           : size != cv->inputs[k].size     ? "its size"
+                                                            : "its modification time",
+                           cv->output);
     }
     return ZB_OK;
 }
@@ -580,9 +581,9 @@ check_output_free(const char *output)
     snprintf(probe, sizeof probe, "%s/%s", output, CV_MANIFEST);
     if (cv_exists(probe))
         return zb__err(ZB_E_INVALID,
-                      "%s holds a finished conversion of other inputs or options; "
-                      "remove it first",
-                      output);
+                       "%s holds a finished conversion of other inputs or options; "
+                       "remove it first",
+                       output);
     uint64_t size;
     int64_t mtime;
     ZB_TRY(cv_fingerprint(output, &size, &mtime, NULL));
@@ -726,11 +727,11 @@ zb_convert_run_task(zb_convert *cv, zb_convert_phase phase, size_t i, int num_th
     if (!cv) return zb__err(ZB_E_INVALID, "zb_convert_run_task: null handle");
     if (i >= zb_convert_ntasks(cv, phase))
         return zb__err(ZB_E_RANGE, "task %zu of phase %d: the phase has %zu", i, (int)phase,
-                      zb_convert_ntasks(cv, phase));
+                       zb_convert_ntasks(cv, phase));
     if (zb_convert_task_done(cv, phase, i)) return ZB_OK;
     if (phase > ZB_CONVERT_PREPARE && !phase_done(cv, (zb_convert_phase)(phase - 1)))
         return zb__err(ZB_E_INVALID, "task %zu of phase %d: the previous phase is not finished", i,
-                      (int)phase);
+                       (int)phase);
     zb_status st;
     switch (phase) {
     case ZB_CONVERT_PREPARE:
@@ -872,7 +873,7 @@ lock_work(const zb_convert *cv, int *fd)
     close(*fd);
     *fd = -1;
     return zb__err(ZB_E_INVALID, "another conversion is running into %s (it holds %s)", cv->output,
-                  path);
+                   path);
 }
 
 zb_status

@@ -253,7 +253,7 @@ typedef struct cv_ws {
     size_t n_mats;
     zb__col_block *cols;
     size_t n_cols;
-    zb_ctx *ctx;  /* codec contexts for the scratch pieces */
+    zb_ctx *ctx;   /* codec contexts for the scratch pieces */
     zb__buf piece; /* one compressed piece */
     zb__buf blob;  /* a scatter file's pieces */
 } cv_ws;

@@ -62,7 +62,7 @@ zb__csr_file_layout_of(uint64_t n_rows, uint64_t nnz, size_t item, zb__csr_file_
         !zb__add_u64(size, idx_bytes, &size) || !zb__add_u64(size, data_bytes, &size) ||
         size > (uint64_t)INT64_MAX)
         return zb__err(ZB_E_OVERFLOW, "a CSR file of %llu rows and %llu elements is too large",
-                      (unsigned long long)n_rows, (unsigned long long)nnz);
+                       (unsigned long long)n_rows, (unsigned long long)nnz);
     out->indptr = ZB_CSR_FILE_HEADER_BYTES;
     out->indices = out->indptr + ptr_bytes;
     out->data = out->indices + idx_bytes;
@@ -96,10 +96,10 @@ read_at(const csr_file *f, void *dst, size_t n, uint64_t offset)
         if (got < 0 && errno == EINTR) continue;
         if (got < 0)
             return zb__err(ZB_E_IO, "%s: read of %zu bytes at %llu: %s", f->path, n,
-                          (unsigned long long)offset, strerror(errno));
+                           (unsigned long long)offset, strerror(errno));
         if (got == 0)
             return zb__err(ZB_E_CORRUPT, "%s: the file ends at byte %llu (truncated since open)",
-                          f->path, (unsigned long long)offset);
+                           f->path, (unsigned long long)offset);
         p += got;
         n -= (size_t)got;
         offset += (uint64_t)got;
@@ -115,8 +115,8 @@ check_indptr(const csr_file *f, uint64_t start, const int64_t *p, uint64_t n)
     for (uint64_t i = 0; i < n; i++) {
         if (p[i] < 0 || p[i] > nnz || (i > 0 && p[i] < p[i - 1]))
             return zb__err(ZB_E_CORRUPT, "%s: indptr[%llu] = %lld (previous %lld, nnz %lld)",
-                          f->path, (unsigned long long)(start + i), (long long)p[i],
-                          (long long)(i > 0 ? p[i - 1] : 0), (long long)nnz);
+                           f->path, (unsigned long long)(start + i), (long long)p[i],
+                           (long long)(i > 0 ? p[i - 1] : 0), (long long)nnz);
     }
     return ZB_OK;
 }
@@ -152,7 +152,8 @@ static zb_status
 file_var_names(zb__src_matrix *m, zb_strings *out)
 {
     csr_file *f = (csr_file *)m;
-    if (!f->names_of) return zb__err(ZB_E_NOTFOUND, "%s: no matrix to take var names from", f->path);
+    if (!f->names_of)
+        return zb__err(ZB_E_NOTFOUND, "%s: no matrix to take var names from", f->path);
     return zb__src_matrix_var_names(f->names_of, out);
 }
 
@@ -198,11 +199,11 @@ parse_header(csr_file *f, const uint8_t *h, uint64_t file_size)
         return zb__err(ZB_E_CORRUPT, "%s: written on a machine of the other byte order", f->path);
     if (version != VERSION)
         return zb__err(ZB_E_CORRUPT, "%s: CSR scratch file version %u (this build reads %u)",
-                      f->path, version, VERSION);
+                       f->path, version, VERSION);
     zb_dtype dtype = dtype_named((const char *)h + 16);
     if (dtype == ZB_DT_COUNT_)
         return zb__err(ZB_E_CORRUPT, "%s: unknown dtype \"%.16s\" in the header", f->path,
-                      (const char *)h + 16);
+                       (const char *)h + 16);
     zb__src_matrix_info *info = &f->base.info;
     memcpy(&info->n_rows, h + 32, 8);
     memcpy(&info->n_cols, h + 40, 8);
@@ -212,15 +213,15 @@ parse_header(csr_file *f, const uint8_t *h, uint64_t file_size)
     f->item = zb_dtype_size(dtype);
     if (info->n_rows > (uint64_t)UINT32_MAX + 1 || info->n_cols > (uint64_t)UINT32_MAX + 1)
         return zb__err(ZB_E_CORRUPT, "%s: header says %llu x %llu (at most 2^32 each)", f->path,
-                      (unsigned long long)info->n_rows, (unsigned long long)info->n_cols);
+                       (unsigned long long)info->n_rows, (unsigned long long)info->n_cols);
     zb_status st = zb__csr_file_layout_of(info->n_rows, info->nnz, f->item, &f->lay);
     if (st != ZB_OK || f->lay.size != file_size)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: %llu bytes long, but its header (%llu x %llu, %llu elements of %s) "
-                      "makes it %llu (truncated or not a CSR scratch file)",
-                      f->path, (unsigned long long)file_size, (unsigned long long)info->n_rows,
-                      (unsigned long long)info->n_cols, (unsigned long long)info->nnz,
-                      zb_dtype_name(dtype), st == ZB_OK ? (unsigned long long)f->lay.size : 0ull);
+                       "%s: %llu bytes long, but its header (%llu x %llu, %llu elements of %s) "
+                       "makes it %llu (truncated or not a CSR scratch file)",
+                       f->path, (unsigned long long)file_size, (unsigned long long)info->n_rows,
+                       (unsigned long long)info->n_cols, (unsigned long long)info->nnz,
+                       zb_dtype_name(dtype), st == ZB_OK ? (unsigned long long)f->lay.size : 0ull);
     return ZB_OK;
 }
 
@@ -254,15 +255,15 @@ zb__csr_file_open(const char *path, zb__src_matrix *names_of, zb__src_matrix **o
     uint8_t h[ZB_CSR_FILE_HEADER_BYTES];
     if ((uint64_t)sb.st_size < sizeof h) {
         st = zb__err(ZB_E_CORRUPT, "%s: %lld bytes, shorter than a CSR scratch file header", path,
-                    (long long)sb.st_size);
+                     (long long)sb.st_size);
         goto fail;
     }
     if ((st = read_at(f, h, sizeof h, 0)) != ZB_OK) goto fail;
     if ((st = parse_header(f, h, (uint64_t)sb.st_size)) != ZB_OK) goto fail;
     if (names_of && names_of->info.n_cols != f->base.info.n_cols) {
         st = zb__err(ZB_E_INVALID, "%s: %llu columns, but its var names come from %s: %s with %llu",
-                    path, (unsigned long long)f->base.info.n_cols, names_of->path, names_of->key,
-                    (unsigned long long)names_of->info.n_cols);
+                     path, (unsigned long long)f->base.info.n_cols, names_of->path, names_of->key,
+                     (unsigned long long)names_of->info.n_cols);
         goto fail;
     }
     *out = &f->base;

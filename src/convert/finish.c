@@ -49,9 +49,9 @@ verify_dataset(const zb_convert *cv, size_t d, json_object *expect)
     if (b) zb__json_u64(b, "bytes", &want_bytes);
     if (!strcmp(hex, str_of(expect, "crc64")) && size == want_bytes) return ZB_OK;
     return zb__err(ZB_E_CHECKSUM,
-                  "%s: its files (%" PRIu64 " bytes, CRC-64 %s) differ from what "
-                  "was written (%" PRIu64 " bytes, CRC-64 %s)",
-                  dir, size, hex, want_bytes, str_of(expect, "crc64"));
+                   "%s: its files (%" PRIu64 " bytes, CRC-64 %s) differ from what "
+                   "was written (%" PRIu64 " bytes, CRC-64 %s)",
+                   dir, size, hex, want_bytes, str_of(expect, "crc64"));
 }
 
 /* ---- root group ------------------------------------------------------------------------------ */
@@ -165,8 +165,8 @@ manifest_dtypes(const zb_convert *cv, json_object *m)
         } else if (strcmp(json_object_to_json_string_ext(dt, JSON_C_TO_STRING_PLAIN),
                           json_object_to_json_string_ext(first, JSON_C_TO_STRING_PLAIN))) {
             st = zb__err(ZB_E_CORRUPT, "%s: stored types %s, but dataset_0 has %s", path,
-                        json_object_to_json_string_ext(dt, JSON_C_TO_STRING_PLAIN),
-                        json_object_to_json_string_ext(first, JSON_C_TO_STRING_PLAIN));
+                         json_object_to_json_string_ext(dt, JSON_C_TO_STRING_PLAIN),
+                         json_object_to_json_string_ext(first, JSON_C_TO_STRING_PLAIN));
         }
         json_object_put(done);
     }
@@ -255,7 +255,7 @@ verify_manifest(const zb_convert *cv, json_object *m)
     size_t n = ds ? json_object_array_length(ds) : 0;
     if (n != cv->n_datasets)
         return zb__err(ZB_E_CORRUPT, "%s/%s: %zu datasets listed, %" PRIu64 " expected", cv->output,
-                      CV_MANIFEST, n, cv->n_datasets);
+                       CV_MANIFEST, n, cv->n_datasets);
     for (size_t d = 0; d < n; d++) ZB_TRY(verify_dataset(cv, d, json_object_array_get_idx(ds, d)));
     return ZB_OK;
 }
@@ -269,7 +269,7 @@ zb_convert_finish(zb_convert *cv)
         for (size_t i = 0; i < zb_convert_ntasks(cv, p); i++)
             if (!zb_convert_task_done(cv, p, i))
                 return zb__err(ZB_E_INVALID, "%s: task %zu of phase %d is not finished", cv->output,
-                              i, (int)p);
+                               i, (int)p);
     json_object *m = NULL;
     ZB_TRY(build_manifest(cv, &m));
     zb_status st = verify_manifest(cv, m);
@@ -310,9 +310,9 @@ cv_finished_open(zb_convert *cv, json_object *args)
         char diff[512];
         cv_args_difference(had, args, diff, sizeof diff);
         return zb__err(ZB_E_INVALID,
-                      "%s holds a finished conversion of other inputs or options "
-                      "(%s); remove it first",
-                      cv->output, diff);
+                       "%s holds a finished conversion of other inputs or options "
+                       "(%s); remove it first",
+                       cv->output, diff);
     }
     json_object *ds = zb__json_get(cv->manifest, "datasets");
     cv->n_datasets = ds ? json_object_array_length(ds) : 0;

@@ -53,7 +53,7 @@ typedef struct gather {
     uint64_t *offsets;
     char *text;
     uint8_t *mask;
-    cv_ws *ws;     /* the buffers above live in it */
+    cv_ws *ws;      /* the buffers above live in it */
     zb__pool *pool; /* decompresses the parts of a pass */
     bool index[CV_MAX_ARRAYS];
     uint64_t nnz[64]; /* per matrix, for the done marker */
@@ -69,7 +69,8 @@ pread_all(int fd, const char *path, void *dst, uint64_t len, uint64_t off)
         if (r < 0 && errno == EINTR) continue;
         if (r < 0)
             return zb__err(ZB_E_IO, "%s: read at %" PRIu64 ": %s", path, off, strerror(errno));
-        if (r == 0) return zb__err(ZB_E_TRUNCATED, "%s: ends before byte %" PRIu64, path, off + len);
+        if (r == 0)
+            return zb__err(ZB_E_TRUNCATED, "%s: ends before byte %" PRIu64, path, off + len);
         p += r;
         off += (uint64_t)r;
         len -= (uint64_t)r;
@@ -105,7 +106,7 @@ decode_piece(const gather *g, zb_ctx *ctx, const char *path, uint64_t block, siz
     snprintf(where, sizeof where, "%s: dataset %zu, block %" PRIu64 ", array %zu", path, g->d,
              block, a);
     return zb__codec_decode(&codec, ctx, src, (size_t)clen, dst, (size_t)want, (size_t)want, &out,
-                           where);
+                            where);
 }
 
 /* The index part of the section: block table, rows, count arrays' prefix sums. */
@@ -127,14 +128,14 @@ load_index(gather *g, part *p, const char *path, const unsigned char *buf, uint6
         for (size_t a = 0; a < na; a++) bytes += r[1 + a];
         if (r[0] == 0 || r[0] > p->n - p->first[b])
             return zb__err(ZB_E_CORRUPT, "%s: dataset %zu: block %" PRIu64 " holds %u cells", path,
-                          g->d, b, r[0]);
+                           g->d, b, r[0]);
         p->first[b + 1] = p->first[b] + r[0];
         p->at[b + 1] = p->at[b] + bytes;
     }
     if (p->first[p->n_blocks] != p->n)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: dataset %zu: the blocks hold %" PRIu64 " of %" PRIu64 " cells", path,
-                      g->d, p->first[p->n_blocks], p->n);
+                       "%s: dataset %zu: the blocks hold %" PRIu64 " of %" PRIu64 " cells", path,
+                       g->d, p->first[p->n_blocks], p->n);
     uint32_t *counts = malloc((size_t)p->n * 4 + 4);
     if (!counts) return zb__err(ZB_E_NOMEM, "gather");
     zb_status st = ZB_OK;
@@ -144,7 +145,7 @@ load_index(gather *g, part *p, const char *path, const unsigned char *buf, uint6
         uint64_t clen = clens[k++];
         if (clen > len - at) {
             st = zb__err(ZB_E_CORRUPT, "%s: dataset %zu: index array %zu runs past its part", path,
-                        g->d, a);
+                         g->d, a);
             break;
         }
         if (a == CV_A_ROW) {
@@ -351,17 +352,17 @@ read_pass(gather *g, uint64_t r0, uint64_t r1)
             uint64_t r = p->rows[c];
             if (r < r0 || r >= r1 || g->who[r - r0] != UINT64_MAX)
                 return zb__err(ZB_E_CORRUPT,
-                              "scatter file t%zu: dataset %zu, row %" PRIu64
-                              " is given twice or out of order",
-                              p->t, g->d, r);
+                               "scatter file t%zu: dataset %zu, row %" PRIu64
+                               " is given twice or out of order",
+                               p->t, g->d, r);
             g->who[r - r0] = (uint64_t)i << 40 | c;
         }
     }
     for (uint64_t r = 0; r < r1 - r0; r++)
         if (g->who[r] == UINT64_MAX)
             return zb__err(ZB_E_CORRUPT,
-                          "dataset %zu: no cell for row %" PRIu64 " in the scatter files", g->d,
-                          r0 + r);
+                           "dataset %zu: no cell for row %" PRIu64 " in the scatter files", g->d,
+                           r0 + r);
     return ZB_OK;
 }
 
@@ -711,8 +712,8 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     for (size_t i = 0; i < g.n_parts; i++) have += g.parts[i].n;
     if (st == ZB_OK && have != g.cells)
         st = zb__err(ZB_E_CORRUPT,
-                    "dataset %zu: the scatter files hold %" PRIu64 " of its %" PRIu64 " cells", d,
-                    have, g.cells);
+                     "dataset %zu: the scatter files hold %" PRIu64 " of its %" PRIu64 " cells", d,
+                     have, g.cells);
     cv_digest *dg = NULL;
     zb_store *store = NULL;
     zb_anndata_writer *w = NULL;

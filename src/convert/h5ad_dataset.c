@@ -82,17 +82,17 @@ type_dtype(hid_t t, const char *path, const char *key, zb_dtype *out)
             return ZB_OK;
         }
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %zu-byte integers are not supported", path, key,
-                      size);
+                       size);
     case H5T_FLOAT:
         if (!is_ieee_float(t, size))
             return zb__err(ZB_E_UNSUPPORTED, "%s: %s: a %zu-byte non-IEEE float type", path, key,
-                          size);
+                           size);
         *out = size == 2 ? ZB_DT_FLOAT16 : size == 4 ? ZB_DT_FLOAT32 : ZB_DT_FLOAT64;
         return ZB_OK;
     case H5T_ENUM:
         if (!is_bool_enum(t))
             return zb__err(ZB_E_UNSUPPORTED, "%s: %s: an enum type other than h5py's bool", path,
-                          key);
+                           key);
         *out = ZB_DT_BOOL;
         return ZB_OK;
     case H5T_STRING:
@@ -100,7 +100,7 @@ type_dtype(hid_t t, const char *path, const char *key, zb_dtype *out)
         return ZB_OK;
     default:
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: elements of HDF5 %s type are not supported", path,
-                      key, class_name(c));
+                       key, class_name(c));
     }
 }
 
@@ -134,7 +134,7 @@ read_layout(zb__h5_ds *d)
     if (!d->chunk[0] || !d->chunk[1] || !zb__mul_u64(d->chunk[0], d->chunk[1], &elems) ||
         !zb__mul_u64(elems, d->item, &bytes) || bytes > ZB_BUF_MAX) {
         st = zb__err(ZB_E_CORRUPT, "%s: %s: chunk shape %llu x %llu is invalid", d->path, d->key,
-                    (unsigned long long)d->chunk[0], (unsigned long long)d->chunk[1]);
+                     (unsigned long long)d->chunk[0], (unsigned long long)d->chunk[1]);
         goto done;
     }
     int nf = H5Pget_nfilters(dcpl);
@@ -203,8 +203,8 @@ describe(zb__h5_ds *d)
     }
     d->rank = H5Sget_simple_extent_ndims(space);
     if (d->rank < 1 || d->rank > 2) {
-        st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: %d-d arrays are not supported here", d->path, d->key,
-                    d->rank);
+        st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: %d-d arrays are not supported here", d->path,
+                     d->key, d->rank);
         goto done;
     }
     hsize_t dims[2] = {0, 1};
@@ -267,7 +267,7 @@ zb__h5_part_open(hid_t g, const char *gkey, const char *name, const char *path, 
     if (st == ZB_E_NOTFOUND) return zb__err(ZB_E_CORRUPT, "%s: %s is missing", path, key);
     if (st == ZB_OK && out->rank != 1) {
         st = zb__err(ZB_E_UNSUPPORTED, "%s: %s is %d-d where a 1-d array was expected", path, key,
-                    out->rank);
+                     out->rank);
         zb__h5_ds_close(out);
     }
     return st;
@@ -309,7 +309,7 @@ gather_strings(const zb__h5_ds *d, const void *raw, uint64_t n, zb_strings *out)
     if (total > ZB_BUF_MAX || !(out->data = malloc(total ? (size_t)total : 1))) {
         zb_strings_free(out);
         return zb__err(ZB_E_NOMEM, "%s: %s: %llu bytes of strings", d->path, d->key,
-                      (unsigned long long)total);
+                       (unsigned long long)total);
     }
     for (uint64_t i = 0; i < n; i++) {
         const char *s = d->vlen ? ptrs[i] : fixed + i * d->fixed_size;
@@ -328,13 +328,13 @@ zb__h5_ds_read_strings(const zb__h5_ds *d, uint64_t start, uint64_t stop, zb_str
         return zb__err(ZB_E_TYPE, "%s: %s holds numbers, not strings", d->path, d->key);
     if (start > stop || stop > d->dims[0])
         return zb__err(ZB_E_RANGE, "%s: %s: rows [%llu, %llu) of %llu", d->path, d->key,
-                      (unsigned long long)start, (unsigned long long)stop,
-                      (unsigned long long)d->dims[0]);
+                       (unsigned long long)start, (unsigned long long)stop,
+                       (unsigned long long)d->dims[0]);
     uint64_t n = stop - start, bytes;
     size_t each = d->vlen ? sizeof(char *) : d->fixed_size;
     if (!zb__mul_u64(n, each, &bytes) || bytes > ZB_BUF_MAX)
         return zb__err(ZB_E_OVERFLOW, "%s: %s: %llu strings", d->path, d->key,
-                      (unsigned long long)n);
+                       (unsigned long long)n);
     if (n == 0) {
         out->offsets = calloc(1, sizeof *out->offsets);
         return out->offsets ? ZB_OK : zb__err(ZB_E_NOMEM, "%s: %s", d->path, d->key);

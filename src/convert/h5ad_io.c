@@ -102,7 +102,7 @@ zb__h5_fail(zb_status fallback, const char *path, const char *key, const char *w
                                  : fallback;
     if (!w.have) return zb__err(st, "%s: %s: %s (libhdf5 gave no detail)", path, key, what);
     return zb__err(st, "%s: %s: %s (libhdf5: %s%s%s)", path, key, what, w.desc,
-                  w.minor[0] ? ": " : "", w.minor);
+                   w.minor[0] ? ": " : "", w.minor);
 }
 
 /* ---- objects and attributes ------------------------------------------------------------------ */
@@ -255,7 +255,7 @@ zb__h5_attr_texts(hid_t obj, const char *name, const char *path, const char *key
     if (a.n == 0) goto done;
     if (a.cls != H5T_STRING || a.n < 0) {
         st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: attribute '%s' is not a list of strings", path, key,
-                    name);
+                     name);
         goto done;
     }
     *out = calloc((size_t)a.n, sizeof **out);
@@ -285,14 +285,15 @@ zb__h5_attr_u64s(hid_t obj, const char *name, const char *path, const char *key,
     zb_status st = ZB_OK;
     int64_t v[8];
     if (a.cls != H5T_INTEGER || a.n != (hssize_t)n || n > 8) {
-        st = zb__err(ZB_E_CORRUPT, "%s: %s: attribute '%s' is not %zu integers", path, key, name, n);
+        st =
+            zb__err(ZB_E_CORRUPT, "%s: %s: attribute '%s' is not %zu integers", path, key, name, n);
     } else if (H5Aread(a.id, H5T_NATIVE_INT64, v) < 0) {
         st = zb__h5_fail(ZB_E_CORRUPT, path, key, "reading an integer attribute");
     } else {
         for (size_t i = 0; i < n && st == ZB_OK; i++) {
             if (v[i] < 0)
                 st = zb__err(ZB_E_CORRUPT, "%s: %s: attribute '%s' holds %lld", path, key, name,
-                            (long long)v[i]);
+                             (long long)v[i]);
             out[i] = (uint64_t)v[i];
         }
     }
@@ -339,12 +340,12 @@ zb__h5_attr_deref(hid_t obj, const char *name, hid_t base, const char *path, con
         st = attr_read_texts(&a, name, path, key, &target);
         if (st == ZB_OK && !zb__h5_exists(base, target))
             st = zb__err(ZB_E_CORRUPT, "%s: %s: attribute '%s' names '%s', which does not exist",
-                        path, key, name, target);
+                         path, key, name, target);
         if (st == ZB_OK && (*out = H5Oopen(base, target, H5P_DEFAULT)) < 0)
             st = zb__h5_fail(ZB_E_CORRUPT, path, key, "opening what its attribute names");
     } else {
         st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: attribute '%s' is neither a reference nor a path",
-                    path, key, name);
+                     path, key, name);
     }
     free(target);
     attr_close(&a);

@@ -48,7 +48,7 @@ ints_read(const zb__h5_ds *d, uint64_t start, uint64_t stop, int64_t *out)
         int64_t v;
         if (!zb__load_int(raw + i * d->item, d->dtype, &v))
             return zb__err(ZB_E_CORRUPT, "%s: %s: element %llu holds a value beyond int64", d->path,
-                          d->key, (unsigned long long)(start + i));
+                           d->key, (unsigned long long)(start + i));
         out[i] = v;
     }
     return ZB_OK;
@@ -85,8 +85,8 @@ indices_read(const h5ad_matrix *m, uint64_t lo, uint64_t hi, uint32_t *out)
             uint64_t bound =
                 m->base.info.layout == ZB_SRC_CSC ? m->base.info.n_rows : m->base.info.n_cols;
             st = zb__err(ZB_E_CORRUPT, "%s: %s: element %llu: index %lld is outside [0, %llu)",
-                        d->path, d->key, (unsigned long long)(lo + i), (long long)v,
-                        (unsigned long long)bound);
+                         d->path, d->key, (unsigned long long)(lo + i), (long long)v,
+                         (unsigned long long)bound);
             break;
         }
         out[i] = (uint32_t)v;
@@ -107,12 +107,12 @@ m_indptr(zb__src_matrix *base, uint64_t start, uint64_t stop, int64_t *out)
     for (uint64_t i = 0; i <= stop - start; i++) {
         if (out[i] < 0 || out[i] > nnz)
             return zb__err(ZB_E_CORRUPT, "%s: %s: position %llu holds %lld, outside [0, %lld]",
-                          d->path, d->key, (unsigned long long)(start + i), (long long)out[i],
-                          (long long)nnz);
+                           d->path, d->key, (unsigned long long)(start + i), (long long)out[i],
+                           (long long)nnz);
         if (i > 0 && out[i] < out[i - 1])
             return zb__err(ZB_E_CORRUPT, "%s: %s decreases at position %llu (%lld after %lld)",
-                          d->path, d->key, (unsigned long long)(start + i), (long long)out[i],
-                          (long long)out[i - 1]);
+                           d->path, d->key, (unsigned long long)(start + i), (long long)out[i],
+                           (long long)out[i - 1]);
     }
     return ZB_OK;
 }
@@ -145,11 +145,11 @@ dense_read(h5ad_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out)
     if (!zb__mul_u64(n, d->dims[1], &elems) || !zb__mul_u64(elems, d->item, &bytes) ||
         bytes > ZB_BUF_MAX)
         return zb__err(ZB_E_OVERFLOW, "%s: %s: %llu dense rows", d->path, d->key,
-                      (unsigned long long)n);
+                       (unsigned long long)n);
     void *rows = malloc(bytes ? (size_t)bytes : 1);
     if (!rows)
         return zb__err(ZB_E_NOMEM, "%s: %s: %llu dense rows", d->path, d->key,
-                      (unsigned long long)n);
+                       (unsigned long long)n);
     zb_status st = zb__h5_ds_read(d, start, stop, rows);
     if (st == ZB_OK) st = zb__csr_from_dense(rows, n, d->dims[1], d->dtype, out);
     free(rows);
@@ -208,7 +208,7 @@ sparse_kind(hid_t g, const char *path, const char *key, zb__src_layout *layout, 
         *layout = ZB_SRC_CSC;
     else
         st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: %s '%s' is not a matrix", path, key,
-                    modern ? "encoding-type" : "h5sparse_format", enc);
+                     modern ? "encoding-type" : "h5sparse_format", enc);
     free(enc);
     if (st == ZB_OK)
         st = zb__h5_attr_u64s(g, modern ? "shape" : "h5sparse_shape", path, key, shape, 2);
@@ -229,20 +229,20 @@ sparse_open(h5ad_matrix *m, hid_t g)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: string data", path, m->data.key);
     if (!is_integer(m->indices.dtype) || !is_integer(m->indptr.dtype))
         return zb__err(ZB_E_CORRUPT, "%s: %s: indices of %s and indptr of %s, not integers", path,
-                      key, zb_dtype_name(m->indices.dtype), zb_dtype_name(m->indptr.dtype));
+                       key, zb_dtype_name(m->indices.dtype), zb_dtype_name(m->indptr.dtype));
     uint64_t major = layout == ZB_SRC_CSC ? shape[1] : shape[0];
     uint64_t minor = layout == ZB_SRC_CSC ? shape[0] : shape[1];
     uint64_t nnz = m->data.dims[0];
     if (m->indptr.dims[0] != major + 1)
         return zb__err(ZB_E_CORRUPT, "%s: %s holds %llu pointers for %llu %s", path, m->indptr.key,
-                      (unsigned long long)m->indptr.dims[0], (unsigned long long)major,
-                      layout == ZB_SRC_CSC ? "columns" : "rows");
+                       (unsigned long long)m->indptr.dims[0], (unsigned long long)major,
+                       layout == ZB_SRC_CSC ? "columns" : "rows");
     if (m->indices.dims[0] != nnz)
         return zb__err(ZB_E_CORRUPT, "%s: %s: %llu indices but %llu data elements", path, key,
-                      (unsigned long long)m->indices.dims[0], (unsigned long long)nnz);
+                       (unsigned long long)m->indices.dims[0], (unsigned long long)nnz);
     if (minor > UINT32_MAX)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %llu %s do not fit 32-bit indices", path, key,
-                      (unsigned long long)minor, layout == ZB_SRC_CSC ? "rows" : "columns");
+                       (unsigned long long)minor, layout == ZB_SRC_CSC ? "rows" : "columns");
     m->base.info = (zb__src_matrix_info){layout, m->data.dtype, shape[0], shape[1], nnz};
     /* FORMATS.md §6: indptr starts at 0 and ends at len(data) */
     int64_t ends[2];
@@ -250,10 +250,10 @@ sparse_open(h5ad_matrix *m, hid_t g)
     ZB_TRY(ints_read(&m->indptr, major, major + 1, &ends[1]));
     if (ends[0] != 0 || ends[1] != (int64_t)nnz)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: %s runs from %lld to %lld, not from 0 to %llu (the "
-                      "length of data)",
-                      path, m->indptr.key, (long long)ends[0], (long long)ends[1],
-                      (unsigned long long)nnz);
+                       "%s: %s runs from %lld to %lld, not from 0 to %llu (the "
+                       "length of data)",
+                       path, m->indptr.key, (long long)ends[0], (long long)ends[1],
+                       (unsigned long long)nnz);
     return ZB_OK;
 }
 
@@ -268,7 +268,7 @@ dense_open(h5ad_matrix *m, hid_t obj)
         st = zb__h5_attr_text(obj, "encoding-type", path, key, &enc);
         if (st == ZB_OK && strcmp(enc, "array"))
             st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: encoding-type '%s' is not a matrix", path, key,
-                        enc);
+                         enc);
         free(enc);
     }
     if (st != ZB_OK) {
@@ -279,11 +279,11 @@ dense_open(h5ad_matrix *m, hid_t obj)
     const zb__h5_ds *d = &m->dense;
     if (d->rank != 2 || d->dtype == ZB_DT_STRING)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s is a %d-d array of %s, not a matrix", path, key,
-                      d->rank, zb_dtype_name(d->dtype));
+                       d->rank, zb_dtype_name(d->dtype));
     uint64_t nnz;
     if (d->dims[1] > UINT32_MAX || !zb__mul_u64(d->dims[0], d->dims[1], &nnz))
-        return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %llu columns do not fit 32-bit indices", path, key,
-                      (unsigned long long)d->dims[1]);
+        return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %llu columns do not fit 32-bit indices", path,
+                       key, (unsigned long long)d->dims[1]);
     m->base.info = (zb__src_matrix_info){ZB_SRC_DENSE, d->dtype, d->dims[0], d->dims[1], nnz};
     return ZB_OK;
 }
@@ -314,7 +314,7 @@ open_locked(h5ad_matrix *m, uint64_t n_obs)
     }
     if (st == ZB_OK && m->base.info.n_rows != n_obs)
         st = zb__err(ZB_E_CORRUPT, "%s: %s has %llu rows but obs has %llu", path, key,
-                    (unsigned long long)m->base.info.n_rows, (unsigned long long)n_obs);
+                     (unsigned long long)m->base.info.n_rows, (unsigned long long)n_obs);
     return st;
 }
 
@@ -326,7 +326,7 @@ zb__h5ad_matrix_open(hid_t file, const char *path, uint64_t n_obs, const char *k
     const char *var_frame = var_frame_of(key);
     if (!var_frame)
         return zb__err(ZB_E_INVALID, "%s: '%s' is not a matrix key (X, raw/X or layers/NAME)", path,
-                      key);
+                       key);
     h5ad_matrix *m = calloc(1, sizeof *m);
     if (!m || !(m->base.key = strdup(key))) {
         free(m);

@@ -135,10 +135,10 @@ decode_chunk(const zb__h5_ds *d, chunk_io *io, const uint8_t *in, size_t n, uint
                 libdeflate_zlib_decompress(io->inflater, cur, cur_n, to, chunk_bytes, &got);
             if (r != LIBDEFLATE_SUCCESS || got != chunk_bytes)
                 return zb__err(ZB_E_CORRUPT,
-                              "%s: %s: %s (%zu bytes stored) does not inflate to its %zu "
-                              "bytes%s",
-                              d->path, d->key, chunk_where(d, off, where, sizeof where), n,
-                              chunk_bytes, r == LIBDEFLATE_SUCCESS ? "" : " (bad deflate data)");
+                               "%s: %s: %s (%zu bytes stored) does not inflate to its %zu "
+                               "bytes%s",
+                               d->path, d->key, chunk_where(d, off, where, sizeof where), n,
+                               chunk_bytes, r == LIBDEFLATE_SUCCESS ? "" : " (bad deflate data)");
         } else {
             if (cur_n != chunk_bytes) break; /* reported below */
             unshuffle(cur, to, chunk_bytes, d->shuffle_item);
@@ -148,7 +148,7 @@ decode_chunk(const zb__h5_ds *d, chunk_io *io, const uint8_t *in, size_t n, uint
     }
     if (cur_n != chunk_bytes)
         return zb__err(ZB_E_CORRUPT, "%s: %s: %s holds %zu bytes, not %zu", d->path, d->key,
-                      chunk_where(d, off, where, sizeof where), cur_n, chunk_bytes);
+                       chunk_where(d, off, where, sizeof where), cur_n, chunk_bytes);
     if (cur != out) memcpy(out, cur, chunk_bytes);
     if (d->swap) swap_bytes(out, chunk_bytes / d->item, d->item);
     return ZB_OK;
@@ -173,8 +173,8 @@ chunk_get(const zb__h5_ds *d, chunk_io *io, const hsize_t *off, uint8_t *out, si
     } else if (stored > 2 * (hsize_t)chunk_bytes + 4096) {
         char where[96];
         st = zb__err(ZB_E_CORRUPT, "%s: %s: %s claims %llu bytes for %zu", d->path, d->key,
-                    chunk_where(d, off, where, sizeof where), (unsigned long long)stored,
-                    chunk_bytes);
+                     chunk_where(d, off, where, sizeof where), (unsigned long long)stored,
+                     chunk_bytes);
     } else if (stored > 0) {
         /* without filters the stored chunk is the chunk: read it straight into place */
         bool raw = d->n_filters == 0 && stored == chunk_bytes && !d->swap;
@@ -244,8 +244,8 @@ zb__h5_ds_read(const zb__h5_ds *d, uint64_t start, uint64_t stop, void *dst)
         return zb__err(ZB_E_TYPE, "%s: %s holds strings, not numbers", d->path, d->key);
     if (start > stop || stop > d->dims[0])
         return zb__err(ZB_E_RANGE, "%s: %s: rows [%llu, %llu) of %llu", d->path, d->key,
-                      (unsigned long long)start, (unsigned long long)stop,
-                      (unsigned long long)d->dims[0]);
+                       (unsigned long long)start, (unsigned long long)stop,
+                       (unsigned long long)d->dims[0]);
     if (start == stop || d->dims[1] == 0) return ZB_OK;
     if (d->direct) return read_direct(d, start, stop, dst);
     zb__h5_lock();

@@ -96,9 +96,9 @@ frame_complete(frame *f)
         memcpy(f->axis[per[p]], f->cell[per[p]], sizeof f->axis[0]);
         if (dot3(f->axis[per[p]], f->axis[per[p]]) == 0)
             return zb__err(ZB_E_INVALID,
-                          "singular periodic cell: lattice vector %d is zero but "
-                          "axis %d is periodic",
-                          per[p], per[p]);
+                           "singular periodic cell: lattice vector %d is zero but "
+                           "axis %d is periodic",
+                           per[p], per[p]);
     }
     if (np == 0) {
         for (int k = 0; k < 3; k++)
@@ -122,9 +122,9 @@ frame_complete(frame *f)
             sqrt(dot3(f->axis[per[0]], f->axis[per[0]]) * dot3(f->axis[per[1]], f->axis[per[1]]));
         if (!(len > 1e-12 * scale))
             return zb__err(ZB_E_INVALID,
-                          "singular periodic cell: lattice vectors %d and %d "
-                          "are parallel",
-                          per[0], per[1]);
+                           "singular periodic cell: lattice vectors %d and %d "
+                           "are parallel",
+                           per[0], per[1]);
         normalize3(f->axis[non[0]]);
     }
     return ZB_OK;
@@ -141,9 +141,9 @@ frame_invert(frame *f)
     for (int k = 0; k < 3; k++) scale *= sqrt(dot3(f->axis[k], f->axis[k]));
     if (!(fabs(det) > 1e-12 * scale))
         return zb__err(ZB_E_INVALID,
-                      "singular periodic cell: the periodic lattice vectors are "
-                      "linearly dependent (volume %g)",
-                      det);
+                       "singular periodic cell: the periodic lattice vectors are "
+                       "linearly dependent (volume %g)",
+                       det);
     for (int k = 0; k < 3; k++) {
         for (int c = 0; c < 3; c++) f->inv[c][k] = rec[k][c] / det;
         f->height[k] = fabs(det) / sqrt(dot3(rec[k], rec[k]));
@@ -162,7 +162,7 @@ frame_init(frame *f, const zb_structure *s)
                 f->cell[k][c] = s->cell[3 * k + c];
                 if (!isfinite(f->cell[k][c]))
                     return zb__err(ZB_E_INVALID, "cell[%d][%d] is %g, not a finite number", k, c,
-                                  f->cell[k][c]);
+                                   f->cell[k][c]);
             }
     } else if (f->pbc[0] || f->pbc[1] || f->pbc[2]) {
         return zb__err(ZB_E_INVALID, "a periodic structure needs a cell (cell is NULL)");
@@ -210,7 +210,7 @@ atoms_wrap(atoms *a, frame *f, const zb_structure *s, double *size)
         const double *r = s->positions + 3 * i;
         if (!isfinite(r[0]) || !isfinite(r[1]) || !isfinite(r[2]))
             return zb__err(ZB_E_INVALID, "atom %llu: position (%g, %g, %g) is not finite",
-                          (unsigned long long)i, r[0], r[1], r[2]);
+                           (unsigned long long)i, r[0], r[1], r[2]);
         for (int c = 0; c < 3; c++) far = fmax(far, fabs(r[c]));
         for (int k = 0; k < 3; k++) {
             double x = r[0] * f->inv[0][k] + r[1] * f->inv[1][k] + r[2] * f->inv[2][k];
@@ -219,9 +219,9 @@ atoms_wrap(atoms *a, frame *f, const zb_structure *s, double *size)
                 o = floor(x);
                 if (!(fabs(o) < MAX_CELLS_AWAY))
                     return zb__err(ZB_E_INVALID,
-                                  "atom %llu lies %g cells outside the periodic "
-                                  "cell along axis %d",
-                                  (unsigned long long)i, o, k);
+                                   "atom %llu lies %g cells outside the periodic "
+                                   "cell along axis %d",
+                                   (unsigned long long)i, o, k);
                 x -= o;
                 cells[k] = fmax(cells[k], fabs(o));
             }
@@ -264,9 +264,9 @@ frame_bins(frame *f, uint64_t n, double radius)
         }
         if (!(radius / f->height[k] <= MAX_REACH))
             return zb__err(ZB_E_OVERFLOW,
-                          "the cutoff spans %g lattice planes along axis %d (at "
-                          "most %d)",
-                          radius / f->height[k], k, MAX_REACH);
+                           "the cutoff spans %g lattice planes along axis %d (at "
+                           "most %d)",
+                           radius / f->height[k], k, MAX_REACH);
         f->reach[k] = radius * (double)f->nbins[k] / f->height[k];
     }
     return ZB_OK;
@@ -317,9 +317,9 @@ list_reserve(zb_neighbor_list *nl, uint64_t max_pairs, double cutoff)
     if (max_pairs && nl->n_pairs >= max_pairs) /* before the capacity: a reused list may be
                                                    larger than this call's cap */
         return zb__err(ZB_E_OVERFLOW,
-                      "more than %llu neighbour pairs within the cutoff %g "
-                      "(max_pairs)",
-                      (unsigned long long)max_pairs, cutoff);
+                       "more than %llu neighbour pairs within the cutoff %g "
+                       "(max_pairs)",
+                       (unsigned long long)max_pairs, cutoff);
     if (nl->n_pairs < nl->capacity) return ZB_OK;
     uint64_t cap = nl->capacity ? nl->capacity * 2 : 4096;
     if (max_pairs && cap > max_pairs) cap = max_pairs;
@@ -477,10 +477,10 @@ zb_neighbor_list_build(const zb_structure *s, double cutoff, uint64_t max_pairs,
     if (!s) return zb__err(ZB_E_INVALID, "neighbour list: the structure is NULL");
     if (!(cutoff > 0) || !isfinite(cutoff))
         return zb__err(ZB_E_INVALID, "neighbour list: the cutoff %g is not a finite number > 0",
-                      cutoff);
+                       cutoff);
     if (s->n_atoms && !s->positions)
         return zb__err(ZB_E_INVALID, "neighbour list: positions are NULL for %llu atoms",
-                      (unsigned long long)s->n_atoms);
+                       (unsigned long long)s->n_atoms);
     frame f;
     atoms a;
     memset(&a, 0, sizeof a);

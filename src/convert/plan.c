@@ -65,10 +65,10 @@ check_unique(const zb_strings *names, const char *what, const char *where)
     zb__strmap_free(&m);
     if (dup == UINT64_MAX) return ZB_OK;
     return zb__err(ZB_E_INVALID,
-                  "%s: %s '%.*s' appears twice (at %" PRIu64 "); names must be "
-                  "unique to align genes",
-                  where, what, (int)(names->offsets[dup + 1] - names->offsets[dup]),
-                  names->data + names->offsets[dup], dup);
+                   "%s: %s '%.*s' appears twice (at %" PRIu64 "); names must be "
+                   "unique to align genes",
+                   where, what, (int)(names->offsets[dup + 1] - names->offsets[dup]),
+                   names->data + names->offsets[dup], dup);
 }
 
 static const zb_strings *sort_table; /* qsort has no context argument; planning is serial */
@@ -147,8 +147,8 @@ gene_list(planner *p)
     }
     if (st == ZB_OK && p->genes.s.n == 0)
         st = zb__err(ZB_E_INVALID, "the output would have no genes (%s)",
-                    p->o->genes ? "the gene file names none"
-                                : "the inputs share no var names (an inner join)");
+                     p->o->genes ? "the gene file names none"
+                                 : "the inputs share no var names (an inner join)");
     if (st == ZB_OK && p->genes.s.n > (uint64_t)INT32_MAX)
         st = zb__err(ZB_E_INVALID, "%" PRIu64 " genes: at most %d", p->genes.s.n, INT32_MAX);
     return st;
@@ -224,9 +224,9 @@ column_names(planner *p, const char ***names, size_t *n)
             if (reserved_column(name)) {
                 free(out);
                 return zb__err(ZB_E_INVALID,
-                              "obs column '%s': the converter adds it itself "
-                              "(the source file and row of every cell)",
-                              name);
+                               "obs column '%s': the converter adds it itself "
+                               "(the source file and row of every cell)",
+                               name);
             }
             for (size_t k = 0; k < p->n; k++) {
                 size_t idx;
@@ -236,11 +236,11 @@ column_names(planner *p, const char ***names, size_t *n)
                 const char *why = zb__src_skipped_reason(&p->srcs[k]->c, name);
                 if (why)
                     return zb__err(ZB_E_UNSUPPORTED,
-                                  "%s: obs column '%s' cannot be converted "
-                                  "(asked for with --obs): %s",
-                                  p->paths[k], name, why);
+                                   "%s: obs column '%s' cannot be converted "
+                                   "(asked for with --obs): %s",
+                                   p->paths[k], name, why);
                 return zb__err(ZB_E_NOTFOUND, "%s: no obs column '%s' (asked for with --obs)",
-                              p->paths[k], name);
+                               p->paths[k], name);
             }
             out[m++] = name;
         }
@@ -285,18 +285,18 @@ merge_kind(planner *p, const char *name, const zb__col_info *const *in, zb__col_
                            (in[0]->dtype == ZB_DT_STRING) != (in[k]->dtype == ZB_DT_STRING);
         if (family_of(in[k]) != f || string_cats)
             return zb__err(ZB_E_INVALID,
-                          "obs column '%s' is %s of %s in %s but %s of %s in %s: they cannot "
-                          "be merged into one column",
-                          name, kind_names[in[0]->kind], zb_dtype_name(in[0]->dtype), p->paths[0],
-                          kind_names[in[k]->kind], zb_dtype_name(in[k]->dtype), p->paths[k]);
+                           "obs column '%s' is %s of %s in %s but %s of %s in %s: they cannot "
+                           "be merged into one column",
+                           name, kind_names[in[0]->kind], zb_dtype_name(in[0]->dtype), p->paths[0],
+                           kind_names[in[k]->kind], zb_dtype_name(in[k]->dtype), p->paths[k]);
         if (*dtype == ZB_DT_STRING) continue;
         zb_dtype t = cv_promote(*dtype, in[k]->dtype);
         if (t == ZB_DT_COUNT_)
             return zb__err(ZB_E_INVALID,
-                          "obs column '%s': %s in %s and %s in %s have no common "
-                          "type",
-                          name, zb_dtype_name(*dtype), p->paths[0], zb_dtype_name(in[k]->dtype),
-                          p->paths[k]);
+                           "obs column '%s': %s in %s and %s in %s have no common "
+                           "type",
+                           name, zb_dtype_name(*dtype), p->paths[0], zb_dtype_name(in[k]->dtype),
+                           p->paths[k]);
         *dtype = t;
     }
     if (f == FAM_CATEGORICAL)
@@ -473,7 +473,7 @@ open_inputs(planner *p, json_object *inputs)
                 json_object_object_get(json_object_array_get_idx(inputs, i), "path"));
             if (earlier && !strcmp(earlier, real))
                 st = zb__err(ZB_E_INVALID, "%s is given twice (inputs %zu and %zu)", p->paths[k], i,
-                            k);
+                             k);
         }
         if (st != ZB_OK) break;
         uint64_t size;
@@ -493,7 +493,7 @@ open_inputs(planner *p, json_object *inputs)
             const zb__src_matrix_info *mi = zb__src_matrix_info_of(p->mats[k][j]);
             if (mi->n_rows != p->srcs[k]->c.n_obs)
                 st = zb__err(ZB_E_CORRUPT, "%s: %s has %" PRIu64 " rows but obs has %" PRIu64,
-                            p->paths[k], p->keys[j], mi->n_rows, p->srcs[k]->c.n_obs);
+                             p->paths[k], p->keys[j], mi->n_rows, p->srcs[k]->c.n_obs);
             json_object *m = zb__jw_push(mats, json_object_new_object(), &ok);
             zb__jw_add(m, "layout", json_object_new_string(layout_names[mi->layout]), &ok);
             zb__jw_add(m, "dtype", json_object_new_string(zb_dtype_name(mi->dtype)), &ok);
@@ -616,7 +616,7 @@ cv_choices_of(const char *data, const char *index, zb_convert_data_dtype *d,
         }
     if (!found_d || !found_x)
         return zb__err(ZB_E_CORRUPT, "data_dtype '%s' / index_dtype '%s'", data ? data : "",
-                      index ? index : "");
+                       index ? index : "");
     return ZB_OK;
 }
 

@@ -283,10 +283,10 @@ check_values(scatter *sc, size_t j)
     double v = 0;
     cv_convert_values(&v, ZB_DT_FLOAT64, vals + value_at * item, dtype, 1);
     return zb__err(ZB_E_INVALID,
-                  "%s: %s, row %" PRIu64 ": the value %.17g is not an integer in "
-                  "[0, %s], so %s cannot hold it exactly (choose a wider data dtype, or auto)",
-                  cv->inputs[sc->s.input].path, cv->mat_keys[j], sc->s.start + row, v,
-                  asked == ZB_DT_UINT8 ? "255" : "65535", zb_dtype_name(asked));
+                   "%s: %s, row %" PRIu64 ": the value %.17g is not an integer in "
+                   "[0, %s], so %s cannot hold it exactly (choose a wider data dtype, or auto)",
+                   cv->inputs[sc->s.input].path, cv->mat_keys[j], sc->s.start + row, v,
+                   asked == ZB_DT_UINT8 ? "255" : "65535", zb_dtype_name(asked));
 }
 
 /* Column c: values converted and permuted, codes remapped, strings, masks. */
@@ -306,10 +306,10 @@ fill_column(scatter *sc, size_t c)
             int32_t code = codes[sc->order[q]];
             if (code >= 0 && (uint64_t)code >= col->n_src_codes[k])
                 return zb__err(ZB_E_CORRUPT,
-                              "%s: obs column '%s', row %" PRIu64 ": code %d of "
-                              "%" PRIu64 " categories",
-                              cv->inputs[k].path, col->name, sc->s.start + sc->order[q], code,
-                              col->n_src_codes[k]);
+                               "%s: obs column '%s', row %" PRIu64 ": code %d of "
+                               "%" PRIu64 " categories",
+                               cv->inputs[k].path, col->name, sc->s.start + sc->order[q], code,
+                               col->n_src_codes[k]);
             out[q] = code < 0 ? -1 : col->code_map[k][code];
         }
         return ZB_OK;
@@ -324,7 +324,7 @@ fill_column(scatter *sc, size_t c)
             uint64_t i = sc->order[q], l = s->offsets[i + 1] - s->offsets[i];
             if (l > UINT32_MAX)
                 return zb__err(ZB_E_INVALID, "obs column '%s': a string of %" PRIu64 " bytes",
-                              col->name, l);
+                               col->name, l);
             len[q] = (uint32_t)l;
             memcpy(bytes, s->data + s->offsets[i], (size_t)l);
             bytes += l;
@@ -368,9 +368,9 @@ element_starts(scatter *sc)
         if (c < 0 || sc->starts[c]) continue;
         if (k == CV_WS_STARTS_N)
             return zb__err(ZB_E_UNSUPPORTED,
-                          "more than %d variable-length obs columns and "
-                          "matrices",
-                          CV_WS_STARTS_N);
+                           "more than %d variable-length obs columns and "
+                           "matrices",
+                           CV_WS_STARTS_N);
         ZB_TRY(grow(sc, CV_WS_STARTS0 + k++, (sc->n + 1) * 8, &sc->starts[c]));
         const uint32_t *counts = (const uint32_t *)sc->buf[c];
         sc->starts[c][0] = 0;
@@ -539,7 +539,7 @@ cv_scatter_task(zb_convert *cv, size_t t)
     cv_ws_give(cv, sc.ws);
     if (st != ZB_OK)
         return zb__err_context(st, "scatter task %zu (%s, rows %" PRIu64 "-%" PRIu64 ")", t,
-                              cv->inputs[cv->slices[t].input].path, cv->slices[t].start,
-                              cv->slices[t].stop);
+                               cv->inputs[cv->slices[t].input].path, cv->slices[t].start,
+                               cv->slices[t].stop);
     return ZB_OK;
 }

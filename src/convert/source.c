@@ -19,7 +19,7 @@ zb__csr_block_reserve(zb__csr_block *b, uint64_t n_rows, uint64_t nnz, zb_dtype 
     if (n_rows >= ZB_BUF_MAX / 8 || nnz >= ZB_BUF_MAX / 4 || !zb__mul_u64(nnz, item, &data_bytes) ||
         data_bytes > ZB_BUF_MAX)
         return zb__err(ZB_E_OVERFLOW, "a block of %llu rows and %llu elements is too large",
-                      (unsigned long long)n_rows, (unsigned long long)nnz);
+                       (unsigned long long)n_rows, (unsigned long long)nnz);
     if (n_rows + 1 > b->cap_rows) {
         int64_t *p = realloc(b->indptr, (size_t)(n_rows + 1) * sizeof *p);
         if (!p) return zb__err(ZB_E_NOMEM, "a block of %llu rows", (unsigned long long)n_rows);
@@ -138,7 +138,8 @@ zb__src_open(const char *path, zb__src **out)
     if (S_ISDIR(sb.st_mode)) return zb__src_open_zarr(path, out);
     if (S_ISREG(sb.st_mode) && is_hdf5(path)) return zb__src_open_h5ad(path, out);
     return zb__err(ZB_E_UNSUPPORTED,
-                  "%s: neither an .h5ad file (no HDF5 signature) nor a Zarr store directory", path);
+                   "%s: neither an .h5ad file (no HDF5 signature) nor a Zarr store directory",
+                   path);
 }
 
 void
@@ -197,8 +198,8 @@ zb__src_matrix_indptr(zb__src_matrix *m, uint64_t start, uint64_t stop, int64_t 
     uint64_t limit = m->info.layout == ZB_SRC_CSC ? m->info.n_cols : m->info.n_rows;
     if (start > stop || stop > limit)
         return zb__err(ZB_E_RANGE, "%s: %s: pointers [%llu, %llu] of %llu", m->path, m->key,
-                      (unsigned long long)start, (unsigned long long)stop,
-                      (unsigned long long)limit);
+                       (unsigned long long)start, (unsigned long long)stop,
+                       (unsigned long long)limit);
     if (m->info.layout == ZB_SRC_DENSE) {
         for (uint64_t i = start; i <= stop; i++) out[i - start] = (int64_t)(i * m->info.n_cols);
         return ZB_OK;
@@ -217,23 +218,23 @@ check_block(const zb__src_matrix *m, uint64_t start, const zb__csr_block *b)
     uint64_t bound = csc ? m->info.n_rows : m->info.n_cols;
     if (b->indptr[0] != 0 || (uint64_t)b->indptr[b->n_rows] != b->nnz)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: %s: the block of %ss from %llu holds %llu elements "
-                      "but its pointers span [%lld, %lld]",
-                      m->path, m->key, unit, (unsigned long long)start, (unsigned long long)b->nnz,
-                      (long long)b->indptr[0], (long long)b->indptr[b->n_rows]);
+                       "%s: %s: the block of %ss from %llu holds %llu elements "
+                       "but its pointers span [%lld, %lld]",
+                       m->path, m->key, unit, (unsigned long long)start, (unsigned long long)b->nnz,
+                       (long long)b->indptr[0], (long long)b->indptr[b->n_rows]);
     for (uint64_t r = 0; r < b->n_rows; r++) {
         int64_t lo = b->indptr[r], hi = b->indptr[r + 1];
         if (hi < lo)
             return zb__err(ZB_E_CORRUPT, "%s: %s/indptr decreases at %s %llu (%lld after %lld)",
-                          m->path, m->key, unit, (unsigned long long)(start + r), (long long)hi,
-                          (long long)lo);
+                           m->path, m->key, unit, (unsigned long long)(start + r), (long long)hi,
+                           (long long)lo);
         for (int64_t e = lo; e < hi; e++)
             if (b->indices[e] >= bound)
                 return zb__err(ZB_E_CORRUPT,
-                              "%s: %s/indices: %s %llu, element %lld: index %u is outside "
-                              "[0, %llu)",
-                              m->path, m->key, unit, (unsigned long long)(start + r), (long long)e,
-                              b->indices[e], (unsigned long long)bound);
+                               "%s: %s/indices: %s %llu, element %lld: index %u is outside "
+                               "[0, %llu)",
+                               m->path, m->key, unit, (unsigned long long)(start + r), (long long)e,
+                               b->indices[e], (unsigned long long)bound);
     }
     return ZB_OK;
 }
@@ -244,13 +245,13 @@ zb__src_matrix_read(zb__src_matrix *m, uint64_t start, uint64_t stop, zb__csr_bl
     uint64_t limit = m->info.layout == ZB_SRC_CSC ? m->info.n_cols : m->info.n_rows;
     if (start > stop || stop > limit)
         return zb__err(ZB_E_RANGE, "%s: %s: rows [%llu, %llu) of %llu", m->path, m->key,
-                      (unsigned long long)start, (unsigned long long)stop,
-                      (unsigned long long)limit);
+                       (unsigned long long)start, (unsigned long long)stop,
+                       (unsigned long long)limit);
     ZB_TRY(m->methods->read(m, start, stop, out));
     if (out->n_rows != stop - start)
         return zb__err(ZB_E_CORRUPT, "%s: %s: asked for %llu rows from %llu, got %llu", m->path,
-                      m->key, (unsigned long long)(stop - start), (unsigned long long)start,
-                      (unsigned long long)out->n_rows);
+                       m->key, (unsigned long long)(stop - start), (unsigned long long)start,
+                       (unsigned long long)out->n_rows);
     return check_block(m, start, out);
 }
 
@@ -447,7 +448,7 @@ zb__csr_from_dense(const void *rows, uint64_t n_rows, uint64_t n_cols, zb_dtype 
     uint64_t nnz = 0, total;
     if (!zb__mul_u64(n_rows, n_cols, &total))
         return zb__err(ZB_E_OVERFLOW, "a dense block of %llu x %llu", (unsigned long long)n_rows,
-                      (unsigned long long)n_cols);
+                       (unsigned long long)n_cols);
     for (uint64_t i = 0; i < total; i++)
         if (!is_zero(src + i * item, dtype, item)) nnz++;
     ZB_TRY(zb__csr_block_reserve(out, n_rows, nnz, dtype));

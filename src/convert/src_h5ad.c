@@ -94,7 +94,7 @@ categories_load(h5_col *c, const zb__h5_ds *cats)
     uint64_t n = cats->dims[0], bytes;
     if (n > INT32_MAX) /* codes are handed out as int32 */
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %llu categories", cats->path, cats->key,
-                      (unsigned long long)n);
+                       (unsigned long long)n);
     c->n_categories = n;
     if (cats->dtype == ZB_DT_STRING) {
         zb_strings *s = calloc(1, sizeof *s);
@@ -110,7 +110,7 @@ categories_load(h5_col *c, const zb__h5_ds *cats)
     }
     if (!zb__mul_u64(n, cats->item, &bytes) || bytes > ZB_BUF_MAX)
         return zb__err(ZB_E_OVERFLOW, "%s: %s: %llu categories", cats->path, cats->key,
-                      (unsigned long long)n);
+                       (unsigned long long)n);
     void *v = malloc(bytes ? (size_t)bytes : 1);
     if (!v) return zb__err(ZB_E_NOMEM, "%s: %s", cats->path, cats->key);
     zb_status st = zb__h5_ds_read(cats, 0, n, v);
@@ -129,7 +129,7 @@ categorical_finish(h5_col *c, zb__h5_ds *cats, hid_t holder)
     c->info->kind = ZB_COL_CATEGORICAL;
     if (!is_integer(c->values.dtype))
         st = zb__err(ZB_E_CORRUPT, "%s: %s: codes of type %s, not integers", c->values.path,
-                    c->values.key, zb_dtype_name(c->values.dtype));
+                     c->values.key, zb_dtype_name(c->values.dtype));
     if (st == ZB_OK && cats->rank != 1)
         st = zb__err(ZB_E_UNSUPPORTED, "%s: %s is %d-d", cats->path, cats->key, cats->rank);
     if (st == ZB_OK && zb__h5_attr_exists(holder, "ordered"))
@@ -159,10 +159,10 @@ nullable_open(h5_col *c, hid_t g, const char *path, const char *key, const char 
                                                         : t == ZB_DT_STRING;
     if (!fits)
         return zb__err(ZB_E_CORRUPT, "%s: %s: a %s holding %s values", path, key, encoding,
-                      zb_dtype_name(t));
+                       zb_dtype_name(t));
     if (c->mask.dtype != ZB_DT_BOOL && !is_integer(c->mask.dtype))
         return zb__err(ZB_E_CORRUPT, "%s: %s: a mask of %s", path, key,
-                      zb_dtype_name(c->mask.dtype));
+                       zb_dtype_name(c->mask.dtype));
     c->info->kind = ZB_COL_NULLABLE;
     c->info->dtype = t;
     return ZB_OK;
@@ -184,7 +184,7 @@ group_col_open(h5_col *c, hid_t g, const char *path, const char *key)
         st = nullable_open(c, g, path, key, enc);
     else
         st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: encoding-type '%s' is not a dataframe column", path,
-                    key, enc);
+                     key, enc);
     free(enc);
     return st;
 }
@@ -227,7 +227,7 @@ array_col_open(h5_col *c, hid_t obj, hid_t frame, const char *path, const char *
         st = zb__h5_attr_text(obj, "encoding-type", path, key, &enc);
         if (st == ZB_OK && strcmp(enc, "array") && strcmp(enc, "string-array"))
             st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: encoding-type '%s' is not a dataframe column",
-                        path, key, enc);
+                         path, key, enc);
         free(enc);
     }
     if (st != ZB_OK) {
@@ -252,7 +252,7 @@ col_open(hid_t frame, const char *frame_key, const char *name, const char *path,
     ZB_TRY(child_key(key, frame_key, name, path));
     if (!zb__h5_exists(frame, name))
         return zb__err(ZB_E_CORRUPT, "%s: %s is named by %s's attributes but does not exist", path,
-                      key, frame_key);
+                       key, frame_key);
     hid_t obj = H5Oopen(frame, name, H5P_DEFAULT);
     if (obj < 0) return zb__h5_fail(ZB_E_CORRUPT, path, key, "opening it");
     zb_status st;
@@ -266,11 +266,11 @@ col_open(hid_t frame, const char *frame_key, const char *name, const char *path,
     uint64_t n = c->values.dims[0];
     if (c->info->kind == ZB_COL_NULLABLE && c->mask.dims[0] != n)
         return zb__err(ZB_E_CORRUPT, "%s: %s: %llu values but %llu mask entries", path, key,
-                      (unsigned long long)n, (unsigned long long)c->mask.dims[0]);
+                       (unsigned long long)n, (unsigned long long)c->mask.dims[0]);
     if (*n_rows == UNKNOWN_ROWS) *n_rows = n;
     if (n != *n_rows)
         return zb__err(ZB_E_CORRUPT, "%s: %s holds %llu rows, the dataframe %llu", path, key,
-                      (unsigned long long)n, (unsigned long long)*n_rows);
+                       (unsigned long long)n, (unsigned long long)*n_rows);
     return ZB_OK;
 }
 
@@ -283,14 +283,14 @@ frame_open(hid_t file, const char *frame_key, const char *path, uint64_t *n_rows
     *frame = H5I_INVALID_HID;
     if (!zb__h5_exists(file, frame_key))
         return zb__err(ZB_E_UNSUPPORTED, "%s: no %s dataframe (not an AnnData file?)", path,
-                      frame_key);
+                       frame_key);
     hid_t g = H5Oopen(file, frame_key, H5P_DEFAULT);
     if (g < 0) return zb__h5_fail(ZB_E_CORRUPT, path, frame_key, "opening it");
     *frame = g;
     if (H5Iget_type(g) != H5I_GROUP)
         return zb__err(ZB_E_UNSUPPORTED,
-                      "%s: %s is a structured array, the dataframe form of anndata before 0.7",
-                      path, frame_key);
+                       "%s: %s is a structured array, the dataframe form of anndata before 0.7",
+                       path, frame_key);
     char *idx = NULL;
     zb_status st = zb__h5_attr_text(g, "_index", path, frame_key, &idx);
     if (st == ZB_OK) st = col_open(g, frame_key, idx, path, n_rows, index);
@@ -318,8 +318,8 @@ codes_read(const h5_col *c, uint64_t start, uint64_t stop, int32_t *out)
         bool ok = zb__load_int((const uint8_t *)raw + i * d->item, d->dtype, &v);
         if (!ok || v < -1 || v >= (int64_t)c->n_categories) {
             st = zb__err(ZB_E_CORRUPT, "%s: %s: row %llu: code %lld is outside [-1, %llu)", d->path,
-                        d->key, (unsigned long long)(start + i), (long long)v,
-                        (unsigned long long)c->n_categories);
+                         d->key, (unsigned long long)(start + i), (long long)v,
+                         (unsigned long long)c->n_categories);
             break;
         }
         out[i] = (int32_t)v;
@@ -450,7 +450,7 @@ col_strings(const h5_col *c, uint64_t start, uint64_t stop, zb_strings *out)
         out->data = malloc(total ? (size_t)total : 1);
         if (!out->offsets || !out->data)
             st = zb__err(ZB_E_NOMEM, "%s: %s: %llu names", c->values.path, c->values.key,
-                        (unsigned long long)n);
+                         (unsigned long long)n);
     }
     uint64_t at = 0;
     for (uint64_t i = 0; st == ZB_OK && i < n; i++) {
@@ -481,8 +481,8 @@ range_check(const h5ad_src *s, uint64_t start, uint64_t stop)
 {
     if (start > stop || stop > s->base.c.n_obs)
         return zb__err(ZB_E_RANGE, "%s: obs rows [%llu, %llu) of %llu", s->base.c.path,
-                      (unsigned long long)start, (unsigned long long)stop,
-                      (unsigned long long)s->base.c.n_obs);
+                       (unsigned long long)start, (unsigned long long)stop,
+                       (unsigned long long)s->base.c.n_obs);
     return ZB_OK;
 }
 
@@ -492,7 +492,7 @@ h5ad_read_column(zb__src *src, size_t column, uint64_t start, uint64_t stop, zb_
     h5ad_src *s = (h5ad_src *)src;
     if (column >= src->c.n_columns)
         return zb__err(ZB_E_RANGE, "%s: obs column %zu of %zu", src->c.path, column,
-                      src->c.n_columns);
+                       src->c.n_columns);
     ZB_TRY(range_check(s, start, stop));
     return col_read(&s->cols[column], start, stop, out);
 }

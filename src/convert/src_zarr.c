@@ -136,7 +136,7 @@ scratch(worker *w, uint64_t n, size_t item, void **out)
     uint64_t bytes;
     if (!zb__mul_u64(n, item, &bytes) || bytes > ZB_BUF_MAX)
         return zb__err(ZB_E_OVERFLOW, "a read of %llu elements of %zu bytes is too large",
-                      (unsigned long long)n, item);
+                       (unsigned long long)n, item);
     ZB_TRY(zb__buf_reserve(&w->scratch, bytes ? (size_t)bytes : 1));
     *out = w->scratch.data;
     return ZB_OK;
@@ -226,8 +226,8 @@ read_ints(const zarr_src *s, const zb_array *a, worker *w, uint64_t lo, uint64_t
         bool exact = zb__load_int(p + i * isz, dt, &v);
         if (!exact || v < min || v > max)
             return zb__err(ZB_E_CORRUPT, "%s: %s, element %llu: %s%lld is outside the %s range",
-                          s->base.c.path, a->path, (unsigned long long)(lo + i),
-                          exact ? "" : "above ", (long long)v, zb_dtype_name(want));
+                           s->base.c.path, a->path, (unsigned long long)(lo + i),
+                           exact ? "" : "above ", (long long)v, zb_dtype_name(want));
         store_int(dst, i, want, v);
     }
     return ZB_OK;
@@ -253,7 +253,7 @@ read_text(const zarr_src *s, const zb_array *a, worker *w, uint64_t lo, uint64_t
     if (!out->offsets || !out->data) {
         zb_strings_free(out);
         return zb__err(ZB_E_NOMEM, "%s: %s: %llu names", s->base.c.path, a->path,
-                      (unsigned long long)n);
+                       (unsigned long long)n);
     }
     out->offsets[0] = 0;
     for (uint64_t i = 0; i < n; i++) {
@@ -278,7 +278,7 @@ open_array(const zarr_src *s, const char *path, const char *what, zb_array **out
     if (!nd) return zb__err(ZB_E_CORRUPT, "%s: %s: no array %s", s->base.c.path, what, path);
     if (!nd->is_array)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %s is a group where an array belongs",
-                      s->base.c.path, what, path);
+                       s->base.c.path, what, path);
     zb_status st = zb__tree_node_open_array(s->store, nd, out);
     return st == ZB_OK ? st : zb__err_context(st, "%s", s->base.c.path);
 }
@@ -291,10 +291,10 @@ open_vector(const zarr_src *s, const char *path, const char *what, uint64_t n, z
     const zb__array_meta *m = &(*out)->meta;
     if (m->ndim == 1 && m->shape[0] == n) return ZB_OK;
     zb_status st = m->ndim != 1 ? zb__err(ZB_E_CORRUPT, "%s: %s: %s is %d-d, not 1-d",
-                                         s->base.c.path, what, path, m->ndim)
+                                          s->base.c.path, what, path, m->ndim)
                                 : zb__err(ZB_E_CORRUPT, "%s: %s: %s holds %llu elements, not %llu",
-                                         s->base.c.path, what, path,
-                                         (unsigned long long)m->shape[0], (unsigned long long)n);
+                                          s->base.c.path, what, path,
+                                          (unsigned long long)m->shape[0], (unsigned long long)n);
     zb_array_close(*out);
     *out = NULL;
     return st;
@@ -309,13 +309,13 @@ open_frame_index(const zarr_src *s, const char *frame, zb_array **out)
     if (!nd) return zb__err(ZB_E_NOTFOUND, "%s: no %s dataframe", s->base.c.path, frame);
     if (nd->is_array)
         return zb__err(ZB_E_UNSUPPORTED,
-                      "%s: %s is an array (a dataframe of anndata < 0.7); "
-                      "rewrite the store with a newer anndata",
-                      s->base.c.path, frame);
+                       "%s: %s is an array (a dataframe of anndata < 0.7); "
+                       "rewrite the store with a newer anndata",
+                       s->base.c.path, frame);
     const char *index = zb__json_string(nd->attrs, "_index");
     if (!index)
-        return zb__err(ZB_E_CORRUPT, "%s: %s: the dataframe has no _index attribute", s->base.c.path,
-                      frame);
+        return zb__err(ZB_E_CORRUPT, "%s: %s: the dataframe has no _index attribute",
+                       s->base.c.path, frame);
     char path[PATH_CAP];
     ZB_TRY(zb__tree_join(path, sizeof path, frame, index));
     ZB_TRY(open_array(s, path, frame, out));
@@ -341,7 +341,7 @@ load_categories(zarr_src *s, zb__col_info *c, const char *path, const char *what
     zb_status st = ZB_OK;
     if (m->ndim != 1)
         st = zb__err(ZB_E_CORRUPT, "%s: %s: the categories %s are not 1-d", s->base.c.path, what,
-                    path);
+                     path);
     else if (m->dtype == ZB_DT_FLOAT16)
         st = zb__err(ZB_E_UNSUPPORTED, "%s: %s: float16 categories", s->base.c.path, what);
     if (st == ZB_OK) st = worker_take(s, &w);
@@ -373,7 +373,7 @@ open_categorical(zarr_src *s, size_t i, const char *codes, const char *cats, boo
     ZB_TRY(open_vector(s, codes, zc->key, s->base.c.n_obs, &zc->values));
     if (!is_integer(zc->values->meta.dtype))
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: categorical codes of dtype %s", s->base.c.path,
-                      zc->key, zb_dtype_name(zc->values->meta.dtype));
+                       zc->key, zb_dtype_name(zc->values->meta.dtype));
     c->kind = ZB_COL_CATEGORICAL;
     c->ordered = ordered;
     return load_categories(s, c, cats, zc->key);
@@ -404,9 +404,9 @@ open_array_column(zarr_src *s, size_t i, const zb__tree_node *nd)
     const char *enc = zb__json_string(nd->attrs, "encoding-type");
     if (enc && strcmp(enc, "array") && strcmp(enc, "string-array"))
         return zb__err(ZB_E_UNSUPPORTED,
-                      "%s: %s: an array of encoding-type '%s' is not an obs "
-                      "column this reader knows",
-                      s->base.c.path, zc->key, enc);
+                       "%s: %s: an array of encoding-type '%s' is not an obs "
+                       "column this reader knows",
+                       s->base.c.path, zc->key, enc);
     ZB_TRY(open_vector(s, zc->key, zc->key, s->base.c.n_obs, &zc->values));
     c->dtype = zc->values->meta.dtype;
     c->kind = c->dtype == ZB_DT_STRING ? ZB_COL_STRING : ZB_COL_NUMERIC;
@@ -426,7 +426,7 @@ open_nullable(zarr_src *s, size_t i)
     ZB_TRY(open_vector(s, path, zc->key, s->base.c.n_obs, &zc->mask));
     if (zc->mask->meta.itemsize != 1)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: a mask of dtype %s (expected bool)",
-                      s->base.c.path, zc->key, zb_dtype_name(zc->mask->meta.dtype));
+                       s->base.c.path, zc->key, zb_dtype_name(zc->mask->meta.dtype));
     c->kind = ZB_COL_NULLABLE;
     c->dtype = zc->values->meta.dtype;
     return ZB_OK;
@@ -445,7 +445,7 @@ open_column(zarr_src *s, size_t i, const char *name)
     const zb__tree_node *nd = zb__tree_find(s->tree, key);
     if (!nd)
         return zb__err(ZB_E_CORRUPT, "%s: obs lists the column '%s' but there is no %s",
-                      s->base.c.path, name, key);
+                       s->base.c.path, name, key);
     if (nd->is_array) return open_array_column(s, i, nd);
     const char *enc = zb__json_string(nd->attrs, "encoding-type");
     if (enc && !strcmp(enc, "categorical")) {
@@ -458,10 +458,10 @@ open_column(zarr_src *s, size_t i, const char *name)
                 !strcmp(enc, "nullable-string-array")))
         return open_nullable(s, i);
     return zb__err(ZB_E_UNSUPPORTED,
-                  "%s: %s: a group of encoding-type '%s' is not an obs column "
-                  "this reader knows (categorical, nullable-integer, nullable-boolean, "
-                  "nullable-string-array)",
-                  s->base.c.path, key, enc ? enc : "(none)");
+                   "%s: %s: a group of encoding-type '%s' is not an obs column "
+                   "this reader knows (categorical, nullable-integer, nullable-boolean, "
+                   "nullable-string-array)",
+                   s->base.c.path, key, enc ? enc : "(none)");
 }
 
 /* obs: its index (n_obs) and every column of its column-order. */
@@ -482,7 +482,7 @@ open_obs(zarr_src *s)
         json_object *name = json_object_array_get_idx(order, i);
         if (!json_object_is_type(name, json_type_string))
             return zb__err(ZB_E_CORRUPT, "%s: obs: column-order entry %zu is not a string",
-                          s->base.c.path, i);
+                           s->base.c.path, i);
         size_t k = s->base.c.n_columns++;
         zb_status st = open_column(s, k, json_object_get_string(name));
         if (st != ZB_E_UNSUPPORTED) {
@@ -522,8 +522,8 @@ read_codes(zarr_src *s, size_t column, worker *w, uint64_t start, uint64_t stop,
     for (uint64_t i = 0; i < n; i++)
         if (codes[i] < -1 || (int64_t)codes[i] >= (int64_t)n_cats)
             return zb__err(ZB_E_CORRUPT, "%s: %s: row %llu: code %d is outside [-1, %llu)",
-                          s->base.c.path, s->cols[column].key, (unsigned long long)(start + i),
-                          codes[i], (unsigned long long)n_cats);
+                           s->base.c.path, s->cols[column].key, (unsigned long long)(start + i),
+                           codes[i], (unsigned long long)n_cats);
     return ZB_OK;
 }
 
@@ -570,8 +570,8 @@ check_rows(const zarr_src *s, const char *what, uint64_t start, uint64_t stop)
 {
     if (start <= stop && stop <= s->base.c.n_obs) return ZB_OK;
     return zb__err(ZB_E_RANGE, "%s: %s: rows [%llu, %llu) of %llu", s->base.c.path, what,
-                  (unsigned long long)start, (unsigned long long)stop,
-                  (unsigned long long)s->base.c.n_obs);
+                   (unsigned long long)start, (unsigned long long)stop,
+                   (unsigned long long)s->base.c.n_obs);
 }
 
 static zb_status
@@ -580,7 +580,7 @@ src_read_column(zb__src *bs, size_t column, uint64_t start, uint64_t stop, zb__c
     zarr_src *s = (zarr_src *)bs;
     if (column >= s->base.c.n_columns)
         return zb__err(ZB_E_RANGE, "%s: obs column %zu of %zu", s->base.c.path, column,
-                      s->base.c.n_columns);
+                       s->base.c.n_columns);
     ZB_TRY(check_rows(s, s->cols[column].key, start, stop));
     worker *w;
     ZB_TRY(worker_take(s, &w));
@@ -642,10 +642,10 @@ check_missing_pointers(zarr_matrix *m, worker *w, uint64_t start, uint64_t stop)
             ZB_TRY(pointer_at(m, w, (p + 1) * unit - 1, &last, &gone));
         if (missing && !gone && last > fill)
             return zb__err(ZB_E_CORRUPT,
-                          "%s: %s/indptr: the chunk of positions [%llu, %llu) is "
-                          "missing; its fill %lld lies below the pointer %lld before it",
-                          m->base.path, m->base.key, (unsigned long long)(c * unit),
-                          (unsigned long long)((c + 1) * unit), (long long)fill, (long long)last);
+                           "%s: %s/indptr: the chunk of positions [%llu, %llu) is "
+                           "missing; its fill %lld lies below the pointer %lld before it",
+                           m->base.path, m->base.key, (unsigned long long)(c * unit),
+                           (unsigned long long)((c + 1) * unit), (long long)fill, (long long)last);
     }
     return ZB_OK;
 }
@@ -662,14 +662,14 @@ read_indptr(zarr_matrix *m, worker *w, uint64_t start, uint64_t stop, int64_t *o
     for (uint64_t i = 0; i <= stop - start; i++) {
         if (out[i] < 0 || (uint64_t)out[i] > m->base.info.nnz)
             return zb__err(ZB_E_CORRUPT, "%s: %s/indptr, position %llu: %lld is outside [0, %llu]",
-                          s->base.c.path, m->base.key, (unsigned long long)(start + i),
-                          (long long)out[i], (unsigned long long)m->base.info.nnz);
+                           s->base.c.path, m->base.key, (unsigned long long)(start + i),
+                           (long long)out[i], (unsigned long long)m->base.info.nnz);
         if (i && out[i] < out[i - 1])
             return zb__err(ZB_E_CORRUPT,
-                          "%s: %s/indptr decreases at position %llu (%lld after "
-                          "%lld)",
-                          s->base.c.path, m->base.key, (unsigned long long)(start + i),
-                          (long long)out[i], (long long)out[i - 1]);
+                           "%s: %s/indptr decreases at position %llu (%lld after "
+                           "%lld)",
+                           s->base.c.path, m->base.key, (unsigned long long)(start + i),
+                           (long long)out[i], (long long)out[i - 1]);
     }
     return ZB_OK;
 }
@@ -697,7 +697,7 @@ read_dense(zarr_matrix *m, worker *w, uint64_t start, uint64_t stop, zb__csr_blo
     uint64_t n_cols = m->base.info.n_cols, elems;
     if (!zb__mul_u64(stop - start, n_cols, &elems))
         return zb__err(ZB_E_OVERFLOW, "%s: %s: %llu rows of %llu", m->base.path, m->base.key,
-                      (unsigned long long)(stop - start), (unsigned long long)n_cols);
+                       (unsigned long long)(stop - start), (unsigned long long)n_cols);
     void *rows = NULL;
     ZB_TRY(scratch(w, elems, m->dense->meta.itemsize, &rows));
     ZB_TRY(read_rows(m->src, m->dense, start, stop, rows, w));
@@ -739,8 +739,8 @@ matrix_var_names(zb__src_matrix *bm, zb_strings *out)
     zb_status st = ZB_OK;
     if (index->meta.shape[0] != m->base.info.n_cols)
         st = zb__err(ZB_E_CORRUPT, "%s: %s names %llu columns, %s has %llu", s->base.c.path, m->var,
-                    (unsigned long long)index->meta.shape[0], m->base.key,
-                    (unsigned long long)m->base.info.n_cols);
+                     (unsigned long long)index->meta.shape[0], m->base.key,
+                     (unsigned long long)m->base.info.n_cols);
     if (st == ZB_OK) st = worker_take(s, &w);
     if (st == ZB_OK) st = read_text(s, index, w, 0, m->base.info.n_cols, out);
     if (w) worker_give(s, w);
@@ -779,7 +779,7 @@ open_sparse_part(zarr_matrix *m, const char *name, bool integer, zb_array **out)
         return zb__err(ZB_E_CORRUPT, "%s: %s is %d-d, not 1-d", m->base.path, path, a->ndim);
     if (integer ? !is_integer(a->dtype) : a->dtype == ZB_DT_STRING)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s of dtype %s", m->base.path, path,
-                      zb_dtype_name(a->dtype));
+                       zb_dtype_name(a->dtype));
     return ZB_OK;
 }
 
@@ -792,9 +792,9 @@ sparse_shape(const zarr_matrix *m, const zb__tree_node *nd, uint64_t *rows, uint
         zb__json_u64(json_object_array_get_idx(shape, 0), "shape", rows) != ZB_OK ||
         zb__json_u64(json_object_array_get_idx(shape, 1), "shape", cols) != ZB_OK)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: %s: the sparse matrix has no [rows, cols] shape "
-                      "attribute",
-                      m->base.path, m->base.key);
+                       "%s: %s: the sparse matrix has no [rows, cols] shape "
+                       "attribute",
+                       m->base.path, m->base.key);
     return ZB_OK;
 }
 
@@ -814,15 +814,15 @@ open_sparse(zarr_matrix *m, const zb__tree_node *nd, bool csc)
     uint64_t major = csc ? info->n_cols : info->n_rows, minor = csc ? info->n_rows : info->n_cols;
     if (m->indices->meta.shape[0] != info->nnz)
         return zb__err(ZB_E_CORRUPT, "%s: %s: data holds %llu elements, indices %llu", m->base.path,
-                      m->base.key, (unsigned long long)info->nnz,
-                      (unsigned long long)m->indices->meta.shape[0]);
+                       m->base.key, (unsigned long long)info->nnz,
+                       (unsigned long long)m->indices->meta.shape[0]);
     if (m->indptr->meta.shape[0] != major + 1)
         return zb__err(ZB_E_CORRUPT, "%s: %s: indptr holds %llu pointers for %llu %s", m->base.path,
-                      m->base.key, (unsigned long long)m->indptr->meta.shape[0],
-                      (unsigned long long)major, csc ? "columns" : "rows");
+                       m->base.key, (unsigned long long)m->indptr->meta.shape[0],
+                       (unsigned long long)major, csc ? "columns" : "rows");
     if (minor > UINT32_MAX)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %llu %s do not fit 32-bit indices", m->base.path,
-                      m->base.key, (unsigned long long)minor, csc ? "rows" : "columns");
+                       m->base.key, (unsigned long long)minor, csc ? "rows" : "columns");
     int64_t ends[2];
     worker *w;
     ZB_TRY(worker_take(m->src, &w));
@@ -831,10 +831,10 @@ open_sparse(zarr_matrix *m, const zb__tree_node *nd, bool csc)
     worker_give(m->src, w);
     if (st == ZB_OK && (ends[0] != 0 || (uint64_t)ends[1] != info->nnz))
         st = zb__err(ZB_E_CORRUPT,
-                    "%s: %s/indptr runs from %lld to %lld, not from 0 to the %llu "
-                    "elements of data",
-                    m->base.path, m->base.key, (long long)ends[0], (long long)ends[1],
-                    (unsigned long long)info->nnz);
+                     "%s: %s/indptr runs from %lld to %lld, not from 0 to the %llu "
+                     "elements of data",
+                     m->base.path, m->base.key, (long long)ends[0], (long long)ends[1],
+                     (unsigned long long)info->nnz);
     return st;
 }
 
@@ -846,10 +846,10 @@ open_dense(zarr_matrix *m, const zb__tree_node *nd)
     zb__src_matrix_info *info = &m->base.info;
     if (a->ndim != 2 || a->dtype == ZB_DT_STRING)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s is a %d-d array of %s, not a matrix", m->base.path,
-                      m->base.key, a->ndim, zb_dtype_name(a->dtype));
+                       m->base.key, a->ndim, zb_dtype_name(a->dtype));
     if (a->shape[1] > UINT32_MAX)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %llu columns do not fit 32-bit indices",
-                      m->base.path, m->base.key, (unsigned long long)a->shape[1]);
+                       m->base.path, m->base.key, (unsigned long long)a->shape[1]);
     info->layout = ZB_SRC_DENSE;
     info->dtype = a->dtype;
     info->n_rows = a->shape[0];
@@ -868,7 +868,7 @@ var_frame_of(const zarr_src *s, const char *key, const char **var)
         *var = "raw/var";
     else
         return zb__err(ZB_E_INVALID, "%s: '%s' is not a matrix key (X, raw/X or layers/NAME)",
-                      s->base.c.path, key);
+                       s->base.c.path, key);
     return ZB_OK;
 }
 
@@ -879,24 +879,24 @@ open_matrix(zarr_src *s, zarr_matrix *m, const zb__tree_node *nd)
         const char *enc = zb__json_string(nd->attrs, "encoding-type");
         if (enc && strcmp(enc, "array"))
             return zb__err(ZB_E_UNSUPPORTED,
-                          "%s: %s is an array of encoding-type '%s', not a "
-                          "matrix",
-                          s->base.c.path, m->base.key, enc);
+                           "%s: %s is an array of encoding-type '%s', not a "
+                           "matrix",
+                           s->base.c.path, m->base.key, enc);
         ZB_TRY(open_dense(m, nd));
     } else {
         const char *enc = zb__json_string(nd->attrs, "encoding-type");
         bool csr = enc && !strcmp(enc, "csr_matrix"), csc = enc && !strcmp(enc, "csc_matrix");
         if (!csr && !csc)
             return zb__err(ZB_E_UNSUPPORTED,
-                          "%s: %s is a group of encoding-type '%s', not a "
-                          "matrix (csr_matrix, csc_matrix or a 2-d array)",
-                          s->base.c.path, m->base.key, enc ? enc : "(none)");
+                           "%s: %s is a group of encoding-type '%s', not a "
+                           "matrix (csr_matrix, csc_matrix or a 2-d array)",
+                           s->base.c.path, m->base.key, enc ? enc : "(none)");
         ZB_TRY(open_sparse(m, nd, csc));
     }
     if (m->base.info.n_rows != s->base.c.n_obs)
         return zb__err(ZB_E_CORRUPT, "%s: %s has %llu rows, obs has %llu", s->base.c.path,
-                      m->base.key, (unsigned long long)m->base.info.n_rows,
-                      (unsigned long long)s->base.c.n_obs);
+                       m->base.key, (unsigned long long)m->base.info.n_rows,
+                       (unsigned long long)s->base.c.n_obs);
     return ZB_OK;
 }
 
@@ -959,8 +959,8 @@ is_unmarked_anndata(const zb__tree *tree)
 {
     const zb__tree_node *root = &tree->nodes[0], *obs = zb__tree_find(tree, "obs");
     const char *enc = obs ? zb__json_string(obs->attrs, "encoding-type") : NULL;
-    return !root->is_array && !zb__json_get(root->attrs, "encoding-type") && obs && !obs->is_array &&
-           enc && !strcmp(enc, "dataframe");
+    return !root->is_array && !zb__json_get(root->attrs, "encoding-type") && obs &&
+           !obs->is_array && enc && !strcmp(enc, "dataframe");
 }
 
 /* The store and its tree; anything but an AnnData group is refused, saying what it is. */
@@ -972,9 +972,9 @@ open_tree(zarr_src *s)
     if (st == ZB_OK) st = zb__tree_load(s->store, "", true, &s->tree);
     if (st == ZB_E_NOTFOUND)
         return zb__err(ZB_E_UNSUPPORTED,
-                      "%s: a directory without zarr.json, .zgroup or .zarray: "
-                      "not a Zarr store",
-                      path);
+                       "%s: a directory without zarr.json, .zgroup or .zarray: "
+                       "not a Zarr store",
+                       path);
     if (st != ZB_OK) return zb__err_context(st, "%s", path);
     const zb__tree_node *root = &s->tree->nodes[0];
     const char *layout = zb__tree_layout(s->tree),
@@ -984,13 +984,13 @@ open_tree(zarr_src *s)
         return zb__err(ZB_E_UNSUPPORTED, "%s: a Zarr array, not an AnnData store", path);
     if (enc)
         return zb__err(ZB_E_UNSUPPORTED,
-                      "%s: not an AnnData store: the root group's encoding-type "
-                      "is '%s', not 'anndata'",
-                      path, enc);
+                       "%s: not an AnnData store: the root group's encoding-type "
+                       "is '%s', not 'anndata'",
+                       path, enc);
     return zb__err(ZB_E_UNSUPPORTED,
-                  "%s: not an AnnData store: the root group has no "
-                  "encoding-type attribute (zbatch sees the layout '%s')",
-                  path, layout);
+                   "%s: not an AnnData store: the root group has no "
+                   "encoding-type attribute (zbatch sees the layout '%s')",
+                   path, layout);
 }
 
 zb_status

@@ -183,7 +183,7 @@ write_at(int fd, const char *path, const void *src, size_t n, uint64_t offset)
         if (put < 0 && e == EINTR) continue;
         if (put <= 0)
             return zb__err(ZB_E_IO, "%s: write of %zu bytes at %llu: %s", path, want,
-                          (unsigned long long)offset, strerror(put < 0 ? e : ENOSPC));
+                           (unsigned long long)offset, strerror(put < 0 ? e : ENOSPC));
         p += put;
         n -= (size_t)put;
         offset += (uint64_t)put;
@@ -200,8 +200,8 @@ read_scratch(job *j, void *dst, size_t n, uint64_t offset)
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0)
             return zb__err(got < 0 ? ZB_E_IO : ZB_E_CORRUPT, "%s: read of %zu bytes at %llu: %s",
-                          j->scratch_path, n, (unsigned long long)offset,
-                          got < 0 ? strerror(errno) : "the file ends");
+                           j->scratch_path, n, (unsigned long long)offset,
+                           got < 0 ? strerror(errno) : "the file ends");
         p += got;
         n -= (size_t)got;
         offset += (uint64_t)got;
@@ -232,7 +232,7 @@ open_output(job *j)
     j->out_fd = open(j->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (j->out_fd < 0)
         return zb__err(errno == ENOENT ? ZB_E_NOTFOUND : ZB_E_IO, "%s: create: %s", j->tmp_path,
-                      strerror(errno));
+                       strerror(errno));
     int e = injected();
     if (!e && fallocate(j->out_fd, 0, 0, (off_t)j->lay.size) == 0) return ZB_OK;
     if (!e) e = errno;
@@ -241,7 +241,7 @@ open_output(job *j)
         e = errno;
     }
     return zb__err(ZB_E_IO, "%s: reserving %llu bytes: %s", j->tmp_path,
-                  (unsigned long long)j->lay.size, strerror(e));
+                   (unsigned long long)j->lay.size, strerror(e));
 }
 
 static zb_status
@@ -488,7 +488,7 @@ distribute(dist *d, const uint32_t *rows, const uint32_t *cols, uint32_t col, co
         uint64_t b = ((uint64_t)rows[i] - base) >> shift;
         if (rows[i] < base || b >= k)
             return zb__err(ZB_E_CORRUPT, "%s: row %u outside the bands from row %llu",
-                          scratch_name(d->j), rows[i], (unsigned long long)base);
+                           scratch_name(d->j), rows[i], (unsigned long long)base);
         uint32_t at = fill[b];
         uint8_t *p = buf[b];
         if (at == cap || !p) {
@@ -542,10 +542,10 @@ produce(producer *pr)
         uint64_t want = (uint64_t)(j->colptr[e] - j->colptr[c]);
         if (st == ZB_OK && blk.nnz != want)
             st = zb__err(ZB_E_CORRUPT,
-                        "%s: %s: columns [%llu, %llu) hold %llu elements, but "
-                        "their pointers say %llu",
-                        j->m->path, j->m->key, (unsigned long long)c, (unsigned long long)e,
-                        (unsigned long long)blk.nnz, (unsigned long long)want);
+                         "%s: %s: columns [%llu, %llu) hold %llu elements, but "
+                         "their pointers say %llu",
+                         j->m->path, j->m->key, (unsigned long long)c, (unsigned long long)e,
+                         (unsigned long long)blk.nnz, (unsigned long long)want);
         const uint8_t *data = blk.data;
         for (uint64_t k = 0; st == ZB_OK && k < blk.n_rows; k++) {
             int64_t x = blk.indptr[k];
@@ -635,8 +635,8 @@ count_rows(job *j, band *b, uint8_t *buf, int64_t *ptr)
             uint64_t x = (uint64_t)r[e] - b->r0;
             if (r[e] < b->r0 || x >= rows)
                 return zb__err(ZB_E_CORRUPT, "%s: row %u in the band of rows [%llu, %llu)",
-                              scratch_name(j), r[e], (unsigned long long)b->r0,
-                              (unsigned long long)b->r1);
+                               scratch_name(j), r[e], (unsigned long long)b->r0,
+                               (unsigned long long)b->r1);
             ptr[x + 2]++;
         }
     }
@@ -660,10 +660,10 @@ place(job *j, band *b, uint8_t *buf, int64_t *ptr, uint32_t *cols, uint8_t *vals
             int64_t k = x < rows ? ptr[x + 1]++ : nnz;
             if (k >= nnz)
                 return zb__err(ZB_E_CORRUPT,
-                              "%s: the band of rows [%llu, %llu) changed between "
-                              "two reads",
-                              scratch_name(j), (unsigned long long)b->r0,
-                              (unsigned long long)b->r1);
+                               "%s: the band of rows [%llu, %llu) changed between "
+                               "two reads",
+                               scratch_name(j), (unsigned long long)b->r0,
+                               (unsigned long long)b->r1);
             cols[k] = col[e];
             copy_value(vals + (size_t)k * item, v + (size_t)e * item, item);
         }
@@ -686,7 +686,7 @@ transpose_band(job *j, band *b)
     zb_status st = ZB_OK;
     if (!ptr || !cols || !vals)
         st = zb__err(ZB_E_NOMEM, "%s: out of memory for a band of %llu bytes", j->path,
-                    (unsigned long long)out_bytes);
+                     (unsigned long long)out_bytes);
     if (st == ZB_OK) st = chunk_buffer(j, &b->chunks, &buf, &buf_bytes);
     if (st == ZB_OK) st = count_rows(j, b, buf, ptr);
     for (uint64_t r = 2; st == ZB_OK && r < rows + 2; r++) ptr[r] += ptr[r - 1];
@@ -827,7 +827,7 @@ transpose_bands(job *j, zb__pool *pool, band *bands)
     }
     if (at != j->nnz)
         return zb__err(ZB_E_CORRUPT, "%s: %s: %llu elements read, %llu announced", j->m->path,
-                      j->m->key, (unsigned long long)at, (unsigned long long)j->nnz);
+                       j->m->key, (unsigned long long)at, (unsigned long long)j->nnz);
     for (size_t b = 0; b < j->n_bands; b++) zb__pool_submit(pool, band_task, &bands[b]);
     zb__pool_wait(pool);
     return job_status(j);
@@ -842,24 +842,24 @@ prepare(job *j)
         return zb__err(ZB_E_INVALID, "%s: %s is not a CSC matrix", j->m->path, j->m->key);
     if (j->item == 0 || j->item > 8 || (j->item & (j->item - 1)))
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: values of dtype %s", j->m->path, j->m->key,
-                      zb_dtype_name(info->dtype));
+                       zb_dtype_name(info->dtype));
     if (info->n_rows > (uint64_t)UINT32_MAX + 1 || info->n_cols > (uint64_t)UINT32_MAX + 1 ||
         info->n_cols >= ZB_BUF_MAX / 8)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: %llu x %llu is beyond 2^32 rows or columns",
-                      j->m->path, j->m->key, (unsigned long long)info->n_rows,
-                      (unsigned long long)info->n_cols);
+                       j->m->path, j->m->key, (unsigned long long)info->n_rows,
+                       (unsigned long long)info->n_cols);
     if (info->n_rows == 0 && info->nnz != 0)
         return zb__err(ZB_E_CORRUPT, "%s: %s: %llu elements in no rows", j->m->path, j->m->key,
-                      (unsigned long long)info->nnz);
+                       (unsigned long long)info->nnz);
     size_t bytes = (size_t)(info->n_cols + 1) * 8;
     if (!(j->colptr = meter_alloc(&j->mem, bytes, false)))
         return zb__err(ZB_E_NOMEM, "%s: %s: out of memory for %llu column pointers", j->m->path,
-                      j->m->key, (unsigned long long)info->n_cols);
+                       j->m->key, (unsigned long long)info->n_cols);
     ZB_TRY(zb__src_matrix_indptr(j->m, 0, info->n_cols, j->colptr));
     if ((uint64_t)(j->colptr[info->n_cols] - j->colptr[0]) != info->nnz)
         return zb__err(ZB_E_CORRUPT, "%s: %s: column pointers span %lld elements, not %llu",
-                      j->m->path, j->m->key, (long long)(j->colptr[info->n_cols] - j->colptr[0]),
-                      (unsigned long long)info->nnz);
+                       j->m->path, j->m->key, (long long)(j->colptr[info->n_cols] - j->colptr[0]),
+                       (unsigned long long)info->nnz);
     return zb__csr_file_layout_of(info->n_rows, info->nnz, j->item, &j->lay);
 }
 

@@ -225,7 +225,7 @@ zb_batch_add_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
 
 zb_status
 zb__batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
-                          const uint64_t *row_shape, uint64_t nrows, bool zero, void **data)
+                           const uint64_t *row_shape, uint64_t nrows, bool zero, void **data)
 {
     *data = NULL;
     if (!b || ndim < 0 || ndim >= ZB_MAX_DIMS || dtype == ZB_DT_STRING)
@@ -244,7 +244,7 @@ zb__batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int nd
         if (!mem) {
             zb__arena_pool_unref(pool);
             return zb__err(ZB_E_NOMEM, "batch field '%s': out of memory for %llu bytes", name,
-                          (unsigned long long)bytes);
+                           (unsigned long long)bytes);
         }
         uint8_t *data8 = (uint8_t *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
         if (zero) memset(data8, 0, (size_t)bytes);
@@ -263,7 +263,7 @@ zb__batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int nd
     mem = calloc((size_t)bytes + 1, 1);
     if (!mem)
         return zb__err(ZB_E_NOMEM, "batch field '%s': out of memory for %llu bytes", name,
-                      (unsigned long long)bytes);
+                       (unsigned long long)bytes);
     zb_status st = zb_batch_add_field(b, name, dtype, ndim, row_shape, nrows, mem);
     if (st != ZB_OK) {
         free(mem);

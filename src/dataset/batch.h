@@ -16,7 +16,7 @@ zb_status zb__batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out)
  * so zb__batch_slice of exactly those batches leaves their values as they are (the loader's
  * windows: one pass over the index values instead of two). */
 zb_status zb__dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n,
-                                  const size_t *sizes, size_t nbatches, zb_batch **out);
+                                   const size_t *sizes, size_t nbatches, zb_batch **out);
 
 /* Columns of the anndata X behind the batch (0 if none). */
 uint64_t zb__batch_n_vars(const zb_batch *b);
@@ -28,8 +28,8 @@ uint64_t zb__batch_n_vars(const zb_batch *b);
  * in fresh pages every batch (one pooled buffer per batch; later ones are calloc'd). *data is
  * the buffer, owned by the batch. */
 zb_status zb__batch_add_pooled_field(zb_batch *b, const char *name, zb_dtype dtype, int ndim,
-                                    const uint64_t *row_shape, uint64_t nrows, bool zero,
-                                    void **data);
+                                     const uint64_t *row_shape, uint64_t nrows, bool zero,
+                                     void **data);
 
 /* Runs one transform on a batch (transforms.c). */
 zb_status zb__transform_apply(const zb_transform *t, zb_batch *b);

@@ -90,9 +90,10 @@ zb_dataset_categories(zb_dataset *ds, const char *field, const zb_strings **out)
     zb_category_table t;
     ZB_TRY(zb_dataset_category_table(ds, field, &t));
     if (t.dtype != ZB_DT_STRING)
-        return zb__err(ZB_E_TYPE, "%s: the categories of %s are %s, not strings "
-                      "(zb_dataset_category_table)", zb_dataset_name(ds), field,
-                      zb_dtype_name(t.dtype));
+        return zb__err(ZB_E_TYPE,
+                       "%s: the categories of %s are %s, not strings "
+                       "(zb_dataset_category_table)",
+                       zb_dataset_name(ds), field, zb_dtype_name(t.dtype));
     *out = t.strings;
     return ZB_OK;
 }
@@ -113,7 +114,7 @@ zb_dataset_var_names(zb_dataset *ds, const zb_strings **out)
             st = zb__err(ZB_E_CORRUPT, "%s: var names must be a 1-d string array", ds->var_index);
         if (st == ZB_OK && a->meta.shape[0] != ds->n_vars)
             st = zb__err(ZB_E_CORRUPT, "%s: %llu var names for %llu columns of X", ds->var_index,
-                        (unsigned long long)a->meta.shape[0], (unsigned long long)ds->n_vars);
+                         (unsigned long long)a->meta.shape[0], (unsigned long long)ds->n_vars);
         if (st == ZB_OK) st = zb_array_read_strings(a, 0, ds->n_vars, &ds->var_names, NULL);
         zb_array_close(a);
         ds->var_loaded = st == ZB_OK;
@@ -171,8 +172,8 @@ for_children(zb_dataset *ds, uint64_t start, uint64_t stop, child_fn fn, void *c
     ZB_TRY(zb_dataset_len(ds, &n));
     if (start > stop || stop > n)
         return zb__err(ZB_E_RANGE, "%s: samples [%llu, %llu) outside [0, %llu)",
-                      zb_dataset_name(ds), (unsigned long long)start, (unsigned long long)stop,
-                      (unsigned long long)n);
+                       zb_dataset_name(ds), (unsigned long long)start, (unsigned long long)stop,
+                       (unsigned long long)n);
     if (!ds->nchildren) return fn(ctx, ds, 0, start, stop, 0);
     for (size_t c = 0; c < ds->nchildren; c++) {
         uint64_t c0 = ds->child_start[c], c1 = ds->child_start[c + 1];
@@ -192,15 +193,15 @@ read_logical_rows(zb_dataset *ch, const zb_array *a, uint64_t lo, uint64_t hi, u
     if (lo == hi) return ZB_OK;
     ZB_TRY(zb__mask_load(ch));
     uint64_t p0 = zb__mask_select(&ch->mask, lo), p1 = zb__mask_select(&ch->mask, hi - 1) + 1;
-    if (p1 - p0 == hi - lo) return zb_array_read_rows(a, p0, p1, dst, (size_t)(hi - lo) * row_bytes,
-                                                      NULL);
+    if (p1 - p0 == hi - lo)
+        return zb_array_read_rows(a, p0, p1, dst, (size_t)(hi - lo) * row_bytes, NULL);
     size_t span = (size_t)(p1 - p0) * row_bytes;
     uint8_t *tmp = malloc(span ? span : 1);
     if (!tmp) return zb__err(ZB_E_NOMEM, "%s: out of memory for %zu bytes", a->path, span);
     zb_status st = zb_array_read_rows(a, p0, p1, tmp, span, NULL);
     for (uint64_t l = lo; st == ZB_OK && l < hi; l++)
-        memcpy(dst + (l - lo) * row_bytes,
-               tmp + (zb__mask_select(&ch->mask, l) - p0) * row_bytes, row_bytes);
+        memcpy(dst + (l - lo) * row_bytes, tmp + (zb__mask_select(&ch->mask, l) - p0) * row_bytes,
+               row_bytes);
     free(tmp);
     return st;
 }
@@ -232,7 +233,7 @@ read_field_child(void *ctx, zb_dataset *ch, size_t c, uint64_t lo, uint64_t hi, 
         zb_status st = read_logical_rows(ch, f->arr, lo, hi, tmp, own_bytes);
         if (st == ZB_OK)
             st = zb__values_convert(dst, r->dtype, tmp, f->dtype, (hi - lo) * f->row_elems, lut,
-                                   nlut, f->arr->path);
+                                    nlut, f->arr->path);
         free(tmp);
         ZB_TRY(st);
     }
@@ -258,13 +259,15 @@ zb_dataset_read_field(zb_dataset *ds, const char *field, uint64_t start, uint64_
     const zb__field *f = &proto(ds)->fields[i];
     if (f->kind != ZB_FIELD_PER_SAMPLE || f->dtype == ZB_DT_STRING)
         return zb__err(ZB_E_TYPE, "%s: %s is not a per-sample field of fixed-size values%s",
-                      zb_dataset_name(ds), field,
-                      f->dtype == ZB_DT_STRING ? " (zb_dataset_read_strings)" : "");
+                       zb_dataset_name(ds), field,
+                       f->dtype == ZB_DT_STRING ? " (zb_dataset_read_strings)" : "");
     zb_dtype dt = zb__dataset_field_dtype(ds, i);
     field_read r = {ds, i, dst, (size_t)(f->row_elems * zb_dtype_size(dt)), dt};
     if (stop > start && dst_size / r.row_bytes < stop - start)
-        return zb__err(ZB_E_INVALID, "zb_dataset_read_field: %zu bytes hold fewer than %llu rows "
-                      "of %s", dst_size, (unsigned long long)(stop - start), field);
+        return zb__err(ZB_E_INVALID,
+                       "zb_dataset_read_field: %zu bytes hold fewer than %llu rows "
+                       "of %s",
+                       dst_size, (unsigned long long)(stop - start), field);
     return for_children(ds, start, stop, read_field_child, &r);
 }
 
@@ -285,7 +288,8 @@ read_strings_child(void *ctx, zb_dataset *ch, size_t c, uint64_t lo, uint64_t hi
         return zb__err(ZB_E_NOTFOUND, "%s: no string column '%s'", zb_dataset_name(ch), r->name);
     ZB_TRY(zb__mask_load(ch));
     zb_strings got = {0};
-    uint64_t p0 = zb__mask_select(&ch->mask, lo), p1 = lo < hi ? zb__mask_select(&ch->mask, hi - 1) + 1 : p0;
+    uint64_t p0 = zb__mask_select(&ch->mask, lo),
+             p1 = lo < hi ? zb__mask_select(&ch->mask, hi - 1) + 1 : p0;
     ZB_TRY(zb_array_read_strings(col->values, p0, p1, &got, NULL));
     zb_status st = ZB_OK;
     uint8_t *flags = NULL;
@@ -301,7 +305,8 @@ read_strings_child(void *ctx, zb_dataset *ch, size_t c, uint64_t lo, uint64_t hi
     uint64_t need = out->offsets[out->n] + got.offsets[got.n];
     if (st == ZB_OK && need > r->cap_data) {
         char *d = realloc(out->data, (size_t)need + 1);
-        if (!d) st = zb__err(ZB_E_NOMEM, "%s: out of memory for strings", col->values->path);
+        if (!d)
+            st = zb__err(ZB_E_NOMEM, "%s: out of memory for strings", col->values->path);
         else {
             out->data = d;
             r->cap_data = need;
@@ -336,7 +341,7 @@ zb_dataset_read_strings(zb_dataset *ds, const char *column, uint64_t start, uint
     if (!r.parts.offsets || !r.parts.data) {
         zb_strings_free(&r.parts);
         return zb__err(ZB_E_NOMEM, "%s: out of memory for %llu strings", column,
-                      (unsigned long long)n);
+                       (unsigned long long)n);
     }
     zb_status st = for_children(ds, start, stop, read_strings_child, &r);
     if (st != ZB_OK) {

@@ -171,7 +171,7 @@ open_collection(zb_dataset *ds, const zb__tree *tree, const char *base)
     zb_status st = ZB_OK;
     if (n == 0) {
         st = zb__err(ZB_E_CORRUPT, "%s: a collection without dataset_<k> children",
-                    zb_dataset_name(ds));
+                     zb_dataset_name(ds));
         goto done;
     }
     qsort(names, n, sizeof *names, cmp_child);
@@ -227,8 +227,10 @@ open_layout(zb_dataset *ds, const zb__tree *tree, const char *base)
         snprintf(ds->layout, sizeof ds->layout, "generic");
         return zb__layout_generic(ds, tree, base);
     }
-    return zb__err(ZB_E_UNSUPPORTED, "%s: no dataset layout recognised (anndata, atomic, "
-                  "collection, or a 'zbatch' attribute)", zb_dataset_name(ds));
+    return zb__err(ZB_E_UNSUPPORTED,
+                   "%s: no dataset layout recognised (anndata, atomic, "
+                   "collection, or a 'zbatch' attribute)",
+                   zb_dataset_name(ds));
 }
 
 /* An x_dtype/index_dtype option: NULL (the default rule), "stored", or a dtype name among
@@ -355,8 +357,7 @@ zb_dataset_field(const zb_dataset *ds, size_t i, zb_field_info *info)
 {
     if (!ds || !info) return zb__err(ZB_E_INVALID, "zb_dataset_field: null argument");
     const zb_dataset *p = proto(ds);
-    if (i >= p->nfields)
-        return zb__err(ZB_E_RANGE, "field %zu of %zu", i, p->nfields);
+    if (i >= p->nfields) return zb__err(ZB_E_RANGE, "field %zu of %zu", i, p->nfields);
     const zb__field *f = &p->fields[i];
     info->name = f->name;
     info->kind = f->kind;
@@ -405,8 +406,7 @@ child_lengths(zb_dataset *ds, const char *segment, uint64_t *out)
     size_t s = 0;
     while (s < ds->nsegs && strcmp(ds->segs[s].name, segment)) s++;
     if (s == ds->nsegs)
-        return zb__err(ZB_E_NOTFOUND, "%s: no segment '%s'", zb_dataset_name(ds),
-                      segment);
+        return zb__err(ZB_E_NOTFOUND, "%s: no segment '%s'", zb_dataset_name(ds), segment);
     ZB_TRY(zb__mask_load(ds));
     uint64_t n = 0;
     ZB_TRY(zb_dataset_len(ds, &n));
@@ -425,8 +425,8 @@ child_lengths(zb_dataset *ds, const char *segment, uint64_t *out)
         }
         if (st == ZB_OK) st = zb__segment_get(&ds->segs[s], ctx, p + 1, &a1);
         if (st == ZB_OK && a1 < a0)
-            st = zb__err(ZB_E_CORRUPT, "%s: pointers decrease at row %llu",
-                        ds->segs[s].ptr->path, (unsigned long long)p);
+            st = zb__err(ZB_E_CORRUPT, "%s: pointers decrease at row %llu", ds->segs[s].ptr->path,
+                         (unsigned long long)p);
         out[i] = (uint64_t)(a1 - a0);
         prev = a1;
         prev_p = p;
@@ -466,8 +466,8 @@ zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *
     snprintf(ds->layout, sizeof ds->layout, "%s", children[0]->layout);
     ds->children = calloc(n, sizeof *ds->children);
     ds->child_start = calloc(n + 1, sizeof *ds->child_start);
-    zb_status st = ds->children && ds->child_start ? ZB_OK
-                                                   : zb__err(ZB_E_NOMEM, "zb_dataset_concat: oom");
+    zb_status st =
+        ds->children && ds->child_start ? ZB_OK : zb__err(ZB_E_NOMEM, "zb_dataset_concat: oom");
     if (st == ZB_OK) {
         memcpy(ds->children, children, n * sizeof *children);
         ds->nchildren = n;

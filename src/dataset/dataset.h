@@ -20,13 +20,13 @@ typedef struct zb__segment {
     zb_array *ptr;
     uint64_t chunk_rows; /* rows per cached block (the array's read unit along axis 0) */
     uint64_t nblocks;
-    int64_t **blocks;    /* [nblocks], NULL until loaded; guarded by mu */
+    int64_t **blocks; /* [nblocks], NULL until loaded; guarded by mu */
     pthread_mutex_t mu;
 } zb__segment;
 
 /* A category table (the labels of a categorical field): strings, or numbers of `dtype`. */
 typedef struct zb__cattab {
-    zb_dtype dtype;     /* ZB_DT_STRING, or the labels' numeric dtype */
+    zb_dtype dtype; /* ZB_DT_STRING, or the labels' numeric dtype */
     uint64_t n;
     zb_strings strings; /* ZB_DT_STRING */
     uint8_t *values;    /* numeric: n * zb_dtype_size(dtype) bytes, native order */
@@ -40,46 +40,46 @@ typedef struct zb__field {
     char *name;
     zb_field_kind kind;
     zb_dtype dtype;
-    size_t itemsize;                  /* 0 for strings */
-    int ndim;                         /* of one row */
+    size_t itemsize; /* 0 for strings */
+    int ndim;        /* of one row */
     uint64_t row_shape[ZB_MAX_DIMS];
     uint64_t row_elems;
-    int seg;                          /* segment index (ragged/index), else -1 */
-    int target;                       /* index: target segment, else -1 */
-    zb_dtype out_dtype;               /* delivered in batches: dtype, or wider (zb_dataset_opts
+    int seg;            /* segment index (ragged/index), else -1 */
+    int target;         /* index: target segment, else -1 */
+    zb_dtype out_dtype; /* delivered in batches: dtype, or wider (zb_dataset_opts
                                          x_dtype/index_dtype, widen.c) */
     bool categorical;
-    bool global_index;                /* index values are store-global (nvalchemi): subtract ptr */
-    bool var_cols;                    /* anndata X: values are gene ids (CSR indices), or rows
+    bool global_index;  /* index values are store-global (nvalchemi): subtract ptr */
+    bool var_cols;      /* anndata X: values are gene ids (CSR indices), or rows
                                          of n_vars genes (dense): reorder_vars remaps them */
-    uint64_t col_bound;               /* CSR column ids: values lie in [0, col_bound) (the
+    uint64_t col_bound; /* CSR column ids: values lie in [0, col_bound) (the
                                          matrix's columns, validate.c); 0 = unbounded */
-    zb_array *arr;                    /* the values */
-    char *mask;                       /* nullable: the name of the companion mask field */
-    char *cats_path;                  /* categorical: the categories array path */
-    bool cats_ordered;                /* categorical: the `ordered` attribute */
-    zb__cattab cats;                   /* loaded on first request (zb_dataset_category_table) */
+    zb_array *arr;      /* the values */
+    char *mask;         /* nullable: the name of the companion mask field */
+    char *cats_path;    /* categorical: the categories array path */
+    bool cats_ordered;  /* categorical: the `ordered` attribute */
+    zb__cattab cats;    /* loaded on first request (zb_dataset_category_table) */
     bool cats_loaded;
 } zb__field;
 
 /* An obs column as anndata lists it (zb_dataset_column). Non-string columns are read through
  * the field of the same name; string columns through their own arrays. */
 typedef struct zb__column {
-    char *name;           /* "obs_names" or "obs/NAME" */
+    char *name; /* "obs_names" or "obs/NAME" */
     zb_column_kind kind;
     zb_dtype dtype;
-    zb_array *values;     /* strings: the string array (NULL for the other kinds) */
-    zb_array *mask;       /* nullable strings: the mask */
+    zb_array *values; /* strings: the string array (NULL for the other kinds) */
+    zb_array *mask;   /* nullable strings: the mask */
 } zb__column;
 
 /* A soft-delete mask: logical i is the i-th true (FORMATS.md §8.2). Loaded on first use. */
 typedef struct zb__mask {
-    zb_array *arr;        /* NULL: no mask, logical == physical */
+    zb_array *arr; /* NULL: no mask, logical == physical */
     bool loaded;
-    uint8_t *bits;        /* [nphys] 0/1 */
-    uint64_t *rank;       /* [nblocks+1] trues before each block of MASK_BLOCK samples */
+    uint8_t *bits;  /* [nphys] 0/1 */
+    uint64_t *rank; /* [nblocks+1] trues before each block of MASK_BLOCK samples */
     uint64_t nlogical;
-    uint64_t n;           /* entries used: the committed samples */
+    uint64_t n; /* entries used: the committed samples */
     pthread_mutex_t mu;
 } zb__mask;
 
@@ -100,7 +100,7 @@ typedef struct zb__plan_unit {
  * read (plan.c; string fields are not read into batches), and the stored bytes of the rows it
  * delivers. *units is malloc'd (free with free()). For `zbatch bench`'s decode-only limits. */
 zb_status zb__dataset_plan_units(zb_dataset *ds, const uint64_t *ids, size_t n,
-                                zb__plan_unit **units, size_t *nunits, uint64_t *bytes_delivered);
+                                 zb__plan_unit **units, size_t *nunits, uint64_t *bytes_delivered);
 
 /* Where a pool's blocks come from: malloc/free by default, page-locked memory for a loader
  * that delivers to a device (loader/device.c). `release(user)` runs when the pool is gone. */
@@ -120,11 +120,11 @@ void zb__plan_mem_release_all(zb_dataset *ds);
  * per child, the table its stored values go through (categorical codes: child code -> the
  * collection's code). A NULL table: the child's values are delivered as stored. */
 typedef struct zb__fieldmap {
-    zb_dtype dtype;  /* delivered */
-    int64_t **lut;   /* [nchildren] */
-    uint64_t *nlut;  /* [nchildren] entries of each table */
-    zb__cattab cats;          /* categorical, when the children's tables differ: their union */
-    const zb__cattab *table;  /* categorical: the collection's table (cats, or the first
+    zb_dtype dtype;          /* delivered */
+    int64_t **lut;           /* [nchildren] */
+    uint64_t *nlut;          /* [nchildren] entries of each table */
+    zb__cattab cats;         /* categorical, when the children's tables differ: their union */
+    const zb__cattab *table; /* categorical: the collection's table (cats, or the first
                                 child's when every child has the same one) */
 } zb__fieldmap;
 
@@ -137,13 +137,13 @@ typedef struct zb__varmap {
 struct zb_dataset {
     zb_store *store;
     char *path;
-    char *name;              /* zb_dataset_name */
+    char *name; /* zb_dataset_name */
     char layout[24];
     zb_dataset_opts opts;
-    char *layer;             /* opts.layer, owned (opts.layer points here) */
-    int x_want, index_want;  /* opts.x_dtype/index_dtype as read at open (ZB_WANT_* or a
+    char *layer;            /* opts.layer, owned (opts.layer points here) */
+    int x_want, index_want; /* opts.x_dtype/index_dtype as read at open (ZB_WANT_* or a
                                 zb_dtype); opts' pointers are not kept */
-    uint64_t nphys;          /* physical samples */
+    uint64_t nphys;         /* physical samples */
     uint64_t n_vars;
     zb__mask mask;
     size_t nfields;
@@ -153,28 +153,28 @@ struct zb_dataset {
     /* anndata: obs columns (zb_dataset_column) and var names */
     size_t ncols;
     zb__column *cols;
-    char *var_frame;         /* the var data frame's group (raw/var with layer "raw") */
-    char *var_index;         /* the var index array's path, NULL when unknown */
-    zb_strings var_names;    /* loaded on first request (var_mu) */
+    char *var_frame;      /* the var data frame's group (raw/var with layer "raw") */
+    char *var_index;      /* the var index array's path, NULL when unknown */
+    zb_strings var_names; /* loaded on first request (var_mu) */
     bool var_loaded;
     pthread_mutex_t var_mu;
     /* collections: children and their cumulative logical sizes */
     size_t nchildren;
     zb_dataset **children;
-    uint64_t *child_start;   /* [nchildren+1] */
-    zb__fieldmap *maps;       /* [children[0]->nfields]: how each field is delivered (merge.c) */
-    zb__varmap vars;          /* reorder_vars */
+    uint64_t *child_start; /* [nchildren+1] */
+    zb__fieldmap *maps;    /* [children[0]->nfields]: how each field is delivered (merge.c) */
+    zb__varmap vars;       /* reorder_vars */
     /* shared by every read */
     zb__pool *pool;
     pthread_mutex_t pool_mu; /* one read_many at a time drives the pool */
     zb__cache *cache;
-    zb__cache *index_cache;   /* decoded shard indexes, always on (bounded) */
-    zb__arena_pool *arenas;   /* batch memory, reused across reads */
+    zb__cache *index_cache; /* decoded shard indexes, always on (bounded) */
+    zb__arena_pool *arenas; /* batch memory, reused across reads */
     pthread_mutex_t plan_mu;
     struct zb__plan_mem *plan_free; /* read_many's plan memory, reused across reads (reader.c) */
     size_t plan_nfree;
     bool is_child;
-    bool borrowed;           /* children belong to the caller (zb_dataset_concat) */
+    bool borrowed; /* children belong to the caller (zb_dataset_concat) */
 };
 
 /* zb_dataset.x_want/index_want: the default rule, or as stored (else a zb_dtype). */
@@ -204,7 +204,7 @@ zb__dataset_lut(const zb_dataset *ds, size_t f, size_t c, uint64_t *n)
  * stays -1; others must index the table (ZB_E_CORRUPT naming `what` otherwise). A NULL table
  * converts the values as they are. */
 zb_status zb__codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
-                           const int64_t *lut, uint64_t nlut, const char *what);
+                            const int64_t *lut, uint64_t nlut, const char *what);
 
 /* Whether dtype `to` holds every value of `from` exactly (the widenings the reader does as it
  * copies, widen.c; true when they are the same). */
@@ -215,7 +215,7 @@ bool zb__values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, ui
 /* n stored values of `from` as `to`, as batches carry them: widened (zb__values_widen) unless a
  * table is given, else codes converted through `lut` (zb__codes_convert). */
 zb_status zb__values_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
-                            const int64_t *lut, uint64_t nlut, const char *what);
+                             const int64_t *lut, uint64_t nlut, const char *what);
 
 /* Moves one child's gene order to the collection's (reorder_vars, merge.c). A dense row of
  * n_vars values of `itemsize` bytes is permuted through `scratch` (a row's bytes). A CSR row's
@@ -223,11 +223,11 @@ zb_status zb__values_convert(void *dst, zb_dtype to, const void *src, zb_dtype f
  * values (`vals`, itemsize bytes each) so the ids ascend again; ZB_E_CORRUPT (naming `what`)
  * for an id outside [0, n_vars). */
 void zb__var_reorder_dense(uint8_t *row, uint64_t n_vars, size_t itemsize, const int64_t *lut,
-                          uint8_t *scratch);
+                           uint8_t *scratch);
 struct zb__buf;
 zb_status zb__var_reorder_csr(void *idx, zb_dtype idx_dtype, uint8_t *vals, size_t itemsize,
-                             uint64_t nnz, const int64_t *lut, uint64_t n_vars,
-                             struct zb__buf *scratch, const char *what);
+                              uint64_t nnz, const int64_t *lut, uint64_t n_vars,
+                              struct zb__buf *scratch, const char *what);
 
 /* Category tables (columns.c): the field's own table, loaded once. */
 zb_status zb__field_load_categories(zb_dataset *ds, zb__field *f);
@@ -242,7 +242,8 @@ zb_status zb__layout_generic(zb_dataset *ds, const struct zb__tree *tree, const 
  * `group` ("core" or "custom") of an atomic store whose root `fields` attribute is `fields`
  * (may be NULL), per FORMATS.md §8.1-8.2. The reader and `zbatch verify` share it. */
 struct json_object;
-const char *zb__atomistic_array_level(struct json_object *fields, const char *group, const char *name);
+const char *zb__atomistic_array_level(struct json_object *fields, const char *group,
+                                      const char *name);
 
 /* Metadata rules of an atomic store shared by the reader (at open) and `zbatch verify`; no
  * data is read. `store` names the store in the message.
@@ -254,8 +255,8 @@ const char *zb__atomistic_array_level(struct json_object *fields, const char *gr
  * both. ZB_E_CORRUPT naming the array and what is wrong otherwise. */
 zb_status zb__atomistic_check_fields_attr(const char *store, struct json_object *fields);
 zb_status zb__atomistic_check_required(const char *store, struct json_object *fields,
-                                   const zb__array_meta *positions,
-                                   const zb__array_meta *atomic_numbers);
+                                       const zb__array_meta *positions,
+                                       const zb__array_meta *atomic_numbers);
 
 /* Segment access: ptr[i] for i in [0, N]; thread-safe. */
 zb_status zb__segment_get(zb__segment *seg, zb_ctx *ctx, uint64_t i, int64_t *value);

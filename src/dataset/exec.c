@@ -59,11 +59,11 @@ unit_into(exec *x, const zb_array *a, const uint64_t *g, const uint8_t *enc, siz
     if (!enc && !missing) {
         if (entry) {
             ZB_TRY(zb__unit_fetch(a, key, entry[0], entry[1], &x->ctx->ws.fetch, &enc, &tok,
-                                 &x->t->stats));
+                                  &x->t->stats));
             enc_len = (size_t)entry[1];
         } else {
             ZB_TRY(zb__unit_fetch_whole(a, key, &x->ctx->ws.fetch, &enc, &enc_len, &missing, &tok,
-                                       &x->t->stats));
+                                        &x->t->stats));
         }
     }
     if (missing) {
@@ -107,8 +107,8 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
         if (conv) {
             /* values converted in the copy (1-d fields only: units hold whole rows) */
             ZB_TRY(zb__values_convert(bf->data + c->dst_row * bf->itemsize, bf->dtype,
-                                     unit + c->src_row * f->itemsize, f->dtype, c->nrows, lut,
-                                     nlut, u->path));
+                                      unit + c->src_row * f->itemsize, f->dtype, c->nrows, lut,
+                                      nlut, u->path));
         } else if (whole) {
             /* the unit holds whole batch rows: one move per copy, fixed-size for short rows */
             size_t rb = (size_t)row_bytes;
@@ -143,8 +143,8 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     const int64_t *lut;
     uint64_t nlut;
     bool conv = converted(p, cp->field, cp->child, &lut, &nlut);
-    bool direct = !conv && c1 - c0 == 1 && cp->src_row == 0 && cp->nrows == u->inner[0] &&
-                  u->spans_rows;
+    bool direct =
+        !conv && c1 - c0 == 1 && cp->src_row == 0 && cp->nrows == u->inner[0] && u->spans_rows;
     uint8_t *target;
     if (direct) {
         target = bf->data + cp->dst_row * bf->row_elems * bf->itemsize;
@@ -186,15 +186,15 @@ static zb_status
 truncated(const char *key, uint64_t got, uint64_t want, uint64_t off)
 {
     return zb__err(ZB_E_TRUNCATED, "%s: holds %llu of the %llu bytes at offset %llu", key,
-                  (unsigned long long)got, (unsigned long long)want, (unsigned long long)off);
+                   (unsigned long long)got, (unsigned long long)want, (unsigned long long)off);
 }
 
 /* Copies [c0, c1) of a raw unit of array a out of `src`, which holds the unit's stored bytes
  * from byte s0 on, into the batch (converted as they land for a converted field);
  * *delivered: the bytes delivered. */
 static zb_status
-raw_copy_out(exec *x, const zb__unit_geom *u, bfield *bf, size_t c0, size_t c1,
-             const uint8_t *src, uint64_t s0, uint64_t *delivered)
+raw_copy_out(exec *x, const zb__unit_geom *u, bfield *bf, size_t c0, size_t c1, const uint8_t *src,
+             uint64_t s0, uint64_t *delivered)
 {
     const copy *cp = &x->p->copies[c0];
     const int64_t *lut;
@@ -208,8 +208,8 @@ raw_copy_out(exec *x, const zb__unit_geom *u, bfield *bf, size_t c0, size_t c1,
         uint8_t *to = bf->data + c->dst_row * drb;
         const uint8_t *from = src + (c->src_row * srb - s0);
         if (conv)
-            ZB_TRY(zb__values_convert(to, bf->dtype, from, u->dtype, c->nrows * bf->row_elems,
-                                  lut, nlut, u->path));
+            ZB_TRY(zb__values_convert(to, bf->dtype, from, u->dtype, c->nrows * bf->row_elems, lut,
+                                      nlut, u->path));
         else
             put_bytes(x->p, c->field, to, from, (size_t)n);
         total += n;
@@ -285,7 +285,7 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
         size_t k = i + 1;
         for (; k < c1; k++)
             if (!zb__merge_joins(ZB_MERGE_RAW_ROWS, s0, &e0, p->copies[k].src_row * row_bytes,
-                                p->copies[k].nrows * row_bytes))
+                                 p->copies[k].nrows * row_bytes))
                 break;
         uint64_t off = base + s0, len = e0 - s0;
         uint8_t *to = bf->data + p->copies[i].dst_row * bf->row_elems * bf->itemsize;
@@ -365,8 +365,8 @@ plain_one(exec *x, const zb_array *a, const uint64_t *g, size_t c0, size_t c1, c
     size_t len = 0;
     bool missing = false;
     void *tok = NULL;
-    ZB_TRY(zb__unit_fetch_whole(a, key, &x->ctx->ws.fetch, &data, &len, &missing, &tok,
-                               &x->t->stats));
+    ZB_TRY(
+        zb__unit_fetch_whole(a, key, &x->ctx->ws.fetch, &data, &len, &missing, &tok, &x->t->stats));
     zb_status st = serve_unit(x, c0, c1, g, data, len, missing, key, NULL);
     zb_store_release(zb__array_units(a)->store, tok);
     return st;
@@ -445,9 +445,11 @@ shard_walk(exec *x, size_t c0, size_t c1, const uint64_t *entries, uint64_t e_lo
                 st = serve_unit(x, i, j, g, NULL, 0, true, key, NULL);
             } else if (u->raw_rows) {
                 if (ent[1] != u->unit_bytes)
-                    st = zb__err(ZB_E_CORRUPT, "%s: inner chunk at offset %llu holds %llu bytes, "
-                                "expected %llu", key, (unsigned long long)ent[0],
-                                (unsigned long long)ent[1], (unsigned long long)u->unit_bytes);
+                    st = zb__err(ZB_E_CORRUPT,
+                                 "%s: inner chunk at offset %llu holds %llu bytes, "
+                                 "expected %llu",
+                                 key, (unsigned long long)ent[0], (unsigned long long)ent[1],
+                                 (unsigned long long)u->unit_bytes);
                 else
                     st = serve_raw(x, i, j, key, ent[0], obj, obj_len);
             } else if (unit_cached(x, a, g)) {
@@ -501,7 +503,7 @@ shard_collect(exec *x, size_t c0, size_t c1, wants *ws)
     zb_status st = zb__array_unit_object(a, g, ws->key, ws->cap, NULL, NULL);
     if (st == ZB_OK)
         st = zb__unit_shard_entries(a, x->ctx, p->ds->index_cache, g, e_lo, e_n, entries,
-                                   &x->t->stats);
+                                    &x->t->stats);
     /* raw inner chunks: one view of the whole shard serves every unit of the task */
     if (st == ZB_OK && u->raw_rows) {
         zb_status vs = zb_store_view(u->store, ws->key, 0, UINT64_MAX, &obj, &obj_len, &obj_tok);
@@ -531,12 +533,11 @@ shard_serve(exec *x, const zb_array *a, const wants *ws)
         k = zb__merge_next(ws->w, sizeof *ws->w, i, ws->n, ZB_MERGE_UNITS, &ms, &me);
         const uint8_t *dst = NULL;
         void *tok = NULL;
-        st = zb__unit_fetch(a, ws->key, ms, me - ms, &x->ctx->ws.fetch, &dst, &tok,
-                           &x->t->stats);
+        st = zb__unit_fetch(a, ws->key, ms, me - ms, &x->ctx->ws.fetch, &dst, &tok, &x->t->stats);
         for (size_t j = i; st == ZB_OK && j < k; j++) {
             const want *w = &ws->w[j];
-            st = serve_unit(x, w->c0, w->c1, w->g, dst + (w->at.off - ms), (size_t)w->at.len,
-                            false, ws->key, NULL);
+            st = serve_unit(x, w->c0, w->c1, w->g, dst + (w->at.off - ms), (size_t)w->at.len, false,
+                            ws->key, NULL);
         }
         zb_store_release(zb__array_units(a)->store, tok);
     }
@@ -601,8 +602,8 @@ run_rows(exec *x, size_t c0, size_t c1)
         uint64_t r0 = c->unit * u->inner[0] + c->src_row;
         if (conv)
             ZB_TRY(zb__values_convert(bf->data + c->dst_row * row_bytes, bf->dtype,
-                                  band + (r0 - lo) * src_row_bytes, u->dtype,
-                                  c->nrows * bf->row_elems, lut, nlut, u->path));
+                                      band + (r0 - lo) * src_row_bytes, u->dtype,
+                                      c->nrows * bf->row_elems, lut, nlut, u->path));
         else if (c1 - c0 > 1)
             memcpy(bf->data + c->dst_row * row_bytes, band + (r0 - lo) * row_bytes,
                    (size_t)c->nrows * row_bytes);
@@ -670,15 +671,15 @@ typedef struct lread {
     const zb_array *a;
     const want *w; /* its units [w, w + nw), sorted by offset */
     size_t nw;
-    char *key;     /* the object (a shard task's wants.key, or the plain unit's own, malloc'd) */
+    char *key; /* the object (a shard task's wants.key, or the plain unit's own, malloc'd) */
     bool own_key;
     uint64_t off, len; /* its bytes of the object */
-    zb_range *r;   /* its range in the list read */
+    zb_range *r;       /* its range in the list read */
 } lread;
 
 typedef struct listed {
     plan *p;
-    wants *ws;       /* [ntasks]: each listed task's units to fetch */
+    wants *ws; /* [ntasks]: each listed task's units to fetch */
     lread *reads;
     size_t nreads;
     zb_range *ranges; /* [nreads], grouped by store */
@@ -686,8 +687,8 @@ typedef struct listed {
     uint8_t *buf;     /* every range's bytes */
     bool pooled;      /* decode on the pool (else on the calling thread, the work is small) */
     char keybuf[KEY_CAP];
-    size_t base;      /* the current list read: ranges [base, base + n) */
-    size_t ndone;     /* ... of which completed */
+    size_t base;  /* the current list read: ranges [base, base + n) */
+    size_t ndone; /* ... of which completed */
 } listed;
 
 /* Serves the units of one completed range (a task of the pool). */
@@ -710,8 +711,9 @@ serve_read(void *arg, zb_ctx *ctx)
     }
     for (size_t j = 0; !plain && j < rd->nw && st == ZB_OK; j++) {
         const want *w = &rd->w[j];
-        st = serve_unit(&rd->x, w->c0, w->c1, w->g, (const uint8_t *)r->dst + (w->at.off - r->offset),
-                        (size_t)w->at.len, false, rd->key, NULL);
+        st = serve_unit(&rd->x, w->c0, w->c1, w->g,
+                        (const uint8_t *)r->dst + (w->at.off - r->offset), (size_t)w->at.len, false,
+                        rd->key, NULL);
     }
     if (st != ZB_OK) task_fail(&rd->t, st);
     zb__stream_fence();
@@ -754,8 +756,13 @@ list_task(listed *l, size_t t, size_t *nr, uint64_t *bytes)
         if (!plain) k = zb__merge_next(ws->w, sizeof *ws->w, i, ws->n, ZB_MERGE_UNITS, &ms, &me);
         if (l->reads) {
             lread *rd = &l->reads[*nr];
-            *rd = (lread){.x = {l->p, &rd->t, NULL}, .a = a, .w = &ws->w[i], .nw = k - i,
-                          .key = ws->key, .off = ms, .len = me - ms};
+            *rd = (lread){.x = {l->p, &rd->t, NULL},
+                          .a = a,
+                          .w = &ws->w[i],
+                          .nw = k - i,
+                          .key = ws->key,
+                          .off = ms,
+                          .len = me - ms};
             if (plain) {
                 ZB_TRY(zb__array_unit_object(a, ws->w[i].g, ws->key, ws->cap, NULL, NULL));
                 rd->key = strdup(ws->key);
@@ -803,7 +810,7 @@ collect_listed(listed *l)
     l->buf = malloc(bytes + 1);
     if (!l->reads || !l->ranges || !l->order || !l->buf)
         return zb__err(ZB_E_NOMEM, "read_many: out of memory for %llu bytes of range reads",
-                      (unsigned long long)bytes);
+                       (unsigned long long)bytes);
     nr = 0;
     bytes = 0;
     for (size_t t = 0; t < p->ntasks; t++)
@@ -827,8 +834,8 @@ fetch_listed(listed *l)
             if (rd->r || (store && zb__array_units(rd->a)->store != store)) continue;
             store = zb__array_units(rd->a)->store;
             rd->r = &l->ranges[done];
-            *rd->r = (zb_range){.key = rd->key, .offset = rd->off, .length = rd->len,
-                                .dst = l->buf + at};
+            *rd->r = (zb_range){
+                .key = rd->key, .offset = rd->off, .length = rd->len, .dst = l->buf + at};
             l->order[done++] = i;
             at += rd->len;
         }

@@ -14,8 +14,8 @@
 static void
 join(char *buf, size_t cap, const char *a, const char *b)
 {
-    int n = a[0] && b[0] ? snprintf(buf, cap, "%s/%s", a, b)
-                         : snprintf(buf, cap, "%s", a[0] ? a : b);
+    int n =
+        a[0] && b[0] ? snprintf(buf, cap, "%s/%s", a, b) : snprintf(buf, cap, "%s", a[0] ? a : b);
     if (n < 0 || (size_t)n >= cap) buf[cap - 1] = '\0';
 }
 
@@ -43,8 +43,7 @@ add_segment(zb_dataset *ds, const zb__tree *tree, const char *name, const char *
         zb_array_close(seg->ptr);
         seg->ptr = NULL;
         /* ptr[N+1] has at least ptr[0]; an empty one would make N wrap around */
-        return zb__err(ZB_E_CORRUPT, "%s: a pointer array must be 1-d and hold ptr[0]",
-                      ptr_path);
+        return zb__err(ZB_E_CORRUPT, "%s: a pointer array must be 1-d and hold ptr[0]", ptr_path);
     }
     uint64_t rows = seg->ptr->inner[0];
     /* cache blocks of at least 64k pointers, whatever the chunking */
@@ -84,7 +83,7 @@ add_field(zb_dataset *ds, const zb__tree *tree, const char *name, const char *pa
     }
     if (kind == ZB_FIELD_INDEX && m->dtype != ZB_DT_INT32 && m->dtype != ZB_DT_INT64) {
         zb_status st = zb__err(ZB_E_METADATA, "%s: index fields must be int32 or int64 (%s is %s)",
-                              name, path, zb_dtype_name(m->dtype));
+                               name, path, zb_dtype_name(m->dtype));
         free(f->name);
         zb_array_close(f->arr);
         f->arr = NULL;
@@ -112,7 +111,7 @@ check_rows(const zb__field *f, uint64_t want, const char *what)
 {
     if (f->arr->meta.shape[0] != want)
         return zb__err(ZB_E_CORRUPT, "%s: %llu rows, %s says %llu", f->arr->path,
-                      (unsigned long long)f->arr->meta.shape[0], what, (unsigned long long)want);
+                       (unsigned long long)f->arr->meta.shape[0], what, (unsigned long long)want);
     return ZB_OK;
 }
 
@@ -135,7 +134,7 @@ deliver_as(zb__field *f, int want, zb_dtype wide, const char *opt)
     }
     if (f->ndim != 0 || !zb__widen_exact(f->dtype, to))
         return zb__err(ZB_E_INVALID, "%s: %s=%s does not hold every stored %s value exactly",
-                      f->arr->path, opt, zb_dtype_name(to), zb_dtype_name(f->dtype));
+                       f->arr->path, opt, zb_dtype_name(to), zb_dtype_name(f->dtype));
     f->out_dtype = to;
     return ZB_OK;
 }
@@ -168,8 +167,8 @@ add_string_field(zb_dataset *ds, const zb__tree *tree, const char *name, const c
 /* Records obs column `name` (zb_dataset_column). String columns keep their arrays (taken from
  * *values and *mask, which are then NULL); the others are read through their fields. */
 static zb_status
-add_column(zb_dataset *ds, const char *name, zb_column_kind kind, zb_dtype dtype,
-           zb_array **values, zb_array **mask)
+add_column(zb_dataset *ds, const char *name, zb_column_kind kind, zb_dtype dtype, zb_array **values,
+           zb_array **mask)
 {
     zb__column *c = realloc(ds->cols, (ds->ncols + 1) * sizeof *c);
     if (!c) return zb__err(ZB_E_NOMEM, "out of memory");
@@ -207,20 +206,20 @@ add_matrix(zb_dataset *ds, const zb__tree *tree, const char *name, const char *p
             zb__json_u64(json_object_array_get_idx(shape, 0), "shape", &rows) != ZB_OK ||
             zb__json_u64(json_object_array_get_idx(shape, 1), "shape", &cols) != ZB_OK)
             return zb__err(ZB_E_METADATA, "%s: csr_matrix attributes lack a [rows, cols] shape",
-                          path);
+                           path);
         int seg;
         join(sub, sizeof sub, path, "indptr");
         ZB_TRY(add_segment(ds, tree, name, sub, &seg));
         if (ds->segs[seg].ptr->meta.shape[0] != rows + 1)
             return zb__err(ZB_E_CORRUPT, "%s: %llu pointers for %llu rows", sub,
-                          (unsigned long long)ds->segs[seg].ptr->meta.shape[0],
-                          (unsigned long long)rows);
+                           (unsigned long long)ds->segs[seg].ptr->meta.shape[0],
+                           (unsigned long long)rows);
         if (is_x) {
             ds->nphys = rows;
             ds->n_vars = cols;
         } else if (rows != ds->nphys) {
             return zb__err(ZB_E_CORRUPT, "%s: %llu rows, X has %llu", path,
-                          (unsigned long long)rows, (unsigned long long)ds->nphys);
+                           (unsigned long long)rows, (unsigned long long)ds->nphys);
         }
         zb__field *fd, *fi;
         join(sub, sizeof sub, path, "data");
@@ -235,23 +234,24 @@ add_matrix(zb_dataset *ds, const zb__tree *tree, const char *name, const char *p
         ZB_TRY(deliver_as(fi, ds->index_want, ZB_DT_INT32, "index_dtype"));
         if (fd->arr->meta.shape[0] != fi->arr->meta.shape[0])
             return zb__err(ZB_E_CORRUPT, "%s: data has %llu values, indices %llu", path,
-                          (unsigned long long)fd->arr->meta.shape[0],
-                          (unsigned long long)fi->arr->meta.shape[0]);
+                           (unsigned long long)fd->arr->meta.shape[0],
+                           (unsigned long long)fi->arr->meta.shape[0]);
         /* indptr must start at 0 and end at len(data) (shared FORMATS.md §6) */
         int64_t first = 0, last = 0;
         ZB_TRY(zb__segment_get(&ds->segs[seg], NULL, 0, &first));
         ZB_TRY(zb__segment_get(&ds->segs[seg], NULL, rows, &last));
         if (first != 0 || last < 0 || (uint64_t)last != fd->arr->meta.shape[0])
             return zb__err(ZB_E_CORRUPT, "%s/indptr: runs from %lld to %lld, data has %llu values",
-                          path, (long long)first, (long long)last,
-                          (unsigned long long)fd->arr->meta.shape[0]);
+                           path, (long long)first, (long long)last,
+                           (unsigned long long)fd->arr->meta.shape[0]);
         return ZB_OK;
     }
     /* `zbatch convert` transposes a CSC matrix out of core (docs/CONVERT.md) */
     if (!nd->is_array && enc && !strcmp(enc, "csc_matrix"))
-        return is_x ? zb__err(ZB_E_UNSUPPORTED, "%s: a CSC matrix cannot be read by rows; "
-                             "`zbatch convert %s -o OUT` writes it as CSR", path,
-                             zb_dataset_name(ds))
+        return is_x ? zb__err(ZB_E_UNSUPPORTED,
+                              "%s: a CSC matrix cannot be read by rows; "
+                              "`zbatch convert %s -o OUT` writes it as CSR",
+                              path, zb_dataset_name(ds))
                     : ZB_OK;
     if (nd->is_array) {
         zb__field *f;
@@ -280,9 +280,9 @@ open_strings(zb_dataset *ds, const zb__tree *tree, const char *path, zb_array **
         return ZB_E_TYPE;
     }
     if ((*out)->meta.shape[0] != ds->nphys) {
-        zb_status st = zb__err(ZB_E_CORRUPT, "%s: %llu rows, X has %llu", path,
-                              (unsigned long long)(*out)->meta.shape[0],
-                              (unsigned long long)ds->nphys);
+        zb_status st =
+            zb__err(ZB_E_CORRUPT, "%s: %llu rows, X has %llu", path,
+                    (unsigned long long)(*out)->meta.shape[0], (unsigned long long)ds->nphys);
         zb_array_close(*out);
         *out = NULL;
         return st;
@@ -373,8 +373,10 @@ add_obs_column(zb_dataset *ds, const zb__tree *tree, const zb__tree_node *cn, co
         if (st == ZB_OK) st = open_node(ds, tree, mpath, &mask);
         if (st == ZB_OK && (mask->meta.dtype != ZB_DT_BOOL || mask->meta.ndim != 1 ||
                             mask->meta.shape[0] != ds->nphys))
-            st = zb__err(ZB_E_CORRUPT, "%s: a nullable column's mask must be 1-d bool with a row "
-                        "per sample", mpath);
+            st = zb__err(ZB_E_CORRUPT,
+                         "%s: a nullable column's mask must be 1-d bool with a row "
+                         "per sample",
+                         mpath);
         if (st == ZB_OK && ds->opts.load_strings) {
             st = add_string_field(ds, tree, name, sub);
             if (st == ZB_OK)
@@ -413,16 +415,15 @@ add_obs(zb_dataset *ds, const zb__tree *tree, const char *df)
             st = add_string_field(ds, tree, "obs_names", path);
         if (st == ZB_OK)
             st = add_column(ds, "obs_names",
-                            nullable ? ZB_COLUMN_NULLABLE_STRINGS : ZB_COLUMN_STRINGS,
-                            ZB_DT_STRING, &strs, &mask);
+                            nullable ? ZB_COLUMN_NULLABLE_STRINGS : ZB_COLUMN_STRINGS, ZB_DT_STRING,
+                            &strs, &mask);
         zb_array_close(strs);
         zb_array_close(mask);
         if (st != ZB_OK && st != ZB_E_TYPE) return st;
     }
     json_object *order = zb__json_get(nd->attrs, "column-order");
-    size_t n = order && json_object_is_type(order, json_type_array)
-                   ? json_object_array_length(order)
-                   : 0;
+    size_t n =
+        order && json_object_is_type(order, json_type_array) ? json_object_array_length(order) : 0;
     for (size_t i = 0; i < n; i++) {
         json_object *c = json_object_array_get_idx(order, i);
         if (!json_object_is_type(c, json_type_string)) continue;
@@ -469,14 +470,14 @@ zb__layout_anndata(zb_dataset *ds, const zb__tree *tree, const char *base)
         join(var, sizeof var, base, "var");
     }
     if (!zb__tree_find(tree, path))
-        return !strcmp(layer, "X")
-                   ? zb__err(ZB_E_UNSUPPORTED, "%s: an anndata store without X", zb_dataset_name(ds))
-                   : zb__err(ZB_E_NOTFOUND, "%s: no matrix %s (layer '%s')", zb_dataset_name(ds),
-                            path, layer);
+        return !strcmp(layer, "X") ? zb__err(ZB_E_UNSUPPORTED, "%s: an anndata store without X",
+                                             zb_dataset_name(ds))
+                                   : zb__err(ZB_E_NOTFOUND, "%s: no matrix %s (layer '%s')",
+                                             zb_dataset_name(ds), path, layer);
     ZB_TRY(add_matrix(ds, tree, "X", path, true));
     if (!ds->nfields)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s is neither a CSR nor a dense matrix",
-                      zb_dataset_name(ds), path);
+                       zb_dataset_name(ds), path);
     ds->var_index = index_path(tree, var);
     if (ds->var_index && !(ds->var_frame = strdup(var)))
         return zb__err(ZB_E_NOMEM, "out of memory");
@@ -519,8 +520,9 @@ zb__layout_anndata(zb_dataset *ds, const zb__tree *tree, const char *base)
 /* FORMATS.md §8.2 key sets; anything else in core is atom-level. */
 static const char *const EDGE_KEYS[] = {"shifts", "neighbor_list_shifts", "neighbor_list",
                                         "edge_embeddings", NULL};
-static const char *const SYSTEM_KEYS[] = {"energy", "stress", "virial", "dipole", "charge",
-                                          "graph_embeddings", "cell", "pbc", "spin", NULL};
+static const char *const SYSTEM_KEYS[] = {
+    "energy",           "stress", "virial", "dipole", "charge",
+    "graph_embeddings", "cell",   "pbc",    "spin",   NULL};
 
 static bool
 in_set(const char *const *set, const char *name)
@@ -560,21 +562,25 @@ zb__atomistic_check_fields_attr(const char *store, json_object *fields)
 {
     if (!fields) return ZB_OK; /* nvalchemi reads a missing one as empty (FORMATS.md §8.1) */
     if (!json_object_is_type(fields, json_type_object))
-        return zb__err(ZB_E_METADATA, "%s: the root attribute 'fields' is not an object of "
-                      "groups ({\"core\": {name: level}, \"custom\": {...}})", store);
-    json_object_object_foreach(fields, group, names) {
+        return zb__err(ZB_E_METADATA,
+                       "%s: the root attribute 'fields' is not an object of "
+                       "groups ({\"core\": {name: level}, \"custom\": {...}})",
+                       store);
+    json_object_object_foreach(fields, group, names)
+    {
         if (!json_object_is_type(names, json_type_object))
-            return zb__err(ZB_E_METADATA, "%s: fields.%s is not an object of name: level",
-                          store, group);
-        json_object_object_foreach(names, name, level) {
-            const char *lv = json_object_is_type(level, json_type_string)
-                                 ? json_object_get_string(level)
-                                 : NULL;
+            return zb__err(ZB_E_METADATA, "%s: fields.%s is not an object of name: level", store,
+                           group);
+        json_object_object_foreach(names, name, level)
+        {
+            const char *lv =
+                json_object_is_type(level, json_type_string) ? json_object_get_string(level) : NULL;
             if (!lv || (strcmp(lv, "atom") && strcmp(lv, "node") && strcmp(lv, "edge") &&
                         strcmp(lv, "system")))
-                return zb__err(ZB_E_METADATA, "%s: fields.%s.%s is %s, not \"atom\", \"edge\" "
-                              "or \"system\"", store, group, name,
-                              json_object_to_json_string(level));
+                return zb__err(ZB_E_METADATA,
+                               "%s: fields.%s.%s is %s, not \"atom\", \"edge\" "
+                               "or \"system\"",
+                               store, group, name, json_object_to_json_string(level));
         }
     }
     return ZB_OK;
@@ -582,17 +588,21 @@ zb__atomistic_check_fields_attr(const char *store, json_object *fields)
 
 /* One required core array: present, at the atom level, of the right dtype kind and row shape. */
 static zb_status
-check_required(const char *store, json_object *fields, const char *name,
-               const zb__array_meta *m, bool floats, int ndim)
+check_required(const char *store, json_object *fields, const char *name, const zb__array_meta *m,
+               bool floats, int ndim)
 {
     const char *want = floats ? "[atoms, 3] floats" : "[atoms] integers";
     if (!m)
-        return zb__err(ZB_E_CORRUPT, "%s: core/%s is missing: every AtomicData store holds "
-                      "core/%s (%s)", store, name, name, want);
+        return zb__err(ZB_E_CORRUPT,
+                       "%s: core/%s is missing: every AtomicData store holds "
+                       "core/%s (%s)",
+                       store, name, name, want);
     const char *lv = zb__atomistic_array_level(fields, "core", name);
     if (strcmp(lv, "atom"))
-        return zb__err(ZB_E_CORRUPT, "%s: core/%s: the fields attribute gives level '%s'; %s "
-                      "are per atom", store, name, lv, name);
+        return zb__err(ZB_E_CORRUPT,
+                       "%s: core/%s: the fields attribute gives level '%s'; %s "
+                       "are per atom",
+                       store, name, lv, name);
     bool kind_ok = floats ? is_float(m->dtype) : is_int(m->dtype);
     bool shape_ok = m->ndim == ndim && (ndim == 1 || m->shape[1] == 3);
     if (kind_ok && shape_ok) return ZB_OK;
@@ -604,12 +614,12 @@ check_required(const char *store, json_object *fields, const char *name,
     }
     strncat(shape, "]", sizeof shape - strlen(shape) - 1);
     return zb__err(ZB_E_CORRUPT, "%s: core/%s is %s of shape %s; it must be %s", store, name,
-                  zb_dtype_name(m->dtype), shape, want);
+                   zb_dtype_name(m->dtype), shape, want);
 }
 
 zb_status
-zb__atomistic_check_required(const char *store, json_object *fields, const zb__array_meta *positions,
-                         const zb__array_meta *atomic_numbers)
+zb__atomistic_check_required(const char *store, json_object *fields,
+                             const zb__array_meta *positions, const zb__array_meta *atomic_numbers)
 {
     ZB_TRY(check_required(store, fields, "positions", positions, true, 2));
     return check_required(store, fields, "atomic_numbers", atomic_numbers, false, 1);
@@ -623,7 +633,7 @@ check_min_rows(const zb__field *f, uint64_t want, const char *what)
 {
     if (f->arr->meta.shape[0] < want)
         return zb__err(ZB_E_CORRUPT, "%s: %llu rows, %s needs %llu", f->arr->path,
-                      (unsigned long long)f->arr->meta.shape[0], what, (unsigned long long)want);
+                       (unsigned long long)f->arr->meta.shape[0], what, (unsigned long long)want);
     return ZB_OK;
 }
 
@@ -641,26 +651,31 @@ atomic_count(zb_dataset *ds, const zb__tree *tree, const zb__tree_node *root, co
     char path[4200];
     join(path, sizeof path, base, "meta/samples_mask");
     if (!zb__tree_find(tree, path))
-        return zb__err(ZB_E_CORRUPT, "%s: meta/samples_mask is missing: every AtomicData store "
-                      "holds one (nvalchemi's reader refuses the store too)", zb_dataset_name(ds));
+        return zb__err(ZB_E_CORRUPT,
+                       "%s: meta/samples_mask is missing: every AtomicData store "
+                       "holds one (nvalchemi's reader refuses the store too)",
+                       zb_dataset_name(ds));
     ZB_TRY(open_node(ds, tree, path, &ds->mask.arr));
     const zb__array_meta *mm = &ds->mask.arr->meta;
     if (mm->ndim != 1 || mm->dtype != ZB_DT_BOOL)
         return zb__err(ZB_E_CORRUPT, "%s: meta/samples_mask must be a 1-d bool array (%s, %d-d)",
-                      zb_dataset_name(ds), zb_dtype_name(mm->dtype), mm->ndim);
+                       zb_dataset_name(ds), zb_dtype_name(mm->dtype), mm->ndim);
     ds->nphys = mm->shape[0];
     snprintf(why, why_cap, "num_samples");
     json_object *ns = root ? zb__json_get(root->attrs, "num_samples") : NULL;
     uint64_t num_samples;
     if (ns && zb__json_u64(ns, "num_samples", &num_samples) == ZB_OK) {
         if (num_samples > ds->nphys)
-            return zb__err(ZB_E_CORRUPT, "%s: num_samples is %llu, meta/samples_mask holds %llu "
-                          "(nvalchemi would read %llu samples)", zb_dataset_name(ds),
-                          (unsigned long long)num_samples, (unsigned long long)ds->nphys,
-                          (unsigned long long)ds->nphys);
+            return zb__err(ZB_E_CORRUPT,
+                           "%s: num_samples is %llu, meta/samples_mask holds %llu "
+                           "(nvalchemi would read %llu samples)",
+                           zb_dataset_name(ds), (unsigned long long)num_samples,
+                           (unsigned long long)ds->nphys, (unsigned long long)ds->nphys);
         if (num_samples < ds->nphys)
-            snprintf(why, why_cap, "the %llu samples of meta/samples_mask (num_samples says "
-                     "%llu)", (unsigned long long)ds->nphys, (unsigned long long)num_samples);
+            snprintf(why, why_cap,
+                     "the %llu samples of meta/samples_mask (num_samples says "
+                     "%llu)",
+                     (unsigned long long)ds->nphys, (unsigned long long)num_samples);
     } else {
         zb_clear_error();
         snprintf(why, why_cap, "meta/samples_mask");
@@ -686,9 +701,9 @@ zb__layout_atomistic(zb_dataset *ds, const zb__tree *tree, const char *base)
         int k = s ? edges : atoms;
         if (ds->segs[k].ptr->meta.shape[0] < n)
             return zb__err(ZB_E_CORRUPT, "%s: meta/%s_ptr has %llu entries, %s needs %llu",
-                          zb_dataset_name(ds), s ? "edges" : "atoms",
-                          (unsigned long long)ds->segs[k].ptr->meta.shape[0], why,
-                          (unsigned long long)n);
+                           zb_dataset_name(ds), s ? "edges" : "atoms",
+                           (unsigned long long)ds->segs[k].ptr->meta.shape[0], why,
+                           (unsigned long long)n);
     }
     /* the ends of the pointer arrays bound the atom- and edge-level arrays */
     int64_t v_total = 0, e_total = 0, first = 0;
@@ -699,7 +714,7 @@ zb__layout_atomistic(zb_dataset *ds, const zb__tree *tree, const char *base)
     if (st == ZB_OK) st = zb__segment_get(&ds->segs[atoms], ctx, 0, &first);
     if (st == ZB_OK && first != 0)
         st = zb__err(ZB_E_CORRUPT, "%s: meta/atoms_ptr starts at %lld, not 0", zb_dataset_name(ds),
-                    (long long)first);
+                     (long long)first);
     zb_ctx_free(ctx);
     if (st != ZB_OK) return st;
 
@@ -718,7 +733,8 @@ zb__layout_atomistic(zb_dataset *ds, const zb__tree *tree, const char *base)
             const char *lv = zb__atomistic_array_level(fields, groups[gi], name);
             char fname[600];
             bool clash = false;
-            for (size_t k = 0; k < ds->nfields; k++) clash = clash || !strcmp(ds->fields[k].name, name);
+            for (size_t k = 0; k < ds->nfields; k++)
+                clash = clash || !strcmp(ds->fields[k].name, name);
             snprintf(fname, sizeof fname, "%s%s", clash ? "custom/" : "", name);
             zb__field *f = NULL;
             if (!strcmp(lv, "atom")) {
@@ -756,19 +772,21 @@ zb__layout_generic(zb_dataset *ds, const zb__tree *tree, const char *base)
     json_object *spec = root ? zb__json_get(root->attrs, "zbatch") : NULL;
     if (!spec || !json_object_is_type(spec, json_type_object))
         return zb__err(ZB_E_UNSUPPORTED,
-                      "%s: not a dataset: no anndata, atomic or 'zbatch' attributes", ds->path);
+                       "%s: not a dataset: no anndata, atomic or 'zbatch' attributes", ds->path);
     char path[4200];
     json_object *segs = zb__json_get(spec, "segments");
     if (segs && json_object_is_type(segs, json_type_object)) {
-        json_object_object_foreach(segs, sname, sval) {
+        json_object_object_foreach(segs, sname, sval)
+        {
             if (!json_object_is_type(sval, json_type_string))
                 return zb__err(ZB_E_METADATA, "%s: zbatch.segments.%s must be an array path",
-                              zb_dataset_name(ds), sname);
+                               zb_dataset_name(ds), sname);
             /* fields find their segment by name: a name cut to fit would never match */
             if (strlen(sname) >= sizeof ds->segs[0].name)
-                return zb__err(ZB_E_UNSUPPORTED, "%s: zbatch.segments.%s: segment names are "
-                              "limited to %zu bytes", zb_dataset_name(ds), sname,
-                              sizeof ds->segs[0].name - 1);
+                return zb__err(ZB_E_UNSUPPORTED,
+                               "%s: zbatch.segments.%s: segment names are "
+                               "limited to %zu bytes",
+                               zb_dataset_name(ds), sname, sizeof ds->segs[0].name - 1);
             int idx;
             join(path, sizeof path, base, json_object_get_string(sval));
             ZB_TRY(add_segment(ds, tree, sname, path, &idx));
@@ -780,14 +798,15 @@ zb__layout_generic(zb_dataset *ds, const zb__tree *tree, const char *base)
     json_object *flds = zb__json_get(spec, "fields");
     if (!flds || !json_object_is_type(flds, json_type_object))
         return zb__err(ZB_E_METADATA, "%s: zbatch.fields must be an object", zb_dataset_name(ds));
-    json_object_object_foreach(flds, fname, fval) {
+    json_object_object_foreach(flds, fname, fval)
+    {
         const char *arr = zb__json_string(fval, "array");
         const char *kind = zb__json_string(fval, "kind");
         const char *segname = zb__json_string(fval, "segment");
         const char *target = zb__json_string(fval, "target");
         if (!arr || !kind)
             return zb__err(ZB_E_METADATA, "%s: zbatch.fields.%s needs 'array' and 'kind'",
-                          zb_dataset_name(ds), fname);
+                           zb_dataset_name(ds), fname);
         int seg = -1, tgt = -1;
         for (size_t i = 0; i < ds->nsegs; i++) {
             if (segname && !strcmp(ds->segs[i].name, segname)) seg = (int)i;
@@ -800,17 +819,19 @@ zb__layout_generic(zb_dataset *ds, const zb__tree *tree, const char *base)
             k = !strcmp(kind, "index") ? ZB_FIELD_INDEX : ZB_FIELD_RAGGED;
             if (seg < 0 || (k == ZB_FIELD_INDEX && tgt < 0))
                 return zb__err(ZB_E_METADATA, "%s: zbatch.fields.%s names an unknown segment",
-                              zb_dataset_name(ds), fname);
+                               zb_dataset_name(ds), fname);
         } else {
-            return zb__err(ZB_E_METADATA, "%s: zbatch.fields.%s: kind '%s' is not per_sample, "
-                          "ragged or index", zb_dataset_name(ds), fname, kind);
+            return zb__err(ZB_E_METADATA,
+                           "%s: zbatch.fields.%s: kind '%s' is not per_sample, "
+                           "ragged or index",
+                           zb_dataset_name(ds), fname, kind);
         }
         join(path, sizeof path, base, arr);
         zb__field *f;
         zb_status st = add_field(ds, tree, fname, path, k, seg, tgt, &f);
         if (st == ZB_E_TYPE)
             return zb__err(ZB_E_TYPE, "%s: field %s: strings and 0-d arrays are not fields",
-                          zb_dataset_name(ds), fname);
+                           zb_dataset_name(ds), fname);
         if (st != ZB_OK) return st;
         json_object *gi = zb__json_get(fval, "global");
         f->global_index = gi && json_object_get_boolean(gi);
@@ -830,8 +851,8 @@ zb__layout_generic(zb_dataset *ds, const zb__tree *tree, const char *base)
     for (size_t i = 0; i < ds->nsegs; i++)
         if (ds->segs[i].ptr->meta.shape[0] != ds->nphys + 1)
             return zb__err(ZB_E_CORRUPT, "%s: segment %s has %llu pointers for %llu samples",
-                          zb_dataset_name(ds), ds->segs[i].name,
-                          (unsigned long long)ds->segs[i].ptr->meta.shape[0],
-                          (unsigned long long)ds->nphys);
+                           zb_dataset_name(ds), ds->segs[i].name,
+                           (unsigned long long)ds->segs[i].ptr->meta.shape[0],
+                           (unsigned long long)ds->nphys);
     return ZB_OK;
 }

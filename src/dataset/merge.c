@@ -59,11 +59,16 @@ static const char *
 column_kind_name(zb_column_kind k)
 {
     switch (k) {
-    case ZB_COLUMN_VALUES: return "values";
-    case ZB_COLUMN_CATEGORICAL: return "categorical";
-    case ZB_COLUMN_NULLABLE: return "nullable";
-    case ZB_COLUMN_STRINGS: return "strings";
-    case ZB_COLUMN_NULLABLE_STRINGS: return "nullable strings";
+    case ZB_COLUMN_VALUES:
+        return "values";
+    case ZB_COLUMN_CATEGORICAL:
+        return "categorical";
+    case ZB_COLUMN_NULLABLE:
+        return "nullable";
+    case ZB_COLUMN_STRINGS:
+        return "strings";
+    case ZB_COLUMN_NULLABLE_STRINGS:
+        return "nullable strings";
     }
     return "?";
 }
@@ -80,42 +85,46 @@ check_same_fields(const zb_dataset *ds, zb_status code)
         const char *nc = zb_dataset_name(ch);
         if (strcmp(ch->layout, c0->layout))
             return zb__err(code, "%s and %s: layouts differ (%s and %s)", n0, nc, c0->layout,
-                          ch->layout);
+                           ch->layout);
         if (ch->n_vars != c0->n_vars)
             return zb__err(code, "%s and %s: n_vars differ (%llu and %llu)", n0, nc,
-                          (unsigned long long)c0->n_vars, (unsigned long long)ch->n_vars);
+                           (unsigned long long)c0->n_vars, (unsigned long long)ch->n_vars);
         size_t nf = c0->nfields < ch->nfields ? c0->nfields : ch->nfields;
         for (size_t f = 0; f < nf; f++) {
             const zb__field *a = &c0->fields[f], *b = &ch->fields[f];
             const char *what = field_difference(a, b);
             if (what)
                 return zb__err(code, "%s and %s: field %zu differs in %s: %s (%s%s) and %s (%s%s)",
-                              n0, nc, f, what, a->name, a->categorical ? "codes " : "",
-                              zb_dtype_name(a->out_dtype), b->name,
-                              b->categorical ? "codes " : "", zb_dtype_name(b->out_dtype));
+                               n0, nc, f, what, a->name, a->categorical ? "codes " : "",
+                               zb_dtype_name(a->out_dtype), b->name, b->categorical ? "codes " : "",
+                               zb_dtype_name(b->out_dtype));
         }
         if (ch->nfields != c0->nfields) {
             const zb_dataset *more = ch->nfields > c0->nfields ? ch : c0;
             return zb__err(code, "%s and %s: only %s has field %s", n0, nc, zb_dataset_name(more),
-                          more->fields[nf].name);
+                           more->fields[nf].name);
         }
         bool same = ch->nsegs == c0->nsegs && ch->ncols == c0->ncols;
         for (size_t s = 0; same && s < c0->nsegs; s++)
             same = !strcmp(c0->segs[s].name, ch->segs[s].name);
         if (!same)
-            return zb__err(code, "%s and %s: their segments or obs columns differ (%zu and %zu "
-                          "columns)", n0, nc, c0->ncols, ch->ncols);
+            return zb__err(code,
+                           "%s and %s: their segments or obs columns differ (%zu and %zu "
+                           "columns)",
+                           n0, nc, c0->ncols, ch->ncols);
         for (size_t k = 0; k < c0->ncols; k++) {
             const zb__column *a = &c0->cols[k], *b = &ch->cols[k];
             if (strcmp(a->name, b->name))
                 return zb__err(code, "%s and %s: obs column %zu is %s in one and %s in the other",
-                              n0, nc, k, a->name, b->name);
+                               n0, nc, k, a->name, b->name);
             /* a string column with missing values in one child only is nullable in the
              * collection (zb_dataset_column); each child's own flags are read */
             if (a->kind != b->kind && !(is_string_kind(a->kind) && is_string_kind(b->kind)))
-                return zb__err(code, "%s and %s: obs column %s is encoded differently (%s and "
-                              "%s)", n0, nc, a->name, column_kind_name(a->kind),
-                              column_kind_name(b->kind));
+                return zb__err(code,
+                               "%s and %s: obs column %s is encoded differently (%s and "
+                               "%s)",
+                               n0, nc, a->name, column_kind_name(a->kind),
+                               column_kind_name(b->kind));
         }
     }
     return ZB_OK;
@@ -131,9 +140,10 @@ string_at_equal(const zb_strings *a, uint64_t i, const zb_strings *b, uint64_t j
 }
 
 /* String i of s for a message: at most 200 bytes. */
-#define STR_ARG(s, i)                                                                            \
-    (int)((s)->offsets[(i) + 1] - (s)->offsets[i] > 200 ? 200                                    \
-                                                       : (s)->offsets[(i) + 1] - (s)->offsets[i]), \
+#define STR_ARG(s, i)                                                                              \
+    (int)((s)->offsets[(i) + 1] - (s)->offsets[i] > 200                                            \
+              ? 200                                                                                \
+              : (s)->offsets[(i) + 1] - (s)->offsets[i]),                                          \
         (s)->data + (s)->offsets[i]
 
 /* Child c's genes, which differ from the first child's at position `at`, in the first child's
@@ -144,21 +154,22 @@ reorder_child(zb_dataset *ds, size_t c, const zb__strmap *m0, const zb_strings *
 {
     const char *n0 = zb_dataset_name(ds->children[0]), *nc = zb_dataset_name(ds->children[c]);
     if (!ds->opts.reorder_vars)
-        return zb__err(code, "%s and %s: var names differ at position %llu ('%.*s' and '%.*s'); "
-                      "reorder_vars delivers the second in the first's gene order", n0, nc,
-                      (unsigned long long)at, STR_ARG(v0, at), STR_ARG(vc, at));
+        return zb__err(code,
+                       "%s and %s: var names differ at position %llu ('%.*s' and '%.*s'); "
+                       "reorder_vars delivers the second in the first's gene order",
+                       n0, nc, (unsigned long long)at, STR_ARG(v0, at), STR_ARG(vc, at));
     int64_t *lut = malloc((size_t)(vc->n ? vc->n : 1) * sizeof *lut);
     uint8_t *seen = calloc((size_t)vc->n + 1, 1);
     zb_status st = lut && seen ? ZB_OK : zb__err(ZB_E_NOMEM, "%s: out of memory", nc);
     for (uint64_t j = 0; j < vc->n && st == ZB_OK; j++) {
         int64_t k = zb__strmap_find(m0, vc->data + vc->offsets[j],
-                                   (size_t)(vc->offsets[j + 1] - vc->offsets[j]));
+                                    (size_t)(vc->offsets[j + 1] - vc->offsets[j]));
         if (k < 0)
             st = zb__err(code, "%s: gene '%.*s' (position %llu) is not among the var names of %s",
-                        nc, STR_ARG(vc, j), (unsigned long long)j, n0);
+                         nc, STR_ARG(vc, j), (unsigned long long)j, n0);
         else if (seen[k])
             st = zb__err(code, "%s: gene '%.*s' appears twice (the second at position %llu)", nc,
-                        STR_ARG(vc, j), (unsigned long long)j);
+                         STR_ARG(vc, j), (unsigned long long)j);
         else {
             seen[k] = 1;
             lut[j] = k;
@@ -189,7 +200,7 @@ check_vars(zb_dataset *ds, zb_status code)
         const zb_strings *vc = NULL;
         if (!ch->var_index) {
             st = zb__err(code, "%s and %s: only the first has var names", zb_dataset_name(c0),
-                        zb_dataset_name(ch));
+                         zb_dataset_name(ch));
             break;
         }
         st = zb_dataset_var_names(ch, &vc);
@@ -202,9 +213,10 @@ check_vars(zb_dataset *ds, zb_status code)
             st = ds->vars.lut ? zb__strmap_build(&m0, v0, &dup)
                               : zb__err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));
             if (st == ZB_OK && dup != UINT64_MAX && ds->opts.reorder_vars)
-                st = zb__err(code, "%s: gene '%.*s' appears twice (the second at position %llu): "
-                            "genes cannot be matched by name", zb_dataset_name(c0),
-                            STR_ARG(v0, dup), (unsigned long long)dup);
+                st = zb__err(code,
+                             "%s: gene '%.*s' appears twice (the second at position %llu): "
+                             "genes cannot be matched by name",
+                             zb_dataset_name(c0), STR_ARG(v0, dup), (unsigned long long)dup);
             if (st != ZB_OK) break;
         }
         st = reorder_child(ds, c, &m0, v0, vc, at, code);
@@ -239,13 +251,13 @@ cmp_label(const void *x, const void *y, void *arg)
 {
     const label *a = x, *b = y;
     zb_dtype dt = *(const zb_dtype *)arg;
-#define ZB_CMP(T)                                                                                \
-    {                                                                                            \
-        T u, v;                                                                                  \
-        memcpy(&u, a->p, sizeof u);                                                              \
-        memcpy(&v, b->p, sizeof v);                                                              \
-        if (u != u || v != v) return (u != u) - (v != v); /* NaN last (floats only) */          \
-        return u < v ? -1 : u > v;                                                               \
+#define ZB_CMP(T)                                                                                  \
+    {                                                                                              \
+        T u, v;                                                                                    \
+        memcpy(&u, a->p, sizeof u);                                                                \
+        memcpy(&v, b->p, sizeof v);                                                                \
+        if (u != u || v != v) return (u != u) - (v != v); /* NaN last (floats only) */             \
+        return u < v ? -1 : u > v;                                                                 \
     }
     switch (dt) {
     case ZB_DT_STRING: {
@@ -254,17 +266,28 @@ cmp_label(const void *x, const void *y, void *arg)
         return r ? r : (a->len > b->len) - (a->len < b->len);
     }
     case ZB_DT_BOOL:
-    case ZB_DT_UINT8: ZB_CMP(uint8_t)
-    case ZB_DT_INT8: ZB_CMP(int8_t)
-    case ZB_DT_INT16: ZB_CMP(int16_t)
-    case ZB_DT_UINT16: ZB_CMP(uint16_t)
-    case ZB_DT_INT32: ZB_CMP(int32_t)
-    case ZB_DT_UINT32: ZB_CMP(uint32_t)
-    case ZB_DT_INT64: ZB_CMP(int64_t)
-    case ZB_DT_UINT64: ZB_CMP(uint64_t)
-    case ZB_DT_FLOAT32: ZB_CMP(float)
-    case ZB_DT_FLOAT64: ZB_CMP(double)
-    default: return memcmp(a->p, b->p, zb_dtype_size(dt)); /* float16: by bits */
+    case ZB_DT_UINT8:
+        ZB_CMP(uint8_t)
+    case ZB_DT_INT8:
+        ZB_CMP(int8_t)
+    case ZB_DT_INT16:
+        ZB_CMP(int16_t)
+    case ZB_DT_UINT16:
+        ZB_CMP(uint16_t)
+    case ZB_DT_INT32:
+        ZB_CMP(int32_t)
+    case ZB_DT_UINT32:
+        ZB_CMP(uint32_t)
+    case ZB_DT_INT64:
+        ZB_CMP(int64_t)
+    case ZB_DT_UINT64:
+        ZB_CMP(uint64_t)
+    case ZB_DT_FLOAT32:
+        ZB_CMP(float)
+    case ZB_DT_FLOAT64:
+        ZB_CMP(double)
+    default:
+        return memcmp(a->p, b->p, zb_dtype_size(dt)); /* float16: by bits */
     }
 #undef ZB_CMP
 }
@@ -282,8 +305,10 @@ label_at(const zb__cattab *t, uint64_t i)
 static zb_dtype
 codes_dtype(uint64_t n)
 {
-    return n <= 128 ? ZB_DT_INT8 : n <= 32768 ? ZB_DT_INT16 : n <= 2147483648u ? ZB_DT_INT32
-                                                                                : ZB_DT_INT64;
+    return n <= 128           ? ZB_DT_INT8
+           : n <= 32768       ? ZB_DT_INT16
+           : n <= 2147483648u ? ZB_DT_INT32
+                              : ZB_DT_INT64;
 }
 
 static zb_dtype
@@ -409,8 +434,8 @@ merge_field(zb_dataset *ds, size_t f, zb_status code)
         ZB_TRY(zb__field_load_categories(ch, fc));
         if (fc->cats.dtype != f0->cats.dtype)
             return zb__err(code, "%s and %s: the categories of %s are %s and %s",
-                          zb_dataset_name(c0), zb_dataset_name(ch), f0->name,
-                          zb_dtype_name(f0->cats.dtype), zb_dtype_name(fc->cats.dtype));
+                           zb_dataset_name(c0), zb_dataset_name(ch), f0->name,
+                           zb_dtype_name(f0->cats.dtype), zb_dtype_name(fc->cats.dtype));
         same = same && tables_equal(&f0->cats, &fc->cats);
         m->dtype = wider(m->dtype, fc->dtype);
     }
@@ -458,16 +483,26 @@ static inline void
 store_int(void *p, zb_dtype dt, int64_t v)
 {
     switch (zb_dtype_size(dt)) {
-    case 1: *(uint8_t *)p = (uint8_t)v; break;
-    case 2: { uint16_t t = (uint16_t)v; memcpy(p, &t, 2); } break;
-    case 4: { uint32_t t = (uint32_t)v; memcpy(p, &t, 4); } break;
-    default: memcpy(p, &v, 8); break;
+    case 1:
+        *(uint8_t *)p = (uint8_t)v;
+        break;
+    case 2: {
+        uint16_t t = (uint16_t)v;
+        memcpy(p, &t, 2);
+    } break;
+    case 4: {
+        uint32_t t = (uint32_t)v;
+        memcpy(p, &t, 4);
+    } break;
+    default:
+        memcpy(p, &v, 8);
+        break;
     }
 }
 
 zb_status
 zb__codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
-                 const int64_t *lut, uint64_t nlut, const char *what)
+                  const int64_t *lut, uint64_t nlut, const char *what)
 {
     size_t si = zb_dtype_size(from), di = zb_dtype_size(to);
     const uint8_t *s = src;
@@ -478,7 +513,7 @@ zb__codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64
         if (lut && v != -1) {
             if (v < 0 || (uint64_t)v >= nlut)
                 return zb__err(ZB_E_CORRUPT, "%s: code %lld outside its %llu categories", what,
-                              (long long)v, (unsigned long long)nlut);
+                               (long long)v, (unsigned long long)nlut);
             v = lut[v];
         }
         store_int(d, to, v);
@@ -488,7 +523,7 @@ zb__codes_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64
 
 void
 zb__var_reorder_dense(uint8_t *row, uint64_t n_vars, size_t itemsize, const int64_t *lut,
-                     uint8_t *scratch)
+                      uint8_t *scratch)
 {
     for (uint64_t j = 0; j < n_vars; j++)
         memcpy(scratch + (size_t)lut[j] * itemsize, row + j * itemsize, itemsize);
@@ -518,12 +553,11 @@ sort_genes(gene_pos *a, gene_pos *tmp, uint64_t n, uint64_t n_vars)
 
 zb_status
 zb__var_reorder_csr(void *idx, zb_dtype idx_dtype, uint8_t *vals, size_t itemsize, uint64_t nnz,
-                   const int64_t *lut, uint64_t n_vars, zb__buf *scratch, const char *what)
+                    const int64_t *lut, uint64_t n_vars, zb__buf *scratch, const char *what)
 {
     if (nnz == 0) return ZB_OK;
     if (n_vars > UINT32_MAX || nnz > UINT32_MAX)
-        return zb__err(ZB_E_UNSUPPORTED, "%s: reorder_vars handles rows of up to 2^32 genes",
-                      what);
+        return zb__err(ZB_E_UNSUPPORTED, "%s: reorder_vars handles rows of up to 2^32 genes", what);
     size_t isz = zb_dtype_size(idx_dtype);
     size_t pairs = (size_t)nnz * sizeof(gene_pos);
     ZB_TRY(zb__buf_reserve(scratch, 2 * pairs + (size_t)nnz * itemsize));
@@ -534,7 +568,7 @@ zb__var_reorder_csr(void *idx, zb_dtype idx_dtype, uint8_t *vals, size_t itemsiz
         int64_t g;
         if (!zb__load_int(ix + k * isz, idx_dtype, &g) || g < 0 || (uint64_t)g >= n_vars)
             return zb__err(ZB_E_CORRUPT, "%s: gene id %lld outside [0, %llu)", what, (long long)g,
-                          (unsigned long long)n_vars);
+                           (unsigned long long)n_vars);
         a[k] = (gene_pos){(uint32_t)lut[g], (uint32_t)k};
     }
     gene_pos *s = sort_genes(a, tmp, nnz, n_vars);

@@ -217,7 +217,8 @@ sort_copies(plan *p)
     size_t n = p->ncopies;
     if (n == 0) return ZB_OK;
     bool grouped = true;
-    for (size_t i = 1; i < n && grouped; i++) grouped = p->copies[i].field >= p->copies[i - 1].field;
+    for (size_t i = 1; i < n && grouped; i++)
+        grouped = p->copies[i].field >= p->copies[i - 1].field;
     if (!grouped) {
         qsort(p->copies, n, sizeof *p->copies, cmp_copy);
         return ZB_OK;
@@ -285,7 +286,6 @@ make_tasks(plan *p)
     return ZB_OK;
 }
 
-
 void
 zb__plan_end(plan *p)
 {
@@ -299,12 +299,12 @@ zb__plan_end(plan *p)
 }
 
 zb_status
-zb__plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child, uint64_t *phys)
+zb__plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child,
+                uint64_t *phys)
 {
     if (id >= nlogical)
-        return zb__err(ZB_E_RANGE, "%s: sample id %llu outside [0, %llu)",
-                      zb_dataset_name(ds), (unsigned long long)id,
-                      (unsigned long long)nlogical);
+        return zb__err(ZB_E_RANGE, "%s: sample id %llu outside [0, %llu)", zb_dataset_name(ds),
+                       (unsigned long long)id, (unsigned long long)nlogical);
     if (ds->nchildren) {
         size_t lo = 0, hi = ds->nchildren;
         while (hi - lo > 1) {
@@ -350,8 +350,7 @@ plan_rebase(plan *p)
     for (size_t f = 0; f < pr->nfields; f++) nidx += pr->fields[f].kind == ZB_FIELD_INDEX;
     if (!nidx) return ZB_OK;
     if (!grow_array((void **)&m->rb, &m->rb_cap, pr->nfields, sizeof *m->rb) ||
-        !grow_array((void **)&m->rb_vals, &m->rb_vals_cap, 3 * nidx * n + 1,
-                    sizeof *m->rb_vals))
+        !grow_array((void **)&m->rb_vals, &m->rb_vals_cap, 3 * nidx * n + 1, sizeof *m->rb_vals))
         return zb__err(ZB_E_NOMEM, "read_many: out of memory");
     p->rb = m->rb;
     int64_t *vals = m->rb_vals;
@@ -393,8 +392,15 @@ zb__plan_begin(plan *p, zb_dataset *ds, size_t n)
         zb__plan_mem_give(ds, m);
         return zb__err(ZB_E_NOMEM, "read_many: out of memory");
     }
-    *p = (plan){.ds = ds, .b = b, .m = m, .copies = m->copies, .cap = m->copies_cap,
-                .tasks = m->tasks, .tasks_cap = m->tasks_cap, .n = n, .ctx = m->ctx};
+    *p = (plan){.ds = ds,
+                .b = b,
+                .m = m,
+                .copies = m->copies,
+                .cap = m->copies_cap,
+                .tasks = m->tasks,
+                .tasks_cap = m->tasks_cap,
+                .n = n,
+                .ctx = m->ctx};
     m->copies = NULL; /* the plan owns them until the end (push_copy and make_tasks grow them) */
     m->tasks = NULL;
     b->B = n;
@@ -452,14 +458,16 @@ plan_segments(plan *p)
             ZB_TRY(zb__segment_get(seg, p->ctx, p->phys[i], &a0));
             ZB_TRY(zb__segment_get(seg, p->ctx, p->phys[i] + 1, &a1));
             if (a1 < a0 || a0 < 0)
-                return zb__err(ZB_E_CORRUPT, "%s: pointers [%lld, %lld] at sample %llu are not "
-                              "monotone", zb__array_units(seg->ptr)->path, (long long)a0,
-                              (long long)a1, (unsigned long long)p->phys[i]);
+                return zb__err(ZB_E_CORRUPT,
+                               "%s: pointers [%lld, %lld] at sample %llu are not "
+                               "monotone",
+                               zb__array_units(seg->ptr)->path, (long long)a0, (long long)a1,
+                               (unsigned long long)p->phys[i]);
             seg_start[s * n + i] = a0;
             bs->ptr[i + 1] = bs->ptr[i] + (a1 - a0);
         }
         ZB_TRY(zb__validate_segment(p->ds, s, n, b->index, p->child, p->phys, seg_start + s * n,
-                                   bs->ptr));
+                                    bs->ptr));
     }
     return ZB_OK;
 }
@@ -505,8 +513,7 @@ plan_buffers(plan *p)
         bf->owned = false; /* in the batch's arena */
         bf->nrows = fd->seg >= 0 ? (uint64_t)b->segs[fd->seg].ptr[n] : n;
         bf->data = (uint8_t *)b->arena + arena_off[f];
-        if (!bf->name)
-            return zb__err(ZB_E_NOMEM, "read_many: out of memory for %s", fd->name);
+        if (!bf->name) return zb__err(ZB_E_NOMEM, "read_many: out of memory for %s", fd->name);
     }
     return ZB_OK;
 }
@@ -531,10 +538,11 @@ sample_rows(const plan *p, size_t f, size_t i, uint64_t *src, uint64_t *len, uin
     const zb_dataset *ch = child_of(p->ds, p->child[i]);
     const zb__unit_geom *u = zb__array_units(ch->fields[f].arr);
     if (*src + *len > u->shape[0])
-        return zb__err(ZB_E_CORRUPT, "%s: pointers of sample %llu end at %llu, past the %llu "
-                      "rows of %s", zb__array_units(ch->segs[fd->seg].ptr)->path,
-                      (unsigned long long)p->phys[i], (unsigned long long)(*src + *len),
-                      (unsigned long long)u->shape[0], u->path);
+        return zb__err(ZB_E_CORRUPT,
+                       "%s: pointers of sample %llu end at %llu, past the %llu "
+                       "rows of %s",
+                       zb__array_units(ch->segs[fd->seg].ptr)->path, (unsigned long long)p->phys[i],
+                       (unsigned long long)(*src + *len), (unsigned long long)u->shape[0], u->path);
     return ZB_OK;
 }
 
@@ -548,8 +556,7 @@ plan_field(plan *p, uint32_t f)
     for (size_t i = 0; i < p->n; i++) {
         uint64_t src, len, dst;
         ZB_TRY(sample_rows(p, f, i, &src, &len, &dst));
-        if (run_n && p->child[i] == run_child && src == run_src + run_n &&
-            dst == run_dst + run_n) {
+        if (run_n && p->child[i] == run_child && src == run_src + run_n && dst == run_dst + run_n) {
             run_n += len;
             continue;
         }
@@ -581,7 +588,7 @@ zb__plan_request(plan *p, const uint64_t *ids, uint64_t nlogical)
 
 zb_status
 zb__dataset_plan_units(zb_dataset *ds, const uint64_t *ids, size_t n, zb__plan_unit **units,
-                      size_t *nunits, uint64_t *bytes_delivered)
+                       size_t *nunits, uint64_t *bytes_delivered)
 {
     *units = NULL;
     *nunits = 0;

@@ -25,7 +25,7 @@
 
 typedef struct bfield {
     char *name;
-    bool owned;         /* data is this batch's (else it lies in the parent's buffers) */
+    bool owned; /* data is this batch's (else it lies in the parent's buffers) */
     zb_field_kind kind;
     zb_dtype dtype;
     size_t itemsize;
@@ -35,7 +35,7 @@ typedef struct bfield {
     uint64_t nrows;
     uint8_t *data;
     int seg;
-    int target; /* index fields: the segment their values point into, else -1 */
+    int target;    /* index fields: the segment their values point into, else -1 */
     int64_t *offs; /* strings: byte offsets [B+1] of each sample's string in data, else NULL */
     bool owns_offs;
 } bfield;
@@ -153,14 +153,14 @@ struct plan {
     task *tasks;
     size_t ntasks, tasks_cap;
     uint64_t work; /* decoded bytes of the units the tasks serve (make_tasks) */
-    bool stream; /* the batch outgrows the cache: long copies into it are streamed (stream.h) */
-    size_t n;              /* samples of the request */
-    const uint32_t *child; /* [n] each sample's child */
-    const uint64_t *phys;  /* [n] each sample's physical row in its child */
+    bool stream;   /* the batch outgrows the cache: long copies into it are streamed (stream.h) */
+    size_t n;      /* samples of the request */
+    const uint32_t *child;    /* [n] each sample's child */
+    const uint64_t *phys;     /* [n] each sample's physical row in its child */
     const int64_t *seg_start; /* [nsegs][n] each sample's first element of each segment */
-    zb_ctx *ctx;           /* the planning thread's context (pointer reads, inline tasks) */
-    rebase *rb;            /* [nfields], or NULL when there is no index field */
-    zb__arena_pool *pool;  /* where the batch's memory comes from (NULL: the dataset's pool) */
+    zb_ctx *ctx;              /* the planning thread's context (pointer reads, inline tasks) */
+    rebase *rb;               /* [nfields], or NULL when there is no index field */
+    zb__arena_pool *pool;     /* where the batch's memory comes from (NULL: the dataset's pool) */
 };
 
 /* A plan's dataset for child c (the dataset itself when it has no children). */
@@ -202,21 +202,32 @@ grow_array(void **a, size_t *cap, size_t n, size_t size)
 static inline void
 copy_lines(uint8_t *o, size_t os, const uint8_t *u, size_t us, uint64_t n, size_t nb)
 {
-#define ZB_COPY_LINES(W)                                                                         \
-    for (uint64_t r = 0; r < n; r++, u += us, o += os) memcpy(o, u, W);                          \
+#define ZB_COPY_LINES(W)                                                                           \
+    for (uint64_t r = 0; r < n; r++, u += us, o += os) memcpy(o, u, W);                            \
     break
     switch (nb) {
-    case 1: ZB_COPY_LINES(1);
-    case 2: ZB_COPY_LINES(2);
-    case 4: ZB_COPY_LINES(4);
-    case 8: ZB_COPY_LINES(8);
-    case 12: ZB_COPY_LINES(12);
-    case 16: ZB_COPY_LINES(16);
-    case 24: ZB_COPY_LINES(24);
-    case 32: ZB_COPY_LINES(32);
-    case 48: ZB_COPY_LINES(48);
-    case 64: ZB_COPY_LINES(64);
-    default: ZB_COPY_LINES(nb);
+    case 1:
+        ZB_COPY_LINES(1);
+    case 2:
+        ZB_COPY_LINES(2);
+    case 4:
+        ZB_COPY_LINES(4);
+    case 8:
+        ZB_COPY_LINES(8);
+    case 12:
+        ZB_COPY_LINES(12);
+    case 16:
+        ZB_COPY_LINES(16);
+    case 24:
+        ZB_COPY_LINES(24);
+    case 32:
+        ZB_COPY_LINES(32);
+    case 48:
+        ZB_COPY_LINES(48);
+    case 64:
+        ZB_COPY_LINES(64);
+    default:
+        ZB_COPY_LINES(nb);
     }
 #undef ZB_COPY_LINES
 }
@@ -259,14 +270,14 @@ put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
 /* Copies rows [src_row, src_row + n) of a decoded unit at unit coordinates g (logical C order,
  * shape u->inner) that covers part of the other axes into batch field bf from dst_row on. */
 void zb__rows_copy_box(const zb__unit_geom *u, const bfield *bf, const uint8_t *unit,
-                      const uint64_t *g, uint64_t src_row, uint64_t dst_row, uint64_t n);
+                       const uint64_t *g, uint64_t src_row, uint64_t dst_row, uint64_t n);
 
 /* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f, sample by sample:
  * in the tasks, the rows one copy has just written (still in cache); after them (reader.c),
  * every row of a field the tasks do not re-base. A value outside its sample's target rows is
  * ZB_E_CORRUPT naming the sample and field. */
 zb_status zb__rows_rebase(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64_t c0,
-                         uint64_t c1);
+                          uint64_t c1);
 
 /* ---- batch.c ------------------------------------------------------------------------------- */
 
@@ -300,7 +311,7 @@ void zb__plan_end(plan *p);
 
 /* Logical id -> (child, physical row); ZB_E_RANGE naming the id when id >= nlogical. */
 zb_status zb__plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *child,
-                         uint64_t *phys);
+                          uint64_t *phys);
 
 /* ---- exec.c -------------------------------------------------------------------------------- */
 
@@ -308,6 +319,5 @@ zb_status zb__plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, 
  * list read for stores that read lists themselves), adds their statistics to the batch and
  * returns the first task's failure. */
 zb_status zb__exec_run(plan *p);
-
 
 #endif

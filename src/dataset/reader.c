@@ -16,8 +16,8 @@
 typedef struct str_req {
     uint32_t child;
     uint64_t row;
-    size_t i;            /* the sample */
-    uint64_t off, len;   /* its bytes in the gathered buffer */
+    size_t i;          /* the sample */
+    uint64_t off, len; /* its bytes in the gathered buffer */
 } str_req;
 
 static int
@@ -41,7 +41,8 @@ read_strings(plan *p, uint32_t f)
     str_req *rq = malloc((n + 1) * sizeof *rq);
     zb__buf got = {0};
     zb_status st = rq ? ZB_OK : zb__err(ZB_E_NOMEM, "read_many: out of memory for %s", bf->name);
-    for (size_t i = 0; i < n && st == ZB_OK; i++) rq[i] = (str_req){p->child[i], p->phys[i], i, 0, 0};
+    for (size_t i = 0; i < n && st == ZB_OK; i++)
+        rq[i] = (str_req){p->child[i], p->phys[i], i, 0, 0};
     if (st == ZB_OK) qsort(rq, n, sizeof *rq, cmp_str_req);
     for (size_t i = 0, j; i < n && st == ZB_OK; i = j) {
         const zb_array *a = child_of(p->ds, rq[i].child)->fields[f].arr;
@@ -103,14 +104,15 @@ reorder_vars(plan *p)
             if (!lut) continue;
             if (fd->seg < 0) {
                 zb__var_reorder_dense(bf->data + i * row_bytes, bf->row_elems, bf->itemsize, lut,
-                                     scratch.data);
+                                      scratch.data);
                 continue;
             }
             const int64_t *ptr = b->segs[fd->seg].ptr;
-            st = zb__var_reorder_csr(bf->data + (size_t)ptr[i] * bf->itemsize, bf->dtype,
-                                    vals->data + (size_t)ptr[i] * vals->itemsize, vals->itemsize,
-                                    (uint64_t)(ptr[i + 1] - ptr[i]), lut, ds->n_vars, &scratch,
-                                    zb__array_units(child_of(ds, p->child[i])->fields[f].arr)->path);
+            st = zb__var_reorder_csr(
+                bf->data + (size_t)ptr[i] * bf->itemsize, bf->dtype,
+                vals->data + (size_t)ptr[i] * vals->itemsize, vals->itemsize,
+                (uint64_t)(ptr[i + 1] - ptr[i]), lut, ds->n_vars, &scratch,
+                zb__array_units(child_of(ds, p->child[i])->fields[f].arr)->path);
         }
     }
     zb__buf_free(&scratch);
@@ -123,7 +125,6 @@ zb_dataset_read_many(zb_dataset *ds, const uint64_t *ids, size_t n, zb_batch **o
     return zb__dataset_read_batches(ds, ids, n, NULL, 0, out);
 }
 
-
 /* Step 4: what the tasks leave: index fields they did not re-base (plan_rebase), strings
  * (load_strings), and genes in the collection's order (reorder_vars). */
 static zb_status
@@ -134,7 +135,7 @@ finish(plan *p)
         const rebase *r = &p->rb[f];
         if (r->shift && !r->in_tasks)
             ZB_TRY(zb__rows_rebase(p, (uint32_t)f, 0, (uint64_t)r->rows[p->n], 0,
-                                  b->fields[f].row_elems));
+                                   b->fields[f].row_elems));
     }
     /* column ids and categorical codes within their bounds (validate.c) */
     ZB_TRY(zb__validate_batch(p->ds, b, p->phys, p->seg_start));
@@ -169,7 +170,7 @@ zb__reader_read_batches(zb_dataset *ds, zb__arena_pool *pool, const uint64_t *id
     for (size_t k = 0; k < nbatches; k++) total += sizes[k];
     if (nbatches && total != n)
         return zb__err(ZB_E_INVALID, "zb__dataset_read_batches: batch sizes add up to %zu, not %zu",
-                      total, n);
+                       total, n);
     uint64_t nlogical;
     ZB_TRY(zb_dataset_len(ds, &nlogical));
     for (size_t c = 0; c < ds->nchildren; c++) ZB_TRY(zb__mask_load(ds->children[c]));

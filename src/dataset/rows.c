@@ -14,7 +14,7 @@
  * rows itself) into the batch rows starting at dst_row. */
 void
 zb__rows_copy_box(const zb__unit_geom *u, const bfield *bf, const uint8_t *unit, const uint64_t *g,
-          uint64_t src_row, uint64_t dst_row, uint64_t n)
+                  uint64_t src_row, uint64_t dst_row, uint64_t n)
 {
     int nd = u->ndim;
     size_t isz = bf->itemsize;
@@ -84,33 +84,34 @@ sample_of(const int64_t *rows, size_t n, uint64_t row)
  * a result past INT32_MAX for int32, undoes the shift and returns false. Vectorised
  * (ZB_VECTOR_LOOP: AVX2 where the CPU has it, as SSE2 has no 64-bit compare; 6.4% of an atoms
  * read scalar, 1.8% so). */
-#define ZB_SHIFT_SPAN(T, UT)                                                                     \
-    ZB_VECTOR_LOOP static bool shift_span_##T(T *base, uint64_t re, uint64_t r0, uint64_t r1, uint64_t c0,     \
-                               uint64_t c1, int64_t d, int64_t lo, int64_t len)                 \
-    {                                                                                            \
-        uint64_t rows = r1 - r0, w = c1 - c0;                                                    \
-        if (c0 == 0 && c1 == re) { /* whole rows: one run */                                     \
-            w *= rows;                                                                           \
-            rows = 1;                                                                            \
-        }                                                                                        \
-        T mn = base[r0 * re + c0], mx = mn;                                                      \
-        for (uint64_t r = 0; r < rows; r++) {                                                    \
-            T *v = base + (r0 + r) * re + c0;                                                    \
-            for (uint64_t k = 0; k < w; k++) {                                                   \
-                T x = v[k];                                                                      \
-                mn = x < mn ? x : mn;                                                            \
-                mx = x > mx ? x : mx;                                                            \
-                v[k] = (T)((UT)x + (UT)d);                                                       \
-            }                                                                                    \
-        }                                                                                        \
-        /* mn >= lo >= 0 first: then mx - lo and mx + d cannot overflow int64 */                \
-        if (mn >= lo && mx - lo < len && (sizeof(T) == 8 || (int64_t)mx + d <= INT32_MAX))      \
-            return true;                                                                         \
-        for (uint64_t r = 0; r < rows; r++) {                                                    \
-            T *v = base + (r0 + r) * re + c0;                                                    \
-            for (uint64_t k = 0; k < w; k++) v[k] = (T)((UT)v[k] - (UT)d);                       \
-        }                                                                                        \
-        return false;                                                                            \
+#define ZB_SHIFT_SPAN(T, UT)                                                                       \
+    ZB_VECTOR_LOOP static bool shift_span_##T(T *base, uint64_t re, uint64_t r0, uint64_t r1,      \
+                                              uint64_t c0, uint64_t c1, int64_t d, int64_t lo,     \
+                                              int64_t len)                                         \
+    {                                                                                              \
+        uint64_t rows = r1 - r0, w = c1 - c0;                                                      \
+        if (c0 == 0 && c1 == re) { /* whole rows: one run */                                       \
+            w *= rows;                                                                             \
+            rows = 1;                                                                              \
+        }                                                                                          \
+        T mn = base[r0 * re + c0], mx = mn;                                                        \
+        for (uint64_t r = 0; r < rows; r++) {                                                      \
+            T *v = base + (r0 + r) * re + c0;                                                      \
+            for (uint64_t k = 0; k < w; k++) {                                                     \
+                T x = v[k];                                                                        \
+                mn = x < mn ? x : mn;                                                              \
+                mx = x > mx ? x : mx;                                                              \
+                v[k] = (T)((UT)x + (UT)d);                                                         \
+            }                                                                                      \
+        }                                                                                          \
+        /* mn >= lo >= 0 first: then mx - lo and mx + d cannot overflow int64 */                   \
+        if (mn >= lo && mx - lo < len && (sizeof(T) == 8 || (int64_t)mx + d <= INT32_MAX))         \
+            return true;                                                                           \
+        for (uint64_t r = 0; r < rows; r++) {                                                      \
+            T *v = base + (r0 + r) * re + c0;                                                      \
+            for (uint64_t k = 0; k < w; k++) v[k] = (T)((UT)v[k] - (UT)d);                         \
+        }                                                                                          \
+        return false;                                                                              \
     }
 ZB_SHIFT_SPAN(int64_t, uint64_t)
 ZB_SHIFT_SPAN(int32_t, uint32_t)
@@ -134,19 +135,21 @@ rebase_error(const plan *p, uint32_t f, size_t i, uint64_t r0, uint64_t r1, uint
             if (x < r->lo[i] || x - r->lo[i] >= r->len[i]) {
                 /* x - lo as the store meant it; reported, never used */
                 long long local = (long long)((uint64_t)x - (uint64_t)r->lo[i]);
-                return zb__err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field "
-                              "%s: value %lld is outside its %lld atoms (stored %s)",
-                              zb_dataset_name(ch), (unsigned long long)p->b->index[i], i,
-                              fd->name, local, (long long)r->len[i],
-                              fd->global_index ? "store-global" : "local");
+                return zb__err(ZB_E_CORRUPT,
+                               "%s: sample %llu (row %zu of the request): field "
+                               "%s: value %lld is outside its %lld atoms (stored %s)",
+                               zb_dataset_name(ch), (unsigned long long)p->b->index[i], i, fd->name,
+                               local, (long long)r->len[i],
+                               fd->global_index ? "store-global" : "local");
             }
             if (!wide && x + r->shift[i] > INT32_MAX)
                 return zb__err(ZB_E_OVERFLOW, "%s: batch index %lld does not fit int32", fd->name,
-                              (long long)(x + r->shift[i]));
+                               (long long)(x + r->shift[i]));
         }
-    return zb__err(ZB_E_CORRUPT, "%s: sample %llu (row %zu of the request): field %s: bad "
-                  "index values", zb_dataset_name(ch), (unsigned long long)p->b->index[i], i,
-                  fd->name);
+    return zb__err(ZB_E_CORRUPT,
+                   "%s: sample %llu (row %zu of the request): field %s: bad "
+                   "index values",
+                   zb_dataset_name(ch), (unsigned long long)p->b->index[i], i, fd->name);
 }
 
 /* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f, sample by sample (a
@@ -172,4 +175,3 @@ zb__rows_rebase(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64
     }
     return ZB_OK;
 }
-

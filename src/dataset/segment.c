@@ -38,9 +38,9 @@ load_block(zb__segment *seg, zb_ctx *ctx, uint64_t b)
             free(vals);
             if (a->meta.dtype == ZB_DT_UINT64)
                 return zb__err(ZB_E_CORRUPT, "%s: pointer %llu at row %llu exceeds int64", a->path,
-                              (unsigned long long)t, (unsigned long long)(r0 + i));
+                               (unsigned long long)t, (unsigned long long)(r0 + i));
             return zb__err(ZB_E_TYPE, "%s: a pointer array must be integer, not %s", a->path,
-                          zb_dtype_name(a->meta.dtype));
+                           zb_dtype_name(a->meta.dtype));
         }
         vals[i] = v;
     }
@@ -55,7 +55,7 @@ zb__segment_get(zb__segment *seg, zb_ctx *ctx, uint64_t i, int64_t *value)
     uint64_t total = seg->ptr->meta.shape[0];
     if (i >= total)
         return zb__err(ZB_E_RANGE, "%s: pointer %llu outside [0, %llu)", seg->ptr->path,
-                      (unsigned long long)i, (unsigned long long)total);
+                       (unsigned long long)i, (unsigned long long)total);
     uint64_t b = i / seg->chunk_rows;
     zb_status st = ZB_OK;
     pthread_mutex_lock(&seg->mu);

@@ -28,27 +28,28 @@ child_ds(const zb_dataset *ds, uint32_t c)
 
 zb_status
 zb__request_bytes_add(const zb_dataset *ds, const char *field, uint64_t rows, uint64_t row_elems,
-                     size_t itemsize, size_t *need)
+                      size_t itemsize, size_t *need)
 {
-    uint64_t cap = ds->opts.max_request_bytes ? ds->opts.max_request_bytes
-                                              : ZB_MAX_REQUEST_BYTES_DEFAULT;
+    uint64_t cap =
+        ds->opts.max_request_bytes ? ds->opts.max_request_bytes : ZB_MAX_REQUEST_BYTES_DEFAULT;
     uint64_t bytes, total;
     bool ok = zb__mul_u64(rows, row_elems, &bytes) && zb__mul_u64(bytes, itemsize, &bytes) &&
               zb__add_u64(bytes, 63, &bytes);
     bytes &= ~(uint64_t)63;
     if (!ok || !zb__add_u64(*need, bytes, &total) || total > cap || total > SIZE_MAX - 64)
-        return zb__err(ZB_E_INVALID, "%s: a request of %llu rows of %s needs more than the "
-                      "%llu-byte cap on one request's memory (zb_dataset_opts.max_request_bytes)",
-                      zb_dataset_name(ds), (unsigned long long)rows, field,
-                      (unsigned long long)cap);
+        return zb__err(ZB_E_INVALID,
+                       "%s: a request of %llu rows of %s needs more than the "
+                       "%llu-byte cap on one request's memory (zb_dataset_opts.max_request_bytes)",
+                       zb_dataset_name(ds), (unsigned long long)rows, field,
+                       (unsigned long long)cap);
     *need = (size_t)total;
     return ZB_OK;
 }
 
 zb_status
 zb__validate_segment(const zb_dataset *ds, size_t s, size_t n, const uint64_t *ids,
-                    const uint32_t *child, const uint64_t *phys, const int64_t *start,
-                    const int64_t *ptr)
+                     const uint32_t *child, const uint64_t *phys, const int64_t *start,
+                     const int64_t *ptr)
 {
     for (size_t i = 0; i < n; i++) {
         const zb_dataset *ch = child_ds(ds, child[i]);
@@ -58,12 +59,13 @@ zb__validate_segment(const zb_dataset *ds, size_t s, size_t n, const uint64_t *i
             if (fd->seg != (int)s || !fd->arr) continue;
             uint64_t rows = fd->arr->meta.shape[0];
             if (end >= (uint64_t)start[i] && end <= rows) continue;
-            return zb__err(ZB_E_CORRUPT, "%s: sample %llu (row %llu): %s: pointers give rows "
-                          "[%lld, %lld + %llu), past the %llu rows of field %s (%s)",
-                          zb_dataset_name(ch), (unsigned long long)ids[i],
-                          (unsigned long long)phys[i], ch->segs[s].ptr->path,
-                          (long long)start[i], (long long)start[i], (unsigned long long)len,
-                          (unsigned long long)rows, fd->name, fd->arr->path);
+            return zb__err(ZB_E_CORRUPT,
+                           "%s: sample %llu (row %llu): %s: pointers give rows "
+                           "[%lld, %lld + %llu), past the %llu rows of field %s (%s)",
+                           zb_dataset_name(ch), (unsigned long long)ids[i],
+                           (unsigned long long)phys[i], ch->segs[s].ptr->path, (long long)start[i],
+                           (long long)start[i], (unsigned long long)len, (unsigned long long)rows,
+                           fd->name, fd->arr->path);
         }
     }
     return ZB_OK;
@@ -139,8 +141,8 @@ sample_at(const int64_t *ptr, size_t n, uint64_t r)
 
 /* The error for value k of field f (batch sample i, stored row `row` of the field's array). */
 static zb_status
-value_error(const zb_dataset *ch, size_t f, uint64_t id, uint64_t row, int64_t x,
-            const char *what, uint64_t bound)
+value_error(const zb_dataset *ch, size_t f, uint64_t id, uint64_t row, int64_t x, const char *what,
+            uint64_t bound)
 {
     const zb__field *fd = &ch->fields[f];
     char key[512];
@@ -149,10 +151,12 @@ value_error(const zb_dataset *ch, size_t f, uint64_t id, uint64_t row, int64_t x
     if (zb__array_unit_object(fd->arr, g, key, sizeof key, NULL, NULL) != ZB_OK)
         snprintf(key, sizeof key, "%s", fd->arr->path);
     zb_clear_error();
-    return zb__err(ZB_E_CORRUPT, "%s: sample %llu: field %s: %s %lld is outside [%s, %llu) "
-                  "(row %llu, chunk %s)", zb_dataset_name(ch), (unsigned long long)id, fd->name,
-                  what, (long long)x, strcmp(what, "code") ? "0" : "-1",
-                  (unsigned long long)bound, (unsigned long long)row, key);
+    return zb__err(ZB_E_CORRUPT,
+                   "%s: sample %llu: field %s: %s %lld is outside [%s, %llu) "
+                   "(row %llu, chunk %s)",
+                   zb_dataset_name(ch), (unsigned long long)id, fd->name, what, (long long)x,
+                   strcmp(what, "code") ? "0" : "-1", (unsigned long long)bound,
+                   (unsigned long long)row, key);
 }
 
 /* CSR column ids of field f (ragged, on segment s) within [0, col_bound). */
@@ -216,8 +220,7 @@ zb__validate_batch(zb_dataset *ds, const zb_batch *b, const uint64_t *phys, cons
     for (size_t f = 0; f < pr->nfields; f++) {
         const zb__field *fd = &pr->fields[f];
         if (fd->col_bound && fd->seg >= 0) ZB_TRY(check_columns(ds, b, f, phys, start));
-        if (fd->categorical && fd->kind == ZB_FIELD_PER_SAMPLE)
-            ZB_TRY(check_codes(ds, b, f, phys));
+        if (fd->categorical && fd->kind == ZB_FIELD_PER_SAMPLE) ZB_TRY(check_codes(ds, b, f, phys));
     }
     return ZB_OK;
 }
@@ -281,7 +284,7 @@ out:
 
 zb_status
 zb__dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n, const size_t *sizes,
-                        size_t nbatches, zb_batch **out)
+                         size_t nbatches, zb_batch **out)
 {
     if (!ds || ds->opts.on_invalid != ZB_ON_INVALID_SKIP || (nbatches && !sizes))
         return zb__reader_read_batches(ds, NULL, ids, n, sizes, nbatches, out);

@@ -13,7 +13,7 @@ typedef struct zb__arena_pool zb__arena_pool; /* dataset.h */
  * (zb_dataset_opts.max_request_bytes; ZB_E_INVALID naming the field and the cap) before any of
  * it is allocated; the products are overflow-checked. */
 zb_status zb__request_bytes_add(const zb_dataset *ds, const char *field, uint64_t rows,
-                               uint64_t row_elems, size_t itemsize, size_t *need);
+                                uint64_t row_elems, size_t itemsize, size_t *need);
 
 /* Segment s of a request of n samples: sample i (logical id ids[i], physical phys[i] of child
  * child[i]) starts at stored row start[i] and has ptr[i+1] - ptr[i] rows. Each sample's rows
@@ -21,8 +21,8 @@ zb_status zb__request_bytes_add(const zb_dataset *ds, const char *field, uint64_
  * rows to read as fill): ZB_E_CORRUPT naming the sample id, the pointer array and the field.
  * Called before the batch memory is allocated, so a pointer claiming 2^40 rows costs nothing. */
 zb_status zb__validate_segment(const zb_dataset *ds, size_t s, size_t n, const uint64_t *ids,
-                              const uint32_t *child, const uint64_t *phys, const int64_t *start,
-                              const int64_t *ptr);
+                               const uint32_t *child, const uint64_t *phys, const int64_t *start,
+                               const int64_t *ptr);
 
 /* The assembled batch b (n samples; phys[i] and, per segment, start[s * n + i] as above): CSR
  * column ids within [0, n_vars) of their matrix and categorical codes within their categories
@@ -30,7 +30,7 @@ zb_status zb__validate_segment(const zb_dataset *ds, size_t s, size_t n, const u
  * chunk holding the value. Index fields (edge indices) are checked as they are re-based
  * (reader.c), pointer arrays as the request is planned (above). */
 zb_status zb__validate_batch(zb_dataset *ds, const zb_batch *b, const uint64_t *phys,
-                            const int64_t *start);
+                             const int64_t *start);
 
 /* zb__dataset_read_batches with zb_dataset_opts.on_invalid applied: `sizes` (nbatches of them,
  * or NULL for one batch) are updated to the batch sizes delivered, less the samples skipped.
@@ -43,8 +43,7 @@ zb_status zb__dataset_read_window(zb_dataset *ds, zb__arena_pool *pool, const ui
 /* The reader proper (reader.c): zb__dataset_read_batches without on_invalid, the batch's
  * memory taken from `pool` (a device loader's page-locked pool; NULL: the dataset's). */
 zb_status zb__reader_read_batches(zb_dataset *ds, zb__arena_pool *pool, const uint64_t *ids,
-                                  size_t n, const size_t *sizes, size_t nbatches,
-                                  zb_batch **out);
+                                  size_t n, const size_t *sizes, size_t nbatches, zb_batch **out);
 
 /* Adds to the batch's zb_read_stats.samples_skipped (reader.c owns the batch). */
 void zb__batch_count_skipped(zb_batch *b, uint64_t n);

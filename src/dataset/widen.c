@@ -14,17 +14,17 @@
 
 /* Loads go through memcpy: a raw unit mapped from a file need not be aligned to its item
  * size, and memcpy of a fixed size compiles to a plain (vectorised) load. */
-#define ZB_WIDEN(S, D)                                                                           \
-    ZB_VECTOR_LOOP static void widen_##S##_##D(void *restrict dst, const void *restrict src,    \
-                                               uint64_t n)                                     \
-    {                                                                                            \
-        const uint8_t *s = src;                                                                  \
-        D *d = dst;                                                                              \
-        for (uint64_t i = 0; i < n; i++) {                                                       \
-            S v;                                                                                 \
-            memcpy(&v, s + i * sizeof v, sizeof v);                                              \
-            d[i] = (D)v;                                                                         \
-        }                                                                                        \
+#define ZB_WIDEN(S, D)                                                                             \
+    ZB_VECTOR_LOOP static void widen_##S##_##D(void *restrict dst, const void *restrict src,       \
+                                               uint64_t n)                                         \
+    {                                                                                              \
+        const uint8_t *s = src;                                                                    \
+        D *d = dst;                                                                                \
+        for (uint64_t i = 0; i < n; i++) {                                                         \
+            S v;                                                                                   \
+            memcpy(&v, s + i * sizeof v, sizeof v);                                                \
+            d[i] = (D)v;                                                                           \
+        }                                                                                          \
     }
 typedef float float32;
 typedef double float64;
@@ -57,7 +57,7 @@ typedef void (*widen_fn)(void *restrict, const void *restrict, uint64_t);
 static widen_fn
 widen_for(zb_dtype from, zb_dtype to)
 {
-#define ZB_PAIR(F, T, S, D)                                                                      \
+#define ZB_PAIR(F, T, S, D)                                                                        \
     if (from == F && to == T) return widen_##S##_##D
     ZB_PAIR(ZB_DT_UINT8, ZB_DT_FLOAT32, uint8_t, float32);
     ZB_PAIR(ZB_DT_INT8, ZB_DT_FLOAT32, int8_t, float32);
@@ -101,7 +101,7 @@ zb__values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_
 
 zb_status
 zb__values_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
-                  const int64_t *lut, uint64_t nlut, const char *what)
+                   const int64_t *lut, uint64_t nlut, const char *what)
 {
     if (!lut && zb__values_widen(dst, to, src, from, n)) return ZB_OK;
     return zb__codes_convert(dst, to, src, from, n, lut, nlut, what);

@@ -86,12 +86,12 @@ zb_cuda_open(const char *library, int device, zb_cuda **out)
         cu_err e = c->cudaGetDeviceCount(&c->ndevices);
         if (e != CU_SUCCESS)
             st = zb__err(ZB_E_UNSUPPORTED,
-                        "CUDA runtime %s finds no usable device: "
-                        "cudaGetDeviceCount: CUDA error %d (%s)",
-                        c->library, (int)e, c->cudaGetErrorString(e));
+                         "CUDA runtime %s finds no usable device: "
+                         "cudaGetDeviceCount: CUDA error %d (%s)",
+                         c->library, (int)e, c->cudaGetErrorString(e));
         else if (device >= c->ndevices)
             st = zb__err(ZB_E_UNSUPPORTED, "CUDA device %d does not exist: runtime %s sees %d",
-                        device, c->library, c->ndevices);
+                         device, c->library, c->ndevices);
     }
     /* no cudaSetDevice here: the calling thread's current device is its own (PyTorch's);
      * the loader's workers set theirs */

@@ -246,10 +246,10 @@ block_take(zb__devq *q, size_t need, size_t aux, dblock **out)
     zb_status st = zb__cuda_check(c, c->cudaMalloc(&b->dev, b->cap), "cudaMalloc");
     if (st == ZB_OK)
         st = zb__cuda_check(c, c->cudaHostAlloc(&b->aux, b->aux_cap, CU_HOST_ALLOC_PORTABLE),
-                           "cudaHostAlloc");
+                            "cudaHostAlloc");
     if (st == ZB_OK)
         st = zb__cuda_check(c, c->cudaEventCreateWithFlags(&b->ready, CU_EVENT_DISABLE_TIMING),
-                           "cudaEventCreateWithFlags");
+                            "cudaEventCreateWithFlags");
     if (st != ZB_OK) {
         if (b->dev) c->cudaFree(b->dev);
         if (b->aux) c->cudaFreeHost(b->aux);
@@ -341,7 +341,7 @@ issue_copies(zb__devq *q, zb_device_batch *db, cu_stream s)
         db->ptr[i] = v.dtype == ZB_DT_STRING ? NULL : dev + off;
         if (n) {
             ZB_TRY(zb__cuda_check(c, c->cudaMemcpyAsync(dev + off, v.data, n, CU_H2D, s),
-                                 "cudaMemcpyAsync"));
+                                  "cudaMemcpyAsync"));
             bytes += n;
         }
         off += align_up(n);
@@ -404,7 +404,7 @@ zb__devq_deliver(zb__devq *q, zb_batch *host, size_t k, zb_device_batch **out)
         pthread_mutex_lock(&q->mu);
         if (!*s)
             st = zb__cuda_check(c, c->cudaStreamCreateWithFlags(s, CU_STREAM_NON_BLOCKING),
-                               "cudaStreamCreateWithFlags");
+                                "cudaStreamCreateWithFlags");
         pthread_mutex_unlock(&q->mu);
     }
     if (st == ZB_OK) st = issue_copies(q, db, *s);
@@ -526,7 +526,7 @@ zb_device_batch_wait(zb_device_batch *db, void *stream)
     zb_cuda *c = db->q->cuda;
     db->consumer = (cu_stream)stream;
     return zb__cuda_check(c, c->cudaStreamWaitEvent(db->consumer, db->copied->ev, 0),
-                         "zb_device_batch_wait: cudaStreamWaitEvent");
+                          "zb_device_batch_wait: cudaStreamWaitEvent");
 }
 
 void

@@ -20,7 +20,7 @@
 #include "zbatch_loader.h"
 
 typedef struct window {
-    zb_batch *whole;          /* the read_many result; released when every view is */
+    zb_batch *whole; /* the read_many result; released when every view is */
     size_t nbatches;
     zb_batch **views;         /* [nbatches], handed out in order */
     zb_device_batch **dviews; /* [nbatches] with placement DEVICE (views then NULL) */
@@ -28,9 +28,9 @@ typedef struct window {
     size_t next;              /* next view to hand out */
     zb_status st;             /* a failed window carries only its error */
     char msg[1024];
-    bool end;                 /* the epoch ended before this window */
-    bool epoch_start;         /* an epoch ended before this window, which begins the next */
-    uint64_t seq;             /* order in which windows were drawn from the sampler */
+    bool end;         /* the epoch ended before this window */
+    bool epoch_start; /* an epoch ended before this window, which begins the next */
+    uint64_t seq;     /* order in which windows were drawn from the sampler */
     struct window *qnext;
 } window;
 
@@ -53,15 +53,15 @@ struct zb_loader {
     pthread_cond_t cv_ready; /* a window was queued */
     pthread_cond_t cv_room;  /* a window slot was freed */
     bool stop;
-    size_t live;             /* windows being read or queued, not yet taken by the consumer */
-    window *head, *tail;     /* queued windows, in order */
-    window *cur;             /* the window batches are being handed out from */
-    zb_sampler_state state;  /* after the last batch handed out */
+    size_t live;            /* windows being read or queued, not yet taken by the consumer */
+    window *head, *tail;    /* queued windows, in order */
+    window *cur;            /* the window batches are being handed out from */
+    zb_sampler_state state; /* after the last batch handed out */
     bool finished;
-    window oom;              /* the error window used when a window cannot be allocated */
-    zb__devq *devq;           /* the device stage (NULL: host memory) */
-    zb_placement placement;  /* what the loader does, after a fallback */
-    char *fallback;          /* why it fell back to host memory, else NULL */
+    window oom;             /* the error window used when a window cannot be allocated */
+    zb__devq *devq;         /* the device stage (NULL: host memory) */
+    zb_placement placement; /* what the loader does, after a fallback */
+    char *fallback;         /* why it fell back to host memory, else NULL */
 };
 
 static void
@@ -112,8 +112,8 @@ read_window(zb_loader *ld)
             if (w->nbatches || w->epoch_start || ld->epochs_left == 0) break;
             zb_sampler_state ss;
             zb_sampler_get_state(ld->sampler, &ss);
-            w->st = zb_sampler_set_epoch(ld->sampler, ld->opts.same_epoch ? ss.epoch
-                                                                          : ss.epoch + 1);
+            w->st =
+                zb_sampler_set_epoch(ld->sampler, ld->opts.same_epoch ? ss.epoch : ss.epoch + 1);
             if (w->st != ZB_OK) break;
             if (ld->epochs_left != SIZE_MAX) ld->epochs_left--;
             w->epoch_start = true;
@@ -132,8 +132,8 @@ read_window(zb_loader *ld)
     }
     /* sizes become the batches' sizes less any samples skipped as invalid; a device loader's
      * windows live in its page-locked pool */
-    w->st = zb__dataset_read_window(ld->ds, zb__devq_pool(ld->devq), ids, total, sizes,
-                                    w->nbatches, &w->whole);
+    w->st = zb__dataset_read_window(ld->ds, zb__devq_pool(ld->devq), ids, total, sizes, w->nbatches,
+                                    &w->whole);
     if (w->st != ZB_OK) goto out;
     size_t b0 = 0;
     for (size_t k = 0; k < w->nbatches; k++) {
@@ -239,9 +239,10 @@ zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, 
     if (o.prefetch_factor > ZB_LOADER_MAX_WINDOW / ld->max_batch) {
         size_t mb = ld->max_batch;
         free(ld);
-        return zb__err(ZB_E_INVALID, "zb_loader_open: prefetch_factor %zu x batch size %zu is "
-                      "more than the %llu samples a window may hold", o.prefetch_factor, mb,
-                      (unsigned long long)ZB_LOADER_MAX_WINDOW);
+        return zb__err(ZB_E_INVALID,
+                       "zb_loader_open: prefetch_factor %zu x batch size %zu is "
+                       "more than the %llu samples a window may hold",
+                       o.prefetch_factor, mb, (unsigned long long)ZB_LOADER_MAX_WINDOW);
     }
     if (o.ntransforms) {
         ld->transforms = malloc(o.ntransforms * sizeof *ld->transforms);
@@ -254,10 +255,10 @@ zb_loader_open(zb_dataset *ds, zb_sampler *sampler, const zb_loader_opts *opts, 
     ld->opts.transforms = ld->transforms;
     ld->placement = o.placement;
     if (o.placement != ZB_PLACE_HOST) {
-        zb_status st = o.placement == ZB_PLACE_PINNED || o.placement == ZB_PLACE_DEVICE
-                           ? zb__devq_open(&o, &ld->devq)
-                           : zb__err(ZB_E_INVALID, "zb_loader_open: unknown placement %d",
-                                    (int)o.placement);
+        zb_status st =
+            o.placement == ZB_PLACE_PINNED || o.placement == ZB_PLACE_DEVICE
+                ? zb__devq_open(&o, &ld->devq)
+                : zb__err(ZB_E_INVALID, "zb_loader_open: unknown placement %d", (int)o.placement);
         if (st != ZB_OK && (o.require_placement || st == ZB_E_INVALID)) {
             free(ld->transforms);
             free(ld);
@@ -344,7 +345,7 @@ zb_loader_next(zb_loader *ld, zb_batch **out)
     if (!ld) return zb__err(ZB_E_INVALID, "zb_loader_next: null loader");
     if (ld->placement == ZB_PLACE_DEVICE)
         return zb__err(ZB_E_INVALID, "zb_loader_next: this loader delivers batches to the "
-                      "device: take them with zb_loader_next_device");
+                                     "device: take them with zb_loader_next_device");
     zb_device_batch *unused = NULL;
     return take_next(ld, out, &unused);
 }
@@ -358,7 +359,7 @@ zb_loader_next_device(zb_loader *ld, zb_device_batch **out)
     zb__devq_poll(ld->devq);
     zb_batch *view = NULL;
     ZB_TRY(take_next(ld, &view, out));
-    if (*out || !view) return ZB_OK; /* a device batch, or the end of an epoch */
+    if (*out || !view) return ZB_OK;                 /* a device batch, or the end of an epoch */
     return zb__devq_deliver(ld->devq, view, 0, out); /* host placements: no copies */
 }
 

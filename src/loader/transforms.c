@@ -162,7 +162,7 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
             if (columns[k] >= n_vars) {
                 free(map);
                 return zb__err(ZB_E_RANGE, "densify: column %llu outside [0, %llu)",
-                              (unsigned long long)columns[k], (unsigned long long)n_vars);
+                               (unsigned long long)columns[k], (unsigned long long)n_vars);
             }
             if (map[columns[k]] >= 0) {
                 /* one output place per column: a second would stay zero */
@@ -180,7 +180,8 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
      * index the batch, and with it the half-filled field, is dropped by the caller */
     uint64_t shape[1] = {ncols};
     void *mem = NULL;
-    zb_status st = zb__batch_add_pooled_field(b, "X_dense", ZB_DT_FLOAT32, 1, shape, B, false, &mem);
+    zb_status st =
+        zb__batch_add_pooled_field(b, "X_dense", ZB_DT_FLOAT32, 1, shape, B, false, &mem);
     if (st != ZB_OK) {
         free(map);
         return st;
@@ -206,7 +207,7 @@ do_densify(zb_batch *b, const uint64_t *columns, size_t ncolumns)
             /* never leave unwritten rows behind, even in a batch about to be dropped */
             memset(dst, 0, (B - r) * row_bytes);
             st = zb__err(ZB_E_CORRUPT, "densify: X/indices value %lld outside [0, %llu)",
-                        (long long)bad, (unsigned long long)n_vars);
+                         (long long)bad, (unsigned long long)n_vars);
             break;
         }
         if (scratch) {

@@ -124,7 +124,8 @@ zb_sampler_new_block(const zb_block_sampler_opts *opts, zb_sampler **out)
     *out = NULL;
     if (!opts) return zb__err(ZB_E_INVALID, "block sampler: NULL options");
     ZB_TRY(zb__sampler_check_stream("block", &opts->base));
-    if (opts->block_size < 1) return zb__err(ZB_E_INVALID, "block sampler: block_size must be >= 1");
+    if (opts->block_size < 1)
+        return zb__err(ZB_E_INVALID, "block sampler: block_size must be >= 1");
     if (opts->blocks_per_window < 1)
         return zb__err(ZB_E_INVALID, "block sampler: blocks_per_window must be >= 1");
     /* every window start w*bpw*bs (w < nwin) must fit: (nblocks + bpw) * bs bounds them */
@@ -132,10 +133,10 @@ zb_sampler_new_block(const zb_block_sampler_opts *opts, zb_sampler **out)
     if (__builtin_add_overflow(nblocks, opts->blocks_per_window, &bound) ||
         __builtin_mul_overflow(bound, opts->block_size, &bound))
         return zb__err(ZB_E_OVERFLOW,
-                      "block sampler: n %llu with block_size %llu x "
-                      "blocks_per_window %llu overflows",
-                      (unsigned long long)opts->base.n, (unsigned long long)opts->block_size,
-                      (unsigned long long)opts->blocks_per_window);
+                       "block sampler: n %llu with block_size %llu x "
+                       "blocks_per_window %llu overflows",
+                       (unsigned long long)opts->base.n, (unsigned long long)opts->block_size,
+                       (unsigned long long)opts->blocks_per_window);
     block_impl *b = calloc(1, sizeof *b);
     if (!b) return zb__err(ZB_E_NOMEM, "block sampler");
     b->bs = opts->block_size;

@@ -213,12 +213,12 @@ zb__sampler_create(const zb_sampler_opts *opts, const zb__sampler_ops *ops, void
     }
     if (opts->rank >= opts->world_size) {
         st = zb__err(ZB_E_INVALID, "%s sampler: rank %u is not below world_size %u", ops->name,
-                    opts->rank, opts->world_size);
+                     opts->rank, opts->world_size);
         goto fail;
     }
     if (opts->pad_or_drop != ZB_SAMPLER_PAD && opts->pad_or_drop != ZB_SAMPLER_DROP) {
         st = zb__err(ZB_E_INVALID, "%s sampler: pad_or_drop %d is neither PAD nor DROP", ops->name,
-                    (int)opts->pad_or_drop);
+                     (int)opts->pad_or_drop);
         goto fail;
     }
     s = calloc(1, sizeof *s);
@@ -258,7 +258,7 @@ zb__sampler_check_stream(const char *name, const zb_sampler_opts *opts)
         return zb__err(ZB_E_INVALID, "%s sampler: batch_size must be >= 1", name);
     if (opts->batch_size > SIZE_MAX / sizeof(uint64_t))
         return zb__err(ZB_E_OVERFLOW, "%s sampler: batch_size %llu is too large", name,
-                      (unsigned long long)opts->batch_size);
+                       (unsigned long long)opts->batch_size);
     return ZB_OK;
 }
 
@@ -308,7 +308,7 @@ zb_sampler_next(zb_sampler *s, uint64_t *ids, size_t cap, size_t *n)
     if (!s || !ids || !n) return zb__err(ZB_E_INVALID, "zb_sampler_next: NULL argument");
     if (cap < s->max_batch)
         return zb__err(ZB_E_INVALID, "zb_sampler_next: cap %zu is below max_batch %zu", cap,
-                      s->max_batch);
+                       s->max_batch);
     while (zb_sampler_remaining(s) > 0) {
         /* this rank's done-th batch since base; past the end, pad from the epoch start */
         uint64_t g = s->base + s->rank + s->done * s->world;

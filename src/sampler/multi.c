@@ -169,20 +169,21 @@ normalise_rates(const zb_multi_sampler_opts *o, const multi_impl *m, double *r)
         r[i] = o->ratios ? o->ratios[i] : o->balanced ? 1.0 : (double)m->size[i];
         if (!isfinite(r[i]) || r[i] < 0)
             return zb__err(ZB_E_INVALID,
-                          "multi-dataset sampler: child %zu has rate %g (must be finite and "
-                          ">= 0)",
-                          i, r[i]);
+                           "multi-dataset sampler: child %zu has rate %g (must be finite and "
+                           ">= 0)",
+                           i, r[i]);
         sum += r[i];
     }
     if (!(sum > 0) || !isfinite(sum))
         return zb__err(ZB_E_INVALID,
-                      "multi-dataset sampler: the rates sum to %g (at least one must be "
-                      "positive)",
-                      sum);
+                       "multi-dataset sampler: the rates sum to %g (at least one must be "
+                       "positive)",
+                       sum);
     for (size_t i = 0; i < m->k; i++) {
         if (r[i] > 0 && m->size[i] == 0)
             return zb__err(ZB_E_INVALID,
-                          "multi-dataset sampler: child %zu has a positive rate but no samples", i);
+                           "multi-dataset sampler: child %zu has a positive rate but no samples",
+                           i);
         r[i] /= sum;
     }
     return ZB_OK;
@@ -249,30 +250,30 @@ epoch_batches(const zb_multi_sampler_opts *o, const multi_impl *m, uint64_t *out
         case ZB_EPOCH_MAX_SIZE:
             if (!m->replacement && hi > lo)
                 return zb__err(ZB_E_INVALID,
-                              "multi-dataset sampler: epoch_policy max_size needs "
-                              "replacement when smaller children would need oversampling "
-                              "(%llu against %llu batches)",
-                              (unsigned long long)hi, (unsigned long long)lo);
+                               "multi-dataset sampler: epoch_policy max_size needs "
+                               "replacement when smaller children would need oversampling "
+                               "(%llu against %llu batches)",
+                               (unsigned long long)hi, (unsigned long long)lo);
             g = hi;
             break;
         default:
             return zb__err(ZB_E_INVALID,
-                          "multi-dataset sampler: epoch_policy %d is not one of "
-                          "DATASET_SIZE, MIN_SIZE, MAX_SIZE",
-                          (int)o->epoch_policy);
+                           "multi-dataset sampler: epoch_policy %d is not one of "
+                           "DATASET_SIZE, MIN_SIZE, MAX_SIZE",
+                           (int)o->epoch_policy);
         }
     }
     if (!m->replacement && g > lo)
         return zb__err(ZB_E_INVALID,
-                      "multi-dataset sampler: without replacement the children hold at most "
-                      "%llu complete batches, not %llu",
-                      (unsigned long long)lo, (unsigned long long)g);
+                       "multi-dataset sampler: without replacement the children hold at most "
+                       "%llu complete batches, not %llu",
+                       (unsigned long long)lo, (unsigned long long)g);
     if (g < 1)
         return zb__err(ZB_E_INVALID, "multi-dataset sampler: the epoch has 0 batches (a child "
-                                    "holds fewer samples than one batch takes)");
+                                     "holds fewer samples than one batch takes)");
     if (g > UINT64_MAX / b) /* stream positions g c_i must not wrap */
         return zb__err(ZB_E_OVERFLOW, "multi-dataset sampler: %llu batches of %llu",
-                      (unsigned long long)g, (unsigned long long)b);
+                       (unsigned long long)g, (unsigned long long)b);
     *out = g;
     return ZB_OK;
 }
@@ -293,14 +294,14 @@ batch_counts(const zb_multi_sampler_opts *o, multi_impl *m, double *rates)
         if (__builtin_add_overflow(sum, m->count[i], &sum)) sum = UINT64_MAX;
     if (sum != b)
         return zb__err(ZB_E_INVALID,
-                      "multi-dataset sampler: counts sum to %llu, not batch_size %llu",
-                      (unsigned long long)sum, (unsigned long long)b);
+                       "multi-dataset sampler: counts sum to %llu, not batch_size %llu",
+                       (unsigned long long)sum, (unsigned long long)b);
     for (size_t i = 0; i < m->k; i++)
         if (m->count[i] > 0 && m->size[i] == 0)
             return zb__err(ZB_E_INVALID,
-                          "multi-dataset sampler: child %zu contributes %llu samples per "
-                          "batch but has no samples",
-                          i, (unsigned long long)m->count[i]);
+                           "multi-dataset sampler: child %zu contributes %llu samples per "
+                           "batch but has no samples",
+                           i, (unsigned long long)m->count[i]);
     return ZB_OK;
 }
 
@@ -316,9 +317,9 @@ sample_counts(const zb_multi_sampler_opts *o, multi_impl *m, uint64_t total_len)
     for (size_t i = 0; i < m->k; i++) {
         if (!m->replacement && m->count[i] > m->size[i])
             return zb__err(ZB_E_INVALID,
-                          "multi-dataset sampler: without replacement child %zu cannot give "
-                          "%llu samples (it has %llu)",
-                          i, (unsigned long long)m->count[i], (unsigned long long)m->size[i]);
+                           "multi-dataset sampler: without replacement child %zu cannot give "
+                           "%llu samples (it has %llu)",
+                           i, (unsigned long long)m->count[i], (unsigned long long)m->size[i]);
         m->first[i + 1] = m->first[i] + m->count[i];
     }
     if (m->replacement && m->shuffle) return zb__alias_build(&m->alias, m->rate, m->k);
@@ -339,10 +340,10 @@ zb_sampler_new_multi(const zb_multi_sampler_opts *o, zb_sampler **out)
     if (k > SIZE_MAX / 64) return zb__err(ZB_E_OVERFLOW, "multi-dataset sampler: %zu children", k);
     if (o->mode != ZB_MULTI_BATCH && o->mode != ZB_MULTI_SAMPLE)
         return zb__err(ZB_E_INVALID, "multi-dataset sampler: mode %d is not BATCH or SAMPLE",
-                      (int)o->mode);
+                       (int)o->mode);
     if ((o->counts != NULL) + (o->ratios != NULL) + (o->balanced != 0) > 1)
         return zb__err(ZB_E_INVALID, "multi-dataset sampler: give at most one of counts, "
-                                    "ratios and balanced");
+                                     "ratios and balanced");
     if (o->mode == ZB_MULTI_SAMPLE && o->counts)
         return zb__err(ZB_E_INVALID, "multi-dataset sampler: counts are per batch (BATCH mode)");
     zb_status st = ZB_OK;

@@ -250,23 +250,23 @@ zb_sampler_new_size_aware(const zb_size_sampler_opts *o, zb_sampler **out)
         return zb__err(ZB_E_INVALID, "size-aware sampler: window_size must be >= 1");
     if (n > SIZE_MAX / 64)
         return zb__err(ZB_E_OVERFLOW, "size-aware sampler: n %llu is too large",
-                      (unsigned long long)n);
+                       (unsigned long long)n);
     const uint64_t *arr[NDIMS] = {o->num_atoms, o->num_edges, o->nnz};
     const uint64_t lim[NDIMS] = {o->max_atoms, o->max_edges, o->max_nnz};
     for (int d = 0; d < NDIMS; d++) {
         if (!lim[d]) continue;
         if (!arr[d] && n > 0)
             return zb__err(ZB_E_INVALID,
-                          "size-aware sampler: max_%s is set but the %s sizes "
-                          "array is NULL",
-                          dim_name[d], dim_name[d]);
+                           "size-aware sampler: max_%s is set but the %s sizes "
+                           "array is NULL",
+                           dim_name[d], dim_name[d]);
         for (uint64_t i = 0; i < n; i++)
             if (arr[d][i] > lim[d])
                 return zb__err(ZB_E_INVALID,
-                              "size-aware sampler: sample %llu has %llu %s, over "
-                              "max_%s = %llu; it can never fit in a batch",
-                              (unsigned long long)i, (unsigned long long)arr[d][i], dim_name[d],
-                              dim_name[d], (unsigned long long)lim[d]);
+                               "size-aware sampler: sample %llu has %llu %s, over "
+                               "max_%s = %llu; it can never fit in a batch",
+                               (unsigned long long)i, (unsigned long long)arr[d][i], dim_name[d],
+                               dim_name[d], (unsigned long long)lim[d]);
     }
     size_impl *z = calloc(1, sizeof *z);
     if (!z) return zb__err(ZB_E_NOMEM, "size-aware sampler");
@@ -297,7 +297,8 @@ zb_sampler_new_size_aware(const zb_size_sampler_opts *o, zb_sampler **out)
     return zb__sampler_create(&o->base, &size_ops, z, 0, (size_t)o->base.batch_size, out);
 nomem:
     size_destroy(z);
-    return zb__err(ZB_E_NOMEM, "size-aware sampler: tables for %llu samples", (unsigned long long)n);
+    return zb__err(ZB_E_NOMEM, "size-aware sampler: tables for %llu samples",
+                   (unsigned long long)n);
 }
 
 /* ---- inflight replacement -------------------------------------------------------------------- */
@@ -377,9 +378,9 @@ zb_sampler_request_replacement(zb_sampler *s, uint64_t room_atoms, uint64_t room
         return zb__err(ZB_E_INVALID, "zb_sampler_request_replacement: NULL argument");
     if (s->ops != &size_ops)
         return zb__err(ZB_E_TYPE,
-                      "zb_sampler_request_replacement: a %s sampler is not "
-                      "size-aware",
-                      s->ops->name);
+                       "zb_sampler_request_replacement: a %s sampler is not "
+                       "size-aware",
+                       s->ops->name);
     size_impl *z = s->impl;
     if (!z->repl_built) ZB_TRY(repl_build(s, z));
     const uint64_t room[2] = {room_atoms, room_edges};

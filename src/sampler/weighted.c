@@ -82,16 +82,16 @@ check_weights(const double *wt, uint64_t n, const char *what)
     for (uint64_t i = 0; i < n; i++) {
         if (!isfinite(wt[i]) || wt[i] < 0)
             return zb__err(ZB_E_INVALID,
-                          "weighted sampler: %s %llu has weight %g (must be "
-                          "finite and >= 0)",
-                          what, (unsigned long long)i, wt[i]);
+                           "weighted sampler: %s %llu has weight %g (must be "
+                           "finite and >= 0)",
+                           what, (unsigned long long)i, wt[i]);
         total += wt[i];
     }
     if (!(total > 0) || !isfinite(total))
         return zb__err(ZB_E_INVALID,
-                      "weighted sampler: the %s weights sum to %g (must be a "
-                      "positive finite number)",
-                      what, total);
+                       "weighted sampler: the %s weights sum to %g (must be a "
+                       "positive finite number)",
+                       what, total);
     return ZB_OK;
 }
 
@@ -109,23 +109,23 @@ build_classes(weighted_impl *w, const zb_weighted_sampler_opts *o, double **cw_o
         if (c < 0) continue;
         if ((uint64_t)c >= MAX_CLASSES)
             return zb__err(ZB_E_INVALID,
-                          "weighted sampler: sample %llu has class code %lld "
-                          "(at most %llu classes)",
-                          (unsigned long long)i, (long long)c, (unsigned long long)MAX_CLASSES);
+                           "weighted sampler: sample %llu has class code %lld "
+                           "(at most %llu classes)",
+                           (unsigned long long)i, (long long)c, (unsigned long long)MAX_CLASSES);
         if ((uint64_t)c + 1 > classes) classes = (uint64_t)c + 1;
     }
     if (classes == 0)
         return zb__err(ZB_E_INVALID, "weighted sampler: no sample has a class code >= 0");
     if (o->class_weights && o->num_class_weights < classes)
         return zb__err(ZB_E_INVALID,
-                      "weighted sampler: %zu class_weights for class codes up "
-                      "to %llu",
-                      o->num_class_weights, (unsigned long long)(classes - 1));
+                       "weighted sampler: %zu class_weights for class codes up "
+                       "to %llu",
+                       o->num_class_weights, (unsigned long long)(classes - 1));
     w->class_off = calloc(classes + 1, sizeof *w->class_off);
     cw = malloc(classes * sizeof *cw);
     if (!w->class_off || !cw) {
         st = zb__err(ZB_E_NOMEM, "weighted sampler: class tables for %llu classes",
-                    (unsigned long long)classes);
+                     (unsigned long long)classes);
         goto done;
     }
     for (uint64_t i = 0; i < n; i++)
@@ -134,9 +134,9 @@ build_classes(weighted_impl *w, const zb_weighted_sampler_opts *o, double **cw_o
         double cwt = o->class_weights ? o->class_weights[c] : 1.0;
         if (!isfinite(cwt) || cwt < 0) {
             st = zb__err(ZB_E_INVALID,
-                        "weighted sampler: class %llu has weight %g (must be "
-                        "finite and >= 0)",
-                        (unsigned long long)c, cwt);
+                         "weighted sampler: class %llu has weight %g (must be "
+                         "finite and >= 0)",
+                         (unsigned long long)c, cwt);
             goto done;
         }
         cw[c] = w->class_off[c + 1] ? cwt : 0.0; /* an empty class is never drawn */
@@ -149,7 +149,7 @@ build_classes(weighted_impl *w, const zb_weighted_sampler_opts *o, double **cw_o
     if (!w->members || !fill) {
         free(fill);
         st = zb__err(ZB_E_NOMEM, "weighted sampler: class index lists of %llu samples",
-                    (unsigned long long)m);
+                     (unsigned long long)m);
         goto done;
     }
     memcpy(fill, w->class_off, classes * sizeof *fill);
@@ -177,7 +177,7 @@ build_blocks(weighted_impl *w, uint64_t n, const double *wt)
     w->row_alias = malloc(n * sizeof *w->row_alias);
     if (!bw || !scratch || !w->row_prob || !w->row_alias) {
         st = zb__err(ZB_E_NOMEM, "weighted sampler: block tables for %llu samples",
-                    (unsigned long long)n);
+                     (unsigned long long)n);
         goto done;
     }
     for (uint64_t b = 0; b < nblocks; b++) {
@@ -204,11 +204,11 @@ zb_sampler_new_weighted(const zb_weighted_sampler_opts *o, zb_sampler **out)
     const uint64_t n = o->base.n;
     if (!o->weights == !o->class_codes)
         return zb__err(ZB_E_INVALID, "weighted sampler: give exactly one of weights and "
-                                    "class_codes");
+                                     "class_codes");
     if (n == 0) return zb__err(ZB_E_INVALID, "weighted sampler: n must be >= 1");
     if (n > SIZE_MAX / 16)
         return zb__err(ZB_E_OVERFLOW, "weighted sampler: n %llu is too large",
-                      (unsigned long long)n);
+                       (unsigned long long)n);
     weighted_impl *w = calloc(1, sizeof *w);
     double *per_sample = NULL, *cw = NULL;
     zb_status st = ZB_OK;
@@ -236,7 +236,7 @@ zb_sampler_new_weighted(const zb_weighted_sampler_opts *o, zb_sampler **out)
             per_sample = malloc(n * sizeof *per_sample);
             if (!per_sample) {
                 st = zb__err(ZB_E_NOMEM, "weighted sampler: weights of %llu samples",
-                            (unsigned long long)n);
+                             (unsigned long long)n);
                 goto fail;
             }
             for (uint64_t i = 0; i < n; i++) {

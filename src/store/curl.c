@@ -461,7 +461,8 @@ static zb_status
 xfer_setup(xfer *x)
 {
     zb__remote *r = x->cs->r;
-    if (!x->easy && !(x->easy = easy_take(r))) return zb__err(ZB_E_NOMEM, "libcurl: no easy handle");
+    if (!x->easy && !(x->easy = easy_take(r)))
+        return zb__err(ZB_E_NOMEM, "libcurl: no easy handle");
     CURL *e = x->easy;
     curl_slist_free_all(x->hdrs);
     x->hdrs = NULL;
@@ -604,8 +605,8 @@ xfer_fault(xfer *x, const char *why)
     }
     atomic_fetch_add(&r->retries, 1);
     if (!x->req) x->req_off = sub_range(x, x->lo)->offset + sub_range(x, x->lo)->nread;
-    x->ready_at =
-        now_s() + zb__backoff_delay(r->o.backoff_base_s, r->o.backoff_max_s, x->attempts, rand01(r));
+    x->ready_at = now_s() + zb__backoff_delay(r->o.backoff_base_s, r->o.backoff_max_s, x->attempts,
+                                              rand01(r));
 }
 
 static void
@@ -751,8 +752,7 @@ start_ready(loop *l, double now, double *wake)
         l->active++;
         uint64_t a = atomic_fetch_add(&l->r->in_flight, 1) + 1;
         uint64_t m = atomic_load(&l->r->max_in_flight);
-        while (a > m && !atomic_compare_exchange_weak(&l->r->max_in_flight, &m, a)) {
-        }
+        while (a > m && !atomic_compare_exchange_weak(&l->r->max_in_flight, &m, a)) {}
     }
     return ZB_OK;
 }
@@ -878,7 +878,7 @@ xfers_free(xfer *x, size_t n)
 
 zb_status
 zb__remote_get_ranges(zb__remote *r, zb__url_fn url_of, void *url_ctx, zb_range *ranges, size_t n,
-                     zb_range_fn done, void *ctx)
+                      zb_range_fn done, void *ctx)
 {
     atomic_fetch_add(&r->ranges, n);
     size_t *order = malloc((n ? n : 1) * sizeof *order);

@@ -54,7 +54,7 @@ typedef struct file_store {
     char *root;
     char *real_root;          /* realpath of root: where links that stay inside must land */
     bool allow_links_outside; /* zb_store_opts.allow_links_outside */
-    pthread_mutex_t mu; /* guards the map table */
+    pthread_mutex_t mu;       /* guards the map table */
     fmap *maps[FMAP_BUCKETS];
     uint64_t mapped, map_budget; /* bytes mapped, and the most that may be */
 } file_store;
@@ -172,9 +172,9 @@ static zb_status
 outside_root(const file_store *fs, const char *key)
 {
     return zb__err(ZB_E_BADKEY,
-                  "%s/%s: a symbolic link leads outside the store root (open the store with "
-                  "allow_links_outside to follow it)",
-                  fs->root, key);
+                   "%s/%s: a symbolic link leads outside the store root (open the store with "
+                   "allow_links_outside to follow it)",
+                   fs->root, key);
 }
 
 static const char *
@@ -191,7 +191,7 @@ static zb_status
 not_regular(const file_store *fs, const char *key, mode_t mode)
 {
     return zb__err(ZB_E_CORRUPT, "%s/%s: not a regular file (%s); only regular files are data",
-                  fs->root, key, file_kind(mode));
+                   fs->root, key, file_kind(mode));
 }
 
 /* Opens `key` for reading and stats it: a regular file inside the root, else an error (a
@@ -293,8 +293,8 @@ file_view(void *self, const char *key, uint64_t offset, uint64_t length, const u
                 base = mmap(NULL, (size_t)sb.st_size, PROT_READ, flags, fd, 0);
                 if (base == MAP_FAILED) {
                     /* no mapping (a file system without mmap, address space): use get */
-                    st =
-                        zb__err(ZB_E_UNSUPPORTED, "%s/%s: mmap: %s", fs->root, key, strerror(errno));
+                    st = zb__err(ZB_E_UNSUPPORTED, "%s/%s: mmap: %s", fs->root, key,
+                                 strerror(errno));
                     base = NULL;
                 }
             }

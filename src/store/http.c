@@ -35,7 +35,7 @@ http_get_ranges(void *self, zb_range *ranges, size_t n, zb_range_fn done, void *
 
 zb_status
 zb__remote_get_one(zb__remote *r, zb__url_fn url_of, void *self, const char *key, uint64_t offset,
-                  uint64_t length, void *dst, uint64_t *nread)
+                   uint64_t length, void *dst, uint64_t *nread)
 {
     zb_range rg = {.key = key, .offset = offset, .length = length, .dst = dst};
     ZB_TRY(zb__remote_get_ranges(r, url_of, self, &rg, 1, NULL, NULL));
@@ -81,9 +81,9 @@ http_list(void *self, const char *prefix, zb_list_fn fn, void *ctx)
     (void)ctx;
     http_store *hs = self;
     return zb__err(ZB_E_UNSUPPORTED,
-                  "%s: an HTTP server cannot list keys (listing \"%s\"); open a store with "
-                  "consolidated metadata (zarr.consolidate_metadata, or any zbatch writer)",
-                  hs->base, prefix);
+                   "%s: an HTTP server cannot list keys (listing \"%s\"); open a store with "
+                   "consolidated metadata (zarr.consolidate_metadata, or any zbatch writer)",
+                   hs->base, prefix);
 }
 
 static void
@@ -122,7 +122,7 @@ zb__store_open_http(const char *url, const zb_remote_opts *opts, zb_store **out)
     const char *at = strchr(host + 3, '@'), *slash = strchr(host + 3, '/');
     if (at && (!slash || at < slash))
         return zb__err(ZB_E_INVALID, "http store: credentials in the URL are not accepted; "
-                                    "the URL appears in messages");
+                                     "the URL appears in messages");
     if (strpbrk(url, "?#"))
         return zb__err(ZB_E_INVALID, "%s: a store URL takes no query or fragment", url);
     http_store *hs = calloc(1, sizeof *hs);

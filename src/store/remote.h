@@ -26,7 +26,7 @@ typedef struct zb__coalesced {
  * ranges are left out of every group. *groups is malloc'd (free with free()); *ngroups counts
  * them. */
 zb_status zb__coalesce(const zb_range *ranges, size_t n, uint64_t gap, uint64_t max_bytes,
-                      size_t *order, zb__coalesced **groups, size_t *ngroups);
+                       size_t *order, zb__coalesced **groups, size_t *ngroups);
 
 /* ---- retries ------------------------------------------------------------------------------- */
 
@@ -62,7 +62,7 @@ typedef struct zb__s3_target {
 /* Splits `url` (s3://bucket[/prefix]) and builds its base URL from the endpoint (NULL = AWS),
  * the region (NULL = us-east-1) and the addressing (ZB_S3_ADDRESSING_*). */
 zb_status zb__s3_target_parse(const char *url, const char *endpoint, const char *region,
-                             int addressing, zb__s3_target *out);
+                              int addressing, zb__s3_target *out);
 
 /* ---- S3 XML -------------------------------------------------------------------------------- */
 
@@ -126,7 +126,7 @@ const zb_remote_opts *zb__remote_options(const zb__remote *r);
  * as zb_store_methods.get_ranges describes. */
 typedef zb_status (*zb__url_fn)(void *ctx, const char *key, zb__buf *url);
 zb_status zb__remote_get_ranges(zb__remote *r, zb__url_fn url_of, void *url_ctx, zb_range *ranges,
-                               size_t n, zb_range_fn done, void *ctx);
+                                size_t n, zb_range_fn done, void *ctx);
 
 /* Runs `n` requests concurrently with retries; each gets status (ZB_OK for 2xx), http_status,
  * and its body when asked. Returns the first failure in list order (message set), else ZB_OK. */
@@ -134,11 +134,11 @@ zb_status zb__remote_perform(zb__remote *r, zb__http_req *reqs, size_t n);
 
 /* One range through the same engine (pool threads call this concurrently); the store's get. */
 zb_status zb__remote_get_one(zb__remote *r, zb__url_fn url_of, void *self, const char *key,
-                            uint64_t offset, uint64_t length, void *dst, uint64_t *nread);
+                             uint64_t offset, uint64_t length, void *dst, uint64_t *nread);
 
 /* The size of `key` by a HEAD request; the store's size. */
 zb_status zb__remote_head(zb__remote *r, zb__url_fn url_of, void *self, const char *key,
-                         uint64_t *size);
+                          uint64_t *size);
 
 void zb__remote_stats(zb__remote *r, zb_store_stats *out);
 

@@ -24,7 +24,7 @@ by_key_offset(const void *a, const void *b, void *arg)
 
 zb_status
 zb__coalesce(const zb_range *ranges, size_t n, uint64_t gap, uint64_t max_bytes, size_t *order,
-            zb__coalesced **groups, size_t *ngroups)
+             zb__coalesced **groups, size_t *ngroups)
 {
     *groups = NULL;
     *ngroups = 0;
@@ -156,7 +156,7 @@ bucket_ok(const char *b, size_t n)
 
 zb_status
 zb__s3_target_parse(const char *url, const char *endpoint, const char *region, int addressing,
-                   zb__s3_target *out)
+                    zb__s3_target *out)
 {
     memset(out, 0, sizeof *out);
     if (strncmp(url, "s3://", 5) != 0) return zb__err(ZB_E_INVALID, "%s: not an s3:// URL", url);
@@ -164,8 +164,8 @@ zb__s3_target_parse(const char *url, const char *endpoint, const char *region, i
     size_t bn = slash ? (size_t)(slash - b) : strlen(b);
     if (!bucket_ok(b, bn))
         return zb__err(ZB_E_INVALID,
-                      "%s: \"%.*s\" is not a bucket name (3-63 of a-z, 0-9, '.', '-')", url,
-                      (int)(bn > 80 ? 80 : bn), b);
+                       "%s: \"%.*s\" is not a bucket name (3-63 of a-z, 0-9, '.', '-')", url,
+                       (int)(bn > 80 ? 80 : bn), b);
     memcpy(out->bucket, b, bn);
     if (slash) {
         zb_status st = zb_key_normalize(slash + 1, out->prefix, sizeof out->prefix);
@@ -182,7 +182,7 @@ zb__s3_target_parse(const char *url, const char *endpoint, const char *region, i
         const char *sep = strstr(endpoint, "://");
         if (!sep || (size_t)(sep - endpoint) + 3 >= el)
             return zb__err(ZB_E_INVALID, "endpoint_url \"%.200s\" is not SCHEME://HOST[:PORT]",
-                          endpoint);
+                           endpoint);
         if (path) {
             w = snprintf(out->base, sizeof out->base, "%.*s/%s", (int)el, endpoint, out->bucket);
         } else {

@@ -116,9 +116,9 @@ s3_list(void *self, const char *prefix, zb_list_fn fn, void *ctx)
     for (int page = 0; st == ZB_OK; page++) {
         st = list_url(s, pre, l.next_token, &url);
         zb__http_req q = {.method = ZB_HTTP_GET,
-                         .url = (const char *)url.data,
-                         .what = prefix,
-                         .want_body = true};
+                          .url = (const char *)url.data,
+                          .what = prefix,
+                          .want_body = true};
         if (st == ZB_OK) st = zb__remote_perform(s->r, &q, 1);
         if (st == ZB_OK) st = zb__s3_parse_list((const char *)q.body.data, q.body.len, pre, &l);
         if (st != ZB_OK)
@@ -145,7 +145,7 @@ check_body_error(const s3_store *s, const char *what, const zb__buf *body)
     char *code = zb__xml_text((const char *)body->data, body->len, "Code");
     char *msg = zb__xml_text((const char *)body->data, body->len, "Message");
     zb_status st = zb__err(ZB_E_IO, "%s: %s failed: %s: %.300s", s->name, what,
-                          code ? code : "error", msg ? msg : "");
+                           code ? code : "error", msg ? msg : "");
     free(code);
     free(msg);
     return st;
@@ -157,10 +157,10 @@ put_single(s3_store *s, const char *key, const void *data, uint64_t length)
     zb__buf url = {0};
     zb_status st = object_url(s, key, NULL, &url);
     zb__http_req q = {.method = ZB_HTTP_PUT,
-                     .url = (const char *)url.data,
-                     .what = key,
-                     .upload = data,
-                     .upload_len = (size_t)length};
+                      .url = (const char *)url.data,
+                      .what = key,
+                      .upload = data,
+                      .upload_len = (size_t)length};
     if (st == ZB_OK) st = zb__remote_perform(s->r, &q, 1);
     zb__buf_free(&q.body);
     zb__buf_free(&url);
@@ -205,7 +205,7 @@ put_parts(s3_store *s, const char *key, const uint8_t *data, uint64_t length, co
     size_t np = (size_t)((length + part - 1) / part);
     if (np > 10000)
         return zb__err(ZB_E_INVALID, "%s/%s: %llu bytes need %zu parts of %llu (S3 allows 10000)",
-                      s->name, key, (unsigned long long)length, np, (unsigned long long)part);
+                       s->name, key, (unsigned long long)length, np, (unsigned long long)part);
     zb__http_req *q = calloc(np, sizeof *q);
     zb__buf *urls = calloc(np, sizeof *urls);
     zb__buf qs = {0};
@@ -215,11 +215,11 @@ put_parts(s3_store *s, const char *key, const uint8_t *data, uint64_t length, co
         st = upload_query(&qs, (unsigned)i + 1, upload_id);
         if (st == ZB_OK) st = object_url(s, key, (const char *)qs.data, &urls[i]);
         q[i] = (zb__http_req){.method = ZB_HTTP_PUT,
-                             .url = (const char *)urls[i].data,
-                             .what = key,
-                             .upload = data + off,
-                             .upload_len = (size_t)n,
-                             .want_etag = true};
+                              .url = (const char *)urls[i].data,
+                              .what = key,
+                              .upload = data + off,
+                              .upload_len = (size_t)n,
+                              .want_etag = true};
     }
     if (st == ZB_OK) st = zb__remote_perform(s->r, q, np);
     static const char head[] = "<CompleteMultipartUpload>";
@@ -227,7 +227,8 @@ put_parts(s3_store *s, const char *key, const uint8_t *data, uint64_t length, co
     for (size_t i = 0; i < np && st == ZB_OK; i++) {
         char part_xml[256];
         if (!q[i].etag[0]) {
-            st = zb__err(ZB_E_IO, "%s/%s: part %zu was stored without an ETag", s->name, key, i + 1);
+            st =
+                zb__err(ZB_E_IO, "%s/%s: part %zu was stored without an ETag", s->name, key, i + 1);
             break;
         }
         int w =
@@ -260,15 +261,15 @@ put_multipart(s3_store *s, const char *key, const uint8_t *data, uint64_t length
         upload_id = zb__xml_text((const char *)init.body.data, init.body.len, "UploadId");
         if (!upload_id || !*upload_id)
             st = zb__err(ZB_E_IO, "%s/%s: CreateMultipartUpload answered without an UploadId",
-                        s->name, key);
+                         s->name, key);
     }
     bool started = st == ZB_OK;
     if (st == ZB_OK) st = put_parts(s, key, data, length, upload_id, &complete);
     zb__http_req fin = {.method = ZB_HTTP_POST,
-                       .what = key,
-                       .want_body = true,
-                       .upload = complete.data,
-                       .upload_len = complete.len};
+                        .what = key,
+                        .want_body = true,
+                        .upload = complete.data,
+                        .upload_len = complete.len};
     if (st == ZB_OK) st = upload_query(&qs, 0, upload_id);
     if (st == ZB_OK) st = object_url(s, key, (const char *)qs.data, &url);
     if (st == ZB_OK) {
@@ -329,10 +330,10 @@ s3_rename(void *self, const char *from, const char *to)
     if (st == ZB_OK) st = zb__buf_append(&hdr, "", 1);
     if (st == ZB_OK) st = object_url(s, to, NULL, &url);
     zb__http_req q = {.method = ZB_HTTP_PUT,
-                     .url = (const char *)url.data,
-                     .what = to,
-                     .header = (const char *)hdr.data,
-                     .want_body = true};
+                      .url = (const char *)url.data,
+                      .what = to,
+                      .header = (const char *)hdr.data,
+                      .want_body = true};
     if (st == ZB_OK) st = zb__remote_perform(s->r, &q, 1);
     if (st == ZB_OK) st = check_body_error(s, "CopyObject", &q.body);
     if (st == ZB_OK) st = s3_erase(s, from);
@@ -384,7 +385,7 @@ zb__store_open_s3(const char *url, const zb_remote_opts *opts, zb_store **out)
     if (st == ZB_OK && opts->part_bytes && opts->part_bytes < ((uint64_t)5 << 20) &&
         opts->endpoint_url == NULL)
         st = zb__err(ZB_E_INVALID, "%s: part_bytes %llu is below S3's 5 MiB minimum", url,
-                    (unsigned long long)opts->part_bytes);
+                     (unsigned long long)opts->part_bytes);
     if (st == ZB_OK) st = zb__remote_new(opts, s->t.region, &s->r);
     if (st == ZB_OK) {
         snprintf(s->name, sizeof s->name, "s3://%s%s%s", s->t.bucket, s->t.prefix[0] ? "/" : "",

@@ -97,14 +97,14 @@ list_entry(xml_walk *w, bool is_dir)
     size_t pl = strlen(w->prefix);
     if (w->tlen < pl || memcmp(w->text, w->prefix, pl) != 0)
         return zb__err(ZB_E_CORRUPT, "s3 list: key \"%.200s\" is not below the prefix \"%s\"",
-                      w->text, w->prefix);
+                       w->text, w->prefix);
     const char *name = w->text + pl;
     size_t n = w->tlen - pl;
     if (is_dir && n && name[n - 1] == '/') n--;
     if (n == 0) return ZB_OK; /* the prefix itself ("dir/" marker objects) */
     if (memchr(name, '/', n))
         return zb__err(ZB_E_CORRUPT, "s3 list: \"%.200s\" is not an immediate child of \"%s\"",
-                      w->text, w->prefix);
+                       w->text, w->prefix);
     return listing_add(w->out, name, n, is_dir);
 }
 
@@ -148,8 +148,8 @@ parse(xml_walk *w, const char *xml, size_t len)
     zb_status st = ZB_OK;
     if (len > (size_t)1 << 30 || XML_Parse(p, xml, (int)len, XML_TRUE) != XML_STATUS_OK)
         st = zb__err(ZB_E_CORRUPT, "malformed XML at line %lu: %s",
-                    (unsigned long)XML_GetCurrentLineNumber(p),
-                    XML_ErrorString(XML_GetErrorCode(p)));
+                     (unsigned long)XML_GetCurrentLineNumber(p),
+                     XML_ErrorString(XML_GetErrorCode(p)));
     XML_ParserFree(p);
     return st;
 }

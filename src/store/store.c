@@ -23,7 +23,8 @@ zb_key_normalize(const char *key, char *out, size_t cap)
         while (*p && *p != '/' && *p != '\\') p++;
         size_t n = (size_t)(p - s);
         if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
-            return zb__err(ZB_E_BADKEY, "key '%s': '%.*s' segments are not allowed", key, (int)n, s);
+            return zb__err(ZB_E_BADKEY, "key '%s': '%.*s' segments are not allowed", key, (int)n,
+                           s);
         if (o + n + 2 > cap) return zb__err(ZB_E_INVALID, "key '%.64s...' is too long", key);
         if (o) out[o++] = '/';
         memcpy(out + o, s, n);
@@ -100,8 +101,8 @@ zb_store_get_stats(const zb_store *store, zb_store_stats *stats)
 }
 
 /* Normalises `key` into a stack buffer named `var`, returning on error. */
-#define NORMALIZE(var, key)                                                                      \
-    char var[ZB_KEY_MAX];                                                                        \
+#define NORMALIZE(var, key)                                                                        \
+    char var[ZB_KEY_MAX];                                                                          \
     ZB_TRY(zb_key_normalize((key), var, sizeof var))
 
 zb_status
@@ -197,10 +198,10 @@ zb_store_read_all(zb_store *store, const char *key, uint8_t **data, uint64_t *le
     ZB_TRY(zb_store_size(store, key, &size));
     if (size >= (uint64_t)1 << 34)
         return zb__err(ZB_E_OVERFLOW, "%s: object of %llu bytes is too large to read whole", key,
-                      (unsigned long long)size);
+                       (unsigned long long)size);
     uint8_t *buf = malloc((size_t)size + 1);
-    if (!buf) return zb__err(ZB_E_NOMEM, "%s: cannot allocate %llu bytes", key,
-                            (unsigned long long)size);
+    if (!buf)
+        return zb__err(ZB_E_NOMEM, "%s: cannot allocate %llu bytes", key, (unsigned long long)size);
     uint64_t got = 0;
     zb_status st = zb_store_get(store, key, 0, size, buf, &got);
     if (st != ZB_OK) {
@@ -210,7 +211,7 @@ zb_store_read_all(zb_store *store, const char *key, uint8_t **data, uint64_t *le
     if (got != size) {
         free(buf);
         return zb__err(ZB_E_IO, "%s: read %llu of %llu bytes (changed while reading?)", key,
-                      (unsigned long long)got, (unsigned long long)size);
+                       (unsigned long long)got, (unsigned long long)size);
     }
     buf[size] = '\0';
     *data = buf;
@@ -279,8 +280,8 @@ typedef struct {
     zb_range_fn done;
     void *ctx;
     bool cancelled;
-    size_t failed;     /* the lowest failed range so far (n: none) */
-    zb_status failst;  /* its status and message */
+    size_t failed;    /* the lowest failed range so far (n: none) */
+    zb_status failst; /* its status and message */
     char msg[512];
 } relay;
 
@@ -303,7 +304,8 @@ relay_done(void *arg, size_t i)
 zb_status
 zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n, zb_range_fn done, void *ctx)
 {
-    if (!store || (!ranges && n)) return zb__err(ZB_E_INVALID, "zb_store_get_ranges: null argument");
+    if (!store || (!ranges && n))
+        return zb__err(ZB_E_INVALID, "zb_store_get_ranges: null argument");
     if (n == 0) return ZB_OK;
     zb_range *r = NULL;
     char *keys = NULL;
@@ -324,6 +326,7 @@ zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n, zb_range_fn don
     free(keys);
     if (st != ZB_OK) return st;
     if (rl.failed < n) return zb__err(rl.failst, "%s", rl.msg);
-    if (rl.cancelled) return zb__err(ZB_E_CANCELLED, "zb_store_get_ranges: cancelled by the caller");
+    if (rl.cancelled)
+        return zb__err(ZB_E_CANCELLED, "zb_store_get_ranges: cancelled by the caller");
     return ZB_OK;
 }

@@ -34,7 +34,8 @@ zb__buf_append(zb__buf *b, const void *src, size_t n)
 zb_status
 zb__buf_for_read(zb__buf *b, uint64_t offset, size_t n, uint8_t **dst)
 {
-    if (n > ZB_BUF_MAX - 64) return zb__err(ZB_E_OVERFLOW, "buffer of %zu bytes exceeds the cap", n);
+    if (n > ZB_BUF_MAX - 64)
+        return zb__err(ZB_E_OVERFLOW, "buffer of %zu bytes exceeds the cap", n);
     ZB_TRY(zb__buf_reserve(b, n + 63));
     *dst = b->data + ((offset - (uintptr_t)b->data) & 63);
     return ZB_OK;

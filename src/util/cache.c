@@ -13,8 +13,8 @@ typedef struct entry {
     const void *owner;
     uint64_t unit;
     size_t len;
-    struct entry *hnext;          /* hash chain */
-    struct entry *prev, *next;    /* LRU list, most recent at head */
+    struct entry *hnext;       /* hash chain */
+    struct entry *prev, *next; /* LRU list, most recent at head */
     uint8_t data[];
 } entry;
 
@@ -104,7 +104,7 @@ evict(zb__cache *c, entry *e)
 
 bool
 zb__cache_get_part(zb__cache *c, const void *owner, uint64_t unit, size_t whole_len, size_t off,
-                  void *dst, size_t len)
+                   void *dst, size_t len)
 {
     if (!c || off > whole_len || len > whole_len - off) return false;
     bool hit = false;

@@ -17,7 +17,7 @@ void zb__cache_free(zb__cache *c);
 bool zb__cache_get(zb__cache *c, const void *arr, uint64_t unit, void *dst, size_t dst_len);
 /* Bytes [off, off + len) of an entry of whole_len bytes (a hit needs that length). */
 bool zb__cache_get_part(zb__cache *c, const void *arr, uint64_t unit, size_t whole_len, size_t off,
-                       void *dst, size_t len);
+                        void *dst, size_t len);
 bool zb__cache_contains(zb__cache *c, const void *arr, uint64_t unit);
 void zb__cache_put(zb__cache *c, const void *arr, uint64_t unit, const void *src, size_t len);
 

@@ -71,9 +71,9 @@ check_integer_ranges(const char *text, size_t len, const char *where)
         if (!digits_le(text + dstart, ndig, limit)) {
             int shown = (int)((i - start) > 40 ? 40 : (i - start));
             return zb__err(ZB_E_JSON,
-                          "%s: integer %.*s%s at byte %zu is outside the int64 and uint64 "
-                          "ranges",
-                          where, shown, text + start, (i - start) > 40 ? "..." : "", start);
+                           "%s: integer %.*s%s at byte %zu is outside the int64 and uint64 "
+                           "ranges",
+                           where, shown, text + start, (i - start) > 40 ? "..." : "", start);
         }
     }
     return ZB_OK;
@@ -112,13 +112,13 @@ zb__json_parse(const char *text, size_t len, const char *where, json_object **ou
         if (jerr == json_tokener_success || jerr == json_tokener_continue)
             jerr = json_tokener_error_parse_eof;
         st = zb__err(ZB_E_JSON, "%s: malformed JSON at byte %zu: %s", where, end,
-                    json_tokener_error_desc(jerr));
+                     json_tokener_error_desc(jerr));
         goto fail;
     }
     for (size_t i = end; i < len; i++) {
         if (!is_ws(text[i])) {
             st = zb__err(ZB_E_JSON, "%s: trailing bytes after the JSON document at byte %zu", where,
-                        i);
+                         i);
             goto fail;
         }
     }
@@ -152,7 +152,7 @@ require_int(json_object *v, const char *what)
     const char *text = json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN);
     int shown = (int)strnlen(text, 40);
     return zb__err(ZB_E_METADATA, "%s is %.*s%s, not an integer", what, shown, text,
-                  text[shown] ? "..." : "");
+                   text[shown] ? "..." : "");
 }
 
 zb_status
@@ -165,7 +165,8 @@ zb__json_u64(json_object *v, const char *what, uint64_t *out)
         return ZB_OK;
     }
     int64_t s = json_object_get_int64(v);
-    if (s < 0) return zb__err(ZB_E_METADATA, "%s is %lld, must not be negative", what, (long long)s);
+    if (s < 0)
+        return zb__err(ZB_E_METADATA, "%s is %lld, must not be negative", what, (long long)s);
     *out = (uint64_t)s;
     return ZB_OK;
 }
@@ -177,7 +178,7 @@ zb__json_i64(json_object *v, const char *what, int64_t *out)
     ZB_TRY(require_int(v, what));
     if (zb__json_is_big_uint(v))
         return zb__err(ZB_E_METADATA, "%s is %llu, outside the int64 range", what,
-                      (unsigned long long)json_object_get_uint64(v));
+                       (unsigned long long)json_object_get_uint64(v));
     *out = json_object_get_int64(v);
     return ZB_OK;
 }

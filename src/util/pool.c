@@ -89,7 +89,7 @@ zb__pool_new(int nthreads, zb__pool **out)
     *out = NULL;
     if (nthreads > ZB_POOL_MAX_THREADS)
         return zb__err(ZB_E_INVALID, "thread pool: %d threads requested (at most %d)", nthreads,
-                      ZB_POOL_MAX_THREADS);
+                       ZB_POOL_MAX_THREADS);
     zb__pool *pool = calloc(1, sizeof *pool);
     if (!pool) return zb__err(ZB_E_NOMEM, "thread pool: out of memory");
     pthread_mutex_init(&pool->mu, NULL);
@@ -123,7 +123,7 @@ zb__pool_new(int nthreads, zb__pool **out)
                                &pool->workers[started]);
         if (e != 0) {
             st = zb__err(ZB_E_IO, "thread pool: cannot start thread %d of %d (%s)", started + 1,
-                        nthreads, strerror(e));
+                         nthreads, strerror(e));
             goto fail;
         }
     }

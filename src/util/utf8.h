@@ -16,8 +16,11 @@ zb__utf8_valid(const char *str, size_t *bad)
     size_t i = 0;
     while (s[i]) {
         uint8_t c = s[i];
-        size_t n = c < 0x80 ? 0 : c >= 0xC2 && c <= 0xDF ? 1 : (c & 0xF0) == 0xE0 ? 2
-                 : c >= 0xF0 && c <= 0xF4 ? 3 : 4;
+        size_t n = c < 0x80                 ? 0
+                   : c >= 0xC2 && c <= 0xDF ? 1
+                   : (c & 0xF0) == 0xE0     ? 2
+                   : c >= 0xF0 && c <= 0xF4 ? 3
+                                            : 4;
         if (n == 4) break;
         uint8_t lo = 0x80, hi = 0xBF; /* the second byte's range (RFC 3629 §4) */
         if (c == 0xE0) lo = 0xA0;

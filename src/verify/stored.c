@@ -145,8 +145,10 @@ zb__stored_chunks(zb_store *store, const zb_array *a, uint64_t **coords, size_t 
     if (st == ZB_OK) st = w.st;
     if (st == ZB_OK && w.n > 1) {
         uint64_t *tmp = malloc(w.n * (size_t)w.nd * sizeof *tmp);
-        if (!tmp) st = zb__err(ZB_E_NOMEM, "%s: out of memory listing chunks", a->path);
-        else sort_rows(w.coords, tmp, w.n, w.nd);
+        if (!tmp)
+            st = zb__err(ZB_E_NOMEM, "%s: out of memory listing chunks", a->path);
+        else
+            sort_rows(w.coords, tmp, w.n, w.nd);
         free(tmp);
     }
     if (st != ZB_OK) {

@@ -14,6 +14,6 @@ struct zb_array;
  * (metadata documents, stray files, indices outside the grid) are left out.
  * ZB_E_UNSUPPORTED for a store that cannot list (the caller walks the grid instead). */
 zb_status zb__stored_chunks(zb_store *store, const struct zb_array *a, uint64_t **coords,
-                           size_t *n);
+                            size_t *n);
 
 #endif

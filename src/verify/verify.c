@@ -360,7 +360,8 @@ dims_text(char *buf, size_t cap, const uint64_t *d, int n)
 
 /* Compares one array as the snapshot has it with its own document. */
 static void
-compare_array_meta(verifier *v, const zb__tree_node *disk, const zb__tree_node *snap, const char *key)
+compare_array_meta(verifier *v, const zb__tree_node *disk, const zb__tree_node *snap,
+                   const char *key)
 {
     zb__array_meta a, b;
     if (parse_meta(disk, &a) != ZB_OK) return; /* reported with the arrays */
@@ -526,8 +527,7 @@ units_close(units *u)
  * problem (and NULL) when it fails. `what` names the part of the object read (an inner
  * chunk), or is NULL for the whole object. */
 static const uint8_t *
-fetch(verifier *v, const zb_array *a, const char *key, uint64_t off, uint64_t len,
-      const char *what)
+fetch(verifier *v, const zb_array *a, const char *key, uint64_t off, uint64_t len, const char *what)
 {
     const uint8_t *data = NULL;
     zb_status st = zb__unit_read(a, key, off, len, &v->enc, &data, NULL);
@@ -691,7 +691,8 @@ check_by_rows(verifier *v, varr *va)
         }
         zb_ctx_get_stats(v->ctx, &after);
         v->r->n_chunks += after.chunks_decoded - before.chunks_decoded;
-        if (!listed) v->r->n_missing += after.chunks_filled - before.chunks_filled; /* else
+        if (!listed)
+            v->r->n_missing += after.chunks_filled - before.chunks_filled; /* else
                                                      counted by the listing (units_open) */
         if (st != ZB_OK) {
             /* name the first unit (or shard) of the block: exact for 1-d arrays; the detail
@@ -1366,7 +1367,7 @@ check_atomic(verifier *v, const zb__tree_node *g)
          *num = child_array(v, base, "core/atomic_numbers");
     if ((!pos || pos->a) && (!num || num->a)) { /* an array that did not open is reported */
         st = zb__atomistic_check_required(shown(base), fields, pos ? &pos->a->meta : NULL,
-                                      num ? &num->a->meta : NULL);
+                                          num ? &num->a->meta : NULL);
         if (st != ZB_OK) failed(v, st, shown(base), NULL);
     }
     check_fields_named(v, base, fields);

@@ -31,7 +31,7 @@ zb__ad_usable(const zb_anndata_writer *w, const char *fn)
     if (w->committed) return zb__err(ZB_E_INVALID, "%s: the writer has already committed", fn);
     if (w->failed != ZB_OK)
         return zb__err(w->failed, "%s: the writer is unusable after an earlier write failed (%s)",
-                      fn, zb_status_name(w->failed));
+                       fn, zb_status_name(w->failed));
     return ZB_OK;
 }
 
@@ -117,7 +117,7 @@ zb__ad_check_name(const char *where, const char *name)
         return zb__err(ZB_E_INVALID, "%s: '%s' is not a valid name", where, name);
     if (!strncmp(name, "__", 2))
         return zb__err(ZB_E_INVALID, "%s/%s: names starting with '__' are reserved by Zarr", where,
-                      name);
+                       name);
     if (strlen(name) > 1024) return zb__err(ZB_E_INVALID, "%s: name longer than 1024 bytes", where);
     return ZB_OK;
 }
@@ -131,21 +131,21 @@ zb__ad_check_strings(const char *what, const char *data, const uint64_t *offsets
     for (uint64_t i = 0; i < n; i++)
         if (offsets[i + 1] < offsets[i])
             return zb__err(ZB_E_INVALID,
-                          "%s: offsets decrease at string %" PRIu64 " (%" PRIu64 " after %" PRIu64
-                          ")",
-                          what, i, offsets[i + 1], offsets[i]);
+                           "%s: offsets decrease at string %" PRIu64 " (%" PRIu64 " after %" PRIu64
+                           ")",
+                           what, i, offsets[i + 1], offsets[i]);
     if (!data && offsets[n] > offsets[0]) return zb__err(ZB_E_INVALID, "%s: null data", what);
     for (uint64_t i = 0; i < n; i++) {
         if (mask && mask[i]) continue;
         uint64_t len = offsets[i + 1] - offsets[i];
         if (len > UINT32_MAX)
             return zb__err(ZB_E_INVALID,
-                          "%s: string %" PRIu64 " has %" PRIu64 " bytes (vlen-utf8 allows 2^32-1)",
-                          what, i, len);
+                           "%s: string %" PRIu64 " has %" PRIu64 " bytes (vlen-utf8 allows 2^32-1)",
+                           what, i, len);
         size_t bad = zb__write_utf8_check((const uint8_t *)data + offsets[i], (size_t)len);
         if (bad != len)
             return zb__err(ZB_E_INVALID, "%s: string %" PRIu64 " is not valid UTF-8 (byte %zu)",
-                          what, i, bad);
+                           what, i, bad);
     }
     return ZB_OK;
 }
@@ -175,7 +175,7 @@ refuse_existing_node(zb_anndata_writer *w)
         zb_status st = ZB_OK;
         if (key_exists(w->store, key, &st))
             return zb__err(ZB_E_INVALID, "'%s' already holds a Zarr node (%s); remove it first",
-                          w->path[0] ? w->path : "/", docs[i]);
+                           w->path[0] ? w->path : "/", docs[i]);
         if (st != ZB_OK) return st;
     }
     return ZB_OK;
@@ -221,7 +221,7 @@ zb_anndata_writer_open(zb_store *store, const char *path, uint64_t n_vars, zb_an
         return zb__err(ZB_E_INVALID, "anndata writer: X must have a fixed-size dtype");
     if (x_kind == ZB_ANNDATA_X_CSR && n_vars > INT32_MAX)
         return zb__err(ZB_E_INVALID,
-                      "anndata writer: n_vars %" PRIu64 " does not fit int32 column ids", n_vars);
+                       "anndata writer: n_vars %" PRIu64 " does not fit int32 column ids", n_vars);
     if (o.x_shard && o.zarr_format != 3)
         return zb__err(ZB_E_INVALID, "anndata writer: sharding needs zarr_format 3");
     if (o.x_shard) {
@@ -231,9 +231,9 @@ zb_anndata_writer_open(zb_store *store, const char *path, uint64_t n_vars, zb_an
             return zb__err(ZB_E_INVALID, "anndata writer: a dense X shard needs x_chunk set");
         if (o.x_shard % chunk)
             return zb__err(ZB_E_INVALID,
-                          "anndata writer: x_shard %" PRIu64
-                          " is not a multiple of x_chunk %" PRIu64,
-                          o.x_shard, chunk);
+                           "anndata writer: x_shard %" PRIu64
+                           " is not a multiple of x_chunk %" PRIu64,
+                           o.x_shard, chunk);
     }
     if (o.num_threads < 0)
         return zb__err(ZB_E_INVALID, "anndata writer: num_threads %d < 0", o.num_threads);

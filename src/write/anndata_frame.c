@@ -43,8 +43,8 @@ check_room(const zb_anndata_writer *w, zb_anndata_axis axis, uint64_t have, uint
 {
     if (axis == ZB_ANNDATA_VAR && (add > w->n_vars || have > w->n_vars - add))
         return zb__err(ZB_E_INVALID,
-                      "var/%s: %" PRIu64 " + %" PRIu64 " values exceed n_vars %" PRIu64, what, have,
-                      add, w->n_vars);
+                       "var/%s: %" PRIu64 " + %" PRIu64 " values exceed n_vars %" PRIu64, what,
+                       have, add, w->n_vars);
     return ZB_OK;
 }
 
@@ -242,7 +242,7 @@ get_column(zb_anndata_writer *w, zb_anndata_axis axis, const char *name, zb__ad_
             char have[64];
             describe_column(c, have, sizeof have);
             return zb__err(ZB_E_TYPE, "%s/%s: the column exists as a %s column", f->name, name,
-                          have);
+                           have);
         }
         *out = c;
         return ZB_OK;
@@ -273,7 +273,7 @@ check_bools(const char *fname, const char *name, const uint8_t *b, const uint8_t
     for (uint64_t i = 0; i < n; i++)
         if (b[i] > 1 && !(mask && mask[i]))
             return zb__err(ZB_E_INVALID, "%s/%s: bool value %u at %" PRIu64 " is not 0 or 1", fname,
-                          name, b[i], i);
+                           name, b[i], i);
     return ZB_OK;
 }
 
@@ -286,9 +286,9 @@ zb_anndata_writer_append_column(zb_anndata_writer *w, zb_anndata_axis axis, cons
     const char *fname = zb__ad_frame_of(w, axis)->name;
     if ((int)dtype < 0 || dtype >= ZB_DT_COUNT_ || dtype == ZB_DT_STRING)
         return zb__err(ZB_E_INVALID,
-                      "%s/%s: a numeric column needs a fixed-size dtype "
-                      "(append_string_column takes strings)",
-                      fname, name ? name : "");
+                       "%s/%s: a numeric column needs a fixed-size dtype "
+                       "(append_string_column takes strings)",
+                       fname, name ? name : "");
     ZB_TRY(check_column_name(fname, name));
     if (n && !values) return zb__err(ZB_E_INVALID, "%s/%s: null values", fname, name);
     if (dtype == ZB_DT_BOOL) ZB_TRY(check_bools(fname, name, values, NULL, n));
@@ -325,17 +325,17 @@ check_mask(const char *fname, const char *name, const uint8_t *mask, uint64_t n_
     if (!mask) {
         if (n_mask)
             return zb__err(ZB_E_INVALID, "%s/%s: null mask of %" PRIu64 " entries", fname, name,
-                          n_mask);
+                           n_mask);
         return ZB_OK;
     }
     if (n_mask != n)
         return zb__err(ZB_E_INVALID,
-                      "%s/%s: the mask has %" PRIu64 " entries for %" PRIu64 " values", fname, name,
-                      n_mask, n);
+                       "%s/%s: the mask has %" PRIu64 " entries for %" PRIu64 " values", fname,
+                       name, n_mask, n);
     for (uint64_t i = 0; i < n; i++)
         if (mask[i] > 1)
             return zb__err(ZB_E_INVALID, "%s/%s: mask byte %u at %" PRIu64 " is not 0 or 1", fname,
-                          name, mask[i], i);
+                           name, mask[i], i);
     return ZB_OK;
 }
 
@@ -393,10 +393,10 @@ zb_anndata_writer_append_nullable_column(zb_anndata_writer *w, zb_anndata_axis a
      * nullable float encoding (a float column carries NaN instead) */
     if (!is_integer(dtype) && dtype != ZB_DT_BOOL)
         return zb__err(ZB_E_TYPE,
-                      "%s/%s: a nullable column holds integers or bools, not %s "
-                      "(append_nullable_string_column takes strings)",
-                      fname, name,
-                      (int)dtype >= 0 && dtype < ZB_DT_COUNT_ ? zb_dtype_name(dtype) : "?");
+                       "%s/%s: a nullable column holds integers or bools, not %s "
+                       "(append_nullable_string_column takes strings)",
+                       fname, name,
+                       (int)dtype >= 0 && dtype < ZB_DT_COUNT_ ? zb_dtype_name(dtype) : "?");
     if (n && !values) return zb__err(ZB_E_INVALID, "%s/%s: null values", fname, name);
     ZB_TRY(check_mask(fname, name, mask, n_mask, n));
     if (dtype == ZB_DT_BOOL) ZB_TRY(check_bools(fname, name, values, mask, n));
@@ -503,7 +503,7 @@ check_distinct_strings(const char *fname, const char *name, const char *data,
     for (uint64_t i = 1; i < n && st == ZB_OK; i++)
         if (!cmp_strref(&v[i - 1], &v[i]))
             st = zb__err(ZB_E_INVALID, "%s/%s: category '%.*s' appears more than once", fname, name,
-                        (int)(v[i].len > 64 ? 64 : v[i].len), v[i].p);
+                         (int)(v[i].len > 64 ? 64 : v[i].len), v[i].p);
     free(v);
     return st;
 }
@@ -591,9 +591,9 @@ check_distinct_values(const char *fname, const char *name, zb_dtype dt, const vo
         for (uint64_t i = 0; i < n; i++)
             if (isnan(num_at(values, dt, i).d))
                 return zb__err(ZB_E_INVALID,
-                              "%s/%s: category %" PRIu64 " is NaN (pandas refuses null "
-                              "categories; code -1 marks a missing value)",
-                              fname, name, i);
+                               "%s/%s: category %" PRIu64 " is NaN (pandas refuses null "
+                               "categories; code -1 marks a missing value)",
+                               fname, name, i);
     if (n < 2) return ZB_OK;
     num *v = malloc(n * sizeof *v);
     if (!v) return zb__err(ZB_E_NOMEM, "%s/%s: out of memory", fname, name);
@@ -605,13 +605,13 @@ check_distinct_values(const char *fname, const char *name, zb_dtype dt, const vo
         if (cmp(&v[i - 1], &v[i])) continue;
         if (flt)
             st = zb__err(ZB_E_INVALID, "%s/%s: category %.17g appears more than once", fname, name,
-                        v[i].d);
+                         v[i].d);
         else if (is_signed(dt))
             st = zb__err(ZB_E_INVALID, "%s/%s: category %" PRId64 " appears more than once", fname,
-                        name, v[i].i);
+                         name, v[i].i);
         else
             st = zb__err(ZB_E_INVALID, "%s/%s: category %" PRIu64 " appears more than once", fname,
-                        name, v[i].u);
+                         name, v[i].u);
     }
     free(v);
     return st;
@@ -690,7 +690,7 @@ check_define(zb_anndata_writer *w, zb_anndata_axis axis, const char *name, uint6
         return zb__err(ZB_E_INVALID, "%s/%s: a column of that name exists", f->name, name);
     if (n_categories >= INT32_MAX)
         return zb__err(ZB_E_INVALID, "%s/%s: %" PRIu64 " categories are too many", f->name, name,
-                      n_categories);
+                       n_categories);
     return ZB_OK;
 }
 
@@ -719,10 +719,10 @@ zb_anndata_writer_define_categorical_values(zb_anndata_writer *w, zb_anndata_axi
     if (!is_integer(dtype) && dtype != ZB_DT_BOOL && dtype != ZB_DT_FLOAT32 &&
         dtype != ZB_DT_FLOAT64)
         return zb__err(ZB_E_TYPE,
-                      "%s/%s: categories of dtype %s are not supported (integers, bools, float32 "
-                      "and float64 are; define_categorical takes strings)",
-                      fname, name,
-                      (int)dtype >= 0 && dtype < ZB_DT_COUNT_ ? zb_dtype_name(dtype) : "?");
+                       "%s/%s: categories of dtype %s are not supported (integers, bools, float32 "
+                       "and float64 are; define_categorical takes strings)",
+                       fname, name,
+                       (int)dtype >= 0 && dtype < ZB_DT_COUNT_ ? zb_dtype_name(dtype) : "?");
     if (n_categories && !categories)
         return zb__err(ZB_E_INVALID, "%s/%s: null categories", fname, name);
     ZB_TRY(check_distinct_values(fname, name, dtype, categories, n_categories));
@@ -760,7 +760,8 @@ zb_anndata_writer_append_codes(zb_anndata_writer *w, zb_anndata_axis axis, const
         return zb__err(ZB_E_TYPE, "%s/%s: not a categorical column", f->name, name);
     if (codes_dtype != ZB_DT_INT8 && codes_dtype != ZB_DT_INT16 && codes_dtype != ZB_DT_INT32 &&
         codes_dtype != ZB_DT_INT64)
-        return zb__err(ZB_E_TYPE, "%s/%s: codes must be int8, int16, int32 or int64", f->name, name);
+        return zb__err(ZB_E_TYPE, "%s/%s: codes must be int8, int16, int32 or int64", f->name,
+                       name);
     ZB_TRY(check_room(w, axis, c->n, n, name));
     if (n && !codes) return zb__err(ZB_E_INVALID, "%s/%s: null codes", f->name, name);
     int64_t ncat = (int64_t)c->n_categories;
@@ -768,8 +769,8 @@ zb_anndata_writer_append_codes(zb_anndata_writer *w, zb_anndata_axis axis, const
         int64_t v = code_at(codes, codes_dtype, i);
         if (v < -1 || v >= ncat)
             return zb__err(ZB_E_INVALID,
-                          "%s/%s: code %" PRId64 " at %" PRIu64 " is outside [-1, %" PRId64 ")",
-                          f->name, name, v, i, ncat);
+                           "%s/%s: code %" PRId64 " at %" PRIu64 " is outside [-1, %" PRId64 ")",
+                           f->name, name, v, i, ncat);
     }
     if (codes_dtype == c->dtype) {
         if (n) ZB_TRY(zb__ad_broken(w, zb_array_writer_append(c->array, codes, n)));
@@ -813,11 +814,11 @@ zb__ad_check_frames(const zb_anndata_writer *w)
         const char *what = a == ZB_ANNDATA_OBS ? "n_obs (rows of X)" : "n_vars";
         if (f->index && f->n_index != want)
             return zb__err(ZB_E_INVALID, "%s/_index: %" PRIu64 " names, %s is %" PRIu64, f->name,
-                          f->n_index, what, want);
+                           f->n_index, what, want);
         for (size_t i = 0; i < f->ncols; i++)
             if (f->cols[i].n != want)
                 return zb__err(ZB_E_INVALID, "%s/%s: %" PRIu64 " values, %s is %" PRIu64, f->name,
-                              f->cols[i].name, f->cols[i].n, what, want);
+                               f->cols[i].name, f->cols[i].n, what, want);
     }
     return ZB_OK;
 }

@@ -87,9 +87,9 @@ check_csr_block(const zb_anndata_writer *w, const zb__ad_csr *m, const char *wha
     for (uint64_t r = 0; r < nrows; r++)
         if (indptr[r + 1] < indptr[r])
             return zb__err(ZB_E_INVALID,
-                          "%s: indptr decreases at row %" PRIu64 " of the block (%" PRId64
-                          " after %" PRId64 ")",
-                          what, r, indptr[r + 1], indptr[r]);
+                           "%s: indptr decreases at row %" PRIu64 " of the block (%" PRId64
+                           " after %" PRId64 ")",
+                           what, r, indptr[r + 1], indptr[r]);
     uint64_t n = (uint64_t)(indptr[nrows] - indptr[0]);
     uint64_t total;
     if (!zb__add_u64(m->nnz, n, &total) || total > (uint64_t)INT64_MAX)
@@ -101,9 +101,9 @@ check_csr_block(const zb_anndata_writer *w, const zb__ad_csr *m, const char *wha
         if ((uint64_t)indices[e] < w->n_vars) continue; /* negative ids wrap and fail too */
         while (r + 1 < nrows && (uint64_t)(indptr[r + 1] - indptr[0]) <= e) r++;
         return zb__err(ZB_E_INVALID,
-                      "%s: column id %" PRId32 " of element %" PRIu64 " (row %" PRIu64
-                      " of the block) is outside [0, %" PRIu64 ")",
-                      what, indices[e], e, r, w->n_vars);
+                       "%s: column id %" PRId32 " of element %" PRIu64 " (row %" PRIu64
+                       " of the block) is outside [0, %" PRIu64 ")",
+                       what, indices[e], e, r, w->n_vars);
     }
     *k = n;
     return ZB_OK;
@@ -233,11 +233,11 @@ zb_anndata_writer_append_layer_csr(zb_anndata_writer *w, const char *name, zb_dt
         return zb__err(ZB_E_INVALID, "layers/%s: a layer needs a fixed-size dtype", name);
     if (w->n_vars > INT32_MAX)
         return zb__err(ZB_E_INVALID, "layers/%s: n_vars %" PRIu64 " does not fit int32 column ids",
-                      name, w->n_vars);
+                       name, w->n_vars);
     zb__ad_csr *m = find_layer(w, name);
     if (m && m->dtype != dtype)
         return zb__err(ZB_E_TYPE, "layers/%s: the layer exists with dtype %s, not %s", name,
-                      zb_dtype_name(m->dtype), zb_dtype_name(dtype));
+                       zb_dtype_name(m->dtype), zb_dtype_name(dtype));
     char what[ZB_AD_REL_CAP];
     snprintf(what, sizeof what, "layers/%s", name);
     /* a refused first block creates no layer */
@@ -258,8 +258,8 @@ zb__ad_check_layers(const zb_anndata_writer *w)
     for (size_t i = 0; i < w->nlayers; i++)
         if (w->layers[i].rows != w->rows)
             return zb__err(ZB_E_INVALID,
-                          "layers/%s: %" PRIu64 " rows, n_obs (rows of X) is %" PRIu64,
-                          w->layers[i].name, w->layers[i].rows, w->rows);
+                           "layers/%s: %" PRIu64 " rows, n_obs (rows of X) is %" PRIu64,
+                           w->layers[i].name, w->layers[i].rows, w->rows);
     return ZB_OK;
 }
 

@@ -84,8 +84,8 @@ struct zb_array_writer {
     bool fill_zero;
     bool write_empty;
     zb__array_meta keys; /* only the chunk key fields (ndim, prefix, separator) are set */
-    json_object *doc;   /* the metadata document; "shape" is rewritten at each commit */
-    json_object *attrs; /* v2: .zattrs for the first commit, or NULL */
+    json_object *doc;    /* the metadata document; "shape" is rewritten at each commit */
+    json_object *attrs;  /* v2: .zattrs for the first commit, or NULL */
     bool committed_once;
 
     uint64_t nrows;     /* rows at open + rows appended */
@@ -93,7 +93,7 @@ struct zb_array_writer {
     uint64_t buf_rows;  /* rows of that object held in the buffer */
     bool dirty;         /* the buffer changed since it was last written */
     uint8_t *buf;       /* fixed types: obj_bytes, fill-padded past buf_rows; NULL until needed */
-    zb__buf sdata;       /* strings: the object's bytes ... */
+    zb__buf sdata;      /* strings: the object's bytes ... */
     uint64_t *soff;     /* ... and offsets [obj_rows + 1] */
 
     zb__pool *pool;
@@ -118,7 +118,7 @@ typedef struct piece {
     obj_job *job;
     uint64_t index; /* chunk index inside the object */
     bool empty;
-    zb__buf enc;          /* owned output when the chain has bytes->bytes codecs */
+    zb__buf enc;         /* owned output when the chain has bytes->bytes codecs */
     const uint8_t *data; /* the encoded bytes: enc.data, or the raw region */
     size_t len;
 } piece;
@@ -127,7 +127,7 @@ struct obj_job {
     zb_array_writer *w;
     obj_job *next_spare; /* the writer's spare list */
     bool full;           /* a full object (more are coming): worth keeping for reuse */
-    zb__buf out;          /* the assembled shard (kept for reuse) */
+    zb__buf out;         /* the assembled shard (kept for reuse) */
     char key[KEY_CAP];
     uint8_t *raw; /* owned: the object's bytes (fixed types) or its vlen-utf8 encoding */
     size_t raw_len;
@@ -184,7 +184,7 @@ check_usable(zb_array_writer *w)
 {
     if (w->failed == ZB_OK) return ZB_OK;
     return zb__err(w->failed, "%s: the writer failed earlier and cannot continue: %s",
-                  w->path[0] ? w->path : "(root)", w->failed_msg);
+                   w->path[0] ? w->path : "(root)", w->failed_msg);
 }
 
 /* ------------------------------------------------------------------------------------------- */
@@ -346,7 +346,7 @@ put_shard(obj_job *j)
     uint64_t total;
     if (!zb__add_u64(data_bytes, idx_bytes, &total) || total > ZB_BUF_MAX)
         return zb__err(ZB_E_OVERFLOW, "%s: a shard of %llu bytes exceeds the %llu-byte limit",
-                      j->key, (unsigned long long)data_bytes, (unsigned long long)ZB_BUF_MAX);
+                       j->key, (unsigned long long)data_bytes, (unsigned long long)ZB_BUF_MAX);
     ZB_TRY(zb__buf_reserve(&j->out, (size_t)total));
     uint8_t *out = j->out.data;
     /* index at the start shifts every offset by its size; offsets are absolute either way */
@@ -442,7 +442,7 @@ ensure_buf(zb_array_writer *w)
     w->spare_raw = NULL;
     if (!w->buf)
         return zb__err(ZB_E_NOMEM, "%s: cannot allocate a %zu-byte chunk buffer", w->path,
-                      w->obj_bytes);
+                       w->obj_bytes);
     fill_rows(w, w->buf, 0, w->obj_rows);
     return ZB_OK;
 }
@@ -456,7 +456,7 @@ encode_vlen(zb_array_writer *w, uint8_t **out, size_t *out_len, bool *all_empty)
     if (!zb__mul_u64(w->obj_rows, 4, &total) || !zb__add_u64(total, 4, &total) ||
         !zb__add_u64(total, w->sdata.len, &total) || total > ZB_BUF_MAX)
         return zb__err(ZB_E_OVERFLOW, "%s: string chunk %llu is too large", w->path,
-                      (unsigned long long)w->obj_index);
+                       (unsigned long long)w->obj_index);
     uint8_t *p = malloc((size_t)total);
     if (!p) return zb__err(ZB_E_NOMEM, "%s: out of memory for a string chunk", w->path);
     uint8_t *q = p;
@@ -836,23 +836,23 @@ settle_sizes(zb_array_writer *w, const uint64_t *row_dims)
     uint64_t rb;
     if (!zb__mul_u64(w->row_elems, w->itemsize, &rb) || rb > ZB_BUF_MAX)
         return zb__err(ZB_E_OVERFLOW, "%s: a row of %llu elements is too large", p,
-                      (unsigned long long)w->row_elems);
+                       (unsigned long long)w->row_elems);
     w->row_bytes = (size_t)rb;
     uint64_t ob;
     if (!zb__mul_u64(w->obj_rows, w->dtype == ZB_DT_STRING ? 1 : rb, &ob) || ob > ZB_BUF_MAX)
         return zb__err(ZB_E_INVALID, "%s: %s of %llu rows exceeds %llu bytes uncompressed", p,
-                      w->sharded ? "shard_rows: a shard" : "chunk_rows: a chunk",
-                      (unsigned long long)w->obj_rows, (unsigned long long)ZB_BUF_MAX);
+                       w->sharded ? "shard_rows: a shard" : "chunk_rows: a chunk",
+                       (unsigned long long)w->obj_rows, (unsigned long long)ZB_BUF_MAX);
     w->obj_bytes = w->dtype == ZB_DT_STRING ? 0 : (size_t)ob;
     w->npieces = w->obj_rows / w->chunk_rows;
     if (w->npieces > ZB_SHARD_MAX_ENTRIES)
         return zb__err(ZB_E_INVALID,
-                      "%s: shard_rows / chunk_rows = %llu inner chunks per shard "
-                      "(at most 2^30)",
-                      p, (unsigned long long)w->npieces);
+                       "%s: shard_rows / chunk_rows = %llu inner chunks per shard "
+                       "(at most 2^30)",
+                       p, (unsigned long long)w->npieces);
     if (w->dtype == ZB_DT_STRING && w->obj_rows > UINT32_MAX)
         return zb__err(ZB_E_INVALID, "%s: chunk_rows %llu exceeds vlen-utf8's 2^32-1 items", p,
-                      (unsigned long long)w->obj_rows);
+                       (unsigned long long)w->obj_rows);
     uint64_t chunk_bytes = w->chunk_rows * rb;
     for (int i = 0; i < w->enc.nbb; i++) {
         const zb__codec *c = &w->enc.bb[i];
@@ -861,10 +861,10 @@ settle_sizes(zb_array_writer *w, const uint64_t *row_dims)
                                                : UINT64_MAX;
         if (chunk_bytes > lim)
             return zb__err(ZB_E_INVALID,
-                          "%s: chunk_rows: a %llu-byte chunk exceeds the %s limit "
-                          "of %llu bytes",
-                          p, (unsigned long long)chunk_bytes,
-                          c->id == ZB_CODEC_BLOSC ? "blosc" : "lz4", (unsigned long long)lim);
+                           "%s: chunk_rows: a %llu-byte chunk exceeds the %s limit "
+                           "of %llu bytes",
+                           p, (unsigned long long)chunk_bytes,
+                           c->id == ZB_CODEC_BLOSC ? "blosc" : "lz4", (unsigned long long)lim);
     }
     if (w->dtype == ZB_DT_STRING) {
         w->soff = calloc((size_t)w->obj_rows + 1, sizeof *w->soff);
@@ -885,9 +885,9 @@ require_no_node(zb_array_writer *w)
         zb_status st = zb_store_size(w->store, key, &size);
         if (st == ZB_OK)
             return zb__err(ZB_E_INVALID,
-                          "'%s' already holds a Zarr node (%s); use "
-                          "zb_array_writer_open_append to add rows",
-                          w->path, key);
+                           "'%s' already holds a Zarr node (%s); use "
+                           "zb_array_writer_open_append to add rows",
+                           w->path, key);
         if (st != ZB_E_NOTFOUND) return st;
     }
     zb_clear_error();
@@ -929,17 +929,17 @@ validate_new(const zb_array_writer *w, zb_dtype dtype, int ndim, const uint64_t 
         return zb__err(ZB_E_INVALID, "%s: shard_rows needs zarr_format 3 (v2 has no sharding)", p);
     if (o->shard_rows && dtype == ZB_DT_STRING)
         return zb__err(ZB_E_UNSUPPORTED,
-                      "%s: shard_rows: sharded string arrays are not "
-                      "supported",
-                      p);
+                       "%s: shard_rows: sharded string arrays are not "
+                       "supported",
+                       p);
     if (o->shard_index_at_start && !o->shard_rows)
         return zb__err(ZB_E_INVALID, "%s: shard_index_at_start without shard_rows", p);
     if (o->num_threads < 0 || o->num_threads > ZB_POOL_MAX_THREADS)
         return zb__err(ZB_E_INVALID, "%s: num_threads %d is outside 0..%d", p, o->num_threads,
-                      ZB_POOL_MAX_THREADS);
+                       ZB_POOL_MAX_THREADS);
     if (o->chunk_rows && o->shard_rows && o->shard_rows % o->chunk_rows)
         return zb__err(ZB_E_INVALID, "%s: shard_rows %llu is not a multiple of chunk_rows %llu", p,
-                      (unsigned long long)o->shard_rows, (unsigned long long)o->chunk_rows);
+                       (unsigned long long)o->shard_rows, (unsigned long long)o->chunk_rows);
     if (dtype == ZB_DT_BOOL && o->fill_value && *(const uint8_t *)o->fill_value > 1)
         return zb__err(ZB_E_INVALID, "%s: fill_value of a bool array must be 0 or 1", p);
     return ZB_OK;
@@ -1081,16 +1081,16 @@ adopt_meta(zb_array_writer *w, const zb_array *a, uint64_t *dims)
     for (int d = 1; d < m->ndim; d++) {
         if (m->chunks[d] != m->shape[d] || a->inner[d] != m->shape[d])
             return zb__err(ZB_E_UNSUPPORTED,
-                          "%s: chunked along axis %d (chunk %llu, shape %llu); only arrays "
-                          "chunked along axis 0 can be appended to",
-                          p, d, (unsigned long long)a->inner[d], (unsigned long long)m->shape[d]);
+                           "%s: chunked along axis %d (chunk %llu, shape %llu); only arrays "
+                           "chunked along axis 0 can be appended to",
+                           p, d, (unsigned long long)a->inner[d], (unsigned long long)m->shape[d]);
         dims[d] = m->shape[d];
     }
     if (c->has_transpose || inner->has_transpose)
         return zb__err(ZB_E_UNSUPPORTED,
-                      "%s: appending to a transposed (order F) array is not "
-                      "supported",
-                      p);
+                       "%s: appending to a transposed (order F) array is not "
+                       "supported",
+                       p);
     w->zarr_format = m->zarr_format;
     w->dtype = m->dtype;
     w->itemsize = m->itemsize;
@@ -1129,7 +1129,7 @@ zb_array_writer_open_append(zb_store *store, const char *path, const zb_array_wr
     int nthreads = opts ? opts->num_threads : 1;
     if (nthreads < 0 || nthreads > ZB_POOL_MAX_THREADS)
         return zb__err(ZB_E_INVALID, "%s: num_threads %d is outside 0..%d", path, nthreads,
-                      ZB_POOL_MAX_THREADS);
+                       ZB_POOL_MAX_THREADS);
     zb_array_writer *w = NULL;
     zb_array *a = NULL;
     ZB_TRY(writer_alloc(store, path, &w));
@@ -1169,7 +1169,7 @@ check_growth(zb_array_writer *w, uint64_t n)
     if (!zb__add_u64(w->nrows, n, &total) || !zb__mul_u64(total, w->row_elems, &bytes) ||
         !zb__mul_u64(bytes, w->itemsize ? w->itemsize : 1, &bytes))
         return zb__err(ZB_E_OVERFLOW, "%s: %llu more rows overflow the array's size", w->path,
-                      (unsigned long long)n);
+                       (unsigned long long)n);
     return ZB_OK;
 }
 
@@ -1180,7 +1180,7 @@ zb_array_writer_append(zb_array_writer *w, const void *rows, uint64_t nrows)
     ZB_TRY(check_usable(w));
     if (w->dtype == ZB_DT_STRING)
         return zb__err(ZB_E_TYPE, "%s: a string array takes zb_array_writer_append_strings",
-                      w->path);
+                       w->path);
     if (nrows && !rows) return zb__err(ZB_E_INVALID, "%s: append: rows is NULL", w->path);
     ZB_TRY(check_growth(w, nrows));
     ZB_TRY(check_workers(w));
@@ -1248,7 +1248,7 @@ zb_array_writer_append_strings(zb_array_writer *w, const char *data, const uint6
     ZB_TRY(check_usable(w));
     if (w->dtype != ZB_DT_STRING)
         return zb__err(ZB_E_TYPE, "%s: append_strings on a %s array", w->path,
-                      zb_dtype_name(w->dtype));
+                       zb_dtype_name(w->dtype));
     if (n == 0) return ZB_OK;
     if (!offsets) return zb__err(ZB_E_INVALID, "%s: append_strings: offsets is NULL", w->path);
     if (!data && offsets[n] > offsets[0])
@@ -1257,19 +1257,19 @@ zb_array_writer_append_strings(zb_array_writer *w, const char *data, const uint6
     for (uint64_t i = 0; i < n; i++) {
         if (offsets[i + 1] < offsets[i])
             return zb__err(ZB_E_INVALID, "%s: append_strings: offsets[%llu] > offsets[%llu]",
-                          w->path, (unsigned long long)i, (unsigned long long)i + 1);
+                           w->path, (unsigned long long)i, (unsigned long long)i + 1);
         uint64_t len = offsets[i + 1] - offsets[i];
         if (len > UINT32_MAX)
             return zb__err(ZB_E_INVALID,
-                          "%s: append_strings: string %llu has %llu bytes "
-                          "(vlen-utf8 allows 2^32-1)",
-                          w->path, (unsigned long long)i, (unsigned long long)len);
+                           "%s: append_strings: string %llu has %llu bytes "
+                           "(vlen-utf8 allows 2^32-1)",
+                           w->path, (unsigned long long)i, (unsigned long long)len);
         size_t bad = zb__write_utf8_check((const uint8_t *)data + offsets[i], (size_t)len);
         if (bad != len)
             return zb__err(ZB_E_INVALID,
-                          "%s: append_strings: string %llu is not valid UTF-8 "
-                          "(byte %zu)",
-                          w->path, (unsigned long long)i, bad);
+                           "%s: append_strings: string %llu is not valid UTF-8 "
+                           "(byte %zu)",
+                           w->path, (unsigned long long)i, bad);
     }
     ZB_TRY(check_growth(w, n));
     ZB_TRY(check_workers(w));

@@ -46,8 +46,8 @@ struct zb_atomic_writer {
     zb_array_writer *meta[ZB_AT_NMETA];   /* the masks of atoms/edges may be NULL (absent) */
     uint64_t n_samples, n_atoms, n_edges; /* totals, pending rows included */
     json_object *attrs;                   /* root attributes to keep (owned) */
-    zb__buf scratch;                       /* converted neighbor_list of one add */
-    zb__buf ptrs;                          /* pointer values of one add */
+    zb__buf scratch;                      /* converted neighbor_list of one add */
+    zb__buf ptrs;                         /* pointer values of one add */
     uint8_t *ones;                        /* ONES_CAP bytes of 1 (mask rows), made on first use */
     zb_status failed;
     char failed_msg[MSG_CAP];
@@ -74,7 +74,7 @@ check_usable(const zb_atomic_writer *w)
 {
     if (w->failed == ZB_OK) return ZB_OK;
     return zb__err(w->failed, "atomic writer '%s' failed earlier and cannot continue: %s", w->path,
-                  w->failed_msg);
+                   w->failed_msg);
 }
 
 static zb_status
@@ -126,7 +126,7 @@ clear_debris(zb_store *store, const char *path)
 
 zb_status
 zb__at_writer_open_new(zb_store *store, const char *path, const zb__at_cfg *cfg,
-                      json_object *base_attrs, zb_atomic_writer **out)
+                       json_object *base_attrs, zb_atomic_writer **out)
 {
     zb_atomic_writer *w = NULL;
     ZB_TRY(writer_alloc(store, path, &w));
@@ -196,9 +196,9 @@ zb_atomic_writer_open(zb_store *store, const char *path, const zb_atomic_write_c
     /* a new store here would win over the real one at the next recovery */
     if (!zb__at_has_key(store, key) && zb__at_parked_elsewhere(store, p))
         return zb__err(ZB_E_INVALID,
-                      "'%s': a defragment was interrupted and the dataset sits under "
-                      "'%s.zbatch-new' or '%s.zbatch-old'; run zb_atomic_recover first",
-                      p, p, p);
+                       "'%s': a defragment was interrupted and the dataset sits under "
+                       "'%s.zbatch-new' or '%s.zbatch-old'; run zb_atomic_recover first",
+                       p, p, p);
     zb__at_cfg c;
     ZB_TRY(zb__at_cfg_copy(cfg, &c));
     zb_status st = zb__at_writer_open_new(store, p, &c, NULL, out);
@@ -215,7 +215,7 @@ col_from_array(zb__at_col *c, const zb__at_array *x)
     c->dtype = x->info.dtype;
     if (c->dtype == ZB_DT_STRING)
         return zb__err(ZB_E_UNSUPPORTED, "%s/%s: string arrays are not atomic fields", x->group,
-                      x->name);
+                       x->name);
     c->ndim = x->info.ndim - 1;
     c->row_elems = 1;
     for (int d = 0; d < c->ndim; d++) {
@@ -233,7 +233,8 @@ zb_atomic_writer_open_append(zb_store *store, const char *path, const zb_atomic_
 {
     if (!out) return zb__err(ZB_E_INVALID, "zb_atomic_writer_open_append: null out");
     *out = NULL;
-    if (!store || !path) return zb__err(ZB_E_INVALID, "zb_atomic_writer_open_append: null argument");
+    if (!store || !path)
+        return zb__err(ZB_E_INVALID, "zb_atomic_writer_open_append: null argument");
     zb_atomic_writer *w = NULL;
     zb__at_layout L;
     memset(&L, 0, sizeof L);
@@ -261,9 +262,9 @@ zb_atomic_writer_open_append(zb_store *store, const char *path, const zb_atomic_
         uint64_t want = m < ZB_AT_SAMPLES_MASK ? n + 1 : n;
         if (m == ZB_AT_ATOMS_MASK || m == ZB_AT_EDGES_MASK) continue; /* checked below */
         if (L.meta_rows[m] != want) {
-            st = zb__err(ZB_E_CORRUPT, "%s/meta/%s: %llu rows, num_samples %llu needs %llu", w->path,
-                        zb__at_meta_names[m], (unsigned long long)L.meta_rows[m],
-                        (unsigned long long)n, (unsigned long long)want);
+            st = zb__err(ZB_E_CORRUPT, "%s/meta/%s: %llu rows, num_samples %llu needs %llu",
+                         w->path, zb__at_meta_names[m], (unsigned long long)L.meta_rows[m],
+                         (unsigned long long)n, (unsigned long long)want);
             goto fail;
         }
     }
@@ -272,7 +273,7 @@ zb_atomic_writer_open_append(zb_store *store, const char *path, const zb_atomic_
     if (st != ZB_OK) goto fail;
     if (tail[0] < 0 || tail[1] < 0) {
         st = zb__err(ZB_E_CORRUPT, "%s/meta: negative pointer at sample %llu", w->path,
-                    (unsigned long long)n);
+                     (unsigned long long)n);
         goto fail;
     }
     w->n_samples = n;
@@ -282,11 +283,11 @@ zb_atomic_writer_open_append(zb_store *store, const char *path, const zb_atomic_
     if ((L.meta[ZB_AT_ATOMS_MASK] && L.meta_rows[ZB_AT_ATOMS_MASK] != w->n_atoms) ||
         (L.meta[ZB_AT_EDGES_MASK] && L.meta_rows[ZB_AT_EDGES_MASK] != w->n_edges)) {
         st = zb__err(ZB_E_CORRUPT,
-                    "%s/meta: atoms_mask/edges_mask lengths %llu/%llu do not "
-                    "match atoms_ptr/edges_ptr totals %llu/%llu",
-                    w->path, (unsigned long long)L.meta_rows[ZB_AT_ATOMS_MASK],
-                    (unsigned long long)L.meta_rows[ZB_AT_EDGES_MASK],
-                    (unsigned long long)w->n_atoms, (unsigned long long)w->n_edges);
+                     "%s/meta: atoms_mask/edges_mask lengths %llu/%llu do not "
+                     "match atoms_ptr/edges_ptr totals %llu/%llu",
+                     w->path, (unsigned long long)L.meta_rows[ZB_AT_ATOMS_MASK],
+                     (unsigned long long)L.meta_rows[ZB_AT_EDGES_MASK],
+                     (unsigned long long)w->n_atoms, (unsigned long long)w->n_edges);
         goto fail;
     }
     w->cols = calloc(L.n ? L.n : 1, sizeof *w->cols);
@@ -299,11 +300,11 @@ zb_atomic_writer_open_append(zb_store *store, const char *path, const zb_atomic_
         uint64_t want = want_rows[x->level];
         if (x->info.shape[0] != want) {
             st = zb__err(ZB_E_CORRUPT,
-                        "%s/%s/%s: %llu rows, but the %llu committed samples need %llu (%s "
-                        "level); the array was not extended with the others",
-                        w->path, x->group, x->name, (unsigned long long)x->info.shape[0],
-                        (unsigned long long)n, (unsigned long long)want,
-                        zb_atomic_level_name(x->level));
+                         "%s/%s/%s: %llu rows, but the %llu committed samples need %llu (%s "
+                         "level); the array was not extended with the others",
+                         w->path, x->group, x->name, (unsigned long long)x->info.shape[0],
+                         (unsigned long long)n, (unsigned long long)want,
+                         zb_atomic_level_name(x->level));
             goto fail;
         }
         st = col_from_array(&w->cols[i], x);
@@ -355,18 +356,19 @@ check_field(const zb_atomic_field *f)
     const char *g = field_group(f);
     if (strcmp(g, "core") != 0 && strcmp(g, "custom") != 0)
         return zb__err(ZB_E_INVALID, "field '%s': group '%s' is neither core nor custom",
-                      f->name ? f->name : "?", g);
+                       f->name ? f->name : "?", g);
     ZB_TRY(zb__at_check_name("field", f->name));
     if (f->level != ZB_ATOMIC_ATOM && f->level != ZB_ATOMIC_EDGE && f->level != ZB_ATOMIC_SYSTEM)
-        return zb__err(ZB_E_INVALID, "field %s/%s: level %d is not atom, edge or system", g, f->name,
-                      (int)f->level);
+        return zb__err(ZB_E_INVALID, "field %s/%s: level %d is not atom, edge or system", g,
+                       f->name, (int)f->level);
     if (f->dtype < 0 || f->dtype >= ZB_DT_COUNT_ || f->dtype == ZB_DT_STRING)
         return zb__err(ZB_E_INVALID, "field %s/%s: dtype must be a fixed-size type", g, f->name);
     if (f->ndim < 0 || f->ndim > ZB_MAX_DIMS - 1)
         return zb__err(ZB_E_INVALID, "field %s/%s: ndim %d is outside 0..%d", g, f->name, f->ndim,
-                      ZB_MAX_DIMS - 1);
+                       ZB_MAX_DIMS - 1);
     if (f->ndim && !f->shape)
-        return zb__err(ZB_E_INVALID, "field %s/%s: shape is NULL with ndim %d", g, f->name, f->ndim);
+        return zb__err(ZB_E_INVALID, "field %s/%s: shape is NULL with ndim %d", g, f->name,
+                       f->ndim);
     for (int d = 0; d < f->ndim; d++)
         if (f->shape[d] == 0)
             return zb__err(ZB_E_INVALID, "field %s/%s: row shape has a zero dimension", g, f->name);
@@ -375,16 +377,16 @@ check_field(const zb_atomic_field *f)
         (f->level != ZB_ATOMIC_ATOM || f->ndim != 1 || f->shape[0] != 3 ||
          (f->dtype != ZB_DT_FLOAT16 && f->dtype != ZB_DT_FLOAT32 && f->dtype != ZB_DT_FLOAT64)))
         return zb__err(ZB_E_INVALID, "field core/positions must be atom level, floating point, "
-                                    "with rows of shape (3)");
+                                     "with rows of shape (3)");
     if (!strcmp(g, "core") && !strcmp(f->name, "atomic_numbers") &&
         (f->level != ZB_ATOMIC_ATOM || f->ndim != 0 || !zb__at_dtype_is_int(f->dtype)))
         return zb__err(ZB_E_INVALID, "field core/atomic_numbers must be atom level, an integer "
-                                    "type, one value per atom");
+                                     "type, one value per atom");
     if (!strcmp(g, "core") && !strcmp(f->name, "neighbor_list")) {
         if (f->level != ZB_ATOMIC_EDGE || !zb__at_dtype_is_int(f->dtype) || f->ndim != 1 ||
             f->shape[0] != 2)
             return zb__err(ZB_E_INVALID, "field core/neighbor_list must be edge level, an "
-                                        "integer type, with rows of shape (2)");
+                                         "integer type, with rows of shape (2)");
     }
     return ZB_OK;
 }
@@ -457,9 +459,9 @@ match_fields(const zb_atomic_writer *w, size_t n_fields, const zb_atomic_field *
             found = col_matches(&w->cols[i], &fields[j]);
         if (!found)
             return zb__err(ZB_E_INVALID,
-                          "field %s/%s is not in the store '%s' (its fields are fixed; a custom "
-                          "field is added to every sample with zb_atomic_add_custom)",
-                          field_group(&fields[j]), fields[j].name, w->path);
+                           "field %s/%s is not in the store '%s' (its fields are fixed; a custom "
+                           "field is added to every sample with zb_atomic_add_custom)",
+                           field_group(&fields[j]), fields[j].name, w->path);
     }
     for (size_t i = 0; i < w->ncols; i++) {
         const zb__at_col *c = &w->cols[i];
@@ -472,23 +474,23 @@ match_fields(const zb_atomic_writer *w, size_t n_fields, const zb_atomic_field *
             }
         if (hit == SIZE_MAX)
             return zb__err(ZB_E_INVALID,
-                          "field %s/%s is missing from the appended data: every array of the "
-                          "store '%s' must be extended (nothing was written)",
-                          c->group, c->name, w->path);
+                           "field %s/%s is missing from the appended data: every array of the "
+                           "store '%s' must be extended (nothing was written)",
+                           c->group, c->name, w->path);
         const zb_atomic_field *f = &fields[hit];
         if (f->level != c->level)
             return zb__err(ZB_E_INVALID, "field %s/%s: level %s, the store has %s", c->group,
-                          c->name, zb_atomic_level_name(f->level), zb_atomic_level_name(c->level));
+                           c->name, zb_atomic_level_name(f->level), zb_atomic_level_name(c->level));
         if (f->dtype != c->dtype)
             return zb__err(ZB_E_INVALID, "field %s/%s: dtype %s, the store has %s", c->group,
-                          c->name, zb_dtype_name(f->dtype), zb_dtype_name(c->dtype));
+                           c->name, zb_dtype_name(f->dtype), zb_dtype_name(c->dtype));
         bool same = f->ndim == c->ndim;
         for (int d = 0; same && d < f->ndim; d++) same = f->shape[d] == c->shape[d];
         if (!same)
             return zb__err(ZB_E_INVALID,
-                          "field %s/%s: row shape differs from the store's "
-                          "(%d dimensions given, %d stored)",
-                          c->group, c->name, f->ndim, c->ndim);
+                           "field %s/%s: row shape differs from the store's "
+                           "(%d dimensions given, %d stored)",
+                           c->group, c->name, f->ndim, c->ndim);
         map[i] = hit;
     }
     return ZB_OK;
@@ -497,8 +499,8 @@ match_fields(const zb_atomic_writer *w, size_t n_fields, const zb_atomic_field *
 /* Validates the local neighbor_list of a block and converts it into w->scratch: each index
  * becomes local + (first atom of its sample). */
 static zb_status
-convert_nlist(zb_atomic_writer *w, const zb__at_col *c, const zb_atomic_field *f, uint64_t n_samples,
-              const int64_t *atoms, const int64_t *edges, uint64_t n_edges)
+convert_nlist(zb_atomic_writer *w, const zb__at_col *c, const zb_atomic_field *f,
+              uint64_t n_samples, const int64_t *atoms, const int64_t *edges, uint64_t n_edges)
 {
     size_t isz = zb_dtype_size(c->dtype);
     ZB_TRY(zb__buf_reserve(&w->scratch, (size_t)n_edges * 2 * isz + 1));
@@ -511,16 +513,16 @@ convert_nlist(zb_atomic_writer *w, const zb__at_col *c, const zb_atomic_field *f
                 int64_t v = zb__at_get_int(f->data, c->dtype, 2 * e + (uint64_t)s);
                 if (v < 0 || (uint64_t)v >= na)
                     return zb__err(ZB_E_INVALID,
-                                  "core/neighbor_list: sample %llu of this block, edge %llu: "
-                                  "local index %lld outside [0, %llu) (give per-sample 0-based "
-                                  "indices)",
-                                  (unsigned long long)p, (unsigned long long)k, (long long)v,
-                                  (unsigned long long)na);
+                                   "core/neighbor_list: sample %llu of this block, edge %llu: "
+                                   "local index %lld outside [0, %llu) (give per-sample 0-based "
+                                   "indices)",
+                                   (unsigned long long)p, (unsigned long long)k, (long long)v,
+                                   (unsigned long long)na);
                 if (!zb__at_set_int(w->scratch.data, c->dtype, 2 * e + (uint64_t)s,
-                                   v + (int64_t)atom_base))
+                                    v + (int64_t)atom_base))
                     return zb__err(ZB_E_OVERFLOW,
-                                  "core/neighbor_list: stored index %lld does not fit %s",
-                                  (long long)(v + (int64_t)atom_base), zb_dtype_name(c->dtype));
+                                   "core/neighbor_list: stored index %lld does not fit %s",
+                                   (long long)(v + (int64_t)atom_base), zb_dtype_name(c->dtype));
             }
         }
         atom_base += na;
@@ -569,11 +571,12 @@ check_finite(const zb_atomic_field *f, uint64_t rows, uint64_t row_elems, const 
     uint64_t elems = rows * row_elems, k = zb__at_first_non_finite(f->dtype, f->data, elems);
     if (k == elems) return ZB_OK;
     uint64_t row = k / row_elems;
-    return zb__err(ZB_E_INVALID, "sample %llu of this block: field %s/%s: a non-finite value "
-                  "(NaN or infinity) in row %llu of the block's %s rows",
-                  (unsigned long long)sample_of_row(f->level, row, atoms, edges, n_samples),
-                  field_group(f), f->name, (unsigned long long)row,
-                  zb_atomic_level_name(f->level));
+    return zb__err(ZB_E_INVALID,
+                   "sample %llu of this block: field %s/%s: a non-finite value "
+                   "(NaN or infinity) in row %llu of the block's %s rows",
+                   (unsigned long long)sample_of_row(f->level, row, atoms, edges, n_samples),
+                   field_group(f), f->name, (unsigned long long)row,
+                   zb_atomic_level_name(f->level));
 }
 
 static zb_status
@@ -609,7 +612,7 @@ zb_atomic_writer_add(zb_atomic_writer *w, uint64_t n_samples, const int64_t *ato
         int64_t a = atoms_per_sample[p], b = edges_per_sample ? edges_per_sample[p] : 0;
         if (a < 0 || b < 0)
             return zb__err(ZB_E_INVALID, "sample %llu of this block: negative atom or edge count",
-                          (unsigned long long)p);
+                           (unsigned long long)p);
         if (!zb__add_u64(v, (uint64_t)a, &v) || !zb__add_u64(e, (uint64_t)b, &e))
             return zb__err(ZB_E_OVERFLOW, "atom or edge totals overflow");
     }
@@ -624,7 +627,7 @@ zb_atomic_writer_add(zb_atomic_writer *w, uint64_t n_samples, const int64_t *ato
             if (!strcmp(field_group(&fields[j]), field_group(&fields[k])) &&
                 !strcmp(fields[j].name, fields[k].name))
                 return zb__err(ZB_E_INVALID, "field %s/%s is given twice", field_group(&fields[j]),
-                              fields[j].name);
+                               fields[j].name);
     bool fixing = !w->cols_fixed;
     size_t *map =
         calloc(w->cols_fixed ? (w->ncols ? w->ncols : 1) : (n_fields ? n_fields : 1), sizeof *map);
@@ -644,17 +647,19 @@ zb_atomic_writer_add(zb_atomic_writer *w, uint64_t n_samples, const int64_t *ato
         uint64_t elems = 1, bytes;
         for (int d = 0; d < f->ndim; d++)
             if (!zb__mul_u64(elems, f->shape[d], &elems)) elems = UINT64_MAX;
-        if (!zb__mul_u64(rows, elems, &bytes) || !zb__mul_u64(bytes, zb_dtype_size(f->dtype), &bytes))
-            st = zb__err(ZB_E_OVERFLOW, "field %s/%s: data size overflows", field_group(f), f->name);
+        if (!zb__mul_u64(rows, elems, &bytes) ||
+            !zb__mul_u64(bytes, zb_dtype_size(f->dtype), &bytes))
+            st =
+                zb__err(ZB_E_OVERFLOW, "field %s/%s: data size overflows", field_group(f), f->name);
         else if (rows && !f->data)
             st = zb__err(ZB_E_INVALID, "field %s/%s: data is NULL for %llu rows", field_group(f),
-                        f->name, (unsigned long long)rows);
+                         f->name, (unsigned long long)rows);
         else if (f->dtype == ZB_DT_BOOL) {
             const uint8_t *b = f->data;
             for (uint64_t k = 0; k < bytes; k++)
                 if (b[k] > 1) {
                     st = zb__err(ZB_E_INVALID, "field %s/%s: bool element %llu is %u, not 0 or 1",
-                                field_group(f), f->name, (unsigned long long)k, b[k]);
+                                 field_group(f), f->name, (unsigned long long)k, b[k]);
                     break;
                 }
         }

@@ -41,11 +41,12 @@ typedef struct zb__at_cfg {
 zb_status zb__at_cfg_copy(const zb_atomic_write_config *src, zb__at_cfg *dst);
 void zb__at_cfg_free(zb__at_cfg *cfg);
 /* Appends an override (copied). */
-zb_status zb__at_cfg_add_override(zb__at_cfg *cfg, const char *name, const zb_atomic_array_config *c);
+zb_status zb__at_cfg_add_override(zb__at_cfg *cfg, const char *name,
+                                  const zb_atomic_array_config *c);
 /* Resolves the storage of array `group`/`name`, whose rows are `row_bytes` bytes, into
  * array-writer options (codec points into cfg). */
 void zb__at_cfg_resolve(const zb__at_cfg *cfg, const char *group, const char *name,
-                       size_t row_bytes, zb_array_write_opts *opts);
+                        size_t row_bytes, zb_array_write_opts *opts);
 
 /* One data array (core/ or custom/) of an existing dataset. */
 typedef struct zb__at_array {
@@ -110,7 +111,7 @@ zb_status zb__at_write_root(zb_store *store, const char *path, json_object *attr
 
 /* Sets attrs["fields"][group][name] = level (creating the objects). */
 zb_status zb__at_fields_set(json_object *attrs, const char *group, const char *name,
-                           zb_atomic_level level);
+                            zb_atomic_level level);
 
 /* Rewrites shape[0] of the array's metadata document to `rows` (the cut-back of an uncommitted
  * tail). */
@@ -119,7 +120,7 @@ zb_status zb__at_truncate_array(zb_store *store, const char *array_path, uint64_
 /* Internal constructor: a new dataset whose root keeps the attributes of `base_attrs` (may be
  * NULL; num_samples and fields are rewritten). */
 zb_status zb__at_writer_open_new(zb_store *store, const char *path, const zb__at_cfg *cfg,
-                                json_object *base_attrs, zb_atomic_writer **out);
+                                 json_object *base_attrs, zb_atomic_writer **out);
 
 /* The first of `elems` values of `dtype` at `data` that is NaN or infinite; `elems` if none (and
  * always for non-float types). */

@@ -259,9 +259,9 @@ zb_atomic_recover(zb_store *store, const char *path)
     bool has_root = zb__at_has_key(store, root), has_mk = zb__at_has_key(store, mk);
     if (has_mk && !has_root)
         return zb__err(ZB_E_INCOMPLETE,
-                      "'%s': a new atomic store that was never committed "
-                      "(zb_atomic_writer_open clears it)",
-                      p);
+                       "'%s': a new atomic store that was never committed "
+                       "(zb_atomic_writer_open clears it)",
+                       p);
     if (!has_root) return zb__err(ZB_E_NOTFOUND, "'%s': no atomic store here", p);
     /* the root was written, so the store committed: the marker is only stale */
     if (has_mk) ZB_TRY(zb_store_erase(store, mk));
@@ -314,16 +314,16 @@ ptr_block_read(const zb__at_layout *L, uint64_t p0, uint64_t n, int64_t prev_a, 
         const char *name = zb__at_meta_names[k];
         if (p0 == 0 && arr[k][0] != 0)
             return zb__err(ZB_E_CORRUPT, "%s/meta/%s: starts at %lld, not 0", L->path, name,
-                          (long long)arr[k][0]);
+                           (long long)arr[k][0]);
         if (p0 && arr[k][0] != prev[k])
             return zb__err(ZB_E_CORRUPT, "%s/meta/%s changed while being read", L->path, name);
         for (uint64_t i = 0; i < m; i++)
             if (arr[k][i + 1] < arr[k][i])
                 return zb__err(ZB_E_CORRUPT,
-                              "%s/meta/%s: decreases at sample %llu (%lld after "
-                              "%lld)",
-                              L->path, name, (unsigned long long)(p0 + i + 1),
-                              (long long)arr[k][i + 1], (long long)arr[k][i]);
+                               "%s/meta/%s: decreases at sample %llu (%lld after "
+                               "%lld)",
+                               L->path, name, (unsigned long long)(p0 + i + 1),
+                               (long long)arr[k][i + 1], (long long)arr[k][i]);
     }
     return ZB_OK;
 }
@@ -359,9 +359,9 @@ check_nlist_shape(const zb__at_layout *L, const zb__at_array *nl)
     if (nl->level != ZB_ATOMIC_EDGE || !zb__at_dtype_is_int(nl->info.dtype) || nl->info.ndim != 2 ||
         nl->info.shape[1] != 2)
         return zb__err(ZB_E_CORRUPT,
-                      "%s/core/neighbor_list: expected an edge-level integer "
-                      "array of shape [E, 2]",
-                      L->path);
+                       "%s/core/neighbor_list: expected an edge-level integer "
+                       "array of shape [E, 2]",
+                       L->path);
     return ZB_OK;
 }
 
@@ -375,11 +375,12 @@ localize(const zb__at_layout *L, void *rows, zb_dtype dt, uint64_t first, uint64
         int64_t v = zb__at_get_int(rows, dt, first + k);
         if (v < a0 || v >= a1)
             return zb__err(ZB_E_CORRUPT,
-                          "%s/core/neighbor_list: sample %llu, edge %llu: stored index %lld - "
-                          "atoms_ptr[%llu] = %lld lies outside [0, %lld) (an append without the "
-                          "atom offset, FORMATS.md §8.5?)",
-                          L->path, (unsigned long long)p, (unsigned long long)(k / 2), (long long)v,
-                          (unsigned long long)p, (long long)(v - a0), (long long)(a1 - a0));
+                           "%s/core/neighbor_list: sample %llu, edge %llu: stored index %lld - "
+                           "atoms_ptr[%llu] = %lld lies outside [0, %lld) (an append without the "
+                           "atom offset, FORMATS.md §8.5?)",
+                           L->path, (unsigned long long)p, (unsigned long long)(k / 2),
+                           (long long)v, (unsigned long long)p, (long long)(v - a0),
+                           (long long)(a1 - a0));
         zb__at_set_int(rows, dt, first + k, v - a0);
     }
     return ZB_OK;
@@ -406,8 +407,8 @@ zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
         uint64_t want = m < ZB_AT_SAMPLES_MASK ? n + 1 : n;
         if (L.meta_rows[m] < want) {
             st = zb__err(ZB_E_CORRUPT, "%s/meta/%s: %llu entries, needs %s = %llu", L.path,
-                        zb__at_meta_names[m], (unsigned long long)L.meta_rows[m], need[m],
-                        (unsigned long long)want);
+                         zb__at_meta_names[m], (unsigned long long)L.meta_rows[m], need[m],
+                         (unsigned long long)want);
             goto done;
         }
         if (L.meta_rows[m] > want) sum.uncommitted_tail = true;
@@ -453,8 +454,8 @@ zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
         uint64_t want = mask_need[m - ZB_AT_ATOMS_MASK];
         if (L.meta_rows[m] < want) {
             st = zb__err(ZB_E_CORRUPT, "%s/meta/%s: %llu entries, %s_ptr[N] = %llu", L.path,
-                        zb__at_meta_names[m], (unsigned long long)L.meta_rows[m],
-                        m == ZB_AT_ATOMS_MASK ? "atoms" : "edges", (unsigned long long)want);
+                         zb__at_meta_names[m], (unsigned long long)L.meta_rows[m],
+                         m == ZB_AT_ATOMS_MASK ? "atoms" : "edges", (unsigned long long)want);
             goto done;
         }
         if (L.meta_rows[m] > want) sum.uncommitted_tail = true;
@@ -464,13 +465,13 @@ zb_atomic_check(zb_store *store, const char *path, zb_atomic_summary *out)
         uint64_t want = need_rows(x, sum.num_atoms, sum.num_edges, n);
         if (x->info.shape[0] < want) {
             st = zb__err(ZB_E_CORRUPT,
-                        "%s/%s/%s: %llu rows, but %s level needs %llu (%s); an append that did "
-                        "not extend it?",
-                        L.path, x->group, x->name, (unsigned long long)x->info.shape[0],
-                        zb_atomic_level_name(x->level), (unsigned long long)want,
-                        x->level == ZB_ATOMIC_ATOM   ? "atoms_ptr[N]"
-                        : x->level == ZB_ATOMIC_EDGE ? "edges_ptr[N]"
-                                                     : "num_samples");
+                         "%s/%s/%s: %llu rows, but %s level needs %llu (%s); an append that did "
+                         "not extend it?",
+                         L.path, x->group, x->name, (unsigned long long)x->info.shape[0],
+                         zb_atomic_level_name(x->level), (unsigned long long)want,
+                         x->level == ZB_ATOMIC_ATOM   ? "atoms_ptr[N]"
+                         : x->level == ZB_ATOMIC_EDGE ? "edges_ptr[N]"
+                                                      : "num_samples");
             goto done;
         }
         if (x->info.shape[0] > want) sum.uncommitted_tail = true;
@@ -715,8 +716,8 @@ zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids,
     row_range *ra = NULL, *re = NULL, *rs = NULL;
     if (L.meta_rows[ZB_AT_SAMPLES_MASK] < N || L.meta_rows[ZB_AT_ATOMS_PTR] < N + 1 ||
         L.meta_rows[ZB_AT_EDGES_PTR] < N + 1) {
-        st = zb__err(ZB_E_CORRUPT, "%s/meta: shorter than num_samples %llu (run zb_atomic_check)", p,
-                    (unsigned long long)N);
+        st = zb__err(ZB_E_CORRUPT, "%s/meta: shorter than num_samples %llu (run zb_atomic_check)",
+                     p, (unsigned long long)N);
         goto done;
     }
     mask = malloc(N ? (size_t)N : 1);
@@ -732,9 +733,9 @@ zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids,
     for (size_t i = 0; i < n; i++)
         if (logical_ids[i] >= live) {
             st = zb__err(ZB_E_RANGE,
-                        "zb_atomic_delete: index %llu out of range for %llu live "
-                        "samples",
-                        (unsigned long long)logical_ids[i], (unsigned long long)live);
+                         "zb_atomic_delete: index %llu out of range for %llu live "
+                         "samples",
+                         (unsigned long long)logical_ids[i], (unsigned long long)live);
             goto done;
         }
     if (n == 0) goto done;
@@ -767,7 +768,7 @@ zb_atomic_delete(zb_store *store, const char *path, const uint64_t *logical_ids,
         uint64_t q = ids[i];
         if (ap[q] < 0 || ap[q + 1] < ap[q] || ep[q] < 0 || ep[q + 1] < ep[q]) {
             st = zb__err(ZB_E_CORRUPT, "%s/meta: bad pointers at sample %llu", p,
-                        (unsigned long long)q);
+                         (unsigned long long)q);
             goto done;
         }
         ra[i] = (row_range){(uint64_t)ap[q], (uint64_t)ap[q + 1]};
@@ -811,17 +812,17 @@ check_custom_field(const zb_atomic_field *field, uint64_t n_rows)
 {
     if (field->group && strcmp(field->group, "custom") != 0)
         return zb__err(ZB_E_INVALID,
-                      "zb_atomic_add_custom: group '%s': only custom fields can "
-                      "be added",
-                      field->group);
+                       "zb_atomic_add_custom: group '%s': only custom fields can "
+                       "be added",
+                       field->group);
     ZB_TRY(zb__at_check_name("custom field", field->name));
     if (field->level != ZB_ATOMIC_ATOM && field->level != ZB_ATOMIC_EDGE &&
         field->level != ZB_ATOMIC_SYSTEM)
         return zb__err(ZB_E_INVALID, "custom field '%s': level %d is not atom, edge or system",
-                      field->name, (int)field->level);
+                       field->name, (int)field->level);
     if (field->dtype < 0 || field->dtype >= ZB_DT_COUNT_ || field->dtype == ZB_DT_STRING)
         return zb__err(ZB_E_INVALID, "custom field '%s': dtype must be a fixed-size type",
-                      field->name);
+                       field->name);
     if (field->ndim < 0 || field->ndim > ZB_MAX_DIMS - 1 || (field->ndim && !field->shape))
         return zb__err(ZB_E_INVALID, "custom field '%s': bad ndim/shape", field->name);
     for (int d = 0; d < field->ndim; d++)
@@ -863,11 +864,11 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
     uint64_t want = rows_for(field->level, (uint64_t)va, (uint64_t)ve, N);
     if (n_rows != want) {
         st = zb__err(ZB_E_INVALID, "custom field '%s': %llu rows given, %s level needs %llu (%s)",
-                    field->name, (unsigned long long)n_rows, zb_atomic_level_name(field->level),
-                    (unsigned long long)want,
-                    field->level == ZB_ATOMIC_ATOM   ? "the store's atoms"
-                    : field->level == ZB_ATOMIC_EDGE ? "the store's edges"
-                                                     : "num_samples");
+                     field->name, (unsigned long long)n_rows, zb_atomic_level_name(field->level),
+                     (unsigned long long)want,
+                     field->level == ZB_ATOMIC_ATOM   ? "the store's atoms"
+                     : field->level == ZB_ATOMIC_EDGE ? "the store's edges"
+                                                      : "num_samples");
         goto done;
     }
     /* every value finite, as zb_atomic_writer_add asks (an overflowing size is refused by the
@@ -881,15 +882,15 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
         sized && field->data ? zb__at_first_non_finite(field->dtype, field->data, elems) : elems;
     if (bad < elems) {
         st = zb__err(ZB_E_INVALID,
-                    "custom field '%s': a non-finite value (NaN or infinity) in "
-                    "row %llu",
-                    field->name, (unsigned long long)(bad / row_elems));
+                     "custom field '%s': a non-finite value (NaN or infinity) in "
+                     "row %llu",
+                     field->name, (unsigned long long)(bad / row_elems));
         goto done;
     }
     for (size_t i = 0; i < L.n; i++)
         if (!strcmp(L.arrays[i].name, field->name)) {
             st = zb__err(ZB_E_INVALID, "custom field '%s': %s/%s already exists", field->name,
-                        L.arrays[i].group, field->name);
+                         L.arrays[i].group, field->name);
             goto done;
         }
     char gpath[ZB_AT_KEY_CAP], apath[ZB_AT_KEY_CAP], key[ZB_AT_KEY_CAP];
@@ -910,7 +911,7 @@ zb_atomic_add_custom(zb_store *store, const char *path, const zb_atomic_write_co
     }
     /* (an overflowing row is refused by the array writer below) */
     zb__at_cfg_resolve(&c, "custom", field->name,
-                      row_bytes > SIZE_MAX ? SIZE_MAX : (size_t)row_bytes, &o);
+                       row_bytes > SIZE_MAX ? SIZE_MAX : (size_t)row_bytes, &o);
     st = zb_array_writer_open(store, apath, field->dtype, field->ndim + 1, shape, &o, &aw);
     if (st != ZB_OK) goto done;
     /* the level first: a crash then leaves a named array that does not exist yet (ignored),
@@ -1047,8 +1048,8 @@ copy_block(const zb__at_layout *L, zb_atomic_writer *w, const ptr_block *b, defr
             }
             if (r1 > c->x->info.shape[0])
                 return zb__err(ZB_E_CORRUPT, "%s/%s/%s: %llu rows, the pointers need %llu", L->path,
-                              c->x->group, c->x->name, (unsigned long long)c->x->info.shape[0],
-                              (unsigned long long)r1);
+                               c->x->group, c->x->name, (unsigned long long)c->x->info.shape[0],
+                               (unsigned long long)r1);
             size_t bytes = (size_t)(r1 - r0) * c->row_bytes;
             ZB_TRY(zb__buf_reserve(&c->buf, bytes + 1));
             if (r1 > r0) ZB_TRY(zb_array_read_rows(c->x->a, r0, r1, c->buf.data, bytes, NULL));
@@ -1112,8 +1113,8 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
     ZB_TRY(zb_key_normalize(path, p, sizeof p));
     if (!p[0])
         return zb__err(ZB_E_INVALID,
-                      "zb_atomic_defragment: the dataset is the store root; open "
-                      "the parent directory as the store so the new store can be swapped in");
+                       "zb_atomic_defragment: the dataset is the store root; open "
+                       "the parent directory as the store so the new store can be swapped in");
     snprintf(newp, sizeof newp, "%s%s", p, NEW_SUFFIX);
     ZB_TRY(refuse_incomplete(store, p));
     ZB_TRY(zb_atomic_recover(store, p));
@@ -1140,8 +1141,8 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
     uint64_t N = L.num_samples;
     if (L.meta_rows[ZB_AT_SAMPLES_MASK] < N || L.meta_rows[ZB_AT_ATOMS_PTR] < N + 1 ||
         L.meta_rows[ZB_AT_EDGES_PTR] < N + 1) {
-        st = zb__err(ZB_E_CORRUPT, "%s/meta: shorter than num_samples %llu (run zb_atomic_check)", p,
-                    (unsigned long long)N);
+        st = zb__err(ZB_E_CORRUPT, "%s/meta: shorter than num_samples %llu (run zb_atomic_check)",
+                     p, (unsigned long long)N);
         goto done;
     }
     const zb__at_array *nl = find_nlist(&L);
@@ -1177,7 +1178,7 @@ zb_atomic_defragment(zb_store *store, const char *path, const zb_atomic_write_co
         if (x->info.dtype == ZB_DT_STRING) {
             free(fields);
             st = zb__err(ZB_E_UNSUPPORTED, "%s/%s/%s: string arrays are not atomic fields", p,
-                        x->group, x->name);
+                         x->group, x->name);
             goto done;
         }
         cols[i].x = x;

@@ -14,7 +14,7 @@
 #include "zarr/array.h"
 
 const char *const zb__at_meta_names[ZB_AT_NMETA] = {"atoms_ptr", "edges_ptr", "samples_mask",
-                                                   "atoms_mask", "edges_mask"};
+                                                    "atoms_mask", "edges_mask"};
 
 const char *
 zb_atomic_level_name(zb_atomic_level level)
@@ -57,9 +57,9 @@ check_array_config(const char *what, const zb_atomic_array_config *c)
     if (c->shard_rows && c->shard_rows != ZB_ATOMIC_NO_SHARDS && c->chunk_rows &&
         c->shard_rows % c->chunk_rows)
         return zb__err(ZB_E_INVALID,
-                      "atomic writer config '%s': shard_rows %llu is not a multiple of "
-                      "chunk_rows %llu",
-                      what, (unsigned long long)c->shard_rows, (unsigned long long)c->chunk_rows);
+                       "atomic writer config '%s': shard_rows %llu is not a multiple of "
+                       "chunk_rows %llu",
+                       what, (unsigned long long)c->shard_rows, (unsigned long long)c->chunk_rows);
     return ZB_OK;
 }
 
@@ -95,10 +95,10 @@ zb__at_cfg_copy(const zb_atomic_write_config *src, zb__at_cfg *dst)
     memset(dst, 0, sizeof *dst);
     if (src->num_threads < 0 || src->num_threads > 256)
         return zb__err(ZB_E_INVALID, "atomic writer config: num_threads %d is outside 0..256",
-                      src->num_threads);
+                       src->num_threads);
     if (src->n_overrides && !src->overrides)
         return zb__err(ZB_E_INVALID, "atomic writer config: n_overrides %zu with no overrides",
-                      src->n_overrides);
+                       src->n_overrides);
     dst->num_threads = src->num_threads;
     const zb_atomic_array_config *groups[3] = {&src->meta, &src->core, &src->custom};
     zb_status st = ZB_OK;
@@ -129,7 +129,7 @@ zb__at_cfg_free(zb__at_cfg *cfg)
 
 void
 zb__at_cfg_resolve(const zb__at_cfg *cfg, const char *group, const char *name, size_t row_bytes,
-                  zb_array_write_opts *o)
+                   zb_array_write_opts *o)
 {
     static const zb_array_write_opts defaults = ZB_ARRAY_WRITE_OPTS_DEFAULT;
     *o = defaults;
@@ -170,7 +170,7 @@ zb__at_check_name(const char *what, const char *name)
     if (!name || !*name) return zb__err(ZB_E_INVALID, "%s: empty name", what);
     if (strlen(name) >= ZB_AT_NAME_CAP)
         return zb__err(ZB_E_INVALID, "%s '%.32s...': name longer than %d bytes", what, name,
-                      ZB_AT_NAME_CAP - 1);
+                       ZB_AT_NAME_CAP - 1);
     if (strchr(name, '/') || strchr(name, '\\'))
         return zb__err(ZB_E_INVALID, "%s '%s': a name may not contain '/'", what, name);
     if (name[0] == '.' || !strncmp(name, "__", 2))
@@ -314,9 +314,9 @@ zb__at_read_i64(const zb_array *a, uint64_t start, uint64_t stop, int64_t *dst)
     ZB_TRY(zb_array_get_info(a, &info));
     if (!zb__at_dtype_is_int(info.dtype) || info.ndim != 1)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: a pointer array must be a 1-d integer array, not %s "
-                      "with %d dimensions",
-                      a->path, zb_dtype_name(info.dtype), info.ndim);
+                       "%s: a pointer array must be a 1-d integer array, not %s "
+                       "with %d dimensions",
+                       a->path, zb_dtype_name(info.dtype), info.ndim);
     uint64_t n = stop - start;
     if (info.dtype == ZB_DT_INT64 || info.dtype == ZB_DT_UINT64) {
         ZB_TRY(zb_array_read_rows(a, start, stop, dst, (size_t)n * 8, NULL));
@@ -657,7 +657,8 @@ open_group_arrays(zb_store *store, zb__at_layout *L, const char *group, json_obj
         /* only arrays: a directory without an array document (a group, stale chunks of an
          * array whose write never committed) is not a field */
         bool is_array = false;
-        if (zb__at_join(key, sizeof key, apath, "zarr.json") == ZB_OK && zb__at_has_key(store, key)) {
+        if (zb__at_join(key, sizeof key, apath, "zarr.json") == ZB_OK &&
+            zb__at_has_key(store, key)) {
             json_object *doc = NULL;
             st = read_json(store, key, &doc);
             if (st != ZB_OK) break;
@@ -714,13 +715,13 @@ zb__at_layout_open(zb_store *store, const char *path, zb__at_layout *L)
         ZB_TRY(zb__at_join(mk, sizeof mk, L->path, ZB_INCOMPLETE_MARKER));
         if (zb__at_has_key(store, mk))
             return zb__err(ZB_E_INCOMPLETE,
-                          "'%s': a new atomic store that was never committed "
-                          "(%s present, no zarr.json)",
-                          L->path, ZB_INCOMPLETE_MARKER);
+                           "'%s': a new atomic store that was never committed "
+                           "(%s present, no zarr.json)",
+                           L->path, ZB_INCOMPLETE_MARKER);
         ZB_TRY(zb__at_join(mk, sizeof mk, L->path, ".zgroup"));
         if (zb__at_has_key(store, mk))
             return zb__err(ZB_E_UNSUPPORTED, "'%s': a Zarr v2 group; atomic stores are Zarr v3",
-                          L->path);
+                           L->path);
         return zb__err(ZB_E_NOTFOUND, "'%s': no atomic store here (no zarr.json)", L->path);
     }
     st = read_json(store, key, &doc);
@@ -768,9 +769,10 @@ zb__at_layout_open(zb_store *store, const char *path, zb__at_layout *L)
         zb_array_info info;
         zb_array_get_info(L->meta[m], &info);
         bool mask = m >= ZB_AT_SAMPLES_MASK;
-        if (info.ndim != 1 || (mask ? info.dtype != ZB_DT_BOOL : !zb__at_dtype_is_int(info.dtype))) {
+        if (info.ndim != 1 ||
+            (mask ? info.dtype != ZB_DT_BOOL : !zb__at_dtype_is_int(info.dtype))) {
             st = zb__err(ZB_E_CORRUPT, "%s: expected a 1-d %s array, found %s with %d dimensions",
-                        apath, mask ? "bool" : "integer", zb_dtype_name(info.dtype), info.ndim);
+                         apath, mask ? "bool" : "integer", zb_dtype_name(info.dtype), info.ndim);
             goto fail;
         }
         L->meta_rows[m] = info.shape[0];

@@ -32,7 +32,7 @@ int_part(const char *spec, const char *part, const char *what, long lo, long hi,
         return zb__err(ZB_E_INVALID, "codec \"%s\": %s \"%s\" is not an integer", spec, what, part);
     if (v < lo || v > hi)
         return zb__err(ZB_E_INVALID, "codec \"%s\": %s %ld is outside %ld..%ld", spec, what, v, lo,
-                      hi);
+                       hi);
     *out = (int)v;
     return ZB_OK;
 }
@@ -42,7 +42,7 @@ want_parts(const char *spec, const char *name, int nparts, int most)
 {
     if (nparts - 1 > most)
         return zb__err(ZB_E_INVALID, "codec \"%s\": %s takes at most %d parameter%s", spec, name,
-                      most, most == 1 ? "" : "s");
+                       most, most == 1 ? "" : "s");
     return ZB_OK;
 }
 
@@ -61,13 +61,13 @@ parse_blosc(const char *spec, char **parts, int nparts, zb__codec *c)
         known = known || !strcmp(cname, blosc_cnames[i]);
     if (!known)
         return zb__err(ZB_E_INVALID,
-                      "codec \"%s\": blosc compressor \"%s\" is not one of lz4 lz4hc blosclz "
-                      "zstd zlib snappy",
-                      spec, cname);
+                       "codec \"%s\": blosc compressor \"%s\" is not one of lz4 lz4hc blosclz "
+                       "zstd zlib snappy",
+                       spec, cname);
     /* checked now rather than at the first chunk, so a bad option fails at open */
     if (blosc_compname_to_compcode(cname) < 0)
         return zb__err(ZB_E_UNSUPPORTED, "codec \"%s\": this libblosc lacks \"%s\" (it has %s)",
-                      spec, cname, blosc_list_compressors());
+                       spec, cname, blosc_list_compressors());
     snprintf(c->cname, sizeof c->cname, "%s", cname);
     if (nparts > 2) ZB_TRY(int_part(spec, parts[2], "blosc clevel", 0, 9, &c->level));
     if (nparts > 3) {
@@ -76,9 +76,9 @@ parse_blosc(const char *spec, char **parts, int nparts, zb__codec *c)
             if (!strcmp(parts[3], shuffle_names[i])) found = i;
         if (found < 0)
             return zb__err(ZB_E_INVALID,
-                          "codec \"%s\": blosc shuffle \"%s\" is not noshuffle, shuffle or "
-                          "bitshuffle",
-                          spec, parts[3]);
+                           "codec \"%s\": blosc shuffle \"%s\" is not noshuffle, shuffle or "
+                           "bitshuffle",
+                           spec, parts[3]);
         c->shuffle = found;
     }
     return ZB_OK;
@@ -93,7 +93,7 @@ zb__codec_spec_parse(const char *spec, int zarr_format, zb__codec *codec, bool *
     if (!spec) spec = ZB_CODEC_SPEC_DEFAULT;
     if (zarr_format != 2 && zarr_format != 3)
         return zb__err(ZB_E_INVALID, "codec \"%.64s\": zarr_format %d is not 2 or 3", spec,
-                      zarr_format);
+                       zarr_format);
     char copy[SPEC_CAP];
     if (strlen(spec) >= sizeof copy)
         return zb__err(ZB_E_INVALID, "codec \"%.64s...\" is too long", spec);
@@ -133,15 +133,15 @@ zb__codec_spec_parse(const char *spec, int zarr_format, zb__codec *codec, bool *
         if (nparts > 2) {
             if (strcmp(parts[2], "checksum") != 0)
                 return zb__err(ZB_E_INVALID,
-                              "codec \"%s\": zstd's third part must be "
-                              "\"checksum\", not \"%s\"",
-                              spec, parts[2]);
+                               "codec \"%s\": zstd's third part must be "
+                               "\"checksum\", not \"%s\"",
+                               spec, parts[2]);
             /* numcodecs 0.11 raises TypeError on a "checksum" key (FORMATS.md §2.1) */
             if (zarr_format == 2)
                 return zb__err(ZB_E_INVALID,
-                              "codec \"%s\": zstd checksum cannot be written in Zarr v2 "
-                              "(numcodecs 0.11 rejects the key); use zarr_format 3",
-                              spec);
+                               "codec \"%s\": zstd checksum cannot be written in Zarr v2 "
+                               "(numcodecs 0.11 rejects the key); use zarr_format 3",
+                               spec);
             c->checksum = true;
         }
     } else if (!strcmp(name, "lz4")) {
@@ -162,8 +162,8 @@ zb__codec_spec_parse(const char *spec, int zarr_format, zb__codec *codec, bool *
         ZB_TRY(parse_blosc(spec, parts, nparts, c));
     } else {
         return zb__err(ZB_E_INVALID,
-                      "codec \"%s\": \"%s\" is not none, zstd, lz4, gzip, zlib or blosc", spec,
-                      name);
+                       "codec \"%s\": \"%s\" is not none, zstd, lz4, gzip, zlib or blosc", spec,
+                       name);
     }
     *has_codec = true;
     return ZB_OK;
@@ -200,7 +200,7 @@ zb__codec_v2_json(const zb__codec *c, json_object **out)
         if (c->checksum) {
             json_object_put(o);
             return zb__err(ZB_E_INVALID, "zstd checksum cannot be written in Zarr v2 "
-                                        "(numcodecs 0.11 rejects the key)");
+                                         "(numcodecs 0.11 rejects the key)");
         }
         zb__jw_add(o, "id", json_object_new_string("zstd"), &ok);
         zb__jw_add(o, "level", json_object_new_int(c->level), &ok);

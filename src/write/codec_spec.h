@@ -23,7 +23,8 @@
  * wrong, for a malformed string, a value out of range, or a combination the format cannot
  * express (zstd checksum in v2: numcodecs 0.11 rejects the key); ZB_E_UNSUPPORTED for a blosc
  * compressor this libblosc lacks. */
-zb_status zb__codec_spec_parse(const char *spec, int zarr_format, zb__codec *codec, bool *has_codec);
+zb_status zb__codec_spec_parse(const char *spec, int zarr_format, zb__codec *codec,
+                               bool *has_codec);
 
 /* The v2 compressor object with exactly numcodecs 0.11's key set (FORMATS.md §2.1):
  * blosc {id,cname,clevel,shuffle,blocksize}, zstd {id,level}, lz4 {id,acceleration},

@@ -100,7 +100,7 @@ zb__write_group(zb_store *store, const char *path, int zarr_format, const char *
     if (!store || !path) return zb__err(ZB_E_INVALID, "zb__write_group: null argument");
     if (zarr_format != 2 && zarr_format != 3)
         return zb__err(ZB_E_INVALID, "group '%.64s': zarr_format %d is not 2 or 3", path,
-                      zarr_format);
+                       zarr_format);
     char norm[4096], key[4200];
     ZB_TRY(zb_key_normalize(path, norm, sizeof norm));
     json_object *attrs = NULL, *doc = NULL;

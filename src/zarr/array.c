@@ -17,7 +17,6 @@
 #include "zarr/codec.h"
 #include "zarr/shard.h"
 
-
 /* ------------------------------------------------------------------------------------------- */
 /* Open                                                                                         */
 /* ------------------------------------------------------------------------------------------- */
@@ -64,9 +63,10 @@ zb__array_open_meta(zb_store *store, const char *path, zb__array_meta *meta, zb_
     }
     /* a policy limit, not an overflow: one decoded chunk must fit a buffer of ZB_BUF_MAX */
     if (!zb__mul_u64(unit, m->itemsize ? m->itemsize : 16, &bytes) || bytes > ZB_BUF_MAX) {
-        st = zb__err(ZB_E_OVERFLOW, "%s: a chunk of %llu elements is over the %llu GiB limit on "
-                    "one decoded chunk", path, (unsigned long long)unit,
-                    (unsigned long long)(ZB_BUF_MAX >> 30));
+        st = zb__err(ZB_E_OVERFLOW,
+                     "%s: a chunk of %llu elements is over the %llu GiB limit on "
+                     "one decoded chunk",
+                     path, (unsigned long long)unit, (unsigned long long)(ZB_BUF_MAX >> 30));
         goto fail;
     }
     if (m->chain.ab == ZB_AB_SHARDING && m->chain.has_transpose) {
@@ -79,7 +79,7 @@ zb__array_open_meta(zb_store *store, const char *path, zb__array_meta *meta, zb_
         for (int d = 0; d < m->ndim; d++) n *= m->chunks[d] / a->inner[d];
         if (n > ZB_SHARD_MAX_ENTRIES) {
             st = zb__err(ZB_E_UNSUPPORTED, "%s: %llu inner chunks per shard (limit 2^30)", path,
-                        (unsigned long long)n);
+                         (unsigned long long)n);
             goto fail;
         }
     }
@@ -137,8 +137,7 @@ zb_array_open(zb_store *store, const char *path, zb_array **out)
     ZB_TRY(join_key(key, sizeof key, norm, ".zarray"));
     st = zb_store_read_all(store, key, &doc, &doc_len);
     if (st == ZB_E_NOTFOUND)
-        return zb__err(ZB_E_NOTFOUND, "'%s': no array here (neither zarr.json nor .zarray)",
-                      norm);
+        return zb__err(ZB_E_NOTFOUND, "'%s': no array here (neither zarr.json nor .zarray)", norm);
     if (st != ZB_OK) return st;
     ZB_TRY(join_key(key, sizeof key, norm, ".zattrs"));
     st = zb_store_read_all(store, key, &attrs, &attrs_len);
@@ -147,7 +146,7 @@ zb_array_open(zb_store *store, const char *path, zb_array **out)
         return st;
     }
     st = zb__meta_parse_v2((const char *)doc, (size_t)doc_len, (const char *)attrs,
-                          (size_t)attrs_len, norm, &meta);
+                           (size_t)attrs_len, norm, &meta);
     free(doc);
     free(attrs);
     if (st != ZB_OK) return st;
@@ -169,7 +168,7 @@ zb_array_open_json(zb_store *store, const char *path, int zarr_format, const cha
         ZB_TRY(zb__meta_parse_v3(json, strlen(json), norm, &meta));
     } else if (zarr_format == 2) {
         ZB_TRY(zb__meta_parse_v2(json, strlen(json), attrs_json,
-                                attrs_json ? strlen(attrs_json) : 0, norm, &meta));
+                                 attrs_json ? strlen(attrs_json) : 0, norm, &meta));
     } else {
         return zb__err(ZB_E_INVALID, "%s: zarr_format %d", norm, zarr_format);
     }
@@ -213,7 +212,7 @@ typedef struct read_req {
     uint64_t start, stop; /* rows along axis 0 */
     uint8_t *dst;         /* fixed-size output, (stop-start) * row_elems * itemsize bytes */
     str_span *spans;      /* string output: one span per output element */
-    zb__buf blob;          /* string bytes */
+    zb__buf blob;         /* string bytes */
     uint64_t ostride[ZB_MAX_DIMS]; /* output C strides, in elements */
 } read_req;
 
@@ -455,7 +454,7 @@ deliver_slice(read_req *r, const want_entry *w, const uint8_t *enc, const char *
     zb_status st = deliver_unit(r, w->g, enc, (size_t)w->at.len, key);
     if (st != ZB_OK)
         zb__err_context(st, "%s: inner chunk at [%llu, %llu)", key, (unsigned long long)w->at.off,
-                       (unsigned long long)(w->at.off + w->at.len));
+                        (unsigned long long)(w->at.off + w->at.len));
     return st;
 }
 
@@ -479,8 +478,8 @@ listed_done(void *arg, size_t i)
     zb_status st = rg->status;
     if (st == ZB_OK && rg->nread != rg->length)
         st = zb__err(ZB_E_TRUNCATED, "%s: read %llu of %llu bytes at offset %llu", l->key,
-                    (unsigned long long)rg->nread, (unsigned long long)rg->length,
-                    (unsigned long long)rg->offset);
+                     (unsigned long long)rg->nread, (unsigned long long)rg->length,
+                     (unsigned long long)rg->offset);
     else if (st != ZB_OK)
         return 1; /* the store layer reports it */
     l->r->ctx->stats.range_reads++;
@@ -514,8 +513,8 @@ deliver_listed(read_req *r, const char *key, const want_entry *want, size_t nwan
     for (size_t i = 0, j = 0; st == ZB_OK && i < nwant; j++) {
         l.first[j] = i;
         i = zb__merge_next(want, sizeof *want, i, nwant, ZB_MERGE_UNITS, &ms, &me);
-        l.ranges[j] = (zb_range){.key = key, .offset = ms, .length = me - ms,
-                                 .dst = r->ctx->ws.enc.data + at};
+        l.ranges[j] = (zb_range){
+            .key = key, .offset = ms, .length = me - ms, .dst = r->ctx->ws.enc.data + at};
         at += me - ms;
     }
     l.first[nr] = nwant;
@@ -595,9 +594,10 @@ load_index(read_req *r, const char *key, uint64_t shard_size, const uint8_t *mem
     const zb__shard_spec *spec = r->a->meta.chain.shard;
     uint64_t idx_bytes = zb__shard_index_nbytes(spec, n), got = 0;
     if (shard_size < idx_bytes)
-        return zb__err(ZB_E_TRUNCATED, "%s: shard of %llu bytes is shorter than its %llu-byte "
-                      "index", key, (unsigned long long)shard_size,
-                      (unsigned long long)idx_bytes);
+        return zb__err(ZB_E_TRUNCATED,
+                       "%s: shard of %llu bytes is shorter than its %llu-byte "
+                       "index",
+                       key, (unsigned long long)shard_size, (unsigned long long)idx_bytes);
     uint8_t *raw = malloc((size_t)idx_bytes + 1);
     if (!raw) return zb__err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
     uint64_t ioff = spec->index_at_start ? 0 : shard_size - idx_bytes;
@@ -614,7 +614,7 @@ load_index(read_req *r, const char *key, uint64_t shard_size, const uint8_t *mem
     }
     if (st == ZB_OK && got != idx_bytes)
         st = zb__err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
-                    (unsigned long long)got, (unsigned long long)idx_bytes);
+                     (unsigned long long)got, (unsigned long long)idx_bytes);
     if (st == ZB_OK)
         st = zb__shard_index_decode(spec, n, raw, (size_t)got, shard_size, key, entries);
     free(raw);
@@ -662,7 +662,8 @@ read_shard(read_req *r, const uint64_t *s, uint64_t u0, uint64_t u1)
     uint64_t *entries = malloc((size_t)(2 * n * sizeof(uint64_t)));
     want_entry *want = malloc(cap_want * sizeof *want);
     size_t nwant = 0;
-    st = entries && want ? ZB_OK : zb__err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
+    st =
+        entries && want ? ZB_OK : zb__err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
     if (st == ZB_OK) st = load_index(r, key, shard_size, mem, n, entries);
     uint64_t g[ZB_MAX_DIMS];
     for (g[0] = lo[0]; st == ZB_OK && g[0] < hi[0]; g[0]++) {
@@ -759,14 +760,14 @@ check_range(const zb_array *a, uint64_t start, uint64_t stop)
     uint64_t rows = a->meta.ndim == 0 ? 1 : a->meta.shape[0];
     if (start > stop || stop > rows)
         return zb__err(ZB_E_RANGE, "%s: rows [%llu, %llu) outside [0, %llu)", a->path,
-                      (unsigned long long)start, (unsigned long long)stop,
-                      (unsigned long long)rows);
+                       (unsigned long long)start, (unsigned long long)stop,
+                       (unsigned long long)rows);
     return ZB_OK;
 }
 
 zb_status
-zb_array_read_rows(const zb_array *array, uint64_t start, uint64_t stop, void *dst,
-                   size_t dst_size, zb_ctx *ctx)
+zb_array_read_rows(const zb_array *array, uint64_t start, uint64_t stop, void *dst, size_t dst_size,
+                   zb_ctx *ctx)
 {
     if (!array || (!dst && dst_size)) return zb__err(ZB_E_INVALID, "zb_array_read_rows: null");
     if (array->meta.dtype == ZB_DT_STRING)
@@ -774,8 +775,8 @@ zb_array_read_rows(const zb_array *array, uint64_t start, uint64_t stop, void *d
     ZB_TRY(check_range(array, start, stop));
     uint64_t need = (stop - start) * array->row_elems * array->meta.itemsize;
     if (dst_size < need)
-        return zb__err(ZB_E_INVALID, "%s: destination holds %zu bytes, rows need %llu",
-                      array->path, dst_size, (unsigned long long)need);
+        return zb__err(ZB_E_INVALID, "%s: destination holds %zu bytes, rows need %llu", array->path,
+                       dst_size, (unsigned long long)need);
     zb_ctx *own = NULL;
     if (!ctx) {
         ZB_TRY(zb_ctx_new(&own));
@@ -809,7 +810,7 @@ zb_array_read_strings(const zb_array *array, uint64_t start, uint64_t stop, zb_s
     char *data = NULL;
     if (!r.spans || !offsets) {
         st = zb__err(ZB_E_NOMEM, "%s: out of memory for %llu strings", array->path,
-                    (unsigned long long)n);
+                     (unsigned long long)n);
         goto done;
     }
     st = read_rows(&r);
@@ -845,4 +846,3 @@ zb_strings_free(zb_strings *strings)
     free(strings->data);
     memset(strings, 0, sizeof *strings);
 }
-

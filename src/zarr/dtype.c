@@ -82,14 +82,14 @@ zb__dtype_parse_v2(const char *typestr, const char *where, zb_dtype *dtype, bool
          * produces, and guessing its order would risk silently swapped values. */
         if (itemsize > 1 && order == '|')
             return zb__err(ZB_E_METADATA, "%s: dtype \"%s\" has no byte order ('<' or '>')", where,
-                          typestr);
+                           typestr);
         *dtype = rows[i].dtype;
         *big_endian = itemsize > 1 && order == '>';
         return ZB_OK;
     }
     if (strchr("biuf", kind))
         return zb__err(ZB_E_UNSUPPORTED, "%s: dtype \"%.40s\" has an unsupported item size", where,
-                      typestr);
+                       typestr);
     return zb__err(ZB_E_UNSUPPORTED, "%s: dtype \"%.40s\" is not supported", where, typestr);
 }
 
@@ -195,7 +195,7 @@ parse_hex_bits(const char *s, size_t itemsize, const char *where, uint64_t *bits
     size_t n = strlen(s + 2);
     if (n != 2 * itemsize)
         return zb__err(ZB_E_METADATA, "%s: fill_value \"%.40s\" needs %zu hex digits", where, s,
-                      2 * itemsize);
+                       2 * itemsize);
     uint64_t v = 0;
     for (size_t i = 0; i < n; i++) {
         int d = hex_digit(s[2 + i]);
@@ -215,7 +215,7 @@ float_fill(json_object *v, zb_dtype dtype, int zarr_format, const char *where, u
     switch (json_object_get_type(v)) {
     case json_type_int:
         x = zb__json_is_big_uint(v) ? (double)json_object_get_uint64(v)
-                                   : (double)json_object_get_int64(v);
+                                    : (double)json_object_get_int64(v);
         break;
     case json_type_double: /* bare NaN/Infinity tokens arrive here too (FORMATS.md §5) */
         x = json_object_get_double(v);
@@ -235,13 +235,13 @@ float_fill(json_object *v, zb_dtype dtype, int zarr_format, const char *where, u
             return ZB_OK;
         } else {
             return zb__err(ZB_E_METADATA, "%s: fill_value \"%.40s\" is not a %s", where, s,
-                          dtypes[dtype].name);
+                           dtypes[dtype].name);
         }
         break;
     }
     default:
         return zb__err(ZB_E_METADATA, "%s: fill_value %.40s is not a %s", where, zb__json_text(v),
-                      dtypes[dtype].name);
+                       dtypes[dtype].name);
     }
     uint64_t bits = dtype == ZB_DT_FLOAT16   ? zb__half_from_double(x)
                     : dtype == ZB_DT_FLOAT32 ? f32_bits(x)
@@ -271,13 +271,13 @@ int_fill(json_object *v, zb_dtype dtype, const char *where, uint8_t *fill)
         double d = json_object_get_double(v);
         if (!(d == floor(d) && fabs(d) <= 9007199254740992.0))
             return zb__err(ZB_E_METADATA, "%s: fill_value %.40s is not an integer for %s", where,
-                          zb__json_text(v), dtypes[dtype].name);
+                           zb__json_text(v), dtypes[dtype].name);
         int64_t s = (int64_t)d;
         neg = s < 0;
         mag = (uint64_t)s;
     } else {
         return zb__err(ZB_E_METADATA, "%s: fill_value %.40s is not an integer for %s", where,
-                      zb__json_text(v), dtypes[dtype].name);
+                       zb__json_text(v), dtypes[dtype].name);
     }
     unsigned bitsn = (unsigned)(8 * size);
     bool ok;
@@ -292,7 +292,7 @@ int_fill(json_object *v, zb_dtype dtype, const char *where, uint8_t *fill)
     }
     if (!ok)
         return zb__err(ZB_E_METADATA, "%s: fill_value %.40s is out of range for %s", where,
-                      zb__json_text(v), dtypes[dtype].name);
+                       zb__json_text(v), dtypes[dtype].name);
     put_le(fill, mag, size);
     return ZB_OK;
 }
@@ -317,7 +317,7 @@ bool_fill(json_object *v, int zarr_format, const char *where, uint8_t *fill)
 
 zb_status
 zb__fill_parse(json_object *v, zb_dtype dtype, int zarr_format, const char *where, uint8_t fill[16],
-              bool *fill_null)
+               bool *fill_null)
 {
     memset(fill, 0, 16);
     *fill_null = false;

@@ -78,7 +78,7 @@ get_dims(json_object *v, const char *doc, const char *key, bool positive, int wa
     size_t n = json_object_array_length(v);
     if (n > ZB_MAX_DIMS)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s has %zu dimensions (at most %d supported)", doc,
-                      key, n, ZB_MAX_DIMS);
+                       key, n, ZB_MAX_DIMS);
     if (want >= 0 && n != (size_t)want)
         return zb__err(ZB_E_METADATA, "%s: %s has %zu elements, shape has %d", doc, key, n, want);
     for (size_t i = 0; i < n; i++) {
@@ -103,7 +103,8 @@ int_param(json_object *cfg, const char *key, int dflt, int lo, int hi, const cha
     int64_t x;
     ZB_TRY(zb__json_i64(v, what, &x));
     if (x < lo || x > hi)
-        return zb__err(ZB_E_METADATA, "%s is %lld, must be in [%d, %d]", what, (long long)x, lo, hi);
+        return zb__err(ZB_E_METADATA, "%s is %lld, must be in [%d, %d]", what, (long long)x, lo,
+                       hi);
     *out = (int)x;
     return ZB_OK;
 }
@@ -140,7 +141,8 @@ overflow_check(const uint64_t *dims, int ndim, size_t itemsize, const char *doc,
     uint64_t n = 1, bytes;
     for (int i = 0; i < ndim; i++)
         if (!zb__mul_u64(n, dims[i], &n))
-            return zb__err(ZB_E_OVERFLOW, "%s: the element count of %s overflows 64 bits", doc, key);
+            return zb__err(ZB_E_OVERFLOW, "%s: the element count of %s overflows 64 bits", doc,
+                           key);
     if (!zb__mul_u64(n, itemsize ? itemsize : 1, &bytes))
         return zb__err(ZB_E_OVERFLOW, "%s: the byte size of %s overflows 64 bits", doc, key);
     if (elems) *elems = n;
@@ -164,7 +166,7 @@ blosc_cname(json_object *cfg, const char *doc, const char *codec, zb__codec *c)
         }
     }
     return zb__err(ZB_E_METADATA, "%s: %s cname \"%.32s\" is not a blosc compressor", doc, codec,
-                  cname);
+                   cname);
 }
 
 /* numcodecs' codec JSON: the v2 compressor object ({"id": ..., params}) and the parameters of
@@ -224,14 +226,14 @@ v3_blosc(json_object *cfg, size_t itemsize, const char *doc, zb__codec *c)
         c->shuffle = ZB_SHUFFLE_BIT;
     } else {
         return zb__err(ZB_E_METADATA,
-                      "%s: blosc shuffle \"%.32s\" is not noshuffle, shuffle or bitshuffle", doc,
-                      shuffle);
+                       "%s: blosc shuffle \"%.32s\" is not noshuffle, shuffle or bitshuffle", doc,
+                       shuffle);
     }
     if (has_ts) {
         ZB_TRY(int_param(cfg, "typesize", 0, 1, 255, doc, "blosc", &c->typesize));
     } else if (shuffle && c->shuffle != ZB_SHUFFLE_NONE) {
         return zb__err(ZB_E_METADATA, "%s: blosc typesize is required with shuffle \"%s\"", doc,
-                      shuffle);
+                       shuffle);
     } else if (!shuffle) {
         c->typesize = itemsize ? (int)itemsize : 1;
     }
@@ -318,7 +320,8 @@ v2_parse(json_object *za, json_object *zattrs, const char *where, zb__array_meta
     char what[DOC_CAP + 32];
     snprintf(what, sizeof what, "%s: zarr_format", doc);
     ZB_TRY(zb__json_i64(zb__json_get(za, "zarr_format"), what, &zf));
-    if (zf != 2) return zb__err(ZB_E_METADATA, "%s: zarr_format is %lld, not 2", doc, (long long)zf);
+    if (zf != 2)
+        return zb__err(ZB_E_METADATA, "%s: zarr_format is %lld, not 2", doc, (long long)zf);
 
     ZB_TRY(get_dims(zb__json_get(za, "shape"), doc, "shape", false, -1, &m->ndim, m->shape));
     int nchunks;
@@ -327,7 +330,7 @@ v2_parse(json_object *za, json_object *zattrs, const char *where, zb__array_meta
     v = zb__json_get(za, "dtype");
     if (json_object_is_type(v, json_type_array))
         return zb__err(ZB_E_UNSUPPORTED, "%s: structured dtype %s is not supported", doc,
-                      excerpt(v, ex, sizeof ex));
+                       excerpt(v, ex, sizeof ex));
     if (!json_object_is_type(v, json_type_string))
         return zb__err(ZB_E_METADATA, "%s: dtype is missing or not a string", doc);
     bool big = false;
@@ -338,10 +341,10 @@ v2_parse(json_object *za, json_object *zattrs, const char *where, zb__array_meta
     ZB_TRY(v2_filters(zb__json_get(za, "filters"), doc, &vlen));
     if (vlen && m->dtype != ZB_DT_STRING)
         return zb__err(ZB_E_METADATA, "%s: the vlen-utf8 filter needs dtype |O, not %s", doc,
-                      json_object_get_string(v));
+                       json_object_get_string(v));
     if (!vlen && m->dtype == ZB_DT_STRING)
         return zb__err(ZB_E_UNSUPPORTED, "%s: dtype |O is only supported with the vlen-utf8 filter",
-                      doc);
+                       doc);
     m->chain.ab = vlen ? ZB_AB_VLEN_UTF8 : ZB_AB_BYTES;
     m->chain.big_endian = big;
 
@@ -436,7 +439,7 @@ v3_codec_entry(json_object *e, const char *doc, const char *list, size_t i, v3_e
     if (has_key(e, "configuration", &cfg) && cfg) {
         if (!json_object_is_type(cfg, json_type_object))
             return zb__err(ZB_E_METADATA, "%s: %s[%zu] configuration is not an object", doc, list,
-                          i);
+                           i);
         out->cfg = cfg;
     }
     return ZB_OK;
@@ -454,15 +457,15 @@ bytes_endian(json_object *cfg, bool required, const char *doc, const char *list,
     if (!endian) {
         if (required)
             return zb__err(ZB_E_METADATA,
-                          "%s: %s: the bytes codec needs \"endian\" for a multi-byte type", doc,
-                          list);
+                           "%s: %s: the bytes codec needs \"endian\" for a multi-byte type", doc,
+                           list);
         return ZB_OK;
     }
     if (!strcmp(endian, "big"))
         *big = true;
     else if (strcmp(endian, "little") != 0)
         return zb__err(ZB_E_METADATA, "%s: %s: bytes endian \"%.16s\" is not little or big", doc,
-                      list, endian);
+                       list, endian);
     *given = true;
     return ZB_OK;
 }
@@ -477,11 +480,12 @@ v3_transpose(json_object *cfg, int ndim, const char *doc, zb__chain *chain, zb__
         const char *s = json_object_get_string(o);
         if (strcmp(s, "C") != 0 && strcmp(s, "F") != 0)
             return zb__err(ZB_E_METADATA, "%s: transpose order \"%.16s\" is not a permutation", doc,
-                          s);
+                           s);
         for (int i = 0; i < ndim; i++) order[i] = s[0] == 'F' ? ndim - 1 - i : i;
     } else {
         if (!json_object_is_type(o, json_type_array) || json_object_array_length(o) != (size_t)ndim)
-            return zb__err(ZB_E_METADATA, "%s: transpose order is not a list of %d axes", doc, ndim);
+            return zb__err(ZB_E_METADATA, "%s: transpose order is not a list of %d axes", doc,
+                           ndim);
         bool seen[ZB_MAX_DIMS] = {false};
         for (int i = 0; i < ndim; i++) {
             char what[DOC_CAP + 32];
@@ -490,7 +494,7 @@ v3_transpose(json_object *cfg, int ndim, const char *doc, zb__chain *chain, zb__
             ZB_TRY(zb__json_i64(json_object_array_get_idx(o, (size_t)i), what, &x));
             if (x < 0 || x >= ndim || seen[x])
                 return zb__err(ZB_E_METADATA, "%s: transpose order is not a permutation of 0..%d",
-                              doc, ndim - 1);
+                               doc, ndim - 1);
             seen[x] = true;
             order[i] = (int)x;
         }
@@ -543,7 +547,7 @@ v3_index_codecs(json_object *ic, const char *doc, zb__shard_spec *s, char *desc,
         }
         if (!ok)
             return zb__err(ZB_E_UNSUPPORTED,
-                          "%s: %s must be bytes(little|big) with an optional crc32c", doc, list);
+                           "%s: %s must be bytes(little|big) with an optional crc32c", doc, list);
     }
     snprintf(desc, cap, "index %s%s%s", s->index_at_start ? "start" : "end",
              s->index_big_endian ? ",big" : "", s->index_crc ? "+crc32c" : "");
@@ -571,9 +575,9 @@ v3_sharding(json_object *cfg, const char *doc, zb_dtype dtype, int ndim, const u
     for (int i = 0; i < ndim; i++) {
         if (outer[i] % s->inner[i] != 0)
             return zb__err(ZB_E_METADATA,
-                          "%s: sharding_indexed chunk_shape[%d] = %llu does not divide the shard "
-                          "shape %llu",
-                          doc, i, (unsigned long long)s->inner[i], (unsigned long long)outer[i]);
+                           "%s: sharding_indexed chunk_shape[%d] = %llu does not divide the shard "
+                           "shape %llu",
+                           doc, i, (unsigned long long)s->inner[i], (unsigned long long)outer[i]);
         if (!zb__mul_u64(entries, outer[i] / s->inner[i], &entries) || entries > MAX_SHARD_ENTRIES)
             return zb__err(ZB_E_UNSUPPORTED, "%s: more than 2^30 inner chunks per shard", doc);
     }
@@ -587,7 +591,7 @@ v3_sharding(json_object *cfg, const char *doc, zb_dtype dtype, int ndim, const u
             s->index_at_start = true;
         else if (strcmp(loc, "end") != 0)
             return zb__err(ZB_E_METADATA, "%s: sharding_indexed index_location is not start or end",
-                          doc);
+                           doc);
     }
     json_object *ic = NULL;
     (void)has_key(cfg, "index_codecs", &ic);
@@ -632,20 +636,20 @@ v3_chain(json_object *codecs, const char *doc, const char *list, zb_dtype dtype,
         if (!strcmp(e.name, "transpose")) {
             if (have_ab)
                 return zb__err(ZB_E_METADATA, "%s: %s: transpose after the array->bytes codec", doc,
-                              list);
+                               list);
             ZB_TRY(v3_transpose(e.cfg, ndim, doc, chain, desc));
             continue;
         }
         if (is_ab) {
             if (have_ab)
                 return zb__err(ZB_E_METADATA, "%s: %s has more than one array->bytes codec", doc,
-                              list);
+                               list);
             have_ab = true;
         }
         if (!strcmp(e.name, "bytes") || !strcmp(e.name, "endian")) {
             if (dtype == ZB_DT_STRING)
                 return zb__err(ZB_E_METADATA, "%s: %s: data_type string needs vlen-utf8, not bytes",
-                              doc, list);
+                               doc, list);
             bool given;
             chain->ab = ZB_AB_BYTES;
             ZB_TRY(bytes_endian(e.cfg, itemsize > 1, doc, list, &chain->big_endian, &given));
@@ -657,13 +661,13 @@ v3_chain(json_object *codecs, const char *doc, const char *list, zb_dtype dtype,
         } else if (!strcmp(e.name, "vlen-utf8")) {
             if (dtype != ZB_DT_STRING)
                 return zb__err(ZB_E_METADATA, "%s: %s: vlen-utf8 needs data_type string, not %s",
-                              doc, list, zb_dtype_name(dtype));
+                               doc, list, zb_dtype_name(dtype));
             chain->ab = ZB_AB_VLEN_UTF8;
             ZB_TRY(desc_add(desc, "vlen-utf8"));
         } else if (!strcmp(e.name, "sharding_indexed")) {
             if (inner)
                 return zb__err(ZB_E_UNSUPPORTED, "%s: nested sharding_indexed is not supported",
-                              doc);
+                               doc);
             if (!e.cfg)
                 return zb__err(ZB_E_METADATA, "%s: sharding_indexed has no configuration", doc);
             /* a transpose before sharding permutes the shard the inner grid divides */
@@ -676,12 +680,12 @@ v3_chain(json_object *codecs, const char *doc, const char *list, zb_dtype dtype,
             zb_status st = v3_bb_codec(e.name, e.cfg, itemsize, doc, &c);
             if (st == ZB_E_NOTFOUND)
                 return zb__err(ZB_E_UNSUPPORTED, "%s: codec \"%.64s\" is not supported", doc,
-                              e.name);
+                               e.name);
             if (st != ZB_OK) return st;
             if (!have_ab)
                 return zb__err(ZB_E_METADATA,
-                              "%s: %s: bytes->bytes codec %s comes before the array->bytes codec",
-                              doc, list, e.name);
+                               "%s: %s: bytes->bytes codec %s comes before the array->bytes codec",
+                               doc, list, e.name);
             /* A codec after sharding_indexed compresses whole shards: valid, and read by
              * decoding the whole shard first (no range reads into it). */
             ZB_TRY(add_bb(chain, &c, doc, desc));
@@ -710,7 +714,7 @@ v3_unknown_keys(json_object *obj, const char *doc)
         json_object *mu = zb__json_get(val, "must_understand");
         if (json_object_is_type(mu, json_type_boolean) && !json_object_get_boolean(mu)) continue;
         return zb__err(ZB_E_UNSUPPORTED, "%s: unknown key \"%.64s\" (not must_understand: false)",
-                      doc, key);
+                       doc, key);
     }
     return ZB_OK;
 }
@@ -727,16 +731,16 @@ v3_key_encoding(json_object *enc, const char *doc, zb__array_meta *m)
     bool dflt = !strcmp(name, "default");
     if (!dflt && strcmp(name, "v2") != 0)
         return zb__err(ZB_E_UNSUPPORTED, "%s: chunk_key_encoding \"%.64s\" is not supported", doc,
-                      name);
+                       name);
     /* each encoding has its own default separator (FORMATS.md §3.3) */
     m->sep = dflt ? '/' : '.';
     const char *sep;
-    ZB_TRY(
-        str_param(zb__json_get(enc, "configuration"), "separator", doc, "chunk_key_encoding", &sep));
+    ZB_TRY(str_param(zb__json_get(enc, "configuration"), "separator", doc, "chunk_key_encoding",
+                     &sep));
     if (sep) {
         if (strcmp(sep, ".") != 0 && strcmp(sep, "/") != 0)
             return zb__err(ZB_E_METADATA, "%s: chunk_key_encoding separator is not \".\" or \"/\"",
-                          doc);
+                           doc);
         m->sep = sep[0];
     }
     if (dflt) {
@@ -766,7 +770,8 @@ v3_parse(json_object *obj, const char *where, zb__array_meta *m)
     int64_t zf;
     snprintf(what, sizeof what, "%s: zarr_format", doc);
     ZB_TRY(zb__json_i64(zb__json_get(obj, "zarr_format"), what, &zf));
-    if (zf != 3) return zb__err(ZB_E_METADATA, "%s: zarr_format is %lld, not 3", doc, (long long)zf);
+    if (zf != 3)
+        return zb__err(ZB_E_METADATA, "%s: zarr_format is %lld, not 3", doc, (long long)zf);
     v = zb__json_get(obj, "node_type");
     const char *nt = json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
     if (nt && !strcmp(nt, "group"))
@@ -780,7 +785,7 @@ v3_parse(json_object *obj, const char *where, zb__array_meta *m)
     v = zb__json_get(obj, "data_type");
     if (json_object_is_type(v, json_type_object))
         return zb__err(ZB_E_UNSUPPORTED, "%s: data_type %s is not supported", doc,
-                      excerpt(v, ex, sizeof ex));
+                       excerpt(v, ex, sizeof ex));
     if (!json_object_is_type(v, json_type_string))
         return zb__err(ZB_E_METADATA, "%s: data_type is missing or not a string", doc);
     ZB_TRY(zb__dtype_parse_v3(json_object_get_string(v), doc, &m->dtype));
@@ -792,7 +797,7 @@ v3_parse(json_object *obj, const char *where, zb__array_meta *m)
         return zb__err(ZB_E_METADATA, "%s: chunk_grid is missing or has no string \"name\"", doc);
     if (strcmp(json_object_get_string(gn), "regular") != 0)
         return zb__err(ZB_E_UNSUPPORTED, "%s: chunk_grid \"%.64s\" is not supported", doc,
-                      json_object_get_string(gn));
+                       json_object_get_string(gn));
     int nchunks;
     ZB_TRY(get_dims(zb__json_get(zb__json_get(v, "configuration"), "chunk_shape"), doc,
                     "chunk_grid chunk_shape", true, m->ndim, &nchunks, m->chunks));
@@ -817,8 +822,9 @@ v3_parse(json_object *obj, const char *where, zb__array_meta *m)
             ok = !d || json_object_is_type(d, json_type_string);
         }
         if (!ok)
-            return zb__err(ZB_E_METADATA, "%s: dimension_names is not a list of %d strings or nulls",
-                          doc, m->ndim);
+            return zb__err(ZB_E_METADATA,
+                           "%s: dimension_names is not a list of %d strings or nulls", doc,
+                           m->ndim);
     }
     json_object *attrs = NULL;
     if (has_key(obj, "attributes", &attrs) && attrs &&
@@ -895,7 +901,7 @@ zb__meta_from_v3_obj(void *obj, const char *where, zb__array_meta *out)
 
 zb_status
 zb__meta_parse_v2(const char *zarray, size_t zarray_len, const char *zattrs, size_t zattrs_len,
-                 const char *where, zb__array_meta *out)
+                  const char *where, zb__array_meta *out)
 {
     char doc[DOC_CAP];
     json_object *za = NULL, *at = NULL;
@@ -929,7 +935,7 @@ zb__meta_parse_v3(const char *json, size_t len, const char *where, zb__array_met
 
 zb_status
 zb__meta_chunk_key(const zb__array_meta *m, const char *path, const uint64_t *idx, char *buf,
-                  size_t cap)
+                   size_t cap)
 {
     if (!m || !buf || cap == 0 || (m->ndim && !idx))
         return zb__err(ZB_E_INVALID, "zb__meta_chunk_key: null argument");
@@ -963,5 +969,5 @@ zb__meta_chunk_key(const zb__array_meta *m, const char *path, const uint64_t *id
 too_long:
     buf[0] = '\0';
     return zb__err(ZB_E_INVALID, "chunk key under \"%.64s\" does not fit in %zu bytes",
-                  path ? path : "", cap);
+                   path ? path : "", cap);
 }

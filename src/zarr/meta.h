@@ -21,7 +21,7 @@ typedef struct zb__chain zb__chain;
 
 typedef struct zb__shard_spec {
     uint64_t inner[ZB_MAX_DIMS]; /* inner chunk shape (ndim of the array) */
-    zb__chain *inner_chain;       /* owned; never itself sharded */
+    zb__chain *inner_chain;      /* owned; never itself sharded */
     bool index_at_start;         /* index_location "start" */
     bool index_big_endian;       /* index bytes codec endian "big" */
     bool index_crc;              /* index_codecs has crc32c */
@@ -34,7 +34,7 @@ struct zb__chain {
     int perm[ZB_MAX_DIMS]; /* v3 transpose semantics: encoded shape B[i] = A[perm[i]] */
     zb__ab_kind ab;
     bool big_endian;       /* ZB_AB_BYTES: stored big-endian (swap on LE hosts) */
-    zb__shard_spec *shard;  /* ZB_AB_SHARDING only; owned */
+    zb__shard_spec *shard; /* ZB_AB_SHARDING only; owned */
     int nbb;
     zb__codec bb[ZB_MAX_BB];
 };
@@ -45,29 +45,30 @@ typedef struct zb__array_meta {
     uint64_t shape[ZB_MAX_DIMS];
     uint64_t chunks[ZB_MAX_DIMS]; /* the chunk grid: the shard shape when sharded */
     zb_dtype dtype;
-    size_t itemsize; /* 0 for strings */
+    size_t itemsize;  /* 0 for strings */
     uint8_t fill[16]; /* fill value, itemsize bytes, native (little-endian) order; zeros if null */
     bool fill_null;   /* fill_value was JSON null (reads as zeros, FORMATS.md §1.3) */
     /* chunk keys: key = prefix + (ndim ? sep-joined indices : zero_dim_key) */
-    char key_prefix[4]; /* "c/" or "c." for v3 default encoding (prefix incl. separator), "" for v2 */
-    char sep;           /* '.' or '/' */
+    char key_prefix
+        [4];  /* "c/" or "c." for v3 default encoding (prefix incl. separator), "" for v2 */
+    char sep; /* '.' or '/' */
     char zero_dim_key[4]; /* "c" (v3 default) or "0" (v2, v3 "v2" encoding) */
     zb__chain chain;
-    char *attrs_json;   /* attributes as compact JSON text ("{}" when none); owned */
-    char *codecs_desc;  /* human-readable chain, e.g. "bytes(little) | zstd(0)"; owned */
+    char *attrs_json;  /* attributes as compact JSON text ("{}" when none); owned */
+    char *codecs_desc; /* human-readable chain, e.g. "bytes(little) | zstd(0)"; owned */
 } zb__array_meta;
 
 /* Parses a v2 .zarray document (and optional .zattrs text, may be NULL). `where` names the
  * array path for messages. On failure *out is left zeroed and owns nothing. */
 zb_status zb__meta_parse_v2(const char *zarray, size_t zarray_len, const char *zattrs,
-                           size_t zattrs_len, const char *where, zb__array_meta *out);
+                            size_t zattrs_len, const char *where, zb__array_meta *out);
 
 /* Parses a v3 array zarr.json document. ZB_E_METADATA if it is a group. */
 zb_status zb__meta_parse_v3(const char *json, size_t len, const char *where, zb__array_meta *out);
 
 /* Same, from already-parsed json-c objects (consolidated metadata entries). */
 zb_status zb__meta_from_v2_obj(void *zarray_obj, void *zattrs_obj, const char *where,
-                              zb__array_meta *out);
+                               zb__array_meta *out);
 zb_status zb__meta_from_v3_obj(void *obj, const char *where, zb__array_meta *out);
 
 void zb__meta_free(zb__array_meta *m);
@@ -75,7 +76,7 @@ void zb__meta_free(zb__array_meta *m);
 /* Builds the store key of chunk grid coordinates `idx` (ndim of them) under array path `path`
  * ("" for a root array) into buf. */
 zb_status zb__meta_chunk_key(const zb__array_meta *m, const char *path, const uint64_t *idx,
-                            char *buf, size_t cap);
+                             char *buf, size_t cap);
 
 /* Data types and fill values (dtype.c), shared by the v2 and v3 parsers. */
 struct json_object;
@@ -84,7 +85,7 @@ struct json_object;
  * type. "|O" gives ZB_DT_STRING (the caller requires the vlen-utf8 filter). ZB_E_UNSUPPORTED
  * names other kinds (complex, datetime, S, U, V); ZB_E_METADATA for a malformed typestr. */
 zb_status zb__dtype_parse_v2(const char *typestr, const char *where, zb_dtype *dtype,
-                            bool *big_endian);
+                             bool *big_endian);
 
 /* A v3 data_type name ("bool", "int8".."uint64", "float16/32/64", "string");
  * ZB_E_UNSUPPORTED naming anything else. */
@@ -94,8 +95,8 @@ zb_status zb__dtype_parse_v3(const char *name, const char *where, zb_dtype *dtyp
  * little-endian, the rest zero. Null gives zeros and *fill_null. Strings take no fill bytes
  * (the v2 |O fill is meaningless, FORMATS.md §1.3). Forms: FORMATS.md §1.3 (zarr_format 2) and
  * §3.2 (3, which adds "0x..." bit patterns for floats). ZB_E_METADATA naming `where`. */
-zb_status zb__fill_parse(struct json_object *v, zb_dtype dtype, int zarr_format,
-                        const char *where, uint8_t fill[16], bool *fill_null);
+zb_status zb__fill_parse(struct json_object *v, zb_dtype dtype, int zarr_format, const char *where,
+                         uint8_t fill[16], bool *fill_null);
 
 /* IEEE half-precision bits to double (exact). */
 double zb__half_to_double(uint16_t bits);

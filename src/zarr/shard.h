@@ -21,7 +21,7 @@ uint64_t zb__shard_index_nbytes(const zb__shard_spec *spec, uint64_t n);
  * ZB_E_SHARD_RANGE for a half-empty entry, an overflowing range, a range past the end of the
  * shard or one overlapping the index. */
 zb_status zb__shard_index_decode(const zb__shard_spec *spec, uint64_t n, const uint8_t *raw,
-                                size_t raw_len, uint64_t shard_size, const char *key,
-                                uint64_t *entries);
+                                 size_t raw_len, uint64_t shard_size, const char *key,
+                                 uint64_t *entries);
 
 #endif

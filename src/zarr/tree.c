@@ -48,7 +48,7 @@ add_node(tree_build *b, const char *path, bool is_array, int zarr_format, json_o
         json_object_put(doc);
         json_object_put(attrs);
         return zb__err(ZB_E_BADKEY, "\"%s\": node name is not valid UTF-8 (byte %zu)",
-                      zb__escape_bytes(path, shown, sizeof shown), bad);
+                       zb__escape_bytes(path, shown, sizeof shown), bad);
     }
     if (t->n == b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 16;
@@ -106,7 +106,7 @@ check_rel_path(const char *key, const char *where)
     zb_status st = zb_key_normalize(key, norm, sizeof norm);
     if (st != ZB_OK || !key[0] || strcmp(norm, key) != 0 || strchr(key, '\\'))
         return zb__err(ZB_E_METADATA, "%s: key \"%.128s\" is not a normalised relative path", where,
-                      key);
+                       key);
     return ZB_OK;
 }
 
@@ -282,7 +282,8 @@ v3_consolidated(tree_build *b, json_object *cm, const char *base, const char *wh
         return zb__err(ZB_E_METADATA, "%s: consolidated_metadata kind is not \"inline\"", where);
     json_object *md = zb__json_get(cm, "metadata");
     if (!json_object_is_type(md, json_type_object))
-        return zb__err(ZB_E_METADATA, "%s: consolidated_metadata has no \"metadata\" object", where);
+        return zb__err(ZB_E_METADATA, "%s: consolidated_metadata has no \"metadata\" object",
+                       where);
     json_object_object_foreach(md, key, val)
     {
         ZB_TRY(check_rel_path(key, where));
@@ -502,7 +503,7 @@ zb__tree_load(zb_store *store, const char *root, bool use_consolidated, zb__tree
     st = zb_store_size(store, key, &marker_size);
     if (st == ZB_OK)
         return zb__err(ZB_E_INCOMPLETE, "%s%s%s: incomplete: a write was not committed (%s)",
-                      rk[0] ? "\"" : "the store root", rk, rk[0] ? "\"" : "", key);
+                       rk[0] ? "\"" : "the store root", rk, rk[0] ? "\"" : "", key);
     if (st != ZB_E_NOTFOUND) return st;
     tree_build b = {calloc(1, sizeof(zb__tree)), 0};
     if (!b.t) return zb__err(ZB_E_NOMEM, "tree: out of memory");
@@ -526,7 +527,7 @@ zb__tree_load(zb_store *store, const char *root, bool use_consolidated, zb__tree
         if (st != ZB_OK) goto fail;
         if (!found) {
             st = zb__err(ZB_E_NOTFOUND, "%s%s%s: no zarr.json, .zgroup or .zarray",
-                        rk[0] ? "\"" : "the store root", rk, rk[0] ? "\"" : "");
+                         rk[0] ? "\"" : "the store root", rk, rk[0] ? "\"" : "");
             goto fail;
         }
         b.t->zarr_format = 2;

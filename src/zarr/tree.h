@@ -9,16 +9,16 @@
 #include "zbatch.h"
 
 typedef struct zb__tree_node {
-    char *path;          /* relative to the store root, "" for the root */
+    char *path; /* relative to the store root, "" for the root */
     bool is_array;
-    int zarr_format;     /* 2 or 3 */
-    json_object *doc;    /* .zarray / .zgroup (v2) or zarr.json (v3) document; owned ref */
-    json_object *attrs;  /* attributes object (v2 .zattrs, v3 "attributes"); owned ref, never NULL */
+    int zarr_format;    /* 2 or 3 */
+    json_object *doc;   /* .zarray / .zgroup (v2) or zarr.json (v3) document; owned ref */
+    json_object *attrs; /* attributes object (v2 .zattrs, v3 "attributes"); owned ref, never NULL */
 } zb__tree_node;
 
 typedef struct zb__tree {
     int zarr_format;
-    bool consolidated;   /* nodes came from consolidated metadata */
+    bool consolidated; /* nodes came from consolidated metadata */
     size_t n;
     zb__tree_node *nodes; /* sorted by path; nodes[0] is `root` itself */
 } zb__tree;

@@ -21,8 +21,8 @@ void
 zb__unit_strides(const zb_array *a, uint64_t *s)
 {
     int nd = a->meta.ndim;
-    const zb__chain *c = a->meta.chain.ab == ZB_AB_SHARDING ? a->meta.chain.shard->inner_chain
-                                                           : &a->meta.chain;
+    const zb__chain *c =
+        a->meta.chain.ab == ZB_AB_SHARDING ? a->meta.chain.shard->inner_chain : &a->meta.chain;
     uint64_t stride = 1;
     if (c->has_transpose) {
         /* encoded axis i holds logical axis perm[i] */
@@ -84,7 +84,7 @@ run_bb(const zb__chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint
                 zb__buf *sb = &ctx->ws.stage[pingpong];
                 ZB_TRY(zb__buf_reserve(sb, guess ? guess : 1));
                 dst_st = zb__codec_decode(codec, ctx, cur, cur_len, sb->data, sb->cap,
-                                         want != SIZE_MAX ? want : SIZE_MAX, &got, key);
+                                          want != SIZE_MAX ? want : SIZE_MAX, &got, key);
                 if (dst_st == ZB_OK || want != SIZE_MAX || attempt >= 5) break;
                 guess *= 4;
             }
@@ -118,7 +118,7 @@ parse_vlen(zb_ctx *ctx, const uint8_t *p, size_t len, uint64_t n, const char *ke
     uint64_t count = load_u32le(p);
     if (count != n)
         return zb__err(ZB_E_CORRUPT, "%s: vlen-utf8 holds %llu items, the chunk has %llu", key,
-                      (unsigned long long)count, (unsigned long long)n);
+                       (unsigned long long)count, (unsigned long long)n);
     zb__buf *sb = &ctx->ws.items;
     uint64_t need;
     if (!zb__mul_u64(n, sizeof(zb__str_span), &need)) return zb__err(ZB_E_OVERFLOW, "%s", key);
@@ -127,14 +127,17 @@ parse_vlen(zb_ctx *ctx, const uint8_t *p, size_t len, uint64_t n, const char *ke
     size_t pos = 4;
     for (uint64_t i = 0; i < n; i++) {
         if (len - pos < 4)
-            return zb__err(ZB_E_TRUNCATED, "%s: vlen-utf8 length of item %llu at offset %zu is "
-                          "cut off", key, (unsigned long long)i, pos);
+            return zb__err(ZB_E_TRUNCATED,
+                           "%s: vlen-utf8 length of item %llu at offset %zu is "
+                           "cut off",
+                           key, (unsigned long long)i, pos);
         uint64_t l = load_u32le(p + pos);
         pos += 4;
         if (l > len - pos)
-            return zb__err(ZB_E_TRUNCATED, "%s: vlen-utf8 item %llu at offset %zu claims %llu "
-                          "bytes, %zu remain", key, (unsigned long long)i, pos,
-                          (unsigned long long)l, len - pos);
+            return zb__err(ZB_E_TRUNCATED,
+                           "%s: vlen-utf8 item %llu at offset %zu claims %llu "
+                           "bytes, %zu remain",
+                           key, (unsigned long long)i, pos, (unsigned long long)l, len - pos);
         out[i] = (zb__str_span){pos, l};
         pos += (size_t)l;
     }
@@ -155,7 +158,7 @@ decode_fixed(const zb__chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len
         ZB_TRY(run_bb(c, ctx, enc, enc_len, target, unit_bytes, unit_bytes, key, &res, &res_len));
     if (res_len != unit_bytes)
         return zb__err(res_len < unit_bytes ? ZB_E_TRUNCATED : ZB_E_CORRUPT,
-                      "%s: chunk holds %zu bytes, expected %zu", key, res_len, unit_bytes);
+                       "%s: chunk holds %zu bytes, expected %zu", key, res_len, unit_bytes);
     if (res != target) memcpy(target, res, unit_bytes);
     if (c->big_endian && isz > 1) swap_bytes(target, unit_elems, isz);
     ctx->stats.chunks_decoded++;
@@ -179,7 +182,7 @@ zb__array_whole_shard(const zb_array *a)
 
 zb_status
 zb__array_unit_object(const zb_array *a, const uint64_t *g, char *key, size_t cap, uint64_t *shard,
-                     uint64_t *entry)
+                      uint64_t *entry)
 {
     const zb__array_meta *m = &a->meta;
     if (m->chain.ab != ZB_AB_SHARDING) {
@@ -200,7 +203,7 @@ zb__array_unit_object(const zb_array *a, const uint64_t *g, char *key, size_t ca
 
 zb_status
 zb__array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uint64_t **entries,
-                     uint64_t *n_out, bool *missing)
+                      uint64_t *n_out, bool *missing)
 {
     const zb__array_meta *m = &a->meta;
     *entries = NULL;
@@ -221,8 +224,10 @@ zb__array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uin
     const zb__shard_spec *spec = m->chain.shard;
     uint64_t idx_bytes = zb__shard_index_nbytes(spec, n);
     if (size < idx_bytes)
-        return zb__err(ZB_E_TRUNCATED, "%s: shard of %llu bytes is shorter than its %llu-byte "
-                      "index", key, (unsigned long long)size, (unsigned long long)idx_bytes);
+        return zb__err(ZB_E_TRUNCATED,
+                       "%s: shard of %llu bytes is shorter than its %llu-byte "
+                       "index",
+                       key, (unsigned long long)size, (unsigned long long)idx_bytes);
     uint8_t *raw = malloc((size_t)idx_bytes);
     uint64_t *e = malloc((size_t)(2 * n * sizeof(uint64_t)));
     if (!raw || !e) {
@@ -238,7 +243,7 @@ zb__array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uin
         ctx->stats.bytes_fetched += got;
         if (got != idx_bytes)
             st = zb__err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
-                        (unsigned long long)got, (unsigned long long)idx_bytes);
+                         (unsigned long long)got, (unsigned long long)idx_bytes);
     }
     if (st == ZB_OK) st = zb__shard_index_decode(spec, n, raw, (size_t)got, size, key, e);
     free(raw);
@@ -252,12 +257,11 @@ zb__array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uin
 
 zb_status
 zb__array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
-                     uint8_t *dst, const char *key)
+                      uint8_t *dst, const char *key)
 {
     const zb__array_meta *m = &a->meta;
     const zb__chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
-    if (c->ab != ZB_AB_BYTES)
-        return zb__err(ZB_E_TYPE, "%s: not a fixed-size array", key);
+    if (c->ab != ZB_AB_BYTES) return zb__err(ZB_E_TYPE, "%s: not a fixed-size array", key);
     size_t isz = m->itemsize;
     uint64_t elems = 1;
     for (int d = 0; d < m->ndim; d++) elems *= a->inner[d];
@@ -290,8 +294,7 @@ zb__array_unit_raw(const zb_array *a)
 {
     const zb__array_meta *m = &a->meta;
     const zb__chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
-    if (m->chain.ab == ZB_AB_SHARDING && (m->chain.nbb > 0 || m->chain.has_transpose))
-        return false;
+    if (m->chain.ab == ZB_AB_SHARDING && (m->chain.nbb > 0 || m->chain.has_transpose)) return false;
     return c->ab == ZB_AB_BYTES && c->nbb == 0 && !c->has_transpose &&
            (!c->big_endian || m->itemsize == 1);
 }
@@ -319,7 +322,7 @@ unit_chain(const zb_array *a)
 
 zb_status
 zb__unit_decode_stored(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
-                      uint8_t *target, const char *key)
+                       uint8_t *target, const char *key)
 {
     const zb__chain *c = unit_chain(a);
     if (c->ab != ZB_AB_BYTES) return zb__err(ZB_E_TYPE, "%s: not a fixed-size array", key);
@@ -330,8 +333,8 @@ zb__unit_decode_stored(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_
 
 zb_status
 zb__unit_decode_strings(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
-                       uint64_t n, const char *key, const uint8_t **base,
-                       const zb__str_span **items)
+                        uint64_t n, const char *key, const uint8_t **base,
+                        const zb__str_span **items)
 {
     const uint8_t *res;
     size_t res_len;
@@ -345,7 +348,7 @@ zb__unit_decode_strings(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size
 
 zb_status
 zb__unit_decode_shard(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
-                     const char *key, const uint8_t **res, size_t *res_len)
+                      const char *key, const uint8_t **res, size_t *res_len)
 {
     return run_bb(&a->meta.chain, ctx, enc, enc_len, NULL, 0, SIZE_MAX, key, res, res_len);
 }
@@ -425,7 +428,7 @@ zb__unit_coords(const zb__unit_geom *u, uint64_t g0, uint64_t other, uint64_t *g
 
 size_t
 zb__merge_next(const void *spans, size_t size, size_t i, size_t n, zb__merge_rule r,
-              uint64_t *start, uint64_t *end)
+               uint64_t *start, uint64_t *end)
 {
     const uint8_t *p = spans;
     const zb__span *s = (const zb__span *)(const void *)(p + i * size);
@@ -451,7 +454,7 @@ static zb_status
 truncated(const char *key, uint64_t got, uint64_t want, uint64_t off)
 {
     return zb__err(ZB_E_TRUNCATED, "%s: holds %llu of the %llu bytes at offset %llu", key,
-                  (unsigned long long)got, (unsigned long long)want, (unsigned long long)off);
+                   (unsigned long long)got, (unsigned long long)want, (unsigned long long)off);
 }
 
 /* A view of bytes [off, off + len) of `key` (len UINT64_MAX: to the end): ZB_OK with *data set
@@ -474,7 +477,7 @@ fetch_view(const zb_array *a, const char *key, uint64_t off, uint64_t len, const
 
 zb_status
 zb__unit_read(const zb_array *a, const char *key, uint64_t off, uint64_t len, zb__buf *buf,
-             const uint8_t **data, zb_read_stats *rs)
+              const uint8_t **data, zb_read_stats *rs)
 {
     uint8_t *to = NULL;
     uint64_t got = 0;
@@ -491,7 +494,7 @@ zb__unit_read(const zb_array *a, const char *key, uint64_t off, uint64_t len, zb
 
 zb_status
 zb__unit_fetch(const zb_array *a, const char *key, uint64_t off, uint64_t len, zb__buf *buf,
-              const uint8_t **data, void **tok, zb_read_stats *rs)
+               const uint8_t **data, void **tok, zb_read_stats *rs)
 {
     *tok = NULL;
     uint64_t got = 0;
@@ -515,7 +518,7 @@ zb__unit_fetch_bound(const zb_array *a)
 
 zb_status
 zb__unit_fetch_whole(const zb_array *a, const char *key, zb__buf *buf, const uint8_t **data,
-                    size_t *len, bool *missing, void **tok, zb_read_stats *rs)
+                     size_t *len, bool *missing, void **tok, zb_read_stats *rs)
 {
     *missing = false;
     *tok = NULL;
@@ -563,7 +566,7 @@ zb__unit_fetch_whole(const zb_array *a, const char *key, zb__buf *buf, const uin
 
 zb_status
 zb__unit_shard_entries(const zb_array *a, zb_ctx *ctx, zb__cache *cache, const uint64_t *g,
-                      uint64_t lo, uint64_t k, uint64_t *entries, zb_read_stats *rs)
+                       uint64_t lo, uint64_t k, uint64_t *entries, zb_read_stats *rs)
 {
     const zb__unit_geom *u = &a->units;
     uint64_t n = u->shard_units;
@@ -603,7 +606,7 @@ zb__array_fill(const zb_array *a)
 
 zb_status
 zb__unit_locate(const zb_array *a, zb_ctx *ctx, zb__cache *cache, const uint64_t *g, char *key,
-               size_t cap, uint64_t *off, uint64_t *len, bool *missing, zb_read_stats *rs)
+                size_t cap, uint64_t *off, uint64_t *len, bool *missing, zb_read_stats *rs)
 {
     *off = *len = 0;
     *missing = false;

@@ -39,16 +39,16 @@ typedef struct zb__unit_geom {
     const char *path; /* the array's path (lives with the array) */
     zb_store *store;  /* the store it reads from (borrowed) */
     zb_dtype dtype;
-    size_t itemsize;  /* 0 for strings */
+    size_t itemsize; /* 0 for strings */
     int ndim;
     uint64_t shape[ZB_MAX_DIMS];
-    uint64_t inner[ZB_MAX_DIMS];     /* the unit's shape */
-    uint64_t grid[ZB_MAX_DIMS];      /* units per axis */
-    uint64_t per_shard[ZB_MAX_DIMS]; /* units per shard per axis (1 when unsharded) */
+    uint64_t inner[ZB_MAX_DIMS];      /* the unit's shape */
+    uint64_t grid[ZB_MAX_DIMS];       /* units per axis */
+    uint64_t per_shard[ZB_MAX_DIMS];  /* units per shard per axis (1 when unsharded) */
     uint64_t shard_grid[ZB_MAX_DIMS]; /* shards (or chunks) per axis */
-    uint64_t shard_units;            /* units per shard (1 when unsharded) */
-    uint64_t row_elems;              /* prod(shape[1:]) */
-    uint64_t unit_bytes;             /* decoded bytes of a fixed-size unit */
+    uint64_t shard_units;             /* units per shard (1 when unsharded) */
+    uint64_t row_elems;               /* prod(shape[1:]) */
+    uint64_t unit_bytes;              /* decoded bytes of a fixed-size unit */
     zb__unit_kind kind;
     bool spans_rows; /* inner[d] == shape[d] for every d >= 1: a unit holds whole rows */
     bool raw;        /* stored bytes are the decoded bytes (zb__array_unit_raw) */
@@ -76,27 +76,27 @@ uint64_t zb__unit_row_units(const zb__unit_geom *u);
  * number j of g inside its shard and the shard's grid coordinates. For a sharded array `key`
  * may be NULL (entry and shard only, no formatting). */
 zb_status zb__array_unit_object(const zb_array *a, const uint64_t *g, char *key, size_t cap,
-                               uint64_t *shard, uint64_t *entry);
+                                uint64_t *shard, uint64_t *entry);
 
 /* Reads and validates the index of the shard at grid coordinates `shard` into a new array of
  * 2n uint64 (offset, nbytes) pairs (free with free()); *missing is set (and *entries NULL) when
  * the shard does not exist. */
 zb_status zb__array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard,
-                               uint64_t **entries, uint64_t *n, bool *missing);
+                                uint64_t **entries, uint64_t *n, bool *missing);
 
 /* Entries [lo, lo + k) (2k words: offset, nbytes) of the index of the shard holding unit g,
  * from `cache` (may be NULL) when it holds that shard's index, else read, validated and put
  * there (a missing shard reads as all-empty entries). Reads are counted in `rs` (may be NULL). */
 zb_status zb__unit_shard_entries(const zb_array *a, zb_ctx *ctx, zb__cache *cache,
-                                const uint64_t *g, uint64_t lo, uint64_t k, uint64_t *entries,
-                                zb_read_stats *rs);
+                                 const uint64_t *g, uint64_t lo, uint64_t k, uint64_t *entries,
+                                 zb_read_stats *rs);
 
 /* Where unit g's encoded bytes are: in the object `key` (cap bytes), bytes [*off, *off + *len)
  * (a plain unit: its whole object, one size query). *missing (and ZB_OK) when the object, or
  * the unit's shard entry, does not exist. Shard indexes go through `cache` (may be NULL). */
 zb_status zb__unit_locate(const zb_array *a, zb_ctx *ctx, zb__cache *cache, const uint64_t *g,
-                         char *key, size_t cap, uint64_t *off, uint64_t *len, bool *missing,
-                         zb_read_stats *rs);
+                          char *key, size_t cap, uint64_t *off, uint64_t *len, bool *missing,
+                          zb_read_stats *rs);
 
 /* ---- merge --------------------------------------------------------------------------------- */
 
@@ -132,7 +132,7 @@ typedef struct zb__span {
 /* The read that starts at element i of `spans` (n elements of `size` bytes): returns k, the
  * end of the elements [i, k) it covers, and the read's bytes [*start, *end). */
 size_t zb__merge_next(const void *spans, size_t size, size_t i, size_t n, zb__merge_rule r,
-                     uint64_t *start, uint64_t *end);
+                      uint64_t *start, uint64_t *end);
 
 /* ---- fetch --------------------------------------------------------------------------------- */
 
@@ -146,14 +146,14 @@ bool zb__unit_lists_ranges(const zb_array *a);
  * with zb_store_release), else read into `buf` congruent to `off`; fewer is ZB_E_TRUNCATED.
  * Counted in `rs` (may be NULL). */
 zb_status zb__unit_fetch(const zb_array *a, const char *key, uint64_t off, uint64_t len,
-                        zb__buf *buf, const uint8_t **data, void **tok, zb_read_stats *rs);
+                         zb__buf *buf, const uint8_t **data, void **tok, zb_read_stats *rs);
 
 /* Exactly the bytes [off, off + len) of `key`, always read into `buf` (congruent to `off`),
  * never a view: for readers that must see an object rewritten a moment ago through the same
  * store (the file backend notices a replaced file within a second, zb_store_view). Fewer is
  * ZB_E_TRUNCATED. Counted in `rs` (may be NULL). */
 zb_status zb__unit_read(const zb_array *a, const char *key, uint64_t off, uint64_t len,
-                       zb__buf *buf, const uint8_t **data, zb_read_stats *rs);
+                        zb__buf *buf, const uint8_t **data, zb_read_stats *rs);
 
 /* A bound on the encoded size of one of `a`'s unit objects that no codec's output exceeds (its
  * decoded size plus framing): one read of this many bytes gets a whole chunk object. */
@@ -163,20 +163,20 @@ uint64_t zb__unit_fetch_bound(const zb_array *a);
  * to zb__unit_fetch_bound bytes into `buf` (an object that fills it is read again whole).
  * *missing (and ZB_OK) when the object does not exist. */
 zb_status zb__unit_fetch_whole(const zb_array *a, const char *key, zb__buf *buf,
-                              const uint8_t **data, size_t *len, bool *missing, void **tok,
-                              zb_read_stats *rs);
+                               const uint8_t **data, size_t *len, bool *missing, void **tok,
+                               zb_read_stats *rs);
 
 /* ---- decode -------------------------------------------------------------------------------- */
 
 /* Decodes the encoded bytes of one fixed-size unit into dst (unit_bytes bytes) in logical C
  * order of the unit, native byte order (transpose and byte swap undone). */
-zb_status zb__array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc,
-                               size_t enc_len, uint8_t *dst, const char *key);
+zb_status zb__array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
+                                uint8_t *dst, const char *key);
 
 /* Decodes one fixed-size unit in its stored element order (transposed when the chain has a
  * transpose), byte order undone, into target (unit_bytes bytes). */
-zb_status zb__unit_decode_stored(const zb_array *a, zb_ctx *ctx, const uint8_t *enc,
-                                size_t enc_len, uint8_t *target, const char *key);
+zb_status zb__unit_decode_stored(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
+                                 uint8_t *target, const char *key);
 
 /* A string element: its bytes at `off` of some buffer. */
 typedef struct zb__str_span {
@@ -186,14 +186,13 @@ typedef struct zb__str_span {
 /* Decodes one vlen-utf8 unit of n elements: *base holds its bytes (a workspace of ctx, or
  * enc) and *items (ctx->ws.items) one span per element, relative to *base. */
 zb_status zb__unit_decode_strings(const zb_array *a, zb_ctx *ctx, const uint8_t *enc,
-                                 size_t enc_len, uint64_t n, const char *key,
-                                 const uint8_t **base, const zb__str_span **items);
+                                  size_t enc_len, uint64_t n, const char *key, const uint8_t **base,
+                                  const zb__str_span **items);
 
 /* Runs the bytes->bytes codecs that apply to whole shards (codecs after sharding_indexed) over
  * `enc`: *res points at the decoded shard (a workspace of ctx, or enc). */
-zb_status zb__unit_decode_shard(const zb_array *a, zb_ctx *ctx, const uint8_t *enc,
-                               size_t enc_len, const char *key, const uint8_t **res,
-                               size_t *res_len);
+zb_status zb__unit_decode_shard(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
+                                const char *key, const uint8_t **res, size_t *res_len);
 
 /* True when the array is sharded with bytes->bytes codecs on whole shards (no range reads). */
 bool zb__array_whole_shard(const zb_array *a);

@@ -78,7 +78,8 @@ check_5x6(zb_store *s, uint64_t r0, uint64_t r1)
     for (int i = 0; i < 30; i++) got[i] = 12345.0f;
     ZB_ASSERT_OK(zb_array_read_rows(a, r0, r1, got, sizeof got, NULL));
     for (uint64_t r = r0; r < r1; r++)
-        for (int q = 0; q < 6; q++) assert_float_equal(got[(r - r0) * 6 + q], (double)(r * 6 + q), 0);
+        for (int q = 0; q < 6; q++)
+            assert_float_equal(got[(r - r0) * 6 + q], (double)(r * 6 + q), 0);
     if ((r1 - r0) * 6 < 30) /* nothing written past the rows */
         assert_float_equal(got[(r1 - r0) * 6], 12345.0f, 0);
     zb_array_close(a);
@@ -90,7 +91,8 @@ test_v2_5x6_codecs(void **state)
     (void)state;
     zb__codec c = blosc_lz4();
     zb_store *s = make_5x6_v2("{\"id\":\"blosc\",\"cname\":\"lz4\",\"clevel\":5,\"shuffle\":1,"
-                              "\"blocksize\":0}", &c, "C");
+                              "\"blocksize\":0}",
+                              &c, "C");
     check_5x6(s, 0, 5);
     check_5x6(s, 1, 4);
     check_5x6(s, 4, 5);
@@ -240,15 +242,15 @@ put_u64le(uint8_t *p, uint64_t v)
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
-#define SHARD_META \
-    "{\"zarr_format\":3,\"node_type\":\"array\",\"shape\":[100],\"data_type\":\"int32\"," \
-    "\"chunk_grid\":{\"name\":\"regular\",\"configuration\":{\"chunk_shape\":[40]}}," \
-    "\"chunk_key_encoding\":{\"name\":\"default\",\"configuration\":{\"separator\":\"/\"}}," \
-    "\"fill_value\":-7,\"codecs\":[{\"name\":\"sharding_indexed\",\"configuration\":{" \
-    "\"chunk_shape\":[10],\"codecs\":[{\"name\":\"bytes\",\"configuration\":{\"endian\":" \
-    "\"little\"}},{\"name\":\"blosc\",\"configuration\":{\"cname\":\"lz4\",\"clevel\":5," \
-    "\"shuffle\":\"shuffle\",\"typesize\":4,\"blocksize\":0}}],\"index_codecs\":[{\"name\":" \
-    "\"bytes\",\"configuration\":{\"endian\":\"little\"}},\"crc32c\"],\"index_location\":" \
+#define SHARD_META                                                                                 \
+    "{\"zarr_format\":3,\"node_type\":\"array\",\"shape\":[100],\"data_type\":\"int32\","          \
+    "\"chunk_grid\":{\"name\":\"regular\",\"configuration\":{\"chunk_shape\":[40]}},"              \
+    "\"chunk_key_encoding\":{\"name\":\"default\",\"configuration\":{\"separator\":\"/\"}},"       \
+    "\"fill_value\":-7,\"codecs\":[{\"name\":\"sharding_indexed\",\"configuration\":{"             \
+    "\"chunk_shape\":[10],\"codecs\":[{\"name\":\"bytes\",\"configuration\":{\"endian\":"          \
+    "\"little\"}},{\"name\":\"blosc\",\"configuration\":{\"cname\":\"lz4\",\"clevel\":5,"          \
+    "\"shuffle\":\"shuffle\",\"typesize\":4,\"blocksize\":0}}],\"index_codecs\":[{\"name\":"       \
+    "\"bytes\",\"configuration\":{\"endian\":\"little\"}},\"crc32c\"],\"index_location\":"         \
     "\"%s\"}}],\"attributes\":{}}"
 
 /* Builds shard `sh` (4 inner chunks of 10 int32: value = global index) with the inner chunks
@@ -437,7 +439,8 @@ test_bad_truncated_and_corrupt_chunks(void **state)
     /* blosc: a corrupt header (nbytes disagrees with the chunk size), and a cut chunk */
     zb__codec c = blosc_lz4();
     s = make_5x6_v2("{\"id\":\"blosc\",\"cname\":\"lz4\",\"clevel\":5,\"shuffle\":1,"
-                    "\"blocksize\":0}", &c, "C");
+                    "\"blocksize\":0}",
+                    &c, "C");
     uint8_t *chunk = NULL;
     uint64_t len = 0;
     ZB_ASSERT_OK(zb_store_read_all(s, "a/1.0", &chunk, &len));

@@ -319,8 +319,8 @@ test_roundtrip_empty(void **state)
 {
     (void)state;
     zb__codec cs[] = {blosc_codec("lz4", 5, 1),       simple_codec(ZB_CODEC_ZSTD, 3),
-                     simple_codec(ZB_CODEC_LZ4, 0),  simple_codec(ZB_CODEC_GZIP, 1),
-                     simple_codec(ZB_CODEC_ZLIB, 1), simple_codec(ZB_CODEC_CRC32C, 0)};
+                      simple_codec(ZB_CODEC_LZ4, 0),  simple_codec(ZB_CODEC_GZIP, 1),
+                      simple_codec(ZB_CODEC_ZLIB, 1), simple_codec(ZB_CODEC_CRC32C, 0)};
     zb__buf enc = {0};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         assert_int_equal(zb__codec_encode(&cs[i], NULL, NULL, 0, 4, &enc), ZB_OK);
@@ -1025,7 +1025,7 @@ test_error_messages_name_where(void **state)
         size_t got = 0;
         zb_clear_error();
         zb_status st = zb__codec_decode(&c, NULL, junk, sizeof junk, out, sizeof out, sizeof out,
-                                       &got, "arr/c/7/1");
+                                        &got, "arr/c/7/1");
         assert_int_not_equal(st, ZB_OK);
         assert_error_names("arr/c/7/1");
         assert_error_names(names[i]);
@@ -1064,8 +1064,8 @@ test_dispatcher_arguments(void **state)
                      ZB_E_INVALID);
     assert_int_equal(zb__codec_encode(&bad, NULL, raw, 32, 4, &enc), ZB_E_INVALID);
     /* In-place decoding of crc32c (dst == src). */
-    assert_int_equal(zb__codec_decode(&c, NULL, enc.data, enc.len, enc.data, enc.len, 32, &got, "k"),
-                     ZB_OK);
+    assert_int_equal(
+        zb__codec_decode(&c, NULL, enc.data, enc.len, enc.data, enc.len, 32, &got, "k"), ZB_OK);
     assert_memory_equal(enc.data, raw, 32);
 
     /* Encoder parameters outside their ranges. */
@@ -1146,8 +1146,8 @@ test_ctx_lifecycle_and_stats(void **state)
     assert_non_null(ctx->zstd_cctx);
     assert_non_null(ctx->deflate_d);
     /* every named workspace is freed with the context (the ASan tier checks the leak) */
-    zb__buf *ws[] = {&ctx->ws.enc, &ctx->ws.stage[0], &ctx->ws.stage[1], &ctx->ws.decoded,
-                    &ctx->ws.items, &ctx->ws.unit, &ctx->ws.fetch, &ctx->ws.packed};
+    zb__buf *ws[] = {&ctx->ws.enc,   &ctx->ws.stage[0], &ctx->ws.stage[1], &ctx->ws.decoded,
+                     &ctx->ws.items, &ctx->ws.unit,     &ctx->ws.fetch,    &ctx->ws.packed};
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
         assert_int_equal(zb__buf_reserve(ws[i], 1000), ZB_OK);
     /* The codec layer leaves statistics to the array layer. */

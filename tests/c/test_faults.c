@@ -375,8 +375,8 @@ test_read_faults(void **state)
             if (kinds[k] == FAULT_FAIL && hit && !zbt_mentions("injected"))
                 fail_msg("read %ld: message '%s' hides the fault", at, zb_last_error());
             if (!hit && st != ZB_OK)
-                fail_msg("%s %ld: no fault injected, yet %s: %s", names[k], at,
-                         zb_status_name(st), zb_last_error());
+                fail_msg("%s %ld: no fault injected, yet %s: %s", names[k], at, zb_status_name(st),
+                         zb_last_error());
             if (at > reads) break; /* a run with fewer reads than `at`: every read was tried */
         }
         printf("# read faults (%s): %ld injected, %ld ended in an error, the rest read correctly\n",
@@ -406,7 +406,8 @@ test_alloc_faults_read(void **state)
             break; /* every allocation of the path has been failed once */
         }
         runs++;
-        if (st == ZB_E_NOMEM) nomem++;
+        if (st == ZB_E_NOMEM)
+            nomem++;
         else if (st != ZB_OK)
             fail_msg("allocation %ld failed: got %s (%s), expected ZB_E_NOMEM", at,
                      zb_status_name(st), zb_last_error());
@@ -503,8 +504,8 @@ test_faults_loader(void **state)
             fail_msg("read %ld failed: the loader returned %s (%s), expected ZB_E_IO", at,
                      zb_status_name(st), zb_last_error());
     }
-    printf("# loader: %ld allocation faults and %ld read faults injected, each a status\n",
-           allocs, reads);
+    printf("# loader: %ld allocation faults and %ld read faults injected, each a status\n", allocs,
+           reads);
     assert_true(allocs >= 50 && reads >= 10);
 }
 
@@ -611,8 +612,8 @@ test_alloc_faults_append(void **state)
         }
         injected++;
         if (st != ZB_E_NOMEM)
-            fail_msg("allocation %ld failed: the append returned %s (%s), expected ZB_E_NOMEM",
-                     at, zb_status_name(st), zb_last_error());
+            fail_msg("allocation %ld failed: the append returned %s (%s), expected ZB_E_NOMEM", at,
+                     zb_status_name(st), zb_last_error());
         check_after_append(work, st, "allocation", at);
     }
     printf("# allocation faults (append): %ld injected, the store intact after each\n", injected);
@@ -623,10 +624,8 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_read_faults),
-        cmocka_unit_test(test_alloc_faults_read),
-        cmocka_unit_test(test_faults_loader),
-        cmocka_unit_test(test_write_faults_append),
+        cmocka_unit_test(test_read_faults),         cmocka_unit_test(test_alloc_faults_read),
+        cmocka_unit_test(test_faults_loader),       cmocka_unit_test(test_write_faults_append),
         cmocka_unit_test(test_alloc_faults_append),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

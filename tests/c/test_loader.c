@@ -296,9 +296,9 @@ test_transforms(void **state)
     zb_dataset *ds = open_ds(st, 1);
     zb_sampler *s = sampler("sequential", 50, 0);
     int64_t acc = 0;
-    zb_transform t[2] = {{.kind = ZB_TRANSFORM_CALLBACK, .fn = sum_lab, .user = &acc},
-                         {.kind = ZB_TRANSFORM_CAST, .field = "lab", .dtype = ZB_DT_FLOAT64,
-                          .target_sum = 0.0}};
+    zb_transform t[2] = {
+        {.kind = ZB_TRANSFORM_CALLBACK, .fn = sum_lab, .user = &acc},
+        {.kind = ZB_TRANSFORM_CAST, .field = "lab", .dtype = ZB_DT_FLOAT64, .target_sum = 0.0}};
     zb_loader_opts lo = ZB_LOADER_OPTS_DEFAULT;
     lo.transforms = t;
     lo.ntransforms = 2;

@@ -82,7 +82,7 @@ put_array(zb_store *st, const char *path, zb_dtype dt, int ndim, const uint64_t 
 
 typedef struct build_opts {
     bool sharded;
-    bool with_index; /* add segment "eseg" and the index field "nbr" */
+    bool with_index;             /* add segment "eseg" and the index field "nbr" */
     const int64_t *ptr_override; /* [N+1] written as "ptr" instead of the true pointers */
     bool nbr_int32;              /* "nbr" stored as int32 instead of int64 */
     bool nbr_local;              /* "nbr" stored sample-local ("global": false) */
@@ -114,12 +114,12 @@ build(const source *s, const build_opts *bo)
     zb_store *st = NULL;
     ZB_ASSERT_OK(zb_store_open_memory(&st));
     ZB_ASSERT_OK(zb__write_group(st, "", 3,
-                                !bo->with_index ? ATTRS_BASIC
-                                : bo->nbr_local ? ATTRS_INDEX_LOCAL
-                                                : ATTRS_INDEX));
+                                 !bo->with_index ? ATTRS_BASIC
+                                 : bo->nbr_local ? ATTRS_INDEX_LOCAL
+                                                 : ATTRS_INDEX));
     const uint64_t vw[1] = {VW}, two[1] = {2};
-    put_array(st, "ptr", ZB_DT_INT64, 1, NULL, bo->ptr_override ? bo->ptr_override : s->ptr,
-              N + 1, 4, bo->sharded ? 8 : 0);
+    put_array(st, "ptr", ZB_DT_INT64, 1, NULL, bo->ptr_override ? bo->ptr_override : s->ptr, N + 1,
+              4, bo->sharded ? 8 : 0);
     put_array(st, "vals", ZB_DT_INT32, 2, vw, s->vals, (uint64_t)s->total, VALS_CHUNK,
               bo->sharded ? 2 * VALS_CHUNK : 0);
     put_array(st, "lab", ZB_DT_INT64, 1, NULL, s->lab, N, LAB_CHUNK,
@@ -364,12 +364,13 @@ test_index_conventions_and_bad_values(void **state)
             int64_t at = which ? 2 * (s.eptr[4] + 3) : 2 * (s.eptr[4] + 1) + 1;
             int64_t wrong = which ? (local ? -1 : s.ptr[4] - 1) : (local ? 7 : s.ptr[5]);
             bad[at] = wrong;
-            build_opts bb = {.with_index = true, .nbr_int32 = i32, .nbr_local = local,
-                             .nbr_override = bad};
+            build_opts bb = {
+                .with_index = true, .nbr_int32 = i32, .nbr_local = local, .nbr_override = bad};
             st = build(&s, &bb);
             ds = open_ds(st, 0, 2);
             char want[128];
-            snprintf(want, sizeof want, "sample 4 (row 1 of the request): field nbr: value %d is outside its 7 atoms",
+            snprintf(want, sizeof want,
+                     "sample 4 (row 1 of the request): field nbr: value %d is outside its 7 atoms",
                      which ? -1 : 7);
             ZB_ASSERT_ERR(zb_dataset_read_many(ds, ids, n, &b), ZB_E_CORRUPT, want);
             assert_null(b);
@@ -660,10 +661,10 @@ test_pointer_blocks(void **state)
     zb_store *st = NULL;
     ZB_ASSERT_OK(zb_store_open_memory(&st));
     ZB_ASSERT_OK(zb__write_group(st, "", 3,
-                                "{\"zbatch\": {\"segments\": {\"seg\": \"ptr\"}, \"fields\": {"
-                                "\"vals\": {\"array\": \"vals\", \"kind\": \"ragged\", "
-                                "\"segment\": \"seg\"}, \"lab\": {\"array\": \"lab\", "
-                                "\"kind\": \"per_sample\"}}}}"));
+                                 "{\"zbatch\": {\"segments\": {\"seg\": \"ptr\"}, \"fields\": {"
+                                 "\"vals\": {\"array\": \"vals\", \"kind\": \"ragged\", "
+                                 "\"segment\": \"seg\"}, \"lab\": {\"array\": \"lab\", "
+                                 "\"kind\": \"per_sample\"}}}}"));
     put_array(st, "ptr", ZB_DT_INT64, 1, NULL, ptr, NB + 1, 1000, 0);
     put_array(st, "vals", ZB_DT_INT32, 1, NULL, vals, (uint64_t)total, 777, 0);
     put_array(st, "lab", ZB_DT_INT32, 1, NULL, lab, NB, 5000, 0);
@@ -727,8 +728,7 @@ test_generic_schema_errors(void **state)
          ZB_E_UNSUPPORTED, "a_segment_name_longer_than_31_bytes"},
         {"{\"zbatch\": {\"segments\": {\"seg\": \"empty\"}, \"fields\": {}}}", ZB_E_CORRUPT,
          "empty"},
-        {"{\"zbatch\": {\"segments\": {\"seg\": \"vals\"}, \"fields\": {}}}", ZB_E_CORRUPT,
-         "vals"},
+        {"{\"zbatch\": {\"segments\": {\"seg\": \"vals\"}, \"fields\": {}}}", ZB_E_CORRUPT, "vals"},
         {"{\"something\": 1}", ZB_E_UNSUPPORTED, NULL},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -753,16 +753,50 @@ static double
 value_at(const uint8_t *p, zb_dtype t, size_t i)
 {
     switch (t) {
-    case ZB_DT_UINT8: return p[i];
-    case ZB_DT_INT8: { int8_t v; memcpy(&v, p + i, 1); return v; }
-    case ZB_DT_UINT16: { uint16_t v; memcpy(&v, p + 2 * i, 2); return v; }
-    case ZB_DT_INT16: { int16_t v; memcpy(&v, p + 2 * i, 2); return v; }
-    case ZB_DT_UINT32: { uint32_t v; memcpy(&v, p + 4 * i, 4); return v; }
-    case ZB_DT_INT32: { int32_t v; memcpy(&v, p + 4 * i, 4); return v; }
-    case ZB_DT_INT64: { int64_t v; memcpy(&v, p + 8 * i, 8); return (double)v; }
-    case ZB_DT_FLOAT32: { float v; memcpy(&v, p + 4 * i, 4); return v; }
-    case ZB_DT_FLOAT64: { double v; memcpy(&v, p + 8 * i, 8); return v; }
-    default: fail_msg("dtype %d", (int)t);
+    case ZB_DT_UINT8:
+        return p[i];
+    case ZB_DT_INT8: {
+        int8_t v;
+        memcpy(&v, p + i, 1);
+        return v;
+    }
+    case ZB_DT_UINT16: {
+        uint16_t v;
+        memcpy(&v, p + 2 * i, 2);
+        return v;
+    }
+    case ZB_DT_INT16: {
+        int16_t v;
+        memcpy(&v, p + 2 * i, 2);
+        return v;
+    }
+    case ZB_DT_UINT32: {
+        uint32_t v;
+        memcpy(&v, p + 4 * i, 4);
+        return v;
+    }
+    case ZB_DT_INT32: {
+        int32_t v;
+        memcpy(&v, p + 4 * i, 4);
+        return v;
+    }
+    case ZB_DT_INT64: {
+        int64_t v;
+        memcpy(&v, p + 8 * i, 8);
+        return (double)v;
+    }
+    case ZB_DT_FLOAT32: {
+        float v;
+        memcpy(&v, p + 4 * i, 4);
+        return v;
+    }
+    case ZB_DT_FLOAT64: {
+        double v;
+        memcpy(&v, p + 8 * i, 8);
+        return v;
+    }
+    default:
+        fail_msg("dtype %d", (int)t);
     }
     return 0;
 }
@@ -774,7 +808,7 @@ static void
 test_widen_every_pair(void **state)
 {
     (void)state;
-    static const zb_dtype from[] = {ZB_DT_UINT8, ZB_DT_INT8, ZB_DT_UINT16, ZB_DT_INT16,
+    static const zb_dtype from[] = {ZB_DT_UINT8,  ZB_DT_INT8,  ZB_DT_UINT16, ZB_DT_INT16,
                                     ZB_DT_UINT32, ZB_DT_INT32, ZB_DT_FLOAT32};
     static const zb_dtype to[] = {ZB_DT_INT32, ZB_DT_INT64, ZB_DT_FLOAT32, ZB_DT_FLOAT64};
     enum { NW = 77 };
@@ -811,7 +845,6 @@ test_widen_every_pair(void **state)
     assert_true(zb__widen_exact(ZB_DT_UINT16, ZB_DT_UINT16));
 }
 
-
 /* ---- the listed path: a store that reads lists itself ---------------------------------------- */
 
 /* A remote-style backend over an inner store: get_ranges completes the ranges on a thread of its
@@ -823,9 +856,9 @@ typedef struct scrambled {
     zb_store *inner;
     zb_dataset *watch; /* whose cache must grow before a call's last range (NULL: no wait) */
     unsigned seed;
-    int calls;         /* get_ranges calls */
-    size_t nranges;    /* ranges asked, over all calls */
-    bool scrambled;    /* some call completed its ranges out of list order */
+    int calls;      /* get_ranges calls */
+    size_t nranges; /* ranges asked, over all calls */
+    bool scrambled; /* some call completed its ranges out of list order */
     bool stalled;
     const char *fail_key; /* a range of this key fails with ZB_E_IO */
     /* one call's completion queue */
@@ -936,9 +969,12 @@ sc_get_ranges(void *self, zb_range *r, size_t n, zb_range_fn done, void *ctx)
     return ZB_OK;
 }
 
-static const zb_store_methods SCRAMBLED = {
-    .scheme = "scrambled", .get = sc_get, .size = sc_size, .list = sc_list,
-    .close = sc_close, .get_ranges = sc_get_ranges};
+static const zb_store_methods SCRAMBLED = {.scheme = "scrambled",
+                                           .get = sc_get,
+                                           .size = sc_size,
+                                           .list = sc_list,
+                                           .close = sc_close,
+                                           .get_ranges = sc_get_ranges};
 
 /* Copies every object under `prefix` of src into dst, byte for byte. */
 typedef struct copy_walk {
@@ -950,8 +986,8 @@ static int
 copy_child(void *ctx, const char *name, bool is_dir)
 {
     copy_walk *w = ctx, sub = *w;
-    int np = snprintf(sub.prefix, sizeof sub.prefix, "%s%s%s", w->prefix,
-                      w->prefix[0] ? "/" : "", name);
+    int np =
+        snprintf(sub.prefix, sizeof sub.prefix, "%s%s%s", w->prefix, w->prefix[0] ? "/" : "", name);
     assert_true(np > 0 && (size_t)np < sizeof sub.prefix);
     if (is_dir) {
         ZB_ASSERT_OK(zb_store_list(w->src, sub.prefix, copy_child, &sub));
@@ -990,7 +1026,7 @@ test_listed_path_matches_file_store(void **state)
             zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
             o.num_threads = threads;
             if (threads > 1) o.inline_work_bytes = 0; /* decode on the pool */
-            o.cache_bytes = (size_t)1 << 20; /* how the backend sees decoding under way */
+            o.cache_bytes = (size_t)1 << 20;          /* how the backend sees decoding under way */
             zb_dataset *df = open_ds(file, 0, threads);
             const uint64_t *req[2] = {IDS, ids};
             size_t nreq[2] = {NIDS, 40};
@@ -1068,8 +1104,7 @@ test_listed_path_errors_and_missing(void **state)
     zb_batch_view v;
     ZB_ASSERT_OK(zb_batch_find(b, "lab", &v));
     for (size_t i = 0; i < NIDS; i++)
-        assert_int_equal(((const int64_t *)v.data)[i],
-                         IDS[i] / LAB_CHUNK == 1 ? 0 : s.lab[IDS[i]]);
+        assert_int_equal(((const int64_t *)v.data)[i], IDS[i] / LAB_CHUNK == 1 ? 0 : s.lab[IDS[i]]);
     zb_batch_free(b);
     zb_batch_free(bm);
     zb_dataset_close(dr);

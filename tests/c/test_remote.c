@@ -130,7 +130,7 @@ test_urls(void **state)
     assert_string_equal(t.base, "http://127.0.0.1:9000/bkt");
     assert_true(t.path_style);
     ZB_ASSERT_OK(zb__s3_target_parse("s3://bkt/p", "http://minio.local:9000", NULL,
-                                    ZB_S3_ADDRESSING_VIRTUAL, &t));
+                                     ZB_S3_ADDRESSING_VIRTUAL, &t));
     assert_string_equal(t.base, "http://bkt.minio.local:9000");
     /* a dotted bucket is path-style on AWS (TLS names cannot hold the dots) */
     ZB_ASSERT_OK(zb__s3_target_parse("s3://a.b.c/x", NULL, NULL, 0, &t));

@@ -403,10 +403,10 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_key_normalize),   cmocka_unit_test(test_file_backend),
-        cmocka_unit_test(test_file_views),
-        cmocka_unit_test(test_file_threads),    cmocka_unit_test(test_memory_backend),
-        cmocka_unit_test(test_get_ranges),      cmocka_unit_test(test_status_strings),
+        cmocka_unit_test(test_key_normalize),  cmocka_unit_test(test_file_backend),
+        cmocka_unit_test(test_file_views),     cmocka_unit_test(test_file_threads),
+        cmocka_unit_test(test_memory_backend), cmocka_unit_test(test_get_ranges),
+        cmocka_unit_test(test_status_strings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

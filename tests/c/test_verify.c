@@ -458,9 +458,9 @@ atomic_store(const int64_t *nl)
 {
     zb_store *s = memstore();
     ZB_ASSERT_OK(zb__write_group(s, "", 3,
-                                "{\"num_samples\": 2, \"fields\": {\"core\": {\"positions\": "
-                                "\"atom\", \"neighbor_list\": \"edge\", \"energy\": "
-                                "\"system\"}, \"custom\": {}}}"));
+                                 "{\"num_samples\": 2, \"fields\": {\"core\": {\"positions\": "
+                                 "\"atom\", \"neighbor_list\": \"edge\", \"energy\": "
+                                 "\"system\"}, \"custom\": {}}}"));
     ZB_ASSERT_OK(zb__write_group(s, "meta", 3, NULL));
     ZB_ASSERT_OK(zb__write_group(s, "core", 3, NULL));
     int64_t aptr[3] = {0, 3, 5}, eptr[3] = {0, 2, 3};
@@ -584,15 +584,15 @@ test_verify_atomic_required(void **state)
 
     s = atomic_store(NULL);
     ZB_ASSERT_OK(zb__write_group(s, "", 3,
-                                "{\"num_samples\": 2, \"fields\": {\"core\": {\"positions\": "
-                                "\"atom\", \"energy\": \"graph\"}}}"));
+                                 "{\"num_samples\": 2, \"fields\": {\"core\": {\"positions\": "
+                                 "\"atom\", \"energy\": \"graph\"}}}"));
     verify(s, "", &r);
     assert_int_equal(r.n_problems, 1);
     assert_mentions(problem_at(&r, "/"), "fields.core.energy is \"graph\", not \"atom\"");
     zb_verify_report_free(&r);
     ZB_ASSERT_OK(zb__write_group(s, "", 3,
-                                "{\"num_samples\": 1, \"fields\": {\"core\": {}, "
-                                "\"custom\": {\"charges_ref\": \"atom\"}}}"));
+                                 "{\"num_samples\": 1, \"fields\": {\"core\": {}, "
+                                 "\"custom\": {\"charges_ref\": \"atom\"}}}"));
     verify(s, "", &r);
     assert_clean(&r);
     bool mask_note = false, fields_note = false;

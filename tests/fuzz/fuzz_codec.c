@@ -16,7 +16,7 @@ int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const zb__codec_id ids[] = {ZB_CODEC_BLOSC, ZB_CODEC_ZSTD, ZB_CODEC_LZ4,
-                                      ZB_CODEC_GZIP,  ZB_CODEC_ZLIB, ZB_CODEC_CRC32C};
+                                       ZB_CODEC_GZIP,  ZB_CODEC_ZLIB, ZB_CODEC_CRC32C};
     if (size < 5) return 0;
     if (!ctx && zb_ctx_new(&ctx) != ZB_OK) return 0;
     zb__codec c = {.id = ids[data[0] % 6]};
@@ -36,7 +36,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!dst) return 0;
     size_t got = 0;
     zb_status st = zb__codec_decode(&c, ctx, src, src_len, dst, cap, known ? expected : SIZE_MAX,
-                                   &got, "fuzz");
+                                    &got, "fuzz");
     if (st == ZB_OK && (got > cap || (known && got != expected))) abort();
     free(dst);
     return 0;

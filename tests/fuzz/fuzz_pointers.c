@@ -46,7 +46,8 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
     int8_t codes[N_OBS] = {0, 1, 2, -1, 1, 0};
     const char cats[] = "abc";
     uint64_t offs[4] = {0, 1, 2, 3};
-    if (zb_anndata_writer_open(base, "", N_VARS, ZB_ANNDATA_X_CSR, ZB_DT_FLOAT32, &o, &w) != ZB_OK ||
+    if (zb_anndata_writer_open(base, "", N_VARS, ZB_ANNDATA_X_CSR, ZB_DT_FLOAT32, &o, &w) !=
+            ZB_OK ||
         zb_anndata_writer_append_csr(w, N_OBS, indptr, indices, vals) != ZB_OK ||
         zb_anndata_writer_define_categorical(w, ZB_ANNDATA_OBS, "ct", cats, offs, 3, false) !=
             ZB_OK ||

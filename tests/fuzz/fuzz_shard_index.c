@@ -14,8 +14,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint64_t n = fuzz_take(data, size, &pos, 2) % 4096 + 1;
     uint64_t shard_size = fuzz_take(data, size, &pos, 8);
     zb__shard_spec spec = {.index_at_start = flags & 1,
-                          .index_big_endian = (flags >> 1) & 1,
-                          .index_crc = (flags >> 2) & 1};
+                           .index_big_endian = (flags >> 1) & 1,
+                           .index_crc = (flags >> 2) & 1};
     uint64_t *entries = malloc((size_t)n * 2 * sizeof *entries);
     if (!entries) return 0;
     (void)zb__shard_index_nbytes(&spec, n);

@@ -9,7 +9,6 @@
 #include "util/status.h"
 #include "zarr/codec.h"
 
-
 /* Header offsets (FORMATS §2.2). */
 enum { OFF_VERSION = 0, OFF_FLAGS = 2, OFF_TYPESIZE = 3, OFF_NBYTES = 4, OFF_CBYTES = 12 };
 
@@ -25,8 +24,8 @@ check_header(const uint8_t *src, size_t src_len, size_t *nbytes_out, const char 
 {
     if (src_len < BLOSC_MIN_HEADER_LENGTH)
         return zb__err(ZB_E_TRUNCATED,
-                      "%s: blosc buffer of %zu bytes is shorter than the %d-byte header", where,
-                      src_len, BLOSC_MIN_HEADER_LENGTH);
+                       "%s: blosc buffer of %zu bytes is shorter than the %d-byte header", where,
+                       src_len, BLOSC_MIN_HEADER_LENGTH);
     unsigned version = src[OFF_VERSION];
     uint32_t nbytes = load_le32(src + OFF_NBYTES);
     uint32_t cbytes = load_le32(src + OFF_CBYTES);
@@ -34,24 +33,24 @@ check_header(const uint8_t *src, size_t src_len, size_t *nbytes_out, const char 
      * c-blosc1 cannot read); anything else was never a blosc buffer. */
     if (version >= 3 && version <= 5)
         return zb__err(ZB_E_UNSUPPORTED,
-                      "%s: blosc header version %u (offset 0) is a c-blosc2 chunk; c-blosc1 reads "
-                      "versions 1..%d",
-                      where, version, BLOSC_VERSION_FORMAT);
+                       "%s: blosc header version %u (offset 0) is a c-blosc2 chunk; c-blosc1 reads "
+                       "versions 1..%d",
+                       where, version, BLOSC_VERSION_FORMAT);
     if (version == 0 || version > BLOSC_VERSION_FORMAT)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: blosc header version %u (offset 0) is not a blosc format version", where,
-                      version);
+                       "%s: blosc header version %u (offset 0) is not a blosc format version",
+                       where, version);
     if (cbytes < BLOSC_MIN_HEADER_LENGTH)
         return zb__err(ZB_E_CORRUPT, "%s: blosc header cbytes %u < %d (offset %d)", where, cbytes,
-                      BLOSC_MIN_HEADER_LENGTH, OFF_CBYTES);
+                       BLOSC_MIN_HEADER_LENGTH, OFF_CBYTES);
     if (cbytes != src_len)
         return zb__err(cbytes > src_len ? ZB_E_TRUNCATED : ZB_E_CORRUPT,
-                      "%s: blosc header cbytes %u != object length %zu (offset %d)", where, cbytes,
-                      src_len, OFF_CBYTES);
+                       "%s: blosc header cbytes %u != object length %zu (offset %d)", where, cbytes,
+                       src_len, OFF_CBYTES);
     if (nbytes > BLOSC_MAX_BUFFERSIZE)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: blosc header nbytes %u exceeds the c-blosc1 limit %d (offset %d)", where,
-                      nbytes, BLOSC_MAX_BUFFERSIZE, OFF_NBYTES);
+                       "%s: blosc header nbytes %u exceeds the c-blosc1 limit %d (offset %d)",
+                       where, nbytes, BLOSC_MAX_BUFFERSIZE, OFF_NBYTES);
     /* The library's own check, in case it knows more than the fields above. */
     size_t validated = 0;
     if (blosc_cbuffer_validate(src, src_len, &validated) != 0 || validated != nbytes)
@@ -71,7 +70,7 @@ zb__blosc_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const c
 
 zb_status
 zb__blosc_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-                uint8_t *dst, size_t cap, size_t expected, size_t *out_len, const char *where)
+                 uint8_t *dst, size_t cap, size_t expected, size_t *out_len, const char *where)
 {
     (void)codec; /* everything blosc needs to decode is in its header */
     (void)ctx;   /* blosc_decompress_ctx keeps no state between calls */
@@ -79,11 +78,11 @@ zb__blosc_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t
     ZB_TRY(check_header(src, src_len, &nbytes, where));
     if (expected != SIZE_MAX && nbytes != expected)
         return zb__err(ZB_E_CORRUPT, "%s: blosc header nbytes %zu != expected %zu (offset %d)",
-                      where, nbytes, expected, OFF_NBYTES);
+                       where, nbytes, expected, OFF_NBYTES);
     if (nbytes > cap)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: blosc header nbytes %zu exceeds the %zu-byte buffer (offset %d)", where,
-                      nbytes, cap, OFF_NBYTES);
+                       "%s: blosc header nbytes %zu exceeds the %zu-byte buffer (offset %d)", where,
+                       nbytes, cap, OFF_NBYTES);
     if (nbytes == 0) {
         *out_len = 0;
         return ZB_OK;
@@ -93,16 +92,16 @@ zb__blosc_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t
     int r = blosc_decompress_ctx(src, dst, nbytes, 1);
     if (r < 0 || (size_t)r != nbytes)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: blosc decompression failed (result %d, flags 0x%02x, typesize %u, "
-                      "nbytes %zu, cbytes %zu)",
-                      where, r, src[OFF_FLAGS], src[OFF_TYPESIZE], nbytes, src_len);
+                       "%s: blosc decompression failed (result %d, flags 0x%02x, typesize %u, "
+                       "nbytes %zu, cbytes %zu)",
+                       where, r, src[OFF_FLAGS], src[OFF_TYPESIZE], nbytes, src_len);
     *out_len = nbytes;
     return ZB_OK;
 }
 
 zb_status
 zb__blosc_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-                size_t itemsize, zb__buf *out)
+                 size_t itemsize, zb__buf *out)
 {
     (void)ctx;
     char cname[sizeof codec->cname + 1];
@@ -111,15 +110,15 @@ zb__blosc_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t
     cname[k] = '\0';
     if (blosc_compname_to_compcode(cname) < 0)
         return zb__err(ZB_E_UNSUPPORTED,
-                      "blosc encode: compressor '%s' is not in this libblosc (%s)", cname,
-                      blosc_list_compressors());
+                       "blosc encode: compressor '%s' is not in this libblosc (%s)", cname,
+                       blosc_list_compressors());
     if (codec->level < 0 || codec->level > 9)
         return zb__err(ZB_E_INVALID, "blosc encode: clevel %d is outside 0..9", codec->level);
     if (codec->blocksize < 0)
         return zb__err(ZB_E_INVALID, "blosc encode: blocksize %d is negative", codec->blocksize);
     if (src_len > BLOSC_MAX_BUFFERSIZE)
         return zb__err(ZB_E_OVERFLOW, "blosc encode: %zu bytes exceed the c-blosc1 limit %d",
-                      src_len, BLOSC_MAX_BUFFERSIZE);
+                       src_len, BLOSC_MAX_BUFFERSIZE);
     size_t typesize = codec->typesize > 0 ? (size_t)codec->typesize : itemsize;
     if (typesize == 0) typesize = 1;
     int shuffle;
@@ -139,7 +138,7 @@ zb__blosc_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t
         break;
     default:
         return zb__err(ZB_E_INVALID, "blosc encode: shuffle %d is not -1, 0, 1 or 2",
-                      codec->shuffle);
+                       codec->shuffle);
     }
     /* nbytes + BLOSC_MAX_OVERHEAD always suffices: blosc falls back to a raw copy. */
     size_t destsize = src_len + BLOSC_MAX_OVERHEAD;
@@ -149,8 +148,8 @@ zb__blosc_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t
                                cname, (size_t)codec->blocksize, 1);
     if (r <= 0)
         return zb__err(ZB_E_INVALID,
-                      "blosc encode: blosc_compress_ctx failed (%d) for %zu bytes with %s", r,
-                      src_len, cname);
+                       "blosc encode: blosc_compress_ctx failed (%d) for %zu bytes with %s", r,
+                       src_len, cname);
     out->len = (size_t)r;
     return ZB_OK;
 }

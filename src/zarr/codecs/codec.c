@@ -23,7 +23,6 @@ typedef zb_status (*size_fn)(const uint8_t *src, size_t src_len, size_t *size, c
 typedef zb_status (*encode_fn)(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src,
                                size_t src_len, size_t itemsize, zb__buf *out);
 
-
 typedef struct codec_ops {
     const char *name;
     decode_fn decode;
@@ -53,7 +52,7 @@ static const uint8_t empty_src[1];
 
 zb_status
 zb__codec_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-                uint8_t *dst, size_t dst_cap, size_t expected, size_t *out_len, const char *where)
+                 uint8_t *dst, size_t dst_cap, size_t expected, size_t *out_len, const char *where)
 {
     if (out_len) *out_len = 0;
     if (!where) where = "(chunk)";
@@ -63,11 +62,12 @@ zb__codec_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t
         return zb__err(ZB_E_INVALID, "%s: %s: NULL source of %zu bytes", where, ops->name, src_len);
     if (!src) src = empty_src;
     if (expected != SIZE_MAX && dst_cap < expected)
-        return zb__err(ZB_E_INVALID, "%s: %s: destination of %zu bytes cannot hold the expected %zu",
-                      where, ops->name, dst_cap, expected);
+        return zb__err(ZB_E_INVALID,
+                       "%s: %s: destination of %zu bytes cannot hold the expected %zu", where,
+                       ops->name, dst_cap, expected);
     if (!dst && dst_cap > 0)
         return zb__err(ZB_E_INVALID, "%s: %s: NULL destination of %zu bytes", where, ops->name,
-                      dst_cap);
+                       dst_cap);
     /* With a known size the codec may write exactly that many bytes, even if dst is larger:
      * a frame that would decode to more is already wrong. */
     size_t cap = expected != SIZE_MAX ? expected : dst_cap;
@@ -90,7 +90,7 @@ zb__codec_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t
 
 zb_status
 zb__codec_decoded_size(const zb__codec *codec, const uint8_t *src, size_t src_len, size_t *size,
-                      const char *where)
+                       const char *where)
 {
     if (!where) where = "(chunk)";
     const codec_ops *ops = lookup(codec);
@@ -105,7 +105,7 @@ zb__codec_decoded_size(const zb__codec *codec, const uint8_t *src, size_t src_le
 
 zb_status
 zb__codec_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-                size_t itemsize, zb__buf *out)
+                 size_t itemsize, zb__buf *out)
 {
     const codec_ops *ops = lookup(codec);
     if (!ops) return zb__err(ZB_E_INVALID, "encode: unknown codec id");
@@ -189,8 +189,8 @@ zb_ctx_free(zb_ctx *ctx)
     ZSTD_freeCCtx(ctx->zstd_cctx);
     libdeflate_free_decompressor(ctx->deflate_d);
     zb__workspace *w = &ctx->ws;
-    zb__buf *bufs[] = {&w->enc, &w->stage[0], &w->stage[1], &w->decoded, &w->items, &w->unit,
-                      &w->fetch, &w->packed};
+    zb__buf *bufs[] = {&w->enc,   &w->stage[0], &w->stage[1], &w->decoded,
+                       &w->items, &w->unit,     &w->fetch,    &w->packed};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) zb__buf_free(bufs[i]);
     free(ctx);
 }

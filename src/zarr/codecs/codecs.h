@@ -4,14 +4,14 @@
 
 #include "zarr/codec.h"
 
-#define ZB_CODEC_PROTOS_(name)                                                                   \
+#define ZB_CODEC_PROTOS_(name)                                                                     \
     zb_status zb__##name##_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src,         \
-                                 size_t src_len, uint8_t *dst, size_t cap, size_t expected,      \
-                                 size_t *out_len, const char *where);                            \
-    zb_status zb__##name##_decoded_size(const uint8_t *src, size_t src_len, size_t *size,         \
-                                       const char *where);                                       \
+                                  size_t src_len, uint8_t *dst, size_t cap, size_t expected,       \
+                                  size_t *out_len, const char *where);                             \
+    zb_status zb__##name##_decoded_size(const uint8_t *src, size_t src_len, size_t *size,          \
+                                        const char *where);                                        \
     zb_status zb__##name##_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src,         \
-                                 size_t src_len, size_t itemsize, zb__buf *out);
+                                  size_t src_len, size_t itemsize, zb__buf *out);
 ZB_CODEC_PROTOS_(blosc)
 ZB_CODEC_PROTOS_(zstd)
 ZB_CODEC_PROTOS_(lz4)

@@ -7,7 +7,6 @@
 #include "util/status.h"
 #include "zarr/codec.h"
 
-
 #define CRC_BYTES 4
 
 /* crc32_iscsi takes an int length, so long inputs go through in pieces. */
@@ -43,15 +42,15 @@ zb__crc32c_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const 
     (void)src;
     if (src_len < CRC_BYTES)
         return zb__err(ZB_E_TRUNCATED,
-                      "%s: crc32c input of %zu bytes is shorter than the 4-byte checksum", where,
-                      src_len);
+                       "%s: crc32c input of %zu bytes is shorter than the 4-byte checksum", where,
+                       src_len);
     *size = src_len - CRC_BYTES;
     return ZB_OK;
 }
 
 zb_status
 zb__crc32c_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-                 uint8_t *dst, size_t cap, size_t expected, size_t *out_len, const char *where)
+                  uint8_t *dst, size_t cap, size_t expected, size_t *out_len, const char *where)
 {
     (void)codec;
     (void)ctx;
@@ -59,10 +58,10 @@ zb__crc32c_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_
     ZB_TRY(zb__crc32c_decoded_size(src, src_len, &n, where));
     if (expected != SIZE_MAX && n != expected)
         return zb__err(ZB_E_CORRUPT, "%s: crc32c payload is %zu bytes, expected %zu", where, n,
-                      expected);
+                       expected);
     if (n > cap)
         return zb__err(ZB_E_CORRUPT, "%s: crc32c payload of %zu bytes exceeds the %zu-byte buffer",
-                      where, n, cap);
+                       where, n, cap);
     uint32_t stored = load_le32(src + n);
     uint32_t computed = zb__crc32c(src, n);
     if (stored != computed)
@@ -78,7 +77,7 @@ zb__crc32c_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_
 
 zb_status
 zb__crc32c_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-                 size_t itemsize, zb__buf *out)
+                  size_t itemsize, zb__buf *out)
 {
     (void)codec;
     (void)ctx;

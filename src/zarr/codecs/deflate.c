@@ -13,7 +13,6 @@
 #include "util/status.h"
 #include "zarr/codec.h"
 
-
 /* RFC 1952 FLG bits. */
 enum { FHCRC = 0x02, FEXTRA = 0x04, FNAME = 0x08, FCOMMENT = 0x10, FRESERVED = 0xE0 };
 #define GZIP_FIXED_HEADER 10
@@ -39,7 +38,8 @@ decompressor_get(zb_ctx *ctx, struct libdeflate_decompressor **out)
 {
     if (!ctx->deflate_d) {
         ctx->deflate_d = libdeflate_alloc_decompressor();
-        if (!ctx->deflate_d) return zb__err(ZB_E_NOMEM, "cannot allocate a libdeflate decompressor");
+        if (!ctx->deflate_d)
+            return zb__err(ZB_E_NOMEM, "cannot allocate a libdeflate decompressor");
     }
     *out = ctx->deflate_d;
     return ZB_OK;
@@ -52,51 +52,51 @@ gzip_header_len(const uint8_t *p, size_t n, size_t off, size_t *hdr, const char 
     if (n < 2 || p[0] != 0x1f || p[1] != 0x8b) {
         if (n < 2)
             return zb__err(ZB_E_TRUNCATED,
-                          "%s: gzip member at offset %zu: %zu bytes, no room for the magic", where,
-                          off, n);
+                           "%s: gzip member at offset %zu: %zu bytes, no room for the magic", where,
+                           off, n);
         /* A zlib stream begins CMF=0x?8 with (CMF*256+FLG) % 31 == 0. */
         bool zlib_like = (p[0] & 0x0f) == 8 && ((unsigned)p[0] * 256u + p[1]) % 31u == 0;
-        return zb__err(ZB_E_CORRUPT,
-                      "%s: not a gzip member: bytes %02x %02x at offset %zu (want 1f 8b)%s", where,
-                      p[0], p[1], off,
-                      zlib_like ? "; this looks like a zlib stream, but the codec id is gzip" : "");
+        return zb__err(
+            ZB_E_CORRUPT, "%s: not a gzip member: bytes %02x %02x at offset %zu (want 1f 8b)%s",
+            where, p[0], p[1], off,
+            zlib_like ? "; this looks like a zlib stream, but the codec id is gzip" : "");
     }
     if (n < GZIP_FIXED_HEADER)
         return zb__err(ZB_E_TRUNCATED,
-                      "%s: gzip member at offset %zu: header cut off after %zu bytes", where, off,
-                      n);
+                       "%s: gzip member at offset %zu: header cut off after %zu bytes", where, off,
+                       n);
     if (p[2] != 8)
         return zb__err(ZB_E_CORRUPT, "%s: gzip CM %u at offset %zu is not deflate (8)", where, p[2],
-                      off + 2);
+                       off + 2);
     unsigned flg = p[3];
     if (flg & FRESERVED)
         return zb__err(ZB_E_CORRUPT, "%s: gzip FLG 0x%02x at offset %zu has reserved bits set",
-                      where, flg, off + 3);
+                       where, flg, off + 3);
     size_t pos = GZIP_FIXED_HEADER;
     if (flg & FEXTRA) {
         if (n - pos < 2)
             return zb__err(ZB_E_TRUNCATED, "%s: gzip FEXTRA length at offset %zu is cut off", where,
-                          off + pos);
+                           off + pos);
         size_t xlen = (size_t)p[pos] | (size_t)p[pos + 1] << 8;
         pos += 2;
         if (n - pos < xlen)
             return zb__err(ZB_E_TRUNCATED,
-                          "%s: gzip extra field of %zu bytes at offset %zu is cut off", where, xlen,
-                          off + pos);
+                           "%s: gzip extra field of %zu bytes at offset %zu is cut off", where,
+                           xlen, off + pos);
         pos += xlen;
     }
     for (unsigned bit = FNAME; bit <= FCOMMENT; bit <<= 1) {
         if (!(flg & bit)) continue;
         const uint8_t *nul = memchr(p + pos, 0, n - pos);
         if (!nul)
-            return zb__err(ZB_E_TRUNCATED, "%s: gzip %s at offset %zu has no terminating NUL", where,
-                          bit == FNAME ? "FNAME" : "FCOMMENT", off + pos);
+            return zb__err(ZB_E_TRUNCATED, "%s: gzip %s at offset %zu has no terminating NUL",
+                           where, bit == FNAME ? "FNAME" : "FCOMMENT", off + pos);
         pos = (size_t)(nul - p) + 1;
     }
     if (flg & FHCRC) {
         if (n - pos < 2)
             return zb__err(ZB_E_TRUNCATED, "%s: gzip header CRC at offset %zu is cut off", where,
-                          off + pos);
+                           off + pos);
         pos += 2;
     }
     *hdr = pos;
@@ -127,19 +127,20 @@ gzip_diagnose(struct libdeflate_decompressor *d, const uint8_t *p, size_t n, siz
     size_t tpos = hdr + in_used;
     if (n - tpos < GZIP_TRAILER)
         return zb__err(ZB_E_TRUNCATED,
-                      "%s: gzip member at offset %zu: trailer at offset %zu is cut off", where, off,
-                      off + tpos);
+                       "%s: gzip member at offset %zu: trailer at offset %zu is cut off", where,
+                       off, off + tpos);
     uint32_t stored = load_le32(p + tpos);
     uint32_t computed = libdeflate_crc32(0, out, got);
     if (stored != computed)
         return zb__err(ZB_E_CHECKSUM,
-                      "%s: gzip CRC-32 mismatch at offset %zu: stored 0x%08x, computed 0x%08x",
-                      where, off + tpos, stored, computed);
+                       "%s: gzip CRC-32 mismatch at offset %zu: stored 0x%08x, computed 0x%08x",
+                       where, off + tpos, stored, computed);
     uint32_t isize = load_le32(p + tpos + 4);
     if (isize != (uint32_t)got)
         return zb__err(ZB_E_CORRUPT, "%s: gzip ISIZE %u at offset %zu != %zu decoded bytes", where,
-                      isize, off + tpos + 4, got);
-    return zb__err(ZB_E_CORRUPT, "%s: libdeflate rejects the gzip member at offset %zu", where, off);
+                       isize, off + tpos + 4, got);
+    return zb__err(ZB_E_CORRUPT, "%s: libdeflate rejects the gzip member at offset %zu", where,
+                   off);
 }
 
 /* Decodes every member of src into dst (cap bytes); *total gets the bytes written. When
@@ -158,15 +159,15 @@ gzip_members(struct libdeflate_decompressor *d, const uint8_t *src, size_t src_l
         if (res == LIBDEFLATE_INSUFFICIENT_SPACE) {
             if (grow) return ZB_E_OVERFLOW;
             return zb__err(ZB_E_CORRUPT,
-                          "%s: gzip member %u at offset %zu decodes past the %zu bytes expected",
-                          where, member, in_off, cap);
+                           "%s: gzip member %u at offset %zu decodes past the %zu bytes expected",
+                           where, member, in_off, cap);
         }
         if (res != LIBDEFLATE_SUCCESS)
             return gzip_diagnose(d, src + in_off, src_len - in_off, in_off, dst + out_off,
                                  cap - out_off, where);
         if (in_used == 0) /* cannot happen (a member is >= 18 bytes); never loop forever */
             return zb__err(ZB_E_CORRUPT, "%s: gzip member at offset %zu consumed no input", where,
-                          in_off);
+                           in_off);
         in_off += in_used;
         out_off += got;
     }
@@ -175,8 +176,8 @@ gzip_members(struct libdeflate_decompressor *d, const uint8_t *src, size_t src_l
 }
 
 zb_status
-zb__gzip_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len, uint8_t *dst,
-               size_t cap, size_t expected, size_t *out_len, const char *where)
+zb__gzip_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+                uint8_t *dst, size_t cap, size_t expected, size_t *out_len, const char *where)
 {
     (void)codec;
     struct libdeflate_decompressor *d = NULL;
@@ -185,7 +186,7 @@ zb__gzip_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t 
     ZB_TRY(gzip_members(d, src, src_len, dst, cap, &total, false, where));
     if (expected != SIZE_MAX && total != expected)
         return zb__err(ZB_E_CORRUPT, "%s: gzip members decode to %zu bytes, expected %zu", where,
-                      total, expected);
+                       total, expected);
     *out_len = total;
     return ZB_OK;
 }
@@ -202,8 +203,8 @@ zb__gzip_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const ch
     if (src_len < GZIP_FIXED_HEADER + GZIP_TRAILER) {
         size_t hdr = 0;
         ZB_TRY(gzip_header_len(src, src_len, 0, &hdr, where));
-        return zb__err(ZB_E_TRUNCATED, "%s: gzip input of %zu bytes is shorter than a member", where,
-                      src_len);
+        return zb__err(ZB_E_TRUNCATED, "%s: gzip input of %zu bytes is shorter than a member",
+                       where, src_len);
     }
     uint64_t bound64;
     if (!zb__mul_u64(src_len, DEFLATE_MAX_RATIO, &bound64) || bound64 > ZB_BUF_MAX)
@@ -221,7 +222,7 @@ zb__gzip_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const ch
         uint8_t *p = realloc(buf, cap);
         if (!p) {
             st = zb__err(ZB_E_NOMEM, "%s: cannot allocate %zu bytes to size a gzip chunk", where,
-                        cap);
+                         cap);
             goto fail;
         }
         buf = p;
@@ -233,7 +234,8 @@ zb__gzip_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const ch
         }
         if (st != ZB_E_OVERFLOW) goto fail;
         if (cap == bound) {
-            st = zb__err(ZB_E_CORRUPT, "%s: gzip data decodes to more than %zu bytes", where, bound);
+            st =
+                zb__err(ZB_E_CORRUPT, "%s: gzip data decodes to more than %zu bytes", where, bound);
             goto fail;
         }
         cap = cap > bound / 2 ? bound : cap * 2;
@@ -251,8 +253,8 @@ zlib_diagnose(struct libdeflate_decompressor *d, const uint8_t *src, size_t src_
 {
     if (src_len < 2)
         return zb__err(ZB_E_TRUNCATED,
-                      "%s: zlib stream of %zu bytes is shorter than its 2-byte header", where,
-                      src_len);
+                       "%s: zlib stream of %zu bytes is shorter than its 2-byte header", where,
+                       src_len);
     unsigned cmf = src[0], flg = src[1];
     if (cmf == 0x1f && flg == 0x8b)
         return zb__err(
@@ -261,15 +263,15 @@ zlib_diagnose(struct libdeflate_decompressor *d, const uint8_t *src, size_t src_
             where);
     if ((cmf & 0x0f) != 8 || (cmf >> 4) > 7)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: zlib CMF 0x%02x at offset 0 is not deflate with a window <= 32 KiB",
-                      where, cmf);
+                       "%s: zlib CMF 0x%02x at offset 0 is not deflate with a window <= 32 KiB",
+                       where, cmf);
     if ((cmf * 256u + flg) % 31u != 0)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: zlib header check fails (CMF 0x%02x, FLG 0x%02x at offset 0)", where,
-                      cmf, flg);
+                       "%s: zlib header check fails (CMF 0x%02x, FLG 0x%02x at offset 0)", where,
+                       cmf, flg);
     if (flg & 0x20)
         return zb__err(ZB_E_UNSUPPORTED,
-                      "%s: zlib stream needs a preset dictionary (FDICT, offset 1)", where);
+                       "%s: zlib stream needs a preset dictionary (FDICT, offset 1)", where);
     size_t in_used = 0, got = 0;
     enum libdeflate_result res =
         libdeflate_deflate_decompress_ex(d, src + 2, src_len - 2, dst, cap, &in_used, &got);
@@ -277,7 +279,7 @@ zlib_diagnose(struct libdeflate_decompressor *d, const uint8_t *src, size_t src_
         return zb__err(ZB_E_CORRUPT, "%s: zlib stream decodes to more than %zu bytes", where, cap);
     if (res != LIBDEFLATE_SUCCESS)
         return zb__err(ZB_E_CORRUPT, "%s: zlib: invalid or truncated deflate data (from offset 2)",
-                      where);
+                       where);
     size_t tpos = 2 + in_used;
     if (src_len - tpos < 4)
         return zb__err(ZB_E_TRUNCATED, "%s: zlib Adler-32 at offset %zu is cut off", where, tpos);
@@ -285,14 +287,14 @@ zlib_diagnose(struct libdeflate_decompressor *d, const uint8_t *src, size_t src_
     uint32_t computed = libdeflate_adler32(1, dst, got);
     if (stored != computed)
         return zb__err(ZB_E_CHECKSUM,
-                      "%s: zlib Adler-32 mismatch at offset %zu: stored 0x%08x, computed 0x%08x",
-                      where, tpos, stored, computed);
+                       "%s: zlib Adler-32 mismatch at offset %zu: stored 0x%08x, computed 0x%08x",
+                       where, tpos, stored, computed);
     return zb__err(ZB_E_CORRUPT, "%s: libdeflate rejects the zlib stream", where);
 }
 
 zb_status
-zb__zlib_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len, uint8_t *dst,
-               size_t cap, size_t expected, size_t *out_len, const char *where)
+zb__zlib_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+                uint8_t *dst, size_t cap, size_t expected, size_t *out_len, const char *where)
 {
     (void)codec;
     struct libdeflate_decompressor *d = NULL;
@@ -307,10 +309,10 @@ zb__zlib_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t 
      * treated as damage rather than silently dropped. */
     if (in_used != src_len)
         return zb__err(ZB_E_CORRUPT, "%s: %zu trailing bytes after the zlib stream (offset %zu)",
-                      where, src_len - in_used, in_used);
+                       where, src_len - in_used, in_used);
     if (expected != SIZE_MAX && got != expected)
         return zb__err(ZB_E_CORRUPT, "%s: zlib stream decodes to %zu bytes, expected %zu", where,
-                      got, expected);
+                       got, expected);
     *out_len = got;
     return ZB_OK;
 }
@@ -359,7 +361,7 @@ fail:
 
 zb_status
 zb__gzip_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-               size_t itemsize, zb__buf *out)
+                size_t itemsize, zb__buf *out)
 {
     (void)ctx;
     (void)itemsize;
@@ -368,7 +370,7 @@ zb__gzip_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t 
 
 zb_status
 zb__zlib_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-               size_t itemsize, zb__buf *out)
+                size_t itemsize, zb__buf *out)
 {
     (void)ctx;
     (void)itemsize;

@@ -12,7 +12,6 @@
 #include "util/status.h"
 #include "zarr/codec.h"
 
-
 #define ZSTD_MAGIC 0xFD2FB528u
 /* Skippable frames: magic 0x184D2A50..0x184D2A5F; they carry no content. */
 #define ZSTD_SKIPPABLE_MASK 0xFFFFFFF0u
@@ -39,8 +38,8 @@ walk_frames(const uint8_t *src, size_t src_len, uint64_t *total, bool *known, co
         size_t left = src_len - off;
         if (left < 4)
             return zb__err(ZB_E_TRUNCATED,
-                          "%s: zstd: %zu stray bytes at offset %zu, too short for a frame magic",
-                          where, left, off);
+                           "%s: zstd: %zu stray bytes at offset %zu, too short for a frame magic",
+                           where, left, off);
         uint32_t magic = load_le32(p);
         bool skippable = (magic & ZSTD_SKIPPABLE_MASK) == ZSTD_SKIPPABLE_START;
         if (magic != ZSTD_MAGIC && !skippable)
@@ -51,19 +50,20 @@ walk_frames(const uint8_t *src, size_t src_len, uint64_t *total, bool *known, co
         size_t fsize = ZSTD_findFrameCompressedSize(p, left);
         if (ZSTD_isError(fsize))
             return zb__err(ZSTD_getErrorCode(fsize) == ZSTD_error_srcSize_wrong ? ZB_E_TRUNCATED
-                                                                               : ZB_E_CORRUPT,
-                          "%s: zstd frame at offset %zu: %s", where, off, ZSTD_getErrorName(fsize));
+                                                                                : ZB_E_CORRUPT,
+                           "%s: zstd frame at offset %zu: %s", where, off,
+                           ZSTD_getErrorName(fsize));
         if (!skippable) {
             unsigned long long fcs = ZSTD_getFrameContentSize(p, left);
             if (fcs == ZSTD_CONTENTSIZE_ERROR)
                 return zb__err(ZB_E_CORRUPT, "%s: zstd frame header at offset %zu is malformed",
-                              where, off);
+                               where, off);
             if (fcs == ZSTD_CONTENTSIZE_UNKNOWN)
                 all_known = false;
             else if (!zb__add_u64(sum, fcs, &sum))
                 return zb__err(ZB_E_CORRUPT,
-                              "%s: zstd frame content sizes overflow (frame at offset %zu)", where,
-                              off);
+                               "%s: zstd frame content sizes overflow (frame at offset %zu)", where,
+                               off);
         }
         off += fsize;
     }
@@ -80,10 +80,10 @@ zb__zstd_decoded_size(const uint8_t *src, size_t src_len, size_t *size, const ch
     ZB_TRY(walk_frames(src, src_len, &total, &known, where));
     if (!known)
         return zb__err(ZB_E_UNSUPPORTED, "%s: a zstd frame does not declare its content size",
-                      where);
+                       where);
     if (total > SIZE_MAX)
         return zb__err(ZB_E_OVERFLOW, "%s: zstd frames declare %llu bytes", where,
-                      (unsigned long long)total);
+                       (unsigned long long)total);
     *size = (size_t)total;
     return ZB_OK;
 }
@@ -100,8 +100,8 @@ dctx_get(zb_ctx *ctx, ZSTD_DCtx **out)
 }
 
 zb_status
-zb__zstd_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len, uint8_t *dst,
-               size_t cap, size_t expected, size_t *out_len, const char *where)
+zb__zstd_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
+                uint8_t *dst, size_t cap, size_t expected, size_t *out_len, const char *where)
 {
     (void)codec; /* frames say whether they carry a checksum; zstd verifies those that do */
     uint64_t declared = 0;
@@ -110,11 +110,11 @@ zb__zstd_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t 
     /* With every size declared, a mismatch is caught before any work and reported exactly. */
     if (known && expected != SIZE_MAX && declared != expected)
         return zb__err(ZB_E_CORRUPT, "%s: zstd frames declare %llu bytes, expected %zu", where,
-                      (unsigned long long)declared, expected);
+                       (unsigned long long)declared, expected);
     if (known && declared > cap)
         return zb__err(ZB_E_CORRUPT,
-                      "%s: zstd frames declare %llu bytes, more than the %zu-byte buffer", where,
-                      (unsigned long long)declared, cap);
+                       "%s: zstd frames declare %llu bytes, more than the %zu-byte buffer", where,
+                       (unsigned long long)declared, cap);
     size_t room = known ? (size_t)declared : cap;
 
     ZSTD_DCtx *dctx = NULL;
@@ -130,28 +130,30 @@ zb__zstd_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t 
         if (code == ZSTD_error_dstSize_tooSmall)
             return zb__err(st, "%s: zstd data decodes to more than %zu bytes", where, room);
         return zb__err(st, "%s: zstd decompression of %zu bytes failed: %s", where, src_len,
-                      ZSTD_getErrorName(r));
+                       ZSTD_getErrorName(r));
     }
     if (expected != SIZE_MAX && r != expected)
         return zb__err(ZB_E_CORRUPT, "%s: zstd data decodes to %zu bytes, expected %zu", where, r,
-                      expected);
+                       expected);
     /* frames that end short of the content size they declare are cut (libzstd reports this
      * itself in the versions tested; the check does not depend on it) */
     if (known && r != declared)
-        return zb__err(ZB_E_TRUNCATED, "%s: zstd frames decode to %zu bytes, short of the %llu "
-                      "they declare", where, r, (unsigned long long)declared);
+        return zb__err(ZB_E_TRUNCATED,
+                       "%s: zstd frames decode to %zu bytes, short of the %llu "
+                       "they declare",
+                       where, r, (unsigned long long)declared);
     *out_len = r;
     return ZB_OK;
 }
 
 zb_status
 zb__zstd_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
-               size_t itemsize, zb__buf *out)
+                size_t itemsize, zb__buf *out)
 {
     (void)itemsize;
     if (codec->level < ZSTD_minCLevel() || codec->level > ZSTD_maxCLevel())
         return zb__err(ZB_E_INVALID, "zstd encode: level %d is outside %d..%d", codec->level,
-                      ZSTD_minCLevel(), ZSTD_maxCLevel());
+                       ZSTD_minCLevel(), ZSTD_maxCLevel());
     if (!ctx->zstd_cctx) {
         ctx->zstd_cctx = ZSTD_createCCtx();
         if (!ctx->zstd_cctx) return zb__err(ZB_E_NOMEM, "cannot allocate a zstd context");
@@ -165,7 +167,8 @@ zb__zstd_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t 
     if (!ZSTD_isError(r))
         r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, codec->checksum ? 1 : 0);
     if (ZSTD_isError(r))
-        return zb__err(ZB_E_INVALID, "zstd encode: cannot set parameters: %s", ZSTD_getErrorName(r));
+        return zb__err(ZB_E_INVALID, "zstd encode: cannot set parameters: %s",
+                       ZSTD_getErrorName(r));
     size_t bound = ZSTD_compressBound(src_len);
     if (ZSTD_isError(bound) || bound == 0)
         return zb__err(ZB_E_OVERFLOW, "zstd encode: %zu bytes is too large", src_len);
@@ -174,7 +177,7 @@ zb__zstd_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t 
     r = ZSTD_compress2(cctx, out->data, bound, src, src_len);
     if (ZSTD_isError(r))
         return zb__err(ZB_E_INVALID, "zstd encode of %zu bytes failed: %s", src_len,
-                      ZSTD_getErrorName(r));
+                       ZSTD_getErrorName(r));
     out->len = r;
     return ZB_OK;
 }

@@ -11,8 +11,8 @@ typedef struct fake_counters {
     uint64_t copies, bytes, pageable_copies, bad_copies;
     uint64_t streams_created, streams_destroyed, events_created, events_destroyed;
     uint64_t records, copy_stream_waits, consumer_waits;
-    uint64_t syncs;                       /* anything that waits on the host */
-    uint64_t live_device, live_pinned;    /* allocations not freed */
+    uint64_t syncs;                    /* anything that waits on the host */
+    uint64_t live_device, live_pinned; /* allocations not freed */
 } fake_counters;
 
 void fake_cuda_reset(int devices);
