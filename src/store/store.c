@@ -274,9 +274,12 @@ get_each(zb_store *store, zb_range *r, size_t n, zb_range_fn done, void *ctx, bo
     }
 }
 
-/* Relays a backend's completions to the caller with the caller's ranges filled in first. */
+/* Relays a backend's completions to the caller with the caller's ranges filled in first. A
+ * relayed range belongs to the caller from then on (it may hand it to other threads at once),
+ * so nothing here writes it again. */
 typedef struct {
     zb_range *mine, *theirs;
+    uint8_t *relayed; /* [n] 1 once range i was handed over */
     zb_range_fn done;
     void *ctx;
     bool cancelled;
@@ -289,6 +292,7 @@ static int
 relay_done(void *arg, size_t i)
 {
     relay *rl = arg;
+    rl->relayed[i] = 1;
     rl->theirs[i].nread = rl->mine[i].nread;
     rl->theirs[i].status = rl->mine[i].status;
     zb_status st = rl->mine[i].status;
@@ -310,7 +314,14 @@ zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n, zb_range_fn don
     zb_range *r = NULL;
     char *keys = NULL;
     ZB_TRY(normalize_ranges(ranges, n, &r, &keys));
-    relay rl = {.mine = r, .theirs = ranges, .done = done, .ctx = ctx, .failed = n};
+    uint8_t *relayed = calloc(n, 1);
+    if (!relayed) {
+        free(r);
+        free(keys);
+        return zb__err(ZB_E_NOMEM, "zb_store_get_ranges: out of memory for %zu ranges", n);
+    }
+    relay rl = {
+        .mine = r, .theirs = ranges, .relayed = relayed, .done = done, .ctx = ctx, .failed = n};
     zb_status st = ZB_OK;
     if (store->m->get_ranges) {
         st = store->m->get_ranges(store->self, r, n, relay_done, &rl);
@@ -318,10 +329,12 @@ zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n, zb_range_fn don
         bool stop = false;
         get_each(store, r, n, relay_done, &rl, &stop);
     }
-    for (size_t i = 0; i < n; i++) {
-        ranges[i].nread = r[i].nread;
-        ranges[i].status = r[i].status;
-    }
+    for (size_t i = 0; i < n; i++) /* the ranges never completed (cancelled) */
+        if (!relayed[i]) {
+            ranges[i].nread = r[i].nread;
+            ranges[i].status = r[i].status;
+        }
+    free(relayed);
     free(r);
     free(keys);
     if (st != ZB_OK) return st;
