@@ -18,6 +18,22 @@ zb_status zb__batch_slice(zb_batch *whole, size_t b0, size_t b1, zb_batch **out)
 zb_status zb__dataset_read_batches(zb_dataset *ds, const uint64_t *ids, size_t n,
                                    const size_t *sizes, size_t nbatches, zb_batch **out);
 
+/* The largest sample i with ptr[i] <= row (ptr: a batch pointer of n samples, ascending, row <
+ * ptr[n]): the sample holding batch row `row` (empty samples are skipped over). */
+static inline size_t
+zb__sample_of(const int64_t *ptr, size_t n, uint64_t row)
+{
+    size_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)ptr[mid] <= row)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* Columns of the anndata X behind the batch (0 if none). */
 uint64_t zb__batch_n_vars(const zb_batch *b);
 

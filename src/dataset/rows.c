@@ -63,22 +63,6 @@ zb__rows_copy_box(const zb__unit_geom *u, const bfield *bf, const uint8_t *unit,
     }
 }
 
-/* The largest sample i with rows[i] <= row (rows: a batch pointer of n samples, row < rows[n]):
- * the sample holding batch row `row` (empty samples are skipped over). */
-static size_t
-sample_of(const int64_t *rows, size_t n, uint64_t row)
-{
-    size_t lo = 0, hi = n;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if ((uint64_t)rows[mid] <= row)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 /* Re-bases rows [r0, r1) x columns [c0, c1) of an index field's batch buffer, all of sample i:
  * v + d in one branch-free pass that keeps the range of v; a range outside [lo, lo + len), or
  * a result past INT32_MAX for int32, undoes the shift and returns false. Vectorised
@@ -161,7 +145,7 @@ zb__rows_rebase(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64
     const rebase *r = &p->rb[f];
     bfield *bf = &p->b->fields[f];
     uint64_t re = bf->row_elems, end = row0 + nrows;
-    for (size_t i = nrows ? sample_of(r->rows, p->n, row0) : p->n; i < p->n; i++) {
+    for (size_t i = nrows ? zb__sample_of(r->rows, p->n, row0) : p->n; i < p->n; i++) {
         uint64_t a = (uint64_t)r->rows[i] > row0 ? (uint64_t)r->rows[i] : row0;
         uint64_t e = (uint64_t)r->rows[i + 1] < end ? (uint64_t)r->rows[i + 1] : end;
         if (a >= end) break;

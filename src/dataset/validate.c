@@ -124,21 +124,6 @@ value_at(const zb_batch_view *v, uint64_t k)
     return x;
 }
 
-/* The sample holding batch row r of a ragged field (ptr [n+1], ascending). */
-static size_t
-sample_at(const int64_t *ptr, size_t n, uint64_t r)
-{
-    size_t lo = 0, hi = n;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if ((uint64_t)ptr[mid] <= r)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 /* The error for value k of field f (batch sample i, stored row `row` of the field's array). */
 static zb_status
 value_error(const zb_dataset *ch, size_t f, uint64_t id, uint64_t row, int64_t x, const char *what,
@@ -175,7 +160,7 @@ check_columns(zb_dataset *ds, const zb_batch *b, size_t f, const uint64_t *phys,
     for (uint64_t k = 0; k < v.nrows * fd->row_elems; k++) {
         int64_t x = value_at(&v, k);
         uint64_t r = k / fd->row_elems;
-        size_t i = sample_at(v.ptr, n, r);
+        size_t i = zb__sample_of(v.ptr, n, r);
         const zb_dataset *ch = child_ds(ds, dsi ? (uint32_t)dsi[i] : 0);
         uint64_t bound = ch->fields[f].col_bound;
         if (x >= 0 && (uint64_t)x < bound) continue;

@@ -262,15 +262,16 @@ normalize_ranges(const zb_range *ranges, size_t n, zb_range **out, char **keys)
     return ZB_OK;
 }
 
-/* The fallback for backends without get_ranges: one get per range, in list order. */
+/* The fallback for backends without get_ranges: one get per range, in list order, until done
+ * asks to stop. */
 static void
-get_each(zb_store *store, zb_range *r, size_t n, zb_range_fn done, void *ctx, bool *cancelled)
+get_each(zb_store *store, zb_range *r, size_t n, zb_range_fn done, void *ctx)
 {
-    for (size_t i = 0; i < n && !*cancelled; i++) {
+    for (size_t i = 0; i < n; i++) {
         r[i].nread = 0;
         r[i].status =
             store->m->get(store->self, r[i].key, r[i].offset, r[i].length, r[i].dst, &r[i].nread);
-        if (done && done(ctx, i)) *cancelled = true;
+        if (done(ctx, i)) return;
     }
 }
 
@@ -326,8 +327,7 @@ zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n, zb_range_fn don
     if (store->m->get_ranges) {
         st = store->m->get_ranges(store->self, r, n, relay_done, &rl);
     } else {
-        bool stop = false;
-        get_each(store, r, n, relay_done, &rl, &stop);
+        get_each(store, r, n, relay_done, &rl);
     }
     for (size_t i = 0; i < n; i++) /* the ranges never completed (cancelled) */
         if (!relayed[i]) {

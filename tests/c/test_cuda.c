@@ -29,19 +29,6 @@ static struct {
     int (*is_pinned)(const void *, size_t);
 } fake;
 
-static void
-put(zb_store *st, const char *path, zb_dtype dt, const void *rows, uint64_t n, uint64_t chunk)
-{
-    zb_array_write_opts o = ZB_ARRAY_WRITE_OPTS_DEFAULT;
-    o.chunk_rows = chunk;
-    o.codec = "lz4";
-    zb_array_writer *w = NULL;
-    ZB_ASSERT_OK(zb_array_writer_open(st, path, dt, 1, NULL, &o, &w));
-    ZB_ASSERT_OK(zb_array_writer_append(w, rows, n));
-    ZB_ASSERT_OK(zb_array_writer_commit(w));
-    zb_array_writer_close(w);
-}
-
 /* Sample i has (i % 7) + 1 float values (its element numbers, scaled); lab is 5i. */
 static zb_store *
 build(void)
@@ -55,9 +42,9 @@ build(void)
     zb_store *st = NULL;
     ZB_ASSERT_OK(zb_store_open_memory(&st));
     ZB_ASSERT_OK(zb__write_group(st, "", 3, ATTRS));
-    put(st, "ptr", ZB_DT_INT64, ptr, N + 1, 64);
-    put(st, "vals", ZB_DT_FLOAT32, vals, (uint64_t)ptr[N], 50);
-    put(st, "lab", ZB_DT_INT64, lab, N, 32);
+    zbt_put_rows(st, "ptr", ZB_DT_INT64, ptr, N + 1, 64);
+    zbt_put_rows(st, "vals", ZB_DT_FLOAT32, vals, (uint64_t)ptr[N], 50);
+    zbt_put_rows(st, "lab", ZB_DT_INT64, lab, N, 32);
     free(vals);
     return st;
 }

@@ -21,19 +21,6 @@ static const char *ATTRS =
     "\"target\": \"seg\"}, "
     "\"lab\": {\"array\": \"lab\", \"kind\": \"per_sample\"}}}}";
 
-static void
-put(zb_store *st, const char *path, zb_dtype dt, const void *rows, uint64_t n, uint64_t chunk)
-{
-    zb_array_write_opts o = ZB_ARRAY_WRITE_OPTS_DEFAULT;
-    o.chunk_rows = chunk;
-    o.codec = "lz4";
-    zb_array_writer *w = NULL;
-    ZB_ASSERT_OK(zb_array_writer_open(st, path, dt, 1, NULL, &o, &w));
-    ZB_ASSERT_OK(zb_array_writer_append(w, rows, n));
-    ZB_ASSERT_OK(zb_array_writer_commit(w));
-    zb_array_writer_close(w);
-}
-
 /* Sample i has (i % 7) + 1 elements; vals are r*3; nbr (local) is (k + 1) % count. */
 static zb_store *
 build(void)
@@ -56,10 +43,10 @@ build(void)
     zb_store *st = NULL;
     ZB_ASSERT_OK(zb_store_open_memory(&st));
     ZB_ASSERT_OK(zb__write_group(st, "", 3, ATTRS));
-    put(st, "ptr", ZB_DT_INT64, ptr, N + 1, 64);
-    put(st, "vals", ZB_DT_INT32, vals, (uint64_t)total, 50);
-    put(st, "nbr", ZB_DT_INT64, nbr, (uint64_t)total, 50);
-    put(st, "lab", ZB_DT_INT64, lab, N, 32);
+    zbt_put_rows(st, "ptr", ZB_DT_INT64, ptr, N + 1, 64);
+    zbt_put_rows(st, "vals", ZB_DT_INT32, vals, (uint64_t)total, 50);
+    zbt_put_rows(st, "nbr", ZB_DT_INT64, nbr, (uint64_t)total, 50);
+    zbt_put_rows(st, "lab", ZB_DT_INT64, lab, N, 32);
     free(vals);
     free(nbr);
     return st;

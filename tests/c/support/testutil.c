@@ -28,6 +28,21 @@ zbt_put_str(zb_store *s, const char *key, const char *text)
     if (st != ZB_OK) fail_msg("put %s: %s", key, zb_last_error());
 }
 
+void
+zbt_put_rows(zb_store *st, const char *path, zb_dtype dt, const void *rows, uint64_t n,
+             uint64_t chunk)
+{
+    zb_array_write_opts o = ZB_ARRAY_WRITE_OPTS_DEFAULT;
+    o.chunk_rows = chunk;
+    o.codec = "lz4";
+    zb_array_writer *w = NULL;
+    zb_status st_ = zb_array_writer_open(st, path, dt, 1, NULL, &o, &w);
+    if (st_ == ZB_OK) st_ = zb_array_writer_append(w, rows, n);
+    if (st_ == ZB_OK) st_ = zb_array_writer_commit(w);
+    zb_array_writer_close(w);
+    if (st_ != ZB_OK) fail_msg("write %s: %s", path, zb_last_error());
+}
+
 int
 zbt_mentions(const char *needle)
 {

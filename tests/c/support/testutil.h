@@ -38,4 +38,8 @@ const char *zbt_tempdir(const char *name);
 /* Puts a NUL-terminated string under key. */
 void zbt_put_str(zb_store *s, const char *key, const char *text);
 
+/* Writes n rows of a 1-D array of dtype dt at path, lz4-compressed in chunks of `chunk` rows. */
+void zbt_put_rows(zb_store *st, const char *path, zb_dtype dt, const void *rows, uint64_t n,
+                  uint64_t chunk);
+
 #endif
