@@ -43,7 +43,7 @@ deps=$PWD/.gpu-deps/root
 extra=()
 use_deps=$dry
 if [ $dry = 0 ] && ! { command -v pkg-config >/dev/null &&
-     pkg-config --exists blosc libzstd liblz4 libdeflate json-c hdf5 2>/dev/null; }; then
+     pkg-config --exists blosc libzstd liblz4 libdeflate json-c hdf5 libcurl expat libcrypto 2>/dev/null; }; then
   use_deps=1
 fi
 if [ $use_deps = 1 ]; then
@@ -89,7 +89,7 @@ say "built in $((SECONDS - start)) s"
 if [ $use_deps = 1 ] && [ "${gen[0]:-}" = "-G" ]; then
   # no header of a codec library came from the system
   ninja_bin=$(command -v ninja || echo "$deps/bin/ninja")
-  leaked=$("$ninja_bin" -C build-gpu -t deps | grep -E '^ +/usr/include/(zstd|blosc|lz4|libdeflate|json-c|isa-l|hdf5|H5)' | sort -u || true)
+  leaked=$("$ninja_bin" -C build-gpu -t deps | grep -E '^ +/usr/include/(zstd|blosc|lz4|libdeflate|json-c|isa-l|hdf5|H5|curl|expat|openssl)' | sort -u || true)
   [ -z "$leaked" ] || { echo "$leaked"; say "FAIL: system headers used instead of .gpu-deps"; exit 1; }
 fi
 ext=$(ls build-gpu/_zbatch*.so | head -1)

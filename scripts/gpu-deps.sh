@@ -22,7 +22,8 @@ mkdir -p "$root/lib" "$root/bin"
 # bindings); the unversioned .so names the linker wants become, in gpu-check.sh, linker
 # scripts pointing at the shared library copied below (devlinks: name -> soname), so no file
 # is carried twice and no symlink at all
-devs=(libblosc-dev libzstd-dev liblz4-dev libdeflate-dev libjson-c-dev libisal-dev libhdf5-dev)
+devs=(libblosc-dev libzstd-dev liblz4-dev libdeflate-dev libjson-c-dev libisal-dev libhdf5-dev
+      libcurl4-openssl-dev libexpat1-dev libssl-dev)
 : > "$out/devlinks"
 for p in "${devs[@]}"; do
   dpkg -L "$p" | while read -r f; do
