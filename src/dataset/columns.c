@@ -68,17 +68,20 @@ zb_dataset_category_table(zb_dataset *ds, const char *field, zb_category_table *
     if (!f->categorical)
         return zb__err(ZB_E_TYPE, "%s: %s is not categorical", zb_dataset_name(ds), field);
     const zb__cattab *t;
+    bool ordered;
     if (ds->maps) {
         t = ds->maps[i].table; /* merged at open (merge.c) */
+        ordered = ds->maps[i].ordered;
     } else {
         ZB_TRY(zb__field_load_categories(p, f));
         t = &f->cats;
+        ordered = t->ordered;
     }
     out->dtype = t->dtype;
     out->n = t->n;
     out->strings = t->dtype == ZB_DT_STRING ? &t->strings : NULL;
     out->values = t->dtype == ZB_DT_STRING ? NULL : t->values;
-    out->ordered = t->ordered;
+    out->ordered = ordered;
     return ZB_OK;
 }
 

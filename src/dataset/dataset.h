@@ -126,6 +126,8 @@ typedef struct zb__fieldmap {
     zb__cattab cats;         /* categorical, when the children's tables differ: their union */
     const zb__cattab *table; /* categorical: the collection's table (cats, or the first
                                 child's when every child has the same one) */
+    bool ordered;            /* categorical: ordered in every child, with one table (zbatch
+                                convert's rule: an order not every input has is no order) */
 } zb__fieldmap;
 
 /* A collection's var order (reorder_vars): child c's gene j is the collection's gene

@@ -427,11 +427,12 @@ merge_field(zb_dataset *ds, size_t f, zb_status code)
     const zb__field *f0 = &c0->fields[f];
     m->dtype = f0->out_dtype;
     if (!f0->categorical) return ZB_OK;
-    bool same = true;
+    bool same = true, ordered = true;
     for (size_t c = 0; c < ds->nchildren; c++) {
         zb_dataset *ch = ds->children[c];
         zb__field *fc = &ch->fields[f];
         ZB_TRY(zb__field_load_categories(ch, fc));
+        ordered = ordered && fc->cats.ordered;
         if (fc->cats.dtype != f0->cats.dtype)
             return zb__err(code, "%s and %s: the categories of %s are %s and %s",
                            zb_dataset_name(c0), zb_dataset_name(ch), f0->name,
@@ -445,8 +446,10 @@ merge_field(zb_dataset *ds, size_t f, zb_status code)
         ZB_TRY(union_tables(ds, f, &m->cats));
         m->cats.ordered = false; /* an order of labels some children lack is no order */
         m->table = &m->cats;
+        ordered = false;
         m->dtype = wider(m->dtype, codes_dtype(m->cats.n));
     }
+    m->ordered = ordered;
     m->lut = calloc(ds->nchildren, sizeof *m->lut);
     m->nlut = calloc(ds->nchildren, sizeof *m->nlut);
     if (!m->lut || !m->nlut) return zb__err(ZB_E_NOMEM, "%s: out of memory", zb_dataset_name(ds));

@@ -218,3 +218,29 @@ def test_class_field_on_multidataset_and_collection(tmp_path):
         got = pd.Series(_class_balanced(zb, ds, n)).value_counts()
         assert set(got.index) == {"B", "NK", "T"}
         assert np.all(np.abs(got.to_numpy() - n / 3) < 5 * np.sqrt(n / 3)), got
+
+
+@pytest.mark.parametrize("orders", [(True, True), (True, False), (False, True)])
+def test_ordered_only_when_every_child_is_ordered(tmp_path, orders):
+    """A collection's categorical is ordered only when every child's is, with one table: the
+    rule zbatch convert applies to its inputs (anndata.concat gives up the categorical and
+    returns strings when the flags differ; the labels are the same either way)."""
+    zb = zbatch_api()
+    kids = []
+    for seed, o in enumerate(orders):
+        a = make(seed, 6, ["lo", "mid", "hi"], codes=np.arange(6) % 3)
+        a.obs["cell_type"] = a.obs["cell_type"].cat.as_ordered() if o else \
+            a.obs["cell_type"].cat.as_unordered()
+        kids.append(a)
+    paths = [write(tmp_path / f"k{i}.zarr", a) for i, a in enumerate(kids)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        whole = ad.concat(kids).obs["cell_type"]
+    for ds in (zb.MultiDataset([zb.open(p) for p in paths]),
+               zb.open(write_collection(tmp_path / "c.zarr", kids))):
+        col = ds.obs["cell_type"]
+        assert list(col.cat.categories) == ["lo", "mid", "hi"]   # the children's order kept
+        assert col.cat.ordered == all(orders)
+        assert list(col.astype(object)) == list(whole.astype(object))
+        if all(orders):
+            assert whole.cat.ordered
