@@ -13,6 +13,7 @@
 #include "dataset/validate.h"
 #include "util/status.h"
 #include "util/stream.h"
+#include "util/search.h"
 
 #define SHARD_TASK_UNITS 8
 
@@ -306,14 +307,7 @@ zb__plan_locate(const zb_dataset *ds, uint64_t id, uint64_t nlogical, uint32_t *
         return zb__err(ZB_E_RANGE, "%s: sample id %llu outside [0, %llu)", zb_dataset_name(ds),
                        (unsigned long long)id, (unsigned long long)nlogical);
     if (ds->nchildren) {
-        size_t lo = 0, hi = ds->nchildren;
-        while (hi - lo > 1) {
-            size_t mid = (lo + hi) / 2;
-            if (ds->child_start[mid] <= id)
-                lo = mid;
-            else
-                hi = mid;
-        }
+        size_t lo = zb__last_le(ds->child_start, ds->nchildren, id);
         *child = (uint32_t)lo;
         zb_dataset *ch = ds->children[lo];
         *phys = zb__mask_select(&ch->mask, id - ds->child_start[lo]);

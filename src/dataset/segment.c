@@ -5,6 +5,7 @@
 #include "dataset/dataset.h"
 #include "util/intload.h"
 #include "util/status.h"
+#include "util/search.h"
 
 static zb_status
 load_block(zb__segment *seg, zb_ctx *ctx, uint64_t b)
@@ -121,14 +122,7 @@ zb__mask_select(const zb__mask *m, uint64_t logical)
     /* the block holding the logical-th true: the last block whose rank is <= logical */
     uint64_t n = m->n;
     uint64_t nblocks = (n + MASK_BLOCK - 1) / MASK_BLOCK;
-    uint64_t lo = 0, hi = nblocks;
-    while (hi - lo > 1) {
-        uint64_t mid = (lo + hi) / 2;
-        if (m->rank[mid] <= logical)
-            lo = mid;
-        else
-            hi = mid;
-    }
+    uint64_t lo = zb__last_le(m->rank, (size_t)nblocks, logical);
     uint64_t need = logical - m->rank[lo];
     uint64_t start = lo * MASK_BLOCK, len = n - start < MASK_BLOCK ? n - start : MASK_BLOCK;
     if (m->rank[lo + 1] - m->rank[lo] == len) return start + need; /* nothing deleted here */

@@ -18,6 +18,7 @@
 
 #include "sampler/sampler_int.h"
 #include "util/status.h"
+#include "util/search.h"
 
 typedef struct multi_impl {
     size_t k;
@@ -111,15 +112,7 @@ batch_fixed(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
 static size_t
 block_of(const multi_impl *m, uint64_t x)
 {
-    size_t lo = 0, hi = m->k; /* first[lo] <= x < first[hi] (first[k] = total) */
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (m->first[mid] <= x)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return lo;
+    return zb__last_le(m->first, m->k, x); /* first[k] = total */
 }
 
 static zb_status

@@ -13,6 +13,7 @@
 
 #include "sampler/sampler_int.h"
 #include "util/status.h"
+#include "util/search.h"
 
 #define NDIMS 3        /* atoms, edges, nnz */
 #define RECENT_BINS 64 /* first-fit looks at this many most recent batches */
@@ -186,16 +187,7 @@ size_batch(zb_sampler *s, uint64_t g, uint64_t *ids, size_t *n)
     if (z->have_win && g >= z->win_first[z->cached_win] && g < z->win_first[z->cached_win + 1]) {
         w = z->cached_win;
     } else {
-        /* the last window whose first batch is <= g */
-        uint64_t lo = 0, hi = z->nwin;
-        while (hi - lo > 1) {
-            uint64_t mid = lo + (hi - lo) / 2;
-            if (z->win_first[mid] <= g)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        w = lo;
+        w = zb__last_le(z->win_first, (size_t)z->nwin, g); /* the last window starting <= g */
         pack_window(s, z, w);
     }
     uint64_t t = g - z->win_first[w];
