@@ -149,10 +149,11 @@ def sleep_cycles(torch, ms: float) -> int:
     return int(10_000_000 * ms / start.elapsed_time(end))
 
 
-def pinned_non_blocking(path: str, torch, zbatch, batch_size: int = 128, nbatches: int = 100,
-                        sleep_ms: float = 5.0) -> dict:
+def pinned_non_blocking(path: str, torch, zbatch, batch_size: int = 128,
+                        nbatches: int = 100) -> dict:
     """Check 4: the first `nbatches` batches of a pin_memory=True loader, each copied with
-    non_blocking=True behind `sleep_ms` of queued GPU work, against a host loader's."""
+    non_blocking=True behind queued GPU work (4x the host loader's time per batch, 5-40 ms, so
+    the GPU falls ever further behind), against a host loader's."""
     ds = zbatch.open(path, index_dtype="int64")   # the col ids, too, in the page-locked window
     kw = dict(batch_size=batch_size, shuffle=True, seed=11, output="torch", prefetch_factor=2)
 
@@ -160,20 +161,25 @@ def pinned_non_blocking(path: str, torch, zbatch, batch_size: int = 128, nbatche
         x = b["X"]
         return x.crow_indices(), x.col_indices(), x.values()
 
+    t0 = time.perf_counter()
     want = [tuple(t.clone() for t in parts(b))
             for _, b in zip(range(nbatches), zbatch.DataLoader(ds, **kw))]
+    sleep_ms = min(40.0, max(5.0, 4e3 * (time.perf_counter() - t0) / max(1, len(want))))
     cycles = sleep_cycles(torch, sleep_ms)
 
     def run(dl) -> dict:
-        got, unpinned, it = [], 0, iter(dl)
+        got, ours, it = [], 0, iter(dl)
         t0 = time.perf_counter()
         for _ in range(nbatches):
             b = next(it, None)
             if b is None:
                 break
             torch.cuda._sleep(cycles)   # the model's work queued ahead: the GPU lags the host
+            # crow (malloc'd pointer arrays) goes through torch's own pinned memory: a copy
+            # from pageable memory may wait for the stream, which would let the GPU catch up
             host = parts(b)
-            unpinned += sum(not t.is_pinned() for t in host)
+            ours += sum(t.is_pinned() for t in host)
+            host = [t if t.is_pinned() else t.pin_memory() for t in host]
             got.append(tuple(t.to("cuda", non_blocking=True) for t in host))
             del b, host                 # only the device copies are kept
         host_s = time.perf_counter() - t0
@@ -185,7 +191,8 @@ def pinned_non_blocking(path: str, torch, zbatch, batch_size: int = 128, nbatche
         it.close()
         dl.close()
         return {"batches": len(got), "mismatched_batches": len(bad), "first_mismatches": bad[:5],
-                "unpinned_parts": unpinned, "placement": placement, "host_loop_s": host_s,
+                "parts_in_zbatch_pinned_memory": ours, "placement": placement,
+                "host_loop_s": host_s,
                 "device_stats": stats}
 
     fenced = run(zbatch.DataLoader(ds, pin_memory=True, **kw))
@@ -194,6 +201,32 @@ def pinned_non_blocking(path: str, torch, zbatch, batch_size: int = 128, nbatche
     unfenced = run(control)
     return {"batch_size": batch_size, "sleep_ms_per_batch": sleep_ms,
             "reference_batches": len(want), "fenced": fenced, "control_unfenced": unfenced}
+
+
+def report_pinned(pn: dict) -> list[str]:
+    """Prints check 4's figures; returns its failures."""
+    bad = []
+    fenced, ctl = pn["fenced"], pn["control_unfenced"]
+    print(f"gpu-check: pinned batches + non_blocking copies behind "
+          f"{pn['sleep_ms_per_batch']:.0f} ms of GPU work each: {fenced['batches']} batches, "
+          f"{fenced['mismatched_batches']} mismatched "
+          f"({'OK' if not fenced['mismatched_batches'] else 'MISMATCH'}; "
+          f"{fenced['parts_in_zbatch_pinned_memory']} copies out of zbatch's pinned memory, "
+          f"releases with the stream's work pending: "
+          f"{(fenced['device_stats'] or {}).get('retired_pending')}, page-locked blocks "
+          f"{(fenced['device_stats'] or {}).get('host_blocks')}, host loop "
+          f"{fenced['host_loop_s']:.2f} s) | control without the fence: "
+          f"{ctl['mismatched_batches']} of {ctl['batches']} mismatched"
+          f"{'' if ctl['mismatched_batches'] else ' (the race did not show here)'}")
+    if fenced["placement"] != "pinned":
+        bad.append(f"pinned check fell back to {fenced['placement']}")
+    elif not fenced["parts_in_zbatch_pinned_memory"]:
+        bad.append("pinned check: no copy came out of zbatch's page-locked memory")
+    if fenced["mismatched_batches"] or fenced["batches"] != pn["reference_batches"]:
+        bad.append(f"pinned non_blocking copies: {fenced['mismatched_batches']} of "
+                   f"{fenced['batches']} batches differ from the host loader's "
+                   f"(first: {fenced['first_mismatches']})")
+    return bad
 
 
 def overlap(ds, torch, zbatch, batch_size: int, threads: int, rounds: int = 3) -> dict:
@@ -294,21 +327,7 @@ def main() -> int:
         failed += bad1 + bad2
         pn = pinned_non_blocking(cells, torch, zbatch)
         figures["pinned_non_blocking"] = pn
-        fenced, ctl = pn["fenced"], pn["control_unfenced"]
-        print(f"gpu-check: pinned batches + non_blocking copies behind "
-              f"{pn['sleep_ms_per_batch']:.0f} ms of GPU work each: {fenced['batches']} batches, "
-              f"{fenced['mismatched_batches']} mismatched "
-              f"({'OK' if not fenced['mismatched_batches'] else 'MISMATCH'}; releases with the "
-              f"stream's work pending: {(fenced['device_stats'] or {}).get('retired_pending')}, "
-              f"host loop {fenced['host_loop_s']:.2f} s) | control without the fence: "
-              f"{ctl['mismatched_batches']} of {ctl['batches']} mismatched"
-              f"{'' if ctl['mismatched_batches'] else ' (the race did not show here)'}")
-        if fenced["placement"] != "pinned":
-            failed.append(f"pinned check fell back to {fenced['placement']}")
-        if fenced["mismatched_batches"] or fenced["batches"] != pn["reference_batches"]:
-            failed.append(f"pinned non_blocking copies: {fenced['mismatched_batches']} of "
-                          f"{fenced['batches']} batches differ from the host loader's "
-                          f"(first: {fenced['first_mismatches']})")
+        failed += report_pinned(pn)
         bw = bandwidth(dc, torch, zbatch, args.batch_size)
         figures["bandwidth"] = bw
         print(f"gpu-check: H2D peak (torch pinned, best of 16-256 MB) {bw['peak_pinned_GBps']:.1f} "
