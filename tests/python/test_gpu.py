@@ -370,6 +370,42 @@ def test_pinned_batches_fence_the_current_stream_at_release(cells, fake, monkeyp
     assert c.events_created == c.events_destroyed
 
 
+def test_pinned_release_when_the_stream_cannot_be_read(cells, fake, monkeypatch):
+    """A stream callable that fails at release (torch torn down at exit) is reported as an
+    unraisable error naming it, and the batch is fenced on its consumer stream instead (the one
+    given to wait(), here 0x77); an exception being raised meanwhile is left as it was."""
+    path, lib = fake
+    lib.fake_cuda_reset(1)
+    lib.fake_cuda_last_record_stream.restype = ctypes.c_void_p
+    ds = zbatch.open(cells[0])
+    loader, _ = c_loader(ds, BS, placement="pinned", cuda_library=path)
+    db = loader.next_device()
+    assert not db.on_device and db.pointers() is None
+    with pytest.raises(TypeError, match="callable"):
+        db.release_on(5)
+
+    def broken():
+        raise RuntimeError("torch is gone")
+    db.wait(0x77)
+    db.release_on(broken)
+    seen = []
+    monkeypatch.setattr("sys.unraisablehook", seen.append)
+    records = counters(lib).records
+    try:
+        raise KeyError("pending")
+    except KeyError as e:
+        del db
+        assert e.args == ("pending",)
+    assert len(seen) == 1 and seen[0].object is broken
+    assert isinstance(seen[0].exc_value, RuntimeError)
+    assert counters(lib).records == records + 1
+    assert lib.fake_cuda_last_record_stream() == 0x77
+    loader.close()
+    gc.collect()
+    c = counters(lib)
+    assert c.live_pinned == 0 and c.events_created == c.events_destroyed
+
+
 def test_dataloader_falls_back_when_no_runtime_loads(cells, monkeypatch):
     """torch has CUDA but zbatch loads no runtime: a warning with the reason, and the loader
     says it is on the host (torch then copies each batch)."""
