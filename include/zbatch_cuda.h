@@ -98,8 +98,9 @@ ZB_API zb_status zb_device_batch_wait(zb_device_batch *db, void *stream);
  * reused; the host copy returns to the loader once the device copy is complete, and for a
  * PINNED batch once that event completed (work queued on the stream before the release,
  * such as a copy out of the host batch, has run). Never waits on the host while the loader is
- * open; after zb_loader_close it waits for what is still pending. Pointers taken from the
- * batch are invalid afterwards. NULL is a no-op. */
+ * open (unless CUDA fails to record that event: it then waits for the stream); after
+ * zb_loader_close it waits for what is still pending. Pointers taken from the batch are
+ * invalid afterwards. NULL is a no-op. */
 ZB_API void zb_device_batch_release(zb_device_batch *db);
 
 /* zb_device_batch_release with `stream` (a cudaStream_t; NULL: the legacy default stream) as
