@@ -17,6 +17,14 @@
  * and the next copy into the block waits for that event on the GPU. The host copy of a batch
  * is kept until its device copy completes (polled with cudaEventQuery, never waited for).
  *
+ * PINNED batches taken with zb_loader_next_device are protected the same way against the
+ * consumer's own asynchronous copies out of them (cudaMemcpyAsync, torch's
+ * `.to(device, non_blocking=True)`): releasing one records an event (from a pool) on the
+ * consumer stream, and its page-locked memory returns to the loader only once that event
+ * completed, so a copy queued on that stream before the release reads the batch's bytes, not
+ * a later window's. Batches taken with zb_loader_next return their memory at zb_batch_free:
+ * copy out of those synchronously, or wait for the copy before freeing them.
+ *
  * Thread-safety: a zb_device_batch is used and released by one thread at a time (the loader's
  * consumer); batches may outlive their loader. */
 /* outside the guard: zbatch.h includes this header back (through zbatch_loader.h) */
@@ -81,14 +89,24 @@ ZB_API void *zb_device_batch_event(const zb_device_batch *db);
 /* Makes `stream` (a cudaStream_t; NULL: the legacy default stream) wait on the GPU for the
  * batch's copies (cudaStreamWaitEvent; the host does not wait) and makes it the batch's
  * consumer stream: its work queued before zb_device_batch_release is what the release waits
- * for. A no-op without a device copy. ZB_E_IO with CUDA's message on a CUDA error. */
+ * for. Without a device copy it only sets the consumer stream. ZB_E_IO with CUDA's message on
+ * a CUDA error. */
 ZB_API zb_status zb_device_batch_wait(zb_device_batch *db, void *stream);
 
 /* Releases the batch: records an event on the consumer stream (the last one given to
  * zb_device_batch_wait, else the legacy default stream), after which the device block may be
- * reused; the host copy returns to the loader once the device copy is complete. Pointers
- * taken from the batch are invalid afterwards. NULL is a no-op. */
+ * reused; the host copy returns to the loader once the device copy is complete, and for a
+ * PINNED batch once that event completed (work queued on the stream before the release,
+ * such as a copy out of the host batch, has run). Never waits on the host while the loader is
+ * open (unless CUDA fails to record that event: it then waits for the stream); after
+ * zb_loader_close it waits for what is still pending. Pointers taken from the batch are
+ * invalid afterwards. NULL is a no-op. */
 ZB_API void zb_device_batch_release(zb_device_batch *db);
+
+/* zb_device_batch_release with `stream` (a cudaStream_t; NULL: the legacy default stream) as
+ * the consumer stream: the stream the caller's work on the batch was queued on, when that is
+ * known only at release (Python: torch's current stream when the last tensor is freed). */
+ZB_API void zb_device_batch_release_on(zb_device_batch *db, void *stream);
 
 /* What a device-delivering loader has done so far (zb_loader_device_stats). */
 typedef struct zb_device_stats {
@@ -98,7 +116,8 @@ typedef struct zb_device_stats {
     uint64_t host_bytes;      /* bytes of those blocks */
     uint64_t device_blocks;   /* device blocks allocated */
     uint64_t device_bytes;    /* bytes of those blocks */
-    uint64_t retired_pending; /* released batches whose device copy was not complete yet */
+    uint64_t retired_pending; /* released batches whose device copy (DEVICE) or whose
+                                 consumer stream's work (PINNED) was not complete yet */
 } zb_device_stats;
 
 #ifdef __cplusplus

@@ -8,6 +8,13 @@
 3. Overlap: the loader delivering to the GPU while a simulated training step runs on the
    consumer's stream, against the CPU-only loader's throughput (copies hidden: ratio near 1),
    and the host time per batch in the loop (no host synchronisation per batch).
+4. Pinned batches under non_blocking copies: pin_memory=True, the GPU kept behind the host
+   (torch.cuda._sleep queued before each batch's copies), ``.to("cuda", non_blocking=True)``
+   of X's crow, col ids and values, the host batch dropped at once; the device copies must
+   equal a host loader's batches bit for bit (the loader reuses a batch's page-locked memory
+   only after the copies queued before its release ran). The same loop over the path without
+   that fence (memory reused at the drop) is run as the control: its mismatches show the race
+   the check guards against really happens on this machine.
 
 Prints the figures; exit status 0, 1 on a mismatch or an error, 77 without a GPU. With $OUT
 set the figures also go to $OUT/gpu-check.json.
@@ -132,6 +139,96 @@ def epoch_rate(loader, step=None, passes: int = 3) -> tuple[float, float]:
     return n / (time.perf_counter() - t0), waited / max(1, nb)
 
 
+def sleep_cycles(torch, ms: float) -> int:
+    """The torch.cuda._sleep argument that keeps the GPU busy for about `ms` milliseconds."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return int(10_000_000 * ms / start.elapsed_time(end))
+
+
+def pinned_non_blocking(path: str, torch, zbatch, batch_size: int = 128,
+                        nbatches: int = 100) -> dict:
+    """Check 4: the first `nbatches` batches of a pin_memory=True loader, each copied with
+    non_blocking=True behind queued GPU work (4x the host loader's time per batch, 5-40 ms, so
+    the GPU falls ever further behind), against a host loader's."""
+    ds = zbatch.open(path, index_dtype="int64")   # the col ids, too, in the page-locked window
+    kw = dict(batch_size=batch_size, shuffle=True, seed=11, output="torch", prefetch_factor=2)
+
+    def parts(b):
+        x = b["X"]
+        return x.crow_indices(), x.col_indices(), x.values()
+
+    t0 = time.perf_counter()
+    want = [tuple(t.clone() for t in parts(b))
+            for _, b in zip(range(nbatches), zbatch.DataLoader(ds, **kw))]
+    sleep_ms = min(40.0, max(5.0, 4e3 * (time.perf_counter() - t0) / max(1, len(want))))
+    cycles = sleep_cycles(torch, sleep_ms)
+
+    def run(dl) -> dict:
+        got, ours, it = [], 0, iter(dl)
+        t0 = time.perf_counter()
+        for _ in range(nbatches):
+            b = next(it, None)
+            if b is None:
+                break
+            torch.cuda._sleep(cycles)   # the model's work queued ahead: the GPU lags the host
+            # crow (malloc'd pointer arrays) goes through torch's own pinned memory: a copy
+            # from pageable memory may wait for the stream, which would let the GPU catch up
+            host = parts(b)
+            ours += sum(t.is_pinned() for t in host)
+            host = [t if t.is_pinned() else t.pin_memory() for t in host]
+            got.append(tuple(t.to("cuda", non_blocking=True) for t in host))
+            del b, host                 # only the device copies are kept
+        host_s = time.perf_counter() - t0
+        stats = dl._live.device_stats() if dl._live is not None else None
+        torch.cuda.synchronize()
+        bad = [i for i, (w, g) in enumerate(zip(want, got))
+               if not all(same_bytes(h, d.cpu()) for h, d in zip(w, g))]
+        placement = dl.placement
+        it.close()
+        dl.close()
+        return {"batches": len(got), "mismatched_batches": len(bad), "first_mismatches": bad[:5],
+                "parts_in_zbatch_pinned_memory": ours, "placement": placement,
+                "host_loop_s": host_s,
+                "device_stats": stats}
+
+    fenced = run(zbatch.DataLoader(ds, pin_memory=True, **kw))
+    control = zbatch.DataLoader(ds, pin_memory=True, **kw)
+    control._take = lambda loader: loader.next   # the old path: memory reused at the drop
+    unfenced = run(control)
+    return {"batch_size": batch_size, "sleep_ms_per_batch": sleep_ms,
+            "reference_batches": len(want), "fenced": fenced, "control_unfenced": unfenced}
+
+
+def report_pinned(pn: dict) -> list[str]:
+    """Prints check 4's figures; returns its failures."""
+    bad = []
+    fenced, ctl = pn["fenced"], pn["control_unfenced"]
+    print(f"gpu-check: pinned batches + non_blocking copies behind "
+          f"{pn['sleep_ms_per_batch']:.0f} ms of GPU work each: {fenced['batches']} batches, "
+          f"{fenced['mismatched_batches']} mismatched "
+          f"({'OK' if not fenced['mismatched_batches'] else 'MISMATCH'}; "
+          f"{fenced['parts_in_zbatch_pinned_memory']} copies out of zbatch's pinned memory, "
+          f"releases with the stream's work pending: "
+          f"{(fenced['device_stats'] or {}).get('retired_pending')}, page-locked blocks "
+          f"{(fenced['device_stats'] or {}).get('host_blocks')}, host loop "
+          f"{fenced['host_loop_s']:.2f} s) | control without the fence: "
+          f"{ctl['mismatched_batches']} of {ctl['batches']} mismatched"
+          f"{'' if ctl['mismatched_batches'] else ' (the race did not show here)'}")
+    if fenced["placement"] != "pinned":
+        bad.append(f"pinned check fell back to {fenced['placement']}")
+    elif not fenced["parts_in_zbatch_pinned_memory"]:
+        bad.append("pinned check: no copy came out of zbatch's page-locked memory")
+    if fenced["mismatched_batches"] or fenced["batches"] != pn["reference_batches"]:
+        bad.append(f"pinned non_blocking copies: {fenced['mismatched_batches']} of "
+                   f"{fenced['batches']} batches differ from the host loader's "
+                   f"(first: {fenced['first_mismatches']})")
+    return bad
+
+
 def overlap(ds, torch, zbatch, batch_size: int, threads: int, rounds: int = 3) -> dict:
     """The three loops, interleaved `rounds` times (the medians are reported: a shared machine's
     neighbours and warm-up move single epochs): the CPU-only loader; the loader delivering to the
@@ -142,12 +239,7 @@ def overlap(ds, torch, zbatch, batch_size: int, threads: int, rounds: int = 3) -
     per_batch = batch_size / cpu_rate
     # a training step of half the loader's time per batch, on the consumer's stream, that
     # reads the batch: the loader must keep up with it with the copies hidden
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    end.record()
-    end.synchronize()
-    cycles = int(10_000_000 * (0.5 * per_batch * 1e3) / start.elapsed_time(end))
+    cycles = sleep_cycles(torch, 0.5 * per_batch * 1e3)
 
     def step(b):
         b["X"].values().sum()
@@ -233,6 +325,9 @@ def main() -> int:
         for m in (bad1 + bad2)[:20]:
             print(f"  mismatch: {m}")
         failed += bad1 + bad2
+        pn = pinned_non_blocking(cells, torch, zbatch)
+        figures["pinned_non_blocking"] = pn
+        failed += report_pinned(pn)
         bw = bandwidth(dc, torch, zbatch, args.batch_size)
         figures["bandwidth"] = bw
         print(f"gpu-check: H2D peak (torch pinned, best of 16-256 MB) {bw['peak_pinned_GBps']:.1f} "

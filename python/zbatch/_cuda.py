@@ -10,7 +10,7 @@ the copies on the GPU (never on the host).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -29,6 +29,18 @@ def loaded_cudart() -> Optional[str]:
     except OSError:  # pragma: no cover - not Linux
         pass
     return None
+
+
+def current_stream_of(index: int) -> Callable[[], int]:
+    """A callable giving torch's current stream on CUDA device ``index`` (a cudaStream_t as an
+    int). A pinned batch calls it when its last tensor is freed: the loader reuses the batch's
+    page-locked memory only after the work queued on that stream so far (a
+    ``.to("cuda", non_blocking=True)`` copy out of it) has run."""
+    import torch
+
+    def stream() -> int:
+        return torch.cuda.current_stream(index).cuda_stream
+    return stream
 
 
 def torch_cuda_problem(device: str) -> Optional[str]:

@@ -5,7 +5,7 @@ Python API (zbatch.open, zbatch.DataLoader, ...), which documents each argument.
 are C-contiguous uint64. tests/python/test_packaging.py checks that the names here are exactly
 the module's and its classes' names.
 """
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from typing_extensions import Buffer
@@ -112,6 +112,7 @@ class _DeviceBatch:
     def host(self) -> dict[str, Any]: ...
     def pointers(self) -> Optional[dict[str, Any]]: ...
     def wait(self, stream: int, /) -> None: ...
+    def release_on(self, stream_of: Callable[[], int], /) -> None: ...
 
 def cuda_probe(library: Optional[str] = None, device: int = 0, /) -> Optional[str]: ...
 

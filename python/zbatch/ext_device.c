@@ -3,18 +3,54 @@
  * device batch alive), pointers() the device addresses zbatch._cuda turns into torch tensors
  * (whose __cuda_array_interface__ owners keep it alive too), wait(stream) queues the
  * consumer stream's wait for the copies, and the batch is released when the last of these
- * references goes. */
+ * references goes. A pinned batch (no device copy) is given release_on(stream_of): its
+ * release then fences the stream stream_of() names at that moment (torch's current stream),
+ * so a copy the script queued out of the batch runs before its memory is reused. */
 #include "ext.h"
 #include "zbatch_cuda.h"
 
 typedef struct {
     PyObject_HEAD zb_device_batch *db;
+    PyObject *stream_of; /* NULL, or a callable giving the stream the release fences */
 } DeviceBatchObject;
+
+/* Releases with the stream stream_of() gives now (an exception being raised is kept aside;
+ * one from stream_of is reported as unraisable, and the consumer stream fenced instead). */
+static void
+release_on_current(zb_device_batch *db, PyObject *stream_of)
+{
+#if PY_VERSION_HEX >= 0x030C0000 /* PyErr_Fetch is deprecated from 3.12 */
+    PyObject *raised = PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+#endif
+    PyObject *r = PyObject_CallNoArgs(stream_of);
+    void *stream = r ? PyLong_AsVoidPtr(r) : NULL;
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) {
+        PyErr_WriteUnraisable(stream_of);
+        zb_device_batch_release(db);
+    } else {
+        zb_device_batch_release_on(db, stream); /* records a fence; never waits */
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(raised);
+#else
+    PyErr_Restore(type, value, tb);
+#endif
+}
 
 static void
 device_batch_dealloc(DeviceBatchObject *self)
 {
-    zb_device_batch_release(self->db); /* records on the consumer stream; never waits */
+    PyObject *stream_of = self->stream_of;
+    self->stream_of = NULL;
+    if (stream_of)
+        release_on_current(self->db, stream_of);
+    else
+        zb_device_batch_release(self->db); /* records on the consumer stream; never waits */
+    Py_XDECREF(stream_of);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -81,6 +117,20 @@ device_batch_wait(DeviceBatchObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* release_on(stream_of) -> None: stream_of() (a cudaStream_t as an int), called when the
+ * batch is released, is the stream its release fences */
+static PyObject *
+device_batch_release_on(DeviceBatchObject *self, PyObject *stream_of)
+{
+    if (!PyCallable_Check(stream_of)) {
+        PyErr_SetString(PyExc_TypeError, "release_on needs a callable returning a stream");
+        return NULL;
+    }
+    Py_INCREF(stream_of);
+    Py_XSETREF(self->stream_of, stream_of);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 device_batch_on_device(DeviceBatchObject *self, void *closure)
 {
@@ -92,6 +142,8 @@ static PyMethodDef device_batch_methods[] = {
     {"host", (PyCFunction)device_batch_host, METH_NOARGS, "the host copy as a batch dict"},
     {"pointers", (PyCFunction)device_batch_pointers, METH_NOARGS, "device addresses"},
     {"wait", (PyCFunction)device_batch_wait, METH_VARARGS, "a stream waits for the copies"},
+    {"release_on", (PyCFunction)device_batch_release_on, METH_O,
+     "the stream a callable gives at release is fenced before the memory is reused"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -119,6 +171,7 @@ zbpy_device_batch_new(zb_device_batch *db)
         return NULL;
     }
     o->db = db;
+    o->stream_of = NULL;
     return (PyObject *)o;
 }
 

@@ -177,6 +177,7 @@ class DataLoader:
         self._placement = "device" if cuda and output == "torch" else \
             "pinned" if pin_memory or cuda else "host"
         self._placed = None   # (placement, reason) of the last C loader opened
+        self._stream_of = None   # torch's current stream, for pinned batches' releases
         self.batch_transforms = list(batch_transforms or ())
         if num_threads is None and self.num_workers > 0:
             num_threads = self.num_workers
@@ -420,9 +421,11 @@ class DataLoader:
         each batch as before."""
         kw = {}
         if self._placement != "host":
-            from ._cuda import loaded_cudart
+            from ._cuda import current_stream_of, loaded_cudart
+            index = _device_index(self.device)
             kw = dict(placement=self._placement, cuda_library=loaded_cudart(),
-                      cuda_device=_device_index(self.device), num_streams=self.num_streams)
+                      cuda_device=index, num_streams=self.num_streams)
+            self._stream_of = current_stream_of(index)
         loader = _zbatch._Loader(self.dataset._c, sampler._c, self.prefetch_factor, self.depth,
                                  self._transforms, more_epochs=more_epochs, same_epoch=False,
                                  **kw)
@@ -434,8 +437,10 @@ class DataLoader:
         self._placed = placed
         return loader
 
-    def _on_device(self) -> bool:
-        return self._placed is not None and self._placed[0] == "device"
+    def _take(self, loader):
+        """The C loader's next-batch call: pinned and device batches come as _DeviceBatch
+        (their release fences the consumer's stream before their memory is reused)."""
+        return loader.next if loader.placement()[0] == "host" else loader.next_device
 
     @property
     def placement(self) -> str:
@@ -453,14 +458,10 @@ class DataLoader:
 
     def _c_main_pass(self, loader) -> Iterator[Batch]:
         ended = False
-        take = loader.next_device if self._on_device() else loader.next
         try:
-            while True:
-                raw = take()
-                if raw is None:
-                    ended = True
-                    break
-                yield self._finish(raw)
+            # binds no batch in this frame: one the consumer drops is released at once
+            yield from map(self._finish, iter(self._take(loader), None))
+            ended = True
         finally:
             if self._live is loader and ended:
                 # the pass ran to its end: the loader reads on into the likely next epoch
@@ -479,13 +480,8 @@ class DataLoader:
         sampler = self.sampler._clone()
         sampler._c.set_epoch(self._epoch)
         loader = self._open_loader(sampler, more_epochs=0)
-        take = loader.next_device if self._on_device() else loader.next
         try:
-            while True:
-                raw = take()
-                if raw is None:
-                    break
-                yield self._finish(raw)
+            yield from map(self._finish, iter(self._take(loader), None))
         finally:
             loader.close()
 
@@ -542,6 +538,11 @@ class DataLoader:
 
     def _finish(self, raw) -> Any:
         pinned = self._placed is not None and self._placed[0] != "host"
+        if not isinstance(raw, dict) and not raw.on_device:
+            # a pinned batch: released when its last tensor goes, fencing torch's current
+            # stream then (docs/GPU.md, "Stream semantics")
+            raw.release_on(self._stream_of)
+            raw = raw.host()
         if not isinstance(raw, dict):   # a _DeviceBatch: tensors already on the device
             from ._cuda import DeviceBatch
             batch = DeviceBatch(raw, self.dataset.layout, self.dataset.n_vars, self.device,

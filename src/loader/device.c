@@ -1,6 +1,6 @@
 /* The loader's device stage (zbatch_cuda.h). Windows are read into page-locked blocks of a pool
  * of the stage's own (reused like the dataset's pool: blocks come back when every batch of a
- * window is released, so a steady loader allocates nothing). With placement DEVICE the
+ * window is freed, so a steady loader allocates nothing). With placement DEVICE the
  * worker then issues each batch's copies: a device block is taken from the stage's free list
  * (a new one only when none is big enough), the copy stream waits on the GPU for the block's
  * previous consumer, the fields and a small page-locked "aux" buffer (segment pointers, index,
@@ -9,9 +9,14 @@
  *
  * Release order: a released batch records `ready` on its consumer stream (the device block is
  * free for the GPU after it) and joins the retired list; its host copy and its block return
- * only once cudaEventQuery says its copy completed (polled on each release and each batch
+ * only once cudaEventQuery says its fence completed (polled on each release and each batch
  * handed out, on the consumer's thread, which alone frees batches). Closing the stage waits
- * for what is left. */
+ * for what is left. The fence of a DEVICE batch is its copy's event. A PINNED batch has no
+ * copy of ours, but the consumer may have queued its own asynchronous copy out of the host
+ * memory (torch's `.to(device, non_blocking=True)`): its release records a fence on the
+ * consumer stream, so the window block is reused only after the work queued there so far
+ * (as torch's caching host allocator does for the memory it pins). Fences come from the
+ * stage's event pool. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,9 +53,10 @@ typedef struct event_item {
 struct zb_device_batch {
     zb__devq *q; /* NULL: a host batch without a stage */
     zb_batch *host;
-    dblock *blk; /* NULL without a device copy */
-    event_item *copied;
-    cu_stream consumer;
+    dblock *blk;        /* NULL without a device copy */
+    event_item *fence;  /* the host copy returns once it completed: the copy's event (DEVICE) or
+                           the one recorded on the consumer stream at release (PINNED) */
+    cu_stream consumer; /* set by zb_device_batch_wait (NULL: the legacy default stream) */
     size_t nfields, nsegs;
     struct zb_device_batch *next; /* the retired list */
     const void *ptr[];            /* fields, segments, index, dataset */
@@ -367,8 +373,8 @@ issue_copies(zb__devq *q, zb_device_batch *db, cu_stream s)
     a += align_up(B * sizeof(int32_t));
     ZB_TRY(zb__cuda_check(c, c->cudaMemcpyAsync(dev + off, host, a, CU_H2D, s), "cudaMemcpyAsync"));
     bytes += a;
-    ZB_TRY(event_take(q, &db->copied));
-    ZB_TRY(zb__cuda_check(c, c->cudaEventRecord(db->copied->ev, s), "cudaEventRecord"));
+    ZB_TRY(event_take(q, &db->fence));
+    ZB_TRY(zb__cuda_check(c, c->cudaEventRecord(db->fence->ev, s), "cudaEventRecord"));
     pthread_mutex_lock(&q->mu);
     q->stats.batches_copied++;
     q->stats.bytes_copied += bytes;
@@ -412,7 +418,7 @@ zb__devq_deliver(zb__devq *q, zb_batch *host, size_t k, zb_device_batch **out)
         /* nothing was recorded on the block: it goes back as it was; copies already issued
          * read the host batch, so it is kept until the stream drains */
         if (*s) c->cudaStreamSynchronize(*s);
-        give_back(q, db->blk, db->copied);
+        give_back(q, db->blk, db->fence);
         zb_batch_free(host);
         devq_unref(q);
         free(db);
@@ -424,17 +430,17 @@ zb__devq_deliver(zb__devq *q, zb_batch *host, size_t k, zb_device_batch **out)
 
 /* ---- the consumer's side ---------------------------------------------------------------- */
 
-/* Frees one retired batch (its copy is complete). */
+/* Frees one retired batch (its fence completed). */
 static void
 retire(zb__devq *q, zb_device_batch *r)
 {
     zb_batch_free(r->host);
-    give_back(q, r->blk, r->copied);
+    give_back(q, r->blk, r->fence);
     free(r);
     devq_unref(q);
 }
 
-/* Waits for the copies of every retired batch and frees them (the loader closes). */
+/* Waits for the fences of every retired batch and frees them (the loader closes). */
 static void
 drain(zb__devq *q)
 {
@@ -444,13 +450,13 @@ drain(zb__devq *q)
     pthread_mutex_unlock(&q->mu);
     while (r) {
         zb_device_batch *n = r->next;
-        q->cuda->cudaEventSynchronize(r->copied->ev);
+        q->cuda->cudaEventSynchronize(r->fence->ev);
         retire(q, r);
         r = n;
     }
 }
 
-/* Frees the retired batches whose copies are complete. */
+/* Frees the retired batches whose fences completed. */
 void
 zb__devq_poll(zb__devq *q)
 {
@@ -459,7 +465,7 @@ zb__devq_poll(zb__devq *q)
     zb_device_batch *done = NULL;
     for (zb_device_batch **pp = &q->retired; *pp;) {
         zb_device_batch *r = *pp;
-        if (q->cuda->cudaEventQuery(r->copied->ev) == CU_NOT_READY) {
+        if (q->cuda->cudaEventQuery(r->fence->ev) == CU_NOT_READY) {
             pp = &r->next;
             continue;
         }
@@ -515,38 +521,59 @@ zb_device_batch_dataset(const zb_device_batch *db)
 void *
 zb_device_batch_event(const zb_device_batch *db)
 {
-    return db && db->blk ? (void *)db->copied->ev : NULL;
+    return db && db->blk ? (void *)db->fence->ev : NULL;
 }
 
 zb_status
 zb_device_batch_wait(zb_device_batch *db, void *stream)
 {
     if (!db) return zb__err(ZB_E_INVALID, "zb_device_batch_wait: null batch");
+    db->consumer = (cu_stream)stream; /* a pinned batch's release fences this stream */
     if (!db->blk) return ZB_OK;
     zb_cuda *c = db->q->cuda;
-    db->consumer = (cu_stream)stream;
-    return zb__cuda_check(c, c->cudaStreamWaitEvent(db->consumer, db->copied->ev, 0),
+    return zb__cuda_check(c, c->cudaStreamWaitEvent(db->consumer, db->fence->ev, 0),
                           "zb_device_batch_wait: cudaStreamWaitEvent");
 }
 
+/* A PINNED batch's fence: an event of the pool recorded on `stream`. False when none could be
+ * taken or recorded (the context is then broken: the caller waits for the stream instead). */
+static bool
+fence_on(zb__devq *q, zb_device_batch *db, cu_stream stream)
+{
+    if (event_take(q, &db->fence) != ZB_OK) return false;
+    if (q->cuda->cudaEventRecord(db->fence->ev, stream) == CU_SUCCESS) return true;
+    give_back(q, NULL, db->fence);
+    db->fence = NULL;
+    return false;
+}
+
 void
-zb_device_batch_release(zb_device_batch *db)
+zb_device_batch_release_on(zb_device_batch *db, void *stream)
 {
     if (!db) return;
     zb__devq *q = db->q;
-    if (!db->blk) {
+    cu_stream s = (cu_stream)stream;
+    bool fenced = false;
+    if (q && db->blk) {
+        /* the block is free for the GPU once the consumer's work queued so far is done; a
+         * failed record leaves `used` unset, so the next copy does not wait on a stale event
+         * (the consumer's stream is then broken and so is its context) */
+        db->blk->used = q->cuda->cudaEventRecord(db->blk->ready, s) == CU_SUCCESS;
+        fenced = true;
+    } else if (q) {
+        fenced = fence_on(q, db, s);
+        if (!fenced) q->cuda->cudaStreamSynchronize(s);
+    }
+    if (!fenced) {
+        /* a host batch, or a pinned one whose fence failed (its stream was waited for) */
         zb_batch_free(db->host);
         free(db);
         devq_unref(q);
         return;
     }
-    /* the block is free for the GPU once the consumer's work queued so far is done; a failed
-     * record leaves `used` unset, so the next copy does not wait on a stale event (the
-     * consumer's stream is then broken and so is its context) */
-    db->blk->used = q->cuda->cudaEventRecord(db->blk->ready, db->consumer) == CU_SUCCESS;
     pthread_mutex_lock(&q->mu);
     bool closed = q->closed;
-    bool pending = q->cuda->cudaEventQuery(db->copied->ev) == CU_NOT_READY;
+    bool pending = q->cuda->cudaEventQuery(db->fence->ev) == CU_NOT_READY;
     if (pending) q->stats.retired_pending++;
     if (!closed) {
         db->next = q->retired;
@@ -554,10 +581,16 @@ zb_device_batch_release(zb_device_batch *db)
     }
     pthread_mutex_unlock(&q->mu);
     if (closed) {
-        /* no loader polls any more: this one release waits, if its copy is still running */
-        if (pending) q->cuda->cudaEventSynchronize(db->copied->ev);
+        /* no loader polls any more: this one release waits, if its fence is still pending */
+        if (pending) q->cuda->cudaEventSynchronize(db->fence->ev);
         retire(q, db);
         return;
     }
     zb__devq_poll(q);
+}
+
+void
+zb_device_batch_release(zb_device_batch *db)
+{
+    if (db) zb_device_batch_release_on(db, db->consumer);
 }

@@ -24,7 +24,7 @@ bool zb__devq_on_device(const zb__devq *q);
  * stream number `k` modulo num_streams. Runs on a loader worker. */
 zb_status zb__devq_deliver(zb__devq *q, zb_batch *host, size_t k, zb_device_batch **out);
 
-/* Completes what released batches left behind whose copies are done (the consumer's thread). */
+/* Frees the released batches whose fences completed (the consumer's thread). */
 void zb__devq_poll(zb__devq *q);
 
 void zb__devq_stats(const zb__devq *q, zb_device_stats *stats);

@@ -4,7 +4,9 @@
  * pinned and device memory, copies that can be held back, counters) device batches equal host
  * batches and read_many's bit for bit; steady epochs allocate no pinned or device memory and
  * wait on the host for nothing; a block whose copy is still in flight is never handed out
- * again; and everything allocated is freed once loader and batches are gone. */
+ * again; a pinned batch's memory is not reused while a copy the consumer queued out of it
+ * before releasing it is still pending; and everything allocated is freed once loader and
+ * batches are gone. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,11 @@ static struct {
     void (*flush)(void);
     void (*counters)(fake_counters *);
     int (*is_pinned)(const void *, size_t);
+    void *(*last_record_stream)(void);
+    /* the runtime's own functions, for the consumer's copies out of pinned batches */
+    int (*dev_malloc)(void **, size_t);
+    int (*dev_free)(void *);
+    int (*copy_async)(void *, const void *, size_t, int, void *);
 } fake;
 
 /* Sample i has (i % 7) + 1 float values (its element numbers, scaled); lab is 5i. */
@@ -381,6 +388,201 @@ test_pinned_host_batches(void **state)
     assert_int_equal(c.live_pinned, 0);
 }
 
+/* ---- PINNED batches and the consumer's own asynchronous copies -------------------------- */
+
+#define STREAM ((void *)0x51) /* a consumer stream (the fake never dereferences one) */
+
+/* What a training script does with a pinned batch: queues a copy of its "vals" to fresh
+ * device memory on STREAM (cudaMemcpyAsync; torch's .to(device, non_blocking=True)). */
+static void *
+copy_out(const zb_device_batch *db)
+{
+    zb_batch_view v;
+    ZB_ASSERT_OK(zb_batch_find(zb_device_batch_host(db), "vals", &v));
+    void *d = NULL;
+    assert_int_equal(fake.dev_malloc(&d, v.nrows * sizeof(float)), 0);
+    assert_int_equal(fake.copy_async(d, v.data, v.nrows * sizeof(float), 1, STREAM), 0);
+    return d;
+}
+
+/* The device copy `d` of batch k (samples 16k.., sequential) equals read_many's "vals". */
+static void
+check_copied(zb_dataset *ds, const void *d, size_t k)
+{
+    uint64_t ids[16];
+    size_t B = 0;
+    for (uint64_t i = 16 * k; i < N && B < 16; i++) ids[B++] = i;
+    zb_batch *want = NULL;
+    ZB_ASSERT_OK(zb_dataset_read_many(ds, ids, B, &want));
+    zb_batch_view w;
+    ZB_ASSERT_OK(zb_batch_find(want, "vals", &w));
+    assert_memory_equal(d, w.data, w.nrows * sizeof(float));
+    zb_batch_free(want);
+}
+
+/* The GPU lags: every batch's copy out of its pinned memory is still queued when the script
+ * drops the batch and takes the next. No window block is handed out again until the release
+ * fences recorded behind those copies completed (the loader takes new blocks meanwhile and
+ * waits on the host for nothing), so each copy reads its own batch's bytes, not a later
+ * window's; once the fences completed the blocks are reused. */
+static void
+test_pinned_release_fences_copies(void **state)
+{
+    (void)state;
+    fake.reset(1);
+    fixture f = setup(16);
+    zb_loader_opts lo = device_opts(ZB_PLACE_PINNED, ZB_FAKE_CUDART);
+    lo.more_epochs = 1;
+    zb_loader *ld = NULL;
+    ZB_ASSERT_OK(zb_loader_open(f.ds, f.s, &lo, &ld));
+    assert_int_equal(zb_loader_placement(ld, NULL), ZB_PLACE_PINNED);
+    enum { K = 9 }; /* three windows of three batches */
+    void *dev[K];
+    fake.hold(1);
+    for (size_t k = 0; k < K; k++) {
+        zb_device_batch *db = NULL;
+        ZB_ASSERT_OK(zb_loader_next_device(ld, &db));
+        assert_false(zb_device_batch_on_device(db));
+        assert_int_equal(zb_batch_index(zb_device_batch_host(db))[0], 16 * k);
+        dev[k] = copy_out(db);
+        zb_device_batch_release_on(db, STREAM);
+        assert_ptr_equal(fake.last_record_stream(), STREAM);
+    }
+    zb_device_stats ds;
+    zb_loader_device_stats(ld, &ds);
+    assert_int_equal(ds.retired_pending, K);
+    assert_true(ds.host_blocks >= K / 3); /* a new block per window: none came back */
+    fake_counters c;
+    fake.counters(&c);
+    assert_int_equal(c.syncs, 0);
+    assert_int_equal(c.copies, K);
+    assert_int_equal(c.records, K); /* one fence per batch, recorded behind its copy */
+    fake.flush();                   /* the GPU catches up: each copy, then its fence */
+    fake.hold(0);
+    for (size_t k = 0; k < K; k++) check_copied(f.ds, dev[k], k);
+    /* the rest of the epoch and the next one, released at once: the blocks come back */
+    size_t per_epoch = (N + 15) / 16, k = K, end_blocks = 0;
+    for (int epoch = 0; epoch < 2; epoch++) {
+        for (;; k++) {
+            zb_device_batch *db = NULL;
+            ZB_ASSERT_OK(zb_loader_next_device(ld, &db));
+            if (!db) break;
+            void *d = copy_out(db);
+            zb_device_batch_release_on(db, STREAM);
+            check_copied(f.ds, d, k % per_epoch);
+            fake.dev_free(d);
+        }
+        assert_int_equal(k, (size_t)(epoch + 1) * per_epoch);
+        zb_loader_device_stats(ld, &ds);
+        if (epoch == 0) end_blocks = ds.host_blocks;
+    }
+    assert_int_equal(ds.host_blocks, end_blocks); /* the second epoch reused every block */
+    for (size_t i = 0; i < K; i++) fake.dev_free(dev[i]);
+    zb_loader_close(ld);
+    teardown(&f);
+    fake.counters(&c);
+    assert_int_equal(c.live_pinned, 0);
+    assert_int_equal(c.live_device, 0);
+    assert_int_equal(c.events_created, c.events_destroyed);
+}
+
+/* A steady epoch of pinned batches: one fence recorded per batch on the consumer stream (the
+ * one given to zb_device_batch_wait, or to zb_device_batch_release_on), events from the pool
+ * (none created), no page-locked block allocated, nothing waited for on the host. */
+static void
+test_pinned_steady_epoch(void **state)
+{
+    (void)state;
+    fake.reset(1);
+    fixture f = setup(16);
+    zb_loader_opts lo = device_opts(ZB_PLACE_PINNED, ZB_FAKE_CUDART);
+    lo.more_epochs = 3;
+    zb_loader *ld = NULL;
+    ZB_ASSERT_OK(zb_loader_open(f.ds, f.s, &lo, &ld));
+    size_t per_epoch = (N + 15) / 16;
+    fake_counters at[4];
+    zb_device_stats st[4];
+    for (int epoch = 0; epoch < 4; epoch++) {
+        size_t nb = 0;
+        for (;; nb++) {
+            zb_device_batch *db = NULL;
+            ZB_ASSERT_OK(zb_loader_next_device(ld, &db));
+            if (!db) break;
+            check_device_batch(f.ds, db, false);
+            zb_batch_view v;
+            ZB_ASSERT_OK(zb_batch_find(zb_device_batch_host(db), "vals", &v));
+            assert_true(fake.is_pinned(v.data, v.nrows * sizeof(float)));
+            void *s = (void *)(uintptr_t)(0x100 + nb);
+            if (nb % 2) {
+                zb_device_batch_release_on(db, s);
+            } else {
+                ZB_ASSERT_OK(zb_device_batch_wait(db, s)); /* no copy: sets the stream */
+                zb_device_batch_release(db);
+            }
+            assert_ptr_equal(fake.last_record_stream(), s);
+        }
+        assert_int_equal(nb, per_epoch);
+        fake.counters(&at[epoch]);
+        zb_loader_device_stats(ld, &st[epoch]);
+    }
+    assert_int_equal(at[3].records, 4 * per_epoch);
+    assert_int_equal(at[3].events_created, at[1].events_created); /* the pool's, reused */
+    assert_true(at[3].events_created <= 2);
+    assert_int_equal(at[3].host_allocs, at[1].host_allocs);
+    assert_int_equal(st[3].host_blocks, st[1].host_blocks);
+    assert_int_equal(at[3].syncs, 0);
+    assert_int_equal(at[3].copies, 0);
+    assert_int_equal(at[3].consumer_waits, 0);
+    assert_int_equal(st[3].retired_pending, 0); /* the fake's events complete at once */
+    zb_loader_close(ld);
+    teardown(&f);
+    fake_counters c;
+    fake.counters(&c);
+    assert_int_equal(c.live_pinned, 0);
+    assert_int_equal(c.events_created, c.events_destroyed);
+}
+
+/* Closing with fences pending: the loader's close waits for the released batches' fences,
+ * a batch released after the close waits for its own, and everything is freed. */
+static void
+test_pinned_close_with_fences_pending(void **state)
+{
+    (void)state;
+    fake.reset(1);
+    fixture f = setup(16);
+    zb_loader_opts lo = device_opts(ZB_PLACE_PINNED, ZB_FAKE_CUDART);
+    zb_loader *ld = NULL;
+    ZB_ASSERT_OK(zb_loader_open(f.ds, f.s, &lo, &ld));
+    fake.hold(1);
+    zb_device_batch *kept = NULL;
+    void *dev[4];
+    for (size_t k = 0; k < 4; k++) {
+        zb_device_batch *db = NULL;
+        ZB_ASSERT_OK(zb_loader_next_device(ld, &db));
+        dev[k] = copy_out(db);
+        if (k == 3)
+            kept = db;
+        else
+            zb_device_batch_release_on(db, STREAM);
+    }
+    fake_counters c;
+    fake.counters(&c);
+    assert_int_equal(c.syncs, 0);
+    zb_loader_close(ld); /* waits for the three fences (the fake runs what was held) */
+    fake.counters(&c);
+    assert_true(c.syncs > 0);
+    for (size_t k = 0; k < 3; k++) check_copied(f.ds, dev[k], k);
+    zb_device_batch_release_on(kept, STREAM); /* its fence is held: this release waits */
+    check_copied(f.ds, dev[3], 3);
+    fake.hold(0);
+    for (size_t k = 0; k < 4; k++) fake.dev_free(dev[k]);
+    teardown(&f);
+    fake.counters(&c);
+    assert_int_equal(c.live_pinned, 0);
+    assert_int_equal(c.live_device, 0);
+    assert_int_equal(c.events_created, c.events_destroyed);
+}
+
 int
 main(void)
 {
@@ -394,6 +596,10 @@ main(void)
     *(void **)&fake.flush = dlsym(lib, "fake_cuda_flush");
     *(void **)&fake.counters = dlsym(lib, "fake_cuda_counters");
     *(void **)&fake.is_pinned = dlsym(lib, "fake_cuda_is_pinned");
+    *(void **)&fake.last_record_stream = dlsym(lib, "fake_cuda_last_record_stream");
+    *(void **)&fake.dev_malloc = dlsym(lib, "cudaMalloc");
+    *(void **)&fake.dev_free = dlsym(lib, "cudaFree");
+    *(void **)&fake.copy_async = dlsym(lib, "cudaMemcpyAsync");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_runtime_falls_back),
         cmocka_unit_test(test_no_device),
@@ -401,6 +607,9 @@ main(void)
         cmocka_unit_test(test_copies_in_flight),
         cmocka_unit_test(test_batches_outlive_the_loader),
         cmocka_unit_test(test_pinned_host_batches),
+        cmocka_unit_test(test_pinned_release_fences_copies),
+        cmocka_unit_test(test_pinned_steady_epoch),
+        cmocka_unit_test(test_pinned_close_with_fences_pending),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     dlclose(lib);

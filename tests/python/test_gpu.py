@@ -9,6 +9,9 @@
   Python device path (zbatch._cuda.DeviceBatch: CSR X, pointer arrays, batch_idx, densify) builds
   the same batch as the host path and as scipy / the samples written, the consumer stream
   waits once per batch, and everything is freed when batches and loader are gone.
+- pin_memory=True with the script's own non_blocking copies out of the batches: a batch's
+  release fences torch's current stream at that moment, and its page-locked memory is
+  reused only after the fence ran (the fake runtime holds copies back as a lagging GPU does).
 The same checks on a real GPU run in scripts/gpu-check.sh.
 """
 import ctypes
@@ -17,6 +20,7 @@ import shutil
 import subprocess
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import anndata as ad
 import numpy as np
@@ -288,8 +292,7 @@ def test_dataloader_pin_memory_reads_into_page_locked_memory(cells, fake, monkey
     (no pin_memory() copy); torch's CUDA is stood in for by the fake runtime."""
     path, lib = fake
     lib.fake_cuda_reset(1)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr("zbatch._cuda.loaded_cudart", lambda: path)
+    fake_torch_cuda(monkeypatch, path, {"stream": 0})
     ds = zbatch.open(cells[0])
     dl = zbatch.DataLoader(ds, batch_size=BS, pin_memory=True, output="torch")
     n = 0
@@ -302,6 +305,105 @@ def test_dataloader_pin_memory_reads_into_page_locked_memory(cells, fake, monkey
     assert n == -(-N // BS) and dl.placement == "pinned" and dl.placement_reason is None
     del b, v
     dl.close()
+
+
+def fake_torch_cuda(monkeypatch, path, current):
+    """torch's CUDA stood in for by the fake runtime at `path`; torch's current stream is
+    ``current["stream"]`` (a fake cudaStream_t: the fake runtime never dereferences one)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: SimpleNamespace(cuda_stream=current["stream"]))
+    monkeypatch.setattr("zbatch._cuda.loaded_cudart", lambda: path)
+
+
+def test_pinned_batches_fence_the_current_stream_at_release(cells, fake, monkeypatch):
+    """The standard idiom ``x = b["X"].to("cuda", non_blocking=True)`` then dropping ``b``,
+    with a GPU that lags (the fake runtime holds every copy back until flushed): each batch's
+    release records one fence on torch's current stream at the moment its last tensor goes,
+    the loader takes other page-locked blocks meanwhile (waiting on the host for nothing), and
+    every copy queued before a release reads its own batch's bytes once the GPU runs it."""
+    path, lib = fake
+    lib.fake_cuda_reset(1)
+    lib.fake_cuda_last_record_stream.restype = ctypes.c_void_p
+    lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                    ctypes.c_int, ctypes.c_void_p]
+    lib.cudaFree.argtypes = [ctypes.c_void_p]
+    current = {"stream": 0}
+    fake_torch_cuda(monkeypatch, path, current)
+    ds = zbatch.open(cells[0])
+    dl = zbatch.DataLoader(ds, batch_size=BS, pin_memory=True, output="torch", prefetch_factor=2)
+    lib.fake_cuda_hold(1)
+    copies, k, it = [], 0, iter(dl)
+    while (b := next(it, None)) is not None:
+        current["stream"] = 0x1000 + k      # the stream the script copies on
+        v = b["X"].values()
+        n = v.numel() * v.element_size()
+        d = ctypes.c_void_p()
+        assert lib.cudaMalloc(ctypes.byref(d), n) == 0
+        assert lib.cudaMemcpyAsync(d, v.data_ptr(), n, 1, current["stream"]) == 0
+        copies.append((d, n))
+        records = counters(lib).records
+        current["stream"] = 0x2000 + k      # the stream current when the batch goes
+        del b, v
+        assert counters(lib).records == records + 1
+        assert lib.fake_cuda_last_record_stream() == 0x2000 + k
+        k += 1
+    c = counters(lib)
+    assert k == -(-N // BS) and c.copies == k and c.syncs == 0
+    assert dl._live.device_stats()["retired_pending"] == k
+    lib.fake_cuda_flush()                   # the GPU catches up: each copy, then its fence
+    lib.fake_cuda_hold(0)
+    for i, (d, n) in enumerate(copies):
+        want = cells[1].X[i * BS:(i + 1) * BS].data
+        got = np.frombuffer(ctypes.string_at(d.value, n), dtype=want.dtype)
+        np.testing.assert_array_equal(got, want, err_msg=f"batch {i}")
+        lib.cudaFree(d)
+    # the next epoch, batches dropped at once: the fenced blocks came back and are reused
+    blocks = dl._live.device_stats()["host_blocks"]
+    assert sum(len(b["index"]) for b in dl) == N
+    assert dl._live.device_stats()["host_blocks"] == blocks
+    dl.close()
+    gc.collect()
+    c = counters(lib)
+    assert c.live_pinned == 0 and c.live_device == 0
+    assert c.events_created == c.events_destroyed
+
+
+def test_pinned_release_when_the_stream_cannot_be_read(cells, fake, monkeypatch):
+    """A stream callable that fails at release (torch torn down at exit) is reported as an
+    unraisable error naming it, and the batch is fenced on its consumer stream instead (the one
+    given to wait(), here 0x77); an exception being raised meanwhile is left as it was."""
+    path, lib = fake
+    lib.fake_cuda_reset(1)
+    lib.fake_cuda_last_record_stream.restype = ctypes.c_void_p
+    ds = zbatch.open(cells[0])
+    loader, _ = c_loader(ds, BS, placement="pinned", cuda_library=path)
+    db = loader.next_device()
+    assert not db.on_device and db.pointers() is None
+    with pytest.raises(TypeError, match="callable"):
+        db.release_on(5)
+
+    def broken():
+        raise RuntimeError("torch is gone")
+    db.wait(0x77)
+    db.release_on(broken)
+    seen = []
+    monkeypatch.setattr("sys.unraisablehook", seen.append)
+    records = counters(lib).records
+    try:
+        raise KeyError("pending")
+    except KeyError as e:
+        del db
+        assert e.args == ("pending",)
+    assert len(seen) == 1 and seen[0].object is broken
+    assert isinstance(seen[0].exc_value, RuntimeError)
+    assert counters(lib).records == records + 1
+    assert lib.fake_cuda_last_record_stream() == 0x77
+    loader.close()
+    gc.collect()
+    c = counters(lib)
+    assert c.live_pinned == 0 and c.events_created == c.events_destroyed
 
 
 def test_dataloader_falls_back_when_no_runtime_loads(cells, monkeypatch):

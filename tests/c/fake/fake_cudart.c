@@ -40,6 +40,7 @@ static size_t nops;
 static region dev[MAX_REGIONS], pinned[MAX_REGIONS];
 static size_t ndev, npinned;
 static fake_counters cnt;
+static void *last_record_stream;
 
 static int
 find(const region *r, size_t n, const void *p, size_t len)
@@ -84,6 +85,7 @@ fake_cuda_reset(int devices)
     ndevices = devices;
     hold = 0;
     memset(&cnt, 0, sizeof cnt);
+    last_record_stream = NULL;
     pthread_mutex_unlock(&mu);
 }
 
@@ -111,6 +113,15 @@ fake_cuda_counters(fake_counters *out)
     out->live_device = ndev;
     out->live_pinned = npinned;
     pthread_mutex_unlock(&mu);
+}
+
+void *
+fake_cuda_last_record_stream(void)
+{
+    pthread_mutex_lock(&mu);
+    void *s = last_record_stream;
+    pthread_mutex_unlock(&mu);
+    return s;
 }
 
 int
@@ -292,10 +303,10 @@ cudaEventDestroy(void *ev)
 int
 cudaEventRecord(void *ev, void *s)
 {
-    (void)s;
     fake_event *e = ev;
     pthread_mutex_lock(&mu);
     cnt.records++;
+    last_record_stream = s;
     submit((op){1, NULL, NULL, 0, e, ++e->recorded});
     pthread_mutex_unlock(&mu);
     return 0;

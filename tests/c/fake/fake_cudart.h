@@ -20,5 +20,6 @@ void fake_cuda_hold(int on);
 void fake_cuda_flush(void);
 void fake_cuda_counters(fake_counters *out);
 int fake_cuda_is_pinned(const void *p, size_t n);
+void *fake_cuda_last_record_stream(void); /* the stream of the last cudaEventRecord */
 
 #endif
