@@ -79,3 +79,13 @@ def remote_options(path: str, storage_options: Optional[Mapping[str, Any]] = Non
         elif name in ("region", "endpoint_url") and value is not None:
             out[name] = str(value)
     return out
+
+
+def writable_options(path: str, storage_options: Optional[Mapping[str, Any]] = None
+                     ) -> Optional[dict]:
+    """remote_options for a store that will be written: None for a local path, the options for
+    ``s3://``; an ``http(s)://`` URL is refused (a web server is read-only)."""
+    if isinstance(path, str) and path.startswith(("http://", "https://")):
+        raise ValueError(f"{path}: http(s):// stores are read-only; write to a directory or to "
+                         "s3://bucket/prefix")
+    return remote_options(path, storage_options)

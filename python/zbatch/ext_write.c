@@ -2,6 +2,8 @@
 #include <string.h>
 
 #include "ext.h"
+#include "util/status.h"
+#include "write/write.h"
 
 static int
 dtype_from_name(const char *name, zb_dtype *out)
@@ -14,9 +16,49 @@ dtype_from_name(const char *name, zb_dtype *out)
     return -1;
 }
 
+/* Whether a node (either format) lives at `prefix`. */
+static zb_status
+has_node(zb_store *store, const char *prefix, bool *found)
+{
+    static const char *const markers[] = {"zarr.json", ".zarray", ".zgroup"};
+    char key[4200];
+    *found = false;
+    for (size_t i = 0; i < 3 && !*found; i++) {
+        ZB_TRY(zb__write_join_key(key, sizeof key, prefix, markers[i]));
+        uint64_t size;
+        zb_status st = zb_store_size(store, key, &size);
+        if (st != ZB_OK && st != ZB_E_NOTFOUND) return st;
+        *found = st == ZB_OK;
+    }
+    zb_clear_error();
+    return ZB_OK;
+}
+
+/* The group documents of the root and of every group above `path` that has no node yet, so
+ * zarr-python opens the store and finds the array. They go in after the array's commit: a write
+ * that fails leaves no new group pointing at it (on S3 as on disk). */
+static zb_status
+groups_above(zb_store *store, const char *path, int zarr_format)
+{
+    char norm[4096];
+    ZB_TRY(zb_key_normalize(path, norm, sizeof norm));
+    size_t n = strlen(norm);
+    /* deepest first: the root, which makes the store openable, is written last */
+    for (size_t end = n; end-- > 0;) {
+        if (norm[end] != '/') continue;
+        norm[end] = '\0';
+        bool found;
+        ZB_TRY(has_node(store, norm, &found));
+        if (!found) ZB_TRY(zb__write_group(store, norm, zarr_format, NULL));
+    }
+    bool found;
+    ZB_TRY(has_node(store, "", &found));
+    return found ? ZB_OK : zb__write_group(store, "", zarr_format, NULL);
+}
+
 /* write_array(store_path, path, dtype_name, shape, data, chunk_rows, shard_rows, codec,
  *             zarr_format, num_threads, attributes_json, write_empty_chunks, fill_bytes,
- *             index_at_start, string_offsets)
+ *             index_at_start, string_offsets, remote)
  * data: a C-contiguous buffer of the elements, or for strings the concatenated UTF-8 bytes
  * with string_offsets (an int64 buffer of n+1 offsets). */
 static PyObject *
@@ -24,15 +66,20 @@ py_write_array(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *store_path, *path, *dtype_name, *codec = NULL, *attrs = NULL;
-    PyObject *shape_obj, *fill_obj, *offsets_obj;
+    PyObject *shape_obj, *fill_obj, *offsets_obj, *remote = NULL;
     Py_buffer data = {0}, offsets = {0}, fill = {0};
     unsigned long long chunk_rows, shard_rows;
     int zarr_format, num_threads, write_empty, index_at_start;
-    if (!PyArg_ParseTuple(args, "sssOy*O&O&ziizpOpO", &store_path, &path, &dtype_name, &shape_obj,
+    if (!PyArg_ParseTuple(args, "sssOy*O&O&ziizpOpO|O", &store_path, &path, &dtype_name, &shape_obj,
                           &data, zbpy_u64, &chunk_rows, zbpy_u64, &shard_rows, &codec, &zarr_format,
                           &num_threads, &attrs, &write_empty, &fill_obj, &index_at_start,
-                          &offsets_obj))
+                          &offsets_obj, &remote))
         return NULL;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
     PyObject *result = NULL;
     zb_store *store = NULL;
     zb_array_writer *w = NULL;
@@ -90,7 +137,7 @@ py_write_array(PyObject *self, PyObject *args)
     o.attributes_json = attrs;
     o.fill_value = fill.buf;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open(store_path, &store);
+    st = zbpy_store_open(store_path, &ro, &store);
     if (st == ZB_OK) st = zb_array_writer_open(store, path, dtype, (int)ndim, shape + 1, &o, &w);
     if (st == ZB_OK) {
         if (dtype == ZB_DT_STRING)
@@ -99,6 +146,7 @@ py_write_array(PyObject *self, PyObject *args)
             st = zb_array_writer_append(w, data.buf, shape[0]);
     }
     if (st == ZB_OK) st = zb_array_writer_commit(w);
+    if (st == ZB_OK) st = groups_above(store, path, zarr_format);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK) {
         zbpy_raise(st, NULL);

@@ -460,11 +460,3 @@ def test_storage_options_mapping():
         remote_options("s3://b/p", {"key": "K"}, {})
     with pytest.raises(ValueError, match="only"):
         remote_options("/local", {"anon": True}, env)
-
-
-def test_write_array_refuses_urls(tmp_path, monkeypatch):
-    """write_array makes local directories: a URL is refused, never a local "s3:" folder."""
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match="write_anndata"):
-        zbatch.write_array("s3://bucket/x.zarr", "a", np.arange(3))
-    assert list(tmp_path.iterdir()) == []
