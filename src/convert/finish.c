@@ -36,22 +36,22 @@ str_of(json_object *o, const char *key)
 
 /* Dataset d's files against `expect` (its digest: crc64 hex, files, bytes). */
 static zb_status
-verify_dataset(const zb_convert *cv, size_t d, json_object *expect)
+verify_dataset(zb_convert *cv, size_t d, json_object *expect)
 {
-    char dir[4200];
-    snprintf(dir, sizeof dir, "%s/dataset_%zu", cv->output, d);
+    char dir[64];
+    snprintf(dir, sizeof dir, "dataset_%zu", d);
     uint64_t size, crc, want_bytes = 0;
-    int64_t mtime;
-    ZB_TRY(cv_fingerprint(dir, &size, &mtime, &crc));
+    /* read back through the output's store: the bytes on disk, or in the bucket */
+    ZB_TRY(cv_output_fingerprint(cv, dir, &size, &crc));
     char hex[20];
     snprintf(hex, sizeof hex, "%016" PRIx64, crc);
     json_object *b = zb__json_get(expect, "bytes");
     if (b) zb__json_u64(b, "bytes", &want_bytes);
     if (!strcmp(hex, str_of(expect, "crc64")) && size == want_bytes) return ZB_OK;
     return zb__err(ZB_E_CHECKSUM,
-                   "%s: its files (%" PRIu64 " bytes, CRC-64 %s) differ from what "
+                   "%s/%s: its files (%" PRIu64 " bytes, CRC-64 %s) differ from what "
                    "was written (%" PRIu64 " bytes, CRC-64 %s)",
-                   dir, size, hex, want_bytes, str_of(expect, "crc64"));
+                   cv->output, dir, size, hex, want_bytes, str_of(expect, "crc64"));
 }
 
 /* ---- root group ------------------------------------------------------------------------------ */
@@ -129,17 +129,15 @@ consolidate_datasets(const zb_convert *cv, zb_store *store, json_object *meta)
 }
 
 static zb_status
-write_root(const zb_convert *cv)
+write_root(zb_convert *cv)
 {
-    zb_store *store = NULL;
-    ZB_TRY(zb_store_open_file(cv->output, &store));
+    zb_store *store = cv->out;
     json_object *meta = json_object_new_object();
     zb_status st =
         meta ? consolidate_datasets(cv, store, meta) : zb__err(ZB_E_NOMEM, "the root group");
     if (st == ZB_OK)
         st = zb__write_consolidated_root(store, "", cv->zarr_format, collection_attrs, meta);
     json_object_put(meta);
-    zb_store_close(store);
     return st;
 }
 
@@ -236,20 +234,23 @@ build_manifest(const zb_convert *cv, json_object **out)
 }
 
 static zb_status
-write_manifest(const zb_convert *cv, json_object *m)
+write_manifest(zb_convert *cv, json_object *m)
 {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", cv->output, CV_MANIFEST);
     const char *text = json_object_to_json_string_ext(
         m, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED | JSON_C_TO_STRING_NOSLASHESCAPE);
-    const void *bufs[2] = {text, "\n"};
-    size_t lens[2] = {strlen(text), 1};
-    return cv_write_file(path, bufs, lens, 2);
+    size_t n = strlen(text);
+    char *buf = malloc(n + 1);
+    if (!buf) return zb__err(ZB_E_NOMEM, "the manifest");
+    memcpy(buf, text, n);
+    buf[n] = '\n';
+    zb_status st = cv_output_put(cv, CV_MANIFEST, buf, n + 1);
+    free(buf);
+    return st;
 }
 
 /* Every dataset of the manifest against its files. */
 static zb_status
-verify_manifest(const zb_convert *cv, json_object *m)
+verify_manifest(zb_convert *cv, json_object *m)
 {
     json_object *ds = zb__json_get(m, "datasets");
     size_t n = ds ? json_object_array_length(ds) : 0;
@@ -289,10 +290,7 @@ zb_convert_finish(zb_convert *cv)
     if (st == ZB_OK) st = write_root(cv);
     if (st == ZB_OK) st = write_manifest(cv, m);
     json_object_put(m);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", cv->output, ZB_INCOMPLETE_MARKER);
-    if (st == ZB_OK && remove(path) != 0 && cv_exists(path))
-        st = zb__err(ZB_E_IO, "%s: cannot remove it", path);
+    if (st == ZB_OK) st = zb_store_erase(cv->out, ZB_INCOMPLETE_MARKER);
     if (st == ZB_OK) st = cv_remove_tree(cv->work);
     if (st != ZB_OK) return zb__err_context(st, "finishing %s", cv->output);
     return ZB_OK;
@@ -301,9 +299,14 @@ zb_convert_finish(zb_convert *cv)
 zb_status
 cv_finished_open(zb_convert *cv, json_object *args)
 {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", cv->output, CV_MANIFEST);
-    ZB_TRY(load_json(path, &cv->manifest));
+    char *text = NULL;
+    size_t len = 0;
+    char what[4200];
+    snprintf(what, sizeof what, "%s/%s", cv->output, CV_MANIFEST);
+    ZB_TRY(cv_output_read(cv, CV_MANIFEST, &text, &len));
+    zb_status st = zb__json_parse(text, len, what, &cv->manifest);
+    free(text);
+    if (st != ZB_OK) return st;
     json_object *had = zb__json_get(cv->manifest, "args");
     const char *a = had ? json_object_to_json_string_ext(had, JSON_C_TO_STRING_PLAIN) : "";
     if (strcmp(a, json_object_to_json_string_ext(args, JSON_C_TO_STRING_PLAIN))) {
