@@ -316,10 +316,15 @@ convert_collection(const char *const *inputs, size_t n, const char *output, zb_c
     o->progress = show_progress;
     o->progress_ctx = &ps;
     zb_remote_opts remote;
-    zb__cli_remote_opts(&remote);
-    o->remote = &remote;
     char work[PATH_MAX + 64];
     bool is_remote = strstr(output, "://") && strncmp(output, "file://", 7);
+    bool s3 = !strncmp(output, "s3://", 5);
+    zb_status rs = s3 ? zb__cli_remote_opts(&remote) : ZB_OK;
+    if (rs != ZB_OK) {
+        fprintf(stderr, "zbatch convert: %s: %s\n", zb_strerror(rs), zb_last_error());
+        return 1;
+    }
+    o->remote = s3 ? &remote : NULL;
     if (!o->work_dir && is_remote) {
         const char *tmp = getenv("TMPDIR");
         zb_status ws = zb_convert_default_work_dir(output, tmp, work, sizeof work);

@@ -265,7 +265,45 @@ py_store_remove_tree(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static int
+put_str(PyObject *d, const char *k, const char *v)
+{
+    if (!v) return 0;
+    PyObject *o = PyUnicode_FromString(v);
+    int rc = o ? PyDict_SetItemString(d, k, o) : -1;
+    Py_XDECREF(o);
+    return rc;
+}
+
+/* aws_profile(credentials_path, config_path, profile) -> dict: what zb_aws_profile_load read
+ * ("found", and the keys given: access_key_id, secret_access_key, session_token, region,
+ * endpoint_url). */
+static PyObject *
+py_aws_profile(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *cred, *conf, *profile;
+    if (!PyArg_ParseTuple(args, "zzz", &cred, &conf, &profile)) return NULL;
+    zb_aws_profile p;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_aws_profile_load(cred, conf, profile, &p);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    PyObject *d = PyDict_New();
+    if (d && (PyDict_SetItemString(d, "found", p.found ? Py_True : Py_False) < 0 ||
+              put_str(d, "access_key_id", p.access_key_id) < 0 ||
+              put_str(d, "secret_access_key", p.secret_access_key) < 0 ||
+              put_str(d, "session_token", p.session_token) < 0 ||
+              put_str(d, "region", p.region) < 0 || put_str(d, "endpoint_url", p.endpoint_url) < 0))
+        Py_CLEAR(d);
+    zb_aws_profile_free(&p);
+    return d;
+}
+
 static PyMethodDef remote_methods[] = {
+    {"aws_profile", py_aws_profile, METH_VARARGS,
+     "aws_profile(credentials_path, config_path, profile) -> dict"},
     {"store_read", py_store_read, METH_VARARGS,
      "store_read(url, remote, key) -> bytes or None (absent)"},
     {"store_list", py_store_list, METH_VARARGS,

@@ -451,7 +451,8 @@ def test_storage_options_mapping():
     # anon ignores every credential
     o = remote_options("s3://b/p", {"anon": True}, env)
     assert o["anonymous"] and "access_key_id" not in o and o["endpoint_url"] == "http://e:1"
-    assert remote_options("s3://b/p", None, {})["anonymous"]
+    no_files = {"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/c", "AWS_CONFIG_FILE": "/nonexistent/f"}
+    assert remote_options("s3://b/p", None, no_files)["anonymous"]
     assert remote_options("/local/dir", None, env) is None
     assert remote_options("https://h/x", {"max_retries": 2}, env) == {"max_retries": 2}
     with pytest.raises(ValueError, match="'bogus'"):
