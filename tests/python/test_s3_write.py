@@ -189,3 +189,28 @@ def test_atomic_writer_url_checks():
         AtomicWriter("s3://bucket", storage_options={"anon": True})
     with pytest.raises(ValueError, match="read-only"):
         AtomicWriter("http://host/a.zarr")
+
+
+def test_atomic_defragment_on_s3_equals_the_local_one(tmp_path, moto_s3):
+    """defragment moves objects one by one on S3 (copy, delete): the result is the store a local
+    defragment makes, object for object, and no object is left under the side names."""
+    client = _bucket(moto_s3, "defrag")
+    so = moto_s3.storage_options()
+    writers = [AtomicWriter("s3://defrag/d.zarr", storage_options=so),
+               AtomicWriter(str(tmp_path / "d.zarr"))]
+    for w in writers:
+        w.write([_atoms(3 + i % 4, i) for i in range(60)])
+        w.delete([0, 5, 59])
+        w.defragment()
+    assert writers[0].check() == writers[1].check()
+    assert writers[0].check()["num_samples"] == 57
+    want = _files(tmp_path / "d.zarr")
+    got = _objects(client, "defrag", "d.zarr")
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if got[k] != want[k]] == []
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="defrag")["Contents"]]
+    assert all(k.startswith("d.zarr/") for k in keys), [k for k in keys if "zbatch-" in k][:5]
+    a = _all_samples(zbatch.open("s3://defrag/d.zarr", storage_options=so))
+    b = _all_samples(zbatch.open(str(tmp_path / "d.zarr")))
+    for k in b:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
