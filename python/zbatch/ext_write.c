@@ -2,7 +2,6 @@
 #include <string.h>
 
 #include "ext.h"
-#include "util/status.h"
 #include "write/write.h"
 
 static int
@@ -14,46 +13,6 @@ dtype_from_name(const char *name, zb_dtype *out)
             return 0;
         }
     return -1;
-}
-
-/* Whether a node (either format) lives at `prefix`. */
-static zb_status
-has_node(zb_store *store, const char *prefix, bool *found)
-{
-    static const char *const markers[] = {"zarr.json", ".zarray", ".zgroup"};
-    char key[4200];
-    *found = false;
-    for (size_t i = 0; i < 3 && !*found; i++) {
-        ZB_TRY(zb__write_join_key(key, sizeof key, prefix, markers[i]));
-        uint64_t size;
-        zb_status st = zb_store_size(store, key, &size);
-        if (st != ZB_OK && st != ZB_E_NOTFOUND) return st;
-        *found = st == ZB_OK;
-    }
-    zb_clear_error();
-    return ZB_OK;
-}
-
-/* The group documents of the root and of every group above `path` that has no node yet, so
- * zarr-python opens the store and finds the array. They go in after the array's commit: a write
- * that fails leaves no new group pointing at it (on S3 as on disk). */
-static zb_status
-groups_above(zb_store *store, const char *path, int zarr_format)
-{
-    char norm[4096];
-    ZB_TRY(zb_key_normalize(path, norm, sizeof norm));
-    size_t n = strlen(norm);
-    /* deepest first: the root, which makes the store openable, is written last */
-    for (size_t end = n; end-- > 0;) {
-        if (norm[end] != '/') continue;
-        norm[end] = '\0';
-        bool found;
-        ZB_TRY(has_node(store, norm, &found));
-        if (!found) ZB_TRY(zb__write_group(store, norm, zarr_format, NULL));
-    }
-    bool found;
-    ZB_TRY(has_node(store, "", &found));
-    return found ? ZB_OK : zb__write_group(store, "", zarr_format, NULL);
 }
 
 /* write_array(store_path, path, dtype_name, shape, data, chunk_rows, shard_rows, codec,
@@ -146,7 +105,8 @@ py_write_array(PyObject *self, PyObject *args)
             st = zb_array_writer_append(w, data.buf, shape[0]);
     }
     if (st == ZB_OK) st = zb_array_writer_commit(w);
-    if (st == ZB_OK) st = groups_above(store, path, zarr_format);
+    /* the groups after the array's commit: a failed write leaves no new group pointing at it */
+    if (st == ZB_OK) st = zb__write_groups_above(store, path, zarr_format);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK) {
         zbpy_raise(st, NULL);
