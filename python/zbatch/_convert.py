@@ -220,6 +220,9 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
     if remote is not None and client is not None:
         raise ValueError(f"{out}: the Dask path writes local outputs only; convert into s3:// "
                          "without a client (the work directory stays local)")
+    if work_dir is not None and client is not None:
+        raise ValueError("work_dir with a Dask client: the workers find the plan in "
+                         "OUTPUT/.zbatch-convert, so leave work_dir out")
     if work_dir is None and remote is not None:
         work_dir = _zbatch.convert_default_work_dir(out, tempfile.gettempdir())
     if var_join not in ("outer", "inner"):

@@ -662,6 +662,7 @@ zb_convert_plan(const char *const *inputs, size_t n_inputs, const char *output,
     if (st == ZB_OK && cv_exists(path)) {
         st = cv_plan_load(cv);
         if (st == ZB_OK) st = check_resume(cv, args, inputs);
+        if (st == ZB_OK) st = cv_output_make(cv); /* a work_dir elsewhere outlives the output */
     } else if (st == ZB_OK) {
         if (cv_output_has(cv, CV_MANIFEST) && !cv_exists(cv->work)) {
             st = cv_finished_open(cv, args);

@@ -189,3 +189,17 @@ def test_killed_and_restarted_into_s3(inputs, reference, moto_s3, tmp_path):
     assert after["LastModified"] == before["LastModified"]  # skipped, not rewritten
     _same_objects(client, "killed", "c.zarr", reference)
     assert list(tmpdir.iterdir()) == []
+
+
+def test_local_output_with_a_work_dir_elsewhere(inputs, reference, tmp_path):
+    """--work-dir moves the plan and scratch out of a local output too: same bytes, nothing of
+    the work left in either place; a Dask client with work_dir is refused."""
+    out, work = tmp_path / "o.zarr", tmp_path / "scratch" / "w"
+    r = subprocess.run([str(CLI), "convert", *inputs, "-o", str(out), "--quiet", *ARGS,
+                        "--work-dir", str(work)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    want, got = tree_bytes(reference), tree_bytes(out)
+    assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
+    assert not work.exists() and not (out / ".zbatch-convert").exists()
+    with pytest.raises(ValueError, match="work_dir"):
+        zbatch.convert(inputs, str(tmp_path / "d.zarr"), client=object(), work_dir=work)
