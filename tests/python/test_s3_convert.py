@@ -203,3 +203,32 @@ def test_local_output_with_a_work_dir_elsewhere(inputs, reference, tmp_path):
     assert not work.exists() and not (out / ".zbatch-convert").exists()
     with pytest.raises(ValueError, match="work_dir"):
         zbatch.convert(inputs, str(tmp_path / "d.zarr"), client=object(), work_dir=work)
+
+
+def test_failed_put_mid_convert_then_rerun(inputs, reference, moto_s3, fault_proxy, tmp_path):
+    """Every PUT into dataset_1's X fails (500, no retries): the conversion fails naming the
+    object and status; nothing in the bucket opens as the collection (no root zarr.json, the
+    marker present) nor as dataset_1; run again without the fault, it finishes identical to the
+    local conversion."""
+    client = moto_s3.client()
+    client.create_bucket(Bucket="fault")
+    proxy = fault_proxy(moto_s3.endpoint_url, rates={"500": 1.0},
+                        path_pattern=r"^/fault/c\.zarr/dataset_1/X/")
+    work = tmp_path / "work"
+    kw = dict(dataset_size=300, memory="64M", chunk=512, num_threads=2, progress=False,
+              work_dir=work)
+    with pytest.raises(zbatch.ZbatchError) as e:
+        zbatch.convert(inputs, "s3://fault/c.zarr",
+                       storage_options=dict(moto_s3.storage_options(proxy.url), max_retries=0),
+                       **kw)
+    msg = str(e.value)
+    assert "HTTP 500" in msg and "dataset_1/X/" in msg, msg
+    keys = _objects(client, "fault", "c.zarr")
+    assert ".zbatch-incomplete" in keys and "zarr.json" not in keys
+    assert "dataset_1/zarr.json" not in keys and "zbatch-manifest.json" not in keys
+    so = moto_s3.storage_options()
+    with pytest.raises(zbatch.ZbatchError):
+        zbatch.open("s3://fault/c.zarr", storage_options=so)
+    manifest = zbatch.convert(inputs, "s3://fault/c.zarr", storage_options=so, **kw)
+    assert manifest == json.loads((reference / "zbatch-manifest.json").read_text())
+    _same_objects(client, "fault", "c.zarr", reference)
