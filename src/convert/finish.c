@@ -9,6 +9,7 @@
 
 #include "convert/convert_int.h"
 #include "util/json.h"
+#include "util/pool.h"
 #include "util/status.h"
 #include "write/write.h"
 #include "zarr/tree.h"
@@ -34,24 +35,65 @@ str_of(json_object *o, const char *key)
     return v ? json_object_get_string(v) : "";
 }
 
-/* Dataset d's files against `expect` (its digest: crc64 hex, files, bytes). */
-static zb_status
-verify_dataset(zb_convert *cv, size_t d, json_object *expect)
+/* Dataset d's fingerprint, read back through the output's store on a pool thread. */
+typedef struct fp_job {
+    zb_convert *cv;
+    size_t d;
+    uint64_t size, crc;
+    zb_status st;
+    char msg[1024];
+} fp_job;
+
+static void
+fp_task(void *arg, zb_ctx *ctx)
 {
+    (void)ctx;
+    fp_job *j = arg;
     char dir[64];
-    snprintf(dir, sizeof dir, "dataset_%zu", d);
-    uint64_t size, crc, want_bytes = 0;
-    /* read back through the output's store: the bytes on disk, or in the bucket */
-    ZB_TRY(cv_output_fingerprint(cv, dir, &size, &crc));
+    snprintf(dir, sizeof dir, "dataset_%zu", j->d);
+    j->st = cv_output_fingerprint(j->cv, dir, &j->size, &j->crc);
+    if (j->st != ZB_OK) snprintf(j->msg, sizeof j->msg, "%s", zb_last_error());
+}
+
+/* The fingerprints of datasets [0, n): several at once from a bucket, which answers many
+ * requests at a time (each is a few round trips per object); one by one from a directory. */
+static zb_status
+fingerprints(zb_convert *cv, size_t n, fp_job **out)
+{
+    *out = NULL;
+    fp_job *jobs = calloc(n ? n : 1, sizeof *jobs);
+    if (!jobs) return zb__err(ZB_E_NOMEM, "checking the datasets");
+    zb__pool *pool = NULL;
+    zb_status st = zb__pool_new(cv->remote ? (int)(n < 16 ? n : 16) : 0, &pool);
+    for (size_t d = 0; d < n && st == ZB_OK; d++) {
+        jobs[d] = (fp_job){.cv = cv, .d = d};
+        zb__pool_submit(pool, fp_task, &jobs[d]);
+    }
+    zb__pool_free(pool);
+    if (st != ZB_OK) {
+        free(jobs);
+        return st;
+    }
+    *out = jobs;
+    return ZB_OK;
+}
+
+/* Dataset d's files (its fingerprint `j`) against `expect` (its digest: crc64 hex, files,
+ * bytes). */
+static zb_status
+check_dataset(const zb_convert *cv, json_object *expect, const fp_job *j)
+{
+    if (j->st != ZB_OK) return zb__err(j->st, "%s", j->msg);
+    uint64_t want_bytes = 0;
     char hex[20];
-    snprintf(hex, sizeof hex, "%016" PRIx64, crc);
+    snprintf(hex, sizeof hex, "%016" PRIx64, j->crc);
     json_object *b = zb__json_get(expect, "bytes");
     if (b) zb__json_u64(b, "bytes", &want_bytes);
-    if (!strcmp(hex, str_of(expect, "crc64")) && size == want_bytes) return ZB_OK;
+    if (!strcmp(hex, str_of(expect, "crc64")) && j->size == want_bytes) return ZB_OK;
     return zb__err(ZB_E_CHECKSUM,
-                   "%s/%s: its files (%" PRIu64 " bytes, CRC-64 %s) differ from what "
+                   "%s/dataset_%zu: its files (%" PRIu64 " bytes, CRC-64 %s) differ from what "
                    "was written (%" PRIu64 " bytes, CRC-64 %s)",
-                   cv->output, dir, size, hex, want_bytes, str_of(expect, "crc64"));
+                   cv->output, j->d, j->size, hex, want_bytes, str_of(expect, "crc64"));
 }
 
 /* ---- root group ------------------------------------------------------------------------------ */
@@ -248,24 +290,40 @@ write_manifest(zb_convert *cv, json_object *m)
     return st;
 }
 
-/* Every dataset of the manifest against its files. */
+/* Every dataset of the manifest against its fingerprint in fp. */
 static zb_status
-verify_manifest(zb_convert *cv, json_object *m)
+check_manifest(const zb_convert *cv, json_object *m, const fp_job *fp)
 {
+    json_object *ds = zb__json_get(m, "datasets");
+    for (size_t d = 0; d < cv->n_datasets; d++)
+        ZB_TRY(check_dataset(cv, json_object_array_get_idx(ds, d), &fp[d]));
+    return ZB_OK;
+}
+
+/* Every dataset of the manifest against its files, read back. */
+static zb_status
+verify_manifest(zb_convert *cv, json_object *m, fp_job **fp)
+{
+    *fp = NULL;
     json_object *ds = zb__json_get(m, "datasets");
     size_t n = ds ? json_object_array_length(ds) : 0;
     if (n != cv->n_datasets)
         return zb__err(ZB_E_CORRUPT, "%s/%s: %zu datasets listed, %" PRIu64 " expected", cv->output,
                        CV_MANIFEST, n, cv->n_datasets);
-    for (size_t d = 0; d < n; d++) ZB_TRY(verify_dataset(cv, d, json_object_array_get_idx(ds, d)));
-    return ZB_OK;
+    ZB_TRY(fingerprints(cv, n, fp));
+    return check_manifest(cv, m, *fp);
 }
 
 zb_status
 zb_convert_finish(zb_convert *cv)
 {
     if (!cv) return zb__err(ZB_E_INVALID, "zb_convert_finish: null handle");
-    if (cv->finished) return verify_manifest(cv, cv->manifest);
+    fp_job *fp = NULL;
+    if (cv->finished) {
+        zb_status st = verify_manifest(cv, cv->manifest, &fp);
+        free(fp);
+        return st;
+    }
     for (zb_convert_phase p = ZB_CONVERT_PREPARE; p < ZB_CONVERT_PHASES_; p++)
         for (size_t i = 0; i < zb_convert_ntasks(cv, p); i++)
             if (!zb_convert_task_done(cv, p, i))
@@ -273,20 +331,21 @@ zb_convert_finish(zb_convert *cv)
                                i, (int)p);
     json_object *m = NULL;
     ZB_TRY(build_manifest(cv, &m));
-    zb_status st = verify_manifest(cv, m);
+    zb_status st = verify_manifest(cv, m, &fp);
     if (st == ZB_E_CHECKSUM) {
         /* a dataset whose files changed after it was written is rewritten by the next run */
         for (uint64_t d = 0; d < cv->n_datasets; d++) {
             json_object *e = json_object_array_get_idx(zb__json_get(m, "datasets"), d);
-            if (verify_dataset(cv, d, e) != ZB_OK) {
+            if (check_dataset(cv, e, &fp[d]) != ZB_OK) {
                 char path[4200];
                 if (cv_path(cv, path, sizeof path, "gather/d%" PRIu64 ".json", d) == ZB_OK)
                     remove(path);
             }
         }
         zb_clear_error();
-        st = verify_manifest(cv, m);
+        st = check_manifest(cv, m, fp);
     }
+    free(fp);
     if (st == ZB_OK) st = write_root(cv);
     if (st == ZB_OK) st = write_manifest(cv, m);
     json_object_put(m);
