@@ -104,6 +104,8 @@ def test_write_array_refuses_http_and_checks_options(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="read-only"):
         zbatch.write_array("https://host/x.zarr", "a", np.arange(3))
+    with pytest.raises(ValueError, match="read-only"):
+        zbatch.write_anndata("http://host/x.zarr", np.zeros((2, 2), np.float32))
     with pytest.raises(ValueError, match="only"):
         zbatch.write_array(str(tmp_path / "l.zarr"), "a", np.arange(3),
                            storage_options={"anon": True})
