@@ -55,8 +55,9 @@ fp_task(void *arg, zb_ctx *ctx)
     if (j->st != ZB_OK) snprintf(j->msg, sizeof j->msg, "%s", zb_last_error());
 }
 
-/* The fingerprints of datasets [0, n): several at once from a bucket, which answers many
- * requests at a time (each is a few round trips per object); one by one from a directory. */
+/* The fingerprints of datasets [0, n): up to 8 at once from a bucket, which answers many
+ * requests at a time (each is a few round trips per object), with a 4 MiB read buffer each
+ * (32 MiB, while the gathers' memory is already free); one by one from a directory. */
 static zb_status
 fingerprints(zb_convert *cv, size_t n, fp_job **out)
 {
@@ -64,7 +65,7 @@ fingerprints(zb_convert *cv, size_t n, fp_job **out)
     fp_job *jobs = calloc(n ? n : 1, sizeof *jobs);
     if (!jobs) return zb__err(ZB_E_NOMEM, "checking the datasets");
     zb__pool *pool = NULL;
-    zb_status st = zb__pool_new(cv->remote ? (int)(n < 16 ? n : 16) : 0, &pool);
+    zb_status st = zb__pool_new(cv->remote ? (int)(n < 8 ? n : 8) : 0, &pool);
     for (size_t d = 0; d < n && st == ZB_OK; d++) {
         jobs[d] = (fp_job){.cv = cv, .d = d};
         zb__pool_submit(pool, fp_task, &jobs[d]);
