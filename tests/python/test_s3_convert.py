@@ -232,3 +232,17 @@ def test_failed_put_mid_convert_then_rerun(inputs, reference, moto_s3, fault_pro
     manifest = zbatch.convert(inputs, "s3://fault/c.zarr", storage_options=so, **kw)
     assert manifest == json.loads((reference / "zbatch-manifest.json").read_text())
     _same_objects(client, "fault", "c.zarr", reference)
+
+
+def test_zarr_v2_collection_into_s3_equals_the_local_one(inputs, moto_s3, tmp_path):
+    """The root's consolidated metadata is built from each dataset's own when the output is a
+    bucket: the v2 documents (.zarray, .zattrs, .zmetadata) must still equal the local ones."""
+    client = moto_s3.client()
+    client.create_bucket(Bucket="conv2")
+    local = tmp_path / "v2.zarr"
+    r = _convert(inputs, str(local), _env(moto_s3, tmp_path), "--format", "v2")
+    assert r.returncode == 0, r.stderr
+    r = _convert(inputs, "s3://conv2/v2.zarr", _env(moto_s3, tmp_path), "--format", "v2")
+    assert r.returncode == 0, r.stderr
+    _same_objects(client, "conv2", "v2.zarr", local)
+    assert (local / ".zmetadata").exists()
