@@ -22,5 +22,9 @@ int zb__cli_python(int argc, char **argv);
  * options from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION /
  * AWS_DEFAULT_REGION and AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (anonymous without keys). */
 zb_status zb__cli_store_open(const char *url, zb_store **out);
+/* The remote options the environment gives: the standard AWS variables, then the profile of the
+ * AWS shared files (strings borrowed from the environment and the process-wide profile).
+ * Errors: a malformed file (naming file and line), a profile AWS_PROFILE names but no file has. */
+zb_status zb__cli_remote_opts(zb_remote_opts *r);
 
 #endif

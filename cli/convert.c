@@ -41,7 +41,12 @@ usage(FILE *f)
         "place, genes aligned by name, categories merged, memory bounded, restartable (run\n"
         "the same command again after a crash).\n"
         "\n"
-        "  -o, --output DIR      the collection to write (a new or empty directory)\n"
+        "  -o, --output DIR      the collection to write (a new or empty directory, or an\n"
+        "                        s3://bucket/prefix URL; credentials from the AWS_*\n"
+        "                        variables, see docs/REMOTE.md)\n"
+        "  --work-dir DIR        local directory for the plan and scratch files (default:\n"
+        "                        OUTPUT/.zbatch-convert; for s3:// outputs\n"
+        "                        $TMPDIR/zbatch-convert-HASH of the URL, so a rerun resumes)\n"
         "  --dataset-size CELLS  cells per dataset (default %" PRIu64 ")\n"
         "  --var-join outer|inner  genes of any input (default) or of every input\n"
         "  --genes FILE          the output's genes, one per line, in that order\n"
@@ -263,9 +268,14 @@ convert_store(const char *src, const char *dst, const zb_copy_opts *o)
 static void
 print_dtypes(const char *output)
 {
-    char path[PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/zbatch-manifest.json", output);
-    json_object *m = json_object_from_file(path), *dt = NULL;
+    zb_store *store = NULL;
+    uint8_t *text = NULL;
+    uint64_t len = 0;
+    if (zb__cli_store_open(output, &store) == ZB_OK)
+        zb_store_read_all(store, "zbatch-manifest.json", &text, &len);
+    zb_store_close(store);
+    json_object *m = text ? json_tokener_parse((const char *)text) : NULL, *dt = NULL;
+    free(text);
     if (m && json_object_object_get_ex(m, "dtypes", &dt) &&
         json_object_is_type(dt, json_type_object)) {
         const char *sep = "stored ";
@@ -305,6 +315,25 @@ convert_collection(const char *const *inputs, size_t n, const char *output, zb_c
     clock_gettime(CLOCK_MONOTONIC, &ps.start);
     o->progress = show_progress;
     o->progress_ctx = &ps;
+    zb_remote_opts remote;
+    char work[PATH_MAX + 64];
+    bool is_remote = strstr(output, "://") && strncmp(output, "file://", 7);
+    bool s3 = !strncmp(output, "s3://", 5);
+    zb_status rs = s3 ? zb__cli_remote_opts(&remote) : ZB_OK;
+    if (rs != ZB_OK) {
+        fprintf(stderr, "zbatch convert: %s: %s\n", zb_strerror(rs), zb_last_error());
+        return 1;
+    }
+    o->remote = s3 ? &remote : NULL;
+    if (!o->work_dir && is_remote) {
+        const char *tmp = getenv("TMPDIR");
+        zb_status ws = zb_convert_default_work_dir(output, tmp, work, sizeof work);
+        if (ws != ZB_OK) {
+            fprintf(stderr, "zbatch convert: %s: %s\n", zb_strerror(ws), zb_last_error());
+            return 1;
+        }
+        o->work_dir = work;
+    }
     zb_status st = zb_convert_run(inputs, n, output, o);
     struct timespec end;
     clock_gettime(CLOCK_MONOTONIC, &end);
@@ -347,6 +376,9 @@ zb__cli_convert(int argc, char **argv)
             goto done;
         } else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && has) {
             output = argv[++i];
+        } else if (!strcmp(a, "--work-dir") && has) {
+            collection_flag = true;
+            o.work_dir = argv[++i];
         } else if (!strcmp(a, "--codec") && has) {
             co.codec = o.codec = argv[++i];
         } else if (!strcmp(a, "--format") && has) {

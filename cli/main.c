@@ -25,6 +25,11 @@ usage(FILE *f)
             "                       nvalchemi's append/defragment damaged, written beside it\n"
             "  bench STORE ...      loader throughput next to the decode-only limit\n"
             "\n"
+            "info, verify and bench read http(s):// and s3://bucket/prefix URLs; convert writes\n"
+            "into s3:// (OUT, DST) and re-encodes from either (SRC). S3 credentials, region and\n"
+            "endpoint come from the AWS_* variables, then the AWS_PROFILE (or default) profile\n"
+            "of ~/.aws/credentials and ~/.aws/config (docs/REMOTE.md).\n"
+            "\n"
             "Run 'zbatch <command> --help' for a command's options.\n",
             ZB_VERSION_STRING);
 }

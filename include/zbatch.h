@@ -209,6 +209,31 @@ enum {
             false                                                                                  \
     }
 
+/* What one profile of the AWS shared files says (~/.aws/credentials and ~/.aws/config, the INI
+ * files the AWS CLI writes). Members are malloc'd (NULL: not given); free with
+ * zb_aws_profile_free. */
+typedef struct zb_aws_profile {
+    char *access_key_id, *secret_access_key, *session_token;
+    char *region;       /* the config file's `region` */
+    char *endpoint_url; /* the config file's `endpoint_url` */
+    bool found;         /* a section for the profile exists in either file */
+} zb_aws_profile;
+
+/* Reads profile `profile` (NULL = "default") from the credentials file (sections [NAME]) and
+ * the config file (sections [profile NAME], or [default]); either path may be NULL or name a
+ * file that does not exist. Credentials come from the credentials file first, then from the
+ * config file; region and endpoint_url from the config file. The caller (the command, the
+ * Python package) finds the paths (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE, ~/.aws/) and
+ * decides what a missing profile means (out->found false). Comments (# ;), blank lines and
+ * indented nested settings (`s3 =` blocks) are skipped.
+ * Errors: ZB_E_INVALID naming the file and line for a line that is neither a section, a
+ * setting nor a comment, a setting before any section, or the profile's section twice in one
+ * file; ZB_E_IO for a file that exists but cannot be read. Messages never hold a value read
+ * from the files. On failure *out holds nothing. Thread-safe. */
+ZB_API zb_status zb_aws_profile_load(const char *credentials_path, const char *config_path,
+                                     const char *profile, zb_aws_profile *out);
+ZB_API void zb_aws_profile_free(zb_aws_profile *p);
+
 /* Options of a store opened by URL or path. Start from ZB_STORE_OPTS_DEFAULT. */
 typedef struct zb_store_opts {
     /* The file backend's mapping budget: how many bytes of data files one store may keep

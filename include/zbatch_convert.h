@@ -64,12 +64,22 @@ extern "C" {
  * constant for the libraries and threads (see docs/CONVERT.md).
  *
  * Restart: the plan, the finished tasks and the work of each phase live in
- * OUTPUT/.zbatch-convert/. A conversion killed at any point and started again with the same
+ * OUTPUT/.zbatch-convert/ (or the `work_dir` option's directory). A conversion killed at any point and started again with the same
  * inputs and options redoes only unfinished tasks and gives a byte-identical result; started
  * with other inputs or options it is refused (ZB_E_INVALID naming what differs). Inputs that
  * changed since the plan (size or modification time) are refused too. Until the finishing
  * step completes the root carries the incomplete marker (ZB_INCOMPLETE_MARKER) and readers
  * refuse the collection.
+ *
+ * An s3:// output (`remote` gives its credentials): the work directory stays local
+ * (`work_dir`); the datasets, the root group with its consolidated metadata and the manifest
+ * are objects of the bucket. Each dataset's data objects go in before the metadata that makes
+ * it openable, the root zarr.json only after every dataset was read back from the bucket and
+ * matched its checksum, then the manifest, and the marker object is erased last, so nothing
+ * half-written is ever visible as complete (S3 has no rename and needs none here). A restart
+ * with the same work directory skips the datasets its finished tasks record; the finishing
+ * step's check against the bytes in the bucket catches any that changed, and rewrites them on
+ * the next run. zb_convert_open and the Dask path take local outputs only.
  * ------------------------------------------------------------------------------------------- */
 
 typedef enum zb_var_join {
@@ -155,12 +165,18 @@ typedef struct zb_convert_opts {
     void *progress_ctx;
     zb_convert_data_dtype data_dtype;   /* of X/data and the layers' data (default AUTO) */
     zb_convert_index_dtype index_dtype; /* of X/indices and the layers' (default AUTO) */
+    const char *work_dir;         /* the local work directory (plan, scratch files, finished tasks);
+                             NULL = OUTPUT/.zbatch-convert. Needed for an s3:// output, whose
+                             scratch stays local: the command and the Python package default to
+                             zb_convert_default_work_dir's. A restart must name the same one. */
+    const zb_remote_opts *remote; /* credentials, endpoint and tuning of an s3:// output (NULL:
+                                     defaults, anonymous); copied when the output is opened */
 } zb_convert_opts;
 
 #define ZB_CONVERT_OPTS_DEFAULT                                                                    \
     {                                                                                              \
         0, ZB_VAR_OUTER, NULL, NULL, 0, NULL, NULL, 0, 0, 0, true, 3, NULL, 0, 0, 0, NULL, NULL,   \
-            ZB_CONVERT_DATA_AUTO, ZB_CONVERT_INDEX_AUTO                                            \
+            ZB_CONVERT_DATA_AUTO, ZB_CONVERT_INDEX_AUTO, NULL, NULL                                \
     }
 
 typedef struct zb_convert zb_convert;
@@ -174,6 +190,14 @@ typedef struct zb_convert zb_convert;
  * from the conversion in progress, an input changed since it was planned). */
 ZB_API zb_status zb_convert_plan(const char *const *inputs, size_t n_inputs, const char *output,
                                  const zb_convert_opts *opts, zb_convert **out);
+
+/* The work directory a conversion into `output` uses when the caller names none and the output
+ * is remote: TMPDIR/zbatch-convert-HEX, HEX a hash of the output URL, so that a restart of the
+ * same conversion finds the work of the killed run. `tmpdir` is the caller's temporary
+ * directory (the library reads no environment variable; NULL = "/tmp"). ZB_E_INVALID when it
+ * does not fit `cap` bytes. */
+ZB_API zb_status zb_convert_default_work_dir(const char *output, const char *tmpdir, char *buf,
+                                             size_t cap);
 
 /* Opens the conversion planned in `output` (by zb_convert_plan, possibly in another process or
  * on another machine sharing the directory), to run its tasks. ZB_E_NOTFOUND when none is. */

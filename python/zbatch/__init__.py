@@ -90,33 +90,18 @@ def _rows_of(value, shape, what):
     return value[0]
 
 
-def _groups_above(store: str, path: str, zarr_format: int) -> None:
-    """Makes the store directory and the group documents of the root and of every group
-    above ``path`` that has none, so zarr-python opens the store and finds the array in it.
-    Existing nodes are left as they are."""
-    import builtins
-    import json
-    import os
-    os.makedirs(store, exist_ok=True)
-    parts = [p for p in path.strip("/").split("/") if p]
-    for depth in range(len(parts)):
-        d = os.path.join(store, *parts[:depth])
-        os.makedirs(d, exist_ok=True)
-        if zarr_format == 2:
-            if not any(os.path.exists(os.path.join(d, k)) for k in (".zgroup", ".zarray")):
-                with builtins.open(os.path.join(d, ".zgroup"), "w") as f:
-                    json.dump({"zarr_format": 2}, f)
-        elif not os.path.exists(os.path.join(d, "zarr.json")):
-            with builtins.open(os.path.join(d, "zarr.json"), "w") as f:
-                json.dump({"zarr_format": 3, "node_type": "group", "attributes": {}}, f)
-
-
 def write_array(store: str, path: str, data, chunks=None, shards=None, codec: Optional[str] = None,
                 zarr_format: int = 3, *, fill_value=None, write_empty_chunks: bool = True,
                 num_threads: int = 1, attributes: Optional[dict] = None,
-                shard_index_location: str = "end") -> None:
+                shard_index_location: str = "end",
+                storage_options: Optional[dict] = None) -> None:
     """Writes ``data`` (a numpy array, or a sequence of ``str``) as a Zarr array at ``path`` in
-    the store directory ``store``.
+    the store ``store``: a directory, or an ``s3://bucket/prefix`` URL (``storage_options`` as
+    for :func:`zbatch.open`; docs/REMOTE.md).
+
+    The chunks go first, then the array's metadata, then the group documents of the root and
+    of every group above ``path`` that has none: a write that fails part-way leaves no node
+    that opens (on S3, where nothing is renamed, as on disk).
 
     ``chunks`` / ``shards`` are rows along axis 0 (an int, or a shape whose other axes are
     whole); ``shards`` needs ``zarr_format=3``. ``codec`` is a codec string such as
@@ -126,11 +111,10 @@ def write_array(store: str, path: str, data, chunks=None, shards=None, codec: Op
 
         >>> zbatch.write_array("out.zarr", "x", np.arange(10.0), chunks=4, codec="zstd:3")
     """
-    from ._remote import is_remote
-    if is_remote(str(store)):
-        raise ValueError(f"{store}: write_array writes local directories; write remote stores "
-                         "with zbatch.write_anndata(..., storage_options=...) or `zbatch convert "
-                         "SRC s3://...` (docs/REMOTE.md)")
+    import os
+    from ._remote import writable_options
+    store = os.fspath(store)
+    remote = writable_options(store, storage_options)
     arr = data if isinstance(data, _np.ndarray) else _np.asarray(data)
     if arr.ndim == 0:
         raise ValueError("write_array needs at least one dimension")
@@ -154,12 +138,14 @@ def write_array(store: str, path: str, data, chunks=None, shards=None, codec: Op
     fill = None
     if fill_value is not None and dtype_name != "string":
         fill = _np.array(fill_value, dtype=arr.dtype.newbyteorder("=")).tobytes()
-    _groups_above(str(store), str(path), int(zarr_format))
+    if remote is None:
+        os.makedirs(store, exist_ok=True)
     _zbatch.write_array(str(store), str(path), dtype_name, tuple(arr.shape), buf,
                         _rows_of(chunks, arr.shape, "chunks"),
                         _rows_of(shards, arr.shape, "shards"), codec, int(zarr_format),
                         int(num_threads), None if attributes is None else _json.dumps(attributes),
-                        bool(write_empty_chunks), fill, shard_index_location == "start", offsets)
+                        bool(write_empty_chunks), fill, shard_index_location == "start", offsets,
+                        remote)
 
 
 from .dataset import Batch, Dataset, InMemoryDataset, MultiDataset, open  # noqa: E402

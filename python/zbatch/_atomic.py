@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import _zbatch
+from ._remote import writable_options
 
 __all__ = ["AtomicWriter", "ArrayConfig", "WriteConfig", "ATOM_KEYS", "EDGE_KEYS", "SYSTEM_KEYS",
            "sample_from_atoms"]
@@ -359,7 +360,8 @@ class AtomicWriter:
     Parameters
     ----------
     store : str or os.PathLike
-        The store's directory (it is created by :meth:`write`).
+        The store's directory (it is created by :meth:`write`), or an ``s3://bucket/prefix/name``
+        URL.
     config : WriteConfig, dict or None
         Storage of new arrays (see :class:`WriteConfig`); appends keep each array's own.
     levels : dict, optional
@@ -372,6 +374,11 @@ class AtomicWriter:
         For ``ase.Atoms`` samples: build neighbor_list and shifts with this cutoff.
     block_size : int, default 4096
         Samples converted and handed to the writer at a time (memory stays bounded).
+    storage_options : dict, optional
+        For an ``s3://`` store: credentials, endpoint and tuning, as for :func:`zbatch.open`
+        (docs/REMOTE.md). On S3 every object is one PUT (or an aborted-on-failure multipart
+        upload) and the root ``zarr.json`` is written last, so a failed write leaves nothing
+        that opens; :meth:`defragment` moves objects one by one there (S3 has no rename).
 
     Samples are dicts of arrays (``positions`` [n, 3], ``atomic_numbers`` [n], ``forces``,
     ``energy``, ``cell`` [3, 3], ``pbc`` [3], ``neighbor_list`` [e, 2] with per-sample 0-based
@@ -381,9 +388,18 @@ class AtomicWriter:
 
     def __init__(self, store: Union[str, os.PathLike], config: ConfigLike = None, *,
                  levels: Optional[Mapping[str, str]] = None, float_dtype: Any = np.float32,
-                 cutoff: Optional[float] = None, block_size: int = 4096) -> None:
-        self.path = os.path.abspath(os.fspath(store))
-        self._root, self._name = _split_store_path(store)
+                 cutoff: Optional[float] = None, block_size: int = 4096,
+                 storage_options: Optional[Mapping[str, Any]] = None) -> None:
+        self._remote = writable_options(os.fspath(store), storage_options)
+        if self._remote is None:
+            self.path = os.path.abspath(os.fspath(store))
+            self._root, self._name = _split_store_path(store)
+        else:
+            self.path = os.fspath(store).rstrip("/")
+            self._root, _, self._name = self.path.rpartition("/")
+            if self._root.endswith(":/"):
+                raise ValueError(f"{store!r}: an s3:// store needs a name below the bucket, "
+                                 "e.g. s3://bucket/atoms.zarr")
         self.config = config
         self._config = _config_dict(config)
         self.levels = dict(levels or {})
@@ -399,6 +415,46 @@ class AtomicWriter:
     def __repr__(self) -> str:
         return f"AtomicWriter({self.path!r})"
 
+    # -- the store's objects, on disk or in a bucket ------------------------------------------
+
+    def _has(self, key: str) -> bool:
+        if self._remote is None:
+            return os.path.exists(os.path.join(self.path, key))
+        return _zbatch.store_read(self._root, self._remote, f"{self._name}/{key}") is not None
+
+    def _read_json(self, key: str) -> Any:
+        if self._remote is None:
+            with open(os.path.join(self.path, key)) as f:
+                return json.load(f)
+        data = _zbatch.store_read(self._root, self._remote, f"{self._name}/{key}")
+        if data is None:
+            raise FileNotFoundError(f"{self.path}/{key}")
+        return json.loads(data)
+
+    def _children(self, prefix: str, dirs: bool) -> list[str]:
+        """Names below ``prefix`` ("" = the store's parent): directories when ``dirs``, else
+        every entry."""
+        if self._remote is None:
+            d = os.path.join(self.path, prefix) if prefix else self._root
+            if not os.path.isdir(d):
+                return []
+            return sorted(e for e in os.listdir(d)
+                          if not dirs or os.path.isdir(os.path.join(d, e)))
+        where = f"{self._name}/{prefix}" if prefix else ""
+        return sorted(n for n, is_dir in _zbatch.store_list(self._root, self._remote, where)
+                      if is_dir or not dirs)
+
+    def _exists_at_all(self) -> bool:
+        if self._remote is None:
+            return os.path.exists(self.path)
+        return bool(_zbatch.store_list(self._root, self._remote, self._name))
+
+    def _remove(self) -> None:
+        if self._remote is None:
+            shutil.rmtree(self.path, ignore_errors=True)
+        else:
+            _zbatch.store_remove_tree(self._root, self._remote, self._name)
+
     # -- writing -----------------------------------------------------------------------------
 
     def write(self, samples: Iterable[Any]) -> None:
@@ -406,26 +462,27 @@ class AtomicWriter:
 
         Raises ``FileExistsError`` if a store is already there.
         """
-        if os.path.exists(os.path.join(self.path, "zarr.json")):
+        if self._has("zarr.json"):
             raise FileExistsError(f"Zarr store already exists at {self.path}")
-        os.makedirs(self._root, exist_ok=True)
-        existed = os.path.exists(self.path)
+        if self._remote is None:
+            os.makedirs(self._root, exist_ok=True)
+        existed = self._exists_at_all()
         try:
             self._stream(samples, append=False)
         except BaseException:
             # a refused or failed write leaves nothing behind (the C writer's debris, a marked
             # incomplete store, is refused by readers but would still sit at the path)
             if not existed:
-                shutil.rmtree(self.path, ignore_errors=True)
+                self._remove()
             raise
 
     def append(self, samples: Iterable[Any]) -> None:
         """Appends ``samples``; they must have exactly the store's fields (core and custom), or
         nothing is written. Raises ``FileNotFoundError`` if there is no store."""
-        if not os.path.exists(os.path.join(self.path, "zarr.json")) and any(
-                e.startswith(self._name + ".zbatch-") for e in os.listdir(self._root)):
+        if not self._has("zarr.json") and any(
+                e.startswith(self._name + ".zbatch-") for e in self._children("", False)):
             self.recover()  # a defragment was interrupted: put the dataset back first
-        if not os.path.exists(os.path.join(self.path, "zarr.json")):
+        if not self._has("zarr.json"):
             raise FileNotFoundError(f"Zarr store does not exist at {self.path}")
         self._stream(samples, append=True)
 
@@ -437,7 +494,8 @@ class AtomicWriter:
                 return  # nothing to append (as nvalchemi)
             raise ValueError("No data provided to write.")
         schema = self._store_schema() if append else None
-        w = _zbatch.atomic_writer_open(self._root, self._name, append, self._config)
+        w = _zbatch.atomic_writer_open(self._root, self._name, append, self._config,
+                                       self._remote)
         try:
             count = 0
             while block:
@@ -450,19 +508,14 @@ class AtomicWriter:
 
     def _store_schema(self) -> dict[str, tuple[str, str, np.dtype, tuple[int, ...]]]:
         """name -> (group, level, dtype, row shape) of the store's arrays."""
-        with open(os.path.join(self.path, "zarr.json")) as f:
-            fields = json.load(f).get("attributes", {}).get("fields", {})
+        fields = self._read_json("zarr.json").get("attributes", {}).get("fields", {})
         out = {}
         for group in ("core", "custom"):
-            gdir = os.path.join(self.path, group)
-            if not os.path.isdir(gdir):
-                continue
-            for name in sorted(os.listdir(gdir)):
-                meta = os.path.join(gdir, name, "zarr.json")
-                if name.startswith(".") or not os.path.exists(meta):
+            for name in self._children(group, True):
+                meta = f"{group}/{name}/zarr.json"
+                if name.startswith(".") or not self._has(meta):
                     continue
-                with open(meta) as f:
-                    doc = json.load(f)
+                doc = self._read_json(meta)
                 if doc.get("node_type") != "array":
                     continue
                 level = fields.get(group, {}).get(name)
@@ -576,15 +629,18 @@ class AtomicWriter:
         if ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0):
             raise IndexError("indices must be non-negative integers")
         _zbatch.atomic_delete(self._root, self._name,
-                              np.ascontiguousarray(ids.reshape(-1), dtype=np.uint64).tobytes())
+                              np.ascontiguousarray(ids.reshape(-1), dtype=np.uint64).tobytes(),
+                              self._remote)
 
     def defragment(self, config: ConfigLike = None) -> None:
         """Rewrites the store with only its live samples and swaps it in atomically. ``config``
         None keeps every array's codec and chunking."""
         try:
-            _zbatch.atomic_defragment(self._root, self._name, _config_dict(config))
+            _zbatch.atomic_defragment(self._root, self._name, _config_dict(config),
+                                      self._remote)
         finally:
-            self._prune_empty_siblings()
+            if self._remote is None:
+                self._prune_empty_siblings()
 
     def _prune_empty_siblings(self) -> None:
         # The file backend's erase removes files but not directories, so a removed old (or failed
@@ -614,13 +670,13 @@ class AtomicWriter:
         a = np.ascontiguousarray(a)
         _zbatch.atomic_add_custom(self._root, self._name, self._config,
                                   ("custom", key, level, a.dtype.name, tuple(a.shape[1:]), a),
-                                  a.shape[0])
+                                  a.shape[0], self._remote)
 
     def check(self) -> dict[str, Any]:
         """The §8.2 invariants (ZbatchError ``ZB_E_CORRUPT`` naming the array if broken) and a
         summary: num_samples, num_live, num_atoms, num_edges, num_fields, uncommitted_tail."""
-        return _zbatch.atomic_check(self._root, self._name)
+        return _zbatch.atomic_check(self._root, self._name, self._remote)
 
     def recover(self) -> None:
         """Repairs what a crash left (an interrupted append or defragment)."""
-        _zbatch.atomic_recover(self._root, self._name)
+        _zbatch.atomic_recover(self._root, self._name, self._remote)

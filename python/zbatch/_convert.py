@@ -15,6 +15,7 @@ import tempfile
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from . import _zbatch
+from ._remote import writable_options
 
 __all__ = ["convert"]
 
@@ -158,7 +159,8 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
             shard: Optional[int] = None, num_threads: Optional[int] = None,
             data_dtype: Any = None, narrow_indices: Optional[bool] = None,
             progress: Union[bool, Callable[[dict], Any]] = True, client=None,
-            retries: int = 2) -> dict:
+            retries: int = 2, work_dir: Optional[PathLike] = None,
+            storage_options: Optional[dict] = None) -> dict:
     """Converts AnnData inputs into a pre-shuffled collection of sharded AnnData datasets.
 
     ``inputs`` are ``.h5ad`` files or anndata Zarr stores; ``output`` is a new (or empty)
@@ -195,6 +197,14 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
     workers with ``retries`` retries each; the workers must see ``output`` and the inputs at
     the same paths. The result has the same bytes as without a client.
 
+    ``output`` may be an ``s3://bucket/prefix`` URL (``storage_options`` as for
+    :func:`zbatch.open`): the scratch files stay in the local ``work_dir`` (default: a
+    directory named after the URL in the temporary directory, so that calling again after an
+    interruption resumes), the datasets, the root group and the manifest go into the bucket,
+    each dataset's objects before the metadata that makes it openable and the collection's
+    root ``zarr.json`` only after every dataset was read back and matched its checksum
+    (docs/REMOTE.md). ``work_dir`` also moves a local output's work elsewhere.
+
     Returns the manifest (``output/zbatch-manifest.json``): the options, each input's size,
     CRC-64 and cell count, and each dataset's cells, nonzeros and CRC-64, verified against the
     files.
@@ -206,6 +216,15 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
     """
     paths = _paths(inputs)
     out = os.fspath(output)
+    remote = writable_options(out, storage_options)
+    if remote is not None and client is not None:
+        raise ValueError(f"{out}: the Dask path writes local outputs only; convert into s3:// "
+                         "without a client (the work directory stays local)")
+    if work_dir is not None and client is not None:
+        raise ValueError("work_dir with a Dask client: the workers find the plan in "
+                         "OUTPUT/.zbatch-convert, so leave work_dir out")
+    if work_dir is None and remote is not None:
+        work_dir = _zbatch.convert_default_work_dir(out, tempfile.gettempdir())
     if var_join not in ("outer", "inner"):
         raise ValueError(f"var_join must be 'outer' or 'inner', not {var_join!r}")
     if zarr_format not in (2, 3):
@@ -244,6 +263,8 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
         "num_threads": threads,
         "data_dtype": _data_dtype(data_dtype),
         "index_dtype": _index_dtype(narrow_indices),
+        "work_dir": None if work_dir is None else os.fspath(work_dir),
+        "remote": remote,
     }
     bar = _Progress(progress, "cells" if client is None else "tasks")
     try:
@@ -255,6 +276,8 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
         bar.close()
         if tmp is not None:
             os.unlink(tmp.name)
+    if remote is not None:
+        return json.loads(_zbatch.store_read(out, remote, "zbatch-manifest.json"))
     with open(os.path.join(out, "zbatch-manifest.json"), encoding="utf-8") as f:
         return json.load(f)
 

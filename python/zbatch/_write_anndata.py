@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from . import _zbatch
-from ._remote import remote_options
+from ._remote import writable_options
 
 __all__ = ["write_anndata"]
 
@@ -363,7 +363,7 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
             x_chunk = min(max(1, (1 << 20) // max(1, n_vars * dtype.itemsize)), max(1, n_obs))
 
     path = os.fspath(store)
-    remote = remote_options(path, storage_options)
+    remote = writable_options(path, storage_options)
     if remote is None:
         os.makedirs(path, exist_ok=True)
     w = _zbatch.AnndataWriter(path, n_vars, "csr" if csr else "dense", dtype.str,

@@ -16,6 +16,10 @@ PyObject *zbpy_raise(zb_status st, const char *detail);
  * are borrowed from the dict. Returns 0, or -1 with an exception set. */
 int zbpy_remote_opts(PyObject *dict, zb_remote_opts *o);
 
+/* Opens `url` with the options zbpy_remote_opts gave (a local path ignores them). Plain C: call
+ * it with the GIL released. */
+zb_status zbpy_store_open(const char *url, const zb_remote_opts *remote, zb_store **out);
+
 /* The store's counters as a dict (requests, retries, ranges, bytes, max_in_flight). */
 PyObject *zbpy_store_stats(zb_store *store);
 

@@ -320,9 +320,12 @@ py_writer_open(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *root, *path;
+    PyObject *remote = NULL;
     int append;
     PyObject *cfg_obj;
-    if (!PyArg_ParseTuple(args, "sspO", &root, &path, &append, &cfg_obj)) return NULL;
+    if (!PyArg_ParseTuple(args, "sspO|O", &root, &path, &append, &cfg_obj, &remote)) return NULL;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return NULL;
     py_cfg c;
     int use;
     if (parse_config(cfg_obj, &c, &use) < 0) {
@@ -336,7 +339,7 @@ py_writer_open(PyObject *self, PyObject *args)
     }
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open(root, &pw->store);
+    st = zbpy_store_open(root, &ro, &pw->store);
     if (st == ZB_OK)
         st = append ? zb_atomic_writer_open_append(pw->store, path, use ? &c.cfg : NULL, &pw->w)
                     : zb_atomic_writer_open(pw->store, path, use ? &c.cfg : NULL, &pw->w);
@@ -442,8 +445,14 @@ py_delete(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *root, *path;
+    PyObject *remote = NULL;
     Py_buffer ids = {0};
-    if (!PyArg_ParseTuple(args, "ssy*", &root, &path, &ids)) return NULL;
+    if (!PyArg_ParseTuple(args, "ssy*|O", &root, &path, &ids, &remote)) return NULL;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) {
+        PyBuffer_Release(&ids);
+        return NULL;
+    }
     if (ids.len % 8) {
         PyBuffer_Release(&ids);
         PyErr_SetString(PyExc_ValueError, "ids must be a uint64 buffer");
@@ -452,7 +461,7 @@ py_delete(PyObject *self, PyObject *args)
     zb_store *store = NULL;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open(root, &store);
+    st = zbpy_store_open(root, &ro, &store);
     if (st == ZB_OK) st = zb_atomic_delete(store, path, ids.buf, (size_t)ids.len / 8);
     zb_store_close(store);
     Py_END_ALLOW_THREADS
@@ -467,8 +476,11 @@ py_defragment(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *root, *path;
+    PyObject *remote = NULL;
     PyObject *cfg_obj;
-    if (!PyArg_ParseTuple(args, "ssO", &root, &path, &cfg_obj)) return NULL;
+    if (!PyArg_ParseTuple(args, "ssO|O", &root, &path, &cfg_obj, &remote)) return NULL;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return NULL;
     py_cfg c;
     int use;
     if (parse_config(cfg_obj, &c, &use) < 0) {
@@ -478,7 +490,7 @@ py_defragment(PyObject *self, PyObject *args)
     zb_store *store = NULL;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open(root, &store);
+    st = zbpy_store_open(root, &ro, &store);
     if (st == ZB_OK) st = zb_atomic_defragment(store, path, use ? &c.cfg : NULL);
     zb_store_close(store);
     Py_END_ALLOW_THREADS
@@ -493,10 +505,14 @@ py_add_custom(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *root, *path;
+    PyObject *remote = NULL;
     PyObject *cfg_obj, *field;
     unsigned long long n_rows;
-    if (!PyArg_ParseTuple(args, "ssOOO&", &root, &path, &cfg_obj, &field, zbpy_u64, &n_rows))
+    if (!PyArg_ParseTuple(args, "ssOOO&|O", &root, &path, &cfg_obj, &field, zbpy_u64, &n_rows,
+                          &remote))
         return NULL;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return NULL;
     py_cfg c;
     int use;
     py_fields pf;
@@ -511,7 +527,7 @@ py_add_custom(PyObject *self, PyObject *args)
     zb_store *store = NULL;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open(root, &store);
+    st = zbpy_store_open(root, &ro, &store);
     if (st == ZB_OK) st = zb_atomic_add_custom(store, path, use ? &c.cfg : NULL, &pf.f[0], n_rows);
     zb_store_close(store);
     Py_END_ALLOW_THREADS
@@ -534,12 +550,15 @@ py_check(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *root, *path;
-    if (!PyArg_ParseTuple(args, "ss", &root, &path)) return NULL;
+    PyObject *remote = NULL;
+    if (!PyArg_ParseTuple(args, "ss|O", &root, &path, &remote)) return NULL;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return NULL;
     zb_store *store = NULL;
     zb_atomic_summary sum;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open(root, &store);
+    st = zbpy_store_open(root, &ro, &store);
     if (st == ZB_OK) st = zb_atomic_check(store, path, &sum);
     zb_store_close(store);
     Py_END_ALLOW_THREADS
@@ -558,11 +577,14 @@ py_recover(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *root, *path;
-    if (!PyArg_ParseTuple(args, "ss", &root, &path)) return NULL;
+    PyObject *remote = NULL;
+    if (!PyArg_ParseTuple(args, "ss|O", &root, &path, &remote)) return NULL;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return NULL;
     zb_store *store = NULL;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open(root, &store);
+    st = zbpy_store_open(root, &ro, &store);
     if (st == ZB_OK) st = zb_atomic_recover(store, path);
     zb_store_close(store);
     Py_END_ALLOW_THREADS
@@ -572,18 +594,20 @@ py_recover(PyObject *self, PyObject *args)
 
 static PyMethodDef atomic_methods[] = {
     {"atomic_writer_open", py_writer_open, METH_VARARGS,
-     "atomic_writer_open(store_root, path, append, config) -> writer"},
+     "atomic_writer_open(store_root, path, append, config, remote=None) -> writer"},
     {"atomic_writer_add", py_writer_add, METH_VARARGS,
      "atomic_writer_add(writer, n_samples, atoms_counts, edges_counts, fields) -> None"},
     {"atomic_writer_commit", py_writer_commit, METH_O, "atomic_writer_commit(writer) -> int"},
     {"atomic_writer_close", py_writer_close, METH_O, "atomic_writer_close(writer) -> None"},
-    {"atomic_delete", py_delete, METH_VARARGS, "atomic_delete(store_root, path, ids) -> None"},
+    {"atomic_delete", py_delete, METH_VARARGS,
+     "atomic_delete(store_root, path, ids, remote=None) -> None"},
     {"atomic_defragment", py_defragment, METH_VARARGS,
-     "atomic_defragment(store_root, path, config) -> None"},
+     "atomic_defragment(store_root, path, config, remote=None) -> None"},
     {"atomic_add_custom", py_add_custom, METH_VARARGS,
-     "atomic_add_custom(store_root, path, config, field, n_rows) -> None"},
-    {"atomic_check", py_check, METH_VARARGS, "atomic_check(store_root, path) -> dict"},
-    {"atomic_recover", py_recover, METH_VARARGS, "atomic_recover(store_root, path) -> None"},
+     "atomic_add_custom(store_root, path, config, field, n_rows, remote=None) -> None"},
+    {"atomic_check", py_check, METH_VARARGS, "atomic_check(store_root, path, remote=None) -> dict"},
+    {"atomic_recover", py_recover, METH_VARARGS,
+     "atomic_recover(store_root, path, remote=None) -> None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -37,6 +37,7 @@ string_list(PyObject *list, size_t *n, const char *what)
 
 typedef struct parsed {
     zb_convert_opts o;
+    zb_remote_opts remote; /* strings borrowed from the options dict */
     const char **inputs, **obs, **layers;
     size_t n_inputs;
 } parsed;
@@ -71,7 +72,8 @@ get_str(PyObject *d, const char *key)
  * obs (list or None), x, layers (list), memory_bytes, seed, shuffle, zarr_format, codec,
  * x_chunk, x_shard (0 = default, -1 = unsharded), num_threads, data_dtype ("auto", "keep",
  * "uint8", "uint16", "float32"; checked by the caller), index_dtype ("auto", "int32",
- * "narrow"). */
+ * "narrow"), work_dir (str or None), remote (the dict of zbatch._remote.remote_options, or
+ * None). */
 static int
 parse(PyObject *inputs, PyObject *opts, parsed *p)
 {
@@ -118,6 +120,12 @@ parse(PyObject *inputs, PyObject *opts, parsed *p)
     if (obs && obs != Py_None) {
         if (!(p->obs = string_list(obs, &p->o.n_obs, "obs"))) return -1;
         p->o.obs = p->obs;
+    }
+    p->o.work_dir = get_str(opts, "work_dir");
+    PyObject *remote = PyDict_GetItemString(opts, "remote");
+    if (remote && remote != Py_None) {
+        if (zbpy_remote_opts(remote, &p->remote) < 0) return -1;
+        p->o.remote = &p->remote;
     }
     PyObject *layers = PyDict_GetItemString(opts, "layers");
     if (layers && layers != Py_None) {
@@ -281,7 +289,22 @@ py_convert_limit(PyObject *self, PyObject *args)
                          (unsigned long long)l.output_bytes);
 }
 
+/* convert_default_work_dir(output, tmpdir) -> str */
+static PyObject *
+py_default_work_dir(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *output, *tmpdir;
+    if (!PyArg_ParseTuple(args, "ss", &output, &tmpdir)) return NULL;
+    char buf[4096];
+    zb_status st = zb_convert_default_work_dir(output, tmpdir, buf, sizeof buf);
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    return PyUnicode_FromString(buf);
+}
+
 static PyMethodDef methods[] = {
+    {"convert_default_work_dir", py_default_work_dir, METH_VARARGS,
+     "convert_default_work_dir(output, tmpdir) -> str"},
     {"convert_run", py_convert_run, METH_VARARGS, "convert_run(inputs, output, opts, progress)"},
     {"convert_plan", py_convert_plan, METH_VARARGS, "convert_plan(inputs, output, opts) -> dict"},
     {"convert_task", py_convert_task, METH_VARARGS,

@@ -2,6 +2,7 @@
  * a zb_remote_opts, and stores open with it. The dict's strings are borrowed only until the
  * store is open (libzbatch copies them). */
 #include "ext.h"
+#include "write/atomistic_int.h"
 
 #include <string.h>
 
@@ -73,6 +74,14 @@ zbpy_remote_opts(PyObject *dict, zb_remote_opts *o)
     NUM("part_bytes", part_bytes, uint64_t)
 #undef NUM
     return 0;
+}
+
+zb_status
+zbpy_store_open(const char *url, const zb_remote_opts *remote, zb_store **out)
+{
+    zb_store_opts so = ZB_STORE_OPTS_DEFAULT;
+    so.remote = remote;
+    return zb_store_open_opts(url, &so, out);
 }
 
 PyObject *
@@ -156,7 +165,151 @@ done:
     return out;
 }
 
+/* store_read(url, remote, key) -> bytes, or None when the object is absent: the small documents
+ * (zarr.json, markers) the Python writers look at, from a local directory or a bucket alike. */
+static PyObject *
+py_store_read(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *url, *key;
+    PyObject *remote;
+    if (!PyArg_ParseTuple(args, "sOs", &url, &remote, &key)) return NULL;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return NULL;
+    zb_store *store = NULL;
+    uint8_t *data = NULL;
+    uint64_t len = 0;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zbpy_store_open(url, &ro, &store);
+    if (st == ZB_OK) st = zb_store_read_all(store, key, &data, &len);
+    zb_store_close(store);
+    Py_END_ALLOW_THREADS
+    if (st == ZB_E_NOTFOUND) {
+        zb_clear_error();
+        Py_RETURN_NONE;
+    }
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    PyObject *out = PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)len);
+    free(data);
+    return out;
+}
+
+typedef struct listing {
+    PyObject *list;
+    int failed;
+} listing;
+
+static int
+add_name(void *ctx, const char *name, bool is_dir)
+{
+    listing *l = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *t = Py_BuildValue("(sO)", name, is_dir ? Py_True : Py_False);
+    if (!t || PyList_Append(l->list, t) < 0) l->failed = 1;
+    Py_XDECREF(t);
+    PyGILState_Release(g);
+    return l->failed;
+}
+
+/* store_list(url, remote, prefix) -> [(name, is_dir)]: the children of `prefix`; [] when there
+ * is none. */
+static PyObject *
+py_store_list(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *url, *prefix;
+    PyObject *remote;
+    if (!PyArg_ParseTuple(args, "sOs", &url, &remote, &prefix)) return NULL;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return NULL;
+    listing l = {PyList_New(0), 0};
+    if (!l.list) return NULL;
+    zb_store *store = NULL;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zbpy_store_open(url, &ro, &store);
+    if (st == ZB_OK) st = zb_store_list(store, prefix, add_name, &l);
+    zb_store_close(store);
+    Py_END_ALLOW_THREADS
+    if (st == ZB_E_NOTFOUND) {
+        zb_clear_error();
+        st = ZB_OK;
+    }
+    if (l.failed || st != ZB_OK) {
+        Py_DECREF(l.list);
+        return l.failed ? NULL : zbpy_raise(st, NULL);
+    }
+    return l.list;
+}
+
+/* store_remove_tree(url, remote, prefix): erases every object below `prefix` (its root
+ * document first, so what a failure leaves is not a store). */
+static PyObject *
+py_store_remove_tree(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *url, *prefix;
+    PyObject *remote;
+    if (!PyArg_ParseTuple(args, "sOs", &url, &remote, &prefix)) return NULL;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) return NULL;
+    zb_store *store = NULL;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zbpy_store_open(url, &ro, &store);
+    if (st == ZB_OK) st = zb__at_remove_tree(store, prefix);
+    zb_store_close(store);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    Py_RETURN_NONE;
+}
+
+static int
+put_str(PyObject *d, const char *k, const char *v)
+{
+    if (!v) return 0;
+    PyObject *o = PyUnicode_FromString(v);
+    int rc = o ? PyDict_SetItemString(d, k, o) : -1;
+    Py_XDECREF(o);
+    return rc;
+}
+
+/* aws_profile(credentials_path, config_path, profile) -> dict: what zb_aws_profile_load read
+ * ("found", and the keys given: access_key_id, secret_access_key, session_token, region,
+ * endpoint_url). */
+static PyObject *
+py_aws_profile(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *cred, *conf, *profile;
+    if (!PyArg_ParseTuple(args, "zzz", &cred, &conf, &profile)) return NULL;
+    zb_aws_profile p;
+    zb_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = zb_aws_profile_load(cred, conf, profile, &p);
+    Py_END_ALLOW_THREADS
+    if (st != ZB_OK) return zbpy_raise(st, NULL);
+    PyObject *d = PyDict_New();
+    if (d && (PyDict_SetItemString(d, "found", p.found ? Py_True : Py_False) < 0 ||
+              put_str(d, "access_key_id", p.access_key_id) < 0 ||
+              put_str(d, "secret_access_key", p.secret_access_key) < 0 ||
+              put_str(d, "session_token", p.session_token) < 0 ||
+              put_str(d, "region", p.region) < 0 || put_str(d, "endpoint_url", p.endpoint_url) < 0))
+        Py_CLEAR(d);
+    zb_aws_profile_free(&p);
+    return d;
+}
+
 static PyMethodDef remote_methods[] = {
+    {"aws_profile", py_aws_profile, METH_VARARGS,
+     "aws_profile(credentials_path, config_path, profile) -> dict"},
+    {"store_read", py_store_read, METH_VARARGS,
+     "store_read(url, remote, key) -> bytes or None (absent)"},
+    {"store_list", py_store_list, METH_VARARGS,
+     "store_list(url, remote, prefix) -> [(name, is_dir)]"},
+    {"store_remove_tree", py_store_remove_tree, METH_VARARGS,
+     "store_remove_tree(url, remote, prefix) -> None"},
     {"read_ranges", py_read_ranges, METH_VARARGS,
      "read_ranges(url, remote, [(key, offset, length)]) -> ([(status, bytes)], stats)"},
     {NULL, NULL, 0, NULL},

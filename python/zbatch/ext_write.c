@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "ext.h"
+#include "write/write.h"
 
 static int
 dtype_from_name(const char *name, zb_dtype *out)
@@ -16,7 +17,7 @@ dtype_from_name(const char *name, zb_dtype *out)
 
 /* write_array(store_path, path, dtype_name, shape, data, chunk_rows, shard_rows, codec,
  *             zarr_format, num_threads, attributes_json, write_empty_chunks, fill_bytes,
- *             index_at_start, string_offsets)
+ *             index_at_start, string_offsets, remote)
  * data: a C-contiguous buffer of the elements, or for strings the concatenated UTF-8 bytes
  * with string_offsets (an int64 buffer of n+1 offsets). */
 static PyObject *
@@ -24,15 +25,20 @@ py_write_array(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *store_path, *path, *dtype_name, *codec = NULL, *attrs = NULL;
-    PyObject *shape_obj, *fill_obj, *offsets_obj;
+    PyObject *shape_obj, *fill_obj, *offsets_obj, *remote = NULL;
     Py_buffer data = {0}, offsets = {0}, fill = {0};
     unsigned long long chunk_rows, shard_rows;
     int zarr_format, num_threads, write_empty, index_at_start;
-    if (!PyArg_ParseTuple(args, "sssOy*O&O&ziizpOpO", &store_path, &path, &dtype_name, &shape_obj,
+    if (!PyArg_ParseTuple(args, "sssOy*O&O&ziizpOpO|O", &store_path, &path, &dtype_name, &shape_obj,
                           &data, zbpy_u64, &chunk_rows, zbpy_u64, &shard_rows, &codec, &zarr_format,
                           &num_threads, &attrs, &write_empty, &fill_obj, &index_at_start,
-                          &offsets_obj))
+                          &offsets_obj, &remote))
         return NULL;
+    zb_remote_opts ro;
+    if (zbpy_remote_opts(remote, &ro) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
     PyObject *result = NULL;
     zb_store *store = NULL;
     zb_array_writer *w = NULL;
@@ -90,7 +96,7 @@ py_write_array(PyObject *self, PyObject *args)
     o.attributes_json = attrs;
     o.fill_value = fill.buf;
     Py_BEGIN_ALLOW_THREADS
-    st = zb_store_open(store_path, &store);
+    st = zbpy_store_open(store_path, &ro, &store);
     if (st == ZB_OK) st = zb_array_writer_open(store, path, dtype, (int)ndim, shape + 1, &o, &w);
     if (st == ZB_OK) {
         if (dtype == ZB_DT_STRING)
@@ -99,6 +105,8 @@ py_write_array(PyObject *self, PyObject *args)
             st = zb_array_writer_append(w, data.buf, shape[0]);
     }
     if (st == ZB_OK) st = zb_array_writer_commit(w);
+    /* the groups after the array's commit: a failed write leaves no new group pointing at it */
+    if (st == ZB_OK) st = zb__write_groups_above(store, path, zarr_format);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK) {
         zbpy_raise(st, NULL);

@@ -390,24 +390,51 @@ cv_gene_map(zb_convert *cv, uint32_t k, size_t j, const int32_t **out)
 
 /* ---- the handle -------------------------------------------------------------------------------- */
 
-static zb_convert *
-convert_alloc(const char *output)
+/* A handle for `output`, its work directory (NULL: OUTPUT/.zbatch-convert) and its store. */
+static zb_status
+convert_alloc(const char *output, const char *work_dir, const zb_remote_opts *remote,
+              zb_convert **out)
 {
+    *out = NULL;
     zb_convert *cv = calloc(1, sizeof *cv);
-    if (!cv) return NULL;
+    if (!cv) return zb__err(ZB_E_NOMEM, "a conversion handle");
     size_t n = strlen(output);
     while (n > 1 && output[n - 1] == '/') n--;
     cv->output = strndup(output, n);
-    cv->work = malloc(n + sizeof CV_WORK_DIR + 1);
-    if (!cv->output || !cv->work) {
-        free(cv->output);
-        free(cv->work);
-        free(cv);
-        return NULL;
-    }
-    sprintf(cv->work, "%s/%s", cv->output, CV_WORK_DIR);
+    cv->work = work_dir ? strdup(work_dir) : malloc(n + sizeof CV_WORK_DIR + 1);
     pthread_mutex_init(&cv->lock, NULL);
-    return cv;
+    if (!cv->output || !cv->work) {
+        zb_convert_close(cv);
+        return zb__err(ZB_E_NOMEM, "a conversion handle");
+    }
+    if (!work_dir) sprintf(cv->work, "%s/%s", cv->output, CV_WORK_DIR);
+    zb_status st = cv_output_open(cv, remote);
+    if (st == ZB_OK && cv->remote && !work_dir)
+        st = zb__err(ZB_E_INVALID,
+                     "%s: a remote output needs a local work directory (the work_dir option; "
+                     "the command's --work-dir)",
+                     cv->output);
+    if (st != ZB_OK) {
+        zb_convert_close(cv);
+        return st;
+    }
+    *out = cv;
+    return ZB_OK;
+}
+
+zb_status
+zb_convert_default_work_dir(const char *output, const char *tmpdir, char *buf, size_t cap)
+{
+    if (!output || !buf) return zb__err(ZB_E_INVALID, "zb_convert_default_work_dir: null argument");
+    size_t n = strlen(output);
+    while (n > 1 && output[n - 1] == '/') n--;
+    /* one name per output URL, so a restart finds the killed run's work */
+    uint64_t h = cv_crc64(0, output, n);
+    int w =
+        snprintf(buf, cap, "%s/zbatch-convert-%016" PRIx64, tmpdir && *tmpdir ? tmpdir : "/tmp", h);
+    if (w < 0 || (size_t)w >= cap)
+        return zb__err(ZB_E_INVALID, "%s: the work directory's path is too long", output);
+    return ZB_OK;
 }
 
 void
@@ -458,6 +485,7 @@ zb_convert_close(zb_convert *cv)
     zb_strings_free(&cv->input_names);
     json_object_put(cv->plan_doc);
     json_object_put(cv->manifest);
+    zb_store_close(cv->out);
     pthread_mutex_destroy(&cv->lock);
     free(cv->output);
     free(cv->work);
@@ -557,16 +585,38 @@ check_resume(zb_convert *cv, json_object *args, const char *const *inputs)
 }
 
 static zb_status
-write_root_marker(const char *output)
+write_root_marker(zb_convert *cv)
 {
     static const char text[] = "{\"writer\": \"zbatch " ZB_VERSION_STRING
                                "\", \"layout\": \"collection\", \"state\": \"converting; the "
                                "store is not valid until this marker is gone\"}\n";
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", output, ZB_INCOMPLETE_MARKER);
-    const void *bufs[1] = {text};
-    size_t lens[1] = {sizeof text - 1};
-    return cv_write_file(path, bufs, lens, 1);
+    return cv_output_put(cv, ZB_INCOMPLETE_MARKER, text, sizeof text - 1);
+}
+
+static int
+any_child(void *ctx, const char *name, bool is_dir)
+{
+    (void)is_dir;
+    (void)name;
+    *(bool *)ctx = true;
+    return 1;
+}
+
+/* A remote output prefix that holds nothing, or a conversion in progress (its marker; the work
+ * directory of that run is gone, so the run starts again and rewrites what it left). */
+static zb_status
+check_remote_free(zb_convert *cv)
+{
+    if (cv_output_has(cv, CV_MANIFEST))
+        return zb__err(ZB_E_INVALID,
+                       "%s holds a finished conversion of other inputs or options; "
+                       "remove it first",
+                       cv->output);
+    if (cv_output_has(cv, ZB_INCOMPLETE_MARKER)) return ZB_OK;
+    bool any = false;
+    ZB_TRY(zb_store_list(cv->out, "", any_child, &any));
+    if (any) return zb__err(ZB_E_INVALID, "%s is not empty; give a new prefix", cv->output);
+    return ZB_OK;
 }
 
 /* An output directory that is new, empty, or only holds what a conversion writes. */
@@ -605,22 +655,23 @@ zb_convert_plan(const char *const *inputs, size_t n_inputs, const char *output,
     ZB_TRY(normalize(opts, &o));
     json_object *args = NULL;
     ZB_TRY(cv_args_json(inputs, n_inputs, &o, &args));
-    zb_convert *cv = convert_alloc(output);
-    zb_status st = cv ? ZB_OK : zb__err(ZB_E_NOMEM, "zb_convert_plan");
+    zb_convert *cv = NULL;
+    zb_status st = convert_alloc(output, o.work_dir, o.remote, &cv);
     char path[4200];
     if (st == ZB_OK) st = cv_path(cv, path, sizeof path, "plan.json");
     if (st == ZB_OK && cv_exists(path)) {
         st = cv_plan_load(cv);
         if (st == ZB_OK) st = check_resume(cv, args, inputs);
+        if (st == ZB_OK) st = cv_output_make(cv); /* a work_dir elsewhere outlives the output */
     } else if (st == ZB_OK) {
-        char manifest[4200];
-        snprintf(manifest, sizeof manifest, "%s/%s", cv->output, CV_MANIFEST);
-        if (cv_exists(manifest) && !cv_exists(cv->work)) {
+        if (cv_output_has(cv, CV_MANIFEST) && !cv_exists(cv->work)) {
             st = cv_finished_open(cv, args);
         } else {
-            if (!cv_exists(cv->work)) st = check_output_free(cv->output);
+            if (!cv_exists(cv->work))
+                st = cv->remote ? check_remote_free(cv) : check_output_free(cv->output);
             if (st == ZB_OK) st = cv_mkdirs(cv->work);
-            if (st == ZB_OK) st = write_root_marker(cv->output);
+            if (st == ZB_OK) st = cv_output_make(cv);
+            if (st == ZB_OK) st = write_root_marker(cv);
             if (st == ZB_OK)
                 st = cv_plan_write(inputs, n_inputs, &o, cv->work, args, o.num_threads);
             if (st == ZB_OK) st = cv_plan_load(cv);
@@ -641,8 +692,8 @@ zb_convert_open(const char *output, zb_convert **out)
     if (!out) return zb__err(ZB_E_INVALID, "zb_convert_open: null out");
     *out = NULL;
     if (!output) return zb__err(ZB_E_INVALID, "zb_convert_open: null output");
-    zb_convert *cv = convert_alloc(output);
-    if (!cv) return zb__err(ZB_E_NOMEM, "zb_convert_open");
+    zb_convert *cv = NULL;
+    ZB_TRY(convert_alloc(output, NULL, NULL, &cv));
     char path[4200];
     zb_status st = cv_path(cv, path, sizeof path, "plan.json");
     if (st == ZB_OK && !cv_exists(path))

@@ -71,8 +71,10 @@ typedef struct cv_slice {
 } cv_slice;
 
 struct zb_convert {
-    char *output;          /* the collection directory */
-    char *work;            /* output/.zbatch-convert */
+    char *output;          /* the collection: a directory or an s3:// URL */
+    char *work;            /* output/.zbatch-convert, or the work_dir option */
+    zb_store *out;         /* the output's store (thread-safe; every task writes through it) */
+    bool remote;           /* the output is not a local directory (an s3:// URL) */
     json_object *plan_doc; /* the parsed plan (owned) */
     const char *args_text; /* its "args", compact (lives with plan_doc) */
 
@@ -357,15 +359,43 @@ void cv_convert_values(void *dst, zb_dtype to, const void *src, zb_dtype from, u
 
 /* ---- digests of what a writer puts (digest.c) ------------------------------------------------
 
- * A file store over `root` that remembers the size and CRC-64 of every object put below
- * `prefix` (renames and erases followed), so a dataset's checksum comes from the bytes written
- * without reading them back. The combined CRC-64 is the one cv_fingerprint computes over the
- * files of root/prefix. */
+ * A store over `inner` (borrowed: it must outlive the digest's store) that remembers the size
+ * and CRC-64 of every object put below `prefix` (renames and erases followed), so a dataset's
+ * checksum comes from the bytes written without reading them back. The combined CRC-64 is the
+ * one cv_fingerprint computes over the files of root/prefix, and cv_output_fingerprint over the
+ * objects below prefix. */
 typedef struct cv_digest cv_digest;
-zb_status cv_digest_open(const char *root, const char *prefix, cv_digest **out, zb_store **store);
+zb_status cv_digest_open(zb_store *inner, const char *prefix, cv_digest **out, zb_store **store);
 /* Files, bytes and combined CRC-64 of the objects now present below the prefix. */
 zb_status cv_digest_result(cv_digest *dg, uint64_t *files, uint64_t *bytes, uint64_t *crc);
 void cv_digest_free(cv_digest *dg);
+
+/* ---- the output (output.c) ------------------------------------------------------------------
+ *
+ * Everything the conversion writes into its output goes through cv->out, so that an s3://
+ * output works as a directory does: the marker, the datasets, the root group, the manifest.
+ * S3 has no rename; nothing there needs one: each object is one PUT (or a multipart upload
+ * that is aborted on failure), and what makes a dataset or the collection openable is written
+ * after what it names (docs/REMOTE.md). */
+
+/* Opens cv->out for cv->output (remote options may be NULL) and sets cv->remote; a local
+ * directory that does not exist yet is left closed (cv->out NULL). */
+zb_status cv_output_open(zb_convert *cv, const zb_remote_opts *remote);
+/* Makes a local output's directory and opens its store (a remote one is open already). */
+zb_status cv_output_make(zb_convert *cv);
+/* Whether the output holds object `key`. */
+bool cv_output_has(zb_convert *cv, const char *key);
+/* Puts `len` bytes as object `key` of the output (whole or not at all). */
+zb_status cv_output_put(zb_convert *cv, const char *key, const void *data, size_t len);
+/* Reads object `key` of the output whole (NUL-terminated; free with free()). */
+zb_status cv_output_read(zb_convert *cv, const char *key, char **text, size_t *len);
+/* Removes everything below `prefix` of the output; a missing prefix is fine. */
+zb_status cv_output_remove(zb_convert *cv, const char *prefix);
+/* Bytes and combined CRC-64 of the objects below `prefix`, read back from the output, in the
+ * order and form of cv_fingerprint; ZB_E_NOTFOUND when there is none. */
+zb_status cv_output_fingerprint(zb_convert *cv, const char *prefix, uint64_t *size, uint64_t *crc);
+/* Path order of a directory walk: component by component, each compared as bytes. */
+int cv_cmp_walk(const char *a, const char *b);
 
 /* ---- finish.c --------------------------------------------------------------------------------- */
 

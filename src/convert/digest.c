@@ -1,4 +1,4 @@
-/* A file store that digests what is put below a prefix (convert_int.h, cv_digest): the gather
+/* A store that digests what is put below a prefix (convert_int.h, cv_digest): the gather
  * task writes a dataset through it and gets the dataset's checksum from the bytes as they
  * were written; the finishing step reads the files back and must find the same. */
 #include <inttypes.h>
@@ -153,9 +153,7 @@ d_release(void *self, void *token)
 static void
 d_close(void *self)
 {
-    cv_digest *dg = self;
-    zb_store_close(dg->inner);
-    dg->inner = NULL;
+    ((cv_digest *)self)->inner = NULL; /* borrowed */
 }
 
 static const zb_store_methods digest_methods = {
@@ -172,7 +170,7 @@ static const zb_store_methods digest_methods = {
 };
 
 zb_status
-cv_digest_open(const char *root, const char *prefix, cv_digest **out, zb_store **store)
+cv_digest_open(zb_store *inner, const char *prefix, cv_digest **out, zb_store **store)
 {
     *out = NULL;
     *store = NULL;
@@ -181,10 +179,9 @@ cv_digest_open(const char *root, const char *prefix, cv_digest **out, zb_store *
     snprintf(dg->prefix, sizeof dg->prefix, "%s", prefix);
     dg->prefix_len = strlen(dg->prefix);
     pthread_mutex_init(&dg->lock, NULL);
-    zb_status st = zb_store_open_file(root, &dg->inner);
-    if (st == ZB_OK) st = zb_store_new(&digest_methods, dg, store);
+    dg->inner = inner;
+    zb_status st = zb_store_new(&digest_methods, dg, store);
     if (st != ZB_OK) {
-        zb_store_close(dg->inner);
         cv_digest_free(dg);
         return st;
     }
@@ -192,11 +189,9 @@ cv_digest_open(const char *root, const char *prefix, cv_digest **out, zb_store *
     return ZB_OK;
 }
 
-/* Path order of a directory walk: component by component, each compared as bytes. */
-static int
-cmp_walk(const void *a, const void *b)
+int
+cv_cmp_walk(const char *x, const char *y)
 {
-    const char *x = ((const record *)a)->key, *y = ((const record *)b)->key;
     for (;;) {
         size_t lx = strcspn(x, "/"), ly = strcspn(y, "/");
         char cx[1024], cy[1024];
@@ -210,11 +205,17 @@ cmp_walk(const void *a, const void *b)
     }
 }
 
+static int
+cmp_records(const void *a, const void *b)
+{
+    return cv_cmp_walk(((const record *)a)->key, ((const record *)b)->key);
+}
+
 zb_status
 cv_digest_result(cv_digest *dg, uint64_t *files, uint64_t *bytes, uint64_t *crc)
 {
     pthread_mutex_lock(&dg->lock);
-    qsort(dg->recs, dg->n, sizeof *dg->recs, cmp_walk);
+    qsort(dg->recs, dg->n, sizeof *dg->recs, cmp_records);
     uint64_t c = 0, total = 0;
     for (size_t i = 0; i < dg->n; i++) {
         char line[4200];

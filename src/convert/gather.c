@@ -696,8 +696,7 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     ZB_TRY(cv_path(cv, dir, sizeof dir, "gather"));
     ZB_TRY(cv_mkdirs(dir));
     snprintf(name, sizeof name, "dataset_%zu", d);
-    snprintf(dir, sizeof dir, "%s/%s", cv->output, name);
-    ZB_TRY(cv_remove_tree(dir)); /* what a killed attempt left */
+    ZB_TRY(cv_output_remove(cv, name)); /* what a killed attempt left */
     gather g;
     memset(&g, 0, sizeof g);
     g.cv = cv;
@@ -718,7 +717,7 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     zb_store *store = NULL;
     zb_anndata_writer *w = NULL;
     if (st == ZB_OK) st = zb__pool_new(num_threads > 1 ? num_threads : 0, &g.pool);
-    if (st == ZB_OK) st = cv_digest_open(cv->output, name, &dg, &store);
+    if (st == ZB_OK) st = cv_digest_open(cv->out, name, &dg, &store);
     if (st == ZB_OK) st = cv_stored_types(cv);
     zb_anndata_write_opts o = ZB_ANNDATA_WRITE_OPTS_DEFAULT;
     o.zarr_format = cv->zarr_format;

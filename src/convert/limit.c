@@ -154,6 +154,9 @@ zb_convert_measure_limit(const char *const *inputs, size_t n_inputs, const char 
     if (!out) return zb__err(ZB_E_INVALID, "zb_convert_measure_limit: null out");
     memset(out, 0, sizeof *out);
     if (!output) return zb__err(ZB_E_INVALID, "zb_convert_measure_limit: null output");
+    if (strstr(output, "://") && strncmp(output, "file://", 7))
+        return zb__err(ZB_E_UNSUPPORTED, "%s: the limit is measured into a local directory",
+                       output);
     zb_convert_opts o = ZB_CONVERT_OPTS_DEFAULT;
     if (opts) o = *opts;
     o.progress = NULL;

@@ -34,12 +34,14 @@
 #define POOL_MAX 256
 #define ERRBODY_CAP 4096
 #define BODY_CAP ((size_t)16 << 20)
+#define MAX_REDIRECTS 10
 
 struct zb__remote {
     zb_remote_opts o; /* strings point at the copies below */
     char *key, *secret, *token, *region, *endpoint;
     char sigv4[96];  /* "aws:amz:REGION:s3", "" when unsigned */
     char *token_hdr; /* "X-Amz-Security-Token: ..." */
+    bool follow;     /* follow redirects of GETs and HEADs (plain http(s) stores) */
     CURLSH *share;
     pthread_mutex_t share_mu[CURL_LOCK_DATA_LAST];
     pthread_mutex_t pool_mu;
@@ -123,6 +125,9 @@ zb__remote_new(const zb_remote_opts *opts, const char *sign_region, zb__remote *
     r->o.session_token = r->token;
     r->o.region = r->region;
     r->o.endpoint_url = r->endpoint;
+    /* S3 (sign_region set) never follows: a signature is made for one URL, and S3 answers a
+     * wrong region or endpoint with an error body naming the right one */
+    r->follow = sign_region == NULL;
     if (st == ZB_OK && sign_region && !r->o.anonymous && r->key && *r->key) {
         if (!r->secret)
             st = zb__err(ZB_E_INVALID, "s3: an access key id without a secret access key");
@@ -485,6 +490,13 @@ xfer_setup(xfer *x)
     curl_easy_setopt(e, CURLOPT_WRITEDATA, x);
     curl_easy_setopt(e, CURLOPT_PRIVATE, x);
     curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    if (r->follow && (!x->req || x->req->method == ZB_HTTP_GET || x->req->method == ZB_HTTP_HEAD)) {
+        /* 301, 302, 303, 307, 308 from a web server (a moved store, a CDN): followed to http(s)
+         * only, at most MAX_REDIRECTS deep; the Range header goes along, no credential exists */
+        curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+        curl_easy_setopt(e, CURLOPT_MAXREDIRS, (long)MAX_REDIRECTS);
+        curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    }
     if (r->o.insecure) {
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 0L);
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 0L);

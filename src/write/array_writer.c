@@ -877,21 +877,15 @@ settle_sizes(zb_array_writer *w, const uint64_t *row_dims)
 static zb_status
 require_no_node(zb_array_writer *w)
 {
-    static const char *const markers[] = {"zarr.json", ".zarray", ".zgroup"};
+    const char *marker;
+    ZB_TRY(zb__write_find_node(w->store, w->path, &marker));
+    if (!marker) return ZB_OK;
     char key[KEY_CAP];
-    for (size_t i = 0; i < sizeof markers / sizeof markers[0]; i++) {
-        ZB_TRY(zb__write_join_key(key, sizeof key, w->path, markers[i]));
-        uint64_t size;
-        zb_status st = zb_store_size(w->store, key, &size);
-        if (st == ZB_OK)
-            return zb__err(ZB_E_INVALID,
-                           "'%s' already holds a Zarr node (%s); use "
-                           "zb_array_writer_open_append to add rows",
-                           w->path, key);
-        if (st != ZB_E_NOTFOUND) return st;
-    }
-    zb_clear_error();
-    return ZB_OK;
+    ZB_TRY(zb__write_join_key(key, sizeof key, w->path, marker));
+    return zb__err(ZB_E_INVALID,
+                   "'%s' already holds a Zarr node (%s); use zb_array_writer_open_append to add "
+                   "rows",
+                   w->path, key);
 }
 
 /* chunk_rows 0: about AUTO_CHUNK_BYTES of rows, lowered to a divisor of shard_rows. */

@@ -131,6 +131,42 @@ done:
     return st;
 }
 
+zb_status
+zb__write_find_node(zb_store *store, const char *path, const char **marker)
+{
+    static const char *const markers[] = {"zarr.json", ".zarray", ".zgroup"};
+    char key[4200];
+    *marker = NULL;
+    for (size_t i = 0; i < sizeof markers / sizeof markers[0]; i++) {
+        ZB_TRY(zb__write_join_key(key, sizeof key, path, markers[i]));
+        uint64_t size;
+        zb_status st = zb_store_size(store, key, &size);
+        if (st == ZB_OK) {
+            *marker = markers[i];
+            return ZB_OK;
+        }
+        if (st != ZB_E_NOTFOUND) return st;
+    }
+    zb_clear_error();
+    return ZB_OK;
+}
+
+zb_status
+zb__write_groups_above(zb_store *store, const char *path, int zarr_format)
+{
+    char norm[4096];
+    ZB_TRY(zb_key_normalize(path, norm, sizeof norm));
+    const char *marker;
+    for (size_t end = strlen(norm); end-- > 0;) {
+        if (norm[end] != '/') continue;
+        norm[end] = '\0';
+        ZB_TRY(zb__write_find_node(store, norm, &marker));
+        if (!marker) ZB_TRY(zb__write_group(store, norm, zarr_format, NULL));
+    }
+    ZB_TRY(zb__write_find_node(store, "", &marker));
+    return marker ? ZB_OK : zb__write_group(store, "", zarr_format, NULL);
+}
+
 /* ---- consolidated metadata (FORMATS.md §1.4 v2, §3.5 v3) ------------------------------------ */
 
 int

@@ -16,6 +16,14 @@
 zb_status zb__write_group(zb_store *store, const char *path, int zarr_format,
                           const char *attributes_json);
 
+/* The node marker (zarr.json, .zarray or .zgroup, either format) found at `path` ("" = the
+ * root), or NULL in *marker when there is none. */
+zb_status zb__write_find_node(zb_store *store, const char *path, const char **marker);
+
+/* Writes a group node (no attributes) at the root and at every group above `path` that holds
+ * no node yet, the deepest first, so the root, which makes the store openable, comes last. */
+zb_status zb__write_groups_above(zb_store *store, const char *path, int zarr_format);
+
 /* Parses attributes_json (NULL gives a new empty object) and requires a JSON object; `what`
  * names the option in messages. Release *out with json_object_put. */
 zb_status zb__write_parse_attrs(const char *attributes_json, const char *what, json_object **out);

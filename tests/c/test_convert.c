@@ -4,6 +4,7 @@
  * while written against the same digest read back from disk. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "convert/convert_int.h"
@@ -159,15 +160,15 @@ test_strmap(void **state)
 }
 
 /* Objects put through the digest store, renamed and erased: the digest equals the fingerprint
- * of the files on disk (walk order: "X" before "X.bak" though '.' sorts before '/'). */
+ * of the files on disk (walk order: "X" before "X.bak" though '.' sorts before '/'), and the
+ * fingerprint read back through the store (cv_output_fingerprint), on disk and in a store
+ * without directories (memory, as S3). */
 static void
-test_digest_equals_fingerprint(void **state)
+digest_some(zb_store *inner, uint64_t *files, uint64_t *bytes, uint64_t *crc)
 {
-    (void)state;
-    const char *dir = zbt_tempdir("digest");
     cv_digest *dg;
     zb_store *s;
-    ZB_ASSERT_OK(cv_digest_open(dir, "ds", &dg, &s));
+    ZB_ASSERT_OK(cv_digest_open(inner, "ds", &dg, &s));
     ZB_ASSERT_OK(zb_store_put(s, "ds/X/data/c/0", "abc", 3));
     ZB_ASSERT_OK(zb_store_put(s, "ds/X.bak", "zz", 2));
     ZB_ASSERT_OK(zb_store_put(s, "ds/tmp1", "hello", 5));
@@ -175,18 +176,59 @@ test_digest_equals_fingerprint(void **state)
     ZB_ASSERT_OK(zb_store_put(s, "ds/gone", "x", 1));
     ZB_ASSERT_OK(zb_store_erase(s, "ds/gone"));
     ZB_ASSERT_OK(zb_store_put(s, "other/file", "not counted", 11));
-    uint64_t files, bytes, crc, size, fcrc;
-    int64_t mtime;
-    ZB_ASSERT_OK(cv_digest_result(dg, &files, &bytes, &crc));
+    /* an empty object, and one of exactly the read-back block (4 MiB): both end on a short read */
+    ZB_ASSERT_OK(zb_store_put(s, "ds/X/empty", "", 0));
+    size_t big = (size_t)4 << 20;
+    char *block = malloc(big);
+    assert_non_null(block);
+    for (size_t i = 0; i < big; i++) block[i] = (char)(i * 7 + 3);
+    ZB_ASSERT_OK(zb_store_put(s, "ds/X/block", block, big));
+    free(block);
+    ZB_ASSERT_OK(cv_digest_result(dg, files, bytes, crc));
     zb_store_close(s);
     cv_digest_free(dg);
+}
+
+static void
+test_digest_equals_fingerprint(void **state)
+{
+    (void)state;
+    const char *dir = zbt_tempdir("digest");
+    zb_store *inner;
+    ZB_ASSERT_OK(zb_store_open_file(dir, &inner));
+    uint64_t files, bytes, crc, size, fcrc, ssize, scrc;
+    int64_t mtime;
+    digest_some(inner, &files, &bytes, &crc);
     char path[4200];
     snprintf(path, sizeof path, "%s/ds", dir);
     ZB_ASSERT_OK(cv_fingerprint(path, &size, &mtime, &fcrc));
-    assert_int_equal(files, 3);
-    assert_int_equal(bytes, 10);
-    assert_int_equal(size, 10);
+    uint64_t want = 10 + ((uint64_t)4 << 20);
+    assert_int_equal(files, 5);
+    assert_int_equal(bytes, want);
+    assert_int_equal(size, want);
     assert_true(crc == fcrc);
+    zb_convert cv;
+    memset(&cv, 0, sizeof cv);
+    cv.out = inner;
+    cv.output = (char *)dir;
+    ZB_ASSERT_OK(cv_output_fingerprint(&cv, "ds", &ssize, &scrc));
+    assert_int_equal(ssize, want);
+    assert_true(scrc == crc);
+    zb_store_close(inner);
+
+    ZB_ASSERT_OK(zb_store_open_memory(&inner));
+    uint64_t mfiles, mbytes, mcrc;
+    digest_some(inner, &mfiles, &mbytes, &mcrc);
+    assert_true(mcrc == crc && mfiles == 5 && mbytes == want);
+    cv.out = inner;
+    ZB_ASSERT_OK(cv_output_fingerprint(&cv, "ds", &ssize, &scrc));
+    assert_true(scrc == crc && ssize == want);
+    /* a changed object changes the fingerprint */
+    ZB_ASSERT_OK(zb_store_put(inner, "ds/X.bak", "zy", 2));
+    ZB_ASSERT_OK(cv_output_fingerprint(&cv, "ds", &ssize, &scrc));
+    assert_true(scrc != crc && ssize == want);
+    assert_int_equal(cv_output_fingerprint(&cv, "nothing", &ssize, &scrc), ZB_E_NOTFOUND);
+    zb_store_close(inner);
 }
 
 int

@@ -152,9 +152,14 @@ class NginxServer(_Server):
 
     latency_ms: added to every request (GET and HEAD) by ``echo_sleep`` before the file is
     served; 0 serves straight from the static handler. workers: nginx worker processes.
+    redirects: {path prefix: status or (status, target)}: a request for /PREFIX/REST is answered
+    with that status (301, 302, 303, 307 or 308) and ``Location: TARGET/REST`` (nginx's
+    ``return``); TARGET is "" (this server's root), another prefix, or an absolute URL.
     """
 
-    def __init__(self, root, *, latency_ms: float = 0.0, workers: int = 1, workdir=None):
+    def __init__(self, root, *, latency_ms: float = 0.0, workers: int = 1, workdir=None,
+                 redirects: dict | None = None):
+        self.redirects = dict(redirects or {})
         reason = nginx_missing_reason()
         if reason:
             raise RuntimeError(reason)
@@ -185,6 +190,11 @@ class NginxServer(_Server):
                      f"echo_exec @files; }}\n    location @files {{ }}")
         else:
             serve = "location / { }"
+        for prefix, how in self.redirects.items():
+            status, target = (how, "") if isinstance(how, int) else how
+            target = target if target.startswith("http") else "/" + target.strip("/")
+            serve += (f"\n    location ~ ^/{prefix}/(.*)$ {{ "
+                      f"return {int(status)} {target.rstrip('/')}/$1; }}")
         return f"""
 load_module {ECHO_MODULE};
 {user}
