@@ -58,6 +58,7 @@ usage(FILE *f)
             "  --prefetch P         batches per window (4)\n"
             "  --depth D            windows in flight (2)\n"
             "  --threads T          decode threads (2)\n"
+            "  --cache-mib M        decoded-chunk cache of M MiB (cache_bytes; 0: none)\n"
             "  --transform X        log1p, normalize_total[:TARGET] (1e4) or densify; repeatable\n"
             "  --seconds S          timed seconds, stopping at a window boundary (10)\n"
             "  --epochs E           time E whole epochs instead (the first window is warm-up)\n"
@@ -83,6 +84,7 @@ typedef struct opts {
     const char *sampler;
     uint64_t block_size, blocks_per_window;
     uint64_t batch, prefetch, depth, threads;
+    uint64_t cache_mib; /* the dataset's decoded-chunk cache */
     zb_transform transforms[MAX_TRANSFORMS];
     const char *transform_names[MAX_TRANSFORMS];
     size_t ntransforms;
@@ -99,11 +101,13 @@ typedef struct opts {
 } opts;
 
 /* The options that take a value. */
-static const char *const VALUE_FLAGS[] = {
-    "--sampler",     "--block-size",  "--blocks-per-window", "--batch",     "--prefetch",
-    "--depth",       "--threads",     "--transform",         "--seconds",   "--epochs",
-    "--seed",        "--obs-column",  "--max-nnz",           "--max-atoms", "--max-edges",
-    "--window-size", "--num-samples", "--results",           "--rounds",    NULL};
+static const char *const VALUE_FLAGS[] = {"--sampler",     "--block-size",  "--blocks-per-window",
+                                          "--batch",       "--prefetch",    "--depth",
+                                          "--threads",     "--transform",   "--seconds",
+                                          "--epochs",      "--seed",        "--obs-column",
+                                          "--max-nnz",     "--max-atoms",   "--max-edges",
+                                          "--window-size", "--num-samples", "--results",
+                                          "--rounds",      "--cache-mib",   NULL};
 
 #define MAX_ROUNDS 1000
 
@@ -207,6 +211,8 @@ parse_args(int argc, char **argv, opts *o)
             bad = zb__bench_parse_u64(flag, v, 1, 1 << 10, &o->depth);
         } else if (!strcmp(flag, "--threads")) {
             bad = zb__bench_parse_u64(flag, v, 1, 256, &o->threads);
+        } else if (!strcmp(flag, "--cache-mib")) {
+            bad = zb__bench_parse_u64(flag, v, 0, (uint64_t)1 << 30, &o->cache_mib);
         } else if (!strcmp(flag, "--transform")) {
             bad = parse_transform(v, o);
         } else if (!strcmp(flag, "--seconds")) {
@@ -793,6 +799,7 @@ params_json(const opts *o)
     zb__bench_put_u64(p, "prefetch_factor", o->prefetch);
     zb__bench_put_u64(p, "depth", o->depth);
     zb__bench_put_u64(p, "threads", o->threads);
+    zb__bench_put_u64(p, "cache_mib", o->cache_mib);
     json_object *t = json_object_new_array();
     for (size_t i = 0; i < o->ntransforms; i++)
         json_object_array_add(t, json_object_new_string(o->transform_names[i]));
@@ -1206,6 +1213,7 @@ zb__cli_bench(int argc, char **argv)
 
     zb_dataset_opts dopts = ZB_DATASET_OPTS_DEFAULT;
     dopts.num_threads = (int)o.threads;
+    dopts.cache_bytes = (size_t)(o.cache_mib << 20);
     zb_status st = zb__cli_store_open(o.store, &store);
     if (st == ZB_OK) st = zb_dataset_open(store, "", &dopts, &ds);
     if (st == ZB_OK) st = zb_dataset_len(ds, &n);

@@ -1,0 +1,91 @@
+"""Reading nvalchemi's own store layout fast (issue 20's performance on nvalchemi's layout):
+decoded units served from the cache in place (pinned, not copied), whatever the cache's size.
+
+The oracle is nvalchemi-toolkit 0.2.0's own reader and ``Batch.from_data_list``
+(``test_nvbatch.nv_batch``) over a store written by its ``AtomicDataZarrWriter``, soft deletes
+included, whose 2-D arrays are then re-chunked by zarr-python into column chunks of 7 rows
+(``[7, 1]``): the shape zarr's automatic chunking gives nvalchemi's large stores
+(``[313896, 1]`` for ``neighbor_list``), in miniature.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import zarr
+
+from conftest import zbatch_api
+from test_dataset_atomic import DELETED, make_structures
+from test_nvbatch import assert_same_batch, nv_batch
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from nvalchemi.data.datapipes import AtomicDataZarrWriter
+
+IDS = [16, 0, 3, 9, 6, 1, 12, 2, 3, 3, 15]
+
+
+@pytest.fixture(scope="module")
+def nv_store(tmp_path_factory):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        structures = make_structures()
+        path = str(tmp_path_factory.mktemp("nvlayout") / "nv.zarr")
+        w = AtomicDataZarrWriter(path, config={"core": {"chunk_size": 7}})
+        w.write(structures)
+        w.delete(DELETED)
+        root = zarr.open_group(path, mode="r+")
+        for name in list(root["core"].array_keys()):
+            a = root["core"][name]
+            if a.ndim != 2:
+                continue
+            data, attrs, codecs = a[:], dict(a.attrs), a.compressors
+            del root["core"][name]
+            b = root["core"].create_array(name, shape=data.shape, dtype=data.dtype,
+                                          chunks=(7, 1), compressors=codecs)
+            b[:] = data
+            b.attrs.update(attrs)
+    return path
+
+
+# the whole store; a few dozen units, so units are evicted while requests still pin them
+@pytest.mark.parametrize("cache_bytes", [64 << 20, 1500])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cached_column_chunks_equal_nvalchemis_batch(nv_store, cache_bytes, threads):
+    zb = zbatch_api()
+    ds = zb.open(nv_store, cache_bytes=cache_bytes, num_threads=threads)
+    decoded = cached = 0
+    for ids in [IDS, [3, 0], [3, 0, 3], IDS, [9], IDS]:
+        assert_same_batch(ds.read_many(ids, output="nvalchemi"), nv_batch(nv_store, ids), ids)
+        stats = ds.read_many(ids).stats
+        decoded += stats["chunks_decoded"]
+        cached += stats["chunks_cached"]
+    assert cached > 0
+    if cache_bytes > 1 << 20:
+        assert decoded == 0   # every unit was decoded by the first nvalchemi read
+    else:
+        assert decoded > 0
+
+def test_cached_loader_epochs_equal_uncached(nv_store):
+    """The size-aware pipeline over a cache: every epoch's batches equal the uncached ones."""
+    zb = zbatch_api()
+
+    def epochs(cache_bytes):
+        ds = zb.open(nv_store, cache_bytes=cache_bytes, num_threads=2)
+        s = zb.samplers.SizeAwareSampler(ds, max_atoms=60, max_batch_size=4, seed=3)
+        ld = zb.DataLoader(ds, sampler=s, prefetch_factor=3)
+        out = []
+        for e in range(2):
+            ld.set_epoch(e)
+            out.append([{k: np.array(v) for k, v in b.items()} for b in ld])
+        return out
+
+    plain, cached = epochs(0), epochs(64 << 20)
+    assert len(plain[0]) > 3
+    for ep, (a, b) in enumerate(zip(plain, cached)):
+        assert len(a) == len(b)
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert set(x) == set(y)
+            for k in x:
+                np.testing.assert_array_equal(x[k], y[k], err_msg=f"epoch {ep} batch {i} {k}")
