@@ -52,7 +52,8 @@ usage(FILE *f)
             "(bench-<UTC time>-<sampler>.json).\n"
             "\n"
             "  --sampler S          sequential, random, block, weighted or size_aware (block)\n"
-            "  --block-size K       block: contiguous rows per block (256)\n"
+            "  --block-size K       block: contiguous rows per block (256); size_aware:\n"
+            "                       chunk-aware blocks of K samples (off unless given)\n"
             "  --blocks-per-window K block: blocks shuffled together (16)\n"
             "  --batch B            samples per batch; size_aware: at most (4096)\n"
             "  --prefetch P         batches per window (4)\n"
@@ -91,6 +92,7 @@ typedef struct opts {
     double seconds;
     uint64_t epochs; /* 0: timed by seconds */
     bool have_seconds;
+    bool have_block_size; /* size_aware: chunk-aware blocks only when asked */
     uint64_t seed;
     const char *obs_column; /* NULL: the default when present */
     bool obs_explicit;
@@ -201,6 +203,7 @@ parse_args(int argc, char **argv, opts *o)
             }
         } else if (!strcmp(flag, "--block-size")) {
             bad = zb__bench_parse_u64(flag, v, 1, UINT64_MAX, &o->block_size);
+            o->have_block_size = true;
         } else if (!strcmp(flag, "--blocks-per-window")) {
             bad = zb__bench_parse_u64(flag, v, 1, UINT64_MAX, &o->blocks_per_window);
         } else if (!strcmp(flag, "--batch")) {
@@ -591,6 +594,7 @@ make_sampler(zb_dataset *ds, uint64_t n, opts *o, const zb__bench_codes *codes, 
         zb_size_sampler_opts so = ZB_SIZE_SAMPLER_OPTS_DEFAULT;
         so.base = base;
         so.window_size = o->window_size;
+        so.block_size = o->have_block_size ? o->block_size : 0;
         uint64_t *nnz = NULL, *atoms = NULL, *edges = NULL;
         bool any = o->max_nnz || o->max_atoms || o->max_edges;
         if (!any) {
@@ -814,7 +818,8 @@ params_json(const opts *o)
     zb__bench_put_u64(p, "seed", o->seed);
     zb__bench_put_u64(p, "rounds", o->rounds);
     zb__bench_put_str(p, "obs_column", o->obs_column);
-    zb__bench_put(p, "block_size", block ? json_object_new_uint64(o->block_size) : NULL);
+    bool blocks = block || (size && o->have_block_size);
+    zb__bench_put(p, "block_size", blocks ? json_object_new_uint64(o->block_size) : NULL);
     zb__bench_put(p, "blocks_per_window",
                   block ? json_object_new_uint64(o->blocks_per_window) : NULL);
     zb__bench_put(p, "max_nnz", size && o->max_nnz ? json_object_new_uint64(o->max_nnz) : NULL);

@@ -444,6 +444,15 @@ class SizeAwareSampler(Sampler):
     only): :meth:`build_initial_batch` and :meth:`request_replacement` draw from a pool of
     unconsumed samples binned by atom count (``bin_width``), independent of the epoch order.
     In the keyword form :meth:`request_replacement` returns an unused id of this rank's epoch.
+
+    Chunk-aware (``block_size=K``, opt-in): the epoch permutes blocks of ``K`` consecutive
+    samples instead of single samples (a short last block stays last), each window holds whole
+    blocks (``window_size`` rounded up to a multiple of ``K``) and is shuffled inside before
+    packing. With ``K`` about the samples per stored chunk and a DataLoader whose
+    ``prefetch_factor`` holds a window's batches, each chunk is decoded about once per window
+    instead of once per batch that touches it (stores whose chunks hold many samples, such as
+    nvalchemi's default layout); batches then mix ``window_size / K`` blocks instead of the
+    whole dataset (docs/SAMPLERS.md).
     """
 
     kind = "size_aware"
@@ -455,7 +464,7 @@ class SizeAwareSampler(Sampler):
                  shuffle: bool = True, drop_last: bool = False, seed: int = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  pad_or_drop: str = "pad", device: Any = None, bin_width: int = 1,
-                 max_gpu_memory_fraction: float = 0.8):
+                 max_gpu_memory_fraction: float = 0.8, block_size: Optional[int] = None):
         del drop_last   # accepted for a uniform signature; packed batches have no short tail
         if isinstance(dataset, (int, _np.integer)) and not isinstance(dataset, bool):
             if batch_size is not None:   # the keyword form's positional batch_size
@@ -478,6 +487,8 @@ class SizeAwareSampler(Sampler):
             raise ValueError("SizeAwareSampler needs max_batch_size (or batch_size)")
         if int(bin_width) < 1:
             raise ValueError(f"bin_width must be >= 1, got {bin_width}")
+        if block_size is not None and int(block_size) < 1:
+            raise ValueError(f"block_size must be >= 1 (or None), got {block_size}")
         arrays = {"num_atoms": _u64(num_atoms, "num_atoms"),
                   "num_edges": _u64(num_edges, "num_edges"), "nnz": _u64(nnz, "nnz")}
         limits = {"num_atoms": max_atoms, "num_edges": max_edges, "nnz": max_nnz}
@@ -498,12 +509,13 @@ class SizeAwareSampler(Sampler):
             num_atoms=arrays["num_atoms"], max_atoms=int(max_atoms or 0),
             num_edges=arrays["num_edges"], max_edges=int(max_edges or 0),
             nnz=arrays["nnz"], max_nnz=int(max_nnz or 0), window_size=int(window_size),
-            shuffle=bool(shuffle), **kw)
+            shuffle=bool(shuffle), block_size=int(block_size or 0), **kw)
         super().__init__(c, seed=seed, rank=rank, world_size=world_size,
                          batch_size=batch_size)
         self.max_atoms, self.max_edges, self.max_nnz = max_atoms, max_edges, max_nnz
         self._limit_batch = max_batch_size if dataset is not None else batch_size
         self.bin_width = int(bin_width)
+        self.block_size = None if block_size is None else int(block_size)
         self._pool = None   # the dynamics pool, made on first use
 
     @property

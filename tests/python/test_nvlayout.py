@@ -89,3 +89,37 @@ def test_cached_loader_epochs_equal_uncached(nv_store):
             assert set(x) == set(y)
             for k in x:
                 np.testing.assert_array_equal(x[k], y[k], err_msg=f"epoch {ep} batch {i} {k}")
+
+
+def test_chunk_aware_size_aware_sampler(nv_store):
+    """block_size: windows of whole blocks of consecutive ids, limits kept, each id once, and
+    the loader's batches equal read_many of the sampler's ids."""
+    zb = zbatch_api()
+    ds = zb.open(nv_store)
+    n, k = len(ds), 3
+    atoms = ds.segment_lengths("atoms")
+    s = zb.samplers.SizeAwareSampler(ds, max_atoms=40, max_batch_size=3, block_size=k,
+                                     window_size=5, seed=1)   # windows of 2 blocks
+    assert s.block_size == k
+    batches = [list(b) for b in s]
+    assert sorted(i for b in batches for i in b) == list(range(n))
+    assert all(len(b) <= 3 and atoms[b].sum() <= 40 for b in batches)
+    seen, start = 0, 0
+    flat = [i for b in batches for i in b]
+    for b in batches:
+        seen += len(b)
+        if seen % (2 * k) == 0 or seen == n:
+            blocks = {i // k for i in flat[start:seen]}
+            assert sorted(flat[start:seen]) == sorted(
+                i for blk in blocks for i in range(blk * k, min(blk * k + k, n)))
+            start = seen
+    assert start == n
+    ld = zb.DataLoader(ds, sampler=s, prefetch_factor=4)
+    got = list(ld)
+    assert len(got) == len(batches)
+    for b, ids in zip(got, batches):
+        want = ds.read_many(ids)
+        for key in want:
+            np.testing.assert_array_equal(np.asarray(b[key]), np.asarray(want[key]), err_msg=key)
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
+        zb.samplers.SizeAwareSampler(ds, max_atoms=40, max_batch_size=3, block_size=0)
