@@ -516,6 +516,8 @@ class SizeAwareSampler(Sampler):
         self._limit_batch = max_batch_size if dataset is not None else batch_size
         self.bin_width = int(bin_width)
         self.block_size = None if block_size is None else int(block_size)
+        self.window_size = int(window_size)
+        self._n = n
         self._pool = None   # the dynamics pool, made on first use
 
     @property

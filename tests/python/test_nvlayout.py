@@ -104,11 +104,13 @@ def test_chunk_aware_size_aware_sampler(nv_store):
     batches = [list(b) for b in s]
     assert sorted(i for b in batches for i in b) == list(range(n))
     assert all(len(b) <= 3 and atoms[b].sum() <= 40 for b in batches)
-    seen, start = 0, 0
+    seen, start, in_window, most = 0, 0, 0, 0
     flat = [i for b in batches for i in b]
     for b in batches:
         seen += len(b)
+        in_window += 1
         if seen % (2 * k) == 0 or seen == n:
+            most, in_window = max(most, in_window), 0
             blocks = {i // k for i in flat[start:seen]}
             assert sorted(flat[start:seen]) == sorted(
                 i for blk in blocks for i in range(blk * k, min(blk * k + k, n)))
@@ -121,5 +123,7 @@ def test_chunk_aware_size_aware_sampler(nv_store):
         want = ds.read_many(ids)
         for key in want:
             np.testing.assert_array_equal(np.asarray(b[key]), np.asarray(want[key]), err_msg=key)
+    # without prefetch_factor a loader window holds two sampler windows' batches
+    assert zb.DataLoader(ds, sampler=s).prefetch_factor >= 2 * most
     with pytest.raises(ValueError, match="block_size must be >= 1"):
         zb.samplers.SizeAwareSampler(ds, max_atoms=40, max_batch_size=3, block_size=0)
