@@ -18,7 +18,10 @@ zbatch, the same pipeline with real ``nvalchemi.data.Batch`` objects out::
 Both iterate for ``--seconds`` per round (epochs restart), rounds alternating between the two
 tools in one process, and count ``batch.num_graphs`` (structures/s). The store is ``zbatch
 synth --kind atoms`` (10-200 atoms per structure, neighbour lists at 5 Å); ``--nvalchemi-store``
-adds a round on a copy written by nvalchemi's own ``AtomicDataZarrWriter``.
+adds a round on a copy written by nvalchemi's own ``AtomicDataZarrWriter``
+(``--only-nvalchemi-store``: that copy alone). zbatch's side takes ``--cache-gib`` (the
+decoded-chunk cache) and ``--block-size K --window-size W`` (chunk-aware size-aware packing,
+with the loader's own window for it).
 
     PYTHONPATH=python .venv/bin/python bench/nvalchemi_pipeline.py --n 20000 --rounds 3
 """
