@@ -1,8 +1,9 @@
-/* A byte-bounded LRU cache of decoded units (and of shard indexes), keyed by (owner, number).
- * One mutex guards it: a lookup is a hash probe plus one memcpy, which is small next to the
- * decode it saves. A pinned entry (zb__cache_pin) is read in place instead: an entry's bytes never
- * change once put, so a reader holding a pin reads them without the lock; an entry evicted while
- * pinned leaves the index and the byte count at once and is freed by its last unpin. */
+/* A byte-bounded LRU cache of decoded units (and of shard indexes), keyed by (owner, number),
+ * one mutex guarding it. Decoded units are pinned (zb__cache_pin) and read in place: an entry's
+ * bytes never change once put, so a reader holding a pin reads them without the lock, and an
+ * entry evicted while pinned leaves the index and the byte count at once and is freed by its
+ * last unpin. Shard indexes are copied out in part (zb__cache_get_part): a few entries, under
+ * the lock. */
 #include "util/cache.h"
 
 #include <pthread.h>
@@ -162,12 +163,6 @@ zb__cache_unpin(zb__cache *c, void *pin)
     bool gone = --e->pins == 0 && e->evicted;
     pthread_mutex_unlock(&c->mu);
     if (gone) free(e);
-}
-
-bool
-zb__cache_get(zb__cache *c, const void *owner, uint64_t unit, void *dst, size_t dst_len)
-{
-    return zb__cache_get_part(c, owner, unit, dst_len, 0, dst, dst_len);
 }
 
 void

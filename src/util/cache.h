@@ -13,8 +13,6 @@ typedef struct zb__cache zb__cache;
 
 zb_status zb__cache_new(size_t max_bytes, zb__cache **out);
 void zb__cache_free(zb__cache *c);
-/* Copies the cached unit into dst (dst_len bytes) and returns true on a hit. */
-bool zb__cache_get(zb__cache *c, const void *arr, uint64_t unit, void *dst, size_t dst_len);
 /* Bytes [off, off + len) of an entry of whole_len bytes (a hit needs that length). */
 bool zb__cache_get_part(zb__cache *c, const void *arr, uint64_t unit, size_t whole_len, size_t off,
                         void *dst, size_t len);

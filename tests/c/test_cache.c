@@ -59,7 +59,7 @@ test_pin_reads_in_place(void **state)
     zb__cache_unpin(c, pin);
     zb__cache_unpin(c, NULL); /* nothing */
     uint8_t got[UNIT];
-    assert_true(zb__cache_get(c, &OWNER, 7, got, UNIT));
+    assert_true(zb__cache_get_part(c, &OWNER, 7, UNIT, 0, got, UNIT));
     assert_holds(got, 7, 0);
     assert_int_equal(zb__cache_held(c), UNIT);
     zb__cache_free(c);
