@@ -127,3 +127,49 @@ def test_chunk_aware_size_aware_sampler(nv_store):
     assert zb.DataLoader(ds, sampler=s).prefetch_factor >= 2 * most
     with pytest.raises(ValueError, match="block_size must be >= 1"):
         zb.samplers.SizeAwareSampler(ds, max_atoms=40, max_batch_size=3, block_size=0)
+
+
+@pytest.fixture(scope="module")
+def nv_store_200(tmp_path_factory):
+    """nvalchemi's writer with 200-row chunks: ~9 structures per neighbor_list chunk."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = str(tmp_path_factory.mktemp("nvlayout200") / "nv.zarr")
+        w = AtomicDataZarrWriter(path, config={"core": {"chunk_size": 200}})
+        w.write(make_structures())
+        w.delete(DELETED)
+    return path
+
+
+@pytest.mark.parametrize("which", ["column_chunks", "chunks_of_200"])
+def test_block_size_chunks_is_the_heaviest_fields_samples_per_chunk(nv_store, nv_store_200,
+                                                                     which):
+    """block_size="chunks": the samples per chunk of the field with the most bytes, computed
+    here from zarr-python's view of the store (chunk shapes, pointers, the live mask)."""
+    zb = zbatch_api()
+    path = nv_store if which == "column_chunks" else nv_store_200
+    root = zarr.open_group(path, mode="r")
+    live = root["meta"]["samples_mask"][:].astype(bool)
+    levels = dict(root.attrs["fields"]["core"])
+    seg_total = {}
+    for level, ptr in (("atom", "atoms_ptr"), ("edge", "edges_ptr")):
+        p = root["meta"][ptr][:]
+        seg_total[level] = int(np.diff(p)[live].sum())
+    n = int(live.sum())
+    best = (-1, None)
+    for name, level in levels.items():
+        a = root["core"][name]
+        total = seg_total.get(level, n)
+        nbytes = total * a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+        per_chunk = a.chunks[0] * n / total if level in seg_total else a.chunks[0]
+        best = max(best, (nbytes, per_chunk), key=lambda t: t[0])
+    want = max(1, round(best[1]))
+    ds = zb.open(path)
+    assert ds.fields["neighbor_list"]["chunk_rows"] == (7 if which == "column_chunks" else 200)
+    if which == "chunks_of_200":
+        assert want > 5
+    assert zb.samplers.chunk_block_size(ds) == want
+    s = zb.samplers.SizeAwareSampler(ds, max_atoms=40, max_batch_size=3, block_size="chunks")
+    assert s.block_size == want
+    with pytest.raises(ValueError, match="'chunks'"):
+        zb.samplers.SizeAwareSampler(ds, max_atoms=40, max_batch_size=3, block_size="chunk")
