@@ -39,7 +39,7 @@ test-c: build
 
 # ThreadSanitizer over the tests that run threads: the pool (writer), the reader, the loader,
 # concatenations (collection), store copies and transforms. ASan and TSan cannot share a build.
-TSAN_TESTS := test_reader test_loader test_writer test_collection test_store_copy test_transforms
+TSAN_TESTS := test_reader test_loader test_writer test_collection test_store_copy test_transforms test_cache
 
 tsan: deps
 	@cmake -S . -B build-tsan -G Ninja -DZB_SANITIZE=thread -DZB_BUILD_PYTHON=OFF \

@@ -18,7 +18,10 @@ zbatch, the same pipeline with real ``nvalchemi.data.Batch`` objects out::
 Both iterate for ``--seconds`` per round (epochs restart), rounds alternating between the two
 tools in one process, and count ``batch.num_graphs`` (structures/s). The store is ``zbatch
 synth --kind atoms`` (10-200 atoms per structure, neighbour lists at 5 Å); ``--nvalchemi-store``
-adds a round on a copy written by nvalchemi's own ``AtomicDataZarrWriter``.
+adds a round on a copy written by nvalchemi's own ``AtomicDataZarrWriter``
+(``--only-nvalchemi-store``: that copy alone). zbatch's side takes ``--cache-gib`` (the
+decoded-chunk cache) and ``--block-size K --window-size W`` (chunk-aware size-aware packing,
+with the loader's own window for it).
 
     PYTHONPATH=python .venv/bin/python bench/nvalchemi_pipeline.py --n 20000 --rounds 3
 """
@@ -65,12 +68,18 @@ def nvalchemi_loader(store: str):
                       prefetch_factor=PREFETCH_FACTOR, use_streams=False)
 
 
-def zbatch_loader(store: str, threads: int, cache_bytes: int = 0):
+def zbatch_loader(store: str, threads: int, cache_bytes: int = 0, block_size: int = 0,
+                  window_size: int = 8192):
+    """zbatch's pipeline; with block_size, chunk-aware packing (windows of window_size
+    structures in blocks of block_size) and the loader's own window for it."""
     import zbatch
     ds = zbatch.open(store, num_threads=threads, cache_bytes=cache_bytes)
     sampler = zbatch.samplers.SizeAwareSampler(ds, max_atoms=MAX_ATOMS,
-                                               max_batch_size=BATCH_SIZE)
-    return zbatch.DataLoader(ds, sampler=sampler, prefetch_factor=PREFETCH_FACTOR,
+                                               max_batch_size=BATCH_SIZE,
+                                               block_size=block_size or None,
+                                               window_size=window_size)
+    return zbatch.DataLoader(ds, sampler=sampler,
+                             prefetch_factor=None if block_size else PREFETCH_FACTOR,
                              output="nvalchemi")
 
 
@@ -103,6 +112,12 @@ def main(argv=None) -> None:
                     help="also run both on a copy written by nvalchemi's AtomicDataZarrWriter")
     ap.add_argument("--only", choices=["zbatch", "nvalchemi"], default=None,
                     help="run one tool (for profiling)")
+    ap.add_argument("--only-nvalchemi-store", action="store_true",
+                    help="with --nvalchemi-store: skip the zbatch synth store")
+    ap.add_argument("--block-size", type=int, default=0,
+                    help="zbatch: chunk-aware size-aware packing in blocks of K structures")
+    ap.add_argument("--window-size", type=int, default=8192,
+                    help="zbatch: structures packed together (size-aware window_size)")
     args = ap.parse_args(argv)
 
     base = Path(args.dir)
@@ -115,13 +130,16 @@ def main(argv=None) -> None:
             from bench.peers.nvalchemi_peer import write_store
             write_store(str(stores["zbatch synth"]), str(own))
         stores["nvalchemi's writer"] = own
+        if args.only_nvalchemi_store:
+            del stores["zbatch synth"]
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for label, store in stores.items():
             tools = {"nvalchemi": lambda s=str(store): nvalchemi_loader(s),
-                     "zbatch": lambda s=str(store): zbatch_loader(s, args.threads,
-                                                                  int(args.cache_gib * 2**30))}
+                     "zbatch": lambda s=str(store): zbatch_loader(
+                         s, args.threads, int(args.cache_gib * 2**30), args.block_size,
+                         args.window_size)}
             if args.only:
                 tools = {args.only: tools[args.only]}
             loaders = {name: make() for name, make in tools.items()}

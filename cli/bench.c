@@ -52,12 +52,14 @@ usage(FILE *f)
             "(bench-<UTC time>-<sampler>.json).\n"
             "\n"
             "  --sampler S          sequential, random, block, weighted or size_aware (block)\n"
-            "  --block-size K       block: contiguous rows per block (256)\n"
+            "  --block-size K       block: contiguous rows per block (256); size_aware:\n"
+            "                       chunk-aware blocks of K samples (off unless given)\n"
             "  --blocks-per-window K block: blocks shuffled together (16)\n"
             "  --batch B            samples per batch; size_aware: at most (4096)\n"
             "  --prefetch P         batches per window (4)\n"
             "  --depth D            windows in flight (2)\n"
             "  --threads T          decode threads (2)\n"
+            "  --cache-mib M        decoded-chunk cache of M MiB (cache_bytes; 0: none)\n"
             "  --transform X        log1p, normalize_total[:TARGET] (1e4) or densify; repeatable\n"
             "  --seconds S          timed seconds, stopping at a window boundary (10)\n"
             "  --epochs E           time E whole epochs instead (the first window is warm-up)\n"
@@ -83,12 +85,14 @@ typedef struct opts {
     const char *sampler;
     uint64_t block_size, blocks_per_window;
     uint64_t batch, prefetch, depth, threads;
+    uint64_t cache_mib; /* the dataset's decoded-chunk cache */
     zb_transform transforms[MAX_TRANSFORMS];
     const char *transform_names[MAX_TRANSFORMS];
     size_t ntransforms;
     double seconds;
     uint64_t epochs; /* 0: timed by seconds */
     bool have_seconds;
+    bool have_block_size; /* size_aware: chunk-aware blocks only when asked */
     uint64_t seed;
     const char *obs_column; /* NULL: the default when present */
     bool obs_explicit;
@@ -99,11 +103,13 @@ typedef struct opts {
 } opts;
 
 /* The options that take a value. */
-static const char *const VALUE_FLAGS[] = {
-    "--sampler",     "--block-size",  "--blocks-per-window", "--batch",     "--prefetch",
-    "--depth",       "--threads",     "--transform",         "--seconds",   "--epochs",
-    "--seed",        "--obs-column",  "--max-nnz",           "--max-atoms", "--max-edges",
-    "--window-size", "--num-samples", "--results",           "--rounds",    NULL};
+static const char *const VALUE_FLAGS[] = {"--sampler",     "--block-size",  "--blocks-per-window",
+                                          "--batch",       "--prefetch",    "--depth",
+                                          "--threads",     "--transform",   "--seconds",
+                                          "--epochs",      "--seed",        "--obs-column",
+                                          "--max-nnz",     "--max-atoms",   "--max-edges",
+                                          "--window-size", "--num-samples", "--results",
+                                          "--rounds",      "--cache-mib",   NULL};
 
 #define MAX_ROUNDS 1000
 
@@ -197,6 +203,7 @@ parse_args(int argc, char **argv, opts *o)
             }
         } else if (!strcmp(flag, "--block-size")) {
             bad = zb__bench_parse_u64(flag, v, 1, UINT64_MAX, &o->block_size);
+            o->have_block_size = true;
         } else if (!strcmp(flag, "--blocks-per-window")) {
             bad = zb__bench_parse_u64(flag, v, 1, UINT64_MAX, &o->blocks_per_window);
         } else if (!strcmp(flag, "--batch")) {
@@ -207,6 +214,8 @@ parse_args(int argc, char **argv, opts *o)
             bad = zb__bench_parse_u64(flag, v, 1, 1 << 10, &o->depth);
         } else if (!strcmp(flag, "--threads")) {
             bad = zb__bench_parse_u64(flag, v, 1, 256, &o->threads);
+        } else if (!strcmp(flag, "--cache-mib")) {
+            bad = zb__bench_parse_u64(flag, v, 0, (uint64_t)1 << 30, &o->cache_mib);
         } else if (!strcmp(flag, "--transform")) {
             bad = parse_transform(v, o);
         } else if (!strcmp(flag, "--seconds")) {
@@ -585,6 +594,7 @@ make_sampler(zb_dataset *ds, uint64_t n, opts *o, const zb__bench_codes *codes, 
         zb_size_sampler_opts so = ZB_SIZE_SAMPLER_OPTS_DEFAULT;
         so.base = base;
         so.window_size = o->window_size;
+        so.block_size = o->have_block_size ? o->block_size : 0;
         uint64_t *nnz = NULL, *atoms = NULL, *edges = NULL;
         bool any = o->max_nnz || o->max_atoms || o->max_edges;
         if (!any) {
@@ -793,6 +803,7 @@ params_json(const opts *o)
     zb__bench_put_u64(p, "prefetch_factor", o->prefetch);
     zb__bench_put_u64(p, "depth", o->depth);
     zb__bench_put_u64(p, "threads", o->threads);
+    zb__bench_put_u64(p, "cache_mib", o->cache_mib);
     json_object *t = json_object_new_array();
     for (size_t i = 0; i < o->ntransforms; i++)
         json_object_array_add(t, json_object_new_string(o->transform_names[i]));
@@ -807,7 +818,8 @@ params_json(const opts *o)
     zb__bench_put_u64(p, "seed", o->seed);
     zb__bench_put_u64(p, "rounds", o->rounds);
     zb__bench_put_str(p, "obs_column", o->obs_column);
-    zb__bench_put(p, "block_size", block ? json_object_new_uint64(o->block_size) : NULL);
+    bool blocks = block || (size && o->have_block_size);
+    zb__bench_put(p, "block_size", blocks ? json_object_new_uint64(o->block_size) : NULL);
     zb__bench_put(p, "blocks_per_window",
                   block ? json_object_new_uint64(o->blocks_per_window) : NULL);
     zb__bench_put(p, "max_nnz", size && o->max_nnz ? json_object_new_uint64(o->max_nnz) : NULL);
@@ -1206,6 +1218,7 @@ zb__cli_bench(int argc, char **argv)
 
     zb_dataset_opts dopts = ZB_DATASET_OPTS_DEFAULT;
     dopts.num_threads = (int)o.threads;
+    dopts.cache_bytes = (size_t)(o.cache_mib << 20);
     zb_status st = zb__cli_store_open(o.store, &store);
     if (st == ZB_OK) st = zb_dataset_open(store, "", &dopts, &ds);
     if (st == ZB_OK) st = zb_dataset_len(ds, &n);

@@ -227,12 +227,20 @@ typedef struct zb_size_sampler_opts {
     uint64_t max_nnz;          /* 0 = no limit */
     uint64_t window_size;      /* samples packed together, >= 1 */
     bool shuffle;              /* permute the samples each epoch */
+    /* 0: the samples are permuted one by one. K >= 1 (chunk-aware): the epoch permutes blocks
+     * of K consecutive ids (a short last block always goes last), windows hold whole blocks
+     * (window_size rounded up to a multiple of K) and the samples of a window are permuted
+     * before packing. With K the samples per stored chunk, each window touches about
+     * window_size / K + 1 chunks per field, so a loader window holding a sampler window decodes
+     * each chunk about once: the trade annbatch's block shuffling makes (docs/SAMPLERS.md). */
+    uint64_t block_size;
 } zb_size_sampler_opts;
 
 #define ZB_SIZE_SAMPLER_OPTS_DEFAULT                                                               \
     {                                                                                              \
         .base = ZB_SAMPLER_OPTS_DEFAULT, .num_atoms = NULL, .max_atoms = 0, .num_edges = NULL,     \
-        .max_edges = 0, .nnz = NULL, .max_nnz = 0, .window_size = 8192, .shuffle = true            \
+        .max_edges = 0, .nnz = NULL, .max_nnz = 0, .window_size = 8192, .shuffle = true,           \
+        .block_size = 0                                                                            \
     }
 
 ZB_API zb_status zb_sampler_new_size_aware(const zb_size_sampler_opts *opts, zb_sampler **out);

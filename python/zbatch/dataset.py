@@ -340,7 +340,8 @@ class Dataset:
         self.name: str = info["name"]
         self._var_at = (info["scheme"], info["store"], info["var_group"])
         self._frames: dict[str, Any] = {}
-        #: field name -> dict(kind, dtype, row_shape, segment, target, categorical, array, mask)
+        #: field name -> dict(kind, dtype, row_shape, segment, target, categorical, array, mask,
+        #: chunk_rows: rows per stored chunk, or inner chunk, of the first child's array)
         self.fields: dict[str, dict] = {f["name"]: {k: v for k, v in f.items() if k != "name"}
                                         for f in info["fields"]}
 

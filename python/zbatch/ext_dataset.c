@@ -319,18 +319,26 @@ dataset_info(DatasetObject *self, PyObject *noargs)
     PyObject *fields = PyList_New(0);
     if (!fields) return NULL;
     static const char *const kinds[] = {"per_sample", "ragged", "index"};
+    const zb_dataset *first = self->ds->nchildren ? self->ds->children[0] : self->ds;
     for (size_t i = 0; i < zb_dataset_nfields(self->ds); i++) {
         zb_field_info fi;
         zb_dataset_field(self->ds, i, &fi);
+        /* rows per read unit (chunk, or inner chunk) of the first child's array: what a
+         * chunk-aware sampler aligns its blocks to */
+        zb_array_info ai;
+        unsigned long long chunk_rows = 0;
+        if (i < first->nfields && first->fields[i].arr &&
+            zb_array_get_info(first->fields[i].arr, &ai) == ZB_OK && ai.ndim > 0)
+            chunk_rows = ai.chunk_shape[0];
         PyObject *rs = PyTuple_New(fi.ndim);
         for (int d = 0; rs && d < fi.ndim; d++)
             PyTuple_SET_ITEM(rs, d, PyLong_FromUnsignedLongLong(fi.row_shape[d]));
         PyObject *o =
-            rs ? Py_BuildValue("{s:s,s:s,s:s,s:O,s:z,s:z,s:O,s:s,s:z}", "name", fi.name, "kind",
+            rs ? Py_BuildValue("{s:s,s:s,s:s,s:O,s:z,s:z,s:O,s:s,s:z,s:K}", "name", fi.name, "kind",
                                kinds[fi.kind], "dtype", zb_dtype_name(fi.dtype), "row_shape", rs,
                                "segment", fi.segment, "target", fi.target, "categorical",
                                fi.categorical ? Py_True : Py_False, "array", fi.array, "mask",
-                               fi.mask)
+                               fi.mask, "chunk_rows", chunk_rows)
                : NULL;
         Py_XDECREF(rs);
         if (!o || PyList_Append(fields, o) < 0) {
@@ -342,7 +350,6 @@ dataset_info(DatasetObject *self, PyObject *noargs)
     }
     /* where the var frame lies: the first child's store and var group (the collection's
      * genes are the first child's, merge.c) */
-    const zb_dataset *first = self->ds->nchildren ? self->ds->children[0] : self->ds;
     const char *var_group = first->var_frame ? first->var_frame : "";
     PyObject *r =
         Py_BuildValue("{s:s,s:O,s:K,s:n,s:s,s:s,s:s,s:s}", "layout", zb_dataset_layout(self->ds),

@@ -359,15 +359,15 @@ static PyObject *
 py_sampler_size_aware(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kws[] = {BASE_KW, "num_atoms", "max_atoms",   "num_edges", "max_edges",
-                          "nnz",   "max_nnz",   "window_size", "shuffle",   NULL};
-    unsigned long long n, b, seed, ma, me, mn, window;
+    static char *kws[] = {BASE_KW,   "num_atoms",   "max_atoms", "num_edges",  "max_edges", "nnz",
+                          "max_nnz", "window_size", "shuffle",   "block_size", NULL};
+    unsigned long long n, b, seed, ma, me, mn, window, block = 0;
     unsigned int rank, world;
     int drop_last, drop, shuffle;
     PyObject *ao, *eo, *no;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, BASE_FMT "OO&OO&OO&O&p", kws, BASE_ARGS, &ao,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, BASE_FMT "OO&OO&OO&O&p|O&", kws, BASE_ARGS, &ao,
                                      zbpy_u64, &ma, &eo, zbpy_u64, &me, &no, zbpy_u64, &mn,
-                                     zbpy_u64, &window, &shuffle))
+                                     zbpy_u64, &window, &shuffle, zbpy_u64, &block))
         return NULL;
     Py_buffer a, e, z;
     memset(&e, 0, sizeof e);
@@ -388,6 +388,7 @@ py_sampler_size_aware(PyObject *self, PyObject *args, PyObject *kw)
     o.max_nnz = mn;
     o.window_size = window;
     o.shuffle = shuffle != 0;
+    o.block_size = block;
     zb_sampler *s = NULL;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS

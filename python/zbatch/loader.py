@@ -75,7 +75,9 @@ class DataLoader:
             (exclusive with batch_size, shuffle, sampler and drop_last, as in PyTorch);
         prefetch_factor: batches per window (one coalesced read; default 4, and for the block
             sampler at least enough batches to hold its window of ``block_size *
-            blocks_per_window`` rows, so its chunks are decoded once); depth: windows read ahead;
+            blocks_per_window`` rows, so its chunks are decoded once; for a chunk-aware
+            size-aware sampler (``block_size``) the batches of two of its windows); depth:
+            windows read ahead;
         num_threads: decode threads of the dataset (None keeps the dataset's; >= 1);
         num_workers: PyTorch's knob: zbatch's workers are threads, so ``num_workers=N``
             (N > 0) means N decode threads unless num_threads is given;
@@ -219,6 +221,12 @@ class DataLoader:
             # one decodes the window's chunks once per read that touches them (SAMPLERS.md)
             rows = sampler.block_size * sampler.blocks_per_window
             self.prefetch_factor = max(4, -(-rows // self.batch_size))
+        elif (prefetch_factor is None and isinstance(sampler, _samplers.SizeAwareSampler)
+              and sampler.block_size and len(sampler)):
+            # chunk-aware packing: a window holding two of the sampler's windows (their batch
+            # counts vary), so each read decodes the chunks of at most three sampler windows
+            per_batch = sampler._n / (len(sampler) * sampler._world_size)
+            self.prefetch_factor = max(4, -(-2 * sampler.window_size // max(int(per_batch), 1)))
         # the main iterator (a weak reference to the _Pass that state_dict follows)
         self._main: Optional[weakref.ref] = None
         self._live: Optional[Any] = None

@@ -444,6 +444,16 @@ class SizeAwareSampler(Sampler):
     only): :meth:`build_initial_batch` and :meth:`request_replacement` draw from a pool of
     unconsumed samples binned by atom count (``bin_width``), independent of the epoch order.
     In the keyword form :meth:`request_replacement` returns an unused id of this rank's epoch.
+
+    Chunk-aware (``block_size=K``, opt-in): the epoch permutes blocks of ``K`` consecutive
+    samples instead of single samples (a short last block stays last), each window holds whole
+    blocks (``window_size`` rounded up to a multiple of ``K``) and is shuffled inside before
+    packing; ``block_size="chunks"`` takes ``K`` from the store (:func:`chunk_block_size`).
+    With ``K`` about the samples per stored chunk and a DataLoader whose
+    ``prefetch_factor`` holds a window's batches, each chunk is decoded about once per window
+    instead of once per batch that touches it (stores whose chunks hold many samples, such as
+    nvalchemi's default layout); batches then mix ``window_size / K`` blocks instead of the
+    whole dataset (docs/SAMPLERS.md).
     """
 
     kind = "size_aware"
@@ -455,7 +465,8 @@ class SizeAwareSampler(Sampler):
                  shuffle: bool = True, drop_last: bool = False, seed: int = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  pad_or_drop: str = "pad", device: Any = None, bin_width: int = 1,
-                 max_gpu_memory_fraction: float = 0.8):
+                 max_gpu_memory_fraction: float = 0.8,
+                 block_size: Union[int, str, None] = None):
         del drop_last   # accepted for a uniform signature; packed batches have no short tail
         if isinstance(dataset, (int, _np.integer)) and not isinstance(dataset, bool):
             if batch_size is not None:   # the keyword form's positional batch_size
@@ -478,6 +489,13 @@ class SizeAwareSampler(Sampler):
             raise ValueError("SizeAwareSampler needs max_batch_size (or batch_size)")
         if int(bin_width) < 1:
             raise ValueError(f"bin_width must be >= 1, got {bin_width}")
+        if isinstance(block_size, str):
+            if block_size != "chunks" or dataset is None:
+                raise ValueError(f"block_size: 'chunks' (with a dataset), an int or None, got "
+                                 f"{block_size!r}")
+            block_size = chunk_block_size(dataset)
+        if block_size is not None and int(block_size) < 1:
+            raise ValueError(f"block_size must be >= 1 (or None), got {block_size}")
         arrays = {"num_atoms": _u64(num_atoms, "num_atoms"),
                   "num_edges": _u64(num_edges, "num_edges"), "nnz": _u64(nnz, "nnz")}
         limits = {"num_atoms": max_atoms, "num_edges": max_edges, "nnz": max_nnz}
@@ -498,12 +516,15 @@ class SizeAwareSampler(Sampler):
             num_atoms=arrays["num_atoms"], max_atoms=int(max_atoms or 0),
             num_edges=arrays["num_edges"], max_edges=int(max_edges or 0),
             nnz=arrays["nnz"], max_nnz=int(max_nnz or 0), window_size=int(window_size),
-            shuffle=bool(shuffle), **kw)
+            shuffle=bool(shuffle), block_size=int(block_size or 0), **kw)
         super().__init__(c, seed=seed, rank=rank, world_size=world_size,
                          batch_size=batch_size)
         self.max_atoms, self.max_edges, self.max_nnz = max_atoms, max_edges, max_nnz
         self._limit_batch = max_batch_size if dataset is not None else batch_size
         self.bin_width = int(bin_width)
+        self.block_size = None if block_size is None else int(block_size)
+        self.window_size = int(window_size)
+        self._n = n
         self._pool = None   # the dynamics pool, made on first use
 
     @property
@@ -572,6 +593,43 @@ def _dataset_sizes(dataset: Any) -> tuple[_np.ndarray, _np.ndarray]:
     meta = _np.array([dataset.get_metadata(i) for i in range(len(dataset))],
                      dtype=_np.int64).reshape(-1, 2)
     return meta[:, 0], meta[:, 1]
+
+
+def chunk_block_size(dataset: Any) -> int:
+    """The samples per stored chunk of a zbatch dataset's heaviest field (the one with the most
+    decoded bytes): the ``block_size`` that aligns chunk-aware packing to the store's chunks.
+    A ragged field of ``chunk_rows`` rows per chunk over a segment of ``total`` rows holds about
+    ``chunk_rows * n / total`` samples per chunk; a per-sample field ``chunk_rows``. At least 1.
+
+    Example (nvalchemi's default layout, 313,896-row ``neighbor_list`` chunks over 80.4 M edges
+    of 20,000 structures)::
+
+        >>> zbatch.samplers.chunk_block_size(ds)
+        78
+    """
+    zb = getattr(dataset, "dataset", dataset)   # an AtomicReader's zbatch dataset
+    if not hasattr(zb, "segment_lengths") or not hasattr(zb, "fields"):
+        raise TypeError(f"block_size='chunks' needs a zbatch dataset, not "
+                        f"{type(dataset).__name__}")
+    n = len(zb)
+    totals: dict[str, int] = {}
+    best_bytes, best = -1, 1.0
+    for info in zb.fields.values():
+        rows = int(info.get("chunk_rows") or 0)
+        if rows == 0 or n == 0:
+            continue
+        width = _np.dtype(info["dtype"]).itemsize * int(_np.prod(info["row_shape"], dtype=_np.int64))
+        seg = info.get("segment")
+        if seg:
+            if seg not in totals:
+                totals[seg] = int(zb.segment_lengths(seg).sum())
+            total = totals[seg]
+            per_chunk = rows * n / total if total else float(n)
+        else:
+            total, per_chunk = n, float(rows)
+        if total * width > best_bytes:
+            best_bytes, best = total * width, per_chunk
+    return max(1, int(round(best)))
 
 
 def _default_max_atoms(device: Any, max_batch_size: Optional[int],

@@ -39,22 +39,15 @@ unit_spans_rows(const zb__unit_geom *u, const uint64_t *g)
     return true;
 }
 
-/* Unit g of array a in `target` (unit_bytes): from the decoded-chunk cache, as fill when
- * `missing`, else decoded from `enc` (fetched here when NULL: the cache evicted it since
- * unit_cached() was asked; `entry` is then its (offset, nbytes) in the shard object `key`, or
- * NULL when `key` is the unit's own object). */
+/* Unit g of array a decoded into `target` (unit_bytes), or fill when `missing`, from `enc`
+ * (fetched here when NULL: the cache evicted it since unit_cached() was asked; `entry` is then
+ * its (offset, nbytes) in the shard object `key`, or NULL when `key` is the unit's own object),
+ * and put in the decoded-chunk cache. */
 static zb_status
 unit_into(exec *x, const zb_array *a, const uint64_t *g, const uint8_t *enc, size_t enc_len,
           bool missing, const char *key, const uint64_t *entry, uint8_t *target)
 {
     const zb__unit_geom *u = zb__array_units(a);
-    size_t unit_bytes = (size_t)u->unit_bytes;
-    uint64_t grid_lin = zb__unit_linear(u, g);
-    zb__cache *cache = x->p->ds->cache;
-    if (cache && zb__cache_get(cache, a, grid_lin, target, unit_bytes)) {
-        x->t->stats.chunks_cached++;
-        return ZB_OK;
-    }
     void *tok = NULL;
     if (!enc && !missing) {
         if (entry) {
@@ -77,7 +70,8 @@ unit_into(exec *x, const zb_array *a, const uint64_t *g, const uint8_t *enc, siz
     if (st != ZB_OK) return st;
     x->t->stats.chunks_decoded++;
     x->t->stats.bytes_decoded += x->ctx->stats.bytes_decoded - before;
-    if (cache) zb__cache_put(cache, a, grid_lin, target, unit_bytes);
+    zb__cache *cache = x->p->ds->cache;
+    if (cache) zb__cache_put(cache, a, zb__unit_linear(u, g), target, (size_t)u->unit_bytes);
     return ZB_OK;
 }
 
@@ -129,8 +123,10 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
 
 /* Serves the copies [c0, c1) — all of one unit row of one field and child — from the unit at
  * coordinates g (g[0] = the row). `enc` holds its encoded bytes, or NULL when the unit is
- * missing (fill) or found in the decoded-chunk cache (see unit_into for `entry`). A unit that
- * one copy covers whole and unpadded is decoded straight into the batch. */
+ * missing (fill) or found in the decoded-chunk cache (see unit_into for `entry`). A cached unit
+ * is read where the cache holds it (pinned): copying a whole cached unit to serve a few of its
+ * rows cost as much as the rows' share of a window is small (PERFORMANCE.md, "nvalchemi's own
+ * layout"). A unit that one copy covers whole and unpadded is decoded straight into the batch. */
 static zb_status
 serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc, size_t enc_len,
            bool missing, const char *key, const uint64_t *entry)
@@ -145,30 +141,43 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     bool conv = converted(p, cp->field, cp->child, &lut, &nlut);
     bool direct =
         !conv && c1 - c0 == 1 && cp->src_row == 0 && cp->nrows == u->inner[0] && u->spans_rows;
-    uint8_t *target;
-    if (direct) {
-        target = bf->data + cp->dst_row * bf->row_elems * bf->itemsize;
+    size_t unit_bytes = (size_t)u->unit_bytes;
+    zb__cache *cache = p->ds->cache;
+    void *pin = NULL;
+    const uint8_t *unit = NULL; /* the decoded unit, when not decoded into the batch */
+    if (cache && !missing) unit = zb__cache_pin(cache, a, zb__unit_linear(u, g), unit_bytes, &pin);
+    if (unit) {
+        x->t->stats.chunks_cached++;
+        if (direct) {
+            memcpy(bf->data + cp->dst_row * bf->row_elems * bf->itemsize, unit, unit_bytes);
+            zb__cache_unpin(cache, pin);
+            pin = NULL;
+        }
+    } else if (direct) {
+        ZB_TRY(unit_into(x, a, g, enc, enc_len, missing, key, entry,
+                         bf->data + cp->dst_row * bf->row_elems * bf->itemsize));
     } else {
-        size_t unit_bytes = (size_t)u->unit_bytes;
         ZB_TRY(zb__buf_reserve(&x->ctx->ws.unit, unit_bytes ? unit_bytes : 1));
-        target = x->ctx->ws.unit.data;
+        ZB_TRY(unit_into(x, a, g, enc, enc_len, missing, key, entry, x->ctx->ws.unit.data));
+        unit = x->ctx->ws.unit.data;
     }
-    ZB_TRY(unit_into(x, a, g, enc, enc_len, missing, key, entry, target));
     uint64_t row_bytes = bf->itemsize; /* of this unit's part of a row */
     for (int d = 1; d < u->ndim; d++) {
         uint64_t lo = g[d] * u->inner[d], hi = lo + u->inner[d];
         row_bytes *= (hi > u->shape[d] ? u->shape[d] : hi) - lo;
     }
     uint64_t rows = 0;
+    zb_status st = ZB_OK;
     if (direct) {
         rows = cp->nrows;
         if (rebased_here(p, cp->field))
-            ZB_TRY(zb__rows_rebase(p, cp->field, cp->dst_row, cp->nrows, 0, bf->row_elems));
+            st = zb__rows_rebase(p, cp->field, cp->dst_row, cp->nrows, 0, bf->row_elems);
     } else {
-        ZB_TRY(copy_out(x, c0, c1, g, target, conv, lut, nlut, row_bytes, &rows));
+        st = copy_out(x, c0, c1, g, unit, conv, lut, nlut, row_bytes, &rows);
     }
+    zb__cache_unpin(cache, pin);
     x->t->stats.bytes_delivered += rows * row_bytes;
-    return ZB_OK;
+    return st;
 }
 
 /* Odometer over the unit coordinates of axes 1..nd-1. */

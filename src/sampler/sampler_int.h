@@ -26,6 +26,7 @@ enum {
     ZB_TAG_BATCH = 11,    /* multi-dataset shuffle inside a batch */
     ZB_TAG_CONVERT = 12,  /* zbatch convert: the cells' positions in the output */
     ZB_TAG_MIX = 13,      /* multi-dataset per-sample mixing: stream order, child draws */
+    ZB_TAG_PACKWIN = 14,  /* size-aware with blocks: samples inside a window */
 };
 
 typedef struct zb__sampler_ops {

@@ -7,7 +7,12 @@
  * with fewer batches wins), and its batches are then put in a keyed random order. Planning an epoch
  * packs every window once to count its batches (win_first); a batch is later served by re-packing
  * its window (cached, so consecutive batches cost nothing). Packing depends only on (seed, epoch,
- * window), so every rank and every restore sees the same batches. */
+ * window), so every rank and every restore sees the same batches.
+ *
+ * Chunk-aware (block_size K): the permutation is over blocks of K consecutive ids (the short
+ * last block stays last, as in the block sampler, so every window but the last holds whole
+ * blocks), and inside a window the samples are permuted again before packing: a window reads
+ * few chunks, and its batches still mix its blocks. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,9 +35,10 @@ typedef struct size_impl {
     uint64_t limit[NDIMS];  /* 0 = no limit */
     uint64_t window;        /* samples per window (<= n) */
     bool shuffle;
+    uint64_t block, nfull; /* chunk-aware: ids per block (0: off) and full blocks */
     uint64_t nwin;
     uint64_t *win_first; /* [nwin + 1] first global batch of each window */
-    zb__perm order;      /* the epoch's sample order */
+    zb__perm order;      /* the epoch's sample order (of full blocks when chunk-aware) */
     /* the packed window `cached_win` */
     bool have_win;
     uint64_t cached_win, nbins;
@@ -121,6 +127,17 @@ first_fit(const zb_sampler *s, size_impl *z, const pack_item *items, uint64_t m,
     return nbins;
 }
 
+/* The id at position pos of the epoch's stream. */
+static uint64_t
+stream_id(const size_impl *z, uint64_t pos)
+{
+    if (!z->shuffle) return pos;
+    if (!z->block) return zb__perm_apply(&z->order, pos);
+    uint64_t j = pos / z->block;
+    if (j >= z->nfull) return pos; /* the short block, last */
+    return zb__perm_apply(&z->order, j) * z->block + pos % z->block;
+}
+
 /* Packs window w into win_ids / bin_off / nbins and keys its batch order. Two packings are
  * tried and the one with fewer batches kept (ties: the first): first fit in the permuted
  * order, which mixes large and small samples and so wins when max_batch_size binds, and
@@ -129,8 +146,11 @@ static void
 pack_window(zb_sampler *s, size_impl *z, uint64_t w)
 {
     uint64_t lo = w * z->window, m = s->n - lo < z->window ? s->n - lo : z->window;
+    zb__perm inside; /* chunk-aware: the window's samples mixed across its blocks */
+    bool mix = z->block && z->shuffle && m > 1;
+    if (mix) zb__perm_init(&inside, m, zb__stream_key(s->seed, s->epoch, ZB_TAG_PACKWIN, w, 0));
     for (uint64_t k = 0; k < m; k++) {
-        uint64_t id = z->shuffle ? zb__perm_apply(&z->order, lo + k) : lo + k;
+        uint64_t id = stream_id(z, lo + (mix ? zb__perm_apply(&inside, k) : k));
         double key = 0;
         for (int d = 0; d < NDIMS; d++) {
             if (!z->limit[d]) continue;
@@ -169,7 +189,8 @@ static zb_status
 size_plan(zb_sampler *s)
 {
     size_impl *z = s->impl;
-    zb__perm_init(&z->order, s->n, zb__stream_key(s->seed, s->epoch, ZB_TAG_PACK, 0, 0));
+    uint64_t len = z->block ? z->nfull : s->n;
+    if (len) zb__perm_init(&z->order, len, zb__stream_key(s->seed, s->epoch, ZB_TAG_PACK, 0, 0));
     z->win_first[0] = 0;
     for (uint64_t w = 0; w < z->nwin; w++) {
         pack_window(s, z, w);
@@ -262,7 +283,12 @@ zb_sampler_new_size_aware(const zb_size_sampler_opts *o, zb_sampler **out)
     }
     size_impl *z = calloc(1, sizeof *z);
     if (!z) return zb__err(ZB_E_NOMEM, "size-aware sampler");
-    z->window = o->window_size < n ? o->window_size : (n ? n : 1);
+    z->block = o->block_size;
+    z->nfull = z->block ? n / z->block : 0;
+    uint64_t window = o->window_size < n ? o->window_size : n; /* n <= SIZE_MAX / 64 */
+    if (z->block && z->block <= n && window % z->block)
+        window += z->block - window % z->block; /* whole blocks per window */
+    z->window = window < n ? window : (n ? n : 1);
     z->shuffle = o->shuffle;
     z->nwin = n / z->window + (n % z->window != 0);
     size_t wsz = (size_t)z->window;

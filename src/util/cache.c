@@ -1,6 +1,9 @@
-/* A byte-bounded LRU cache of decoded units (and of shard indexes), keyed by (owner, number).
- * One mutex guards it: a lookup is a hash probe plus one memcpy, which is small next to the
- * decode it saves. */
+/* A byte-bounded LRU cache of decoded units (and of shard indexes), keyed by (owner, number),
+ * one mutex guarding it. Decoded units are pinned (zb__cache_pin) and read in place: an entry's
+ * bytes never change once put, so a reader holding a pin reads them without the lock, and an
+ * entry evicted while pinned leaves the index and the byte count at once and is freed by its
+ * last unpin. Shard indexes are copied out in part (zb__cache_get_part): a few entries, under
+ * the lock. */
 #include "util/cache.h"
 
 #include <pthread.h>
@@ -13,6 +16,8 @@ typedef struct entry {
     const void *owner;
     uint64_t unit;
     size_t len;
+    unsigned pins;             /* readers holding it (zb__cache_pin) */
+    bool evicted;              /* out of the index while pinned: the last unpin frees it */
     struct entry *hnext;       /* hash chain */
     struct entry *prev, *next; /* LRU list, most recent at head */
     uint8_t data[];
@@ -99,7 +104,19 @@ evict(zb__cache *c, entry *e)
     while (*pp && *pp != e) pp = &(*pp)->hnext;
     if (*pp) *pp = e->hnext;
     c->bytes -= e->len;
-    free(e);
+    if (e->pins)
+        e->evicted = true;
+    else
+        free(e);
+}
+
+/* The entry for (owner, unit), or NULL (the lock held). */
+static entry *
+find(zb__cache *c, const void *owner, uint64_t unit)
+{
+    entry *e = c->buckets[hash(owner, unit, c->nbuckets)];
+    while (e && !(e->owner == owner && e->unit == unit)) e = e->hnext;
+    return e;
 }
 
 bool
@@ -109,8 +126,7 @@ zb__cache_get_part(zb__cache *c, const void *owner, uint64_t unit, size_t whole_
     if (!c || off > whole_len || len > whole_len - off) return false;
     bool hit = false;
     pthread_mutex_lock(&c->mu);
-    entry *e = c->buckets[hash(owner, unit, c->nbuckets)];
-    while (e && !(e->owner == owner && e->unit == unit)) e = e->hnext;
+    entry *e = find(c, owner, unit);
     if (e && e->len == whole_len) {
         memcpy(dst, e->data + off, len);
         lru_unlink(c, e);
@@ -121,10 +137,32 @@ zb__cache_get_part(zb__cache *c, const void *owner, uint64_t unit, size_t whole_
     return hit;
 }
 
-bool
-zb__cache_get(zb__cache *c, const void *owner, uint64_t unit, void *dst, size_t dst_len)
+const void *
+zb__cache_pin(zb__cache *c, const void *owner, uint64_t unit, size_t len, void **pin)
 {
-    return zb__cache_get_part(c, owner, unit, dst_len, 0, dst, dst_len);
+    *pin = NULL;
+    if (!c) return NULL;
+    pthread_mutex_lock(&c->mu);
+    entry *e = find(c, owner, unit);
+    if (e && e->len == len) {
+        e->pins++;
+        lru_unlink(c, e);
+        lru_push(c, e);
+        *pin = e;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return *pin ? ((entry *)*pin)->data : NULL;
+}
+
+void
+zb__cache_unpin(zb__cache *c, void *pin)
+{
+    entry *e = pin;
+    if (!e) return;
+    pthread_mutex_lock(&c->mu);
+    bool gone = --e->pins == 0 && e->evicted;
+    pthread_mutex_unlock(&c->mu);
+    if (gone) free(e);
 }
 
 void
@@ -136,11 +174,12 @@ zb__cache_put(zb__cache *c, const void *owner, uint64_t unit, const void *src, s
     n->owner = owner;
     n->unit = unit;
     n->len = len;
+    n->pins = 0;
+    n->evicted = false;
     memcpy(n->data, src, len);
     pthread_mutex_lock(&c->mu);
     size_t h = hash(owner, unit, c->nbuckets);
-    entry *e = c->buckets[h];
-    while (e && !(e->owner == owner && e->unit == unit)) e = e->hnext;
+    entry *e = find(c, owner, unit);
     if (e) evict(c, e);
     while (c->tail && c->bytes + len > c->max_bytes) evict(c, c->tail);
     n->hnext = c->buckets[h];
@@ -155,10 +194,9 @@ zb__cache_contains(zb__cache *c, const void *owner, uint64_t unit)
 {
     if (!c) return false;
     pthread_mutex_lock(&c->mu);
-    entry *e = c->buckets[hash(owner, unit, c->nbuckets)];
-    while (e && !(e->owner == owner && e->unit == unit)) e = e->hnext;
+    bool in = find(c, owner, unit) != NULL;
     pthread_mutex_unlock(&c->mu);
-    return e != NULL;
+    return in;
 }
 
 size_t

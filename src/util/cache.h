@@ -13,11 +13,16 @@ typedef struct zb__cache zb__cache;
 
 zb_status zb__cache_new(size_t max_bytes, zb__cache **out);
 void zb__cache_free(zb__cache *c);
-/* Copies the cached unit into dst (dst_len bytes) and returns true on a hit. */
-bool zb__cache_get(zb__cache *c, const void *arr, uint64_t unit, void *dst, size_t dst_len);
 /* Bytes [off, off + len) of an entry of whole_len bytes (a hit needs that length). */
 bool zb__cache_get_part(zb__cache *c, const void *arr, uint64_t unit, size_t whole_len, size_t off,
                         void *dst, size_t len);
+/* Pins the cached unit of `len` bytes and returns its bytes, to be read in place until
+ * zb__cache_unpin(c, *pin); NULL (and *pin NULL) on a miss. Eviction takes a pinned entry out of
+ * the cache and its byte count at once but frees it at the last unpin, so the memory held can
+ * pass max_bytes by the entries pinned at that moment (one per reading thread). */
+const void *zb__cache_pin(zb__cache *c, const void *arr, uint64_t unit, size_t len, void **pin);
+/* Releases a pin (NULL: nothing). */
+void zb__cache_unpin(zb__cache *c, void *pin);
 bool zb__cache_contains(zb__cache *c, const void *arr, uint64_t unit);
 void zb__cache_put(zb__cache *c, const void *arr, uint64_t unit, const void *src, size_t len);
 

@@ -750,6 +750,78 @@ test_size_aware_never_exceeds(void **state)
     }
 }
 
+/* Chunk-aware packing (block_size): every window is whole blocks of consecutive ids (the short
+ * block last), its batches mix several of them, the limits hold, every id comes once, and the
+ * block order changes with the epoch. */
+static void
+test_size_aware_blocks(void **state)
+{
+    (void)state;
+    enum { NS = 1003, K = 10, WIN = 40 }; /* window_size 35 rounds up to 4 blocks */
+    zb_size_sampler_opts o = ZB_SIZE_SAMPLER_OPTS_DEFAULT;
+    o.base.n = NS;
+    o.base.batch_size = 16;
+    o.num_atoms = g_atoms;
+    o.max_atoms = 1500;
+    o.window_size = 35;
+    o.block_size = K;
+    o.base.seed = 3;
+    for (uint64_t e = 0; e < 2; e++) {
+        zb_sampler *s = NULL;
+        ZB_ASSERT_OK(zb_sampler_new_size_aware(&o, &s));
+        ZB_ASSERT_OK(zb_sampler_set_epoch(s, e));
+        run r = {0};
+        take(s, &r, SIZE_MAX);
+        check_limits(&r, g_atoms, 1500, NULL, 0, 16);
+        check_exactly_once(&r, NS);
+        /* batches never cross a window: the running count meets every multiple of WIN, and
+         * each window holds whole blocks (the last: the short block alone) */
+        size_t seen = 0, mixed = 0, w0 = 0;
+        for (size_t b = 0; b < r.nb; b++) {
+            uint64_t lo = UINT64_MAX, hi = 0;
+            for (size_t i = 0; i < run_len(&r, b); i++) {
+                uint64_t blk = run_at(&r, b)[i] / K;
+                lo = blk < lo ? blk : lo;
+                hi = blk > hi ? blk : hi;
+            }
+            mixed += hi > lo;
+            seen += run_len(&r, b);
+            assert_true(seen / WIN == (seen - run_len(&r, b)) / WIN || seen % WIN == 0);
+            if (seen % WIN != 0 && seen != NS) continue;
+            size_t count[NS / K + 1] = {0};
+            for (size_t i = w0; i < seen; i++) count[r.ids[i] / K]++;
+            size_t blocks = 0;
+            for (size_t k = 0; k <= NS / K; k++) {
+                if (!count[k]) continue;
+                blocks++;
+                assert_int_equal(count[k], k == NS / K ? NS % K : K);
+            }
+            assert_int_equal(blocks, (seen - w0 + K - 1) / K);
+            if (count[NS / K]) assert_int_equal(seen, NS); /* the short block, last */
+            w0 = seen;
+        }
+        assert_int_equal(seen, NS);
+        assert_true(mixed * 2 > r.nb); /* most batches hold samples of two blocks or more */
+        run_free(&r);
+        zb_sampler_free(s);
+    }
+    /* another epoch, another block order */
+    zb_sampler *a = NULL, *b = NULL;
+    ZB_ASSERT_OK(zb_sampler_new_size_aware(&o, &a));
+    ZB_ASSERT_OK(zb_sampler_new_size_aware(&o, &b));
+    ZB_ASSERT_OK(zb_sampler_set_epoch(b, 1));
+    run ra = {0}, rb = {0};
+    take(a, &ra, SIZE_MAX);
+    take(b, &rb, SIZE_MAX);
+    size_t same = 0;
+    for (size_t i = 0; i + K <= NS; i += K) same += ra.ids[i] / K == rb.ids[i] / K;
+    assert_true(same < NS / K / 4);
+    run_free(&ra);
+    run_free(&rb);
+    zb_sampler_free(a);
+    zb_sampler_free(b);
+}
+
 static void
 test_size_aware_over_limit_fails(void **state)
 {
@@ -1325,6 +1397,7 @@ main(void)
         cmocka_unit_test(test_resume_past_the_end),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_size_aware_never_exceeds),
+        cmocka_unit_test(test_size_aware_blocks),
         cmocka_unit_test(test_size_aware_over_limit_fails),
         cmocka_unit_test(test_size_aware_replacement),
         cmocka_unit_test(test_multi_policies),
