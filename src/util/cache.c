@@ -151,14 +151,22 @@ zb__cache_put(zb__cache *c, const void *owner, uint64_t unit, const void *src, s
 }
 
 bool
-zb__cache_contains(zb__cache *c, const void *owner, uint64_t unit)
+zb__cache_length(zb__cache *c, const void *owner, uint64_t unit, size_t *len)
 {
     if (!c) return false;
     pthread_mutex_lock(&c->mu);
     entry *e = c->buckets[hash(owner, unit, c->nbuckets)];
     while (e && !(e->owner == owner && e->unit == unit)) e = e->hnext;
+    if (e) *len = e->len;
     pthread_mutex_unlock(&c->mu);
     return e != NULL;
+}
+
+bool
+zb__cache_contains(zb__cache *c, const void *owner, uint64_t unit)
+{
+    size_t len;
+    return zb__cache_length(c, owner, unit, &len);
 }
 
 size_t

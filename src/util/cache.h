@@ -19,6 +19,9 @@ bool zb__cache_get(zb__cache *c, const void *arr, uint64_t unit, void *dst, size
 bool zb__cache_get_part(zb__cache *c, const void *arr, uint64_t unit, size_t whole_len, size_t off,
                         void *dst, size_t len);
 bool zb__cache_contains(zb__cache *c, const void *arr, uint64_t unit);
+/* Whether the cache holds the entry, and its length (an entry of a length the caller cannot
+ * know in advance, such as a whole object). */
+bool zb__cache_length(zb__cache *c, const void *arr, uint64_t unit, size_t *len);
 void zb__cache_put(zb__cache *c, const void *arr, uint64_t unit, const void *src, size_t len);
 
 /* Bytes held now. */
