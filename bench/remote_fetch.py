@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/remote_fetch.py [--cells N] [--samplers block,random] [--epochs E]
                                            [--batch-size B] [--prefetch P] [--threads T]
-                                           [--coalesce-gap BYTES] [--work DIR] [--json FILE]
+                                           [--coalesce-gap BYTES] [--fetch-cache-bytes BYTES]
+                                           [--work DIR] [--json FILE]
 
 The same store (``zbatch synth --kind cells``), the same sampler and windows as bench/remote.py's
 loader (``batch_size x prefetch_factor`` samples a window, ``block_size`` 16), each window read by
@@ -10,9 +11,11 @@ one ``read_many`` (what the loader does per window), for ``--epochs`` epochs: on
 directory, once over ``http://`` from an nginx on loopback (no added latency). Per row:
 
 - bytes decoded, bytes fetched (the reader's counters) and CPU seconds (user + sys of this
-  process) per delivered sample;
+  process, every thread, over the read_many calls only) per delivered sample;
 - over HTTP, from nginx's access log: requests (GET / HEAD), body bytes per sample, bytes per
   request, nginx's CPU seconds per sample (its processes' user + sys from /proc);
+- epoch 0 (cold) and the later epochs (warm) apart: samples/s, CPU microseconds and bytes
+  received over the network (the store's counter) per sample;
 - how often each fetched inner chunk of ``X/data`` and ``X/indices`` was fetched over the epochs
   (a chunk counts as fetched by a request whose range covers all of its bytes, found through the
   shard indexes), and the bytes fetched that no delivered sample needed (fetched / the distinct
@@ -91,31 +94,45 @@ def windows(sampler: str, n: int, batch_size: int, prefetch: int, epoch: int, se
 def one(target: str, sampler: str, args, server=None, chunks=None, want=None) -> dict:
     import zbatch
     so = {"coalesce_gap": args.coalesce_gap} if server and args.coalesce_gap is not None else None
-    ds = zbatch.open(target, num_threads=args.threads, storage_options=so)
+    kw = {} if args.fetch_cache_bytes is None else {"fetch_cache_bytes": args.fetch_cache_bytes}
+    ds = zbatch.open(target, num_threads=args.threads, storage_options=so, **kw)
     n = len(ds)
     tot = Counter()
     got = []
     since = server.log_offset() if server else 0
     ng0 = proc_cpu(nginx_pids(server._proc.pid)) if server else 0.0
-    t0, c0 = time.perf_counter(), os.times()
+    # epoch 0 (cold: nothing fetched yet) and the later epochs (warm) counted apart
+    phases = [Counter(), Counter()]
     for e in range(args.epochs):
+        ph = phases[min(e, 1)]
+        b0 = ds.store_stats()["bytes"]
         for ids in windows(sampler, n, args.batch_size, args.prefetch, e, args.seed):
+            # only the read is timed (the comparison below is not)
+            t0, c0 = time.perf_counter(), time.process_time()
             b = ds.read_many(ids)
+            ph["cpu"] += time.process_time() - c0
+            ph["seconds"] += time.perf_counter() - t0
             for k, v in b.stats.items():
                 tot[k] += int(v)
             tot["samples"] += len(ids)
+            ph["samples"] += len(ids)
             if want is not None or len(got) < 2:
                 x = b["X"].tocsr()
                 got.append((x.indptr.copy(), x.indices.copy(), x.data.copy()))
-    c1, t1 = os.times(), time.perf_counter()
+        ph["net"] += ds.store_stats()["bytes"] - b0
     s = tot["samples"]
     row = {"target": "http" if server else "local", "sampler": sampler, "samples": s,
-           "seconds": t1 - t0,
-           "cpu_s_per_sample": (c1.user - c0.user + c1.system - c0.system) / s,
+           "seconds": sum(p["seconds"] for p in phases),
+           "cpu_s_per_sample": sum(p["cpu"] for p in phases) / s,
            "decoded_per_sample": tot["bytes_decoded"] / s,
            "fetched_per_sample": tot["bytes_fetched"] / s,
            "delivered_per_sample": tot["bytes_delivered"] / s,
            "range_reads": tot["range_reads"], "chunks_decoded": tot["chunks_decoded"]}
+    for name, p in zip(("cold", "warm"), phases):
+        if p["samples"]:
+            row[name] = {"samples": p["samples"], "samples_per_s": p["samples"] / p["seconds"],
+                         "cpu_us_per_sample": p["cpu"] / p["samples"] * 1e6,
+                         "net_bytes_per_sample": p["net"] / p["samples"]}
     if want is not None:
         for a, b in zip(want, got):
             for u, v in zip(a, b):
@@ -173,6 +190,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--coalesce-gap", type=int, default=None,
                     help="the HTTP store's coalesce_gap (storage_options); default: its own")
+    ap.add_argument("--fetch-cache-bytes", type=int, default=None,
+                    help="the datasets' fetch_cache_bytes; default: zbatch's own")
     ap.add_argument("--work", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -205,6 +224,14 @@ def main(argv=None) -> int:
                  f"{'':>11} {'':>9} ")
               + f"{r['cpu_s_per_sample'] * 1e6:>9.2f} "
               + (f"{r['nginx_cpu_s_per_sample'] * 1e6:>11.2f}" if http else ""))
+    print(f"\n{'sampler':<7} {'target':<6} {'phase':<5} {'samples/s':>10} {'CPU us/sample':>13} "
+          f"{'net B/sample':>12}")
+    for r in rows:
+        for name in ("cold", "warm"):
+            if name in r:
+                p = r[name]
+                print(f"{r['sampler']:<7} {r['target']:<6} {name:<5} {p['samples_per_s']:>10.0f} "
+                      f"{p['cpu_us_per_sample']:>13.2f} {p['net_bytes_per_sample']:>12.0f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     return 0

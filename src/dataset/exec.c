@@ -686,11 +686,13 @@ typedef struct listed {
     size_t nreads;
     zb_range *ranges; /* [nreads], grouped by store */
     size_t *order;    /* [nreads] the read behind each range */
-    uint8_t *buf;     /* every range's bytes */
+    uint8_t *buf;     /* every range's bytes (the plan memory's, reused) */
     bool pooled;      /* decode on the pool (else on the calling thread, the work is small) */
     char keybuf[KEY_CAP];
     size_t base;  /* the current list read: ranges [base, base + n) */
     size_t ndone; /* ... of which completed */
+    size_t nkept; /* reads served from the fetch cache: ranges and order [nreads - nkept, nreads) */
+    _Atomic size_t kept_next; /* the next of them a pool thread takes */
 } listed;
 
 /* The fetch cache (zb_dataset_opts.fetch_cache_bytes) holds the encoded bytes of each unit
@@ -781,6 +783,16 @@ kept_now(listed *l, const lread *rd)
     for (size_t j = 0; j < rd->nw; j++)
         if (!zb__cache_contains(fc, rd->a, zb__unit_linear(u, rd->w[j].g))) return false;
     return true;
+}
+
+/* Serves the kept reads, each thread taking the next off a shared counter: one hand-off per
+ * thread, not one wake-up per read (a window's kept reads are thousands of units). */
+static void
+run_kept(void *arg, zb_ctx *ctx)
+{
+    listed *l = arg;
+    for (size_t k; (k = atomic_fetch_add(&l->kept_next, 1)) < l->nkept;)
+        serve_read(&l->reads[l->order[l->nreads - 1 - k]], ctx);
 }
 
 /* A range completed (on the calling thread): its units go to the pool. */
@@ -880,7 +892,10 @@ collect_listed(listed *l)
     l->reads = calloc(nr + 1, sizeof *l->reads);
     l->ranges = calloc(nr + 1, sizeof *l->ranges);
     l->order = calloc(nr + 1, sizeof *l->order);
-    l->buf = malloc(bytes + 1);
+    /* a window's range bytes are megabytes: memory reused across reads, not mapped and
+     * faulted in anew for each (DESIGN.md, performance model) */
+    if (grow_array((void **)&p->m->fetched, &p->m->fetched_cap, bytes + 1, 1))
+        l->buf = p->m->fetched;
     if (!l->reads || !l->ranges || !l->order || !l->buf)
         return zb__err(ZB_E_NOMEM, "read_many: out of memory for %llu bytes of range reads",
                        (unsigned long long)bytes);
@@ -899,7 +914,7 @@ fetch_listed(listed *l)
     uint64_t at = 0;
     size_t done = 0, nkept = 0;
     zb_status st = ZB_OK;
-    /* reads the fetch cache holds (ranges from the end of the list) go to the pool first: the
+    /* reads the fetch cache holds (ranges and order from the end) go to the pool first: the
      * thread that decodes one copies it out of the cache */
     for (size_t i = 0; i < l->nreads; i++) {
         lread *rd = &l->reads[i];
@@ -908,9 +923,15 @@ fetch_listed(listed *l)
         rd->r = &l->ranges[l->nreads - 1 - nkept];
         *rd->r =
             (zb_range){.key = rd->key, .offset = rd->off, .length = rd->len, .dst = l->buf + at};
-        nkept++;
+        l->order[l->nreads - 1 - nkept++] = i;
         at += rd->len;
-        serve_now(l, rd);
+    }
+    l->nkept = nkept;
+    if (!l->pooled) {
+        run_kept(l, l->p->ctx);
+    } else {
+        size_t jobs = (size_t)zb__pool_threads(l->p->ds->pool);
+        for (size_t j = 0; j < jobs && j < nkept; j++) zb__pool_submit(l->p->ds->pool, run_kept, l);
     }
     while (done < l->nreads - nkept && st == ZB_OK) {
         zb_store *store = NULL;
@@ -953,7 +974,6 @@ free_listed(listed *l)
     free(l->reads);
     free(l->ranges);
     free(l->order);
-    free(l->buf);
 }
 
 /* Fails the plan's first listed task with the first failure of a read, and adds the reads'

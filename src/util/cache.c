@@ -40,7 +40,10 @@ zb__cache_new(size_t max_bytes, zb__cache **out)
     *out = NULL;
     zb__cache *c = calloc(1, sizeof *c);
     if (!c) return zb__err(ZB_E_NOMEM, "cache: out of memory");
+    /* about one bucket per 4 KiB held (short chains for caches of small entries, such as
+     * encoded inner chunks), at least 4096 */
     c->nbuckets = 4096;
+    while (c->nbuckets < ((size_t)1 << 22) && c->nbuckets < max_bytes / 4096) c->nbuckets *= 2;
     c->buckets = calloc(c->nbuckets, sizeof *c->buckets);
     if (!c->buckets) {
         free(c);
