@@ -592,13 +592,14 @@ typedef struct zb_dataset_opts {
                                    ZB_E_INVALID before anything is allocated. Default (and 0)
                                    ZB_MAX_REQUEST_BYTES_DEFAULT. */
     size_t fetch_cache_bytes;   /* stores that read lists of ranges themselves (http, https,
-                                   s3): the encoded bytes of the units (shard inner chunks)
-                                   fetched are kept, least recently used out first, up to this
-                                   many bytes, so a unit that later windows need again is not
-                                   fetched again (a local store's reads hit the operating
-                                   system's page cache instead). Default
-                                   ZB_FETCH_CACHE_BYTES_DEFAULT (256 MiB); 0 = off. Other
-                                   stores ignore it. */
+                                   s3): the encoded bytes of the units fetched (shard inner
+                                   chunks, chunk objects) are kept, least recently used out
+                                   first, up to this many bytes, so a unit that later windows
+                                   need again is not fetched again (a local store's reads hit
+                                   the operating system's page cache instead). The store's
+                                   objects are assumed not to change while the dataset is open.
+                                   Default ZB_FETCH_CACHE_BYTES_DEFAULT (256 MiB); 0 = off.
+                                   Other stores ignore it. */
 } zb_dataset_opts;
 
 #define ZB_MAX_REQUEST_BYTES_DEFAULT ((uint64_t)16 << 30)
