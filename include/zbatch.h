@@ -616,14 +616,24 @@ typedef struct zb_dataset_opts {
                                    window): a request needing more is refused with
                                    ZB_E_INVALID before anything is allocated. Default (and 0)
                                    ZB_MAX_REQUEST_BYTES_DEFAULT. */
+    size_t fetch_cache_bytes;   /* stores that read lists of ranges themselves (http, https,
+                                   s3): the encoded bytes of the units fetched (shard inner
+                                   chunks, chunk objects) are kept, least recently used out
+                                   first, up to this many bytes, so a unit that later windows
+                                   need again is not fetched again (a local store's reads hit
+                                   the operating system's page cache instead). The store's
+                                   objects are assumed not to change while the dataset is open.
+                                   Default ZB_FETCH_CACHE_BYTES_DEFAULT (256 MiB); 0 = off.
+                                   Other stores ignore it. */
 } zb_dataset_opts;
 
 #define ZB_MAX_REQUEST_BYTES_DEFAULT ((uint64_t)16 << 30)
+#define ZB_FETCH_CACHE_BYTES_DEFAULT ((size_t)256 << 20)
 
 #define ZB_DATASET_OPTS_DEFAULT                                                                    \
     {                                                                                              \
         false, true, true, 0, 1, (size_t)512 << 10, false, NULL, false, NULL, NULL,                \
-            ZB_ON_INVALID_ERROR, ZB_MAX_REQUEST_BYTES_DEFAULT                                      \
+            ZB_ON_INVALID_ERROR, ZB_MAX_REQUEST_BYTES_DEFAULT, ZB_FETCH_CACHE_BYTES_DEFAULT        \
     }
 
 typedef struct zb_field_info {

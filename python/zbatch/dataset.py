@@ -199,6 +199,11 @@ class Dataset:
             variable ``ZBATCH_MMAP_BYTES`` if set, else 1 GiB.
         storage_options: for ``http(s)://`` and ``s3://`` stores: credentials, endpoint,
             region and tuning (see :func:`zbatch.open` and docs/REMOTE.md).
+        fetch_cache_bytes: ``http(s)://`` and ``s3://`` stores: the encoded bytes of the
+            (inner) chunks fetched are kept, least recently used out first, up to this many
+            bytes, so a chunk later windows need again is not fetched again (a local store's
+            reads hit the page cache instead). 256 MiB by default; 0 turns it off. Local
+            stores ignore it.
 
     Example::
 
@@ -224,7 +229,7 @@ class Dataset:
                  reorder_vars: bool = False, x_dtype: Optional[str] = None,
                  index_dtype: Optional[str] = None, on_invalid: str = "error",
                  max_request_bytes: int = 16 << 30, mmap_bytes: Optional[int] = None,
-                 storage_options: Optional[dict] = None):
+                 storage_options: Optional[dict] = None, fetch_cache_bytes: int = 256 << 20):
         path = _store_path(path)
         _check_threads(num_threads)
         remote = remote_options(path, storage_options)
@@ -233,7 +238,7 @@ class Dataset:
                                    None if layer is None else str(layer), bool(reorder_vars),
                                    _dtype_option(x_dtype), _dtype_option(index_dtype),
                                    str(on_invalid), int(max_request_bytes),
-                                   _mmap_bytes(mmap_bytes), remote)
+                                   _mmap_bytes(mmap_bytes), remote, int(fetch_cache_bytes))
         self.path = path
         self._remember((path, group), dict(cache_bytes=cache_bytes, num_threads=num_threads,
                                            load_layers=load_layers,
@@ -243,7 +248,8 @@ class Dataset:
                                            index_dtype=index_dtype, on_invalid=on_invalid,
                                            max_request_bytes=max_request_bytes,
                                            mmap_bytes=mmap_bytes,
-                                           storage_options=storage_options))
+                                           storage_options=storage_options,
+                                           fetch_cache_bytes=fetch_cache_bytes))
         self._load_info()
 
     # -- pickling and processes ------------------------------------------------------------

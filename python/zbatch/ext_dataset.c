@@ -239,16 +239,18 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
                              "max_request_bytes",
                              "mmap_bytes",
                              "remote",
+                             "fetch_cache_bytes",
                              NULL};
     const char *path, *group = "", *layer = NULL, *x_dtype = NULL, *index_dtype = NULL;
     const char *on_invalid = "error";
     unsigned long long cache = 0, max_request = ZB_MAX_REQUEST_BYTES_DEFAULT;
+    unsigned long long fetch_cache = ZB_FETCH_CACHE_BYTES_DEFAULT;
     int threads = 1, layers = 0, consolidated = 1, strings = 0, reorder = 0;
     PyObject *mmap_bytes = Py_None, *remote = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sO&ipppzpzzsO&OO", kwlist, &path, &group,
-                                     zbpy_u64, &cache, &threads, &layers, &consolidated, &strings,
-                                     &layer, &reorder, &x_dtype, &index_dtype, &on_invalid,
-                                     zbpy_u64, &max_request, &mmap_bytes, &remote))
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "s|sO&ipppzpzzsO&OOO&", kwlist, &path, &group, zbpy_u64, &cache, &threads,
+            &layers, &consolidated, &strings, &layer, &reorder, &x_dtype, &index_dtype, &on_invalid,
+            zbpy_u64, &max_request, &mmap_bytes, &remote, zbpy_u64, &fetch_cache))
         return -1;
     if (strcmp(on_invalid, "error") && strcmp(on_invalid, "skip")) {
         PyErr_Format(PyExc_ValueError, "on_invalid must be \"error\" or \"skip\", not \"%s\"",
@@ -279,6 +281,7 @@ dataset_init(DatasetObject *self, PyObject *args, PyObject *kw)
     o.index_dtype = index_dtype;
     o.on_invalid = strcmp(on_invalid, "skip") ? ZB_ON_INVALID_ERROR : ZB_ON_INVALID_SKIP;
     o.max_request_bytes = max_request;
+    o.fetch_cache_bytes = (size_t)fetch_cache;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS
     st = zb_store_open_opts(path, &so, &self->store);

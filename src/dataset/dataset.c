@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "dataset/dataset.h"
+#include "store/store.h"
 #include "util/json.h"
 #include "util/status.h"
 #include "zarr/meta.h"
@@ -71,6 +72,7 @@ zb_dataset_close(zb_dataset *ds)
     zb__pool_free(ds->pool);
     zb__cache_free(ds->cache);
     zb__cache_free(ds->index_cache);
+    zb__cache_free(ds->fetch_cache);
     zb__arena_pool_unref(ds->arenas);
     zb__plan_mem_release_all(ds);
     pthread_mutex_destroy(&ds->plan_mu);
@@ -123,6 +125,18 @@ dataset_alloc(zb_store *store, const char *path, const zb_dataset_opts *opts, co
         return NULL;
     }
     return ds;
+}
+
+/* The fetch cache (zb_dataset_opts.fetch_cache_bytes), made only when some store the dataset
+ * reads lists ranges itself: reads of a local store hit the page cache instead. */
+static zb_status
+fetch_cache_new(zb_dataset *ds)
+{
+    bool lists = ds->store->m->get_ranges != NULL;
+    for (size_t c = 0; c < ds->nchildren; c++)
+        lists = lists || ds->children[c]->store->m->get_ranges != NULL;
+    if (!lists || !ds->opts.fetch_cache_bytes) return ZB_OK;
+    return zb__cache_new(ds->opts.fetch_cache_bytes, &ds->fetch_cache);
 }
 
 const char *
@@ -285,6 +299,7 @@ zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts, 
     if (st == ZB_OK) st = zb__pool_new(ds->opts.num_threads, &ds->pool);
     if (st == ZB_OK) st = zb__arena_pool_new(&ds->arenas);
     if (st == ZB_OK) st = zb__cache_new(INDEX_CACHE_BYTES, &ds->index_cache);
+    if (st == ZB_OK) st = fetch_cache_new(ds);
     if (st == ZB_OK && ds->nchildren) {
         uint64_t total = 0;
         for (size_t c = 0; c < ds->nchildren && st == ZB_OK; c++) {
@@ -489,6 +504,7 @@ zb_dataset_concat(zb_dataset *const *children, size_t n, const zb_dataset_opts *
     if (st == ZB_OK) st = zb__pool_new(ds->opts.num_threads, &ds->pool);
     if (st == ZB_OK) st = zb__arena_pool_new(&ds->arenas);
     if (st == ZB_OK) st = zb__cache_new(INDEX_CACHE_BYTES, &ds->index_cache);
+    if (st == ZB_OK) st = fetch_cache_new(ds);
     if (st != ZB_OK) {
         zb_dataset_close(ds);
         return st;

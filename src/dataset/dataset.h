@@ -171,6 +171,7 @@ struct zb_dataset {
     pthread_mutex_t pool_mu; /* one read_many at a time drives the pool */
     zb__cache *cache;
     zb__cache *index_cache; /* decoded shard indexes, always on (bounded) */
+    zb__cache *fetch_cache; /* encoded units fetched from a store that lists ranges (exec.c) */
     zb__arena_pool *arenas; /* batch memory, reused across reads */
     pthread_mutex_t plan_mu;
     struct zb__plan_mem *plan_free; /* read_many's plan memory, reused across reads (reader.c) */

@@ -342,6 +342,7 @@ typedef struct want {
     zb__span at; /* first: zb__merge_next reads wants as spans */
     size_t c0, c1;
     uint64_t g[ZB_MAX_DIMS];
+    bool kept; /* listed: its bytes were in the fetch cache when the window was listed */
 } want;
 
 static int
@@ -684,6 +685,7 @@ typedef struct lread {
     bool own_key;
     uint64_t off, len; /* its bytes of the object */
     zb_range *r;       /* its range in the list read */
+    bool kept;         /* its units' bytes come from the fetch cache, not the store */
 } lread;
 
 typedef struct listed {
@@ -693,12 +695,52 @@ typedef struct listed {
     size_t nreads;
     zb_range *ranges; /* [nreads], grouped by store */
     size_t *order;    /* [nreads] the read behind each range */
-    uint8_t *buf;     /* every range's bytes */
+    uint8_t *buf;     /* every range's bytes (the plan memory's, reused) */
     bool pooled;      /* decode on the pool (else on the calling thread, the work is small) */
     char keybuf[KEY_CAP];
     size_t base;  /* the current list read: ranges [base, base + n) */
     size_t ndone; /* ... of which completed */
+    size_t nkept; /* reads served from the fetch cache: ranges and order [nreads - nkept, nreads) */
+    _Atomic size_t kept_next; /* the next of them a pool thread takes */
 } listed;
+
+/* The fetch cache (zb_dataset_opts.fetch_cache_bytes) holds the encoded bytes of each unit
+ * fetched, keyed by its array and its number in the unit grid: a unit that several windows need
+ * is fetched once, as a local store's reads of it would hit the page cache. */
+static void
+kept_put(const lread *rd)
+{
+    zb__cache *fc = rd->x.p->ds->fetch_cache;
+    const zb__unit_geom *u = zb__array_units(rd->a);
+    for (size_t j = 0; fc && j < rd->nw; j++) {
+        const want *w = &rd->w[j];
+        size_t len = rd->nw == 1 ? (size_t)rd->r->nread : (size_t)w->at.len;
+        zb__cache_put(fc, rd->a, zb__unit_linear(u, w->g),
+                      (const uint8_t *)rd->r->dst + (w->at.off - rd->off), len);
+    }
+}
+
+/* Fills a kept read's range from the fetch cache (on the thread that decodes it), or, when a
+ * unit has been evicted since the window was listed, from the store. */
+static zb_status
+kept_fill(lread *rd, zb_range *r)
+{
+    zb__cache *fc = rd->x.p->ds->fetch_cache;
+    const zb__unit_geom *u = zb__array_units(rd->a);
+    bool hit = true;
+    for (size_t j = 0; hit && j < rd->nw; j++) {
+        const want *w = &rd->w[j];
+        hit = zb__cache_get_part(fc, rd->a, zb__unit_linear(u, w->g), (size_t)w->at.len, 0,
+                                 (uint8_t *)r->dst + (w->at.off - rd->off), (size_t)w->at.len);
+    }
+    r->nread = r->length;
+    r->status = ZB_OK;
+    if (hit) return ZB_OK;
+    ZB_TRY(zb_store_get(u->store, r->key, r->offset, r->length, r->dst, &r->nread));
+    rd->t.stats.range_reads++;
+    rd->t.stats.bytes_fetched += r->nread;
+    return ZB_OK;
+}
 
 /* Serves the units of one completed range (a task of the pool). */
 static void
@@ -706,16 +748,17 @@ serve_read(void *arg, zb_ctx *ctx)
 {
     lread *rd = arg;
     rd->x.ctx = ctx;
-    const zb_range *r = rd->r;
-    zb_status st = ZB_OK;
+    zb_range *r = rd->r;
+    zb_status st = rd->kept ? kept_fill(rd, r) : ZB_OK;
     bool plain = zb__array_units(rd->a)->kind == ZB_UNITS_PLAIN;
-    if (plain) {
-        /* a missing object is fill; one that filled the bound is fetched again whole */
+    if (st == ZB_OK && plain) {
+        /* a missing object is fill; one that filled the bound is fetched again whole (a kept
+         * object's range is its exact size) */
         const want *w = rd->w;
-        bool missing = r->status == ZB_E_NOTFOUND, whole = r->nread < r->length;
+        bool missing = r->status == ZB_E_NOTFOUND, whole = r->nread < r->length || rd->kept;
         st = serve_unit(&rd->x, w->c0, w->c1, w->g, whole ? r->dst : NULL, (size_t)r->nread,
                         missing, rd->key, NULL);
-    } else if (r->nread != r->length) {
+    } else if (st == ZB_OK && r->nread != r->length) {
         st = truncated(rd->key, r->nread, r->length, r->offset);
     }
     for (size_t j = 0; !plain && j < rd->nw && st == ZB_OK; j++) {
@@ -726,6 +769,39 @@ serve_read(void *arg, zb_ctx *ctx)
     }
     if (st != ZB_OK) task_fail(&rd->t, st);
     zb__stream_fence();
+}
+
+/* The units of a read whose bytes are in: decoded on the pool, or here when the work is small. */
+static void
+serve_now(listed *l, lread *rd)
+{
+    if (l->pooled)
+        zb__pool_submit(l->p->ds->pool, serve_read, rd);
+    else
+        serve_read(rd, l->p->ctx);
+}
+
+/* Whether every unit of a shard read is in the fetch cache now: put there by a window read
+ * since this one was listed (two windows that need the same units, read one after the other). */
+static bool
+kept_now(listed *l, const lread *rd)
+{
+    zb__cache *fc = l->p->ds->fetch_cache;
+    const zb__unit_geom *u = zb__array_units(rd->a);
+    if (!fc || u->kind == ZB_UNITS_PLAIN) return false; /* a plain read's length is a bound */
+    for (size_t j = 0; j < rd->nw; j++)
+        if (!zb__cache_contains(fc, rd->a, zb__unit_linear(u, rd->w[j].g))) return false;
+    return true;
+}
+
+/* Serves the kept reads, each thread taking the next off a shared counter: one hand-off per
+ * thread, not one wake-up per read (a window's kept reads are thousands of units). */
+static void
+run_kept(void *arg, zb_ctx *ctx)
+{
+    listed *l = arg;
+    for (size_t k; (k = atomic_fetch_add(&l->kept_next, 1)) < l->nkept;)
+        serve_read(&l->reads[l->order[l->nreads - 1 - k]], ctx);
 }
 
 /* A range completed (on the calling thread): its units go to the pool. */
@@ -744,11 +820,10 @@ read_done(void *arg, size_t i)
     if (r->status == ZB_OK) {
         rd->t.stats.range_reads++;
         rd->t.stats.bytes_fetched += r->nread;
+        /* a plain unit is kept when the object was read whole (it ended within the bound) */
+        if (plain ? r->nread < r->length : r->nread == r->length) kept_put(rd);
     }
-    if (l->pooled)
-        zb__pool_submit(l->p->ds->pool, serve_read, rd);
-    else
-        serve_read(rd, l->p->ctx);
+    serve_now(l, rd);
     return 0;
 }
 
@@ -761,8 +836,10 @@ list_task(listed *l, size_t t, size_t *nr, uint64_t *bytes)
     bool plain = zb__array_units(a)->kind == ZB_UNITS_PLAIN;
     for (size_t i = 0, k; i < ws->n; i = k) {
         uint64_t ms = ws->w[i].at.off, me = ms + ws->w[i].at.len;
-        k = i + 1;
-        if (!plain) k = zb__merge_next(ws->w, sizeof *ws->w, i, ws->n, ZB_MERGE_UNITS, &ms, &me);
+        bool kept = ws->w[i].kept;
+        /* a read joins touching units, all kept or all to fetch */
+        for (k = i + 1; !plain && k < ws->n && ws->w[k].kept == kept; k++)
+            if (!zb__merge_joins(ZB_MERGE_LISTED, ms, &me, ws->w[k].at.off, ws->w[k].at.len)) break;
         if (l->reads) {
             lread *rd = &l->reads[*nr];
             *rd = (lread){.x = {l->p, &rd->t, NULL},
@@ -771,7 +848,8 @@ list_task(listed *l, size_t t, size_t *nr, uint64_t *bytes)
                           .nw = k - i,
                           .key = ws->key,
                           .off = ms,
-                          .len = me - ms};
+                          .len = me - ms,
+                          .kept = kept};
             if (plain) {
                 ZB_TRY(zb__array_unit_object(a, ws->w[i].g, ws->key, ws->cap, NULL, NULL));
                 rd->key = strdup(ws->key);
@@ -810,13 +888,23 @@ collect_listed(listed *l)
             if (!ws->key) st = zb__err(ZB_E_NOMEM, "read_many: out of memory");
         }
         if (st != ZB_OK) return task_fail(&p->tasks[t], st);
+        for (size_t i = 0; p->ds->fetch_cache && i < ws->n; i++) {
+            want *w = &ws->w[i];
+            size_t len = 0;
+            w->kept = zb__cache_length(p->ds->fetch_cache, a,
+                                       zb__unit_linear(zb__array_units(a), w->g), &len);
+            if (w->kept && plain) w->at.len = len; /* the whole object, not the bound */
+        }
         ZB_TRY(list_task(l, t, &nr, &bytes));
     }
     l->nreads = nr;
     l->reads = calloc(nr + 1, sizeof *l->reads);
     l->ranges = calloc(nr + 1, sizeof *l->ranges);
     l->order = calloc(nr + 1, sizeof *l->order);
-    l->buf = malloc(bytes + 1);
+    /* a window's range bytes are megabytes: memory reused across reads, not mapped and
+     * faulted in anew for each (DESIGN.md, performance model) */
+    if (grow_array((void **)&p->m->fetched, &p->m->fetched_cap, bytes + 1, 1))
+        l->buf = p->m->fetched;
     if (!l->reads || !l->ranges || !l->order || !l->buf)
         return zb__err(ZB_E_NOMEM, "read_many: out of memory for %llu bytes of range reads",
                        (unsigned long long)bytes);
@@ -833,9 +921,28 @@ static zb_status
 fetch_listed(listed *l)
 {
     uint64_t at = 0;
-    size_t done = 0;
+    size_t done = 0, nkept = 0;
     zb_status st = ZB_OK;
-    while (done < l->nreads && st == ZB_OK) {
+    /* reads the fetch cache holds (ranges and order from the end) go to the pool first: the
+     * thread that decodes one copies it out of the cache */
+    for (size_t i = 0; i < l->nreads; i++) {
+        lread *rd = &l->reads[i];
+        if (!rd->kept) rd->kept = kept_now(l, rd);
+        if (!rd->kept) continue;
+        rd->r = &l->ranges[l->nreads - 1 - nkept];
+        *rd->r =
+            (zb_range){.key = rd->key, .offset = rd->off, .length = rd->len, .dst = l->buf + at};
+        l->order[l->nreads - 1 - nkept++] = i;
+        at += rd->len;
+    }
+    l->nkept = nkept;
+    if (!l->pooled) {
+        run_kept(l, l->p->ctx);
+    } else {
+        size_t jobs = (size_t)zb__pool_threads(l->p->ds->pool);
+        for (size_t j = 0; j < jobs && j < nkept; j++) zb__pool_submit(l->p->ds->pool, run_kept, l);
+    }
+    while (done < l->nreads - nkept && st == ZB_OK) {
         zb_store *store = NULL;
         size_t n0 = done;
         for (size_t i = 0; i < l->nreads; i++) {
@@ -876,7 +983,6 @@ free_listed(listed *l)
     free(l->reads);
     free(l->ranges);
     free(l->order);
-    free(l->buf);
 }
 
 /* Fails the plan's first listed task with the first failure of a read, and adds the reads'

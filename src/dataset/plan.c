@@ -27,7 +27,7 @@ plan_mem_bytes(const zb__plan_mem *m)
            m->xs_cap * sizeof *m->xs + m->child_cap * sizeof *m->child +
            m->phys_cap * sizeof *m->phys + m->seg_cap * sizeof *m->seg_start +
            m->off_cap * sizeof *m->arena_off + m->rb_cap * sizeof *m->rb +
-           m->rb_vals_cap * sizeof *m->rb_vals;
+           m->rb_vals_cap * sizeof *m->rb_vals + m->fetched_cap;
 }
 
 static void
@@ -45,6 +45,7 @@ plan_mem_free(zb__plan_mem *m)
     free(m->arena_off);
     free(m->rb);
     free(m->rb_vals);
+    free(m->fetched);
     zb_ctx_free(m->ctx);
     free(m);
 }

@@ -139,6 +139,8 @@ struct zb__plan_mem {
     size_t rb_cap;
     int64_t *rb_vals;
     size_t rb_vals_cap;
+    uint8_t *fetched; /* the listed path's range bytes (exec.c): reused, not mapped per window */
+    size_t fetched_cap;
     zb_ctx *ctx;
     pthread_t owner; /* the thread that used it last */
     zb__plan_mem *next;

@@ -928,8 +928,10 @@ zb__remote_get_ranges(zb__remote *r, zb__url_fn url_of, void *url_ctx, zb_range 
         bool cancelled = false;
         if (cs.qn && deliver(&cs, done, ctx)) cancelled = true;
         if (!cancelled) {
-            if (multi)
-                curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)r->o.max_in_flight);
+            /* No CURLMOPT_MAX_HOST_CONNECTIONS: start_ready bounds this call's transfers, and
+             * the connections it counts are the shared cache's, so transfers of this call would
+             * wait as pending for connections other calls (threads) hold, and libcurl 7.88 does
+             * not wake them when those are returned: a window read next to another one hung. */
             loop l = {r, multi, x, ng, 0, 0};
             st = run_loop(&l, &cs, done, ctx, &cancelled);
         }

@@ -45,7 +45,10 @@ zb__cache_new(size_t max_bytes, zb__cache **out)
     *out = NULL;
     zb__cache *c = calloc(1, sizeof *c);
     if (!c) return zb__err(ZB_E_NOMEM, "cache: out of memory");
+    /* about one bucket per 4 KiB held (short chains for caches of small entries, such as
+     * encoded inner chunks), at least 4096 */
     c->nbuckets = 4096;
+    while (c->nbuckets < ((size_t)1 << 22) && c->nbuckets < max_bytes / 4096) c->nbuckets *= 2;
     c->buckets = calloc(c->nbuckets, sizeof *c->buckets);
     if (!c->buckets) {
         free(c);
@@ -190,13 +193,21 @@ zb__cache_put(zb__cache *c, const void *owner, uint64_t unit, const void *src, s
 }
 
 bool
-zb__cache_contains(zb__cache *c, const void *owner, uint64_t unit)
+zb__cache_length(zb__cache *c, const void *owner, uint64_t unit, size_t *len)
 {
     if (!c) return false;
     pthread_mutex_lock(&c->mu);
-    bool in = find(c, owner, unit) != NULL;
+    entry *e = find(c, owner, unit);
+    if (e) *len = e->len;
     pthread_mutex_unlock(&c->mu);
-    return in;
+    return e != NULL;
+}
+
+bool
+zb__cache_contains(zb__cache *c, const void *owner, uint64_t unit)
+{
+    size_t len;
+    return zb__cache_length(c, owner, unit, &len);
 }
 
 size_t

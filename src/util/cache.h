@@ -24,6 +24,9 @@ const void *zb__cache_pin(zb__cache *c, const void *arr, uint64_t unit, size_t l
 /* Releases a pin (NULL: nothing). */
 void zb__cache_unpin(zb__cache *c, void *pin);
 bool zb__cache_contains(zb__cache *c, const void *arr, uint64_t unit);
+/* Whether the cache holds the entry, and its length (an entry of a length the caller cannot
+ * know in advance, such as a whole object). */
+bool zb__cache_length(zb__cache *c, const void *arr, uint64_t unit, size_t *len);
 void zb__cache_put(zb__cache *c, const void *arr, uint64_t unit, const void *src, size_t len);
 
 /* Bytes held now. */

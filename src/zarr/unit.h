@@ -111,6 +111,11 @@ typedef struct zb__merge_rule {
 #define ZB_MERGE_UNITS ((zb__merge_rule){(uint64_t)1 << 20, (uint64_t)16 << 20})
 /* Rows of raw units read straight into a batch: every byte read is copied, so short gaps. */
 #define ZB_MERGE_RAW_ROWS ((zb__merge_rule){(uint64_t)32 << 10, (uint64_t)8 << 20})
+/* Units handed to a store that reads lists of ranges itself (a remote store): only touching
+ * units join, so no byte between them is fetched for nothing at this level; the store joins
+ * nearby ranges into one request under its own options (zb_remote_opts.coalesce_gap) without
+ * copying the gaps' bytes anywhere. */
+#define ZB_MERGE_LISTED ((zb__merge_rule){0, (uint64_t)16 << 20})
 
 /* Whether [off, off + len) joins the read [*start, *end) under `r` (then *end grows to hold
  * it). */

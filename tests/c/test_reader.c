@@ -1091,7 +1091,12 @@ test_listed_path_errors_and_missing(void **state)
     pthread_mutex_init(&sc.mu, NULL);
     pthread_cond_init(&sc.cv, NULL);
     ZB_ASSERT_OK(zb_store_new(&SCRAMBLED, &sc, &remote));
-    zb_dataset *dr = open_ds(remote, 0, 4), *dm = open_ds(mem, 0, 1);
+    /* no fetch cache: it would keep lab/c/1 from the first read, erased below */
+    zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+    o.num_threads = 4;
+    o.fetch_cache_bytes = 0;
+    zb_dataset *dr = NULL, *dm = open_ds(mem, 0, 1);
+    ZB_ASSERT_OK(zb_dataset_open(remote, "", &o, &dr));
     zb_batch *b = NULL;
     ZB_ASSERT_ERR(zb_dataset_read_many(dr, IDS, NIDS, &b), ZB_E_IO, "vals/c/1");
     assert_null(b);
@@ -1113,6 +1118,62 @@ test_listed_path_errors_and_missing(void **state)
     pthread_mutex_destroy(&sc.mu);
     pthread_cond_destroy(&sc.cv);
     zb_store_close(mem);
+    source_free(&s);
+}
+
+/* The fetch cache (zb_dataset_opts.fetch_cache_bytes) of a store that reads lists: a request
+ * read again is served without a list read, with the same bytes; a cache too small for one
+ * unit keeps nothing, so every read lists its units again; plain and sharded arrays. */
+static void
+test_listed_path_fetch_cache(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    for (int sharded = 0; sharded < 2; sharded++) {
+        build_opts bo = {.with_index = true, .sharded = sharded};
+        zb_store *mem = build(&s, &bo), *remote = NULL;
+        scrambled sc = {.inner = mem, .seed = 5u};
+        pthread_mutex_init(&sc.mu, NULL);
+        pthread_cond_init(&sc.cv, NULL);
+        ZB_ASSERT_OK(zb_store_new(&SCRAMBLED, &sc, &remote));
+        for (size_t budget = 0; budget < 2; budget++) {
+            zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+            o.num_threads = 2;
+            if (budget == 0) o.fetch_cache_bytes = 1; /* smaller than any unit */
+            zb_dataset *dr = NULL;
+            ZB_ASSERT_OK(zb_dataset_open(remote, "", &o, &dr));
+            zb_batch *b1 = NULL, *b2 = NULL;
+            ZB_ASSERT_OK(zb_dataset_read_many(dr, IDS, NIDS, &b1));
+            int calls = sc.calls;
+            size_t nranges = sc.nranges;
+            ZB_ASSERT_OK(zb_dataset_read_many(dr, IDS, NIDS, &b2));
+            check_batch(&s, b2, IDS, NIDS, true);
+            assert_batches_equal(b1, b2);
+            zb_read_stats st;
+            zb_batch_stats(b2, &st);
+            if (budget == 0) {
+                /* the units again (the first read also listed pointer chunks, kept since) */
+                assert_int_equal(sc.calls, calls + 1);
+                assert_true(sc.nranges > nranges);
+                assert_int_equal(st.range_reads, sc.nranges - nranges);
+                assert_true(st.bytes_fetched > 0);
+            } else {
+                assert_int_equal(sc.calls, calls);
+                assert_int_equal(sc.nranges, nranges);
+                assert_int_equal(st.bytes_fetched, 0);
+                assert_int_equal(st.range_reads, 0);
+            }
+            zb_batch_free(b1);
+            zb_batch_free(b2);
+            zb_dataset_close(dr);
+            sc.nranges = 0;
+        }
+        zb_store_close(remote);
+        pthread_mutex_destroy(&sc.mu);
+        pthread_cond_destroy(&sc.cv);
+        zb_store_close(mem);
+    }
     source_free(&s);
 }
 
@@ -1181,6 +1242,7 @@ main(void)
         cmocka_unit_test(test_widen_every_pair),
         cmocka_unit_test(test_listed_path_matches_file_store),
         cmocka_unit_test(test_listed_path_errors_and_missing),
+        cmocka_unit_test(test_listed_path_fetch_cache),
         cmocka_unit_test(test_invalid_samples_error_skip_and_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

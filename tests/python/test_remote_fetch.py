@@ -1,0 +1,213 @@
+"""What a remote store fetches (issue 17, remote throughput): a window's units are fetched
+exactly (no byte between them at the reader's level), and the fetch cache
+(``fetch_cache_bytes``) keeps the units fetched, so over several epochs each inner chunk and
+each chunk object goes over the network once; a smaller cache refetches what it evicted,
+``0`` refetches for every window; batches are identical to local reads throughout.
+
+The oracles: the same store read locally by zbatch; nginx's access log (what was fetched, by
+range); the stores' shard indexes parsed here with numpy (where each inner chunk lies).
+"""
+from __future__ import annotations
+
+import json
+import time
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import zbatch
+
+EPOCHS = 3
+NO_GAP = {"coalesce_gap": 0}  # the store's own joining off: the log shows the reader's ranges
+
+
+def _csr(n_obs, n_vars, seed):
+    X = sp.random(n_obs, n_vars, density=0.1, format="csr", random_state=seed,
+                  dtype=np.float32)
+    X.data = np.round(X.data * 50).astype(np.float32) + 1
+    return X
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """A sharded v3 store (inner chunks of 256 values, 8 per shard) and an unsharded v2 store
+    (each chunk its own object)."""
+    r = tmp_path_factory.mktemp("remote_fetch")
+    X = _csr(800, 400, 1)
+    zbatch.write_anndata(r / "sharded.zarr", X, chunk_size=256, shard_size=2048)
+    zbatch.write_anndata(r / "plain.zarr", X, zarr_format=2, chunk_size=512)
+    return r
+
+
+def _inner_chunks(store: Path, array: str) -> dict:
+    """{(url path, offset): nbytes} of every stored inner chunk of a sharded 1-d array, from
+    its shard indexes (at the end of each shard, a crc32c after them)."""
+    meta = json.loads((store / array / "zarr.json").read_text())
+    cfg = meta["codecs"][0]["configuration"]
+    assert meta["codecs"][0]["name"] == "sharding_indexed" and cfg["index_location"] == "end"
+    per = meta["chunk_grid"]["configuration"]["chunk_shape"][0] // cfg["chunk_shape"][0]
+    out = {}
+    for f in (store / array / "c").iterdir():
+        raw = f.read_bytes()
+        idx = np.frombuffer(raw[-16 * per - 4:-4], dtype="<u8").reshape(-1, 2)
+        for off, n in idx:
+            if off != 2**64 - 1:
+                out[(f"/{store.name}/{array}/c/{f.name}", int(off))] = int(n)
+    return out
+
+
+def _covers(records, chunks: dict) -> Counter:
+    """How many GETs covered each chunk of `chunks` whole."""
+    count = Counter()
+    for r in records:
+        if r.method != "GET":
+            continue
+        m = re.fullmatch(r"bytes=(\d+)-(\d+)", r.range)
+        lo, hi = (int(m[1]), int(m[2]) + 1) if m else (0, 1 << 62)
+        for (path, off), n in chunks.items():
+            if path == r.path and lo <= off and off + n <= hi:
+                count[(path, off)] += 1
+    return count
+
+
+def _epochs(ds, sampler, epochs=EPOCHS):
+    loader = zbatch.DataLoader(ds, batch_size=50, sampler=sampler, seed=5, output="numpy",
+                               num_threads=2, prefetch_factor=2, drop_last=False)
+    out = []
+    for e in range(epochs):
+        loader.set_epoch(e)
+        out.append([b["X"].copy() for b in loader])
+    loader.close()
+    return out
+
+
+def _assert_same(got, want):
+    assert len(got) == len(want)
+    for ge, we in zip(got, want):
+        assert len(ge) == len(we) > 0
+        for g, w in zip(ge, we):
+            assert g.shape == w.shape and (g != w).nnz == 0
+
+
+def _windows(ds, sampler, epochs=EPOCHS, window=100):
+    """Each epoch's windows read one after the other by read_many (the loader reads two at
+    once: a unit both need that neither found in the cache may be fetched by both)."""
+    from zbatch.samplers import make_sampler
+    kw = {"block_size": 10, "blocks_per_window": window // 10} if sampler == "block" else {}
+    sm = make_sampler(sampler, n=len(ds), batch_size=50, seed=5, **kw)
+    out = []
+    for e in range(epochs):
+        sm.set_epoch(e)
+        ids = np.concatenate([np.asarray(b, dtype=np.int64) for b in sm])
+        out.append([ds.read_many(ids[i:i + window])["X"].copy()
+                    for i in range(0, len(ids), window)])
+    return out
+
+
+@pytest.mark.parametrize("sampler", ["random", "block"])
+def test_sharded_each_inner_chunk_fetched_once_over_epochs(root, nginx_serve, sampler):
+    store = root / "sharded.zarr"
+    server = nginx_serve(root)
+    want = _windows(zbatch.open(str(store), num_threads=2), sampler)
+    ds = zbatch.open(f"{server.url}/sharded.zarr", storage_options=NO_GAP, num_threads=2)
+    got = _windows(ds, sampler)
+    _assert_same(got, want)
+    chunks = {**_inner_chunks(store, "X/data"), **_inner_chunks(store, "X/indices")}
+    log = server.requests()
+    count = _covers(log, chunks)
+    # every inner chunk was needed (the epochs touch every row) and fetched once
+    assert set(count) == set(chunks)
+    assert set(count.values()) == {1}
+    # X's bytes went over the network once: the inner chunks and the shard indexes, nothing
+    # between them
+    x_gets = [r for r in log if r.method == "GET" and r.path.startswith("/sharded.zarr/X/")
+              and "/indptr/" not in r.path]
+    shards = {r.path for r in x_gets}
+    assert sum(r.nbytes for r in x_gets) == sum(chunks.values()) + len(shards) * (16 * 8 + 4)
+
+
+def test_loader_over_http_fetches_each_inner_chunk_at_most_twice(root, nginx_serve):
+    """The loader (two windows read at once) over three epochs: local batches, and no inner
+    chunk fetched more than twice (once, or once by each of two windows read together)."""
+    store = root / "sharded.zarr"
+    server = nginx_serve(root)
+    want = _epochs(zbatch.open(str(store)), "random")
+    got = _epochs(zbatch.open(f"{server.url}/sharded.zarr", storage_options=NO_GAP), "random")
+    _assert_same(got, want)
+    chunks = {**_inner_chunks(store, "X/data"), **_inner_chunks(store, "X/indices")}
+    count = _covers(server.requests(), chunks)
+    assert set(count) == set(chunks) and max(count.values()) <= 2
+
+
+def test_plain_chunk_objects_fetched_once_over_epochs(root, nginx_serve):
+    store = root / "plain.zarr"
+    server = nginx_serve(root)
+    want = _windows(zbatch.open(str(store), num_threads=2), "random")
+    got = _windows(zbatch.open(f"{server.url}/plain.zarr", num_threads=2), "random")
+    _assert_same(got, want)
+    gets = Counter(r.path for r in server.requests() if r.method == "GET")
+    objects = {f"/plain.zarr/X/{a}/{p.name}" for a in ("data", "indices")
+               for p in (store / "X" / a).iterdir() if not p.name.startswith(".")}
+    assert len(objects) > 8
+    assert {p: gets[p] for p in objects} == {p: 1 for p in objects}
+
+
+def test_a_smaller_cache_refetches_and_none_refetches_every_window(root, nginx_serve):
+    """The budget bounds what is kept: at a quarter of X's chunk bytes the later epochs fetch
+    again (an unbounded cache would fetch nothing after the first), at 0 every epoch fetches
+    what the first did; the batches stay those of the local store."""
+    store = root / "sharded.zarr"
+    server = nginx_serve(root)
+    chunks = {**_inner_chunks(store, "X/data"), **_inner_chunks(store, "X/indices")}
+    x_bytes = sum(chunks.values())
+    want = _epochs(zbatch.open(str(store)), "random")
+    per_epoch = {}
+    for budget in (None, x_bytes // 4, 0):
+        kw = {} if budget is None else {"fetch_cache_bytes": budget}
+        ds = zbatch.open(f"{server.url}/sharded.zarr", storage_options=NO_GAP, **kw)
+        loader = zbatch.DataLoader(ds, batch_size=50, sampler="random", seed=5,
+                                   output="numpy", num_threads=2, prefetch_factor=2)
+        fetched, got = [], []
+        for e in range(EPOCHS):
+            loader.set_epoch(e)
+            before = ds.store_stats()["bytes"]
+            got.append([b["X"].copy() for b in loader])
+            fetched.append(ds.store_stats()["bytes"] - before)
+        loader.close()
+        _assert_same(got, want)
+        per_epoch[budget] = fetched
+    default, quarter, none = per_epoch[None], per_epoch[x_bytes // 4], per_epoch[0]
+    assert default[0] >= x_bytes and default[1:] == [0] * (EPOCHS - 1)
+    assert all(q > x_bytes // 4 for q in quarter[1:])
+    # without a cache, each window fetches what it needs: the same chunk in several windows
+    assert all(n > default[0] for n in none)
+
+
+def test_two_window_reads_at_once_share_connections_without_waiting(root, nginx_serve):
+    """Two threads reading windows of many small ranges at once through one store (its
+    connections shared): every read completes with the local rows. A per-call limit on
+    connections to the host counted the other call's connections too, and libcurl 7.88 left
+    transfers waiting for them forever (the loader's two window readers hung)."""
+    from concurrent.futures import ThreadPoolExecutor
+    store = root / "sharded.zarr"
+    server = nginx_serve(root)
+    local = zbatch.open(str(store))
+    ds = zbatch.open(f"{server.url}/sharded.zarr", fetch_cache_bytes=0,
+                     storage_options={**NO_GAP, "max_in_flight": 8, "stall_timeout_s": 5})
+    rng = np.random.default_rng(3)
+    windows = [rng.permutation(len(local))[:200] for _ in range(16)]
+
+    def read(ids):
+        return ds.read_many(ids)["X"]
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(read, windows))
+    assert time.perf_counter() - t < 20  # each read takes milliseconds; a stall retries in 5 s
+    for ids, x in zip(windows, got):
+        assert (x != local.read_many(ids)["X"]).nnz == 0
+    assert ds.store_stats()["retries"] == 0
