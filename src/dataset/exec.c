@@ -30,6 +30,18 @@ task_fail(task *t, zb_status st)
     return st;
 }
 
+/* Copy c's rows have landed in the batch: their values checked (zb__rows_check; a converted
+ * copy was checked as it was converted), then re-based when the tasks re-base the field
+ * (columns [c0, c1) of each row). */
+static zb_status
+landed(const plan *p, const copy *c, bool conv, uint64_t c0, uint64_t c1)
+{
+    if (!conv) ZB_TRY(zb__rows_check(p, c->field, c->child, c->dst_row, c->nrows));
+    if (rebased_here(p, c->field))
+        ZB_TRY(zb__rows_rebase(p, c->field, c->dst_row, c->nrows, c0, c1));
+    return ZB_OK;
+}
+
 /* Whether the unit at g spans every other axis exactly, so its rows are whole batch rows. */
 static bool
 unit_spans_rows(const zb__unit_geom *u, const uint64_t *g)
@@ -93,7 +105,6 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
     const zb__field *f = &child_of(p->ds, cp->child)->fields[cp->field];
     const zb__unit_geom *u = zb__array_units(f->arr);
     bfield *bf = &p->b->fields[cp->field];
-    bool reb = rebased_here(p, cp->field);
     /* the unit's columns of each row (re-based here only when 2-d, plan_rebase) */
     bool whole = unit_spans_rows(u, g);
     uint64_t lo1 = 0, hi1 = bf->row_elems;
@@ -106,9 +117,8 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
         const copy *c = &p->copies[i];
         if (conv) {
             /* values converted in the copy (1-d fields only: units hold whole rows) */
-            ZB_TRY(zb__values_convert(bf->data + c->dst_row * bf->itemsize, bf->dtype,
-                                      unit + c->src_row * f->itemsize, f->dtype, c->nrows, lut,
-                                      nlut, u->path));
+            ZB_TRY(zb__rows_convert(p, c, unit + c->src_row * f->itemsize, f->dtype, lut, nlut,
+                                    u->path));
         } else if (whole) {
             /* the unit holds whole batch rows: one move per copy, fixed-size for short rows */
             size_t rb = (size_t)row_bytes;
@@ -122,7 +132,7 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
             zb__rows_copy_box(u, bf, unit, g, c->src_row, c->dst_row, c->nrows);
         }
         *rows += c->nrows;
-        if (reb) ZB_TRY(zb__rows_rebase(p, c->field, c->dst_row, c->nrows, lo1, hi1));
+        ZB_TRY(landed(p, c, conv, lo1, hi1));
     }
     return ZB_OK;
 }
@@ -162,8 +172,7 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     uint64_t rows = 0;
     if (direct) {
         rows = cp->nrows;
-        if (rebased_here(p, cp->field))
-            ZB_TRY(zb__rows_rebase(p, cp->field, cp->dst_row, cp->nrows, 0, bf->row_elems));
+        ZB_TRY(landed(p, cp, false, 0, bf->row_elems));
     } else {
         ZB_TRY(copy_out(x, c0, c1, g, target, conv, lut, nlut, row_bytes, &rows));
     }
@@ -208,13 +217,11 @@ raw_copy_out(exec *x, const zb__unit_geom *u, bfield *bf, size_t c0, size_t c1, 
         uint8_t *to = bf->data + c->dst_row * drb;
         const uint8_t *from = src + (c->src_row * srb - s0);
         if (conv)
-            ZB_TRY(zb__values_convert(to, bf->dtype, from, u->dtype, c->nrows * bf->row_elems, lut,
-                                      nlut, u->path));
+            ZB_TRY(zb__rows_convert(x->p, c, from, u->dtype, lut, nlut, u->path));
         else
             put_bytes(x->p, c->field, to, from, (size_t)n);
         total += n;
-        if (rebased_here(x->p, c->field))
-            ZB_TRY(zb__rows_rebase(x->p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+        ZB_TRY(landed(x->p, c, conv, 0, bf->row_elems));
     }
     x->t->stats.bytes_delivered += total;
     if (delivered) *delivered = total;
@@ -310,9 +317,7 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
             ZB_TRY(raw_copy_out(x, u, bf, i, k, to, s0, NULL));
         } else {
             x->t->stats.bytes_delivered += len;
-            const copy *c = &p->copies[i];
-            if (rebased_here(p, c->field))
-                ZB_TRY(zb__rows_rebase(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+            ZB_TRY(landed(p, &p->copies[i], false, 0, bf->row_elems));
         }
         i = k;
     }
@@ -601,15 +606,13 @@ run_rows(exec *x, size_t c0, size_t c1)
         const copy *c = &p->copies[i];
         uint64_t r0 = c->unit * u->inner[0] + c->src_row;
         if (conv)
-            ZB_TRY(zb__values_convert(bf->data + c->dst_row * row_bytes, bf->dtype,
-                                      band + (r0 - lo) * src_row_bytes, u->dtype,
-                                      c->nrows * bf->row_elems, lut, nlut, u->path));
+            ZB_TRY(zb__rows_convert(p, c, band + (r0 - lo) * src_row_bytes, u->dtype, lut, nlut,
+                                    u->path));
         else if (c1 - c0 > 1)
             memcpy(bf->data + c->dst_row * row_bytes, band + (r0 - lo) * row_bytes,
                    (size_t)c->nrows * row_bytes);
         x->t->stats.bytes_delivered += c->nrows * row_bytes;
-        if (rebased_here(p, c->field))
-            ZB_TRY(zb__rows_rebase(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+        ZB_TRY(landed(p, c, conv, 0, bf->row_elems));
     }
     return ZB_OK;
 }

@@ -573,6 +573,7 @@ plan_field(plan *p, uint32_t f)
 zb_status
 zb__plan_request(plan *p, const uint64_t *ids, uint64_t nlogical)
 {
+    ZB_TRY(zb__validate_prepare(p->ds));
     ZB_TRY(plan_ids(p, ids, nlogical));
     ZB_TRY(plan_segments(p));
     ZB_TRY(plan_buffers(p));

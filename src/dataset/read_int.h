@@ -254,12 +254,34 @@ converted(const plan *p, uint32_t f, uint32_t c, const int64_t **lut, uint64_t *
     return *lut || child_of(p->ds, c)->fields[f].dtype != p->b->fields[f].dtype;
 }
 
+/* The values child c's field f must hold, [*lo, *lo + *span), checked as its rows land
+ * (rows.c): CSR column ids within [0, n_vars) of their matrix, categorical codes within their
+ * categories (-1, missing, allowed; codes going through a collection's table are checked by
+ * it, zb__codes_convert). False: the field's values are not checked. */
+static inline bool
+value_bound(const plan *p, uint32_t f, uint32_t c, int64_t *lo, uint64_t *span)
+{
+    const zb__field *fd = &child_of(p->ds, c)->fields[f];
+    uint64_t nlut;
+    if (fd->col_bound && fd->seg >= 0) {
+        *lo = 0;
+        *span = fd->col_bound;
+        return true;
+    }
+    if (!fd->categorical || fd->kind != ZB_FIELD_PER_SAMPLE || zb__dataset_lut(p->ds, f, c, &nlut))
+        return false;
+    *lo = -1;
+    *span = fd->cats.n + 1; /* loaded when the request was planned (zb__validate_prepare) */
+    return true;
+}
+
 /* Bytes of rows of field f into the batch: streamed past the cache when the batch outgrows it,
- * unless the task re-bases them next (they are read again at once). */
+ * unless the task reads them again at once (to re-base or range-check them). */
 static inline void
 put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
 {
-    if (p->stream && !rebased_here(p, f))
+    const zb__field *fd = &child_of(p->ds, 0)->fields[f];
+    if (p->stream && !rebased_here(p, f) && !fd->col_bound && !fd->categorical)
         zb__stream_copy(dst, src, n);
     else
         memcpy(dst, src, n);
@@ -271,6 +293,19 @@ put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
  * shape u->inner) that covers part of the other axes into batch field bf from dst_row on. */
 void zb__rows_copy_box(const zb__unit_geom *u, const bfield *bf, const uint8_t *unit,
                        const uint64_t *g, uint64_t src_row, uint64_t dst_row, uint64_t n);
+
+/* Checks the values of rows [row0, row0 + nrows) of field f, landed from child c, against
+ * value_bound (nothing to do for a field without one): in the tasks, right after they land
+ * (still in cache). A value outside is ZB_E_CORRUPT naming the sample id, the field, the value,
+ * its stored row and the chunk holding it. */
+zb_status zb__rows_check(const plan *p, uint32_t f, uint32_t c, uint64_t row0, uint64_t nrows);
+
+/* Lands the rows of copy c, stored as `from` at src, converted into the batch
+ * (zb__values_convert: widened, or codes through the table lut[0..nlut)), and checks them as
+ * zb__rows_check does, in the same pass where the conversion can. `what`: the array, for the
+ * conversion's own errors. */
+zb_status zb__rows_convert(const plan *p, const copy *c, const uint8_t *src, zb_dtype from,
+                           const int64_t *lut, uint64_t nlut, const char *what);
 
 /* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f, sample by sample:
  * in the tasks, the rows one copy has just written (still in cache); after them (reader.c),
