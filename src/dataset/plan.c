@@ -423,6 +423,27 @@ zb__plan_begin(plan *p, zb_dataset *ds, size_t n)
     return ZB_OK;
 }
 
+/* 0. The fields whose values the tasks range-check as they land (value_bound), with the
+ * category tables the checks of codes need (loaded once, on the planning thread). */
+static zb_status
+plan_checks(plan *p)
+{
+    zb_dataset *ds = p->ds;
+    size_t nc = ds->nchildren ? ds->nchildren : 1;
+    for (uint32_t c = 0; c < nc; c++) {
+        zb_dataset *ch = ds->nchildren ? ds->children[c] : ds;
+        for (uint32_t f = 0; f < ch->nfields; f++) {
+            zb__field *fd = &ch->fields[f];
+            uint64_t nlut;
+            if (fd->categorical && fd->kind == ZB_FIELD_PER_SAMPLE &&
+                !zb__dataset_lut(ds, f, c, &nlut))
+                ZB_TRY(zb__field_load_categories(ch, fd));
+            if (field_bound(ds, f, c).on) p->checked[f] = true;
+        }
+    }
+    return ZB_OK;
+}
+
 /* 1. ids -> (child, physical row). */
 static zb_status
 plan_ids(plan *p, const uint64_t *ids, uint64_t nlogical)
@@ -573,7 +594,7 @@ plan_field(plan *p, uint32_t f)
 zb_status
 zb__plan_request(plan *p, const uint64_t *ids, uint64_t nlogical)
 {
-    ZB_TRY(zb__validate_prepare(p->ds));
+    ZB_TRY(plan_checks(p));
     ZB_TRY(plan_ids(p, ids, nlogical));
     ZB_TRY(plan_segments(p));
     ZB_TRY(plan_buffers(p));

@@ -1,12 +1,12 @@
 /* Validation on the read path and on_invalid (validate.h).
  *
  * Every check runs on what one request delivers, as it is planned or lands, never as a pass
- * over the store at open: here, the request's memory and its pointers against their values
- * (before anything is allocated), and the category tables the value checks need; the values
- * themselves (CSR column ids, categorical codes, edge indices) are checked by the tasks as each
- * copy lands, in the copy or conversion that touches them anyway (rows.c, docs/PERFORMANCE.md
- * has the measured cost). Skipping (ZB_ON_INVALID_SKIP) costs nothing until a request fails:
- * then the request is halved until the bad samples are found, and the rest read again. */
+ * over the store at open: here, the request's memory and its pointers against their values,
+ * before anything is allocated. The values themselves (CSR column ids, categorical codes, edge
+ * indices) are checked by the tasks as each copy lands, in the copy or conversion that touches
+ * them anyway (rows.c; docs/PERFORMANCE.md has the measured cost). Skipping
+ * (ZB_ON_INVALID_SKIP) costs nothing until a request fails: then the request is halved until
+ * the bad samples are found, and the rest read again. */
 #include "validate.h"
 
 #include <stdio.h>
@@ -56,25 +56,6 @@ zb__validate_segment(const zb_dataset *ds, size_t s, size_t n, const uint64_t *i
                            (unsigned long long)phys[i], ch->segs[s].ptr->path, (long long)start[i],
                            (long long)start[i], (unsigned long long)len, (unsigned long long)rows,
                            fd->name, zb__array_units(fd->arr)->path);
-        }
-    }
-    return ZB_OK;
-}
-
-/* ---- value ranges ------------------------------------------------------------------------- */
-
-zb_status
-zb__validate_prepare(zb_dataset *ds)
-{
-    size_t nc = ds->nchildren ? ds->nchildren : 1;
-    for (size_t c = 0; c < nc; c++) {
-        zb_dataset *ch = (zb_dataset *)child_of(ds, (uint32_t)c);
-        for (size_t f = 0; f < ch->nfields; f++) {
-            zb__field *fd = &ch->fields[f];
-            uint64_t nlut;
-            if (fd->categorical && fd->kind == ZB_FIELD_PER_SAMPLE &&
-                !zb__dataset_lut(ds, f, c, &nlut))
-                ZB_TRY(zb__field_load_categories(ch, fd));
         }
     }
     return ZB_OK;

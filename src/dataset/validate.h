@@ -24,10 +24,10 @@ zb_status zb__validate_segment(const zb_dataset *ds, size_t s, size_t n, const u
                                const uint32_t *child, const uint64_t *phys, const int64_t *start,
                                const int64_t *ptr);
 
-/* Loads what the value checks of a request need (rows.c, value_bound in read_int.h): the
- * category tables of ds's categorical fields whose codes are not converted through a
- * collection's table. Once per request, on the planning thread; a table loads once. */
-zb_status zb__validate_prepare(zb_dataset *ds);
+/* The values a request delivers (CSR column ids within [0, n_vars), categorical codes within
+ * their categories, edge indices within their structure) are checked by the reader's tasks as
+ * they land (rows.c), not here: ZB_E_CORRUPT naming the sample id, the field, the value and
+ * the chunk. */
 
 /* zb__dataset_read_batches with zb_dataset_opts.on_invalid applied: `sizes` (nbatches of them,
  * or NULL for one batch) are updated to the batch sizes delivered, less the samples skipped.

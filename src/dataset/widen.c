@@ -47,6 +47,23 @@
         }                                                                                          \
         return m;                                                                                  \
     }
+/* An unsigned source holds no value below lo (0 or -1): its plain maximum, kept in the source's
+ * own lanes (twice or four times as many per vector), says the same. */
+#define ZB_WIDEN_UINT(S, D)                                                                        \
+    ZB_VECTOR_LOOP static uint64_t widen_##S##_##D(void *restrict dst, const void *restrict src,   \
+                                                   uint64_t n, uint64_t add)                       \
+    {                                                                                              \
+        const uint8_t *s = src;                                                                    \
+        D *d = dst;                                                                                \
+        S m = 0;                                                                                   \
+        for (uint64_t i = 0; i < n; i++) {                                                         \
+            S v;                                                                                   \
+            memcpy(&v, s + i * sizeof v, sizeof v);                                                \
+            d[i] = (D)v;                                                                           \
+            m = v > m ? v : m;                                                                     \
+        }                                                                                          \
+        return (uint64_t)m + add;                                                                  \
+    }
 typedef float float32;
 typedef double float64;
 ZB_WIDEN_FLOAT(uint8_t, float32)
@@ -60,18 +77,19 @@ ZB_WIDEN_FLOAT(int16_t, float64)
 ZB_WIDEN_FLOAT(uint32_t, float64)
 ZB_WIDEN_FLOAT(int32_t, float64)
 ZB_WIDEN_FLOAT(float32, float64)
-ZB_WIDEN_INT(uint8_t, int32_t, uint32_t)
+ZB_WIDEN_UINT(uint8_t, int32_t)
 ZB_WIDEN_INT(int8_t, int32_t, uint32_t)
-ZB_WIDEN_INT(uint16_t, int32_t, uint32_t)
+ZB_WIDEN_UINT(uint16_t, int32_t)
 ZB_WIDEN_INT(int16_t, int32_t, uint32_t)
-ZB_WIDEN_INT(uint8_t, int64_t, uint64_t)
+ZB_WIDEN_UINT(uint8_t, int64_t)
 ZB_WIDEN_INT(int8_t, int64_t, uint64_t)
-ZB_WIDEN_INT(uint16_t, int64_t, uint64_t)
+ZB_WIDEN_UINT(uint16_t, int64_t)
 ZB_WIDEN_INT(int16_t, int64_t, uint64_t)
-ZB_WIDEN_INT(uint32_t, int64_t, uint64_t)
+ZB_WIDEN_UINT(uint32_t, int64_t)
 ZB_WIDEN_INT(int32_t, int64_t, uint64_t)
 #undef ZB_WIDEN_FLOAT
 #undef ZB_WIDEN_INT
+#undef ZB_WIDEN_UINT
 
 typedef uint64_t (*widen_fn)(void *restrict, const void *restrict, uint64_t, uint64_t);
 
