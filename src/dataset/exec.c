@@ -31,12 +31,14 @@ task_fail(task *t, zb_status st)
 }
 
 /* Copy c's rows have landed in the batch: their values checked against vb (off for a copy
- * checked as it was converted, rows_convert), then re-based when `reb` (the tasks re-base
- * the field; columns [c0, c1) of each row). */
+ * checked as it was converted, rows_convert) where they are hottest, in `vals` (the bytes the
+ * copy was made from, just read) or, when NULL, in the batch (decoded or read straight into
+ * it); then re-based when `reb` (the tasks re-base the field; columns [c0, c1) of each row). */
 static inline zb_status
-landed(const plan *p, const copy *c, vbound vb, bool reb, uint64_t c0, uint64_t c1)
+landed(const plan *p, const copy *c, vbound vb, const uint8_t *vals, bool reb, uint64_t c0,
+       uint64_t c1)
 {
-    if (vb.on) ZB_TRY(zb__rows_check(p, c, vb));
+    if (vb.on) ZB_TRY(zb__rows_check(p, c, vb, vals));
     if (reb) ZB_TRY(zb__rows_rebase(p, c->field, c->dst_row, c->nrows, c0, c1));
     return ZB_OK;
 }
@@ -119,6 +121,7 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
     }
     for (size_t i = c0; i < c1; i++) {
         const copy *c = &p->copies[i];
+        const uint8_t *vals = NULL; /* the values' source, for landed() */
         if (conv) {
             /* values converted in the copy (1-d fields only: units hold whole rows) */
             ZB_TRY(rows_convert(p, c, vb, unit + c->src_row * f->itemsize, f->dtype, lut, nlut,
@@ -128,6 +131,7 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
             size_t rb = (size_t)row_bytes;
             uint8_t *o = bf->data + c->dst_row * rb;
             const uint8_t *src = unit + c->src_row * rb;
+            vals = src;
             if (c->nrows == 1)
                 copy_lines(o, 0, src, 0, 1, rb);
             else
@@ -136,7 +140,7 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
             zb__rows_copy_box(u, bf, unit, g, c->src_row, c->dst_row, c->nrows);
         }
         *rows += c->nrows;
-        ZB_TRY(landed(p, c, conv ? NO_CHECK : vb, reb, lo1, hi1));
+        ZB_TRY(landed(p, c, conv ? NO_CHECK : vb, vals, reb, lo1, hi1));
     }
     return ZB_OK;
 }
@@ -176,8 +180,8 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     uint64_t rows = 0;
     if (direct) {
         rows = cp->nrows;
-        ZB_TRY(landed(p, cp, value_bound(p, cp->field, cp->child), rebased_here(p, cp->field), 0,
-                      bf->row_elems));
+        ZB_TRY(landed(p, cp, value_bound(p, cp->field, cp->child), NULL, rebased_here(p, cp->field),
+                      0, bf->row_elems));
     } else {
         ZB_TRY(copy_out(x, c0, c1, g, target, conv, lut, nlut, row_bytes, &rows));
     }
@@ -228,7 +232,7 @@ raw_copy_out(exec *x, const zb__unit_geom *u, bfield *bf, size_t c0, size_t c1, 
         else
             put_bytes(x->p, c->field, to, from, (size_t)n);
         total += n;
-        ZB_TRY(landed(x->p, c, conv ? NO_CHECK : vb, reb, 0, bf->row_elems));
+        ZB_TRY(landed(x->p, c, conv ? NO_CHECK : vb, from, reb, 0, bf->row_elems));
     }
     x->t->stats.bytes_delivered += total;
     if (delivered) *delivered = total;
@@ -325,8 +329,8 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
         } else {
             x->t->stats.bytes_delivered += len;
             const copy *c = &p->copies[i];
-            ZB_TRY(landed(p, c, value_bound(p, c->field, c->child), rebased_here(p, c->field), 0,
-                          bf->row_elems));
+            ZB_TRY(landed(p, c, value_bound(p, c->field, c->child), NULL, rebased_here(p, c->field),
+                          0, bf->row_elems));
         }
         i = k;
     }
@@ -623,7 +627,8 @@ run_rows(exec *x, size_t c0, size_t c1)
             memcpy(bf->data + c->dst_row * row_bytes, band + (r0 - lo) * row_bytes,
                    (size_t)c->nrows * row_bytes);
         x->t->stats.bytes_delivered += c->nrows * row_bytes;
-        ZB_TRY(landed(p, c, conv ? NO_CHECK : vb, reb, 0, bf->row_elems));
+        ZB_TRY(landed(p, c, conv ? NO_CHECK : vb, band + (r0 - lo) * row_bytes, reb, 0,
+                      bf->row_elems));
     }
     return ZB_OK;
 }

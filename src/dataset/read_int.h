@@ -286,11 +286,12 @@ value_bound(const plan *p, uint32_t f, uint32_t c)
 }
 
 /* Bytes of rows of field f into the batch: streamed past the cache when the batch outgrows it,
- * unless the task reads them again at once (to re-base or range-check them). */
+ * unless the task re-bases them next (they are read again at once; a range check reads the
+ * source instead, still in cache). */
 static inline void
 put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
 {
-    if (p->stream && !rebased_here(p, f) && !p->checked[f])
+    if (p->stream && !rebased_here(p, f))
         zb__stream_copy(dst, src, n);
     else
         memcpy(dst, src, n);
@@ -303,10 +304,11 @@ put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
 void zb__rows_copy_box(const zb__unit_geom *u, const bfield *bf, const uint8_t *unit,
                        const uint64_t *g, uint64_t src_row, uint64_t dst_row, uint64_t n);
 
-/* Checks the values copy c has just landed in the batch (still in cache) against vb, its
- * field's value_bound: ZB_E_CORRUPT naming the sample id, the field, the value, its stored row
- * and the chunk holding it when one lies outside. */
-zb_status zb__rows_check(const plan *p, const copy *c, vbound vb);
+/* Checks the values copy c has just landed in the batch against vb, its field's value_bound,
+ * reading them at `vals` (the bytes the copy was made from, of the batch's dtype, hotter in
+ * cache than a streamed batch) or, when NULL, in the batch: ZB_E_CORRUPT naming the sample id,
+ * the field, the value, its stored row and the chunk holding it when one lies outside. */
+zb_status zb__rows_check(const plan *p, const copy *c, vbound vb, const uint8_t *vals);
 
 /* Lands the rows of copy c, stored as `from` at src, converted into the batch
  * (zb__values_convert: widened, or codes through the table lut[0..nlut)), and checks them
@@ -323,7 +325,7 @@ rows_convert(const plan *p, const copy *c, vbound vb, const uint8_t *src, zb_dty
                                       what, vb.lo, vb.on ? &got : NULL);
     if (st != ZB_OK || !vb.on || got < vb.span) return st;
     /* out of range, or the conversion could not tell: the values as they landed */
-    return zb__rows_check(p, c, vb);
+    return zb__rows_check(p, c, vb, NULL);
 }
 
 /* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f, sample by sample:

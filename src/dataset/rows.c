@@ -167,10 +167,10 @@ value_error(const plan *p, const copy *c, vbound vb)
 }
 
 zb_status
-zb__rows_check(const plan *p, const copy *c, vbound vb)
+zb__rows_check(const plan *p, const copy *c, vbound vb, const uint8_t *vals)
 {
     const bfield *bf = &p->b->fields[c->field];
-    const uint8_t *v = bf->data + c->dst_row * bf->row_elems * bf->itemsize;
+    const uint8_t *v = vals ? vals : bf->data + c->dst_row * bf->row_elems * bf->itemsize;
     uint64_t n = c->nrows * bf->row_elems;
     if (n == 1) { /* a sample's code: shuffled samples land one by one */
         int64_t x;
