@@ -18,7 +18,10 @@ for t in $targets; do
   log="$bin/artifacts/$t/last.log"
   # -rss_limit_mb / -malloc_limit_mb: a single allocation past 2 GiB is a finding (the readers
   # bound what they allocate from untrusted sizes); -timeout: an input running 10 s is a hang.
-  if ! ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
+  # malloc_context_size=0: no stack recorded per allocation (half the time of the store-level
+  # targets, which allocate per JSON value); a crash's stacks come from replaying its input
+  # (build-asan/replay_NAME FILE), which records them.
+  if ! ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:malloc_context_size=0 \
        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
        "$bin/fuzz_$t" -max_total_time="$secs" -print_final_stats=1 -rss_limit_mb=2560 \
        -malloc_limit_mb=2048 -timeout=10 -artifact_prefix="$bin/artifacts/$t/" \
