@@ -222,6 +222,21 @@ def test_bad_values_in_a_collection_name_the_collection_sample(tmp_path):
     np.testing.assert_array_equal(b["X"].toarray(), want)
 
 
+def test_csr_indices_of_two_dimensions_are_refused_at_open(tmp_path, adata):
+    """CSR column ids are one value per stored element (scipy and anndata need a 1-d array); a
+    2-d X/indices is refused when the dataset opens, naming the array."""
+    zb = zbatch_api()
+    path = write_store(tmp_path / "a.zarr", adata)
+    ind = adata.X.indices
+    g = zarr.open_group(str(path), mode="r+")
+    del g["X/indices"]
+    g.create_array("X/indices", data=np.stack([ind, ind], axis=1).astype("int32"), chunks=(16, 2))
+    zarr.consolidate_metadata(str(path))
+    assert zarr.open_array(str(path / "X" / "indices"), mode="r").ndim == 2
+    with expect_error("ZB_E_CORRUPT", "X/indices", "CSR indices must be 1-d"):
+        zb.open(str(path)).read_many([0])
+
+
 def test_pointer_claiming_2_40_rows_fails_before_allocating(tmp_path, adata):
     zb = zbatch_api()
     path = write_store(tmp_path / "a.zarr", adata)
