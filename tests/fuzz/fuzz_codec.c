@@ -27,9 +27,10 @@
 
 static zb_ctx *ctx;
 /* One block of MAX_OUT + GUARD bytes for every run (a fresh block of up to 4 MiB per run was
- * most of the target's time: page faults and clearing). The decoder gets its last `cap` bytes,
- * so a byte written past them lands in ASan's redzone after the block exactly as it would
- * after a block of `cap` bytes, and the GUARD bytes before them are poisoned for the run. */
+ * most of the target's time: page faults and clearing; docs/RELIABILITY.md). The decoder gets
+ * its last `cap` bytes, so a byte written past them lands in ASan's redzone after the block
+ * exactly as it would after a block of `cap` bytes, and the GUARD bytes before them are
+ * poisoned for the run. */
 static uint8_t *out;
 
 int

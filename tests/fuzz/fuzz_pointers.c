@@ -2,12 +2,11 @@
  * categorical obs column; no compression) is written once with zbatch's own writer, then each
  * input replaces the chunk of X/indptr (8 int64: the 7 pointers and padding), of X/indices (16
  * int32) and of the obs codes (8 int8), in that order, each padded with zeros to its stored
- * size. The dataset is opened afresh (from the consolidated metadata: one document to parse,
- * not one per node, which tripled the executions per second; the `consolidated` and
- * `read_many` targets walk unconsolidated trees) and every sample read, alone and all at
- * once: decreasing, negative or too large pointers,
- * column ids outside [0, n_vars) and codes outside the categories must be an error or valid
- * data, never a crash. */
+ * size. The dataset is opened afresh, from consolidated metadata (one document to parse per
+ * run, not one per node, which was most of a run; the `consolidated` and `read_many` targets
+ * walk unconsolidated trees), and every sample read, alone and all at once: decreasing,
+ * negative or too large pointers, column ids outside [0, n_vars) and codes outside the
+ * categories must be an error or valid data, never a crash. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
