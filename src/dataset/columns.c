@@ -236,7 +236,7 @@ read_field_child(void *ctx, zb_dataset *ch, size_t c, uint64_t lo, uint64_t hi, 
         zb_status st = read_logical_rows(ch, f->arr, lo, hi, tmp, own_bytes);
         if (st == ZB_OK)
             st = zb__values_convert(dst, r->dtype, tmp, f->dtype, (hi - lo) * f->row_elems, lut,
-                                    nlut, f->arr->path);
+                                    nlut, f->arr->path, 0, NULL);
         free(tmp);
         ZB_TRY(st);
     }

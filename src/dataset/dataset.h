@@ -216,9 +216,14 @@ bool zb__widen_exact(zb_dtype from, zb_dtype to);
  * differ; false (nothing written) for any other pair. */
 bool zb__values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n);
 /* n stored values of `from` as `to`, as batches carry them: widened (zb__values_widen) unless a
- * table is given, else codes converted through `lut` (zb__codes_convert). */
+ * table is given, else codes converted through `lut` (zb__codes_convert). With `span` not
+ * NULL the values are range-checked in the same pass: *span is the largest
+ * (uint64_t)(v - lo) over the delivered values v of an integer widening (0 for none), so every
+ * v lies in [lo, lo + k) when *span < k; UINT64_MAX when this conversion does not tell (a
+ * table, another conversion, a float destination): the caller checks the values written. */
 zb_status zb__values_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
-                             const int64_t *lut, uint64_t nlut, const char *what);
+                             const int64_t *lut, uint64_t nlut, const char *what, int64_t lo,
+                             uint64_t *span);
 
 /* Moves one child's gene order to the collection's (reorder_vars, merge.c). A dense row of
  * n_vars values of `itemsize` bytes is permuted through `scratch` (a row's bytes). A CSR row's

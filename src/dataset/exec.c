@@ -30,6 +30,22 @@ task_fail(task *t, zb_status st)
     return st;
 }
 
+/* Copy c's rows have landed in the batch: their values checked against vb (off for a copy
+ * checked as it was converted, rows_convert) where they are hottest, in `vals` (the bytes the
+ * copy was made from, just read) or, when NULL, in the batch (decoded or read straight into
+ * it); then re-based when `reb` (the tasks re-base the field; columns [c0, c1) of each row). */
+static inline zb_status
+landed(const plan *p, const copy *c, vbound vb, const uint8_t *vals, bool reb, uint64_t c0,
+       uint64_t c1)
+{
+    if (vb.on) ZB_TRY(zb__rows_check(p, c, vb, vals));
+    if (reb) ZB_TRY(zb__rows_rebase(p, c->field, c->dst_row, c->nrows, c0, c1));
+    return ZB_OK;
+}
+
+/* Checked as they convert: nothing left to check once landed. */
+static const vbound NO_CHECK = {false, 0, 0};
+
 /* Whether the unit at g spans every other axis exactly, so its rows are whole batch rows. */
 static bool
 unit_spans_rows(const zb__unit_geom *u, const uint64_t *g)
@@ -87,6 +103,7 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
     const zb__field *f = &child_of(p->ds, cp->child)->fields[cp->field];
     const zb__unit_geom *u = zb__array_units(f->arr);
     bfield *bf = &p->b->fields[cp->field];
+    vbound vb = value_bound(p, cp->field, cp->child);
     bool reb = rebased_here(p, cp->field);
     /* the unit's columns of each row (re-based here only when 2-d, plan_rebase) */
     bool whole = unit_spans_rows(u, g);
@@ -98,16 +115,17 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
     }
     for (size_t i = c0; i < c1; i++) {
         const copy *c = &p->copies[i];
+        const uint8_t *vals = NULL; /* the values' source, for landed() */
         if (conv) {
             /* values converted in the copy (1-d fields only: units hold whole rows) */
-            ZB_TRY(zb__values_convert(bf->data + c->dst_row * bf->itemsize, bf->dtype,
-                                      unit + c->src_row * f->itemsize, f->dtype, c->nrows, lut,
-                                      nlut, u->path));
+            ZB_TRY(rows_convert(p, c, vb, unit + c->src_row * f->itemsize, f->dtype, lut, nlut,
+                                u->path));
         } else if (whole) {
             /* the unit holds whole batch rows: one move per copy, fixed-size for short rows */
             size_t rb = (size_t)row_bytes;
             uint8_t *o = bf->data + c->dst_row * rb;
             const uint8_t *src = unit + c->src_row * rb;
+            vals = src;
             if (c->nrows == 1)
                 copy_lines(o, 0, src, 0, 1, rb);
             else
@@ -116,7 +134,7 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
             zb__rows_copy_box(u, bf, unit, g, c->src_row, c->dst_row, c->nrows);
         }
         *rows += c->nrows;
-        if (reb) ZB_TRY(zb__rows_rebase(p, c->field, c->dst_row, c->nrows, lo1, hi1));
+        ZB_TRY(landed(p, c, conv ? NO_CHECK : vb, vals, reb, lo1, hi1));
     }
     return ZB_OK;
 }
@@ -170,8 +188,8 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     zb_status st = ZB_OK;
     if (direct) {
         rows = cp->nrows;
-        if (rebased_here(p, cp->field))
-            st = zb__rows_rebase(p, cp->field, cp->dst_row, cp->nrows, 0, bf->row_elems);
+        st = landed(p, cp, value_bound(p, cp->field, cp->child), NULL, rebased_here(p, cp->field),
+                    0, bf->row_elems);
     } else {
         st = copy_out(x, c0, c1, g, unit, conv, lut, nlut, row_bytes, &rows);
     }
@@ -211,19 +229,19 @@ raw_copy_out(exec *x, const zb__unit_geom *u, bfield *bf, size_t c0, size_t c1, 
     bool conv = converted(x->p, cp->field, cp->child, &lut, &nlut);
     uint64_t srb = u->row_elems * u->itemsize, drb = bf->row_elems * bf->itemsize;
     uint64_t total = 0;
+    vbound vb = value_bound(x->p, cp->field, cp->child);
+    bool reb = rebased_here(x->p, cp->field);
     for (size_t i = c0; i < c1; i++) {
         const copy *c = &x->p->copies[i];
         uint64_t n = c->nrows * drb;
         uint8_t *to = bf->data + c->dst_row * drb;
         const uint8_t *from = src + (c->src_row * srb - s0);
         if (conv)
-            ZB_TRY(zb__values_convert(to, bf->dtype, from, u->dtype, c->nrows * bf->row_elems, lut,
-                                      nlut, u->path));
+            ZB_TRY(rows_convert(x->p, c, vb, from, u->dtype, lut, nlut, u->path));
         else
             put_bytes(x->p, c->field, to, from, (size_t)n);
         total += n;
-        if (rebased_here(x->p, c->field))
-            ZB_TRY(zb__rows_rebase(x->p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+        ZB_TRY(landed(x->p, c, conv ? NO_CHECK : vb, from, reb, 0, bf->row_elems));
     }
     x->t->stats.bytes_delivered += total;
     if (delivered) *delivered = total;
@@ -320,8 +338,8 @@ serve_raw(exec *x, size_t c0, size_t c1, const char *key, uint64_t base, const u
         } else {
             x->t->stats.bytes_delivered += len;
             const copy *c = &p->copies[i];
-            if (rebased_here(p, c->field))
-                ZB_TRY(zb__rows_rebase(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+            ZB_TRY(landed(p, c, value_bound(p, c->field, c->child), NULL, rebased_here(p, c->field),
+                          0, bf->row_elems));
         }
         i = k;
     }
@@ -586,6 +604,8 @@ run_rows(exec *x, size_t c0, size_t c1)
     bool conv = converted(p, cp->field, cp->child, &lut, &nlut);
     size_t row_bytes = (size_t)(bf->row_elems * bf->itemsize);
     size_t src_row_bytes = (size_t)(u->row_elems * u->itemsize); /* as stored */
+    vbound vb = value_bound(p, cp->field, cp->child);
+    bool reb = rebased_here(p, cp->field);
     uint64_t lo = UINT64_MAX, hi = 0;
     for (size_t i = c0; i < c1; i++) {
         uint64_t r0 = p->copies[i].unit * u->inner[0] + p->copies[i].src_row;
@@ -611,15 +631,14 @@ run_rows(exec *x, size_t c0, size_t c1)
         const copy *c = &p->copies[i];
         uint64_t r0 = c->unit * u->inner[0] + c->src_row;
         if (conv)
-            ZB_TRY(zb__values_convert(bf->data + c->dst_row * row_bytes, bf->dtype,
-                                      band + (r0 - lo) * src_row_bytes, u->dtype,
-                                      c->nrows * bf->row_elems, lut, nlut, u->path));
+            ZB_TRY(rows_convert(p, c, vb, band + (r0 - lo) * src_row_bytes, u->dtype, lut, nlut,
+                                u->path));
         else if (c1 - c0 > 1)
             memcpy(bf->data + c->dst_row * row_bytes, band + (r0 - lo) * row_bytes,
                    (size_t)c->nrows * row_bytes);
         x->t->stats.bytes_delivered += c->nrows * row_bytes;
-        if (rebased_here(p, c->field))
-            ZB_TRY(zb__rows_rebase(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems));
+        ZB_TRY(landed(p, c, conv ? NO_CHECK : vb, band + (r0 - lo) * row_bytes, reb, 0,
+                      bf->row_elems));
     }
     return ZB_OK;
 }

@@ -228,8 +228,10 @@ add_matrix(zb_dataset *ds, const zb__tree *tree, const char *name, const char *p
         join(sub, sizeof sub, path, "indices");
         snprintf(fname, sizeof fname, "%s/indices", name);
         ZB_TRY(add_field(ds, tree, fname, sub, ZB_FIELD_RAGGED, seg, -1, &fi));
+        if (fi->ndim != 0)
+            return zb__err(ZB_E_CORRUPT, "%s: CSR indices must be 1-d", fi->arr->path);
         fi->var_cols = is_x;
-        fi->col_bound = cols;
+        fi->col_bound = cols; /* checked as rows land (value_bound in read_int.h) */
         ZB_TRY(deliver_as(fd, ds->x_want, ZB_DT_FLOAT32, "x_dtype"));
         ZB_TRY(deliver_as(fi, ds->index_want, ZB_DT_INT32, "index_dtype"));
         if (fd->arr->meta.shape[0] != fi->arr->meta.shape[0])

@@ -418,6 +418,27 @@ zb__plan_begin(plan *p, zb_dataset *ds, size_t n)
     return ZB_OK;
 }
 
+/* 0. The fields whose values the tasks range-check as they land (value_bound), with the
+ * category tables the checks of codes need (loaded once, on the planning thread). */
+static zb_status
+plan_checks(plan *p)
+{
+    zb_dataset *ds = p->ds;
+    size_t nc = ds->nchildren ? ds->nchildren : 1;
+    for (uint32_t c = 0; c < nc; c++) {
+        zb_dataset *ch = ds->nchildren ? ds->children[c] : ds;
+        for (uint32_t f = 0; f < ch->nfields; f++) {
+            zb__field *fd = &ch->fields[f];
+            uint64_t nlut;
+            if (fd->categorical && fd->kind == ZB_FIELD_PER_SAMPLE &&
+                !zb__dataset_lut(ds, f, c, &nlut))
+                ZB_TRY(zb__field_load_categories(ch, fd));
+            if (field_bound(ds, f, c).on) p->checked[f] = true;
+        }
+    }
+    return ZB_OK;
+}
+
 /* 1. ids -> (child, physical row). */
 static zb_status
 plan_ids(plan *p, const uint64_t *ids, uint64_t nlogical)
@@ -513,8 +534,9 @@ plan_buffers(plan *p)
     return ZB_OK;
 }
 
-/* Sample i's source rows of field f (its element range, or its row) and where they land. */
-static zb_status
+/* Sample i's source rows of field f (its element range, or its row) and where they land; the
+ * rows lie inside the field (plan_segments checked them, zb__validate_segment). */
+static void
 sample_rows(const plan *p, size_t f, size_t i, uint64_t *src, uint64_t *len, uint64_t *dst)
 {
     const zb__field *fd = &child_of(p->ds, 0)->fields[f];
@@ -522,23 +544,12 @@ sample_rows(const plan *p, size_t f, size_t i, uint64_t *src, uint64_t *len, uin
         *src = p->phys[i];
         *len = 1;
         *dst = i;
-        return ZB_OK;
+        return;
     }
     const int64_t *ptr = p->b->segs[fd->seg].ptr;
     *src = (uint64_t)p->seg_start[(size_t)fd->seg * p->n + i];
     *len = (uint64_t)(ptr[i + 1] - ptr[i]);
     *dst = (uint64_t)ptr[i];
-    /* monotone pointers can still run past the values (a pointer larger than the last one):
-     * that is corruption, not rows to read as fill */
-    const zb_dataset *ch = child_of(p->ds, p->child[i]);
-    const zb__unit_geom *u = zb__array_units(ch->fields[f].arr);
-    if (*src + *len > u->shape[0])
-        return zb__err(ZB_E_CORRUPT,
-                       "%s: pointers of sample %llu end at %llu, past the %llu "
-                       "rows of %s",
-                       zb__array_units(ch->segs[fd->seg].ptr)->path, (unsigned long long)p->phys[i],
-                       (unsigned long long)(*src + *len), (unsigned long long)u->shape[0], u->path);
-    return ZB_OK;
 }
 
 /* 3b. Field f's copies: runs of consecutive source rows from one child coalesce into one run,
@@ -550,7 +561,7 @@ plan_field(plan *p, uint32_t f)
     uint32_t run_child = 0;
     for (size_t i = 0; i < p->n; i++) {
         uint64_t src, len, dst;
-        ZB_TRY(sample_rows(p, f, i, &src, &len, &dst));
+        sample_rows(p, f, i, &src, &len, &dst);
         if (run_n && p->child[i] == run_child && src == run_src + run_n && dst == run_dst + run_n) {
             run_n += len;
             continue;
@@ -568,6 +579,7 @@ plan_field(plan *p, uint32_t f)
 zb_status
 zb__plan_request(plan *p, const uint64_t *ids, uint64_t nlogical)
 {
+    ZB_TRY(plan_checks(p));
     ZB_TRY(plan_ids(p, ids, nlogical));
     ZB_TRY(plan_segments(p));
     ZB_TRY(plan_buffers(p));

@@ -163,6 +163,8 @@ struct plan {
     zb_ctx *ctx;              /* the planning thread's context (pointer reads, inline tasks) */
     rebase *rb;               /* [nfields], or NULL when there is no index field */
     zb__arena_pool *pool;     /* where the batch's memory comes from (NULL: the dataset's pool) */
+    bool checked[ZB_MAX_FIELDS]; /* field f's values are range-checked in some child
+                                    (value_bound; set by zb__plan_request) */
 };
 
 /* A plan's dataset for child c (the dataset itself when it has no children). */
@@ -256,8 +258,38 @@ converted(const plan *p, uint32_t f, uint32_t c, const int64_t **lut, uint64_t *
     return *lut || child_of(p->ds, c)->fields[f].dtype != p->b->fields[f].dtype;
 }
 
+/* The values child c's field f must hold, [lo, lo + span), checked as its rows land (rows.c):
+ * CSR column ids within [0, n_vars) of their matrix, categorical codes within their categories
+ * (-1, missing, allowed; codes going through a collection's table are checked by it,
+ * zb__codes_convert). `on` false: the field's values are not checked. */
+typedef struct vbound {
+    bool on;
+    int64_t lo;
+    uint64_t span;
+} vbound;
+
+static inline vbound
+field_bound(const zb_dataset *ds, uint32_t f, uint32_t c)
+{
+    const zb__field *fd = &child_of(ds, c)->fields[f];
+    uint64_t nlut;
+    if (fd->col_bound && fd->seg >= 0) return (vbound){true, 0, fd->col_bound};
+    if (!fd->categorical || fd->kind != ZB_FIELD_PER_SAMPLE || zb__dataset_lut(ds, f, c, &nlut))
+        return (vbound){false, 0, 0};
+    /* the table was loaded when the request was planned (plan_checks) */
+    return (vbound){true, -1, fd->cats.n + 1};
+}
+
+/* field_bound for a plan's tasks (looked up once per unit they serve). */
+static inline vbound
+value_bound(const plan *p, uint32_t f, uint32_t c)
+{
+    return p->checked[f] ? field_bound(p->ds, f, c) : (vbound){false, 0, 0};
+}
+
 /* Bytes of rows of field f into the batch: streamed past the cache when the batch outgrows it,
- * unless the task re-bases them next (they are read again at once). */
+ * unless the task re-bases them next (they are read again at once; a range check reads the
+ * source instead, still in cache). */
 static inline void
 put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
 {
@@ -273,6 +305,30 @@ put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
  * shape u->inner) that covers part of the other axes into batch field bf from dst_row on. */
 void zb__rows_copy_box(const zb__unit_geom *u, const bfield *bf, const uint8_t *unit,
                        const uint64_t *g, uint64_t src_row, uint64_t dst_row, uint64_t n);
+
+/* Checks the values copy c has just landed in the batch against vb, its field's value_bound,
+ * reading them at `vals` (the bytes the copy was made from, of the batch's dtype, hotter in
+ * cache than a streamed batch) or, when NULL, in the batch: ZB_E_CORRUPT naming the sample id,
+ * the field, the value, its stored row and the chunk holding it when one lies outside. */
+zb_status zb__rows_check(const plan *p, const copy *c, vbound vb, const uint8_t *vals);
+
+/* Lands the rows of copy c, stored as `from` at src, converted into the batch
+ * (zb__values_convert: widened, or codes through the table lut[0..nlut)), and checks them
+ * against vb as zb__rows_check does, in the same pass where the conversion can. `what`: the
+ * array, for the conversion's own errors. Inline: it runs once per copy. */
+static inline zb_status
+rows_convert(const plan *p, const copy *c, vbound vb, const uint8_t *src, zb_dtype from,
+             const int64_t *lut, uint64_t nlut, const char *what)
+{
+    const bfield *bf = &p->b->fields[c->field];
+    uint64_t got;
+    zb_status st = zb__values_convert(bf->data + c->dst_row * bf->row_elems * bf->itemsize,
+                                      bf->dtype, src, from, c->nrows * bf->row_elems, lut, nlut,
+                                      what, vb.lo, vb.on ? &got : NULL);
+    if (st != ZB_OK || !vb.on || got < vb.span) return st;
+    /* out of range, or the conversion could not tell: the values as they landed */
+    return zb__rows_check(p, c, vb, NULL);
+}
 
 /* Re-bases rows [row0, row0 + nrows) x columns [c0, c1) of index field f, sample by sample:
  * in the tasks, the rows one copy has just written (still in cache); after them (reader.c),

@@ -137,8 +137,6 @@ finish(plan *p)
             ZB_TRY(zb__rows_rebase(p, (uint32_t)f, 0, (uint64_t)r->rows[p->n], 0,
                                    b->fields[f].row_elems));
     }
-    /* column ids and categorical codes within their bounds (validate.c) */
-    ZB_TRY(zb__validate_batch(p->ds, b, p->phys, p->seg_start));
     for (size_t f = 0; f < b->nfields; f++)
         if (b->fields[f].dtype == ZB_DT_STRING) ZB_TRY(read_strings(p, (uint32_t)f));
     if (p->ds->vars.lut) ZB_TRY(reorder_vars(p));

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dataset/read_int.h"
+#include "util/intload.h"
 #include "util/status.h"
 #include "util/vecloop.h"
 
@@ -61,6 +62,124 @@ zb__rows_copy_box(const zb__unit_geom *u, const bfield *bf, const uint8_t *unit,
             if (d < 1) break;
         }
     }
+}
+
+/* ---- value checks ------------------------------------------------------------------------ */
+
+/* The largest of (UT)(v[k] + add) over n values of T: one unsigned reduction tells whether every
+ * v[k] lies in [-add, span - add) (a value below -add wraps to a huge one). Vectorised
+ * (ZB_VECTOR_LOOP): a window's CSR column ids are millions of values. UT is uint64_t but for
+ * int32 (half the lanes' work for the commonest case; values_within takes the 64-bit loop
+ * when the span needs it). */
+#define ZB_UMAX(T, UT)                                                                             \
+    ZB_VECTOR_LOOP static uint64_t umax_##T(const void *p, uint64_t n, uint64_t add)               \
+    {                                                                                              \
+        const T *v = p;                                                                            \
+        UT m = 0;                                                                                  \
+        for (uint64_t k = 0; k < n; k++) {                                                         \
+            UT x = (UT)(int64_t)v[k] + (UT)add;                                                    \
+            m = x > m ? x : m;                                                                     \
+        }                                                                                          \
+        return m;                                                                                  \
+    }
+ZB_UMAX(int8_t, uint64_t)
+ZB_UMAX(uint8_t, uint64_t)
+ZB_UMAX(int16_t, uint64_t)
+ZB_UMAX(uint16_t, uint64_t)
+ZB_UMAX(int32_t, uint32_t)
+ZB_UMAX(int64_t, uint64_t)
+#undef ZB_UMAX
+
+ZB_VECTOR_LOOP static uint64_t
+umax_int32_wide(const void *p, uint64_t n, uint64_t add)
+{
+    const int32_t *v = p;
+    uint64_t m = 0;
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t x = (uint64_t)(int64_t)v[k] + add;
+        m = x > m ? x : m;
+    }
+    return m;
+}
+
+static bool
+values_within(const void *v, zb_dtype dt, uint64_t n, int64_t lo, uint64_t span)
+{
+    uint64_t add = (uint64_t)-lo;
+    if (n == 0) return true;
+    switch (dt) {
+    case ZB_DT_INT8:
+        return umax_int8_t(v, n, add) < span;
+    case ZB_DT_UINT8:
+        return umax_uint8_t(v, n, add) < span;
+    case ZB_DT_INT16:
+        return umax_int16_t(v, n, add) < span;
+    case ZB_DT_UINT16:
+        return umax_uint16_t(v, n, add) < span;
+    case ZB_DT_INT32:
+        return (span > UINT32_MAX ? umax_int32_wide(v, n, add) : umax_int32_t(v, n, add)) < span;
+    case ZB_DT_INT64:
+        return umax_int64_t(v, n, add) < span;
+    default: { /* uint32, uint64 (which the layouts do not deliver for these fields) */
+        size_t isz = zb_dtype_size(dt);
+        for (uint64_t k = 0; k < n; k++) {
+            int64_t x;
+            if (!zb__load_int((const uint8_t *)v + k * isz, dt, &x)) return true;
+            if ((uint64_t)x - (uint64_t)lo >= span) return false;
+        }
+        return true;
+    }
+    }
+}
+
+/* The error for the first value of copy c outside vb: the sample holding it, its stored row
+ * and the chunk holding that row. */
+static zb_status
+value_error(const plan *p, const copy *c, vbound vb)
+{
+    const bfield *bf = &p->b->fields[c->field];
+    const zb_dataset *ch = child_of(p->ds, c->child);
+    const zb__field *fd = &ch->fields[c->field];
+    uint64_t k = c->dst_row * bf->row_elems, end = (c->dst_row + c->nrows) * bf->row_elems;
+    int64_t x = 0;
+    for (; k < end; k++) {
+        zb__load_int(bf->data + k * bf->itemsize, bf->dtype, &x);
+        if ((uint64_t)x - (uint64_t)vb.lo >= vb.span) break;
+    }
+    uint64_t r = k / bf->row_elems; /* the value's batch row, its sample and stored row */
+    size_t i = bf->seg >= 0 ? zb__sample_of(p->b->segs[bf->seg].ptr, p->n, r) : (size_t)r;
+    uint64_t row = p->phys[i];
+    if (bf->seg >= 0)
+        row = (uint64_t)p->seg_start[(size_t)bf->seg * p->n + i] +
+              (r - (uint64_t)p->b->segs[bf->seg].ptr[i]);
+    char key[512];
+    uint64_t g[ZB_MAX_DIMS] = {0};
+    g[0] = row / zb__array_units(fd->arr)->inner[0];
+    if (zb__array_unit_object(fd->arr, g, key, sizeof key, NULL, NULL) != ZB_OK)
+        snprintf(key, sizeof key, "%s", zb__array_units(fd->arr)->path);
+    zb_clear_error();
+    return zb__err(ZB_E_CORRUPT,
+                   "%s: sample %llu: field %s: %s %lld is outside [%lld, %llu) "
+                   "(row %llu, chunk %s)",
+                   zb_dataset_name(ch), (unsigned long long)p->b->index[i], fd->name,
+                   vb.lo < 0 ? "code" : "column id", (long long)x, (long long)vb.lo,
+                   (unsigned long long)((uint64_t)vb.lo + vb.span), (unsigned long long)row, key);
+}
+
+zb_status
+zb__rows_check(const plan *p, const copy *c, vbound vb, const uint8_t *vals)
+{
+    const bfield *bf = &p->b->fields[c->field];
+    const uint8_t *v = vals ? vals : bf->data + c->dst_row * bf->row_elems * bf->itemsize;
+    uint64_t n = c->nrows * bf->row_elems;
+    if (n == 1) { /* a sample's code: shuffled samples land one by one */
+        int64_t x;
+        if (!zb__load_int(v, bf->dtype, &x) || (uint64_t)x - (uint64_t)vb.lo < vb.span)
+            return ZB_OK;
+    } else if (values_within(v, bf->dtype, n, vb.lo, vb.span)) {
+        return ZB_OK;
+    }
+    return value_error(p, c, vb);
 }
 
 /* Re-bases rows [r0, r1) x columns [c0, c1) of an index field's batch buffer, all of sample i:

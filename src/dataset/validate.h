@@ -24,13 +24,10 @@ zb_status zb__validate_segment(const zb_dataset *ds, size_t s, size_t n, const u
                                const uint32_t *child, const uint64_t *phys, const int64_t *start,
                                const int64_t *ptr);
 
-/* The assembled batch b (n samples; phys[i] and, per segment, start[s * n + i] as above): CSR
- * column ids within [0, n_vars) of their matrix and categorical codes within their categories
- * (-1, missing, allowed). A violation is ZB_E_CORRUPT naming the sample id, the field and the
- * chunk holding the value. Index fields (edge indices) are checked as they are re-based
- * (reader.c), pointer arrays as the request is planned (above). */
-zb_status zb__validate_batch(zb_dataset *ds, const zb_batch *b, const uint64_t *phys,
-                             const int64_t *start);
+/* The values a request delivers (CSR column ids within [0, n_vars), categorical codes within
+ * their categories, edge indices within their structure) are checked by the reader's tasks as
+ * they land (rows.c), not here: ZB_E_CORRUPT naming the sample id, the field, the value and
+ * the chunk. */
 
 /* zb__dataset_read_batches with zb_dataset_opts.on_invalid applied: `sizes` (nbatches of them,
  * or NULL for one batch) are updated to the batch sizes delivered, less the samples skipped.

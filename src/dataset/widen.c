@@ -13,11 +13,15 @@
 #include "util/vecloop.h"
 
 /* Loads go through memcpy: a raw unit mapped from a file need not be aligned to its item
- * size, and memcpy of a fixed size compiles to a plain (vectorised) load. */
-#define ZB_WIDEN(S, D)                                                                             \
-    ZB_VECTOR_LOOP static void widen_##S##_##D(void *restrict dst, const void *restrict src,       \
-                                               uint64_t n)                                         \
+ * size, and memcpy of a fixed size compiles to a plain (vectorised) load. A float destination
+ * returns UINT64_MAX (its values are not range-checked); an integer one the largest
+ * (unsigned)(d + add) of the values written, the range check of zb__values_convert in the
+ * same pass (one unsigned max per vector, no second read of the values). */
+#define ZB_WIDEN_FLOAT(S, D)                                                                       \
+    ZB_VECTOR_LOOP static uint64_t widen_##S##_##D(void *restrict dst, const void *restrict src,   \
+                                                   uint64_t n, uint64_t add)                       \
     {                                                                                              \
+        (void)add;                                                                                 \
         const uint8_t *s = src;                                                                    \
         D *d = dst;                                                                                \
         for (uint64_t i = 0; i < n; i++) {                                                         \
@@ -25,33 +29,69 @@
             memcpy(&v, s + i * sizeof v, sizeof v);                                                \
             d[i] = (D)v;                                                                           \
         }                                                                                          \
+        return UINT64_MAX;                                                                         \
+    }
+#define ZB_WIDEN_INT(S, D, UD)                                                                     \
+    ZB_VECTOR_LOOP static uint64_t widen_##S##_##D(void *restrict dst, const void *restrict src,   \
+                                                   uint64_t n, uint64_t add)                       \
+    {                                                                                              \
+        const uint8_t *s = src;                                                                    \
+        D *d = dst;                                                                                \
+        UD m = 0;                                                                                  \
+        for (uint64_t i = 0; i < n; i++) {                                                         \
+            S v;                                                                                   \
+            memcpy(&v, s + i * sizeof v, sizeof v);                                                \
+            d[i] = (D)v;                                                                           \
+            UD x = (UD)d[i] + (UD)add;                                                             \
+            m = x > m ? x : m;                                                                     \
+        }                                                                                          \
+        return m;                                                                                  \
+    }
+/* An unsigned source holds no value below lo (0 or -1): its plain maximum, kept in the source's
+ * own lanes (twice or four times as many per vector), says the same. */
+#define ZB_WIDEN_UINT(S, D)                                                                        \
+    ZB_VECTOR_LOOP static uint64_t widen_##S##_##D(void *restrict dst, const void *restrict src,   \
+                                                   uint64_t n, uint64_t add)                       \
+    {                                                                                              \
+        const uint8_t *s = src;                                                                    \
+        D *d = dst;                                                                                \
+        S m = 0;                                                                                   \
+        for (uint64_t i = 0; i < n; i++) {                                                         \
+            S v;                                                                                   \
+            memcpy(&v, s + i * sizeof v, sizeof v);                                                \
+            d[i] = (D)v;                                                                           \
+            m = v > m ? v : m;                                                                     \
+        }                                                                                          \
+        return (uint64_t)m + add;                                                                  \
     }
 typedef float float32;
 typedef double float64;
-ZB_WIDEN(uint8_t, float32)
-ZB_WIDEN(int8_t, float32)
-ZB_WIDEN(uint16_t, float32)
-ZB_WIDEN(int16_t, float32)
-ZB_WIDEN(uint8_t, float64)
-ZB_WIDEN(int8_t, float64)
-ZB_WIDEN(uint16_t, float64)
-ZB_WIDEN(int16_t, float64)
-ZB_WIDEN(uint32_t, float64)
-ZB_WIDEN(int32_t, float64)
-ZB_WIDEN(float32, float64)
-ZB_WIDEN(uint8_t, int32_t)
-ZB_WIDEN(int8_t, int32_t)
-ZB_WIDEN(uint16_t, int32_t)
-ZB_WIDEN(int16_t, int32_t)
-ZB_WIDEN(uint8_t, int64_t)
-ZB_WIDEN(int8_t, int64_t)
-ZB_WIDEN(uint16_t, int64_t)
-ZB_WIDEN(int16_t, int64_t)
-ZB_WIDEN(uint32_t, int64_t)
-ZB_WIDEN(int32_t, int64_t)
-#undef ZB_WIDEN
+ZB_WIDEN_FLOAT(uint8_t, float32)
+ZB_WIDEN_FLOAT(int8_t, float32)
+ZB_WIDEN_FLOAT(uint16_t, float32)
+ZB_WIDEN_FLOAT(int16_t, float32)
+ZB_WIDEN_FLOAT(uint8_t, float64)
+ZB_WIDEN_FLOAT(int8_t, float64)
+ZB_WIDEN_FLOAT(uint16_t, float64)
+ZB_WIDEN_FLOAT(int16_t, float64)
+ZB_WIDEN_FLOAT(uint32_t, float64)
+ZB_WIDEN_FLOAT(int32_t, float64)
+ZB_WIDEN_FLOAT(float32, float64)
+ZB_WIDEN_UINT(uint8_t, int32_t)
+ZB_WIDEN_INT(int8_t, int32_t, uint32_t)
+ZB_WIDEN_UINT(uint16_t, int32_t)
+ZB_WIDEN_INT(int16_t, int32_t, uint32_t)
+ZB_WIDEN_UINT(uint8_t, int64_t)
+ZB_WIDEN_INT(int8_t, int64_t, uint64_t)
+ZB_WIDEN_UINT(uint16_t, int64_t)
+ZB_WIDEN_INT(int16_t, int64_t, uint64_t)
+ZB_WIDEN_UINT(uint32_t, int64_t)
+ZB_WIDEN_INT(int32_t, int64_t, uint64_t)
+#undef ZB_WIDEN_FLOAT
+#undef ZB_WIDEN_INT
+#undef ZB_WIDEN_UINT
 
-typedef void (*widen_fn)(void *restrict, const void *restrict, uint64_t);
+typedef uint64_t (*widen_fn)(void *restrict, const void *restrict, uint64_t, uint64_t);
 
 /* The loop for (from, to), NULL when `to` does not hold every value of `from` exactly. */
 static widen_fn
@@ -95,14 +135,20 @@ zb__values_widen(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_
 {
     widen_fn fn = widen_for(from, to);
     if (!fn) return false;
-    fn(dst, src, n);
+    fn(dst, src, n, 0);
     return true;
 }
 
 zb_status
 zb__values_convert(void *dst, zb_dtype to, const void *src, zb_dtype from, uint64_t n,
-                   const int64_t *lut, uint64_t nlut, const char *what)
+                   const int64_t *lut, uint64_t nlut, const char *what, int64_t lo, uint64_t *span)
 {
-    if (!lut && zb__values_widen(dst, to, src, from, n)) return ZB_OK;
+    widen_fn fn = lut ? NULL : widen_for(from, to);
+    if (span) *span = UINT64_MAX;
+    if (fn) {
+        uint64_t m = fn(dst, src, n, (uint64_t)-lo);
+        if (span) *span = n ? m : 0;
+        return ZB_OK;
+    }
     return zb__codes_convert(dst, to, src, from, n, lut, nlut, what);
 }

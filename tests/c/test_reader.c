@@ -845,6 +845,60 @@ test_widen_every_pair(void **state)
     assert_true(zb__widen_exact(ZB_DT_UINT16, ZB_DT_UINT16));
 }
 
+/* zb__values_convert's range check in the copy (the reader's check of CSR column ids and codes
+ * as they land): for every integer widening, *span is the largest value - lo of the values
+ * written, computed here from the source; float destinations and tables say they cannot tell
+ * (UINT64_MAX), and no value is 0. */
+static void
+test_convert_reports_span(void **state)
+{
+    (void)state;
+    static const zb_dtype from[] = {ZB_DT_UINT8, ZB_DT_INT8,   ZB_DT_UINT16,
+                                    ZB_DT_INT16, ZB_DT_UINT32, ZB_DT_INT32};
+    static const zb_dtype to[] = {ZB_DT_INT32, ZB_DT_INT64, ZB_DT_FLOAT64};
+    enum { NW = 45 };
+    uint8_t src[NW * 4 + 1], dst[NW * 8];
+    int checked = 0;
+    for (size_t a = 0; a < sizeof from / sizeof *from; a++)
+        for (size_t b = 0; b < sizeof to / sizeof *to; b++)
+            for (int64_t lo = -1; lo <= 0; lo++)
+                for (int round = 0; round < 3; round++) {
+                    if (!zb__widen_exact(from[a], to[b]) || from[a] == to[b]) continue;
+                    for (size_t i = 0; i < sizeof src; i++)
+                        src[i] = (uint8_t)(i * 29 + 7 * (size_t)round + 3);
+                    if (round == 2) memset(src + 1, 0xff, sizeof src - 1); /* all -1 or max */
+                    uint64_t span = 7, want = 0;
+                    assert_int_equal(zb__values_convert(dst, to[b], src + 1, from[a], NW, NULL, 0,
+                                                        "x", lo, &span),
+                                     ZB_OK);
+                    for (size_t i = 0; i < NW; i++) {
+                        double v = value_at(src + 1, from[a], i);
+                        assert_true(value_at(dst, to[b], i) == v);
+                        /* v - lo as an unsigned 64-bit number (a value below lo wraps) */
+                        uint64_t d = (uint64_t)(int64_t)v - (uint64_t)lo;
+                        if (d > want) want = d;
+                    }
+                    if (to[b] == ZB_DT_FLOAT64) {
+                        assert_true(span == UINT64_MAX);
+                        continue;
+                    }
+                    if (to[b] == ZB_DT_INT32 && want > UINT32_MAX) /* wrapped in 32 bits */
+                        want = (uint32_t)want;
+                    assert_true(span == want);
+                    checked++;
+                }
+    assert_int_equal(checked, 2 * 3 * (4 + 6)); /* 4 pairs into int32, 6 into int64 */
+    uint64_t span = 7;
+    int64_t lut[2] = {1, 0};
+    int8_t codes[3] = {0, 1, -1};
+    assert_int_equal(
+        zb__values_convert(dst, ZB_DT_INT16, codes, ZB_DT_INT8, 3, lut, 2, "x", -1, &span), ZB_OK);
+    assert_true(span == UINT64_MAX);
+    assert_int_equal(
+        zb__values_convert(dst, ZB_DT_INT32, src, ZB_DT_UINT16, 0, NULL, 0, "x", 0, &span), ZB_OK);
+    assert_true(span == 0);
+}
+
 /* ---- the listed path: a store that reads lists itself ---------------------------------------- */
 
 /* A remote-style backend over an inner store: get_ranges completes the ranges on a thread of its
@@ -1240,6 +1294,7 @@ main(void)
         cmocka_unit_test(test_generic_schema_errors),
         cmocka_unit_test(test_index_conventions_and_bad_values),
         cmocka_unit_test(test_widen_every_pair),
+        cmocka_unit_test(test_convert_reports_span),
         cmocka_unit_test(test_listed_path_matches_file_store),
         cmocka_unit_test(test_listed_path_errors_and_missing),
         cmocka_unit_test(test_listed_path_fetch_cache),

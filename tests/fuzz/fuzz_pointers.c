@@ -2,10 +2,11 @@
  * categorical obs column; no compression) is written once with zbatch's own writer, then each
  * input replaces the chunk of X/indptr (8 int64: the 7 pointers and padding), of X/indices (16
  * int32) and of the obs codes (8 int8), in that order, each padded with zeros to its stored
- * size. The dataset is opened afresh and
- * every sample read, alone and all at once: decreasing, negative or too large pointers,
- * column ids outside [0, n_vars) and codes outside the categories must be an error or valid
- * data, never a crash. */
+ * size. The dataset is opened afresh, from consolidated metadata (one document to parse per
+ * run, not one per node, which was most of a run; the `consolidated` and `read_many` targets
+ * walk unconsolidated trees), and every sample read, alone and all at once: decreasing,
+ * negative or too large pointers, column ids outside [0, n_vars) and codes outside the
+ * categories must be an error or valid data, never a crash. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
     o.codec = "none";
     o.x_chunk = 16;
     o.column_chunk = 8;
-    o.consolidate = false;
+    o.consolidate = true;
     zb_anndata_writer *w = NULL;
     int64_t indptr[N_OBS + 1] = {0, 2, 2, 5, 6, 9, 10};
     int32_t indices[10] = {0, 3, 1, 2, 4, 0, 1, 3, 4, 2};

@@ -137,6 +137,106 @@ def test_categories_cut_short(tmp_path, adata):
         zb.open(str(path)).read_many([0, 1, 2])
 
 
+# Each way a reader task lands values checks them as they land (rows.c): a unit decoded and
+# copied out or decoded straight into the batch, raw (uncompressed) rows viewed or read, inner
+# chunks of a shard, narrow stored values widened as they are copied, and the listed path of a
+# store that reads lists itself (HTTP). name: (dtype, compressed, chunks, shards)
+LAYOUTS = {
+    "zstd_chunks": ("int32", True, 16, None),
+    "raw_chunks": ("int32", False, 16, None),
+    "zstd_shards": ("int32", True, 16, 64),
+    "raw_shards": ("int32", False, 16, 64),
+    "uint16_zstd": ("uint16", True, 16, None),
+    "uint16_raw_shards": ("uint16", False, 16, 64),
+    "one_chunk": ("int32", True, 4096, None),
+}
+
+
+def rewrite(path, name, values, dtype, compressed, chunks, shards):
+    """Array `name` of the store written again by zarr-python with these values and encoding."""
+    g = zarr.open_group(str(path), mode="r+")
+    attrs = dict(g[name].attrs)
+    del g[name]
+    a = g.create_array(name, shape=values.shape, dtype=dtype, chunks=(chunks,),
+                       shards=(shards,) if shards else None,
+                       compressors=zarr.codecs.ZstdCodec() if compressed else None)
+    a[:] = values.astype(dtype)
+    a.attrs.update(attrs)
+    zarr.consolidate_metadata(str(path))
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["file", "http"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_bad_column_id_in_every_reader_path(tmp_path, adata, layout, remote, request):
+    zb = zbatch_api()
+    dtype, compressed, chunks, shards = LAYOUTS[layout]
+    path = write_store(tmp_path / "a.zarr", adata)
+    r, k = first_row_with_values(adata.X, 5)
+    indices = adata.X.indices.copy()
+    indices[k] = N_VARS + 7  # past n_vars; an unsigned dtype holds it too
+    rewrite(path, "X/indices", indices, dtype, compressed, chunks, shards)
+    codes = adata.obs["ct"].cat.codes.values.copy()
+    codes[33] = 4  # 3 categories
+    rewrite(path, "obs/ct/codes", codes, "int8", compressed, chunks, shards)
+    url = str(path)
+    if remote:
+        url = f"{request.getfixturevalue('nginx_serve')(tmp_path).url}/a.zarr"
+    unit = k // (shards or chunks)  # the chunk (or shard) object holding the value
+    ds = zb.open(url)
+    with expect_error("ZB_E_CORRUPT", f"sample {r}:", "field X/indices", f"column id {N_VARS + 7}",
+                      f"[0, {N_VARS})", f"row {k}", f"chunk X/indices/c/{unit}"):
+        ds.read_many(list(range(N_OBS)))
+    with expect_error("ZB_E_CORRUPT", "sample 33:", "field obs/ct", "code 4", "[-1, 3)",
+                      f"chunk obs/ct/codes/c/{33 // (shards or chunks)}"):
+        ds.read_many([32, 33, 34])
+    # the other samples read as anndata holds them, alone and with the bad ones skipped
+    good = [i for i in range(N_OBS) if i not in (r, 33)]
+    b = ds.read_many(good)
+    np.testing.assert_array_equal(b["X"].toarray(), adata.X[good].toarray())
+    np.testing.assert_array_equal(np.asarray(b["obs/ct"]), adata.obs["ct"].cat.codes.values[good])
+    b = zb.open(url, on_invalid="skip").read_many(list(range(N_OBS)))
+    assert b.stats["samples_skipped"] == 2
+    np.testing.assert_array_equal(b["index"], good)
+    np.testing.assert_array_equal(b["X"].toarray(), adata.X[good].toarray())
+
+
+def test_bad_values_in_a_collection_name_the_collection_sample(tmp_path):
+    """A MultiDataset of two stores (same genes, same categories: codes delivered as stored):
+    the second child's bad column id and bad code are found as its rows land, named by the
+    collection's sample id; the first child's samples still read."""
+    zb = zbatch_api()
+    a0, a1 = make_adata(0), make_adata(1)
+    p0 = write_store(tmp_path / "a0.zarr", a0)
+    p1 = write_store(tmp_path / "a1.zarr", a1)
+    r, k = first_row_with_values(a1.X, 2)
+    damage(p1, "X/indices", lambda v: v.__setitem__(k, N_VARS))
+    damage(p1, "obs/ct/codes", lambda v: v.__setitem__(9, 3))
+    md = zb.MultiDataset([zb.open(str(p0)), zb.open(str(p1))])
+    with expect_error("ZB_E_CORRUPT", f"sample {N_OBS + r}:", f"column id {N_VARS}",
+                      f"[0, {N_VARS})"):
+        md.read_many([0, N_OBS + r])
+    with expect_error("ZB_E_CORRUPT", f"sample {N_OBS + 9}:", "code 3", "[-1, 3)"):
+        md.read_many([9, N_OBS + 9])
+    b = md.read_many([3, 9, N_OBS + 8])
+    want = sp.vstack([a0.X[[3, 9]], a1.X[[8]]]).toarray()
+    np.testing.assert_array_equal(b["X"].toarray(), want)
+
+
+def test_csr_indices_of_two_dimensions_are_refused_at_open(tmp_path, adata):
+    """CSR column ids are one value per stored element (scipy and anndata need a 1-d array); a
+    2-d X/indices is refused when the dataset opens, naming the array."""
+    zb = zbatch_api()
+    path = write_store(tmp_path / "a.zarr", adata)
+    ind = adata.X.indices
+    g = zarr.open_group(str(path), mode="r+")
+    del g["X/indices"]
+    g.create_array("X/indices", data=np.stack([ind, ind], axis=1).astype("int32"), chunks=(16, 2))
+    zarr.consolidate_metadata(str(path))
+    assert zarr.open_array(str(path / "X" / "indices"), mode="r").ndim == 2
+    with expect_error("ZB_E_CORRUPT", "X/indices", "CSR indices must be 1-d"):
+        zb.open(str(path)).read_many([0])
+
+
 def test_pointer_claiming_2_40_rows_fails_before_allocating(tmp_path, adata):
     zb = zbatch_api()
     path = write_store(tmp_path / "a.zarr", adata)
