@@ -17,6 +17,7 @@ import math
 import os
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,13 @@ import zarr
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = REPO / "build" / "zbatch"
+
+# The suite tests the checkout it runs from: its python/ first on the path of this process and
+# of the processes tests start (the venv's zbatch-dev.pth names whichever checkout last ran
+# scripts/dev-install.py, another worktree's perhaps).
+sys.path.insert(0, str(REPO / "python"))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(REPO / "python"), os.environ.get("PYTHONPATH")) if p)
 
 # Files that hold metadata, not chunk data (FORMATS §1.1, §1.4, §3.1).
 META_NAMES = {".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"}
