@@ -85,6 +85,17 @@ teardown(fixture *f)
     zb_store_close(f->st);
 }
 
+/* Everything the fake runtime handed out was given back: memory, page-locked blocks, events. */
+static void
+assert_runtime_clean(void)
+{
+    fake_counters c;
+    fake.counters(&c);
+    assert_int_equal(c.live_device, 0);
+    assert_int_equal(c.live_pinned, 0);
+    assert_int_equal(c.events_created, c.events_destroyed);
+}
+
 static zb_loader_opts
 device_opts(zb_placement where, const char *library)
 {
@@ -351,10 +362,7 @@ test_batches_outlive_the_loader(void **state)
     check_device_batch(f.ds, b, true);
     zb_device_batch_release(b);
     teardown(&f);
-    fake.counters(&c);
-    assert_int_equal(c.live_device, 0);
-    assert_int_equal(c.live_pinned, 0);
-    assert_int_equal(c.events_created, c.events_destroyed);
+    assert_runtime_clean();
 }
 
 /* PINNED: host batches from page-locked memory, handed out by zb_loader_next as ever. */
@@ -480,10 +488,7 @@ test_pinned_release_fences_copies(void **state)
     for (size_t i = 0; i < K; i++) fake.dev_free(dev[i]);
     zb_loader_close(ld);
     teardown(&f);
-    fake.counters(&c);
-    assert_int_equal(c.live_pinned, 0);
-    assert_int_equal(c.live_device, 0);
-    assert_int_equal(c.events_created, c.events_destroyed);
+    assert_runtime_clean();
 }
 
 /* A steady epoch of pinned batches: one fence recorded per batch on the consumer stream (the
@@ -536,10 +541,7 @@ test_pinned_steady_epoch(void **state)
     assert_int_equal(st[3].retired_pending, 0); /* the fake's events complete at once */
     zb_loader_close(ld);
     teardown(&f);
-    fake_counters c;
-    fake.counters(&c);
-    assert_int_equal(c.live_pinned, 0);
-    assert_int_equal(c.events_created, c.events_destroyed);
+    assert_runtime_clean();
 }
 
 /* Closing with fences pending: the loader's close waits for the released batches' fences,
@@ -577,10 +579,7 @@ test_pinned_close_with_fences_pending(void **state)
     fake.hold(0);
     for (size_t k = 0; k < 4; k++) fake.dev_free(dev[k]);
     teardown(&f);
-    fake.counters(&c);
-    assert_int_equal(c.live_pinned, 0);
-    assert_int_equal(c.live_device, 0);
-    assert_int_equal(c.events_created, c.events_destroyed);
+    assert_runtime_clean();
 }
 
 int
