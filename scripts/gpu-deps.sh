@@ -5,7 +5,7 @@
 # every library they load that is not part of glibc or the compiler's runtime), pkg-config and
 # ninja themselves. Run here, after a build (build/ holds the extension it reads the shared
 # libraries' closure from); it fills .gpu-deps/ (ignored by git), which the device run tool
-# carries: run(..., carry=[".gpu-deps"]). About 25 MB.
+# carries: run(..., carry=[".gpu-deps"]). About 28 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.gpu-deps
