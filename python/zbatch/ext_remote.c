@@ -165,6 +165,16 @@ done:
     return out;
 }
 
+/* The (url, remote, name) arguments of the store_* calls: a store URL, its options dict and a
+ * key or prefix. */
+static int
+store_call_args(PyObject *args, const char **url, zb_remote_opts *ro, const char **name)
+{
+    PyObject *remote;
+    if (!PyArg_ParseTuple(args, "sOs", url, &remote, name)) return -1;
+    return zbpy_remote_opts(remote, ro);
+}
+
 /* store_read(url, remote, key) -> bytes, or None when the object is absent: the small documents
  * (zarr.json, markers) the Python writers look at, from a local directory or a bucket alike. */
 static PyObject *
@@ -172,10 +182,8 @@ py_store_read(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *url, *key;
-    PyObject *remote;
-    if (!PyArg_ParseTuple(args, "sOs", &url, &remote, &key)) return NULL;
     zb_remote_opts ro;
-    if (zbpy_remote_opts(remote, &ro) < 0) return NULL;
+    if (store_call_args(args, &url, &ro, &key) < 0) return NULL;
     zb_store *store = NULL;
     uint8_t *data = NULL;
     uint64_t len = 0;
@@ -219,10 +227,8 @@ py_store_list(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *url, *prefix;
-    PyObject *remote;
-    if (!PyArg_ParseTuple(args, "sOs", &url, &remote, &prefix)) return NULL;
     zb_remote_opts ro;
-    if (zbpy_remote_opts(remote, &ro) < 0) return NULL;
+    if (store_call_args(args, &url, &ro, &prefix) < 0) return NULL;
     listing l = {PyList_New(0), 0};
     if (!l.list) return NULL;
     zb_store *store = NULL;
@@ -250,10 +256,8 @@ py_store_remove_tree(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *url, *prefix;
-    PyObject *remote;
-    if (!PyArg_ParseTuple(args, "sOs", &url, &remote, &prefix)) return NULL;
     zb_remote_opts ro;
-    if (zbpy_remote_opts(remote, &ro) < 0) return NULL;
+    if (store_call_args(args, &url, &ro, &prefix) < 0) return NULL;
     zb_store *store = NULL;
     zb_status st;
     Py_BEGIN_ALLOW_THREADS

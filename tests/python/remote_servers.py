@@ -250,11 +250,27 @@ http {{
         """The access log's size now: pass it to ``requests`` to see only later requests."""
         return self.access_log.stat().st_size
 
-    def requests(self, since: int = 0) -> list[RequestRecord]:
-        """Every request logged after byte offset `since` of the access log."""
-        with open(self.access_log, "rb") as f:
-            f.seek(since)
-            text = f.read().decode(errors="replace")
+    def requests(self, since: int = 0, count: int | None = None) -> list[RequestRecord]:
+        """Every request logged after byte offset `since` of the access log.
+
+        nginx logs a request after its response has gone out, so a client that has just read
+        its last response can look before that line is written. With `count`, wait (up to 10 s)
+        until that many requests are logged; without, until the log has not grown for 50 ms.
+        """
+        deadline, last, stable_since = time.monotonic() + 10, -1, time.monotonic()
+        while True:
+            with open(self.access_log, "rb") as f:
+                f.seek(since)
+                text = f.read().decode(errors="replace")
+            now = time.monotonic()
+            if len(text) != last:
+                last, stable_since = len(text), now
+            if count is not None:
+                if text.count("\n") >= count or now > deadline:
+                    break
+            elif now - stable_since >= 0.05 or now > deadline:
+                break
+            time.sleep(0.005)
         out = []
         for line in text.splitlines():
             m = _LOG_LINE.fullmatch(line)
