@@ -203,12 +203,15 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
 #define ZIP_UNITS 8
 
 /* Serves copies [c0, c1) of unit row `row` of a 2-d array chunked by columns (nvalchemi's
- * [rows, 1] chunks) when every unit of the row is in the decoded-chunk cache: all of them
- * pinned, and each copy's rows landed whole in one pass (zb__rows_zip) instead of one strided
- * pass per unit and another per unit to re-base (PERFORMANCE.md, "nvalchemi's own layout").
- * *done false: not such a row, or a unit is not cached; nothing served. */
+ * [rows, 1] chunks) from all the units of the row at once: those in the decoded-chunk cache
+ * pinned, and, when `fetch` (a plain array read in place), the others fetched and decoded side
+ * by side into the thread's `unit` workspace (and cached); then each copy's rows land whole in
+ * one pass (zb__rows_zip) instead of one strided pass per unit and another per unit to re-base
+ * (PERFORMANCE.md, "nvalchemi's own layout"). `key`: a buffer of `cap` bytes for unit keys.
+ * *done false: not such a row, or (without `fetch`) a unit is not cached; nothing served. */
 static zb_status
-serve_columns(exec *x, size_t c0, size_t c1, uint64_t row, bool *done)
+serve_columns(exec *x, size_t c0, size_t c1, uint64_t row, bool fetch, char *key, size_t cap,
+              bool *done)
 {
     plan *p = x->p;
     const copy *cp = &p->copies[c0];
@@ -218,21 +221,32 @@ serve_columns(exec *x, size_t c0, size_t c1, uint64_t row, bool *done)
     const int64_t *lut;
     uint64_t nlut;
     *done = false;
-    if (!cache || u->ndim != 2 || u->grid[1] < 2 || u->grid[1] > ZIP_UNITS || u->raw_rows ||
-        converted(p, cp->field, cp->child, &lut, &nlut))
+    if ((!cache && !fetch) || u->ndim != 2 || u->grid[1] < 2 || u->grid[1] > ZIP_UNITS ||
+        u->raw_rows || converted(p, cp->field, cp->child, &lut, &nlut))
         return ZB_OK;
-    size_t K = (size_t)u->grid[1], k = 0;
+    size_t K = (size_t)u->grid[1], k = 0, ub = (size_t)u->unit_bytes, missed = 0;
     const uint8_t *cols[ZIP_UNITS];
-    void *pins[ZIP_UNITS];
+    void *pins[ZIP_UNITS] = {NULL};
     uint64_t g[ZB_MAX_DIMS] = {row};
     for (; k < K; k++) {
         g[1] = k;
-        cols[k] = zb__cache_pin(cache, a, zb__unit_linear(u, g), (size_t)u->unit_bytes, &pins[k]);
-        if (!cols[k]) break;
+        cols[k] = cache ? zb__cache_pin(cache, a, zb__unit_linear(u, g), ub, &pins[k]) : NULL;
+        if (!cols[k] && !fetch) break;
+        missed += !cols[k];
     }
     zb_status st = ZB_OK;
     if (k == K) {
         *done = true;
+        x->t->stats.chunks_cached += K - missed;
+        if (missed) st = zb__buf_reserve(&x->ctx->ws.unit, K * ub);
+        for (k = 0; k < K && st == ZB_OK; k++) {
+            if (cols[k]) continue;
+            uint8_t *t = x->ctx->ws.unit.data + k * ub;
+            g[1] = k;
+            st = zb__array_unit_object(a, g, key, cap, NULL, NULL);
+            if (st == ZB_OK) st = unit_into(x, a, g, NULL, 0, false, key, NULL, t);
+            cols[k] = t;
+        }
         bfield *bf = &p->b->fields[cp->field];
         vbound vb = value_bound(p, cp->field, cp->child);
         uint64_t rows = 0;
@@ -242,10 +256,9 @@ serve_columns(exec *x, size_t c0, size_t c1, uint64_t row, bool *done)
             if (st == ZB_OK && vb.on) st = zb__rows_check(p, c, vb, NULL);
             rows += c->nrows;
         }
-        x->t->stats.chunks_cached += K;
         x->t->stats.bytes_delivered += rows * bf->row_elems * bf->itemsize;
     }
-    while (k--) zb__cache_unpin(cache, pins[k]);
+    for (k = 0; k < K; k++) zb__cache_unpin(cache, pins[k]);
     return st;
 }
 
@@ -482,7 +495,7 @@ plain_collect(exec *x, size_t c0, size_t c1, wants *ws)
             continue;
         }
         bool done = false;
-        ZB_TRY(serve_columns(x, i, j, g[0], &done));
+        ZB_TRY(serve_columns(x, i, j, g[0], ws->now, ws->key, ws->cap, &done));
         if (done) continue;
         do {
             if (unit_cached(x, a, g)) {
@@ -519,7 +532,7 @@ shard_walk(exec *x, size_t c0, size_t c1, const uint64_t *entries, uint64_t e_lo
         uint64_t g[ZB_MAX_DIMS] = {0};
         g[0] = p->copies[i].unit;
         bool done = false;
-        st = serve_columns(x, i, j, g[0], &done);
+        st = serve_columns(x, i, j, g[0], false, NULL, 0, &done);
         if (st != ZB_OK || done) continue;
         do {
             uint64_t e;

@@ -247,14 +247,16 @@ def physical(path, logical):
     return phys, (int(ap[phys]), int(ap[phys + 1])), (int(ep[phys]), int(ep[phys + 1]))
 
 
-@pytest.mark.parametrize("dtype", [np.int64, np.int32])
-def test_column_chunked_edge_outside_its_structure_error_and_skip(nv_store, tmp_path, dtype):
+@pytest.mark.parametrize("dtype,shards", [(np.int64, None), (np.int32, None), (np.int64, (6, 2))])
+def test_column_chunked_edge_outside_its_structure_error_and_skip(nv_store, tmp_path, dtype,
+                                                                 shards):
     """issue 21's checks on the one-pass path: an edge index one atom past its structure, in
     the second column of a chunk row inside the structure, is refused naming the sample id
     and field, from the cache as from the store; on_invalid="skip" leaves the sample out and
-    re-bases the rest as nvalchemi does."""
+    re-bases the rest as nvalchemi does. (Sharded: units one by one until cached.)"""
     zb = zbatch_api()
-    spec = (lambda name, a: dict(chunks=(3, 1), dtype=dtype) if name == "neighbor_list" else {})
+    spec = (lambda name, a: dict(chunks=(3, 1), dtype=dtype, shards=shards)
+            if name == "neighbor_list" else {})
     path = rechunked(nv_store, tmp_path / "s.zarr", spec)
     bad = 6
     _, (a0, a1), (e0, e1) = physical(path, bad)
