@@ -201,11 +201,16 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
 /* The most units of one unit row served together by serve_columns (nvalchemi's column chunks:
  * 2 or 3; wider rows are served unit by unit). */
 #define ZIP_UNITS 8
+/* The widest part of a row (bytes) whose uncached units serve_columns decodes side by side:
+ * narrow columns are what a unit-by-unit copy lands slowly (one short strided store per row);
+ * wider ones copy as long lines and would only hold K decoded units at once for nothing. */
+#define ZIP_FETCH_BYTES 16
 
 /* Serves copies [c0, c1) of unit row `row` of a 2-d array chunked by columns (nvalchemi's
  * [rows, 1] chunks) from all the units of the row at once: those in the decoded-chunk cache
- * pinned, and, when `fetch` (a plain array read in place), the others fetched and decoded side
- * by side into the thread's `unit` workspace (and cached); then each copy's rows land whole in
+ * pinned, and, when `fetch` (a plain array read in place) and the units are narrow
+ * (ZIP_FETCH_BYTES), the others fetched and decoded side by side into the thread's `unit`
+ * workspace (and cached); then each copy's rows land whole in
  * one pass (zb__rows_zip) instead of one strided pass per unit and another per unit to re-base
  * (PERFORMANCE.md, "nvalchemi's own layout"). `key`: a buffer of `cap` bytes for unit keys.
  * *done false: not such a row, or (without `fetch`) a unit is not cached; nothing served. */
@@ -221,6 +226,7 @@ serve_columns(exec *x, size_t c0, size_t c1, uint64_t row, bool fetch, char *key
     const int64_t *lut;
     uint64_t nlut;
     *done = false;
+    fetch = fetch && u->inner[1] * u->itemsize <= ZIP_FETCH_BYTES;
     if ((!cache && !fetch) || u->ndim != 2 || u->grid[1] < 2 || u->grid[1] > ZIP_UNITS ||
         u->raw_rows || converted(p, cp->field, cp->child, &lut, &nlut))
         return ZB_OK;

@@ -209,9 +209,9 @@ def test_read_many_matches_adata(stores, adata, name):
 
 
 def test_dense_column_chunks_read_whole_rows_from_the_cache(stores, adata):
-    """Dense X in chunks of 16 of its 41 columns (the third cut at 9): a unit row's units are
-    decoded side by side (first read) or pinned in the cache (second) and each row lands
-    whole; equal to the AnnData either way."""
+    """Dense X in chunks of 16 of its 41 columns (the third cut at 9): units served one by one
+    (first read: 64-byte row parts are not decoded side by side, ZIP_FETCH_BYTES), then every
+    unit of a row pinned in the cache and each row landed whole; equal to the AnnData."""
     zb = zbatch_api()
     path, has_obsm, dense = stores["elems_v2_dense_colchunks"]
     assert zarr.open_array(str(path / "X"), mode="r").chunks == (37, 16)
