@@ -210,10 +210,10 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
  * [rows, 1] chunks) from all the units of the row at once: those in the decoded-chunk cache
  * pinned, and, when `fetch` (a plain array read in place) and the units are narrow
  * (ZIP_FETCH_BYTES), the others fetched and decoded side by side into the thread's `unit`
- * workspace (and cached); then each copy's rows land whole in
- * one pass (zb__rows_zip) instead of one strided pass per unit and another per unit to re-base
- * (PERFORMANCE.md, "nvalchemi's own layout"). `key`: a buffer of `cap` bytes for unit keys.
- * *done false: not such a row, or (without `fetch`) a unit is not cached; nothing served. */
+ * workspace (and cached). Each copy's rows then land whole in one pass (zb__rows_zip) instead
+ * of one strided pass per unit and another per unit to re-base (PERFORMANCE.md, "nvalchemi's
+ * own layout"). `key`: a buffer of `cap` bytes for unit keys. *done false: not such a row, or a
+ * unit neither cached nor to be fetched here; nothing served. */
 static zb_status
 serve_columns(exec *x, size_t c0, size_t c1, uint64_t row, bool fetch, char *key, size_t cap,
               bool *done)

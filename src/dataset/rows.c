@@ -343,10 +343,14 @@ zip_rows(const bfield *bf, const uint8_t *const *cols, size_t K, uint64_t w, uin
         void *t = o;
         const void *a = cols[0] + s * isz, *b = cols[1] + s * isz;
         const void *c = K == 3 ? cols[2] + s * isz : NULL;
-        if (isz == 8 && K == 2) zip2_uint64_t(t, a, b, n);
-        if (isz == 4 && K == 2) zip2_uint32_t(t, a, b, n);
-        if (isz == 8 && K == 3) zip3_uint64_t(t, a, b, c, n);
-        if (isz == 4 && K == 3) zip3_uint32_t(t, a, b, c, n);
+        if (K == 2 && isz == 8)
+            zip2_uint64_t(t, a, b, n);
+        else if (K == 2)
+            zip2_uint32_t(t, a, b, n);
+        else if (isz == 8)
+            zip3_uint64_t(t, a, b, c, n);
+        else
+            zip3_uint32_t(t, a, b, c, n);
         return;
     }
     for (size_t k = 0; k < K; k++) { /* any other width: one unit's lines at a time */
@@ -360,8 +364,8 @@ zb_status
 zb__rows_zip(const plan *p, const copy *c, const uint8_t *const *cols, size_t K, uint64_t w)
 {
     const bfield *bf = &p->b->fields[c->field];
-    bool two = w == 1 && K == 2 && (bf->itemsize == 4 || bf->itemsize == 8);
-    if (!rebased_here(p, c->field) || !two) {
+    bool pair = w == 1 && K == 2 && (bf->itemsize == 4 || bf->itemsize == 8);
+    if (!rebased_here(p, c->field) || !pair) {
         zip_rows(bf, cols, K, w, c->src_row, c->dst_row, c->nrows);
         if (!rebased_here(p, c->field)) return ZB_OK;
         /* whole rows now: one contiguous run per sample */
