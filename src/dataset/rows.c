@@ -192,19 +192,24 @@ zb__rows_check(const plan *p, const copy *c, vbound vb, const uint8_t *vals)
                                               uint64_t c0, uint64_t c1, int64_t d, int64_t lo,     \
                                               int64_t len)                                         \
     {                                                                                              \
-        uint64_t rows = r1 - r0, w = c1 - c0;                                                      \
-        if (c0 == 0 && c1 == re) { /* whole rows: one run */                                       \
+        /* w values es apart in each row: whole rows, or one column (strided), are one run */      \
+        uint64_t rows = r1 - r0, w = c1 - c0, es = 1;                                              \
+        if (c0 == 0 && c1 == re) {                                                                 \
             w *= rows;                                                                             \
             rows = 1;                                                                              \
+        } else if (w == 1) {                                                                       \
+            w = rows;                                                                              \
+            rows = 1;                                                                              \
+            es = re;                                                                               \
         }                                                                                          \
         T mn = base[r0 * re + c0], mx = mn;                                                        \
         for (uint64_t r = 0; r < rows; r++) {                                                      \
             T *v = base + (r0 + r) * re + c0;                                                      \
             for (uint64_t k = 0; k < w; k++) {                                                     \
-                T x = v[k];                                                                        \
+                T x = v[k * es];                                                                   \
                 mn = x < mn ? x : mn;                                                              \
                 mx = x > mx ? x : mx;                                                              \
-                v[k] = (T)((UT)x + (UT)d);                                                         \
+                v[k * es] = (T)((UT)x + (UT)d);                                                    \
             }                                                                                      \
         }                                                                                          \
         /* mn >= lo >= 0 first: then mx - lo and mx + d cannot overflow int64 */                   \
@@ -212,7 +217,7 @@ zb__rows_check(const plan *p, const copy *c, vbound vb, const uint8_t *vals)
             return true;                                                                           \
         for (uint64_t r = 0; r < rows; r++) {                                                      \
             T *v = base + (r0 + r) * re + c0;                                                      \
-            for (uint64_t k = 0; k < w; k++) v[k] = (T)((UT)v[k] - (UT)d);                         \
+            for (uint64_t k = 0; k < w; k++) v[k * es] = (T)((UT)v[k * es] - (UT)d);               \
         }                                                                                          \
         return false;                                                                              \
     }
