@@ -198,6 +198,76 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     return st;
 }
 
+/* The most units of one unit row served together by serve_columns (nvalchemi's column chunks:
+ * 2 or 3; wider rows are served unit by unit). */
+#define ZIP_UNITS 8
+/* The widest part of a row (bytes) whose uncached units serve_columns decodes side by side:
+ * narrow columns are what a unit-by-unit copy lands slowly (one short strided store per row);
+ * wider ones copy as long lines and would only hold K decoded units at once for nothing. */
+#define ZIP_FETCH_BYTES 16
+
+/* Serves copies [c0, c1) of unit row `row` of a 2-d array chunked by columns (nvalchemi's
+ * [rows, 1] chunks) from all the units of the row at once: those in the decoded-chunk cache
+ * pinned, and, when `fetch` (a plain array read in place) and the units are narrow
+ * (ZIP_FETCH_BYTES), the others fetched and decoded side by side into the thread's `unit`
+ * workspace (and cached). Each copy's rows then land whole in one pass (zb__rows_zip) instead
+ * of one strided pass per unit and another per unit to re-base (PERFORMANCE.md, "nvalchemi's
+ * own layout"). `key`: a buffer of `cap` bytes for unit keys. *done false: not such a row, or a
+ * unit neither cached nor to be fetched here; nothing served. */
+static zb_status
+serve_columns(exec *x, size_t c0, size_t c1, uint64_t row, bool fetch, char *key, size_t cap,
+              bool *done)
+{
+    plan *p = x->p;
+    const copy *cp = &p->copies[c0];
+    const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
+    const zb__unit_geom *u = zb__array_units(a);
+    zb__cache *cache = p->ds->cache;
+    const int64_t *lut;
+    uint64_t nlut;
+    *done = false;
+    fetch = fetch && u->inner[1] * u->itemsize <= ZIP_FETCH_BYTES;
+    if ((!cache && !fetch) || u->ndim != 2 || u->grid[1] < 2 || u->grid[1] > ZIP_UNITS ||
+        u->raw_rows || converted(p, cp->field, cp->child, &lut, &nlut))
+        return ZB_OK;
+    size_t K = (size_t)u->grid[1], k = 0, ub = (size_t)u->unit_bytes, missed = 0;
+    const uint8_t *cols[ZIP_UNITS];
+    void *pins[ZIP_UNITS] = {NULL};
+    uint64_t g[ZB_MAX_DIMS] = {row};
+    for (; k < K; k++) {
+        g[1] = k;
+        cols[k] = cache ? zb__cache_pin(cache, a, zb__unit_linear(u, g), ub, &pins[k]) : NULL;
+        if (!cols[k] && !fetch) break;
+        missed += !cols[k];
+    }
+    zb_status st = ZB_OK;
+    if (k == K) {
+        *done = true;
+        x->t->stats.chunks_cached += K - missed;
+        if (missed) st = zb__buf_reserve(&x->ctx->ws.unit, K * ub);
+        for (k = 0; k < K && st == ZB_OK; k++) {
+            if (cols[k]) continue;
+            uint8_t *t = x->ctx->ws.unit.data + k * ub;
+            g[1] = k;
+            st = zb__array_unit_object(a, g, key, cap, NULL, NULL);
+            if (st == ZB_OK) st = unit_into(x, a, g, NULL, 0, false, key, NULL, t);
+            cols[k] = t;
+        }
+        bfield *bf = &p->b->fields[cp->field];
+        vbound vb = value_bound(p, cp->field, cp->child);
+        uint64_t rows = 0;
+        for (size_t i = c0; i < c1 && st == ZB_OK; i++) {
+            const copy *c = &p->copies[i];
+            st = zb__rows_zip(p, c, cols, K, u->inner[1]);
+            if (st == ZB_OK && vb.on) st = zb__rows_check(p, c, vb, NULL);
+            rows += c->nrows;
+        }
+        x->t->stats.bytes_delivered += rows * bf->row_elems * bf->itemsize;
+    }
+    for (k = 0; k < K; k++) zb__cache_unpin(cache, pins[k]);
+    return st;
+}
+
 /* Odometer over the unit coordinates of axes 1..nd-1. */
 static bool
 next_other(uint64_t *g, const uint64_t *grid, int nd)
@@ -430,6 +500,9 @@ plain_collect(exec *x, size_t c0, size_t c1, wants *ws)
             ZB_TRY(st);
             continue;
         }
+        bool done = false;
+        ZB_TRY(serve_columns(x, i, j, g[0], ws->now, ws->key, ws->cap, &done));
+        if (done) continue;
         do {
             if (unit_cached(x, a, g)) {
                 ZB_TRY(zb__array_unit_object(a, g, ws->key, ws->cap, NULL, NULL));
@@ -464,6 +537,9 @@ shard_walk(exec *x, size_t c0, size_t c1, const uint64_t *entries, uint64_t e_lo
         for (j = i + 1; j < c1 && p->copies[j].unit == p->copies[i].unit; j++) {}
         uint64_t g[ZB_MAX_DIMS] = {0};
         g[0] = p->copies[i].unit;
+        bool done = false;
+        st = serve_columns(x, i, j, g[0], false, NULL, 0, &done);
+        if (st != ZB_OK || done) continue;
         do {
             uint64_t e;
             st = zb__array_unit_object(a, g, NULL, 0, NULL, &e); /* key: the task's shard */

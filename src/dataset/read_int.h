@@ -306,6 +306,14 @@ put_bytes(const plan *p, uint32_t f, uint8_t *dst, const uint8_t *src, size_t n)
 void zb__rows_copy_box(const zb__unit_geom *u, const bfield *bf, const uint8_t *unit,
                        const uint64_t *g, uint64_t src_row, uint64_t dst_row, uint64_t n);
 
+/* Lands copy c's rows whole from the K units of its unit row of a 2-d field chunked by columns
+ * (cols[k]: unit k decoded, w columns of each row, the last cut at the row's end), the columns
+ * interleaved in one pass over the rows; an index field the tasks re-base is re-based in the
+ * same pass ([N, 2] of int32/int64: nvalchemi's neighbor_list) or right after it, with
+ * zb__rows_rebase's checks and errors. */
+zb_status zb__rows_zip(const plan *p, const copy *c, const uint8_t *const *cols, size_t K,
+                       uint64_t w);
+
 /* Checks the values copy c has just landed in the batch against vb, its field's value_bound,
  * reading them at `vals` (the bytes the copy was made from, of the batch's dtype, hotter in
  * cache than a streamed batch) or, when NULL, in the batch: ZB_E_CORRUPT naming the sample id,

@@ -192,19 +192,24 @@ zb__rows_check(const plan *p, const copy *c, vbound vb, const uint8_t *vals)
                                               uint64_t c0, uint64_t c1, int64_t d, int64_t lo,     \
                                               int64_t len)                                         \
     {                                                                                              \
-        uint64_t rows = r1 - r0, w = c1 - c0;                                                      \
-        if (c0 == 0 && c1 == re) { /* whole rows: one run */                                       \
+        /* w values es apart in each row: whole rows, or one column (strided), are one run */      \
+        uint64_t rows = r1 - r0, w = c1 - c0, es = 1;                                              \
+        if (c0 == 0 && c1 == re) {                                                                 \
             w *= rows;                                                                             \
             rows = 1;                                                                              \
+        } else if (w == 1) {                                                                       \
+            w = rows;                                                                              \
+            rows = 1;                                                                              \
+            es = re;                                                                               \
         }                                                                                          \
         T mn = base[r0 * re + c0], mx = mn;                                                        \
         for (uint64_t r = 0; r < rows; r++) {                                                      \
             T *v = base + (r0 + r) * re + c0;                                                      \
             for (uint64_t k = 0; k < w; k++) {                                                     \
-                T x = v[k];                                                                        \
+                T x = v[k * es];                                                                   \
                 mn = x < mn ? x : mn;                                                              \
                 mx = x > mx ? x : mx;                                                              \
-                v[k] = (T)((UT)x + (UT)d);                                                         \
+                v[k * es] = (T)((UT)x + (UT)d);                                                    \
             }                                                                                      \
         }                                                                                          \
         /* mn >= lo >= 0 first: then mx - lo and mx + d cannot overflow int64 */                   \
@@ -212,7 +217,7 @@ zb__rows_check(const plan *p, const copy *c, vbound vb, const uint8_t *vals)
             return true;                                                                           \
         for (uint64_t r = 0; r < rows; r++) {                                                      \
             T *v = base + (r0 + r) * re + c0;                                                      \
-            for (uint64_t k = 0; k < w; k++) v[k] = (T)((UT)v[k] - (UT)d);                         \
+            for (uint64_t k = 0; k < w; k++) v[k * es] = (T)((UT)v[k * es] - (UT)d);               \
         }                                                                                          \
         return false;                                                                              \
     }
@@ -275,6 +280,121 @@ zb__rows_rebase(const plan *p, uint32_t f, uint64_t row0, uint64_t nrows, uint64
                       : shift_span_int32_t((int32_t *)(void *)bf->data, re, a, e, c0, c1,
                                            r->shift[i], r->lo[i], r->len[i]);
         if (!ok) return rebase_error(p, f, i, a, e, c0, c1);
+    }
+    return ZB_OK;
+}
+
+/* ---- a unit row chunked by columns, landed whole -------------------------------------------- */
+
+/* Row r of the batch from one column per unit: o[r * K + k] = col k's value r, bits as they are
+ * (4- and 8-byte items of any type). Vectorised (ZB_VECTOR_LOOP): an interleaving store of K
+ * streams. */
+#define ZB_ZIP(T)                                                                                  \
+    ZB_VECTOR_LOOP static void zip2_##T(T *restrict o, const T *restrict a, const T *restrict b,   \
+                                        uint64_t n)                                                \
+    {                                                                                              \
+        for (uint64_t r = 0; r < n; r++) {                                                         \
+            o[2 * r] = a[r];                                                                       \
+            o[2 * r + 1] = b[r];                                                                   \
+        }                                                                                          \
+    }                                                                                              \
+    ZB_VECTOR_LOOP static void zip3_##T(T *restrict o, const T *restrict a, const T *restrict b,   \
+                                        const T *restrict c, uint64_t n)                           \
+    {                                                                                              \
+        for (uint64_t r = 0; r < n; r++) {                                                         \
+            o[3 * r] = a[r];                                                                       \
+            o[3 * r + 1] = b[r];                                                                   \
+            o[3 * r + 2] = c[r];                                                                   \
+        }                                                                                          \
+    }
+ZB_ZIP(uint32_t)
+ZB_ZIP(uint64_t)
+#undef ZB_ZIP
+
+/* zip2 of an index field's two columns re-based in the same pass: v + d, true when every v lies
+ * in [lo, lo + len) and, for int32, v + d fits (shift_span's rule, below). The caller re-copies
+ * the rows unshifted to name the bad value. */
+#define ZB_ZIP2_SHIFT(T, UT)                                                                       \
+    ZB_VECTOR_LOOP static bool zip2_shift_##T(T *restrict o, const T *restrict a,                  \
+                                              const T *restrict b, uint64_t n, int64_t d,          \
+                                              int64_t lo, int64_t len)                             \
+    {                                                                                              \
+        T mn = a[0], mx = a[0];                                                                    \
+        for (uint64_t r = 0; r < n; r++) {                                                         \
+            T x = a[r], y = b[r];                                                                  \
+            T lo2 = x < y ? x : y, hi2 = x < y ? y : x;                                            \
+            mn = lo2 < mn ? lo2 : mn;                                                              \
+            mx = hi2 > mx ? hi2 : mx;                                                              \
+            o[2 * r] = (T)((UT)x + (UT)d);                                                         \
+            o[2 * r + 1] = (T)((UT)y + (UT)d);                                                     \
+        }                                                                                          \
+        /* mn >= lo >= 0 first: then mx - lo and mx + d cannot overflow int64 */                   \
+        return mn >= lo && mx - lo < len && (sizeof(T) == 8 || (int64_t)mx + d <= INT32_MAX);      \
+    }
+ZB_ZIP2_SHIFT(int64_t, uint64_t)
+ZB_ZIP2_SHIFT(int32_t, uint32_t)
+#undef ZB_ZIP2_SHIFT
+
+/* Rows [s, s + n) of the unit row's columns (cols[k]: unit k, w columns of each of its rows,
+ * the last unit cut at the row's end) into batch rows from `dst` on, whole. */
+static void
+zip_rows(const bfield *bf, const uint8_t *const *cols, size_t K, uint64_t w, uint64_t s,
+         uint64_t dst, uint64_t n)
+{
+    size_t isz = bf->itemsize, os = (size_t)(bf->row_elems * isz);
+    uint8_t *o = bf->data + dst * os;
+    if (w == 1 && (K == 2 || K == 3) && (isz == 4 || isz == 8)) {
+        /* nvalchemi's [rows, 1] chunks of [N, 2] and [N, 3] arrays */
+        void *t = o;
+        const void *a = cols[0] + s * isz, *b = cols[1] + s * isz;
+        const void *c = K == 3 ? cols[2] + s * isz : NULL;
+        if (K == 2 && isz == 8)
+            zip2_uint64_t(t, a, b, n);
+        else if (K == 2)
+            zip2_uint32_t(t, a, b, n);
+        else if (isz == 8)
+            zip3_uint64_t(t, a, b, c, n);
+        else
+            zip3_uint32_t(t, a, b, c, n);
+        return;
+    }
+    for (size_t k = 0; k < K; k++) { /* any other width: one unit's lines at a time */
+        uint64_t lo1 = k * w, hi1 = lo1 + w < bf->row_elems ? lo1 + w : bf->row_elems;
+        size_t us = (size_t)(w * isz);
+        copy_lines(o + lo1 * isz, os, cols[k] + s * us, us, n, (size_t)((hi1 - lo1) * isz));
+    }
+}
+
+zb_status
+zb__rows_zip(const plan *p, const copy *c, const uint8_t *const *cols, size_t K, uint64_t w)
+{
+    const bfield *bf = &p->b->fields[c->field];
+    bool pair = w == 1 && K == 2 && (bf->itemsize == 4 || bf->itemsize == 8);
+    if (!rebased_here(p, c->field) || !pair) {
+        zip_rows(bf, cols, K, w, c->src_row, c->dst_row, c->nrows);
+        if (!rebased_here(p, c->field)) return ZB_OK;
+        /* whole rows now: one contiguous run per sample */
+        return zb__rows_rebase(p, c->field, c->dst_row, c->nrows, 0, bf->row_elems);
+    }
+    /* an [N, 2] index field (neighbor_list): interleaved and re-based in one pass, sample by
+     * sample (a copy may span several) */
+    const rebase *r = &p->rb[c->field];
+    uint64_t end = c->dst_row + c->nrows;
+    size_t isz = bf->itemsize;
+    for (size_t i = c->nrows ? zb__sample_of(r->rows, p->n, c->dst_row) : p->n; i < p->n; i++) {
+        uint64_t a = (uint64_t)r->rows[i] > c->dst_row ? (uint64_t)r->rows[i] : c->dst_row;
+        uint64_t e = (uint64_t)r->rows[i + 1] < end ? (uint64_t)r->rows[i + 1] : end;
+        if (a >= end) break;
+        if (a >= e) continue;
+        uint64_t s = c->src_row + (a - c->dst_row);
+        void *o = bf->data + a * 2 * isz;
+        const void *x = cols[0] + s * isz, *y = cols[1] + s * isz;
+        bool ok = isz == 8 ? zip2_shift_int64_t(o, x, y, e - a, r->shift[i], r->lo[i], r->len[i])
+                           : zip2_shift_int32_t(o, x, y, e - a, r->shift[i], r->lo[i], r->len[i]);
+        if (!ok) {
+            zip_rows(bf, cols, K, w, s, a, e - a); /* the values as stored, for the error */
+            return rebase_error(p, c->field, i, a, e, 0, 2);
+        }
     }
     return ZB_OK;
 }

@@ -19,7 +19,8 @@ bool zb__cache_get_part(zb__cache *c, const void *arr, uint64_t unit, size_t who
 /* Pins the cached unit of `len` bytes and returns its bytes, to be read in place until
  * zb__cache_unpin(c, *pin); NULL (and *pin NULL) on a miss. Eviction takes a pinned entry out of
  * the cache and its byte count at once but frees it at the last unpin, so the memory held can
- * pass max_bytes by the entries pinned at that moment (one per reading thread). */
+ * pass max_bytes by the entries pinned at that moment (one per reading thread, or the units of
+ * one unit row chunked by columns: exec.c serve_columns). */
 const void *zb__cache_pin(zb__cache *c, const void *arr, uint64_t unit, size_t len, void **pin);
 /* Releases a pin (NULL: nothing). */
 void zb__cache_unpin(zb__cache *c, void *pin);

@@ -208,6 +208,22 @@ def test_read_many_matches_adata(stores, adata, name):
         assert b.size == len(ids), label
 
 
+def test_dense_column_chunks_read_whole_rows_from_the_cache(stores, adata):
+    """Dense X in chunks of 16 of its 41 columns (the third cut at 9): units served one by one
+    (first read: 64-byte row parts are not decoded side by side, ZIP_FETCH_BYTES), then every
+    unit of a row pinned in the cache and each row landed whole; equal to the AnnData."""
+    zb = zbatch_api()
+    path, has_obsm, dense = stores["elems_v2_dense_colchunks"]
+    assert zarr.open_array(str(path / "X"), mode="r").chunks == (37, 16)
+    ds = zb.open(path, cache_bytes=64 << 20, num_threads=2)
+    for label, ids in id_lists(N_OBS).items():
+        for _ in range(2):
+            b = ds.read_many(ids)
+            check_batch(ds, b, adata, ids, has_obsm=has_obsm, dense=dense)
+        assert b.stats["chunks_decoded"] == 0, label
+        assert b.stats["chunks_cached"] >= 3 * (len(ids) > 0), label
+
+
 def test_stores_give_identical_batches(stores, adata):
     """Dense, CSR, v2, v3 and sharded v3 stores of the same data give the same batch."""
     zb = zbatch_api()

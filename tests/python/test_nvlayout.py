@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zarr
 
-from conftest import zbatch_api
+from conftest import expect_error, zbatch_api
 from test_dataset_atomic import DELETED, make_structures
 from test_nvbatch import assert_same_batch, nv_batch
 
@@ -173,3 +173,106 @@ def test_block_size_chunks_is_the_heaviest_fields_samples_per_chunk(nv_store, nv
     assert s.block_size == want
     with pytest.raises(ValueError, match="'chunks'"):
         zb.samplers.SizeAwareSampler(ds, max_atoms=40, max_batch_size=3, block_size="chunk")
+
+
+# ---- unit rows chunked by columns, landed whole (zb__rows_zip) ---------------------------------
+
+def rechunked(src, dst, spec):
+    """A copy of nvalchemi's store `src` at `dst` with its 2-d core arrays rewritten by
+    zarr-python as spec(name, array) -> create_array keywords (chunks, shards, dtype)."""
+    import shutil
+    shutil.copytree(src, dst)
+    root = zarr.open_group(str(dst), mode="r+")
+    for name in list(root["core"].array_keys()):
+        a = root["core"][name]
+        if a.ndim != 2 or a.shape[1] < 2:
+            continue
+        kw = dict(chunks=(7, 1), compressors=a.compressors, dtype=a.dtype)
+        kw.update(spec(name, a))
+        data, attrs = a[:].astype(kw["dtype"]), dict(a.attrs)
+        del root["core"][name]
+        b = root["core"].create_array(name, shape=data.shape, **kw)
+        b[:] = data
+        b.attrs.update(attrs)
+    return str(dst)
+
+
+LAYOUTS = {
+    # [7, 1] chunks in shards of 14 rows holding every column
+    "sharded": lambda name, a: dict(shards=(14, a.shape[1])),
+    # neighbor_list stored as int32: the narrow index re-based in the same pass
+    "int32_index": lambda name, a: dict(dtype=np.int32) if name == "neighbor_list" else {},
+    # [N, 3] fields in chunks of two columns, the second cut at the row's end
+    "two_columns": lambda name, a: dict(chunks=(5, 2)) if a.shape[1] == 3 else {},
+    # chunk boundaries at every third row: a structure's edges span several chunk rows
+    "three_rows": lambda name, a: dict(chunks=(3, 1)),
+}
+
+# runs of consecutive ids land as one copy spanning several structures
+RUN_IDS = [4, 5, 6, 7, 8, 0, 1, 2, 15, 16]
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_column_chunked_layouts_equal_nvalchemis_batch(nv_store, tmp_path, layout):
+    """Every unit of a row cached: the row's columns land whole in one pass (index fields
+    re-based in it), equal to nvalchemi's batch; and the same as units served one by one."""
+    zb = zbatch_api()
+    path = rechunked(nv_store, tmp_path / "s.zarr", LAYOUTS[layout])
+    arrays = zarr.open_group(path, mode="r")["core"]
+    if layout == "int32_index":
+        assert arrays["neighbor_list"].dtype == np.int32
+    ds = zb.open(path, cache_bytes=64 << 20, num_threads=2)
+    plain = zb.open(path, num_threads=2)
+    for ids in [IDS, RUN_IDS, [9]]:
+        want = nv_batch(path, ids)
+        if layout == "int32_index":
+            assert want["neighbor_list"].dtype == torch_int32()
+        assert_same_batch(ds.read_many(ids, output="nvalchemi"), want, (layout, ids))
+        again = ds.read_many(ids, output="nvalchemi")   # every unit from the cache now
+        assert_same_batch(again, want, (layout, ids))
+        assert_same_batch(plain.read_many(ids, output="nvalchemi"), want, (layout, ids))
+        assert ds.read_many(ids).stats["chunks_decoded"] == 0
+
+
+def torch_int32():
+    import torch
+    return torch.int32
+
+
+def physical(path, logical):
+    """The physical row of a logical sample id, and its atom and edge ranges (store-global)."""
+    meta = zarr.open_group(path, mode="r")["meta"]
+    phys = int(np.flatnonzero(meta["samples_mask"][:])[logical])
+    ap, ep = meta["atoms_ptr"][:], meta["edges_ptr"][:]
+    return phys, (int(ap[phys]), int(ap[phys + 1])), (int(ep[phys]), int(ep[phys + 1]))
+
+
+@pytest.mark.parametrize("dtype,shards", [(np.int64, None), (np.int32, None), (np.int64, (6, 2))])
+def test_column_chunked_edge_outside_its_structure_error_and_skip(nv_store, tmp_path, dtype,
+                                                                 shards):
+    """issue 21's checks on the one-pass path: an edge index one atom past its structure, in
+    the second column of a chunk row inside the structure, is refused naming the sample id
+    and field, from the cache as from the store; on_invalid="skip" leaves the sample out and
+    re-bases the rest as nvalchemi does. (Sharded: units one by one until cached.)"""
+    zb = zbatch_api()
+    spec = (lambda name, a: dict(chunks=(3, 1), dtype=dtype, shards=shards)
+            if name == "neighbor_list" else {})
+    path = rechunked(nv_store, tmp_path / "s.zarr", spec)
+    bad = 6
+    _, (a0, a1), (e0, e1) = physical(path, bad)
+    assert e1 - e0 > 4
+    nl = zarr.open_array(path + "/core/neighbor_list", mode="r+")
+    v = nl[:]
+    v[e0 + 4, 1] = a1                                 # store-global: atom a1 - a0 of a1 - a0
+    nl[:] = v
+    n = a1 - a0
+    ds = zb.open(path, cache_bytes=64 << 20)
+    for _ in range(2):                                # units decoded, then all cached
+        with expect_error("ZB_E_CORRUPT", f"sample {bad}", "neighbor_list",
+                          f"value {n} is outside its {n} atoms"):
+            ds.read_many([2, bad, 3])
+    skip = zb.open(path, cache_bytes=64 << 20, on_invalid="skip")
+    for _ in range(2):
+        b = skip.read_many([5, 6, 7, 0], output="nvalchemi")
+        assert_same_batch(b, nv_batch(path, [5, 7, 0]), "skip")
+        assert skip.read_many([5, 6, 7, 0]).stats["samples_skipped"] == 1
