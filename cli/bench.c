@@ -796,6 +796,7 @@ store_json(zb_dataset *ds, const char *path, uint64_t n)
         zb__bench_put_str(f, "name", fd->name);
         zb__bench_put_str(f, "kind", kinds[fd->kind]);
         zb__bench_put_str(f, "dtype", zb_dtype_name(fd->dtype));
+        zb__bench_put_str(f, "delivered_dtype", zb_dtype_name(fd->out_dtype));
         zb__bench_put_str(f, "array", fd->arr->path);
         if (zb_array_get_info(fd->arr, &ai) == ZB_OK) {
             zb__bench_put_str(f, "codecs", ai.codecs);
