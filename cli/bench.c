@@ -60,6 +60,11 @@ usage(FILE *f)
             "  --depth D            windows in flight (2)\n"
             "  --threads T          decode threads (2)\n"
             "  --cache-mib M        decoded-chunk cache of M MiB (cache_bytes; 0: none)\n"
+            "  --x-dtype D          anndata: dtype of the CSR values in batches: 'stored' or\n"
+            "                       float32, float64, int32, int64 (default: float32 for\n"
+            "                       integers of up to 16 bits, else as stored)\n"
+            "  --index-dtype D      anndata: the same for the gene ids: 'stored', int32 or\n"
+            "                       int64 (default: int32 for up to 16 bits, else as stored)\n"
             "  --transform X        log1p, normalize_total[:TARGET] (1e4) or densify; repeatable\n"
             "  --seconds S          timed seconds, stopping at a window boundary (10)\n"
             "  --epochs E           time E whole epochs instead (the first window is warm-up)\n"
@@ -85,7 +90,8 @@ typedef struct opts {
     const char *sampler;
     uint64_t block_size, blocks_per_window;
     uint64_t batch, prefetch, depth, threads;
-    uint64_t cache_mib; /* the dataset's decoded-chunk cache */
+    uint64_t cache_mib;                /* the dataset's decoded-chunk cache */
+    const char *x_dtype, *index_dtype; /* zb_dataset_opts' (NULL: the defaults) */
     zb_transform transforms[MAX_TRANSFORMS];
     const char *transform_names[MAX_TRANSFORMS];
     size_t ntransforms;
@@ -103,13 +109,29 @@ typedef struct opts {
 } opts;
 
 /* The options that take a value. */
-static const char *const VALUE_FLAGS[] = {"--sampler",     "--block-size",  "--blocks-per-window",
-                                          "--batch",       "--prefetch",    "--depth",
-                                          "--threads",     "--transform",   "--seconds",
-                                          "--epochs",      "--seed",        "--obs-column",
-                                          "--max-nnz",     "--max-atoms",   "--max-edges",
-                                          "--window-size", "--num-samples", "--results",
-                                          "--rounds",      "--cache-mib",   NULL};
+static const char *const VALUE_FLAGS[] = {"--sampler",
+                                          "--block-size",
+                                          "--blocks-per-window",
+                                          "--batch",
+                                          "--prefetch",
+                                          "--depth",
+                                          "--threads",
+                                          "--transform",
+                                          "--seconds",
+                                          "--epochs",
+                                          "--seed",
+                                          "--obs-column",
+                                          "--max-nnz",
+                                          "--max-atoms",
+                                          "--max-edges",
+                                          "--window-size",
+                                          "--num-samples",
+                                          "--results",
+                                          "--rounds",
+                                          "--cache-mib",
+                                          "--x-dtype",
+                                          "--index-dtype",
+                                          NULL};
 
 #define MAX_ROUNDS 1000
 
@@ -216,6 +238,10 @@ parse_args(int argc, char **argv, opts *o)
             bad = zb__bench_parse_u64(flag, v, 1, 256, &o->threads);
         } else if (!strcmp(flag, "--cache-mib")) {
             bad = zb__bench_parse_u64(flag, v, 0, (uint64_t)1 << 30, &o->cache_mib);
+        } else if (!strcmp(flag, "--x-dtype")) {
+            o->x_dtype = v;
+        } else if (!strcmp(flag, "--index-dtype")) {
+            o->index_dtype = v;
         } else if (!strcmp(flag, "--transform")) {
             bad = parse_transform(v, o);
         } else if (!strcmp(flag, "--seconds")) {
@@ -770,6 +796,7 @@ store_json(zb_dataset *ds, const char *path, uint64_t n)
         zb__bench_put_str(f, "name", fd->name);
         zb__bench_put_str(f, "kind", kinds[fd->kind]);
         zb__bench_put_str(f, "dtype", zb_dtype_name(fd->dtype));
+        zb__bench_put_str(f, "delivered_dtype", zb_dtype_name(fd->out_dtype));
         zb__bench_put_str(f, "array", fd->arr->path);
         if (zb_array_get_info(fd->arr, &ai) == ZB_OK) {
             zb__bench_put_str(f, "codecs", ai.codecs);
@@ -804,6 +831,8 @@ params_json(const opts *o)
     zb__bench_put_u64(p, "depth", o->depth);
     zb__bench_put_u64(p, "threads", o->threads);
     zb__bench_put_u64(p, "cache_mib", o->cache_mib);
+    zb__bench_put(p, "x_dtype", o->x_dtype ? json_object_new_string(o->x_dtype) : NULL);
+    zb__bench_put(p, "index_dtype", o->index_dtype ? json_object_new_string(o->index_dtype) : NULL);
     json_object *t = json_object_new_array();
     for (size_t i = 0; i < o->ntransforms; i++)
         json_object_array_add(t, json_object_new_string(o->transform_names[i]));
@@ -1219,6 +1248,8 @@ zb__cli_bench(int argc, char **argv)
     zb_dataset_opts dopts = ZB_DATASET_OPTS_DEFAULT;
     dopts.num_threads = (int)o.threads;
     dopts.cache_bytes = (size_t)(o.cache_mib << 20);
+    dopts.x_dtype = o.x_dtype;
+    dopts.index_dtype = o.index_dtype;
     zb_status st = zb__cli_store_open(o.store, &store);
     if (st == ZB_OK) st = zb_dataset_open(store, "", &dopts, &ds);
     if (st == ZB_OK) st = zb_dataset_len(ds, &n);

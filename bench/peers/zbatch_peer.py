@@ -5,6 +5,11 @@ Cells (anndata layout): ``sampler="block"`` with the peer's block size and a win
 (``scipy.sparse.csr_matrix``) or dense (the C ``densify`` transform, ``b["X_dense"]``).
 Atoms (nvalchemi layout): ``sampler="random"`` (the peers shuffle), torch tensors out.
 
+A CSR batch is counted by ``b["X"].shape[0]``: the scipy matrix is built (zbatch builds it on
+first access), as every peer's consumer gets it. ``x_dtype`` / ``index_dtype`` are
+``zbatch.open``'s (None: float32 / int32 for a narrow store; ``("stored", "int32")``: what
+annbatch yields from it, uint8 values and int32 gene ids).
+
 Cores: ``num_workers`` is zbatch's decode-thread count (``num_threads``), 2 here; the loader's
 own pipeline thread does the gathering.
 """
@@ -23,8 +28,9 @@ def _count(b) -> int:
 
 def loader(data: str, batch_size: int, num_workers: int = 2, output: str = "csr", seed: int = 0,
            sampler: str = "block", block_size: int = 16, fetch_factor: int = 16,
-           prefetch_factor: int = 16, cache_bytes: int = 0):
-    ds = zbatch.open(data, num_threads=num_workers, cache_bytes=cache_bytes)
+           prefetch_factor: int = 16, cache_bytes: int = 0, x_dtype=None, index_dtype=None):
+    ds = zbatch.open(data, num_threads=num_workers, cache_bytes=cache_bytes, x_dtype=x_dtype,
+                     index_dtype=index_dtype)
     kw = {}
     transforms = []
     if ds.layout == "atomic":
@@ -42,7 +48,8 @@ def loader(data: str, batch_size: int, num_workers: int = 2, output: str = "csr"
                            **kw)
     config = {"tool": "zbatch", "sampler": sampler, "num_threads": num_workers,
               "prefetch_factor": prefetch_factor, "output": out,
-              "transforms": [list(t) for t in transforms], "cache_bytes": cache_bytes, **kw}
+              "transforms": [list(t) for t in transforms], "cache_bytes": cache_bytes,
+              "x_dtype": x_dtype, "index_dtype": index_dtype, **kw}
     return ds, dl, config
 
 
@@ -76,10 +83,13 @@ def amplification(data: str, batch_size: int, sampler: str = "block", block_size
 
 def run(data: str, batch_size: int, seconds: float, num_workers: int = 2, output: str = "csr",
         seed: int = 0, sampler: str = "block", block_size: int = 16, fetch_factor: int = 16,
-        prefetch_factor: int = 16, cache_bytes: int = 0, label: str = "", **_ignored) -> dict:
+        prefetch_factor: int = 16, cache_bytes: int = 0, label: str = "", x_dtype=None,
+        index_dtype=None, **_ignored) -> dict:
     ds, dl, config = loader(data, batch_size, num_workers, output, seed, sampler, block_size,
-                            fetch_factor, prefetch_factor, cache_bytes)
+                            fetch_factor, prefetch_factor, cache_bytes, x_dtype, index_dtype)
     dense = output == "dense" and ds.layout != "atomic"
+    csr = output == "csr" and ds.layout != "atomic"
+    kinds = set()
     stats_seen = []
 
     def epoch(e):
@@ -91,6 +101,12 @@ def run(data: str, batch_size: int, seconds: float, num_workers: int = 2, output
             stats_seen.append(int(b.stats["bytes_delivered"]))
         if dense:
             assert b["X_dense"].shape[0] == len(b["index"])
+        if csr:  # the matrix a consumer gets, built as annbatch's and every peer's are
+            x = b["X"]
+            if len(kinds) < 2:
+                kinds.add(f"{type(x).__module__}.{type(x).__name__} {x.dtype} "
+                          f"{x.indices.dtype} {x.indptr.dtype}")
+            return x.shape[0]
         return _count(b)
 
     m = measure(epoch, seconds, count)
@@ -101,6 +117,7 @@ def run(data: str, batch_size: int, seconds: float, num_workers: int = 2, output
     m["read_stats"] = amp
     # the loader's batches carry no read statistics yet (all zero): said here, not hidden
     m["loader_batch_stats_zero"] = not any(stats_seen)
+    m["batch_types"] = sorted(kinds)
     kind = "atoms" if ds.layout == "atomic" else output
     setting = f"{sampler}" + (f" bs={block_size} ff={fetch_factor}" if sampler == "block"
                               else "") + f" {kind}"

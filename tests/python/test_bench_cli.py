@@ -128,6 +128,44 @@ def test_block_run_reports_every_figure(cells, tmp_path):
     assert rec["zbatch_version"] == "0.1.0"
 
 
+def test_dtype_options_reach_the_dataset(tmp_path):
+    """--x-dtype / --index-dtype are zbatch.open's x_dtype / index_dtype: on a narrow store
+    (synth's default: uint8 counts, uint16 gene ids) "stored" / "int32" delivers uint8 values and
+    int32 ids (what annbatch yields), 3 bytes fewer per value than the float32 default, from the
+    same stored bytes; a dtype that is no option is refused naming it."""
+    store = tmp_path / "narrow.zarr"
+    subprocess.run([CLI, "synth", "--kind", "cells", "--n", "600", "--genes", "2000", "-o",
+                    str(store), "--seed", "2"], check=True, capture_output=True)
+    z = zarr.open_group(str(store), mode="r")
+    assert (z["X/data"].dtype, z["X/indices"].dtype) == (np.uint8, np.uint16)
+    common = ("--sampler", "sequential", "--batch", 100, "--epochs", 1, "--threads", 1,
+              "--no-decode-only")
+    recs = {}
+    for name, opt in (("default", ()), ("annbatch", ("--x-dtype", "stored", "--index-dtype",
+                                                     "int32"))):
+        rec, _ = run_json(store, tmp_path / name, *common, *opt)
+        recs[name] = rec
+    for r in recs.values():  # "dtype": as stored
+        stored = {f["name"]: f["dtype"] for f in r["store"]["fields"]}
+        assert (stored["X/data"], stored["X/indices"]) == ("uint8", "uint16")
+    dtypes = {k: {f["name"]: f["delivered_dtype"] for f in r["store"]["fields"]}
+              for k, r in recs.items()}
+    assert (dtypes["default"]["X/data"], dtypes["default"]["X/indices"]) == ("float32", "int32")
+    assert (dtypes["annbatch"]["X/data"], dtypes["annbatch"]["X/indices"]) == ("uint8", "int32")
+    p = recs["annbatch"]["parameters"]
+    assert (p["x_dtype"], p["index_dtype"]) == ("stored", "int32")
+    assert (recs["default"]["parameters"]["x_dtype"],
+            recs["default"]["parameters"]["index_dtype"]) == (None, None)
+    # one sequential epoch after the warm-up window: the same cells in both runs
+    f0, f1 = recs["default"]["figures"], recs["annbatch"]["figures"]
+    nnz = np.diff(z["X/indptr"][:])[sequential_timed_batches(600, 100, P)[0][0]:].sum()
+    assert f0["bytes_decoded"] == f1["bytes_decoded"]
+    assert f0["bytes_delivered"] - f1["bytes_delivered"] == 3 * nnz
+    r = bench(store, "--x-dtype", "uint4", "--results", tmp_path / "R", check=False)
+    assert r.returncode == 1 and 'x_dtype "uint4"' in r.stderr
+    assert not (tmp_path / "R").exists()
+
+
 def test_table_is_printed_without_json(cells, tmp_path):
     r = bench(cells, "--sampler", "random", "--batch", B, "--seconds", 0.2, "--results",
               tmp_path, "--no-decode-only")

@@ -130,6 +130,7 @@ def test_widened_on_every_path(narrow_stores, layout, request_kind, io):
 @pytest.mark.parametrize("layout", ["v3-shard", "v2-raw", "v3-shard-raw"])
 @pytest.mark.parametrize("x_dtype,index_dtype,want", [
     ("stored", "stored", (np.uint8, np.uint16)),
+    ("stored", "int32", (np.uint8, np.int32)),   # what annbatch's Loader yields
     ("float64", "int64", (np.float64, np.int64)),
     ("int32", None, (np.int32, np.int32)),
     (np.float32, "int32", (np.float32, np.int32)),
@@ -139,6 +140,39 @@ def test_dtype_options(narrow_stores, layout, x_dtype, index_dtype, want, io):
     ds = zbatch.open(stores[layout], x_dtype=x_dtype, index_dtype=index_dtype)
     assert field_dtypes(ds) == (np.dtype(want[0]).name, np.dtype(want[1]).name)
     check_batch(ds, X, ids_of()["shuffled"], *want)
+
+
+@pytest.mark.parametrize("index_dtype,recast", [("int32", False), ("stored", True)])
+def test_loader_in_annbatch_dtypes(tmp_path, index_dtype, recast):
+    """x_dtype="stored", index_dtype="int32": the DataLoader's scipy batches carry the stored
+    uint8 counts and int32 gene ids, the dtypes annbatch's Loader yields from a narrow store
+    (scipy's constructor recasts its uint16 ids to int32), with anndata's rows over one epoch;
+    scipy keeps the delivered arrays (no recast copy in Python), which it must copy when the ids
+    come as stored (uint16)."""
+    X = make_counts()
+    p = tmp_path / "n.zarr"
+    chosen = write_anndata(p, X, zarr_format=3, chunk_size=64, shard_size=256)
+    assert chosen == {"X/data": np.uint8, "X/indices": np.uint16}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = ad.read_zarr(p).X
+    assert want.dtype == np.uint8
+    ds = zbatch.open(p, x_dtype="stored", index_dtype=index_dtype)
+    dl = zbatch.DataLoader(ds, batch_size=64, sampler="block", block_size=16,
+                           blocks_per_window=8, prefetch_factor=2, output="scipy", seed=5)
+    seen = []
+    for b in dl:
+        x, idx = b["X"], np.asarray(b["index"], dtype=np.int64)
+        assert isinstance(x, sp.csr_matrix) and x.shape == (len(idx), N_VARS)
+        assert x.dtype == np.uint8 and x.indices.dtype == np.int32
+        assert np.shares_memory(x.data, delivered(b, "X/data"))
+        assert np.shares_memory(x.indices, delivered(b, "X/indices")) != recast
+        w = want[idx]
+        np.testing.assert_array_equal(x.indptr, w.indptr)
+        np.testing.assert_array_equal(x.indices, w.indices)
+        np.testing.assert_array_equal(x.data, w.data)
+        seen.append(idx)
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(N_OBS))
 
 
 def test_cached_units_widen_again(narrow_stores):
