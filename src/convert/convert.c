@@ -285,6 +285,8 @@ cv_plan_load(zb_convert *cv)
     ZB_TRY(get_u64(doc, "input_bytes", &cv->input_bytes));
     ZB_TRY(get_u64(doc, "memory_bytes", &cv->memory_bytes));
     ZB_TRY(get_u64(doc, "block_bytes", &cv->block_bytes));
+    json_object *direct = zb__json_get(doc, "direct");
+    cv->direct = direct && json_object_get_boolean(direct);
     if (cv->block_bytes < CV_MIN_BLOCK_BYTES || cv->block_bytes > CV_MAX_BLOCK_BYTES)
         return zb__err(ZB_E_CORRUPT, "%s: block_bytes %" PRIu64 " is out of range", path,
                        cv->block_bytes);

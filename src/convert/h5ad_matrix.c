@@ -27,6 +27,9 @@ typedef struct h5ad_matrix {
     const char *var_frame;           /* whose index names the columns: "var" or "raw/var" */
     zb__h5_ds data, indices, indptr; /* sparse */
     zb__h5_ds dense;
+    bool raw; /* data and indices lie unfiltered in the file, here (zb__src_matrix_raw): */
+    zb__src_raw_array raw_indices, raw_data;
+    uint64_t *chunk_at[2]; /* their chunk tables, when chunked */
 } h5ad_matrix;
 
 static bool
@@ -179,11 +182,23 @@ m_close(zb__src_matrix *base)
     zb__h5_ds_close(&m->indices);
     zb__h5_ds_close(&m->indptr);
     zb__h5_ds_close(&m->dense);
+    free(m->chunk_at[0]);
+    free(m->chunk_at[1]);
     free(base->key);
     free(m);
 }
 
+static bool
+m_raw(zb__src_matrix *base, zb__src_raw *out)
+{
+    const h5ad_matrix *m = (const h5ad_matrix *)base;
+    if (!m->raw) return false;
+    *out = (zb__src_raw){base->path, m->raw_indices, m->raw_data};
+    return true;
+}
+
 static const zb__src_matrix_methods h5ad_matrix_methods = {
+    .raw = m_raw,
     .indptr = m_indptr,
     .read = m_read,
     .var_names = m_var_names,
@@ -213,6 +228,68 @@ sparse_kind(hid_t g, const char *path, const char *key, zb__src_layout *layout, 
     if (st == ZB_OK)
         st = zb__h5_attr_u64s(g, modern ? "shape" : "h5sparse_shape", path, key, shape, 2);
     return st;
+}
+
+/* Most chunks a raw table holds (8 bytes each): beyond, rows go through libhdf5. */
+#define RAW_MAX_CHUNKS ((uint64_t)1 << 24)
+
+/* Under the lock: where the elements of a 1-d dataset lie when it is stored unfiltered in the
+ * file itself in native byte order, every offset a multiple of the element size: one extent
+ * (H5Dget_offset), or a table of its chunks' offsets (H5Dget_chunk_info_by_coord; every chunk
+ * written). False otherwise (*table then NULL). */
+static bool
+raw_array(const zb__h5_ds *d, zb__src_raw_array *out, uint64_t **table)
+{
+    *table = NULL;
+    memset(out, 0, sizeof *out);
+    if (d->swap || d->rank != 1 || d->n_filters) return false;
+    hid_t plist = H5Dget_create_plist(d->id);
+    if (plist < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return false;
+    }
+    H5D_layout_t layout = H5Pget_layout(plist);
+    bool ok = H5Pget_nfilters(plist) == 0 && H5Pget_external_count(plist) == 0;
+    H5Pclose(plist);
+    if (ok && layout == H5D_CONTIGUOUS) {
+        haddr_t addr = H5Dget_offset(d->id);
+        H5Eclear2(H5E_DEFAULT);
+        out->at = (uint64_t)addr;
+        return addr != HADDR_UNDEF && out->at % d->item == 0;
+    }
+    if (!ok || layout != H5D_CHUNKED || !d->chunk[0]) return false;
+    uint64_t n = (d->dims[0] + d->chunk[0] - 1) / d->chunk[0];
+    if (n > RAW_MAX_CHUNKS || !(*table = malloc((size_t)(n ? n : 1) * 8))) return false;
+    for (uint64_t c = 0; ok && c < n; c++) {
+        hsize_t off[1] = {c * d->chunk[0]};
+        unsigned mask = 0;
+        haddr_t addr = HADDR_UNDEF;
+        hsize_t size = 0;
+        ok = H5Dget_chunk_info_by_coord(d->id, off, &mask, &addr, &size) >= 0 &&
+             addr != HADDR_UNDEF && mask == 0 && size == d->chunk[0] * d->item &&
+             addr % d->item == 0;
+        (*table)[c] = (uint64_t)addr;
+    }
+    H5Eclear2(H5E_DEFAULT);
+    if (!ok) {
+        free(*table);
+        *table = NULL;
+        return false;
+    }
+    out->chunk = d->chunk[0];
+    out->chunk_at = *table;
+    return true;
+}
+
+/* Under the lock: whether rows can be read from the file directly (zb__src_matrix_raw). */
+static void
+find_raw(h5ad_matrix *m)
+{
+    const zb__h5_ds *x = &m->indices;
+    m->raw = m->base.info.layout == ZB_SRC_CSR && m->base.info.dtype != ZB_DT_BOOL &&
+             (x->dtype == ZB_DT_INT32 || x->dtype == ZB_DT_UINT32) &&
+             raw_array(&m->data, &m->raw_data, &m->chunk_at[0]) &&
+             raw_array(x, &m->raw_indices, &m->chunk_at[1]);
 }
 
 static zb_status
@@ -254,6 +331,7 @@ sparse_open(h5ad_matrix *m, hid_t g)
                        "length of data)",
                        path, m->indptr.key, (long long)ends[0], (long long)ends[1],
                        (unsigned long long)nnz);
+    find_raw(m);
     return ZB_OK;
 }
 

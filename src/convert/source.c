@@ -192,6 +192,16 @@ zb__src_matrix_info_of(const zb__src_matrix *m)
     return &m->info;
 }
 
+bool
+zb__src_matrix_raw(zb__src_matrix *m, zb__src_raw *out)
+{
+    if (m->info.layout != ZB_SRC_CSR || m->info.dtype == ZB_DT_BOOL || !m->methods->raw)
+        return false;
+    /* element-aligned offsets (zb__src_raw); a backend with chunks checks its table itself */
+    return m->methods->raw(m, out) && out->indices.at % 4 == 0 &&
+           out->data.at % zb_dtype_size(m->info.dtype) == 0;
+}
+
 zb_status
 zb__src_matrix_indptr(zb__src_matrix *m, uint64_t start, uint64_t stop, int64_t *out)
 {
