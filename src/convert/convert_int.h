@@ -351,13 +351,6 @@ zb_status cv_read_file(const char *path, char **text, size_t *len);
 zb_status cv_mkdirs(const char *path);
 /* Removes a directory tree (rm -rf); a missing one is fine. */
 zb_status cv_remove_tree(const char *path);
-/* Reads exactly `len` bytes of fd (the file `path`, for messages) at `off`: ZB_E_IO naming the
- * file and offset, ZB_E_TRUNCATED when it ends first. */
-zb_status cv_pread(int fd, const char *path, void *dst, uint64_t len, uint64_t off);
-/* Elements [first, first + n) of a raw array (zb__src_raw) of `item`-byte elements, from the file
- * `path` open as fd, into dst: one pread per extent they cross. */
-zb_status cv_raw_read(int fd, const char *path, const zb__src_raw_array *a, size_t item,
-                      uint64_t first, uint64_t n, void *dst);
 /* True when `path` exists. */
 bool cv_exists(const char *path);
 /* Size, newest mtime and CRC-64 (xz) of a file, or of a directory's files in sorted order

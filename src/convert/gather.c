@@ -180,12 +180,12 @@ load_part(gather *g, size_t t)
     size_t na = g->n_arrays;
     cv_scatter_header h;
     uint64_t sec[4];
-    zb_status st = cv_pread(fd, path, &h, sizeof h, 0);
+    zb_status st = zb__src_pread(fd, path, &h, sizeof h, 0);
     if (st == ZB_OK &&
         (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != CV_SCATTER_VERSION ||
          h.n_arrays != na || h.n_datasets != cv->n_datasets || h.input != cv->slices[t].input))
         st = zb__err(ZB_E_CORRUPT, "%s: not a scatter file of this conversion", path);
-    if (st == ZB_OK) st = cv_pread(fd, path, sec, sizeof sec, sizeof h + g->d * 4 * 8);
+    if (st == ZB_OK) st = zb__src_pread(fd, path, sec, sizeof sec, sizeof h + g->d * 4 * 8);
     if (st == ZB_OK &&
         (sec[0] > cv->dataset_size || sec[1] > sec[0] || sec[3] > ((uint64_t)1 << 36)))
         st = zb__err(ZB_E_CORRUPT, "%s: section %zu is out of range", path, g->d);
@@ -210,7 +210,7 @@ load_part(gather *g, size_t t)
         st = zb__err(ZB_E_NOMEM, "gather");
     unsigned char *buf = NULL;
     if (st == ZB_OK) st = grow(g, CV_WS_PACKED, sec[3] + 1, &buf);
-    if (st == ZB_OK) st = cv_pread(fd, path, buf, sec[3], sec[2]);
+    if (st == ZB_OK) st = zb__src_pread(fd, path, buf, sec[3], sec[2]);
     if (st == ZB_OK) st = load_index(g, p, path, buf, sec[3], sec[2]);
     close(fd);
     return st;
@@ -292,7 +292,7 @@ fill_part(void *arg, zb_ctx *ctx)
     if (st == ZB_OK && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         st = zb__err(ZB_E_IO, "%s: %s", path, strerror(errno));
     if (st == ZB_OK) st = zb__buf_reserve(packed, (size_t)(hi - lo) + 1);
-    if (st == ZB_OK) st = cv_pread(fd, path, packed->data, hi - lo, lo);
+    if (st == ZB_OK) st = zb__src_pread(fd, path, packed->data, hi - lo, lo);
     if (fd >= 0) close(fd);
     unsigned char *at = j->at;
     for (size_t a = 0; st == ZB_OK && a < na; a++) {
@@ -490,7 +490,7 @@ read_into(zb__buf *b, int fd, const char *path, const zb__src_raw_array *a, size
 {
     uint64_t run;
     ZB_TRY(zb__buf_for_read(b, zb__src_raw_at(a, item, first, &run), (size_t)(n * item), out));
-    return cv_raw_read(fd, path, a, item, first, n, *out);
+    return zb__src_raw_read(fd, path, a, item, first, n, *out);
 }
 
 /* Pass row r of matrix j: its row in the input read, its column ids checked, placed at

@@ -12,8 +12,10 @@
  * out is checked (0 <= v <= nnz, never decreasing) and every index is checked to fit; the
  * bounds of indices against the other dimension are checked once for all backends in
  * zb__src_matrix_read. */
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "convert/h5ad.h"
 #include "convert/h5ad_io.h"
@@ -30,6 +32,7 @@ typedef struct h5ad_matrix {
     bool raw; /* data and indices lie unfiltered in the file, here (zb__src_matrix_raw): */
     zb__src_raw_array raw_indices, raw_data;
     uint64_t *chunk_at[2]; /* their chunk tables, when chunked */
+    int fd;                /* the file, for reading them with pread (-1 unless raw) */
 } h5ad_matrix;
 
 static bool
@@ -68,6 +71,16 @@ any_negative(const void *p, uint64_t n)
     return acc < 0;
 }
 
+/* Elements [lo, hi) of data or indices, as stored: with pread when they lie unfiltered in the
+ * file (find_raw: no lock, one copy out of the page cache), else through libhdf5. */
+static zb_status
+elems_read(const h5ad_matrix *m, const zb__h5_ds *d, uint64_t lo, uint64_t hi, void *dst)
+{
+    if (!m->raw) return zb__h5_ds_read(d, lo, hi, dst);
+    const zb__src_raw_array *a = d == &m->data ? &m->raw_data : &m->raw_indices;
+    return zb__src_raw_read(m->fd, m->base.path, a, d->item, lo, hi - lo, dst);
+}
+
 /* Elements [lo, hi) of indices as uint32 ids; a value that does not fit (negative, or too large
  * for any matrix zbatch reads) is corrupt, named by its element. */
 static zb_status
@@ -78,7 +91,7 @@ indices_read(const h5ad_matrix *m, uint64_t lo, uint64_t hi, uint32_t *out)
     void *raw = d->item == sizeof *out ? (void *)out : malloc(n ? (size_t)(n * d->item) : 1);
     if (!raw)
         return zb__err(ZB_E_NOMEM, "%s: %s: %llu indices", d->path, d->key, (unsigned long long)n);
-    zb_status st = zb__h5_ds_read(d, lo, hi, raw);
+    zb_status st = elems_read(m, d, lo, hi, raw);
     if (st == ZB_OK && d->dtype == ZB_DT_UINT32) return ZB_OK; /* read as they are */
     if (st == ZB_OK && d->dtype == ZB_DT_INT32 && !any_negative(raw, n)) return ZB_OK;
     for (uint64_t i = 0; st == ZB_OK && i < n; i++) {
@@ -131,7 +144,7 @@ sparse_read(h5ad_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out)
     uint64_t nnz = (uint64_t)(hi - lo);
     ZB_TRY(zb__csr_block_reserve(out, n, nnz, dtype));
     for (uint64_t r = 0; r <= n; r++) out->indptr[r] -= lo;
-    ZB_TRY(zb__h5_ds_read(&m->data, (uint64_t)lo, (uint64_t)hi, out->data));
+    ZB_TRY(elems_read(m, &m->data, (uint64_t)lo, (uint64_t)hi, out->data));
     uint8_t *flags = out->data;
     for (uint64_t i = 0; dtype == ZB_DT_BOOL && i < nnz; i++) flags[i] = flags[i] != 0;
     ZB_TRY(indices_read(m, (uint64_t)lo, (uint64_t)hi, out->indices));
@@ -182,6 +195,7 @@ m_close(zb__src_matrix *base)
     zb__h5_ds_close(&m->indices);
     zb__h5_ds_close(&m->indptr);
     zb__h5_ds_close(&m->dense);
+    if (m->fd >= 0) close(m->fd);
     free(m->chunk_at[0]);
     free(m->chunk_at[1]);
     free(base->key);
@@ -412,11 +426,14 @@ zb__h5ad_matrix_open(hid_t file, const char *path, uint64_t n_obs, const char *k
     }
     m->base.methods = &h5ad_matrix_methods;
     m->base.path = path;
+    m->fd = -1;
     m->file = file;
     m->var_frame = var_frame;
     zb__h5_lock();
     zb_status st = open_locked(m, n_obs);
     zb__h5_unlock();
+    if (st == ZB_OK && m->raw && (m->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        m->raw = false; /* libhdf5 has it open: its reads serve */
     if (st != ZB_OK) {
         m_close(&m->base);
         return st;

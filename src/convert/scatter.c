@@ -348,8 +348,8 @@ fill_matrix_direct(scatter *sc, size_t j)
     ZB_TRY(grow(sc, CV_WS_TEXT, n * 4 + 4, &kept));
     int fd = open(raw.path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return zb__err(ZB_E_IO, "%s: %s", raw.path, strerror(errno));
-    zb_status st = cv_raw_read(fd, raw.path, &raw.data, item, lo, count, vals);
-    if (st == ZB_OK && ids) st = cv_raw_read(fd, raw.path, &raw.indices, 4, lo, count, ids);
+    zb_status st = zb__src_raw_read(fd, raw.path, &raw.data, item, lo, count, vals);
+    if (st == ZB_OK && ids) st = zb__src_raw_read(fd, raw.path, &raw.indices, 4, lo, count, ids);
     close(fd);
     ZB_TRY(st);
     for (uint64_t e = 0; ids && e < count; e++)

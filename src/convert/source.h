@@ -122,6 +122,14 @@ zb__src_raw_at(const zb__src_raw_array *a, size_t item, uint64_t e, uint64_t *ru
     return a->chunk_at[e / a->chunk] + (e % a->chunk) * item;
 }
 
+/* Reads exactly `len` bytes of fd (the file `path`, for messages) at `off`: ZB_E_IO naming the
+ * file and offset, ZB_E_TRUNCATED when it ends first. */
+zb_status zb__src_pread(int fd, const char *path, void *dst, uint64_t len, uint64_t off);
+/* Elements [first, first + n) of a raw array (zb__src_raw) of `item`-byte elements, from the file
+ * `path` open as fd, into dst: one pread per extent they cross. */
+zb_status zb__src_raw_read(int fd, const char *path, const zb__src_raw_array *a, size_t item,
+                           uint64_t first, uint64_t n, void *dst);
+
 /* The names of the matrix's columns: var/_index (raw/var/_index for raw/X), n_cols strings. */
 zb_status zb__src_matrix_var_names(zb__src_matrix *m, zb_strings *out);
 
