@@ -147,3 +147,20 @@ def test_a_bad_column_id_is_named_on_the_direct_path(h5ads, tmp_path):
             r.stderr
         assert scratch or "element 7: index 1000" in r.stderr, r.stderr
         assert not list(out.glob("dataset_*/zarr.json"))
+
+
+def test_dask_workers_read_the_inputs_directly(h5ads, tmp_path):
+    """Gather tasks on Dask worker processes read the rows from the inputs themselves: the same
+    bytes as the scratch path on the command's own threads."""
+    from dask.distributed import Client, LocalCluster
+    zb = zbatch_api()
+    paths = [p for p, _ in h5ads]
+    ref = tmp_path / "ref.zarr"
+    assert convert(paths, ref, "--dataset-size", "100", "--memory", "64M",
+                   scratch=True).returncode == 0
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        zb.convert(paths, tmp_path / "dask.zarr", dataset_size=100, memory="64M",
+                   progress=False, client=client)
+    ta, tb = tree_bytes(ref), tree_bytes(tmp_path / "dask.zarr")
+    assert ta.keys() == tb.keys() and [k for k in ta if ta[k] != tb[k]] == []
