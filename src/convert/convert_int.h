@@ -298,9 +298,11 @@ void cv_ws_free_all(zb_convert *cv);
 zb_status cv_args_json(const char *const *inputs, size_t n, const zb_convert_opts *o,
                        json_object **out);
 /* Plans and writes work/plan.json (and maps/); scatter slices sized for `num_threads` tasks
- * at once within o->memory_bytes. */
+ * at once within o->memory_bytes. On success keep[k] (when keep is not NULL) gets input k's
+ * source, still open, for the tasks of the same process (what the plan found out about its
+ * matrices, such as their chunk tables, is not found out again). */
 zb_status cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o,
-                        const char *work, json_object *args, int num_threads);
+                        const char *work, json_object *args, int num_threads, zb__src **keep);
 /* The args' names of the data_dtype / index_dtype options ("auto", "keep", "uint8", ...), and
  * back (ZB_E_CORRUPT for a name that is none of them). */
 const char *cv_data_choice_name(zb_convert_data_dtype c);

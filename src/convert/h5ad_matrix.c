@@ -33,7 +33,10 @@ typedef struct h5ad_matrix {
     zb__src_raw_array raw_indices, raw_data;
     uint64_t *chunk_at[2]; /* their chunk tables, when chunked */
     int fd;                /* the file, for reading them with pread (-1 unless raw) */
+    bool raw_known;        /* raw was found out (raw_ready, under the lock) */
 } h5ad_matrix;
+
+static bool raw_ready(h5ad_matrix *m);
 
 static bool
 is_integer(zb_dtype t)
@@ -139,6 +142,7 @@ sparse_read(h5ad_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out)
     uint64_t n = stop - start;
     zb_dtype dtype = m->base.info.dtype;
     ZB_TRY(zb__csr_block_reserve(out, n, 0, dtype));
+    raw_ready(m); /* elems_read's choice */
     ZB_TRY(m_indptr(&m->base, start, stop, out->indptr));
     int64_t lo = out->indptr[0], hi = out->indptr[n];
     uint64_t nnz = (uint64_t)(hi - lo);
@@ -205,8 +209,8 @@ m_close(zb__src_matrix *base)
 static bool
 m_raw(zb__src_matrix *base, zb__src_raw *out)
 {
-    const h5ad_matrix *m = (const h5ad_matrix *)base;
-    if (!m->raw) return false;
+    h5ad_matrix *m = (h5ad_matrix *)base;
+    if (!raw_ready(m)) return false;
     *out = (zb__src_raw){base->path, m->raw_indices, m->raw_data};
     return true;
 }
@@ -244,8 +248,10 @@ sparse_kind(hid_t g, const char *path, const char *key, zb__src_layout *layout, 
     return st;
 }
 
-/* Most chunks a raw table holds (8 bytes each): beyond, rows go through libhdf5. */
-#define RAW_MAX_CHUNKS ((uint64_t)1 << 24)
+/* Most chunks a raw table holds: libhdf5 1.10 finds each chunk's address by walking its whole
+ * chunk index (n^2 / 2 steps for a table; about 0.1 s at 4,096 chunks here), so beyond that rows
+ * go through libhdf5. */
+#define RAW_MAX_CHUNKS ((uint64_t)1 << 14)
 
 /* Under the lock: where the elements of a 1-d dataset lie when it is stored unfiltered in the
  * file itself in native byte order, every offset a multiple of the element size: one extent
@@ -295,15 +301,26 @@ raw_array(const zb__h5_ds *d, zb__src_raw_array *out, uint64_t **table)
     return true;
 }
 
-/* Under the lock: whether rows can be read from the file directly (zb__src_matrix_raw). */
-static void
-find_raw(h5ad_matrix *m)
+/* Whether rows can be read from the file directly (zb__src_matrix_raw), found out on first use
+ * under the lock: libhdf5 1.10 walks the whole chunk index for each chunk's address, so only
+ * the matrices that are read pay for their tables. Thread-safe. */
+static bool
+raw_ready(h5ad_matrix *m)
 {
-    const zb__h5_ds *x = &m->indices;
-    m->raw = m->base.info.layout == ZB_SRC_CSR && m->base.info.dtype != ZB_DT_BOOL &&
-             (x->dtype == ZB_DT_INT32 || x->dtype == ZB_DT_UINT32) &&
-             raw_array(&m->data, &m->raw_data, &m->chunk_at[0]) &&
-             raw_array(x, &m->raw_indices, &m->chunk_at[1]);
+    zb__h5_lock();
+    if (!m->raw_known) {
+        const zb__h5_ds *x = &m->indices;
+        m->raw = m->base.info.layout == ZB_SRC_CSR && m->base.info.dtype != ZB_DT_BOOL &&
+                 (x->dtype == ZB_DT_INT32 || x->dtype == ZB_DT_UINT32) &&
+                 raw_array(&m->data, &m->raw_data, &m->chunk_at[0]) &&
+                 raw_array(x, &m->raw_indices, &m->chunk_at[1]);
+        /* a file that does not open again: libhdf5's reads serve */
+        if (m->raw && (m->fd = open(m->base.path, O_RDONLY | O_CLOEXEC)) < 0) m->raw = false;
+        m->raw_known = true;
+    }
+    bool raw = m->raw;
+    zb__h5_unlock();
+    return raw;
 }
 
 static zb_status
@@ -345,7 +362,6 @@ sparse_open(h5ad_matrix *m, hid_t g)
                        "length of data)",
                        path, m->indptr.key, (long long)ends[0], (long long)ends[1],
                        (unsigned long long)nnz);
-    find_raw(m);
     return ZB_OK;
 }
 
@@ -432,8 +448,6 @@ zb__h5ad_matrix_open(hid_t file, const char *path, uint64_t n_obs, const char *k
     zb__h5_lock();
     zb_status st = open_locked(m, n_obs);
     zb__h5_unlock();
-    if (st == ZB_OK && m->raw && (m->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        m->raw = false; /* libhdf5 has it open: its reads serve */
     if (st != ZB_OK) {
         m_close(&m->base);
         return st;

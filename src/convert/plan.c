@@ -723,7 +723,7 @@ scatter_block_bytes(const zb_convert_opts *o, uint64_t n_cells, uint64_t total, 
 
 zb_status
 cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o, const char *work,
-              json_object *args, int num_threads)
+              json_object *args, int num_threads, zb__src **keep)
 {
     planner p = {.o = o, .paths = inputs, .n = n, .n_mats = 1 + o->n_layers};
     zb_status st = ZB_OK;
@@ -838,6 +838,10 @@ cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o, con
         const void *bufs[1] = {text};
         size_t lens[1] = {strlen(text)};
         st = cv_write_file(path, bufs, lens, 1);
+    }
+    for (size_t k = 0; st == ZB_OK && keep && k < n; k++) { /* handed over open */
+        keep[k] = p.srcs[k];
+        p.srcs[k] = NULL;
     }
     planner_free(&p);
     return st;
