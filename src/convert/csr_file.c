@@ -171,7 +171,7 @@ static bool
 file_raw(zb__src_matrix *m, zb__src_raw *out)
 {
     const csr_file *f = (const csr_file *)m;
-    *out = (zb__src_raw){f->path, {f->lay.indices, 0, NULL}, {f->lay.data, 0, NULL}};
+    *out = (zb__src_raw){f->path, f->fd, {f->lay.indices, 0, NULL}, {f->lay.data, 0, NULL}};
     return true;
 }
 

@@ -59,7 +59,6 @@ typedef struct gather {
     uint64_t nnz[64]; /* per matrix, for the done marker */
     /* the direct path: per input and matrix ([k * n_mats + j]) its file and where its rows lie,
      * its values' dtype and gene map; the jobs that read a pass's rows */
-    int *fds;
     zb__src_raw *raws;
     zb_dtype *in_dtypes;
     const int32_t **maps;
@@ -434,15 +433,12 @@ direct_open(gather *g, int num_threads)
 {
     zb_convert *cv = g->cv;
     size_t n = cv->n_inputs * cv->n_mats;
-    g->fds = malloc(n * sizeof *g->fds);
     g->raws = calloc(n, sizeof *g->raws);
     g->in_dtypes = calloc(n, sizeof *g->in_dtypes);
     g->maps = calloc(n, sizeof *g->maps);
     g->n_jobs = 4 * (size_t)(num_threads > 1 ? num_threads : 1);
     g->jobs = calloc(g->n_jobs, sizeof *g->jobs);
-    if (!g->fds || !g->raws || !g->in_dtypes || !g->maps || !g->jobs)
-        return zb__err(ZB_E_NOMEM, "gather");
-    for (size_t i = 0; i < n; i++) g->fds[i] = -1;
+    if (!g->raws || !g->in_dtypes || !g->maps || !g->jobs) return zb__err(ZB_E_NOMEM, "gather");
     for (size_t i = 0; i < n; i++) {
         uint32_t k = (uint32_t)(i / cv->n_mats);
         size_t j = i % cv->n_mats;
@@ -455,8 +451,6 @@ direct_open(gather *g, int num_threads)
                            cv->inputs[k].path, cv->mat_keys[j]);
         g->in_dtypes[i] = zb__src_matrix_info_of(m)->dtype;
         ZB_TRY(cv_gene_map(cv, k, j, &g->maps[i]));
-        g->fds[i] = open(g->raws[i].path, O_RDONLY | O_CLOEXEC);
-        if (g->fds[i] < 0) return zb__err(ZB_E_IO, "%s: %s", g->raws[i].path, strerror(errno));
     }
     return ZB_OK;
 }
@@ -464,9 +458,6 @@ direct_open(gather *g, int num_threads)
 static void
 direct_close(gather *g)
 {
-    size_t n = g->cv->n_inputs * g->cv->n_mats;
-    for (size_t i = 0; g->fds && i < n; i++)
-        if (g->fds[i] >= 0) close(g->fds[i]);
     for (size_t i = 0; g->jobs && i < g->n_jobs; i++) {
         direct_job *jb = &g->jobs[i];
         zb__buf_free(&jb->ids);
@@ -475,7 +466,6 @@ direct_close(gather *g)
         zb__buf_free(&jb->packed);
         zb__buf_free(&jb->mid);
     }
-    free(g->fds);
     free(g->raws);
     free(g->in_dtypes);
     free(g->maps);
@@ -518,7 +508,7 @@ direct_row(direct_job *jb, uint64_t r)
     uint32_t *out_ids = (uint32_t *)g->indices + at;
     unsigned char *out = g->stored + at * zb_dtype_size(to);
     uint8_t *b_ids, *vals;
-    ZB_TRY(read_into(&jb->ids, g->fds[slot], raw->path, &raw->indices, 4, first, m, &b_ids));
+    ZB_TRY(read_into(&jb->ids, raw->fd, raw->path, &raw->indices, 4, first, m, &b_ids));
     const uint32_t *ids = (const uint32_t *)b_ids; /* aligned: zb__src_matrix_raw */
     uint32_t bad = 0;
     for (uint32_t e = 0; e < m; e++) bad |= ids[e] >= im->n_cols;
@@ -529,7 +519,7 @@ direct_row(direct_job *jb, uint64_t r)
                            " is outside [0, %" PRIu64 ")",
                            cv->inputs[p->input].path, cv->mat_keys[j], first + e, (int32_t)ids[e],
                            im->n_cols);
-    ZB_TRY(read_into(&jb->vals, g->fds[slot], raw->path, &raw->data, in_item, first, m, &vals));
+    ZB_TRY(read_into(&jb->vals, raw->fd, raw->path, &raw->data, in_item, first, m, &vals));
     unsigned char *wide = out; /* the values in the promoted dtype */
     if (mid != to) {
         ZB_TRY(zb__buf_reserve(&jb->mid, (size_t)m * zb_dtype_size(mid) + 1));

@@ -32,7 +32,7 @@ typedef struct h5ad_matrix {
     bool raw; /* data and indices lie unfiltered in the file, here (zb__src_matrix_raw): */
     zb__src_raw_array raw_indices, raw_data;
     uint64_t *chunk_at[2]; /* their chunk tables, when chunked */
-    int fd;                /* the file, for reading them with pread (-1 unless raw) */
+    int fd;                /* libhdf5's descriptor of the file, for pread (-1 unless raw) */
     bool raw_known;        /* raw was found out (raw_ready, under the lock) */
 } h5ad_matrix;
 
@@ -199,7 +199,6 @@ m_close(zb__src_matrix *base)
     zb__h5_ds_close(&m->indices);
     zb__h5_ds_close(&m->indptr);
     zb__h5_ds_close(&m->dense);
-    if (m->fd >= 0) close(m->fd);
     free(m->chunk_at[0]);
     free(m->chunk_at[1]);
     free(base->key);
@@ -211,7 +210,7 @@ m_raw(zb__src_matrix *base, zb__src_raw *out)
 {
     h5ad_matrix *m = (h5ad_matrix *)base;
     if (!raw_ready(m)) return false;
-    *out = (zb__src_raw){base->path, m->raw_indices, m->raw_data};
+    *out = (zb__src_raw){base->path, m->fd, m->raw_indices, m->raw_data};
     return true;
 }
 
@@ -314,8 +313,18 @@ raw_ready(h5ad_matrix *m)
                  (x->dtype == ZB_DT_INT32 || x->dtype == ZB_DT_UINT32) &&
                  raw_array(&m->data, &m->raw_data, &m->chunk_at[0]) &&
                  raw_array(x, &m->raw_indices, &m->chunk_at[1]);
-        /* a file that does not open again: libhdf5's reads serve */
-        if (m->raw && (m->fd = open(m->base.path, O_RDONLY | O_CLOEXEC)) < 0) m->raw = false;
+        /* libhdf5's own descriptor (its default sec2 driver): pread moves no file offset, so
+         * its reads and these do not disturb each other, and no descriptor is added per input */
+        int *fdp = NULL;
+        hid_t fapl = m->raw ? H5Fget_access_plist(m->file) : H5I_INVALID_HID;
+        bool sec2 = fapl >= 0 && H5Pget_driver(fapl) == H5FD_SEC2; /* its handle is an int fd */
+        if (fapl >= 0) H5Pclose(fapl);
+        if (m->raw && (!sec2 || H5Fget_vfd_handle(m->file, H5P_DEFAULT, (void **)&fdp) < 0 ||
+                       !fdp || *fdp < 0)) {
+            H5Eclear2(H5E_DEFAULT);
+            m->raw = false;
+        }
+        if (m->raw) m->fd = *fdp;
         m->raw_known = true;
     }
     bool raw = m->raw;

@@ -346,12 +346,8 @@ fill_matrix_direct(scatter *sc, size_t j)
     ZB_TRY(grow(sc, CV_WS_RAW, count * item + 1, &vals));
     if (!im->identity) ZB_TRY(grow(sc, CV_WS_KEYS, count * 4 + 4, &ids));
     ZB_TRY(grow(sc, CV_WS_TEXT, n * 4 + 4, &kept));
-    int fd = open(raw.path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return zb__err(ZB_E_IO, "%s: %s", raw.path, strerror(errno));
-    zb_status st = zb__src_raw_read(fd, raw.path, &raw.data, item, lo, count, vals);
-    if (st == ZB_OK && ids) st = zb__src_raw_read(fd, raw.path, &raw.indices, 4, lo, count, ids);
-    close(fd);
-    ZB_TRY(st);
+    ZB_TRY(zb__src_raw_read(raw.fd, raw.path, &raw.data, item, lo, count, vals));
+    if (ids) ZB_TRY(zb__src_raw_read(raw.fd, raw.path, &raw.indices, 4, lo, count, ids));
     for (uint64_t e = 0; ids && e < count; e++)
         if (ids[e] >= im->n_cols)
             return zb__err(ZB_E_CORRUPT,

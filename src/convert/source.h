@@ -99,6 +99,7 @@ typedef struct zb__src_raw_array {
 
 typedef struct zb__src_raw {
     const char *path;
+    int fd; /* the file, open for pread (owned by the matrix: no new descriptor per reader) */
     zb__src_raw_array indices, data;
 } zb__src_raw;
 
