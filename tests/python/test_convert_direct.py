@@ -34,8 +34,19 @@ def h5ads(tmp_path_factory):
         layer = a.X.copy()
         layer.data = (layer.data / 3).astype(np.float64) if k == 1 else layer.data * 2
         a.layers["norm"] = layer
+        if k == 2:  # empty rows
+            X = a.X.tolil()
+            X[::7] = 0
+            a.X = X.tocsr()
+            a.X.eliminate_zeros()
         p = d / f"in{k}.h5ad"
         a.write_h5ad(p)
+        if k == 0:  # chunks of 7 elements: rows straddle chunks, read piece by piece
+            with h5py.File(p, "r+") as f:
+                for name in ("data", "indices"):
+                    values = f["X"][name][:]
+                    del f["X"][name]
+                    f["X"].create_dataset(name, data=values, chunks=(7,))
         out.append((str(p), a))
     return out
 
@@ -164,3 +175,22 @@ def test_dask_workers_read_the_inputs_directly(h5ads, tmp_path):
                    progress=False, client=client)
     ta, tb = tree_bytes(ref), tree_bytes(tmp_path / "dask.zarr")
     assert ta.keys() == tb.keys() and [k for k in ta if ta[k] != tb[k]] == []
+
+
+def test_an_explicit_dtype_that_cannot_hold_a_value_fails_alike(h5ads, tmp_path):
+    """--data-dtype uint8 on a layer of fractions: both paths refuse it with the same message
+    (input, matrix, row, value) and leave no dataset."""
+    msgs = []
+    for scratch in (False, True):
+        out = tmp_path / f"o{int(scratch)}.zarr"
+        r = convert([h5ads[1][0]], out, "--layers", "norm", "--data-dtype", "uint8",
+                    "--threads", "1", scratch=scratch)
+        assert r.returncode != 0
+        assert "layers/norm" in r.stderr and "cannot hold it exactly" in r.stderr, r.stderr
+        assert not list(out.glob("dataset_*/zarr.json"))
+        msgs.append(r.stderr[r.stderr.index(h5ads[1][0]):].splitlines()[0])
+    assert msgs[0] == msgs[1]
+    # the row it names holds that value (anndata's reading)
+    row = int(msgs[0].split(", row ")[1].split(":")[0])
+    value = float(msgs[0].split("the value ")[1].split(" ")[0])
+    assert value in h5ads[1][1].layers["norm"][row].data
