@@ -316,8 +316,9 @@ check_values(scatter *sc, size_t j)
 
 /* Matrix j on the direct path (the plan's "direct"; docs/CONVERT.md): the gather reads the rows
  * from the input itself, so the task only records where each cell's row lies — the elements
- * it keeps, its first element in the input and its elements there — and folds the kept values
- * into the task's stats, checking them against an explicit data dtype as check_values does. */
+ * it keeps, its first element in the input and its elements there — and, when the stored type
+ * depends on them, folds the kept values into the task's stats, checking them against an
+ * explicit data dtype as check_values does. */
 static zb_status
 fill_matrix_direct(scatter *sc, size_t j)
 {
@@ -341,12 +342,15 @@ fill_matrix_direct(scatter *sc, size_t j)
     ZB_TRY(grow(sc, CV_WS_INDPTR, (n + 1) * 8, &ptr));
     ZB_TRY(zb__src_matrix_indptr(m, sc->s.start, sc->s.stop, ptr));
     uint64_t lo = (uint64_t)ptr[0], count = (uint64_t)ptr[n] - lo;
-    unsigned char *vals;
+    /* the values matter only to a choice that depends on them (auto, uint8, uint16) */
+    bool values =
+        cv->data_choice != ZB_CONVERT_DATA_KEEP && cv->data_choice != ZB_CONVERT_DATA_FLOAT32;
+    unsigned char *vals = NULL;
     uint32_t *ids = NULL, *kept;
-    ZB_TRY(grow(sc, CV_WS_RAW, count * item + 1, &vals));
+    if (values) ZB_TRY(grow(sc, CV_WS_RAW, count * item + 1, &vals));
     if (!im->identity) ZB_TRY(grow(sc, CV_WS_KEYS, count * 4 + 4, &ids));
     ZB_TRY(grow(sc, CV_WS_TEXT, n * 4 + 4, &kept));
-    ZB_TRY(zb__src_raw_read(raw.fd, raw.path, &raw.data, item, lo, count, vals));
+    if (vals) ZB_TRY(zb__src_raw_read(raw.fd, raw.path, &raw.data, item, lo, count, vals));
     if (ids) ZB_TRY(zb__src_raw_read(raw.fd, raw.path, &raw.indices, 4, lo, count, ids));
     for (uint64_t e = 0; ids && e < count; e++)
         if (ids[e] >= im->n_cols)
@@ -364,13 +368,16 @@ fill_matrix_direct(scatter *sc, size_t j)
                            cv->inputs[k].path, cv->mat_keys[j], sc->s.start + i, c);
         if (!im->identity) {
             c = 0;
-            for (uint64_t x = b; x < e; x++)
-                if (map[ids[x]] >= 0) memmove(vals + (w + c++) * item, vals + x * item, item);
+            for (uint64_t x = b; x < e; x++) {
+                if (map[ids[x]] < 0) continue;
+                if (vals) memmove(vals + (w + c) * item, vals + x * item, item);
+                c++;
+            }
         }
         kept[i] = (uint32_t)c;
         w += c;
     }
-    cv_stats_add(&sc->stats[j], vals, from, w);
+    if (vals) cv_stats_add(&sc->stats[j], vals, from, w);
     zb_dtype asked = cv_explicit_dtype(cv->data_choice);
     if (asked != ZB_DT_COUNT_ && asked != ZB_DT_FLOAT32 && !cv_stats_fit(&sc->stats[j], asked)) {
         for (uint64_t i = 0, at = 0; i < n; at += kept[i++]) {
