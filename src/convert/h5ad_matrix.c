@@ -12,10 +12,8 @@
  * out is checked (0 <= v <= nnz, never decreasing) and every index is checked to fit; the
  * bounds of indices against the other dimension are checked once for all backends in
  * zb__src_matrix_read. */
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "convert/h5ad.h"
 #include "convert/h5ad_io.h"
@@ -75,7 +73,7 @@ any_negative(const void *p, uint64_t n)
 }
 
 /* Elements [lo, hi) of data or indices, as stored: with pread when they lie unfiltered in the
- * file (find_raw: no lock, one copy out of the page cache), else through libhdf5. */
+ * file (raw_ready: no lock, one copy out of the page cache), else through libhdf5. */
 static zb_status
 elems_read(const h5ad_matrix *m, const zb__h5_ds *d, uint64_t lo, uint64_t hi, void *dst)
 {
@@ -300,6 +298,25 @@ raw_array(const zb__h5_ds *d, zb__src_raw_array *out, uint64_t **table)
     return true;
 }
 
+/* Under the lock: whether reading d's first elements and its last through the raw description
+ * gives what libhdf5 gives (a guard against an address libhdf5 reports other than the file
+ * offset, such as one relative to a user block). */
+static bool
+raw_agrees(const h5ad_matrix *m, const zb__h5_ds *d, const zb__src_raw_array *a)
+{
+    uint64_t n = d->dims[0], k = n < 64 ? n : 64;
+    unsigned char mine[64 * 8], theirs[64 * 8];
+    if (d->item > 8) return false;
+    for (int end = 0; end < 2 && n; end++) {
+        uint64_t first = end ? n - 1 : 0, count = end ? 1 : k;
+        if (zb__src_raw_read(m->fd, m->base.path, a, d->item, first, count, mine) != ZB_OK ||
+            zb__h5_ds_read(d, first, first + count, theirs) != ZB_OK ||
+            memcmp(mine, theirs, (size_t)(count * d->item)))
+            return false;
+    }
+    return true;
+}
+
 /* Whether rows can be read from the file directly (zb__src_matrix_raw), found out on first use
  * under the lock: libhdf5 1.10 walks the whole chunk index for each chunk's address, so only
  * the matrices that are read pay for their tables. Thread-safe. */
@@ -325,6 +342,9 @@ raw_ready(h5ad_matrix *m)
             m->raw = false;
         }
         if (m->raw) m->fd = *fdp;
+        if (m->raw &&
+            (!raw_agrees(m, &m->data, &m->raw_data) || !raw_agrees(m, x, &m->raw_indices)))
+            m->raw = false;
         m->raw_known = true;
     }
     bool raw = m->raw;

@@ -194,3 +194,4 @@ def test_an_explicit_dtype_that_cannot_hold_a_value_fails_alike(h5ads, tmp_path)
     row = int(msgs[0].split(", row ")[1].split(":")[0])
     value = float(msgs[0].split("the value ")[1].split(" ")[0])
     assert value in h5ads[1][1].layers["norm"][row].data
+
