@@ -195,3 +195,22 @@ def test_an_explicit_dtype_that_cannot_hold_a_value_fails_alike(h5ads, tmp_path)
     value = float(msgs[0].split("the value ")[1].split(" ")[0])
     assert value in h5ads[1][1].layers["norm"][row].data
 
+
+
+def test_a_csc_input_is_read_from_its_transposed_file(h5ads, tmp_path):
+    """A CSC X is transposed by prepare into a CSR file, which the direct gather reads like an
+    h5ad: the plan stays direct, and the bytes equal the scratch path's."""
+    csc = tmp_path / "csc.h5ad"
+    a = h5ads[1][1].copy()
+    a.X = a.X.tocsc()
+    a.layers.clear()
+    a.write_h5ad(csc)
+    paths = [h5ads[0][0], str(csc)]
+    assert planned_direct(paths, tmp_path / "plan.zarr") is True
+    direct, scratch = tmp_path / "d.zarr", tmp_path / "s.zarr"
+    assert convert(paths, direct, "--dataset-size", "150").returncode == 0
+    assert convert(paths, scratch, "--dataset-size", "150", scratch=True).returncode == 0
+    ta, tb = tree_bytes(direct), tree_bytes(scratch)
+    assert ta.keys() == tb.keys() and [k for k in ta if ta[k] != tb[k]] == []
+    genes = sorted({g for p in (h5ads[0][1], a) for g in p.var_names}, key=ALL_GENES.index)
+    check_cells(direct, [(h5ads[0][0], h5ads[0][1]), (str(csc), a)], genes)
