@@ -4,7 +4,7 @@ same inputs, in one run.
     .venv/bin/python bench/convert.py [--cells 200000] [--files 4] [--genes 62710]
                                       [--dataset-size 2097152] [--memory 1GiB] [--threads 2]
                                       [--codec blosc:lz4:3:shuffle] [--seed 1] [--rounds 1]
-                                      [--tools annbatch,zbatch,limit] [--timeout 7200]
+                                      [--tools annbatch,zbatch,scratch,limit] [--timeout 7200]
                                       [--work DIR] [--keep] [--results DIR]
 
 Inputs (made here, in the work directory; reused when --work holds inputs of the same
@@ -22,6 +22,9 @@ Runs, each in its own process, the inputs read once beforehand so both start fro
   (blosc lz4 clevel 3 shuffle, 64 cells per chunk, 1 GiB shards, 1,000-cell shuffle blocks);
 - zbatch: ``build/zbatch convert INPUT... -o OUT --dataset-size D --memory M --threads T --seed S
   [--codec C]``, by default with annbatch's codec, so both write the same kind of bytes;
+- scratch (only when asked for in --tools): the zbatch command with ZBATCH_CONVERT_SCRATCH=1,
+  every cell through the scatter's scratch files instead of read straight from the inputs by
+  the gather (docs/CONVERT.md, "The direct path"): the same output bytes;
 - limit: ``build/zbatch convert --limit INPUT... -o OUT [the same flags]``, which prints one JSON
   line ``{"read_s", "compress_s", "cells", "input_bytes"}``: the time to read the inputs and to
   compress the output alone. limit = cells / (read_s + compress_s) cells/s.
@@ -281,14 +284,19 @@ def run_annbatch(args, inputs: dict, work: Path, rnd: int) -> dict:
     return m
 
 
-def run_zbatch(args, inputs: dict, work: Path, rnd: int, limit: bool = False) -> dict:
-    name = "limit" if limit else "zbatch"
+def run_zbatch(args, inputs: dict, work: Path, rnd: int, limit: bool = False,
+               scratch: bool = False) -> dict:
+    name = "limit" if limit else "scratch" if scratch else "zbatch"
     out = work / f"{name}-{rnd}.zarr"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [CLI, "convert", *(["--limit"] if limit else []), *inputs["paths"], "-o", out,
            *zbatch_flags(args)]
     warm(inputs["paths"])
-    m = run_measured(cmd, log=work / f"{name}-{rnd}", timeout=args.timeout)
+    env = dict(os.environ)
+    env.pop("ZBATCH_CONVERT_SCRATCH", None)
+    if scratch:  # the same conversion through the scratch files (docs/CONVERT.md)
+        env["ZBATCH_CONVERT_SCRATCH"] = "1"
+    m = run_measured(cmd, log=work / f"{name}-{rnd}", timeout=args.timeout, env=env)
     m["tool"] = name
     if m["rc"] != 0:
         m["error"] = tail(f"{work}/{name}-{rnd}.err")
@@ -349,6 +357,8 @@ def ratios(fig: dict) -> dict:
         r["memory_target_met"] = r["annbatch_over_zbatch_peak_rss"] >= TARGET_MEMORY
     if z and lim:
         r["zbatch_over_limit"] = z["cells_per_s"] / lim["cells_per_s"]
+    if z and fig.get("scratch"):
+        r["zbatch_over_scratch_path"] = z["cells_per_s"] / fig["scratch"]["cells_per_s"]
     return r
 
 
@@ -359,7 +369,7 @@ def _gib(b) -> str:
 def table(bests: dict, fig: dict, rat: dict) -> str:
     rows = [f"{'tool':9} {'wall s':>9} {'cells/s':>10} {'input MB/s':>10} {'peak RSS':>10} "
             f"{'anon RSS':>10} {'written':>10}  note"]
-    for tool in ("annbatch", "zbatch", "limit"):
+    for tool in ("annbatch", "zbatch", "scratch", "limit"):
         m = bests.get(tool)
         if m is None:
             continue
@@ -388,6 +398,8 @@ def table(bests: dict, fig: dict, rat: dict) -> str:
                     f"(target >= {TARGET_MEMORY:g}: {met[rat['memory_target_met']]})")
     if "zbatch_over_limit" in rat:
         rows.append(f"zbatch / limit cells/s      {rat['zbatch_over_limit']:7.2f}")
+    if "zbatch_over_scratch_path" in rat:
+        rows.append(f"zbatch / its scratch path   {rat['zbatch_over_scratch_path']:7.2f}")
     return "\n".join(rows)
 
 
@@ -417,8 +429,9 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     tools = [t for t in args.tools.split(",") if t]
-    if set(tools) - {"annbatch", "zbatch", "limit"}:
-        ap.error(f"--tools: unknown {sorted(set(tools) - {'annbatch', 'zbatch', 'limit'})}")
+    known = {"annbatch", "zbatch", "scratch", "limit"}
+    if set(tools) - known:
+        ap.error(f"--tools: unknown {sorted(set(tools) - known)}")
     if not CLI.exists():
         print(f"{CLI} missing: run `make` first", file=sys.stderr)
         return 2
@@ -434,12 +447,13 @@ def main(argv=None) -> int:
         input_bytes = sum(inputs["bytes"])
         runs = []
         for rnd in range(max(1, args.rounds)):
-            order = [t for t in ("annbatch", "zbatch") if t in tools]
+            order = [t for t in ("annbatch", "zbatch", "scratch") if t in tools]
             order = order if rnd % 2 == 0 else order[::-1]
             for tool in order + (["limit"] if "limit" in tools else []):
                 print(f"[round {rnd + 1}] {tool} ...", file=sys.stderr, flush=True)
                 m = (run_annbatch(args, inputs, work, rnd) if tool == "annbatch" else
-                     run_zbatch(args, inputs, work, rnd, limit=tool == "limit"))
+                     run_zbatch(args, inputs, work, rnd, limit=tool == "limit",
+                                scratch=tool == "scratch"))
                 m["round"] = rnd
                 runs.append(m)
                 print(f"[round {rnd + 1}] {tool}: exit {m['rc']}, {m['wall_s']:.1f} s, peak RSS "

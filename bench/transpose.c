@@ -70,7 +70,8 @@ mock_close(zb__src_matrix *m)
     (void)m;
 }
 
-static const zb__src_matrix_methods methods = {mock_indptr, mock_read, mock_names, mock_close};
+static const zb__src_matrix_methods methods = {mock_indptr, mock_read, mock_names, mock_close,
+                                               NULL};
 
 static uint64_t
 next(uint64_t *s)

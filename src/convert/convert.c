@@ -285,6 +285,8 @@ cv_plan_load(zb_convert *cv)
     ZB_TRY(get_u64(doc, "input_bytes", &cv->input_bytes));
     ZB_TRY(get_u64(doc, "memory_bytes", &cv->memory_bytes));
     ZB_TRY(get_u64(doc, "block_bytes", &cv->block_bytes));
+    json_object *direct = zb__json_get(doc, "direct");
+    cv->direct = direct && json_object_get_boolean(direct);
     if (cv->block_bytes < CV_MIN_BLOCK_BYTES || cv->block_bytes > CV_MAX_BLOCK_BYTES)
         return zb__err(ZB_E_CORRUPT, "%s: block_bytes %" PRIu64 " is out of range", path,
                        cv->block_bytes);
@@ -672,9 +674,19 @@ zb_convert_plan(const char *const *inputs, size_t n_inputs, const char *output,
             if (st == ZB_OK) st = cv_mkdirs(cv->work);
             if (st == ZB_OK) st = cv_output_make(cv);
             if (st == ZB_OK) st = write_root_marker(cv);
+            zb__src **kept = NULL;
+            if (st == ZB_OK && !(kept = calloc(n_inputs, sizeof *kept)))
+                st = zb__err(ZB_E_NOMEM, "the plan");
             if (st == ZB_OK)
-                st = cv_plan_write(inputs, n_inputs, &o, cv->work, args, o.num_threads);
+                st = cv_plan_write(inputs, n_inputs, &o, cv->work, args, o.num_threads, kept);
             if (st == ZB_OK) st = cv_plan_load(cv);
+            for (size_t k = 0; kept && k < n_inputs; k++) { /* the planner's open sources */
+                if (st == ZB_OK && k < cv->n_inputs && !cv->srcs[k])
+                    cv->srcs[k] = kept[k];
+                else
+                    zb__src_close(kept[k]);
+            }
+            free(kept);
         }
     }
     json_object_put(args);

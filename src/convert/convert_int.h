@@ -103,6 +103,7 @@ struct zb_convert {
     uint64_t x_chunk, x_shard;
     uint64_t memory_bytes;
     uint64_t block_bytes;   /* of the scatter files' blocks */
+    bool direct;            /* the plan's "direct": gather reads matrix rows from the inputs */
     uint64_t task_memory;   /* memory one running task may use (0 = memory_bytes) */
     zb_strings input_names; /* the inputs as the command named them (src_path's categories) */
     bool finished;          /* opened on a finished collection: only its manifest is loaded */
@@ -144,7 +145,12 @@ struct zb_convert {
  * rows in the input (uint64), obs names (uint32 lengths, bytes), each matrix (uint32 nonzeros,
  * uint32 gene ids, values of the output dtype), each obs column (numeric: values; categorical:
  * int32 output codes; string: uint32 lengths, bytes; nullable: its values or strings, then a
- * uint8 mask). */
+ * uint8 mask).
+ * The direct path (the plan's "direct": every input matrix is CSR whose data and indices lie
+ * unfiltered in the file, zb__src_matrix_raw) keeps the matrices' elements out of the file: a
+ * matrix's arrays are then the cells' kept nonzeros (uint32), their first element in the input
+ * (uint64) and their elements there (uint32), and the gather reads each row from its input with
+ * pread, applying the gene map as the scatter would (cv_remap_row): the same output bytes. */
 
 #define CV_SCATTER_MAGIC "ZBSCAT\0\4"
 #define CV_SCATTER_VERSION 4
@@ -193,6 +199,24 @@ typedef struct cv_value_stats {
 #define CV_VALUES_ANY 1u  /* the task wrote values of this matrix */
 #define CV_VALUES_WIDE 2u /* one is not an integer in [0, 65535] (negative, fractional, NaN, */
                           /* larger, or a bool matrix's): uint8/uint16 cannot hold it */
+
+/* How a row's elements become the output's: input column ids through the gene map (-1 drops
+ * one), values from `from` to `to`. */
+typedef struct cv_row_map {
+    const int32_t *map;
+    bool identity, monotone; /* the input's cv_in_matrix flags */
+    zb_dtype from, to;
+} cv_row_map;
+
+/* One row of m elements (column ids `ids`, values `vals` of rm->from) into out_ids / out_vals
+ * (of rm->to): the kept elements in output gene order (sorted when the map reorders them, ties
+ * in input order). keys holds 2m entries, raw m values of rm->from (scratch; unused for an
+ * identity map). Returns the elements kept. The scatter and the direct gather both place rows
+ * through it, so both paths give the same bytes. The ids must be < the map's length. */
+uint64_t cv_remap_row(const cv_row_map *rm, const uint32_t *ids, const void *vals, uint64_t m,
+                      uint64_t *keys, unsigned char *raw, uint32_t *out_ids, void *out_vals);
+/* Sorts keys (gene << 32 | position) by gene, stably; tmp holds n entries. */
+void cv_sort_by_gene(uint64_t *keys, uint64_t *tmp, size_t n);
 
 /* ---- the stored types (dtypes.c) ------------------------------------------------------------ */
 
@@ -274,9 +298,11 @@ void cv_ws_free_all(zb_convert *cv);
 zb_status cv_args_json(const char *const *inputs, size_t n, const zb_convert_opts *o,
                        json_object **out);
 /* Plans and writes work/plan.json (and maps/); scatter slices sized for `num_threads` tasks
- * at once within o->memory_bytes. */
+ * at once within o->memory_bytes. On success keep[k] (when keep is not NULL) gets input k's
+ * source, still open, for the tasks of the same process (what the plan found out about its
+ * matrices, such as their chunk tables, is not found out again). */
 zb_status cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o,
-                        const char *work, json_object *args, int num_threads);
+                        const char *work, json_object *args, int num_threads, zb__src **keep);
 /* The args' names of the data_dtype / index_dtype options ("auto", "keep", "uint8", ...), and
  * back (ZB_E_CORRUPT for a name that is none of them). */
 const char *cv_data_choice_name(zb_convert_data_dtype c);

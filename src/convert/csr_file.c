@@ -167,7 +167,16 @@ file_close(zb__src_matrix *m)
     free(f);
 }
 
+static bool
+file_raw(zb__src_matrix *m, zb__src_raw *out)
+{
+    const csr_file *f = (const csr_file *)m;
+    *out = (zb__src_raw){f->path, f->fd, {f->lay.indices, 0, NULL}, {f->lay.data, 0, NULL}};
+    return true;
+}
+
 static const zb__src_matrix_methods csr_file_methods = {
+    .raw = file_raw,
     .indptr = file_indptr,
     .read = file_read,
     .var_names = file_var_names,

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <isa-l/crc64.h>
 #include <stdio.h>
 #include <stdlib.h>

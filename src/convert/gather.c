@@ -57,26 +57,25 @@ typedef struct gather {
     zb__pool *pool; /* decompresses the parts of a pass */
     bool index[CV_MAX_ARRAYS];
     uint64_t nnz[64]; /* per matrix, for the done marker */
+    /* the direct path: per input and matrix ([k * n_mats + j]) its file and where its rows lie,
+     * its values' dtype and gene map; the jobs that read a pass's rows */
+    zb__src_raw *raws;
+    zb_dtype *in_dtypes;
+    const int32_t **maps;
+    struct direct_job *jobs;
+    size_t n_jobs;
 } gather;
 
-static zb_status
-pread_all(int fd, const char *path, void *dst, uint64_t len, uint64_t off)
-{
-    unsigned char *p = dst;
-    while (len) {
-        ssize_t r =
-            pread(fd, p, len > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)len, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0)
-            return zb__err(ZB_E_IO, "%s: read at %" PRIu64 ": %s", path, off, strerror(errno));
-        if (r == 0)
-            return zb__err(ZB_E_TRUNCATED, "%s: ends before byte %" PRIu64, path, off + len);
-        p += r;
-        off += (uint64_t)r;
-        len -= (uint64_t)r;
-    }
-    return ZB_OK;
-}
+/* Rows [r0, r1) of a pass of matrix j read from the inputs on a worker of the gather's pool,
+ * with buffers kept across passes. */
+typedef struct direct_job {
+    gather *g;
+    size_t j;
+    uint64_t r0, r1;
+    zb__buf ids, vals, keys, packed, mid;
+    zb_status st;
+    char msg[512];
+} direct_job;
 
 static zb_status
 grow(gather *g, size_t slot, uint64_t bytes, void *out)
@@ -180,12 +179,12 @@ load_part(gather *g, size_t t)
     size_t na = g->n_arrays;
     cv_scatter_header h;
     uint64_t sec[4];
-    zb_status st = pread_all(fd, path, &h, sizeof h, 0);
+    zb_status st = zb__src_pread(fd, path, &h, sizeof h, 0);
     if (st == ZB_OK &&
         (memcmp(h.magic, CV_SCATTER_MAGIC, 8) || h.version != CV_SCATTER_VERSION ||
          h.n_arrays != na || h.n_datasets != cv->n_datasets || h.input != cv->slices[t].input))
         st = zb__err(ZB_E_CORRUPT, "%s: not a scatter file of this conversion", path);
-    if (st == ZB_OK) st = pread_all(fd, path, sec, sizeof sec, sizeof h + g->d * 4 * 8);
+    if (st == ZB_OK) st = zb__src_pread(fd, path, sec, sizeof sec, sizeof h + g->d * 4 * 8);
     if (st == ZB_OK &&
         (sec[0] > cv->dataset_size || sec[1] > sec[0] || sec[3] > ((uint64_t)1 << 36)))
         st = zb__err(ZB_E_CORRUPT, "%s: section %zu is out of range", path, g->d);
@@ -210,7 +209,7 @@ load_part(gather *g, size_t t)
         st = zb__err(ZB_E_NOMEM, "gather");
     unsigned char *buf = NULL;
     if (st == ZB_OK) st = grow(g, CV_WS_PACKED, sec[3] + 1, &buf);
-    if (st == ZB_OK) st = pread_all(fd, path, buf, sec[3], sec[2]);
+    if (st == ZB_OK) st = zb__src_pread(fd, path, buf, sec[3], sec[2]);
     if (st == ZB_OK) st = load_index(g, p, path, buf, sec[3], sec[2]);
     close(fd);
     return st;
@@ -292,7 +291,7 @@ fill_part(void *arg, zb_ctx *ctx)
     if (st == ZB_OK && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         st = zb__err(ZB_E_IO, "%s: %s", path, strerror(errno));
     if (st == ZB_OK) st = zb__buf_reserve(packed, (size_t)(hi - lo) + 1);
-    if (st == ZB_OK) st = pread_all(fd, path, packed->data, hi - lo, lo);
+    if (st == ZB_OK) st = zb__src_pread(fd, path, packed->data, hi - lo, lo);
     if (fd >= 0) close(fd);
     unsigned char *at = j->at;
     for (size_t a = 0; st == ZB_OK && a < na; a++) {
@@ -425,10 +424,176 @@ assemble_fixed(gather *g, size_t a, uint64_t rows)
     return ZB_OK;
 }
 
+/* ---- the direct path: matrix rows read from the inputs --------------------------------------- */
+
+/* Opens every input's matrices for reading rows (files, offsets, dtypes, gene maps) and makes
+ * the jobs: a few per thread, so uneven rows even out. */
+static zb_status
+direct_open(gather *g, int num_threads)
+{
+    zb_convert *cv = g->cv;
+    size_t n = cv->n_inputs * cv->n_mats;
+    g->raws = calloc(n, sizeof *g->raws);
+    g->in_dtypes = calloc(n, sizeof *g->in_dtypes);
+    g->maps = calloc(n, sizeof *g->maps);
+    g->n_jobs = 4 * (size_t)(num_threads > 1 ? num_threads : 1);
+    g->jobs = calloc(g->n_jobs, sizeof *g->jobs);
+    if (!g->raws || !g->in_dtypes || !g->maps || !g->jobs) return zb__err(ZB_E_NOMEM, "gather");
+    for (size_t i = 0; i < n; i++) {
+        uint32_t k = (uint32_t)(i / cv->n_mats);
+        size_t j = i % cv->n_mats;
+        zb__src_matrix *m;
+        ZB_TRY(cv_matrix(cv, k, j, &m));
+        if (!zb__src_matrix_raw(m, &g->raws[i]))
+            return zb__err(ZB_E_CORRUPT,
+                           "%s: %s is not stored as the plan found it (contiguous, "
+                           "uncompressed)",
+                           cv->inputs[k].path, cv->mat_keys[j]);
+        g->in_dtypes[i] = zb__src_matrix_info_of(m)->dtype;
+        ZB_TRY(cv_gene_map(cv, k, j, &g->maps[i]));
+    }
+    return ZB_OK;
+}
+
+static void
+direct_close(gather *g)
+{
+    for (size_t i = 0; g->jobs && i < g->n_jobs; i++) {
+        direct_job *jb = &g->jobs[i];
+        zb__buf_free(&jb->ids);
+        zb__buf_free(&jb->vals);
+        zb__buf_free(&jb->keys);
+        zb__buf_free(&jb->packed);
+        zb__buf_free(&jb->mid);
+    }
+    free(g->raws);
+    free(g->in_dtypes);
+    free(g->maps);
+    free(g->jobs);
+}
+
+/* Elements [first, first + n) of raw array a into b, placed as the file's bytes are
+ * (zb__buf_for_read: the kernel's copy runs fastest between congruent addresses). */
+static zb_status
+read_into(zb__buf *b, int fd, const char *path, const zb__src_raw_array *a, size_t item,
+          uint64_t first, uint64_t n, uint8_t **out)
+{
+    uint64_t run;
+    ZB_TRY(zb__buf_for_read(b, zb__src_raw_at(a, item, first, &run), (size_t)(n * item), out));
+    return zb__src_raw_read(fd, path, a, item, first, n, *out);
+}
+
+/* Pass row r of matrix j: its row in the input read, its column ids checked, placed at
+ * g->indptr[r] of g->indices and g->stored with the gene map applied (cv_remap_row, as the
+ * scatter path does) and the values converted to the promoted, then the stored dtype. */
+static zb_status
+direct_row(direct_job *jb, uint64_t r)
+{
+    gather *g = jb->g;
+    const zb_convert *cv = g->cv;
+    size_t j = jb->j, a = cv_matrix_array(j);
+    uint64_t cell, first;
+    const part *p = who_part(g, g->who[r], &cell);
+    uint32_t kept, m;
+    uint64_t x = cell - p->q0;
+    memcpy(&kept, p->pass[a] + x * 4, 4);
+    memcpy(&first, p->pass[a + 1] + x * 8, 8);
+    memcpy(&m, p->pass[a + 2] + x * 4, 4);
+    size_t slot = p->input * cv->n_mats + j;
+    const zb__src_raw *raw = &g->raws[slot];
+    const cv_in_matrix *im = &cv->inputs[p->input].mats[j];
+    zb_dtype from = g->in_dtypes[slot], mid = cv->mat_dtypes[j], to = cv->stored_dtypes[j];
+    size_t in_item = zb_dtype_size(from);
+    uint64_t at = (uint64_t)g->indptr[r];
+    uint32_t *out_ids = (uint32_t *)g->indices + at;
+    unsigned char *out = g->stored + at * zb_dtype_size(to);
+    uint8_t *b_ids, *vals;
+    ZB_TRY(read_into(&jb->ids, raw->fd, raw->path, &raw->indices, 4, first, m, &b_ids));
+    const uint32_t *ids = (const uint32_t *)b_ids; /* aligned: zb__src_matrix_raw */
+    uint32_t bad = 0;
+    for (uint32_t e = 0; e < m; e++) bad |= ids[e] >= im->n_cols;
+    for (uint32_t e = 0; bad && e < m; e++)
+        if (ids[e] >= im->n_cols)
+            return zb__err(ZB_E_CORRUPT,
+                           "%s: %s/indices: element %" PRIu64 ": index %" PRId32
+                           " is outside [0, %" PRIu64 ")",
+                           cv->inputs[p->input].path, cv->mat_keys[j], first + e, (int32_t)ids[e],
+                           im->n_cols);
+    ZB_TRY(read_into(&jb->vals, raw->fd, raw->path, &raw->data, in_item, first, m, &vals));
+    unsigned char *wide = out; /* the values in the promoted dtype */
+    if (mid != to) {
+        ZB_TRY(zb__buf_reserve(&jb->mid, (size_t)m * zb_dtype_size(mid) + 1));
+        wide = jb->mid.data;
+    }
+    uint64_t got = m;
+    if (im->identity && from == mid) { /* one conversion, straight to the stored dtype */
+        memcpy(out_ids, ids, (size_t)m * 4);
+        cv_convert_values(out, to, vals, from, m);
+        wide = out;
+    } else {
+        ZB_TRY(zb__buf_reserve(&jb->keys, (size_t)m * 16 + 16));
+        ZB_TRY(zb__buf_reserve(&jb->packed, (size_t)m * in_item + 1));
+        cv_row_map rm = {g->maps[slot], im->identity, im->monotone, from, mid};
+        got = cv_remap_row(&rm, ids, vals, m, (uint64_t *)jb->keys.data, jb->packed.data, out_ids,
+                           wide);
+    }
+    if (got != kept)
+        return zb__err(ZB_E_CORRUPT,
+                       "%s: %s, element %" PRIu64 ": %" PRIu64 " of the row's elements kept, "
+                       "where the scatter counted %" PRIu32 " (did the input change?)",
+                       cv->inputs[p->input].path, cv->mat_keys[j], first, got, kept);
+    if (wide != out) cv_convert_values(out, to, wide, mid, got);
+    return ZB_OK;
+}
+
+static void
+direct_rows(void *arg, zb_ctx *ctx)
+{
+    (void)ctx;
+    direct_job *jb = arg;
+    zb_status st = ZB_OK;
+    for (uint64_t r = jb->r0; r < jb->r1 && st == ZB_OK; r++) st = direct_row(jb, r);
+    jb->st = st;
+    if (st != ZB_OK) snprintf(jb->msg, sizeof jb->msg, "%s", zb_last_error());
+}
+
+/* Matrix j's rows of the pass as CSR, read from the inputs on the gather's pool. */
+static zb_status
+assemble_direct(gather *g, size_t j, uint64_t rows)
+{
+    size_t a = cv_matrix_array(j);
+    g->indptr[0] = 0;
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t cell;
+        const part *p = who_part(g, g->who[r], &cell);
+        uint32_t kept;
+        memcpy(&kept, p->pass[a] + (cell - p->q0) * 4, 4);
+        g->indptr[r + 1] = g->indptr[r] + kept;
+    }
+    uint64_t total = (uint64_t)g->indptr[rows];
+    ZB_TRY(grow(g, CV_WS_INDICES, total * 4 + 4, &g->indices));
+    ZB_TRY(grow(g, CV_WS_RAW, total * zb_dtype_size(g->cv->stored_dtypes[j]) + 1, &g->stored));
+    for (size_t k = 0; k < g->n_jobs; k++) {
+        direct_job *jb = &g->jobs[k];
+        jb->g = g;
+        jb->j = j;
+        jb->r0 = rows * k / g->n_jobs;
+        jb->r1 = rows * (k + 1) / g->n_jobs;
+        jb->st = ZB_OK;
+        zb__pool_submit(g->pool, direct_rows, jb);
+    }
+    zb__pool_wait(g->pool);
+    for (size_t k = 0; k < g->n_jobs; k++)
+        if (g->jobs[k].st != ZB_OK) return zb__err(g->jobs[k].st, "%s", g->jobs[k].msg);
+    g->nnz[j < 64 ? j : 63] += total;
+    return ZB_OK;
+}
+
 /* Matrix j's rows of the pass as CSR: g->indptr, g->indices, g->values. */
 static zb_status
 assemble_matrix(gather *g, size_t j, uint64_t rows)
 {
+    if (g->cv->direct) return assemble_direct(g, j, rows);
     size_t a = cv_matrix_array(j), item = g->arrays[a + 2].item;
     uint64_t total = 0;
     for (uint64_t r = 0; r < rows; r++) {
@@ -665,6 +830,11 @@ pass_rows(const gather *g, uint64_t memory)
     }
     /* a pass holds its cells decompressed, their compressed blocks, and the rows assembled;
      * each part may add a block that straddles two passes */
+    /* the direct path: the rows read from the inputs and placed (their share of the inputs) */
+    for (size_t k = 0; g->cv->direct && k < g->cv->n_inputs; k++)
+        for (size_t j = 0; j < g->cv->n_mats; j++)
+            bytes += g->cv->inputs[k].mats[j].nnz * (4 + zb_dtype_size(g->cv->mat_dtypes[j])) /
+                     (g->cv->n_cells ? g->cv->n_cells : 1) * g->cells;
     uint64_t per_row = bytes / (g->cells ? g->cells : 1) + 1;
     uint64_t used = cv_gather_overhead(g->cv) + fixed + g->n_parts * g->cv->block_bytes * 3 / 2;
     uint64_t floor = (uint64_t)8 << 20, left = memory > used + floor ? memory - used : floor;
@@ -717,6 +887,7 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     zb_store *store = NULL;
     zb_anndata_writer *w = NULL;
     if (st == ZB_OK) st = zb__pool_new(num_threads > 1 ? num_threads : 0, &g.pool);
+    if (st == ZB_OK && cv->direct) st = direct_open(&g, num_threads);
     if (st == ZB_OK) st = cv_digest_open(cv->out, name, &dg, &store);
     if (st == ZB_OK) st = cv_stored_types(cv);
     zb_anndata_write_opts o = ZB_ANNDATA_WRITE_OPTS_DEFAULT;
@@ -740,6 +911,7 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     cv_digest_free(dg);
     if (st == ZB_OK) st = write_done(&g, files, bytes, crc, index_dtype);
     zb__pool_free(g.pool);
+    if (cv->direct) direct_close(&g);
     parts_free(&g);
     cv_ws_give(cv, g.ws);
     if (st != ZB_OK) return zb__err_context(st, "gather of %s", name);

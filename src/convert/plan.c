@@ -686,6 +686,24 @@ planner_free(planner *p)
     json_object_put(p->doc);
 }
 
+/* Whether the gather reads every cell's matrix rows straight from the inputs (the direct path:
+ * every matrix is CSR in contiguous uncompressed arrays, or CSC, which prepare turns into such a
+ * CSR file), unless ZBATCH_CONVERT_SCRATCH is set to anything but "" or "0" (docs/CONVERT.md). */
+static bool
+direct_rows(planner *p)
+{
+    const char *force = getenv("ZBATCH_CONVERT_SCRATCH");
+    if (force && *force && strcmp(force, "0")) return false;
+    for (size_t k = 0; k < p->n; k++)
+        for (size_t j = 0; j < p->n_mats; j++) {
+            zb__src_raw raw;
+            const zb__src_matrix_info *info = zb__src_matrix_info_of(p->mats[k][j]);
+            bool csc = info->layout == ZB_SRC_CSC && info->dtype != ZB_DT_BOOL;
+            if (!csc && !zb__src_matrix_raw(p->mats[k][j], &raw)) return false;
+        }
+    return true;
+}
+
 /* The scatter file's block size: a gather pass reads a straddling block of every section, so
  * blocks are about a section's share of a pass (convert_int.h, "the scatter file"). */
 static uint64_t
@@ -705,7 +723,7 @@ scatter_block_bytes(const zb_convert_opts *o, uint64_t n_cells, uint64_t total, 
 
 zb_status
 cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o, const char *work,
-              json_object *args, int num_threads)
+              json_object *args, int num_threads, zb__src **keep)
 {
     planner p = {.o = o, .paths = inputs, .n = n, .n_mats = 1 + o->n_layers};
     zb_status st = ZB_OK;
@@ -806,6 +824,7 @@ cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o, con
                                              writer, num_threads);
         zb__jw_add(p.doc, "block_bytes", zb__jw_u64(block), &ok);
     }
+    zb__jw_add(p.doc, "direct", json_object_new_boolean(st == ZB_OK && direct_rows(&p)), &ok);
     zb__jw_add(p.doc, "n_cells", zb__jw_u64(n_cells), &ok);
     zb__jw_add(p.doc, "input_bytes", zb__jw_u64(total), &ok);
     zb__jw_add(p.doc, "memory_bytes", zb__jw_u64(o->memory_bytes), &ok);
@@ -819,6 +838,10 @@ cv_plan_write(const char *const *inputs, size_t n, const zb_convert_opts *o, con
         const void *bufs[1] = {text};
         size_t lens[1] = {strlen(text)};
         st = cv_write_file(path, bufs, lens, 1);
+    }
+    for (size_t k = 0; st == ZB_OK && keep && k < n; k++) { /* handed over open */
+        keep[k] = p.srcs[k];
+        p.srcs[k] = NULL;
     }
     planner_free(&p);
     return st;

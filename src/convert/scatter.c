@@ -4,10 +4,13 @@
  * cells sorted by position as one scratch file with a section per output dataset (the format
  * is described in convert_int.h). The file is the task's only output and appears by rename,
  * so a killed task leaves nothing behind. */
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "convert/convert_int.h"
 #include "util/buf.h"
@@ -24,6 +27,11 @@ cv_arrays(const zb_convert *cv, cv_array *out, size_t *col_start)
     for (size_t j = 0; j < cv->n_mats; j++) {
         int nnz = (int)n;
         out[n++] = (cv_array){4, -1};
+        if (cv->direct) { /* the row's first element in the input and its elements there */
+            out[n++] = (cv_array){8, -1};
+            out[n++] = (cv_array){4, -1};
+            continue;
+        }
         out[n++] = (cv_array){4, nnz};
         out[n++] = (cv_array){zb_dtype_size(cv->mat_dtypes[j]), nnz};
     }
@@ -55,8 +63,8 @@ cmp_u64(const void *a, const void *b)
 
 /* Sorts keys (gene << 32 | position) by gene: LSD radix on the gene's bytes, skipping bytes
  * that are equal everywhere (two passes for the usual < 65,536 genes). */
-static void
-sort_by_gene(uint64_t *keys, uint64_t *tmp, size_t n)
+void
+cv_sort_by_gene(uint64_t *keys, uint64_t *tmp, size_t n)
 {
     if (n < 32) { /* insertion sort: rows this short are common and cheap */
         for (size_t i = 1; i < n; i++) {
@@ -116,7 +124,7 @@ read_cells(scatter *sc)
     uint32_t k = sc->s.input;
     zb__src *src;
     ZB_TRY(cv_source(cv, k, &src));
-    for (size_t j = 0; j < cv->n_mats; j++) {
+    for (size_t j = 0; j < cv->n_mats && !cv->direct; j++) {
         zb__src_matrix *m;
         ZB_TRY(cv_matrix(cv, k, j, &m));
         ZB_TRY(zb__src_matrix_read(m, sc->s.start, sc->s.stop, &sc->mats[j]));
@@ -191,6 +199,31 @@ fill_fixed(scatter *sc)
     return ZB_OK;
 }
 
+uint64_t
+cv_remap_row(const cv_row_map *rm, const uint32_t *ids, const void *vals, uint64_t m,
+             uint64_t *keys, unsigned char *raw, uint32_t *out_ids, void *out_vals)
+{
+    size_t in_item = zb_dtype_size(rm->from);
+    if (rm->identity) { /* the same genes in the same order: the row is copied as it is */
+        memcpy(out_ids, ids, (size_t)m * 4);
+        cv_convert_values(out_vals, rm->to, vals, rm->from, m);
+        return m;
+    }
+    uint64_t kept = 0;
+    for (uint64_t e = 0; e < m; e++) {
+        int32_t g = rm->map[ids[e]];
+        if (g >= 0) keys[kept++] = (uint64_t)g << 32 | e;
+    }
+    if (!rm->monotone) cv_sort_by_gene(keys, keys + m, (size_t)kept);
+    const unsigned char *row = vals;
+    for (uint64_t x = 0; x < kept; x++) {
+        out_ids[x] = (uint32_t)(keys[x] >> 32);
+        memcpy(raw + x * in_item, row + (keys[x] & 0xffffffffu) * in_item, in_item);
+    }
+    cv_convert_values(out_vals, rm->to, raw, rm->from, kept);
+    return kept;
+}
+
 /* Matrix j: each cell's elements with genes remapped (dropped genes left out), in gene order
  * when the map reorders them, values converted to the output dtype. */
 static zb_status
@@ -198,25 +231,24 @@ fill_matrix(scatter *sc, size_t j)
 {
     zb_convert *cv = sc->cv;
     const zb__csr_block *b = &sc->mats[j];
-    const int32_t *map;
-    ZB_TRY(cv_gene_map(cv, sc->s.input, j, &map));
-    bool monotone = cv->inputs[sc->s.input].mats[j].monotone;
-    bool identity = cv->inputs[sc->s.input].mats[j].identity;
+    const cv_in_matrix *im = &cv->inputs[sc->s.input].mats[j];
+    cv_row_map rm = {NULL, im->identity, im->monotone, b->dtype, cv->mat_dtypes[j]};
+    ZB_TRY(cv_gene_map(cv, sc->s.input, j, &rm.map));
     size_t a = cv_matrix_array(j);
     size_t in_item = zb_dtype_size(b->dtype), out_item = sc->arrays[a + 2].item;
-    zb_dtype out_dtype = cv->mat_dtypes[j];
     /* kept elements per cell, in sorted order */
     ZB_TRY(alloc_array(sc, a, sc->n));
     uint32_t *nnz = (uint32_t *)sc->buf[a];
     uint64_t total = 0, longest = 0;
     for (uint64_t q = 0; q < sc->n; q++) {
         uint64_t i = sc->order[q], kept = 0;
-        if (identity) kept = (uint64_t)(b->indptr[i + 1] - b->indptr[i]);
-        for (int64_t e = b->indptr[i]; !identity && e < b->indptr[i + 1]; e++)
-            kept += map[b->indices[e]] >= 0;
+        if (rm.identity) kept = (uint64_t)(b->indptr[i + 1] - b->indptr[i]);
+        for (int64_t e = b->indptr[i]; !rm.identity && e < b->indptr[i + 1]; e++)
+            kept += rm.map[b->indices[e]] >= 0;
         nnz[q] = (uint32_t)kept;
         total += kept;
-        if (kept > longest) longest = kept;
+        uint64_t m = (uint64_t)(b->indptr[i + 1] - b->indptr[i]);
+        if (m > longest) longest = m;
     }
     ZB_TRY(alloc_array(sc, a + 1, total));
     ZB_TRY(alloc_array(sc, a + 2, total));
@@ -224,35 +256,34 @@ fill_matrix(scatter *sc, size_t j)
     unsigned char *raw;
     ZB_TRY(grow(sc, CV_WS_KEYS, (2 * longest + 1) * sizeof *keys, &keys));
     ZB_TRY(grow(sc, CV_WS_RAW, (longest + 1) * in_item, &raw));
-    zb_status st = ZB_OK;
     uint32_t *idx = (uint32_t *)sc->buf[a + 1];
     unsigned char *data = sc->buf[a + 2];
     const unsigned char *vals = b->data;
-    for (uint64_t q = 0; q < sc->n && st == ZB_OK && identity; q++) {
-        /* the same genes in the same order: rows are copied as they are */
+    for (uint64_t q = 0; q < sc->n; q++) {
         uint64_t i = sc->order[q], m = (uint64_t)(b->indptr[i + 1] - b->indptr[i]);
-        memcpy(idx, b->indices + b->indptr[i], (size_t)m * 4);
-        cv_convert_values(data, out_dtype, vals + (size_t)b->indptr[i] * in_item, b->dtype, m);
-        idx += m;
-        data += m * out_item;
+        uint64_t kept =
+            cv_remap_row(&rm, b->indices + b->indptr[i], vals + (size_t)b->indptr[i] * in_item, m,
+                         keys, raw, idx, data);
+        idx += kept;
+        data += kept * out_item;
     }
-    for (uint64_t q = 0; q < sc->n && st == ZB_OK && !identity; q++) {
-        uint64_t i = sc->order[q], m = 0;
-        for (int64_t e = b->indptr[i]; e < b->indptr[i + 1]; e++) {
-            int32_t g = map[b->indices[e]];
-            if (g >= 0) keys[m++] = (uint64_t)g << 32 | (uint64_t)(e - b->indptr[i]);
-        }
-        if (!monotone) sort_by_gene(keys, keys + longest, (size_t)m);
-        const unsigned char *row = vals + (size_t)b->indptr[i] * in_item;
-        for (uint64_t x = 0; x < m; x++) {
-            idx[x] = (uint32_t)(keys[x] >> 32);
-            memcpy(raw + x * in_item, row + (keys[x] & 0xffffffffu) * in_item, in_item);
-        }
-        cv_convert_values(data, out_dtype, raw, b->dtype, m);
-        idx += m;
-        data += m * out_item;
-    }
-    return st;
+    return ZB_OK;
+}
+
+/* The error for a value that the explicit data dtype `asked` cannot hold: matrix j, input row
+ * `row` (of the task's input), the value at `value` of `dtype`. */
+static zb_status
+misfit_error(const scatter *sc, size_t j, uint64_t row, const void *value, zb_dtype dtype,
+             zb_dtype asked)
+{
+    const zb_convert *cv = sc->cv;
+    double v = 0;
+    cv_convert_values(&v, ZB_DT_FLOAT64, value, dtype, 1);
+    return zb__err(ZB_E_INVALID,
+                   "%s: %s, row %" PRIu64 ": the value %.17g is not an integer in "
+                   "[0, %s], so %s cannot hold it exactly (choose a wider data dtype, or auto)",
+                   cv->inputs[sc->s.input].path, cv->mat_keys[j], row, v,
+                   asked == ZB_DT_UINT8 ? "255" : "65535", zb_dtype_name(asked));
 }
 
 /* What matrix j's values are, into the task's stats. An explicit uint8/uint16 that does not
@@ -280,13 +311,94 @@ check_values(scatter *sc, size_t j)
             value_at = at + e;
         }
     }
-    double v = 0;
-    cv_convert_values(&v, ZB_DT_FLOAT64, vals + value_at * item, dtype, 1);
-    return zb__err(ZB_E_INVALID,
-                   "%s: %s, row %" PRIu64 ": the value %.17g is not an integer in "
-                   "[0, %s], so %s cannot hold it exactly (choose a wider data dtype, or auto)",
-                   cv->inputs[sc->s.input].path, cv->mat_keys[j], sc->s.start + row, v,
-                   asked == ZB_DT_UINT8 ? "255" : "65535", zb_dtype_name(asked));
+    return misfit_error(sc, j, sc->s.start + row, vals + value_at * item, dtype, asked);
+}
+
+/* Matrix j on the direct path (the plan's "direct"; docs/CONVERT.md): the gather reads the rows
+ * from the input itself, so the task only records where each cell's row lies — the elements
+ * it keeps, its first element in the input and its elements there — and, when the stored type
+ * depends on them, folds the kept values into the task's stats, checking them against an
+ * explicit data dtype as check_values does. */
+static zb_status
+fill_matrix_direct(scatter *sc, size_t j)
+{
+    zb_convert *cv = sc->cv;
+    uint32_t k = sc->s.input;
+    const cv_in_matrix *im = &cv->inputs[k].mats[j];
+    zb__src_matrix *m;
+    ZB_TRY(cv_matrix(cv, k, j, &m));
+    zb__src_raw raw;
+    if (!zb__src_matrix_raw(m, &raw))
+        return zb__err(ZB_E_CORRUPT,
+                       "%s: %s is not stored as the plan found it (contiguous, "
+                       "uncompressed)",
+                       cv->inputs[k].path, cv->mat_keys[j]);
+    const int32_t *map;
+    ZB_TRY(cv_gene_map(cv, k, j, &map));
+    zb_dtype from = zb__src_matrix_info_of(m)->dtype;
+    size_t item = zb_dtype_size(from);
+    uint64_t n = sc->n;
+    int64_t *ptr;
+    ZB_TRY(grow(sc, CV_WS_INDPTR, (n + 1) * 8, &ptr));
+    ZB_TRY(zb__src_matrix_indptr(m, sc->s.start, sc->s.stop, ptr));
+    uint64_t lo = (uint64_t)ptr[0], count = (uint64_t)ptr[n] - lo;
+    /* the values matter only to a choice that depends on them (auto, uint8, uint16) */
+    bool values =
+        cv->data_choice != ZB_CONVERT_DATA_KEEP && cv->data_choice != ZB_CONVERT_DATA_FLOAT32;
+    unsigned char *vals = NULL;
+    uint32_t *ids = NULL, *kept;
+    if (values) ZB_TRY(grow(sc, CV_WS_RAW, count * item + 1, &vals));
+    if (!im->identity) ZB_TRY(grow(sc, CV_WS_KEYS, count * 4 + 4, &ids));
+    ZB_TRY(grow(sc, CV_WS_TEXT, n * 4 + 4, &kept));
+    if (vals) ZB_TRY(zb__src_raw_read(raw.fd, raw.path, &raw.data, item, lo, count, vals));
+    if (ids) ZB_TRY(zb__src_raw_read(raw.fd, raw.path, &raw.indices, 4, lo, count, ids));
+    for (uint64_t e = 0; ids && e < count; e++)
+        if (ids[e] >= im->n_cols)
+            return zb__err(ZB_E_CORRUPT,
+                           "%s: %s/indices: element %" PRIu64 ": index %" PRId32
+                           " is outside [0, %" PRIu64 ")",
+                           cv->inputs[k].path, cv->mat_keys[j], lo + e, (int32_t)ids[e],
+                           im->n_cols);
+    /* kept elements per cell in input order; the kept values packed in front for the stats */
+    uint64_t w = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t b = (uint64_t)ptr[i] - lo, e = (uint64_t)ptr[i + 1] - lo, c = e - b;
+        if (c > UINT32_MAX)
+            return zb__err(ZB_E_UNSUPPORTED, "%s: %s, row %" PRIu64 ": %" PRIu64 " elements",
+                           cv->inputs[k].path, cv->mat_keys[j], sc->s.start + i, c);
+        if (!im->identity) {
+            c = 0;
+            for (uint64_t x = b; x < e; x++) {
+                if (map[ids[x]] < 0) continue;
+                if (vals) memmove(vals + (w + c) * item, vals + x * item, item);
+                c++;
+            }
+        }
+        kept[i] = (uint32_t)c;
+        w += c;
+    }
+    if (vals) cv_stats_add(&sc->stats[j], vals, from, w);
+    zb_dtype asked = cv_explicit_dtype(cv->data_choice);
+    if (asked != ZB_DT_COUNT_ && asked != ZB_DT_FLOAT32 && !cv_stats_fit(&sc->stats[j], asked)) {
+        for (uint64_t i = 0, at = 0; i < n; at += kept[i++]) {
+            uint64_t e = cv_first_misfit(vals + at * item, from, kept[i], asked);
+            if (e < kept[i])
+                return misfit_error(sc, j, sc->s.start + i, vals + (at + e) * item, from, asked);
+        }
+    }
+    size_t a = cv_matrix_array(j);
+    ZB_TRY(alloc_array(sc, a, n));
+    ZB_TRY(alloc_array(sc, a + 1, n));
+    ZB_TRY(alloc_array(sc, a + 2, n));
+    uint32_t *nnz = (uint32_t *)sc->buf[a], *len = (uint32_t *)sc->buf[a + 2];
+    uint64_t *first = (uint64_t *)sc->buf[a + 1];
+    for (uint64_t q = 0; q < n; q++) {
+        uint64_t i = sc->order[q];
+        nnz[q] = kept[i];
+        first[q] = (uint64_t)ptr[i];
+        len[q] = (uint32_t)(ptr[i + 1] - ptr[i]);
+    }
+    return ZB_OK;
 }
 
 /* Column c: values converted and permuted, codes remapped, strings, masks. */
@@ -530,6 +642,10 @@ cv_scatter_task(zb_convert *cv, size_t t)
     if (st == ZB_OK) st = sort_cells(&sc);
     if (st == ZB_OK) st = fill_fixed(&sc);
     for (size_t j = 0; st == ZB_OK && j < cv->n_mats; j++) {
+        if (cv->direct) {
+            st = fill_matrix_direct(&sc, j);
+            continue;
+        }
         st = fill_matrix(&sc, j);
         if (st == ZB_OK) st = check_values(&sc, j);
     }

@@ -1,11 +1,13 @@
 /* The backend-neutral half of a conversion source (source.h): opening by what the path holds,
  * the matrix cache, and the reusable row and column blocks. */
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "convert/source.h"
 #include "util/buf.h"
@@ -190,6 +192,51 @@ const zb__src_matrix_info *
 zb__src_matrix_info_of(const zb__src_matrix *m)
 {
     return &m->info;
+}
+
+zb_status
+zb__src_pread(int fd, const char *path, void *dst, uint64_t len, uint64_t off)
+{
+    unsigned char *p = dst;
+    while (len) {
+        ssize_t r =
+            pread(fd, p, len > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)len, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            return zb__err(ZB_E_IO, "%s: read at %" PRIu64 ": %s", path, off, strerror(errno));
+        if (r == 0)
+            return zb__err(ZB_E_TRUNCATED, "%s: ends before byte %" PRIu64, path, off + len);
+        p += r;
+        off += (uint64_t)r;
+        len -= (uint64_t)r;
+    }
+    return ZB_OK;
+}
+
+zb_status
+zb__src_raw_read(int fd, const char *path, const zb__src_raw_array *a, size_t item, uint64_t first,
+                 uint64_t n, void *dst)
+{
+    unsigned char *p = dst;
+    while (n) {
+        uint64_t run, at = zb__src_raw_at(a, item, first, &run);
+        if (run > n) run = n;
+        ZB_TRY(zb__src_pread(fd, path, p, run * item, at));
+        p += run * item;
+        first += run;
+        n -= run;
+    }
+    return ZB_OK;
+}
+
+bool
+zb__src_matrix_raw(zb__src_matrix *m, zb__src_raw *out)
+{
+    if (m->info.layout != ZB_SRC_CSR || m->info.dtype == ZB_DT_BOOL || !m->methods->raw)
+        return false;
+    /* element-aligned offsets (zb__src_raw); a backend with chunks checks its table itself */
+    return m->methods->raw(m, out) && out->indices.at % 4 == 0 &&
+           out->data.at % zb_dtype_size(m->info.dtype) == 0;
 }
 
 zb_status

@@ -84,6 +84,53 @@ zb_status zb__src_matrix_indptr(zb__src_matrix *m, uint64_t start, uint64_t stop
  * naming file, key, row and element). */
 zb_status zb__src_matrix_read(zb__src_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out);
 
+/* Where a CSR matrix's elements lie in a file, for readers that fetch rows themselves with
+ * pread (the conversion's direct gather). An array (indices: uint32 or int32 ids; data: elements
+ * of info.dtype), uncompressed and in native byte order, is either one extent (chunk == 0:
+ * element e at at + e * item) or chunks of `chunk` elements, each an extent (element e at
+ * chunk_at[e / chunk] + (e % chunk) * item; the last chunk stored whole). Every offset is a
+ * multiple of the element size. indptr comes from zb__src_matrix_indptr (checked there); ids
+ * read this way are not checked: the reader checks them against n_cols. */
+typedef struct zb__src_raw_array {
+    uint64_t at;
+    uint64_t chunk;
+    const uint64_t *chunk_at; /* lives with the matrix */
+} zb__src_raw_array;
+
+typedef struct zb__src_raw {
+    const char *path;
+    int fd; /* the file, open for pread (owned by the matrix: no new descriptor per reader) */
+    zb__src_raw_array indices, data;
+} zb__src_raw;
+
+/* True, with *out filled, when m is a CSR matrix stored that way (an .h5ad CSR matrix whose
+ * data and indices are unfiltered datasets of native numbers, contiguous or chunked with every
+ * chunk written, 32-bit ids and non-bool data; a CSR file of csr_file.c); false otherwise
+ * (compressed datasets, a Zarr store, CSC, dense), and then rows are read through
+ * zb__src_matrix_read. */
+bool zb__src_matrix_raw(zb__src_matrix *m, zb__src_raw *out);
+
+/* The byte offset of element e of a raw array of `item`-byte elements, and how many elements
+ * from e on lie in one extent there (UINT64_MAX for a contiguous array). */
+static inline uint64_t
+zb__src_raw_at(const zb__src_raw_array *a, size_t item, uint64_t e, uint64_t *run)
+{
+    if (!a->chunk) {
+        *run = UINT64_MAX;
+        return a->at + e * item;
+    }
+    *run = a->chunk - e % a->chunk;
+    return a->chunk_at[e / a->chunk] + (e % a->chunk) * item;
+}
+
+/* Reads exactly `len` bytes of fd (the file `path`, for messages) at `off`: ZB_E_IO naming the
+ * file and offset, ZB_E_TRUNCATED when it ends first. */
+zb_status zb__src_pread(int fd, const char *path, void *dst, uint64_t len, uint64_t off);
+/* Elements [first, first + n) of a raw array (zb__src_raw) of `item`-byte elements, from the file
+ * `path` open as fd, into dst: one pread per extent they cross. */
+zb_status zb__src_raw_read(int fd, const char *path, const zb__src_raw_array *a, size_t item,
+                           uint64_t first, uint64_t n, void *dst);
+
 /* The names of the matrix's columns: var/_index (raw/var/_index for raw/X), n_cols strings. */
 zb_status zb__src_matrix_var_names(zb__src_matrix *m, zb_strings *out);
 
@@ -165,6 +212,8 @@ typedef struct zb__src_matrix_methods {
     zb_status (*read)(zb__src_matrix *m, uint64_t start, uint64_t stop, zb__csr_block *out);
     zb_status (*var_names)(zb__src_matrix *m, zb_strings *out);
     void (*close)(zb__src_matrix *m);
+    /* optional: where a CSR matrix's indices and data lie in a file (zb__src_matrix_raw) */
+    bool (*raw)(zb__src_matrix *m, zb__src_raw *out);
 } zb__src_matrix_methods;
 
 struct zb__src_matrix {

@@ -761,10 +761,8 @@ matrix_close(zb__src_matrix *bm)
 }
 
 static const zb__src_matrix_methods matrix_methods = {
-    matrix_indptr,
-    matrix_read,
-    matrix_var_names,
-    matrix_close,
+    matrix_indptr, matrix_read, matrix_var_names,
+    matrix_close,  NULL, /* no raw rows: chunks are compressed */
 };
 
 /* One array of a sparse group: 1-d, of an integer type when `integer`, else numeric. */

@@ -90,7 +90,7 @@ mock_close(zb__src_matrix *m)
 }
 
 static const zb__src_matrix_methods mock_methods = {mock_indptr, mock_read, mock_var_names,
-                                                    mock_close};
+                                                    mock_close, NULL};
 
 /* ---- random matrices and their dense reference ------------------------------------------------
  */

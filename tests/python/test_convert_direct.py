@@ -1,0 +1,216 @@
+"""The direct path of zbatch convert: when every input matrix is CSR with its data and indices
+stored contiguous and uncompressed (anndata's default .h5ad), the gather reads each cell's row
+straight from its input instead of through the scatter's scratch files. Forced off with
+ZBATCH_CONVERT_SCRATCH=1, the scratch path must give the same bytes; the oracle for the values
+is anndata (check_cells compares every output row with its source row gene by gene).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import anndata as ad
+import h5py
+import numpy as np
+import pytest
+
+from conftest import CLI, zbatch_api
+from test_convert_collection import ALL_GENES, check_cells, make_adata, tree_bytes
+
+
+@pytest.fixture(scope="module")
+def h5ads(tmp_path_factory):
+    """Three .h5ad inputs with different gene sets (a subset, a permutation: a gene map that
+    reorders, a reversed one) and a layer whose type differs between inputs (float64 with
+    fractions in one, float32 counts in the others: promoted to float64)."""
+    d = tmp_path_factory.mktemp("direct")
+    rng = np.random.default_rng(4)
+    sets = [ALL_GENES[:30], list(rng.permutation(ALL_GENES[10:40])), ALL_GENES[5:35][::-1]]
+    out = []
+    for k, (n, genes) in enumerate(zip([230, 170, 95], sets)):
+        a = make_adata(k, n, genes, ["B", "T", "NK"][: 2 + k % 2], seed=40 + k)
+        layer = a.X.copy()
+        layer.data = (layer.data / 3).astype(np.float64) if k == 1 else layer.data * 2
+        a.layers["norm"] = layer
+        if k == 2:  # empty rows
+            X = a.X.tolil()
+            X[::7] = 0
+            a.X = X.tocsr()
+            a.X.eliminate_zeros()
+        p = d / f"in{k}.h5ad"
+        a.write_h5ad(p)
+        if k == 0:  # chunks of 7 elements: rows straddle chunks, read piece by piece
+            with h5py.File(p, "r+") as f:
+                for name in ("data", "indices"):
+                    values = f["X"][name][:]
+                    del f["X"][name]
+                    f["X"].create_dataset(name, data=values, chunks=(7,))
+        out.append((str(p), a))
+    return out
+
+
+def convert(paths, out, *extra, scratch=False):
+    env = dict(os.environ)
+    env.pop("ZBATCH_CONVERT_SCRATCH", None)
+    if scratch:
+        env["ZBATCH_CONVERT_SCRATCH"] = "1"
+    return subprocess.run([str(CLI), "convert", *paths, "-o", str(out), "--quiet", *extra],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def planned_direct(paths, out, scratch=False, **opts):
+    """The plan's choice (plan.json "direct") and the scatter files' total size, from the
+    Python API's phases."""
+    z = zbatch_api()
+    from zbatch import _zbatch
+    os.environ.pop("ZBATCH_CONVERT_SCRATCH", None)
+    if scratch:
+        os.environ["ZBATCH_CONVERT_SCRATCH"] = "1"
+    try:
+        o = {"dataset_size": 200, "var_join": "outer", "genes": None, "obs": None, "x": "X",
+             "layers": [], "memory_bytes": 64 << 20, "seed": 0, "shuffle": True,
+             "zarr_format": 3, "codec": None, "x_chunk": None, "x_shard": None,
+             "num_threads": 1, "data_dtype": "auto", "index_dtype": "auto", "work_dir": None,
+             "remote": None}
+        o.update(opts)
+        plan = _zbatch.convert_plan(paths, str(out), o)
+    finally:
+        os.environ.pop("ZBATCH_CONVERT_SCRATCH", None)
+    doc = json.loads((Path(out) / ".zbatch-convert" / "plan.json").read_text())
+    assert z is not None and plan["tasks"][0] == len(paths)
+    return doc["direct"]
+
+
+@pytest.mark.parametrize("extra", [
+    [],
+    ["--var-join", "inner", "--data-dtype", "keep", "--layers", "norm"],
+    ["--data-dtype", "uint16", "--threads", "3", "--memory", "64M"],
+    ["--layers", "norm", "--dataset-size", "120", "--threads", "2"],
+], ids=["outer-auto", "inner-keep-layer", "uint16", "layer-small-datasets"])
+def test_direct_and_scratch_give_the_same_bytes(h5ads, tmp_path, extra):
+    paths = [p for p, _ in h5ads]
+    direct, scratch = tmp_path / "direct.zarr", tmp_path / "scratch.zarr"
+    r = convert(paths, direct, *extra)
+    assert r.returncode == 0, r.stderr
+    r = convert(paths, scratch, *extra, scratch=True)
+    assert r.returncode == 0, r.stderr
+    ta, tb = tree_bytes(direct), tree_bytes(scratch)
+    assert ta.keys() == tb.keys()
+    assert [k for k in ta if ta[k] != tb[k]] == []
+    inner = "inner" in extra
+    genes = [g for g in ALL_GENES if all(g in a.var_names for _, a in h5ads)] if inner else \
+        sorted({g for _, a in h5ads for g in a.var_names}, key=ALL_GENES.index)
+    check_cells(direct, h5ads, genes)
+    if "norm" in extra:  # the layer, gene by gene, against anndata's
+        names = sorted((p for p in direct.iterdir() if p.name.startswith("dataset_")),
+                       key=lambda p: int(p.name.split("_")[1]))
+        for ds in names:
+            got = ad.read_zarr(ds)
+            assert got.layers["norm"].dtype == np.float64
+            for i in range(0, got.n_obs, 7):
+                k, row = int(got.obs["src_path"].cat.codes.iloc[i]), int(got.obs["src_row"].iloc[i])
+                src = h5ads[k][1]
+                want = dict(zip(src.var_names, src.layers["norm"][row].toarray()[0]))
+                have = got.layers["norm"][i].toarray()[0]
+                for g, v in zip(got.var_names, have):
+                    assert v == want.get(g, 0.0), (ds.name, i, g)
+
+
+def test_the_plan_chooses_the_path(h5ads, tmp_path):
+    """Contiguous uncompressed h5ad: direct, with scratch files of a few bytes per cell; forced
+    off by the variable; a compressed (chunked) X keeps the scratch path."""
+    paths = [p for p, _ in h5ads]
+    assert planned_direct(paths, tmp_path / "a.zarr") is True
+    assert planned_direct(paths, tmp_path / "b.zarr", scratch=True) is False
+    gz = tmp_path / "gz.h5ad"
+    h5ads[0][1].write_h5ad(gz, compression="gzip")
+    assert planned_direct([str(gz), paths[1]], tmp_path / "c.zarr") is False
+    # a direct conversion's scatter files hold no matrix values: far smaller than the scratch
+    # path's (the obs columns, the same in both, are most of what remains)
+    from zbatch import _zbatch
+
+    def scatter_bytes(out):
+        for t in range(len(paths)):
+            assert _zbatch.convert_task(str(out), 0, t, 1, 64 << 20)
+        slices = json.loads((out / ".zbatch-convert" / "plan.json").read_text())["slices"]
+        for t in range(len(slices)):
+            assert _zbatch.convert_task(str(out), 1, t, 1, 64 << 20)
+        return sum(f.stat().st_size for f in (out / ".zbatch-convert" / "scatter").iterdir())
+
+    direct, scratch = scatter_bytes(tmp_path / "a.zarr"), scatter_bytes(tmp_path / "b.zarr")
+    assert direct < scratch * 0.7, (direct, scratch)
+
+
+def test_a_bad_column_id_is_named_on_the_direct_path(h5ads, tmp_path):
+    """An index beyond the input's genes, written into the file after anndata: the conversion
+    fails naming the file and the element, on both paths, and leaves no dataset."""
+    src = tmp_path / "bad.h5ad"
+    h5ads[0][1].write_h5ad(src)
+    with h5py.File(src, "r+") as f:
+        f["X/indices"][7] = 1000
+    for scratch in (False, True):
+        out = tmp_path / f"out{int(scratch)}.zarr"
+        r = convert([str(src)], out, scratch=scratch)
+        assert r.returncode != 0
+        assert str(src) in r.stderr and "X/indices" in r.stderr and "outside" in r.stderr, \
+            r.stderr
+        assert scratch or "element 7: index 1000" in r.stderr, r.stderr
+        assert not list(out.glob("dataset_*/zarr.json"))
+
+
+def test_dask_workers_read_the_inputs_directly(h5ads, tmp_path):
+    """Gather tasks on Dask worker processes read the rows from the inputs themselves: the same
+    bytes as the scratch path on the command's own threads."""
+    from dask.distributed import Client, LocalCluster
+    zb = zbatch_api()
+    paths = [p for p, _ in h5ads]
+    ref = tmp_path / "ref.zarr"
+    assert convert(paths, ref, "--dataset-size", "100", "--memory", "64M",
+                   scratch=True).returncode == 0
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        zb.convert(paths, tmp_path / "dask.zarr", dataset_size=100, memory="64M",
+                   progress=False, client=client)
+    ta, tb = tree_bytes(ref), tree_bytes(tmp_path / "dask.zarr")
+    assert ta.keys() == tb.keys() and [k for k in ta if ta[k] != tb[k]] == []
+
+
+def test_an_explicit_dtype_that_cannot_hold_a_value_fails_alike(h5ads, tmp_path):
+    """--data-dtype uint8 on a layer of fractions: both paths refuse it with the same message
+    (input, matrix, row, value) and leave no dataset."""
+    msgs = []
+    for scratch in (False, True):
+        out = tmp_path / f"o{int(scratch)}.zarr"
+        r = convert([h5ads[1][0]], out, "--layers", "norm", "--data-dtype", "uint8",
+                    "--threads", "1", scratch=scratch)
+        assert r.returncode != 0
+        assert "layers/norm" in r.stderr and "cannot hold it exactly" in r.stderr, r.stderr
+        assert not list(out.glob("dataset_*/zarr.json"))
+        msgs.append(r.stderr[r.stderr.index(h5ads[1][0]):].splitlines()[0])
+    assert msgs[0] == msgs[1]
+    # the row it names holds that value (anndata's reading)
+    row = int(msgs[0].split(", row ")[1].split(":")[0])
+    value = float(msgs[0].split("the value ")[1].split(" ")[0])
+    assert value in h5ads[1][1].layers["norm"][row].data
+
+
+
+def test_a_csc_input_is_read_from_its_transposed_file(h5ads, tmp_path):
+    """A CSC X is transposed by prepare into a CSR file, which the direct gather reads like an
+    h5ad: the plan stays direct, and the bytes equal the scratch path's."""
+    csc = tmp_path / "csc.h5ad"
+    a = h5ads[1][1].copy()
+    a.X = a.X.tocsc()
+    a.layers.clear()
+    a.write_h5ad(csc)
+    paths = [h5ads[0][0], str(csc)]
+    assert planned_direct(paths, tmp_path / "plan.zarr") is True
+    direct, scratch = tmp_path / "d.zarr", tmp_path / "s.zarr"
+    assert convert(paths, direct, "--dataset-size", "150").returncode == 0
+    assert convert(paths, scratch, "--dataset-size", "150", scratch=True).returncode == 0
+    ta, tb = tree_bytes(direct), tree_bytes(scratch)
+    assert ta.keys() == tb.keys() and [k for k in ta if ta[k] != tb[k]] == []
+    genes = sorted({g for p in (h5ads[0][1], a) for g in p.var_names}, key=ALL_GENES.index)
+    check_cells(direct, [(h5ads[0][0], h5ads[0][1]), (str(csc), a)], genes)
