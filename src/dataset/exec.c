@@ -884,12 +884,36 @@ list_task(listed *l, size_t t, size_t *nr, uint64_t *bytes)
 
 /* Collects every listed task (on the calling thread: what needs no fetch is served now) and
  * lists their reads (l->reads, in task order). */
+/* The shard indexes the window's listed tasks need and the index cache lacks, read before any
+ * task is collected: all in one round of requests, not one shard after another as each task
+ * first needs its own (two round trips each in the window's critical path). */
+static zb_status
+prefetch_indexes(plan *p)
+{
+    const zb_array **arrays = malloc((p->ntasks + 1) * sizeof *arrays);
+    uint64_t *rows = malloc((p->ntasks + 1) * sizeof *rows);
+    size_t n = 0;
+    zb_read_stats *rs = NULL;
+    zb_status st = arrays && rows ? ZB_OK : zb__err(ZB_E_NOMEM, "read_many: out of memory");
+    for (size_t t = 0; st == ZB_OK && t < p->ntasks; t++) {
+        if (!task_listed(p, &p->tasks[t])) continue;
+        arrays[n] = task_array(p, &p->tasks[t]);
+        rows[n++] = p->copies[p->tasks[t].c0].unit;
+        if (!rs) rs = &p->tasks[t].stats;
+    }
+    if (st == ZB_OK && n) st = zb__unit_index_prefetch(p->ds->index_cache, arrays, rows, n, rs);
+    free(arrays);
+    free(rows);
+    return st;
+}
+
 static zb_status
 collect_listed(listed *l)
 {
     plan *p = l->p;
     size_t nr = 0;
     uint64_t bytes = 0;
+    ZB_TRY(prefetch_indexes(p));
     for (size_t t = 0; t < p->ntasks; t++) {
         if (!task_listed(p, &p->tasks[t])) continue;
         exec x = {p, &p->tasks[t], p->ctx};

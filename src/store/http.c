@@ -109,6 +109,7 @@ static const zb_store_methods http_methods = {
     .list = http_list,
     .close = http_close,
     .get_ranges = http_get_ranges,
+    .suffix_ranges = true,
     .stats = http_stats,
 };
 

@@ -23,7 +23,7 @@ typedef struct zb__coalesced {
 /* Plans the requests for `n` ranges: sorts their indices into `order` (by key, then offset) and
  * groups ranges of one key whose gap to the group is at most `gap` bytes while the group spans
  * at most `max_bytes` (a single range longer than that is one request on its own). Zero-length
- * ranges are left out of every group. *groups is malloc'd (free with free()); *ngroups counts
+ * ranges are left out of every group; a suffix range (ZB_RANGE_SUFFIX) is a group of its own. *groups is malloc'd (free with free()); *ngroups counts
  * them. */
 zb_status zb__coalesce(const zb_range *ranges, size_t n, uint64_t gap, uint64_t max_bytes,
                        size_t *order, zb__coalesced **groups, size_t *ngroups);

@@ -369,6 +369,7 @@ static const zb_store_methods s3_methods = {
     .rename = s3_rename,
     .close = s3_close,
     .get_ranges = s3_get_ranges,
+    .suffix_ranges = true,
     .stats = s3_stats,
 };
 

@@ -64,8 +64,8 @@ def _covers(records, chunks: dict) -> Counter:
     """How many GETs covered each chunk of `chunks` whole."""
     count = Counter()
     for r in records:
-        if r.method != "GET":
-            continue
+        if r.method != "GET" or r.range.startswith("bytes=-"):
+            continue  # a suffix range reads a shard's index: no chunk
         m = re.fullmatch(r"bytes=(\d+)-(\d+)", r.range)
         lo, hi = (int(m[1]), int(m[2]) + 1) if m else (0, 1 << 62)
         for (path, off), n in chunks.items():
@@ -211,3 +211,34 @@ def test_two_window_reads_at_once_share_connections_without_waiting(root, nginx_
     for ids, x in zip(windows, got):
         assert (x != local.read_many(ids)["X"]).nnz == 0
     assert ds.store_stats()["retries"] == 0
+
+
+def test_a_window_reads_its_shard_indexes_once_in_one_round(root, nginx_serve):
+    """Before a window fetches any inner chunk, the indexes of every shard it touches are read
+    in one round: one suffix request each ("bytes=-N": the index's 16 bytes per inner chunk and
+    its crc32c; no HEAD for the shard's size), all in flight together; the chunk requests start
+    after them; no (object, range) is asked twice; a later window on the same shards reads no
+    index again. nginx adds 20 ms to every request, so the rounds show in its log."""
+    store = root / "sharded.zarr"
+    server = nginx_serve(root, latency_ms=20)
+    ds = zbatch.open(f"{server.url}/sharded.zarr", storage_options=NO_GAP, num_threads=2)
+    local = zbatch.open(str(store))
+    shards = {f"/sharded.zarr/X/{a}/c/{p.name}" for a in ("data", "indices")
+              for p in (store / "X" / a / "c").iterdir()}
+    assert len(shards) == 32
+    since = server.log_offset()
+    ids = np.arange(0, 800, 7)  # rows in every shard
+    assert (ds.read_many(ids)["X"] != local.read_many(ids)["X"]).nnz == 0
+    log = [r for r in server.requests(since) if r.path in shards]
+    assert {r.method for r in log} == {"GET"}
+    idx = [r for r in log if r.range.startswith("bytes=-")]
+    assert sorted(r.path for r in idx) == sorted(shards)  # each shard's index once
+    assert {r.range for r in idx} == {f"bytes=-{8 * 16 + 4}"}
+    assert max(r.start for r in idx) < min(r.end for r in idx)  # one round
+    chunks = [r for r in log if r not in idx]
+    assert chunks and min(r.start for r in chunks) >= max(r.end for r in idx) - 0.002
+    assert len({(r.path, r.range) for r in chunks}) == len(chunks)
+    since = server.log_offset()
+    ids = np.arange(3, 800, 7)
+    assert (ds.read_many(ids)["X"] != local.read_many(ids)["X"]).nnz == 0
+    assert not [r for r in server.requests(since) if r.range.startswith("bytes=-")]
