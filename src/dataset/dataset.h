@@ -239,6 +239,10 @@ zb_status zb__var_reorder_csr(void *idx, zb_dtype idx_dtype, uint8_t *vals, size
 
 /* Category tables (columns.c): the field's own table, loaded once. */
 zb_status zb__field_load_categories(zb_dataset *ds, zb__field *f);
+/* Loads the categories of fields f[i] of datasets ds[i] (n of them; the lists are reordered);
+ * at_once: each not loaded yet on a thread of its own, all at once (a remote store: their reads' round trips overlap). The first
+ * failure in list order is returned. */
+zb_status zb__fields_load_categories(zb_dataset **ds, zb__field **f, size_t n, bool at_once);
 
 /* Layout builders (layouts.c). Each fills fields/segments of ds from the tree. */
 struct zb__tree;

@@ -464,7 +464,7 @@ zb__merge_next(const void *spans, size_t size, size_t i, size_t n, zb__merge_rul
 bool
 zb__unit_lists_ranges(const zb_array *a)
 {
-    return a->store->m->get_ranges != NULL;
+    return zb__store_lists_ranges(a->store);
 }
 
 static zb_status
