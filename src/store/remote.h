@@ -145,6 +145,10 @@ void zb__remote_stats(zb__remote *r, zb_store_stats *out);
 /* Replaces every credential of the options found in this thread's error message by "***". */
 void zb__remote_redact(const zb__remote *r);
 
+/* The coalesce_gap of a remote store's options (http, https, s3); 0 for any other store. */
+uint64_t zb__remote_store_gap(const zb_store *s);
+uint64_t zb__s3_store_gap(const zb_store *s); /* (the s3 part of it) */
+
 /* Backends. */
 zb_status zb__store_open_http(const char *url, const zb_remote_opts *opts, zb_store **out);
 zb_status zb__store_open_s3(const char *url, const zb_remote_opts *opts, zb_store **out);

@@ -130,6 +130,40 @@ def test_sharded_each_inner_chunk_fetched_once_over_epochs(root, nginx_serve, sa
     assert sum(r.nbytes for r in x_gets) == sum(chunks.values()) + len(shards) * (16 * 8 + 4)
 
 
+def test_units_in_a_requests_gap_are_kept_not_fetched_again(root, nginx_serve):
+    """A window that wants inner chunks 0 and 2 of a shard gets chunk 1 too: the store's one
+    request spans the gap between them (its coalesce_gap, 64 KiB by default), and chunk 1 is
+    kept in the fetch cache with them (fill_gaps), so a later window that wants chunk 1 fetches
+    nothing (before, it fetched chunk 1 again). The rows are picked from X/indptr, each inside
+    one inner chunk (256 values) of the first shards; the batches are the local ones."""
+    import zarr
+    store = root / "sharded.zarr"
+    server = nginx_serve(root)
+    local = zbatch.open(str(store))
+    indptr = zarr.open_group(str(store), mode="r")["X/indptr"][:]
+    inside = {k: next(r for r in range(len(indptr) - 1)
+                      if 256 * k <= indptr[r] < indptr[r + 1] <= 256 * (k + 1)) for k in (0, 1, 2)}
+    chunks = {**_inner_chunks(store, "X/data"), **_inner_chunks(store, "X/indices")}
+    first = {a: sorted(o for (p, o) in chunks if p == f"/sharded.zarr/X/{a}/c/0")
+             for a in ("data", "indices")}
+    ds = zbatch.open(f"{server.url}/sharded.zarr", num_threads=2)
+    seen = []
+    for ids in ([inside[0], inside[2]], [inside[1]]):
+        since = server.log_offset()
+        assert (ds.read_many(ids)["X"] != local.read_many(ids)["X"]).nnz == 0
+        seen.append(sorted((r.path, r.range) for r in server.requests(since)
+                           if r.path.startswith("/sharded.zarr/X/") and "/indptr/" not in r.path))
+    # the first window: each shard's index, then chunks 0-2 in one request per array
+    want = []
+    for a in ("data", "indices"):
+        end = first[a][2] + chunks[(f"/sharded.zarr/X/{a}/c/0", first[a][2])]
+        assert first[a][0] == 0
+        want += [(f"/sharded.zarr/X/{a}/c/0", f"bytes=-{8 * 16 + 4}"),
+                 (f"/sharded.zarr/X/{a}/c/0", f"bytes=0-{end - 1}")]
+    assert seen[0] == sorted(want)
+    assert seen[1] == []  # chunk 1 of both arrays came with the first window's requests
+
+
 def test_loader_over_http_fetches_each_inner_chunk_at_most_twice(root, nginx_serve):
     """The loader (two windows read at once) over three epochs: local batches, and no inner
     chunk fetched more than twice (once, or once by each of two windows read together)."""
