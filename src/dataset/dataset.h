@@ -174,6 +174,10 @@ struct zb_dataset {
     zb__cache *fetch_cache; /* encoded units fetched from a store that lists ranges (exec.c) */
     zb__arena_pool *arenas; /* batch memory, reused across reads */
     pthread_mutex_t plan_mu;
+    /* a request's first reads of category tables and shard indexes (plan_checks,
+     * prefetch_indexes), one request at a time: two windows read together (the loader's) find
+     * what the first fetched instead of fetching it too */
+    pthread_mutex_t fetch_mu;
     struct zb__plan_mem *plan_free; /* read_many's plan memory, reused across reads (reader.c) */
     size_t plan_nfree;
     bool is_child;

@@ -957,7 +957,11 @@ prefetch_indexes(plan *p)
         rows[n++] = p->copies[p->tasks[t].c0].unit;
         if (!rs) rs = &p->tasks[t].stats;
     }
-    if (st == ZB_OK && n) st = zb__unit_index_prefetch(p->ds->index_cache, arrays, rows, n, rs);
+    if (st == ZB_OK && n) {
+        pthread_mutex_lock(&p->ds->fetch_mu);
+        st = zb__unit_index_prefetch(p->ds->index_cache, arrays, rows, n, rs);
+        pthread_mutex_unlock(&p->ds->fetch_mu);
+    }
     free(arrays);
     free(rows);
     return st;

@@ -454,7 +454,11 @@ plan_checks(plan *p)
         }
     }
     /* loaded once; from a remote store all at once (each table is two round trips) */
-    if (st == ZB_OK && n) st = zb__fields_load_categories(chs, fds, n, remote);
+    if (st == ZB_OK && n) {
+        pthread_mutex_lock(&ds->fetch_mu);
+        st = zb__fields_load_categories(chs, fds, n, remote);
+        pthread_mutex_unlock(&ds->fetch_mu);
+    }
     free(chs);
     free(fds);
     ZB_TRY(st);

@@ -276,3 +276,42 @@ def test_a_window_reads_its_shard_indexes_once_in_one_round(root, nginx_serve):
     ids = np.arange(3, 800, 7)
     assert (ds.read_many(ids)["X"] != local.read_many(ids)["X"]).nnz == 0
     assert not [r for r in server.requests(since) if r.range.startswith("bytes=-")]
+
+
+def test_the_loaders_two_windows_fetch_tables_and_indexes_once(tmp_path, nginx_serve):
+    """The loader reads two windows at once from the start: the category tables and the shard
+    indexes both first windows need are fetched by one of them, once each (the other waits for
+    them instead of fetching them too); the category tables of a remote store are read all at
+    once (their requests overlap in nginx's log, 10 ms added to each); the batches are the
+    local ones."""
+    from conftest import run_cli
+    store = tmp_path / "cells.zarr"
+    out = run_cli("synth", "--kind", "cells", "--n", "3000", "-o", store, "--seed", "2")
+    assert out.returncode == 0, out.stderr
+    server = nginx_serve(tmp_path, latency_ms=10)
+
+    def epoch(ds):
+        loader = zbatch.DataLoader(ds, batch_size=128, sampler="block", seed=3, output="numpy",
+                                   prefetch_factor=4, block_size=16, blocks_per_window=32)
+        got = [b["X"].copy() for b in loader]
+        loader.close()
+        return got
+
+    want = epoch(zbatch.open(str(store)))
+    got = epoch(zbatch.open(f"{server.url}/cells.zarr", num_threads=2))
+    assert len(got) == len(want) > 4
+    for g, w in zip(got, want):
+        assert (g != w).nnz == 0
+    log = server.requests()
+    tables = [r for r in log if "/categories/" in r.path]
+    indexes = [r for r in log if r.range.startswith("bytes=-")]
+    cats = {p.name for p in (store / "obs").iterdir() if (p / "categories").is_dir()}
+    assert len(cats) >= 2
+    # each table's metadata and chunk once; each shard index once
+    assert sorted((r.path, r.range) for r in tables) == sorted(set((r.path, r.range)
+                                                                    for r in tables))
+    assert {r.path.split("/")[3] for r in tables} == cats
+    assert len(tables) == 2 * len(cats)
+    assert len({(r.path, r.range) for r in indexes}) == len(indexes) > 0
+    meta = [r for r in tables if r.path.endswith("zarr.json")]
+    assert max(r.start for r in meta) < min(r.end for r in meta)  # all at once
