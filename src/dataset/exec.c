@@ -825,6 +825,10 @@ serve_read(void *arg, zb_ctx *ctx)
     zb_range *r = rd->r;
     zb_status st = rd->kept ? kept_fill(rd, r) : ZB_OK;
     bool plain = zb__array_units(rd->a)->kind == ZB_UNITS_PLAIN;
+    /* fetched units go into the fetch cache (a plain unit when the object was read whole: it
+     * ended within the bound) */
+    if (!rd->kept && r->status == ZB_OK && (plain ? r->nread < r->length : r->nread == r->length))
+        kept_put(rd);
     if (st == ZB_OK && plain) {
         /* a missing object is fill; one that filled the bound is fetched again whole (a kept
          * object's range is its exact size) */
@@ -895,10 +899,8 @@ read_done(void *arg, size_t i)
     if (r->status == ZB_OK) {
         rd->t.stats.range_reads++;
         rd->t.stats.bytes_fetched += r->nread;
-        /* a plain unit is kept when the object was read whole (it ended within the bound) */
-        if (plain ? r->nread < r->length : r->nread == r->length) kept_put(rd);
     }
-    serve_now(l, rd);
+    serve_now(l, rd); /* kept there (serve_read), off the thread that receives */
     return 0;
 }
 
