@@ -510,9 +510,22 @@ fill_gaps(exec *x, const zb_array *a, size_t c0, const uint64_t *entries, uint64
     uint64_t gap = zb__remote_store_gap(u->store);
     size_t n = ws->n;
     if (!fc || !gap || n < 2) return;
+    /* the gaps a request spans: between neighbours to fetch (a cached one is not fetched) at
+     * most `gap` apart; none, the usual case once the store is cached, and nothing is filled */
+    bool *spanned = malloc(n), any = false;
+    if (!spanned) return; /* an optimisation only */
+    bool prev_cached = zb__cache_contains(fc, a, zb__unit_linear(u, ws->w[0].g));
+    for (size_t k = 1; k < n; k++) {
+        bool cached = zb__cache_contains(fc, a, zb__unit_linear(u, ws->w[k].g));
+        const zb__span *prev = &ws->w[k - 1].at, *next = &ws->w[k].at;
+        spanned[k] = !prev_cached && !cached && next->off >= prev->off + prev->len &&
+                     next->off - (prev->off + prev->len) <= gap;
+        any = any || spanned[k];
+        prev_cached = cached;
+    }
     uint64_t cps0 = u->per_shard[0], m_row = u->shard_units / cps0;
     uint64_t row0 = x->p->copies[c0].unit / cps0 * cps0; /* the shard's first unit row */
-    for (uint64_t j = 0; j < e_n; j++) {
+    for (uint64_t j = 0; any && j < e_n; j++) {
         uint64_t off = entries[2 * j], len = entries[2 * j + 1];
         if (off == ZB_SHARD_EMPTY || !len) continue;
         /* the first wanted unit at or after this one's end: a gap lies before it */
@@ -524,14 +537,8 @@ fill_gaps(exec *x, const zb_array *a, size_t c0, const uint64_t *entries, uint64
             else
                 hi = mid;
         }
-        if (lo == 0 || lo == n) continue;
-        const zb__span *prev = &ws->w[lo - 1].at, *next = &ws->w[lo].at;
-        uint64_t prev_end = prev->off + prev->len;
-        if (off < prev_end || next->off - prev_end > gap) continue;
-        /* a neighbour the fetch cache holds is not fetched: no request spans this gap */
-        if (zb__cache_contains(fc, a, zb__unit_linear(u, ws->w[lo - 1].g)) ||
-            zb__cache_contains(fc, a, zb__unit_linear(u, ws->w[lo].g)))
-            continue;
+        if (lo == 0 || lo == n || !spanned[lo]) continue;
+        if (off < ws->w[lo - 1].at.off + ws->w[lo - 1].at.len) continue;
         uint64_t e = e_lo + j, g[ZB_MAX_DIMS] = {0};
         if (row0 + e / m_row >= u->grid[0]) continue;
         zb__unit_coords(u, row0 + e / m_row, e % m_row, g);
@@ -540,6 +547,7 @@ fill_gaps(exec *x, const zb_array *a, size_t c0, const uint64_t *entries, uint64
         *w = (want){.at = {off, len}, .c0 = c0, .c1 = c0};
         memcpy(w->g, g, sizeof g);
     }
+    free(spanned);
     if (ws->n > n) qsort(ws->w, ws->n, sizeof *ws->w, cmp_want);
 }
 
