@@ -614,8 +614,13 @@ zb__unit_index_prefetch(zb__cache *cache, const zb_array *const *arrays, const u
         char key[4600]; /* a chunk key's bound (zb__meta_chunk_key) */
         uint8_t *raw;
     } slot;
-    slot *sl = calloc(n + 1, sizeof *sl);
-    zb_range *rg = calloc(n + 1, sizeof *rg);
+    size_t k_max = 0; /* the sharded ones: a slot holds a key of 4.6 KB */
+    for (size_t i = 0; i < n; i++)
+        k_max +=
+            arrays[i]->units.kind == ZB_UNITS_SHARD && !arrays[i]->meta.chain.shard->index_at_start;
+    if (!k_max) return ZB_OK;
+    slot *sl = calloc(k_max, sizeof *sl);
+    zb_range *rg = calloc(k_max, sizeof *rg);
     zb_status st = sl && rg ? ZB_OK : zb__err(ZB_E_NOMEM, "shard indexes: out of memory");
     size_t m = 0;
     for (size_t i = 0; i < n && st == ZB_OK; i++) {
