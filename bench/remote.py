@@ -3,6 +3,7 @@
     .venv/bin/python bench/remote.py [--cells N] [--seconds S] [--latencies 0,5,25]
                                      [--samplers block,random] [--batch-size B] [--threads T]
                                      [--http-threads T,...] [--zarr-workers W,...]
+                                     [--epochs E] [--rounds R]
                                      [--no-proxy-check] [--results DIR] [--work DIR] [--keep]
                                      [--quick]
 
@@ -28,7 +29,16 @@ when the data runs out; the startup, up to the first batch, is reported apart):
 Both loaders deliver the same CSR batches (checked for a fixed id list before timing).
 
 Per row: samples/s, and from nginx's access log over the measured window: requests/s, body bytes
-per request, and requests in flight (time-weighted mean and maximum). Targets (issue 17): at 25
+per request, and requests in flight (time-weighted mean and maximum).
+
+With ``--epochs E`` the zbatch rows are epochs instead (the zarr-python rows stay timed windows:
+an epoch of theirs takes minutes): each child opens the dataset and runs the loader for E whole
+epochs; the first epoch is timed from before ``zbatch.open`` to its last batch (everything
+fetched for the first time, the startup included), the later ones ("cached": the fetch cache
+holds the store) from their first ``set_epoch`` to their last batch, each with the request
+figures of its own time span. ``--rounds R`` repeats the local row and the http rows of every
+latency R times, alternating (local, http at each latency, local, ...), so load on a shared
+machine falls on both; the ratios use the medians over the rounds. Targets (issue 17): at 25
 ms, zbatch over HTTP >= 0.8x zbatch local, and >= 10x zarr-python over the same URL.
 
 The proxy check (off with ``--no-proxy-check``): the fault proxy of the tests measured alone,
@@ -189,6 +199,30 @@ def run_one(spec: dict) -> dict:
     m["window"] = [t_end - m["seconds"], t_end]
     m["config"] = config
     return m
+
+
+def run_epochs(spec: dict) -> dict:
+    """The zbatch loader for spec["epochs"] whole epochs from a fresh open: per epoch its
+    samples and its span (time.time(), for the access log): the first from before the open
+    (the modules imported first: their import is no part of it)."""
+    import scipy.sparse  # noqa: F401
+    import torch  # noqa: F401  (the DataLoader imports it: seconds)
+    import bench.peers.zbatch_peer  # noqa: F401
+    t_open = time.time()
+    dl, config = zbatch_loader(spec["target"], spec["batch_size"], spec["sampler"],
+                               spec["threads"], spec["seed"])
+    epochs = []
+    for e in range(spec["epochs"]):
+        t0 = t_open if e == 0 else time.time()
+        dl.set_epoch(e)
+        n, t_first = 0, None
+        for b in dl:
+            n += b.shape[0] if hasattr(b, "shape") else b["X"].shape[0]
+            if t_first is None:
+                t_first = time.time()
+        epochs.append({"samples": n, "span": [t0, time.time()], "startup_s": t_first - t0})
+    dl.close()
+    return {"epochs": epochs, "config": config}
 
 
 def read_ids_one(spec: dict) -> dict:
@@ -353,6 +387,11 @@ def main(argv=None) -> int:
     ap.add_argument("--zarr-workers", default="2,8",
                     help="zarr-python rows' DataLoader num_workers, a list (one row each)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--epochs", type=int, default=0,
+                    help="zbatch rows: E whole epochs from a fresh open (first apart from "
+                         "cached) instead of a timed window")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --epochs: the local and http rows R times, alternating")
     ap.add_argument("--no-proxy-check", action="store_true")
     ap.add_argument("--results", default=str(ROOT / "results"))
     ap.add_argument("--work", default=None)
@@ -404,9 +443,11 @@ def main(argv=None) -> int:
             if tool == "zarr" and not ok:
                 raise SystemExit("zarr-python over HTTP read different rows")
 
+        if args.epochs:
+            rows += epoch_rows(args, base, store, servers, samplers, latencies, timeout)
         print(f"{'loader':<28} {'samples/s':>11} {'startup':>7} {'req/s':>9} {'KiB/req':>9}"
               f" {'inflt':>7} {'max':>5}", flush=True)
-        for sampler in samplers:
+        for sampler in samplers if not args.epochs else []:
             r = child({**base, "tool": "zbatch", "target": str(store), "sampler": sampler},
                       timeout)
             r.update(label=f"zbatch local {sampler}", tool="zbatch", where="local",
@@ -417,8 +458,9 @@ def main(argv=None) -> int:
             srv = servers[lat]
             for sampler in samplers:
                 runs = ([("zbatch", None, args.threads)] +
-                        [("zbatch", None, t) for t in http_threads if t != args.threads] +
-                        [("zarr", w, None) for w in zarr_workers])
+                        [("zbatch", None, t) for t in http_threads if t != args.threads]
+                        if not args.epochs else [])
+                runs += [("zarr", w, None) for w in zarr_workers]
                 for tool, workers, threads in runs:
                     offset = srv.log_offset()
                     spec = {**base, "tool": tool, "target": srv.url + "/cells.zarr",
@@ -488,6 +530,50 @@ def main(argv=None) -> int:
     return 0
 
 
+def epoch_rows(args, base, store, servers, samplers, latencies, timeout) -> list:
+    """The zbatch rows of --epochs: local and http at each latency, alternating, --rounds
+    times; each epoch's request figures from the access log over its span."""
+    import remote_servers as rs
+    print(f"{'loader (epochs)':<28} {'round':>5} {'first':>9} {'cached':>9} {'startup':>7} "
+          f"{'req/s':>8} {'KiB/req':>8} {'inflt':>6} {'max':>4}  (first epoch's requests)",
+          flush=True)
+    rows = []
+    for rnd in range(args.rounds):
+        for sampler in samplers:
+            for lat in [None] + latencies:
+                srv = servers.get(lat)
+                target = str(store) if lat is None else srv.url + "/cells.zarr"
+                offset = srv.log_offset() if srv else 0
+                r = child({**base, "tool": "zbatch", "target": target, "sampler": sampler,
+                           "epochs": args.epochs, "mode": "epochs"}, timeout)
+                where = "local" if lat is None else "http"
+                label = f"zbatch {where}{'' if lat is None else f' {lat:g}ms'} {sampler}"
+                r.update(label=label, tool="zbatch", where=where, sampler=sampler,
+                         latency_ms=lat, round=rnd, threads=args.threads)
+                if "epochs" in r:
+                    eps = r["epochs"]
+                    for ep in eps:
+                        ep["samples_per_s"] = ep["samples"] / (ep["span"][1] - ep["span"][0])
+                        if srv:
+                            ep["http"] = rs.request_stats(srv.requests(offset), tuple(ep["span"]))
+                    r["first_per_s"] = eps[0]["samples_per_s"]
+                    later = eps[1:]
+                    r["cached_per_s"] = (sum(e["samples"] for e in later) /
+                                         sum(e["span"][1] - e["span"][0] for e in later)
+                                         if later else None)
+                    st = eps[0].get("http")
+                    extra = (f" {st['requests_per_s']:>8.0f} {st['bytes_per_request'] / 1024:>8.1f}"
+                             f" {st['in_flight_mean']:>6.1f} {st['in_flight_max']:>4d}"
+                             if st else "")
+                    cached = r["cached_per_s"] or float("nan")
+                    print(f"{label:<28} {rnd:>5} {r['first_per_s']:>9.0f} {cached:>9.0f} "
+                          f"{eps[0]['startup_s']:>7.2f}{extra}", flush=True)
+                else:
+                    print(f"{label:<28} {rnd:>5} error: {r.get('error', '?')[:90]}", flush=True)
+                rows.append(r)
+    return rows
+
+
 def summarize(rows, latencies, samplers, threads: int) -> dict:
     """zbatch over HTTP against zbatch local and against zarr-python, per latency and sampler."""
     def rate(tool, where, sampler, lat=None):
@@ -499,9 +585,35 @@ def summarize(rows, latencies, samplers, threads: int) -> dict:
                and r.get("threads") in (None, threads)]
         return max(got) if got else None
 
+    def median(tool, where, sampler, lat, key):
+        got = sorted(r[key] for r in rows
+                     if (r.get("tool"), r.get("where"), r.get("sampler"), r.get("latency_ms"))
+                     == (tool, where, sampler, lat) and r.get(key))
+        return got[len(got) // 2] if got else None
+
     lines, ratios = [], []
     for sampler in samplers:
+        for lat in latencies:  # --epochs rows: first epoch and cached apart
+            f_loc = median("zbatch", "local", sampler, None, "first_per_s")
+            f_http = median("zbatch", "http", sampler, lat, "first_per_s")
+            if not (f_loc and f_http):
+                continue
+            c_loc = median("zbatch", "local", sampler, None, "cached_per_s")
+            c_http = median("zbatch", "http", sampler, lat, "cached_per_s")
+            zr = rate("zarr", "http", sampler, lat)
+            first, cached = f_http / f_loc, (c_http / c_loc if c_loc and c_http else None)
+            ratios.append({"sampler": sampler, "latency_ms": lat, "first_http_over_local": first,
+                           "cached_http_over_local": cached,
+                           "first_zbatch_over_zarr": f_http / zr if zr else None})
+            met = "" if lat != 25 else (
+                f" (target >= {TARGET_LOCAL}x: first {'met' if first >= TARGET_LOCAL else 'NOT met'}"
+                f", cached {'met' if cached and cached >= TARGET_LOCAL else 'NOT met'})")
+            lines.append(f"{sampler} {lat:g} ms, medians of the rounds: zbatch http / local = "
+                         f"{first:.2f}x first epoch, {cached or float('nan'):.2f}x cached; first "
+                         f"epoch / zarr-python = {f_http / zr if zr else float('nan'):.1f}x{met}")
         local = rate("zbatch", "local", sampler)
+        if local is None and any("first_per_s" in r for r in rows):
+            continue  # --epochs: above
         for lat in latencies:
             zh, zr = rate("zbatch", "http", sampler, lat), rate("zarr", "http", sampler, lat)
             vs_local = zh / local if zh and local else None
@@ -525,7 +637,9 @@ if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "_one":
         spec = json.loads(sys.argv[2])
         try:
-            res = read_ids_one(spec) if spec.get("mode") == "ids" else run_one(spec)
+            mode = spec.get("mode")
+            res = (read_ids_one(spec) if mode == "ids" else
+                   run_epochs(spec) if mode == "epochs" else run_one(spec))
         except Exception:  # noqa: BLE001 - the parent reports the last line
             traceback.print_exc()
             sys.exit(1)

@@ -3,12 +3,13 @@
     .venv/bin/python bench/remote_fetch.py [--cells N] [--samplers block,random] [--epochs E]
                                            [--batch-size B] [--prefetch P] [--threads T]
                                            [--coalesce-gap BYTES] [--fetch-cache-bytes BYTES]
-                                           [--work DIR] [--json FILE]
+                                           [--latency-ms MS] [--work DIR] [--json FILE]
 
 The same store (``zbatch synth --kind cells``), the same sampler and windows as bench/remote.py's
 loader (``batch_size x prefetch_factor`` samples a window, ``block_size`` 16), each window read by
 one ``read_many`` (what the loader does per window), for ``--epochs`` epochs: once on the store's
-directory, once over ``http://`` from an nginx on loopback (no added latency). Per row:
+directory, once over ``http://`` from an nginx on loopback (``--latency-ms`` added to every
+request by nginx's ``echo_sleep``; none by default). Per row:
 
 - bytes decoded, bytes fetched (the reader's counters) and CPU seconds (user + sys of this
   process, every thread, over the read_many calls only) per delivered sample;
@@ -163,9 +164,11 @@ def chunk_fetches(gets, chunks) -> dict:
     for r in gets:
         if r.path not in by_path:
             continue
+        x_bytes += r.nbytes
+        if r.range.startswith("bytes=-"):
+            continue  # a shard index (the shard's last bytes): no chunk
         m = re.fullmatch(r"bytes=(\d+)-(\d+)", r.range)
         lo, hi = (int(m[1]), int(m[2]) + 1) if m else (0, 1 << 62)
-        x_bytes += r.nbytes
         for o, nb in by_path[r.path]:
             if lo <= o and o + nb <= hi and nb:
                 count[(r.path, o)] += 1
@@ -192,6 +195,8 @@ def main(argv=None) -> int:
                     help="the HTTP store's coalesce_gap (storage_options); default: its own")
     ap.add_argument("--fetch-cache-bytes", type=int, default=None,
                     help="the datasets' fetch_cache_bytes; default: zbatch's own")
+    ap.add_argument("--latency-ms", type=float, default=0.0,
+                    help="added to every request by nginx (echo_sleep)")
     ap.add_argument("--work", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -205,7 +210,7 @@ def main(argv=None) -> int:
                         "--threads", "2"], check=True)
     chunks = shard_chunks(store, "X/data") + shard_chunks(store, "X/indices")
     rows = []
-    with rs.NginxServer(work) as srv:
+    with rs.NginxServer(work, latency_ms=args.latency_ms) as srv:
         for sampler in [s for s in args.samplers.split(",") if s]:
             local, want = one(str(store), sampler, args)
             remote, _ = one(srv.url + "/cells.zarr", sampler, args, srv, chunks, want)

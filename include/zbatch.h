@@ -121,12 +121,17 @@ typedef struct zb_store_stats zb_store_stats; /* counters of a store, below */
 /* One byte range of a list read (zb_store_get_ranges). */
 typedef struct zb_range {
     const char *key;  /* in: the object */
-    uint64_t offset;  /* in: first byte */
+    uint64_t offset;  /* in: first byte, or ZB_RANGE_SUFFIX; out: where a suffix began */
     uint64_t length;  /* in: bytes wanted */
     void *dst;        /* in: where they go (length bytes) */
     uint64_t nread;   /* out: bytes read (short only at the end of the object) */
     zb_status status; /* out: ZB_OK, ZB_E_NOTFOUND for a missing key, ... */
 } zb_range;
+
+/* A range's offset asking for the last `length` bytes of its object (all of it when shorter;
+ * one HTTP request "bytes=-LENGTH", no size query first): on completion offset holds where those
+ * bytes began, so offset + nread is the object's size. */
+#define ZB_RANGE_SUFFIX UINT64_MAX
 
 /* Called once per completed range of a list read; return non-zero to cancel the rest. */
 typedef int (*zb_range_fn)(void *ctx, size_t i);
@@ -164,6 +169,9 @@ typedef struct zb_store_methods {
     zb_status (*get_ranges)(void *self, zb_range *ranges, size_t n, zb_range_fn done, void *ctx);
     /* Optional (NULL: zeros): the backend's counters (zb_store_get_stats). */
     void (*stats)(void *self, zb_store_stats *out);
+    /* get_ranges reads suffix ranges (ZB_RANGE_SUFFIX) itself, setting their offsets; false: a
+     * list holding one is read by the store layer, one size and get per range, in order. */
+    bool suffix_ranges;
 } zb_store_methods;
 
 /* Wraps a custom backend. On success the store owns `self` and calls methods->close(self) when
@@ -182,7 +190,7 @@ typedef struct zb_remote_opts {
     const char *endpoint_url;   /* S3 endpoint ("http://127.0.0.1:9000"); NULL = AWS */
     bool anonymous;             /* never sign, even when keys are given */
     int addressing;             /* ZB_S3_ADDRESSING_*: where the bucket goes in the URL */
-    int max_in_flight;          /* requests in flight per get_ranges call; 0 = 64 */
+    int max_in_flight;          /* requests in flight per get_ranges call; 0 = 256 */
     uint64_t coalesce_gap;      /* ranges of one object at most this many bytes apart are read
                                    by one request; default 64 KiB */
     uint64_t max_request_bytes; /* a coalesced request spans at most this; default 16 MiB */
@@ -204,7 +212,7 @@ enum {
 
 #define ZB_REMOTE_OPTS_DEFAULT                                                                     \
     {                                                                                              \
-        NULL, NULL, NULL, NULL, NULL, false, ZB_S3_ADDRESSING_AUTO, 64, (uint64_t)64 << 10,        \
+        NULL, NULL, NULL, NULL, NULL, false, ZB_S3_ADDRESSING_AUTO, 256, (uint64_t)64 << 10,       \
             (uint64_t)16 << 20, 10, 0.05, 5.0, 10.0, 30.0, (uint64_t)64 << 20, (uint64_t)16 << 20, \
             false                                                                                  \
     }

@@ -95,8 +95,9 @@ zbpy_store_stats(zb_store *store)
                          (unsigned long long)s.max_in_flight);
 }
 
-/* read_ranges(url, remote, ranges) -> [(status_name, bytes)]: one zb_store_get_ranges call over
- * a list of (key, offset, length), for tests and tools that check a store's range reads. */
+/* read_ranges(url, remote, ranges) -> ([(status_name, bytes, offset)], stats): one
+ * zb_store_get_ranges call over a list of (key, offset, length), for tests and tools that check
+ * a store's range reads (offset: where a suffix range, offset ZB_RANGE_SUFFIX, began). */
 static PyObject *
 py_read_ranges(PyObject *self, PyObject *args)
 {
@@ -142,7 +143,9 @@ py_read_ranges(PyObject *self, PyObject *args)
         PyObject *b = PyList_GET_ITEM(bufs, i);
         PyObject *data =
             PyBytes_FromStringAndSize(PyByteArray_AS_STRING(b), (Py_ssize_t)r[i].nread);
-        PyObject *t = data ? Py_BuildValue("(sN)", zb_status_name(r[i].status), data) : NULL;
+        PyObject *t = data ? Py_BuildValue("(sNK)", zb_status_name(r[i].status), data,
+                                           (unsigned long long)r[i].offset)
+                           : NULL;
         if (!t) {
             Py_CLEAR(out);
             break;

@@ -2,6 +2,8 @@
  * (zb_dataset_category_table, zb_dataset_var_names, zb_dataset_column, zb_dataset_read_field,
  * zb_dataset_read_strings). Batches go through the reader; these read one column for every
  * sample of a range, for class-balanced sampling and for data frames. */
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,35 +26,103 @@ proto(const zb_dataset *ds)
     return ds->nchildren ? ds->children[0] : ds;
 }
 
+/* Reads the table of f's categories into t (no lock held: two fields load at once). */
+static zb_status
+read_categories(zb_dataset *ds, const zb__field *f, zb__cattab *t)
+{
+    zb_array *a = NULL;
+    zb_status st = zb_array_open(ds->store, f->cats_path, &a);
+    if (st == ZB_OK && a->meta.ndim != 1)
+        st = zb__err(ZB_E_CORRUPT, "%s: categories must be 1-d", f->cats_path);
+    if (st == ZB_OK) {
+        t->dtype = a->meta.dtype;
+        t->n = a->meta.shape[0];
+        t->ordered = f->cats_ordered;
+    }
+    if (st == ZB_OK && t->dtype == ZB_DT_STRING) {
+        st = zb_array_read_strings(a, 0, t->n, &t->strings, NULL);
+    } else if (st == ZB_OK) {
+        size_t bytes = (size_t)t->n * a->meta.itemsize;
+        t->values = malloc(bytes ? bytes : 1);
+        st = t->values ? zb_array_read_rows(a, 0, t->n, t->values, bytes, NULL)
+                       : zb__err(ZB_E_NOMEM, "%s: out of memory", f->cats_path);
+    }
+    zb_array_close(a);
+    if (st != ZB_OK) zb__cattab_free(t);
+    return st;
+}
+
 zb_status
 zb__field_load_categories(zb_dataset *ds, zb__field *f)
 {
-    zb_status st = ZB_OK;
     pthread_mutex_lock(&ds->var_mu);
-    if (!f->cats_loaded) {
-        zb_array *a = NULL;
-        zb__cattab *t = &f->cats;
-        st = zb_array_open(ds->store, f->cats_path, &a);
-        if (st == ZB_OK && a->meta.ndim != 1)
-            st = zb__err(ZB_E_CORRUPT, "%s: categories must be 1-d", f->cats_path);
-        if (st == ZB_OK) {
-            t->dtype = a->meta.dtype;
-            t->n = a->meta.shape[0];
-            t->ordered = f->cats_ordered;
-        }
-        if (st == ZB_OK && t->dtype == ZB_DT_STRING) {
-            st = zb_array_read_strings(a, 0, t->n, &t->strings, NULL);
-        } else if (st == ZB_OK) {
-            size_t bytes = (size_t)t->n * a->meta.itemsize;
-            t->values = malloc(bytes ? bytes : 1);
-            st = t->values ? zb_array_read_rows(a, 0, t->n, t->values, bytes, NULL)
-                           : zb__err(ZB_E_NOMEM, "%s: out of memory", f->cats_path);
-        }
-        zb_array_close(a);
-        if (st != ZB_OK) zb__cattab_free(t);
-        f->cats_loaded = st == ZB_OK;
+    bool loaded = f->cats_loaded;
+    pthread_mutex_unlock(&ds->var_mu);
+    if (loaded) return ZB_OK;
+    zb__cattab t = {0};
+    zb_status st = read_categories(ds, f, &t);
+    pthread_mutex_lock(&ds->var_mu);
+    if (st == ZB_OK && !f->cats_loaded) { /* the first of two threads that read it wins */
+        f->cats = t;
+        f->cats_loaded = true;
+    } else if (st == ZB_OK) {
+        zb__cattab_free(&t);
     }
     pthread_mutex_unlock(&ds->var_mu);
+    return st;
+}
+
+typedef struct cat_load {
+    zb_dataset *ds;
+    zb__field *f;
+    zb_status st;
+    char msg[512];
+} cat_load;
+
+static void *
+cat_load_run(void *arg)
+{
+    cat_load *c = arg;
+    c->st = zb__field_load_categories(c->ds, c->f);
+    if (c->st != ZB_OK) snprintf(c->msg, sizeof c->msg, "%s", zb_last_error());
+    return NULL;
+}
+
+zb_status
+zb__fields_load_categories(zb_dataset **ds, zb__field **f, size_t n, bool at_once)
+{
+    cat_load *c = calloc(n + 1, sizeof *c);
+    pthread_t *th = calloc(n + 1, sizeof *th);
+    bool *started = calloc(n + 1, sizeof *started);
+    if (!c || !th || !started) at_once = false;
+    zb_status st = ZB_OK;
+    size_t m = 0; /* the fields not loaded yet, first */
+    for (size_t i = 0; i < n; i++) {
+        pthread_mutex_lock(&ds[i]->var_mu);
+        bool loaded = f[i]->cats_loaded;
+        pthread_mutex_unlock(&ds[i]->var_mu);
+        if (loaded) continue;
+        ds[m] = ds[i];
+        f[m++] = f[i];
+    }
+    n = m;
+    for (size_t i = 0; i < n; i++) {
+        if (!at_once || n < 2) { /* one after another */
+            st = zb__field_load_categories(ds[i], f[i]);
+            if (st != ZB_OK) break;
+            continue;
+        }
+        c[i] = (cat_load){.ds = ds[i], .f = f[i]};
+        started[i] = pthread_create(&th[i], NULL, cat_load_run, &c[i]) == 0;
+        if (!started[i]) cat_load_run(&c[i]); /* no thread: here */
+    }
+    for (size_t i = 0; at_once && n >= 2 && i < n; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        if (c[i].st != ZB_OK && st == ZB_OK) st = zb__err(c[i].st, "%s", c[i].msg);
+    }
+    free(c);
+    free(th);
+    free(started);
     return st;
 }
 

@@ -55,6 +55,7 @@ zb_dataset_close(zb_dataset *ds)
     free(ds->var_frame);
     zb_strings_free(&ds->var_names);
     pthread_mutex_destroy(&ds->var_mu);
+    pthread_mutex_destroy(&ds->fetch_mu);
     for (size_t i = 0; i < ds->nsegs; i++) {
         zb__segment *s = &ds->segs[i];
         for (uint64_t b = 0; s->blocks && b < s->nblocks; b++) free(s->blocks[b]);
@@ -105,6 +106,7 @@ dataset_alloc(zb_store *store, const char *path, const zb_dataset_opts *opts, co
     pthread_mutex_init(&ds->pool_mu, NULL);
     pthread_mutex_init(&ds->plan_mu, NULL);
     pthread_mutex_init(&ds->var_mu, NULL);
+    pthread_mutex_init(&ds->fetch_mu, NULL);
     if (name) {
         ds->name = strdup(name);
     } else {

@@ -174,6 +174,10 @@ struct zb_dataset {
     zb__cache *fetch_cache; /* encoded units fetched from a store that lists ranges (exec.c) */
     zb__arena_pool *arenas; /* batch memory, reused across reads */
     pthread_mutex_t plan_mu;
+    /* a request's first reads of category tables and shard indexes (plan_checks,
+     * prefetch_indexes), one request at a time: two windows read together (the loader's) find
+     * what the first fetched instead of fetching it too */
+    pthread_mutex_t fetch_mu;
     struct zb__plan_mem *plan_free; /* read_many's plan memory, reused across reads (reader.c) */
     size_t plan_nfree;
     bool is_child;
@@ -239,6 +243,10 @@ zb_status zb__var_reorder_csr(void *idx, zb_dtype idx_dtype, uint8_t *vals, size
 
 /* Category tables (columns.c): the field's own table, loaded once. */
 zb_status zb__field_load_categories(zb_dataset *ds, zb__field *f);
+/* Loads the categories of fields f[i] of datasets ds[i] (n of them; the lists are reordered);
+ * at_once: each not loaded yet on a thread of its own, all at once (a remote store: their reads' round trips overlap). The first
+ * failure in list order is returned. */
+zb_status zb__fields_load_categories(zb_dataset **ds, zb__field **f, size_t n, bool at_once);
 
 /* Layout builders (layouts.c). Each fills fields/segments of ds from the tree. */
 struct zb__tree;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "dataset/read_int.h"
+#include "store/remote.h"
 #include "util/status.h"
 #include "util/stream.h"
 #include "zarr/shard.h"
@@ -569,6 +570,63 @@ shard_walk(exec *x, size_t c0, size_t c1, const uint64_t *entries, uint64_t e_lo
     return st;
 }
 
+/* The units a remote store's request fetches anyway: it joins wanted units of a shard that
+ * lie at most its coalesce_gap apart into one request, and the units in such a gap come with
+ * them. Listed as wants too (no copies: c0 == c1), their bytes land in the window's buffer and
+ * go into the fetch cache with the wanted ones, so a later window does not fetch them again
+ * (without this, a random epoch fetched each inner chunk 2.6 times, counting the gaps). Only
+ * units of the task's rows (entries [e_lo, e_lo + e_n), the index part it read) that the cache
+ * lacks; ws->w stays sorted by offset. */
+static void
+fill_gaps(exec *x, const zb_array *a, size_t c0, const uint64_t *entries, uint64_t e_lo,
+          uint64_t e_n, wants *ws)
+{
+    zb__cache *fc = x->p->ds->fetch_cache;
+    const zb__unit_geom *u = zb__array_units(a);
+    uint64_t gap = zb__remote_store_gap(u->store);
+    size_t n = ws->n;
+    if (!fc || !gap || n < 2) return;
+    /* the gaps a request spans: between neighbours to fetch (a cached one is not fetched) at
+     * most `gap` apart; none, the usual case once the store is cached, and nothing is filled */
+    bool *spanned = malloc(n), any = false;
+    if (!spanned) return; /* an optimisation only */
+    bool prev_cached = zb__cache_contains(fc, a, zb__unit_linear(u, ws->w[0].g));
+    for (size_t k = 1; k < n; k++) {
+        bool cached = zb__cache_contains(fc, a, zb__unit_linear(u, ws->w[k].g));
+        const zb__span *prev = &ws->w[k - 1].at, *next = &ws->w[k].at;
+        spanned[k] = !prev_cached && !cached && next->off >= prev->off + prev->len &&
+                     next->off - (prev->off + prev->len) <= gap;
+        any = any || spanned[k];
+        prev_cached = cached;
+    }
+    uint64_t cps0 = u->per_shard[0], m_row = u->shard_units / cps0;
+    uint64_t row0 = x->p->copies[c0].unit / cps0 * cps0; /* the shard's first unit row */
+    for (uint64_t j = 0; any && j < e_n; j++) {
+        uint64_t off = entries[2 * j], len = entries[2 * j + 1];
+        if (off == ZB_SHARD_EMPTY || !len) continue;
+        /* the first wanted unit at or after this one's end: a gap lies before it */
+        size_t lo = 0, hi = n;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (ws->w[mid].at.off < off + len)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo == 0 || lo == n || !spanned[lo]) continue;
+        if (off < ws->w[lo - 1].at.off + ws->w[lo - 1].at.len) continue;
+        uint64_t e = e_lo + j, g[ZB_MAX_DIMS] = {0};
+        if (row0 + e / m_row >= u->grid[0]) continue;
+        zb__unit_coords(u, row0 + e / m_row, e % m_row, g);
+        if (zb__cache_contains(fc, a, zb__unit_linear(u, g))) continue;
+        want *w = &ws->w[ws->n++];
+        *w = (want){.at = {off, len}, .c0 = c0, .c1 = c0};
+        memcpy(w->g, g, sizeof g);
+    }
+    free(spanned);
+    if (ws->n > n) qsort(ws->w, ws->n, sizeof *ws->w, cmp_want);
+}
+
 /* The unit rows [c0, c1) of one shard of a sharded array whose shards span every other axis:
  * one index lookup (through the dataset's index cache); raw, empty and cached units served at
  * once; the units to fetch listed in *ws, sorted by offset. */
@@ -597,7 +655,11 @@ shard_collect(exec *x, size_t c0, size_t c1, wants *ws)
     void *obj_tok = NULL;
     uint64_t *entries = malloc((size_t)(2 * e_n * sizeof(uint64_t)));
     ws->n = 0;
-    ws->w = malloc(rows_u * (size_t)zb__unit_row_units(u) * sizeof *ws->w + 1);
+    /* room for every unit of the task's rows: the wanted ones, and on the listed path the
+     * ones between them that the store's request brings anyway (fill_gaps) */
+    size_t cap_w = rows_u * (size_t)zb__unit_row_units(u);
+    if (!ws->now && cap_w < e_n) cap_w = (size_t)e_n;
+    ws->w = malloc(cap_w * sizeof *ws->w + 1);
     if (!entries || !ws->w) {
         free(entries);
         return zb__err(ZB_E_NOMEM, "read_many: out of memory");
@@ -622,8 +684,9 @@ shard_collect(exec *x, size_t c0, size_t c1, wants *ws)
     }
     if (st == ZB_OK) st = shard_walk(x, c0, c1, entries, e_lo, obj, obj_len, ws);
     zb_store_release(u->store, obj_tok);
-    free(entries);
     if (st == ZB_OK) qsort(ws->w, ws->n, sizeof *ws->w, cmp_want);
+    if (st == ZB_OK && !ws->now) fill_gaps(x, a, c0, entries, e_lo, e_n, ws);
+    free(entries);
     return st;
 }
 
@@ -846,6 +909,10 @@ serve_read(void *arg, zb_ctx *ctx)
     zb_range *r = rd->r;
     zb_status st = rd->kept ? kept_fill(rd, r) : ZB_OK;
     bool plain = zb__array_units(rd->a)->kind == ZB_UNITS_PLAIN;
+    /* fetched units go into the fetch cache (a plain unit when the object was read whole: it
+     * ended within the bound) */
+    if (!rd->kept && r->status == ZB_OK && (plain ? r->nread < r->length : r->nread == r->length))
+        kept_put(rd);
     if (st == ZB_OK && plain) {
         /* a missing object is fill; one that filled the bound is fetched again whole (a kept
          * object's range is its exact size) */
@@ -858,6 +925,7 @@ serve_read(void *arg, zb_ctx *ctx)
     }
     for (size_t j = 0; !plain && j < rd->nw && st == ZB_OK; j++) {
         const want *w = &rd->w[j];
+        if (w->c0 == w->c1) continue; /* fetched for the fetch cache only (fill_gaps) */
         st = serve_unit(&rd->x, w->c0, w->c1, w->g,
                         (const uint8_t *)r->dst + (w->at.off - r->offset), (size_t)w->at.len, false,
                         rd->key, NULL);
@@ -915,10 +983,8 @@ read_done(void *arg, size_t i)
     if (r->status == ZB_OK) {
         rd->t.stats.range_reads++;
         rd->t.stats.bytes_fetched += r->nread;
-        /* a plain unit is kept when the object was read whole (it ended within the bound) */
-        if (plain ? r->nread < r->length : r->nread == r->length) kept_put(rd);
     }
-    serve_now(l, rd);
+    serve_now(l, rd); /* kept there (serve_read), off the thread that receives */
     return 0;
 }
 
@@ -960,12 +1026,40 @@ list_task(listed *l, size_t t, size_t *nr, uint64_t *bytes)
 
 /* Collects every listed task (on the calling thread: what needs no fetch is served now) and
  * lists their reads (l->reads, in task order). */
+/* The shard indexes the window's listed tasks need and the index cache lacks, read before any
+ * task is collected: all in one round of requests, not one shard after another as each task
+ * first needs its own (two round trips each in the window's critical path). */
+static zb_status
+prefetch_indexes(plan *p)
+{
+    const zb_array **arrays = malloc((p->ntasks + 1) * sizeof *arrays);
+    uint64_t *rows = malloc((p->ntasks + 1) * sizeof *rows);
+    size_t n = 0;
+    zb_read_stats *rs = NULL;
+    zb_status st = arrays && rows ? ZB_OK : zb__err(ZB_E_NOMEM, "read_many: out of memory");
+    for (size_t t = 0; st == ZB_OK && t < p->ntasks; t++) {
+        if (!task_listed(p, &p->tasks[t])) continue;
+        arrays[n] = task_array(p, &p->tasks[t]);
+        rows[n++] = p->copies[p->tasks[t].c0].unit;
+        if (!rs) rs = &p->tasks[t].stats;
+    }
+    if (st == ZB_OK && n) {
+        pthread_mutex_lock(&p->ds->fetch_mu);
+        st = zb__unit_index_prefetch(p->ds->index_cache, arrays, rows, n, rs);
+        pthread_mutex_unlock(&p->ds->fetch_mu);
+    }
+    free(arrays);
+    free(rows);
+    return st;
+}
+
 static zb_status
 collect_listed(listed *l)
 {
     plan *p = l->p;
     size_t nr = 0;
     uint64_t bytes = 0;
+    ZB_TRY(prefetch_indexes(p));
     for (size_t t = 0; t < p->ntasks; t++) {
         if (!task_listed(p, &p->tasks[t])) continue;
         exec x = {p, &p->tasks[t], p->ctx};

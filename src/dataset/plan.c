@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "dataset/read_int.h"
+#include "store/store.h"
 #include "dataset/validate.h"
 #include "util/status.h"
 #include "util/stream.h"
@@ -424,17 +425,47 @@ static zb_status
 plan_checks(plan *p)
 {
     zb_dataset *ds = p->ds;
-    size_t nc = ds->nchildren ? ds->nchildren : 1;
-    for (uint32_t c = 0; c < nc; c++) {
+    size_t nc = ds->nchildren ? ds->nchildren : 1, n = 0, cap = 0;
+    zb_dataset **chs = NULL;
+    zb__field **fds = NULL;
+    bool remote = false;
+    zb_status st = ZB_OK;
+    for (uint32_t c = 0; c < nc && st == ZB_OK; c++) {
         zb_dataset *ch = ds->nchildren ? ds->children[c] : ds;
-        for (uint32_t f = 0; f < ch->nfields; f++) {
+        for (uint32_t f = 0; f < ch->nfields && st == ZB_OK; f++) {
             zb__field *fd = &ch->fields[f];
             uint64_t nlut;
             if (fd->categorical && fd->kind == ZB_FIELD_PER_SAMPLE &&
-                !zb__dataset_lut(ds, f, c, &nlut))
-                ZB_TRY(zb__field_load_categories(ch, fd));
-            if (field_bound(ds, f, c).on) p->checked[f] = true;
+                !zb__dataset_lut(ds, f, c, &nlut)) {
+                if (n == cap) {
+                    cap = cap ? 2 * cap : 8;
+                    zb_dataset **a = realloc(chs, cap * sizeof *a);
+                    if (a) chs = a;
+                    zb__field **b = realloc(fds, cap * sizeof *b);
+                    if (b) fds = b;
+                    if (!a || !b) st = zb__err(ZB_E_NOMEM, "read_many: out of memory");
+                }
+                if (st == ZB_OK) {
+                    chs[n] = ch;
+                    fds[n++] = fd;
+                    remote = remote || zb__store_lists_ranges(ch->store);
+                }
+            }
         }
+    }
+    /* loaded once; from a remote store all at once (each table is two round trips) */
+    if (st == ZB_OK && n) {
+        pthread_mutex_lock(&ds->fetch_mu);
+        st = zb__fields_load_categories(chs, fds, n, remote);
+        pthread_mutex_unlock(&ds->fetch_mu);
+    }
+    free(chs);
+    free(fds);
+    ZB_TRY(st);
+    for (uint32_t c = 0; c < nc; c++) {
+        zb_dataset *ch = ds->nchildren ? ds->children[c] : ds;
+        for (uint32_t f = 0; f < ch->nfields; f++)
+            if (field_bound(ds, f, c).on) p->checked[f] = true;
     }
     return ZB_OK;
 }

@@ -295,6 +295,7 @@ typedef struct xfer {
     const size_t *sub;
     size_t count, lo;
     uint64_t end; /* the group's last byte + 1 */
+    bool suffix;  /* a suffix range (ZB_RANGE_SUFFIX) whose start the answer has not told yet */
     /* or a plain request */
     zb__http_req *req;
     /* this attempt's response */
@@ -358,6 +359,17 @@ on_header(char *p, size_t sz, size_t nm, void *ud)
     return n;
 }
 
+/* A suffix range's object holds `size` bytes: the range starts `length` bytes before its end
+ * (at 0 when the object is shorter), and the request ends there. */
+static void
+suffix_at(xfer *x, uint64_t size)
+{
+    zb_range *rg = sub_range(x, 0);
+    rg->offset = size > rg->length ? size - rg->length : 0;
+    x->end = size;
+    x->suffix = false;
+}
+
 /* Called at the first body byte (or at the end of a body-less response). */
 static void
 body_start(xfer *x)
@@ -373,10 +385,18 @@ body_start(xfer *x)
             x->cr_first = 0;
             x->cr_last = cl > 0 ? (uint64_t)cl - 1 : 0;
             x->have_cr = cl >= 0;
+            /* a suffix of a whole object: its last `length` bytes */
+            if (x->suffix && !x->have_cr) x->abort = ABORT_BAD_RANGE;
+            if (x->suffix && x->have_cr) suffix_at(x, x->cr_total);
         }
         return;
     }
-    if (!x->have_cr || x->cr_first == UINT64_MAX || x->cr_first != x->req_off) {
+    if (x->suffix && x->have_cr && x->cr_first != UINT64_MAX && x->cr_total != UINT64_MAX &&
+        x->cr_last + 1 == x->cr_total && x->cr_total - x->cr_first <= sub_range(x, 0)->length) {
+        suffix_at(x, x->cr_total);
+        x->req_off = x->cr_first;
+    }
+    if (!x->have_cr || x->cr_first == UINT64_MAX || x->cr_first != x->req_off || x->suffix) {
         x->abort = ABORT_BAD_RANGE;
         return;
     }
@@ -514,8 +534,12 @@ xfer_setup(xfer *x)
     }
     if (!x->req) {
         char range[64];
-        snprintf(range, sizeof range, "Range: bytes=%llu-%llu", (unsigned long long)x->req_off,
-                 (unsigned long long)(x->end - 1));
+        if (x->suffix)
+            snprintf(range, sizeof range, "Range: bytes=-%llu",
+                     (unsigned long long)sub_range(x, 0)->length);
+        else
+            snprintf(range, sizeof range, "Range: bytes=%llu-%llu", (unsigned long long)x->req_off,
+                     (unsigned long long)(x->end - 1));
         h = curl_slist_append(h, range);
         curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_range_body);
     } else {
@@ -548,6 +572,9 @@ describe(const xfer *x, char *out, size_t cap)
 {
     if (x->req)
         snprintf(out, cap, "%s %s", method_name(x->req->method), (const char *)x->url.data);
+    else if (x->suffix)
+        snprintf(out, cap, "GET %s bytes=-%llu", (const char *)x->url.data,
+                 (unsigned long long)x->cs->ranges[x->sub[0]].length);
     else
         snprintf(out, cap, "GET %s bytes=%llu-%llu", (const char *)x->url.data,
                  (unsigned long long)x->req_off, (unsigned long long)(x->end - 1));
@@ -616,7 +643,8 @@ xfer_fault(xfer *x, const char *why)
         return;
     }
     atomic_fetch_add(&r->retries, 1);
-    if (!x->req) x->req_off = sub_range(x, x->lo)->offset + sub_range(x, x->lo)->nread;
+    if (!x->req && !x->suffix) /* from the first byte missing (a suffix: all again) */
+        x->req_off = sub_range(x, x->lo)->offset + sub_range(x, x->lo)->nread;
     x->ready_at = now_s() + zb__backoff_delay(r->o.backoff_base_s, r->o.backoff_max_s, x->attempts,
                                               rand01(r));
 }
@@ -709,6 +737,7 @@ xfer_done(xfer *x, CURLcode code)
         return;
     }
     if (s == 416 && !x->req) { /* every range left starts at or past the end of the object */
+        if (x->suffix) suffix_at(x, 0); /* (a suffix of an empty object) */
         x->have_cr = false;
         x->status = 200;
         range_finish_ok(x, d);
@@ -916,7 +945,8 @@ zb__remote_get_ranges(zb__remote *r, zb__url_fn url_of, void *url_ctx, zb_range 
                       .sub = order + g[i].first,
                       .count = g[i].count,
                       .end = g[i].end,
-                      .req_off = g[i].offset};
+                      .req_off = g[i].offset,
+                      .suffix = g[i].offset == ZB_RANGE_SUFFIX};
         st = url_of(url_ctx, ranges[order[g[i].first]].key, &x[i].url);
     }
     if (st == ZB_OK) { /* zero-length ranges are complete at once */

@@ -109,8 +109,16 @@ static const zb_store_methods http_methods = {
     .list = http_list,
     .close = http_close,
     .get_ranges = http_get_ranges,
+    .suffix_ranges = true,
     .stats = http_stats,
 };
+
+uint64_t
+zb__remote_store_gap(const zb_store *s)
+{
+    if (s->m == &http_methods) return zb__remote_options(((http_store *)s->self)->r)->coalesce_gap;
+    return zb__s3_store_gap(s);
+}
 
 zb_status
 zb__store_open_http(const char *url, const zb_remote_opts *opts, zb_store **out)

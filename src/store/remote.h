@@ -23,7 +23,7 @@ typedef struct zb__coalesced {
 /* Plans the requests for `n` ranges: sorts their indices into `order` (by key, then offset) and
  * groups ranges of one key whose gap to the group is at most `gap` bytes while the group spans
  * at most `max_bytes` (a single range longer than that is one request on its own). Zero-length
- * ranges are left out of every group. *groups is malloc'd (free with free()); *ngroups counts
+ * ranges are left out of every group; a suffix range (ZB_RANGE_SUFFIX) is a group of its own. *groups is malloc'd (free with free()); *ngroups counts
  * them. */
 zb_status zb__coalesce(const zb_range *ranges, size_t n, uint64_t gap, uint64_t max_bytes,
                        size_t *order, zb__coalesced **groups, size_t *ngroups);
@@ -144,6 +144,10 @@ void zb__remote_stats(zb__remote *r, zb_store_stats *out);
 
 /* Replaces every credential of the options found in this thread's error message by "***". */
 void zb__remote_redact(const zb__remote *r);
+
+/* The coalesce_gap of a remote store's options (http, https, s3); 0 for any other store. */
+uint64_t zb__remote_store_gap(const zb_store *s);
+uint64_t zb__s3_store_gap(const zb_store *s); /* (the s3 part of it) */
 
 /* Backends. */
 zb_status zb__store_open_http(const char *url, const zb_remote_opts *opts, zb_store **out);

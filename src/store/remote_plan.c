@@ -40,12 +40,12 @@ zb__coalesce(const zb_range *ranges, size_t n, uint64_t gap, uint64_t max_bytes,
         const zb_range *r = &ranges[order[i]];
         uint64_t end = r->offset + r->length;
         if (end < r->offset) end = UINT64_MAX;
-        if (k > 0) {
+        if (k > 0 && r->offset != ZB_RANGE_SUFFIX) { /* a suffix is a request of its own */
             zb__coalesced *c = &g[k - 1];
             const zb_range *head = &ranges[order[c->first]];
             uint64_t new_end = end > c->end ? end : c->end;
-            if (!strcmp(head->key, r->key) && r->offset <= c->end + gap &&
-                new_end - c->offset <= max_bytes) {
+            if (!strcmp(head->key, r->key) && head->offset != ZB_RANGE_SUFFIX &&
+                r->offset <= c->end + gap && new_end - c->offset <= max_bytes) {
                 c->count++;
                 c->end = new_end;
                 continue;

@@ -369,8 +369,15 @@ static const zb_store_methods s3_methods = {
     .rename = s3_rename,
     .close = s3_close,
     .get_ranges = s3_get_ranges,
+    .suffix_ranges = true,
     .stats = s3_stats,
 };
+
+uint64_t
+zb__s3_store_gap(const zb_store *s)
+{
+    return s->m == &s3_methods ? zb__remote_options(((s3_store *)s->self)->r)->coalesce_gap : 0;
+}
 
 zb_status
 zb__store_open_s3(const char *url, const zb_remote_opts *opts, zb_store **out)

@@ -188,6 +188,9 @@ zb_store_rename(zb_store *store, const char *from, const char *to)
     return store->m->rename(store->self, a, b);
 }
 
+/* What zb_store_read_all reads of a remote object before it asks for the size. */
+#define READ_ALL_GUESS ((uint64_t)256 << 10)
+
 zb_status
 zb_store_read_all(zb_store *store, const char *key, uint8_t **data, uint64_t *length)
 {
@@ -195,6 +198,21 @@ zb_store_read_all(zb_store *store, const char *key, uint8_t **data, uint64_t *le
     *data = NULL;
     *length = 0;
     uint64_t size = 0;
+    if (store->m->get_ranges) {
+        /* a remote store: one GET of up to READ_ALL_GUESS bytes reads most objects whole (a
+         * metadata document), without a size query first (a round trip each) */
+        uint8_t *buf = malloc(READ_ALL_GUESS + 1);
+        if (!buf) return zb__err(ZB_E_NOMEM, "%s: out of memory", key);
+        zb_status st = zb_store_get(store, key, 0, READ_ALL_GUESS, buf, &size);
+        if (st != ZB_OK || size == READ_ALL_GUESS) free(buf);
+        if (st != ZB_OK) return st;
+        if (size < READ_ALL_GUESS) { /* short only at the end: the whole object */
+            buf[size] = '\0';
+            *data = buf;
+            *length = size;
+            return ZB_OK;
+        }
+    }
     ZB_TRY(zb_store_size(store, key, &size));
     if (size >= (uint64_t)1 << 34)
         return zb__err(ZB_E_OVERFLOW, "%s: object of %llu bytes is too large to read whole", key,
@@ -269,8 +287,15 @@ get_each(zb_store *store, zb_range *r, size_t n, zb_range_fn done, void *ctx)
 {
     for (size_t i = 0; i < n; i++) {
         r[i].nread = 0;
-        r[i].status =
-            store->m->get(store->self, r[i].key, r[i].offset, r[i].length, r[i].dst, &r[i].nread);
+        r[i].status = ZB_OK;
+        if (r[i].offset == ZB_RANGE_SUFFIX) { /* the last `length` bytes: a size query first */
+            uint64_t size = 0;
+            r[i].status = store->m->size(store->self, r[i].key, &size);
+            r[i].offset = size > r[i].length ? size - r[i].length : 0;
+        }
+        if (r[i].status == ZB_OK)
+            r[i].status = store->m->get(store->self, r[i].key, r[i].offset, r[i].length, r[i].dst,
+                                        &r[i].nread);
         if (done(ctx, i)) return;
     }
 }
@@ -294,6 +319,7 @@ relay_done(void *arg, size_t i)
 {
     relay *rl = arg;
     rl->relayed[i] = 1;
+    rl->theirs[i].offset = rl->mine[i].offset; /* where a suffix began */
     rl->theirs[i].nread = rl->mine[i].nread;
     rl->theirs[i].status = rl->mine[i].status;
     zb_status st = rl->mine[i].status;
@@ -324,13 +350,17 @@ zb_store_get_ranges(zb_store *store, zb_range *ranges, size_t n, zb_range_fn don
     relay rl = {
         .mine = r, .theirs = ranges, .relayed = relayed, .done = done, .ctx = ctx, .failed = n};
     zb_status st = ZB_OK;
-    if (store->m->get_ranges) {
+    bool suffix = false;
+    for (size_t i = 0; i < n && !store->m->suffix_ranges; i++)
+        suffix = suffix || r[i].offset == ZB_RANGE_SUFFIX;
+    if (store->m->get_ranges && !suffix) {
         st = store->m->get_ranges(store->self, r, n, relay_done, &rl);
     } else {
         get_each(store, r, n, relay_done, &rl);
     }
     for (size_t i = 0; i < n; i++) /* the ranges never completed (cancelled) */
         if (!relayed[i]) {
+            ranges[i].offset = r[i].offset;
             ranges[i].nread = r[i].nread;
             ranges[i].status = r[i].status;
         }

@@ -415,20 +415,34 @@ read_plain(read_req *r, uint64_t u0, uint64_t u1)
             for (int d = 1; d < nd; d++)
                 if (hi[d] == 0) return ZB_OK; /* an empty axis: nothing to read */
             ZB_TRY(zb__meta_chunk_key(m, a->path, g, key, sizeof key));
-            uint64_t size = 0;
-            zb_status st = zb_store_size(a->store, key, &size);
-            if (st == ZB_E_NOTFOUND) {
-                zb_clear_error();
+            const uint8_t *enc = NULL;
+            zb_read_stats rs = {0};
+            size_t len = 0;
+            bool missing = false;
+            zb_status st;
+            if (zb__unit_lists_ranges(a)) { /* remote: one GET, no size query (a round trip) */
+                void *tok = NULL;
+                st = zb__unit_fetch_whole(a, key, &r->ctx->ws.enc, &enc, &len, &missing, &tok, &rs);
+                zb_store_release(a->store, tok);
+            } else {
+                uint64_t size = 0;
+                st = zb_store_size(a->store, key, &size);
+                if (st == ZB_E_NOTFOUND) {
+                    zb_clear_error();
+                    st = ZB_OK;
+                    missing = true;
+                }
+                if (st == ZB_OK && !missing)
+                    st = zb__unit_read(a, key, 0, size, &r->ctx->ws.enc, &enc, &rs);
+                len = (size_t)size;
+            }
+            count_reads(r->ctx, &rs);
+            ZB_TRY(st);
+            if (missing) {
                 fill_box(r, g);
                 continue;
             }
-            if (st != ZB_OK) return st;
-            const uint8_t *enc = NULL;
-            zb_read_stats rs = {0};
-            st = zb__unit_read(a, key, 0, size, &r->ctx->ws.enc, &enc, &rs);
-            count_reads(r->ctx, &rs);
-            ZB_TRY(st);
-            ZB_TRY(deliver_unit(r, g, enc, (size_t)size, key));
+            ZB_TRY(deliver_unit(r, g, enc, len, key));
         } while (nd > 1 && next_coord(g, lo, hi, nd));
     }
     return ZB_OK;

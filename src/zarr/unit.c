@@ -201,6 +201,34 @@ zb__array_unit_object(const zb_array *a, const uint64_t *g, char *key, size_t ca
     return key ? zb__meta_chunk_key(m, a->path, s, key, cap) : ZB_OK;
 }
 
+/* The index of the shard `key` (n entries) from `raw`, the last `got` bytes of a shard of
+ * `size` bytes (index at the end), into a new array of 2n words. */
+static zb_status
+index_decode(const zb_array *a, const char *key, uint64_t n, const uint8_t *raw, uint64_t got,
+             uint64_t size, uint64_t **entries)
+{
+    const zb__shard_spec *spec = a->meta.chain.shard;
+    uint64_t idx_bytes = zb__shard_index_nbytes(spec, n);
+    *entries = NULL;
+    if (size < idx_bytes)
+        return zb__err(ZB_E_TRUNCATED,
+                       "%s: shard of %llu bytes is shorter than its %llu-byte "
+                       "index",
+                       key, (unsigned long long)size, (unsigned long long)idx_bytes);
+    if (got != idx_bytes)
+        return zb__err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
+                       (unsigned long long)got, (unsigned long long)idx_bytes);
+    uint64_t *e = malloc((size_t)(2 * n * sizeof(uint64_t)));
+    if (!e) return zb__err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
+    zb_status st = zb__shard_index_decode(spec, n, raw, (size_t)got, size, key, e);
+    if (st != ZB_OK) {
+        free(e);
+        return st;
+    }
+    *entries = e;
+    return ZB_OK;
+}
+
 zb_status
 zb__array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uint64_t **entries,
                       uint64_t *n_out, bool *missing)
@@ -213,46 +241,35 @@ zb__array_shard_index(const zb_array *a, zb_ctx *ctx, const uint64_t *shard, uin
     *n_out = n;
     char key[4600];
     ZB_TRY(zb__meta_chunk_key(m, a->path, shard, key, sizeof key));
-    uint64_t size = 0;
-    zb_status st = zb_store_size(a->store, key, &size);
+    const zb__shard_spec *spec = m->chain.shard;
+    uint64_t idx_bytes = zb__shard_index_nbytes(spec, n), size = 0;
+    uint8_t *raw = malloc((size_t)idx_bytes + 1);
+    if (!raw) return zb__err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
+    /* An index at the end is the shard's last bytes: one suffix read, which also tells the
+     * shard's size (one request over HTTP); an index at the start needs the size first. */
+    zb_range rg = {.key = key, .offset = ZB_RANGE_SUFFIX, .length = idx_bytes, .dst = raw};
+    zb_status st = ZB_OK;
+    if (spec->index_at_start) {
+        st = zb_store_size(a->store, key, &size);
+        if (st == ZB_OK && size >= idx_bytes)
+            st = zb_store_get(a->store, key, 0, idx_bytes, raw, &rg.nread);
+    } else {
+        st = zb_store_get_ranges(a->store, &rg, 1, NULL, NULL);
+        size = rg.offset + rg.nread;
+    }
     if (st == ZB_E_NOTFOUND) {
         zb_clear_error();
+        free(raw);
         *missing = true;
         return ZB_OK;
     }
-    if (st != ZB_OK) return st;
-    const zb__shard_spec *spec = m->chain.shard;
-    uint64_t idx_bytes = zb__shard_index_nbytes(spec, n);
-    if (size < idx_bytes)
-        return zb__err(ZB_E_TRUNCATED,
-                       "%s: shard of %llu bytes is shorter than its %llu-byte "
-                       "index",
-                       key, (unsigned long long)size, (unsigned long long)idx_bytes);
-    uint8_t *raw = malloc((size_t)idx_bytes);
-    uint64_t *e = malloc((size_t)(2 * n * sizeof(uint64_t)));
-    if (!raw || !e) {
-        free(raw);
-        free(e);
-        return zb__err(ZB_E_NOMEM, "%s: out of memory for the shard index", key);
-    }
-    uint64_t got = 0;
-    st = zb_store_get(a->store, key, spec->index_at_start ? 0 : size - idx_bytes, idx_bytes, raw,
-                      &got);
     if (st == ZB_OK) {
         ctx->stats.range_reads++;
-        ctx->stats.bytes_fetched += got;
-        if (got != idx_bytes)
-            st = zb__err(ZB_E_TRUNCATED, "%s: read %llu of the %llu index bytes", key,
-                         (unsigned long long)got, (unsigned long long)idx_bytes);
+        ctx->stats.bytes_fetched += rg.nread;
+        st = index_decode(a, key, n, raw, rg.nread, size, entries);
     }
-    if (st == ZB_OK) st = zb__shard_index_decode(spec, n, raw, (size_t)got, size, key, e);
     free(raw);
-    if (st != ZB_OK) {
-        free(e);
-        return st;
-    }
-    *entries = e;
-    return ZB_OK;
+    return st;
 }
 
 zb_status
@@ -447,7 +464,7 @@ zb__merge_next(const void *spans, size_t size, size_t i, size_t n, zb__merge_rul
 bool
 zb__unit_lists_ranges(const zb_array *a)
 {
-    return a->store->m->get_ranges != NULL;
+    return zb__store_lists_ranges(a->store);
 }
 
 static zb_status
@@ -564,6 +581,98 @@ zb__unit_fetch_whole(const zb_array *a, const char *key, zb__buf *buf, const uin
 
 /* ---- locate -------------------------------------------------------------------------------- */
 
+/* The index cache's key of the shard holding unit g: an address inside the array that no unit
+ * cache entry uses, and the shard's number; its grid coordinates in s. */
+static zb_status
+index_slot(const zb_array *a, const uint64_t *g, uint64_t *s, const void **owner, uint64_t *slin)
+{
+    const zb__unit_geom *u = &a->units;
+    ZB_TRY(zb__array_unit_object(a, g, NULL, 0, s, NULL));
+    *slin = 0;
+    for (int d = 0; d < u->ndim; d++) *slin = *slin * u->shard_grid[d] + s[d];
+    *owner = (const uint8_t *)a + 1;
+    return ZB_OK;
+}
+
+/* A missing shard's index: every entry empty. */
+static uint64_t *
+empty_index(uint64_t n)
+{
+    uint64_t *e = malloc((size_t)(2 * n * sizeof(uint64_t)) + 1);
+    for (uint64_t i = 0; e && i < 2 * n; i++) e[i] = ZB_SHARD_EMPTY;
+    return e;
+}
+
+zb_status
+zb__unit_index_prefetch(zb__cache *cache, const zb_array *const *arrays, const uint64_t *rows,
+                        size_t n, zb_read_stats *rs)
+{
+    typedef struct {
+        const zb_array *a;
+        const void *owner;
+        uint64_t slin;
+        char key[4600]; /* a chunk key's bound (zb__meta_chunk_key) */
+        uint8_t *raw;
+    } slot;
+    size_t k_max = 0; /* the sharded ones: a slot holds a key of 4.6 KB */
+    for (size_t i = 0; i < n; i++)
+        k_max +=
+            arrays[i]->units.kind == ZB_UNITS_SHARD && !arrays[i]->meta.chain.shard->index_at_start;
+    if (!k_max) return ZB_OK;
+    slot *sl = calloc(k_max, sizeof *sl);
+    zb_range *rg = calloc(k_max, sizeof *rg);
+    zb_status st = sl && rg ? ZB_OK : zb__err(ZB_E_NOMEM, "shard indexes: out of memory");
+    size_t m = 0;
+    for (size_t i = 0; i < n && st == ZB_OK; i++) {
+        const zb_array *a = arrays[i];
+        if (a->units.kind != ZB_UNITS_SHARD || a->meta.chain.shard->index_at_start) continue;
+        uint64_t g[ZB_MAX_DIMS] = {rows[i]}, s[ZB_MAX_DIMS], slin;
+        const void *owner;
+        st = index_slot(a, g, s, &owner, &slin);
+        bool seen = st != ZB_OK || zb__cache_contains(cache, owner, slin);
+        for (size_t j = 0; j < m && !seen; j++) seen = sl[j].owner == owner && sl[j].slin == slin;
+        if (seen) continue;
+        sl[m] = (slot){.a = a, .owner = owner, .slin = slin};
+        st = zb__meta_chunk_key(&a->meta, a->path, s, sl[m].key, sizeof sl[m].key);
+        uint64_t idx = zb__shard_index_nbytes(a->meta.chain.shard, a->units.shard_units);
+        if (st == ZB_OK && !(sl[m].raw = malloc((size_t)idx + 1)))
+            st = zb__err(ZB_E_NOMEM, "%s: out of memory for the shard index", sl[m].key);
+        rg[m] = (zb_range){
+            .key = sl[m].key, .offset = ZB_RANGE_SUFFIX, .length = idx, .dst = sl[m].raw};
+        m++;
+    }
+    /* one list read per store: every index in flight at once */
+    for (size_t i = 0; i < m && st == ZB_OK; i++) {
+        zb_store *store = sl[i].a->store;
+        size_t k = i;
+        while (k < m && sl[k].a->store == store) k++;
+        (void)zb_store_get_ranges(store, rg + i, k - i, NULL, NULL);
+        zb_clear_error(); /* a failed index is read again, and reported, where it is used */
+        i = k - 1;
+    }
+    for (size_t i = 0; i < m && st == ZB_OK; i++) {
+        const zb_array *a = sl[i].a;
+        uint64_t nu = a->units.shard_units, *e = NULL;
+        if (rg[i].status == ZB_E_NOTFOUND) {
+            e = empty_index(nu);
+        } else if (rg[i].status == ZB_OK) {
+            if (rs) {
+                rs->range_reads++;
+                rs->bytes_fetched += rg[i].nread;
+            }
+            if (index_decode(a, sl[i].key, nu, sl[i].raw, rg[i].nread, rg[i].offset + rg[i].nread,
+                             &e) != ZB_OK)
+                zb_clear_error();
+        }
+        if (e) zb__cache_put(cache, sl[i].owner, sl[i].slin, e, (size_t)(2 * nu * sizeof *e));
+        free(e);
+    }
+    for (size_t i = 0; sl && i < m; i++) free(sl[i].raw);
+    free(sl);
+    free(rg);
+    return st;
+}
+
 zb_status
 zb__unit_shard_entries(const zb_array *a, zb_ctx *ctx, zb__cache *cache, const uint64_t *g,
                        uint64_t lo, uint64_t k, uint64_t *entries, zb_read_stats *rs)
@@ -573,10 +682,8 @@ zb__unit_shard_entries(const zb_array *a, zb_ctx *ctx, zb__cache *cache, const u
     size_t ibytes = (size_t)(2 * n * sizeof(uint64_t)), off = (size_t)(2 * lo * sizeof(uint64_t));
     size_t part = (size_t)(2 * k * sizeof(uint64_t));
     uint64_t s[ZB_MAX_DIMS], slin = 0;
-    ZB_TRY(zb__array_unit_object(a, g, NULL, 0, s, NULL));
-    for (int d = 0; d < u->ndim; d++) slin = slin * u->shard_grid[d] + s[d];
-    /* keyed by an address inside the array that no unit cache entry uses */
-    const void *owner = (const uint8_t *)a + 1;
+    const void *owner;
+    ZB_TRY(index_slot(a, g, s, &owner, &slin));
     if (cache && zb__cache_get_part(cache, owner, slin, ibytes, off, entries, part)) return ZB_OK;
     uint64_t *fresh = NULL, nn = 0;
     bool missing = false;
@@ -587,11 +694,8 @@ zb__unit_shard_entries(const zb_array *a, zb_ctx *ctx, zb__cache *cache, const u
         rs->bytes_fetched += ctx->stats.bytes_fetched - b0;
     }
     if (st != ZB_OK) return st;
-    if (missing) {
-        fresh = malloc(ibytes ? ibytes : 1);
-        if (!fresh) return zb__err(ZB_E_NOMEM, "%s: out of memory for a shard index", a->path);
-        for (uint64_t e = 0; e < 2 * n; e++) fresh[e] = ZB_SHARD_EMPTY;
-    }
+    if (missing && !(fresh = empty_index(n)))
+        return zb__err(ZB_E_NOMEM, "%s: out of memory for a shard index", a->path);
     memcpy(entries, (const uint8_t *)fresh + off, part);
     if (cache) zb__cache_put(cache, owner, slin, fresh, ibytes);
     free(fresh);

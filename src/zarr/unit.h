@@ -91,6 +91,17 @@ zb_status zb__unit_shard_entries(const zb_array *a, zb_ctx *ctx, zb__cache *cach
                                  const uint64_t *g, uint64_t lo, uint64_t k, uint64_t *entries,
                                  zb_read_stats *rs);
 
+/* Reads the indexes of the shards holding unit rows rows[i] of arrays[i] (n pairs; sharded
+ * arrays of kind ZB_UNITS_SHARD with the index at the end, others are skipped) that `cache`
+ * does not hold, all at once: one zb_store_get_ranges call per store, one suffix range per
+ * shard (over HTTP one request each, all in flight together, instead of a size query and a
+ * read per shard as each is first needed). Each index read is validated and put into `cache`
+ * (a missing shard as all-empty entries); one that fails is left out, to be read again and
+ * reported by zb__unit_shard_entries where it is used. Reads are counted in `rs` (may be
+ * NULL). */
+zb_status zb__unit_index_prefetch(zb__cache *cache, const zb_array *const *arrays,
+                                  const uint64_t *rows, size_t n, zb_read_stats *rs);
+
 /* Where unit g's encoded bytes are: in the object `key` (cap bytes), bytes [*off, *off + *len)
  * (a plain unit: its whole object, one size query). *missing (and ZB_OK) when the object, or
  * the unit's shard entry, does not exist. Shard indexes go through `cache` (may be NULL). */

@@ -64,6 +64,23 @@ test_coalesce(void **state)
     assert_int_equal(g[0].end, 31);
     assert_int_equal(g[1].offset, 31);
     free(g);
+
+    /* a suffix range (a shard's index) is a request of its own, even next to ranges of its
+     * object and another suffix of it */
+    zb_range u[] = {{.key = "k", .offset = 0, .length = 10},
+                    {.key = "k", .offset = ZB_RANGE_SUFFIX, .length = 20},
+                    {.key = "k", .offset = 10, .length = 10},
+                    {.key = "k", .offset = ZB_RANGE_SUFFIX, .length = 5}};
+    ZB_ASSERT_OK(zb__coalesce(u, 4, 1 << 20, 1 << 20, order, &g, &ng));
+    assert_int_equal(ng, 3);
+    assert_int_equal(g[0].count, 2);
+    assert_int_equal(g[0].end, 20);
+    assert_int_equal(g[1].count, 1);
+    assert_int_equal(g[1].offset, ZB_RANGE_SUFFIX);
+    assert_int_equal(g[2].count, 1);
+    assert_int_equal(g[2].offset, ZB_RANGE_SUFFIX);
+    assert_true(u[order[g[1].first]].length + u[order[g[2].first]].length == 25);
+    free(g);
 }
 
 static void

@@ -382,6 +382,25 @@ test_get_ranges(void **state)
     assert_int_equal(one.nread, 3);
     assert_memory_equal(bt, "XYZ", 3);
 
+    /* suffix ranges: the last bytes (all of a shorter object), where they began given back;
+     * a missing object is ZB_E_NOTFOUND */
+    char s0[3], s1[20], s2[2];
+    zb_range sfx[3] = {
+        {.key = "a/c0", .offset = ZB_RANGE_SUFFIX, .length = 3, .dst = s0},
+        {.key = "a/c1", .offset = ZB_RANGE_SUFFIX, .length = 20, .dst = s1},
+        {.key = "a/none", .offset = ZB_RANGE_SUFFIX, .length = 2, .dst = s2},
+    };
+    ZB_ASSERT_ERR(zb_store_get_ranges(s, sfx, 3, NULL, NULL), ZB_E_NOTFOUND, "a/none");
+    assert_int_equal(sfx[0].status, ZB_OK);
+    assert_int_equal(sfx[0].offset, 7);
+    assert_int_equal(sfx[0].nread, 3);
+    assert_memory_equal(s0, "789", 3);
+    assert_int_equal(sfx[1].status, ZB_OK);
+    assert_int_equal(sfx[1].offset, 0);
+    assert_int_equal(sfx[1].nread, 10);
+    assert_memory_equal(s1, "abcdefghij", 10);
+    assert_int_equal(sfx[2].status, ZB_E_NOTFOUND);
+
     /* a key escaping the root is refused before any read; an empty list is a no-op */
     r[0].key = "a/../b";
     ZB_ASSERT_ERR(zb_store_get_ranges(s, r, 4, NULL, NULL), ZB_E_BADKEY, "..");

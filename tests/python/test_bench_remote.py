@@ -67,3 +67,24 @@ def test_summary_ratios():
     (r,) = s["ratios"]
     assert r["http_over_local"] == 0.85 and r["zbatch_over_zarr"] == 17.0  # zarr: its best
     assert "met" in s["lines"][0] and "NOT met" not in s["lines"][0]
+
+
+def test_summary_of_epoch_rounds_uses_medians():
+    """--epochs rows: first epoch and cached apart, the medians over the rounds (a round
+    disturbed by load does not decide), zarr-python at its best worker count."""
+    def row(where, lat, first, cached):
+        return {"tool": "zbatch", "where": where, "sampler": "random", "latency_ms": lat,
+                "threads": 2, "first_per_s": first, "cached_per_s": cached}
+    rows = [row("local", None, 1000.0, 2000.0), row("local", None, 100.0, 2200.0),
+            row("local", None, 1100.0, 1800.0),
+            row("http", 25, 900.0, 1700.0), row("http", 25, 800.0, 50.0),
+            row("http", 25, 990.0, 1900.0),
+            {"tool": "zarr", "where": "http", "sampler": "random", "latency_ms": 25,
+             "workers": 8, "samples_per_s": 30.0}]
+    s = remote.summarize(rows, [25], ["random"], threads=2)
+    (r,) = s["ratios"]
+    assert r["first_http_over_local"] == 900.0 / 1000.0
+    assert r["cached_http_over_local"] == 1700.0 / 2000.0
+    assert r["first_zbatch_over_zarr"] == 900.0 / 30.0
+    (line,) = s["lines"]
+    assert "first met" in line and "cached met" in line

@@ -131,7 +131,7 @@ def _check_ranges(url, root, name, ranges, opts):
     """One get_ranges call of `ranges` over `url`; every range against the local file."""
     got, stats = zbatch._zbatch.read_ranges(url, opts, ranges)
     data = (root / name).read_bytes()
-    for (key, off, n), (status, b) in zip(ranges, got):
+    for (key, off, n), (status, b, _) in zip(ranges, got):
         if key != name:
             assert status == "ZB_E_NOTFOUND", (key, status)
         else:
@@ -154,13 +154,53 @@ def test_get_ranges_many_in_flight_coalesced_and_under_faults(tmp_path, nginx_se
     stats = _check_ranges(server.url, tmp_path, "blob", ranges, opts)
     assert stats["retries"] == 0 and stats["ranges"] == len(ranges)
     assert 50 < stats["requests"] < len(ranges)  # coalesced (and the 404 is one request)
-    assert stats["max_in_flight"] == 64
+    assert stats["max_in_flight"] == min(256, stats["requests"])  # all at once (default 256)
     proxy = fault_proxy(server.url, seed=5, rates=FAULTS, fault_latency_s=0.02,
                         max_faults_per_request=3)
     stats = _check_ranges(proxy.url, tmp_path, "blob", ranges, opts)
     injected = proxy.stats()["injected"]
     failures = sum(v for k, v in injected.items() if k != "latency")
     assert failures > 20 and failures - injected["reset"] <= stats["retries"] <= failures
+
+
+SUFFIX = 2**64 - 1  # ZB_RANGE_SUFFIX: the object's last `length` bytes
+
+
+def test_get_ranges_suffix_is_one_request_and_survives_faults(tmp_path, nginx_serve, fault_proxy):
+    """A suffix range (how a reader asks for a shard's index): the object's last bytes in one
+    request "bytes=-N" (no HEAD), where they began given back as the range's offset; an object
+    shorter than asked comes whole, a missing one is ZB_E_NOTFOUND; through faults (truncated
+    bodies resumed from the first missing byte, 5xx, resets) the same bytes."""
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    (tmp_path / "blob").write_bytes(data)
+    (tmp_path / "small").write_bytes(data[:10])
+    ranges = [("blob", SUFFIX, 16388), ("small", SUFFIX, 100), ("missing", SUFFIX, 8),
+              ("blob", 0, 100), ("blob", SUFFIX, 5)]
+    want = [("ZB_OK", data[-16388:], 100_000 - 16388), ("ZB_OK", data[:10], 0),
+            ("ZB_E_NOTFOUND", b"", SUFFIX), ("ZB_OK", data[:100], 0),
+            ("ZB_OK", data[-5:], 100_000 - 5)]
+    server = nginx_serve(tmp_path)
+    got, stats = zbatch._zbatch.read_ranges(server.url, FAST, ranges)
+    assert got == want
+    # one request per range: a suffix joins no other range of its object (nginx logs each
+    # request as it ends, a moment after the client has it)
+    deadline = time.monotonic() + 5
+    while len(server.requests()) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sorted((r.method, r.path, r.range) for r in server.requests()) == sorted(
+        [("GET", "/blob", "bytes=-16388"), ("GET", "/small", "bytes=-100"),
+         ("GET", "/missing", "bytes=-8"), ("GET", "/blob", "bytes=0-99"),
+         ("GET", "/blob", "bytes=-5")])
+    assert stats["requests"] == 5 and stats["retries"] == 0
+    proxy = fault_proxy(server.url, seed=9, rates=FAULTS, fault_latency_s=0.02,
+                        max_faults_per_request=3)
+    retries = 0
+    for _ in range(15):
+        got, stats = zbatch._zbatch.read_ranges(proxy.url, FAST, ranges)
+        assert got == want
+        retries += stats["retries"]
+    assert retries > 5, proxy.stats()["injected"]
 
 
 @pytest.fixture

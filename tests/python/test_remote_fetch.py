@@ -64,14 +64,21 @@ def _covers(records, chunks: dict) -> Counter:
     """How many GETs covered each chunk of `chunks` whole."""
     count = Counter()
     for r in records:
-        if r.method != "GET":
-            continue
+        if r.method != "GET" or r.range.startswith("bytes=-"):
+            continue  # a suffix range reads a shard's index: no chunk
         m = re.fullmatch(r"bytes=(\d+)-(\d+)", r.range)
         lo, hi = (int(m[1]), int(m[2]) + 1) if m else (0, 1 << 62)
         for (path, off), n in chunks.items():
             if path == r.path and lo <= off and off + n <= hi:
                 count[(path, off)] += 1
     return count
+
+
+def _logged(server, since=0):
+    """The requests nginx logged after `since`, once the last of them is in (nginx writes each
+    line as its request ends, a moment after the client has the response)."""
+    time.sleep(0.2)
+    return server.requests(since)
 
 
 def _epochs(ds, sampler, epochs=EPOCHS):
@@ -128,6 +135,40 @@ def test_sharded_each_inner_chunk_fetched_once_over_epochs(root, nginx_serve, sa
               and "/indptr/" not in r.path]
     shards = {r.path for r in x_gets}
     assert sum(r.nbytes for r in x_gets) == sum(chunks.values()) + len(shards) * (16 * 8 + 4)
+
+
+def test_units_in_a_requests_gap_are_kept_not_fetched_again(root, nginx_serve):
+    """A window that wants inner chunks 0 and 2 of a shard gets chunk 1 too: the store's one
+    request spans the gap between them (its coalesce_gap, 64 KiB by default), and chunk 1 is
+    kept in the fetch cache with them (fill_gaps), so a later window that wants chunk 1 fetches
+    nothing (before, it fetched chunk 1 again). The rows are picked from X/indptr, each inside
+    one inner chunk (256 values) of the first shards; the batches are the local ones."""
+    import zarr
+    store = root / "sharded.zarr"
+    server = nginx_serve(root)
+    local = zbatch.open(str(store))
+    indptr = zarr.open_group(str(store), mode="r")["X/indptr"][:]
+    inside = {k: next(r for r in range(len(indptr) - 1)
+                      if 256 * k <= indptr[r] < indptr[r + 1] <= 256 * (k + 1)) for k in (0, 1, 2)}
+    chunks = {**_inner_chunks(store, "X/data"), **_inner_chunks(store, "X/indices")}
+    first = {a: sorted(o for (p, o) in chunks if p == f"/sharded.zarr/X/{a}/c/0")
+             for a in ("data", "indices")}
+    ds = zbatch.open(f"{server.url}/sharded.zarr", num_threads=2)
+    seen = []
+    for ids in ([inside[0], inside[2]], [inside[1]]):
+        since = server.log_offset()
+        assert (ds.read_many(ids)["X"] != local.read_many(ids)["X"]).nnz == 0
+        seen.append(sorted((r.path, r.range) for r in _logged(server, since)
+                           if r.path.startswith("/sharded.zarr/X/") and "/indptr/" not in r.path))
+    # the first window: each shard's index, then chunks 0-2 in one request per array
+    want = []
+    for a in ("data", "indices"):
+        end = first[a][2] + chunks[(f"/sharded.zarr/X/{a}/c/0", first[a][2])]
+        assert first[a][0] == 0
+        want += [(f"/sharded.zarr/X/{a}/c/0", f"bytes=-{8 * 16 + 4}"),
+                 (f"/sharded.zarr/X/{a}/c/0", f"bytes=0-{end - 1}")]
+    assert seen[0] == sorted(want)
+    assert seen[1] == []  # chunk 1 of both arrays came with the first window's requests
 
 
 def test_loader_over_http_fetches_each_inner_chunk_at_most_twice(root, nginx_serve):
@@ -211,3 +252,73 @@ def test_two_window_reads_at_once_share_connections_without_waiting(root, nginx_
     for ids, x in zip(windows, got):
         assert (x != local.read_many(ids)["X"]).nnz == 0
     assert ds.store_stats()["retries"] == 0
+
+
+def test_a_window_reads_its_shard_indexes_once_in_one_round(root, nginx_serve):
+    """Before a window fetches any inner chunk, the indexes of every shard it touches are read
+    in one round: one suffix request each ("bytes=-N": the index's 16 bytes per inner chunk and
+    its crc32c; no HEAD for the shard's size), all in flight together; the chunk requests start
+    after them; no (object, range) is asked twice; a later window on the same shards reads no
+    index again. nginx adds 20 ms to every request, so the rounds show in its log."""
+    store = root / "sharded.zarr"
+    server = nginx_serve(root, latency_ms=20)
+    ds = zbatch.open(f"{server.url}/sharded.zarr", storage_options=NO_GAP, num_threads=2)
+    local = zbatch.open(str(store))
+    shards = {f"/sharded.zarr/X/{a}/c/{p.name}" for a in ("data", "indices")
+              for p in (store / "X" / a / "c").iterdir()}
+    assert len(shards) == 32
+    since = server.log_offset()
+    ids = np.arange(0, 800, 7)  # rows in every shard
+    assert (ds.read_many(ids)["X"] != local.read_many(ids)["X"]).nnz == 0
+    log = [r for r in _logged(server, since) if r.path in shards]
+    assert {r.method for r in log} == {"GET"}
+    idx = [r for r in log if r.range.startswith("bytes=-")]
+    assert sorted(r.path for r in idx) == sorted(shards)  # each shard's index once
+    assert {r.range for r in idx} == {f"bytes=-{8 * 16 + 4}"}
+    assert max(r.start for r in idx) < min(r.end for r in idx)  # one round
+    chunks = [r for r in log if r not in idx]
+    assert chunks and min(r.start for r in chunks) >= max(r.end for r in idx) - 0.002
+    assert len({(r.path, r.range) for r in chunks}) == len(chunks)
+    since = server.log_offset()
+    ids = np.arange(3, 800, 7)
+    assert (ds.read_many(ids)["X"] != local.read_many(ids)["X"]).nnz == 0
+    assert not [r for r in _logged(server, since) if r.range.startswith("bytes=-")]
+
+
+def test_the_loaders_two_windows_fetch_tables_and_indexes_once(tmp_path, nginx_serve):
+    """The loader reads two windows at once from the start: the category tables and the shard
+    indexes both first windows need are fetched by one of them, once each (the other waits for
+    them instead of fetching them too); the category tables of a remote store are read all at
+    once (their requests overlap in nginx's log, 10 ms added to each); the batches are the
+    local ones."""
+    from conftest import run_cli
+    store = tmp_path / "cells.zarr"
+    out = run_cli("synth", "--kind", "cells", "--n", "3000", "-o", store, "--seed", "2")
+    assert out.returncode == 0, out.stderr
+    server = nginx_serve(tmp_path, latency_ms=10)
+
+    def epoch(ds):
+        loader = zbatch.DataLoader(ds, batch_size=128, sampler="block", seed=3, output="numpy",
+                                   prefetch_factor=4, block_size=16, blocks_per_window=32)
+        got = [b["X"].copy() for b in loader]
+        loader.close()
+        return got
+
+    want = epoch(zbatch.open(str(store)))
+    got = epoch(zbatch.open(f"{server.url}/cells.zarr", num_threads=2))
+    assert len(got) == len(want) > 4
+    for g, w in zip(got, want):
+        assert (g != w).nnz == 0
+    log = _logged(server)
+    tables = [r for r in log if "/categories/" in r.path]
+    indexes = [r for r in log if r.range.startswith("bytes=-")]
+    cats = {p.name for p in (store / "obs").iterdir() if (p / "categories").is_dir()}
+    assert len(cats) >= 2
+    # each table's metadata and chunk once; each shard index once
+    assert sorted((r.path, r.range) for r in tables) == sorted(set((r.path, r.range)
+                                                                    for r in tables))
+    assert {r.path.split("/")[3] for r in tables} == cats
+    assert len(tables) == 2 * len(cats)
+    assert len({(r.path, r.range) for r in indexes}) == len(indexes) > 0
+    meta = [r for r in tables if r.path.endswith("zarr.json")]
+    assert max(r.start for r in meta) < min(r.end for r in meta)  # all at once
