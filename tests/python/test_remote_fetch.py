@@ -74,13 +74,6 @@ def _covers(records, chunks: dict) -> Counter:
     return count
 
 
-def _logged(server, since=0):
-    """The requests nginx logged after `since`, once the last of them is in (nginx writes each
-    line as its request ends, a moment after the client has the response)."""
-    time.sleep(0.2)
-    return server.requests(since)
-
-
 def _epochs(ds, sampler, epochs=EPOCHS):
     loader = zbatch.DataLoader(ds, batch_size=50, sampler=sampler, seed=5, output="numpy",
                                num_threads=2, prefetch_factor=2, drop_last=False)
@@ -158,7 +151,7 @@ def test_units_in_a_requests_gap_are_kept_not_fetched_again(root, nginx_serve):
     for ids in ([inside[0], inside[2]], [inside[1]]):
         since = server.log_offset()
         assert (ds.read_many(ids)["X"] != local.read_many(ids)["X"]).nnz == 0
-        seen.append(sorted((r.path, r.range) for r in _logged(server, since)
+        seen.append(sorted((r.path, r.range) for r in server.requests(since)
                            if r.path.startswith("/sharded.zarr/X/") and "/indptr/" not in r.path))
     # the first window: each shard's index, then chunks 0-2 in one request per array
     want = []
@@ -270,7 +263,7 @@ def test_a_window_reads_its_shard_indexes_once_in_one_round(root, nginx_serve):
     since = server.log_offset()
     ids = np.arange(0, 800, 7)  # rows in every shard
     assert (ds.read_many(ids)["X"] != local.read_many(ids)["X"]).nnz == 0
-    log = [r for r in _logged(server, since) if r.path in shards]
+    log = [r for r in server.requests(since) if r.path in shards]
     assert {r.method for r in log} == {"GET"}
     idx = [r for r in log if r.range.startswith("bytes=-")]
     assert sorted(r.path for r in idx) == sorted(shards)  # each shard's index once
@@ -282,7 +275,7 @@ def test_a_window_reads_its_shard_indexes_once_in_one_round(root, nginx_serve):
     since = server.log_offset()
     ids = np.arange(3, 800, 7)
     assert (ds.read_many(ids)["X"] != local.read_many(ids)["X"]).nnz == 0
-    assert not [r for r in _logged(server, since) if r.range.startswith("bytes=-")]
+    assert not [r for r in server.requests(since) if r.range.startswith("bytes=-")]
 
 
 def test_the_loaders_two_windows_fetch_tables_and_indexes_once(tmp_path, nginx_serve):
@@ -309,7 +302,7 @@ def test_the_loaders_two_windows_fetch_tables_and_indexes_once(tmp_path, nginx_s
     assert len(got) == len(want) > 4
     for g, w in zip(got, want):
         assert (g != w).nnz == 0
-    log = _logged(server)
+    log = server.requests()
     tables = [r for r in log if "/categories/" in r.path]
     indexes = [r for r in log if r.range.startswith("bytes=-")]
     cats = {p.name for p in (store / "obs").iterdir() if (p / "categories").is_dir()}
