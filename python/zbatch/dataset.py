@@ -227,8 +227,8 @@ class Dataset:
             return object.__new__(ReaderDataset)
         return object.__new__(cls)
 
-    def __init__(self, path: str, group: str = "", *, cache_bytes: int = 0, num_threads: int = 1,
-                 load_layers: bool = False, use_consolidated: bool = True,
+    def __init__(self, path: str, group: str = "", *, cache_bytes: Union[int, str] = 0,
+                 num_threads: int = 1, load_layers: bool = False, use_consolidated: bool = True,
                  load_strings: bool = False, layer: Optional[str] = None,
                  reorder_vars: bool = False, x_dtype: Optional[str] = None,
                  index_dtype: Optional[str] = None, on_invalid: str = "error",
@@ -550,7 +550,7 @@ class MultiDataset(Dataset):
             return object.__new__(MultiReaderDataset)
         return object.__new__(cls)
 
-    def __init__(self, datasets: Sequence[Dataset], *, cache_bytes: int = 0,
+    def __init__(self, datasets: Sequence[Dataset], *, cache_bytes: Union[int, str] = 0,
                  num_threads: int = 1, reorder_vars: bool = False,
                  output_strict: bool = True):
         self.children = list(datasets)
