@@ -38,11 +38,12 @@ def nv_store(tmp_path_factory):
     return _nv_store(tmp_path_factory.mktemp("auto") / "nv.zarr")
 
 
-@pytest.fixture(scope="module")
-def nv_thin(tmp_path_factory):
-    """Core chunks of 7 rows: the heaviest field (neighbor_list) holds < 1 structure a chunk."""
+@pytest.fixture(scope="module", params=[7, 32])
+def nv_thin(tmp_path_factory, request):
+    """Core chunks of 7 or 32 rows: the heaviest field (neighbor_list, ~21 edges a structure)
+    holds 0.3 or 1.5 structures a chunk."""
     return _nv_store(tmp_path_factory.mktemp("auto") / "thin.zarr",
-                     {"core": {"chunk_size": 7}})
+                     {"core": {"chunk_size": request.param}})
 
 
 def _cells(path, n=300, seed=0):
@@ -91,6 +92,20 @@ def test_decoded_size_of_a_cells_store_is_zarrs(cells):
     assert ds.decoded_bytes == sum(want.values())
 
 
+def test_decoded_size_of_a_collection_sums_its_children(tmp_path, memory):
+    from test_dataset_collection import SIZES, make_child, write_collection
+    path = str(write_collection(tmp_path / "coll.zarr",
+                                [make_child(k, n) for k, n in enumerate(SIZES)]))
+    root = zarr.open_group(path, mode="r")
+    arrays = ["X/data", "X/indices", "obs/cell_type/codes", "obs/src_path/codes", "obs/total",
+              "obs/qc"]
+    want = sum(_nbytes(root[f"dataset_{k}/{a}"]) for k in range(len(SIZES)) for a in arrays)
+    ds = zbatch.open(path)
+    assert ds.num_children == len(SIZES) and ds.decoded_bytes == want
+    memory(4 * want)
+    assert zbatch.open(path, cache_bytes="auto").cache_bytes == int(want * 1.05)
+
+
 def test_qualifies_caches_the_decoded_size(nv_store, cells, memory):
     for path in (nv_store, cells[0]):
         d = zbatch.open(path).decoded_bytes
@@ -120,7 +135,10 @@ def test_too_big_for_memory_is_no_cache_and_a_warning(nv_store, memory, monkeypa
 
 def test_less_than_two_samples_per_chunk_is_no_cache(nv_thin, memory):
     ds = zbatch.open(nv_thin)
-    assert zbatch.samplers.samples_per_chunk(ds) < 2
+    edges = zarr.open_group(nv_thin, mode="r")["core/neighbor_list"].shape[0]
+    chunk = ds.fields["neighbor_list"]["chunk_rows"]
+    per_chunk = zbatch.samplers.samples_per_chunk(ds)
+    assert per_chunk == pytest.approx(chunk * len(ds) / edges) and per_chunk < 2
     memory(1 << 50)
     assert zbatch.open(nv_thin, cache_bytes="auto").cache_bytes == 0
     memory(1)                               # too big as well: the chunk test decides, silently
