@@ -321,12 +321,15 @@ dataset_len(DatasetObject *self, PyObject *noargs)
 static unsigned long long
 field_decoded_bytes(const zb_dataset *ds, size_t i)
 {
-    unsigned long long sum = 0;
-    for (size_t c = 0; c < ds->nchildren; c++) sum += field_decoded_bytes(ds->children[c], i);
-    zb_array_info ai;
-    if (ds->nchildren || i >= ds->nfields || !ds->fields[i].arr ||
-        zb_array_get_info(ds->fields[i].arr, &ai) != ZB_OK)
+    if (ds->nchildren) {
+        unsigned long long sum = 0;
+        for (size_t c = 0; c < ds->nchildren; c++) sum += field_decoded_bytes(ds->children[c], i);
         return sum;
+    }
+    zb_array_info ai;
+    if (i >= ds->nfields || !ds->fields[i].arr ||
+        zb_array_get_info(ds->fields[i].arr, &ai) != ZB_OK)
+        return 0;
     unsigned long long n = ai.itemsize;
     for (int d = 0; d < ai.ndim; d++) n *= ai.shape[d];
     return n;
