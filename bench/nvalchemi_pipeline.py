@@ -68,12 +68,15 @@ def nvalchemi_loader(store: str):
                       prefetch_factor=PREFETCH_FACTOR, use_streams=False)
 
 
-def zbatch_loader(store: str, threads: int, cache_bytes: int = 0, block_size: int = 0,
+def zbatch_loader(store: str, threads: int, cache_bytes: "int | str" = 0, block_size: int = 0,
                   window_size: int = 8192):
     """zbatch's pipeline; with block_size, chunk-aware packing (windows of window_size
     structures in blocks of block_size) and the loader's own window for it."""
     import zbatch
     ds = zbatch.open(store, num_threads=threads, cache_bytes=cache_bytes)
+    if cache_bytes == "auto":
+        print(f"cache_bytes='auto': {ds.cache_bytes / 2**20:,.0f} MiB (decoded store "
+              f"{ds.decoded_bytes / 2**20:,.0f} MiB)", flush=True)
     sampler = zbatch.samplers.SizeAwareSampler(ds, max_atoms=MAX_ATOMS,
                                                max_batch_size=BATCH_SIZE,
                                                block_size=block_size or None,
@@ -108,6 +111,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache-gib", type=float, default=0.0,
                     help="zbatch's decoded-chunk cache (cache_bytes), GiB")
+    ap.add_argument("--cache", choices=["auto"], default=None,
+                    help="zbatch: cache_bytes='auto' (sized from the store; overrides --cache-gib)")
     ap.add_argument("--nvalchemi-store", action="store_true",
                     help="also run both on a copy written by nvalchemi's AtomicDataZarrWriter")
     ap.add_argument("--only", choices=["zbatch", "nvalchemi"], default=None,
@@ -138,7 +143,8 @@ def main(argv=None) -> None:
         for label, store in stores.items():
             tools = {"nvalchemi": lambda s=str(store): nvalchemi_loader(s),
                      "zbatch": lambda s=str(store): zbatch_loader(
-                         s, args.threads, int(args.cache_gib * 2**30), args.block_size,
+                         s, args.threads, args.cache or int(args.cache_gib * 2**30),
+                         args.block_size,
                          args.window_size)}
             if args.only:
                 tools = {args.only: tools[args.only]}

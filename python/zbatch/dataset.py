@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from . import _zbatch
-from ._remote import remote_options
+from ._remote import is_remote, remote_options
 
 _KINDS = ("per_sample", "ragged", "index")
 
@@ -166,7 +166,11 @@ class Dataset:
     Parameters:
         path: the store directory (a local path).
         group: the dataset's group inside the store ("" = the root).
-        cache_bytes: size of the decoded-chunk cache (LRU, 0 = off).
+        cache_bytes: size of the decoded-chunk cache (LRU, 0 = off), or ``"auto"``: the
+            store's decoded size (``ds.decoded_bytes``) plus 5% when its heaviest field holds
+            2 or more samples per chunk, the store is local and it fits in
+            :data:`AUTO_CACHE_SHARE` of physical memory; else 0 (with a warning when only the
+            memory test failed). ``ds.cache_bytes`` is the size chosen (docs/TUNING.md).
         num_threads: decode threads used by :meth:`read_many`.
         load_layers: anndata only: also expose ``layers/NAME`` (as matrices in batches).
         load_strings: anndata only: ``obs_names`` and string obs columns in every batch.
@@ -226,8 +230,8 @@ class Dataset:
             return object.__new__(ReaderDataset)
         return object.__new__(cls)
 
-    def __init__(self, path: str, group: str = "", *, cache_bytes: int = 0, num_threads: int = 1,
-                 load_layers: bool = False, use_consolidated: bool = True,
+    def __init__(self, path: str, group: str = "", *, cache_bytes: Union[int, str] = 0,
+                 num_threads: int = 1, load_layers: bool = False, use_consolidated: bool = True,
                  load_strings: bool = False, layer: Optional[str] = None,
                  reorder_vars: bool = False, x_dtype: Optional[str] = None,
                  index_dtype: Optional[str] = None, on_invalid: str = "error",
@@ -235,14 +239,8 @@ class Dataset:
                  storage_options: Optional[dict] = None, fetch_cache_bytes: int = 256 << 20):
         path = _store_path(path)
         _check_threads(num_threads)
+        cache = _cache_option(cache_bytes)
         remote = remote_options(path, storage_options)
-        self._c = _zbatch._Dataset(path, group, int(cache_bytes), int(num_threads),
-                                   bool(load_layers), bool(use_consolidated), bool(load_strings),
-                                   None if layer is None else str(layer), bool(reorder_vars),
-                                   _dtype_option(x_dtype), _dtype_option(index_dtype),
-                                   str(on_invalid), int(max_request_bytes),
-                                   _mmap_bytes(mmap_bytes), remote, int(fetch_cache_bytes))
-        self.path = path
         self._remember((path, group), dict(cache_bytes=cache_bytes, num_threads=num_threads,
                                            load_layers=load_layers,
                                            use_consolidated=use_consolidated,
@@ -253,7 +251,23 @@ class Dataset:
                                            mmap_bytes=mmap_bytes,
                                            storage_options=storage_options,
                                            fetch_cache_bytes=fetch_cache_bytes))
+
+        def c_open(cache: int) -> Any:
+            return _zbatch._Dataset(path, group, cache, int(num_threads), bool(load_layers),
+                                    bool(use_consolidated), bool(load_strings),
+                                    None if layer is None else str(layer), bool(reorder_vars),
+                                    _dtype_option(x_dtype), _dtype_option(index_dtype),
+                                    str(on_invalid), int(max_request_bytes),
+                                    _mmap_bytes(mmap_bytes), remote, int(fetch_cache_bytes))
+        self._c = c_open(0 if cache == "auto" else cache)
+        self.path = path
         self._load_info()
+        if cache == "auto":
+            cache = _auto_cache_bytes(self, remote is not None)
+            if cache:
+                self._c = c_open(cache)   # the cache is sized at open: open again with it
+        #: the decoded-chunk cache's size in bytes (what ``cache_bytes="auto"`` chose)
+        self.cache_bytes: int = cache
 
     # -- pickling and processes ------------------------------------------------------------
     def _remember(self, args: tuple, kwargs: dict) -> None:
@@ -280,6 +294,13 @@ class Dataset:
             0
         """
         return dict(self._c.store_stats())
+
+    @property
+    def decoded_bytes(self) -> int:
+        """The decoded size of the stored values of the fields this dataset reads, from
+        metadata (each array's shape times its itemsize; a collection's summed over its
+        children): what a decoded-chunk cache holding all of it takes."""
+        return sum(int(f["decoded_bytes"]) for f in self.fields.values())
 
     def _threads(self) -> int:
         return int(self._open_args[1].get("num_threads", 1))
@@ -351,6 +372,7 @@ class Dataset:
         self._frames: dict[str, Any] = {}
         #: field name -> dict(kind, dtype, row_shape, segment, target, categorical, array, mask,
         #: chunk_rows: rows per stored chunk, or inner chunk, of the first child's array)
+        #: decoded_bytes: the field's stored values decoded (shape x itemsize, all children)
         self.fields: dict[str, dict] = {f["name"]: {k: v for k, v in f.items() if k != "name"}
                                         for f in info["fields"]}
 
@@ -531,7 +553,7 @@ class MultiDataset(Dataset):
             return object.__new__(MultiReaderDataset)
         return object.__new__(cls)
 
-    def __init__(self, datasets: Sequence[Dataset], *, cache_bytes: int = 0,
+    def __init__(self, datasets: Sequence[Dataset], *, cache_bytes: Union[int, str] = 0,
                  num_threads: int = 1, reorder_vars: bool = False,
                  output_strict: bool = True):
         self.children = list(datasets)
@@ -542,12 +564,22 @@ class MultiDataset(Dataset):
             d._check_process()
         from ._backend import check_same_fields
         check_same_fields(self.children)
+        cache = _cache_option(cache_bytes)
         self._remember((self.children,), dict(cache_bytes=cache_bytes, num_threads=num_threads,
                                               reorder_vars=reorder_vars))
-        self._c = _zbatch.concat_datasets([d._c for d in self.children], int(num_threads),
-                                          int(cache_bytes), bool(reorder_vars))
+
+        def c_concat(cache: int) -> Any:
+            return _zbatch.concat_datasets([d._c for d in self.children], int(num_threads),
+                                           cache, bool(reorder_vars))
+        self._c = c_concat(0 if cache == "auto" else cache)
         self.path = self.children[0].path
         self._load_info()
+        if cache == "auto":
+            # one budget for all children: their summed decoded size against the share
+            cache = _auto_cache_bytes(self, any(is_remote(d.path) for d in self.children))
+            if cache:
+                self._c = c_concat(cache)
+        self.cache_bytes = cache
         #: the length of every child, in order (the "multi" sampler's ``sizes``)
         self.sizes = [len(d) for d in self.children]
 
@@ -567,8 +599,13 @@ class InMemoryDataset(Dataset):
         src = source if isinstance(source, Dataset) else Dataset(source)
         _check_threads(num_threads)
         src._check_process()
+        cache = _cache_option(cache_bytes)
+        if cache == "auto":
+            raise ValueError("InMemoryDataset: cache_bytes='auto' sizes a cache of decoded "
+                             "chunks; an in-memory copy decodes nothing: give bytes or 0")
         self._remember((src,), dict(cache_bytes=cache_bytes, num_threads=num_threads))
-        self._c = _zbatch.in_memory(src._c, int(num_threads), int(cache_bytes))
+        self._c = _zbatch.in_memory(src._c, int(num_threads), cache)
+        self.cache_bytes = cache
         self.path = src.path
         self._load_info()
         self._var_at = src._var_at  # the copy lives in memory: var is read from the source
@@ -631,6 +668,51 @@ def _mmap_bytes(value: Optional[int]) -> Optional[int]:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{where} must be an integer >= 0 (bytes), got {value!r}")
     return int(value)
+
+
+#: The share of physical memory ``cache_bytes="auto"`` may take: a store (or all children of
+#: a MultiDataset together) whose decoded size exceeds it gets no cache. Change it before
+#: opening: ``zbatch.dataset.AUTO_CACHE_SHARE = 0.5``.
+AUTO_CACHE_SHARE = 0.25
+
+
+def _physical_memory() -> int:
+    """This machine's physical memory in bytes (the tests stub it)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _cache_option(value: Any) -> Union[int, str]:
+    """cache_bytes as given: an integer >= 0, or "auto"."""
+    if isinstance(value, str) and value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"cache_bytes must be an integer >= 0 (bytes) or 'auto', "
+                         f"got {value!r}")
+    return int(value)
+
+
+def _auto_cache_bytes(ds: Dataset, remote: bool) -> int:
+    """What ``cache_bytes="auto"`` gives an opened dataset (docs/TUNING.md): its decoded size D
+    times 1.05 when its heaviest field holds >= 2 samples per chunk (random windows then
+    decode many times what they deliver), it is local, and D is at most AUTO_CACHE_SHARE of
+    physical memory; else 0, with a warning when only the memory test failed."""
+    from .samplers import samples_per_chunk
+    share = AUTO_CACHE_SHARE
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise ValueError(f"zbatch.dataset.AUTO_CACHE_SHARE must be a number in (0, 1], "
+                         f"got {share!r}")
+    if remote or samples_per_chunk(ds) < 2:
+        return 0
+    d, mem = ds.decoded_bytes, _physical_memory()
+    if d > share * mem:
+        import warnings
+        warnings.warn(f"cache_bytes='auto': {ds.name} decodes to {d / 2**30:.2f} GiB, more than "
+                      f"{share:g} of this machine's {mem / 2**30:.1f} GiB of memory "
+                      f"(zbatch.dataset.AUTO_CACHE_SHARE); opened without a cache. For random "
+                      f"windows pack by chunk instead: "
+                      f"SizeAwareSampler(ds, ..., block_size='chunks')", stacklevel=3)
+        return 0
+    return int(d * 1.05)
 
 
 def _check_threads(n: Any) -> None:

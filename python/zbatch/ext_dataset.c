@@ -315,6 +315,26 @@ dataset_len(DatasetObject *self, PyObject *noargs)
     return PyLong_FromUnsignedLongLong(n);
 }
 
+/* The decoded size of field i's stored values, from metadata: the elements of its array's
+ * shape times its itemsize, summed over the children of a collection or concatenation (what a
+ * decoded-chunk cache holding the whole field takes; 0 for strings) */
+static unsigned long long
+field_decoded_bytes(const zb_dataset *ds, size_t i)
+{
+    if (ds->nchildren) {
+        unsigned long long sum = 0;
+        for (size_t c = 0; c < ds->nchildren; c++) sum += field_decoded_bytes(ds->children[c], i);
+        return sum;
+    }
+    zb_array_info ai;
+    if (i >= ds->nfields || !ds->fields[i].arr ||
+        zb_array_get_info(ds->fields[i].arr, &ai) != ZB_OK)
+        return 0;
+    unsigned long long n = ai.itemsize;
+    for (int d = 0; d < ai.ndim; d++) n *= ai.shape[d];
+    return n;
+}
+
 static PyObject *
 dataset_info(DatasetObject *self, PyObject *noargs)
 {
@@ -337,11 +357,12 @@ dataset_info(DatasetObject *self, PyObject *noargs)
         for (int d = 0; rs && d < fi.ndim; d++)
             PyTuple_SET_ITEM(rs, d, PyLong_FromUnsignedLongLong(fi.row_shape[d]));
         PyObject *o =
-            rs ? Py_BuildValue("{s:s,s:s,s:s,s:O,s:z,s:z,s:O,s:s,s:z,s:K}", "name", fi.name, "kind",
-                               kinds[fi.kind], "dtype", zb_dtype_name(fi.dtype), "row_shape", rs,
-                               "segment", fi.segment, "target", fi.target, "categorical",
-                               fi.categorical ? Py_True : Py_False, "array", fi.array, "mask",
-                               fi.mask, "chunk_rows", chunk_rows)
+            rs ? Py_BuildValue("{s:s,s:s,s:s,s:O,s:z,s:z,s:O,s:s,s:z,s:K,s:K}", "name", fi.name,
+                               "kind", kinds[fi.kind], "dtype", zb_dtype_name(fi.dtype),
+                               "row_shape", rs, "segment", fi.segment, "target", fi.target,
+                               "categorical", fi.categorical ? Py_True : Py_False, "array",
+                               fi.array, "mask", fi.mask, "chunk_rows", chunk_rows, "decoded_bytes",
+                               field_decoded_bytes(self->ds, i))
                : NULL;
         Py_XDECREF(rs);
         if (!o || PyList_Append(fields, o) < 0) {

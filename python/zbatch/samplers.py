@@ -611,6 +611,13 @@ def chunk_block_size(dataset: Any) -> int:
     if not hasattr(zb, "segment_lengths") or not hasattr(zb, "fields"):
         raise TypeError(f"block_size='chunks' needs a zbatch dataset, not "
                         f"{type(dataset).__name__}")
+    return max(1, int(round(samples_per_chunk(zb))))
+
+
+def samples_per_chunk(zb: Any) -> float:
+    """The samples per stored chunk of the heaviest field of a zbatch dataset, unrounded (1.0
+    when no field has chunks): :func:`chunk_block_size` before rounding, and the test of
+    ``zbatch.open(cache_bytes="auto")``."""
     n = len(zb)
     totals: dict[str, int] = {}
     best_bytes, best = -1, 1.0
@@ -629,7 +636,7 @@ def chunk_block_size(dataset: Any) -> int:
             total, per_chunk = n, float(rows)
         if total * width > best_bytes:
             best_bytes, best = total * width, per_chunk
-    return max(1, int(round(best)))
+    return best
 
 
 def _default_max_atoms(device: Any, max_batch_size: Optional[int],
