@@ -33,7 +33,7 @@ import math
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -655,7 +655,7 @@ class Loader(_Base):
         if not p.exists():
             raise FileNotFoundError(f"{where}: no such store")
         try:
-            ds = zbatch.open(str(p), group=group, layer=layer, num_threads=self._threads)
+            ds = self._open(str(p), group, layer, "stored")
         except zbatch.ZbatchError as e:
             raise ValueError(f"{where}: not an AnnData store zbatch can read: {e}") from e
         if ds.layout != "anndata":
@@ -667,6 +667,31 @@ class Loader(_Base):
             part.obs = obs if len(obs.columns) else None
             part.var = pd.DataFrame(index=ds.var_names)
         return part
+
+    def _open(self, store: str, group: str, layer: Optional[str], x_dtype: str):
+        """A part's zbatch Dataset. Its values as stored and its gene ids as int32, as annbatch
+        yields them (scipy's csr_matrix recasts uint16 ids to int32, not uint8 counts)."""
+        import zbatch
+        return zbatch.open(store, group=group, layer=layer, num_threads=self._threads,
+                           x_dtype=x_dtype, index_dtype="int32")
+
+    def _common_x_dtype(self, parts: list) -> list:
+        """CSR parts whose stored values differ in dtype (uint8 counts beside float32) are read
+        as one dtype: numpy's promotion of theirs, as far as the reader widens (float32 or
+        float64, int32 or int64)."""
+        if any("X/data" not in p.ds.fields for p in parts):   # dense X: delivered as stored
+            return parts
+        stored = {np.dtype(p.ds.fields["X/data"]["dtype"]) for p in parts}
+        if len(stored) < 2:
+            return parts
+        r = np.result_type(*stored)
+        if r.kind == "f":
+            want = "float32" if r.itemsize <= 4 else "float64"
+        else:
+            want = "int32" if r.itemsize <= 2 or r == np.int32 else "int64"
+        return [p if np.dtype(p.ds.fields["X/data"]["dtype"]) == np.dtype(want) else
+                replace(p, ds=self._open(p.store, p.group, p.layer, want))
+                for p in parts]
 
     def _add_parts(self, parts: list) -> None:
         if self._num_open_iters > 0:
@@ -701,6 +726,7 @@ class Loader(_Base):
             have.append(part)
         if len(have) > 1:   # the engine's own check (var names, fields) before anything changes
             import zbatch
+            have = self._common_x_dtype(have)
             try:
                 engine = zbatch.MultiDataset([p.ds for p in have], num_threads=self._threads)
             except zbatch.ZbatchError as e:

@@ -362,3 +362,66 @@ def test_porting_changes_one_import_line(data):
     assert mine["n_batches"] == theirs["n_batches"] == -(-sum(n for n, _ in FILES) // 16)
     assert mine["labels"] == theirs["labels"]
     np.testing.assert_allclose(mine["sums"], theirs["sums"], rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def narrow(tmp_path_factory):
+    """Two stores of counts written by zbatch.write_anndata with its narrow defaults (uint8
+    values, uint16 gene ids) and one by anndata (float32 values, int32 ids)."""
+    d = tmp_path_factory.mktemp("anndata_loader_narrow")
+    paths = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for k, (n, cats) in enumerate(FILES):
+            a = make_adata(k, n, cats)
+            path = d / f"n{k}.zarr"
+            if k < 2:
+                zbatch.write_anndata(str(path), a.X, obs=a.obs[["score"]],
+                                     var=pd.DataFrame(index=GENES))
+            else:
+                a.obs = a.obs[["score"]]
+                del a.layers["counts"]
+                a.write_zarr(path)
+            paths.append(str(path))
+    stored = [str(zarr.open_group(p, mode="r")["X/data"].dtype) for p in paths]
+    assert stored == ["uint8", "uint8", "float32"]
+    return paths
+
+
+@pytest.mark.parametrize("which", [[0, 1], [0]])
+def test_values_in_annbatchs_dtypes(narrow, which):
+    """The facade yields what annbatch's Loader yields, dtypes included: the stored uint8
+    counts (not zbatch's float32 default) and int32 gene ids (scipy recasts annbatch's uint8
+    and uint16 ids)."""
+    stores = [narrow[i] for i in which]
+    kw = dict(ARGS, shuffle=True, return_index=True)
+    [theirs] = bridge.run_loader({"adatas": stores}, seed=3, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = Loader(**kw, rng=np.random.default_rng(3)).add_adatas(
+            [backed(p) for p in stores])
+    X, _, index, sizes, _, xs = facade_pass(loader)
+    assert sizes == theirs.batch_sizes
+    np.testing.assert_array_equal(index, theirs.index)
+    assert theirs.x_dtypes["data"] == "uint8"
+    assert {str(x.dtype) for x in xs} == {"uint8"}
+    assert {str(x.indices.dtype) for x in xs} == {theirs.x_dtypes["indices"]} == {"int32"}
+    assert_x_equal(X, theirs.X)
+    ref = ad.concat([ad.read_zarr(p) for p in stores])
+    np.testing.assert_array_equal(X.toarray(), ref.X[index].toarray())
+
+
+def test_mixed_dtypes_are_promoted(narrow):
+    """A uint8 store beside a float32 one: every batch float32 (numpy's promotion), values
+    equal to anndata's. (annbatch 0.3.1 itself fails on this pair: an OverflowError when a
+    load concatenates the two stores' parts, so anndata is the oracle here.)"""
+    stores = narrow[1:]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = Loader(**ARGS, shuffle=True, return_index=True,
+                        rng=np.random.default_rng(3)).add_adatas([backed(p) for p in stores])
+    X, _, index, sizes, _, xs = facade_pass(loader)
+    assert {str(x.dtype) for x in xs} == {"float32"}
+    assert sorted(index) == list(range(sum(sizes)))
+    ref = ad.concat([ad.read_zarr(p) for p in stores])
+    np.testing.assert_array_equal(X.toarray(), ref.X[index].toarray().astype(np.float32))
