@@ -115,6 +115,32 @@ def seed_codecs() -> None:
             save("codec", bytes([idx, known]) + len(raw).to_bytes(3, "little") + enc)
 
 
+def shrink_shards(root: Path, inner_per_shard: int = 2) -> None:
+    """Shards of `zbatch synth` hold 1024 inner chunks, so each is 16 KiB of index around a few
+    hundred bytes of data. Rewrites each sharded array whose rows fit in `inner_per_shard` inner
+    chunks with shards of that many (the index cut to their entries, its crc32c recomputed), so
+    a fuzzed store is small; zarr-python reads the same values before and after."""
+    for meta_path in sorted(root.rglob("zarr.json")):
+        meta = json.loads(meta_path.read_text())
+        codecs = meta.get("codecs") or []
+        if not codecs or codecs[0]["name"] != "sharding_indexed":
+            continue
+        cfg = codecs[0]["configuration"]
+        grid = meta["chunk_grid"]["configuration"]
+        inner, outer = cfg["chunk_shape"], grid["chunk_shape"]
+        assert cfg["index_location"] == "end" and cfg["index_codecs"][-1]["name"] == "crc32c"
+        assert inner[1:] == outer[1:], meta_path
+        n = outer[0] // inner[0]
+        if meta["shape"][0] > inner[0] * inner_per_shard:
+            continue
+        for shard in (p for p in meta_path.parent.rglob("*") if p.is_file() and p != meta_path):
+            blob = shard.read_bytes()
+            index = blob[-(16 * n + 4):-4][:16 * inner_per_shard]
+            shard.write_bytes(blob[:-(16 * n + 4)] + bytes(numcodecs.CRC32C().encode(index)))
+        grid["chunk_shape"] = [inner[0] * inner_per_shard] + outer[1:]
+        meta_path.write_text(json.dumps(meta, indent=2))
+
+
 def seed_stores(tmp: Path) -> None:
     import anndata as ad
     import pandas as pd
@@ -144,8 +170,12 @@ def seed_stores(tmp: Path) -> None:
     cli = REPO / "build" / "zbatch"
     for codec in ("zstd:1",):
         path = tmp / f"atoms_{codec.replace(':', '')}.zarr"
+        # seed 15: 39 atoms and 198 edges in the two structures (each run of the target reads
+        # the whole input, so a small store is a fast one)
         subprocess.run([str(cli), "synth", "--kind", "atoms", "--n", "2", "--cutoff", "2.5",
-                        "-o", str(path), "--codec", codec], check=True, capture_output=True)
+                        "--seed", "15", "-o", str(path), "--codec", codec], check=True,
+                       capture_output=True)
+        shrink_shards(path)
         save("read_many", serialise(path))
     path = tmp / "cells.zarr"
     subprocess.run([str(cli), "synth", "--kind", "cells", "--n", "4", "--genes", "40",
@@ -155,15 +185,19 @@ def seed_stores(tmp: Path) -> None:
 
 
 def seed_pointers() -> None:
-    # X/indptr (8 int64), X/indices (16 int32), obs codes (8 int8): fuzz_pointers.c's layout
+    # X/indptr (8 int64), X/indices (16 int32), obs codes (8 int8): fuzz_pointers.c's layout;
+    # each also with a byte past them whose low bit set opens the dataset afresh (the checks made
+    # at open)
     good = (struct.pack("<8q", 0, 2, 2, 5, 6, 9, 10, 0) + struct.pack("<16i", 0, 3, 1, 2, 4, 0, 1,
                                                                         3, 4, 2, *[0] * 6) +
             struct.pack("<8b", 0, 1, 2, -1, 1, 0, 0, 0))
-    save("pointers", good)
-    save("pointers", struct.pack("<8q", 0, 5, 2, 5, 6, 9, 10, 0) + good[64:])  # decreasing
-    save("pointers", struct.pack("<8q", 0, 2, 2, 5, 6, 9, 99, 0) + good[64:])  # past the values
-    save("pointers", good[:64] + struct.pack("<16i", 0, 3, 1, 2, 7, *[0] * 11) + good[128:])
-    save("pointers", good[:128] + struct.pack("<8b", 0, 1, 5, -2, 1, 0, 0, 0))
+    for blob in (good,
+                 struct.pack("<8q", 0, 5, 2, 5, 6, 9, 10, 0) + good[64:],  # decreasing
+                 struct.pack("<8q", 0, 2, 2, 5, 6, 9, 99, 0) + good[64:],  # past the values
+                 good[:64] + struct.pack("<16i", 0, 3, 1, 2, 7, *[0] * 11) + good[128:],
+                 good[:128] + struct.pack("<8b", 0, 1, 5, -2, 1, 0, 0, 0)):
+        save("pointers", blob)
+        save("pointers", blob + b"\x01")
 
 
 def main() -> int:

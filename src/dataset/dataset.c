@@ -290,12 +290,23 @@ zb_dataset_open(zb_store *store, const char *path, const zb_dataset_opts *opts, 
     if (!store) return zb__err(ZB_E_INVALID, "zb_dataset_open: null store");
     char norm[4096];
     ZB_TRY(zb_key_normalize(path ? path : "", norm, sizeof norm));
+    return zb__dataset_open_tree(store, norm, NULL, opts, out);
+}
+
+zb_status
+zb__dataset_open_tree(zb_store *store, const char *norm, const zb__tree *given,
+                      const zb_dataset_opts *opts, zb_dataset **out)
+{
+    *out = NULL;
     zb_dataset *ds = dataset_alloc(store, norm, opts, NULL);
     if (!ds) return zb__err(ZB_E_NOMEM, "zb_dataset_open: out of memory");
     zb__tree *tree = NULL;
     zb_status st = want_dtypes(ds, opts);
-    if (st == ZB_OK) st = zb__tree_load(store, norm, ds->opts.use_consolidated, &tree);
-    if (st == ZB_OK) st = open_layout(ds, tree, tree->nodes[0].path);
+    if (st == ZB_OK && !given) st = zb__tree_load(store, norm, ds->opts.use_consolidated, &tree);
+    if (st == ZB_OK) {
+        const zb__tree *t = given ? given : tree;
+        st = open_layout(ds, t, t->nodes[0].path);
+    }
     zb__tree_free(tree);
     if (st == ZB_OK && ds->opts.cache_bytes) st = zb__cache_new(ds->opts.cache_bytes, &ds->cache);
     if (st == ZB_OK) st = zb__pool_new(ds->opts.num_threads, &ds->pool);

@@ -194,6 +194,12 @@ struct zb_dataset {
  * ZB_E_INVALID for a concatenation). */
 zb_status zb__collection_merge(zb_dataset *ds, zb_status code);
 
+/* zb_dataset_open below the normalised path `norm`, from `tree` when not NULL (loaded there
+ * with opts' use_consolidated; it stays the caller's), else from the tree it loads. */
+struct zb__tree;
+zb_status zb__dataset_open_tree(zb_store *store, const char *norm, const struct zb__tree *tree,
+                                const zb_dataset_opts *opts, zb_dataset **out);
+
 /* The dtype batches carry for field f (the children's delivered dtype, or a collection's wider
  * codes). */
 zb_dtype zb__dataset_field_dtype(const zb_dataset *ds, size_t f);

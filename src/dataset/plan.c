@@ -510,6 +510,13 @@ plan_segments(plan *p)
                                "monotone",
                                zb__array_units(seg->ptr)->path, (long long)a0, (long long)a1,
                                (unsigned long long)p->phys[i]);
+            /* samples each past their values (validated below) can sum past int64 first */
+            if (a1 - a0 > INT64_MAX - bs->ptr[i])
+                return zb__err(ZB_E_CORRUPT,
+                               "%s: pointers [%lld, %lld] at sample %llu take the read past "
+                               "2^63 elements",
+                               zb__array_units(seg->ptr)->path, (long long)a0, (long long)a1,
+                               (unsigned long long)p->phys[i]);
             seg_start[s * n + i] = a0;
             bs->ptr[i + 1] = bs->ptr[i] + (a1 - a0);
         }

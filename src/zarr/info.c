@@ -248,6 +248,15 @@ zb_info_json(zb_store *store, const char *path, char **json_out)
     *json_out = NULL;
     zb__tree *tree = NULL;
     ZB_TRY(zb__tree_load(store, path ? path : "", true, &tree));
+    zb_status st = zb__tree_info_json(store, tree, json_out);
+    zb__tree_free(tree);
+    return st;
+}
+
+zb_status
+zb__tree_info_json(zb_store *store, const zb__tree *tree, char **json_out)
+{
+    *json_out = NULL;
     builder b = {false};
     zb_status st = ZB_OK;
     json_object *root = json_object_new_object();
@@ -281,7 +290,6 @@ zb_info_json(zb_store *store, const char *path, char **json_out)
     }
     json_object_put(nodes);
     json_object_put(root);
-    zb__tree_free(tree);
     if (st != ZB_OK) return st;
     if (!text) return zb__err(ZB_E_NOMEM, "zb_info_json: out of memory");
     *json_out = text;

@@ -39,6 +39,9 @@ zb_status zb__tree_join(char *buf, size_t cap, const char *a, const char *b);
  * reading the store. The array keeps a reference to `store`, which must outlive it. */
 zb_status zb__tree_node_open_array(zb_store *store, const zb__tree_node *nd, zb_array **out);
 
+/* zb_info_json of a loaded tree (what zb_info_json prints after loading it). */
+zb_status zb__tree_info_json(zb_store *store, const zb__tree *tree, char **json_out);
+
 /* Detected layout of the tree: "anndata", "atomic", "annbatch-collection" or "plain". */
 const char *zb__tree_layout(const zb__tree *tree);
 

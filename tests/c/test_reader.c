@@ -502,6 +502,24 @@ test_corrupt_pointers(void **state)
     zb_dataset_close(ds);
     zb_store_close(st);
 
+    /* two samples each claiming 3 * 2^61 values: each is past the values, and their lengths
+     * summed for the batch's pointers pass int64 (the fuzz target `pointers` found the signed
+     * overflow, UBSan; crash-caa420eba92db48d02a38d459b3ed30722d66587): an error, no overflow */
+    memcpy(bad, s.ptr, sizeof bad);
+    bad[0] = 0;
+    bad[1] = INT64_C(3) << 61;
+    bad[2] = 0;
+    bad[3] = INT64_C(3) << 61;
+    for (int i = 4; i <= N; i++) bad[i] = s.total; /* the samples after are not read */
+    bo.ptr_override = bad;
+    st = build(&s, &bo);
+    ds = open_ds(st, 0, 1);
+    uint64_t far[2] = {0, 2};
+    ZB_ASSERT_ERR(zb_dataset_read_many(ds, far, 2, &b), ZB_E_CORRUPT, "past 2^63 elements");
+    assert_null(b);
+    zb_dataset_close(ds);
+    zb_store_close(st);
+
     /* a pointer array whose end disagrees with the values is refused on open */
     memcpy(bad, s.ptr, sizeof bad);
     bad[N] = s.total - 1;

@@ -1,22 +1,34 @@
 /* Pointer arrays and the values they index: a small anndata store (6 cells, 5 genes, CSR X, a
- * categorical obs column; no compression) is written once with zbatch's own writer, then each
- * input replaces the chunk of X/indptr (8 int64: the 7 pointers and padding), of X/indices (16
- * int32) and of the obs codes (8 int8), in that order, each padded with zeros to its stored
- * size. The dataset is opened afresh, from consolidated metadata (one document to parse per
- * run, not one per node, which was most of a run; the `consolidated` and `read_many` targets
- * walk unconsolidated trees), and every sample read, alone and all at once: decreasing,
- * negative or too large pointers, column ids outside [0, n_vars) and codes outside the
- * categories must be an error or valid data, never a crash. */
+ * categorical obs column; no compression, consolidated metadata) is written once with zbatch's
+ * own writer and opened once. Each input replaces the chunk of X/indptr (8 int64: the 7
+ * pointers and padding), of X/indices (16 int32) and of the obs codes (8 int8), in that order,
+ * each padded with zeros to its stored size, in the memory store under the open dataset; the
+ * pointer blocks the dataset kept from the last run are dropped (the only reader state that
+ * depends on those bytes: no chunk cache, no shards), and the samples the next byte picks are
+ * read with one read_many (bits 1-6: samples 0-5; none set: all six): decreasing, negative or
+ * too large pointers, column ids outside [0, n_vars) and codes outside the categories must be
+ * an error or valid data, never a crash. A read stops at its first bad sample; the fuzzer
+ * reaches the others' checks by picking them alone.
+ *
+ * The checks made at open (indptr starts at 0 and ends at len(data)) run only when the dataset
+ * is opened: bit 0 of that byte also opens the dataset afresh from the same bytes and reads
+ * the same samples. That open starts from the store's tree loaded at start-up (its metadata
+ * never changes; parsing it was three quarters of such a run): layout detection, the fields and
+ * the pointer checks run each time. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dataset/dataset.h"
 #include "fuzz_common.h"
+#include "zarr/tree.h"
 
 #define N_OBS 6
 #define N_VARS 5
 
 static zb_store *base;
+static zb_dataset *kept; /* opened once, over the store the inputs rewrite */
+static zb__tree *tree;   /* the store's metadata, loaded once */
 static const char *const keys[3] = {"X/indptr/c/0", "X/indices/c/0", "obs/ct/codes/c/0"};
 static uint64_t key_size[3];
 
@@ -25,6 +37,26 @@ die(const char *what)
 {
     fprintf(stderr, "fuzz_pointers: %s: %s\n", what, zb_last_error());
     abort();
+}
+
+/* Forgets the pointer blocks segments loaded (segment.c), as a fresh open would have none. */
+static void
+drop_pointer_blocks(zb_dataset *ds)
+{
+    for (size_t s = 0; s < ds->nsegs; s++) {
+        zb__segment *seg = &ds->segs[s];
+        for (uint64_t b = 0; b < seg->nblocks; b++) {
+            free(seg->blocks[b]);
+            seg->blocks[b] = NULL;
+        }
+    }
+}
+
+static void
+read_samples(zb_dataset *ds, const uint64_t *ids, size_t n)
+{
+    zb_batch *b = NULL;
+    if (zb_dataset_read_many(ds, ids, n, &b) == ZB_OK) zb_batch_free(b);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -59,6 +91,14 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
     zb_anndata_writer_close(w);
     for (int i = 0; i < 3; i++)
         if (zb_store_size(base, keys[i], &key_size[i]) != ZB_OK) die(keys[i]);
+    zb_dataset_opts dopts = ZB_DATASET_OPTS_DEFAULT;
+    if (zb_dataset_open(base, "", &dopts, &kept) != ZB_OK) die("opening the base store");
+    if (zb__tree_load(base, "", dopts.use_consolidated, &tree) != ZB_OK) die("its tree");
+    /* what a run would otherwise carry over: decoded chunks or fetched units */
+    if (kept->cache || kept->fetch_cache || kept->nsegs != 1) {
+        fprintf(stderr, "fuzz_pointers: the dataset keeps more state than pointer blocks\n");
+        abort();
+    }
     return 0;
 }
 
@@ -74,14 +114,18 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pos += take;
         if (zb_store_put(base, keys[i], chunk, n) != ZB_OK) die("put");
     }
-    zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
-    zb_dataset *ds = NULL;
-    if (zb_dataset_open(base, "", &o, &ds) != ZB_OK) return 0;
-    uint64_t all[N_OBS] = {0, 1, 2, 3, 4, 5};
-    zb_batch *b = NULL;
-    for (size_t i = 0; i < N_OBS; i++)
-        if (zb_dataset_read_many(ds, all + i, 1, &b) == ZB_OK) zb_batch_free(b);
-    if (zb_dataset_read_many(ds, all, N_OBS, &b) == ZB_OK) zb_batch_free(b);
-    zb_dataset_close(ds);
+    uint8_t pick = pos < size ? data[pos] : 0;
+    uint64_t ids[N_OBS];
+    size_t n = 0;
+    for (uint64_t i = 0; i < N_OBS; i++)
+        if (!(pick & 0x7e) || (pick >> (i + 1) & 1)) ids[n++] = i;
+    drop_pointer_blocks(kept);
+    read_samples(kept, ids, n);
+    if (pick & 1) {
+        zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+        zb_dataset *ds = NULL;
+        if (zb__dataset_open_tree(base, "", tree, &o, &ds) == ZB_OK) read_samples(ds, ids, n);
+        zb_dataset_close(ds);
+    }
     return 0;
 }
