@@ -69,6 +69,15 @@ zb_status zb__codec_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *s
 zb_status zb__codec_decoded_size(const zb__codec *codec, const uint8_t *src, size_t src_len,
                                  size_t *size, const char *where);
 
+/* The most bytes any supported codec decodes from one encoded byte: zstd's RLE blocks (128 KiB
+ * from 4 bytes); gzip gives ~1,032, lz4 255, blosc its inner codec's. A frame declaring more
+ * is damaged or hostile (zb__codec_decoded_size refuses it before anything is allocated). */
+#define ZB_MAX_EXPANSION 32768
+
+/* src_len * ZB_MAX_EXPANSION + 64 KiB (saturating): an upper bound on what src_len encoded bytes
+ * decode to, whatever the codec. */
+size_t zb__codec_max_decoded(size_t src_len);
+
 /* Encodes src into out (replacing its contents). `itemsize` is the element size used for
  * blosc shuffling when codec->typesize is 0. Output is what numcodecs 0.11 / zarr-python
  * decode: zstd frames carry their content size, lz4 has its prefix, gzip has MTIME 0. */

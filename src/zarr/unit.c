@@ -78,15 +78,18 @@ run_bb(const zb__chain *c, zb_ctx *ctx, const uint8_t *enc, size_t enc_len, uint
                 return st;
             }
             if (k == 0 && final_expected != SIZE_MAX) want = final_expected;
+            /* a frame that does not say its size: grow 4x per try, up to what it can hold */
+            size_t most = zb__codec_max_decoded(cur_len);
             size_t guess = want != SIZE_MAX ? want : (cur_len < 65536 ? 262144 : cur_len * 4);
+            if (guess > most) guess = most;
             zb_status dst_st = ZB_OK;
             for (int attempt = 0;; attempt++) {
                 zb__buf *sb = &ctx->ws.stage[pingpong];
                 ZB_TRY(zb__buf_reserve(sb, guess ? guess : 1));
                 dst_st = zb__codec_decode(codec, ctx, cur, cur_len, sb->data, sb->cap,
                                           want != SIZE_MAX ? want : SIZE_MAX, &got, key);
-                if (dst_st == ZB_OK || want != SIZE_MAX || attempt >= 5) break;
-                guess *= 4;
+                if (dst_st == ZB_OK || want != SIZE_MAX || attempt >= 5 || guess == most) break;
+                guess = guess > most / 4 ? most : guess * 4;
             }
             if (dst_st != ZB_OK) return dst_st;
             cur = ctx->ws.stage[pingpong].data;

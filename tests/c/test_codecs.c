@@ -1011,6 +1011,40 @@ test_mutated_buffers_never_crash(void **state)
     free(data);
 }
 
+/* A frame declaring more than ZB_MAX_EXPANSION times its size is refused before anything is
+ * allocated (a 36-byte chunk once declared 1.6 GB); the most compressible real frames, zeros
+ * through zstd (~32,500x) and LZ4 (255x), stay below the bound and decode. */
+static void
+test_declared_size_is_bounded_by_frame_size(void **state)
+{
+    (void)state;
+    size_t n = (size_t)16 << 20;
+    uint8_t *zeros = calloc(n, 1);
+    assert_non_null(zeros);
+    zb__codec codecs[] = {simple_codec(ZB_CODEC_ZSTD, 3), simple_codec(ZB_CODEC_LZ4, 1),
+                          simple_codec(ZB_CODEC_GZIP, 9)};
+    for (size_t k = 0; k < sizeof codecs / sizeof codecs[0]; k++) {
+        zb__buf enc = {0};
+        assert_int_equal(zb__codec_encode(&codecs[k], NULL, zeros, n, 1, &enc), ZB_OK);
+        size_t declared = 0;
+        assert_int_equal(zb__codec_decoded_size(&codecs[k], enc.data, enc.len, &declared, "z/0"),
+                         ZB_OK);
+        assert_int_equal(declared, n);
+        assert_true(declared <= zb__codec_max_decoded(enc.len));
+        zb__buf_free(&enc);
+    }
+    free(zeros);
+    /* numcodecs' LZ4 framing: a u32le size prefix, then the block; 12 bytes declaring 1 GiB */
+    uint8_t lz4[12] = {0, 0, 0, 0x40, 0x1f, 0, 1, 0, 0, 0, 0, 0};
+    zb__codec c = simple_codec(ZB_CODEC_LZ4, 1);
+    size_t declared = 0;
+    assert_int_equal(zb__codec_decoded_size(&c, lz4, sizeof lz4, &declared, "obs/ct/0"),
+                     ZB_E_CORRUPT);
+    assert_error_names("obs/ct/0");
+    assert_error_names("declares 1073741824 decoded bytes");
+    assert_int_equal(zb__codec_max_decoded(SIZE_MAX / 2), SIZE_MAX);
+}
+
 static void
 test_error_messages_name_where(void **state)
 {
@@ -1196,6 +1230,7 @@ main(void)
         cmocka_unit_test(test_every_prefix_is_an_error),
         cmocka_unit_test(test_mutated_buffers_never_crash),
         cmocka_unit_test(test_error_messages_name_where),
+        cmocka_unit_test(test_declared_size_is_bounded_by_frame_size),
         cmocka_unit_test(test_dispatcher_arguments),
         cmocka_unit_test(test_describe),
         cmocka_unit_test(test_ctx_lifecycle_and_stats),

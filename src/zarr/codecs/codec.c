@@ -100,7 +100,21 @@ zb__codec_decoded_size(const zb__codec *codec, const uint8_t *src, size_t src_le
     if (!src && src_len > 0)
         return zb__err(ZB_E_INVALID, "%s: %s: NULL source of %zu bytes", where, ops->name, src_len);
     if (!src) src = empty_src;
-    return ops->decoded_size(src, src_len, size, where);
+    ZB_TRY(ops->decoded_size(src, src_len, size, where));
+    if (*size > zb__codec_max_decoded(src_len))
+        return zb__err(ZB_E_CORRUPT,
+                       "%s: %s frame of %zu bytes declares %zu decoded bytes, more than any "
+                       "frame of that size decodes to",
+                       where, ops->name, src_len, *size);
+    return ZB_OK;
+}
+
+size_t
+zb__codec_max_decoded(size_t src_len)
+{
+    size_t slack = (size_t)64 << 10;
+    if (src_len > (SIZE_MAX - slack) / ZB_MAX_EXPANSION) return SIZE_MAX;
+    return src_len * ZB_MAX_EXPANSION + slack;
 }
 
 zb_status
