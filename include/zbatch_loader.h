@@ -19,9 +19,11 @@
 extern "C" {
 #endif
 
-/* A per-batch transform run on the loader's worker. It may modify the batch's buffers in place
- * or add fields (zb_batch_add_field). A non-OK status ends the epoch: zb_loader_next returns it
- * with the detail message the transform set (or its status' text). */
+/* A per-batch transform run on the loader's workers. It may modify the batch's buffers in place
+ * or add fields (zb_batch_add_field). The windows in flight (zb_loader_opts.depth) run on their
+ * own threads, so `fn` may be called for two batches at once: what it shares through `user`
+ * must be thread-safe. A non-OK status ends the epoch: zb_loader_next returns it with the
+ * detail message the transform set (or its status' text). */
 typedef zb_status (*zb_transform_fn)(zb_batch *batch, void *user);
 
 typedef enum zb_transform_kind {

@@ -4,6 +4,7 @@
  * message; transforms run and their errors propagate; the state after k batches resumes
  * exactly; with more_epochs the loader reads on across epoch ends and each epoch still comes
  * out whole and in order. Under ASan these also prove no leak on early close. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,8 +257,9 @@ sum_lab(zb_batch *b, void *user)
     zb_batch_view lab;
     zb_status fs = zb_batch_find(b, "lab", &lab);
     if (fs != ZB_OK) return fs;
-    int64_t *acc = user;
-    for (size_t i = 0; i < zb_batch_size(b); i++) *acc += ((const int64_t *)lab.data)[i];
+    int64_t sum = 0; /* the loader's window threads call transforms at once */
+    for (size_t i = 0; i < zb_batch_size(b); i++) sum += ((const int64_t *)lab.data)[i];
+    atomic_fetch_add((_Atomic int64_t *)user, sum);
     /* add a derived field the consumer sees */
     int64_t *twice = malloc(zb_batch_size(b) * sizeof *twice + 1);
     for (size_t i = 0; i < zb_batch_size(b); i++) twice[i] = 2 * ((const int64_t *)lab.data)[i];
@@ -270,8 +272,7 @@ static zb_status
 fail_third(zb_batch *b, void *user)
 {
     (void)b;
-    int *count = user;
-    if (++*count == 3) return ZB_E_INVALID;
+    if (atomic_fetch_add((atomic_int *)user, 1) + 1 == 3) return ZB_E_INVALID;
     return ZB_OK;
 }
 
@@ -282,7 +283,7 @@ test_transforms(void **state)
     zb_store *st = build();
     zb_dataset *ds = open_ds(st, 1);
     zb_sampler *s = sampler("sequential", 50, 0);
-    int64_t acc = 0;
+    _Atomic int64_t acc = 0;
     zb_transform t[2] = {
         {.kind = ZB_TRANSFORM_CALLBACK, .fn = sum_lab, .user = &acc},
         {.kind = ZB_TRANSFORM_CAST, .field = "lab", .dtype = ZB_DT_FLOAT64, .target_sum = 0.0}};
@@ -308,7 +309,7 @@ test_transforms(void **state)
     assert_int_equal(acc, 5 * (N - 1) * N / 2);
     zb_loader_close(ld);
 
-    int count = 0;
+    atomic_int count = 0;
     zb_transform f = {.kind = ZB_TRANSFORM_CALLBACK, .fn = fail_third, .user = &count};
     lo.transforms = &f;
     lo.ntransforms = 1;
