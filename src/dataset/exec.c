@@ -483,6 +483,7 @@ plain_collect(exec *x, size_t c0, size_t c1, wants *ws)
     const zb__unit_geom *u = zb__array_units(a);
     ws->n = 0;
     ws->w = NULL;
+    if (zb__unit_row_units(u) == 0) return ZB_OK; /* a zero extent across: rows hold nothing */
     if (!ws->now) {
         uint64_t rows = 0;
         for (size_t i = c0; i < c1; i++)
@@ -637,6 +638,9 @@ shard_collect(exec *x, size_t c0, size_t c1, wants *ws)
     const copy *cp = &p->copies[c0];
     const zb_array *a = child_of(p->ds, cp->child)->fields[cp->field].arr;
     const zb__unit_geom *u = zb__array_units(a);
+    ws->n = 0;
+    ws->w = NULL;
+    if (zb__unit_row_units(u) == 0) return ZB_OK; /* a zero extent across: rows hold nothing */
     /* the task's unit rows, and the index entries they cover: the shard's inner chunks are
      * numbered in C order, so rows [r_lo, r_hi] of it hold entries [r_lo * m, (r_hi + 1) * m)
      * with m the inner chunks per row */
