@@ -359,6 +359,17 @@ bool cv_exists(const char *path);
  * (each file's relative path, size and CRC-64 combined into one CRC-64). `crc` may be NULL to
  * skip reading the contents. */
 zb_status cv_fingerprint(const char *path, uint64_t *size, int64_t *mtime_ns, uint64_t *crc);
+/* Values a file's CRC-64 pass folds into stats as it reads past them: `len` bytes at `at`,
+ * whole elements of `dtype` in native byte order, into *stats. */
+typedef struct cv_fold {
+    uint64_t at, len;
+    zb_dtype dtype;
+    cv_value_stats *stats;
+} cv_fold;
+/* CRC-64 (xz) of a file, folding the values of `n` extents (sorted by offset, not overlapping,
+ * none empty) into their stats on the way: one read of every byte for both. ZB_E_TRUNCATED
+ * when the file ends before an extent does. */
+zb_status cv_file_crc(const char *path, const cv_fold *folds, size_t n, uint64_t *crc);
 /* CRC-64 (xz) of `len` bytes, continuing from `crc` (0 to start). */
 uint64_t cv_crc64(uint64_t crc, const void *data, size_t len);
 
@@ -431,6 +442,11 @@ zb_status cv_finished_open(zb_convert *cv, json_object *args);
 /* ---- phases ------------------------------------------------------------------------------- */
 
 zb_status cv_prepare_task(zb_convert *cv, size_t k);
+/* What input k's prepare task found its matrices' values to be, where it folded them while
+ * reading the file for the CRC-64 (prepare.c): have[j] says whether it did for matrix j, and
+ * then stats[j] holds them (arrays of n_mats). A prepare file without them (none folded, or
+ * written by an older zbatch) gives have[j] false everywhere. */
+zb_status cv_prepared_values(const zb_convert *cv, size_t k, cv_value_stats *stats, bool *have);
 zb_status cv_scatter_task(zb_convert *cv, size_t t);
 zb_status cv_gather_task(zb_convert *cv, size_t d, int num_threads);
 /* Bytes of memory one scatter task / one gather holds at most, from the plan. */

@@ -5,7 +5,9 @@
  * (children of one collection join without conversion), so no gather task may decide from its
  * own cells. The scatter phase reads every value anyway: each task folds its values of each
  * matrix into a cv_value_stats and stores it in its scatter file, which appears by rename, so
- * a finished task's stats survive a kill. The first gather task in a process folds the stats of
+ * a finished task's stats survive a kill. On the direct path the prepare task folds them
+ * instead where that is exact, as it reads the input for its CRC-64 (prepare.c), into its own
+ * done file; the choice folds both. The first gather task in a process folds the stats of
  * every scatter file; every process (threads or Dask workers) reads the same files and makes
  * the same choice. The rule is zbatch.write_anndata's (python/zbatch/_write_anndata.py). */
 #include <errno.h>
@@ -169,6 +171,24 @@ fold_task(const zb_convert *cv, size_t t, cv_value_stats *all)
     return st;
 }
 
+/* Folds what input k's prepare task found its values to be (prepare.c) into all[n_mats]. */
+static zb_status
+fold_prepared(const zb_convert *cv, size_t k, cv_value_stats *all)
+{
+    cv_value_stats *s = calloc(cv->n_mats, sizeof *s);
+    bool *have = calloc(cv->n_mats, sizeof *have);
+    zb_status st =
+        s && have ? cv_prepared_values(cv, k, s, have) : zb__err(ZB_E_NOMEM, "the stored types");
+    for (size_t j = 0; st == ZB_OK && j < cv->n_mats; j++) {
+        if (!have[j]) continue;
+        all[j].flags |= s[j].flags;
+        if (s[j].max > all[j].max) all[j].max = s[j].max;
+    }
+    free(s);
+    free(have);
+    return st;
+}
+
 /* auto: uint8 or uint16 when every value of the matrix fits, else its promoted type (a bool
  * matrix and one without values too, as zbatch.write_anndata keeps them). */
 zb_dtype
@@ -204,6 +224,7 @@ choose(zb_convert *cv)
     zb_status st = out && all ? ZB_OK : zb__err(ZB_E_NOMEM, "the stored types");
     bool fold = cv->data_choice == ZB_CONVERT_DATA_AUTO;
     for (size_t t = 0; st == ZB_OK && fold && t < cv->n_slices; t++) st = fold_task(cv, t, all);
+    for (size_t k = 0; st == ZB_OK && fold && k < cv->n_inputs; k++) st = fold_prepared(cv, k, all);
     for (size_t j = 0; st == ZB_OK && j < cv->n_mats; j++)
         out[j] = cv_stored_dtype(cv, j, &all[j]); /* explicit: scatter refused misfits */
     free(all);

@@ -140,11 +140,28 @@ cv_remove_tree(const char *path)
 
 /* ---- fingerprints ---------------------------------------------------------------------------- */
 
+/* Reads up to `want` bytes (fewer only at the end of the file) into buf. */
 static zb_status
-file_crc(const char *path, uint64_t *crc)
+read_full(int fd, const char *path, unsigned char *buf, size_t want, size_t *got)
 {
+    *got = 0;
+    while (*got < want) {
+        ssize_t r = read(fd, buf + *got, want - *got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return zb__err(ZB_E_IO, "%s: read: %s", path, strerror(errno));
+        if (r == 0) break;
+        *got += (size_t)r;
+    }
+    return ZB_OK;
+}
+
+zb_status
+cv_file_crc(const char *path, const cv_fold *folds, size_t n, uint64_t *crc)
+{
+    *crc = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return zb__err(ZB_E_IO, "%s: %s", path, strerror(errno));
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     enum { BLOCK = 4 << 20 };
     unsigned char *buf = malloc(BLOCK);
     if (!buf) {
@@ -152,17 +169,31 @@ file_crc(const char *path, uint64_t *crc)
         return zb__err(ZB_E_NOMEM, "%s: a read buffer", path);
     }
     zb_status st = ZB_OK;
-    uint64_t c = 0;
+    uint64_t c = 0, pos = 0;
+    size_t x = 0; /* the fold being read or the next one */
     for (;;) {
-        ssize_t r = read(fd, buf, BLOCK);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            st = zb__err(ZB_E_IO, "%s: read: %s", path, strerror(errno));
-            break;
+        /* a read ends where a fold starts or ends, so a fold's reads hold whole elements (its
+         * offset is the first one's; BLOCK is a multiple of every element size) */
+        bool inside = x < n && pos >= folds[x].at;
+        uint64_t want = BLOCK;
+        if (x < n) {
+            uint64_t edge = inside ? folds[x].at + folds[x].len : folds[x].at;
+            if (edge - pos < want) want = edge - pos;
         }
-        if (r == 0) break;
-        c = cv_crc64(c, buf, (size_t)r);
+        size_t got;
+        st = read_full(fd, path, buf, (size_t)want, &got);
+        if (st != ZB_OK || got == 0) break;
+        c = cv_crc64(c, buf, got);
+        if (inside) {
+            size_t item = zb_dtype_size(folds[x].dtype);
+            cv_stats_add(folds[x].stats, buf, folds[x].dtype, got / item);
+        }
+        pos += got;
+        if (inside && pos == folds[x].at + folds[x].len) x++;
     }
+    if (st == ZB_OK && x < n)
+        st = zb__err(ZB_E_TRUNCATED, "%s: ends at byte %" PRIu64 ", inside values at %" PRIu64,
+                     path, pos, folds[x].at);
     free(buf);
     close(fd);
     *crc = c;
@@ -238,7 +269,7 @@ walk(const char *root, const char *rel, uint64_t *size, int64_t *mtime, uint64_t
         *size += (uint64_t)sb.st_size;
         if (!read) continue;
         uint64_t fc;
-        st = file_crc(full, &fc);
+        st = cv_file_crc(full, NULL, 0, &fc);
         char line[4200];
         int ll = snprintf(line, sizeof line, "%s\t%llu\t%016llx\n", crel,
                           (unsigned long long)sb.st_size, (unsigned long long)fc);
@@ -261,7 +292,7 @@ cv_fingerprint(const char *path, uint64_t *size, int64_t *mtime_ns, uint64_t *cr
     if (!S_ISDIR(sb.st_mode)) {
         *size = (uint64_t)sb.st_size;
         *mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
-        return crc ? file_crc(path, crc) : ZB_OK;
+        return crc ? cv_file_crc(path, NULL, 0, crc) : ZB_OK;
     }
     uint64_t c = 0;
     ZB_TRY(walk(path, "", size, mtime_ns, &c, crc != NULL));

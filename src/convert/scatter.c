@@ -107,6 +107,7 @@ typedef struct scatter {
     uint64_t *starts[CV_MAX_ARRAYS];   /* count arrays' prefix sums [n + 1], by count array */
     bool index[CV_MAX_ARRAYS];         /* index arrays (cv_index_arrays) */
     cv_value_stats stats[65];          /* [n_mats] what the values are (dtypes.c) */
+    bool folded[65]; /* [n_mats] the prepare task folded the input's values (prepare.c) */
 } scatter;
 
 static zb_status
@@ -342,9 +343,10 @@ fill_matrix_direct(scatter *sc, size_t j)
     ZB_TRY(grow(sc, CV_WS_INDPTR, (n + 1) * 8, &ptr));
     ZB_TRY(zb__src_matrix_indptr(m, sc->s.start, sc->s.stop, ptr));
     uint64_t lo = (uint64_t)ptr[0], count = (uint64_t)ptr[n] - lo;
-    /* the values matter only to a choice that depends on them (auto, uint8, uint16) */
-    bool values =
-        cv->data_choice != ZB_CONVERT_DATA_KEEP && cv->data_choice != ZB_CONVERT_DATA_FLOAT32;
+    /* the values matter only to a choice that depends on them (auto, uint8, uint16), and
+     * only when the prepare task did not fold them already */
+    bool values = cv->data_choice != ZB_CONVERT_DATA_KEEP &&
+                  cv->data_choice != ZB_CONVERT_DATA_FLOAT32 && !sc->folded[j];
     unsigned char *vals = NULL;
     uint32_t *ids = NULL, *kept;
     if (values) ZB_TRY(grow(sc, CV_WS_RAW, count * item + 1, &vals));
@@ -638,6 +640,8 @@ cv_scatter_task(zb_convert *cv, size_t t)
     st = cv_ws_blocks(sc.ws, cv->n_mats, cv->n_cols);
     sc.mats = sc.ws->mats;
     sc.cols = sc.ws->cols;
+    cv_value_stats prepared[65];
+    if (st == ZB_OK && cv->direct) st = cv_prepared_values(cv, sc.s.input, prepared, sc.folded);
     if (st == ZB_OK) st = read_cells(&sc);
     if (st == ZB_OK) st = sort_cells(&sc);
     if (st == ZB_OK) st = fill_fixed(&sc);

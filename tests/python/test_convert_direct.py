@@ -214,3 +214,112 @@ def test_a_csc_input_is_read_from_its_transposed_file(h5ads, tmp_path):
     assert ta.keys() == tb.keys() and [k for k in ta if ta[k] != tb[k]] == []
     genes = sorted({g for p in (h5ads[0][1], a) for g in p.var_names}, key=ALL_GENES.index)
     check_cells(direct, [(h5ads[0][0], h5ads[0][1]), (str(csc), a)], genes)
+
+
+# ---- the stored-type statistics folded into the prepare pass --------------------------------
+
+
+def run_prepare(paths, out, **opts):
+    """Plans a conversion and runs its prepare tasks only (the Python API's phases); returns
+    each input's prepare record (prepare/i<k>.json)."""
+    from zbatch import _zbatch
+    planned_direct(paths, out, **opts)
+    for k in range(len(paths)):
+        assert _zbatch.convert_task(str(out), 0, k, 1, 64 << 20)
+    work = Path(out) / ".zbatch-convert" / "prepare"
+    return [json.loads((work / f"i{k}.json").read_text()) for k in range(len(paths))]
+
+
+def value_stats(values):
+    """[flags, max] as the prepare task records them, from numpy (the oracle): flags 1 when
+    there are values, | 2 when one is not an integer in [0, 65535]; max the largest value when
+    none is."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return [0, 0]
+    wide = bool(np.any((v < 0) | (v > 65535) | (v != np.floor(v)) | np.isnan(v)))
+    ints = v[(v >= 0) & (v <= 65535) & (v == np.floor(v))]
+    return [1 | (2 if wide else 0), int(ints.max()) if ints.size else 0]
+
+
+@pytest.mark.parametrize("special,expect", [(None, "uint8"), (300, "uint16"), (2.5, "float32")])
+def test_prepare_folds_the_values_the_scatter_read_before(tmp_path, special, expect):
+    """On the direct path with every gene kept, the prepare task's CRC-64 pass folds X/data's
+    values (numpy's view of them is the oracle), the scatter reads none, and the stored type and
+    every byte equal the scratch path's, whose scatter folds them from the rows it reads."""
+    from test_convert_narrow import make_counts, stored_types, write_inputs
+    adatas = [make_counts(120, 40, seed=1), make_counts(90, 40, seed=2, special=special)]
+    paths = write_inputs(tmp_path, adatas)
+    records = run_prepare(paths, tmp_path / "plan.zarr")
+    for rec, a in zip(records, adatas):
+        assert rec["values"] == [value_stats(a.X.data)], rec
+    # the same input with X in chunks of 7 elements (extents of every size, merged)
+    chunked = tmp_path / "chunked.h5ad"
+    adatas[1].write_h5ad(chunked)
+    with h5py.File(chunked, "r+") as f:
+        values = f["X/data"][:]
+        del f["X/data"]
+        f["X"].create_dataset("data", data=values, chunks=(7,))
+    rec = run_prepare([str(chunked)], tmp_path / "plan2.zarr")[0]
+    assert rec["values"] == [value_stats(adatas[1].X.data)]
+    outs = {}
+    for scratch in (False, True):
+        outs[scratch] = tmp_path / f"out{int(scratch)}.zarr"
+        r = convert(paths + [str(chunked)], outs[scratch], "--dataset-size", "100",
+                    scratch=scratch)
+        assert r.returncode == 0, r.stderr
+        assert all(t["X/data"] == expect for t in stored_types(outs[scratch]).values())
+    ta, tb = tree_bytes(outs[False]), tree_bytes(outs[True])
+    assert ta.keys() == tb.keys() and [k for k in ta if ta[k] != tb[k]] == []
+
+
+def test_a_gene_subset_keeps_the_scatters_fold(tmp_path):
+    """A value of 300 in a gene the output drops must not widen the stored type: the prepare
+    task folds nothing for that input (its map drops a gene), the scatter folds the kept values,
+    and the result is uint8 with the scratch path's bytes. Keep and an explicit uint16 fold
+    nothing in prepare either."""
+    from test_convert_narrow import make_counts, stored_types, write_inputs
+    a = make_counts(90, 40, seed=2, special=300)
+    dropped = int(a.X.indices[a.X.nnz // 2])
+    assert a.X.data[a.X.nnz // 2] == 300
+    paths = write_inputs(tmp_path, [make_counts(120, 40, seed=1), a])
+    genes = tmp_path / "genes.txt"
+    genes.write_text("".join(f"g{i}\n" for i in range(40) if i != dropped))
+    rec = run_prepare(paths, tmp_path / "plan.zarr", genes=str(genes))
+    assert [r["values"] for r in rec] == [[None], [None]]
+    for choice in ("keep", "uint16"):
+        rec = run_prepare(paths, tmp_path / f"plan-{choice}.zarr", data_dtype=choice)
+        assert [r["values"] for r in rec] == [[None], [None]]
+    outs = {}
+    for scratch in (False, True):
+        outs[scratch] = tmp_path / f"out{int(scratch)}.zarr"
+        r = convert(paths, outs[scratch], "--genes", str(genes), "--dataset-size", "100",
+                    scratch=scratch)
+        assert r.returncode == 0, r.stderr
+        assert all(t["X/data"] == "uint8" for t in stored_types(outs[scratch]).values())
+    ta, tb = tree_bytes(outs[False]), tree_bytes(outs[True])
+    assert ta.keys() == tb.keys() and [k for k in ta if ta[k] != tb[k]] == []
+
+
+def test_a_prepare_record_without_values_is_folded_by_the_scatter(tmp_path):
+    """A work directory whose prepare records hold no values (an earlier zbatch's, or a record
+    rewritten so) restarts into the same bytes: the scatter folds the values itself. And a
+    conversion killed after prepare restarts into the bytes of an uninterrupted one."""
+    from test_convert_narrow import make_counts, stored_types, write_inputs
+    adatas = [make_counts(120, 40, seed=1), make_counts(90, 40, seed=2, special=300)]
+    paths = write_inputs(tmp_path, adatas)
+    ref = tmp_path / "ref.zarr"
+    assert convert(paths, ref, "--dataset-size", "100").returncode == 0
+    for strip in (False, True):
+        out = tmp_path / f"out{int(strip)}.zarr"
+        run_prepare(paths, out, dataset_size=100)
+        if strip:
+            for p in (out / ".zbatch-convert" / "prepare").glob("i*.json"):
+                rec = json.loads(p.read_text())
+                del rec["values"]
+                p.write_text(json.dumps(rec))
+        r = convert(paths, out, "--dataset-size", "100")
+        assert r.returncode == 0, r.stderr
+        assert all(t["X/data"] == "uint16" for t in stored_types(out).values())
+        ta, tb = tree_bytes(ref), tree_bytes(out)
+        assert ta.keys() == tb.keys() and [k for k in ta if ta[k] != tb[k]] == []
