@@ -18,12 +18,14 @@
 typedef struct read_job {
     zb_convert *cv;
     size_t t;
+    bool fold; /* fold X's values: the prepare task did not (prepare.c) */
     zb_status st;
     char msg[512];
     cv_value_stats x; /* what the slice's X values are, for the copy's stored type */
 } read_job;
 
-/* Reads slice t the way a scatter task does, and drops it. */
+/* Reads slice t the way a scatter task does, into a workspace's blocks (as the conversion's
+ * tasks do: buffers reused, no page faults), and drops it. */
 static void
 read_slice(void *arg, zb_ctx *ctx)
 {
@@ -31,23 +33,25 @@ read_slice(void *arg, zb_ctx *ctx)
     read_job *j = arg;
     zb_convert *cv = j->cv;
     const cv_slice *s = &cv->slices[j->t];
-    zb__csr_block b = {0};
-    zb__col_block c = {0};
     zb_strings names = {0};
     zb__src *src = NULL;
-    zb_status st = cv_source(cv, s->input, &src);
+    cv_ws *ws = NULL;
+    zb_status st = cv_ws_take(cv, &ws);
+    if (st == ZB_OK) st = cv_ws_blocks(ws, cv->n_mats, cv->n_cols);
+    if (st == ZB_OK) st = cv_source(cv, s->input, &src);
     for (size_t m = 0; st == ZB_OK && m < cv->n_mats; m++) {
         zb__src_matrix *mat;
+        zb__csr_block *b = &ws->mats[m];
         st = cv_matrix(cv, s->input, m, &mat);
-        if (st == ZB_OK) st = zb__src_matrix_read(mat, s->start, s->stop, &b);
-        if (st == ZB_OK && m == 0) cv_stats_add(&j->x, b.data, b.dtype, b.nnz);
+        if (st == ZB_OK) st = zb__src_matrix_read(mat, s->start, s->stop, b);
+        if (st == ZB_OK && m == 0 && j->fold) cv_stats_add(&j->x, b->data, b->dtype, b->nnz);
     }
     for (size_t k = 0; st == ZB_OK && k < cv->n_cols; k++)
-        st = zb__src_read_column(src, cv->cols[k].src_index[s->input], s->start, s->stop, &c);
+        st = zb__src_read_column(src, cv->cols[k].src_index[s->input], s->start, s->stop,
+                                 &ws->cols[k]);
     if (st == ZB_OK) st = zb__src_read_obs_names(src, s->start, s->stop, &names);
-    zb__csr_block_free(&b);
-    zb__col_block_free(&c);
     zb_strings_free(&names);
+    if (ws) cv_ws_give(cv, ws);
     j->st = st;
     if (st != ZB_OK) snprintf(j->msg, sizeof j->msg, "%s", zb_last_error());
 }
@@ -60,27 +64,50 @@ now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* X's values as the prepare tasks folded them; folded[k] says for which inputs they did. */
+static zb_status
+prepared_x(zb_convert *cv, bool *folded, cv_value_stats *x)
+{
+    cv_value_stats *s = calloc(cv->n_mats, sizeof *s);
+    bool *have = calloc(cv->n_mats, sizeof *have);
+    zb_status st = s && have ? ZB_OK : zb__err(ZB_E_NOMEM, "the limit");
+    for (size_t k = 0; st == ZB_OK && k < cv->n_inputs; k++) {
+        st = cv_prepared_values(cv, k, s, have);
+        folded[k] = st == ZB_OK && have[0];
+        x->flags |= folded[k] ? s[0].flags : 0;
+        if (folded[k] && s[0].max > x->max) x->max = s[0].max;
+    }
+    free(s);
+    free(have);
+    return st;
+}
+
+/* The read pass (timed). X's values are folded on the way only for the inputs whose prepare
+ * task did not fold them (as the conversion's scatter does). */
 static zb_status
 measure_read(zb_convert *cv, int threads, double *seconds, cv_value_stats *x)
 {
     read_job *jobs = calloc(cv->n_slices, sizeof *jobs);
-    if (!jobs) return zb__err(ZB_E_NOMEM, "the limit");
+    bool *folded = calloc(cv->n_inputs, sizeof *folded);
+    *x = (cv_value_stats){0, 0};
+    zb_status st = jobs && folded ? prepared_x(cv, folded, x) : zb__err(ZB_E_NOMEM, "the limit");
     zb__pool *pool = NULL;
-    zb_status st = zb__pool_new(threads > 1 ? threads : 0, &pool);
+    if (st == ZB_OK) st = zb__pool_new(threads > 1 ? threads : 0, &pool);
     double t0 = now_s();
     for (size_t t = 0; st == ZB_OK && t < cv->n_slices; t++) {
-        jobs[t] = (read_job){cv, t, ZB_OK, "", {0, 0}};
+        jobs[t] = (read_job){cv, t, !folded[cv->slices[t].input], ZB_OK, "", {0, 0}};
         zb__pool_submit(pool, read_slice, &jobs[t]);
     }
     zb__pool_free(pool);
     *seconds = now_s() - t0;
-    *x = (cv_value_stats){0, 0};
     for (size_t t = 0; st == ZB_OK && t < cv->n_slices; t++) {
         if (jobs[t].st != ZB_OK) st = zb__err(jobs[t].st, "%s", jobs[t].msg);
         x->flags |= jobs[t].x.flags;
         if (jobs[t].x.max > x->max) x->max = jobs[t].x.max;
     }
     free(jobs);
+    free(folded);
+    cv_ws_free_all(cv);
     return st;
 }
 
