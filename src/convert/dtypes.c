@@ -60,6 +60,21 @@
         max = (uint64_t)m_;                                                                        \
     } while (0)
 
+/* float32, the usual X: also built for AVX2 where the CPU has it (4x the SSE2 build's speed,
+ * docs/PERFORMANCE.md), chosen once at load time (GCC's and Clang's target_clones). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void
+fold_float32(const float *values, uint64_t n, unsigned *wide_out, uint64_t *max_out)
+{
+    unsigned wide = 0;
+    uint64_t max = 0;
+    FOLD_FLOAT(float);
+    *wide_out = wide;
+    *max_out = max;
+}
+
 void
 cv_stats_add(cv_value_stats *s, const void *values, zb_dtype dtype, uint64_t n)
 {
@@ -93,7 +108,7 @@ cv_stats_add(cv_value_stats *s, const void *values, zb_dtype dtype, uint64_t n)
         FOLD_INT(int64_t, AS_SIGNED);
         break;
     case ZB_DT_FLOAT32:
-        FOLD_FLOAT(float);
+        fold_float32(values, n, &wide, &max);
         break;
     case ZB_DT_FLOAT64:
         FOLD_FLOAT(double);
