@@ -60,8 +60,8 @@
         max = (uint64_t)m_;                                                                        \
     } while (0)
 
-/* float32, the usual X: also built for AVX2 where the CPU has it (4x the SSE2 build's speed,
- * docs/PERFORMANCE.md), chosen once at load time (GCC's and Clang's target_clones). */
+/* float32, the usual X: also built for AVX2 where the CPU has it (docs/PERFORMANCE.md), chosen
+ * once at load time (GCC's and Clang's target_clones). */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target_clones("avx2", "default")))
 #endif
