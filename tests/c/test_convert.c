@@ -140,6 +140,128 @@ test_crc64_is_xz(void **state)
     assert_true(cv_crc64(cv_crc64(0, "1234", 4), "56789", 5) == 0x995DC9BBDF1939FAull);
 }
 
+/* The stored-type rule for one value, written independently of dtypes.c: an integer in
+ * [0, 65535] fits (-0.0 included), anything else (NaN, negative, fractional, larger) is wide. */
+static void
+oracle_add(cv_value_stats *s, double v)
+{
+    bool fits = v >= 0 && v <= 65535 && floor(v) == v;
+    s->flags |= CV_VALUES_ANY | (fits ? 0 : CV_VALUES_WIDE);
+    if (fits && (uint64_t)v > s->max) s->max = (uint64_t)v;
+}
+
+static void
+test_value_stats_against_the_rule(void **state)
+{
+    (void)state;
+    const double specials[] = {NAN, -1.0, 2.5, 65535.0, 65536.0, -0.0, 1e9, 255.0, 256.0, 0.5};
+    uint64_t seed = 12345;
+    /* lengths around the fold's 64-value blocks; one special value (or none) per run */
+    const uint64_t lengths[] = {0, 1, 63, 64, 65, 127, 128, 1000, 4099};
+    for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
+        for (int sp = -1; sp < (int)(sizeof specials / sizeof *specials); sp++) {
+            uint64_t n = lengths[li];
+            float *f = malloc((n + 1) * sizeof *f);
+            double *d = malloc((n + 1) * sizeof *d);
+            int32_t *i32 = malloc((n + 1) * sizeof *i32);
+            for (uint64_t i = 0; i < n; i++) {
+                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                d[i] = (double)((seed >> 33) % 200);
+            }
+            if (sp >= 0 && n) d[(seed >> 20) % n] = specials[sp];
+            cv_value_stats want = {0, 0}, got_f = {0, 0}, got_d = {0, 0}, got_i = {0, 0};
+            for (uint64_t i = 0; i < n; i++) {
+                f[i] = (float)d[i];
+                oracle_add(&want, d[i]);
+            }
+            cv_stats_add(&got_f, f, ZB_DT_FLOAT32, n);
+            cv_stats_add(&got_d, d, ZB_DT_FLOAT64, n);
+            assert_int_equal(got_f.flags, want.flags);
+            assert_int_equal(got_d.flags, want.flags);
+            if (!(want.flags & CV_VALUES_WIDE)) {
+                assert_int_equal(got_f.max, want.max);
+                assert_int_equal(got_d.max, want.max);
+            }
+            bool integral = true;
+            for (uint64_t i = 0; i < n; i++) {
+                integral &= floor(d[i]) == d[i] && fabs(d[i]) < 2e9;
+                i32[i] = integral ? (int32_t)d[i] : 0;
+            }
+            if (integral) { /* the integer fold, on the same values */
+                cv_stats_add(&got_i, i32, ZB_DT_INT32, n);
+                assert_int_equal(got_i.flags, want.flags);
+                if (!(want.flags & CV_VALUES_WIDE)) assert_int_equal(got_i.max, want.max);
+            }
+            free(f);
+            free(d);
+            free(i32);
+        }
+    }
+}
+
+/* cv_file_crc with value extents: the CRC of the whole file (whatever the extents), and each
+ * extent's values folded as cv_stats_add folds them from memory; an extent past the end of the
+ * file is ZB_E_TRUNCATED. Extents sit at odd places: across the 256 KiB read size, adjacent to
+ * each other, at the last bytes. */
+static void
+test_file_crc_folds_extents(void **state)
+{
+    (void)state;
+    const char *dir = zbt_tempdir("filecrc");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/input.bin", dir);
+    size_t size = (1u << 20) + 12;
+    unsigned char *bytes = malloc(size);
+    uint64_t seed = 7;
+    for (size_t i = 0; i < size; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        bytes[i] = (unsigned char)(seed >> 56);
+    }
+    /* float32 counts in [0, 300) at the extents, one 2.5 in the second matrix's */
+    struct {
+        uint64_t at, len;
+        int mat;
+    } ext[] = {{1000, 4000, 0},
+               {(256u << 10) - 400, 4000, 1},
+               {(256u << 10) + 3600, 800, 1},
+               {size - 4092, 4092, 0}};
+    for (size_t e = 0; e < 4; e++)
+        for (uint64_t b = 0; b < ext[e].len; b += 4) {
+            float v = (float)((ext[e].at + b) % 300);
+            if (e == 2 && b == 400) v = 2.5f;
+            memcpy(bytes + ext[e].at + b, &v, 4);
+        }
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(bytes, 1, size, fp), size);
+    fclose(fp);
+    cv_value_stats got[2] = {{0, 0}, {0, 0}}, want[2] = {{0, 0}, {0, 0}};
+    cv_fold folds[4];
+    for (size_t e = 0; e < 4; e++) {
+        folds[e] = (cv_fold){ext[e].at, ext[e].len, ZB_DT_FLOAT32, &got[ext[e].mat]};
+        float *vals = malloc(ext[e].len);
+        memcpy(vals, bytes + ext[e].at, ext[e].len);
+        cv_stats_add(&want[ext[e].mat], vals, ZB_DT_FLOAT32, ext[e].len / 4);
+        free(vals);
+    }
+    uint64_t crc = 0;
+    ZB_ASSERT_OK(cv_file_crc(path, folds, 4, &crc));
+    assert_true(crc == cv_crc64(0, bytes, size));
+    for (int m = 0; m < 2; m++) assert_int_equal(got[m].flags, want[m].flags);
+    assert_int_equal(got[0].flags, CV_VALUES_ANY);
+    assert_int_equal(got[0].max, want[0].max);
+    assert_int_equal(got[1].flags, CV_VALUES_ANY | CV_VALUES_WIDE);
+    /* without extents: the same CRC */
+    ZB_ASSERT_OK(cv_file_crc(path, NULL, 0, &crc));
+    assert_true(crc == cv_crc64(0, bytes, size));
+    /* an extent that the file ends inside */
+    cv_value_stats s = {0, 0};
+    cv_fold past = {size - 8, 16, ZB_DT_FLOAT32, &s};
+    assert_int_equal(cv_file_crc(path, &past, 1, &crc), ZB_E_TRUNCATED);
+    assert_true(zbt_mentions("input.bin"));
+    free(bytes);
+}
+
 static void
 test_strmap(void **state)
 {
@@ -239,6 +361,8 @@ main(void)
         cmocka_unit_test(test_conversions),
         cmocka_unit_test(test_category_text_matches_numpy_str),
         cmocka_unit_test(test_crc64_is_xz),
+        cmocka_unit_test(test_value_stats_against_the_rule),
+        cmocka_unit_test(test_file_crc_folds_extents),
         cmocka_unit_test(test_strmap),
         cmocka_unit_test(test_digest_equals_fingerprint),
     };
