@@ -264,9 +264,10 @@ convert_store(const char *src, const char *dst, const zb_copy_opts *o)
     return 0;
 }
 
-/* The stored types the manifest records: "stored X/data uint8, X/indices uint16". */
+/* The stored types the manifest records and the codecs the writer gave them ("stored X/data
+ * uint8 (blosc:lz4:5:noshuffle), X/indices uint16 (blosc:lz4:5:noshuffle)"). */
 static void
-print_dtypes(const char *output)
+print_dtypes(const char *output, const char *codec)
 {
     zb_store *store = NULL;
     uint8_t *text = NULL;
@@ -281,7 +282,10 @@ print_dtypes(const char *output)
         const char *sep = "stored ";
         json_object_object_foreach(dt, key, val)
         {
-            printf("%s%s %s", sep, key, json_object_get_string(val));
+            const char *name = json_object_get_string(val);
+            zb_dtype dt_of = 0;
+            while (dt_of < ZB_DT_COUNT_ && strcmp(zb_dtype_name(dt_of), name)) dt_of++;
+            printf("%s%s %s (%s)", sep, key, name, zb_anndata_csr_codec(codec, dt_of));
             sep = ", ";
         }
         printf("\n");
@@ -344,7 +348,7 @@ convert_collection(const char *const *inputs, size_t n, const char *output, zb_c
     }
     printf("converted %zu input%s into %s in %.2f s\n", n, n == 1 ? "" : "s", output,
            seconds_between(ps.start, end));
-    print_dtypes(output);
+    print_dtypes(output, o->codec);
     return 0;
 }
 
