@@ -362,8 +362,9 @@ def write_anndata(store: "str | os.PathLike[str]", X: Any, obs: Optional[Any] = 
     for name, (_, mdtype) in checked_layers.items():
         chosen[f"layers/{name}/data"] = mdtype
         chosen[f"layers/{name}/indices"] = index_dtype
-    chosen.codecs = {key: _zbatch.AnndataWriter.csr_codec(codec, dt.str) if csr else
-                     (codec or _zbatch.DEFAULT_CODEC) for key, dt in chosen.items()}
+    # a dense X takes the writer's codec; every CSR data / indices array the narrow rule
+    chosen.codecs = {key: (codec or _zbatch.DEFAULT_CODEC) if key == "X" else
+                     _zbatch.AnndataWriter.csr_codec(codec, dt.str) for key, dt in chosen.items()}
 
     x_chunk = int(chunk_size or 0)
     if not x_chunk and not shard_size:

@@ -313,11 +313,15 @@ def test_writer_codec_defaults(tmp_path, fmt, shard):
     for arr in written:
         (c,) = zarr.open_array(str(r / arr)).compressors
         assert type(c).__name__ in ("ZstdCodec", "Zstd") and c.level == 3, arr
-    # a dense X keeps the writer's default
+    # a dense X keeps the writer's default; its CSR layers take the narrow rule
     d = tmp_path / "dense.zarr"
-    assert write_anndata(d, X.toarray().astype(np.uint8), zarr_format=fmt).codecs == {
-        "X": "blosc:lz4:5:shuffle"}
+    assert write_anndata(d, X.toarray().astype(np.uint8), layers={"big": big.astype(np.uint16)},
+                         zarr_format=fmt).codecs == {
+        "X": "blosc:lz4:5:shuffle", "layers/big/data": "blosc:lz4:5:noshuffle",
+        "layers/big/indices": "blosc:lz4:5:shuffle"}
     assert blosc_shuffle(d / "X") == "shuffle"
+    assert blosc_shuffle(d / "layers/big/data") == "noshuffle"
+    assert blosc_shuffle(d / "layers/big/indices") == "shuffle"  # int32: dense X, not narrow
 
 
 @pytest.mark.parametrize("values,dtype,want", [
