@@ -5,7 +5,8 @@
         [--results DIR]
 
 One run of this script: a Tahoe-like store (``zbatch synth --kind cells --n N``, zbatch's
-default codec: blosc lz4, sharded, Zarr v3) unless ``--store`` names one; then
+default codecs: blosc lz4, without byte shuffle for the uint8 counts and uint16 gene ids,
+sharded, Zarr v3) unless ``--store`` names one; then
 
 1. a sweep of annbatch's ``(chunk_size, preload_nchunks)`` (``--sweep-seconds`` each) that picks
    annbatch's best setting on this machine;
@@ -299,7 +300,10 @@ def main(argv=None) -> int:
                        "store": store, "threads": 2,
                        "stored_dtypes": {k: zbatch.open(store, x_dtype="stored",
                                                         index_dtype="stored").fields[k]["dtype"]
-                                         for k in ("X/data", "X/indices")}},
+                                         for k in ("X/data", "X/indices")},
+                       "stored_codecs": {n["path"]: n["codecs"]
+                                         for n in zbatch.info(store)["nodes"]
+                                         if n["path"] in ("X/data", "X/indices")}},
         "machine": dict(machine(), loadavg_start=list(load_start),
                         loadavg_end=list(os.getloadavg())),
         "versions": versions(),

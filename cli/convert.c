@@ -60,7 +60,8 @@ usage(FILE *f)
         "  --no-shuffle          keep the inputs' order\n"
         "  --format v2|v3        Zarr format of the output (default v3; annbatch reads v3)\n"
         "  --codec CODEC         none, zstd:L, lz4, gzip:L, zlib:L, blosc:CNAME:CLEVEL:SHUFFLE\n"
-        "                        (default blosc:lz4:5:shuffle)\n"
+        "                        (default blosc:lz4:5:shuffle; uint8/uint16 X/data and\n"
+        "                        X/indices: blosc:lz4:5:noshuffle)\n"
         "  --chunk N             elements per chunk of X/data and X/indices (default %d)\n"
         "  --shard N             elements per shard (default 1,024 chunks; 0 = unsharded)\n"
         "  --threads T           threads (default: every CPU)\n"
@@ -264,9 +265,10 @@ convert_store(const char *src, const char *dst, const zb_copy_opts *o)
     return 0;
 }
 
-/* The stored types the manifest records: "stored X/data uint8, X/indices uint16". */
+/* The stored types the manifest records and the codecs the writer gave them ("stored X/data
+ * uint8 (blosc:lz4:5:noshuffle), X/indices uint16 (blosc:lz4:5:noshuffle)"). */
 static void
-print_dtypes(const char *output)
+print_dtypes(const char *output, const char *codec)
 {
     zb_store *store = NULL;
     uint8_t *text = NULL;
@@ -281,7 +283,10 @@ print_dtypes(const char *output)
         const char *sep = "stored ";
         json_object_object_foreach(dt, key, val)
         {
-            printf("%s%s %s", sep, key, json_object_get_string(val));
+            const char *name = json_object_get_string(val);
+            zb_dtype dt_of = 0;
+            while (dt_of < ZB_DT_COUNT_ && strcmp(zb_dtype_name(dt_of), name)) dt_of++;
+            printf("%s%s %s (%s)", sep, key, name, zb_anndata_csr_codec(codec, dt_of));
             sep = ", ";
         }
         printf("\n");
@@ -344,7 +349,7 @@ convert_collection(const char *const *inputs, size_t n, const char *output, zb_c
     }
     printf("converted %zu input%s into %s in %.2f s\n", n, n == 1 ? "" : "s", output,
            seconds_between(ps.start, end));
-    print_dtypes(output);
+    print_dtypes(output, o->codec);
     return 0;
 }
 

@@ -563,7 +563,7 @@ zb__cli_synth_cells(int argc, char **argv)
             st = zb_anndata_writer_append_names(w, ZB_ANNDATA_VAR, nm.text, nm.offsets, n);
     }
     uint64_t nnz = zb_anndata_writer_nnz(w);
-    const char *index_dtype_name = zb_dtype_name(zb_anndata_writer_index_dtype(w));
+    zb_dtype index_dtype = zb_anndata_writer_index_dtype(w);
     if (st == ZB_OK) st = zb_anndata_writer_commit(w);
 
     zb_anndata_writer_close(w);
@@ -587,8 +587,10 @@ zb__cli_synth_cells(int argc, char **argv)
     du_total = 0;
     nftw(o.out, du_add, 32, FTW_PHYS);
     printf("synth cells: %" PRIu64 " cells x %" PRIu64 " genes, %" PRIu64
-           " nonzeros (%.1f per cell), X/data %s, X/indices %s, %" PRIu64 " bytes, %.2f s -> %s\n",
+           " nonzeros (%.1f per cell), X/data %s (%s), X/indices %s (%s), %" PRIu64
+           " bytes, %.2f s -> %s\n",
            o.n, o.genes, nnz, o.n ? (double)nnz / (double)o.n : 0.0, zb_dtype_name(o.data_dtype),
-           index_dtype_name, du_total, secs, o.out);
+           zb_anndata_csr_codec(o.codec, o.data_dtype), zb_dtype_name(index_dtype),
+           zb_anndata_csr_codec(o.codec, index_dtype), du_total, secs, o.out);
     return 0;
 }

@@ -479,7 +479,8 @@ ZB_API void zb_ctx_reset_stats(zb_ctx *ctx);
  * ------------------------------------------------------------------------------------------- */
 typedef struct zb_array_write_opts {
     int zarr_format;             /* 3 (default) or 2 */
-    const char *codec;           /* codec string, NULL = "blosc:lz4:5:shuffle" (measured) */
+    const char *codec;           /* codec string, NULL = "blosc:lz4:5:shuffle" (measured; the
+                                    anndata writer's narrow CSR arrays: zb_anndata_csr_codec) */
     uint64_t chunk_rows;         /* rows per chunk; 0 = about 1 MiB of uncompressed rows */
     uint64_t shard_rows;         /* v3 only: rows per shard, a multiple of chunk_rows; 0 = none */
     bool write_empty_chunks;     /* false: chunks equal to the fill value are not written */

@@ -85,7 +85,10 @@ typedef enum zb_anndata_axis {
 typedef struct zb_anndata_write_opts {
     int zarr_format;       /* 3 (default) or 2 */
     const char *codec;     /* codec string of every array (see "Writing arrays" in zbatch.h);
-                              NULL = "blosc:lz4:5:shuffle" */
+                              NULL = the defaults: "blosc:lz4:5:noshuffle" for a CSR matrix's
+                              data and indices of 1- or 2-byte integers (uint8 counts,
+                              uint16 gene ids: zb_anndata_csr_codec), "blosc:lz4:5:shuffle"
+                              for every other array */
     uint64_t x_chunk;      /* CSR: elements per chunk of X/data and X/indices, and of each
                               layer's (0 = ZB_ANNDATA_DEFAULT_X_CHUNK);
                               dense: rows per chunk of X (0 = about 1 MiB of rows) */
@@ -150,6 +153,14 @@ ZB_API uint64_t zb_anndata_writer_rows(const zb_anndata_writer *w);
 
 /* Stored elements of a CSR X appended so far (0 for dense). */
 ZB_API uint64_t zb_anndata_writer_nnz(const zb_anndata_writer *w);
+
+/* The codec string a CSR matrix's (X's or a layer's) data or indices array of element type
+ * `dtype` is written with, given the writer's codec option `codec`: `codec` itself when not
+ * NULL, else "blosc:lz4:5:noshuffle" for 1- and 2-byte integers (int8, uint8, int16, uint16:
+ * byte shuffle makes their LZ4 decode about twice as slow for ~20% fewer bytes, measured in
+ * docs/PERFORMANCE.md "Codec defaults") and "blosc:lz4:5:shuffle" for every other dtype. What
+ * the writers (zbatch synth, zbatch convert, zbatch.write_anndata) report as their choice. */
+ZB_API const char *zb_anndata_csr_codec(const char *codec, zb_dtype dtype);
 
 /* The dtype the column ids of X and the layers are stored in (int32, or the narrow type of
  * zb_anndata_write_opts.narrow_indices); int32 for a NULL writer. */

@@ -187,7 +187,9 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
         ``False``: ``int32``.
 
     The chosen types are in the returned manifest's ``"dtypes"`` (``{"X/data": "uint8",
-    "X/indices": "uint16", ...}``).
+    "X/indices": "uint16", ...}``). ``codec`` (default ``None``) is as in
+    :func:`zbatch.write_anndata`: without one, uint8/uint16 data and indices are written
+    ``"blosc:lz4:5:noshuffle"`` and every other array ``"blosc:lz4:5:shuffle"``.
 
     Memory stays near ``memory`` (bytes or a size such as ``"4G"``) whatever the inputs' size.
     A conversion that was interrupted resumes when called again with the same arguments and

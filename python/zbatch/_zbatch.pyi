@@ -12,6 +12,7 @@ from typing_extensions import Buffer
 
 __version__: str
 ANNDATA_DEFAULT_X_CHUNK: int
+DEFAULT_CODEC: str
 INCOMPLETE_MARKER: str
 
 class ZbatchError(Exception):
@@ -137,6 +138,8 @@ class AnndataWriter:
                  consolidate: bool = True, path: str = "",
                  narrow_indices: bool = False,
                  remote: Optional[dict[str, Any]] = None) -> None: ...
+    @staticmethod
+    def csr_codec(codec: Optional[str], typestr: str, /) -> str: ...
     def append_csr(self, indptr: Buffer, indices: Buffer, data: Buffer, /) -> None: ...
     def append_dense(self, rows: Buffer, /) -> None: ...
     def append_names(self, axis: str, names: Sequence[str], /) -> None: ...

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ext.h"
+#include "write/codec_spec.h"
 
 typedef struct {
     PyObject_HEAD zb_store *store;
@@ -589,7 +590,23 @@ writer_nnz(AnndataWriter *self, void *closure)
     return PyLong_FromUnsignedLongLong(zb_anndata_writer_nnz(self->w));
 }
 
+/* csr_codec(codec, typestr) -> str: zb_anndata_csr_codec (the codec a CSR data / indices array
+ * of that dtype is written with). */
+static PyObject *
+writer_csr_codec(PyObject *unused, PyObject *args)
+{
+    (void)unused;
+    const char *codec, *typestr;
+    zb_dtype dt;
+    if (!PyArg_ParseTuple(args, "zs", &codec, &typestr)) return NULL;
+    if (parse_dtype(typestr, &dt) != 0) return NULL;
+    return PyUnicode_FromString(zb_anndata_csr_codec(codec, dt));
+}
+
 static PyMethodDef writer_methods[] = {
+    {"csr_codec", (PyCFunction)writer_csr_codec, METH_VARARGS | METH_STATIC,
+     "csr_codec(codec, typestr) -> str: the codec string a CSR data or indices array of that "
+     "dtype gets from a writer given `codec` (None: the defaults)."},
     {"append_csr", (PyCFunction)writer_append_csr, METH_VARARGS,
      "append_csr(indptr, indices, data): rows of a CSR X (int64 indptr slice, int32 ids)."},
     {"append_dense", (PyCFunction)writer_append_dense, METH_VARARGS,
@@ -652,7 +669,9 @@ zbpy_register_anndata(PyObject *module)
         return -1;
     }
     if (PyModule_AddStringConstant(module, "INCOMPLETE_MARKER", ZB_INCOMPLETE_MARKER) < 0 ||
-        PyModule_AddIntConstant(module, "ANNDATA_DEFAULT_X_CHUNK", ZB_ANNDATA_DEFAULT_X_CHUNK) < 0)
+        PyModule_AddIntConstant(module, "ANNDATA_DEFAULT_X_CHUNK", ZB_ANNDATA_DEFAULT_X_CHUNK) <
+            0 ||
+        PyModule_AddStringConstant(module, "DEFAULT_CODEC", ZB_CODEC_SPEC_DEFAULT) < 0)
         return -1;
     return 0;
 }

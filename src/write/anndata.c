@@ -66,15 +66,15 @@ zb__ad_encoding_attrs(char *buf, size_t cap, const char *type, const char *versi
 }
 
 zb_status
-zb__ad_open_array(zb_anndata_writer *w, const char *rel, zb_dtype dtype, int ndim,
-                  const uint64_t *row_shape, uint64_t chunk_rows, uint64_t shard_rows, int threads,
-                  const char *attrs_json, zb_array_writer **out)
+zb__ad_open_array(zb_anndata_writer *w, const char *rel, const char *codec, zb_dtype dtype,
+                  int ndim, const uint64_t *row_shape, uint64_t chunk_rows, uint64_t shard_rows,
+                  int threads, const char *attrs_json, zb_array_writer **out)
 {
     char key[ZB_AD_KEY_CAP];
     ZB_TRY(zb__ad_key_of(w, key, sizeof key, rel));
     zb_array_write_opts o = ZB_ARRAY_WRITE_OPTS_DEFAULT;
     o.zarr_format = w->zarr_format;
-    o.codec = w->codec;
+    o.codec = codec;
     o.chunk_rows = chunk_rows;
     o.shard_rows = shard_rows;
     o.num_threads = threads;
@@ -303,6 +303,15 @@ uint64_t
 zb_anndata_writer_nnz(const zb_anndata_writer *w)
 {
     return w ? w->x.nnz : 0;
+}
+
+const char *
+zb_anndata_csr_codec(const char *codec, zb_dtype dtype)
+{
+    if (codec) return codec;
+    bool narrow_int = dtype == ZB_DT_INT8 || dtype == ZB_DT_UINT8 || dtype == ZB_DT_INT16 ||
+                      dtype == ZB_DT_UINT16;
+    return narrow_int ? ZB_CODEC_SPEC_NARROW_INT : ZB_CODEC_SPEC_DEFAULT;
 }
 
 zb_dtype

@@ -145,8 +145,8 @@ open_index(zb_anndata_writer *w, zb_anndata_axis axis)
     char rel[64], attrs[128];
     snprintf(rel, sizeof rel, "%s/_index", f->name);
     zb__ad_encoding_attrs(attrs, sizeof attrs, "string-array", "0.2.0");
-    return zb__ad_open_array(w, rel, ZB_DT_STRING, 1, NULL, zb__ad_column_chunk(w, axis), 0, 1,
-                             attrs, &f->index);
+    return zb__ad_open_array(w, rel, w->codec, ZB_DT_STRING, 1, NULL, zb__ad_column_chunk(w, axis),
+                             0, 1, attrs, &f->index);
 }
 
 zb_status
@@ -216,17 +216,18 @@ open_column(zb_anndata_writer *w, zb_anndata_axis axis, zb__ad_column *c)
     if (c->kind != ZB_AD_COL_NULLABLE) {
         snprintf(rel, sizeof rel, "%s/%s", f->name, c->name);
         zb__ad_encoding_attrs(attrs, sizeof attrs, values_enc, "0.2.0");
-        return zb__ad_open_array(w, rel, c->dtype, 1, NULL, chunk, 0, 1, attrs, &c->array);
+        return zb__ad_open_array(w, rel, w->codec, c->dtype, 1, NULL, chunk, 0, 1, attrs,
+                                 &c->array);
     }
     /* the group's document is written at commit (zb__ad_write_frame_groups) */
     snprintf(rel, sizeof rel, "%s/%s", f->name, c->name);
     ZB_TRY(zb__ad_add_node(w, rel, false));
     snprintf(rel, sizeof rel, "%s/%s/values", f->name, c->name);
     zb__ad_encoding_attrs(attrs, sizeof attrs, values_enc, "0.2.0");
-    ZB_TRY(zb__ad_open_array(w, rel, c->dtype, 1, NULL, chunk, 0, 1, attrs, &c->array));
+    ZB_TRY(zb__ad_open_array(w, rel, w->codec, c->dtype, 1, NULL, chunk, 0, 1, attrs, &c->array));
     snprintf(rel, sizeof rel, "%s/%s/mask", f->name, c->name);
     zb__ad_encoding_attrs(attrs, sizeof attrs, "array", "0.2.0");
-    return zb__ad_open_array(w, rel, ZB_DT_BOOL, 1, NULL, chunk, 0, 1, attrs, &c->mask);
+    return zb__ad_open_array(w, rel, w->codec, ZB_DT_BOOL, 1, NULL, chunk, 0, 1, attrs, &c->mask);
 }
 
 /* The column `name`, created as `kind`/`dtype` if it does not exist yet; ZB_E_TYPE when it
@@ -637,7 +638,7 @@ write_categories(zb_anndata_writer *w, zb_anndata_axis axis, const char *name, c
     uint64_t chunk = w->column_chunk ? w->column_chunk : ZB_AD_DEFAULT_COLUMN_CHUNK;
     if (k->n && chunk > k->n) chunk = k->n;
     zb_array_writer *a = NULL;
-    ZB_TRY(zb__ad_open_array(w, rel, k->dtype, 1, NULL, chunk, 0, 1, attrs, &a));
+    ZB_TRY(zb__ad_open_array(w, rel, w->codec, k->dtype, 1, NULL, chunk, 0, 1, attrs, &a));
     zb_status st = ZB_OK;
     if (k->n && k->dtype == ZB_DT_STRING)
         st = zb_array_writer_append_strings(a, k->data, k->offsets, k->n);
@@ -667,8 +668,8 @@ define_categorical(zb_anndata_writer *w, zb_anndata_axis axis, const char *name,
     if (st == ZB_OK) {
         snprintf(rel, sizeof rel, "%s/%s/codes", f->name, name);
         zb__ad_encoding_attrs(attrs, sizeof attrs, "array", "0.2.0");
-        st = zb__ad_open_array(w, rel, dt, 1, NULL, zb__ad_column_chunk(w, axis), 0, 1, attrs,
-                               &c->array);
+        st = zb__ad_open_array(w, rel, w->codec, dt, 1, NULL, zb__ad_column_chunk(w, axis), 0, 1,
+                               attrs, &c->array);
     }
     if (st != ZB_OK) {
         drop_last_column(f);

@@ -118,10 +118,12 @@ zb_status zb__ad_add_node(zb_anndata_writer *w, const char *rel, bool is_array);
 /* {"encoding-type": type, "encoding-version": version} into buf. */
 void zb__ad_encoding_attrs(char *buf, size_t cap, const char *type, const char *version);
 
-/* Opens an array writer at `rel` with the writer's format and codec, and records the node. */
-zb_status zb__ad_open_array(zb_anndata_writer *w, const char *rel, zb_dtype dtype, int ndim,
-                            const uint64_t *row_shape, uint64_t chunk_rows, uint64_t shard_rows,
-                            int threads, const char *attrs_json, zb_array_writer **out);
+/* Opens an array writer at `rel` with the writer's format and the codec string `codec` (NULL =
+ * the array writer's default), and records the node. */
+zb_status zb__ad_open_array(zb_anndata_writer *w, const char *rel, const char *codec,
+                            zb_dtype dtype, int ndim, const uint64_t *row_shape,
+                            uint64_t chunk_rows, uint64_t shard_rows, int threads,
+                            const char *attrs_json, zb_array_writer **out);
 
 /* Writes the group at `rel` with attributes `attrs` and records it. */
 zb_status zb__ad_write_group(zb_anndata_writer *w, const char *rel, const char *attrs);

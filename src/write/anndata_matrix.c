@@ -24,14 +24,14 @@ open_csr(zb_anndata_writer *w, const char *rel, zb__ad_csr *m)
     char sub[ZB_AD_REL_CAP + 16];
     /* the arrays inside a sparse group carry no encoding attributes (FORMATS.md §6) */
     snprintf(sub, sizeof sub, "%s/data", rel);
-    ZB_TRY(
-        zb__ad_open_array(w, sub, m->dtype, 1, NULL, chunk, shard, w->num_threads, NULL, &m->data));
+    ZB_TRY(zb__ad_open_array(w, sub, zb_anndata_csr_codec(w->codec, m->dtype), m->dtype, 1, NULL,
+                             chunk, shard, w->num_threads, NULL, &m->data));
     snprintf(sub, sizeof sub, "%s/indices", rel);
-    ZB_TRY(zb__ad_open_array(w, sub, w->index_dtype, 1, NULL, chunk, shard, w->num_threads, NULL,
-                             &m->indices));
+    ZB_TRY(zb__ad_open_array(w, sub, zb_anndata_csr_codec(w->codec, w->index_dtype), w->index_dtype,
+                             1, NULL, chunk, shard, w->num_threads, NULL, &m->indices));
     snprintf(sub, sizeof sub, "%s/indptr", rel);
-    ZB_TRY(zb__ad_open_array(w, sub, ZB_DT_INT64, 1, NULL, zb__ad_column_chunk(w, ZB_ANNDATA_OBS),
-                             0, 1, NULL, &m->indptr));
+    ZB_TRY(zb__ad_open_array(w, sub, w->codec, ZB_DT_INT64, 1, NULL,
+                             zb__ad_column_chunk(w, ZB_ANNDATA_OBS), 0, 1, NULL, &m->indptr));
     int64_t zero = 0;
     return zb_array_writer_append(m->indptr, &zero, 1);
 }
@@ -43,8 +43,8 @@ zb__ad_open_x(zb_anndata_writer *w)
         char attrs[128];
         zb__ad_encoding_attrs(attrs, sizeof attrs, "array", "0.2.0");
         uint64_t row[1] = {w->n_vars};
-        return zb__ad_open_array(w, "X", w->x_dtype, 2, row, w->x_chunk, w->x_shard, w->num_threads,
-                                 attrs, &w->dense);
+        return zb__ad_open_array(w, "X", w->codec, w->x_dtype, 2, row, w->x_chunk, w->x_shard,
+                                 w->num_threads, attrs, &w->dense);
     }
     w->x.dtype = w->x_dtype;
     return open_csr(w, "X", &w->x);

@@ -15,8 +15,13 @@
 #include "zarr/codec.h"
 #include "zbatch.h"
 
-/* The codec used when the option is NULL. A placeholder until measured on real data. */
-#define ZB_CODEC_SPEC_DEFAULT "blosc:lz4:5:shuffle" /* chosen by measurement: docs/PERFORMANCE.md */
+/* The codec used when the option is NULL, chosen by measurement (docs/PERFORMANCE.md "Codec
+ * defaults"). */
+#define ZB_CODEC_SPEC_DEFAULT "blosc:lz4:5:shuffle"
+/* The anndata writer's default for a CSR matrix's data / indices of 1- and 2-byte integers
+ * (zb_anndata_csr_codec): byte shuffle there halves LZ4's decode speed for ~20% fewer bytes
+ * (docs/PERFORMANCE.md "Codec defaults", 2026-12-04). */
+#define ZB_CODEC_SPEC_NARROW_INT "blosc:lz4:5:noshuffle"
 
 /* Parses `spec` (NULL = ZB_CODEC_SPEC_DEFAULT) for a Zarr `zarr_format` (2 or 3) array into
  * *codec; *has_codec is false for "none". ZB_E_INVALID, naming the string and the part that is

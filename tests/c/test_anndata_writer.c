@@ -1235,6 +1235,72 @@ test_narrow_indices(void **state)
     }
 }
 
+/* The last codec of the chain an array was written with, as zb_array_info reports it. */
+static void
+assert_codecs(zb_store *s, const char *path, const char *want)
+{
+    zb_array *a = NULL;
+    ZB_ASSERT_OK(zb_array_open(s, path, &a));
+    zb_array_info info;
+    ZB_ASSERT_OK(zb_array_get_info(a, &info));
+    const char *last = strrchr(info.codecs, '|');
+    if (!last || strcmp(last + 2, want))
+        fail_msg("%s: codecs \"%s\", want \"%s\"", path, info.codecs, want);
+    zb_array_close(a);
+}
+
+/* Without a codec option a CSR matrix's data / indices of 1- and 2-byte integers are written
+ * without byte shuffle, every other array with it; a codec option is used for every array. */
+static void
+test_csr_codec_defaults(void **state)
+{
+    (void)state;
+    static const struct {
+        zb_dtype dtype;
+        const char *want;
+    } table[] = {{ZB_DT_UINT8, "blosc:lz4:5:noshuffle"},  {ZB_DT_INT8, "blosc:lz4:5:noshuffle"},
+                 {ZB_DT_UINT16, "blosc:lz4:5:noshuffle"}, {ZB_DT_INT16, "blosc:lz4:5:noshuffle"},
+                 {ZB_DT_UINT32, "blosc:lz4:5:shuffle"},   {ZB_DT_INT32, "blosc:lz4:5:shuffle"},
+                 {ZB_DT_FLOAT32, "blosc:lz4:5:shuffle"},  {ZB_DT_FLOAT16, "blosc:lz4:5:shuffle"},
+                 {ZB_DT_BOOL, "blosc:lz4:5:shuffle"},     {ZB_DT_INT64, "blosc:lz4:5:shuffle"}};
+    for (size_t k = 0; k < sizeof table / sizeof *table; k++) {
+        assert_string_equal(zb_anndata_csr_codec(NULL, table[k].dtype), table[k].want);
+        assert_string_equal(zb_anndata_csr_codec("zstd:3", table[k].dtype), "zstd:3");
+    }
+    static const char *const sh = "blosc(lz4,5,shuffle)";
+    static const char *const nosh = "blosc(lz4,5,noshuffle)";
+    for (int explicit = 0; explicit < 2; explicit ++) {
+        zb_store *s = NULL;
+        ZB_ASSERT_OK(zb_store_open_memory(&s));
+        zb_anndata_write_opts o = ZB_ANNDATA_WRITE_OPTS_DEFAULT;
+        o.narrow_indices = true; /* 300 columns: uint16 */
+        o.codec = explicit ? "blosc:lz4:5:shuffle" : NULL;
+        zb_anndata_writer *w = NULL;
+        ZB_ASSERT_OK(zb_anndata_writer_open(s, "", 300, ZB_ANNDATA_X_CSR, ZB_DT_UINT8, &o, &w));
+        int64_t ip[3] = {0, 1, 3};
+        int32_t idx[3] = {299, 0, 7};
+        uint8_t v[3] = {1, 2, 250};
+        float f[3] = {0.5f, 1, 2};
+        ZB_ASSERT_OK(zb_anndata_writer_append_csr(w, 2, ip, idx, v));
+        ZB_ASSERT_OK(zb_anndata_writer_append_layer_csr(w, "f", ZB_DT_FLOAT32, 2, ip, idx, f));
+        int8_t codes[2] = {0, 1};
+        ZB_ASSERT_OK(
+            zb_anndata_writer_append_column(w, ZB_ANNDATA_OBS, "small", ZB_DT_INT8, codes, 2));
+        ZB_ASSERT_OK(zb_anndata_writer_commit(w));
+        zb_anndata_writer_close(w);
+        assert_codecs(s, "X/data", explicit ? sh : nosh);
+        assert_codecs(s, "X/indices", explicit ? sh : nosh);
+        assert_codecs(s, "layers/f/indices", explicit ? sh : nosh);
+        assert_codecs(s, "layers/f/data", sh);
+        assert_codecs(s, "X/indptr", sh);
+        assert_codecs(s, "obs/small", sh); /* obs columns keep the writer's default */
+        assert_array(s, "X/data", ZB_DT_UINT8, 3, v, sizeof v);
+        uint16_t ids[3] = {299, 0, 7};
+        assert_array(s, "X/indices", ZB_DT_UINT16, 3, ids, sizeof ids);
+        zb_store_close(s);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Determinism                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
@@ -1571,6 +1637,7 @@ main(void)
         cmocka_unit_test(test_layers),
         cmocka_unit_test(test_layers_dense_x_and_bad_inputs),
         cmocka_unit_test(test_narrow_indices),
+        cmocka_unit_test(test_csr_codec_defaults),
         cmocka_unit_test(test_deterministic_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
+import zarr
 
 from conftest import CLI, zbatch_api
 from test_convert_collection import convert_cli, tree_bytes
@@ -93,11 +94,16 @@ def test_the_narrowest_exact_type_for_the_whole_collection(tmp_path, dtype, spec
     out = tmp_path / "out.zarr"
     r = convert_cli(paths, out, "--dataset-size", "50")
     assert r.returncode == 0, r.stderr
-    assert f"stored X/data {expect}, X/indices uint8" in r.stdout
+    codec = "blosc:lz4:5:" + ("noshuffle" if expect in ("uint8", "uint16") else "shuffle")
+    assert (f"stored X/data {expect} ({codec}), X/indices uint8 (blosc:lz4:5:noshuffle)"
+            in r.stdout)
     types = stored_types(out)
     assert len(types) == 5
     for ds, t in types.items():
         assert t == {"X/data": expect, "X/indices": "uint8"}, ds
+        for arr, want in (("X/data", codec), ("X/indices", "blosc:lz4:5:noshuffle")):
+            (c,) = zarr.open_array(str(out / ds / arr)).compressors
+            assert f"blosc:{c.cname.value}:{c.clevel}:{c.shuffle.value}" == want, (ds, arr)
     manifest = json.loads((out / "zbatch-manifest.json").read_text())
     assert manifest["dtypes"] == {"X/data": expect, "X/indices": "uint8"}
     assert manifest["args"]["data_dtype"] == "auto"

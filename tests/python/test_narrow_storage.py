@@ -264,6 +264,66 @@ def test_collection_children_differ_in_stored_dtype(tmp_path):
 
 # ---- the writers: the choice table, anndata as the oracle -------------------------------------
 
+def blosc_shuffle(path):
+    """The blosc shuffle an array was written with, as zarr-python reads its metadata."""
+    (c,) = zarr.open_array(str(path)).compressors
+    sh = c.shuffle  # v3: a BloscShuffle; v2: numcodecs' 0 / 1 / 2
+    return sh.value if hasattr(sh, "value") else ("noshuffle", "shuffle", "bitshuffle")[sh]
+
+
+@pytest.mark.parametrize("fmt,shard", [(2, None), (3, None), (3, 256)])
+def test_writer_codec_defaults(tmp_path, fmt, shard):
+    """No codec given: a CSR matrix's uint8 / uint16 values and uint16 ids are written without
+    byte shuffle (it halves LZ4's decode speed there, docs/PERFORMANCE.md "Codec defaults"),
+    a float layer's values, the pointers and the obs columns with it; zarr-python reads that
+    metadata and the written values; write_anndata reports what it wrote. A codec given is
+    used for every array as given."""
+    X = make_counts(hi=250)
+    big = make_counts(hi=3000, seed=5)
+    flt = X.copy()
+    flt.data = flt.data + np.float32(0.5)
+    obs = pd.DataFrame({"small": (np.arange(N_OBS) % 100).astype(np.int8)},
+                       index=[f"c{i}" for i in range(N_OBS)])
+    kw = dict(obs=obs, layers={"big": big, "flt": flt}, zarr_format=fmt,
+              chunk_size=64 if shard else None, shard_size=shard)
+    want = {"X/data": ("uint8", "noshuffle"), "X/indices": ("uint16", "noshuffle"),
+            "layers/big/data": ("uint16", "noshuffle"),
+            "layers/big/indices": ("uint16", "noshuffle"),
+            "layers/flt/data": ("float32", "shuffle"),
+            "layers/flt/indices": ("uint16", "noshuffle")}
+    p = tmp_path / "d.zarr"
+    chosen = write_anndata(p, X, **kw)
+    assert {k: str(v) for k, v in chosen.items()} == {k: t for k, (t, _) in want.items()}
+    assert chosen.codecs == {k: f"blosc:lz4:5:{sh}" for k, (_, sh) in want.items()}
+    written = {**{k: sh for k, (_, sh) in want.items()}, "X/indptr": "shuffle",
+               "layers/big/indptr": "shuffle", "obs/small": "shuffle"}
+    for arr, sh in written.items():
+        assert blosc_shuffle(p / arr) == sh, arr
+    for name, M in (("X", X), ("layers/big", big), ("layers/flt", flt)):
+        np.testing.assert_array_equal(zarr.open_array(str(p / name / "data"))[:], M.data)
+        np.testing.assert_array_equal(zarr.open_array(str(p / name / "indices"))[:], M.indices)
+    q = tmp_path / "e.zarr"
+    chosen = write_anndata(q, X, codec="blosc:lz4:5:shuffle", **kw)
+    assert set(chosen.codecs.values()) == {"blosc:lz4:5:shuffle"}
+    for arr in written:
+        assert blosc_shuffle(q / arr) == "shuffle", arr
+    r = tmp_path / "z.zarr"
+    chosen = write_anndata(r, X, codec="zstd:3", **kw)
+    assert set(chosen.codecs.values()) == {"zstd:3"}
+    for arr in written:
+        (c,) = zarr.open_array(str(r / arr)).compressors
+        assert type(c).__name__ in ("ZstdCodec", "Zstd") and c.level == 3, arr
+    # a dense X keeps the writer's default; its CSR layers take the narrow rule
+    d = tmp_path / "dense.zarr"
+    assert write_anndata(d, X.toarray().astype(np.uint8), layers={"big": big.astype(np.uint16)},
+                         zarr_format=fmt).codecs == {
+        "X": "blosc:lz4:5:shuffle", "layers/big/data": "blosc:lz4:5:noshuffle",
+        "layers/big/indices": "blosc:lz4:5:shuffle"}
+    assert blosc_shuffle(d / "X") == "shuffle"
+    assert blosc_shuffle(d / "layers/big/data") == "noshuffle"
+    assert blosc_shuffle(d / "layers/big/indices") == "shuffle"  # int32: dense X, not narrow
+
+
 @pytest.mark.parametrize("values,dtype,want", [
     ([1, 2, 255], np.float32, np.uint8),
     ([0, 256], np.float32, np.uint16),
@@ -340,11 +400,12 @@ def test_synth_default_is_narrow_and_reads_in_anndata(tmp_path):
     common = ["synth", "--kind", "cells", "--n", "300", "--genes", "5000", "--seed", "9"]
     out = subprocess.run([ZBATCH, *common, "-o", n, "--threads", "3"], check=True,
                          capture_output=True, text=True).stdout
-    assert "X/data uint8, X/indices uint16" in out
+    assert ("X/data uint8 (blosc:lz4:5:noshuffle), X/indices uint16 (blosc:lz4:5:noshuffle)"
+            in out)
     out = subprocess.run([ZBATCH, *common, "-o", w, "--data-dtype", "float32",
                           "--index-dtype", "int32"], check=True, capture_output=True,
                          text=True).stdout
-    assert "X/data float32, X/indices int32" in out
+    assert "X/data float32 (blosc:lz4:5:shuffle), X/indices int32 (blosc:lz4:5:shuffle)" in out
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         an, aw = ad.read_zarr(n), ad.read_zarr(w)
@@ -357,3 +418,13 @@ def test_synth_default_is_narrow_and_reads_in_anndata(tmp_path):
     check_batch(zbatch.open(n), aw.X, ids)
     meta = json.loads((n / "X" / "data" / "zarr.json").read_text())
     assert meta["data_type"] == "uint8"
+    assert blosc_shuffle(n / "X/data") == blosc_shuffle(n / "X/indices") == "noshuffle"
+    assert blosc_shuffle(w / "X/data") == blosc_shuffle(w / "X/indices") == "shuffle"
+    # a codec given is used as given
+    e = tmp_path / "e.zarr"
+    out = subprocess.run([ZBATCH, *common, "-o", e, "--codec", "blosc:lz4:5:shuffle"], check=True,
+                         capture_output=True, text=True).stdout
+    assert "X/data uint8 (blosc:lz4:5:shuffle), X/indices uint16 (blosc:lz4:5:shuffle)" in out
+    assert blosc_shuffle(e / "X/data") == blosc_shuffle(e / "X/indices") == "shuffle"
+    np.testing.assert_array_equal(zarr.open_array(str(e / "X/indices"))[:], an.X.indices)
+    np.testing.assert_array_equal(zarr.open_array(str(n / "X/indices"))[:], an.X.indices)
