@@ -859,6 +859,10 @@ typedef struct listed {
     size_t *order;    /* [nreads] the read behind each range */
     uint8_t *buf;     /* every range's bytes (the plan memory's, reused) */
     bool pooled;      /* decode on the pool (else on the calling thread, the work is small) */
+    bool have_pool;   /* pooled: this read drives the pool now (it holds the dataset's pool_mu) */
+    lread **waiting;  /* pooled: reads whose bytes are in while another read drives the pool */
+    size_t nwaiting;
+    _Atomic size_t waiting_next; /* the next of them a pool thread takes */
     char keybuf[KEY_CAP];
     size_t base;  /* the current list read: ranges [base, base + n) */
     size_t ndone; /* ... of which completed */
@@ -938,16 +942,6 @@ serve_read(void *arg, zb_ctx *ctx)
     zb__stream_fence();
 }
 
-/* The units of a read whose bytes are in: decoded on the pool, or here when the work is small. */
-static void
-serve_now(listed *l, lread *rd)
-{
-    if (l->pooled)
-        zb__pool_submit(l->p->ds->pool, serve_read, rd);
-    else
-        serve_read(rd, l->p->ctx);
-}
-
 /* Whether every unit of a shard read is in the fetch cache now: put there by a window read
  * since this one was listed (two windows that need the same units, read one after the other). */
 static bool
@@ -969,6 +963,49 @@ run_kept(void *arg, zb_ctx *ctx)
     listed *l = arg;
     for (size_t k; (k = atomic_fetch_add(&l->kept_next, 1)) < l->nkept;)
         serve_read(&l->reads[l->order[l->nreads - 1 - k]], ctx);
+}
+
+/* Serves the reads that arrived while another read drove the pool, as run_kept does. */
+static void
+run_waiting(void *arg, zb_ctx *ctx)
+{
+    listed *l = arg;
+    for (size_t k; (k = atomic_fetch_add(&l->waiting_next, 1)) < l->nwaiting;)
+        serve_read(l->waiting[k], ctx);
+}
+
+/* Makes this read the pool's driver (one read_many at a time drives it: pool_mu), blocking when
+ * `wait`, else only when the pool is free; then hands it what was held back (the kept reads and
+ * the ranges that arrived meanwhile), one drain job per thread. Until then the store's requests
+ * run on: the loader's next window fetches while the window before it is decoded, instead of
+ * starting its round trips only once that one is done. */
+static bool
+take_pool(listed *l, bool wait)
+{
+    pthread_mutex_t *mu = &l->p->ds->pool_mu;
+    if (wait)
+        pthread_mutex_lock(mu);
+    else if (pthread_mutex_trylock(mu) != 0)
+        return false;
+    l->have_pool = true;
+    zb__pool *pool = l->p->ds->pool;
+    size_t jobs = (size_t)zb__pool_threads(pool);
+    for (size_t j = 0; j < jobs && j < l->nkept; j++) zb__pool_submit(pool, run_kept, l);
+    for (size_t j = 0; j < jobs && j < l->nwaiting; j++) zb__pool_submit(pool, run_waiting, l);
+    return true;
+}
+
+/* The units of a read whose bytes are in: decoded on the pool (held back while another read
+ * drives it), or here when the work is small. */
+static void
+serve_now(listed *l, lread *rd)
+{
+    if (!l->pooled)
+        serve_read(rd, l->p->ctx);
+    else if (l->have_pool || take_pool(l, false))
+        zb__pool_submit(l->p->ds->pool, serve_read, rd);
+    else
+        l->waiting[l->nwaiting++] = rd;
 }
 
 /* A range completed (on the calling thread): its units go to the pool. */
@@ -1092,13 +1129,14 @@ collect_listed(listed *l)
     }
     l->nreads = nr;
     l->reads = calloc(nr + 1, sizeof *l->reads);
+    l->waiting = calloc(nr + 1, sizeof *l->waiting);
     l->ranges = calloc(nr + 1, sizeof *l->ranges);
     l->order = calloc(nr + 1, sizeof *l->order);
     /* a window's range bytes are megabytes: memory reused across reads, not mapped and
      * faulted in anew for each (DESIGN.md, performance model) */
     if (grow_array((void **)&p->m->fetched, &p->m->fetched_cap, bytes + 1, 1))
         l->buf = p->m->fetched;
-    if (!l->reads || !l->ranges || !l->order || !l->buf)
+    if (!l->reads || !l->waiting || !l->ranges || !l->order || !l->buf)
         return zb__err(ZB_E_NOMEM, "read_many: out of memory for %llu bytes of range reads",
                        (unsigned long long)bytes);
     nr = 0;
@@ -1129,12 +1167,10 @@ fetch_listed(listed *l)
         at += rd->len;
     }
     l->nkept = nkept;
-    if (!l->pooled) {
+    if (!l->pooled)
         run_kept(l, l->p->ctx);
-    } else {
-        size_t jobs = (size_t)zb__pool_threads(l->p->ds->pool);
-        for (size_t j = 0; j < jobs && j < nkept; j++) zb__pool_submit(l->p->ds->pool, run_kept, l);
-    }
+    else
+        take_pool(l, false); /* else they wait with the ranges that arrive */
     while (done < l->nreads - nkept && st == ZB_OK) {
         zb_store *store = NULL;
         size_t n0 = done;
@@ -1174,6 +1210,7 @@ free_listed(listed *l)
     }
     free(l->ws);
     free(l->reads);
+    free(l->waiting);
     free(l->ranges);
     free(l->order);
 }
@@ -1213,9 +1250,9 @@ run_listed(plan *p)
     l.ws = calloc(p->ntasks + 1, sizeof *l.ws);
     zb_status st = l.ws ? collect_listed(&l) : zb__err(ZB_E_NOMEM, "read_many: out of memory");
     if (st == ZB_OK) {
-        if (l.pooled) pthread_mutex_lock(&p->ds->pool_mu);
-        st = fetch_listed(&l);
+        st = fetch_listed(&l); /* takes the pool when it is free (take_pool) */
         if (l.pooled) {
+            if (!l.have_pool) take_pool(&l, true);
             zb__pool_wait(p->ds->pool);
             pthread_mutex_unlock(&p->ds->pool_mu);
         }
@@ -1260,12 +1297,15 @@ zb__exec_run(plan *p)
     zb__plan_mem *m = p->m;
     if (!grow_array((void **)&m->xs, &m->xs_cap, p->ntasks + 1, sizeof *m->xs))
         return zb__err(ZB_E_NOMEM, "read_many: out of memory");
-    bool any_listed = false;
+    bool any_listed = false, any_in_place = false;
     for (size_t t = 0; t < p->ntasks; t++) {
         m->xs[t] = (exec){p, &p->tasks[t], NULL};
-        any_listed = any_listed || task_listed(p, &p->tasks[t]);
+        bool lists = task_listed(p, &p->tasks[t]);
+        any_listed = any_listed || lists;
+        any_in_place = any_in_place || !lists;
     }
-    run_in_place(p, m->xs);
+    /* (a remote store's read has no task in place: it does not wait for the pool here) */
+    if (any_in_place) run_in_place(p, m->xs);
     if (any_listed) run_listed(p);
     zb_read_stats *s = &p->b->stats;
     for (size_t t = 0; t < p->ntasks; t++) {

@@ -315,3 +315,40 @@ def test_the_loaders_two_windows_fetch_tables_and_indexes_once(tmp_path, nginx_s
     assert len({(r.path, r.range) for r in indexes}) == len(indexes) > 0
     meta = [r for r in tables if r.path.endswith("zarr.json")]
     assert max(r.start for r in meta) < min(r.end for r in meta)  # all at once
+
+
+def test_a_window_fetches_while_the_window_before_it_is_decoded(tmp_path, nginx_serve):
+    """Two windows read at once (the loader's two readers), each big enough to be decoded on
+    the pool, which one read drives at a time: the second window's requests go out while the
+    first's are still in flight, not once the first is fetched and decoded (it decodes what
+    arrived when the pool is free). nginx adds 100 ms to every request: the windows' chunk
+    requests make one round in its log, not two; the rows are the local ones."""
+    import threading
+
+    from conftest import run_cli
+    store = tmp_path / "cells.zarr"
+    out = run_cli("synth", "--kind", "cells", "--n", "3000", "-o", store, "--seed", "2")
+    assert out.returncode == 0, out.stderr
+    server = nginx_serve(tmp_path, latency_ms=100)
+    local = zbatch.open(str(store))
+    ds = zbatch.open(f"{server.url}/cells.zarr", num_threads=2)
+    ds.read_many(np.array([0, len(ds) - 1]))  # tables and shard indexes fetched and cached
+    since = server.log_offset()
+    windows = [np.arange(64, 576), np.arange(576, 1088)]  # the same shards, other chunks
+    got = [None, None]
+    go = threading.Barrier(2)
+
+    def read(k):
+        go.wait()
+        got[k] = ds.read_many(windows[k])["X"]
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for ids, x in zip(windows, got):
+        assert (x != local.read_many(ids)["X"]).nnz == 0
+    chunks = [r for r in server.requests(since) if r.method == "GET"]
+    assert len(chunks) >= 4 and not [r for r in chunks if r.range.startswith("bytes=-")]
+    assert max(r.start for r in chunks) < min(r.end for r in chunks)  # one round, not two
