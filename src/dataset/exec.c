@@ -431,7 +431,9 @@ typedef struct want {
     zb__span at; /* first: zb__merge_next reads wants as spans */
     size_t c0, c1;
     uint64_t g[ZB_MAX_DIMS];
-    bool kept; /* listed: its bytes were in the fetch cache when the window was listed */
+    bool kept; /* listed: its bytes are in the fetch cache, pinned there (pin, kept_at) */
+    void *pin;
+    const uint8_t *kept_at;
 } want;
 
 static int
@@ -841,7 +843,7 @@ typedef struct lread {
     exec x;
     task t;
     const zb_array *a;
-    const want *w; /* its units [w, w + nw), sorted by offset */
+    want *w; /* its units [w, w + nw), sorted by offset */
     size_t nw;
     char *key; /* the object (a shard task's wants.key, or the plain unit's own, malloc'd) */
     bool own_key;
@@ -873,6 +875,35 @@ typedef struct listed {
 /* The fetch cache (zb_dataset_opts.fetch_cache_bytes) holds the encoded bytes of each unit
  * fetched, keyed by its array and its number in the unit grid: a unit that several windows need
  * is fetched once, as a local store's reads of it would hit the page cache. */
+
+/* Whether unit w of array a is in the fetch cache: then it is pinned there until its read is
+ * served (unkeep), so that the window does not find it evicted (by the other window's units,
+ * over a store bigger than the cache) and fetch it alone, one round trip at a time on a decode
+ * thread. A plain unit's length becomes its object's. */
+static bool
+keep(zb__cache *fc, const zb_array *a, want *w)
+{
+    const zb__unit_geom *u = zb__array_units(a);
+    uint64_t unit = zb__unit_linear(u, w->g);
+    size_t len = (size_t)w->at.len;
+    if (!fc || (u->kind == ZB_UNITS_PLAIN && !zb__cache_length(fc, a, unit, &len))) return false;
+    w->kept_at = zb__cache_pin(fc, a, unit, len, &w->pin);
+    if (!w->kept_at) return false;
+    w->at.len = len;
+    w->kept = true;
+    return true;
+}
+
+static void
+unkeep(zb__cache *fc, want *w, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        zb__cache_unpin(fc, w[j].pin);
+        w[j].pin = NULL;
+        w[j].kept_at = NULL;
+    }
+}
+
 static void
 kept_put(const lread *rd)
 {
@@ -886,25 +917,17 @@ kept_put(const lread *rd)
     }
 }
 
-/* Fills a kept read's range from the fetch cache (on the thread that decodes it), or, when a
- * unit has been evicted since the window was listed, from the store. */
+/* Fills a kept read's range from its units pinned in the fetch cache (on the thread that
+ * decodes it). */
 static zb_status
 kept_fill(lread *rd, zb_range *r)
 {
-    zb__cache *fc = rd->x.p->ds->fetch_cache;
-    const zb__unit_geom *u = zb__array_units(rd->a);
-    bool hit = true;
-    for (size_t j = 0; hit && j < rd->nw; j++) {
+    for (size_t j = 0; j < rd->nw; j++) {
         const want *w = &rd->w[j];
-        hit = zb__cache_get_part(fc, rd->a, zb__unit_linear(u, w->g), (size_t)w->at.len, 0,
-                                 (uint8_t *)r->dst + (w->at.off - rd->off), (size_t)w->at.len);
+        memcpy((uint8_t *)r->dst + (w->at.off - rd->off), w->kept_at, (size_t)w->at.len);
     }
     r->nread = r->length;
     r->status = ZB_OK;
-    if (hit) return ZB_OK;
-    ZB_TRY(zb_store_get(u->store, r->key, r->offset, r->length, r->dst, &r->nread));
-    rd->t.stats.range_reads++;
-    rd->t.stats.bytes_fetched += r->nread;
     return ZB_OK;
 }
 
@@ -938,20 +961,27 @@ serve_read(void *arg, zb_ctx *ctx)
                         (const uint8_t *)r->dst + (w->at.off - r->offset), (size_t)w->at.len, false,
                         rd->key, NULL);
     }
+    if (rd->kept) unkeep(rd->x.p->ds->fetch_cache, rd->w, rd->nw);
     if (st != ZB_OK) task_fail(&rd->t, st);
     zb__stream_fence();
 }
 
 /* Whether every unit of a shard read is in the fetch cache now: put there by a window read
- * since this one was listed (two windows that need the same units, read one after the other). */
+ * since this one was listed (two windows that need the same units, read one after the other);
+ * then they are pinned there. */
 static bool
-kept_now(listed *l, const lread *rd)
+kept_now(listed *l, lread *rd)
 {
     zb__cache *fc = l->p->ds->fetch_cache;
     const zb__unit_geom *u = zb__array_units(rd->a);
     if (!fc || u->kind == ZB_UNITS_PLAIN) return false; /* a plain read's length is a bound */
+    want *w = rd->w;
     for (size_t j = 0; j < rd->nw; j++)
-        if (!zb__cache_contains(fc, rd->a, zb__unit_linear(u, rd->w[j].g))) return false;
+        if (!keep(fc, rd->a, &w[j])) {
+            unkeep(fc, w, j);
+            for (size_t k = 0; k < j; k++) w[k].kept = false;
+            return false;
+        }
     return true;
 }
 
@@ -1118,13 +1148,8 @@ collect_listed(listed *l)
             if (!ws->key) st = zb__err(ZB_E_NOMEM, "read_many: out of memory");
         }
         if (st != ZB_OK) return task_fail(&p->tasks[t], st);
-        for (size_t i = 0; p->ds->fetch_cache && i < ws->n; i++) {
-            want *w = &ws->w[i];
-            size_t len = 0;
-            w->kept = zb__cache_length(p->ds->fetch_cache, a,
-                                       zb__unit_linear(zb__array_units(a), w->g), &len);
-            if (w->kept && plain) w->at.len = len; /* the whole object, not the bound */
-        }
+        for (size_t i = 0; p->ds->fetch_cache && i < ws->n; i++)
+            if (ws->w[i].c0 < ws->w[i].c1) keep(p->ds->fetch_cache, a, &ws->w[i]);
         ZB_TRY(list_task(l, t, &nr, &bytes));
     }
     l->nreads = nr;
@@ -1205,6 +1230,7 @@ free_listed(listed *l)
         free(l->reads[i].t.msg);
     }
     for (size_t t = 0; l->ws && t < l->p->ntasks; t++) {
+        if (l->ws[t].w) unkeep(l->p->ds->fetch_cache, l->ws[t].w, l->ws[t].n); /* unserved */
         free(l->ws[t].w);
         if (l->ws[t].own) free(l->ws[t].key);
     }
