@@ -431,7 +431,9 @@ typedef struct want {
     zb__span at; /* first: zb__merge_next reads wants as spans */
     size_t c0, c1;
     uint64_t g[ZB_MAX_DIMS];
-    bool kept; /* listed: its bytes were in the fetch cache when the window was listed */
+    bool kept; /* listed: its bytes are in the fetch cache, pinned there (pin, kept_at) */
+    void *pin;
+    const uint8_t *kept_at;
 } want;
 
 static int
@@ -841,7 +843,7 @@ typedef struct lread {
     exec x;
     task t;
     const zb_array *a;
-    const want *w; /* its units [w, w + nw), sorted by offset */
+    want *w; /* its units [w, w + nw), sorted by offset */
     size_t nw;
     char *key; /* the object (a shard task's wants.key, or the plain unit's own, malloc'd) */
     bool own_key;
@@ -859,6 +861,10 @@ typedef struct listed {
     size_t *order;    /* [nreads] the read behind each range */
     uint8_t *buf;     /* every range's bytes (the plan memory's, reused) */
     bool pooled;      /* decode on the pool (else on the calling thread, the work is small) */
+    bool have_pool;   /* pooled: this read drives the pool now (it holds the dataset's pool_mu) */
+    lread **waiting;  /* pooled: reads whose bytes are in while another read drives the pool */
+    size_t nwaiting;
+    _Atomic size_t waiting_next; /* the next of them a pool thread takes */
     char keybuf[KEY_CAP];
     size_t base;  /* the current list read: ranges [base, base + n) */
     size_t ndone; /* ... of which completed */
@@ -869,6 +875,35 @@ typedef struct listed {
 /* The fetch cache (zb_dataset_opts.fetch_cache_bytes) holds the encoded bytes of each unit
  * fetched, keyed by its array and its number in the unit grid: a unit that several windows need
  * is fetched once, as a local store's reads of it would hit the page cache. */
+
+/* Whether unit w of array a is in the fetch cache: then it is pinned there until its read is
+ * served (unkeep), so that the window does not find it evicted (by the other window's units,
+ * over a store bigger than the cache) and fetch it alone, one round trip at a time on a decode
+ * thread. A plain unit's length becomes its object's. */
+static bool
+keep(zb__cache *fc, const zb_array *a, want *w)
+{
+    const zb__unit_geom *u = zb__array_units(a);
+    uint64_t unit = zb__unit_linear(u, w->g);
+    size_t len = (size_t)w->at.len;
+    if (!fc || (u->kind == ZB_UNITS_PLAIN && !zb__cache_length(fc, a, unit, &len))) return false;
+    w->kept_at = zb__cache_pin(fc, a, unit, len, &w->pin);
+    if (!w->kept_at) return false;
+    w->at.len = len;
+    w->kept = true;
+    return true;
+}
+
+static void
+unkeep(zb__cache *fc, want *w, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        zb__cache_unpin(fc, w[j].pin);
+        w[j].pin = NULL;
+        w[j].kept_at = NULL;
+    }
+}
+
 static void
 kept_put(const lread *rd)
 {
@@ -882,25 +917,17 @@ kept_put(const lread *rd)
     }
 }
 
-/* Fills a kept read's range from the fetch cache (on the thread that decodes it), or, when a
- * unit has been evicted since the window was listed, from the store. */
+/* Fills a kept read's range from its units pinned in the fetch cache (on the thread that
+ * decodes it). */
 static zb_status
 kept_fill(lread *rd, zb_range *r)
 {
-    zb__cache *fc = rd->x.p->ds->fetch_cache;
-    const zb__unit_geom *u = zb__array_units(rd->a);
-    bool hit = true;
-    for (size_t j = 0; hit && j < rd->nw; j++) {
+    for (size_t j = 0; j < rd->nw; j++) {
         const want *w = &rd->w[j];
-        hit = zb__cache_get_part(fc, rd->a, zb__unit_linear(u, w->g), (size_t)w->at.len, 0,
-                                 (uint8_t *)r->dst + (w->at.off - rd->off), (size_t)w->at.len);
+        memcpy((uint8_t *)r->dst + (w->at.off - rd->off), w->kept_at, (size_t)w->at.len);
     }
     r->nread = r->length;
     r->status = ZB_OK;
-    if (hit) return ZB_OK;
-    ZB_TRY(zb_store_get(u->store, r->key, r->offset, r->length, r->dst, &r->nread));
-    rd->t.stats.range_reads++;
-    rd->t.stats.bytes_fetched += r->nread;
     return ZB_OK;
 }
 
@@ -934,30 +961,27 @@ serve_read(void *arg, zb_ctx *ctx)
                         (const uint8_t *)r->dst + (w->at.off - r->offset), (size_t)w->at.len, false,
                         rd->key, NULL);
     }
+    if (rd->kept) unkeep(rd->x.p->ds->fetch_cache, rd->w, rd->nw);
     if (st != ZB_OK) task_fail(&rd->t, st);
     zb__stream_fence();
 }
 
-/* The units of a read whose bytes are in: decoded on the pool, or here when the work is small. */
-static void
-serve_now(listed *l, lread *rd)
-{
-    if (l->pooled)
-        zb__pool_submit(l->p->ds->pool, serve_read, rd);
-    else
-        serve_read(rd, l->p->ctx);
-}
-
 /* Whether every unit of a shard read is in the fetch cache now: put there by a window read
- * since this one was listed (two windows that need the same units, read one after the other). */
+ * since this one was listed (two windows that need the same units, read one after the other);
+ * then they are pinned there. */
 static bool
-kept_now(listed *l, const lread *rd)
+kept_now(listed *l, lread *rd)
 {
     zb__cache *fc = l->p->ds->fetch_cache;
     const zb__unit_geom *u = zb__array_units(rd->a);
     if (!fc || u->kind == ZB_UNITS_PLAIN) return false; /* a plain read's length is a bound */
+    want *w = rd->w;
     for (size_t j = 0; j < rd->nw; j++)
-        if (!zb__cache_contains(fc, rd->a, zb__unit_linear(u, rd->w[j].g))) return false;
+        if (!keep(fc, rd->a, &w[j])) {
+            unkeep(fc, w, j);
+            for (size_t k = 0; k < j; k++) w[k].kept = false;
+            return false;
+        }
     return true;
 }
 
@@ -969,6 +993,49 @@ run_kept(void *arg, zb_ctx *ctx)
     listed *l = arg;
     for (size_t k; (k = atomic_fetch_add(&l->kept_next, 1)) < l->nkept;)
         serve_read(&l->reads[l->order[l->nreads - 1 - k]], ctx);
+}
+
+/* Serves the reads that arrived while another read drove the pool, as run_kept does. */
+static void
+run_waiting(void *arg, zb_ctx *ctx)
+{
+    listed *l = arg;
+    for (size_t k; (k = atomic_fetch_add(&l->waiting_next, 1)) < l->nwaiting;)
+        serve_read(l->waiting[k], ctx);
+}
+
+/* Makes this read the pool's driver (one read_many at a time drives it: pool_mu), blocking when
+ * `wait`, else only when the pool is free; then hands it what was held back (the kept reads and
+ * the ranges that arrived meanwhile), one drain job per thread. Until then the store's requests
+ * run on: the loader's next window fetches while the window before it is decoded, instead of
+ * starting its round trips only once that one is done. */
+static bool
+take_pool(listed *l, bool wait)
+{
+    pthread_mutex_t *mu = &l->p->ds->pool_mu;
+    if (wait)
+        pthread_mutex_lock(mu);
+    else if (pthread_mutex_trylock(mu) != 0)
+        return false;
+    l->have_pool = true;
+    zb__pool *pool = l->p->ds->pool;
+    size_t jobs = (size_t)zb__pool_threads(pool);
+    for (size_t j = 0; j < jobs && j < l->nkept; j++) zb__pool_submit(pool, run_kept, l);
+    for (size_t j = 0; j < jobs && j < l->nwaiting; j++) zb__pool_submit(pool, run_waiting, l);
+    return true;
+}
+
+/* The units of a read whose bytes are in: decoded on the pool (held back while another read
+ * drives it), or here when the work is small. */
+static void
+serve_now(listed *l, lread *rd)
+{
+    if (!l->pooled)
+        serve_read(rd, l->p->ctx);
+    else if (l->have_pool || take_pool(l, false))
+        zb__pool_submit(l->p->ds->pool, serve_read, rd);
+    else
+        l->waiting[l->nwaiting++] = rd;
 }
 
 /* A range completed (on the calling thread): its units go to the pool. */
@@ -1081,24 +1148,20 @@ collect_listed(listed *l)
             if (!ws->key) st = zb__err(ZB_E_NOMEM, "read_many: out of memory");
         }
         if (st != ZB_OK) return task_fail(&p->tasks[t], st);
-        for (size_t i = 0; p->ds->fetch_cache && i < ws->n; i++) {
-            want *w = &ws->w[i];
-            size_t len = 0;
-            w->kept = zb__cache_length(p->ds->fetch_cache, a,
-                                       zb__unit_linear(zb__array_units(a), w->g), &len);
-            if (w->kept && plain) w->at.len = len; /* the whole object, not the bound */
-        }
+        for (size_t i = 0; p->ds->fetch_cache && i < ws->n; i++)
+            if (ws->w[i].c0 < ws->w[i].c1) keep(p->ds->fetch_cache, a, &ws->w[i]);
         ZB_TRY(list_task(l, t, &nr, &bytes));
     }
     l->nreads = nr;
     l->reads = calloc(nr + 1, sizeof *l->reads);
+    l->waiting = calloc(nr + 1, sizeof *l->waiting);
     l->ranges = calloc(nr + 1, sizeof *l->ranges);
     l->order = calloc(nr + 1, sizeof *l->order);
     /* a window's range bytes are megabytes: memory reused across reads, not mapped and
      * faulted in anew for each (DESIGN.md, performance model) */
     if (grow_array((void **)&p->m->fetched, &p->m->fetched_cap, bytes + 1, 1))
         l->buf = p->m->fetched;
-    if (!l->reads || !l->ranges || !l->order || !l->buf)
+    if (!l->reads || !l->waiting || !l->ranges || !l->order || !l->buf)
         return zb__err(ZB_E_NOMEM, "read_many: out of memory for %llu bytes of range reads",
                        (unsigned long long)bytes);
     nr = 0;
@@ -1129,12 +1192,10 @@ fetch_listed(listed *l)
         at += rd->len;
     }
     l->nkept = nkept;
-    if (!l->pooled) {
+    if (!l->pooled)
         run_kept(l, l->p->ctx);
-    } else {
-        size_t jobs = (size_t)zb__pool_threads(l->p->ds->pool);
-        for (size_t j = 0; j < jobs && j < nkept; j++) zb__pool_submit(l->p->ds->pool, run_kept, l);
-    }
+    else
+        take_pool(l, false); /* else they wait with the ranges that arrive */
     while (done < l->nreads - nkept && st == ZB_OK) {
         zb_store *store = NULL;
         size_t n0 = done;
@@ -1169,11 +1230,13 @@ free_listed(listed *l)
         free(l->reads[i].t.msg);
     }
     for (size_t t = 0; l->ws && t < l->p->ntasks; t++) {
+        if (l->ws[t].w) unkeep(l->p->ds->fetch_cache, l->ws[t].w, l->ws[t].n); /* unserved */
         free(l->ws[t].w);
         if (l->ws[t].own) free(l->ws[t].key);
     }
     free(l->ws);
     free(l->reads);
+    free(l->waiting);
     free(l->ranges);
     free(l->order);
 }
@@ -1213,9 +1276,9 @@ run_listed(plan *p)
     l.ws = calloc(p->ntasks + 1, sizeof *l.ws);
     zb_status st = l.ws ? collect_listed(&l) : zb__err(ZB_E_NOMEM, "read_many: out of memory");
     if (st == ZB_OK) {
-        if (l.pooled) pthread_mutex_lock(&p->ds->pool_mu);
-        st = fetch_listed(&l);
+        st = fetch_listed(&l); /* takes the pool when it is free (take_pool) */
         if (l.pooled) {
+            if (!l.have_pool) take_pool(&l, true);
             zb__pool_wait(p->ds->pool);
             pthread_mutex_unlock(&p->ds->pool_mu);
         }
@@ -1260,12 +1323,15 @@ zb__exec_run(plan *p)
     zb__plan_mem *m = p->m;
     if (!grow_array((void **)&m->xs, &m->xs_cap, p->ntasks + 1, sizeof *m->xs))
         return zb__err(ZB_E_NOMEM, "read_many: out of memory");
-    bool any_listed = false;
+    bool any_listed = false, any_in_place = false;
     for (size_t t = 0; t < p->ntasks; t++) {
         m->xs[t] = (exec){p, &p->tasks[t], NULL};
-        any_listed = any_listed || task_listed(p, &p->tasks[t]);
+        bool lists = task_listed(p, &p->tasks[t]);
+        any_listed = any_listed || lists;
+        any_in_place = any_in_place || !lists;
     }
-    run_in_place(p, m->xs);
+    /* (a remote store's read has no task in place: it does not wait for the pool here) */
+    if (any_in_place) run_in_place(p, m->xs);
     if (any_listed) run_listed(p);
     zb_read_stats *s = &p->b->stats;
     for (size_t t = 0; t < p->ntasks; t++) {

@@ -70,15 +70,18 @@ def test_summary_ratios():
 
 
 def test_summary_of_epoch_rounds_uses_medians():
-    """--epochs rows: first epoch and cached apart, the medians over the rounds (a round
-    disturbed by load does not decide), zarr-python at its best worker count."""
-    def row(where, lat, first, cached):
+    """--epochs rows: first epoch, its steady part and cached apart, the medians over the
+    rounds (a round disturbed by load does not decide), the startups beside them, zarr-python
+    at its best worker count."""
+    def row(where, lat, first, cached, steady, startup):
         return {"tool": "zbatch", "where": where, "sampler": "random", "latency_ms": lat,
-                "threads": 2, "first_per_s": first, "cached_per_s": cached}
-    rows = [row("local", None, 1000.0, 2000.0), row("local", None, 100.0, 2200.0),
-            row("local", None, 1100.0, 1800.0),
-            row("http", 25, 900.0, 1700.0), row("http", 25, 800.0, 50.0),
-            row("http", 25, 990.0, 1900.0),
+                "threads": 2, "first_per_s": first, "cached_per_s": cached,
+                "steady_per_s": steady, "startup_s": startup}
+    rows = [row("local", None, 1000.0, 2000.0, 1200.0, 0.2),
+            row("local", None, 100.0, 2200.0, 1000.0, 0.1),
+            row("local", None, 1100.0, 1800.0, 1500.0, 0.3),
+            row("http", 25, 900.0, 1700.0, 1100.0, 0.6), row("http", 25, 800.0, 50.0, 10.0, 0.4),
+            row("http", 25, 990.0, 1900.0, 1150.0, 0.5),
             {"tool": "zarr", "where": "http", "sampler": "random", "latency_ms": 25,
              "workers": 8, "samples_per_s": 30.0}]
     s = remote.summarize(rows, [25], ["random"], threads=2)
@@ -86,5 +89,27 @@ def test_summary_of_epoch_rounds_uses_medians():
     assert r["first_http_over_local"] == 900.0 / 1000.0
     assert r["cached_http_over_local"] == 1700.0 / 2000.0
     assert r["first_zbatch_over_zarr"] == 900.0 / 30.0
+    assert r["steady_http_over_local"] == 1100.0 / 1200.0
+    assert (r["startup_s_local"], r["startup_s_http"]) == (0.2, 0.5)
     (line,) = s["lines"]
-    assert "first met" in line and "cached met" in line
+    assert "first met" in line and "steady met" in line and "cached met" in line
+    assert "startup 0.20 s local, 0.50 s http" in line
+
+
+def test_epochs_report_the_first_epochs_steady_part_and_startup_apart(tmp_path):
+    """run_epochs (the --epochs rows): every epoch delivers every sample once; the first
+    epoch's startup runs from before the open to its first batch, and its steady rate is the
+    samples after that batch over the time after it (the figures add up to the epoch)."""
+    from conftest import run_cli
+    store = tmp_path / "cells.zarr"
+    out = run_cli("synth", "--kind", "cells", "--n", "1500", "-o", store, "--seed", "1")
+    assert out.returncode == 0, out.stderr
+    r = remote.run_epochs({"target": str(store), "batch_size": 100, "sampler": "block",
+                           "threads": 2, "seed": 0, "epochs": 2})
+    assert [e["samples"] for e in r["epochs"]] == [1500, 1500]
+    first = r["epochs"][0]
+    t0, t_end = first["span"]
+    t_first, t_end2 = first["steady_span"]
+    assert t_end2 == t_end and t0 < t_first < t_end
+    assert first["startup_s"] == t_first - t0 and 0 < r["open_s"] < first["startup_s"]
+    assert first["steady_per_s"] == (1500 - 100) / (t_end - t_first)

@@ -315,3 +315,96 @@ def test_the_loaders_two_windows_fetch_tables_and_indexes_once(tmp_path, nginx_s
     assert len({(r.path, r.range) for r in indexes}) == len(indexes) > 0
     meta = [r for r in tables if r.path.endswith("zarr.json")]
     assert max(r.start for r in meta) < min(r.end for r in meta)  # all at once
+
+
+def test_a_window_fetches_while_the_window_before_it_is_decoded(tmp_path, nginx_serve):
+    """Two windows read at once (the loader's two readers), each big enough to be decoded on
+    the pool, which one read drives at a time: the second window's requests go out while the
+    first's are still in flight, not once the first is fetched and decoded (it decodes what
+    arrived when the pool is free). nginx adds 100 ms to every request: the windows' chunk
+    requests make one round in its log, not two; the rows are the local ones."""
+    import threading
+
+    from conftest import run_cli
+    store = tmp_path / "cells.zarr"
+    out = run_cli("synth", "--kind", "cells", "--n", "3000", "-o", store, "--seed", "2")
+    assert out.returncode == 0, out.stderr
+    server = nginx_serve(tmp_path, latency_ms=100)
+    local = zbatch.open(str(store))
+    ds = zbatch.open(f"{server.url}/cells.zarr", num_threads=2)
+    ds.read_many(np.array([0, len(ds) - 1]))  # tables and shard indexes fetched and cached
+    since = server.log_offset()
+    windows = [np.arange(64, 576), np.arange(576, 1088)]  # the same shards, other chunks
+    got = [None, None]
+    go = threading.Barrier(2)
+
+    def read(k):
+        go.wait()
+        got[k] = ds.read_many(windows[k])["X"]
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for ids, x in zip(windows, got):
+        assert (x != local.read_many(ids)["X"]).nnz == 0
+    chunks = [r for r in server.requests(since) if r.method == "GET"]
+    assert len(chunks) >= 4 and not [r for r in chunks if r.range.startswith("bytes=-")]
+    assert max(r.start for r in chunks) < min(r.end for r in chunks)  # one round, not two
+
+
+
+def test_units_found_in_the_fetch_cache_are_not_fetched_when_evicted_before_decoding(
+        tmp_path, nginx_serve):
+    """A window whose units are all in the fetch cache fetches none of them, even when the
+    window read beside it puts so much into a small cache that they are evicted before the
+    first window is decoded (it waits for the decode threads, which the other read drives):
+    they are pinned when the window is listed. Before, each evicted unit was fetched alone on
+    a decode thread, one round trip at a time. nginx adds 100 ms to every request; its log:
+    no byte of the small window's inner chunks is asked for again; the rows are the local
+    ones."""
+    import threading
+
+    from conftest import run_cli
+    store = tmp_path / "cells.zarr"
+    out = run_cli("synth", "--kind", "cells", "--n", "3000", "-o", store, "--seed", "2")
+    assert out.returncode == 0, out.stderr
+    server = nginx_serve(tmp_path, latency_ms=100)
+    local = zbatch.open(str(store))
+    ds = zbatch.open(f"{server.url}/cells.zarr", num_threads=2, fetch_cache_bytes=1 << 20)
+    small, big = np.arange(0, 64), np.arange(1000, 2000)
+    ds.read_many(small)  # its units fetched and kept: the cache holds them
+    ds.read_many(np.array([1500]))  # the tables and shard indexes the big window needs
+    since = server.log_offset()
+    got = {}
+
+    def read(name, ids):
+        got[name] = ds.read_many(ids)["X"]
+
+    a = threading.Thread(target=read, args=("big", big))
+    b = threading.Thread(target=read, args=("small", small))
+    a.start()
+    time.sleep(0.03)  # the big window drives the decode threads first
+    b.start()
+    a.join()
+    b.join()
+    for name, ids in (("small", small), ("big", big)):
+        assert (got[name] != local.read_many(ids)["X"]).nnz == 0
+    # the small window's inner chunks (values [0, nnz) of X/data and X/indices), from the
+    # first shard's index: [0, end) of its object
+    nnz = int(local.read_many(small)["X"].nnz)
+    log = [r for r in server.requests(since) if r.method == "GET"]
+    assert len(log) >= 2  # the big window: one request per array
+    for a_name in ("data", "indices"):
+        meta = json.loads((store / "X" / a_name / "zarr.json").read_text())
+        cfg = meta["codecs"][0]["configuration"]
+        per = meta["chunk_grid"]["configuration"]["chunk_shape"][0] // cfg["chunk_shape"][0]
+        raw = (store / "X" / a_name / "c" / "0").read_bytes()
+        idx = np.frombuffer(raw[-16 * per - 4:-4], dtype="<u8").reshape(-1, 2)
+        last = (nnz - 1) // cfg["chunk_shape"][0]
+        end = int(idx[last, 0] + idx[last, 1])
+        path = f"/cells.zarr/X/{a_name}/c/0"
+        starts = [int(re.fullmatch(r"bytes=(\d+)-\d+", r.range)[1]) for r in log
+                  if r.path == path]
+        assert starts and min(starts) >= end, (a_name, end, sorted(starts)[:4])
