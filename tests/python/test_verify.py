@@ -320,3 +320,61 @@ def test_atomic_store_clean_then_local_edge_indices(tmp_path):
                         f"edge {first} (sample 8): {vals[first, 0]} not in [{ap[8]}, {ap[9]}) "
                         "(indices are store-global, stored = local + atoms_ptr[p]; an nvalchemi "
                         "append stores local ones)"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The generic layout (docs/FORMATS-zbatch.md): verify has no rules of its own for it, so the
+# reader's are its rules. Found by the damage campaign (scripts/campaign.py): verify called these
+# stores clean while read_many (an index value outside its sample) or open (a segment shorter
+# than its field) refused them.
+# ------------------------------------------------------------------------------------------------
+def generic_store(path, zb, nbr=None, ptr=None):
+    """40 samples: x per sample, v ragged over segment s (ptr), nbr an index into s (local)."""
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(1, 6, 40)
+    ptr = np.concatenate([[0], np.cumsum(sizes)]) if ptr is None else ptr
+    local = np.concatenate([rng.integers(0, s, s) for s in sizes]) if nbr is None else nbr
+    path.mkdir()
+    zb.write_array(str(path), "ptr", np.asarray(ptr, dtype=np.int64), chunks=16)
+    zb.write_array(str(path), "x", rng.standard_normal((40, 4)).astype(np.float32), chunks=8)
+    zb.write_array(str(path), "v", rng.integers(0, 50, (int(sizes.sum()), 2)).astype(np.int16),
+                   chunks=8)
+    zb.write_array(str(path), "nbr", np.asarray(local, dtype=np.int32), chunks=8)
+    (path / "zarr.json").write_text(json.dumps({
+        "zarr_format": 3, "node_type": "group", "attributes": {"zbatch": {
+            "num_samples": 40, "segments": {"s": "ptr"},
+            "fields": {"x": {"array": "x", "kind": "per_sample"},
+                       "v": {"array": "v", "kind": "ragged", "segment": "s"},
+                       "nbr": {"array": "nbr", "kind": "index", "segment": "s",
+                               "target": "s"}}}}}))
+    return sizes, local
+
+
+def test_generic_layout_verify_agrees_with_the_reader(tmp_path, zb):
+    sizes, local = generic_store(tmp_path / "ok.zarr", zb)
+    assert verify(tmp_path / "ok.zarr")[0] == 0
+    assert len(zb.open(str(tmp_path / "ok.zarr")).read_many(list(range(40)))["x"]) == 40
+
+    # an index value outside its sample (sample 37 holds sizes[37] rows)
+    bad = local.copy()
+    at = int(sizes[:37].sum())
+    bad[at] = sizes[37] + 1000
+    path = tmp_path / "index.zarr"
+    generic_store(path, zb, nbr=bad)
+    with expect_error("ZB_E_CORRUPT", "sample 37", "nbr"):
+        zb.open(str(path)).read_many(list(range(40)))
+    rc, problems, _ = verify(path)
+    assert rc == 1, problems
+    assert any("sample 37" in p and "nbr" in p and str(sizes[37] + 1000) in p
+               for p in problems), problems
+
+    # a segment whose last pointer says fewer rows than its ragged field holds
+    ptr = np.concatenate([[0], np.cumsum(sizes)])
+    ptr[1:] = 0
+    path = tmp_path / "segment.zarr"
+    generic_store(path, zb, ptr=ptr)
+    with pytest.raises(zb.ZbatchError) as e:
+        zb.open(str(path))
+    rc, problems, _ = verify(path)
+    assert rc == 1 and any("the reader refuses this dataset" in p for p in problems), problems
+    assert any(str(e.value).split(": ", 1)[1][:30] in p for p in problems), (e.value, problems)
