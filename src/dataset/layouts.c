@@ -321,6 +321,9 @@ add_obs_column(zb_dataset *ds, const zb__tree *tree, const zb__tree_node *cn, co
     zb_status st;
     zb__field *f = NULL;
     const char *enc = zb__json_string(cn->attrs, "encoding-type");
+    json_object *enc_attr = zb__json_get(cn->attrs, "encoding-type");
+    if (enc_attr && !enc) /* a number, a list: no encoding (unknown ones are names, left out) */
+        return zb__err(ZB_E_METADATA, "%s: its encoding-type attribute must be a string", path);
     char sub[4300];
     zb_array *strs = NULL, *mask = NULL;
     if (cn->is_array) {

@@ -527,3 +527,22 @@ def test_atomic_edge_index_outside_its_structure_error_and_skip(tmp_path):
     n5 = len(samples[5]["positions"])
     want_nl = np.concatenate([samples[5]["neighbor_list"], samples[0]["neighbor_list"] + n5])
     np.testing.assert_array_equal(np.asarray(b["neighbor_list"]), want_nl)
+
+
+def test_column_encoding_type_not_a_string_is_refused(tmp_path, adata):
+    """Found by the damage campaign (scripts/campaign.py): an obs column whose encoding-type
+    attribute is a number (not an encoding at all) was dropped from every batch without a
+    word, and `zbatch verify` called the store clean. anndata refuses such a store too."""
+    zb = zbatch_api()
+    path = write_store(tmp_path / "a.zarr", adata)
+    g = zarr.open_group(str(path / "obs" / "ct"), mode="r+")
+    g.attrs["encoding-type"] = 4611686018427387904
+    zarr.consolidate_metadata(str(path))
+    with pytest.raises(Exception):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ad.read_zarr(str(path))  # the oracle refuses it
+    with expect_error("ZB_E_METADATA", "obs/ct", "encoding-type"):
+        zb.open(str(path))
+    r = run_cli("verify", path)
+    assert r.returncode == 1 and "obs/ct" in r.stdout and "encoding-type" in r.stdout, r.stdout
