@@ -176,11 +176,13 @@ py_read_array(PyObject *self, PyObject *args)
         if (!data) goto fail;
     } else {
         uint64_t nbytes = info.itemsize;
-        bool over = info.ndim != 0 && (__builtin_mul_overflow(stop >= start ? stop - start : 0,
-                                                              zb_array_row_elems(array), &nbytes) ||
-                                       __builtin_mul_overflow(nbytes, info.itemsize, &nbytes));
+        bool over = info.ndim != 0 &&
+                    (__builtin_mul_overflow(start <= stop && stop <= rows ? stop - start : 0,
+                                            zb_array_row_elems(array), &nbytes) ||
+                     __builtin_mul_overflow(nbytes, info.itemsize, &nbytes));
         /* a shape from a damaged store may claim any size: a status naming it, never a bare
-         * MemoryError or a size reduced modulo 2^64 */
+         * MemoryError or a size reduced modulo 2^64 (rows out of range: zb_array_read_rows
+         * says so) */
         const char *name = *array_path ? array_path : store_path;
         char msg[700];
         if (over || nbytes > (uint64_t)PY_SSIZE_T_MAX) {
