@@ -202,7 +202,7 @@ add_matrix(zb_dataset *ds, const zb__tree *tree, const char *name, const char *p
     if (!nd->is_array && enc && !strcmp(enc, "csr_matrix")) {
         json_object *shape = zb__json_get(nd->attrs, "shape");
         uint64_t rows = 0, cols = 0;
-        if (!shape || json_object_array_length(shape) != 2 ||
+        if (!json_object_is_type(shape, json_type_array) || json_object_array_length(shape) != 2 ||
             zb__json_u64(json_object_array_get_idx(shape, 0), "shape", &rows) != ZB_OK ||
             zb__json_u64(json_object_array_get_idx(shape, 1), "shape", &cols) != ZB_OK)
             return zb__err(ZB_E_METADATA, "%s: csr_matrix attributes lack a [rows, cols] shape",

@@ -546,3 +546,25 @@ def test_column_encoding_type_not_a_string_is_refused(tmp_path, adata):
         zb.open(str(path))
     r = run_cli("verify", path)
     assert r.returncode == 1 and "obs/ct" in r.stdout and "encoding-type" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("shape", [1, "60,12", {"rows": 60}, None])
+def test_csr_shape_attribute_that_is_not_a_list(tmp_path, adata, shape):
+    """Found by the damage campaign (scripts/campaign.py): X's shape attribute rewritten to a
+    number aborted the process in json-c (json_object_array_length's assertion, SIGABRT) at
+    zbatch.open. It is ZB_E_METADATA naming X and its shape; run in a child process, so that
+    an abort fails this test instead of ending the test run."""
+    import subprocess
+    import sys
+    path = write_store(tmp_path / "a.zarr", adata)
+    g = zarr.open_group(str(path / "X"), mode="r+")
+    g.attrs["shape"] = shape
+    zarr.consolidate_metadata(str(path))
+    code = ("import sys, zbatch\n"
+            "try:\n    zbatch.open(sys.argv[1])\n"
+            "except zbatch.ZbatchError as e:\n    print(e.status, e)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("ZB_E_METADATA") and "X" in r.stdout and "shape" in r.stdout, \
+        r.stdout
