@@ -324,6 +324,9 @@ add_obs_column(zb_dataset *ds, const zb__tree *tree, const zb__tree_node *cn, co
     json_object *enc_attr = zb__json_get(cn->attrs, "encoding-type");
     if (enc_attr && !enc) /* a number, a list: no encoding (unknown ones are names, left out) */
         return zb__err(ZB_E_METADATA, "%s: its encoding-type attribute must be a string", path);
+    if (!cn->is_array && !enc_attr) /* a group column is an encoding's (anndata >= 0.8) */
+        return zb__err(ZB_E_METADATA, "%s: a column group without an encoding-type attribute",
+                       path);
     char sub[4300];
     zb_array *strs = NULL, *mask = NULL;
     if (cn->is_array) {
@@ -427,11 +430,13 @@ add_obs(zb_dataset *ds, const zb__tree *tree, const char *df)
         if (st != ZB_OK && st != ZB_E_TYPE) return st;
     }
     json_object *order = zb__json_get(nd->attrs, "column-order");
-    size_t n =
-        order && json_object_is_type(order, json_type_array) ? json_object_array_length(order) : 0;
+    if (order && !json_object_is_type(order, json_type_array))
+        return zb__err(ZB_E_METADATA, "%s: column-order must be a list of column names", df);
+    size_t n = order ? json_object_array_length(order) : 0;
     for (size_t i = 0; i < n; i++) {
         json_object *c = json_object_array_get_idx(order, i);
-        if (!json_object_is_type(c, json_type_string)) continue;
+        if (!json_object_is_type(c, json_type_string))
+            return zb__err(ZB_E_METADATA, "%s: column-order entry %zu is not a column name", df, i);
         const char *col = json_object_get_string(c);
         join(path, sizeof path, df, col);
         snprintf(name, sizeof name, "obs/%s", col);

@@ -529,23 +529,33 @@ def test_atomic_edge_index_outside_its_structure_error_and_skip(tmp_path):
     np.testing.assert_array_equal(np.asarray(b["neighbor_list"]), want_nl)
 
 
-def test_column_encoding_type_not_a_string_is_refused(tmp_path, adata):
+@pytest.mark.parametrize("group, key, value, words", [
+    ("obs/ct", "encoding-type", 4611686018427387904, ["obs/ct", "encoding-type"]),
+    ("obs/ct", "encoding-type", None, ["obs/ct", "encoding-type"]),   # deleted
+    ("obs", "column-order", 2147483648, ["obs", "column-order"]),
+    ("obs", "column-order", ["ct", 7], ["obs", "column-order entry 1"]),
+])
+def test_column_encoding_type_not_a_string_is_refused(tmp_path, adata, group, key, value, words):
     """Found by the damage campaign (scripts/campaign.py): an obs column whose encoding-type
-    attribute is a number (not an encoding at all) was dropped from every batch without a
-    word, and `zbatch verify` called the store clean. anndata refuses such a store too."""
+    attribute is a number or is missing, or a column-order that is not a list of names, left
+    the columns out of every batch without a word, and `zbatch verify` called the store clean.
+    anndata refuses such stores too."""
     zb = zbatch_api()
     path = write_store(tmp_path / "a.zarr", adata)
-    g = zarr.open_group(str(path / "obs" / "ct"), mode="r+")
-    g.attrs["encoding-type"] = 4611686018427387904
+    g = zarr.open_group(str(path / group), mode="r+")
+    if value is None:
+        del g.attrs[key]
+    else:
+        g.attrs[key] = value
     zarr.consolidate_metadata(str(path))
     with pytest.raises(Exception):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ad.read_zarr(str(path))  # the oracle refuses it
-    with expect_error("ZB_E_METADATA", "obs/ct", "encoding-type"):
+    with expect_error("ZB_E_METADATA", *words):
         zb.open(str(path))
     r = run_cli("verify", path)
-    assert r.returncode == 1 and "obs/ct" in r.stdout and "encoding-type" in r.stdout, r.stdout
+    assert r.returncode == 1 and all(w in r.stdout for w in words), r.stdout
 
 
 @pytest.mark.parametrize("shape", [1, "60,12", {"rows": 60}, None])
