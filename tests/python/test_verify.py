@@ -407,3 +407,24 @@ def test_huge_declared_shape_is_reported_in_bounded_time(tmp_path, array):
     (path / "zarr.json").write_text(json.dumps(root))
     rc, problems, _ = verify(path)  # run_cli's 60 s timeout fails the test on a hang
     assert rc == 1 and problems, problems
+
+
+def test_atomic_store_whose_core_is_not_a_group(tmp_path, zb):
+    """Found by the damage campaign (scripts/campaign.py): core/zarr.json replaced by an array
+    document. verify's atomic rules need a core group, so none ran and it called the store
+    clean, while the reader (which takes any group with meta/atoms_ptr as atomic) refuses it."""
+    path = tmp_path / "a.zarr"
+    rng = np.random.default_rng(0)
+    zb.AtomicWriter(str(path)).write([{"positions": rng.standard_normal((3, 3)).astype(np.float32),
+                                       "atomic_numbers": np.array([1, 6, 8]),
+                                       "energy": np.float32(i)} for i in range(5)])
+    assert verify(path)[0] == 0
+    (path / "core" / "zarr.json").write_text((path / "meta" / "atoms_ptr" / "zarr.json").read_text())
+    root = json.loads((path / "zarr.json").read_text())
+    root.pop("consolidated_metadata", None)
+    (path / "zarr.json").write_text(json.dumps(root))
+    with pytest.raises(zb.ZbatchError) as e:
+        zb.open(str(path))
+    rc, problems, _ = verify(path)
+    assert rc == 1 and any("the reader refuses this dataset" in p and "core/positions" in p
+                           for p in problems), (problems, e.value)
