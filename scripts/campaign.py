@@ -139,15 +139,16 @@ for line in sys.stdin:
 class Worker:
     """The sanitized reader process; restarted after a crash or a hang."""
 
-    def __init__(self, pkg_dir: Path, timeout: float):
-        self.pkg_dir, self.timeout, self.p = pkg_dir, timeout, None
+    def __init__(self, pkg_dir: Path, timeout: float, sanitized: bool = True):
+        self.pkg_dir, self.timeout, self.p, self.sanitized = pkg_dir, timeout, None, sanitized
 
     def start(self):
         env = dict(os.environ)
         env["PYTHONPATH"] = str(self.pkg_dir)
         libs = [subprocess.run(["gcc", f"-print-file-name={n}"], capture_output=True,
                                text=True).stdout.strip() for n in ("libasan.so", "libubsan.so")]
-        env["LD_PRELOAD"] = ":".join(libs)
+        if self.sanitized:
+            env["LD_PRELOAD"] = ":".join(libs)
         # Python itself leaks by design; halt on the first report so a finding cannot pass
         env["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1:abort_on_error=1:allocator_may_return_null=1"
         env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
@@ -403,8 +404,9 @@ def zarr_view(store: Path, arrays):
             try:
                 v = zarr.open_array(str(store / a), mode="r", use_consolidated=False)[...]
                 values[a] = np.asarray(v)
+                # strings (object, StringDType): by value; their bytes are pointers
                 view[a] = hashlib.sha1(repr(values[a].tolist()).encode()).hexdigest()[:16] \
-                    if values[a].dtype == object else \
+                    if values[a].dtype.kind not in "biufcmMSU" else \
                     hashlib.sha1(values[a].dtype.str.encode() + repr(values[a].shape).encode()
                                  + values[a].tobytes()).hexdigest()[:16]
             except Exception as e:  # noqa: BLE001 - any refusal of the oracle
@@ -852,6 +854,12 @@ def damage_campaign(args, stores, inputs, worker, cli, report, server):
                         got = ["ok", "count " + str(ans["open"][1])]
                     outcome[p] = classify(got, want[p], changed_for(None)
                                           if got != want[p] and got[0] == "ok" else "")
+                    if (outcome[p].startswith("FINDING") and layout in ATOMIC_LAYOUTS
+                            and fewer_fields(ans["read_many"], want["read_many"])):
+                        # documented (FORMATS-zbatch.md, include/zbatch_atomic.h): a field the
+                        # fields attribute names without its array is ignored (an interrupted
+                        # add_custom leaves this); verify notes it
+                        outcome[p] = "fewer fields (documented)"
                     if got[0] == "err":
                         outcome[p + "_error"] = got[1] + ": " + got[2][:200]
             refused = [p for p in ("read_many", "loader", "open") if ans.get(p, [""])[0] == "err"
@@ -971,7 +979,11 @@ def h5ad_case(args, case, rng, inputs, cli, report):
     if rc == "hang":
         res = f"FINDING: convert hangs past {args.timeout * 3} s"
     elif any(m in text for m in SAN_MARKS) or rc not in (0, 1):
-        res = f"FINDING: convert exit {rc}: {text[-1500:]}"
+        # where the report's first stack frame past the sanitizer's own is in libhdf5, say so:
+        # a defect of the HDF5 library zbatch links, not of zbatch's code
+        frames = [ln for ln in text.splitlines() if ln.strip().startswith("#1 ")]
+        where = " (in libhdf5)" if frames and "libhdf5" in frames[0] else ""
+        res = f"FINDING{where}: convert exit {rc}: {text[-1500:]}"
     elif rc == 1:
         res = "error" if text.strip() else "FINDING: exit 1 without a message"
     else:
@@ -1009,6 +1021,16 @@ def h5ad_case(args, case, rng, inputs, cli, report):
     shutil.rmtree(d)
 
 
+ATOMIC_LAYOUTS = ("atomic", "atomic_sharded", "nvalchemi_columns")
+
+
+def fewer_fields(got, want):
+    """read_many delivered a subset of the undamaged fields, each equal."""
+    if got[0] != "ok" or want[0] != "ok" or not isinstance(got[1], dict):
+        return False
+    return set(got[1]) < set(want[1]) and all(want[1][k] == v for k, v in got[1].items())
+
+
 def _summary(outcome):
     if any("FINDING" in str(v) for v in outcome.values()):
         return "finding"
@@ -1017,6 +1039,8 @@ def _summary(outcome):
         return "refused"
     if "stored" in vals:
         return "stored"
+    if any(str(v).startswith("fewer") for v in vals):
+        return "fewer fields (documented)"
     return "equal"
 
 
@@ -1126,13 +1150,15 @@ def kill_campaign(args, cli_plain, inputs, report):
     # restarted with the same command (the other writers refuse to write over a store a
     # killed run left: the directory is the caller's to clear)
     restartable = {"convert_direct", "convert_scratch"}
+    names = names[:min(args.kills, len(names))]  # the writers this run kills, in turn
     refs = {}
     defrag_src = kdir / "defrag_src"
     import zbatch
-    zbatch.AtomicWriter(str(defrag_src), config={"core": {"chunk_rows": 256},
-                                                 "meta": {"chunk_rows": 256}}).write(
-        atom_samples(2400, 9))
-    defrag_before = read_all(defrag_src)
+    if "atomic_delete_defragment" in names:
+        zbatch.AtomicWriter(str(defrag_src), config={"core": {"chunk_rows": 256},
+                                                     "meta": {"chunk_rows": 256}}).write(
+            atom_samples(2400, 9))
+        defrag_before = read_all(defrag_src)
     for name in names:
         out = kdir / f"ref_{name}"
         if name == "atomic_delete_defragment":
@@ -1148,7 +1174,7 @@ def kill_campaign(args, cli_plain, inputs, report):
         print(f"kill: {name} takes {took:.2f} s uninterrupted", flush=True)
     # the states a killed atomistic writer may leave: every committed prefix
     append_prefixes = {}
-    for k in range(1, 9):
+    for k in range(1, 9 if "atomic_write_append" in names else 1):
         p = kdir / f"prefix{k}"
         w = zbatch.AtomicWriter(str(p), config={"core": {"chunk_rows": 64},
                                                 "meta": {"chunk_rows": 16}})
@@ -1247,6 +1273,8 @@ def main(argv=None):
     ap.add_argument("--kills", type=int, default=40, help="SIGKILLed writers")
     ap.add_argument("--work", default=None, help="work directory (default: a temporary one)")
     ap.add_argument("--asan-build", default=str(REPO / "build-asan-py"))
+    ap.add_argument("--plain", action="store_true",
+                    help="read with the plain build instead (no sanitizers: the pytest slice)")
     ap.add_argument("--build", default=str(REPO / "build"))
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per path: a hang")
     ap.add_argument("--http-every", type=int, default=10,
@@ -1260,7 +1288,7 @@ def main(argv=None):
     work.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO / "python"))
     # copies of the binaries, so that a rebuild while the campaign runs does not change them
-    asan_pkg = asan_package(work, Path(args.asan_build))
+    asan_pkg = asan_package(work, Path(args.build if args.plain else args.asan_build))
     cli = asan_pkg / "zbatch" / "bin" / "zbatch"
     cli_plain = work / "zbatch-plain"
     shutil.copy2(Path(args.build) / "zbatch", cli_plain)
@@ -1279,7 +1307,7 @@ def main(argv=None):
     t0 = time.monotonic()
     try:
         if args.cases:
-            worker = Worker(asan_pkg, args.timeout)
+            worker = Worker(asan_pkg, args.timeout, sanitized=not args.plain)
             try:
                 damage_campaign(args, stores, inputs, worker, cli, report, server)
             finally:
