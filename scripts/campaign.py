@@ -443,12 +443,13 @@ HOSTILE = [0, -1, 1, 2**31, 2**62, 2**64, -(2**63), 1.5, "x", None, [], {}, [0],
 
 
 def data_files(store: Path):
-    return [p for p in store.rglob("*") if p.is_file() and p.name not in META
-            and ".zbatch" not in str(p.relative_to(store))]
+    # sorted: the directory order differs between copies, the seed must pick the same file
+    return sorted(p for p in store.rglob("*") if p.is_file() and p.name not in META
+                  and ".zbatch" not in str(p.relative_to(store)))
 
 
 def meta_files(store: Path):
-    return [p for p in store.rglob("*") if p.is_file() and p.name in META]
+    return sorted(p for p in store.rglob("*") if p.is_file() and p.name in META)
 
 
 def sharded_arrays(store: Path):
@@ -636,7 +637,8 @@ def dmg_chunk_bytes(store, rng):
 
 def dmg_shard_index(store, rng):
     sh = sharded_arrays(store)
-    files = [p for a in sh for p in (store / a).rglob("*") if p.is_file() and p.name not in META]
+    files = sorted(p for a in sh for p in (store / a).rglob("*")
+                   if p.is_file() and p.name not in META)
     if not files:
         return None
     f = rng.choice(files)
