@@ -53,7 +53,10 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 META = {"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"}
-SAN_MARKS = ("Sanitizer", "runtime error:", "AddressSanitizer", "LeakSanitizer")
+# a sanitizer's report (its warning that an allocation failed and returned NULL, which the
+# code handles, is not one)
+SAN_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+             "UndefinedBehaviorSanitizer")
 
 # ------------------------------------------------------------------------------------------------
 # The worker: runs inside the ASan process, reads one store per request line
@@ -770,6 +773,11 @@ def damage_campaign(args, stores, inputs, worker, cli, report, server):
         rc, out = run_cli(cli, ["verify", stores[name]], args.timeout)
         if rc != 0:
             raise SystemExit(f"campaign: verify on the undamaged store {name}: {rc} {out}")
+    recheck = None
+    if args.recheck:
+        old = json.loads((Path(args.recheck) / "report.json").read_text())
+        recheck = {f["case"]: f for f in old["findings"] if f.get("layout") in stores}
+        args.cases = max(recheck, default=-1) + 1
     cases_dir = Path(args.work) / "cases"
     cases_dir.mkdir(parents=True, exist_ok=True)
     counts = collections.Counter()
@@ -779,19 +787,25 @@ def damage_campaign(args, stores, inputs, worker, cli, report, server):
         rng = random.Random(rng_master.getrandbits(64))
         if args.only is not None and case != args.only:
             continue
-        if rng.random() < args.h5ad_share:
-            h5ad_case(args, case, rng, inputs, cli, report)
-            continue
-        layout = rng.choice(layouts)
-        cls = rng.choice(sorted(CLASSES))
         d = cases_dir / f"c{case}"
         if d.exists():
             shutil.rmtree(d)
-        shutil.copytree(stores[layout], d)
-        try:
-            what = CLASSES[cls](d, rng)
-        except (IndexError, ValueError):
-            what = None
+        if recheck is not None:  # a store an earlier run kept as a finding, as it was damaged
+            if case not in recheck:
+                continue
+            layout, cls, what = (recheck[case][k] for k in ("layout", "class", "damage"))
+            shutil.copytree(Path(args.recheck) / "findings" / f"c{case}", d)
+        else:
+            if rng.random() < args.h5ad_share:
+                h5ad_case(args, case, rng, inputs, cli, report)
+                continue
+            layout = rng.choice(layouts)
+            cls = rng.choice(sorted(CLASSES))
+            shutil.copytree(stores[layout], d)
+            try:
+                what = CLASSES[cls](d, rng)
+            except (IndexError, ValueError):
+                what = None
         if what is None:
             shutil.rmtree(d)
             counts["skipped (class not applicable)"] += 1
@@ -1284,6 +1298,9 @@ def main(argv=None):
     ap.add_argument("--h5ad-share", type=float, default=0.15,
                     help="share of the cases that damage an .h5ad input of zbatch convert")
     ap.add_argument("--only", type=int, default=None, help="replay this case only")
+    ap.add_argument("--recheck", default=None,
+                    help="the work directory of an earlier run: read the damaged stores it kept "
+                         "as findings (WORK/findings/cN) again, with today's binaries")
     args = ap.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="zb-campaign-"))
     args.work = str(work)

@@ -1485,9 +1485,11 @@ check_layouts(verifier *v)
         const zb__tree_node *g = &v->tree->nodes[i];
         if (g->is_array) continue;
         const char *et = attr_str(g->attrs, "encoding-type");
-        /* the reader takes any group with meta/atoms_ptr as atomic, core group or not */
-        if ((et && !strcmp(et, "anndata")) || is_atomic_group(v, g) ||
-            child_array(v, g->path, "meta/atoms_ptr"))
+        /* the reader takes any group with meta/atoms_ptr as atomic, core group or not; a
+         * collection is opened whole (its datasets must agree on their fields) */
+        if ((et && (!strcmp(et, "anndata") || !strcmp(et, "annbatch-preshuffled") ||
+                    !strcmp(et, "zbatch-collection"))) ||
+            is_atomic_group(v, g) || child_array(v, g->path, "meta/atoms_ptr"))
             check_reader_opens(v, g);
         else if (!et && zb__json_get(g->attrs, "zbatch"))
             check_reader_reads(v, g);

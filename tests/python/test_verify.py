@@ -428,3 +428,37 @@ def test_atomic_store_whose_core_is_not_a_group(tmp_path, zb):
     rc, problems, _ = verify(path)
     assert rc == 1 and any("the reader refuses this dataset" in p and "core/positions" in p
                            for p in problems), (problems, e.value)
+
+
+def test_collection_the_reader_refuses(tmp_path):
+    """Found by the damage campaign (scripts/campaign.py): one dataset of a `zbatch convert`
+    collection with an empty column-order (its obs columns gone, a valid anndata dataset on its
+    own) makes the collection's datasets disagree on their fields, so the reader refuses the
+    collection; verify opened only the anndata datasets and called it clean."""
+    import subprocess
+    rng = np.random.default_rng(1)
+    inputs = []
+    for k in range(2):
+        X = sp.random(50, 8, density=0.3, format="csr", dtype=np.float32, random_state=rng)
+        a = ad.AnnData(X=X, obs=pd.DataFrame({"ct": pd.Categorical(["a", "b"] * 25)},
+                                             index=[f"c{k}_{i}" for i in range(50)]),
+                       var=pd.DataFrame(index=[f"g{j}" for j in range(8)]))
+        a.write_h5ad(tmp_path / f"in{k}.h5ad")
+        inputs.append(str(tmp_path / f"in{k}.h5ad"))
+    out = tmp_path / "coll"
+    r = run_cli("convert", *inputs, "-o", out, "--quiet", "--dataset-size", "40", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert verify(out)[0] == 0
+    doc = json.loads((out / "dataset_0" / "obs" / "zarr.json").read_text())
+    doc["attributes"]["column-order"] = []
+    (out / "dataset_0" / "obs" / "zarr.json").write_text(json.dumps(doc))
+    for f in (out / "zarr.json", out / "dataset_0" / "zarr.json"):
+        d = json.loads(f.read_text())
+        d.pop("consolidated_metadata", None)
+        f.write_text(json.dumps(d))
+    import zbatch
+    with pytest.raises(zbatch.ZbatchError) as e:
+        zbatch.open(str(out))
+    rc, problems, _ = verify(out)
+    assert rc == 1 and any("the reader refuses this dataset" in p for p in problems), \
+        (problems, e.value)
