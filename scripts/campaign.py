@@ -1107,11 +1107,11 @@ def tree_bytes(root: Path):
     return out
 
 
-def read_all(path):
+def read_all(path, arrays=False):
     """The digest of every sample of the dataset at path (open + read_many), or the error; for
     a store of plain arrays (write_array), each array's digest or error."""
     import zbatch
-    if Path(path, "a0").exists() or Path(path).name.endswith("write_array"):
+    if arrays:
         out = []
         for i in range(6):
             try:
@@ -1133,6 +1133,23 @@ def read_all(path):
         return ("ok", n, h.hexdigest())
     except zbatch.ZbatchError as e:
         return ("err", e.status, str(e)[:200])
+
+
+def defrag_survivors_ok(path, samples):
+    """The samples a killed delete + defragment left: whole originals (energy, positions), in
+    their order, every one the delete keeps (ids not divisible by 3) among them."""
+    import zbatch
+    ds = zbatch.open(str(path))
+    b = ds.read_many(list(range(len(ds))))
+    by_energy = {float(s["energy"]): i for i, s in enumerate(samples)}
+    try:
+        ids = [by_energy[float(e)] for e in np.ravel(b["energy"])]
+    except KeyError:
+        return False
+    if ids != sorted(set(ids)) or not {i for i in range(len(samples)) if i % 3} <= set(ids):
+        return False
+    want = np.concatenate([samples[i]["positions"] for i in ids])
+    return np.array_equal(b["positions"], want)
 
 
 def kill_campaign(args, cli_plain, inputs, report):
@@ -1166,6 +1183,8 @@ def kill_campaign(args, cli_plain, inputs, report):
     # restarted with the same command (the other writers refuse to write over a store a
     # killed run left: the directory is the caller's to clear)
     restartable = {"convert_direct", "convert_scratch"}
+    if args.writers:
+        names = [n for n in names if n in args.writers.split(",")]
     names = names[:min(args.kills, len(names))]  # the writers this run kills, in turn
     refs = {}
     defrag_src = kdir / "defrag_src"
@@ -1174,7 +1193,7 @@ def kill_campaign(args, cli_plain, inputs, report):
         zbatch.AtomicWriter(str(defrag_src), config={"core": {"chunk_rows": 256},
                                                      "meta": {"chunk_rows": 256}}).write(
             atom_samples(2400, 9))
-        defrag_before = read_all(defrag_src)
+        defrag_all = atom_samples(2400, 9)
     for name in names:
         out = kdir / f"ref_{name}"
         if name == "atomic_delete_defragment":
@@ -1185,8 +1204,7 @@ def kill_campaign(args, cli_plain, inputs, report):
         took = time.monotonic() - t
         if r.returncode:
             raise SystemExit(f"campaign: writer {name} failed: {r.stderr}")
-        refs[name] = (out, took, tree_bytes(out), read_all(out if "convert" not in name
-                                                           else out))
+        refs[name] = (out, took, tree_bytes(out), read_all(out, name == "write_array"))
         print(f"kill: {name} takes {took:.2f} s uninterrupted", flush=True)
     # the states a killed atomistic writer may leave: every committed prefix
     append_prefixes = {}
@@ -1217,7 +1235,7 @@ def kill_campaign(args, cli_plain, inputs, report):
         if not killed and p.returncode != 0:
             res = f"FINDING: writer failed on its own: {err.decode()[-500:]}"
         else:
-            got = read_all(out) if out.exists() else ("err", "absent", "")
+            got = read_all(out, name == "write_array") if out.exists() else ("err", "absent", "")
             if name == "atomic_write_append":
                 ok = got[0] == "err" or append_prefixes.get(got[1]) == got
                 if got[0] == "err" and got[1] in ("ZB_E_INCOMPLETE",):
@@ -1233,7 +1251,11 @@ def kill_campaign(args, cli_plain, inputs, report):
                 except zbatch.ZbatchError:
                     pass
                 got = read_all(out)
-                ok = got in (defrag_before, ref_read)
+                # include/zbatch_atomic.h: a killed delete leaves some samples deleted and the
+                # rest untouched, never one half-deleted; a killed defragment, the samples
+                # before or after it. So: the survivors are whole originals, in order, and
+                # include every sample the delete keeps
+                ok = got[0] == "ok" and defrag_survivors_ok(out, defrag_all)
             elif name == "write_array":
                 # each array absent (no metadata yet) or whole
                 ok = all(g == r or g == "ZB_E_NOTFOUND" for g, r in zip(got[2], ref_read[2]))
@@ -1241,6 +1263,7 @@ def kill_campaign(args, cli_plain, inputs, report):
                 ok = got[0] == "err" or got == ref_read
             res = ("refused" if got[0] == "err" else
                    "partial (each array absent or whole)" if got[0] == "arrays" and got != ref_read
+                   else "survivors whole" if name == "atomic_delete_defragment"
                    else "equal (a committed state)")
             if not ok:
                 res = f"FINDING: killed output reads other data: {got}"
@@ -1298,6 +1321,7 @@ def main(argv=None):
     ap.add_argument("--h5ad-share", type=float, default=0.15,
                     help="share of the cases that damage an .h5ad input of zbatch convert")
     ap.add_argument("--only", type=int, default=None, help="replay this case only")
+    ap.add_argument("--writers", default=None, help="kill only these writers (comma-separated)")
     ap.add_argument("--recheck", default=None,
                     help="the work directory of an earlier run: read the damaged stores it kept "
                          "as findings (WORK/findings/cN) again, with today's binaries")
