@@ -20,6 +20,7 @@ field_free(zb__field *f)
     free(f->name);
     free(f->mask);
     free(f->cats_path);
+    zb_array_close(f->cats_arr);
     zb__cattab_free(&f->cats);
     zb_array_close(f->arr);
 }

@@ -360,6 +360,10 @@ add_obs_column(zb_dataset *ds, const zb__tree *tree, const zb__tree_node *cn, co
         join(sub, sizeof sub, path, "categories");
         f->cats_path = strdup(sub);
         if (!f->cats_path) return zb__err(ZB_E_NOMEM, "out of memory");
+        /* their metadata from the tree, as every other array's (not their own document when
+         * the dataset reads a consolidated snapshot); a missing node fails when loaded */
+        const zb__tree_node *cats = zb__tree_find(tree, sub);
+        if (cats && cats->is_array) ZB_TRY(zb__tree_node_open_array(ds->store, cats, &f->cats_arr));
         return add_column(ds, name, ZB_COLUMN_CATEGORICAL, f->dtype, NULL, NULL);
     }
     if (enc && (!strcmp(enc, "nullable-integer") || !strcmp(enc, "nullable-boolean"))) {

@@ -578,3 +578,30 @@ def test_csr_shape_attribute_that_is_not_a_list(tmp_path, adata, shape):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("ZB_E_METADATA") and "X" in r.stdout and "shape" in r.stdout, \
         r.stdout
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["file", "http"])
+def test_categories_metadata_comes_from_the_same_snapshot(tmp_path, adata, remote, request):
+    """Found by the damage campaign (scripts/campaign.py), over HTTP: the reader took every
+    array's metadata from the consolidated snapshot except the categories', which it read
+    from their own zarr.json, so a damaged categories document failed read_many while
+    `zbatch verify` (which has only the snapshot over HTTP) called the store clean. The
+    categories now come from the same tree as everything else: the store reads as its
+    snapshot says, as anndata (consolidated) reads it."""
+    zb = zbatch_api()
+    path = write_store(tmp_path / "a.zarr", adata)
+    doc_path = path / "obs" / "ct" / "categories" / "zarr.json"
+    doc = json.loads(doc_path.read_text())
+    doc["data_type"] = 1.5  # the node's own document only; the snapshot keeps "string"
+    doc_path.write_text(json.dumps(doc))
+    url = str(path)
+    if remote:
+        url = f"{request.getfixturevalue('nginx_serve')(tmp_path).url}/a.zarr"
+    ds = zb.open(url)
+    b = ds.read_many(list(range(N_OBS)))
+    np.testing.assert_array_equal(np.asarray(b["obs/ct"]), adata.obs["ct"].cat.codes.values)
+    assert list(ds.categories("obs/ct")) == CATS
+    # the file store's verify compares the documents with the snapshot and says so
+    if not remote:
+        r = run_cli("verify", path)
+        assert r.returncode == 1 and "obs/ct/categories" in r.stdout, r.stdout
