@@ -5,6 +5,7 @@
 #   make format apply .clang-format (scripts/check-format.sh --fix)
 #   make demo   the main job on a generated dataset
 #   make fuzz   every libFuzzer target for FUZZ_SECONDS each (default 60; clang, build-fuzz/)
+#   make campaign  the damage and kill campaign (scripts/campaign.py) under ASan+UBSan
 PY      := .venv/bin/python
 JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -13,11 +14,15 @@ ifeq ($(CI),true)
 endif
 
 FUZZ_SECONDS ?= 60
+# make campaign: damaged stores, killed writers, the seed (docs/RELIABILITY.md)
+CAMPAIGN_SEED ?= 21
+CAMPAIGN_CASES ?= 2000
+CAMPAIGN_KILLS ?= 400
 # make test runs each fuzz target this long: enough to replay its corpus and mutate a little
 FUZZ_SMOKE_SECONDS ?= 10
 
 .PHONY: all deps build asan tsan fuzz-build fuzz test test-c test-asan test-tsan test-fuzz \
-        test-python demo format format-check clean
+        test-python demo format format-check clean campaign-build campaign
 
 all: build
 
@@ -65,6 +70,16 @@ fuzz: fuzz-build
 
 test-fuzz: fuzz-build
 	@FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) bash scripts/fuzz.sh
+
+# the CLI and the Python extension with ASan+UBSan, for the campaign's readers
+campaign-build: deps
+	@cmake -S . -B build-asan-py -G Ninja -DZB_SANITIZE=ON -DZB_BUILD_TESTS=OFF \
+	    -DZB_BUILD_BENCH=OFF -DPython3_EXECUTABLE=$(abspath $(PY)) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build-asan-py -j $(JOBS) --target _zbatch zbatch
+
+campaign: build campaign-build
+	@nice -n 10 $(PY) scripts/campaign.py --seed $(CAMPAIGN_SEED) --cases $(CAMPAIGN_CASES) \
+	    --kills $(CAMPAIGN_KILLS)
 
 test-python: build
 	@$(PY) -m pytest -q tests/python

@@ -175,10 +175,37 @@ py_read_array(PyObject *self, PyObject *args)
         zb_strings_free(&s);
         if (!data) goto fail;
     } else {
-        uint64_t nbytes =
-            (stop >= start ? stop - start : 0) * zb_array_row_elems(array) * info.itemsize;
-        if (info.ndim == 0) nbytes = info.itemsize;
+        uint64_t nbytes = info.itemsize;
+        bool over = info.ndim != 0 &&
+                    (__builtin_mul_overflow(start <= stop && stop <= rows ? stop - start : 0,
+                                            zb_array_row_elems(array), &nbytes) ||
+                     __builtin_mul_overflow(nbytes, info.itemsize, &nbytes));
+        /* a shape from a damaged store may claim any size: a status naming it, never a bare
+         * MemoryError or a size reduced modulo 2^64 (rows out of range: zb_array_read_rows
+         * says so) */
+        const char *name = *array_path ? array_path : store_path;
+        char msg[700];
+        if (over || nbytes > (uint64_t)PY_SSIZE_T_MAX) {
+            if (over)
+                snprintf(msg, sizeof msg, "%s: rows [%llu, %llu): the byte size overflows 64 bits",
+                         name, (unsigned long long)start, (unsigned long long)stop);
+            else
+                snprintf(msg, sizeof msg,
+                         "%s: rows [%llu, %llu): %llu bytes, more than one read "
+                         "can hold",
+                         name, (unsigned long long)start, (unsigned long long)stop,
+                         (unsigned long long)nbytes);
+            raise_detail(ZB_E_OVERFLOW, msg);
+            goto fail;
+        }
         data = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)nbytes);
+        if (!data && PyErr_ExceptionMatches(PyExc_MemoryError)) {
+            PyErr_Clear();
+            snprintf(msg, sizeof msg, "%s: rows [%llu, %llu): %llu bytes", name,
+                     (unsigned long long)start, (unsigned long long)stop,
+                     (unsigned long long)nbytes);
+            raise_detail(ZB_E_NOMEM, msg);
+        }
         if (!data) goto fail;
         char *buf = PyByteArray_AS_STRING(data);
         Py_BEGIN_ALLOW_THREADS

@@ -30,8 +30,12 @@ proto(const zb_dataset *ds)
 static zb_status
 read_categories(zb_dataset *ds, const zb__field *f, zb__cattab *t)
 {
-    zb_array *a = NULL;
-    zb_status st = zb_array_open(ds->store, f->cats_path, &a);
+    zb_array *a = f->cats_arr, *own = NULL;
+    zb_status st = ZB_OK;
+    if (!a) {
+        st = zb_array_open(ds->store, f->cats_path, &own);
+        a = own;
+    }
     if (st == ZB_OK && a->meta.ndim != 1)
         st = zb__err(ZB_E_CORRUPT, "%s: categories must be 1-d", f->cats_path);
     if (st == ZB_OK) {
@@ -47,7 +51,7 @@ read_categories(zb_dataset *ds, const zb__field *f, zb__cattab *t)
         st = t->values ? zb_array_read_rows(a, 0, t->n, t->values, bytes, NULL)
                        : zb__err(ZB_E_NOMEM, "%s: out of memory", f->cats_path);
     }
-    zb_array_close(a);
+    zb_array_close(own);
     if (st != ZB_OK) zb__cattab_free(t);
     return st;
 }

@@ -20,6 +20,7 @@ field_free(zb__field *f)
     free(f->name);
     free(f->mask);
     free(f->cats_path);
+    zb_array_close(f->cats_arr);
     zb__cattab_free(&f->cats);
     zb_array_close(f->arr);
 }
@@ -455,7 +456,8 @@ child_lengths(zb_dataset *ds, const char *segment, uint64_t *out)
         if (st == ZB_OK && a1 < a0)
             st = zb__err(ZB_E_CORRUPT, "%s: pointers decrease at row %llu", ds->segs[s].ptr->path,
                          (unsigned long long)p);
-        out[i] = (uint64_t)(a1 - a0);
+        if (st != ZB_OK) break;
+        out[i] = (uint64_t)a1 - (uint64_t)a0; /* a1 >= a0: no wrap, even from a0 < 0 */
         prev = a1;
         prev_p = p;
     }

@@ -57,6 +57,8 @@ typedef struct zb__field {
     zb_array *arr;      /* the values */
     char *mask;         /* nullable: the name of the companion mask field */
     char *cats_path;    /* categorical: the categories array path */
+    zb_array *cats_arr; /* categorical: the categories, opened from the dataset's tree (the
+                         * snapshot when it uses one); NULL: opened by path when loaded */
     bool cats_ordered;  /* categorical: the `ordered` attribute */
     zb__cattab cats;    /* loaded on first request (zb_dataset_category_table) */
     bool cats_loaded;

@@ -202,7 +202,7 @@ add_matrix(zb_dataset *ds, const zb__tree *tree, const char *name, const char *p
     if (!nd->is_array && enc && !strcmp(enc, "csr_matrix")) {
         json_object *shape = zb__json_get(nd->attrs, "shape");
         uint64_t rows = 0, cols = 0;
-        if (!shape || json_object_array_length(shape) != 2 ||
+        if (!json_object_is_type(shape, json_type_array) || json_object_array_length(shape) != 2 ||
             zb__json_u64(json_object_array_get_idx(shape, 0), "shape", &rows) != ZB_OK ||
             zb__json_u64(json_object_array_get_idx(shape, 1), "shape", &cols) != ZB_OK)
             return zb__err(ZB_E_METADATA, "%s: csr_matrix attributes lack a [rows, cols] shape",
@@ -321,6 +321,12 @@ add_obs_column(zb_dataset *ds, const zb__tree *tree, const zb__tree_node *cn, co
     zb_status st;
     zb__field *f = NULL;
     const char *enc = zb__json_string(cn->attrs, "encoding-type");
+    json_object *enc_attr = zb__json_get(cn->attrs, "encoding-type");
+    if (enc_attr && !enc) /* a number, a list: no encoding (unknown ones are names, left out) */
+        return zb__err(ZB_E_METADATA, "%s: its encoding-type attribute must be a string", path);
+    if (!cn->is_array && !enc_attr) /* a group column is an encoding's (anndata >= 0.8) */
+        return zb__err(ZB_E_METADATA, "%s: a column group without an encoding-type attribute",
+                       path);
     char sub[4300];
     zb_array *strs = NULL, *mask = NULL;
     if (cn->is_array) {
@@ -354,6 +360,10 @@ add_obs_column(zb_dataset *ds, const zb__tree *tree, const zb__tree_node *cn, co
         join(sub, sizeof sub, path, "categories");
         f->cats_path = strdup(sub);
         if (!f->cats_path) return zb__err(ZB_E_NOMEM, "out of memory");
+        /* their metadata from the tree, as every other array's (not their own document when
+         * the dataset reads a consolidated snapshot); a missing node fails when loaded */
+        const zb__tree_node *cats = zb__tree_find(tree, sub);
+        if (cats && cats->is_array) ZB_TRY(zb__tree_node_open_array(ds->store, cats, &f->cats_arr));
         return add_column(ds, name, ZB_COLUMN_CATEGORICAL, f->dtype, NULL, NULL);
     }
     if (enc && (!strcmp(enc, "nullable-integer") || !strcmp(enc, "nullable-boolean"))) {
@@ -424,11 +434,13 @@ add_obs(zb_dataset *ds, const zb__tree *tree, const char *df)
         if (st != ZB_OK && st != ZB_E_TYPE) return st;
     }
     json_object *order = zb__json_get(nd->attrs, "column-order");
-    size_t n =
-        order && json_object_is_type(order, json_type_array) ? json_object_array_length(order) : 0;
+    if (order && !json_object_is_type(order, json_type_array))
+        return zb__err(ZB_E_METADATA, "%s: column-order must be a list of column names", df);
+    size_t n = order ? json_object_array_length(order) : 0;
     for (size_t i = 0; i < n; i++) {
         json_object *c = json_object_array_get_idx(order, i);
-        if (!json_object_is_type(c, json_type_string)) continue;
+        if (!json_object_is_type(c, json_type_string))
+            return zb__err(ZB_E_METADATA, "%s: column-order entry %zu is not a column name", df, i);
         const char *col = json_object_get_string(c);
         join(path, sizeof path, df, col);
         snprintf(name, sizeof name, "obs/%s", col);

@@ -963,8 +963,10 @@ check_sparse(verifier *v, const zb__tree_node *g, bool csr)
                 "%" PRIu64 " entries, but shape [%" PRIu64 ", %" PRIu64 "] needs %" PRIu64
                 " (%s + 1)",
                 n_ptr, shape[0], shape[1], major + 1, csr ? "n_obs" : "n_vars");
+    /* values are scanned only where the lengths agree: a length that disagrees is reported
+     * above, and may be anything a damaged document says (2^40 entries, 60 stored) */
     if (v->r->metadata_only) return;
-    if (!indptr->bad && n_ptr > 0) {
+    if (!indptr->bad && n_ptr > 0 && len_ok) {
         int64_t last = 0;
         if (scan_pointers(v, indptr, n_ptr, csr ? "row" : "column", &last) != SCAN_UNREAD) {
             if (last != (int64_t)nnz)
@@ -973,7 +975,7 @@ check_sparse(verifier *v, const zb__tree_node *g, bool csr)
                         data->node->path, nnz);
         }
     }
-    if (!indices->bad)
+    if (!indices->bad && rows_of(indices) == nnz)
         scan_range(v, indices, 0, minor > INT64_MAX ? INT64_MAX : (int64_t)minor,
                    csr ? "column ids" : "row ids", csr ? " (n_vars)" : " (n_obs)");
 }
@@ -1037,9 +1039,12 @@ check_dataframe(verifier *v, const zb__tree_node *df)
         if (!name || !strcmp(name, idx)) continue;
         varr *va = column_array(v, col);
         if (!va || !va->a || va->a->meta.ndim == 0) continue;
-        if (rows_of(va) != n)
+        if (rows_of(va) != n) { /* reported; its values are not scanned (its shape may be
+                                   anything a damaged document says, 2^40 rows) */
             finding(v, ZB_VERIFY_PROBLEM, ZB_E_CORRUPT, va->node->path,
                     "%" PRIu64 " rows, but the dataframe index has %" PRIu64, rows_of(va), n);
+            continue;
+        }
         const char *et = col->is_array ? NULL : attr_str(col->attrs, "encoding-type");
         if (et && !strncmp(et, "nullable-", 9)) {
             varr *mask = child_array(v, col->path, "mask");
@@ -1416,6 +1421,52 @@ check_reader_opens(verifier *v, const zb__tree_node *g)
     zb_dataset_close(ds);
 }
 
+/* A generic dataset (a `zbatch` attribute, docs/FORMATS-zbatch.md) has no rules of verify's own:
+ * the reader's are its rules. It must open, and every sample must read: the reader checks each
+ * sample's pointers against its fields and its index values against their segment as it
+ * delivers them, so the samples are read in blocks and the first refusal is the problem
+ * reported. Bounded: past GENERIC_READ_MAX samples a note says they were not read. */
+#define GENERIC_READ_MAX (UINT64_C(1) << 24)
+#define GENERIC_BLOCK 4096
+
+static void
+check_reader_reads(verifier *v, const zb__tree_node *g)
+{
+    if (v->r->n_problems != 0 || v->fatal != ZB_OK) return;
+    zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+    o.use_consolidated = !v->listed;
+    zb_dataset *ds = NULL;
+    uint64_t n = 0;
+    zb_status st = zb_dataset_open(v->store, g->path, &o, &ds);
+    if (st == ZB_OK) st = zb_dataset_len(ds, &n);
+    if (st != ZB_OK) {
+        finding(v, ZB_VERIFY_PROBLEM, st, shown(g->path), "the reader refuses this dataset: %s",
+                zb_last_error());
+    } else if (v->r->metadata_only) {
+        /* nothing read: the values are not checked */
+    } else if (n > GENERIC_READ_MAX) {
+        finding(v, ZB_VERIFY_NOTE, ZB_OK, shown(g->path),
+                "%" PRIu64 " samples: their values were not read through (verify reads a "
+                "generic dataset's samples up to %" PRIu64 ")",
+                n, GENERIC_READ_MAX);
+    } else {
+        uint64_t ids[GENERIC_BLOCK];
+        for (uint64_t first = 0; first < n && st == ZB_OK; first += GENERIC_BLOCK) {
+            size_t k = n - first < GENERIC_BLOCK ? (size_t)(n - first) : GENERIC_BLOCK;
+            for (size_t i = 0; i < k; i++) ids[i] = first + i;
+            zb_batch *b = NULL;
+            st = zb_dataset_read_many(ds, ids, k, &b);
+            zb_batch_free(b);
+        }
+        if (st == ZB_E_NOMEM)
+            v->fatal = st;
+        else if (st != ZB_OK)
+            finding(v, ZB_VERIFY_PROBLEM, st, shown(g->path), "the reader refuses %s",
+                    zb_last_error());
+    }
+    zb_dataset_close(ds);
+}
+
 static void
 check_layouts(verifier *v)
 {
@@ -1434,7 +1485,14 @@ check_layouts(verifier *v)
         const zb__tree_node *g = &v->tree->nodes[i];
         if (g->is_array) continue;
         const char *et = attr_str(g->attrs, "encoding-type");
-        if ((et && !strcmp(et, "anndata")) || is_atomic_group(v, g)) check_reader_opens(v, g);
+        /* the reader takes any group with meta/atoms_ptr as atomic, core group or not; a
+         * collection is opened whole (its datasets must agree on their fields) */
+        if ((et && (!strcmp(et, "anndata") || !strcmp(et, "annbatch-preshuffled") ||
+                    !strcmp(et, "zbatch-collection"))) ||
+            is_atomic_group(v, g) || child_array(v, g->path, "meta/atoms_ptr"))
+            check_reader_opens(v, g);
+        else if (!et && zb__json_get(g->attrs, "zbatch"))
+            check_reader_reads(v, g);
     }
 }
 

@@ -520,6 +520,19 @@ test_corrupt_pointers(void **state)
     zb_dataset_close(ds);
     zb_store_close(st);
 
+    /* a pointer of INT64_MIN before a positive one: the segment lengths (the samplers' sizes)
+     * are an error naming the row, with no signed overflow computing a length past it (the
+     * damage campaign found `a1 - a0` evaluated after the error: UBSan) */
+    memcpy(bad, s.ptr, sizeof bad);
+    bad[4] = INT64_MIN;
+    bo.ptr_override = bad;
+    st = build(&s, &bo);
+    ds = open_ds(st, 0, 1);
+    uint64_t lens[N];
+    ZB_ASSERT_ERR(zb_dataset_segment_lengths(ds, "seg", lens), ZB_E_CORRUPT, "row 3");
+    zb_dataset_close(ds);
+    zb_store_close(st);
+
     /* a pointer array whose end disagrees with the values is refused on open */
     memcpy(bad, s.ptr, sizeof bad);
     bad[N] = s.total - 1;

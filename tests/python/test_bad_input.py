@@ -11,7 +11,7 @@ import pytest
 import zarr
 import zarr.codecs as zc
 
-from conftest import (MAX64, assert_read_equal, expect_error, info, load_json,
+from conftest import (MAX64, assert_read_equal, expect_error, info, load_json, zbatch_api,
                       parse_shard_index, patch_shard_index, read, run_cli, sample_data,
                       write_json, write_v2, write_v3)
 
@@ -479,3 +479,24 @@ def test_bad_pointer_array_dtype_or_value(tmp_path, dtype, values, status, needl
         zb.open(str(tmp_path / "g.zarr")).read_many(np.array([0, 1]))
     assert e.value.status == status
     assert "ptr" in str(e.value) and needle in str(e.value)
+
+
+@pytest.mark.parametrize("rows, status, words", [
+    (2**61, "ZB_E_OVERFLOW", ["9223372036854775808 bytes"]),  # 2^63 bytes: past ssize_t
+    (2**40, "ZB_E_NOMEM", ["4398046511104 bytes"]),     # 4 TiB: no machine has it
+])
+def test_read_array_of_a_huge_declared_shape(tmp_path, rows, status, words):
+    """Found by the damage campaign (scripts/campaign.py): a shape rewritten to 2^61 or 2^40
+    rows made read_array raise a bare SystemError or MemoryError (no status, no message). It
+    is a ZbatchError naming the rows and the byte size."""
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=(100,), chunks=(10,), dtype="float32")
+    a[:] = np.arange(100, dtype=np.float32)
+    doc = load_json(tmp_path / "a.zarr" / "zarr.json")
+    doc["shape"] = [rows]
+    (tmp_path / "a.zarr" / "zarr.json").write_text(json.dumps(doc))
+    zb = zbatch_api()
+    with expect_error(status, "rows [0, %d)" % rows, *words):
+        zb.read_array(str(tmp_path / "a.zarr"))
+    # the rows that are there still read, as zarr-python reads them
+    np.testing.assert_array_equal(zb.read_array(str(tmp_path / "a.zarr"), "", 0, 100),
+                                  np.arange(100, dtype=np.float32))

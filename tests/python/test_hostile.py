@@ -527,3 +527,81 @@ def test_atomic_edge_index_outside_its_structure_error_and_skip(tmp_path):
     n5 = len(samples[5]["positions"])
     want_nl = np.concatenate([samples[5]["neighbor_list"], samples[0]["neighbor_list"] + n5])
     np.testing.assert_array_equal(np.asarray(b["neighbor_list"]), want_nl)
+
+
+@pytest.mark.parametrize("group, key, value, words", [
+    ("obs/ct", "encoding-type", 4611686018427387904, ["obs/ct", "encoding-type"]),
+    ("obs/ct", "encoding-type", None, ["obs/ct", "encoding-type"]),   # deleted
+    ("obs", "column-order", 2147483648, ["obs", "column-order"]),
+    ("obs", "column-order", ["ct", 7], ["obs", "column-order entry 1"]),
+])
+def test_column_encoding_type_not_a_string_is_refused(tmp_path, adata, group, key, value, words):
+    """Found by the damage campaign (scripts/campaign.py): an obs column whose encoding-type
+    attribute is a number or is missing, or a column-order that is not a list of names, left
+    the columns out of every batch without a word, and `zbatch verify` called the store clean.
+    anndata refuses such stores too."""
+    zb = zbatch_api()
+    path = write_store(tmp_path / "a.zarr", adata)
+    g = zarr.open_group(str(path / group), mode="r+")
+    if value is None:
+        del g.attrs[key]
+    else:
+        g.attrs[key] = value
+    zarr.consolidate_metadata(str(path))
+    with pytest.raises(Exception):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ad.read_zarr(str(path))  # the oracle refuses it
+    with expect_error("ZB_E_METADATA", *words):
+        zb.open(str(path))
+    r = run_cli("verify", path)
+    assert r.returncode == 1 and all(w in r.stdout for w in words), r.stdout
+
+
+@pytest.mark.parametrize("shape", [1, "60,12", {"rows": 60}, None])
+def test_csr_shape_attribute_that_is_not_a_list(tmp_path, adata, shape):
+    """Found by the damage campaign (scripts/campaign.py): X's shape attribute rewritten to a
+    number aborted the process in json-c (json_object_array_length's assertion, SIGABRT) at
+    zbatch.open. It is ZB_E_METADATA naming X and its shape; run in a child process, so that
+    an abort fails this test instead of ending the test run."""
+    import subprocess
+    import sys
+    path = write_store(tmp_path / "a.zarr", adata)
+    g = zarr.open_group(str(path / "X"), mode="r+")
+    g.attrs["shape"] = shape
+    zarr.consolidate_metadata(str(path))
+    code = ("import sys, zbatch\n"
+            "try:\n    zbatch.open(sys.argv[1])\n"
+            "except zbatch.ZbatchError as e:\n    print(e.status, e)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("ZB_E_METADATA") and "X" in r.stdout and "shape" in r.stdout, \
+        r.stdout
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["file", "http"])
+def test_categories_metadata_comes_from_the_same_snapshot(tmp_path, adata, remote, request):
+    """Found by the damage campaign (scripts/campaign.py), over HTTP: the reader took every
+    array's metadata from the consolidated snapshot except the categories', which it read
+    from their own zarr.json, so a damaged categories document failed read_many while
+    `zbatch verify` (which has only the snapshot over HTTP) called the store clean. The
+    categories now come from the same tree as everything else: the store reads as its
+    snapshot says, as anndata (consolidated) reads it."""
+    zb = zbatch_api()
+    path = write_store(tmp_path / "a.zarr", adata)
+    doc_path = path / "obs" / "ct" / "categories" / "zarr.json"
+    doc = json.loads(doc_path.read_text())
+    doc["data_type"] = 1.5  # the node's own document only; the snapshot keeps "string"
+    doc_path.write_text(json.dumps(doc))
+    url = str(path)
+    if remote:
+        url = f"{request.getfixturevalue('nginx_serve')(tmp_path).url}/a.zarr"
+    ds = zb.open(url)
+    b = ds.read_many(list(range(N_OBS)))
+    np.testing.assert_array_equal(np.asarray(b["obs/ct"]), adata.obs["ct"].cat.codes.values)
+    assert list(ds.categories("obs/ct")) == CATS
+    # the file store's verify compares the documents with the snapshot and says so
+    if not remote:
+        r = run_cli("verify", path)
+        assert r.returncode == 1 and "obs/ct/categories" in r.stdout, r.stdout
