@@ -145,7 +145,9 @@ copy_out(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *unit, 
  * missing (fill) or found in the decoded-chunk cache (see unit_into for `entry`). A cached unit
  * is read where the cache holds it (pinned): copying a whole cached unit to serve a few of its
  * rows cost as much as the rows' share of a window is small (PERFORMANCE.md, "nvalchemi's own
- * layout"). A unit that one copy covers whole and unpadded is decoded straight into the batch. */
+ * layout"). A unit that one copy covers whole and unpadded is decoded straight into the batch.
+ * A blosc frame holding a plain copy (zb__array_unit_plain) is not decoded: its copies are read
+ * (and widened) straight from `enc`, the fetched bytes or the store's view. */
 static zb_status
 serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc, size_t enc_len,
            bool missing, const char *key, const uint64_t *entry)
@@ -165,7 +167,17 @@ serve_unit(exec *x, size_t c0, size_t c1, const uint64_t *g, const uint8_t *enc,
     void *pin = NULL;
     const uint8_t *unit = NULL; /* the decoded unit, when not decoded into the batch */
     if (cache && !missing) unit = zb__cache_pin(cache, a, zb__unit_linear(u, g), unit_bytes, &pin);
-    if (unit) {
+    const uint8_t *plain = NULL; /* a blosc plain copy: served from `enc` like a raw unit */
+    if (!unit && enc && !missing)
+        ZB_TRY(zb__array_unit_plain(a, x->ctx, enc, enc_len, key, &plain));
+    if (plain) {
+        x->t->stats.chunks_decoded++;
+        x->t->stats.bytes_decoded += unit_bytes;
+        if (cache) zb__cache_put(cache, a, zb__unit_linear(u, g), plain, unit_bytes);
+        if (direct)
+            memcpy(bf->data + cp->dst_row * bf->row_elems * bf->itemsize, plain, unit_bytes);
+        unit = plain;
+    } else if (unit) {
         x->t->stats.chunks_cached++;
         if (direct) {
             memcpy(bf->data + cp->dst_row * bf->row_elems * bf->itemsize, unit, unit_bytes);

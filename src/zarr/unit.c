@@ -11,6 +11,7 @@
 #include "util/status.h"
 #include "zarr/array.h"
 #include "zarr/codec.h"
+#include "zarr/codecs/codecs.h"
 #include "zarr/shard.h"
 
 /* ---- decode ---------------------------------------------------------------------------- */
@@ -309,14 +310,40 @@ zb__array_decode_unit(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t
     return ZB_OK;
 }
 
-bool
-zb__array_unit_raw(const zb_array *a)
+/* The unit's chain when its `bytes` codec yields the unit's bytes as they are (native order, no
+ * transpose, nothing around the inner chunks of a shard), whatever bytes->bytes codecs follow;
+ * else NULL. */
+static const zb__chain *
+native_bytes_chain(const zb_array *a)
 {
     const zb__array_meta *m = &a->meta;
     const zb__chain *c = m->chain.ab == ZB_AB_SHARDING ? m->chain.shard->inner_chain : &m->chain;
-    if (m->chain.ab == ZB_AB_SHARDING && (m->chain.nbb > 0 || m->chain.has_transpose)) return false;
-    return c->ab == ZB_AB_BYTES && c->nbb == 0 && !c->has_transpose &&
-           (!c->big_endian || m->itemsize == 1);
+    if (m->chain.ab == ZB_AB_SHARDING && (m->chain.nbb > 0 || m->chain.has_transpose)) return NULL;
+    bool native = c->ab == ZB_AB_BYTES && !c->has_transpose && (!c->big_endian || m->itemsize == 1);
+    return native ? c : NULL;
+}
+
+bool
+zb__array_unit_raw(const zb_array *a)
+{
+    const zb__chain *c = native_bytes_chain(a);
+    return c && c->nbb == 0;
+}
+
+zb_status
+zb__array_unit_plain(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
+                     const char *key, const uint8_t **plain)
+{
+    const zb__chain *c = native_bytes_chain(a);
+    *plain = NULL;
+    if (!c || c->nbb != 1 || c->bb[0].id != ZB_CODEC_BLOSC) return ZB_OK;
+    size_t unit_bytes = (size_t)zb__array_unit_bytes(a);
+    ZB_TRY(zb__blosc_plain(enc, enc_len, unit_bytes, plain, key));
+    if (*plain) { /* counted as decode_fixed counts a decoded unit */
+        ctx->stats.chunks_decoded++;
+        ctx->stats.bytes_decoded += unit_bytes;
+    }
+    return ZB_OK;
 }
 
 void

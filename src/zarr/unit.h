@@ -218,6 +218,13 @@ bool zb__array_whole_shard(const zb_array *a);
  * the object at its byte offset. */
 bool zb__array_unit_raw(const zb_array *a);
 
+/* A unit whose chain is `bytes` (native order) and one blosc codec, stored as a blosc plain
+ * copy (zb__blosc_plain): *plain points at its decoded bytes inside `enc`, counted as decoded,
+ * so a reader serves it like a raw unit; *plain NULL: decode it (zb__array_decode_unit). A frame
+ * whose header is wrong fails here as it would in the decode. */
+zb_status zb__array_unit_plain(const zb_array *a, zb_ctx *ctx, const uint8_t *enc, size_t enc_len,
+                               const char *key, const uint8_t **plain);
+
 /* Writes the fill value over one unit's bytes. */
 void zb__array_fill_unit(const zb_array *a, uint8_t *dst);
 

@@ -23,6 +23,7 @@
 
 #include "util/buf.h"
 #include "zarr/codec.h"
+#include "zarr/codecs/codecs.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Helpers.
@@ -692,6 +693,75 @@ test_blosc_header_checks(void **state)
     free(data);
 }
 
+/* zb__blosc_plain: a frame blosc stored as a plain copy (BLOSC_MEMCPYED: uniformly spread uint16
+ * ids under lz4 without shuffle) is its input 16 bytes in; a compressed one is left to the
+ * decoder; a plain-copy header that lies fails as zb__codec_decode fails on it. */
+static void
+test_blosc_plain_copy(void **state)
+{
+    (void)state;
+    size_t n = 4096 * 2;
+    uint16_t *ids = malloc(n);
+    assert_non_null(ids);
+    for (size_t i = 0; i < n / 2; i++) ids[i] = (uint16_t)(rng() % 62710);
+    zb__codec c = blosc_codec("lz4", 5, ZB_SHUFFLE_NONE);
+    zb__buf enc = {0};
+    assert_int_equal(zb__codec_encode(&c, NULL, (const uint8_t *)ids, n, 2, &enc), ZB_OK);
+    assert_true(enc.data[2] & BLOSC_MEMCPYED);
+    assert_int_equal(enc.len, n + BLOSC_MAX_OVERHEAD);
+    const uint8_t *plain = NULL;
+    assert_int_equal(zb__blosc_plain(enc.data, enc.len, n, &plain, "X/indices/c/7"), ZB_OK);
+    assert_ptr_equal(plain, enc.data + 16);
+    assert_memory_equal(plain, ids, n);
+
+    /* A compressed frame: not a plain copy, decoded by blosc as before. */
+    uint8_t *floats = make_floats(2048);
+    zb__buf comp = {0};
+    assert_int_equal(zb__codec_encode(&c, NULL, floats, 2048 * 4, 4, &comp), ZB_OK);
+    assert_false(comp.data[2] & BLOSC_MEMCPYED);
+    plain = (const uint8_t *)1;
+    assert_int_equal(zb__blosc_plain(comp.data, comp.len, 2048 * 4, &plain, "k"), ZB_OK);
+    assert_null(plain);
+
+    /* Lies, each failing here and in the decoder alike. */
+    uint8_t *copy = malloc(enc.len);
+    assert_non_null(copy);
+    struct {
+        size_t at, len; /* the frame's bytes [at, at + len) from `copy` */
+        zb_status want;
+        const char *names;
+    } lies[] = {
+        {0, enc.len, ZB_E_CORRUPT, "nbytes"},         /* nbytes 2 short of the unit's */
+        {0, enc.len, ZB_E_CORRUPT, "cbytes"},         /* cbytes 2 short of the length */
+        {0, enc.len, ZB_E_TRUNCATED, "cbytes"},       /* cbytes 100 past the length */
+        {0, enc.len - 2, ZB_E_CORRUPT, "plain-copy"}, /* cut by 2, cbytes saying so */
+    };
+    for (size_t k = 0; k < sizeof lies / sizeof lies[0]; k++) {
+        memcpy(copy, enc.data, enc.len);
+        if (k == 0) put_le32(copy + 4, (uint32_t)n - 2);
+        if (k == 1) put_le32(copy + 12, (uint32_t)enc.len - 2);
+        if (k == 2) put_le32(copy + 12, (uint32_t)enc.len + 100);
+        if (k == 3) put_le32(copy + 12, (uint32_t)enc.len - 2);
+        plain = NULL;
+        assert_int_equal(zb__blosc_plain(copy, lies[k].len, n, &plain, "X/indices/c/7"),
+                         lies[k].want);
+        assert_null(plain);
+        assert_error_names("X/indices/c/7");
+        assert_error_names(lies[k].names);
+        assert_int_equal(decode_exact(&c, NULL, copy, lies[k].len, n, n, NULL, NULL), lies[k].want);
+    }
+    /* A compressed frame flagged as a plain copy: its length is not nbytes + 16. */
+    comp.data[2] |= BLOSC_MEMCPYED;
+    assert_int_equal(zb__blosc_plain(comp.data, comp.len, 2048 * 4, &plain, "k"), ZB_E_CORRUPT);
+    assert_int_equal(decode_exact(&c, NULL, comp.data, comp.len, 2048 * 4, 2048 * 4, NULL, NULL),
+                     ZB_E_CORRUPT);
+    free(copy);
+    free(floats);
+    free(ids);
+    zb__buf_free(&comp);
+    zb__buf_free(&enc);
+}
+
 static void
 test_blosc_typesize_differs_from_dtype(void **state)
 {
@@ -1221,6 +1291,7 @@ main(void)
         cmocka_unit_test(test_zstd_size_mismatch_and_checksum),
         cmocka_unit_test(test_lz4_framing_errors),
         cmocka_unit_test(test_blosc_header_checks),
+        cmocka_unit_test(test_blosc_plain_copy),
         cmocka_unit_test(test_blosc_typesize_differs_from_dtype),
         cmocka_unit_test(test_blosc_random_garbage),
         cmocka_unit_test(test_gzip_members_and_mtime),

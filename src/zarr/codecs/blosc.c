@@ -100,6 +100,30 @@ zb__blosc_decode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t
 }
 
 zb_status
+zb__blosc_plain(const uint8_t *src, size_t src_len, size_t expected, const uint8_t **plain,
+                const char *where)
+{
+    size_t nbytes = 0;
+    *plain = NULL;
+    ZB_TRY(check_header(src, src_len, &nbytes, where));
+    if (nbytes != expected)
+        return zb__err(ZB_E_CORRUPT, "%s: blosc header nbytes %zu != expected %zu (offset %d)",
+                       where, nbytes, expected, OFF_NBYTES);
+    int flags = 0;
+    size_t typesize = 0;
+    blosc_cbuffer_metainfo(src, &typesize, &flags);
+    if (!(flags & BLOSC_MEMCPYED)) return ZB_OK;
+    /* what blosc_decompress_ctx itself requires of a plain copy */
+    if (src_len != nbytes + BLOSC_MAX_OVERHEAD)
+        return zb__err(ZB_E_CORRUPT,
+                       "%s: blosc plain-copy frame (flags 0x%02x) of %zu bytes does not hold the "
+                       "%zu-byte header and its nbytes %zu",
+                       where, (unsigned)flags, src_len, (size_t)BLOSC_MAX_OVERHEAD, nbytes);
+    *plain = src + BLOSC_MAX_OVERHEAD;
+    return ZB_OK;
+}
+
+zb_status
 zb__blosc_encode(const zb__codec *codec, zb_ctx *ctx, const uint8_t *src, size_t src_len,
                  size_t itemsize, zb__buf *out)
 {

@@ -20,4 +20,10 @@ ZB_CODEC_PROTOS_(zlib)
 ZB_CODEC_PROTOS_(crc32c)
 #undef ZB_CODEC_PROTOS_
 
+/* A blosc frame that holds a plain copy (BLOSC_MEMCPYED, as blosc stores data it cannot
+ * compress): *plain points at its `expected` bytes inside `src`; any other valid frame: *plain
+ * NULL, for zb__blosc_decode. The header is checked exactly as zb__blosc_decode checks it. */
+zb_status zb__blosc_plain(const uint8_t *src, size_t src_len, size_t expected,
+                          const uint8_t **plain, const char *where);
+
 #endif
