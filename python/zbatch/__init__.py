@@ -122,7 +122,11 @@ def write_array(store: str, path: str, data, chunks=None, shards=None, codec: Op
     if arr.dtype.kind in "UOS":
         if arr.ndim != 1:
             raise ValueError("string arrays must be 1-d")
-        encoded = [str(v).encode("utf-8", "surrogateescape") for v in arr.tolist()]
+        try:
+            encoded = [str(v).encode("utf-8") for v in arr.tolist()]
+        except UnicodeEncodeError as e:  # lone surrogates: no UTF-8 for them, none stored
+            raise ValueError(f"write_array: a string is not valid Unicode text ({e.reason}): "
+                             "strings are stored as UTF-8") from None
         lens = _np.fromiter((len(b) for b in encoded), dtype=_np.uint64, count=len(encoded))
         offsets = _np.zeros(len(encoded) + 1, dtype=_np.uint64)
         _np.cumsum(lens, out=offsets[1:])

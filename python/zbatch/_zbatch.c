@@ -100,6 +100,33 @@ zbpy_raise(zb_status st, const char *detail)
     return raise_detail(st, detail);
 }
 
+PyObject *
+zbpy_strings(const char *data, const int64_t *offsets, const uint64_t *uoffsets, uint64_t n,
+             const char *what)
+{
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (uint64_t i = 0; l && i < n; i++) {
+        uint64_t a = offsets ? (uint64_t)offsets[i] : uoffsets[i];
+        uint64_t e = offsets ? (uint64_t)offsets[i + 1] : uoffsets[i + 1];
+        PyObject *o = PyUnicode_DecodeUTF8(data + a, (Py_ssize_t)(e - a), NULL);
+        if (!o && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            char msg[512];
+            snprintf(msg, sizeof msg,
+                     "%s: string %llu (%llu bytes) is not UTF-8 (vlen-utf8 strings must be; "
+                     "zarr-python refuses it too)",
+                     what, (unsigned long long)i, (unsigned long long)(e - a));
+            zbpy_raise(ZB_E_CORRUPT, msg);
+        }
+        if (!o) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, o);
+    }
+    return l;
+}
+
 static PyObject *
 shape_tuple(const zb_array_info *info, uint64_t rows)
 {
@@ -161,17 +188,7 @@ py_read_array(PyObject *self, PyObject *args)
         st = zb_array_read_strings(array, start, stop, &s, NULL);
         Py_END_ALLOW_THREADS
         if (st != ZB_OK) goto fail_status;
-        data = PyList_New((Py_ssize_t)s.n);
-        for (uint64_t i = 0; data && i < s.n; i++) {
-            PyObject *o = PyUnicode_DecodeUTF8(s.data + s.offsets[i],
-                                               (Py_ssize_t)(s.offsets[i + 1] - s.offsets[i]),
-                                               "surrogateescape");
-            if (!o) {
-                Py_CLEAR(data);
-                break;
-            }
-            PyList_SET_ITEM(data, (Py_ssize_t)i, o);
-        }
+        data = zbpy_strings(s.data, NULL, s.offsets, s.n, array_path);
         zb_strings_free(&s);
         if (!data) goto fail;
     } else {

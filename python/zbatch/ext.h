@@ -12,6 +12,12 @@
  * when not NULL); returns NULL. */
 PyObject *zbpy_raise(zb_status st, const char *detail);
 
+/* n strings as a list of str: string i is data[offsets[i] .. offsets[i+1]) (int64 offsets, or
+ * uint64 `uoffsets` when offsets is NULL). Bytes that are not UTF-8 raise ZbatchError
+ * (ZB_E_CORRUPT) naming `what` and the string, as zarr-python refuses them; NULL then. */
+PyObject *zbpy_strings(const char *data, const int64_t *offsets, const uint64_t *uoffsets,
+                       uint64_t n, const char *what);
+
 /* Fills *o from the flat dict of zbatch._remote.remote_options (None: defaults); the strings
  * are borrowed from the dict. Returns 0, or -1 with an exception set. */
 int zbpy_remote_opts(PyObject *dict, zb_remote_opts *o);

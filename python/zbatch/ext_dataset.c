@@ -84,25 +84,6 @@ shape_of(uint64_t rows, int ndim, const uint64_t *row_shape)
     return t;
 }
 
-/* n strings as a list of str: string i is data[offsets[i] .. offsets[i+1]) (bytes that are
- * not UTF-8 come through as surrogates, as os.fsdecode does). */
-static PyObject *
-strings_list(const char *data, const int64_t *offsets, const uint64_t *uoffsets, uint64_t n)
-{
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    for (uint64_t i = 0; l && i < n; i++) {
-        uint64_t a = offsets ? (uint64_t)offsets[i] : uoffsets[i];
-        uint64_t e = offsets ? (uint64_t)offsets[i + 1] : uoffsets[i + 1];
-        PyObject *o = PyUnicode_DecodeUTF8(data + a, (Py_ssize_t)(e - a), "surrogateescape");
-        if (!o) {
-            Py_CLEAR(l);
-            break;
-        }
-        PyList_SET_ITEM(l, (Py_ssize_t)i, o);
-    }
-    return l;
-}
-
 /* Converts a batch into a dict: name -> (buffer, typestr, shape, kind, segment), a string
  * field's buffer being a list of str; plus "index", "dataset", "segments" {name: buffer of
  * int64 [B+1]} and "stats". */
@@ -132,7 +113,7 @@ zbpy_batch_dict(const zb_batch *cb, PyObject *owner)
         uint64_t elems = v.nrows;
         for (int k = 0; k < v.ndim; k++) elems *= v.row_shape[k];
         PyObject *buf = v.dtype == ZB_DT_STRING
-                            ? strings_list(v.data, v.ptr, NULL, v.nrows)
+                            ? zbpy_strings(v.data, v.ptr, NULL, v.nrows, v.name)
                             : make_buffer(owner, v.data, (size_t)(elems * zb_dtype_size(v.dtype)));
         PyObject *shape = shape_of(v.nrows, v.ndim, v.row_shape);
         /* the segment a ragged field is split by: found by its pointer array */
@@ -400,7 +381,7 @@ dataset_categories(DatasetObject *self, PyObject *args)
     if (st != ZB_OK) return zbpy_raise(st, NULL);
     PyObject *labels =
         t.dtype == ZB_DT_STRING
-            ? strings_list(t.strings->data, NULL, t.strings->offsets, t.n)
+            ? zbpy_strings(t.strings->data, NULL, t.strings->offsets, t.n, name)
             : Py_BuildValue("(y#s)", (const char *)t.values,
                             (Py_ssize_t)(t.n * zb_dtype_size(t.dtype)), zb_dtype_typestr(t.dtype));
     if (!labels) return NULL;
@@ -458,7 +439,7 @@ dataset_read_strings(DatasetObject *self, PyObject *args)
         free(missing);
         return zbpy_raise(st, NULL);
     }
-    PyObject *l = strings_list(s.data, NULL, s.offsets, s.n);
+    PyObject *l = zbpy_strings(s.data, NULL, s.offsets, s.n, name);
     zb_strings_free(&s);
     PyObject *r = l ? Py_BuildValue("(Ny#)", l, (const char *)missing, (Py_ssize_t)n) : NULL;
     free(missing);
@@ -476,7 +457,7 @@ dataset_var_names(DatasetObject *self, PyObject *noargs)
     st = zb_dataset_var_names(self->ds, &s);
     Py_END_ALLOW_THREADS
     if (st != ZB_OK) return zbpy_raise(st, NULL);
-    return strings_list(s->data, NULL, s->offsets, s->n);
+    return zbpy_strings(s->data, NULL, s->offsets, s->n, "var/_index");
 }
 
 /* columns() -> [(name, kind, dtype)]: obs as anndata lists it */

@@ -22,22 +22,11 @@ open_source(const char *path, zb__src **src)
     return Py_None;
 }
 
+/* s as a list of str (zbpy_strings: not UTF-8 is ZbatchError naming `what`) */
 static PyObject *
-strings_list(const zb_strings *s)
+strings_list(const zb_strings *s, const char *what)
 {
-    PyObject *list = PyList_New((Py_ssize_t)s->n);
-    if (!list) return NULL;
-    for (uint64_t i = 0; i < s->n; i++) {
-        PyObject *o = PyUnicode_DecodeUTF8(s->data + s->offsets[i],
-                                           (Py_ssize_t)(s->offsets[i + 1] - s->offsets[i]),
-                                           "surrogateescape");
-        if (!o) {
-            Py_DECREF(list);
-            return NULL;
-        }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, o);
-    }
-    return list;
+    return zbpy_strings(s->data, NULL, s->offsets, s->n, what);
 }
 
 static PyObject *
@@ -48,7 +37,7 @@ column_dict(const zb__col_info *c)
     Py_INCREF(Py_None);
     if (c->categories) {
         Py_DECREF(cats);
-        cats = strings_list(c->categories);
+        cats = strings_list(c->categories, c->name);
         if (!cats) goto fail;
     }
     if (c->category_values) {
@@ -135,7 +124,7 @@ py_src_matrix(PyObject *self, PyObject *args)
         zbpy_raise(st, NULL);
         goto done;
     }
-    PyObject *var = strings_list(&names);
+    PyObject *var = strings_list(&names, "the var names");
     if (!var) goto done;
     out = Py_BuildValue(
         "{s:s,s:s,s:(KK),s:K,s:y#,s:y#,s:y#,s:N}", "layout", layout_names[info->layout], "dtype",
@@ -187,7 +176,7 @@ py_src_column(PyObject *self, PyObject *args)
     }
     if (c->kind == ZB_COL_STRING || (c->kind == ZB_COL_NULLABLE && c->dtype == ZB_DT_STRING)) {
         Py_DECREF(strings);
-        strings = strings_list(&b.strings);
+        strings = strings_list(&b.strings, c->name);
     }
     if (b.mask) {
         Py_DECREF(mask);
@@ -227,7 +216,7 @@ py_src_obs_names(PyObject *self, PyObject *args)
     if (st != ZB_OK)
         zbpy_raise(st, NULL);
     else
-        out = strings_list(&s);
+        out = strings_list(&s, "the obs names");
     zb_strings_free(&s);
     zb__src_close(src);
     return out;

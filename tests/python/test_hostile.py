@@ -605,3 +605,71 @@ def test_categories_metadata_comes_from_the_same_snapshot(tmp_path, adata, remot
     if not remote:
         r = run_cli("verify", path)
         assert r.returncode == 1 and "obs/ct/categories" in r.stdout, r.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# Strings that are not UTF-8 in a string chunk (found by scripts/campaign.py)
+# ------------------------------------------------------------------------------------------------
+def _flip_in_chunks(group_dir, marker: bytes) -> int:
+    """Replaces the first byte of `marker` by 0xff in every uncompressed chunk file under
+    group_dir that holds it; returns how many files changed."""
+    changed = 0
+    for f in sorted(p for p in group_dir.rglob("*") if p.is_file() and p.name != "zarr.json"):
+        data = f.read_bytes()
+        if marker in data:
+            f.write_bytes(data.replace(marker, b"\xff" + marker[1:]))
+            changed += 1
+    return changed
+
+
+def test_strings_not_utf8_are_refused_as_zarr_python_refuses_them(tmp_path):
+    zb = zbatch_api()
+    path = tmp_path / "s.zarr"
+    zb.write_array(str(path), "names", ["alpha", "bqqzzb", "gamma"], codec="none")
+    assert _flip_in_chunks(path / "names", b"bqqzzb") == 1
+    with pytest.raises(Exception):  # the oracle refuses the chunk
+        zarr.open_array(str(path / "names"))[:]
+    with expect_error("ZB_E_CORRUPT", "names: string 1 (6 bytes) is not UTF-8"):
+        zb.read_array(str(path), "names")
+
+    # anndata's store: a categorical's categories, a string obs column and the var names
+    n = 6
+    obs = pd.DataFrame({"ct": pd.Categorical(["cqqzzt", "b"] * 3),
+                        "label": [f"lqqzz{i}" for i in range(n)]},
+                       index=[f"c{i}" for i in range(n)])
+    var = pd.DataFrame(index=["g0", "vqqzzg", "g2"])
+    a = ad.AnnData(sp.random(n, 3, density=0.5, format="csr", dtype=np.float32, random_state=0),
+                   obs=obs, var=var)
+    store = tmp_path / "a.zarr"
+    a.write_zarr(str(store))
+    # rewrite the three string arrays uncompressed, so one byte can be flipped
+    root = zarr.open_group(str(store), mode="a")
+    for key in ("obs/ct/categories", "obs/label", "var/_index"):
+        values = root[key][:]
+        attrs = dict(root[key].attrs)
+        del root[key]
+        arr = root.create_array(key, shape=values.shape, dtype=values.dtype, compressors=None,
+                                chunks=values.shape, attributes=attrs)
+        arr[:] = values
+    zarr.consolidate_metadata(str(store))
+    good = zb.open(str(store))
+    assert good.categories("obs/ct") == ["b", "cqqzzt"]
+    assert list(good.var_names) == ["g0", "vqqzzg", "g2"]
+    for marker in (b"cqqzzt", b"lqqzz3", b"vqqzzg"):
+        assert _flip_in_chunks(store, marker) == 1
+    ds = zb.open(str(store))
+    with expect_error("ZB_E_CORRUPT", "obs/ct", "string 1", "is not UTF-8"):
+        ds.categories("obs/ct")
+    with expect_error("ZB_E_CORRUPT", "var/_index", "string 1", "is not UTF-8"):
+        ds.var_names
+    with expect_error("ZB_E_CORRUPT", "is not UTF-8"):
+        ds.obs
+    with pytest.raises(UnicodeDecodeError):  # the oracle: the bytes are not UTF-8
+        b"\xffvqqzzg".decode()
+
+
+def test_write_array_refuses_strings_without_utf8(tmp_path):
+    zb = zbatch_api()
+    with pytest.raises(ValueError, match="not valid Unicode text"):
+        zb.write_array(str(tmp_path / "s.zarr"), "names", ["ok", "a\udcffb"])
+    assert not (tmp_path / "s.zarr" / "names" / "zarr.json").exists()
