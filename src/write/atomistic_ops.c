@@ -147,9 +147,11 @@ recover_swap(zb_store *store, const char *path)
             if (!ends_with(sib[i], NEW_SUFFIX) && zb__at_is_complete(store, sib[i])) pick = sib[i];
         if (pick) st = zb__at_rename_tree(store, pick, path);
     }
+    /* every leftover, emptied ones too: a kill inside the removal of the old tree can leave
+     * its directories without a key in them (a backend that cannot erase directories keeps
+     * them, which zb__at_remove_tree tolerates) */
     if (st == ZB_OK && ns && zb__at_is_complete(store, path))
-        for (size_t i = 0; st == ZB_OK && i < ns; i++)
-            if (zb__at_has_keys_below(store, sib[i])) st = zb__at_remove_tree(store, sib[i]);
+        for (size_t i = 0; st == ZB_OK && i < ns; i++) st = zb__at_remove_tree(store, sib[i]);
     free_paths(sib, ns);
     return st;
 }

@@ -386,3 +386,18 @@ def test_delete_defragment_killed(tmp_path, zb):
         assert verify(path)[0] == 0
         assert not [p for p in d.iterdir() if ".zbatch-" in p.name], list(d.iterdir())
     print("kill outcomes:", outcomes)
+
+
+def test_recover_removes_an_emptied_old_tree(tmp_path, zb):
+    """A kill inside the removal of the old tree (the last step of a defragment) can leave its
+    directories with no file in them: recover() removes them too, whatever the nesting."""
+    path = tmp_path / "ds.zarr"
+    want = defrag_samples(20)
+    zb.AtomicWriter(path).write(want)
+    old = tmp_path / "ds.zarr.zbatch-old"
+    for sub in ("core/positions/c/0", "core/atomic_numbers/c", "meta/atoms_ptr"):
+        (old / sub).mkdir(parents=True)
+    zb.AtomicWriter(path).recover()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.zarr"]
+    b = zb.open(str(path)).read_many(list(range(20)))
+    np.testing.assert_array_equal(b["positions"], np.concatenate([s["positions"] for s in want]))
