@@ -1162,6 +1162,118 @@ test_listed_path_matches_file_store(void **state)
     source_free(&s);
 }
 
+/* A list-reading backend that any number of threads may call at once: each call completes its
+ * ranges on the calling thread, last first, with a pause between (so two calls interleave). */
+static zb_status
+cc_get(void *self, const char *key, uint64_t off, uint64_t len, void *dst, uint64_t *nread)
+{
+    return zb_store_get(self, key, off, len, dst, nread);
+}
+
+static zb_status
+cc_size(void *self, const char *key, uint64_t *size)
+{
+    return zb_store_size(self, key, size);
+}
+
+static zb_status
+cc_list(void *self, const char *prefix, zb_list_fn fn, void *ctx)
+{
+    return zb_store_list(self, prefix, fn, ctx);
+}
+
+static void
+cc_close(void *self)
+{
+    (void)self; /* the inner store is the test's */
+}
+
+static zb_status
+cc_get_ranges(void *self, zb_range *r, size_t n, zb_range_fn done, void *ctx)
+{
+    for (size_t k = n; k-- > 0;) {
+        r[k].status = zb_store_get(self, r[k].key, r[k].offset, r[k].length, r[k].dst, &r[k].nread);
+        usleep(50);
+        if (done(ctx, k)) break;
+    }
+    return ZB_OK;
+}
+
+static const zb_store_methods CONCURRENT = {.scheme = "concurrent",
+                                            .get = cc_get,
+                                            .size = cc_size,
+                                            .list = cc_list,
+                                            .close = cc_close,
+                                            .get_ranges = cc_get_ranges};
+
+typedef struct two_reads {
+    zb_dataset *ds;
+    const uint64_t *ids;
+    size_t n;
+    zb_batch *b;
+    zb_status st;
+} two_reads;
+
+static void *
+read_thread(void *arg)
+{
+    two_reads *t = arg;
+    t->st = zb_dataset_read_many(t->ds, t->ids, t->n, &t->b);
+    return NULL;
+}
+
+/* Two reads of one dataset at once over a list-reading store, as the loader's two windows
+ * make them: while one drives the decode pool the other's ranges arrive and wait for it
+ * (exec.c take_pool), and units found in the fetch cache stay pinned until decoded. Both
+ * batches are the file store's; the TSan tier runs this. */
+static void
+test_listed_path_two_reads_at_once(void **state)
+{
+    (void)state;
+    source s;
+    source_make(&s);
+    uint64_t a[60], b[60];
+    for (size_t i = 0; i < 60; i++) {
+        a[i] = (i * 7 + 3) % N;
+        b[i] = (i * 11 + 5) % N;
+    }
+    for (int sharded = 0; sharded < 2; sharded++) {
+        build_opts bo = {.with_index = true, .sharded = sharded};
+        zb_store *mem = build(&s, &bo), *remote = NULL;
+        ZB_ASSERT_OK(zb_store_new(&CONCURRENT, mem, &remote));
+        zb_dataset *dm = open_ds(mem, 0, 1);
+        for (int round = 0; round < 3; round++) {
+            zb_dataset_opts o = ZB_DATASET_OPTS_DEFAULT;
+            o.num_threads = 2;
+            o.inline_work_bytes = 0;                            /* decode on the pool */
+            o.fetch_cache_bytes = round == 2 ? 4096 : 1u << 20; /* small: evictions */
+            zb_dataset *dr = NULL;
+            ZB_ASSERT_OK(zb_dataset_open(remote, "", &o, &dr));
+            for (int again = 0; again < 2; again++) { /* the second pair finds units cached */
+                two_reads t[2] = {{dr, a, 60, NULL, ZB_OK}, {dr, b, 60, NULL, ZB_OK}};
+                pthread_t th[2];
+                for (int k = 0; k < 2; k++)
+                    assert_int_equal(pthread_create(&th[k], NULL, read_thread, &t[k]), 0);
+                for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+                for (int k = 0; k < 2; k++) {
+                    ZB_ASSERT_OK(t[k].st);
+                    zb_batch *want = NULL;
+                    ZB_ASSERT_OK(zb_dataset_read_many(dm, t[k].ids, t[k].n, &want));
+                    check_batch(&s, t[k].b, t[k].ids, t[k].n, true);
+                    assert_batches_equal(want, t[k].b);
+                    zb_batch_free(want);
+                    zb_batch_free(t[k].b);
+                }
+            }
+            zb_dataset_close(dr);
+        }
+        zb_dataset_close(dm);
+        zb_store_close(remote);
+        zb_store_close(mem);
+    }
+    source_free(&s);
+}
+
 /* A range that fails fails the read with the store's message; a chunk object that does not
  * exist reads as fill, as from the file store. */
 static void
@@ -1329,6 +1441,7 @@ main(void)
         cmocka_unit_test(test_listed_path_matches_file_store),
         cmocka_unit_test(test_listed_path_errors_and_missing),
         cmocka_unit_test(test_listed_path_fetch_cache),
+        cmocka_unit_test(test_listed_path_two_reads_at_once),
         cmocka_unit_test(test_invalid_samples_error_skip_and_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
