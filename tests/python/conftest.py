@@ -379,3 +379,14 @@ def fault_proxy():
     yield start
     for proxy in proxies:
         proxy.stop()
+
+
+@pytest.fixture(params=["mmap", "pread"])
+def io(request, monkeypatch):
+    """The file store's read path, each test that takes it run with both: mapped views
+    (default) or pread (ZBATCH_MMAP_BYTES=0; the budget is read when a store opens)."""
+    if request.param == "pread":
+        monkeypatch.setenv("ZBATCH_MMAP_BYTES", "0")
+    else:
+        monkeypatch.delenv("ZBATCH_MMAP_BYTES", raising=False)
+    return request.param

@@ -96,15 +96,6 @@ def stores(tmp_path_factory):
     return X, out
 
 
-@pytest.fixture(params=["mmap", "pread"])
-def io(request, monkeypatch):
-    if request.param == "pread":
-        monkeypatch.setenv("ZBATCH_MMAP_BYTES", "0")
-    else:
-        monkeypatch.delenv("ZBATCH_MMAP_BYTES", raising=False)
-    return request.param
-
-
 def ids_of():
     rng = np.random.default_rng(5)
     return {"sorted": np.sort(rng.choice(N_OBS, 90, replace=False)),

@@ -98,17 +98,6 @@ LAYOUTS = {  # name: (write arguments, whether X and obsm/emb take the raw path)
 }
 
 
-@pytest.fixture(params=["mmap", "pread"])
-def io(request, monkeypatch):
-    """The file store's read path: mapped views (default) or pread (views off). The budget is
-    read when a store opens."""
-    if request.param == "pread":
-        monkeypatch.setenv("ZBATCH_MMAP_BYTES", "0")
-    else:
-        monkeypatch.delenv("ZBATCH_MMAP_BYTES", raising=False)
-    return request.param
-
-
 @pytest.fixture(scope="module")
 def source():
     return make_source()

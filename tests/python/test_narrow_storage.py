@@ -100,15 +100,6 @@ def narrow_stores(tmp_path_factory):
     return X, stores
 
 
-@pytest.fixture(params=["mmap", "pread"])
-def io(request, monkeypatch):
-    if request.param == "pread":
-        monkeypatch.setenv("ZBATCH_MMAP_BYTES", "0")
-    else:
-        monkeypatch.delenv("ZBATCH_MMAP_BYTES", raising=False)
-    return request.param
-
-
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("request_kind", list(ids_of()))
 def test_widened_on_every_path(narrow_stores, layout, request_kind, io):
