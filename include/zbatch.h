@@ -255,12 +255,25 @@ typedef struct zb_store_opts {
     bool allow_links_outside;
     /* Remote stores (http, https, s3): NULL = ZB_REMOTE_OPTS_DEFAULT (anonymous S3). */
     const zb_remote_opts *remote;
+    /* The file backend: bypass the page cache (O_DIRECT) for objects of at least
+     * ZB_STORE_DIRECT_MIN_BYTES (64 KiB). zb_store_put writes their 4096-byte blocks directly
+     * (from the caller's buffer when it is 4096-aligned, else through a bounce buffer the store
+     * keeps for reuse; the last partial block is written buffered), and zb_store_get reads
+     * directly when its offset, length and buffer are all 4096-aligned (a short read at the end
+     * of the file is fine). For output written once and read back at most once, such as a
+     * conversion's (zbatch convert uses it): copying it through the page cache costs CPU time,
+     * writeback work and the cache the user had. Where the file system refuses O_DIRECT (at open
+     * or at the first write), the store falls back to buffered I/O for its life, silently and
+     * with the same bytes. Leave it false for stores that are read repeatedly. Default false;
+     * other backends ignore it. */
+    bool direct_io;
 } zb_store_opts;
 
 #define ZB_STORE_DEFAULT_MMAP_BYTES ((uint64_t)1 << 30)
+#define ZB_STORE_DIRECT_MIN_BYTES ((uint64_t)64 << 10)
 #define ZB_STORE_OPTS_DEFAULT                                                                      \
     {                                                                                              \
-        ZB_STORE_DEFAULT_MMAP_BYTES, false, NULL                                                   \
+        ZB_STORE_DEFAULT_MMAP_BYTES, false, NULL, false                                            \
     }
 
 /* Opens a store by URL: a file path or file:// URL (a directory), memory://, or a remote store

@@ -142,7 +142,7 @@ measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats 
     unsigned char *data = NULL;
     size_t cap = 0;
     zb_status st = cv_mkdirs(dir);
-    if (st == ZB_OK) st = zb_store_open_file(dir, &store);
+    if (st == ZB_OK) st = cv_output_open_dir(dir, &store); /* written as the conversion writes */
     double t0 = now_s();
     if (st == ZB_OK)
         st = zb_anndata_writer_open(store, "copy", n_vars, ZB_ANNDATA_X_CSR, dtype, &o, &w);

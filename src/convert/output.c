@@ -22,7 +22,7 @@ cv_output_open(zb_convert *cv, const zb_remote_opts *remote)
     cv->remote = strstr(o, "://") != NULL && strncmp(o, "file://", 7) != 0;
     if (!cv->remote) {
         /* a directory not made yet is opened by cv_output_make */
-        if (cv_exists(o)) return zb_store_open_file(o, &cv->out);
+        if (cv_exists(o)) return cv_output_open_dir(o, &cv->out);
         return ZB_OK;
     }
     zb_store_opts so = ZB_STORE_OPTS_DEFAULT;
@@ -31,11 +31,19 @@ cv_output_open(zb_convert *cv, const zb_remote_opts *remote)
 }
 
 zb_status
+cv_output_open_dir(const char *dir, zb_store **out)
+{
+    zb_store_opts so = ZB_STORE_OPTS_DEFAULT;
+    so.direct_io = true;
+    return zb_store_open_file_opts(dir, &so, out);
+}
+
+zb_status
 cv_output_make(zb_convert *cv)
 {
     if (cv->out) return ZB_OK;
     ZB_TRY(cv_mkdirs(cv->output));
-    return zb_store_open_file(cv->output, &cv->out);
+    return cv_output_open_dir(cv->output, &cv->out);
 }
 
 bool
@@ -138,7 +146,9 @@ cmp_keys(const void *a, const void *b)
 }
 
 /* CRC-64 and size of one object, read in blocks (a shard may be large) until one comes back
- * short: no size request first, which halves the round trips to a bucket. */
+ * short: no size request first, which halves the round trips to a bucket. The blocks and the
+ * buffer are aligned for direct reads (zb_store_opts.direct_io): the bytes written directly
+ * are not in the page cache, and reading them through it would cost what writing saved. */
 static zb_status
 object_crc(zb_store *store, const char *key, uint8_t *buf, size_t block, uint64_t *size,
            uint64_t *crc)
@@ -163,7 +173,7 @@ cv_output_fingerprint(zb_convert *cv, const char *prefix, uint64_t *size, uint64
         st = zb__err(ZB_E_NOTFOUND, "%s/%s: nothing there", cv->output, prefix);
     if (st == ZB_OK) qsort(l.keys, l.n, sizeof *l.keys, cmp_keys);
     enum { BLOCK = 4 << 20 };
-    uint8_t *buf = st == ZB_OK ? malloc(BLOCK) : NULL;
+    uint8_t *buf = st == ZB_OK ? aligned_alloc(4096, BLOCK) : NULL;
     if (st == ZB_OK && !buf) st = zb__err(ZB_E_NOMEM, "a read buffer");
     uint64_t total = 0, c = 0;
     size_t skip = strlen(prefix) + 1;

@@ -14,11 +14,23 @@
  * life, up to a budget of mapped bytes (zb_store_opts.mmap_bytes, default 1 GiB; beyond it views
  * are declined and callers use pread). A mapping is revalidated (device, inode, size, mtime)
  * when it was last checked more than a second ago, and dropped when the file was replaced;
- * this store's own put/erase/rename drop the mappings of the keys they touch. */
+ * this store's own put/erase/rename drop the mappings of the keys they touch.
+ *
+ * Direct I/O (zb_store_opts.direct_io): a large object's whole 4096-byte blocks are written
+ * with O_DIRECT, set on the temporary file's descriptor with fcntl (so the open path, with its
+ * link checks, stays the one above) and cleared for the last partial block, which is written
+ * buffered: padding that block and truncating the file instead would make the file system read
+ * the block back to zero its tail. 4096 bytes of alignment (buffer, offset, length) suit devices
+ * of 512- and 4096-byte sectors; a file system that wants more, or none at all, refuses with
+ * EINVAL, and the store then writes buffered from then on. Data that is not 4096-aligned in
+ * memory goes through a bounce buffer taken from a free list the store keeps (one per put in
+ * flight, freed at close): fresh pages for every object would cost what direct I/O saves. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +60,8 @@ typedef struct fmap {
 #define FMAP_BUCKETS 1024
 #define FMAP_RECHECK_S 1.0
 #define FMAP_POPULATE_MAX ((off_t)64 << 20)
+#define DIRECT_ALIGN ((size_t)4096)
+#define DIRECT_BOUNCE ((size_t)4 << 20) /* bytes per bounce buffer: one write each */
 
 typedef struct file_store {
     int rootfd;
@@ -57,6 +71,8 @@ typedef struct file_store {
     pthread_mutex_t mu;       /* guards the map table */
     fmap *maps[FMAP_BUCKETS];
     uint64_t mapped, map_budget; /* bytes mapped, and the most that may be */
+    _Atomic bool direct;         /* zb_store_opts.direct_io, until the file system refuses it */
+    uint8_t *bounce;             /* free bounce buffers, each holding the next's address (mu) */
 } file_store;
 
 static double
@@ -225,6 +241,27 @@ open_object(const file_store *fs, const char *key, int *fd_out, struct stat *sb)
     return ZB_OK;
 }
 
+/* Sets O_DIRECT on `fd` when the store uses direct I/O; true when it is set. A file system
+ * that refuses it (EINVAL) turns direct I/O off for the store. */
+static bool
+direct_on(file_store *fs, int fd)
+{
+    if (!atomic_load(&fs->direct)) return false;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0) return true;
+    if (errno == EINVAL) atomic_store(&fs->direct, false);
+    return false;
+}
+
+/* Clears O_DIRECT on `fd`; 0 or an errno. */
+static int
+direct_off(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_DIRECT) != 0) return errno;
+    return 0;
+}
+
 static zb_status
 file_get(void *self, const char *key, uint64_t offset, uint64_t length, void *dst, uint64_t *nread)
 {
@@ -235,6 +272,9 @@ file_get(void *self, const char *key, uint64_t offset, uint64_t length, void *ds
     struct stat sb;
     ZB_TRY(open_object(fs, key, &fd, &sb));
     uint8_t *p = dst;
+    bool direct = length >= ZB_STORE_DIRECT_MIN_BYTES && offset % DIRECT_ALIGN == 0 &&
+                  length % DIRECT_ALIGN == 0 && (uintptr_t)p % DIRECT_ALIGN == 0 &&
+                  direct_on(fs, fd);
     uint64_t done = 0;
     zb_status st = ZB_OK;
     while (done < length) {
@@ -242,6 +282,11 @@ file_get(void *self, const char *key, uint64_t offset, uint64_t length, void *ds
         ssize_t n = pread(fd, p + done, want, (off_t)(offset + done));
         if (n < 0) {
             if (errno == EINTR) continue;
+            if (errno == EINVAL && direct) { /* the file system wants other alignment */
+                atomic_store(&fs->direct, false);
+                direct = false;
+                if ((errno = direct_off(fd)) == 0) continue;
+            }
             st = errno_status(errno, fs->root, key, "read");
             break;
         }
@@ -422,6 +467,82 @@ check_parent(file_store *fs, const char *key)
     return ZB_OK;
 }
 
+/* pwrite of all `n` bytes at `at`; 0 or an errno. */
+static int
+write_at(int fd, const uint8_t *p, uint64_t n, uint64_t at)
+{
+    while (n > 0) {
+        size_t want = n > ((size_t)1 << 30) ? (size_t)1 << 30 : (size_t)n;
+        ssize_t k = pwrite(fd, p, want, (off_t)at);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return errno;
+        if (k == 0) return EIO;
+        p += k;
+        n -= (uint64_t)k;
+        at += (uint64_t)k;
+    }
+    return 0;
+}
+
+static uint8_t *
+bounce_take(file_store *fs)
+{
+    pthread_mutex_lock(&fs->mu);
+    uint8_t *b = fs->bounce;
+    if (b) memcpy(&fs->bounce, b, sizeof b);
+    pthread_mutex_unlock(&fs->mu);
+    return b ? b : aligned_alloc(DIRECT_ALIGN, DIRECT_BOUNCE);
+}
+
+static void
+bounce_give(file_store *fs, uint8_t *b)
+{
+    pthread_mutex_lock(&fs->mu);
+    memcpy(b, &fs->bounce, sizeof b);
+    fs->bounce = b;
+    pthread_mutex_unlock(&fs->mu);
+}
+
+/* Writes the object's whole blocks directly (fd has O_DIRECT) and the rest buffered; 0 or an
+ * errno (EINVAL: the file system refused the direct writes). */
+static int
+write_direct(file_store *fs, int fd, const uint8_t *data, uint64_t length)
+{
+    uint64_t blocks = length - length % DIRECT_ALIGN;
+    int e = 0;
+    if ((uintptr_t)data % DIRECT_ALIGN == 0) {
+        e = write_at(fd, data, blocks, 0);
+    } else {
+        uint8_t *b = bounce_take(fs);
+        if (!b) return ENOMEM;
+        for (uint64_t off = 0; off < blocks && !e; off += DIRECT_BOUNCE) {
+            size_t n = blocks - off < DIRECT_BOUNCE ? (size_t)(blocks - off) : DIRECT_BOUNCE;
+            memcpy(b, data + off, n);
+            e = write_at(fd, b, n, off);
+        }
+        bounce_give(fs, b);
+    }
+    if (e || blocks == length) return e;
+    if ((e = direct_off(fd)) != 0) return e;
+    return write_at(fd, data + blocks, length - blocks, blocks);
+}
+
+/* Writes the object into the new file `fd`: directly where the store may, else (and where the
+ * file system refuses direct writes) buffered. 0 or an errno. */
+static int
+write_object(file_store *fs, int fd, const uint8_t *data, uint64_t length)
+{
+    if (length >= ZB_STORE_DIRECT_MIN_BYTES && direct_on(fs, fd)) {
+        int e = write_direct(fs, fd, data, length);
+        if (e != EINVAL) return e;
+        /* refused at the first write (or needing other alignment): start again buffered */
+        atomic_store(&fs->direct, false);
+        if ((e = direct_off(fd)) != 0) return e;
+        if (ftruncate(fd, 0) != 0) return errno;
+    }
+    return write_at(fd, data, length, 0);
+}
+
 static zb_status
 file_put(void *self, const char *key, const void *data, uint64_t length)
 {
@@ -434,27 +555,19 @@ file_put(void *self, const char *key, const void *data, uint64_t length)
     int fd = open_beneath(fs, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (fd < 0 && errno == EXDEV) return outside_root(fs, key);
     if (fd < 0) return errno_status(errno, fs->root, tmp, "create");
-    const uint8_t *p = data;
-    uint64_t done = 0;
-    while (done < length) {
-        size_t want = length - done > ((size_t)1 << 30) ? (size_t)1 << 30 : (size_t)(length - done);
-        ssize_t n = write(fd, p + done, want);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            int e = errno;
-            close(fd);
-            unlinkat(fs->rootfd, tmp, 0);
-            return errno_status(e, fs->root, key, "write");
-        }
-        done += (uint64_t)n;
+    int e = write_object(fs, fd, data, length);
+    if (e) {
+        close(fd);
+        unlinkat(fs->rootfd, tmp, 0);
+        return errno_status(e, fs->root, key, "write");
     }
     if (close(fd) != 0) {
-        int e = errno;
+        e = errno;
         unlinkat(fs->rootfd, tmp, 0);
         return errno_status(e, fs->root, key, "close");
     }
     if (renameat(fs->rootfd, tmp, fs->rootfd, key) != 0) {
-        int e = errno;
+        e = errno;
         unlinkat(fs->rootfd, tmp, 0);
         return errno_status(e, fs->root, key, "rename");
     }
@@ -499,6 +612,11 @@ file_close(void *self)
             n = m->next;
             fmap_free(m);
         }
+    while (fs->bounce) {
+        uint8_t *b = fs->bounce;
+        memcpy(&fs->bounce, b, sizeof b);
+        free(b);
+    }
     pthread_mutex_destroy(&fs->mu);
     close(fs->rootfd);
     free(fs->root);
@@ -558,6 +676,7 @@ zb_store_open_file_opts(const char *root, const zb_store_opts *opts, zb_store **
     fs->allow_links_outside = opts->allow_links_outside;
     pthread_mutex_init(&fs->mu, NULL);
     fs->map_budget = opts->mmap_bytes;
+    atomic_store(&fs->direct, opts->direct_io);
     zb_status st = zb_store_new(&file_methods, fs, out);
     if (st != ZB_OK)
         file_close(fs);
