@@ -419,7 +419,8 @@ void cv_digest_free(cv_digest *dg);
  * directory that does not exist yet is left closed (cv->out NULL). */
 zb_status cv_output_open(zb_convert *cv, const zb_remote_opts *remote);
 /* Opens the local directory `dir` as a store written the way the conversion writes its output:
- * with direct I/O (zb_store_opts.direct_io), written once and read back once (docs/CONVERT.md). */
+ * with direct I/O (zb_store_opts.direct_io: written once, read back once), unless
+ * ZBATCH_CONVERT_BUFFERED is set to anything but "" or "0" (docs/CONVERT.md). */
 zb_status cv_output_open_dir(const char *dir, zb_store **out);
 /* Makes a local output's directory and opens its store (a remote one is open already). */
 zb_status cv_output_make(zb_convert *cv);

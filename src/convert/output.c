@@ -33,8 +33,12 @@ cv_output_open(zb_convert *cv, const zb_remote_opts *remote)
 zb_status
 cv_output_open_dir(const char *dir, zb_store **out)
 {
+    /* ZBATCH_CONVERT_BUFFERED turns direct I/O off, like ZBATCH_CONVERT_SCRATCH turns the
+     * direct path off (plan.c): a switch for comparisons and for file systems where O_DIRECT is
+     * accepted but slow, the same bytes either way (docs/CONVERT.md) */
+    const char *buffered = getenv("ZBATCH_CONVERT_BUFFERED");
     zb_store_opts so = ZB_STORE_OPTS_DEFAULT;
-    so.direct_io = true;
+    so.direct_io = !(buffered && *buffered && strcmp(buffered, "0"));
     return zb_store_open_file_opts(dir, &so, out);
 }
 
