@@ -4,7 +4,8 @@ same inputs, in one run.
     .venv/bin/python bench/convert.py [--cells 200000] [--files 4] [--genes 62710]
                                       [--dataset-size 2097152] [--memory 1GiB] [--threads 2]
                                       [--codec blosc:lz4:3:shuffle] [--seed 1] [--rounds 1]
-                                      [--tools annbatch,zbatch,scratch,limit] [--timeout 7200]
+                                      [--tools annbatch,zbatch,scratch,buffered,limit]
+                                      [--timeout 7200]
                                       [--work DIR] [--keep] [--results DIR]
 
 Inputs (made here, in the work directory; reused when --work holds inputs of the same
@@ -25,6 +26,9 @@ Runs, each in its own process, the inputs read once beforehand so both start fro
 - scratch (only when asked for in --tools): the zbatch command with ZBATCH_CONVERT_SCRATCH=1,
   every cell through the scatter's scratch files instead of read straight from the inputs by
   the gather (docs/CONVERT.md, "The direct path"): the same output bytes;
+- buffered (only when asked for): the zbatch command with ZBATCH_CONVERT_BUFFERED=1, the output
+  written and read back through the page cache instead of with direct I/O (docs/CONVERT.md): the
+  same output bytes;
 - limit: ``build/zbatch convert --limit INPUT... -o OUT [the same flags]``, which prints one JSON
   line ``{"read_s", "compress_s", "cells", "input_bytes"}``: the time to read the inputs and to
   compress the output alone. limit = cells / (read_s + compress_s) cells/s.
@@ -285,8 +289,8 @@ def run_annbatch(args, inputs: dict, work: Path, rnd: int) -> dict:
 
 
 def run_zbatch(args, inputs: dict, work: Path, rnd: int, limit: bool = False,
-               scratch: bool = False) -> dict:
-    name = "limit" if limit else "scratch" if scratch else "zbatch"
+               scratch: bool = False, buffered: bool = False) -> dict:
+    name = "limit" if limit else "scratch" if scratch else "buffered" if buffered else "zbatch"
     out = work / f"{name}-{rnd}.zarr"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [CLI, "convert", *(["--limit"] if limit else []), *inputs["paths"], "-o", out,
@@ -296,6 +300,9 @@ def run_zbatch(args, inputs: dict, work: Path, rnd: int, limit: bool = False,
     env.pop("ZBATCH_CONVERT_SCRATCH", None)
     if scratch:  # the same conversion through the scratch files (docs/CONVERT.md)
         env["ZBATCH_CONVERT_SCRATCH"] = "1"
+    env.pop("ZBATCH_CONVERT_BUFFERED", None)
+    if buffered:  # the output through the page cache (docs/CONVERT.md)
+        env["ZBATCH_CONVERT_BUFFERED"] = "1"
     m = run_measured(cmd, log=work / f"{name}-{rnd}", timeout=args.timeout, env=env)
     m["tool"] = name
     if m["rc"] != 0:
@@ -359,6 +366,8 @@ def ratios(fig: dict) -> dict:
         r["zbatch_over_limit"] = z["cells_per_s"] / lim["cells_per_s"]
     if z and fig.get("scratch"):
         r["zbatch_over_scratch_path"] = z["cells_per_s"] / fig["scratch"]["cells_per_s"]
+    if z and fig.get("buffered"):
+        r["zbatch_over_buffered_output"] = z["cells_per_s"] / fig["buffered"]["cells_per_s"]
     return r
 
 
@@ -369,7 +378,7 @@ def _gib(b) -> str:
 def table(bests: dict, fig: dict, rat: dict) -> str:
     rows = [f"{'tool':9} {'wall s':>9} {'cells/s':>10} {'input MB/s':>10} {'peak RSS':>10} "
             f"{'anon RSS':>10} {'written':>10}  note"]
-    for tool in ("annbatch", "zbatch", "scratch", "limit"):
+    for tool in ("annbatch", "zbatch", "scratch", "buffered", "limit"):
         m = bests.get(tool)
         if m is None:
             continue
@@ -383,6 +392,8 @@ def table(bests: dict, fig: dict, rat: dict) -> str:
                _gib(m.get("output_bytes")))
         if tool == "annbatch":
             note = f"add_adatas alone {m['inner_s']:.1f} s"
+        elif tool != "limit":
+            note = f"CPU user {m['user_s']:.1f} s + sys {m['sys_s']:.1f} s"
         if tool == "limit":
             lim = m["limit"]
             note = f"read {lim['read_s']:.1f} s + compress {lim['compress_s']:.1f} s"
@@ -400,6 +411,8 @@ def table(bests: dict, fig: dict, rat: dict) -> str:
         rows.append(f"zbatch / limit cells/s      {rat['zbatch_over_limit']:7.2f}")
     if "zbatch_over_scratch_path" in rat:
         rows.append(f"zbatch / its scratch path   {rat['zbatch_over_scratch_path']:7.2f}")
+    if "zbatch_over_buffered_output" in rat:
+        rows.append(f"zbatch / buffered output    {rat['zbatch_over_buffered_output']:7.2f}")
     return "\n".join(rows)
 
 
@@ -429,7 +442,7 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     tools = [t for t in args.tools.split(",") if t]
-    known = {"annbatch", "zbatch", "scratch", "limit"}
+    known = {"annbatch", "zbatch", "scratch", "buffered", "limit"}
     if set(tools) - known:
         ap.error(f"--tools: unknown {sorted(set(tools) - known)}")
     if not CLI.exists():
@@ -447,13 +460,13 @@ def main(argv=None) -> int:
         input_bytes = sum(inputs["bytes"])
         runs = []
         for rnd in range(max(1, args.rounds)):
-            order = [t for t in ("annbatch", "zbatch", "scratch") if t in tools]
+            order = [t for t in ("annbatch", "zbatch", "scratch", "buffered") if t in tools]
             order = order if rnd % 2 == 0 else order[::-1]
             for tool in order + (["limit"] if "limit" in tools else []):
                 print(f"[round {rnd + 1}] {tool} ...", file=sys.stderr, flush=True)
                 m = (run_annbatch(args, inputs, work, rnd) if tool == "annbatch" else
                      run_zbatch(args, inputs, work, rnd, limit=tool == "limit",
-                                scratch=tool == "scratch"))
+                                scratch=tool == "scratch", buffered=tool == "buffered"))
                 m["round"] = rnd
                 runs.append(m)
                 print(f"[round {rnd + 1}] {tool}: exit {m['rc']}, {m['wall_s']:.1f} s, peak RSS "
