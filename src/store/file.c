@@ -68,7 +68,7 @@ typedef struct file_store {
     char *root;
     char *real_root;          /* realpath of root: where links that stay inside must land */
     bool allow_links_outside; /* zb_store_opts.allow_links_outside */
-    pthread_mutex_t mu;       /* guards the map table */
+    pthread_mutex_t mu;       /* guards the map table and the bounce buffers */
     fmap *maps[FMAP_BUCKETS];
     uint64_t mapped, map_budget; /* bytes mapped, and the most that may be */
     _Atomic bool direct;         /* zb_store_opts.direct_io, until the file system refuses it */

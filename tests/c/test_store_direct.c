@@ -121,6 +121,14 @@ open_direct(const char *dir)
     return s;
 }
 
+/* A 4096-aligned buffer of at least n bytes (C11's aligned_alloc wants a multiple of the
+ * alignment), not counted as the library's allocation. */
+static uint8_t *
+aligned_buf(size_t n)
+{
+    return __real_aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+}
+
 /* Deterministic bytes, different for every object. */
 static void
 fill(uint8_t *p, uint64_t n, unsigned seed)
@@ -155,7 +163,7 @@ expect_file(const char *dir, const char *key, const uint8_t *want, uint64_t n)
 static long
 put_sizes(zb_store *s, const char *dir, size_t shift)
 {
-    uint8_t *base = __real_aligned_alloc(4096, MAX_SIZE + 4096);
+    uint8_t *base = aligned_buf(MAX_SIZE + 4096);
     uint8_t *data = base + shift;
     long before = io.direct_writes;
     for (int i = 0; i < N_SIZES; i++) {
@@ -238,7 +246,7 @@ test_straight_from_caller(void **state)
     const char *dir = zbt_tempdir("direct_caller");
     zb_store *s = open_direct(dir);
     size_t len = (2 << 20) + 100;
-    uint8_t *data = __real_aligned_alloc(4096, len + 4096 - len % 4096);
+    uint8_t *data = aligned_buf(len);
     fill(data, len, 7);
     ZB_ASSERT_OK(zb_store_put(s, "x", data, len));
     /* the last direct write came from the caller's own memory */
@@ -273,7 +281,7 @@ test_page_cache(void **state)
     /* a whole-file direct read (aligned buffer and blocks) leaves them uncached too, and
      * reads the short end of the file */
     size_t cap = len + 4096 - len % 4096;
-    uint8_t *buf = __real_aligned_alloc(4096, cap);
+    uint8_t *buf = aligned_buf(cap);
     uint64_t n = 0;
     long reads = io.direct_reads;
     ZB_ASSERT_OK(zb_store_get(s, "direct", 0, cap, buf, &n));
@@ -322,7 +330,7 @@ test_fallback(void **state)
         long w = io.direct_writes;
         put_sizes(s, dir, 0); /* the store stays buffered */
         assert_int_equal(io.direct_writes, w);
-        uint8_t *buf = __real_aligned_alloc(4096, 1 << 20), *want = malloc(1 << 20);
+        uint8_t *buf = aligned_buf(1 << 20), *want = malloc(1 << 20);
         uint64_t n;
         fill(want, 1 << 20, 8);
         ZB_ASSERT_OK(zb_store_get(s, "d/o8", 0, 1 << 20, buf, &n));
