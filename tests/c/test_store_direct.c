@@ -10,6 +10,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,14 +34,15 @@ ssize_t __wrap_pread(int fd, void *buf, size_t n, off_t off);
 void *__wrap_aligned_alloc(size_t align, size_t n);
 
 static struct {
-    bool refuse_setfl;  /* fcntl(F_SETFL, O_DIRECT) fails with EINVAL (tmpfs before Linux 6.6) */
-    bool refuse_write;  /* a direct pwrite fails with EINVAL */
-    int fail_errno;     /* a direct pwrite fails with this errno (0: off) */
-    long direct_writes; /* pwrites on a descriptor with O_DIRECT */
-    long direct_reads;
-    long misaligned; /* direct pwrites or preads whose buffer, offset or length is not aligned */
-    long allocs;     /* aligned_alloc calls */
-    const uint8_t *lo, *hi; /* the range of the last direct pwrite's buffer */
+    bool refuse_setfl; /* fcntl(F_SETFL, O_DIRECT) fails with EINVAL (tmpfs before Linux 6.6) */
+    bool refuse_write; /* a direct pwrite fails with EINVAL */
+    int fail_errno;    /* a direct pwrite fails with this errno (0: off) */
+    atomic_long direct_writes; /* pwrites on a descriptor with O_DIRECT */
+    atomic_long direct_reads;
+    atomic_long misaligned; /* direct pwrites or preads whose buffer, offset or length is not
+                               aligned */
+    atomic_long allocs;     /* aligned_alloc calls */
+    _Atomic(const uint8_t *) lo, hi; /* the range of the last direct pwrite's buffer */
 } io;
 
 static bool
@@ -400,6 +403,70 @@ test_write_error(void **state)
     zb_store_close(s);
 }
 
+/* Puts from several threads at once: each takes its own bounce buffer, and no more are made
+ * than there are puts in flight. */
+enum { THREADS = 4, PUTS = 6 };
+
+typedef struct putter {
+    zb_store *s;
+    const char *dir;
+    int id;
+} putter;
+
+static void *
+put_many(void *arg)
+{
+    putter *p = arg;
+    size_t len = (1 << 20) + 4096 * (size_t)p->id + 7;
+    uint8_t *base = malloc(len + 1), *data = base + 1;
+    for (int i = 0; i < PUTS; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "t%d/o%d", p->id, i);
+        fill(data, len, (unsigned)(100 * p->id + i));
+        if (zb_store_put(p->s, key, data, len) != ZB_OK) {
+            free(base);
+            return (void *)1;
+        }
+    }
+    free(base);
+    return NULL;
+}
+
+static void
+test_threads(void **state)
+{
+    (void)state;
+    memset(&io, 0, sizeof io);
+    const char *dir = zbt_tempdir("direct_threads");
+    zb_store *s = open_direct(dir);
+    pthread_t t[THREADS];
+    putter p[THREADS];
+    long before = io.allocs;
+    for (int i = 0; i < THREADS; i++) {
+        p[i] = (putter){s, dir, i};
+        assert_int_equal(pthread_create(&t[i], NULL, put_many, &p[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        void *r;
+        assert_int_equal(pthread_join(t[i], &r), 0);
+        assert_null(r);
+    }
+    long made = io.allocs - before;
+    assert_true(made >= 1 && made <= THREADS);
+    for (int id = 0; id < THREADS; id++) {
+        size_t len = (1 << 20) + 4096 * (size_t)id + 7;
+        uint8_t *want = malloc(len);
+        for (int i = 0; i < PUTS; i++) {
+            char key[64];
+            snprintf(key, sizeof key, "t%d/o%d", id, i);
+            fill(want, len, (unsigned)(100 * id + i));
+            expect_file(dir, key, want, len);
+        }
+        free(want);
+    }
+    zb_store_close(s);
+}
+
 int
 main(void)
 {
@@ -407,6 +474,7 @@ main(void)
         cmocka_unit_test(test_sizes),      cmocka_unit_test(test_straight_from_caller),
         cmocka_unit_test(test_page_cache), cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_tmpfs),      cmocka_unit_test(test_write_error),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
