@@ -38,6 +38,7 @@ static struct {
     bool refuse_setfl; /* fcntl(F_SETFL, O_DIRECT) fails with EINVAL (tmpfs before Linux 6.6) */
     bool refuse_write; /* a direct pwrite fails with EINVAL */
     int fail_errno;    /* a direct pwrite fails with this errno (0: off) */
+    bool refuse_read;  /* a direct pread fails with EINVAL */
     atomic_long direct_writes; /* pwrites on a descriptor with O_DIRECT */
     atomic_long direct_reads;
     atomic_long misaligned; /* direct pwrites or preads whose buffer, offset or length is not
@@ -96,6 +97,10 @@ __wrap_pread(int fd, void *buf, size_t n, off_t off)
     if (is_direct(fd)) {
         io.direct_reads++;
         if (!aligned(buf, n, off)) io.misaligned++;
+        if (io.refuse_read) {
+            errno = EINVAL;
+            return -1;
+        }
     }
     return __real_pread(fd, buf, n, off);
 }
@@ -306,9 +311,20 @@ test_page_cache(void **state)
     assert_int_equal(n, 100000);
     assert_memory_equal(buf + 3, data + 5, 100000);
     assert_int_equal(io.direct_reads, reads);
+    /* a file system that refuses the direct read itself: read buffered, and from then on */
+    io.refuse_read = true;
+    reads = io.direct_reads;
+    ZB_ASSERT_OK(zb_store_get(s, "direct", 0, cap, buf, &n));
+    assert_int_equal(n, len);
+    assert_memory_equal(buf, data, len);
+    assert_int_equal(io.direct_reads, reads + 1);
+    ZB_ASSERT_OK(zb_store_get(s, "direct", 0, 1 << 20, buf, &n));
+    assert_int_equal(io.direct_reads, reads + 1);
+    io.refuse_read = false;
     /* a store without direct_io reads through the cache, as always */
     ZB_ASSERT_OK(zb_store_get(plain, "direct", 0, 1 << 20, buf, &n));
-    assert_int_equal(io.direct_reads, reads);
+    assert_memory_equal(buf, data, 1 << 20);
+    assert_int_equal(io.direct_reads, reads + 1);
     assert_int_equal(io.misaligned, 0);
     free(buf);
     free(data);
