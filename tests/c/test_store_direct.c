@@ -1,8 +1,10 @@
 /* The file backend's direct I/O (zb_store_opts.direct_io): objects of every size written
  * directly read back byte-identical with exact file sizes; large objects really bypass the page
  * cache (mincore finds none of their pages cached, where a buffered put leaves all of them);
- * aligned gets read directly; a file system that refuses O_DIRECT at open or at the first write
- * gets the same bytes buffered; a failing write names the key and leaves nothing behind.
+ * every direct write and read is 4096-aligned; aligned gets read directly; a file system that
+ * refuses O_DIRECT at open, at the first write or at a read gets the same bytes buffered; a
+ * failing write names the key and leaves nothing behind; puts from several threads at once each
+ * use their own bounce buffer, reused rather than made afresh per object.
  *
  * The system calls are observed, and refusals injected, through link-time wrapping of fcntl,
  * pwrite, pread and aligned_alloc (CMake links this test with -Wl,--wrap=...), so the library
