@@ -171,12 +171,17 @@ typedef struct zb_convert_opts {
                              zb_convert_default_work_dir's. A restart must name the same one. */
     const zb_remote_opts *remote; /* credentials, endpoint and tuning of an s3:// output (NULL:
                                      defaults, anonymous); copied when the output is opened */
+    bool input_pread; /* the gather reads the inputs' rows with pread instead of from a read-only
+                         memory mapping of each input (the command and the Python package set
+                         it when ZBATCH_MMAP_BYTES=0). A mapped input truncated in place during
+                         the gather raises SIGBUS; one changed before it is an error either way.
+                         Not part of the plan: the output bytes are the same. */
 } zb_convert_opts;
 
 #define ZB_CONVERT_OPTS_DEFAULT                                                                    \
     {                                                                                              \
         0, ZB_VAR_OUTER, NULL, NULL, 0, NULL, NULL, 0, 0, 0, true, 3, NULL, 0, 0, 0, NULL, NULL,   \
-            ZB_CONVERT_DATA_AUTO, ZB_CONVERT_INDEX_AUTO, NULL, NULL                                \
+            ZB_CONVERT_DATA_AUTO, ZB_CONVERT_INDEX_AUTO, NULL, NULL, false                         \
     }
 
 typedef struct zb_convert zb_convert;
@@ -221,6 +226,11 @@ ZB_API zb_status zb_convert_run_task(zb_convert *cv, zb_convert_phase phase, siz
  * sized by it); 0 = the plan's memory_bytes. A caller running several tasks at once in one
  * process gives each its share. */
 ZB_API void zb_convert_set_task_memory(zb_convert *cv, uint64_t bytes);
+
+/* Whether the tasks run through this handle from now on read the inputs' rows with pread
+ * (true) or from a read-only memory mapping of each input (false, the default): the
+ * zb_convert_opts field `input_pread` for a caller running tasks itself. */
+ZB_API void zb_convert_set_input_pread(zb_convert *cv, bool pread);
 
 /* Finishes a conversion whose tasks all finished: writes the root group and its consolidated
  * metadata, writes the manifest, verifies every dataset's files against it (ZB_E_CHECKSUM

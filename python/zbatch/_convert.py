@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from . import _zbatch
 from ._remote import writable_options
+from .dataset import _mmap_bytes
 
 __all__ = ["convert"]
 
@@ -124,9 +125,10 @@ def _index_dtype(value: Optional[bool]) -> str:
     return "narrow" if value else "int32"
 
 
-def _run_task(output: str, phase: int, i: int, threads: int, memory: int) -> bool:
+def _run_task(output: str, phase: int, i: int, threads: int, memory: int,
+              input_pread: bool = False) -> bool:
     """One task, in whichever process Dask put it (the plan is read from `output`)."""
-    return _zbatch.convert_task(output, phase, i, threads, memory)
+    return _zbatch.convert_task(output, phase, i, threads, memory, input_pread)
 
 
 def _run_on_dask(client, inputs, output, opts, progress: _Progress, retries: int) -> None:
@@ -138,7 +140,8 @@ def _run_on_dask(client, inputs, output, opts, progress: _Progress, retries: int
         if n == 0:
             continue
         # each task gets the memory budget the plan was made with; a worker runs one per thread
-        futures = [client.submit(_run_task, output, phase, i, 1, memory, retries=retries,
+        futures = [client.submit(_run_task, output, phase, i, 1, memory, opts["input_pread"],
+                                 retries=retries,
                                  pure=False, key=f"zbatch-convert-{_PHASES[phase]}-{i}-{os.getpid()}")
                    for i in range(n)]
         done = 0
@@ -267,6 +270,9 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
         "index_dtype": _index_dtype(narrow_indices),
         "work_dir": None if work_dir is None else os.fspath(work_dir),
         "remote": remote,
+        # the one switch for mappings, as for the stores: ZBATCH_MMAP_BYTES=0 reads the inputs'
+        # rows with pread (docs/CONVERT.md)
+        "input_pread": _mmap_bytes(None) == 0,
     }
     bar = _Progress(progress, "cells" if client is None else "tasks")
     try:

@@ -444,6 +444,7 @@ zb_convert_close(zb_convert *cv)
 {
     if (!cv) return;
     cv_ws_free_all(cv);
+    cv_views_free(cv);
     for (size_t k = 0; k < cv->n_inputs; k++) {
         for (size_t j = 0; j < cv->n_mats; j++) {
             if (cv->matrices && cv->matrices[k] && cv->matrices[k][j] &&
@@ -726,6 +727,12 @@ zb_convert_set_task_memory(zb_convert *cv, uint64_t bytes)
 }
 
 void
+zb_convert_set_input_pread(zb_convert *cv, bool pread)
+{
+    if (cv) cv->input_pread = pread;
+}
+
+void
 zb_convert_get_info(const zb_convert *cv, zb_convert_info *info)
 {
     memset(info, 0, sizeof *info);
@@ -947,6 +954,7 @@ zb_convert_run(const char *const *inputs, size_t n_inputs, const char *output,
     ZB_TRY(normalize(opts, &o));
     zb_convert *cv = NULL;
     ZB_TRY(zb_convert_plan(inputs, n_inputs, output, &o, &cv));
+    cv->input_pread = o.input_pread;
     int lock = -1;
     zb_status locked = lock_work(cv, &lock);
     if (locked != ZB_OK) {

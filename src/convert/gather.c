@@ -60,6 +60,7 @@ typedef struct gather {
     /* the direct path: per input and matrix ([k * n_mats + j]) its file and where its rows lie,
      * its values' dtype and gene map; the jobs that read a pass's rows */
     zb__src_raw *raws;
+    const zb__src_map **views; /* the files mapped (cv_view), or NULL each: read with pread */
     zb_dtype *in_dtypes;
     const int32_t **maps;
     struct direct_job *jobs;
@@ -426,19 +427,62 @@ assemble_fixed(gather *g, size_t a, uint64_t rows)
 
 /* ---- the direct path: matrix rows read from the inputs --------------------------------------- */
 
-/* Opens every input's matrices for reading rows (files, offsets, dtypes, gene maps) and makes
- * the jobs: a few per thread, so uneven rows even out. */
+/* ---- the handle's mappings of the inputs (cv_view) ------------------------------------------ */
+
+zb_status
+cv_view(zb_convert *cv, uint32_t k, size_t j, const zb__src_raw *raw, const zb__src_map **out)
+{
+    pthread_mutex_lock(&cv->lock);
+    size_t n = cv->n_inputs * cv->n_mats, i = k * cv->n_mats + j;
+    zb_status st = ZB_OK;
+    if (!cv->views && (cv->views = calloc(n, sizeof *cv->views)))
+        for (size_t v = 0; v < n; v++) cv->views[v].fd = -1;
+    if (!cv->views) st = zb__err(ZB_E_NOMEM, "mapping %s", raw->path);
+    for (size_t o = k * cv->n_mats; st == ZB_OK && o < (k + 1) * cv->n_mats; o++)
+        if (cv->views[i].fd < 0 && cv->views[o].fd == raw->fd) cv->views[i] = cv->views[o];
+    /* mapped once per handle, right after checking that the input is the planned file: a file
+     * truncated under a mapping is SIGBUS, not an error (docs/CONVERT.md) */
+    if (st == ZB_OK && cv->views[i].fd < 0) st = cv_input_unchanged(&cv->inputs[k]);
+    if (st == ZB_OK && cv->views[i].fd < 0) {
+        st = zb__src_map_open(raw->fd, raw->path, &cv->views[i].map);
+        if (st == ZB_OK) cv->views[i].fd = raw->fd;
+    }
+    *out = st == ZB_OK ? &cv->views[i].map : NULL;
+    pthread_mutex_unlock(&cv->lock);
+    return st;
+}
+
+void
+cv_views_free(zb_convert *cv)
+{
+    size_t n = cv->n_inputs * cv->n_mats;
+    for (size_t i = 0; cv->views && i < n; i++) {
+        bool shared = false; /* an earlier matrix of the same file owns the mapping */
+        for (size_t o = i - i % cv->n_mats; o < i; o++)
+            shared |= cv->views[o].fd >= 0 && cv->views[o].map.base == cv->views[i].map.base;
+        if (!shared) zb__src_map_close(&cv->views[i].map);
+    }
+    free(cv->views);
+    cv->views = NULL;
+}
+
+/* Opens every input's matrices for reading rows (files, offsets, dtypes, gene maps; the files
+ * mapped unless the handle reads with pread) and makes the jobs: a few per thread, so uneven
+ * rows even out. An input changed since it was planned is an error here, before any read. */
 static zb_status
 direct_open(gather *g, int num_threads)
 {
     zb_convert *cv = g->cv;
     size_t n = cv->n_inputs * cv->n_mats;
     g->raws = calloc(n, sizeof *g->raws);
+    g->views = calloc(n, sizeof *g->views);
     g->in_dtypes = calloc(n, sizeof *g->in_dtypes);
     g->maps = calloc(n, sizeof *g->maps);
     g->n_jobs = 4 * (size_t)(num_threads > 1 ? num_threads : 1);
     g->jobs = calloc(g->n_jobs, sizeof *g->jobs);
-    if (!g->raws || !g->in_dtypes || !g->maps || !g->jobs) return zb__err(ZB_E_NOMEM, "gather");
+    if (!g->raws || !g->views || !g->in_dtypes || !g->maps || !g->jobs)
+        return zb__err(ZB_E_NOMEM, "gather");
+    for (size_t k = 0; k < cv->n_inputs; k++) ZB_TRY(cv_input_unchanged(&cv->inputs[k]));
     for (size_t i = 0; i < n; i++) {
         uint32_t k = (uint32_t)(i / cv->n_mats);
         size_t j = i % cv->n_mats;
@@ -451,6 +495,7 @@ direct_open(gather *g, int num_threads)
                            cv->inputs[k].path, cv->mat_keys[j]);
         g->in_dtypes[i] = zb__src_matrix_info_of(m)->dtype;
         ZB_TRY(cv_gene_map(cv, k, j, &g->maps[i]));
+        if (!cv->input_pread) ZB_TRY(cv_view(cv, k, j, &g->raws[i], &g->views[i]));
     }
     return ZB_OK;
 }
@@ -467,20 +512,30 @@ direct_close(gather *g)
         zb__buf_free(&jb->mid);
     }
     free(g->raws);
+    free(g->views);
     free(g->in_dtypes);
     free(g->maps);
     free(g->jobs);
 }
 
-/* Elements [first, first + n) of raw array a into b, placed as the file's bytes are
- * (zb__buf_for_read: the kernel's copy runs fastest between congruent addresses). */
+/* Elements [first, first + n) of the indices or the data of the matrix in slot `slot`: straight
+ * from the file's mapping (a pointer into it, or b when they straddle chunks), or read with
+ * pread into b, placed as the file's bytes are (zb__buf_for_read: the kernel's copy runs
+ * fastest between congruent addresses). */
 static zb_status
-read_into(zb__buf *b, int fd, const char *path, const zb__src_raw_array *a, size_t item,
-          uint64_t first, uint64_t n, uint8_t **out)
+row_elems(const gather *g, size_t slot, bool data, size_t item, uint64_t first, uint64_t n,
+          zb__buf *b, const uint8_t **out)
 {
-    uint64_t run;
-    ZB_TRY(zb__buf_for_read(b, zb__src_raw_at(a, item, first, &run), (size_t)(n * item), out));
-    return zb__src_raw_read(fd, path, a, item, first, n, *out);
+    const zb__src_raw *raw = &g->raws[slot];
+    const zb__src_raw_array *a = data ? &raw->data : &raw->indices;
+    if (g->views[slot])
+        return zb__src_raw_view(g->views[slot], raw->path, a, item, first, n, b, out);
+    uint64_t run,
+        at = n ? zb__src_raw_at(a, item, first, &run) : 0; /* n = 0: maybe past the table */
+    uint8_t *p;
+    ZB_TRY(zb__buf_for_read(b, at, (size_t)(n * item), &p));
+    *out = p;
+    return zb__src_raw_read(raw->fd, raw->path, a, item, first, n, p);
 }
 
 /* Pass row r of matrix j: its row in the input read, its column ids checked, placed at
@@ -500,15 +555,14 @@ direct_row(direct_job *jb, uint64_t r)
     memcpy(&first, p->pass[a + 1] + x * 8, 8);
     memcpy(&m, p->pass[a + 2] + x * 4, 4);
     size_t slot = p->input * cv->n_mats + j;
-    const zb__src_raw *raw = &g->raws[slot];
     const cv_in_matrix *im = &cv->inputs[p->input].mats[j];
     zb_dtype from = g->in_dtypes[slot], mid = cv->mat_dtypes[j], to = cv->stored_dtypes[j];
     size_t in_item = zb_dtype_size(from);
     uint64_t at = (uint64_t)g->indptr[r];
     uint32_t *out_ids = (uint32_t *)g->indices + at;
     unsigned char *out = g->stored + at * zb_dtype_size(to);
-    uint8_t *b_ids, *vals;
-    ZB_TRY(read_into(&jb->ids, raw->fd, raw->path, &raw->indices, 4, first, m, &b_ids));
+    const uint8_t *b_ids, *vals;
+    ZB_TRY(row_elems(g, slot, false, 4, first, m, &jb->ids, &b_ids));
     const uint32_t *ids = (const uint32_t *)b_ids; /* aligned: zb__src_matrix_raw */
     uint32_t bad = 0;
     for (uint32_t e = 0; e < m; e++) bad |= ids[e] >= im->n_cols;
@@ -519,7 +573,7 @@ direct_row(direct_job *jb, uint64_t r)
                            " is outside [0, %" PRIu64 ")",
                            cv->inputs[p->input].path, cv->mat_keys[j], first + e, (int32_t)ids[e],
                            im->n_cols);
-    ZB_TRY(read_into(&jb->vals, raw->fd, raw->path, &raw->data, in_item, first, m, &vals));
+    ZB_TRY(row_elems(g, slot, true, in_item, first, m, &jb->vals, &vals));
     unsigned char *wide = out; /* the values in the promoted dtype */
     if (mid != to) {
         ZB_TRY(zb__buf_reserve(&jb->mid, (size_t)m * zb_dtype_size(mid) + 1));
