@@ -430,3 +430,39 @@ def test_an_input_changed_before_the_gather_is_an_error(tmp_path, change, mode):
         r.stdout
     assert ("its size" if change == "truncated" else "its modification time") in r.stdout
     assert not list(out.glob("dataset_*/zarr.json"))
+
+
+TRUNCATE_DURING_RUN = """
+import os, sys
+import zbatch
+victim, out = sys.argv[1], sys.argv[2]
+def progress(p):
+    if p["phase"] == "scatter" and p["tasks_done"] == p["tasks_total"]:
+        st = os.stat(victim)
+        with open(victim, "r+b") as f:  # in place, while the run holds the file open
+            f.truncate(st.st_size // 3)
+try:
+    zbatch.convert(sys.argv[3:], out, dataset_size=100, memory="64M", progress=progress)
+except Exception as e:
+    print(type(e).__name__, e)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("mode", ["map", "pread"])
+def test_an_input_truncated_during_the_run_is_an_error(tmp_path, mode):
+    """The realistic case for a mapping: one process plans (opening the inputs), scatters and
+    gathers; an input truncated in place after the scatter, while the process holds it open, is
+    an error naming the file when the gather starts, not SIGBUS, with and without mappings."""
+    from test_convert_narrow import make_counts, write_inputs
+    paths = write_inputs(tmp_path, [make_counts(150, 40, seed=5), make_counts(60, 40, seed=6)])
+    env = dict(os.environ)
+    env.pop("ZBATCH_CONVERT_SCRATCH", None)
+    env["ZBATCH_MMAP_BYTES"] = "0" if mode == "pread" else str(1 << 30)
+    out = tmp_path / "out.zarr"
+    r = subprocess.run([sys.executable, "-c", TRUNCATE_DURING_RUN, paths[0], str(out), *paths],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
+    assert paths[0] in r.stdout and "changed since the conversion was planned (its size" in \
+        r.stdout, r.stdout
+    assert not list(out.glob("dataset_*/zarr.json"))
