@@ -126,9 +126,9 @@ def _index_dtype(value: Optional[bool]) -> str:
 
 
 def _run_task(output: str, phase: int, i: int, threads: int, memory: int,
-              input_pread: bool = False) -> bool:
+              input_mmap_bytes: Optional[int] = None) -> bool:
     """One task, in whichever process Dask put it (the plan is read from `output`)."""
-    return _zbatch.convert_task(output, phase, i, threads, memory, input_pread)
+    return _zbatch.convert_task(output, phase, i, threads, memory, input_mmap_bytes)
 
 
 def _run_on_dask(client, inputs, output, opts, progress: _Progress, retries: int) -> None:
@@ -140,7 +140,7 @@ def _run_on_dask(client, inputs, output, opts, progress: _Progress, retries: int
         if n == 0:
             continue
         # each task gets the memory budget the plan was made with; a worker runs one per thread
-        futures = [client.submit(_run_task, output, phase, i, 1, memory, opts["input_pread"],
+        futures = [client.submit(_run_task, output, phase, i, 1, memory, opts["input_mmap_bytes"],
                                  retries=retries,
                                  pure=False, key=f"zbatch-convert-{_PHASES[phase]}-{i}-{os.getpid()}")
                    for i in range(n)]
@@ -270,9 +270,9 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
         "index_dtype": _index_dtype(narrow_indices),
         "work_dir": None if work_dir is None else os.fspath(work_dir),
         "remote": remote,
-        # the one switch for mappings, as for the stores: ZBATCH_MMAP_BYTES=0 reads the inputs'
-        # rows with pread (docs/CONVERT.md)
-        "input_pread": _mmap_bytes(None) == 0,
+        # the one switch for mappings, as for the stores: the bytes of inputs the gather may map
+        # (None: the library's default; 0 reads every row with pread; docs/CONVERT.md)
+        "input_mmap_bytes": _mmap_bytes(None),
     }
     bar = _Progress(progress, "cells" if client is None else "tasks")
     try:

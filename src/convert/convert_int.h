@@ -117,8 +117,9 @@ struct zb_convert {
     zb__src **srcs;             /* [n_inputs] */
     zb__src_matrix ***matrices; /* [n_inputs][n_mats]: the source's or a transposed file's */
     int32_t ***maps;            /* [n_inputs][n_mats] gene maps */
-    bool input_pread;           /* zb_convert_set_input_pread */
+    uint64_t input_mmap_bytes;  /* zb_convert_set_input_mmap_bytes */
     struct cv_mapped *views;    /* [n_inputs * n_mats] mappings for the gather (cv_view) */
+    uint64_t mapped_bytes;      /* what views map */
     struct cv_ws *ws_free;      /* workspaces no task holds */
 };
 
@@ -330,8 +331,9 @@ typedef struct cv_mapped {
 } cv_mapped;
 
 /* Matrix j of input k (its raw description `raw`, zb__src_matrix_raw) mapped read-only, once per
- * handle; the matrices of one file share one mapping. Checks first that the input is the file
- * that was planned (cv_input_unchanged). Thread-safe. */
+ * handle; the matrices of one file share one mapping. *out is NULL (read with pread) when the
+ * file does not fit what may be mapped: input_mmap_bytes, and half of memory_bytes in all.
+ * Checks first that the input is the file that was planned (cv_input_unchanged). Thread-safe. */
 zb_status cv_view(zb_convert *cv, uint32_t k, size_t j, const zb__src_raw *raw,
                   const zb__src_map **out);
 /* Unmaps what cv_view mapped (zb_convert_close). */

@@ -441,13 +441,21 @@ cv_view(zb_convert *cv, uint32_t k, size_t j, const zb__src_raw *raw, const zb__
     for (size_t o = k * cv->n_mats; st == ZB_OK && o < (k + 1) * cv->n_mats; o++)
         if (cv->views[i].fd < 0 && cv->views[o].fd == raw->fd) cv->views[i] = cv->views[o];
     /* mapped once per handle, right after checking that the input is the planned file: a file
-     * truncated under a mapping is SIGBUS, not an error (docs/CONVERT.md) */
-    if (st == ZB_OK && cv->views[i].fd < 0) st = cv_input_unchanged(&cv->inputs[k]);
-    if (st == ZB_OK && cv->views[i].fd < 0) {
-        st = zb__src_map_open(raw->fd, raw->path, &cv->views[i].map);
-        if (st == ZB_OK) cv->views[i].fd = raw->fd;
+     * truncated under a mapping is SIGBUS, not an error (docs/CONVERT.md). Mapped pages count in
+     * the RSS, and with the page cache's large folios a fault maps many pages, so the mappings
+     * are bounded by the memory rather than released as they are read (docs/PERFORMANCE.md) */
+    uint64_t limit =
+        cv->input_mmap_bytes < cv->memory_bytes / 2 ? cv->input_mmap_bytes : cv->memory_bytes / 2;
+    limit = limit > cv->mapped_bytes ? limit - cv->mapped_bytes : 0;
+    if (st == ZB_OK && cv->views[i].fd < 0 && limit) st = cv_input_unchanged(&cv->inputs[k]);
+    if (st == ZB_OK && cv->views[i].fd < 0 && limit) {
+        st = zb__src_map_open(raw->fd, raw->path, limit, &cv->views[i].map);
+        if (st == ZB_OK && cv->views[i].map.base) {
+            cv->views[i].fd = raw->fd;
+            cv->mapped_bytes += cv->views[i].map.len;
+        }
     }
-    *out = st == ZB_OK ? &cv->views[i].map : NULL;
+    *out = st == ZB_OK && cv->views[i].map.base ? &cv->views[i].map : NULL;
     pthread_mutex_unlock(&cv->lock);
     return st;
 }
@@ -495,7 +503,7 @@ direct_open(gather *g, int num_threads)
                            cv->inputs[k].path, cv->mat_keys[j]);
         g->in_dtypes[i] = zb__src_matrix_info_of(m)->dtype;
         ZB_TRY(cv_gene_map(cv, k, j, &g->maps[i]));
-        if (!cv->input_pread) ZB_TRY(cv_view(cv, k, j, &g->raws[i], &g->views[i]));
+        if (cv->input_mmap_bytes) ZB_TRY(cv_view(cv, k, j, &g->raws[i], &g->views[i]));
     }
     return ZB_OK;
 }
@@ -600,13 +608,46 @@ direct_row(direct_job *jb, uint64_t r)
     return ZB_OK;
 }
 
+#define PREFETCH_ROWS 4
+
+/* Asks the CPU for the first line of each page of row r's extents in the mapping, a few rows
+ * ahead of reading them: each lies on pages no recent row touched (a TLB miss and a cache
+ * miss), which pread's copy in the kernel would otherwise have taken. */
+static void
+prefetch_row(const gather *g, size_t j, uint64_t r)
+{
+    const zb_convert *cv = g->cv;
+    size_t a = cv_matrix_array(j);
+    uint64_t cell, first;
+    const part *p = who_part(g, g->who[r], &cell);
+    uint32_t m;
+    uint64_t x = cell - p->q0;
+    memcpy(&first, p->pass[a + 1] + x * 8, 8);
+    memcpy(&m, p->pass[a + 2] + x * 4, 4);
+    size_t slot = p->input * cv->n_mats + j;
+    const zb__src_map *v = g->views[slot];
+    if (!v || !m) return;
+    size_t item = zb_dtype_size(g->in_dtypes[slot]);
+    for (int d = 0; d < 2; d++) {
+        const zb__src_raw_array *ra = d ? &g->raws[slot].data : &g->raws[slot].indices;
+        size_t it = d ? item : 4;
+        uint64_t run, at = zb__src_raw_at(ra, it, first, &run);
+        uint64_t end = at + (uint64_t)m * it;
+        for (uint64_t o = at; o < end && o < v->len; o = (o | 4095) + 1)
+            __builtin_prefetch(v->base + o);
+    }
+}
+
 static void
 direct_rows(void *arg, zb_ctx *ctx)
 {
     (void)ctx;
     direct_job *jb = arg;
     zb_status st = ZB_OK;
-    for (uint64_t r = jb->r0; r < jb->r1 && st == ZB_OK; r++) st = direct_row(jb, r);
+    for (uint64_t r = jb->r0; r < jb->r1 && st == ZB_OK; r++) {
+        if (r + PREFETCH_ROWS < jb->r1) prefetch_row(jb->g, jb->j, r + PREFETCH_ROWS);
+        st = direct_row(jb, r);
+    }
     jb->st = st;
     if (st != ZB_OK) snprintf(jb->msg, sizeof jb->msg, "%s", zb_last_error());
 }
@@ -899,6 +940,14 @@ pass_rows(const gather *g, uint64_t memory)
 static zb_status
 gather_rows(gather *g, zb_anndata_writer *w, uint64_t memory)
 {
+    /* the mapped inputs' pages count in the RSS: this task's share of them comes off its passes
+     * (at most half: cv_view maps at most half of memory_bytes) */
+    zb_convert *cv = g->cv;
+    pthread_mutex_lock(&cv->lock);
+    uint64_t mapped = cv->mapped_bytes;
+    pthread_mutex_unlock(&cv->lock);
+    if (mapped && cv->memory_bytes)
+        memory -= (uint64_t)((double)mapped / (double)cv->memory_bytes * (double)memory);
     uint64_t per_pass = pass_rows(g, memory);
     if (per_pass > g->cells) per_pass = g->cells;
     ZB_TRY(grow(g, CV_WS_WHO, (per_pass + 1) * sizeof *g->who, &g->who));

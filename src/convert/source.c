@@ -231,14 +231,14 @@ zb__src_raw_read(int fd, const char *path, const zb__src_raw_array *a, size_t it
 }
 
 zb_status
-zb__src_map_open(int fd, const char *path, zb__src_map *out)
+zb__src_map_open(int fd, const char *path, uint64_t limit, zb__src_map *out)
 {
     out->base = NULL;
     out->len = 0;
     struct stat sb;
     if (fstat(fd, &sb) != 0)
         return zb__err(ZB_E_IO, "%s: cannot stat it: %s", path, strerror(errno));
-    if (sb.st_size <= 0) return ZB_OK; /* nothing to map: every view is past the end */
+    if (sb.st_size <= 0 || (uint64_t)sb.st_size > limit) return ZB_OK;
     void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
         return zb__err(ZB_E_IO, "%s: cannot map it (%lld bytes): %s", path, (long long)sb.st_size,

@@ -143,9 +143,10 @@ typedef struct zb__src_map {
     uint64_t len;
 } zb__src_map;
 
-/* Maps the file open as fd (named `path` in messages), its whole current size: ZB_E_IO naming
- * the file when mmap fails. */
-zb_status zb__src_map_open(int fd, const char *path, zb__src_map *out);
+/* Maps the file open as fd (named `path` in messages), its whole current size, when that is at
+ * most `limit` bytes (else out->base stays NULL: not mapped): ZB_E_IO naming the file when
+ * fstat or mmap fails. */
+zb_status zb__src_map_open(int fd, const char *path, uint64_t limit, zb__src_map *out);
 void zb__src_map_close(zb__src_map *m);
 
 /* Elements [first, first + n) of a raw array of `item`-byte elements from a mapping of its file:

@@ -466,3 +466,54 @@ def test_an_input_truncated_during_the_run_is_an_error(tmp_path, mode):
     assert paths[0] in r.stdout and "changed since the conversion was planned (its size" in \
         r.stdout, r.stdout
     assert not list(out.glob("dataset_*/zarr.json"))
+
+
+def gather_preads(paths, out, mmap_bytes, *extra):
+    """pread64 calls of a whole conversion under strace (every thread), with ZBATCH_MMAP_BYTES
+    set to mmap_bytes (None: unset); the output's bytes."""
+    env = dict(os.environ)
+    env.pop("ZBATCH_CONVERT_SCRATCH", None)
+    env.pop("ZBATCH_MMAP_BYTES", None)
+    if mmap_bytes is not None:
+        env["ZBATCH_MMAP_BYTES"] = str(mmap_bytes)
+    r = subprocess.run(["strace", "-f", "-c", "-e", "trace=pread64", str(CLI), "convert", *paths,
+                        "-o", str(out), "--quiet", "--threads", "2", *extra],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    calls = [int(line.split()[3]) for line in r.stderr.splitlines()
+             if line.rstrip().endswith("pread64")]
+    return (calls[0] if calls else 0), tree_bytes(out)
+
+
+def test_inputs_are_mapped_within_the_budget(tmp_path):
+    """Which inputs the gather maps: those that fit ZBATCH_MMAP_BYTES (default 1 GiB) and half
+    of --memory, in input order; the others are read with pread, two calls per row (indices,
+    data). strace's count of pread64 calls tells them apart; every way gives the same bytes."""
+    import shutil
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    from test_convert_narrow import make_counts, write_inputs
+    adatas = [make_counts(400, 40, seed=5), make_counts(300, 40, seed=6)]
+    paths = write_inputs(tmp_path, adatas)
+    sizes = [os.path.getsize(p) for p in paths]
+    runs = {name: gather_preads(paths, tmp_path / f"{name}.zarr", mmap)
+            for name, mmap in [("default", None), ("none", 0), ("first", sizes[0]),
+                               ("both", sum(sizes))]}
+    ref = runs["none"][1]
+    for name, (_, tree) in runs.items():
+        assert tree.keys() == ref.keys() and [k for k in ref if ref[k] != tree[k]] == [], name
+    n = {name: calls for name, (calls, _) in runs.items()}
+    rows = [a.n_obs for a in adatas]
+    # without mappings the gather adds two preads per row; mapping an input takes its rows' off
+    def off(calls, rows):  # two per row, and a few of libhdf5's own that vary run to run
+        return 2 * rows <= n["none"] - calls <= 2 * rows + 8
+
+    assert off(n["both"], sum(rows)), n
+    assert n["default"] == n["both"], n
+    # in input order, each while it fits: a budget one byte short of the first input maps
+    # only the second (the smaller); test_memory_stays_bounded holds the bound by --memory
+    # (its input is larger than half of --memory, so it is read with pread)
+    assert sizes[1] < sizes[0]
+    second, _ = gather_preads(paths, tmp_path / "second.zarr", sizes[0] - 1)
+    assert off(second, rows[1]), (n, second)
+    assert off(n["first"], rows[0]), n
