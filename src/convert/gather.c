@@ -546,6 +546,21 @@ row_elems(const gather *g, size_t slot, bool data, size_t item, uint64_t first, 
     return zb__src_raw_read(raw->fd, raw->path, a, item, first, n, p);
 }
 
+/* Where pass row r of matrix j lies in its input: the slot of its input's matrix, its first
+ * element and count there, and the elements the scatter counted it keeping. */
+static size_t
+row_source(const gather *g, size_t j, uint64_t r, uint64_t *first, uint32_t *m, uint32_t *kept)
+{
+    size_t a = cv_matrix_array(j);
+    uint64_t cell;
+    const part *p = who_part(g, g->who[r], &cell);
+    uint64_t x = cell - p->q0;
+    memcpy(kept, p->pass[a] + x * 4, 4);
+    memcpy(first, p->pass[a + 1] + x * 8, 8);
+    memcpy(m, p->pass[a + 2] + x * 4, 4);
+    return p->input * g->cv->n_mats + j;
+}
+
 /* Pass row r of matrix j: its row in the input read, its column ids checked, placed at
  * g->indptr[r] of g->indices and g->stored with the gene map applied (cv_remap_row, as the
  * scatter path does) and the values converted to the promoted, then the stored dtype. */
@@ -554,16 +569,12 @@ direct_row(direct_job *jb, uint64_t r)
 {
     gather *g = jb->g;
     const zb_convert *cv = g->cv;
-    size_t j = jb->j, a = cv_matrix_array(j);
-    uint64_t cell, first;
-    const part *p = who_part(g, g->who[r], &cell);
+    size_t j = jb->j;
+    uint64_t first;
     uint32_t kept, m;
-    uint64_t x = cell - p->q0;
-    memcpy(&kept, p->pass[a] + x * 4, 4);
-    memcpy(&first, p->pass[a + 1] + x * 8, 8);
-    memcpy(&m, p->pass[a + 2] + x * 4, 4);
-    size_t slot = p->input * cv->n_mats + j;
-    const cv_in_matrix *im = &cv->inputs[p->input].mats[j];
+    size_t slot = row_source(g, j, r, &first, &m, &kept);
+    uint32_t input = (uint32_t)(slot / cv->n_mats);
+    const cv_in_matrix *im = &cv->inputs[input].mats[j];
     zb_dtype from = g->in_dtypes[slot], mid = cv->mat_dtypes[j], to = cv->stored_dtypes[j];
     size_t in_item = zb_dtype_size(from);
     uint64_t at = (uint64_t)g->indptr[r];
@@ -579,7 +590,7 @@ direct_row(direct_job *jb, uint64_t r)
             return zb__err(ZB_E_CORRUPT,
                            "%s: %s/indices: element %" PRIu64 ": index %" PRId32
                            " is outside [0, %" PRIu64 ")",
-                           cv->inputs[p->input].path, cv->mat_keys[j], first + e, (int32_t)ids[e],
+                           cv->inputs[input].path, cv->mat_keys[j], first + e, (int32_t)ids[e],
                            im->n_cols);
     ZB_TRY(row_elems(g, slot, true, in_item, first, m, &jb->vals, &vals));
     unsigned char *wide = out; /* the values in the promoted dtype */
@@ -603,7 +614,7 @@ direct_row(direct_job *jb, uint64_t r)
         return zb__err(ZB_E_CORRUPT,
                        "%s: %s, element %" PRIu64 ": %" PRIu64 " of the row's elements kept, "
                        "where the scatter counted %" PRIu32 " (did the input change?)",
-                       cv->inputs[p->input].path, cv->mat_keys[j], first, got, kept);
+                       cv->inputs[input].path, cv->mat_keys[j], first, got, kept);
     if (wide != out) cv_convert_values(out, to, wide, mid, got);
     return ZB_OK;
 }
@@ -616,15 +627,9 @@ direct_row(direct_job *jb, uint64_t r)
 static void
 prefetch_row(const gather *g, size_t j, uint64_t r)
 {
-    const zb_convert *cv = g->cv;
-    size_t a = cv_matrix_array(j);
-    uint64_t cell, first;
-    const part *p = who_part(g, g->who[r], &cell);
-    uint32_t m;
-    uint64_t x = cell - p->q0;
-    memcpy(&first, p->pass[a + 1] + x * 8, 8);
-    memcpy(&m, p->pass[a + 2] + x * 4, 4);
-    size_t slot = p->input * cv->n_mats + j;
+    uint64_t first;
+    uint32_t m, kept;
+    size_t slot = row_source(g, j, r, &first, &m, &kept);
     const zb__src_map *v = g->views[slot];
     if (!v || !m) return;
     size_t item = zb_dtype_size(g->in_dtypes[slot]);
