@@ -195,6 +195,9 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
     ``"blosc:lz4:5:noshuffle"`` and every other array ``"blosc:lz4:5:shuffle"``.
 
     Memory stays near ``memory`` (bytes or a size such as ``"4G"``) whatever the inputs' size.
+    Inputs that fit ``ZBATCH_MMAP_BYTES`` (default 1 GiB) and half of ``memory`` are mapped
+    for reading rows, counted in that memory; ``ZBATCH_MMAP_BYTES=0`` reads them with pread
+    (for inputs that may be rewritten in place meanwhile: docs/CONVERT.md).
     A conversion that was interrupted resumes when called again with the same arguments and
     gives the same bytes as an uninterrupted one.
 
