@@ -171,14 +171,13 @@ typedef struct zb_convert_opts {
                              zb_convert_default_work_dir's. A restart must name the same one. */
     const zb_remote_opts *remote; /* credentials, endpoint and tuning of an s3:// output (NULL:
                                      defaults, anonymous); copied when the output is opened */
-    uint64_t input_mmap_bytes;    /* bytes of the inputs the gather may map read-only and take rows
-                         from (whole files, while they fit; at most half of memory_bytes, as
-                         mapped pages count in the process's RSS); the other inputs are read
-                         with pread. 0 = pread only. Default ZB_STORE_DEFAULT_MMAP_BYTES; the
-                         command and the Python package take ZBATCH_MMAP_BYTES. A mapped input
-                         truncated in place during the gather raises SIGBUS; one changed before
-                         it is an error either way. Not part of the plan: the bytes are the
-                         same. */
+    /* bytes of the inputs the gather may map read-only and take rows from (whole files, while
+     * they fit; at most half of memory_bytes, as mapped pages count in the process's RSS); the
+     * other inputs are read with pread. 0 = pread only. Default ZB_STORE_DEFAULT_MMAP_BYTES; the
+     * command and the Python package take ZBATCH_MMAP_BYTES. A mapped input truncated in place
+     * during the gather raises SIGBUS; one changed before it is an error either way. Not part
+     * of the plan: the bytes are the same. */
+    uint64_t input_mmap_bytes;
 } zb_convert_opts;
 
 #define ZB_CONVERT_OPTS_DEFAULT                                                                    \
