@@ -16,6 +16,10 @@ int zb__cli_bench(int argc, char **argv);
  * does; returns only when Python cannot be started. */
 int zb__cli_python(int argc, char **argv);
 
+/* ZBATCH_MMAP_BYTES into *bytes when it is set (left alone otherwise): ZB_E_INVALID when it is
+ * not a number of bytes. */
+zb_status zb__cli_mmap_bytes(uint64_t *bytes);
+
 /* zb_store_open with the options of the environment: ZBATCH_MMAP_BYTES (bytes of data files
  * one store may map; 0 = pread only) becomes zb_store_opts.mmap_bytes (a value that is not a
  * number of bytes is ZB_E_INVALID naming the variable); an http(s):// or s3:// URL takes its

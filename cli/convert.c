@@ -330,6 +330,11 @@ convert_collection(const char *const *inputs, size_t n, const char *output, zb_c
         return 1;
     }
     o->remote = s3 ? &remote : NULL;
+    rs = zb__cli_mmap_bytes(&o->input_mmap_bytes); /* the one switch, as for the stores */
+    if (rs != ZB_OK) {
+        fprintf(stderr, "zbatch convert: %s: %s\n", zb_strerror(rs), zb_last_error());
+        return 1;
+    }
     if (!o->work_dir && is_remote) {
         const char *tmp = getenv("TMPDIR");
         zb_status ws = zb_convert_default_work_dir(output, tmp, work, sizeof work);

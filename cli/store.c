@@ -76,19 +76,25 @@ zb__cli_remote_opts(zb_remote_opts *r)
 }
 
 zb_status
+zb__cli_mmap_bytes(uint64_t *bytes)
+{
+    const char *e = env("ZBATCH_MMAP_BYTES");
+    if (!e) return ZB_OK;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(e, &end, 10);
+    if (*e == '-' || errno || *end)
+        return zb__err(ZB_E_INVALID, "ZBATCH_MMAP_BYTES='%s': not a number of bytes", e);
+    *bytes = (uint64_t)v;
+    return ZB_OK;
+}
+
+zb_status
 zb__cli_store_open(const char *url, zb_store **out)
 {
     *out = NULL;
     zb_store_opts opts = ZB_STORE_OPTS_DEFAULT;
-    const char *e = env("ZBATCH_MMAP_BYTES");
-    if (e) {
-        char *end = NULL;
-        errno = 0;
-        unsigned long long v = strtoull(e, &end, 10);
-        if (*e == '-' || errno || *end)
-            return zb__err(ZB_E_INVALID, "ZBATCH_MMAP_BYTES='%s': not a number of bytes", e);
-        opts.mmap_bytes = (uint64_t)v;
-    }
+    ZB_TRY(zb__cli_mmap_bytes(&opts.mmap_bytes));
     zb_remote_opts r;
     bool s3 = !strncmp(url, "s3://", 5); /* credentials are S3's only */
     if (s3) ZB_TRY(zb__cli_remote_opts(&r));

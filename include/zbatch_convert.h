@@ -171,12 +171,19 @@ typedef struct zb_convert_opts {
                              zb_convert_default_work_dir's. A restart must name the same one. */
     const zb_remote_opts *remote; /* credentials, endpoint and tuning of an s3:// output (NULL:
                                      defaults, anonymous); copied when the output is opened */
+    /* bytes of the inputs the gather may map read-only and take rows from (whole files, while
+     * they fit; at most half of memory_bytes, as mapped pages count in the process's RSS); the
+     * other inputs are read with pread. 0 = pread only. Default ZB_STORE_DEFAULT_MMAP_BYTES; the
+     * command and the Python package take ZBATCH_MMAP_BYTES. A mapped input truncated in place
+     * during the gather raises SIGBUS; one changed before it is an error either way. Not part
+     * of the plan: the bytes are the same. */
+    uint64_t input_mmap_bytes;
 } zb_convert_opts;
 
 #define ZB_CONVERT_OPTS_DEFAULT                                                                    \
     {                                                                                              \
         0, ZB_VAR_OUTER, NULL, NULL, 0, NULL, NULL, 0, 0, 0, true, 3, NULL, 0, 0, 0, NULL, NULL,   \
-            ZB_CONVERT_DATA_AUTO, ZB_CONVERT_INDEX_AUTO, NULL, NULL                                \
+            ZB_CONVERT_DATA_AUTO, ZB_CONVERT_INDEX_AUTO, NULL, NULL, ZB_STORE_DEFAULT_MMAP_BYTES   \
     }
 
 typedef struct zb_convert zb_convert;
@@ -221,6 +228,11 @@ ZB_API zb_status zb_convert_run_task(zb_convert *cv, zb_convert_phase phase, siz
  * sized by it); 0 = the plan's memory_bytes. A caller running several tasks at once in one
  * process gives each its share. */
 ZB_API void zb_convert_set_task_memory(zb_convert *cv, uint64_t bytes);
+
+/* The bytes of inputs the tasks run through this handle from now on may map (0 = read rows
+ * with pread only): the zb_convert_opts field `input_mmap_bytes` for a caller running tasks
+ * itself. A handle starts with ZB_STORE_DEFAULT_MMAP_BYTES. */
+ZB_API void zb_convert_set_input_mmap_bytes(zb_convert *cv, uint64_t bytes);
 
 /* Finishes a conversion whose tasks all finished: writes the root group and its consolidated
  * metadata, writes the manifest, verifies every dataset's files against it (ZB_E_CHECKSUM

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from . import _zbatch
 from ._remote import writable_options
+from .dataset import _mmap_bytes
 
 __all__ = ["convert"]
 
@@ -124,9 +125,10 @@ def _index_dtype(value: Optional[bool]) -> str:
     return "narrow" if value else "int32"
 
 
-def _run_task(output: str, phase: int, i: int, threads: int, memory: int) -> bool:
+def _run_task(output: str, phase: int, i: int, threads: int, memory: int,
+              input_mmap_bytes: Optional[int] = None) -> bool:
     """One task, in whichever process Dask put it (the plan is read from `output`)."""
-    return _zbatch.convert_task(output, phase, i, threads, memory)
+    return _zbatch.convert_task(output, phase, i, threads, memory, input_mmap_bytes)
 
 
 def _run_on_dask(client, inputs, output, opts, progress: _Progress, retries: int) -> None:
@@ -138,7 +140,8 @@ def _run_on_dask(client, inputs, output, opts, progress: _Progress, retries: int
         if n == 0:
             continue
         # each task gets the memory budget the plan was made with; a worker runs one per thread
-        futures = [client.submit(_run_task, output, phase, i, 1, memory, retries=retries,
+        futures = [client.submit(_run_task, output, phase, i, 1, memory, opts["input_mmap_bytes"],
+                                 retries=retries,
                                  pure=False, key=f"zbatch-convert-{_PHASES[phase]}-{i}-{os.getpid()}")
                    for i in range(n)]
         done = 0
@@ -192,6 +195,9 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
     ``"blosc:lz4:5:noshuffle"`` and every other array ``"blosc:lz4:5:shuffle"``.
 
     Memory stays near ``memory`` (bytes or a size such as ``"4G"``) whatever the inputs' size.
+    Inputs that fit ``ZBATCH_MMAP_BYTES`` (default 1 GiB) and half of ``memory`` are mapped
+    for reading rows, counted in that memory; ``ZBATCH_MMAP_BYTES=0`` reads them with pread
+    (for inputs that may be rewritten in place meanwhile: docs/CONVERT.md).
     A conversion that was interrupted resumes when called again with the same arguments and
     gives the same bytes as an uninterrupted one.
 
@@ -267,6 +273,9 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
         "index_dtype": _index_dtype(narrow_indices),
         "work_dir": None if work_dir is None else os.fspath(work_dir),
         "remote": remote,
+        # the one switch for mappings, as for the stores: the bytes of inputs the gather may map
+        # (None: the library's default; 0 reads every row with pread; docs/CONVERT.md)
+        "input_mmap_bytes": _mmap_bytes(None),
     }
     bar = _Progress(progress, "cells" if client is None else "tasks")
     try:

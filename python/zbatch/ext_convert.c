@@ -72,8 +72,8 @@ get_str(PyObject *d, const char *key)
  * obs (list or None), x, layers (list), memory_bytes, seed, shuffle, zarr_format, codec,
  * x_chunk, x_shard (0 = default, -1 = unsharded), num_threads, data_dtype ("auto", "keep",
  * "uint8", "uint16", "float32"; checked by the caller), index_dtype ("auto", "int32",
- * "narrow"), work_dir (str or None), remote (the dict of zbatch._remote.remote_options, or
- * None). */
+ * "narrow"), work_dir (str or None), input_mmap_bytes (int or None), remote (the dict of
+ * zbatch._remote.remote_options, or None). */
 static int
 parse(PyObject *inputs, PyObject *opts, parsed *p)
 {
@@ -121,6 +121,7 @@ parse(PyObject *inputs, PyObject *opts, parsed *p)
         if (!(p->obs = string_list(obs, &p->o.n_obs, "obs"))) return -1;
         p->o.obs = p->obs;
     }
+    if (get_u64(opts, "input_mmap_bytes", &p->o.input_mmap_bytes) < 0) return -1;
     p->o.work_dir = get_str(opts, "work_dir");
     PyObject *remote = PyDict_GetItemString(opts, "remote");
     if (remote && remote != Py_None) {
@@ -218,7 +219,8 @@ py_convert_plan(PyObject *self, PyObject *args)
     return out;
 }
 
-/* convert_task(output, phase, i, num_threads, memory_bytes) -> bool (False: it had finished) */
+/* convert_task(output, phase, i, num_threads, memory_bytes, input_mmap_bytes=None) -> bool
+ * (False: it had finished) */
 static PyObject *
 py_convert_task(PyObject *self, PyObject *args)
 {
@@ -226,9 +228,12 @@ py_convert_task(PyObject *self, PyObject *args)
     const char *output;
     int phase, threads;
     Py_ssize_t i;
-    unsigned long long memory;
-    if (!PyArg_ParseTuple(args, "siniO&", &output, &phase, &i, &threads, zbpy_u64, &memory))
+    unsigned long long memory, mapped = ZB_STORE_DEFAULT_MMAP_BYTES;
+    PyObject *mapped_arg = Py_None;
+    if (!PyArg_ParseTuple(args, "siniO&|O", &output, &phase, &i, &threads, zbpy_u64, &memory,
+                          &mapped_arg))
         return NULL;
+    if (mapped_arg != Py_None && !zbpy_u64(mapped_arg, &mapped)) return NULL;
     if (phase < 0 || phase >= ZB_CONVERT_PHASES_ || i < 0)
         return zbpy_raise(ZB_E_INVALID, "convert_task: no such phase or task");
     zb_convert *cv = NULL;
@@ -238,6 +243,7 @@ py_convert_task(PyObject *self, PyObject *args)
     st = zb_convert_open(output, &cv);
     if (st == ZB_OK) {
         zb_convert_set_task_memory(cv, memory);
+        zb_convert_set_input_mmap_bytes(cv, mapped);
         ran = !zb_convert_task_done(cv, (zb_convert_phase)phase, (size_t)i);
         st = zb_convert_run_task(cv, (zb_convert_phase)phase, (size_t)i, threads);
     }

@@ -405,6 +405,7 @@ convert_alloc(const char *output, const char *work_dir, const zb_remote_opts *re
     cv->output = strndup(output, n);
     cv->work = work_dir ? strdup(work_dir) : malloc(n + sizeof CV_WORK_DIR + 1);
     pthread_mutex_init(&cv->lock, NULL);
+    cv->input_mmap_bytes = ZB_STORE_DEFAULT_MMAP_BYTES;
     if (!cv->output || !cv->work) {
         zb_convert_close(cv);
         return zb__err(ZB_E_NOMEM, "a conversion handle");
@@ -444,6 +445,7 @@ zb_convert_close(zb_convert *cv)
 {
     if (!cv) return;
     cv_ws_free_all(cv);
+    cv_views_free(cv);
     for (size_t k = 0; k < cv->n_inputs; k++) {
         for (size_t j = 0; j < cv->n_mats; j++) {
             if (cv->matrices && cv->matrices[k] && cv->matrices[k][j] &&
@@ -726,6 +728,12 @@ zb_convert_set_task_memory(zb_convert *cv, uint64_t bytes)
 }
 
 void
+zb_convert_set_input_mmap_bytes(zb_convert *cv, uint64_t bytes)
+{
+    if (cv) cv->input_mmap_bytes = bytes;
+}
+
+void
 zb_convert_get_info(const zb_convert *cv, zb_convert_info *info)
 {
     memset(info, 0, sizeof *info);
@@ -947,6 +955,7 @@ zb_convert_run(const char *const *inputs, size_t n_inputs, const char *output,
     ZB_TRY(normalize(opts, &o));
     zb_convert *cv = NULL;
     ZB_TRY(zb_convert_plan(inputs, n_inputs, output, &o, &cv));
+    cv->input_mmap_bytes = o.input_mmap_bytes;
     int lock = -1;
     zb_status locked = lock_work(cv, &lock);
     if (locked != ZB_OK) {

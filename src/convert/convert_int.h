@@ -117,6 +117,9 @@ struct zb_convert {
     zb__src **srcs;             /* [n_inputs] */
     zb__src_matrix ***matrices; /* [n_inputs][n_mats]: the source's or a transposed file's */
     int32_t ***maps;            /* [n_inputs][n_mats] gene maps */
+    uint64_t input_mmap_bytes;  /* zb_convert_set_input_mmap_bytes */
+    struct cv_mapped *views;    /* [n_inputs * n_mats] mappings for the gather (cv_view) */
+    uint64_t mapped_bytes;      /* what views map */
     struct cv_ws *ws_free;      /* workspaces no task holds */
 };
 
@@ -320,6 +323,21 @@ zb_status cv_source(zb_convert *cv, uint32_t k, zb__src **out);
 zb_status cv_matrix(zb_convert *cv, uint32_t k, size_t j, zb__src_matrix **out);
 /* Gene map of input k's matrix j (loaded on first use). */
 zb_status cv_gene_map(zb_convert *cv, uint32_t k, size_t j, const int32_t **out);
+/* A mapped file and the descriptor it was mapped from (one mapping per file: the matrices of an
+ * .h5ad share libhdf5's descriptor). */
+typedef struct cv_mapped {
+    zb__src_map map;
+    int fd;
+} cv_mapped;
+
+/* Matrix j of input k (its raw description `raw`, zb__src_matrix_raw) mapped read-only, once per
+ * handle; the matrices of one file share one mapping. *out is NULL (read with pread) when the
+ * file does not fit what may be mapped: input_mmap_bytes, and half of memory_bytes in all.
+ * Checks first that the input is the file that was planned (cv_input_unchanged). Thread-safe. */
+zb_status cv_view(zb_convert *cv, uint32_t k, size_t j, const zb__src_raw *raw,
+                  const zb__src_map **out);
+/* Unmaps what cv_view mapped (zb_convert_close). */
+void cv_views_free(zb_convert *cv);
 
 /* "work/<rel>" into buf (ZB_E_INVALID when it does not fit). */
 zb_status cv_path(const zb_convert *cv, char *buf, size_t cap, const char *fmt, ...)
@@ -359,6 +377,8 @@ bool cv_exists(const char *path);
  * (each file's relative path, size and CRC-64 combined into one CRC-64). `crc` may be NULL to
  * skip reading the contents. */
 zb_status cv_fingerprint(const char *path, uint64_t *size, int64_t *mtime_ns, uint64_t *crc);
+/* ZB_E_INVALID naming the input when its size or modification time differ from the plan's. */
+zb_status cv_input_unchanged(const cv_input *in);
 /* Values a file's CRC-64 pass folds into stats as it reads past them: `len` bytes at `at`,
  * whole elements of `dtype` in native byte order, into *stats. */
 typedef struct cv_fold {

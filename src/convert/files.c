@@ -300,3 +300,19 @@ cv_fingerprint(const char *path, uint64_t *size, int64_t *mtime_ns, uint64_t *cr
     if (crc) *crc = c;
     return ZB_OK;
 }
+
+zb_status
+cv_input_unchanged(const cv_input *in)
+{
+    uint64_t size;
+    int64_t mtime;
+    ZB_TRY(cv_fingerprint(in->path, &size, &mtime, NULL));
+    if (size != in->size || mtime != in->mtime_ns)
+        return zb__err(ZB_E_INVALID,
+                       "%s changed since the conversion was planned (%s: %" PRIu64
+                       " bytes then, %" PRIu64 " now); remove the conversion's work directory "
+                       "to start afresh",
+                       in->path, size != in->size ? "its size" : "its modification time", in->size,
+                       size);
+    return ZB_OK;
+}

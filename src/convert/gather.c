@@ -60,6 +60,7 @@ typedef struct gather {
     /* the direct path: per input and matrix ([k * n_mats + j]) its file and where its rows lie,
      * its values' dtype and gene map; the jobs that read a pass's rows */
     zb__src_raw *raws;
+    const zb__src_map **views; /* the files mapped (cv_view), or NULL each: read with pread */
     zb_dtype *in_dtypes;
     const int32_t **maps;
     struct direct_job *jobs;
@@ -426,19 +427,70 @@ assemble_fixed(gather *g, size_t a, uint64_t rows)
 
 /* ---- the direct path: matrix rows read from the inputs --------------------------------------- */
 
-/* Opens every input's matrices for reading rows (files, offsets, dtypes, gene maps) and makes
- * the jobs: a few per thread, so uneven rows even out. */
+/* ---- the handle's mappings of the inputs (cv_view) ------------------------------------------ */
+
+zb_status
+cv_view(zb_convert *cv, uint32_t k, size_t j, const zb__src_raw *raw, const zb__src_map **out)
+{
+    pthread_mutex_lock(&cv->lock);
+    size_t n = cv->n_inputs * cv->n_mats, i = k * cv->n_mats + j;
+    zb_status st = ZB_OK;
+    if (!cv->views && (cv->views = calloc(n, sizeof *cv->views)))
+        for (size_t v = 0; v < n; v++) cv->views[v].fd = -1;
+    if (!cv->views) st = zb__err(ZB_E_NOMEM, "mapping %s", raw->path);
+    for (size_t o = k * cv->n_mats; st == ZB_OK && o < (k + 1) * cv->n_mats; o++)
+        if (cv->views[i].fd < 0 && cv->views[o].fd == raw->fd) cv->views[i] = cv->views[o];
+    /* mapped once per handle, right after checking that the input is the planned file: a file
+     * truncated under a mapping is SIGBUS, not an error (docs/CONVERT.md). Mapped pages count in
+     * the RSS, and with the page cache's large folios a fault maps many pages, so the mappings
+     * are bounded by the memory rather than released as they are read (docs/PERFORMANCE.md) */
+    uint64_t limit =
+        cv->input_mmap_bytes < cv->memory_bytes / 2 ? cv->input_mmap_bytes : cv->memory_bytes / 2;
+    limit = limit > cv->mapped_bytes ? limit - cv->mapped_bytes : 0;
+    if (st == ZB_OK && cv->views[i].fd < 0 && limit) st = cv_input_unchanged(&cv->inputs[k]);
+    if (st == ZB_OK && cv->views[i].fd < 0 && limit) {
+        st = zb__src_map_open(raw->fd, raw->path, limit, &cv->views[i].map);
+        if (st == ZB_OK && cv->views[i].map.base) {
+            cv->views[i].fd = raw->fd;
+            cv->mapped_bytes += cv->views[i].map.len;
+        }
+    }
+    *out = st == ZB_OK && cv->views[i].map.base ? &cv->views[i].map : NULL;
+    pthread_mutex_unlock(&cv->lock);
+    return st;
+}
+
+void
+cv_views_free(zb_convert *cv)
+{
+    size_t n = cv->n_inputs * cv->n_mats;
+    for (size_t i = 0; cv->views && i < n; i++) {
+        bool shared = false; /* an earlier matrix of the same file owns the mapping */
+        for (size_t o = i - i % cv->n_mats; o < i; o++)
+            shared |= cv->views[o].fd >= 0 && cv->views[o].map.base == cv->views[i].map.base;
+        if (!shared) zb__src_map_close(&cv->views[i].map);
+    }
+    free(cv->views);
+    cv->views = NULL;
+}
+
+/* Opens every input's matrices for reading rows (files, offsets, dtypes, gene maps; the files
+ * mapped unless the handle reads with pread) and makes the jobs: a few per thread, so uneven
+ * rows even out. An input changed since it was planned is an error here, before any read. */
 static zb_status
 direct_open(gather *g, int num_threads)
 {
     zb_convert *cv = g->cv;
     size_t n = cv->n_inputs * cv->n_mats;
     g->raws = calloc(n, sizeof *g->raws);
+    g->views = calloc(n, sizeof *g->views);
     g->in_dtypes = calloc(n, sizeof *g->in_dtypes);
     g->maps = calloc(n, sizeof *g->maps);
     g->n_jobs = 4 * (size_t)(num_threads > 1 ? num_threads : 1);
     g->jobs = calloc(g->n_jobs, sizeof *g->jobs);
-    if (!g->raws || !g->in_dtypes || !g->maps || !g->jobs) return zb__err(ZB_E_NOMEM, "gather");
+    if (!g->raws || !g->views || !g->in_dtypes || !g->maps || !g->jobs)
+        return zb__err(ZB_E_NOMEM, "gather");
+    for (size_t k = 0; k < cv->n_inputs; k++) ZB_TRY(cv_input_unchanged(&cv->inputs[k]));
     for (size_t i = 0; i < n; i++) {
         uint32_t k = (uint32_t)(i / cv->n_mats);
         size_t j = i % cv->n_mats;
@@ -451,6 +503,7 @@ direct_open(gather *g, int num_threads)
                            cv->inputs[k].path, cv->mat_keys[j]);
         g->in_dtypes[i] = zb__src_matrix_info_of(m)->dtype;
         ZB_TRY(cv_gene_map(cv, k, j, &g->maps[i]));
+        if (cv->input_mmap_bytes) ZB_TRY(cv_view(cv, k, j, &g->raws[i], &g->views[i]));
     }
     return ZB_OK;
 }
@@ -467,20 +520,45 @@ direct_close(gather *g)
         zb__buf_free(&jb->mid);
     }
     free(g->raws);
+    free(g->views);
     free(g->in_dtypes);
     free(g->maps);
     free(g->jobs);
 }
 
-/* Elements [first, first + n) of raw array a into b, placed as the file's bytes are
- * (zb__buf_for_read: the kernel's copy runs fastest between congruent addresses). */
+/* Elements [first, first + n) of the indices or the data of the matrix in slot `slot`: straight
+ * from the file's mapping (a pointer into it, or b when they straddle chunks), or read with
+ * pread into b, placed as the file's bytes are (zb__buf_for_read: the kernel's copy runs
+ * fastest between congruent addresses). */
 static zb_status
-read_into(zb__buf *b, int fd, const char *path, const zb__src_raw_array *a, size_t item,
-          uint64_t first, uint64_t n, uint8_t **out)
+row_elems(const gather *g, size_t slot, bool data, size_t item, uint64_t first, uint64_t n,
+          zb__buf *b, const uint8_t **out)
 {
-    uint64_t run;
-    ZB_TRY(zb__buf_for_read(b, zb__src_raw_at(a, item, first, &run), (size_t)(n * item), out));
-    return zb__src_raw_read(fd, path, a, item, first, n, *out);
+    const zb__src_raw *raw = &g->raws[slot];
+    const zb__src_raw_array *a = data ? &raw->data : &raw->indices;
+    if (g->views[slot])
+        return zb__src_raw_view(g->views[slot], raw->path, a, item, first, n, b, out);
+    uint64_t run,
+        at = n ? zb__src_raw_at(a, item, first, &run) : 0; /* n = 0: maybe past the table */
+    uint8_t *p;
+    ZB_TRY(zb__buf_for_read(b, at, (size_t)(n * item), &p));
+    *out = p;
+    return zb__src_raw_read(raw->fd, raw->path, a, item, first, n, p);
+}
+
+/* Where pass row r of matrix j lies in its input: the slot of its input's matrix, its first
+ * element and count there, and the elements the scatter counted it keeping. */
+static size_t
+row_source(const gather *g, size_t j, uint64_t r, uint64_t *first, uint32_t *m, uint32_t *kept)
+{
+    size_t a = cv_matrix_array(j);
+    uint64_t cell;
+    const part *p = who_part(g, g->who[r], &cell);
+    uint64_t x = cell - p->q0;
+    memcpy(kept, p->pass[a] + x * 4, 4);
+    memcpy(first, p->pass[a + 1] + x * 8, 8);
+    memcpy(m, p->pass[a + 2] + x * 4, 4);
+    return p->input * g->cv->n_mats + j;
 }
 
 /* Pass row r of matrix j: its row in the input read, its column ids checked, placed at
@@ -491,24 +569,19 @@ direct_row(direct_job *jb, uint64_t r)
 {
     gather *g = jb->g;
     const zb_convert *cv = g->cv;
-    size_t j = jb->j, a = cv_matrix_array(j);
-    uint64_t cell, first;
-    const part *p = who_part(g, g->who[r], &cell);
+    size_t j = jb->j;
+    uint64_t first;
     uint32_t kept, m;
-    uint64_t x = cell - p->q0;
-    memcpy(&kept, p->pass[a] + x * 4, 4);
-    memcpy(&first, p->pass[a + 1] + x * 8, 8);
-    memcpy(&m, p->pass[a + 2] + x * 4, 4);
-    size_t slot = p->input * cv->n_mats + j;
-    const zb__src_raw *raw = &g->raws[slot];
-    const cv_in_matrix *im = &cv->inputs[p->input].mats[j];
+    size_t slot = row_source(g, j, r, &first, &m, &kept);
+    uint32_t input = (uint32_t)(slot / cv->n_mats);
+    const cv_in_matrix *im = &cv->inputs[input].mats[j];
     zb_dtype from = g->in_dtypes[slot], mid = cv->mat_dtypes[j], to = cv->stored_dtypes[j];
     size_t in_item = zb_dtype_size(from);
     uint64_t at = (uint64_t)g->indptr[r];
     uint32_t *out_ids = (uint32_t *)g->indices + at;
     unsigned char *out = g->stored + at * zb_dtype_size(to);
-    uint8_t *b_ids, *vals;
-    ZB_TRY(read_into(&jb->ids, raw->fd, raw->path, &raw->indices, 4, first, m, &b_ids));
+    const uint8_t *b_ids, *vals;
+    ZB_TRY(row_elems(g, slot, false, 4, first, m, &jb->ids, &b_ids));
     const uint32_t *ids = (const uint32_t *)b_ids; /* aligned: zb__src_matrix_raw */
     uint32_t bad = 0;
     for (uint32_t e = 0; e < m; e++) bad |= ids[e] >= im->n_cols;
@@ -517,9 +590,9 @@ direct_row(direct_job *jb, uint64_t r)
             return zb__err(ZB_E_CORRUPT,
                            "%s: %s/indices: element %" PRIu64 ": index %" PRId32
                            " is outside [0, %" PRIu64 ")",
-                           cv->inputs[p->input].path, cv->mat_keys[j], first + e, (int32_t)ids[e],
+                           cv->inputs[input].path, cv->mat_keys[j], first + e, (int32_t)ids[e],
                            im->n_cols);
-    ZB_TRY(read_into(&jb->vals, raw->fd, raw->path, &raw->data, in_item, first, m, &vals));
+    ZB_TRY(row_elems(g, slot, true, in_item, first, m, &jb->vals, &vals));
     unsigned char *wide = out; /* the values in the promoted dtype */
     if (mid != to) {
         ZB_TRY(zb__buf_reserve(&jb->mid, (size_t)m * zb_dtype_size(mid) + 1));
@@ -541,9 +614,33 @@ direct_row(direct_job *jb, uint64_t r)
         return zb__err(ZB_E_CORRUPT,
                        "%s: %s, element %" PRIu64 ": %" PRIu64 " of the row's elements kept, "
                        "where the scatter counted %" PRIu32 " (did the input change?)",
-                       cv->inputs[p->input].path, cv->mat_keys[j], first, got, kept);
+                       cv->inputs[input].path, cv->mat_keys[j], first, got, kept);
     if (wide != out) cv_convert_values(out, to, wide, mid, got);
     return ZB_OK;
+}
+
+#define PREFETCH_ROWS 4
+
+/* Asks the CPU for the first line of each page of row r's extents in the mapping, a few rows
+ * ahead of reading them: each lies on pages no recent row touched (a TLB miss and a cache
+ * miss), which pread's copy in the kernel would otherwise have taken. */
+static void
+prefetch_row(const gather *g, size_t j, uint64_t r)
+{
+    uint64_t first;
+    uint32_t m, kept;
+    size_t slot = row_source(g, j, r, &first, &m, &kept);
+    const zb__src_map *v = g->views[slot];
+    if (!v || !m) return;
+    size_t item = zb_dtype_size(g->in_dtypes[slot]);
+    for (int d = 0; d < 2; d++) {
+        const zb__src_raw_array *ra = d ? &g->raws[slot].data : &g->raws[slot].indices;
+        size_t it = d ? item : 4;
+        uint64_t run, at = zb__src_raw_at(ra, it, first, &run);
+        uint64_t end = at + (uint64_t)m * it;
+        for (uint64_t o = at; o < end && o < v->len; o = (o | 4095) + 1)
+            __builtin_prefetch(v->base + o);
+    }
 }
 
 static void
@@ -552,7 +649,10 @@ direct_rows(void *arg, zb_ctx *ctx)
     (void)ctx;
     direct_job *jb = arg;
     zb_status st = ZB_OK;
-    for (uint64_t r = jb->r0; r < jb->r1 && st == ZB_OK; r++) st = direct_row(jb, r);
+    for (uint64_t r = jb->r0; r < jb->r1 && st == ZB_OK; r++) {
+        if (r + PREFETCH_ROWS < jb->r1) prefetch_row(jb->g, jb->j, r + PREFETCH_ROWS);
+        st = direct_row(jb, r);
+    }
     jb->st = st;
     if (st != ZB_OK) snprintf(jb->msg, sizeof jb->msg, "%s", zb_last_error());
 }
@@ -845,6 +945,14 @@ pass_rows(const gather *g, uint64_t memory)
 static zb_status
 gather_rows(gather *g, zb_anndata_writer *w, uint64_t memory)
 {
+    /* the mapped inputs' pages count in the RSS: this task's share of them comes off its passes
+     * (at most half: cv_view maps at most half of memory_bytes) */
+    zb_convert *cv = g->cv;
+    pthread_mutex_lock(&cv->lock);
+    uint64_t mapped = cv->mapped_bytes;
+    pthread_mutex_unlock(&cv->lock);
+    if (mapped && cv->memory_bytes)
+        memory -= (uint64_t)((double)mapped / (double)cv->memory_bytes * (double)memory);
     uint64_t per_pass = pass_rows(g, memory);
     if (per_pass > g->cells) per_pass = g->cells;
     ZB_TRY(grow(g, CV_WS_WHO, (per_pass + 1) * sizeof *g->who, &g->who));

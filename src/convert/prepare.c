@@ -183,11 +183,9 @@ cv_prepare_task(zb_convert *cv, size_t k)
     ZB_TRY(cv_path(cv, dir, sizeof dir, "prepare"));
     ZB_TRY(cv_mkdirs(dir));
     const cv_input *in = &cv->inputs[k];
-    uint64_t size, crc = 0;
+    uint64_t size = in->size, crc = 0;
     int64_t mtime;
-    ZB_TRY(cv_fingerprint(in->path, &size, &mtime, NULL));
-    if (size != in->size || mtime != in->mtime_ns)
-        return zb__err(ZB_E_INVALID, "%s changed since the conversion was planned", in->path);
+    ZB_TRY(cv_input_unchanged(in));
     zb__src *src;
     ZB_TRY(cv_source(cv, (uint32_t)k, &src));
     for (size_t j = 0; j < cv->n_mats; j++) {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -226,6 +227,71 @@ zb__src_raw_read(int fd, const char *path, const zb__src_raw_array *a, size_t it
         first += run;
         n -= run;
     }
+    return ZB_OK;
+}
+
+zb_status
+zb__src_map_open(int fd, const char *path, uint64_t limit, zb__src_map *out)
+{
+    out->base = NULL;
+    out->len = 0;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0)
+        return zb__err(ZB_E_IO, "%s: cannot stat it: %s", path, strerror(errno));
+    if (sb.st_size <= 0 || (uint64_t)sb.st_size > limit) return ZB_OK;
+    void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return zb__err(ZB_E_IO, "%s: cannot map it (%lld bytes): %s", path, (long long)sb.st_size,
+                       strerror(errno));
+    out->base = p;
+    out->len = (uint64_t)sb.st_size;
+    return ZB_OK;
+}
+
+void
+zb__src_map_close(zb__src_map *m)
+{
+    if (m->base) munmap((void *)m->base, (size_t)m->len);
+    m->base = NULL;
+    m->len = 0;
+}
+
+/* The bytes [at, at + len) of the mapping, or ZB_E_TRUNCATED when the file ends first. */
+static zb_status
+map_range(const zb__src_map *m, const char *path, uint64_t at, uint64_t len,
+          const unsigned char **out)
+{
+    if (at > m->len || len > m->len - at)
+        return zb__err(ZB_E_TRUNCATED, "%s: ends before byte %" PRIu64, path, at + len);
+    *out = m->base + at;
+    return ZB_OK;
+}
+
+zb_status
+zb__src_raw_view(const zb__src_map *m, const char *path, const zb__src_raw_array *a, size_t item,
+                 uint64_t first, uint64_t n, zb__buf *spill, const uint8_t **out)
+{
+    static const uint64_t none = 0;
+    if (n == 0) { /* an empty row may start at the array's end, past the chunk table */
+        *out = (const uint8_t *)&none;
+        return ZB_OK;
+    }
+    uint64_t run, at = zb__src_raw_at(a, item, first, &run);
+    if (run >= n) return map_range(m, path, at, n * item, out);
+    /* the elements straddle chunks: gathered into spill, one copy as pread would make */
+    ZB_TRY(zb__buf_reserve(spill, (size_t)(n * item)));
+    unsigned char *p = spill->data;
+    while (n) {
+        const unsigned char *src = NULL;
+        at = zb__src_raw_at(a, item, first, &run);
+        if (run > n) run = n;
+        ZB_TRY(map_range(m, path, at, run * item, &src));
+        memcpy(p, src, (size_t)(run * item));
+        p += run * item;
+        first += run;
+        n -= run;
+    }
+    *out = spill->data;
     return ZB_OK;
 }
 

@@ -131,6 +131,32 @@ zb_status zb__src_pread(int fd, const char *path, void *dst, uint64_t len, uint6
 zb_status zb__src_raw_read(int fd, const char *path, const zb__src_raw_array *a, size_t item,
                            uint64_t first, uint64_t n, void *dst);
 
+/* A read-only mapping of a whole file, for readers that take rows straight from it (the
+ * conversion's direct gather: no system call and no copy per row). A file truncated in place
+ * while it is mapped raises SIGBUS in the reader, as with any mmap reader: callers check that
+ * the file is the one they planned for before mapping it, and offer pread instead
+ * (docs/CONVERT.md, "Reading the inputs"). */
+struct zb__buf;
+
+typedef struct zb__src_map {
+    const unsigned char *base; /* NULL: not mapped */
+    uint64_t len;
+} zb__src_map;
+
+/* Maps the file open as fd (named `path` in messages), its whole current size, when that is at
+ * most `limit` bytes (else out->base stays NULL: not mapped): ZB_E_IO naming the file when
+ * fstat or mmap fails. */
+zb_status zb__src_map_open(int fd, const char *path, uint64_t limit, zb__src_map *out);
+void zb__src_map_close(zb__src_map *m);
+
+/* Elements [first, first + n) of a raw array of `item`-byte elements from a mapping of its file:
+ * *out points into the mapping when they lie in one extent (the usual case), else they are
+ * copied into `spill` and *out points there. ZB_E_TRUNCATED naming the file and offset when
+ * they lie past the mapping's end (what zb__src_raw_read says of a file that ends first). */
+zb_status zb__src_raw_view(const zb__src_map *m, const char *path, const zb__src_raw_array *a,
+                           size_t item, uint64_t first, uint64_t n, struct zb__buf *spill,
+                           const uint8_t **out);
+
 /* The names of the matrix's columns: var/_index (raw/var/_index for raw/X), n_cols strings. */
 zb_status zb__src_matrix_var_names(zb__src_matrix *m, zb_strings *out);
 

@@ -6,9 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "convert/convert_int.h"
 #include "support/testutil.h"
+#include "util/buf.h"
 #include "util/strmap.h"
 
 static const char *const dtype_names[12] = {"bool",   "int8",    "int16",   "int32",
@@ -311,6 +314,64 @@ digest_some(zb_store *inner, uint64_t *files, uint64_t *bytes, uint64_t *crc)
     cv_digest_free(dg);
 }
 
+/* zb__src_raw_view against zb__src_raw_read (pread, the oracle): a run inside one chunk is a
+ * pointer into the mapping, one across chunks the same bytes in the spill buffer, an empty
+ * run at the array's end reads no table entry, and an extent past the file's end is
+ * ZB_E_TRUNCATED naming the file (never a fault). A file above the limit is not mapped. */
+static void
+test_raw_view_is_pread_without_the_copy(void **state)
+{
+    (void)state;
+    const char *dir = zbt_tempdir("rawview");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/input.bin", dir);
+    uint32_t words[64];
+    for (uint32_t i = 0; i < 64; i++) words[i] = 1000 + i;
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(words, 4, 64, fp), 64);
+    fclose(fp);
+    /* 4 chunks of 8 elements, stored in the file in reverse order from byte 64 */
+    uint64_t table[4] = {64 + 3 * 32, 64 + 2 * 32, 64 + 32, 64};
+    zb__src_raw_array a = {0, 8, table};
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    zb__src_map m;
+    ZB_ASSERT_OK(zb__src_map_open(fd, path, 255, &m));
+    assert_null(m.base); /* 256 bytes: above the limit */
+    ZB_ASSERT_OK(zb__src_map_open(fd, path, 256, &m));
+    assert_non_null(m.base);
+    assert_int_equal(m.len, 256);
+    zb__buf spill = {0};
+    const uint8_t *got;
+    uint32_t want[32];
+    struct {
+        uint64_t first, n;
+        bool inside;
+    } runs[] = {{3, 4, true}, {8, 8, true}, {6, 5, false}, {1, 30, false}, {0, 32, false}};
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        ZB_ASSERT_OK(zb__src_raw_view(&m, path, &a, 4, runs[i].first, runs[i].n, &spill, &got));
+        ZB_ASSERT_OK(zb__src_raw_read(fd, path, &a, 4, runs[i].first, runs[i].n, want));
+        assert_memory_equal(got, want, runs[i].n * 4);
+        uint64_t run, at = zb__src_raw_at(&a, 4, runs[i].first, &run);
+        assert_true((got == m.base + at) == runs[i].inside);
+    }
+    ZB_ASSERT_OK(zb__src_raw_view(&m, path, &a, 4, 32, 0, &spill, &got)); /* past the table */
+    /* a chunk the table places past the file's end, and one that the end cuts */
+    uint64_t bad[2] = {256, 256 - 16};
+    zb__src_raw_array b = {0, 8, bad};
+    ZB_ASSERT_ERR(zb__src_raw_view(&m, path, &b, 4, 0, 1, &spill, &got), ZB_E_TRUNCATED,
+                  "input.bin");
+    ZB_ASSERT_ERR(zb__src_raw_view(&m, path, &b, 4, 8, 8, &spill, &got), ZB_E_TRUNCATED,
+                  "input.bin");
+    ZB_ASSERT_ERR(zb__src_raw_view(&m, path, &b, 4, 6, 4, &spill, &got), ZB_E_TRUNCATED,
+                  "input.bin");
+    zb__buf_free(&spill);
+    zb__src_map_close(&m);
+    assert_null(m.base);
+    close(fd);
+}
+
 static void
 test_digest_equals_fingerprint(void **state)
 {
@@ -363,6 +424,7 @@ main(void)
         cmocka_unit_test(test_crc64_is_xz),
         cmocka_unit_test(test_value_stats_against_the_rule),
         cmocka_unit_test(test_file_crc_folds_extents),
+        cmocka_unit_test(test_raw_view_is_pread_without_the_copy),
         cmocka_unit_test(test_strmap),
         cmocka_unit_test(test_digest_equals_fingerprint),
     };

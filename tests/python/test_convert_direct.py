@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import anndata as ad
@@ -51,11 +52,16 @@ def h5ads(tmp_path_factory):
     return out
 
 
-def convert(paths, out, *extra, scratch=False):
+def convert(paths, out, *extra, scratch=False, pread=False):
+    """The command; pread: ZBATCH_MMAP_BYTES=0, the direct gather reads rows with pread instead
+    of from mappings of the inputs."""
     env = dict(os.environ)
     env.pop("ZBATCH_CONVERT_SCRATCH", None)
+    env.pop("ZBATCH_MMAP_BYTES", None)
     if scratch:
         env["ZBATCH_CONVERT_SCRATCH"] = "1"
+    if pread:
+        env["ZBATCH_MMAP_BYTES"] = "0"
     return subprocess.run([str(CLI), "convert", *paths, "-o", str(out), "--quiet", *extra],
                           capture_output=True, text=True, timeout=300, env=env)
 
@@ -323,3 +329,191 @@ def test_a_prepare_record_without_values_is_folded_by_the_scatter(tmp_path):
         assert all(t["X/data"] == "uint16" for t in stored_types(out).values())
         ta, tb = tree_bytes(ref), tree_bytes(out)
         assert ta.keys() == tb.keys() and [k for k in ta if ta[k] != tb[k]] == []
+
+
+# ---- rows from mappings of the inputs, or with pread ----------------------------------------
+
+
+@pytest.mark.parametrize("special,expect,subset", [
+    (None, "uint8", False), (300, "uint16", False), (2.5, "float32", False),
+    (2.5, "float32", True),
+], ids=["uint8", "uint16", "float32", "float32-gene-subset"])
+def test_mapped_and_pread_rows_give_the_same_bytes(tmp_path, special, expect, subset):
+    """The direct gather takes rows from read-only mappings of the inputs by default and with
+    pread under ZBATCH_MMAP_BYTES=0: the same bytes, and the scratch path's (which reads no
+    input rows in the gather); anndata's reading of every row is the oracle for the values. One
+    input has X in chunks of 7 elements, so rows straddle chunks; a gene subset drops and
+    reorders columns (the remapping path instead of the identity copy)."""
+    from test_convert_narrow import check_values, make_counts, stored_types, write_inputs
+    adatas = [make_counts(150, 40, seed=5), make_counts(110, 40, seed=6, special=special),
+              make_counts(80, 40, seed=7)]
+    paths = write_inputs(tmp_path, adatas)
+    with h5py.File(paths[2], "r+") as f:
+        for name in ("data", "indices"):
+            values = f["X"][name][:]
+            del f["X"][name]
+            f["X"].create_dataset(name, data=values, chunks=(7,))
+    extra = ["--dataset-size", "128", "--threads", "2"]
+    if subset:
+        keep = [f"g{i}" for i in range(40) if i % 3][::-1]  # every gene the map keeps: reordered
+        genes = tmp_path / "genes.txt"
+        genes.write_text("".join(g + "\n" for g in keep))
+        extra += ["--genes", str(genes)]
+    outs = {}
+    for mode in ("map", "pread", "scratch"):
+        outs[mode] = tmp_path / f"{mode}.zarr"
+        r = convert(paths, outs[mode], *extra, pread=mode == "pread", scratch=mode == "scratch")
+        assert r.returncode == 0, r.stderr
+        assert all(t["X/data"] == expect for t in stored_types(outs[mode]).values())
+    assert planned_direct(paths, tmp_path / "plan.zarr") is True
+    ref = tree_bytes(outs["map"])
+    for mode in ("pread", "scratch"):
+        got = tree_bytes(outs[mode])
+        assert got.keys() == ref.keys() and [k for k in ref if ref[k] != got[k]] == [], mode
+    if subset:
+        parts = [ad.read_zarr(p) for p in sorted(outs["map"].glob("dataset_*"))]
+        whole = ad.concat(parts, merge="same")
+        assert list(whole.var_names) == keep
+        for p, a in zip(paths, adatas):
+            rows = np.flatnonzero(whole.obs["src_path"].to_numpy() == p)
+            want = a[:, keep].X.toarray()[whole.obs["src_row"].to_numpy()[rows]]
+            np.testing.assert_array_equal(whole.X.toarray()[rows], want)
+    else:
+        check_values(outs["map"], paths, adatas)
+
+
+GATHER_AFTER_CHANGE = """
+import sys
+from zbatch import _zbatch
+try:
+    _zbatch.convert_task(sys.argv[1], 2, 0, 1, 64 << 20, sys.argv[2] == "pread")
+except Exception as e:
+    print(type(e).__name__, e)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("change", ["truncated", "touched", "replaced"])
+@pytest.mark.parametrize("mode", ["map", "pread"])
+def test_an_input_changed_before_the_gather_is_an_error(tmp_path, change, mode):
+    """An input truncated in place, given a new modification time, or replaced by another file
+    of the same size between the scatter and the gather: the gather task fails naming the file
+    (with a mapping, a truncated file would otherwise be SIGBUS in the reader), in a process of
+    its own as a Dask worker's, and writes no dataset."""
+    from zbatch import _zbatch
+    from test_convert_narrow import make_counts, write_inputs
+    zbatch_api()
+    paths = write_inputs(tmp_path, [make_counts(150, 40, seed=5), make_counts(60, 40, seed=6)])
+    out = tmp_path / "out.zarr"
+    planned_direct(paths, out)
+    for t in range(len(paths)):
+        assert _zbatch.convert_task(str(out), 0, t, 1, 64 << 20)
+    slices = json.loads((out / ".zbatch-convert" / "plan.json").read_text())["slices"]
+    for t in range(len(slices)):
+        assert _zbatch.convert_task(str(out), 1, t, 1, 64 << 20)
+    victim = Path(paths[0])
+    st = victim.stat()
+    if change == "truncated":  # in place: the inode a mapping would hold
+        with open(victim, "r+b") as f:
+            f.truncate(st.st_size // 2)
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # only the size tells
+    elif change == "touched":
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    else:
+        other = tmp_path / "other.h5ad"
+        other.write_bytes(victim.read_bytes())
+        os.replace(other, victim)
+    r = subprocess.run([sys.executable, "-c", GATHER_AFTER_CHANGE, str(out), mode],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
+    assert str(victim) in r.stdout and "changed since the conversion was planned" in r.stdout, \
+        r.stdout
+    assert ("its size" if change == "truncated" else "its modification time") in r.stdout
+    assert not list(out.glob("dataset_*/zarr.json"))
+
+
+TRUNCATE_DURING_RUN = """
+import os, sys
+import zbatch
+victim, out = sys.argv[1], sys.argv[2]
+def progress(p):
+    if p["phase"] == "scatter" and p["tasks_done"] == p["tasks_total"]:
+        st = os.stat(victim)
+        with open(victim, "r+b") as f:  # in place, while the run holds the file open
+            f.truncate(st.st_size // 3)
+try:
+    zbatch.convert(sys.argv[3:], out, dataset_size=100, memory="64M", progress=progress)
+except Exception as e:
+    print(type(e).__name__, e)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("mode", ["map", "pread"])
+def test_an_input_truncated_during_the_run_is_an_error(tmp_path, mode):
+    """The realistic case for a mapping: one process plans (opening the inputs), scatters and
+    gathers; an input truncated in place after the scatter, while the process holds it open, is
+    an error naming the file when the gather starts, not SIGBUS, with and without mappings."""
+    from test_convert_narrow import make_counts, write_inputs
+    paths = write_inputs(tmp_path, [make_counts(150, 40, seed=5), make_counts(60, 40, seed=6)])
+    env = dict(os.environ)
+    env.pop("ZBATCH_CONVERT_SCRATCH", None)
+    env["ZBATCH_MMAP_BYTES"] = "0" if mode == "pread" else str(1 << 30)
+    out = tmp_path / "out.zarr"
+    r = subprocess.run([sys.executable, "-c", TRUNCATE_DURING_RUN, paths[0], str(out), *paths],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
+    assert paths[0] in r.stdout and "changed since the conversion was planned (its size" in \
+        r.stdout, r.stdout
+    assert not list(out.glob("dataset_*/zarr.json"))
+
+
+def gather_preads(paths, out, mmap_bytes, *extra):
+    """pread64 calls of a whole conversion under strace (every thread), with ZBATCH_MMAP_BYTES
+    set to mmap_bytes (None: unset); the output's bytes."""
+    env = dict(os.environ)
+    env.pop("ZBATCH_CONVERT_SCRATCH", None)
+    env.pop("ZBATCH_MMAP_BYTES", None)
+    if mmap_bytes is not None:
+        env["ZBATCH_MMAP_BYTES"] = str(mmap_bytes)
+    r = subprocess.run(["strace", "-f", "-c", "-e", "trace=pread64", str(CLI), "convert", *paths,
+                        "-o", str(out), "--quiet", "--threads", "2", *extra],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    calls = [int(line.split()[3]) for line in r.stderr.splitlines()
+             if line.rstrip().endswith("pread64")]
+    return (calls[0] if calls else 0), tree_bytes(out)
+
+
+def test_inputs_are_mapped_within_the_budget(tmp_path):
+    """Which inputs the gather maps: those that fit ZBATCH_MMAP_BYTES (default 1 GiB) and half
+    of --memory, in input order; the others are read with pread, two calls per row (indices,
+    data). strace's count of pread64 calls tells them apart; every way gives the same bytes."""
+    import shutil
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    from test_convert_narrow import make_counts, write_inputs
+    adatas = [make_counts(400, 40, seed=5), make_counts(300, 40, seed=6)]
+    paths = write_inputs(tmp_path, adatas)
+    sizes = [os.path.getsize(p) for p in paths]
+    runs = {name: gather_preads(paths, tmp_path / f"{name}.zarr", mmap)
+            for name, mmap in [("default", None), ("none", 0), ("first", sizes[0]),
+                               ("both", sum(sizes))]}
+    ref = runs["none"][1]
+    for name, (_, tree) in runs.items():
+        assert tree.keys() == ref.keys() and [k for k in ref if ref[k] != tree[k]] == [], name
+    n = {name: calls for name, (calls, _) in runs.items()}
+    rows = [a.n_obs for a in adatas]
+    # without mappings the gather adds two preads per row; mapping an input takes its rows' off
+    def off(calls, rows):  # two per row, and a few of libhdf5's own that vary run to run
+        return 2 * rows <= n["none"] - calls <= 2 * rows + 8
+
+    assert off(n["both"], sum(rows)), n
+    assert n["default"] == n["both"], n
+    # in input order, each while it fits: a budget one byte short of the first input maps
+    # only the second (the smaller); test_memory_stays_bounded holds the bound by --memory
+    # (its input is larger than half of --memory, so it is read with pread)
+    assert sizes[1] < sizes[0]
+    second, _ = gather_preads(paths, tmp_path / "second.zarr", sizes[0] - 1)
+    assert off(second, rows[1]), (n, second)
+    assert off(n["first"], rows[0]), n
