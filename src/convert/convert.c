@@ -446,6 +446,7 @@ zb_convert_close(zb_convert *cv)
     if (!cv) return;
     cv_ws_free_all(cv);
     cv_views_free(cv);
+    cv_output_forget_all(cv);
     for (size_t k = 0; k < cv->n_inputs; k++) {
         for (size_t j = 0; j < cv->n_mats; j++) {
             if (cv->matrices && cv->matrices[k] && cv->matrices[k][j] &&

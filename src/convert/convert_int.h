@@ -121,6 +121,8 @@ struct zb_convert {
     struct cv_mapped *views;    /* [n_inputs * n_mats] mappings for the gather (cv_view) */
     uint64_t mapped_bytes;      /* what views map */
     struct cv_ws *ws_free;      /* workspaces no task holds */
+    struct cv_checked *checked; /* objects of the output read back (cv_output_remember), by key */
+    size_t n_checked, cap_checked;
 };
 
 /* ---- the scatter file (scatter.c) ----------------------------------------------------------
@@ -420,11 +422,17 @@ void cv_convert_values(void *dst, zb_dtype to, const void *src, zb_dtype from, u
  * and CRC-64 of every object put below `prefix` (renames and erases followed), so a dataset's
  * checksum comes from the bytes written without reading them back. The combined CRC-64 is the
  * one cv_fingerprint computes over the files of root/prefix, and cv_output_fingerprint over the
- * objects below prefix. */
+ * objects below prefix. With `check`, objects of ZB_STORE_DIRECT_MIN_BYTES and more are read
+ * back from `inner` on a thread of the digest's own as soon as they are put. */
 typedef struct cv_digest cv_digest;
-zb_status cv_digest_open(zb_store *inner, const char *prefix, cv_digest **out, zb_store **store);
-/* Files, bytes and combined CRC-64 of the objects now present below the prefix. */
+zb_status cv_digest_open(zb_store *inner, const char *prefix, bool check, cv_digest **out,
+                         zb_store **store);
+/* Files, bytes and combined CRC-64 of the objects now present below the prefix, once every
+ * read-back queued has ended; ZB_E_CHECKSUM (naming the object) when one read back other bytes
+ * than were put, or the read's error. */
 zb_status cv_digest_result(cv_digest *dg, uint64_t *files, uint64_t *bytes, uint64_t *crc);
+/* Hands the objects read back equal (after cv_digest_result) to cv_output_remember. */
+zb_status cv_digest_remember(cv_digest *dg, zb_convert *cv);
 void cv_digest_free(cv_digest *dg);
 
 /* ---- the output (output.c) ------------------------------------------------------------------
@@ -453,8 +461,18 @@ zb_status cv_output_read(zb_convert *cv, const char *key, char **text, size_t *l
 /* Removes everything below `prefix` of the output; a missing prefix is fine. */
 zb_status cv_output_remove(zb_convert *cv, const char *prefix);
 /* Bytes and combined CRC-64 of the objects below `prefix`, read back from the output, in the
- * order and form of cv_fingerprint; ZB_E_NOTFOUND when there is none. */
+ * order and form of cv_fingerprint; ZB_E_NOTFOUND when there is none. An object this process
+ * has already read back (cv_output_remember) and whose size is still the one read is not read
+ * again. */
 zb_status cv_output_fingerprint(zb_convert *cv, const char *prefix, uint64_t *size, uint64_t *crc);
+/* Records that object `key` of the output was read back with `size` bytes and CRC-64 `crc`. */
+zb_status cv_output_remember(zb_convert *cv, const char *key, uint64_t size, uint64_t crc);
+/* Frees what cv_output_remember recorded. */
+void cv_output_forget_all(zb_convert *cv);
+/* Size and CRC-64 of object `key` of `store`, read in blocks of `block` bytes into `buf` until
+ * one comes back short (no size request first). */
+zb_status cv_object_crc(zb_store *store, const char *key, uint8_t *buf, size_t block,
+                        uint64_t *size, uint64_t *crc);
 /* Path order of a directory walk: component by component, each compared as bytes. */
 int cv_cmp_walk(const char *a, const char *b);
 

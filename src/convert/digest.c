@@ -1,6 +1,12 @@
 /* A store that digests what is put below a prefix (convert_int.h, cv_digest): the gather
  * task writes a dataset through it and gets the dataset's checksum from the bytes as they
- * were written; the finishing step reads the files back and must find the same. */
+ * were written; the finishing step reads the files back and must find the same.
+ *
+ * The read-back of large objects starts as soon as they are written: a checker thread reads
+ * each one back from the inner store while the gather goes on (the reads are the device's, the
+ * gather's threads keep computing) and marks its record verified when it reads the bytes that
+ * were put; the finishing step then takes those objects' CRCs from cv_output_remember instead of
+ * reading them again at the end, when nothing else runs. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -13,7 +19,16 @@
 typedef struct record {
     char *key; /* relative to the prefix */
     uint64_t size, crc;
+    uint64_t gen;  /* the put that wrote it */
+    bool verified; /* read back from the inner store equal to what was put */
 } record;
+
+typedef struct check_job {
+    char *key; /* the whole key */
+    uint64_t gen;
+} check_job;
+
+#define CHECK_BLOCK ((size_t)4 << 20)
 
 struct cv_digest {
     zb_store *inner;
@@ -22,6 +37,17 @@ struct cv_digest {
     pthread_mutex_t lock;
     record *recs;
     size_t n, cap;
+    uint64_t gens;
+
+    /* the checker: a queue of objects to read back (lock), and what it found */
+    pthread_t checker;
+    bool checking, busy, stop;
+    pthread_cond_t more, idle;
+    check_job *queue;
+    size_t q_head, q_n, q_cap;
+    uint8_t *buf; /* CHECK_BLOCK bytes, 4096-aligned (direct reads) */
+    zb_status check_st;
+    char check_msg[1024];
 };
 
 /* The key relative to the prefix, or NULL when the key lies elsewhere. */
@@ -65,6 +91,68 @@ d_list(void *self, const char *prefix, zb_list_fn fn, void *ctx)
     return zb_store_list(((cv_digest *)self)->inner, prefix, fn, ctx);
 }
 
+/* Queues object `key` (put as `gen`) for the checker (lock held). Without memory for it the
+ * object is simply not checked early: the finishing step reads it. */
+static void
+enqueue(cv_digest *dg, const char *key, uint64_t gen)
+{
+    if (dg->q_n == dg->q_cap) {
+        size_t cap = dg->q_cap ? 2 * dg->q_cap : 64;
+        check_job *q = realloc(dg->queue, cap * sizeof *q);
+        if (!q) return;
+        dg->queue = q;
+        dg->q_cap = cap;
+    }
+    char *k = strdup(key);
+    if (!k) return;
+    dg->queue[dg->q_n++] = (check_job){k, gen};
+    pthread_cond_signal(&dg->more);
+}
+
+/* Reads each queued object back and marks its record verified when the bytes are the ones
+ * put; a record rewritten, renamed or erased since is left to the finishing step. */
+static void *
+checker_main(void *arg)
+{
+    cv_digest *dg = arg;
+    pthread_mutex_lock(&dg->lock);
+    for (;;) {
+        while (dg->q_head == dg->q_n && !dg->stop) pthread_cond_wait(&dg->more, &dg->lock);
+        if (dg->stop) break; /* cv_digest_free: what is still queued is dropped */
+        check_job j = dg->queue[dg->q_head++];
+        if (dg->q_head == dg->q_n) dg->q_head = dg->q_n = 0;
+        dg->busy = true;
+        pthread_mutex_unlock(&dg->lock);
+        uint64_t size = 0, crc = 0;
+        char msg[1024] = "";
+        zb_status st = cv_object_crc(dg->inner, j.key, dg->buf, CHECK_BLOCK, &size, &crc);
+        if (st != ZB_OK) snprintf(msg, sizeof msg, "%s", zb_last_error());
+        pthread_mutex_lock(&dg->lock);
+        const char *rel = relative(dg, j.key);
+        record *r = rel ? find(dg, rel) : NULL;
+        if (r && r->gen == j.gen) {
+            if (st == ZB_OK && size == r->size && crc == r->crc) {
+                r->verified = true;
+            } else if (dg->check_st == ZB_OK) {
+                dg->check_st = st != ZB_OK ? st : ZB_E_CHECKSUM;
+                if (st == ZB_OK)
+                    snprintf(dg->check_msg, sizeof dg->check_msg,
+                             "%s: read back %" PRIu64 " bytes with CRC-64 %016" PRIx64
+                             ", but %" PRIu64 " bytes with CRC-64 %016" PRIx64 " were written",
+                             j.key, size, crc, r->size, r->crc);
+                else
+                    snprintf(dg->check_msg, sizeof dg->check_msg, "reading back %s: %s", j.key,
+                             msg);
+            }
+        }
+        free(j.key);
+        dg->busy = false;
+        pthread_cond_broadcast(&dg->idle);
+    }
+    pthread_mutex_unlock(&dg->lock);
+    return NULL;
+}
+
 static zb_status
 d_put(void *self, const char *key, const void *data, uint64_t length)
 {
@@ -94,6 +182,9 @@ d_put(void *self, const char *key, const void *data, uint64_t length)
     if (st == ZB_OK) {
         r->size = length;
         r->crc = crc;
+        r->gen = ++dg->gens;
+        r->verified = false;
+        if (dg->checking && length >= ZB_STORE_DIRECT_MIN_BYTES) enqueue(dg, key, r->gen);
     }
     pthread_mutex_unlock(&dg->lock);
     return st;
@@ -170,7 +261,7 @@ static const zb_store_methods digest_methods = {
 };
 
 zb_status
-cv_digest_open(zb_store *inner, const char *prefix, cv_digest **out, zb_store **store)
+cv_digest_open(zb_store *inner, const char *prefix, bool check, cv_digest **out, zb_store **store)
 {
     *out = NULL;
     *store = NULL;
@@ -179,7 +270,12 @@ cv_digest_open(zb_store *inner, const char *prefix, cv_digest **out, zb_store **
     snprintf(dg->prefix, sizeof dg->prefix, "%s", prefix);
     dg->prefix_len = strlen(dg->prefix);
     pthread_mutex_init(&dg->lock, NULL);
+    pthread_cond_init(&dg->more, NULL);
+    pthread_cond_init(&dg->idle, NULL);
     dg->inner = inner;
+    /* no checker (and nothing verified early) when its buffer or thread cannot be had */
+    if (check && (dg->buf = aligned_alloc(4096, CHECK_BLOCK)) != NULL)
+        dg->checking = pthread_create(&dg->checker, NULL, checker_main, dg) == 0;
     zb_status st = zb_store_new(&digest_methods, dg, store);
     if (st != ZB_OK) {
         cv_digest_free(dg);
@@ -215,6 +311,12 @@ zb_status
 cv_digest_result(cv_digest *dg, uint64_t *files, uint64_t *bytes, uint64_t *crc)
 {
     pthread_mutex_lock(&dg->lock);
+    while (dg->q_head != dg->q_n || dg->busy) pthread_cond_wait(&dg->idle, &dg->lock);
+    if (dg->check_st != ZB_OK) {
+        zb_status st = zb__err(dg->check_st, "%s", dg->check_msg);
+        pthread_mutex_unlock(&dg->lock);
+        return st;
+    }
     qsort(dg->recs, dg->n, sizeof *dg->recs, cmp_records);
     uint64_t c = 0, total = 0;
     for (size_t i = 0; i < dg->n; i++) {
@@ -231,12 +333,39 @@ cv_digest_result(cv_digest *dg, uint64_t *files, uint64_t *bytes, uint64_t *crc)
     return ZB_OK;
 }
 
+zb_status
+cv_digest_remember(cv_digest *dg, zb_convert *cv)
+{
+    char key[4200];
+    zb_status st = ZB_OK;
+    pthread_mutex_lock(&dg->lock);
+    for (size_t i = 0; i < dg->n && st == ZB_OK; i++) {
+        if (!dg->recs[i].verified) continue;
+        snprintf(key, sizeof key, "%s/%s", dg->prefix, dg->recs[i].key);
+        st = cv_output_remember(cv, key, dg->recs[i].size, dg->recs[i].crc);
+    }
+    pthread_mutex_unlock(&dg->lock);
+    return st;
+}
+
 void
 cv_digest_free(cv_digest *dg)
 {
     if (!dg) return;
+    if (dg->checking) {
+        pthread_mutex_lock(&dg->lock);
+        dg->stop = true;
+        pthread_cond_signal(&dg->more);
+        pthread_mutex_unlock(&dg->lock);
+        pthread_join(dg->checker, NULL);
+    }
+    for (size_t i = dg->q_head; i < dg->q_n; i++) free(dg->queue[i].key);
+    free(dg->queue);
+    free(dg->buf);
     for (size_t i = 0; i < dg->n; i++) free(dg->recs[i].key);
     free(dg->recs);
+    pthread_cond_destroy(&dg->more);
+    pthread_cond_destroy(&dg->idle);
     pthread_mutex_destroy(&dg->lock);
     free(dg);
 }

@@ -996,7 +996,8 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     zb_anndata_writer *w = NULL;
     if (st == ZB_OK) st = zb__pool_new(num_threads > 1 ? num_threads : 0, &g.pool);
     if (st == ZB_OK && cv->direct) st = direct_open(&g, num_threads);
-    if (st == ZB_OK) st = cv_digest_open(cv->out, name, &dg, &store);
+    /* the shards are read back while the gather goes on (digest.c), not all at the end */
+    if (st == ZB_OK) st = cv_digest_open(cv->out, name, true, &dg, &store);
     if (st == ZB_OK) st = cv_stored_types(cv);
     zb_anndata_write_opts o = ZB_ANNDATA_WRITE_OPTS_DEFAULT;
     o.zarr_format = cv->zarr_format;
@@ -1015,6 +1016,7 @@ cv_gather_task(zb_convert *cv, size_t d, int num_threads)
     zb_anndata_writer_close(w);
     uint64_t files = 0, bytes = 0, crc = 0;
     if (st == ZB_OK) st = cv_digest_result(dg, &files, &bytes, &crc);
+    if (st == ZB_OK) st = cv_digest_remember(dg, cv);
     zb_store_close(store);
     cv_digest_free(dg);
     if (st == ZB_OK) st = write_done(&g, files, bytes, crc, index_dtype);

@@ -153,9 +153,9 @@ cmp_keys(const void *a, const void *b)
  * short: no size request first, which halves the round trips to a bucket. The blocks and the
  * buffer are aligned for direct reads (zb_store_opts.direct_io): the bytes written directly
  * are not in the page cache, and reading them through it would cost what writing saved. */
-static zb_status
-object_crc(zb_store *store, const char *key, uint8_t *buf, size_t block, uint64_t *size,
-           uint64_t *crc)
+zb_status
+cv_object_crc(zb_store *store, const char *key, uint8_t *buf, size_t block, uint64_t *size,
+              uint64_t *crc)
 {
     uint64_t c = 0, off = 0, got = 0;
     do {
@@ -166,6 +166,79 @@ object_crc(zb_store *store, const char *key, uint8_t *buf, size_t block, uint64_
     *size = off;
     *crc = c;
     return ZB_OK;
+}
+
+struct cv_checked {
+    char *key;
+    uint64_t size, crc;
+};
+
+static int
+cmp_checked(const void *a, const void *b)
+{
+    return strcmp(((const struct cv_checked *)a)->key, ((const struct cv_checked *)b)->key);
+}
+
+/* The record of object `key` read back, or NULL (cv->lock held). */
+static struct cv_checked *
+checked_find(zb_convert *cv, const char *key)
+{
+    struct cv_checked k = {(char *)key, 0, 0};
+    return cv->n_checked ? bsearch(&k, cv->checked, cv->n_checked, sizeof k, cmp_checked) : NULL;
+}
+
+zb_status
+cv_output_remember(zb_convert *cv, const char *key, uint64_t size, uint64_t crc)
+{
+    zb_status st = ZB_OK;
+    pthread_mutex_lock(&cv->lock);
+    struct cv_checked *c = checked_find(cv, key);
+    if (c) {
+        c->size = size;
+        c->crc = crc;
+    } else {
+        if (cv->n_checked == cv->cap_checked) {
+            size_t cap = cv->cap_checked ? 2 * cv->cap_checked : 256;
+            struct cv_checked *p = realloc(cv->checked, cap * sizeof *p);
+            if (p) cv->checked = p, cv->cap_checked = cap;
+        }
+        char *k = cv->n_checked < cv->cap_checked ? strdup(key) : NULL;
+        if (!k) {
+            st = zb__err(ZB_E_NOMEM, "remembering %s", key);
+        } else {
+            cv->checked[cv->n_checked++] = (struct cv_checked){k, size, crc};
+            qsort(cv->checked, cv->n_checked, sizeof *cv->checked, cmp_checked);
+        }
+    }
+    pthread_mutex_unlock(&cv->lock);
+    return st;
+}
+
+void
+cv_output_forget_all(zb_convert *cv)
+{
+    for (size_t i = 0; i < cv->n_checked; i++) free(cv->checked[i].key);
+    free(cv->checked);
+    cv->checked = NULL;
+    cv->n_checked = cv->cap_checked = 0;
+}
+
+/* Object `key`'s size and CRC-64: remembered from its read-back when its size is still the one
+ * read, else read now. */
+static zb_status
+output_crc(zb_convert *cv, const char *key, uint8_t *buf, size_t block, uint64_t *size,
+           uint64_t *crc)
+{
+    pthread_mutex_lock(&cv->lock);
+    struct cv_checked *c = checked_find(cv, key), seen = c ? *c : (struct cv_checked){0};
+    pthread_mutex_unlock(&cv->lock);
+    uint64_t now = 0;
+    if (c && zb_store_size(cv->out, key, &now) == ZB_OK && now == seen.size) {
+        *size = seen.size;
+        *crc = seen.crc;
+        return ZB_OK;
+    }
+    return cv_object_crc(cv->out, key, buf, block, size, crc);
 }
 
 zb_status
@@ -183,7 +256,7 @@ cv_output_fingerprint(zb_convert *cv, const char *prefix, uint64_t *size, uint64
     size_t skip = strlen(prefix) + 1;
     for (size_t i = 0; i < l.n && st == ZB_OK; i++) {
         uint64_t n = 0, oc = 0;
-        st = object_crc(cv->out, l.keys[i], buf, BLOCK, &n, &oc);
+        st = output_crc(cv, l.keys[i], buf, BLOCK, &n, &oc);
         char line[4200];
         int ll = snprintf(line, sizeof line, "%s\t%" PRIu64 "\t%016" PRIx64 "\n", l.keys[i] + skip,
                           n, oc);

@@ -12,6 +12,7 @@
 #include "convert/convert_int.h"
 #include "support/testutil.h"
 #include "util/buf.h"
+#include "util/status.h"
 #include "util/strmap.h"
 
 static const char *const dtype_names[12] = {"bool",   "int8",    "int16",   "int32",
@@ -289,11 +290,11 @@ test_strmap(void **state)
  * fingerprint read back through the store (cv_output_fingerprint), on disk and in a store
  * without directories (memory, as S3). */
 static void
-digest_some(zb_store *inner, uint64_t *files, uint64_t *bytes, uint64_t *crc)
+digest_some(zb_store *inner, zb_convert *cv, uint64_t *files, uint64_t *bytes, uint64_t *crc)
 {
     cv_digest *dg;
     zb_store *s;
-    ZB_ASSERT_OK(cv_digest_open(inner, "ds", &dg, &s));
+    ZB_ASSERT_OK(cv_digest_open(inner, "ds", cv != NULL, &dg, &s));
     ZB_ASSERT_OK(zb_store_put(s, "ds/X/data/c/0", "abc", 3));
     ZB_ASSERT_OK(zb_store_put(s, "ds/X.bak", "zz", 2));
     ZB_ASSERT_OK(zb_store_put(s, "ds/tmp1", "hello", 5));
@@ -308,10 +309,79 @@ digest_some(zb_store *inner, uint64_t *files, uint64_t *bytes, uint64_t *crc)
     assert_non_null(block);
     for (size_t i = 0; i < big; i++) block[i] = (char)(i * 7 + 3);
     ZB_ASSERT_OK(zb_store_put(s, "ds/X/block", block, big));
+    /* a large object put twice: the second put's bytes are the ones read back */
+    ZB_ASSERT_OK(zb_store_put(s, "ds/X/twice", block + 1, (size_t)70000));
+    ZB_ASSERT_OK(zb_store_put(s, "ds/X/twice", block + 2, (size_t)70000));
     free(block);
     ZB_ASSERT_OK(cv_digest_result(dg, files, bytes, crc));
+    if (cv) ZB_ASSERT_OK(cv_digest_remember(dg, cv));
     zb_store_close(s);
     cv_digest_free(dg);
+}
+
+/* A store over a memory store whose reads of keys holding "bad" come back with a byte
+ * changed: what a device that lost a write would give. */
+static zb_status
+lying_get(void *self, const char *key, uint64_t offset, uint64_t length, void *dst, uint64_t *nread)
+{
+    ZB_TRY(zb_store_get(self, key, offset, length, dst, nread));
+    if (strstr(key, "bad") && *nread) ((uint8_t *)dst)[0] ^= 1;
+    return ZB_OK;
+}
+
+static zb_status
+lying_put(void *self, const char *key, const void *data, uint64_t length)
+{
+    return zb_store_put(self, key, data, length);
+}
+
+static zb_status
+lying_size(void *self, const char *key, uint64_t *size)
+{
+    return zb_store_size(self, key, size);
+}
+
+static void
+lying_close(void *self)
+{
+    zb_store_close(self);
+}
+
+/* The digest's read-back of large objects as they are put: an object read back with other
+ * bytes than were put fails cv_digest_result naming it; small objects are not read early. */
+static void
+test_digest_reads_back_what_it_put(void **state)
+{
+    (void)state;
+    static const zb_store_methods lying = {.scheme = "memory",
+                                           .get = lying_get,
+                                           .size = lying_size,
+                                           .put = lying_put,
+                                           .close = lying_close};
+    size_t big = 100000;
+    uint8_t *data = malloc(big);
+    assert_non_null(data);
+    for (size_t i = 0; i < big; i++) data[i] = (uint8_t)(i * 13 + 1);
+    for (int bad = 0; bad < 2; bad++) {
+        zb_store *mem, *inner, *s;
+        ZB_ASSERT_OK(zb_store_open_memory(&mem));
+        ZB_ASSERT_OK(zb_store_new(&lying, mem, &inner));
+        cv_digest *dg;
+        ZB_ASSERT_OK(cv_digest_open(inner, "ds", true, &dg, &s));
+        ZB_ASSERT_OK(zb_store_put(s, "ds/small-bad", data, 100)); /* below the read-back size */
+        ZB_ASSERT_OK(zb_store_put(s, "ds/c/0", data, big));
+        ZB_ASSERT_OK(zb_store_put(s, bad ? "ds/c/1-bad" : "ds/c/1", data, big));
+        uint64_t files, bytes, crc;
+        if (bad)
+            ZB_ASSERT_ERR(cv_digest_result(dg, &files, &bytes, &crc), ZB_E_CHECKSUM,
+                          "ds/c/1-bad: read back 100000 bytes");
+        else
+            ZB_ASSERT_OK(cv_digest_result(dg, &files, &bytes, &crc));
+        zb_store_close(s);
+        cv_digest_free(dg);
+        zb_store_close(inner);
+    }
+    free(data);
 }
 
 /* zb__src_raw_view against zb__src_raw_read (pread, the oracle): a run inside one chunk is a
@@ -381,12 +451,12 @@ test_digest_equals_fingerprint(void **state)
     ZB_ASSERT_OK(zb_store_open_file(dir, &inner));
     uint64_t files, bytes, crc, size, fcrc, ssize, scrc;
     int64_t mtime;
-    digest_some(inner, &files, &bytes, &crc);
+    digest_some(inner, NULL, &files, &bytes, &crc);
     char path[4200];
     snprintf(path, sizeof path, "%s/ds", dir);
     ZB_ASSERT_OK(cv_fingerprint(path, &size, &mtime, &fcrc));
-    uint64_t want = 10 + ((uint64_t)4 << 20);
-    assert_int_equal(files, 5);
+    uint64_t want = 10 + ((uint64_t)4 << 20) + 70000;
+    assert_int_equal(files, 6);
     assert_int_equal(bytes, want);
     assert_int_equal(size, want);
     assert_true(crc == fcrc);
@@ -399,10 +469,34 @@ test_digest_equals_fingerprint(void **state)
     assert_true(scrc == crc);
     zb_store_close(inner);
 
+    /* with the read-back as objects are put: the same digest, and the fingerprint takes the
+     * large objects' CRCs from it while their sizes hold (a byte changed on disk behind it goes
+     * unseen), and reads an object again once its size differs */
+    const char *dir2 = zbt_tempdir("digest-check");
+    ZB_ASSERT_OK(zb_store_open_file(dir2, &inner));
+    cv.out = inner;
+    cv.output = (char *)dir2;
+    uint64_t cfiles, cbytes, ccrc;
+    digest_some(inner, &cv, &cfiles, &cbytes, &ccrc);
+    assert_true(ccrc == crc && cfiles == 6 && cbytes == want);
+    assert_int_equal(cv.n_checked, 2); /* ds/X/block and ds/X/twice */
+    snprintf(path, sizeof path, "%s/ds/X/block", dir2);
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, "!", 1, 12345), 1);
+    ZB_ASSERT_OK(cv_output_fingerprint(&cv, "ds", &ssize, &scrc));
+    assert_true(scrc == crc && ssize == want);
+    assert_int_equal(pwrite(fd, "!", 1, (off_t)4 << 20), 1);
+    close(fd);
+    ZB_ASSERT_OK(cv_output_fingerprint(&cv, "ds", &ssize, &scrc));
+    assert_true(scrc != crc && ssize == want + 1);
+    cv_output_forget_all(&cv);
+    zb_store_close(inner);
+
     ZB_ASSERT_OK(zb_store_open_memory(&inner));
     uint64_t mfiles, mbytes, mcrc;
-    digest_some(inner, &mfiles, &mbytes, &mcrc);
-    assert_true(mcrc == crc && mfiles == 5 && mbytes == want);
+    digest_some(inner, NULL, &mfiles, &mbytes, &mcrc);
+    assert_true(mcrc == crc && mfiles == 6 && mbytes == want);
     cv.out = inner;
     ZB_ASSERT_OK(cv_output_fingerprint(&cv, "ds", &ssize, &scrc));
     assert_true(scrc == crc && ssize == want);
@@ -427,6 +521,7 @@ main(void)
         cmocka_unit_test(test_raw_view_is_pread_without_the_copy),
         cmocka_unit_test(test_strmap),
         cmocka_unit_test(test_digest_equals_fingerprint),
+        cmocka_unit_test(test_digest_reads_back_what_it_put),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
