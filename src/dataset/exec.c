@@ -1027,9 +1027,9 @@ take_waiting(listed *l)
  * another read drove the pool, and those that arrive while it runs. One wake-up of a pool thread
  * serves every range that arrives while it is busy, not one each (a random window receives
  * thousands of ranges). Whoever adds to the queue starts a job when fewer than the pool's
- * threads run (serve_now, start_drainer); a job that found the queue empty leaves, then looks again: with
- * both sides' steps sequentially consistent, either the adder saw it gone and started another,
- * or it sees the read added and goes on with it. */
+ * threads run one (serve_now, start_drainer); a job that found the queue empty leaves, then
+ * looks again: with both sides' steps sequentially consistent, either the adder saw it gone and
+ * started another, or it sees the read added and goes on with it. */
 static void
 run_waiting(void *arg, zb_ctx *ctx)
 {
