@@ -9,12 +9,16 @@ STORE_DIR holds ``cells.zarr`` (``zbatch synth --kind cells``); nginx on loopbac
 bench/remote.py's (``bench.peers.zbatch_peer.loader``: 2 threads, windows of 16 batches of 256,
 CSR out) on the store's URL; ``--root`` takes zbatch and the loader from another checkout's
 ``python/`` and ``bench/`` (a build of another commit, dev-installed there). Prints samples/s,
-the process's CPU microseconds per sample (user + sys, every thread), and the store's counters
+the process's CPU microseconds per sample (user + sys, every thread), its page faults per sample
+(minor: memory touched for the first time, or again after it went back to the kernel), its
+waits per sample (voluntary context switches: a thread blocked, e.g. on a futex), and the store's
+counters
 (requests, retries, most requests in flight).
 """
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from pathlib import Path
@@ -36,6 +40,7 @@ def main() -> int:
     from bench.peers.zbatch_peer import loader
     with rs.NginxServer(args.store_dir, latency_ms=args.latency_ms) as srv:
         t0, c0 = time.perf_counter(), time.process_time()
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         ds, dl, _ = loader(srv.url + "/cells.zarr", 256, num_workers=2, output="csr", seed=0,
                            sampler=args.sampler, block_size=16, fetch_factor=16,
                            prefetch_factor=16)
@@ -46,10 +51,13 @@ def main() -> int:
             if n >= args.samples:
                 break
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        faults, switches = r1.ru_minflt - r0.ru_minflt, r1.ru_nvcsw - r0.ru_nvcsw
         st = ds.store_stats()
         dl.close()
     print(f"{root.name} {args.latency_ms:g} ms {args.sampler}: {n} samples {n / wall:.0f}/s, "
-          f"CPU {cpu / n * 1e6:.1f} us/sample, requests {st['requests']}, retries "
+          f"CPU {cpu / n * 1e6:.1f} us/sample, page faults {faults / n:.2f}/sample, "
+          f"waits {switches / n:.2f}/sample, requests {st['requests']}, retries "
           f"{st['retries']}, most in flight {st['max_in_flight']}")
     return 0
 

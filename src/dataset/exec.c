@@ -874,9 +874,10 @@ typedef struct listed {
     uint8_t *buf;     /* every range's bytes (the plan memory's, reused) */
     bool pooled;      /* decode on the pool (else on the calling thread, the work is small) */
     bool have_pool;   /* pooled: this read drives the pool now (it holds the dataset's pool_mu) */
-    lread **waiting;  /* pooled: reads whose bytes are in while another read drives the pool */
-    size_t nwaiting;
+    lread **waiting;  /* pooled: reads whose bytes are in, to serve (the queue of run_waiting) */
+    _Atomic size_t nwaiting;     /* ... in the queue so far (the thread that receives adds) */
     _Atomic size_t waiting_next; /* the next of them a pool thread takes */
+    _Atomic size_t drainers;     /* run_waiting jobs submitted and not yet ended */
     char keybuf[KEY_CAP];
     size_t base;  /* the current list read: ranges [base, base + n) */
     size_t ndone; /* ... of which completed */
@@ -929,18 +930,20 @@ kept_put(const lread *rd)
     }
 }
 
-/* Fills a kept read's range from its units pinned in the fetch cache (on the thread that
- * decodes it). */
+/* Serves a kept read's units where the fetch cache holds them, pinned (no copy into the
+ * window's range buffer, which holds no room for them), then unpins them. */
 static zb_status
-kept_fill(lread *rd, zb_range *r)
+kept_serve(lread *rd)
 {
-    for (size_t j = 0; j < rd->nw; j++) {
+    zb_status st = ZB_OK;
+    for (size_t j = 0; j < rd->nw && st == ZB_OK; j++) {
         const want *w = &rd->w[j];
-        memcpy((uint8_t *)r->dst + (w->at.off - rd->off), w->kept_at, (size_t)w->at.len);
+        if (w->c0 == w->c1) continue; /* a unit in a gap, kept for the fetch cache only */
+        st = serve_unit(&rd->x, w->c0, w->c1, w->g, w->kept_at, (size_t)w->at.len, false, rd->key,
+                        NULL);
     }
-    r->nread = r->length;
-    r->status = ZB_OK;
-    return ZB_OK;
+    unkeep(rd->x.p->ds->fetch_cache, rd->w, rd->nw);
+    return st;
 }
 
 /* Serves the units of one completed range (a task of the pool). */
@@ -950,20 +953,24 @@ serve_read(void *arg, zb_ctx *ctx)
     lread *rd = arg;
     rd->x.ctx = ctx;
     zb_range *r = rd->r;
-    zb_status st = rd->kept ? kept_fill(rd, r) : ZB_OK;
+    zb_status st = ZB_OK;
     bool plain = zb__array_units(rd->a)->kind == ZB_UNITS_PLAIN;
+    if (rd->kept) {
+        st = kept_serve(rd);
+        if (st != ZB_OK) task_fail(&rd->t, st);
+        zb__stream_fence();
+        return;
+    }
     /* fetched units go into the fetch cache (a plain unit when the object was read whole: it
      * ended within the bound) */
-    if (!rd->kept && r->status == ZB_OK && (plain ? r->nread < r->length : r->nread == r->length))
-        kept_put(rd);
-    if (st == ZB_OK && plain) {
-        /* a missing object is fill; one that filled the bound is fetched again whole (a kept
-         * object's range is its exact size) */
+    if (r->status == ZB_OK && (plain ? r->nread < r->length : r->nread == r->length)) kept_put(rd);
+    if (plain) {
+        /* a missing object is fill; one that filled the bound is fetched again whole */
         const want *w = rd->w;
-        bool missing = r->status == ZB_E_NOTFOUND, whole = r->nread < r->length || rd->kept;
+        bool missing = r->status == ZB_E_NOTFOUND, whole = r->nread < r->length;
         st = serve_unit(&rd->x, w->c0, w->c1, w->g, whole ? r->dst : NULL, (size_t)r->nread,
                         missing, rd->key, NULL);
-    } else if (st == ZB_OK && r->nread != r->length) {
+    } else if (r->nread != r->length) {
         st = truncated(rd->key, r->nread, r->length, r->offset);
     }
     for (size_t j = 0; !plain && j < rd->nw && st == ZB_OK; j++) {
@@ -973,7 +980,6 @@ serve_read(void *arg, zb_ctx *ctx)
                         (const uint8_t *)r->dst + (w->at.off - r->offset), (size_t)w->at.len, false,
                         rd->key, NULL);
     }
-    if (rd->kept) unkeep(rd->x.p->ds->fetch_cache, rd->w, rd->nw);
     if (st != ZB_OK) task_fail(&rd->t, st);
     zb__stream_fence();
 }
@@ -1007,13 +1013,47 @@ run_kept(void *arg, zb_ctx *ctx)
         serve_read(&l->reads[l->order[l->nreads - 1 - k]], ctx);
 }
 
-/* Serves the reads that arrived while another read drove the pool, as run_kept does. */
+/* The next read of the waiting queue, or NULL when it is empty now. */
+static lread *
+take_waiting(listed *l)
+{
+    size_t k = atomic_load(&l->waiting_next);
+    while (k < atomic_load(&l->nwaiting))
+        if (atomic_compare_exchange_weak(&l->waiting_next, &k, k + 1)) return l->waiting[k];
+    return NULL;
+}
+
+/* Serves the waiting queue until it is empty (a drain job): the reads that arrived while
+ * another read drove the pool, and those that arrive while it runs. One wake-up of a pool thread
+ * serves every range that arrives while it is busy, not one each (a random window receives
+ * thousands of ranges). Whoever adds to the queue starts a job when fewer than the pool's
+ * threads run one (serve_now, start_drainer); a job that found the queue empty leaves, then
+ * looks again: with both sides' steps sequentially consistent, either the adder saw it gone and
+ * started another, or it sees the read added and goes on with it. */
 static void
 run_waiting(void *arg, zb_ctx *ctx)
 {
     listed *l = arg;
-    for (size_t k; (k = atomic_fetch_add(&l->waiting_next, 1)) < l->nwaiting;)
-        serve_read(l->waiting[k], ctx);
+    size_t jobs = (size_t)zb__pool_threads(l->p->ds->pool);
+    for (;;) {
+        for (lread *rd; (rd = take_waiting(l));) serve_read(rd, ctx);
+        atomic_fetch_sub(&l->drainers, 1);
+        if (atomic_load(&l->waiting_next) >= atomic_load(&l->nwaiting)) return;
+        size_t d = atomic_load(&l->drainers);
+        do
+            if (d >= jobs) return; /* the running ones take it */
+        while (!atomic_compare_exchange_weak(&l->drainers, &d, d + 1));
+    }
+}
+
+/* Starts a drain job when the queue has reads and fewer than the pool's threads run one. */
+static void
+start_drainer(listed *l)
+{
+    zb__pool *pool = l->p->ds->pool;
+    if (atomic_load(&l->drainers) >= (size_t)zb__pool_threads(pool)) return;
+    atomic_fetch_add(&l->drainers, 1);
+    zb__pool_submit(pool, run_waiting, l);
 }
 
 /* Makes this read the pool's driver (one read_many at a time drives it: pool_mu), blocking when
@@ -1033,7 +1073,7 @@ take_pool(listed *l, bool wait)
     zb__pool *pool = l->p->ds->pool;
     size_t jobs = (size_t)zb__pool_threads(pool);
     for (size_t j = 0; j < jobs && j < l->nkept; j++) zb__pool_submit(pool, run_kept, l);
-    for (size_t j = 0; j < jobs && j < l->nwaiting; j++) zb__pool_submit(pool, run_waiting, l);
+    for (size_t j = 0; j < jobs && j < atomic_load(&l->nwaiting); j++) start_drainer(l);
     return true;
 }
 
@@ -1042,12 +1082,14 @@ take_pool(listed *l, bool wait)
 static void
 serve_now(listed *l, lread *rd)
 {
-    if (!l->pooled)
+    if (!l->pooled) {
         serve_read(rd, l->p->ctx);
-    else if (l->have_pool || take_pool(l, false))
-        zb__pool_submit(l->p->ds->pool, serve_read, rd);
-    else
-        l->waiting[l->nwaiting++] = rd;
+        return;
+    }
+    size_t n = atomic_load(&l->nwaiting);
+    l->waiting[n] = rd;
+    atomic_store(&l->nwaiting, n + 1);
+    if (l->have_pool || take_pool(l, false)) start_drainer(l);
 }
 
 /* A range completed (on the calling thread): its units go to the pool. */
@@ -1102,7 +1144,7 @@ list_task(listed *l, size_t t, size_t *nr, uint64_t *bytes)
             }
         }
         (*nr)++;
-        *bytes += me - ms;
+        if (!kept) *bytes += me - ms; /* a kept read is served from the fetch cache */
     }
     return ZB_OK;
 }
@@ -1170,9 +1212,20 @@ collect_listed(listed *l)
     l->ranges = calloc(nr + 1, sizeof *l->ranges);
     l->order = calloc(nr + 1, sizeof *l->order);
     /* a window's range bytes are megabytes: memory reused across reads, not mapped and
-     * faulted in anew for each (DESIGN.md, performance model) */
-    if (grow_array((void **)&p->m->fetched, &p->m->fetched_cap, bytes + 1, 1))
+     * faulted in anew for each (DESIGN.md, performance model). Grown to what is needed and an
+     * eighth, not doubled: a doubled buffer of a large window passed PLAN_MEM_MAX_BYTES, so its
+     * plan memory was freed after the read and the next window faulted in a new one (fresh
+     * pages cost more than the copy into them: docs/PERFORMANCE.md, issue 17) */
+    if (bytes + 1 <= p->m->fetched_cap) {
         l->buf = p->m->fetched;
+    } else if (bytes < SIZE_MAX / 2) {
+        size_t cap = (size_t)bytes + 1 + (size_t)bytes / 8;
+        uint8_t *q = realloc(p->m->fetched, cap);
+        if (q) {
+            p->m->fetched = l->buf = q;
+            p->m->fetched_cap = cap;
+        }
+    }
     if (!l->reads || !l->waiting || !l->ranges || !l->order || !l->buf)
         return zb__err(ZB_E_NOMEM, "read_many: out of memory for %llu bytes of range reads",
                        (unsigned long long)bytes);
@@ -1192,16 +1245,14 @@ fetch_listed(listed *l)
     size_t done = 0, nkept = 0;
     zb_status st = ZB_OK;
     /* reads the fetch cache holds (ranges and order from the end) go to the pool first: the
-     * thread that decodes one copies it out of the cache */
+     * thread that decodes one decodes it where the cache holds it (no bytes in l->buf) */
     for (size_t i = 0; i < l->nreads; i++) {
         lread *rd = &l->reads[i];
         if (!rd->kept) rd->kept = kept_now(l, rd);
         if (!rd->kept) continue;
         rd->r = &l->ranges[l->nreads - 1 - nkept];
-        *rd->r =
-            (zb_range){.key = rd->key, .offset = rd->off, .length = rd->len, .dst = l->buf + at};
+        *rd->r = (zb_range){.key = rd->key, .offset = rd->off, .length = rd->len};
         l->order[l->nreads - 1 - nkept++] = i;
-        at += rd->len;
     }
     l->nkept = nkept;
     if (!l->pooled)

@@ -1,9 +1,21 @@
 /* A byte-bounded LRU cache of decoded units (and of shard indexes), keyed by (owner, number),
  * one mutex guarding it. Decoded units are pinned (zb__cache_pin) and read in place: an entry's
  * bytes never change once put, so a reader holding a pin reads them without the lock, and an
- * entry evicted while pinned leaves the index and the byte count at once and is freed by its
- * last unpin. Shard indexes are copied out in part (zb__cache_get_part): a few entries, under
- * the lock. */
+ * entry evicted while pinned leaves the index and the byte count at once and goes back to the
+ * free blocks at its last unpin. Shard indexes are copied out in part (zb__cache_get_part): a
+ * few entries, under the lock.
+ *
+ * Entries live in blocks the cache keeps: a block is malloc'd once in one of a fixed set of size
+ * classes (eight per power of two, so a block wastes under an eighth) and, when its entry is
+ * evicted, goes onto its class's free list for the next entry of that class, not back to the
+ * allocator. A cache churned through by a store bigger than it (every put evicts) therefore
+ * writes into memory it has already touched: fresh memory from malloc (pages the kernel must
+ * fault in, and that glibc hands back to the kernel on free) costs far more per byte than the
+ * copy into a reused block (docs/PERFORMANCE.md, issue 17). A put that finds no free block of
+ * its class gives free blocks of other classes back to malloc until a new one fits under
+ * max_bytes plus an eighth: the blocks kept, in use or free, stay under that bound, unless the
+ * entries in use alone take more (the rounding and the headers of entries of a few hundred
+ * bytes), and beyond it by the entries pinned when evicted. */
 #include "util/cache.h"
 
 #include <pthread.h>
@@ -13,6 +25,8 @@
 #include "util/status.h"
 
 typedef struct entry {
+    struct entry *free_next; /* on a free list: the next free block of its class */
+    size_t block;            /* the block's bytes, this header included */
     const void *owner;
     uint64_t unit;
     size_t len;
@@ -23,9 +37,19 @@ typedef struct entry {
     uint8_t data[];
 } entry;
 
+/* Size classes: blocks of up to MIN_BLOCK bytes are class 0; above, eight classes per power of
+ * two. */
+#define MIN_BLOCK 256
+#define NCLASSES (8 * 64)
+
 struct zb__cache {
     pthread_mutex_t mu;
     size_t max_bytes, bytes;
+    size_t blocks_cap;     /* the most bytes of blocks kept (max_bytes and its rounding) */
+    size_t block_bytes;    /* bytes of the blocks malloc'd and not freed, in use or free */
+    size_t free_bytes;     /* ... of them on the free lists */
+    entry *free[NCLASSES]; /* free blocks by size class */
+    size_t reclaim;        /* the class where freeing surplus blocks resumes */
     size_t nbuckets;
     entry **buckets;
     entry *head, *tail;
@@ -55,6 +79,7 @@ zb__cache_new(size_t max_bytes, zb__cache **out)
         return zb__err(ZB_E_NOMEM, "cache: out of memory");
     }
     c->max_bytes = max_bytes;
+    c->blocks_cap = max_bytes > SIZE_MAX / 9 * 8 ? SIZE_MAX : max_bytes + max_bytes / 8;
     pthread_mutex_init(&c->mu, NULL);
     *out = c;
     return ZB_OK;
@@ -70,9 +95,74 @@ zb__cache_free(zb__cache *c)
         free(e);
         e = n;
     }
+    for (size_t k = 0; k < NCLASSES; k++)
+        for (e = c->free[k]; e;) {
+            entry *n = e->free_next;
+            free(e);
+            e = n;
+        }
     free(c->buckets);
     pthread_mutex_destroy(&c->mu);
     free(c);
+}
+
+/* The size class of a block of n bytes, and the class's block size. */
+static size_t
+size_class(size_t n, size_t *block)
+{
+    if (n <= MIN_BLOCK) {
+        *block = MIN_BLOCK;
+        return 0;
+    }
+    unsigned b = 0; /* n in (2^b, 2^(b+1)] */
+    while (((size_t)2 << b) < n) b++;
+    size_t step = (size_t)1 << (b - 3), steps = (n + step - 1) / step; /* 9..16 */
+    *block = steps * step;
+    return (b - 8) * 8 + (steps - 8);
+}
+
+/* Puts an entry's block on its class's free list (the lock held). */
+static void
+block_release(zb__cache *c, entry *e)
+{
+    size_t block;
+    size_t k = size_class(e->block, &block);
+    e->free_next = c->free[k];
+    c->free[k] = e;
+    c->free_bytes += e->block;
+}
+
+/* A block for an entry of len bytes (the lock held): a free one of its class, else a new one
+ * after freeing blocks of other classes while the blocks kept would pass blocks_cap. NULL when
+ * malloc fails. */
+static entry *
+block_take(zb__cache *c, size_t len)
+{
+    if (len > SIZE_MAX / 4) return NULL;
+    size_t block, k = size_class(sizeof(entry) + len, &block);
+    entry *e = c->free[k];
+    if (e) {
+        c->free[k] = e->free_next;
+        c->free_bytes -= e->block;
+        return e;
+    }
+    while (c->free_bytes && c->block_bytes + block > c->blocks_cap) {
+        entry **fl = &c->free[c->reclaim];
+        if (!*fl) {
+            c->reclaim = (c->reclaim + 1) % NCLASSES;
+            continue;
+        }
+        entry *f = *fl;
+        *fl = f->free_next;
+        c->free_bytes -= f->block;
+        c->block_bytes -= f->block;
+        free(f);
+    }
+    e = malloc(block);
+    if (!e) return NULL;
+    e->block = block;
+    c->block_bytes += block;
+    return e;
 }
 
 static void
@@ -110,7 +200,7 @@ evict(zb__cache *c, entry *e)
     if (e->pins)
         e->evicted = true;
     else
-        free(e);
+        block_release(c, e);
 }
 
 /* The entry for (owner, unit), or NULL (the lock held). */
@@ -163,16 +253,22 @@ zb__cache_unpin(zb__cache *c, void *pin)
     entry *e = pin;
     if (!e) return;
     pthread_mutex_lock(&c->mu);
-    bool gone = --e->pins == 0 && e->evicted;
+    if (--e->pins == 0 && e->evicted) block_release(c, e);
     pthread_mutex_unlock(&c->mu);
-    if (gone) free(e);
 }
 
 void
 zb__cache_put(zb__cache *c, const void *owner, uint64_t unit, const void *src, size_t len)
 {
     if (!c || len > c->max_bytes) return;
-    entry *n = malloc(sizeof *n + len);
+    /* room first (the evicted blocks are the likeliest of its class), then the block, filled
+     * outside the lock: not in the index yet, no other thread sees it */
+    pthread_mutex_lock(&c->mu);
+    entry *e = find(c, owner, unit);
+    if (e) evict(c, e);
+    while (c->tail && c->bytes + len > c->max_bytes) evict(c, c->tail);
+    entry *n = block_take(c, len);
+    pthread_mutex_unlock(&c->mu);
     if (!n) return; /* a cache that cannot grow just misses */
     n->owner = owner;
     n->unit = unit;
@@ -182,7 +278,8 @@ zb__cache_put(zb__cache *c, const void *owner, uint64_t unit, const void *src, s
     memcpy(n->data, src, len);
     pthread_mutex_lock(&c->mu);
     size_t h = hash(owner, unit, c->nbuckets);
-    entry *e = find(c, owner, unit);
+    /* another thread may have put the same key, or filled the room, meanwhile */
+    e = find(c, owner, unit);
     if (e) evict(c, e);
     while (c->tail && c->bytes + len > c->max_bytes) evict(c, c->tail);
     n->hnext = c->buckets[h];
@@ -208,6 +305,16 @@ zb__cache_contains(zb__cache *c, const void *owner, uint64_t unit)
 {
     size_t len;
     return zb__cache_length(c, owner, unit, &len);
+}
+
+size_t
+zb__cache_blocks(zb__cache *c)
+{
+    if (!c) return 0;
+    pthread_mutex_lock(&c->mu);
+    size_t n = c->block_bytes;
+    pthread_mutex_unlock(&c->mu);
+    return n;
 }
 
 size_t

@@ -30,7 +30,10 @@ bool zb__cache_contains(zb__cache *c, const void *arr, uint64_t unit);
 bool zb__cache_length(zb__cache *c, const void *arr, uint64_t unit, size_t *len);
 void zb__cache_put(zb__cache *c, const void *arr, uint64_t unit, const void *src, size_t len);
 
-/* Bytes held now. */
+/* Bytes held now (the entries' lengths). */
 size_t zb__cache_held(zb__cache *c);
+/* Bytes of memory the cache keeps for its entries, in use or free for the next ones: about
+ * max_bytes plus an eighth at most, plus the entries pinned when evicted (cache.c). */
+size_t zb__cache_blocks(zb__cache *c);
 
 #endif

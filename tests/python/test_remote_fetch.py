@@ -409,3 +409,23 @@ def test_units_found_in_the_fetch_cache_are_not_fetched_when_evicted_before_deco
         starts = [int(re.fullmatch(r"bytes=(\d+)-\d+", r.range)[1]) for r in log
                   if r.path == path]
         assert starts and min(starts) >= end, (a_name, end, sorted(starts)[:4])
+
+
+@pytest.mark.parametrize("sampler", ["random", "block"])
+def test_a_store_many_times_the_fetch_cache_reads_as_local_over_epochs(root, nginx_serve,
+                                                                       sampler):
+    """A fetch cache a sixteenth of X's chunk bytes, churned by the loader's two windows over
+    four epochs: its entries' memory is reused for the next units again and again (cache.c),
+    units found there are decoded where it holds them, pinned, and the ranges arriving go to
+    the decode threads through one queue; every batch is the local store's."""
+    store = root / "sharded.zarr"
+    server = nginx_serve(root)
+    chunks = {**_inner_chunks(store, "X/data"), **_inner_chunks(store, "X/indices")}
+    budget = sum(chunks.values()) // 16
+    want = _epochs(zbatch.open(str(store)), sampler, epochs=4)
+    ds = zbatch.open(f"{server.url}/sharded.zarr", fetch_cache_bytes=budget,
+                     storage_options=NO_GAP)
+    before = ds.store_stats()["bytes"]
+    _assert_same(_epochs(ds, sampler, epochs=4), want)
+    # every epoch fetched again most of what it needs (the cache holds a sixteenth)
+    assert ds.store_stats()["bytes"] - before > 3 * sum(chunks.values())
