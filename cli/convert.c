@@ -294,10 +294,21 @@ print_dtypes(const char *output, const char *codec)
     json_object_put(m);
 }
 
+/* A switch from the environment: off when unset, "" or "0", on otherwise. */
+static bool
+env_flag(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0");
+}
+
 static int
 convert_collection(const char *const *inputs, size_t n, const char *output, zb_convert_opts *o,
                    bool quiet, bool limit)
 {
+    /* switches for comparisons (docs/CONVERT.md); the library reads no environment variable */
+    o->scratch_path = env_flag("ZBATCH_CONVERT_SCRATCH");
+    o->buffered_output = env_flag("ZBATCH_CONVERT_BUFFERED");
     if (limit) {
         zb_convert_limit l;
         zb_status st = zb_convert_measure_limit(inputs, n, output, o, &l);

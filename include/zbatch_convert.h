@@ -178,12 +178,25 @@ typedef struct zb_convert_opts {
      * during the gather raises SIGBUS; one changed before it is an error either way. Not part
      * of the plan: the bytes are the same. */
     uint64_t input_mmap_bytes;
+    /* every cell through the scatter's scratch files, even where the gather could take the
+     * rows straight from the inputs (the plan records "direct": false; docs/CONVERT.md): for
+     * comparisons. Chosen when the conversion is planned and kept in its plan, so a resumed
+     * conversion keeps the choice it started with. The same bytes either way. The command and
+     * the Python package take ZBATCH_CONVERT_SCRATCH. Default false. */
+    bool scratch_path;
+    /* the output written (and read back for its checksums) through the page cache, without
+     * direct I/O (zb_store_opts.direct_io): for comparisons and for a file system that accepts
+     * O_DIRECT but is slow with it. The same bytes either way. Not part of the plan: a caller
+     * running tasks itself sets it on each handle with zb_convert_set_buffered_output. The
+     * command and the Python package take ZBATCH_CONVERT_BUFFERED. Default false. */
+    bool buffered_output;
 } zb_convert_opts;
 
 #define ZB_CONVERT_OPTS_DEFAULT                                                                    \
     {                                                                                              \
         0, ZB_VAR_OUTER, NULL, NULL, 0, NULL, NULL, 0, 0, 0, true, 3, NULL, 0, 0, 0, NULL, NULL,   \
-            ZB_CONVERT_DATA_AUTO, ZB_CONVERT_INDEX_AUTO, NULL, NULL, ZB_STORE_DEFAULT_MMAP_BYTES   \
+            ZB_CONVERT_DATA_AUTO, ZB_CONVERT_INDEX_AUTO, NULL, NULL, ZB_STORE_DEFAULT_MMAP_BYTES,  \
+            false, false                                                                           \
     }
 
 typedef struct zb_convert zb_convert;
@@ -233,6 +246,13 @@ ZB_API void zb_convert_set_task_memory(zb_convert *cv, uint64_t bytes);
  * with pread only): the zb_convert_opts field `input_mmap_bytes` for a caller running tasks
  * itself. A handle starts with ZB_STORE_DEFAULT_MMAP_BYTES. */
 ZB_API void zb_convert_set_input_mmap_bytes(zb_convert *cv, uint64_t bytes);
+
+/* Whether the tasks run through this handle from now on write the output through the page
+ * cache: the zb_convert_opts field `buffered_output` for a caller running tasks itself (a
+ * handle from zb_convert_open starts with direct I/O). A local output's store is opened again
+ * with the new choice: call it before running tasks, not while one runs on the handle. Errors
+ * as zb_store_open_file_opts's (the output's directory gone). */
+ZB_API zb_status zb_convert_set_buffered_output(zb_convert *cv, bool buffered);
 
 /* Finishes a conversion whose tasks all finished: writes the root group and its consolidated
  * metadata, writes the manifest, verifies every dataset's files against it (ZB_E_CHECKSUM

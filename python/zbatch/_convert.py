@@ -125,10 +125,17 @@ def _index_dtype(value: Optional[bool]) -> str:
     return "narrow" if value else "int32"
 
 
+def _env_flag(name: str) -> bool:
+    """A switch from the environment (read here: the C library reads none): off when unset,
+    "" or "0", on otherwise."""
+    return os.environ.get(name, "") not in ("", "0")
+
+
 def _run_task(output: str, phase: int, i: int, threads: int, memory: int,
-              input_mmap_bytes: Optional[int] = None) -> bool:
+              input_mmap_bytes: Optional[int] = None, buffered_output: bool = False) -> bool:
     """One task, in whichever process Dask put it (the plan is read from `output`)."""
-    return _zbatch.convert_task(output, phase, i, threads, memory, input_mmap_bytes)
+    return _zbatch.convert_task(output, phase, i, threads, memory, input_mmap_bytes,
+                                buffered_output)
 
 
 def _run_on_dask(client, inputs, output, opts, progress: _Progress, retries: int) -> None:
@@ -141,7 +148,7 @@ def _run_on_dask(client, inputs, output, opts, progress: _Progress, retries: int
             continue
         # each task gets the memory budget the plan was made with; a worker runs one per thread
         futures = [client.submit(_run_task, output, phase, i, 1, memory, opts["input_mmap_bytes"],
-                                 retries=retries,
+                                 opts["buffered_output"], retries=retries,
                                  pure=False, key=f"zbatch-convert-{_PHASES[phase]}-{i}-{os.getpid()}")
                    for i in range(n)]
         done = 0
@@ -198,6 +205,9 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
     Inputs that fit ``ZBATCH_MMAP_BYTES`` (default 1 GiB) and half of ``memory`` are mapped
     for reading rows, counted in that memory; ``ZBATCH_MMAP_BYTES=0`` reads them with pread
     (for inputs that may be rewritten in place meanwhile: docs/CONVERT.md).
+    For comparisons, ``ZBATCH_CONVERT_SCRATCH=1`` sends every cell through the scratch files
+    and ``ZBATCH_CONVERT_BUFFERED=1`` writes the output without direct I/O (docs/CONVERT.md);
+    the bytes are the same.
     A conversion that was interrupted resumes when called again with the same arguments and
     gives the same bytes as an uninterrupted one.
 
@@ -276,6 +286,9 @@ def convert(inputs: Union[PathLike, Sequence[PathLike]], output: PathLike, *,
         # the one switch for mappings, as for the stores: the bytes of inputs the gather may map
         # (None: the library's default; 0 reads every row with pread; docs/CONVERT.md)
         "input_mmap_bytes": _mmap_bytes(None),
+        # switches for comparisons, read here as the command reads them (docs/CONVERT.md)
+        "scratch_path": _env_flag("ZBATCH_CONVERT_SCRATCH"),
+        "buffered_output": _env_flag("ZBATCH_CONVERT_BUFFERED"),
     }
     bar = _Progress(progress, "cells" if client is None else "tasks")
     try:
@@ -300,5 +313,6 @@ def measure_limit(inputs, output: PathLike, **kwargs) -> dict:
     opts = {"memory_bytes": _size(kwargs.get("memory", "4G"), "memory"),
             "num_threads": _count(kwargs.get("num_threads"), "num_threads", allow_zero=True),
             "codec": kwargs.get("codec"), "zarr_format": kwargs.get("zarr_format", 3),
-            "dataset_size": _count(kwargs.get("dataset_size"), "dataset_size")}
+            "dataset_size": _count(kwargs.get("dataset_size"), "dataset_size"),
+            "buffered_output": _env_flag("ZBATCH_CONVERT_BUFFERED")}
     return _zbatch.convert_limit(paths, os.fspath(output), opts)

@@ -72,8 +72,9 @@ get_str(PyObject *d, const char *key)
  * obs (list or None), x, layers (list), memory_bytes, seed, shuffle, zarr_format, codec,
  * x_chunk, x_shard (0 = default, -1 = unsharded), num_threads, data_dtype ("auto", "keep",
  * "uint8", "uint16", "float32"; checked by the caller), index_dtype ("auto", "int32",
- * "narrow"), work_dir (str or None), input_mmap_bytes (int or None), remote (the dict of
- * zbatch._remote.remote_options, or None). */
+ * "narrow"), work_dir (str or None), input_mmap_bytes (int or None), scratch_path and
+ * buffered_output (bool; absent: false), remote (the dict of zbatch._remote.remote_options, or
+ * None). */
 static int
 parse(PyObject *inputs, PyObject *opts, parsed *p)
 {
@@ -116,6 +117,10 @@ parse(PyObject *inputs, PyObject *opts, parsed *p)
         if (!strcmp(index, index_names[i])) p->o.index_dtype = (zb_convert_index_dtype)i;
     PyObject *sh = PyDict_GetItemString(opts, "shuffle");
     p->o.shuffle = !sh || PyObject_IsTrue(sh);
+    PyObject *scratch = PyDict_GetItemString(opts, "scratch_path");
+    p->o.scratch_path = scratch && PyObject_IsTrue(scratch);
+    PyObject *buffered = PyDict_GetItemString(opts, "buffered_output");
+    p->o.buffered_output = buffered && PyObject_IsTrue(buffered);
     PyObject *obs = PyDict_GetItemString(opts, "obs");
     if (obs && obs != Py_None) {
         if (!(p->obs = string_list(obs, &p->o.n_obs, "obs"))) return -1;
@@ -219,8 +224,8 @@ py_convert_plan(PyObject *self, PyObject *args)
     return out;
 }
 
-/* convert_task(output, phase, i, num_threads, memory_bytes, input_mmap_bytes=None) -> bool
- * (False: it had finished) */
+/* convert_task(output, phase, i, num_threads, memory_bytes, input_mmap_bytes=None,
+ * buffered_output=False) -> bool (False: it had finished) */
 static PyObject *
 py_convert_task(PyObject *self, PyObject *args)
 {
@@ -230,8 +235,9 @@ py_convert_task(PyObject *self, PyObject *args)
     Py_ssize_t i;
     unsigned long long memory, mapped = ZB_STORE_DEFAULT_MMAP_BYTES;
     PyObject *mapped_arg = Py_None;
-    if (!PyArg_ParseTuple(args, "siniO&|O", &output, &phase, &i, &threads, zbpy_u64, &memory,
-                          &mapped_arg))
+    int buffered = 0;
+    if (!PyArg_ParseTuple(args, "siniO&|Op", &output, &phase, &i, &threads, zbpy_u64, &memory,
+                          &mapped_arg, &buffered))
         return NULL;
     if (mapped_arg != Py_None && !zbpy_u64(mapped_arg, &mapped)) return NULL;
     if (phase < 0 || phase >= ZB_CONVERT_PHASES_ || i < 0)
@@ -244,6 +250,9 @@ py_convert_task(PyObject *self, PyObject *args)
     if (st == ZB_OK) {
         zb_convert_set_task_memory(cv, memory);
         zb_convert_set_input_mmap_bytes(cv, mapped);
+        st = zb_convert_set_buffered_output(cv, buffered);
+    }
+    if (st == ZB_OK) {
         ran = !zb_convert_task_done(cv, (zb_convert_phase)phase, (size_t)i);
         st = zb_convert_run_task(cv, (zb_convert_phase)phase, (size_t)i, threads);
     }
@@ -314,7 +323,8 @@ static PyMethodDef methods[] = {
     {"convert_run", py_convert_run, METH_VARARGS, "convert_run(inputs, output, opts, progress)"},
     {"convert_plan", py_convert_plan, METH_VARARGS, "convert_plan(inputs, output, opts) -> dict"},
     {"convert_task", py_convert_task, METH_VARARGS,
-     "convert_task(output, phase, i, num_threads, memory_bytes) -> bool"},
+     "convert_task(output, phase, i, num_threads, memory_bytes, input_mmap_bytes=None, "
+     "buffered_output=False) -> bool"},
     {"convert_finish", py_convert_finish, METH_VARARGS, "convert_finish(inputs, output, opts)"},
     {"convert_limit", py_convert_limit, METH_VARARGS,
      "convert_limit(inputs, output, opts) -> dict"},

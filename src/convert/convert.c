@@ -392,9 +392,10 @@ cv_gene_map(zb_convert *cv, uint32_t k, size_t j, const int32_t **out)
 
 /* ---- the handle -------------------------------------------------------------------------------- */
 
-/* A handle for `output`, its work directory (NULL: OUTPUT/.zbatch-convert) and its store. */
+/* A handle for `output`, its work directory (NULL: OUTPUT/.zbatch-convert) and its store
+ * (buffered: zb_convert_opts.buffered_output). */
 static zb_status
-convert_alloc(const char *output, const char *work_dir, const zb_remote_opts *remote,
+convert_alloc(const char *output, const char *work_dir, const zb_remote_opts *remote, bool buffered,
               zb_convert **out)
 {
     *out = NULL;
@@ -406,6 +407,7 @@ convert_alloc(const char *output, const char *work_dir, const zb_remote_opts *re
     cv->work = work_dir ? strdup(work_dir) : malloc(n + sizeof CV_WORK_DIR + 1);
     pthread_mutex_init(&cv->lock, NULL);
     cv->input_mmap_bytes = ZB_STORE_DEFAULT_MMAP_BYTES;
+    cv->buffered_output = buffered;
     if (!cv->output || !cv->work) {
         zb_convert_close(cv);
         return zb__err(ZB_E_NOMEM, "a conversion handle");
@@ -661,7 +663,7 @@ zb_convert_plan(const char *const *inputs, size_t n_inputs, const char *output,
     json_object *args = NULL;
     ZB_TRY(cv_args_json(inputs, n_inputs, &o, &args));
     zb_convert *cv = NULL;
-    zb_status st = convert_alloc(output, o.work_dir, o.remote, &cv);
+    zb_status st = convert_alloc(output, o.work_dir, o.remote, o.buffered_output, &cv);
     char path[4200];
     if (st == ZB_OK) st = cv_path(cv, path, sizeof path, "plan.json");
     if (st == ZB_OK && cv_exists(path)) {
@@ -708,7 +710,7 @@ zb_convert_open(const char *output, zb_convert **out)
     *out = NULL;
     if (!output) return zb__err(ZB_E_INVALID, "zb_convert_open: null output");
     zb_convert *cv = NULL;
-    ZB_TRY(convert_alloc(output, NULL, NULL, &cv));
+    ZB_TRY(convert_alloc(output, NULL, NULL, false, &cv));
     char path[4200];
     zb_status st = cv_path(cv, path, sizeof path, "plan.json");
     if (st == ZB_OK && !cv_exists(path))
@@ -732,6 +734,18 @@ void
 zb_convert_set_input_mmap_bytes(zb_convert *cv, uint64_t bytes)
 {
     if (cv) cv->input_mmap_bytes = bytes;
+}
+
+zb_status
+zb_convert_set_buffered_output(zb_convert *cv, bool buffered)
+{
+    if (!cv) return zb__err(ZB_E_INVALID, "zb_convert_set_buffered_output: null handle");
+    if (cv->buffered_output == buffered) return ZB_OK;
+    cv->buffered_output = buffered;
+    if (!cv->out || cv->remote) return ZB_OK; /* cv_output_make opens it so; S3 has no O_DIRECT */
+    zb_store_close(cv->out);
+    cv->out = NULL;
+    return cv_output_open_dir(cv->output, buffered, &cv->out);
 }
 
 void

@@ -118,6 +118,7 @@ struct zb_convert {
     zb__src_matrix ***matrices; /* [n_inputs][n_mats]: the source's or a transposed file's */
     int32_t ***maps;            /* [n_inputs][n_mats] gene maps */
     uint64_t input_mmap_bytes;  /* zb_convert_set_input_mmap_bytes */
+    bool buffered_output;       /* zb_convert_set_buffered_output: cv->out without direct I/O */
     struct cv_mapped *views;    /* [n_inputs * n_mats] mappings for the gather (cv_view) */
     uint64_t mapped_bytes;      /* what views map */
     struct cv_ws *ws_free;      /* workspaces no task holds */
@@ -447,9 +448,9 @@ void cv_digest_free(cv_digest *dg);
  * directory that does not exist yet is left closed (cv->out NULL). */
 zb_status cv_output_open(zb_convert *cv, const zb_remote_opts *remote);
 /* Opens the local directory `dir` as a store written the way the conversion writes its output:
- * with direct I/O (zb_store_opts.direct_io: written once, read back once), unless
- * ZBATCH_CONVERT_BUFFERED is set to anything but "" or "0" (docs/CONVERT.md). */
-zb_status cv_output_open_dir(const char *dir, zb_store **out);
+ * with direct I/O (zb_store_opts.direct_io: written once, read back once), unless `buffered`
+ * (zb_convert_opts.buffered_output; docs/CONVERT.md). */
+zb_status cv_output_open_dir(const char *dir, bool buffered, zb_store **out);
 /* Makes a local output's directory and opens its store (a remote one is open already). */
 zb_status cv_output_make(zb_convert *cv);
 /* Whether the output holds object `key`. */

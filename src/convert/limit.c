@@ -142,7 +142,8 @@ measure_copy(zb_convert *cv, const char *dir, int threads, const cv_value_stats 
     unsigned char *data = NULL;
     size_t cap = 0;
     zb_status st = cv_mkdirs(dir);
-    if (st == ZB_OK) st = cv_output_open_dir(dir, &store); /* written as the conversion writes */
+    if (st == ZB_OK) /* written as the conversion writes */
+        st = cv_output_open_dir(dir, cv->buffered_output, &store);
     double t0 = now_s();
     if (st == ZB_OK)
         st = zb_anndata_writer_open(store, "copy", n_vars, ZB_ANNDATA_X_CSR, dtype, &o, &w);

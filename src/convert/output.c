@@ -22,7 +22,7 @@ cv_output_open(zb_convert *cv, const zb_remote_opts *remote)
     cv->remote = strstr(o, "://") != NULL && strncmp(o, "file://", 7) != 0;
     if (!cv->remote) {
         /* a directory not made yet is opened by cv_output_make */
-        if (cv_exists(o)) return cv_output_open_dir(o, &cv->out);
+        if (cv_exists(o)) return cv_output_open_dir(o, cv->buffered_output, &cv->out);
         return ZB_OK;
     }
     zb_store_opts so = ZB_STORE_OPTS_DEFAULT;
@@ -31,14 +31,10 @@ cv_output_open(zb_convert *cv, const zb_remote_opts *remote)
 }
 
 zb_status
-cv_output_open_dir(const char *dir, zb_store **out)
+cv_output_open_dir(const char *dir, bool buffered, zb_store **out)
 {
-    /* ZBATCH_CONVERT_BUFFERED turns direct I/O off, like ZBATCH_CONVERT_SCRATCH turns the
-     * direct path off (plan.c): a switch for comparisons and for file systems where O_DIRECT is
-     * accepted but slow, the same bytes either way (docs/CONVERT.md) */
-    const char *buffered = getenv("ZBATCH_CONVERT_BUFFERED");
     zb_store_opts so = ZB_STORE_OPTS_DEFAULT;
-    so.direct_io = !(buffered && *buffered && strcmp(buffered, "0"));
+    so.direct_io = !buffered;
     return zb_store_open_file_opts(dir, &so, out);
 }
 
@@ -47,7 +43,7 @@ cv_output_make(zb_convert *cv)
 {
     if (cv->out) return ZB_OK;
     ZB_TRY(cv_mkdirs(cv->output));
-    return cv_output_open_dir(cv->output, &cv->out);
+    return cv_output_open_dir(cv->output, cv->buffered_output, &cv->out);
 }
 
 bool

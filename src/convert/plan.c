@@ -688,12 +688,11 @@ planner_free(planner *p)
 
 /* Whether the gather reads every cell's matrix rows straight from the inputs (the direct path:
  * every matrix is CSR in contiguous uncompressed arrays, or CSC, which prepare turns into such a
- * CSR file), unless ZBATCH_CONVERT_SCRATCH is set to anything but "" or "0" (docs/CONVERT.md). */
+ * CSR file), unless the options ask for the scratch path (docs/CONVERT.md). */
 static bool
 direct_rows(planner *p)
 {
-    const char *force = getenv("ZBATCH_CONVERT_SCRATCH");
-    if (force && *force && strcmp(force, "0")) return false;
+    if (p->o->scratch_path) return false;
     for (size_t k = 0; k < p->n; k++)
         for (size_t j = 0; j < p->n_mats; j++) {
             zb__src_raw raw;

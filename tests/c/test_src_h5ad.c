@@ -5,13 +5,13 @@
  * Row r of X holds r % 23 elements at columns (r * 7 + 13 k) % N_VARS (k < r % 23), values
  * r + k / 4. Threads read the whole matrix in blocks of different sizes, obs and var at once,
  * and must each see exactly that. Meant for the sanitizer builds too (ZB_SANITIZE). */
-#include <hdf5.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "convert/source.h"
+#include "support/h5write.h"
 #include "support/testutil.h"
 
 #define N_OBS 5000
@@ -25,70 +25,6 @@ row_nnz(int64_t r)
 }
 
 /* ---- writing the file ------------------------------------------------------------------------ */
-
-static hid_t
-vlen_str(void)
-{
-    hid_t t = H5Tcopy(H5T_C_S1);
-    H5Tset_size(t, H5T_VARIABLE);
-    H5Tset_cset(t, H5T_CSET_UTF8);
-    return t;
-}
-
-static void
-put_text_attr(hid_t obj, const char *name, const char *value)
-{
-    hid_t t = vlen_str(), s = H5Screate(H5S_SCALAR);
-    hid_t a = H5Acreate2(obj, name, t, s, H5P_DEFAULT, H5P_DEFAULT);
-    assert_true(a >= 0 && H5Awrite(a, t, &value) >= 0);
-    H5Aclose(a);
-    H5Sclose(s);
-    H5Tclose(t);
-}
-
-static void
-put_texts_attr(hid_t obj, const char *name, const char **values, hsize_t n)
-{
-    hid_t t = vlen_str(), s = H5Screate_simple(1, &n, NULL);
-    hid_t a = H5Acreate2(obj, name, t, s, H5P_DEFAULT, H5P_DEFAULT);
-    assert_true(a >= 0 && H5Awrite(a, t, values) >= 0);
-    H5Aclose(a);
-    H5Sclose(s);
-    H5Tclose(t);
-}
-
-/* A 1-d dataset of n elements; chunk 0 = contiguous. */
-static void
-put_array(hid_t loc, const char *name, hid_t type, hsize_t n, const void *data, hsize_t chunk,
-          bool shuffle, bool deflate)
-{
-    hid_t s = H5Screate_simple(1, &n, NULL), dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    if (chunk) {
-        H5Pset_chunk(dcpl, 1, &chunk);
-        if (shuffle) H5Pset_shuffle(dcpl);
-        if (deflate) H5Pset_deflate(dcpl, 4);
-    }
-    hid_t d = H5Dcreate2(loc, name, type, s, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    assert_true(d >= 0 && H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0);
-    H5Dclose(d);
-    H5Pclose(dcpl);
-    H5Sclose(s);
-}
-
-static void
-put_names(hid_t g, const char *prefix, int n)
-{
-    char **names = malloc((size_t)n * sizeof *names);
-    for (int i = 0; i < n; i++) {
-        names[i] = malloc(32);
-        snprintf(names[i], 32, "%s%d", prefix, i);
-    }
-    hid_t t = vlen_str();
-    put_array(g, "_index", t, (hsize_t)n, names, n < 1000 ? (hsize_t)n : 1000, false, true);
-    H5Tclose(t);
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(names);
-}
 
 static void
 write_file(const char *path)
@@ -110,8 +46,8 @@ write_file(const char *path)
     hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     assert_true(f >= 0);
     hid_t x = H5Gcreate2(f, "X", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    put_text_attr(x, "encoding-type", "csr_matrix");
-    put_text_attr(x, "encoding-version", "0.1.0");
+    zbt_h5_text_attr(x, "encoding-type", "csr_matrix");
+    zbt_h5_text_attr(x, "encoding-version", "0.1.0");
     int64_t shape[2] = {N_OBS, N_VARS};
     hsize_t two = 2;
     hid_t s = H5Screate_simple(1, &two, NULL);
@@ -119,24 +55,24 @@ write_file(const char *path)
     H5Awrite(a, H5T_NATIVE_INT64, shape);
     H5Aclose(a);
     H5Sclose(s);
-    put_array(x, "data", H5T_NATIVE_FLOAT, (hsize_t)nnz, data, 1000, true, true);
-    put_array(x, "indices", H5T_NATIVE_INT32, (hsize_t)nnz, indices, 777, false, true);
-    put_array(x, "indptr", H5T_NATIVE_INT64, N_OBS + 1, indptr, 500, false, false);
+    zbt_h5_array(x, "data", H5T_NATIVE_FLOAT, (hsize_t)nnz, data, 1000, true, true);
+    zbt_h5_array(x, "indices", H5T_NATIVE_INT32, (hsize_t)nnz, indices, 777, false, true);
+    zbt_h5_array(x, "indptr", H5T_NATIVE_INT64, N_OBS + 1, indptr, 500, false, false);
     H5Gclose(x);
 
     const char *cols[] = {"k"};
     hid_t obs = H5Gcreate2(f, "obs", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    put_text_attr(obs, "encoding-type", "dataframe");
-    put_text_attr(obs, "_index", "_index");
-    put_texts_attr(obs, "column-order", cols, 1);
-    put_names(obs, "cell", N_OBS);
-    put_array(obs, "k", H5T_NATIVE_INT32, N_OBS, k, 333, true, true);
+    zbt_h5_text_attr(obs, "encoding-type", "dataframe");
+    zbt_h5_text_attr(obs, "_index", "_index");
+    zbt_h5_texts_attr(obs, "column-order", cols, 1);
+    zbt_h5_names(obs, "cell", N_OBS);
+    zbt_h5_array(obs, "k", H5T_NATIVE_INT32, N_OBS, k, 333, true, true);
     H5Gclose(obs);
     hid_t var = H5Gcreate2(f, "var", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    put_text_attr(var, "encoding-type", "dataframe");
-    put_text_attr(var, "_index", "_index");
-    put_texts_attr(var, "column-order", cols, 0);
-    put_names(var, "gene", N_VARS);
+    zbt_h5_text_attr(var, "encoding-type", "dataframe");
+    zbt_h5_text_attr(var, "_index", "_index");
+    zbt_h5_texts_attr(var, "column-order", cols, 0);
+    zbt_h5_names(var, "gene", N_VARS);
     H5Gclose(var);
     H5Fclose(f);
     free(indptr);
