@@ -68,22 +68,16 @@ def convert(paths, out, *extra, scratch=False, pread=False):
 
 def planned_direct(paths, out, scratch=False, **opts):
     """The plan's choice (plan.json "direct") and the scatter files' total size, from the
-    Python API's phases."""
+    Python API's phases (scratch: the option the package passes for ZBATCH_CONVERT_SCRATCH)."""
     z = zbatch_api()
     from zbatch import _zbatch
-    os.environ.pop("ZBATCH_CONVERT_SCRATCH", None)
-    if scratch:
-        os.environ["ZBATCH_CONVERT_SCRATCH"] = "1"
-    try:
-        o = {"dataset_size": 200, "var_join": "outer", "genes": None, "obs": None, "x": "X",
-             "layers": [], "memory_bytes": 64 << 20, "seed": 0, "shuffle": True,
-             "zarr_format": 3, "codec": None, "x_chunk": None, "x_shard": None,
-             "num_threads": 1, "data_dtype": "auto", "index_dtype": "auto", "work_dir": None,
-             "remote": None}
-        o.update(opts)
-        plan = _zbatch.convert_plan(paths, str(out), o)
-    finally:
-        os.environ.pop("ZBATCH_CONVERT_SCRATCH", None)
+    o = {"dataset_size": 200, "var_join": "outer", "genes": None, "obs": None, "x": "X",
+         "layers": [], "memory_bytes": 64 << 20, "seed": 0, "shuffle": True,
+         "zarr_format": 3, "codec": None, "x_chunk": None, "x_shard": None,
+         "num_threads": 1, "data_dtype": "auto", "index_dtype": "auto", "work_dir": None,
+         "remote": None, "scratch_path": scratch}
+    o.update(opts)
+    plan = _zbatch.convert_plan(paths, str(out), o)
     doc = json.loads((Path(out) / ".zbatch-convert" / "plan.json").read_text())
     assert z is not None and plan["tasks"][0] == len(paths)
     return doc["direct"]

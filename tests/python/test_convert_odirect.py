@@ -3,6 +3,8 @@ reads it back the same way at the end: the same bytes as a buffered conversion
 (ZBATCH_CONVERT_BUFFERED=1), on a disk file system and on tmpfs, anndata reads every cell back
 equal to its source, and the output's shards are not left in the page cache (mincore, against
 the buffered conversion that leaves them there: the oracle that the switch does something).
+The library reads no environment variable: the command and the Python package read this one
+and pass zb_convert_opts.buffered_output, the Dask path to every task.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import CLI
+from conftest import CLI, zbatch_api
 from test_convert_collection import check_cells, make_adata, tree_bytes
 
 GENES = [f"gene_{i:04d}" for i in range(600)]
@@ -125,3 +127,73 @@ def test_tmpfs_output_is_the_same(inputs, tmp_path):
         assert tree_bytes(shm / "out.zarr") == tree_bytes(disk)
     finally:
         shutil.rmtree(shm)
+
+
+def on_disk(path):
+    if fs_type(path) in ("tmpfs", "ramfs"):
+        pytest.skip("everything is in the page cache on tmpfs")
+
+
+@pytest.mark.parametrize("value,buffered", [("1", True), ("0", False), ("", False)])
+def test_the_package_reads_the_variable(inputs, tmp_path, monkeypatch, value, buffered):
+    """zbatch.convert in this process: ZBATCH_CONVERT_BUFFERED as the command reads it ("" and
+    "0" off, anything else on), the same bytes as the command's conversion."""
+    on_disk(tmp_path)
+    zb = zbatch_api()
+    paths = [p for p, _ in inputs]
+    ref, out = tmp_path / "ref.zarr", tmp_path / "py.zarr"
+    convert(paths, ref, buffered=False)
+    monkeypatch.setenv("ZBATCH_CONVERT_BUFFERED", value)
+    zb.convert(paths, out, dataset_size=1400, num_threads=2, seed=3, progress=False)
+    shards = big_objects(out)
+    assert shards
+    if buffered:
+        assert min(cached_fraction(p) for p in shards) > 0.9
+    else:
+        assert max(cached_fraction(p) for p in shards) < 0.05
+    assert tree_bytes(out) == tree_bytes(ref)
+
+
+def test_tasks_run_by_a_worker_take_the_option(inputs, tmp_path, monkeypatch):
+    """What a Dask worker runs (zbatch._convert._run_task: a handle of its own from the plan in
+    the output) writes buffered when the client's environment asks for it: the arguments the
+    client submits carry the option, and the tasks' shards are in the page cache before the
+    finishing step reads anything back; the same bytes as the command's conversion."""
+    on_disk(tmp_path)
+    zb = zbatch_api()
+    from dask import distributed
+    from zbatch import _convert, _zbatch
+    paths = [p for p, _ in inputs]
+    ref, out = tmp_path / "ref.zarr", tmp_path / "dask.zarr"
+    convert(paths, ref, buffered=False)
+    monkeypatch.setenv("ZBATCH_CONVERT_BUFFERED", "1")
+
+    class Done:
+        def __init__(self, value):
+            self.value = value
+
+        def result(self):
+            return self.value
+
+    class Client:
+        """Runs each task at once, in this process, after recording its arguments."""
+        submitted = []
+
+        def submit(self, fn, *args, **kwargs):
+            self.submitted.append(args)
+            return Done(fn(*args))
+
+    finish = _zbatch.convert_finish
+    cached = []
+
+    def check_then_finish(*args):
+        cached.append(min(cached_fraction(p) for p in big_objects(out)))
+        finish(*args)
+
+    monkeypatch.setattr(distributed, "as_completed", iter)
+    monkeypatch.setattr(_zbatch, "convert_finish", check_then_finish)
+    zb.convert(paths, out, dataset_size=1400, num_threads=2, seed=3, progress=False,
+               client=Client())
+    assert Client.submitted and all(args[-1] is True for args in Client.submitted)
+    assert cached and cached[0] > 0.9
+    assert tree_bytes(out) == tree_bytes(ref)
