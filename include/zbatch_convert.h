@@ -251,7 +251,7 @@ ZB_API void zb_convert_set_input_mmap_bytes(zb_convert *cv, uint64_t bytes);
  * cache: the zb_convert_opts field `buffered_output` for a caller running tasks itself (a
  * handle from zb_convert_open starts with direct I/O). A local output's store is opened again
  * with the new choice: call it before running tasks, not while one runs on the handle. Errors
- * as zb_store_open_file_opts's (the output's directory gone). */
+ * as zb_store_open_file_opts's (the output's directory gone), the handle left as it was. */
 ZB_API zb_status zb_convert_set_buffered_output(zb_convert *cv, bool buffered);
 
 /* Finishes a conversion whose tasks all finished: writes the root group and its consolidated

@@ -740,12 +740,17 @@ zb_status
 zb_convert_set_buffered_output(zb_convert *cv, bool buffered)
 {
     if (!cv) return zb__err(ZB_E_INVALID, "zb_convert_set_buffered_output: null handle");
-    if (cv->buffered_output == buffered) return ZB_OK;
+    /* a local output open already is opened again (the new store first, so a failure leaves
+     * the handle as it was); one not made yet is opened so by cv_output_make; S3 has no
+     * O_DIRECT */
+    if (cv->out && !cv->remote && cv->buffered_output != buffered) {
+        zb_store *reopened = NULL;
+        ZB_TRY(cv_output_open_dir(cv->output, buffered, &reopened));
+        zb_store_close(cv->out);
+        cv->out = reopened;
+    }
     cv->buffered_output = buffered;
-    if (!cv->out || cv->remote) return ZB_OK; /* cv_output_make opens it so; S3 has no O_DIRECT */
-    zb_store_close(cv->out);
-    cv->out = NULL;
-    return cv_output_open_dir(cv->output, buffered, &cv->out);
+    return ZB_OK;
 }
 
 void

@@ -9,6 +9,7 @@
  * shards sit in the page cache afterwards (mincore; not on tmpfs, where everything does). */
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,6 @@
 
 #define N_OBS 4000
 #define N_VARS 200
-#define TMPFS_MAGIC_ 0x01021994
 
 static int64_t indptr[N_OBS + 1];
 static int32_t *indices;
@@ -148,8 +148,8 @@ assert_same_tree(const char *a, const char *b)
     if (system(cmd) != 0) fail_msg("%s and %s differ", a, b);
 }
 
-/* Every output cell has its source row's nonzeros and value sum (genes keep their order-free
- * checks here; the bytes against the direct path carry the rest). */
+/* Every input row is in the output once, with its nonzeros and value sum (sums do not depend
+ * on the output's gene order; the bytes against the default conversion carry the rest). */
 static void
 check_cells(const char *out)
 {
@@ -202,7 +202,7 @@ test_scratch_and_buffered_options(void **state)
     const char *paths[1] = {in};
     struct statfs fs;
     assert_int_equal(statfs(dir, &fs), 0);
-    bool tmpfs = fs.f_type == TMPFS_MAGIC_;
+    bool tmpfs = fs.f_type == TMPFS_MAGIC;
 
     /* the defaults: the direct path, the output written and read back with direct I/O */
     zb_convert_opts o = options();
@@ -260,11 +260,39 @@ test_scratch_and_buffered_options(void **state)
     check_cells(direct);
 }
 
+/* A setter that cannot open the output again fails naming it and leaves the handle as it was:
+ * its tasks still write with direct I/O. */
 static void
-test_setter_null_handle(void **state)
+test_failed_setter_keeps_the_handle(void **state)
 {
     (void)state;
     ZB_ASSERT_ERR(zb_convert_set_buffered_output(NULL, true), ZB_E_INVALID, "null");
+    const char *dir = zbt_tempdir("convert_opts_setter");
+    char in[1024], out[1024], moved[1024];
+    snprintf(in, sizeof in, "%s/in.h5ad", dir);
+    snprintf(out, sizeof out, "%s/out.zarr", dir);
+    snprintf(moved, sizeof moved, "%s/moved.zarr", dir);
+    zbt_h5ad_write_csr(in, N_OBS, N_VARS, indptr, indices, values);
+    const char *paths[1] = {in};
+    zb_convert_opts o = options();
+    zb_convert *cv;
+    ZB_ASSERT_OK(zb_convert_plan(paths, 1, out, &o, &cv));
+    zb_convert_close(cv);
+    ZB_ASSERT_OK(zb_convert_open(out, &cv));
+    assert_int_equal(rename(out, moved), 0);
+    ZB_ASSERT_ERR(zb_convert_set_buffered_output(cv, true), ZB_E_NOTFOUND, out);
+    assert_int_equal(rename(moved, out), 0);
+    for (int ph = ZB_CONVERT_PREPARE; ph <= ZB_CONVERT_GATHER; ph++)
+        for (size_t i = 0; i < zb_convert_ntasks(cv, (zb_convert_phase)ph); i++)
+            ZB_ASSERT_OK(zb_convert_run_task(cv, (zb_convert_phase)ph, i, 2));
+    zb_convert_close(cv);
+    struct statfs fs;
+    assert_int_equal(statfs(dir, &fs), 0);
+    int n = 0;
+    double most = shards_cached(out, false, &n);
+    assert_true(n >= 2);
+    if (fs.f_type != TMPFS_MAGIC && most > 0.05)
+        fail_msg("a shard is %.0f%% cached after the failed switch", 100 * most);
 }
 
 int
@@ -272,7 +300,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scratch_and_buffered_options),
-        cmocka_unit_test(test_setter_null_handle),
+        cmocka_unit_test(test_failed_setter_keeps_the_handle),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
