@@ -201,9 +201,13 @@ cv_output_remember(zb_convert *cv, const char *key, uint64_t size, uint64_t crc)
         char *k = cv->n_checked < cv->cap_checked ? strdup(key) : NULL;
         if (!k) {
             st = zb__err(ZB_E_NOMEM, "remembering %s", key);
-        } else {
-            cv->checked[cv->n_checked++] = (struct cv_checked){k, size, crc};
-            qsort(cv->checked, cv->n_checked, sizeof *cv->checked, cmp_checked);
+        } else { /* into its place: the list stays sorted for checked_find */
+            size_t at = cv->n_checked;
+            while (at > 0 && strcmp(cv->checked[at - 1].key, key) > 0) at--;
+            memmove(cv->checked + at + 1, cv->checked + at,
+                    (cv->n_checked - at) * sizeof *cv->checked);
+            cv->checked[at] = (struct cv_checked){k, size, crc};
+            cv->n_checked++;
         }
     }
     pthread_mutex_unlock(&cv->lock);

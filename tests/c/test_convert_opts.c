@@ -89,21 +89,8 @@ plan_direct(const char *out)
 static double
 cached_fraction(const char *path)
 {
-    int fd = open(path, O_RDONLY);
-    assert_true(fd >= 0);
-    struct stat st;
-    assert_int_equal(fstat(fd, &st), 0);
-    size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = ((size_t)st.st_size + page - 1) / page;
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    assert_true(map != MAP_FAILED);
-    unsigned char *vec = malloc(pages);
-    assert_int_equal(mincore(map, (size_t)st.st_size, vec), 0);
-    size_t in = 0;
-    for (size_t i = 0; i < pages; i++) in += vec[i] & 1;
-    free(vec);
-    munmap(map, (size_t)st.st_size);
-    close(fd);
-    return (double)in / (double)pages;
+    size_t pages, in = zbt_cached_pages(path, &pages);
+    return pages ? (double)in / (double)pages : 0;
 }
 
 /* Over the objects of 128 KiB and more below `dir` (X's shards): the least (want_cached) or

@@ -45,16 +45,7 @@ write_file(const char *path)
     }
     hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     assert_true(f >= 0);
-    hid_t x = H5Gcreate2(f, "X", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    zbt_h5_text_attr(x, "encoding-type", "csr_matrix");
-    zbt_h5_text_attr(x, "encoding-version", "0.1.0");
-    int64_t shape[2] = {N_OBS, N_VARS};
-    hsize_t two = 2;
-    hid_t s = H5Screate_simple(1, &two, NULL);
-    hid_t a = H5Acreate2(x, "shape", H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT);
-    H5Awrite(a, H5T_NATIVE_INT64, shape);
-    H5Aclose(a);
-    H5Sclose(s);
+    hid_t x = zbt_h5ad_csr_group(f, N_OBS, N_VARS);
     zbt_h5_array(x, "data", H5T_NATIVE_FLOAT, (hsize_t)nnz, data, 1000, true, true);
     zbt_h5_array(x, "indices", H5T_NATIVE_INT32, (hsize_t)nnz, indices, 777, false, true);
     zbt_h5_array(x, "indptr", H5T_NATIVE_INT64, N_OBS + 1, indptr, 500, false, false);

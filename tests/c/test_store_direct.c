@@ -196,21 +196,8 @@ cached_pages(const char *dir, const char *key)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, key);
-    int fd = open(path, O_RDONLY);
-    assert_true(fd >= 0);
-    struct stat sb;
-    assert_int_equal(fstat(fd, &sb), 0);
-    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    assert_true(m != MAP_FAILED);
-    size_t pages = ((size_t)sb.st_size + 4095) / 4096;
-    unsigned char *vec = malloc(pages);
-    assert_int_equal(mincore(m, (size_t)sb.st_size, vec), 0);
-    size_t n = 0;
-    for (size_t i = 0; i < pages; i++) n += vec[i] & 1;
-    free(vec);
-    munmap(m, (size_t)sb.st_size);
-    close(fd);
-    return n;
+    size_t pages;
+    return zbt_cached_pages(path, &pages);
 }
 
 /* ---- tests -------------------------------------------------------------------------------- */

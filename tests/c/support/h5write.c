@@ -84,13 +84,11 @@ names_frame(hid_t f, const char *group, const char *prefix, int n)
     H5Gclose(g);
 }
 
-void
-zbt_h5ad_write_csr(const char *path, int n_obs, int n_vars, const int64_t *indptr,
-                   const int32_t *indices, const float *data)
+hid_t
+zbt_h5ad_csr_group(hid_t f, int64_t n_obs, int64_t n_vars)
 {
-    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    assert_true(f >= 0);
     hid_t x = H5Gcreate2(f, "X", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(x >= 0);
     zbt_h5_text_attr(x, "encoding-type", "csr_matrix");
     zbt_h5_text_attr(x, "encoding-version", "0.1.0");
     int64_t shape[2] = {n_obs, n_vars};
@@ -100,6 +98,16 @@ zbt_h5ad_write_csr(const char *path, int n_obs, int n_vars, const int64_t *indpt
     assert_true(a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, shape) >= 0);
     H5Aclose(a);
     H5Sclose(s);
+    return x;
+}
+
+void
+zbt_h5ad_write_csr(const char *path, int n_obs, int n_vars, const int64_t *indptr,
+                   const int32_t *indices, const float *data)
+{
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(f >= 0);
+    hid_t x = zbt_h5ad_csr_group(f, n_obs, n_vars);
     hsize_t nnz = (hsize_t)indptr[n_obs];
     zbt_h5_array(x, "data", H5T_NATIVE_FLOAT, nnz, data, 0, false, false);
     zbt_h5_array(x, "indices", H5T_NATIVE_INT32, nnz, indices, 0, false, false);

@@ -23,6 +23,10 @@ void zbt_h5_array(hid_t loc, const char *name, hid_t type, hsize_t n, const void
 /* A dataframe's string index `_index`: PREFIX0, PREFIX1, ... (deflated chunks). */
 void zbt_h5_names(hid_t g, const char *prefix, int n);
 
+/* The group `X` of file f as anndata's CSR matrix [n_obs, n_vars]: encoding attributes and
+ * shape, no arrays yet (closed by the caller). */
+hid_t zbt_h5ad_csr_group(hid_t f, int64_t n_obs, int64_t n_vars);
+
 /* An .h5ad of a CSR X [n_obs, n_vars] (float32 data, int32 indices, int64 indptr; contiguous,
  * unfiltered: the conversion's direct path reads its rows in place), obs names cellI, var
  * names geneJ, no other column. */

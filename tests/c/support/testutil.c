@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,4 +49,28 @@ int
 zbt_mentions(const char *needle)
 {
     return !needle || strstr(zb_last_error(), needle) != NULL;
+}
+
+size_t
+zbt_cached_pages(const char *path, size_t *pages)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    struct stat sb;
+    assert_int_equal(fstat(fd, &sb), 0);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), len = (size_t)sb.st_size;
+    *pages = (len + page - 1) / page;
+    size_t in = 0;
+    if (len) {
+        void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+        assert_true(m != MAP_FAILED);
+        unsigned char *vec = malloc(*pages);
+        assert_non_null(vec);
+        assert_int_equal(mincore(m, len, vec), 0);
+        for (size_t i = 0; i < *pages; i++) in += vec[i] & 1;
+        free(vec);
+        munmap(m, len);
+    }
+    close(fd);
+    return in;
 }

@@ -42,4 +42,8 @@ void zbt_put_str(zb_store *s, const char *key, const char *text);
 void zbt_put_rows(zb_store *st, const char *path, zb_dtype dt, const void *rows, uint64_t n,
                   uint64_t chunk);
 
+/* How many of the file's pages are in the page cache (mincore over a mapping of it); its page
+ * count in *pages. */
+size_t zbt_cached_pages(const char *path, size_t *pages);
+
 #endif
