@@ -1212,20 +1212,11 @@ collect_listed(listed *l)
     l->ranges = calloc(nr + 1, sizeof *l->ranges);
     l->order = calloc(nr + 1, sizeof *l->order);
     /* a window's range bytes are megabytes: memory reused across reads, not mapped and
-     * faulted in anew for each (DESIGN.md, performance model). Grown to what is needed and an
-     * eighth, not doubled: a doubled buffer of a large window passed PLAN_MEM_MAX_BYTES, so its
-     * plan memory was freed after the read and the next window faulted in a new one (fresh
-     * pages cost more than the copy into them: docs/PERFORMANCE.md, issue 17) */
-    if (bytes + 1 <= p->m->fetched_cap) {
+     * faulted in anew for each (DESIGN.md, performance model); grow_scratch, not doubled: a
+     * doubled buffer of a large window passed PLAN_MEM_MAX_BYTES, so its plan memory was freed
+     * after the read and the next window faulted in a new one (docs/PERFORMANCE.md, issue 17) */
+    if (bytes < SIZE_MAX && grow_scratch(&p->m->fetched, &p->m->fetched_cap, (size_t)bytes + 1))
         l->buf = p->m->fetched;
-    } else if (bytes < SIZE_MAX / 2) {
-        size_t cap = (size_t)bytes + 1 + (size_t)bytes / 8;
-        uint8_t *q = realloc(p->m->fetched, cap);
-        if (q) {
-            p->m->fetched = l->buf = q;
-            p->m->fetched_cap = cap;
-        }
-    }
     if (!l->reads || !l->waiting || !l->ranges || !l->order || !l->buf)
         return zb__err(ZB_E_NOMEM, "read_many: out of memory for %llu bytes of range reads",
                        (unsigned long long)bytes);

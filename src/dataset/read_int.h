@@ -198,6 +198,24 @@ grow_array(void **a, size_t *cap, size_t n, size_t size)
     return true;
 }
 
+/* A scratch buffer of at least n bytes whose contents need not survive: grown to n and an
+ * eighth (not doubled: a doubled buffer can pass a cap on memory kept between reads, and is
+ * then freed and faulted in anew each time), by a new allocation rather than realloc's copy of
+ * stale bytes. False (the buffer freed) when that fails. */
+static inline bool
+grow_scratch(uint8_t **a, size_t *cap, size_t n)
+{
+    if (n <= *cap) return true;
+    free(*a);
+    *a = NULL;
+    *cap = 0;
+    if (n > SIZE_MAX / 9 * 8) return false;
+    size_t c = n + n / 8;
+    if (!(*a = malloc(c))) return false;
+    *cap = c;
+    return true;
+}
+
 /* ---- landing rows (shared by exec.c and rows.c) ------------------------------------------ */
 
 /* n lines of nb bytes, line r from u + r*us to o + r*os, with a fixed-size move for the common
