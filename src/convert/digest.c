@@ -124,7 +124,7 @@ checker_main(void *arg)
         dg->busy = true;
         pthread_mutex_unlock(&dg->lock);
         uint64_t size = 0, crc = 0;
-        char msg[1024] = "";
+        char msg[512] = "";
         zb_status st = cv_object_crc(dg->inner, j.key, dg->buf, CHECK_BLOCK, &size, &crc);
         if (st != ZB_OK) snprintf(msg, sizeof msg, "%s", zb_last_error());
         pthread_mutex_lock(&dg->lock);
