@@ -489,7 +489,7 @@ bounce_take(file_store *fs)
 {
     pthread_mutex_lock(&fs->mu);
     uint8_t *b = fs->bounce;
-    if (b) memcpy(&fs->bounce, b, sizeof b);
+    if (b) memcpy(&fs->bounce, b, sizeof fs->bounce);
     pthread_mutex_unlock(&fs->mu);
     return b ? b : aligned_alloc(DIRECT_ALIGN, DIRECT_BOUNCE);
 }
@@ -498,7 +498,7 @@ static void
 bounce_give(file_store *fs, uint8_t *b)
 {
     pthread_mutex_lock(&fs->mu);
-    memcpy(b, &fs->bounce, sizeof b);
+    memcpy(b, &fs->bounce, sizeof fs->bounce);
     fs->bounce = b;
     pthread_mutex_unlock(&fs->mu);
 }
@@ -614,7 +614,7 @@ file_close(void *self)
         }
     while (fs->bounce) {
         uint8_t *b = fs->bounce;
-        memcpy(&fs->bounce, b, sizeof b);
+        memcpy(&fs->bounce, b, sizeof fs->bounce);
         free(b);
     }
     pthread_mutex_destroy(&fs->mu);
