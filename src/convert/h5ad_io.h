@@ -68,6 +68,13 @@ zb_status zb__h5_ds_open(hid_t loc, const char *name, const char *path, const ch
 zb_status zb__h5_ds_from_id(hid_t id, const char *path, const char *key, zb__h5_ds *out);
 void zb__h5_ds_close(zb__h5_ds *d);
 
+/* Under the lock: table[c] = the file offset of chunk c of the 1-d dataset d, for c < n, found
+ * through libhdf5's chunk lookup rather than its walk of the whole index (h5ad_chunks.c says
+ * how). 1 when the dataset has no filters and every chunk is stored at its full size (chunk[0] * item bytes) at an
+ * offset that is a multiple of item; 0 when one is not (or is not allocated); -1 when the table
+ * could not be made this way (the caller then asks libhdf5 chunk by chunk). */
+int zb__h5_chunk_table(const zb__h5_ds *d, uint64_t n, uint64_t *table);
+
 /* Under the lock: the 1-d dataset `name` of the group g (named `gkey`), a part of an element
  * (codes, values, indptr...): absent is ZB_E_CORRUPT, another rank ZB_E_UNSUPPORTED. Messages
  * name it "gkey/name". */

@@ -245,15 +245,36 @@ sparse_kind(hid_t g, const char *path, const char *key, zb__src_layout *layout, 
     return st;
 }
 
-/* Most chunks a raw table holds: libhdf5 1.10 finds each chunk's address by walking its whole
- * chunk index (n^2 / 2 steps for a table; about 0.1 s at 4,096 chunks here), so beyond that rows
- * go through libhdf5. */
-#define RAW_MAX_CHUNKS ((uint64_t)1 << 14)
+/* Most chunks a raw table holds: 8 bytes each. */
+#define RAW_MAX_CHUNKS ((uint64_t)1 << 22)
+/* Most chunks a table holds when libhdf5 must be asked chunk by chunk: libhdf5 1.10 finds each
+ * chunk's address by walking its chunk index from the start (n^2 / 2 steps for a table); only
+ * when zb__h5_chunk_table cannot make it. Beyond that rows go through libhdf5. */
+#define SLOW_MAX_CHUNKS ((uint64_t)1 << 14)
+
+/* Under the lock: raw_array's table asked of libhdf5 chunk by chunk; 1 when every chunk is as
+ * required, 0 otherwise (zb__h5_chunk_table's answers). */
+static int
+slow_table(const zb__h5_ds *d, uint64_t n, uint64_t *table)
+{
+    for (uint64_t c = 0; c < n; c++) {
+        hsize_t off[1] = {c * d->chunk[0]};
+        unsigned mask = 0;
+        haddr_t addr = HADDR_UNDEF;
+        hsize_t size = 0;
+        if (H5Dget_chunk_info_by_coord(d->id, off, &mask, &addr, &size) < 0 ||
+            addr == HADDR_UNDEF || mask != 0 || size != d->chunk[0] * d->item ||
+            addr % d->item != 0)
+            return 0;
+        table[c] = (uint64_t)addr;
+    }
+    return 1;
+}
 
 /* Under the lock: where the elements of a 1-d dataset lie when it is stored unfiltered in the
  * file itself in native byte order, every offset a multiple of the element size: one extent
- * (H5Dget_offset), or a table of its chunks' offsets (H5Dget_chunk_info_by_coord; every chunk
- * written). False otherwise (*table then NULL). */
+ * (H5Dget_offset), or a table of its chunks' offsets (zb__h5_chunk_table, else
+ * H5Dget_chunk_info_by_coord; every chunk written). False otherwise (*table then NULL). */
 static bool
 raw_array(const zb__h5_ds *d, zb__src_raw_array *out, uint64_t **table)
 {
@@ -277,16 +298,9 @@ raw_array(const zb__h5_ds *d, zb__src_raw_array *out, uint64_t **table)
     if (!ok || layout != H5D_CHUNKED || !d->chunk[0]) return false;
     uint64_t n = (d->dims[0] + d->chunk[0] - 1) / d->chunk[0];
     if (n > RAW_MAX_CHUNKS || !(*table = malloc((size_t)(n ? n : 1) * 8))) return false;
-    for (uint64_t c = 0; ok && c < n; c++) {
-        hsize_t off[1] = {c * d->chunk[0]};
-        unsigned mask = 0;
-        haddr_t addr = HADDR_UNDEF;
-        hsize_t size = 0;
-        ok = H5Dget_chunk_info_by_coord(d->id, off, &mask, &addr, &size) >= 0 &&
-             addr != HADDR_UNDEF && mask == 0 && size == d->chunk[0] * d->item &&
-             addr % d->item == 0;
-        (*table)[c] = (uint64_t)addr;
-    }
+    int made = zb__h5_chunk_table(d, n, *table);
+    if (made < 0) made = n <= SLOW_MAX_CHUNKS ? slow_table(d, n, *table) : 0;
+    ok = made == 1;
     H5Eclear2(H5E_DEFAULT);
     if (!ok) {
         free(*table);

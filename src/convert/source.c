@@ -1,6 +1,7 @@
 /* The backend-neutral half of a conversion source (source.h): opening by what the path holds,
  * the matrix cache, and the reusable row and column blocks. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -115,17 +116,21 @@ zb__src_skipped_reason(const zb__src_common *c, const char *name)
     return NULL;
 }
 
-/* HDF5 files start with this signature (at offset 0 for every file anndata writes; a user
- * block would move it to 512, 1024, ..., which h5py never writes by default). */
+/* HDF5 files hold this signature at offset 0, or after a user block at 512, 1024, 2048, ...
+ * (the HDF5 file format's superblock search; h5py writes one when asked, userblock_size). */
 static bool
 is_hdf5(const char *path)
 {
     static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
-    unsigned char head[8];
-    bool yes = fread(head, 1, 8, f) == 8 && !memcmp(head, sig, 8);
-    fclose(f);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool yes = false;
+    for (off_t at = 0; !yes; at = at ? 2 * at : 512) {
+        unsigned char head[8];
+        if (pread(fd, head, 8, at) != 8) break;
+        yes = !memcmp(head, sig, 8);
+    }
+    close(fd);
     return yes;
 }
 

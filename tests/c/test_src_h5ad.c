@@ -5,11 +5,14 @@
  * Row r of X holds r % 23 elements at columns (r * 7 + 13 k) % N_VARS (k < r % 23), values
  * r + k / 4. Threads read the whole matrix in blocks of different sizes, obs and var at once,
  * and must each see exactly that. Meant for the sanitizer builds too (ZB_SANITIZE). */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "convert/h5ad_io.h"
 #include "convert/source.h"
 #include "support/h5write.h"
 #include "support/testutil.h"
@@ -194,12 +197,155 @@ test_open_errors(void **state)
     zb__src_close(NULL);
 }
 
+/* ---- chunk tables (zb__h5_chunk_table) ------------------------------------------------------- */
+
+#define TABLE_N 10007 /* int32 elements: 157 chunks of 64, the last one partial */
+#define TABLE_CHUNK 64
+
+/* A file holding "a" (TABLE_N int32, a[i] = 3i + 1, chunks of TABLE_CHUNK) written in two
+ * halves with "b" (the same shape, b[i] = -i) written between them, so a's chunks do not lie in
+ * one run; `userblock` bytes before HDF5's own (0: none); `partial`: a's second half never
+ * written, so its chunks are not allocated. */
+static void
+write_table_file(const char *path, hsize_t userblock, bool partial)
+{
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    if (userblock) H5Pset_userblock(fcpl, userblock);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+    assert_true(f >= 0);
+    int32_t *v = malloc(TABLE_N * sizeof *v);
+    hsize_t n = TABLE_N, chunk = TABLE_CHUNK, half = TABLE_N / 2, start = 0;
+    hid_t space = H5Screate_simple(1, &n, NULL), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 1, &chunk);
+    hid_t a = H5Dcreate2(f, "a", H5T_STD_I32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    assert_true(a >= 0);
+    for (int i = 0; i < TABLE_N; i++) v[i] = 3 * i + 1;
+    hid_t mem = H5Screate_simple(1, &half, NULL);
+    H5Sselect_hyperslab(space, H5S_SELECT_SET, &start, NULL, &half, NULL);
+    assert_true(H5Dwrite(a, H5T_NATIVE_INT32, mem, space, H5P_DEFAULT, v) >= 0);
+    for (int i = 0; i < TABLE_N; i++) v[i] = -i;
+    zbt_h5_array(f, "b", H5T_STD_I32LE, n, v, TABLE_CHUNK, false, false);
+    for (int i = 0; i < TABLE_N; i++) v[i] = 3 * i + 1;
+    if (!partial) {
+        hsize_t rest = n - half;
+        H5Sclose(mem);
+        mem = H5Screate_simple(1, &rest, NULL);
+        H5Sselect_hyperslab(space, H5S_SELECT_SET, &half, NULL, &rest, NULL);
+        assert_true(H5Dwrite(a, H5T_NATIVE_INT32, mem, space, H5P_DEFAULT, v + half) >= 0);
+    }
+    H5Sclose(mem);
+    H5Dclose(a);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    H5Fclose(f);
+    H5Pclose(fcpl);
+    free(v);
+}
+
+/* The table of "a" in path: zb__h5_chunk_table's answer, and each chunk's bytes at its offset
+ * against the values written (read with pread, not libhdf5); libhdf5's own addresses (the
+ * oracle) are the table's less the user block. */
+static void
+check_table(const char *path, hsize_t userblock)
+{
+    hid_t f;
+    zb__h5_ds d;
+    zb__h5_lock();
+    ZB_ASSERT_OK(zb__h5_file_open(path, &f));
+    ZB_ASSERT_OK(zb__h5_ds_open(f, "a", path, "a", &d));
+    uint64_t n = (TABLE_N + TABLE_CHUNK - 1) / TABLE_CHUNK, *table = malloc(n * 8);
+    assert_int_equal(zb__h5_chunk_table(&d, n, table), 1);
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    uint64_t previous = 0, jumps = 0;
+    for (uint64_t c = 0; c < n; c++) {
+        hsize_t off[1] = {c * TABLE_CHUNK}, size = 0;
+        haddr_t addr = HADDR_UNDEF;
+        unsigned mask = 1;
+        assert_true(H5Dget_chunk_info_by_coord(d.id, off, &mask, &addr, &size) >= 0);
+        assert_int_equal(mask, 0);
+        assert_int_equal(size, TABLE_CHUNK * 4);
+        assert_true(table[c] == addr + userblock || table[c] == addr); /* 1.10: relative */
+        int32_t got[TABLE_CHUNK];
+        assert_int_equal(pread(fd, got, sizeof got, (off_t)table[c]), sizeof got);
+        for (uint64_t i = 0; i < TABLE_CHUNK && c * TABLE_CHUNK + i < TABLE_N; i++)
+            assert_int_equal(got[i], 3 * (int32_t)(c * TABLE_CHUNK + i) + 1);
+        jumps += c && table[c] != previous + TABLE_CHUNK * 4;
+        previous = table[c];
+    }
+    assert_true(jumps >= 1); /* "b" lies between a's halves: a real table, not one run */
+    close(fd);
+    free(table);
+    zb__h5_ds_close(&d);
+    H5Fclose(f);
+    zb__h5_unlock();
+}
+
+static void
+test_chunk_table_is_libhdf5s(void **state)
+{
+    (void)state;
+    const char *dir = zbt_tempdir("src_h5ad_table");
+    char path[1100];
+    snprintf(path, sizeof path, "%s/a.h5", dir);
+    write_table_file(path, 0, false);
+    check_table(path, 0);
+    snprintf(path, sizeof path, "%s/userblock.h5", dir);
+    write_table_file(path, 512, false);
+    check_table(path, 512);
+}
+
+/* Chunks never written, or stored compressed, are not a raw table (0); a dataset that is not
+ * chunked, or an empty table, is not one this function makes (-1). */
+static void
+test_chunk_table_refuses(void **state)
+{
+    (void)state;
+    const char *dir = zbt_tempdir("src_h5ad_table_no");
+    char path[1100];
+    snprintf(path, sizeof path, "%s/partial.h5", dir);
+    write_table_file(path, 0, true);
+    uint64_t n = (TABLE_N + TABLE_CHUNK - 1) / TABLE_CHUNK, *table = malloc(n * 8);
+    hid_t f;
+    zb__h5_ds d;
+    zb__h5_lock();
+    ZB_ASSERT_OK(zb__h5_file_open(path, &f));
+    ZB_ASSERT_OK(zb__h5_ds_open(f, "a", path, "a", &d));
+    assert_int_equal(zb__h5_chunk_table(&d, n, table), 0);
+    assert_int_equal(zb__h5_chunk_table(&d, 0, table), -1);
+    zb__h5_ds_close(&d);
+    ZB_ASSERT_OK(zb__h5_ds_open(f, "b", path, "b", &d)); /* written whole: a table */
+    assert_int_equal(zb__h5_chunk_table(&d, n, table), 1);
+    zb__h5_ds_close(&d);
+    H5Fclose(f);
+    snprintf(path, sizeof path, "%s/filtered.h5", dir);
+    f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    int32_t *v = calloc(TABLE_N, sizeof *v);
+    for (int i = 0; i < TABLE_N; i++) v[i] = i;
+    zbt_h5_array(f, "deflated", H5T_STD_I32LE, TABLE_N, v, TABLE_CHUNK, false, true);
+    zbt_h5_array(f, "contiguous", H5T_STD_I32LE, TABLE_N, v, 0, false, false);
+    H5Fclose(f);
+    ZB_ASSERT_OK(zb__h5_file_open(path, &f));
+    ZB_ASSERT_OK(zb__h5_ds_open(f, "deflated", path, "deflated", &d));
+    assert_int_equal(zb__h5_chunk_table(&d, n, table), 0);
+    zb__h5_ds_close(&d);
+    ZB_ASSERT_OK(zb__h5_ds_open(f, "contiguous", path, "contiguous", &d));
+    assert_int_equal(zb__h5_chunk_table(&d, n, table), -1);
+    zb__h5_ds_close(&d);
+    H5Fclose(f);
+    zb__h5_unlock();
+    free(v);
+    free(table);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_threads_share_one_source),
         cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_chunk_table_is_libhdf5s),
+        cmocka_unit_test(test_chunk_table_refuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

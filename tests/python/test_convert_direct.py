@@ -16,6 +16,7 @@ import anndata as ad
 import h5py
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from conftest import CLI, zbatch_api
 from test_convert_collection import ALL_GENES, check_cells, make_adata, tree_bytes
@@ -141,6 +142,51 @@ def test_the_plan_chooses_the_path(h5ads, tmp_path):
 
     direct, scratch = scatter_bytes(tmp_path / "a.zarr"), scatter_bytes(tmp_path / "b.zarr")
     assert direct < scratch * 0.7, (direct, scratch)
+
+
+def rewrite(src, dst, chunks=None, userblock=0):
+    """dst: src's objects copied by h5py into a new file, X/data and X/indices rewritten with
+    `chunks` (unfiltered) when given; `userblock` bytes before HDF5's own."""
+    with h5py.File(src, "r") as f, h5py.File(dst, "w", userblock_size=userblock or None) as g:
+        g.attrs.update(f.attrs)
+        for k in f:
+            f.copy(k, g)
+        if chunks:
+            for name in ("data", "indices"):
+                values = g["X"][name][:]
+                del g["X"][name]
+                g["X"].create_dataset(name, data=values, chunks=(chunks,))
+    return str(dst)
+
+
+def test_many_chunks_and_a_user_block_take_the_direct_path(h5ads, tmp_path):
+    """Inputs whose chunk tables are long (more than 16,384 chunks: libhdf5 1.10 alone would
+    find them in quadratic time), or whose file starts with a user block (chunk offsets then
+    differ from libhdf5 1.10's own addresses), are read directly: the plan says so, and the
+    bytes equal the scratch path's and anndata's values."""
+    a = make_adata(0, 2000, ALL_GENES[:40], ["B", "T"], seed=9)
+    a.X = sp.random(2000, 40, density=0.5, format="csr", dtype=np.float32, random_state=3)
+    a.X.data = np.ceil(a.X.data * 20).astype(np.float32)
+    base = tmp_path / "base.h5ad"
+    a.write_h5ad(base)
+    assert a.X.nnz > 2 * 16384
+    many = rewrite(base, tmp_path / "many.h5ad", chunks=2)
+    with h5py.File(many, "r") as f:
+        assert f["X/data"].id.get_num_chunks() > 16384
+    block = rewrite(base, tmp_path / "block.h5ad", chunks=100, userblock=512)
+    with h5py.File(block, "r") as f:
+        assert f.userblock_size == 512
+    sources = [(many, a), (block, a), h5ads[1]]
+    paths = [p for p, _ in sources]
+    assert planned_direct(paths, tmp_path / "plan.zarr") is True
+    direct, scratch = tmp_path / "direct.zarr", tmp_path / "scratch.zarr"
+    for out, sc in ((direct, False), (scratch, True)):
+        r = convert(paths, out, "--dataset-size", "1000", "--threads", "2", scratch=sc)
+        assert r.returncode == 0, r.stderr
+    ta, tb = tree_bytes(direct), tree_bytes(scratch)
+    assert ta.keys() == tb.keys() and [k for k in ta if ta[k] != tb[k]] == []
+    genes = sorted({g for _, x in sources for g in x.var_names}, key=ALL_GENES.index)
+    check_cells(direct, sources, genes)
 
 
 def test_a_bad_column_id_is_named_on_the_direct_path(h5ads, tmp_path):
