@@ -771,6 +771,21 @@ typedef struct loop {
     size_t active;
 } loop;
 
+/* A multi handle for one call. Its connection limit is what libcurl checks the shared cache
+ * against each time a transfer hands its connection back, and by default it is four per
+ * transfer in this call's multi at that moment: as a call's last transfers finish, that falls to
+ * a few while the cache holds the connections of every thread's calls, so libcurl closed them
+ * (thousands of new connections per epoch). The limit is sixteen calls' worth of transfers, so
+ * the connections of threads reading at once stay open for the next windows. */
+static CURLM *
+multi_new(const zb__remote *r)
+{
+    CURLM *m = curl_multi_init();
+    long cap = 16L * r->o.max_in_flight;
+    if (m) curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, cap);
+    return m;
+}
+
 static bool
 can_start(const xfer *x, double now)
 {
@@ -938,7 +953,7 @@ zb__remote_get_ranges(zb__remote *r, zb__url_fn url_of, void *url_ctx, zb_range 
         st = zb__coalesce(ranges, n, r->o.coalesce_gap, r->o.max_request_bytes, order, &g, &ng);
     if (st == ZB_OK && !(x = calloc(ng ? ng : 1, sizeof *x)))
         st = zb__err(ZB_E_NOMEM, "remote: out of memory");
-    if (st == ZB_OK && !(multi = curl_multi_init()))
+    if (st == ZB_OK && !(multi = multi_new(r)))
         st = zb__err(ZB_E_NOMEM, "libcurl: no multi handle");
     for (size_t i = 0; i < ng && st == ZB_OK; i++) {
         x[i] = (xfer){.cs = &cs,
@@ -979,7 +994,7 @@ zb_status
 zb__remote_perform(zb__remote *r, zb__http_req *reqs, size_t n)
 {
     xfer *x = calloc(n ? n : 1, sizeof *x);
-    CURLM *multi = curl_multi_init();
+    CURLM *multi = multi_new(r);
     call_state cs = {r, NULL, NULL, 0};
     zb_status st = (!x || !multi) ? zb__err(ZB_E_NOMEM, "remote: out of memory") : ZB_OK;
     for (size_t i = 0; i < n && st == ZB_OK; i++) {

@@ -247,6 +247,30 @@ def test_two_window_reads_at_once_share_connections_without_waiting(root, nginx_
     assert ds.store_stats()["retries"] == 0
 
 
+
+def test_connections_stay_open_across_window_reads(root, nginx_serve):
+    """Windows read one after another by two threads, at most 8 requests in flight per read:
+    every request goes over the connections the first reads opened (nginx's log numbers each
+    request's connection). libcurl closed a connection handed back to the shared cache whenever
+    the cache held more than four per transfer still running in that call, so as each read's
+    last transfers finished it closed the others' (thousands of new connections per epoch)."""
+    from concurrent.futures import ThreadPoolExecutor
+    store = root / "sharded.zarr"
+    server = nginx_serve(root)
+    local = zbatch.open(str(store))
+    ds = zbatch.open(f"{server.url}/sharded.zarr", fetch_cache_bytes=0,
+                     storage_options={**NO_GAP, "max_in_flight": 8})
+    rng = np.random.default_rng(4)
+    windows = [rng.permutation(len(local))[:100] for _ in range(40)]
+    since = server.log_offset()
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda ids: ds.read_many(ids)["X"], windows))
+    for ids, x in zip(windows, got):
+        assert (x != local.read_many(ids)["X"]).nnz == 0
+    log = server.requests(since)
+    assert len(log) > 40 * 8
+    assert len({r.connection for r in log}) <= 2 * 8, len({r.connection for r in log})
+
 def test_a_window_reads_its_shard_indexes_once_in_one_round(root, nginx_serve):
     """Before a window fetches any inner chunk, the indexes of every shard it touches are read
     in one round: one suffix request each ("bytes=-N": the index's 16 bytes per inner chunk and
