@@ -271,6 +271,8 @@ typedef struct zb_store_opts {
 
 #define ZB_STORE_DEFAULT_MMAP_BYTES ((uint64_t)1 << 30)
 #define ZB_STORE_DIRECT_MIN_BYTES ((uint64_t)64 << 10)
+/* Direct reads need their offset, length and buffer aligned to this (zb_store_opts.direct_io). */
+#define ZB_STORE_DIRECT_ALIGN ((size_t)4096)
 #define ZB_STORE_OPTS_DEFAULT                                                                      \
     {                                                                                              \
         ZB_STORE_DEFAULT_MMAP_BYTES, false, NULL, false                                            \

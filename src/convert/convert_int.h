@@ -336,7 +336,8 @@ typedef struct cv_mapped {
 /* Matrix j of input k (its raw description `raw`, zb__src_matrix_raw) mapped read-only, once per
  * handle; the matrices of one file share one mapping. *out is NULL (read with pread) when the
  * file does not fit what may be mapped: input_mmap_bytes, and half of memory_bytes in all.
- * Checks first that the input is the file that was planned (cv_input_unchanged). Thread-safe. */
+ * The caller checks first that the input is the file that was planned (cv_input_unchanged:
+ * a file truncated under a mapping is SIGBUS). Thread-safe. */
 zb_status cv_view(zb_convert *cv, uint32_t k, size_t j, const zb__src_raw *raw,
                   const zb__src_map **out);
 /* Unmaps what cv_view mapped (zb_convert_close). */

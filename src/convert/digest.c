@@ -45,7 +45,7 @@ struct cv_digest {
     pthread_cond_t more, idle;
     check_job *queue;
     size_t q_head, q_n, q_cap;
-    uint8_t *buf; /* CHECK_BLOCK bytes, 4096-aligned (direct reads) */
+    uint8_t *buf; /* CHECK_BLOCK bytes, aligned for direct reads */
     zb_status check_st;
     char check_msg[1024];
 };
@@ -274,7 +274,7 @@ cv_digest_open(zb_store *inner, const char *prefix, bool check, cv_digest **out,
     pthread_cond_init(&dg->idle, NULL);
     dg->inner = inner;
     /* no checker (and nothing verified early) when its buffer or thread cannot be had */
-    if (check && (dg->buf = aligned_alloc(4096, CHECK_BLOCK)) != NULL)
+    if (check && (dg->buf = aligned_alloc(ZB_STORE_DIRECT_ALIGN, CHECK_BLOCK)) != NULL)
         dg->checking = pthread_create(&dg->checker, NULL, checker_main, dg) == 0;
     zb_status st = zb_store_new(&digest_methods, dg, store);
     if (st != ZB_OK) {

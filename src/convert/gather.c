@@ -440,14 +440,14 @@ cv_view(zb_convert *cv, uint32_t k, size_t j, const zb__src_raw *raw, const zb__
     if (!cv->views) st = zb__err(ZB_E_NOMEM, "mapping %s", raw->path);
     for (size_t o = k * cv->n_mats; st == ZB_OK && o < (k + 1) * cv->n_mats; o++)
         if (cv->views[i].fd < 0 && cv->views[o].fd == raw->fd) cv->views[i] = cv->views[o];
-    /* mapped once per handle, right after checking that the input is the planned file: a file
-     * truncated under a mapping is SIGBUS, not an error (docs/CONVERT.md). Mapped pages count in
+    /* mapped once per handle, right after the caller checked that the input is the planned file
+     * (cv_input_unchanged): a file truncated under a mapping is SIGBUS, not an error
+     * (docs/CONVERT.md). Mapped pages count in
      * the RSS, and with the page cache's large folios a fault maps many pages, so the mappings
      * are bounded by the memory rather than released as they are read (docs/PERFORMANCE.md) */
     uint64_t limit =
         cv->input_mmap_bytes < cv->memory_bytes / 2 ? cv->input_mmap_bytes : cv->memory_bytes / 2;
     limit = limit > cv->mapped_bytes ? limit - cv->mapped_bytes : 0;
-    if (st == ZB_OK && cv->views[i].fd < 0 && limit) st = cv_input_unchanged(&cv->inputs[k]);
     if (st == ZB_OK && cv->views[i].fd < 0 && limit) {
         st = zb__src_map_open(raw->fd, raw->path, limit, &cv->views[i].map);
         if (st == ZB_OK && cv->views[i].map.base) {

@@ -165,15 +165,16 @@ probe_driver(void)
     return id;
 }
 
-/* Under the lock: chunk c's address by libhdf5's own (slow) lookup. */
-static bool
-by_coord(hid_t ds, uint64_t chunk, uint64_t c, uint64_t *addr)
+bool
+zb__h5_chunk_addr(const zb__h5_ds *d, uint64_t c, uint64_t *addr)
 {
-    hsize_t off[1] = {c * chunk};
+    hsize_t off[1] = {c * d->chunk[0]};
     unsigned mask = 0;
     haddr_t a = HADDR_UNDEF;
     hsize_t size = 0;
-    bool ok = H5Dget_chunk_info_by_coord(ds, off, &mask, &a, &size) >= 0 && a != HADDR_UNDEF;
+    bool ok = H5Dget_chunk_info_by_coord(d->id, off, &mask, &a, &size) >= 0 && a != HADDR_UNDEF &&
+              mask == 0 && size == d->chunk[0] * d->item;
+    H5Eclear2(H5E_DEFAULT);
     *addr = (uint64_t)a;
     return ok;
 }
@@ -234,10 +235,10 @@ zb__h5_chunk_table(const zb__h5_ds *d, uint64_t n, uint64_t *table)
     /* the check: the ends of the table agree with libhdf5's own answer on the caller's handle,
      * which 1.10 gives relative to the user block (if any) and later versions as file offsets */
     uint64_t first, last, base = result == 1 ? (uint64_t)f->pub.base_addr : 0;
-    if (result == 1 && (!by_coord(d->id, d->chunk[0], 0, &first) ||
-                        (first != table[0] && first + base != table[0]) ||
-                        !by_coord(d->id, d->chunk[0], n - 1, &last) ||
-                        (last != table[n - 1] && last + base != table[n - 1])))
+    if (result == 1 &&
+        (!zb__h5_chunk_addr(d, 0, &first) || (first != table[0] && first + base != table[0]) ||
+         !zb__h5_chunk_addr(d, n - 1, &last) ||
+         (last != table[n - 1] && last + base != table[n - 1])))
         result = -1;
     if (ds >= 0) H5Dclose(ds);
     if (file >= 0) H5Fclose(file);

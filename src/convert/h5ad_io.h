@@ -75,6 +75,12 @@ void zb__h5_ds_close(zb__h5_ds *d);
  * could not be made this way (the caller then asks libhdf5 chunk by chunk). */
 int zb__h5_chunk_table(const zb__h5_ds *d, uint64_t n, uint64_t *table);
 
+/* Under the lock: chunk c of the chunked 1-d dataset d as libhdf5 1.10 reports it
+ * (H5Dget_chunk_info_by_coord: a walk of the chunk index from its start, so n^2 / 2 steps for
+ * a whole table); true when it is allocated, unfiltered and of its full size, *addr then its
+ * address (relative to a user block, where there is one). */
+bool zb__h5_chunk_addr(const zb__h5_ds *d, uint64_t c, uint64_t *addr);
+
 /* Under the lock: the 1-d dataset `name` of the group g (named `gkey`), a part of an element
  * (codes, values, indptr...): absent is ZB_E_CORRUPT, another rank ZB_E_UNSUPPORTED. Messages
  * name it "gkey/name". */

@@ -257,17 +257,8 @@ sparse_kind(hid_t g, const char *path, const char *key, zb__src_layout *layout, 
 static int
 slow_table(const zb__h5_ds *d, uint64_t n, uint64_t *table)
 {
-    for (uint64_t c = 0; c < n; c++) {
-        hsize_t off[1] = {c * d->chunk[0]};
-        unsigned mask = 0;
-        haddr_t addr = HADDR_UNDEF;
-        hsize_t size = 0;
-        if (H5Dget_chunk_info_by_coord(d->id, off, &mask, &addr, &size) < 0 ||
-            addr == HADDR_UNDEF || mask != 0 || size != d->chunk[0] * d->item ||
-            addr % d->item != 0)
-            return 0;
-        table[c] = (uint64_t)addr;
-    }
+    for (uint64_t c = 0; c < n; c++)
+        if (!zb__h5_chunk_addr(d, c, &table[c]) || table[c] % d->item != 0) return 0;
     return 1;
 }
 

@@ -250,7 +250,7 @@ cv_output_fingerprint(zb_convert *cv, const char *prefix, uint64_t *size, uint64
         st = zb__err(ZB_E_NOTFOUND, "%s/%s: nothing there", cv->output, prefix);
     if (st == ZB_OK) qsort(l.keys, l.n, sizeof *l.keys, cmp_keys);
     enum { BLOCK = 4 << 20 };
-    uint8_t *buf = st == ZB_OK ? aligned_alloc(4096, BLOCK) : NULL;
+    uint8_t *buf = st == ZB_OK ? aligned_alloc(ZB_STORE_DIRECT_ALIGN, BLOCK) : NULL;
     if (st == ZB_OK && !buf) st = zb__err(ZB_E_NOMEM, "a read buffer");
     uint64_t total = 0, c = 0;
     size_t skip = strlen(prefix) + 1;

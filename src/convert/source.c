@@ -220,22 +220,6 @@ zb__src_pread(int fd, const char *path, void *dst, uint64_t len, uint64_t off)
 }
 
 zb_status
-zb__src_raw_read(int fd, const char *path, const zb__src_raw_array *a, size_t item, uint64_t first,
-                 uint64_t n, void *dst)
-{
-    unsigned char *p = dst;
-    while (n) {
-        uint64_t run, at = zb__src_raw_at(a, item, first, &run);
-        if (run > n) run = n;
-        ZB_TRY(zb__src_pread(fd, path, p, run * item, at));
-        p += run * item;
-        first += run;
-        n -= run;
-    }
-    return ZB_OK;
-}
-
-zb_status
 zb__src_map_open(int fd, const char *path, uint64_t limit, zb__src_map *out)
 {
     out->base = NULL;
@@ -272,6 +256,36 @@ map_range(const zb__src_map *m, const char *path, uint64_t at, uint64_t len,
     return ZB_OK;
 }
 
+/* Elements [first, first + n) of raw array a into dst, extent by extent: from the mapping m,
+ * or (m NULL) read from fd. */
+static zb_status
+raw_copy(int fd, const zb__src_map *m, const char *path, const zb__src_raw_array *a, size_t item,
+         uint64_t first, uint64_t n, unsigned char *dst)
+{
+    while (n) {
+        uint64_t run, at = zb__src_raw_at(a, item, first, &run);
+        if (run > n) run = n;
+        if (m) {
+            const unsigned char *src = NULL;
+            ZB_TRY(map_range(m, path, at, run * item, &src));
+            memcpy(dst, src, (size_t)(run * item));
+        } else {
+            ZB_TRY(zb__src_pread(fd, path, dst, run * item, at));
+        }
+        dst += run * item;
+        first += run;
+        n -= run;
+    }
+    return ZB_OK;
+}
+
+zb_status
+zb__src_raw_read(int fd, const char *path, const zb__src_raw_array *a, size_t item, uint64_t first,
+                 uint64_t n, void *dst)
+{
+    return raw_copy(fd, NULL, path, a, item, first, n, dst);
+}
+
 zb_status
 zb__src_raw_view(const zb__src_map *m, const char *path, const zb__src_raw_array *a, size_t item,
                  uint64_t first, uint64_t n, zb__buf *spill, const uint8_t **out)
@@ -285,19 +299,8 @@ zb__src_raw_view(const zb__src_map *m, const char *path, const zb__src_raw_array
     if (run >= n) return map_range(m, path, at, n * item, out);
     /* the elements straddle chunks: gathered into spill, one copy as pread would make */
     ZB_TRY(zb__buf_reserve(spill, (size_t)(n * item)));
-    unsigned char *p = spill->data;
-    while (n) {
-        const unsigned char *src = NULL;
-        at = zb__src_raw_at(a, item, first, &run);
-        if (run > n) run = n;
-        ZB_TRY(map_range(m, path, at, run * item, &src));
-        memcpy(p, src, (size_t)(run * item));
-        p += run * item;
-        first += run;
-        n -= run;
-    }
     *out = spill->data;
-    return ZB_OK;
+    return raw_copy(-1, m, path, a, item, first, n, spill->data);
 }
 
 bool

@@ -256,9 +256,10 @@ struct zb__src {
     zb__src_matrix *matrices; /* opened so far (closed with the source) */
 };
 
-/* Opens `path`: a file holding the HDF5 signature (at 0 or after a user block) is read as .h5ad; a directory as an
- * anndata Zarr store (root attribute encoding-type "anndata"). ZB_E_NOTFOUND for a missing
- * path; ZB_E_UNSUPPORTED (naming the path and what it found) for anything else. */
+/* Opens `path`: a file holding the HDF5 signature (at 0 or after a user block) is read as
+ * .h5ad; a directory as an anndata Zarr store (root attribute encoding-type "anndata").
+ * ZB_E_NOTFOUND for a missing path; ZB_E_UNSUPPORTED (naming the path and what it found) for
+ * anything else. */
 zb_status zb__src_open(const char *path, zb__src **out);
 zb_status zb__src_open_h5ad(const char *path, zb__src **out);
 zb_status zb__src_open_zarr(const char *path, zb__src **out);

@@ -60,7 +60,6 @@ typedef struct fmap {
 #define FMAP_BUCKETS 1024
 #define FMAP_RECHECK_S 1.0
 #define FMAP_POPULATE_MAX ((off_t)64 << 20)
-#define DIRECT_ALIGN ((size_t)4096)
 #define DIRECT_BOUNCE ((size_t)4 << 20) /* bytes per bounce buffer: one write each */
 
 typedef struct file_store {
@@ -272,9 +271,9 @@ file_get(void *self, const char *key, uint64_t offset, uint64_t length, void *ds
     struct stat sb;
     ZB_TRY(open_object(fs, key, &fd, &sb));
     uint8_t *p = dst;
-    bool direct = length >= ZB_STORE_DIRECT_MIN_BYTES && offset % DIRECT_ALIGN == 0 &&
-                  length % DIRECT_ALIGN == 0 && (uintptr_t)p % DIRECT_ALIGN == 0 &&
-                  direct_on(fs, fd);
+    bool direct = length >= ZB_STORE_DIRECT_MIN_BYTES && offset % ZB_STORE_DIRECT_ALIGN == 0 &&
+                  length % ZB_STORE_DIRECT_ALIGN == 0 &&
+                  (uintptr_t)p % ZB_STORE_DIRECT_ALIGN == 0 && direct_on(fs, fd);
     uint64_t done = 0;
     zb_status st = ZB_OK;
     while (done < length) {
@@ -484,14 +483,22 @@ write_at(int fd, const uint8_t *p, uint64_t n, uint64_t at)
     return 0;
 }
 
+/* The first free bounce buffer, taken off the list, or NULL (mu held, or the store closing). */
+static uint8_t *
+bounce_pop(file_store *fs)
+{
+    uint8_t *b = fs->bounce;
+    if (b) memcpy(&fs->bounce, b, sizeof fs->bounce);
+    return b;
+}
+
 static uint8_t *
 bounce_take(file_store *fs)
 {
     pthread_mutex_lock(&fs->mu);
-    uint8_t *b = fs->bounce;
-    if (b) memcpy(&fs->bounce, b, sizeof fs->bounce);
+    uint8_t *b = bounce_pop(fs);
     pthread_mutex_unlock(&fs->mu);
-    return b ? b : aligned_alloc(DIRECT_ALIGN, DIRECT_BOUNCE);
+    return b ? b : aligned_alloc(ZB_STORE_DIRECT_ALIGN, DIRECT_BOUNCE);
 }
 
 static void
@@ -508,9 +515,9 @@ bounce_give(file_store *fs, uint8_t *b)
 static int
 write_direct(file_store *fs, int fd, const uint8_t *data, uint64_t length)
 {
-    uint64_t blocks = length - length % DIRECT_ALIGN;
+    uint64_t blocks = length - length % ZB_STORE_DIRECT_ALIGN;
     int e = 0;
-    if ((uintptr_t)data % DIRECT_ALIGN == 0) {
+    if ((uintptr_t)data % ZB_STORE_DIRECT_ALIGN == 0) {
         e = write_at(fd, data, blocks, 0);
     } else {
         uint8_t *b = bounce_take(fs);
@@ -612,11 +619,7 @@ file_close(void *self)
             n = m->next;
             fmap_free(m);
         }
-    while (fs->bounce) {
-        uint8_t *b = fs->bounce;
-        memcpy(&fs->bounce, b, sizeof fs->bounce);
-        free(b);
-    }
+    for (uint8_t *b; (b = bounce_pop(fs));) free(b);
     pthread_mutex_destroy(&fs->mu);
     close(fs->rootfd);
     free(fs->root);

@@ -295,6 +295,23 @@ test_chunk_table_is_libhdf5s(void **state)
     check_table(path, 512);
 }
 
+/* zb__h5_chunk_table of dataset `name` in the file at `path`, opened read-only as a source
+ * opens it. */
+static int
+table_of(const char *path, const char *name, uint64_t n, uint64_t *table)
+{
+    hid_t f;
+    zb__h5_ds d;
+    zb__h5_lock();
+    ZB_ASSERT_OK(zb__h5_file_open(path, &f));
+    ZB_ASSERT_OK(zb__h5_ds_open(f, name, path, name, &d));
+    int made = zb__h5_chunk_table(&d, n, table);
+    zb__h5_ds_close(&d);
+    H5Fclose(f);
+    zb__h5_unlock();
+    return made;
+}
+
 /* Chunks never written, or stored compressed, are not a raw table (0); a dataset that is not
  * chunked, or an empty table, is not one this function makes (-1). */
 static void
@@ -302,38 +319,22 @@ test_chunk_table_refuses(void **state)
 {
     (void)state;
     const char *dir = zbt_tempdir("src_h5ad_table_no");
-    char path[1100];
-    snprintf(path, sizeof path, "%s/partial.h5", dir);
-    write_table_file(path, 0, true);
+    char partial[1100], filtered[1100];
+    snprintf(partial, sizeof partial, "%s/partial.h5", dir);
+    write_table_file(partial, 0, true);
     uint64_t n = (TABLE_N + TABLE_CHUNK - 1) / TABLE_CHUNK, *table = malloc(n * 8);
-    hid_t f;
-    zb__h5_ds d;
-    zb__h5_lock();
-    ZB_ASSERT_OK(zb__h5_file_open(path, &f));
-    ZB_ASSERT_OK(zb__h5_ds_open(f, "a", path, "a", &d));
-    assert_int_equal(zb__h5_chunk_table(&d, n, table), 0);
-    assert_int_equal(zb__h5_chunk_table(&d, 0, table), -1);
-    zb__h5_ds_close(&d);
-    ZB_ASSERT_OK(zb__h5_ds_open(f, "b", path, "b", &d)); /* written whole: a table */
-    assert_int_equal(zb__h5_chunk_table(&d, n, table), 1);
-    zb__h5_ds_close(&d);
-    H5Fclose(f);
-    snprintf(path, sizeof path, "%s/filtered.h5", dir);
-    f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    assert_int_equal(table_of(partial, "a", n, table), 0);
+    assert_int_equal(table_of(partial, "a", 0, table), -1);
+    assert_int_equal(table_of(partial, "b", n, table), 1); /* written whole: a table */
+    snprintf(filtered, sizeof filtered, "%s/filtered.h5", dir);
+    hid_t f = H5Fcreate(filtered, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     int32_t *v = calloc(TABLE_N, sizeof *v);
     for (int i = 0; i < TABLE_N; i++) v[i] = i;
     zbt_h5_array(f, "deflated", H5T_STD_I32LE, TABLE_N, v, TABLE_CHUNK, false, true);
     zbt_h5_array(f, "contiguous", H5T_STD_I32LE, TABLE_N, v, 0, false, false);
     H5Fclose(f);
-    ZB_ASSERT_OK(zb__h5_file_open(path, &f));
-    ZB_ASSERT_OK(zb__h5_ds_open(f, "deflated", path, "deflated", &d));
-    assert_int_equal(zb__h5_chunk_table(&d, n, table), 0);
-    zb__h5_ds_close(&d);
-    ZB_ASSERT_OK(zb__h5_ds_open(f, "contiguous", path, "contiguous", &d));
-    assert_int_equal(zb__h5_chunk_table(&d, n, table), -1);
-    zb__h5_ds_close(&d);
-    H5Fclose(f);
-    zb__h5_unlock();
+    assert_int_equal(table_of(filtered, "deflated", n, table), 0);
+    assert_int_equal(table_of(filtered, "contiguous", n, table), -1);
     free(v);
     free(table);
 }
