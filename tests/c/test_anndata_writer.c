@@ -1640,5 +1640,5 @@ main(void)
         cmocka_unit_test(test_csr_codec_defaults),
         cmocka_unit_test(test_deterministic_bytes),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

@@ -595,5 +595,5 @@ main(void)
         cmocka_unit_test(test_bad_metadata),
         cmocka_unit_test(test_bad_ranges),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

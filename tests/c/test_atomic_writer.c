@@ -1162,5 +1162,5 @@ main(void)
         cmocka_unit_test(test_crash_during_new_write),
         cmocka_unit_test(test_crash_during_defragment),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

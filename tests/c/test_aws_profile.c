@@ -147,5 +147,5 @@ main(void)
         cmocka_unit_test(test_profiles_as_botocore_reads_them),
         cmocka_unit_test(test_bad_lines_name_file_and_line_never_a_value),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

@@ -277,5 +277,5 @@ main(void)
         cmocka_unit_test(test_pinned_block_not_reused_until_unpinned),
         cmocka_unit_test(test_mixed_sizes_stay_within_the_bound),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

@@ -353,5 +353,5 @@ main(void)
         cmocka_unit_test(test_nullable_and_strings_across_children),
         cmocka_unit_test(test_var_order),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return ZBT_RUN_GROUP(tests, setup, teardown);
 }

@@ -523,5 +523,5 @@ main(void)
         cmocka_unit_test(test_digest_equals_fingerprint),
         cmocka_unit_test(test_digest_reads_back_what_it_put),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

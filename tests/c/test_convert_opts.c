@@ -289,5 +289,5 @@ main(void)
         cmocka_unit_test(test_scratch_and_buffered_options),
         cmocka_unit_test(test_failed_setter_keeps_the_handle),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return ZBT_RUN_GROUP(tests, setup, teardown);
 }

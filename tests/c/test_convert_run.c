@@ -404,5 +404,5 @@ main(void)
         cmocka_unit_test(test_stored_types),
         cmocka_unit_test(test_bad_arguments),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return ZBT_RUN_GROUP(tests, setup, teardown);
 }

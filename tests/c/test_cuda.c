@@ -610,7 +610,7 @@ main(void)
         cmocka_unit_test(test_pinned_steady_epoch),
         cmocka_unit_test(test_pinned_close_with_fences_pending),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = ZBT_RUN_GROUP(tests, NULL, NULL);
     dlclose(lib);
     return rc;
 }

@@ -628,5 +628,5 @@ main(void)
         cmocka_unit_test(test_faults_loader),       cmocka_unit_test(test_write_faults_append),
         cmocka_unit_test(test_alloc_faults_append),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

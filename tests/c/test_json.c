@@ -160,5 +160,5 @@ main(void)
         cmocka_unit_test(test_integer_accessors_refuse_non_integers),
         cmocka_unit_test(test_text_is_compact),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

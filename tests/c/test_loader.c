@@ -467,5 +467,5 @@ main(void)
         cmocka_unit_test(test_reads_on_across_epochs),
         cmocka_unit_test(test_views_of_batches),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

@@ -946,5 +946,5 @@ main(void)
         cmocka_unit_test(test_v3_strings),
         cmocka_unit_test(test_dtype_tables),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

@@ -418,5 +418,5 @@ main(void)
         cmocka_unit_test(test_many_bins_and_sparse_cloud),
         cmocka_unit_test(test_errors),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

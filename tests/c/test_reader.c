@@ -1444,5 +1444,5 @@ main(void)
         cmocka_unit_test(test_listed_path_two_reads_at_once),
         cmocka_unit_test(test_invalid_samples_error_skip_and_cap),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

@@ -283,5 +283,5 @@ main(void)
         cmocka_unit_test(test_content_range), cmocka_unit_test(test_urls),
         cmocka_unit_test(test_s3_list_xml),   cmocka_unit_test(test_unreachable_bounded),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

@@ -1410,5 +1410,5 @@ main(void)
         cmocka_unit_test(test_weighted_class_balanced),
         cmocka_unit_test(test_random_huge_n),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

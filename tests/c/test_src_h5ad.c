@@ -348,5 +348,5 @@ main(void)
         cmocka_unit_test(test_chunk_table_is_libhdf5s),
         cmocka_unit_test(test_chunk_table_refuses),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

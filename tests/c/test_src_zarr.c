@@ -307,5 +307,5 @@ main(void)
         cmocka_unit_test(test_threads_share_one_source),
         cmocka_unit_test(test_not_anndata_and_missing),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

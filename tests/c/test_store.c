@@ -427,5 +427,5 @@ main(void)
         cmocka_unit_test(test_memory_backend), cmocka_unit_test(test_get_ranges),
         cmocka_unit_test(test_status_strings),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

@@ -199,5 +199,5 @@ main(void)
         cmocka_unit_test(test_copy_formats),
         cmocka_unit_test(test_copy_refusals),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

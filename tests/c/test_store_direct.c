@@ -485,5 +485,5 @@ main(void)
         cmocka_unit_test(test_tmpfs),      cmocka_unit_test(test_write_error),
         cmocka_unit_test(test_threads),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

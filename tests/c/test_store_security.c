@@ -233,5 +233,5 @@ main(void)
         cmocka_unit_test(test_links_outside_allowed),
         cmocka_unit_test(test_array_chunk_not_regular),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

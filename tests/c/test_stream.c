@@ -70,5 +70,5 @@ main(void)
         cmocka_unit_test(test_stream_copy_equals_memcpy),
         cmocka_unit_test(test_stream_copy_large),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

@@ -284,5 +284,5 @@ main(void)
         cmocka_unit_test(test_densify_columns),
         cmocka_unit_test(test_bad_transforms),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return ZBT_RUN_GROUP(tests, setup, teardown);
 }

@@ -742,5 +742,5 @@ main(void)
         cmocka_unit_test(test_damaged_body),
         cmocka_unit_test(test_concurrent_reads),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

@@ -591,5 +591,5 @@ main(void)
         cmocka_unit_test(test_info_v2),
         cmocka_unit_test(test_info_v3),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

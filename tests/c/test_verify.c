@@ -749,5 +749,5 @@ main(void)
         cmocka_unit_test(test_verify_atomic_many_blocks),
         cmocka_unit_test(test_verify_args),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

@@ -1526,5 +1526,5 @@ main(void)
         cmocka_unit_test(test_write_group),
         cmocka_unit_test(test_pool),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return ZBT_RUN_GROUP(tests, NULL, NULL);
 }

@@ -51,6 +51,25 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", line)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _module_scratch_freed(request, tmp_path_factory):
+    """Frees the disk a test module wrote once its last test has run, so that the suite's
+    footprint is one module's, not the sum of all (CI machines may have only a few GB free). Each
+    test's own tmp_path goes when it passes (tmp_path_retention_policy = "failed" in
+    pyproject.toml); this removes what the module's fixtures made with tmp_path_factory, unless a
+    test of the module failed (then everything stays to be looked at). So a directory made with
+    tmp_path_factory lives as long as the module that made it: fixtures that share one across
+    modules would lose it here (there are none; the wheel's are module-scoped)."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(os.listdir(base))
+    failed = request.session.testsfailed
+    yield
+    if request.session.testsfailed == failed:
+        import shutil
+        for name in set(os.listdir(base)) - before:
+            shutil.rmtree(base / name, ignore_errors=True)
+
+
 # ------------------------------------------------------------------------------------------------
 # The zbatch module under test
 # ------------------------------------------------------------------------------------------------

@@ -70,9 +70,9 @@ def needed(path):
     return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    """The repaired wheel, built once per session."""
+    """The repaired wheel, built once (this module is its only user)."""
     out = tmp_path_factory.mktemp("wheel")
     raw, fixed = out / "raw", out / "fixed"
     cmd = [sys.executable, "-m", "pip", "wheel", REPO, "--no-deps", "-w", raw,
@@ -92,7 +92,7 @@ def wheel(tmp_path_factory):
     return repaired[0]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def venv(wheel, tmp_path_factory):
     """A fresh venv with the wheel, numpy and scipy (the versions of this test's own)."""
     root = tmp_path_factory.mktemp("venv") / "v"

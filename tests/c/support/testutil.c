@@ -8,12 +8,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static const char *
+temp_base(void)
+{
+    const char *base = getenv("ZB_TEST_TMP");
+    return base && *base ? base : "/tmp";
+}
+
 const char *
 zbt_tempdir(const char *name)
 {
     static char path[1024];
-    const char *base = getenv("ZB_TEST_TMP");
-    if (!base || !*base) base = "/tmp";
+    const char *base = temp_base();
     mkdir(base, 0777);
     snprintf(path, sizeof path, "%s/%s.%ld", base, name, (long)getpid());
     char cmd[1200];
@@ -21,6 +27,21 @@ zbt_tempdir(const char *name)
     if (system(cmd) != 0) fail_msg("cannot clear %s", path);
     if (mkdir(path, 0777) != 0) fail_msg("cannot create %s", path);
     return path;
+}
+
+int
+zbt_finish(int failures)
+{
+    if (failures == 0) {
+        /* every directory zbt_tempdir made here ends in this process's id (or has it before a
+         * suffix of the test's own: "<name>.<pid>.work") */
+        char cmd[1200];
+        long pid = (long)getpid();
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'/*.%ld '%s'/*.%ld.*", temp_base(), pid, temp_base(),
+                 pid);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove this test's directories\n");
+    }
+    return failures;
 }
 
 void

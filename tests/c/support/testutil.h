@@ -35,6 +35,12 @@ int zbt_mentions(const char *needle);
  * storage, valid until the next call). */
 const char *zbt_tempdir(const char *name);
 
+/* Runs a cmocka group; when every test passed, removes the directories zbt_tempdir made in this
+ * process (a failed run keeps them to be looked at). Returns the number of failures. */
+#define ZBT_RUN_GROUP(tests, setup, teardown)                                                      \
+    zbt_finish(cmocka_run_group_tests(tests, setup, teardown))
+int zbt_finish(int failures);
+
 /* Puts a NUL-terminated string under key. */
 void zbt_put_str(zb_store *s, const char *key, const char *text);
 
