@@ -329,11 +329,21 @@ def build_generic(path):
 
 
 def h5ad_inputs(d: Path):
+    """Two .h5ad inputs as anndata writes them; the second's X/data and X/indices rewritten in
+    chunks of 4 elements: over a hundred chunks, a chunk index of several B-tree nodes, so
+    damage reaches the chunk tables the direct path builds."""
+    import h5py
     paths = []
     for k in range(2):
         a = make_adata(10 + k, n_obs=80 + 30 * k)
         p = d / f"in{k}.h5ad"
         a.write_h5ad(p)
+        if k == 1:
+            with h5py.File(p, "r+") as f:
+                for name in ("data", "indices"):
+                    values = f["X"][name][:]
+                    del f["X"][name]
+                    f["X"].create_dataset(name, data=values, chunks=(4,))
         paths.append(p)
     return paths
 
@@ -909,21 +919,30 @@ def damage_campaign(args, stores, inputs, worker, cli, report, server):
 
 
 def collection_rows(path, inputs):
-    """{(input, row): (X row, obs n)} of a converted collection, read by the plain build."""
+    """{(input, row): (X row, obs n)} of a converted collection, read by the plain build; a row
+    is its stored values by gene name (genes are aligned by name, so a damaged gene name moves
+    its column rather than changing a value)."""
     import zbatch
     ds = zbatch.open(str(path))
+    genes = list(ds.var_names)
     b = ds.read_many(list(range(len(ds))))
     X = b["X"].toarray() if hasattr(b["X"], "toarray") else np.asarray(b["X"])
     out = {}
     for i in range(len(X)):
         key = (int(b["obs/src_path"][i]), int(b["obs/src_row"][i]))
-        out[key] = (X[i].astype(np.float64).tobytes(), int(b["obs/n"][i]))
+        out[key] = (row_by_gene(genes, X[i]), int(b["obs/n"][i]))
     return out
+
+
+def row_by_gene(genes, row):
+    """The nonzero values of a dense row as sorted (gene name, float64 value) pairs."""
+    return tuple(sorted((str(genes[j]), float(row[j])) for j in np.flatnonzero(row)))
 
 
 def h5ad_rows(paths):
     """The same from the inputs as h5py reads the arrays convert takes (X's data, indices,
-    indptr and obs/n; the oracle); None if h5py refuses them or they are not a valid CSR."""
+    indptr, obs/n and the gene names, var/_index; the oracle); None if h5py refuses them, they
+    are not a valid CSR or the gene names repeat."""
     import h5py
     import scipy.sparse as sp
     out = {}
@@ -932,11 +951,13 @@ def h5ad_rows(paths):
             with h5py.File(p, "r") as h:
                 data, ind, ptr = (h["X"][n][...] for n in ("data", "indices", "indptr"))
                 n = h["obs"]["n"][...]
-            X = sp.csr_matrix((data, ind, ptr), shape=(len(ptr) - 1, 12)).toarray()
-            if len(n) != X.shape[0] or np.any(~np.isfinite(X)):
+                genes = [g.decode() if isinstance(g, bytes) else str(g)
+                         for g in h["var"]["_index"][...]]
+            X = sp.csr_matrix((data, ind, ptr), shape=(len(ptr) - 1, len(genes))).toarray()
+            if len(n) != X.shape[0] or np.any(~np.isfinite(X)) or len(set(genes)) != len(genes):
                 return None
             for i in range(X.shape[0]):
-                out[(k, i)] = (X[i].astype(np.float64).tobytes(), int(n[i]))
+                out[(k, i)] = (row_by_gene(genes, X[i].astype(np.float64)), int(n[i]))
     except Exception:  # noqa: BLE001 - any refusal of the oracle (or an invalid CSR)
         return None
     return out

@@ -114,8 +114,11 @@ ds_reset(zb__h5_ds *d)
     d->memtype = H5I_INVALID_HID;
 }
 
-/* Reads the chunk layout and filter pipeline; sets d->direct when every filter is one the direct
- * path decodes. */
+/* Reads the chunk layout and filter pipeline; sets d->direct when there are filters and every
+ * one is one the direct path decodes. An unfiltered chunked dataset goes through H5Dread, which
+ * reads each chunk's nominal size: H5Dread_chunk reads as many bytes as the chunk index records,
+ * and libhdf5 1.10's H5Dget_chunk_storage_size reports the nominal size for an unfiltered chunk
+ * whatever the index says, so a damaged index would have it write past the chunk's buffer. */
 static zb_status
 read_layout(zb__h5_ds *d)
 {
@@ -138,7 +141,7 @@ read_layout(zb__h5_ds *d)
         goto done;
     }
     int nf = H5Pget_nfilters(dcpl);
-    bool direct = nf >= 0 && nf <= 4;
+    bool direct = nf >= 1 && nf <= 4;
     d->shuffle_item = d->item;
     for (int i = 0; direct && i < nf; i++) {
         unsigned flags = 0, config = 0, cd[8] = {0};

@@ -46,8 +46,8 @@ typedef struct zb__h5_ds {
     uint64_t dims[2]; /* dims[1] = 1 for rank 1 */
     hid_t memtype;    /* what H5Dread converts to: the file type in native byte order */
     bool swap;        /* stored big-endian: the direct path swaps bytes itself */
-    /* the direct path: chunked with filters among {shuffle, deflate}, so chunks are read raw
-     * under the lock and decoded outside it */
+    /* the direct path: chunked with one or more filters, all among {shuffle, deflate}, so chunks
+     * are read raw under the lock and decoded outside it */
     bool direct;
     uint64_t chunk[2];   /* chunk shape (chunk[1] = 1 for rank 1) */
     int n_filters;       /* the pipeline, in write order */

@@ -176,13 +176,12 @@ chunk_get(const zb__h5_ds *d, chunk_io *io, const hsize_t *off, uint8_t *out, si
                      chunk_where(d, off, where, sizeof where), (unsigned long long)stored,
                      chunk_bytes);
     } else if (stored > 0) {
-        /* without filters the stored chunk is the chunk: read it straight into place */
-        bool raw = d->n_filters == 0 && stored == chunk_bytes && !d->swap;
-        st = raw ? ZB_OK : zb__buf_reserve(&io->packed, (size_t)stored);
-        in = raw ? out : io->packed.data;
+        /* a filtered chunk's storage size is the one its index records, the bytes H5Dread_chunk
+         * reads (direct datasets are filtered: read_layout) */
+        st = zb__buf_reserve(&io->packed, (size_t)stored);
+        in = io->packed.data;
         if (st == ZB_OK && H5Dread_chunk(d->id, H5P_DEFAULT, off, &mask, in) < 0)
             st = zb__h5_fail(ZB_E_CORRUPT, d->path, d->key, "reading a chunk");
-        if (raw && st == ZB_OK) in = NULL; /* nothing left to decode */
     }
     zb__h5_unlock();
     *allocated = stored > 0;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "convert/h5ad_io.h"
@@ -339,6 +340,75 @@ test_chunk_table_refuses(void **state)
     free(table);
 }
 
+/* Overwrites the stored size of chunk c of "a" in its v1 B-tree record (key: size u32, filter
+ * mask u32, the chunk's offset and a 0 as u64s, then the chunk's address) with `size`. */
+static void
+damage_chunk_size(const char *path, uint64_t c, uint32_t size)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT), a = H5Dopen2(f, "a", H5P_DEFAULT);
+    hsize_t off[1] = {c * TABLE_CHUNK}, stored = 0;
+    haddr_t addr = HADDR_UNDEF;
+    unsigned mask = 0;
+    assert_true(H5Dget_chunk_info_by_coord(a, off, &mask, &addr, &stored) >= 0);
+    H5Dclose(a);
+    H5Fclose(f);
+    uint8_t rec[32];
+    uint32_t head[2] = {(uint32_t)stored, 0};
+    uint64_t tail[3] = {c * TABLE_CHUNK, 0, (uint64_t)addr};
+    memcpy(rec, head, 8);
+    memcpy(rec + 8, tail, 24);
+    int fd = open(path, O_RDWR);
+    struct stat sb;
+    assert_true(fd >= 0 && fstat(fd, &sb) == 0);
+    uint8_t *file = malloc((size_t)sb.st_size);
+    assert_int_equal(pread(fd, file, (size_t)sb.st_size, 0), sb.st_size);
+    int found = 0;
+    for (off_t i = 0; i + 32 <= sb.st_size; i++)
+        if (!memcmp(file + i, rec, 32)) {
+            assert_int_equal(pwrite(fd, &size, 4, i), 4);
+            found++;
+        }
+    assert_int_equal(found, 1);
+    free(file);
+    close(fd);
+}
+
+/* A chunk index that claims more bytes for an unfiltered chunk than the chunk holds: libhdf5
+ * 1.10's H5Dget_chunk_storage_size still says the nominal size, H5Dread_chunk would read the
+ * claimed one (past the buffer, which ASan sees). The reader reads the chunk's nominal bytes
+ * (the values written), and the chunk table is refused (0: the direct path is not taken). */
+static void
+test_damaged_chunk_size_reads_no_more_than_the_chunk(void **state)
+{
+    (void)state;
+    const char *dir = zbt_tempdir("src_h5ad_damaged_size");
+    char path[1100];
+    snprintf(path, sizeof path, "%s/a.h5", dir);
+    write_table_file(path, 0, false);
+    damage_chunk_size(path, 40, TABLE_CHUNK * 4 + 4096);
+    hid_t f;
+    zb__h5_ds d;
+    zb__h5_lock();
+    ZB_ASSERT_OK(zb__h5_file_open(path, &f));
+    ZB_ASSERT_OK(zb__h5_ds_open(f, "a", path, "a", &d));
+    zb__h5_unlock();
+    int32_t *got = calloc(TABLE_N, sizeof *got);
+    ZB_ASSERT_OK(zb__h5_ds_read(&d, 0, TABLE_N, got));
+    for (int i = 0; i < TABLE_N; i++) assert_int_equal(got[i], 3 * i + 1);
+    memset(got, 0, TABLE_N * sizeof *got); /* a range that starts and ends in the chunk */
+    ZB_ASSERT_OK(zb__h5_ds_read(&d, 40 * TABLE_CHUNK + 3, 41 * TABLE_CHUNK - 2, got));
+    for (int i = 0; i < TABLE_CHUNK - 5; i++)
+        assert_int_equal(got[i], 3 * (40 * TABLE_CHUNK + 3 + i) + 1);
+    zb__h5_lock();
+    zb__h5_ds_close(&d);
+    H5Fclose(f);
+    zb__h5_unlock();
+    uint64_t n = (TABLE_N + TABLE_CHUNK - 1) / TABLE_CHUNK, *table = malloc(n * 8);
+    assert_int_equal(table_of(path, "a", n, table), 0);
+    free(table);
+    free(got);
+}
+
 int
 main(void)
 {
@@ -347,6 +417,7 @@ main(void)
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_chunk_table_is_libhdf5s),
         cmocka_unit_test(test_chunk_table_refuses),
+        cmocka_unit_test(test_damaged_chunk_size_reads_no_more_than_the_chunk),
     };
     return ZBT_RUN_GROUP(tests, NULL, NULL);
 }
