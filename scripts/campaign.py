@@ -209,11 +209,15 @@ def run_cli(cli: Path, args, timeout: float, env=None):
     e.setdefault("ASAN_OPTIONS", "detect_leaks=1:halt_on_error=1:abort_on_error=1")
     e.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
     try:
-        r = subprocess.run([str(cli), *map(str, args)], capture_output=True, text=True,
-                           timeout=timeout, env=e)
+        r = subprocess.run([str(cli), *map(str, args)], capture_output=True, timeout=timeout,
+                           env=e)
     except subprocess.TimeoutExpired:
         return "hang", ""
-    return r.returncode, r.stdout[-2000:] + r.stderr[-3000:]
+    out, err = (b.decode("utf-8", "backslashreplace") for b in (r.stdout, r.stderr))
+    # a sanitizer's report starts with its stack (which says whose code it is) and ends with
+    # the shadow-byte legend: keep both ends of a long one
+    err = err if len(err) <= 6000 else err[:4000] + "\n...\n" + err[-2000:]
+    return r.returncode, out[-2000:] + err
 
 
 # ------------------------------------------------------------------------------------------------
@@ -329,21 +333,24 @@ def build_generic(path):
 
 
 def h5ad_inputs(d: Path):
-    """Two .h5ad inputs as anndata writes them; the second's X/data and X/indices rewritten in
-    chunks of 4 elements: over a hundred chunks, a chunk index of several B-tree nodes, so
-    damage reaches the chunk tables the direct path builds."""
+    """Three .h5ad inputs as anndata writes them; the second's X/data and X/indices rewritten in
+    chunks of 4 elements (over a hundred chunks, a chunk index of several B-tree nodes, so
+    damage reaches the chunk tables the direct path builds), the third's in chunks of 16 with
+    shuffle and deflate (h5py's compression="gzip": chunks read raw and inflated by zbatch)."""
     import h5py
     paths = []
-    for k in range(2):
+    for k in range(3):
         a = make_adata(10 + k, n_obs=80 + 30 * k)
         p = d / f"in{k}.h5ad"
         a.write_h5ad(p)
-        if k == 1:
+        if k:
+            opts = dict(chunks=(4,)) if k == 1 else \
+                dict(chunks=(16,), compression="gzip", shuffle=True)
             with h5py.File(p, "r+") as f:
                 for name in ("data", "indices"):
                     values = f["X"][name][:]
                     del f["X"][name]
-                    f["X"].create_dataset(name, data=values, chunks=(4,))
+                    f["X"].create_dataset(name, data=values, **opts)
         paths.append(p)
     return paths
 
@@ -379,8 +386,8 @@ def build_stores(base: Path, cli: Path):
             if not p.exists():
                 fn(p)
             out[name] = p
-        inputs = h5ad_inputs(base) if not (base / "in1.h5ad").exists() else \
-            [base / "in0.h5ad", base / "in1.h5ad"]
+        inputs = h5ad_inputs(base) if not (base / "in2.h5ad").exists() else \
+            [base / f"in{k}.h5ad" for k in range(3)]
         p = base / "collection"
         if not p.exists():
             build_collection(p, cli, inputs)

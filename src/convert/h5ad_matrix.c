@@ -367,6 +367,7 @@ sparse_open(h5ad_matrix *m, hid_t g)
     ZB_TRY(zb__h5_part_open(g, key, "data", path, &m->data));
     ZB_TRY(zb__h5_part_open(g, key, "indices", path, &m->indices));
     ZB_TRY(zb__h5_part_open(g, key, "indptr", path, &m->indptr));
+    m->data.whole = m->indices.whole = m->indptr.whole = true;
     if (m->data.dtype == ZB_DT_STRING)
         return zb__err(ZB_E_UNSUPPORTED, "%s: %s: string data", path, m->data.key);
     if (!is_integer(m->indices.dtype) || !is_integer(m->indptr.dtype))

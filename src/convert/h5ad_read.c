@@ -103,6 +103,32 @@ chunk_where(const zb__h5_ds *d, const hsize_t *off, char *buf, size_t cap)
     return buf;
 }
 
+static zb_status
+not_stored(const zb__h5_ds *d, const hsize_t *off)
+{
+    char where[96];
+    return zb__err(ZB_E_CORRUPT,
+                   "%s: %s: %s is not stored (a damaged chunk index, or a file written in part)",
+                   d->path, d->key, chunk_where(d, off, where, sizeof where));
+}
+
+/* Under the lock: for a dataset whose chunks must all be stored (d->whole), that each chunk
+ * rows [a, b) x columns [k0, k1) touch is in the chunk index. */
+static zb_status
+chunks_stored(const zb__h5_ds *d, uint64_t a, uint64_t b, uint64_t k0, uint64_t k1)
+{
+    if (!d->whole || !d->chunk[0] || a == b || k0 == k1) return ZB_OK;
+    for (uint64_t r = a - a % d->chunk[0]; r < b; r += d->chunk[0])
+        for (uint64_t k = k0 - k0 % d->chunk[1]; k < k1; k += d->chunk[1]) {
+            hsize_t off[2] = {r, k}, stored = 0;
+            if (H5Dget_chunk_storage_size(d->id, off, &stored) < 0 || stored == 0) {
+                H5Eclear2(H5E_DEFAULT);
+                return not_stored(d, off);
+            }
+        }
+    return ZB_OK;
+}
+
 /* Runs the filter pipeline backwards over the stored chunk (`n` bytes at `in`, `mask` the filters
  * that were skipped when it was written) into `out` (chunk_bytes). */
 static zb_status
@@ -223,7 +249,9 @@ read_direct(const zb__h5_ds *d, uint64_t start, uint64_t stop, uint8_t *dst)
             hsize_t off[2] = {r0, k0};
             bool allocated = true;
             if (st == ZB_OK) st = chunk_get(d, &io, off, to, chunk_bytes, &allocated);
-            if (st == ZB_OK && !allocated) {
+            if (st == ZB_OK && !allocated && d->whole) {
+                st = not_stored(d, off);
+            } else if (st == ZB_OK && !allocated) {
                 zb__h5_lock();
                 st = read_box(d, start, stop, a, b, k0, k1, dst);
                 zb__h5_unlock();
@@ -248,7 +276,8 @@ zb__h5_ds_read(const zb__h5_ds *d, uint64_t start, uint64_t stop, void *dst)
     if (start == stop || d->dims[1] == 0) return ZB_OK;
     if (d->direct) return read_direct(d, start, stop, dst);
     zb__h5_lock();
-    zb_status st = read_box(d, start, stop, start, stop, 0, d->dims[1], dst);
+    zb_status st = chunks_stored(d, start, stop, 0, d->dims[1]);
+    if (st == ZB_OK) st = read_box(d, start, stop, start, stop, 0, d->dims[1], dst);
     zb__h5_unlock();
     return st;
 }

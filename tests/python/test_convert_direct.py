@@ -557,3 +557,29 @@ def test_inputs_are_mapped_within_the_budget(tmp_path):
     second, _ = gather_preads(paths, tmp_path / "second.zarr", sizes[0] - 1)
     assert off(second, rows[1]), (n, second)
     assert off(n["first"], rows[0]), n
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+@pytest.mark.parametrize("scratch", [False, True], ids=["direct", "scratch"])
+@pytest.mark.parametrize("name", ["data", "indices"])
+def test_a_chunk_of_the_matrix_not_stored_is_an_error(tmp_path, compression, scratch, name):
+    """X/data or X/indices with a chunk that is not stored (written in part, or a chunk index
+    damaged so that libhdf5 does not find it): libhdf5 reads such a chunk as the fill value
+    (zeros), which would be a silent wrong answer; convert refuses the input naming the file,
+    the array and the chunk, on both paths, unfiltered and deflated (the chunks zbatch reads
+    raw and inflates itself)."""
+    from test_convert_narrow import make_counts, write_inputs
+    a = make_counts(120, 40, seed=3)
+    paths = write_inputs(tmp_path, [a])
+    with h5py.File(paths[0], "r+") as f:
+        values = f["X"][name][:]
+        del f["X"][name]
+        opts = {"compression": "gzip", "shuffle": True} if compression else {}
+        d = f["X"].create_dataset(name, shape=values.shape, dtype=values.dtype, chunks=(16,),
+                                  **opts)
+        d[:len(values) // 2] = values[:len(values) // 2]   # the chunks past it never written
+        assert d.id.get_num_chunks() < -(-len(values) // 16)
+    r = convert(paths, tmp_path / "out.zarr", scratch=scratch)
+    assert r.returncode == 1, r.stderr
+    assert f"{Path(paths[0]).name}: X/{name}: the chunk at element" in r.stderr, r.stderr
+    assert "is not stored" in r.stderr, r.stderr
