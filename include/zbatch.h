@@ -96,8 +96,9 @@ ZB_API const char *zb_strerror(zb_status status);
 /* The symbolic name of a status code ("ZB_E_CORRUPT"); never NULL. */
 ZB_API const char *zb_status_name(zb_status status);
 
-/* The detail message of the last failing call on this thread ("" if none). The pointer stays
- * valid until the next zbatch call on this thread. */
+/* The detail message of the last failing call on this thread ("" if none), well-formed UTF-8
+ * (bytes of a quoted name that are not UTF-8 appear as \xNN). The pointer stays valid until the
+ * next zbatch call on this thread. */
 ZB_API const char *zb_last_error(void);
 
 /* Clears this thread's detail message. */

@@ -1,6 +1,8 @@
 /* Status codes, their descriptions, and the per-thread detail message. */
 #include "util/status.h"
 
+#include "util/utf8.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -47,6 +49,31 @@ zb_clear_error(void)
     detail[0] = '\0';
 }
 
+/* Makes the detail message well-formed UTF-8: a byte that is not part of a well-formed
+ * sequence (a name or string from a damaged file, or a sequence the cap cut) is written \xNN, so
+ * the message prints, and decodes wherever text is expected (a terminal, Python). */
+static void
+detail_utf8(void)
+{
+    size_t bad;
+    if (zb__utf8_valid(detail, &bad)) return;
+    char fixed[ZB_DETAIL_CAP];
+    const uint8_t *s = (const uint8_t *)detail;
+    size_t i = 0, o = 0;
+    while (s[i]) {
+        size_t n = zb__utf8_seq(s + i), need = n ? n : 4;
+        if (o + need >= sizeof fixed) break; /* what no longer fits is left out whole */
+        if (n)
+            memcpy(fixed + o, s + i, n);
+        else
+            snprintf(fixed + o, sizeof fixed - o, "\\x%02x", s[i]);
+        o += need;
+        i += n ? n : 1;
+    }
+    fixed[o] = '\0';
+    memcpy(detail, fixed, o + 1);
+}
+
 zb_status
 zb__err(zb_status status, const char *fmt, ...)
 {
@@ -54,6 +81,7 @@ zb__err(zb_status status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
+    detail_utf8();
     return status;
 }
 
@@ -78,5 +106,6 @@ zb__err_context(zb_status status, const char *fmt, ...)
         memcpy(detail + n, rest, m);
         detail[n + m] = '\0';
     }
+    detail_utf8();
     return status;
 }

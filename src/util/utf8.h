@@ -7,34 +7,39 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* Whether s is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most
- * U+10FFFF); *bad is the offset of the first byte that is not. */
+/* The length of the well-formed UTF-8 sequence at s (RFC 3629: no overlong forms, no
+ * surrogates, at most U+10FFFF): 1 to 4, or 0 where none starts (s[0] is NUL or a byte that
+ * cannot start one, or the sequence is cut short). */
+static inline size_t
+zb__utf8_seq(const uint8_t *s)
+{
+    uint8_t c = s[0];
+    size_t n = c == 0                   ? 5
+               : c < 0x80               ? 0
+               : c >= 0xC2 && c <= 0xDF ? 1
+               : (c & 0xF0) == 0xE0     ? 2
+               : c >= 0xF0 && c <= 0xF4 ? 3
+                                        : 4;
+    if (n >= 4) return 0;
+    uint8_t lo = 0x80, hi = 0xBF; /* the second byte's range (RFC 3629 §4) */
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+    for (size_t k = 1; k <= n; k++) {
+        uint8_t b = s[k];
+        if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return 0;
+    }
+    return n + 1;
+}
+
+/* Whether s is well-formed UTF-8; *bad is the offset of the first byte that is not. */
 static inline bool
 zb__utf8_valid(const char *str, size_t *bad)
 {
     const uint8_t *s = (const uint8_t *)str;
-    size_t i = 0;
-    while (s[i]) {
-        uint8_t c = s[i];
-        size_t n = c < 0x80                 ? 0
-                   : c >= 0xC2 && c <= 0xDF ? 1
-                   : (c & 0xF0) == 0xE0     ? 2
-                   : c >= 0xF0 && c <= 0xF4 ? 3
-                                            : 4;
-        if (n == 4) break;
-        uint8_t lo = 0x80, hi = 0xBF; /* the second byte's range (RFC 3629 §4) */
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-        size_t k = 1;
-        for (; k <= n; k++) {
-            uint8_t t = s[i + k];
-            if (t < (k == 1 ? lo : 0x80) || t > (k == 1 ? hi : 0xBF)) break;
-        }
-        if (k <= n) break;
-        i += n + 1;
-    }
+    size_t i = 0, n;
+    while ((n = zb__utf8_seq(s + i)) != 0) i += n;
     *bad = i;
     return s[i] == '\0';
 }

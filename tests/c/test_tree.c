@@ -6,6 +6,8 @@
 
 #include "support/testutil.h"
 #include "util/json.h"
+#include "util/status.h"
+#include "util/utf8.h"
 #include "zarr/tree.h"
 #include "zbatch.h"
 
@@ -579,6 +581,31 @@ test_info_v3(void **state)
     zb_store_close(s);
 }
 
+/* A detail message is well-formed UTF-8 whatever it quotes: bytes of a damaged name that are not
+ * UTF-8 are written \xNN, well-formed sequences are kept, and a sequence the message's cap cuts
+ * is escaped, not left half. */
+static void
+test_messages_are_utf8(void **state)
+{
+    (void)state;
+    assert_int_equal(zb__err(ZB_E_CORRUPT, "name '%s' (%d)",
+                             "a\xff\xfe"
+                             "b\xc3\xa9\xed\xa0\x80",
+                             7),
+                     ZB_E_CORRUPT);
+    assert_string_equal(zb_last_error(), "name 'a\\xff\\xfeb\xc3\xa9\\xed\\xa0\\x80' (7)");
+    zb__err(ZB_E_CORRUPT, "plain ascii \\x41 stays");
+    assert_string_equal(zb_last_error(), "plain ascii \\x41 stays");
+    zb__err_context(ZB_E_CORRUPT, "in \xf0\x9f\x98\x80 %s", "x\x80");
+    assert_string_equal(zb_last_error(), "in \xf0\x9f\x98\x80 x\\x80: plain ascii \\x41 stays");
+    char big[1100];
+    memset(big, 'a', sizeof big);
+    big[1022] = (char)0xc3, big[1023] = (char)0xa9, big[1030] = '\0'; /* the cap cuts the é */
+    zb__err(ZB_E_CORRUPT, "%s", big);
+    size_t n = strlen(zb_last_error()), bad;
+    assert_true(n == 1022 && zb__utf8_valid(zb_last_error(), &bad)); /* no room for \xc3 */
+}
+
 int
 main(void)
 {
@@ -590,6 +617,7 @@ main(void)
         cmocka_unit_test(test_v3_listing_atomic),
         cmocka_unit_test(test_info_v2),
         cmocka_unit_test(test_info_v3),
+        cmocka_unit_test(test_messages_are_utf8),
     };
     return ZBT_RUN_GROUP(tests, NULL, NULL);
 }
