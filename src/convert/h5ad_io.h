@@ -54,8 +54,8 @@ typedef struct zb__h5_ds {
     int filters[4];      /* H5Z_FILTER_SHUFFLE / H5Z_FILTER_DEFLATE */
     size_t shuffle_item; /* the shuffle filter's element size */
     /* every chunk must be stored: a chunk the index does not find is an error, not the fill
-     * value (a sparse matrix's data and indices, which anndata writes whole; a damaged chunk
-     * index makes libhdf5 1.10 answer "not allocated") */
+     * value (a sparse matrix's data, indices and indptr, which anndata writes whole; a damaged
+     * chunk index makes libhdf5 1.10 answer "not allocated") */
     bool whole;
     /* strings */
     bool vlen; /* variable-length (else fixed-length of `fixed_size` bytes) */

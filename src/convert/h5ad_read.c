@@ -4,12 +4,14 @@
  * inflate every chunk inside its lock, one thread at a time; for a chunked dataset whose filters
  * are deflate and shuffle only (what h5py writes for compression="gzip"), the raw chunk is read
  * under the lock (H5Dread_chunk: a copy from the page cache) and inflated with libdeflate outside
- * it, so threads inflate side by side. Any other filter (lzf, szip, fletcher32, ...) goes through
- * H5Dread.
+ * it, so threads inflate side by side. Any other filter (lzf, szip, fletcher32, ...), and no
+ * filter at all, goes through H5Dread (an unfiltered chunk has nothing to decode, and H5Dread
+ * reads its nominal size where H5Dread_chunk would trust the index: h5ad_dataset.c).
  *
  * A chunk that covers whole rows of the destination, all of them wanted, is decoded in place;
  * others are decoded into a scratch buffer and their part copied out. A chunk never written
- * reads as the fill value (through H5Dread). */
+ * reads as the fill value (through H5Dread), or is an error where every chunk must be stored
+ * (zb__h5_ds.whole). */
 #include <libdeflate.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -14,13 +14,9 @@ static inline size_t
 zb__utf8_seq(const uint8_t *s)
 {
     uint8_t c = s[0];
-    size_t n = c == 0                   ? 5
-               : c < 0x80               ? 0
-               : c >= 0xC2 && c <= 0xDF ? 1
-               : (c & 0xF0) == 0xE0     ? 2
-               : c >= 0xF0 && c <= 0xF4 ? 3
-                                        : 4;
-    if (n >= 4) return 0;
+    if (c < 0x80) return c ? 1 : 0;
+    size_t n = c >= 0xC2 && c <= 0xDF ? 1 : (c & 0xF0) == 0xE0 ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 0;
+    if (!n) return 0;
     uint8_t lo = 0x80, hi = 0xBF; /* the second byte's range (RFC 3629 §4) */
     if (c == 0xE0) lo = 0xA0;
     if (c == 0xED) hi = 0x9F;
@@ -38,8 +34,12 @@ static inline bool
 zb__utf8_valid(const char *str, size_t *bad)
 {
     const uint8_t *s = (const uint8_t *)str;
-    size_t i = 0, n;
-    while ((n = zb__utf8_seq(s + i)) != 0) i += n;
+    size_t i = 0, n = 1;
+    while (n) {
+        while (s[i] - 1u < 0x7Fu) i++; /* ASCII other than NUL, the common case, byte by byte */
+        n = zb__utf8_seq(s + i);
+        i += n;
+    }
     *bad = i;
     return s[i] == '\0';
 }

@@ -15,6 +15,7 @@ import importlib
 import json
 import math
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -65,7 +66,6 @@ def _module_scratch_freed(request, tmp_path_factory):
     failed = request.session.testsfailed
     yield
     if request.session.testsfailed == failed:
-        import shutil
         for name in set(os.listdir(base)) - before:
             shutil.rmtree(base / name, ignore_errors=True)
 
